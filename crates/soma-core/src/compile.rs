@@ -1,0 +1,266 @@
+//! `compile`: from a graph to a plan, by recovering its series-parallel tree.
+//!
+//! The tree is recovered from the graph, never from the expression that built it: a graph built
+//! with `add_node`/`add_edge` in a loop compiles exactly like the DSL expression that draws the
+//! same topology. Four cases, in this order, for each set of nodes:
+//!
+//! | the set | becomes |
+//! |---|---|
+//! | no node | `Empty` |
+//! | one node | `Execute` |
+//! | several weakly connected components | `Wave`, one branch per component, in declaration order |
+//! | series cuts | `Sequence` of the segments between them, in a row |
+//! | none of the above | the set walked in topological order: it is not series-parallel |
+//!
+//! A series cut `(A, B)` is what `>>` makes: the edges from `A` to `B` run from every sink of
+//! `A` to every source of `B`, and from nowhere else. In a series composition every node of `A`
+//! precedes every node of `B` in *any* topological order, so testing the prefixes of one order
+//! finds every cut; and the segments between consecutive cuts have no cut of their own, so one
+//! scan splits a set completely. The scan keeps four counters up to date as nodes move from `B`
+//! to `A` — crossing edges, crossing edges that run sink-to-source, sinks of `A`, sources of
+//! `B` — and a prefix is a cut when all crossing edges are sink-to-source and there are exactly
+//! `sinks × sources` of them (edges are never duplicated, so that means every pair).
+//!
+//! Graphs the DSL cannot write (the smallest is the "N": `a->c, a->d, b->d`) have no tree —
+//! a theorem (Valdes, Tarjan and Lawler, 1982), not a gap in the algorithm — and are walked in
+//! sequence where they occur, without spoiling the parallelism around them.
+
+use std::fmt;
+
+use crate::catalog::Catalog;
+use crate::graph::Graph;
+use crate::id::NodeId;
+use crate::plan::Plan;
+
+/// Why a graph could not be compiled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CompileError {
+    /// A node of the graph has no implementation in the catalog.
+    MissingImplementation {
+        /// The first such node, in insertion order.
+        node: NodeId,
+    },
+}
+
+impl fmt::Display for CompileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CompileError::MissingImplementation { node } => write!(
+                f,
+                "node `{node}` has no implementation\nhint: register one for `{node}` in the catalog before compiling"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for CompileError {}
+
+/// Compiles `graph` into a plan, checking that `catalog` implements every node.
+///
+/// # Errors
+/// [`CompileError::MissingImplementation`] for the first node, in insertion order, that the
+/// catalog lacks.
+///
+/// # Complexity
+/// O((nodes + edges) · log nodes) per level of series-parallel nesting.
+pub fn compile(graph: &Graph, catalog: &Catalog) -> Result<Plan, CompileError> {
+    if let Some(node) = graph.nodes().iter().find(|id| !catalog.contains(id.as_str())) {
+        return Err(CompileError::MissingImplementation { node: node.clone() });
+    }
+    Ok(decompose(graph))
+}
+
+/// The plan of a graph's topology alone, implementations aside. See the module documentation.
+pub fn decompose(graph: &Graph) -> Plan {
+    let mut decomposer = Decomposer::new(graph);
+    decomposer.split(&graph.topological_order())
+}
+
+/// Scratch space shared by every level of the decomposition, indexed by insertion index, so a
+/// level touches only its own nodes and never allocates per node.
+struct Decomposer<'g> {
+    graph: &'g Graph,
+    /// `member[v] == pass` when `v` is in the set being split by the current pass.
+    member: Vec<u32>,
+    /// `seen[v] == pass` once `v` has been reached by the current pass's component search or
+    /// moved into `A` by its cut scan.
+    seen: Vec<u32>,
+    pass: u32,
+    /// For the cut scan: whether a node of `A` has no successor in `A`.
+    sink: Vec<bool>,
+    /// For the cut scan: predecessors of a node that are still in `B`.
+    left: Vec<u32>,
+    /// For the component search: the component a node belongs to.
+    component: Vec<u32>,
+}
+
+impl<'g> Decomposer<'g> {
+    fn new(graph: &'g Graph) -> Self {
+        let n = graph.len();
+        Decomposer {
+            graph,
+            member: vec![0; n],
+            seen: vec![0; n],
+            pass: 0,
+            sink: vec![false; n],
+            left: vec![0; n],
+            component: vec![0; n],
+        }
+    }
+
+    fn execute(&self, v: usize) -> Plan {
+        Plan::Execute {
+            node: self.graph.id_at(v).clone(),
+            from: self
+                .graph
+                .pred_at(v)
+                .iter()
+                .map(|&u| self.graph.id_at(u).clone())
+                .collect(),
+        }
+    }
+
+    /// Starts a pass over `nodes`: marks them as the current set.
+    fn begin(&mut self, nodes: &[usize]) {
+        self.pass += 1;
+        for &v in nodes {
+            self.member[v] = self.pass;
+        }
+    }
+
+    fn inside(&self, v: usize) -> bool {
+        self.member[v] == self.pass
+    }
+
+    /// The plan of `nodes`, given in topological order.
+    fn split(&mut self, nodes: &[usize]) -> Plan {
+        match nodes.len() {
+            0 => return Plan::Empty,
+            1 => return self.execute(nodes[0]),
+            _ => {}
+        }
+        self.begin(nodes);
+        let components = self.components(nodes);
+        if components.len() > 1 {
+            return Plan::Wave(components.iter().map(|c| self.split(c)).collect());
+        }
+        let cuts = self.series_cuts(nodes);
+        if cuts.is_empty() {
+            return Plan::Sequence(nodes.iter().map(|&v| self.execute(v)).collect());
+        }
+        let mut steps = Vec::with_capacity(cuts.len() + 1);
+        let mut start = 0;
+        for end in cuts.into_iter().chain(std::iter::once(nodes.len())) {
+            match self.split(&nodes[start..end]) {
+                // Series steps stand in a row: a segment walked in sequence joins the row.
+                Plan::Sequence(inner) => steps.extend(inner),
+                step @ (Plan::Empty | Plan::Execute { .. } | Plan::Wave(_)) => steps.push(step),
+            }
+            start = end;
+        }
+        Plan::Sequence(steps)
+    }
+
+    /// The weakly connected components of the current set, each in topological order, ordered
+    /// by their first-inserted node (declaration order for the DSL).
+    fn components(&mut self, nodes: &[usize]) -> Vec<Vec<usize>> {
+        let mut firsts: Vec<usize> = Vec::new();
+        let mut stack = Vec::new();
+        for &start in nodes {
+            if self.seen[start] == self.pass {
+                continue;
+            }
+            let label = u32::try_from(firsts.len()).expect("fewer components than u32::MAX");
+            let mut first = start;
+            self.seen[start] = self.pass;
+            stack.push(start);
+            while let Some(v) = stack.pop() {
+                self.component[v] = label;
+                first = first.min(v);
+                let around = self.graph.succ_at(v).iter().chain(self.graph.pred_at(v));
+                for &w in around {
+                    if self.inside(w) && self.seen[w] != self.pass {
+                        self.seen[w] = self.pass;
+                        stack.push(w);
+                    }
+                }
+            }
+            firsts.push(first);
+        }
+        if firsts.len() == 1 {
+            return vec![nodes.to_vec()];
+        }
+        let mut groups: Vec<Vec<usize>> = vec![Vec::new(); firsts.len()];
+        for &v in nodes {
+            groups[self.component[v] as usize].push(v);
+        }
+        let mut labelled: Vec<(usize, Vec<usize>)> = firsts.into_iter().zip(groups).collect();
+        labelled.sort_by_key(|(first, _)| *first);
+        labelled.into_iter().map(|(_, group)| group).collect()
+    }
+
+    /// Every `k` such that `nodes[..k]` and `nodes[k..]` form a series cut of the current set
+    /// (`nodes` in topological order, one connected component). O(nodes + edges).
+    fn series_cuts(&mut self, nodes: &[usize]) -> Vec<usize> {
+        let graph = self.graph;
+        // `seen` marks membership in A for this scan; the component search is done with it.
+        self.pass += 1;
+        let in_a = self.pass;
+        for &v in nodes {
+            self.member[v] = in_a;
+            self.sink[v] = false;
+            let preds = graph.pred_at(v).iter().filter(|&&u| self.member[u] == in_a);
+            self.left[v] = u32::try_from(preds.count()).expect("in-degree fits in u32");
+        }
+        let mut sources: u64 = nodes.iter().filter(|&&v| self.left[v] == 0).count() as u64;
+        let mut sinks: u64 = 0;
+        let mut crossing: u64 = 0;
+        let mut good: u64 = 0;
+        let mut cuts = Vec::new();
+        for (k, &v) in nodes[..nodes.len() - 1].iter().enumerate() {
+            // v leaves B (where, its predecessors all in A, it was a source) and joins A.
+            self.seen[v] = in_a;
+            sources -= 1;
+            for &u in graph.pred_at(v) {
+                if self.member[u] != in_a {
+                    continue;
+                }
+                crossing -= 1;
+                if self.sink[u] {
+                    // u -> v was sink-to-source; u now has a successor in A and stops being a
+                    // sink, so its other crossing edges into sources of B stop being good.
+                    good -= 1;
+                    self.sink[u] = false;
+                    sinks -= 1;
+                    for &w in graph.succ_at(u) {
+                        if self.member[w] == in_a && self.seen[w] != in_a && self.left[w] == 0 {
+                            good -= 1;
+                        }
+                    }
+                }
+            }
+            self.sink[v] = true;
+            sinks += 1;
+            for &w in graph.succ_at(v) {
+                if self.member[w] != in_a {
+                    continue;
+                }
+                crossing += 1;
+                self.left[w] -= 1;
+                if self.left[w] == 0 {
+                    // w becomes a source of B: its edges from sinks of A become good.
+                    sources += 1;
+                    for &x in graph.pred_at(w) {
+                        if self.member[x] == in_a && self.sink[x] {
+                            good += 1;
+                        }
+                    }
+                }
+            }
+            if crossing == good && good == sinks * sources {
+                cuts.push(k + 1);
+            }
+        }
+        cuts
+    }
+}

@@ -1,0 +1,125 @@
+//! The DSL: `node("id", implementation)`, `>>` in series, `|` side by side.
+//!
+//! A [`Wire`] is nothing but nodes and edges. `a >> b` connects every terminal of `a` to every
+//! head of `b`; `a | b` is a disjoint union; `>>` binds tighter than `|`, as in Rust and Python.
+//! The DSL is an oracle for [`crate::compile`], never its source: compile recovers the same tree
+//! from the graph alone, so the graph built here and the same graph built with
+//! [`crate::Graph::add_edge`] in a loop give the same plan.
+//!
+//! ```
+//! use soma_core::{compile, node, Executor, NodeError, Value};
+//!
+//! let add = |k: i64| move |x: &Value| -> Result<Value, NodeError> {
+//!     x.as_int().map(|x| Value::Int(x + k)).ok_or_else(|| NodeError::new("not an int"))
+//! };
+//! let wire = node("a", add(1)) >> (node("b", add(10)) | node("c", add(100)));
+//! let (graph, catalog) = wire.somatize()?;
+//! let plan = compile(&graph, &catalog)?;
+//! assert_eq!(plan.to_string(), "Sequence([Execute(a), Wave([Execute(b), Execute(c)])])");
+//! let out = Executor::new(&catalog).run(&plan, Value::Int(0))?;
+//! assert_eq!(out.get("b"), Some(&Value::Int(11)));
+//! assert_eq!(out.get("c"), Some(&Value::Int(101)));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::ops::{BitOr, Shr};
+use std::sync::Arc;
+
+use crate::catalog::Catalog;
+use crate::graph::{Graph, GraphError};
+use crate::id::NodeId;
+use crate::node::Node;
+
+/// A piece of graph under construction: its nodes, its edges, its heads and its terminals.
+///
+/// An error (an invalid id) is kept inside the wire and survives whatever is glued to it;
+/// [`Wire::somatize`] reports the first one, in declaration order.
+#[derive(Clone)]
+pub struct Wire {
+    nodes: Vec<(NodeId, Arc<dyn Node>)>,
+    edges: Vec<(NodeId, NodeId)>,
+    heads: Vec<NodeId>,
+    terminals: Vec<NodeId>,
+}
+
+/// A one-node wire.
+pub fn node(id: impl Into<NodeId>, implementation: impl Node + 'static) -> Wire {
+    node_arc(id, Arc::new(implementation))
+}
+
+/// A one-node wire around an implementation that is already shared.
+pub fn node_arc(id: impl Into<NodeId>, implementation: Arc<dyn Node>) -> Wire {
+    let id = id.into();
+    Wire {
+        nodes: vec![(id.clone(), implementation)],
+        edges: Vec::new(),
+        heads: vec![id.clone()],
+        terminals: vec![id],
+    }
+}
+
+impl Wire {
+    /// The node ids, in declaration order.
+    pub fn ids(&self) -> impl Iterator<Item = &NodeId> {
+        self.nodes.iter().map(|(id, _)| id)
+    }
+
+    /// Builds the graph and the catalog this wire describes.
+    ///
+    /// # Errors
+    /// The first [`GraphError`] in declaration order: an invalid id, or an id used twice.
+    pub fn somatize(self) -> Result<(Graph, Catalog), GraphError> {
+        let mut graph = Graph::new();
+        let mut catalog = Catalog::new();
+        for (id, implementation) in self.nodes {
+            graph.add_node(id.clone())?;
+            catalog.insert(id, implementation);
+        }
+        for (from, to) in &self.edges {
+            graph.add_edge(from.as_str(), to.as_str())?;
+        }
+        Ok((graph, catalog))
+    }
+
+    fn union(mut self, other: Wire) -> Wire {
+        self.nodes.extend(other.nodes);
+        self.edges.extend(other.edges);
+        self
+    }
+}
+
+impl Shr for Wire {
+    type Output = Wire;
+
+    /// In series: every terminal of `self` to every head of `next`.
+    fn shr(self, next: Wire) -> Wire {
+        let crossing: Vec<(NodeId, NodeId)> = self
+            .terminals
+            .iter()
+            .flat_map(|t| next.heads.iter().map(move |h| (t.clone(), h.clone())))
+            .collect();
+        let heads = self.heads.clone();
+        let terminals = next.terminals.clone();
+        let mut wire = self.union(next);
+        wire.edges.extend(crossing);
+        wire.heads = heads;
+        wire.terminals = terminals;
+        wire
+    }
+}
+
+impl BitOr for Wire {
+    type Output = Wire;
+
+    /// Side by side: a disjoint union.
+    fn bitor(self, other: Wire) -> Wire {
+        let mut heads = self.heads.clone();
+        heads.extend(other.heads.iter().cloned());
+        let mut terminals = self.terminals.clone();
+        terminals.extend(other.terminals.iter().cloned());
+        let mut wire = self.union(other);
+        wire.heads = heads;
+        wire.terminals = terminals;
+        wire
+    }
+}

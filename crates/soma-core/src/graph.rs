@@ -1,0 +1,317 @@
+//! `Graph`: topology only — node ids and directed edges, a DAG at every instant.
+//!
+//! What a node *does* lives in the [`crate::Catalog`]; keeping the two apart is what lets the
+//! same topology be compiled, drawn or compared without touching an implementation. Every
+//! constructor either succeeds or changes nothing and returns a [`GraphError`], so an invalid
+//! graph never exists and a topological order cannot fail.
+//!
+//! Nodes live in an arena indexed by insertion order; adjacency is kept in both directions, in
+//! edge-declaration order, so neighbour queries cost O(degree) and never scan every edge.
+
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::cmp::Reverse;
+use std::fmt;
+
+use crate::id::NodeId;
+
+/// Why a graph refused a node or an edge. The graph is unchanged after any of these.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GraphError {
+    /// The id is empty or holds whitespace or control characters.
+    InvalidId {
+        /// The refused id.
+        id: NodeId,
+    },
+    /// A node with this id is already in the graph.
+    DuplicateNode {
+        /// The taken id.
+        id: NodeId,
+    },
+    /// No node has this id.
+    UnknownNode {
+        /// The id that was asked for.
+        id: NodeId,
+    },
+    /// This edge was already declared.
+    DuplicateEdge {
+        /// Where the edge starts.
+        from: NodeId,
+        /// Where the edge ends.
+        to: NodeId,
+    },
+    /// The edge would close a cycle.
+    WouldCycle {
+        /// The cycle the edge would close, first node repeated at the end: the edge's source,
+        /// its target, and the existing path back to the source (`[a, a]` for a self-loop).
+        path: Vec<NodeId>,
+    },
+}
+
+impl fmt::Display for GraphError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GraphError::InvalidId { id } => write!(
+                f,
+                "invalid node id `{id}`\nhint: an id is a non-empty name without spaces or control characters"
+            ),
+            GraphError::DuplicateNode { id } => write!(
+                f,
+                "a node `{id}` is already in the graph\nhint: give the new node another id, or let Soma derive one"
+            ),
+            GraphError::UnknownNode { id } => write!(
+                f,
+                "no node `{id}` in the graph\nhint: add it with `node` before connecting it"
+            ),
+            GraphError::DuplicateEdge { from, to } => write!(
+                f,
+                "the edge `{from}` -> `{to}` is already in the graph\nhint: an edge is declared once"
+            ),
+            GraphError::WouldCycle { path } => {
+                let shown: Vec<String> = path.iter().map(|id| format!("`{id}`")).collect();
+                write!(
+                    f,
+                    "the edge `{}` -> `{}` would close a cycle: {}\nhint: a graph is acyclic; remove an edge of that path",
+                    path[0],
+                    path[1],
+                    shown.join(" -> ")
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for GraphError {}
+
+/// A directed acyclic graph of node ids.
+#[derive(Clone, Default)]
+pub struct Graph {
+    ids: Vec<NodeId>,
+    index: HashMap<NodeId, usize>,
+    succ: Vec<Vec<usize>>,
+    pred: Vec<Vec<usize>>,
+    edges: Vec<(usize, usize)>,
+    edge_set: HashSet<(usize, usize)>,
+}
+
+impl Graph {
+    /// An empty graph.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Whether the graph has no node.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Whether a node has this id.
+    pub fn contains(&self, id: &str) -> bool {
+        self.index.contains_key(id)
+    }
+
+    /// Adds a node.
+    ///
+    /// # Errors
+    /// [`GraphError::InvalidId`] or [`GraphError::DuplicateNode`]; the graph is unchanged.
+    pub fn add_node(&mut self, id: impl Into<NodeId>) -> Result<&NodeId, GraphError> {
+        let id = id.into();
+        if !id.is_valid() {
+            return Err(GraphError::InvalidId { id });
+        }
+        if self.index.contains_key(&id) {
+            return Err(GraphError::DuplicateNode { id });
+        }
+        let at = self.ids.len();
+        self.index.insert(id.clone(), at);
+        self.ids.push(id);
+        self.succ.push(Vec::new());
+        self.pred.push(Vec::new());
+        Ok(&self.ids[at])
+    }
+
+    /// Adds the edge `from -> to`.
+    ///
+    /// # Errors
+    /// [`GraphError::UnknownNode`], [`GraphError::DuplicateEdge`] or
+    /// [`GraphError::WouldCycle`] with the path the edge would close; the graph is unchanged.
+    ///
+    /// # Complexity
+    /// O(1) when `from` has no predecessor or `to` no successor (how chains and the DSL grow a
+    /// graph); otherwise a search from `to`, O(nodes + edges) at worst.
+    pub fn add_edge(&mut self, from: &str, to: &str) -> Result<(), GraphError> {
+        let a = self.require(from)?;
+        let b = self.require(to)?;
+        if self.edge_set.contains(&(a, b)) {
+            return Err(GraphError::DuplicateEdge {
+                from: self.ids[a].clone(),
+                to: self.ids[b].clone(),
+            });
+        }
+        if let Some(back) = self.path(b, a) {
+            let mut path = Vec::with_capacity(back.len() + 1);
+            path.push(self.ids[a].clone());
+            path.extend(back.into_iter().map(|i| self.ids[i].clone()));
+            return Err(GraphError::WouldCycle { path });
+        }
+        self.edge_set.insert((a, b));
+        self.edges.push((a, b));
+        self.succ[a].push(b);
+        self.pred[b].push(a);
+        Ok(())
+    }
+
+    /// A path `from ->* to` along existing edges (both ends included), if there is one.
+    fn path(&self, from: usize, to: usize) -> Option<Vec<usize>> {
+        if from == to {
+            return Some(vec![from]);
+        }
+        if self.succ[from].is_empty() || self.pred[to].is_empty() {
+            return None;
+        }
+        let mut parent: HashMap<usize, usize> = HashMap::new();
+        let mut stack = vec![from];
+        parent.insert(from, from);
+        while let Some(v) = stack.pop() {
+            for &w in &self.succ[v] {
+                if parent.contains_key(&w) {
+                    continue;
+                }
+                parent.insert(w, v);
+                if w == to {
+                    let mut path = vec![to];
+                    let mut at = to;
+                    while at != from {
+                        at = parent[&at];
+                        path.push(at);
+                    }
+                    path.reverse();
+                    return Some(path);
+                }
+                stack.push(w);
+            }
+        }
+        None
+    }
+
+    fn require(&self, id: &str) -> Result<usize, GraphError> {
+        self.index
+            .get(id)
+            .copied()
+            .ok_or_else(|| GraphError::UnknownNode { id: id.into() })
+    }
+
+    /// The ids in insertion order.
+    pub fn nodes(&self) -> &[NodeId] {
+        &self.ids
+    }
+
+    /// The edges in declaration order.
+    pub fn edges(&self) -> impl ExactSizeIterator<Item = (&NodeId, &NodeId)> + '_ {
+        self.edges.iter().map(|&(a, b)| (&self.ids[a], &self.ids[b]))
+    }
+
+    /// The sources of the edges into `id`, in edge-declaration order. O(in-degree).
+    ///
+    /// # Errors
+    /// [`GraphError::UnknownNode`].
+    pub fn predecessors(&self, id: &str) -> Result<Vec<&NodeId>, GraphError> {
+        let at = self.require(id)?;
+        Ok(self.pred[at].iter().map(|&i| &self.ids[i]).collect())
+    }
+
+    /// The targets of the edges out of `id`, in edge-declaration order. O(out-degree).
+    ///
+    /// # Errors
+    /// [`GraphError::UnknownNode`].
+    pub fn successors(&self, id: &str) -> Result<Vec<&NodeId>, GraphError> {
+        let at = self.require(id)?;
+        Ok(self.succ[at].iter().map(|&i| &self.ids[i]).collect())
+    }
+
+    /// Nodes without predecessors, in insertion order.
+    pub fn roots(&self) -> Vec<&NodeId> {
+        (0..self.len())
+            .filter(|&i| self.pred[i].is_empty())
+            .map(|i| &self.ids[i])
+            .collect()
+    }
+
+    /// Nodes without successors, in insertion order.
+    pub fn leaves(&self) -> Vec<&NodeId> {
+        (0..self.len())
+            .filter(|&i| self.succ[i].is_empty())
+            .map(|i| &self.ids[i])
+            .collect()
+    }
+
+    /// Every node after all of its predecessors; among nodes ready at the same time, the one
+    /// inserted first comes first, so the order is a function of the graph alone.
+    ///
+    /// # Complexity
+    /// O((nodes + edges) · log nodes).
+    pub fn topological_sort(&self) -> Vec<NodeId> {
+        self.topological_order()
+            .into_iter()
+            .map(|i| self.ids[i].clone())
+            .collect()
+    }
+
+    /// [`Graph::topological_sort`] as insertion indices.
+    pub(crate) fn topological_order(&self) -> Vec<usize> {
+        let mut missing: Vec<usize> = self.pred.iter().map(Vec::len).collect();
+        let mut ready: BinaryHeap<Reverse<usize>> = (0..self.len())
+            .filter(|&i| missing[i] == 0)
+            .map(Reverse)
+            .collect();
+        let mut order = Vec::with_capacity(self.len());
+        while let Some(Reverse(v)) = ready.pop() {
+            order.push(v);
+            for &w in &self.succ[v] {
+                missing[w] -= 1;
+                if missing[w] == 0 {
+                    ready.push(Reverse(w));
+                }
+            }
+        }
+        order
+    }
+
+    /// `base` if it is free, else the first of `base_2`, `base_3`, … that is.
+    pub fn free_id(&self, base: &str) -> NodeId {
+        if !self.contains(base) {
+            return NodeId::from(base);
+        }
+        // At most `len` ids are taken, so one of the first `len + 1` candidates is free.
+        (2..=self.len() + 2)
+            .map(|n| format!("{base}_{n}"))
+            .find(|candidate| !self.contains(candidate))
+            .map(NodeId::from)
+            .expect("one of len + 1 candidates is free")
+    }
+
+    pub(crate) fn id_at(&self, at: usize) -> &NodeId {
+        &self.ids[at]
+    }
+
+    pub(crate) fn succ_at(&self, at: usize) -> &[usize] {
+        &self.succ[at]
+    }
+
+    pub(crate) fn pred_at(&self, at: usize) -> &[usize] {
+        &self.pred[at]
+    }
+}
+
+impl fmt::Debug for Graph {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Graph")
+            .field("nodes", &self.ids)
+            .field("edges", &self.edges().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,49 @@
+//! # soma-core
+//!
+//! Soma's engine, with no Python in it: a [`Graph`] of node ids, a [`Catalog`] of what each node
+//! does, [`compile`] to turn them into a [`Plan`] — a series-parallel tree of `Sequence`s,
+//! `Wave`s and `Execute` steps — and an [`Executor`] that runs it, each branch of a wave start
+//! to finish on its own thread.
+//!
+//! ```
+//! use soma_core::{compile, node, Executor, NodeError, Value};
+//!
+//! let double = |x: &Value| -> Result<Value, NodeError> {
+//!     Ok(Value::Int(x.as_int().unwrap_or(0) * 2))
+//! };
+//! let sum = |x: &Value| -> Result<Value, NodeError> {
+//!     let pairs = x.as_map().ok_or_else(|| NodeError::new("expected a map"))?;
+//!     Ok(Value::Int(pairs.iter().filter_map(|(_, v)| v.as_int()).sum()))
+//! };
+//! let (graph, catalog) = (node("source", double)
+//!     >> ((node("left", double) >> node("left2", double)) | node("right", double))
+//!     >> node("join", sum))
+//! .somatize()?;
+//! let plan = compile(&graph, &catalog)?;
+//! assert_eq!(plan.shape(), "Sequence([Execute, Wave([Sequence([Execute, Execute]), Execute]), Execute])");
+//! assert_eq!(Executor::new(&catalog).run(&plan, Value::Int(1))?, Value::Int(8 + 4));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![deny(missing_docs)]
+
+mod catalog;
+mod compile;
+mod driver;
+mod dsl;
+mod execute;
+mod graph;
+mod id;
+mod node;
+mod plan;
+mod value;
+
+pub use catalog::Catalog;
+pub use compile::{compile, decompose, CompileError};
+pub use driver::{Driver, DriverError};
+pub use dsl::{node, node_arc, Wire};
+pub use execute::{Executor, RunError, Watch, DEFAULT_TURN_LIMIT};
+pub use graph::{Graph, GraphError};
+pub use id::NodeId;
+pub use node::{Ctx, Node, NodeError, Transition};
+pub use plan::Plan;
+pub use value::Value;

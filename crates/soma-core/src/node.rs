@@ -1,0 +1,131 @@
+//! The contract of one executable unit: `Node::forward`.
+//!
+//! A node either answers (`Done`) or asks the [`crate::Driver`] for something (`Await`) and is
+//! polled again with the answers. Awaiting instead of blocking is what lets a driver batch,
+//! pace or simulate I/O for many nodes, and lets a run be traced turn by turn.
+//!
+//! `Send + Sync` is required because the branches of a wave borrow the catalog, and so every
+//! node in it, from several threads at once.
+
+use std::error::Error;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::id::NodeId;
+use crate::value::Value;
+
+/// What one call to [`Node::forward`] decided.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Transition {
+    /// The node's output.
+    Done(Value),
+    /// Requests for the driver; the node is called again with its answers in
+    /// [`Ctx::results`].
+    Await(Vec<Value>),
+}
+
+/// What a node knows about the call it is in.
+#[derive(Clone, Copy, Debug)]
+pub struct Ctx<'a> {
+    node: &'a NodeId,
+    turn: u32,
+    results: &'a [Value],
+}
+
+impl<'a> Ctx<'a> {
+    /// A context; the executor builds these, tests of a node may too.
+    pub fn new(node: &'a NodeId, turn: u32, results: &'a [Value]) -> Self {
+        Ctx {
+            node,
+            turn,
+            results,
+        }
+    }
+
+    /// The id of the node being called.
+    pub fn node(&self) -> &'a NodeId {
+        self.node
+    }
+
+    /// 0 on the first call; one more after each `Await` the driver answered.
+    pub fn turn(&self) -> u32 {
+        self.turn
+    }
+
+    /// The driver's answers to the previous `Await`, one per request, in order; empty on turn 0.
+    pub fn results(&self) -> &'a [Value] {
+        self.results
+    }
+}
+
+/// A node's own failure: a message and, where there is one, the error underneath.
+///
+/// The cause travels untouched — a binding can put its host language's exception there and
+/// take the very same object back out when the error leaves the engine.
+#[derive(Clone, Debug)]
+pub struct NodeError {
+    message: String,
+    cause: Option<Arc<dyn Error + Send + Sync>>,
+}
+
+impl NodeError {
+    /// A failure described by a message.
+    pub fn new(message: impl Into<String>) -> Self {
+        NodeError {
+            message: message.into(),
+            cause: None,
+        }
+    }
+
+    /// A failure carrying the error that caused it; the message is the cause's.
+    pub fn from_cause(cause: impl Error + Send + Sync + 'static) -> Self {
+        NodeError {
+            message: cause.to_string(),
+            cause: Some(Arc::new(cause)),
+        }
+    }
+
+    /// The message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The underlying error, if any.
+    pub fn cause(&self) -> Option<&(dyn Error + Send + Sync + 'static)> {
+        self.cause.as_deref()
+    }
+}
+
+impl fmt::Display for NodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl Error for NodeError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        self.cause.as_deref().map(|e| e as &(dyn Error + 'static))
+    }
+}
+
+/// One executable unit.
+pub trait Node: Send + Sync {
+    /// Computes this node's output from its input, or asks the driver for something.
+    ///
+    /// `input` is the graph's input for a root, the predecessor's output for a node with one
+    /// predecessor, and a [`Value::Map`] keyed by source id, in edge-declaration order, for a
+    /// node with several.
+    ///
+    /// # Errors
+    /// Whatever the node reports; the executor attributes it to the node.
+    fn forward(&self, input: &Value, ctx: &Ctx<'_>) -> Result<Transition, NodeError>;
+}
+
+impl<F> Node for F
+where
+    F: Fn(&Value) -> Result<Value, NodeError> + Send + Sync,
+{
+    fn forward(&self, input: &Value, _ctx: &Ctx<'_>) -> Result<Transition, NodeError> {
+        self(input).map(Transition::Done)
+    }
+}
