@@ -1,1 +1,30 @@
-//! placeholder
+//! `soma._soma`: the glue between Python and `soma-core`, and nothing else.
+//!
+//! Python objects become nodes and drivers here, values cross the boundary here, and core
+//! errors become Python exceptions here; the graph algorithms and the executor stay in the
+//! core. The public Python API (`soma.Graph`, the DSL, the exception hierarchy) is written in
+//! Python on top of this module.
+
+mod convert;
+mod driver;
+mod errors;
+mod graph;
+mod native;
+mod node;
+mod plan;
+mod protocol;
+mod watch;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_class::<graph::GraphCore>()?;
+    module.add_class::<plan::PyPlan>()?;
+    module.add_class::<protocol::Await>()?;
+    module.add_class::<protocol::Done>()?;
+    module.add_class::<protocol::PyCtx>()?;
+    module.add_class::<native::NativeNode>()?;
+    module.add("DEFAULT_TURN_LIMIT", soma_core::DEFAULT_TURN_LIMIT)?;
+    Ok(())
+}

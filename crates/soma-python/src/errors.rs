@@ -1,0 +1,141 @@
+//! The one place where core errors become Python exceptions.
+//!
+//! The exception hierarchy is declared once, in Python (`soma/errors.py`), where multiple
+//! inheritance (`CycleError` is also a `ValueError`) is natural; this module instantiates those
+//! classes with the error's data as attributes. A Python exception raised inside a node or a
+//! driver is never wrapped: the very same object comes back out, with a note naming the node.
+
+use pyo3::exceptions::PyKeyboardInterrupt;
+use pyo3::prelude::*;
+use soma_core::{CompileError, GraphError, NodeId, RunError};
+
+/// An instance of `soma.errors.<class>` with `message`, and `attributes` set on it.
+fn soma_error(
+    py: Python<'_>,
+    class: &str,
+    message: String,
+    attributes: &[(&str, Bound<'_, PyAny>)],
+) -> PyErr {
+    let build = || -> PyResult<PyErr> {
+        let exception = py.import("soma.errors")?.getattr(class)?.call1((message,))?;
+        for (name, value) in attributes {
+            exception.setattr(*name, value)?;
+        }
+        Ok(PyErr::from_value(exception))
+    };
+    build().unwrap_or_else(|failure| failure)
+}
+
+fn text<'py>(py: Python<'py>, id: &NodeId) -> Bound<'py, PyAny> {
+    pyo3::types::PyString::new(py, id.as_str()).into_any()
+}
+
+fn none(py: Python<'_>) -> Bound<'_, PyAny> {
+    py.None().into_bound(py)
+}
+
+pub fn graph_error(py: Python<'_>, error: &GraphError) -> PyErr {
+    let message = error.to_string();
+    match error {
+        GraphError::InvalidId { id } => {
+            soma_error(py, "InvalidIdError", message, &[("node", text(py, id))])
+        }
+        GraphError::DuplicateNode { id } => {
+            soma_error(py, "DuplicateNodeError", message, &[("node", text(py, id))])
+        }
+        GraphError::UnknownNode { id } => {
+            soma_error(py, "UnknownNodeError", message, &[("node", text(py, id))])
+        }
+        GraphError::DuplicateEdge { from, to } => soma_error(
+            py,
+            "DuplicateEdgeError",
+            message,
+            &[("source", text(py, from)), ("target", text(py, to))],
+        ),
+        GraphError::WouldCycle { path } => {
+            let path: Vec<&str> = path.iter().map(NodeId::as_str).collect();
+            let path = pyo3::types::PyList::new(py, path)
+                .map_or_else(|_| none(py), Bound::into_any);
+            soma_error(py, "CycleError", message, &[("path", path)])
+        }
+    }
+}
+
+pub fn compile_error(py: Python<'_>, error: &CompileError) -> PyErr {
+    match error {
+        CompileError::MissingImplementation { node } => soma_error(
+            py,
+            "CompileError",
+            error.to_string(),
+            &[("node", text(py, node))],
+        ),
+    }
+}
+
+/// The Python error a cause carries, if it carries one.
+fn python_cause(py: Python<'_>, cause: Option<&(dyn std::error::Error + Send + Sync + 'static)>) -> Option<PyErr> {
+    cause
+        .and_then(|cause| cause.downcast_ref::<PyErr>())
+        .map(|error| error.clone_ref(py))
+}
+
+/// Adds a PEP 678 note naming the node; the exception object stays the same.
+fn noted(py: Python<'_>, error: PyErr, node: &NodeId) -> PyErr {
+    let remark = format!("raised in soma node `{node}`");
+    // A note is a courtesy: an exception that refuses one is still raised as it is.
+    let _ = error.value(py).call_method1("add_note", (remark,));
+    error
+}
+
+/// `interrupt` is what a signal handler raised during the run, for `RunError::Interrupted`.
+pub fn run_error(py: Python<'_>, error: &RunError, interrupt: Option<PyErr>) -> PyErr {
+    let message = error.to_string();
+    match error {
+        RunError::NodeFailed { node, error } => match python_cause(py, error.cause()) {
+            Some(raised) => noted(py, raised, node),
+            None => soma_error(py, "RunError", message, &[("node", text(py, node))]),
+        },
+        RunError::DriverFailed { node, error } => {
+            let failure = soma_error(py, "DriverError", message, &[("node", text(py, node))]);
+            if let Some(raised) = python_cause(py, error.cause()) {
+                failure.set_cause(py, Some(raised));
+            }
+            failure
+        }
+        RunError::NoDriver { node } | RunError::WrongResultCount { node, .. } => {
+            soma_error(py, "DriverError", message, &[("node", text(py, node))])
+        }
+        RunError::TurnLimit { node, limit } => {
+            let limit = limit
+                .into_pyobject(py)
+                .map_or_else(|_| none(py), Bound::into_any);
+            soma_error(
+                py,
+                "TurnLimitError",
+                message,
+                &[("node", text(py, node)), ("limit", limit)],
+            )
+        }
+        RunError::NotInCatalog { node } | RunError::MissingInput { node, .. } => {
+            soma_error(py, "RunError", message, &[("node", text(py, node))])
+        }
+        RunError::Interrupted => {
+            interrupt.unwrap_or_else(|| PyKeyboardInterrupt::new_err("the run was interrupted"))
+        }
+    }
+}
+
+/// A Rust panic that escaped a node, as `soma.PanicError`; the process goes on.
+pub fn panic_error(py: Python<'_>, payload: &(dyn std::any::Any + Send)) -> PyErr {
+    let what = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string());
+    soma_error(
+        py,
+        "PanicError",
+        format!("a Rust node panicked: {what}\nhint: this is a bug in that node; the run was stopped after every branch was joined"),
+        &[],
+    )
+}

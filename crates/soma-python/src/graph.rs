@@ -1,0 +1,230 @@
+//! `soma._soma.GraphCore`: a graph, its implementations and its cached plan, behind one lock.
+//!
+//! The Python `soma.Graph` wraps this class and adds what is easier said in Python (derived ids,
+//! the DSL). The lock is held only for bookkeeping, always with the GIL held and never across a
+//! run: `forward` takes a snapshot — the plan and the catalog, both behind `Arc`s — and runs
+//! detached, so several Python threads can run one graph at once while another edits it (an
+//! edit copies the catalog only if a run still holds the old one).
+
+use std::collections::HashMap;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use soma_core::{compile, Catalog, Executor, Graph, Node, NodeId, Plan};
+
+use crate::convert::{to_python, wrap};
+use crate::driver::PythonDriver;
+use crate::errors::{compile_error, graph_error, panic_error, run_error};
+use crate::native::NativeNode;
+use crate::node::PythonNode;
+use crate::plan::PyPlan;
+use crate::watch::SignalWatch;
+
+#[derive(Default)]
+struct State {
+    graph: Graph,
+    catalog: Arc<Catalog>,
+    /// The registered Python objects, for `implementation(id)`.
+    objects: HashMap<NodeId, Py<PyAny>>,
+    /// Compiled on first use after a change.
+    plan: Option<Arc<Plan>>,
+}
+
+#[pyclass(frozen, module = "soma._soma")]
+pub struct GraphCore {
+    state: Mutex<State>,
+}
+
+impl GraphCore {
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic never happens while the lock is held; if one did, the state is still whole.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn register(
+        &self,
+        py: Python<'_>,
+        id: &str,
+        object: &Bound<'_, PyAny>,
+        implementation: Arc<dyn Node>,
+    ) -> PyResult<()> {
+        let mut state = self.state();
+        let id = state
+            .graph
+            .add_node(id)
+            .map_err(|e| graph_error(py, &e))?
+            .clone();
+        Arc::make_mut(&mut state.catalog).insert(id.clone(), implementation);
+        state.objects.insert(id, object.clone().unbind());
+        state.plan = None;
+        Ok(())
+    }
+
+    fn snapshot(&self, py: Python<'_>) -> PyResult<(Arc<Plan>, Arc<Catalog>)> {
+        let mut state = self.state();
+        let plan = if let Some(plan) = &state.plan {
+            Arc::clone(plan)
+        } else {
+            let plan =
+                Arc::new(compile(&state.graph, &state.catalog).map_err(|e| compile_error(py, &e))?);
+            state.plan = Some(Arc::clone(&plan));
+            plan
+        };
+        Ok((plan, Arc::clone(&state.catalog)))
+    }
+}
+
+fn ids(list: Vec<&NodeId>) -> Vec<String> {
+    list.into_iter().map(ToString::to_string).collect()
+}
+
+#[pymethods]
+impl GraphCore {
+    #[new]
+    fn new() -> Self {
+        GraphCore {
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// Registers a Python object with a callable `forward` under `id`.
+    fn add_python(
+        &self,
+        py: Python<'_>,
+        id: &str,
+        object: &Bound<'_, PyAny>,
+        takes_ctx: bool,
+    ) -> PyResult<()> {
+        let forward = object.getattr("forward").ok().filter(PyAnyMethods::is_callable);
+        if forward.is_none() {
+            return Err(PyTypeError::new_err(format!(
+                "a `{}` cannot be a node: it has no callable `forward`\nhint: subclass soma.Node and define `forward(self, x)`",
+                object.get_type().name()?
+            )));
+        }
+        let node = PythonNode::new(object, takes_ctx)?;
+        self.register(py, id, object, Arc::new(node))
+    }
+
+    /// Registers a Rust implementation under `id`; `object` is what `implementation(id)` returns.
+    fn add_native(
+        &self,
+        py: Python<'_>,
+        id: &str,
+        object: &Bound<'_, PyAny>,
+        native: &Bound<'_, NativeNode>,
+    ) -> PyResult<()> {
+        self.register(py, id, object, native.get().implementation())
+    }
+
+    fn add_edge(&self, py: Python<'_>, source: &str, target: &str) -> PyResult<()> {
+        let mut state = self.state();
+        state
+            .graph
+            .add_edge(source, target)
+            .map_err(|e| graph_error(py, &e))?;
+        state.plan = None;
+        Ok(())
+    }
+
+    fn nodes(&self) -> Vec<String> {
+        self.state().graph.nodes().iter().map(ToString::to_string).collect()
+    }
+
+    fn edges(&self) -> Vec<(String, String)> {
+        self.state()
+            .graph
+            .edges()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    }
+
+    fn roots(&self) -> Vec<String> {
+        ids(self.state().graph.roots())
+    }
+
+    fn leaves(&self) -> Vec<String> {
+        ids(self.state().graph.leaves())
+    }
+
+    fn predecessors(&self, py: Python<'_>, id: &str) -> PyResult<Vec<String>> {
+        let state = self.state();
+        Ok(ids(state.graph.predecessors(id).map_err(|e| graph_error(py, &e))?))
+    }
+
+    fn successors(&self, py: Python<'_>, id: &str) -> PyResult<Vec<String>> {
+        let state = self.state();
+        Ok(ids(state.graph.successors(id).map_err(|e| graph_error(py, &e))?))
+    }
+
+    fn topological_sort(&self) -> Vec<String> {
+        self.state()
+            .graph
+            .topological_sort()
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    fn implementation(&self, py: Python<'_>, id: &str) -> PyResult<Py<PyAny>> {
+        let state = self.state();
+        match state.objects.get(id) {
+            Some(object) => Ok(object.clone_ref(py)),
+            None => Err(graph_error(
+                py,
+                &soma_core::GraphError::UnknownNode { id: id.into() },
+            )),
+        }
+    }
+
+    fn free_id(&self, base: &str) -> String {
+        self.state().graph.free_id(base).to_string()
+    }
+
+    fn __len__(&self) -> usize {
+        self.state().graph.len()
+    }
+
+    fn __contains__(&self, id: &str) -> bool {
+        self.state().graph.contains(id)
+    }
+
+    /// The plan, compiled on first use after a change.
+    fn plan(&self, py: Python<'_>) -> PyResult<PyPlan> {
+        let (plan, _) = self.snapshot(py)?;
+        Ok(PyPlan {
+            plan: Plan::clone(&plan),
+        })
+    }
+
+    /// Runs the graph on `input`, detached from the interpreter for the whole run.
+    #[pyo3(signature = (input, driver=None, turn_limit=soma_core::DEFAULT_TURN_LIMIT))]
+    fn forward<'py>(
+        &self,
+        py: Python<'py>,
+        input: Bound<'py, PyAny>,
+        driver: Option<&Bound<'py, PyAny>>,
+        turn_limit: u32,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let (plan, catalog) = self.snapshot(py)?;
+        let driver = driver.map(PythonDriver::new).transpose()?;
+        let watch = SignalWatch::new();
+        let input = wrap(input);
+        let outcome = py.detach(|| {
+            let mut executor = Executor::new(&catalog)
+                .with_turn_limit(turn_limit)
+                .with_watch(&watch);
+            if let Some(driver) = &driver {
+                executor = executor.with_driver(driver);
+            }
+            panic::catch_unwind(AssertUnwindSafe(|| executor.run(&plan, input)))
+        });
+        match outcome {
+            Ok(Ok(value)) => to_python(py, &value),
+            Ok(Err(error)) => Err(run_error(py, &error, watch.take_raised())),
+            Err(payload) => Err(panic_error(py, &*payload)),
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! Python objects as nodes.
+//!
+//! The interpreter is attached only for the node's own call: the engine runs detached, so the
+//! branches of a wave take turns at the GIL between Python nodes and really overlap wherever a
+//! node's work releases it (numpy, torch, I/O, a driver's wait).
+
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+use soma_core::{Ctx, Node, NodeError, Transition, Value};
+
+use crate::convert::{to_python, wrap};
+use crate::protocol::{Await, Done, PyCtx};
+
+/// A Python object with a `forward(x)` or `forward(x, ctx)` method.
+pub struct PythonNode {
+    /// The bound method, looked up once at registration; it keeps the object alive.
+    forward: Py<PyAny>,
+    takes_ctx: bool,
+}
+
+impl PythonNode {
+    pub fn new(object: &Bound<'_, PyAny>, takes_ctx: bool) -> PyResult<Self> {
+        Ok(PythonNode {
+            forward: object.getattr("forward")?.unbind(),
+            takes_ctx,
+        })
+    }
+
+    fn call(&self, py: Python<'_>, input: &Value, ctx: &Ctx<'_>) -> PyResult<Transition> {
+        let x = to_python(py, input)?;
+        let forward = self.forward.bind(py);
+        let out = if self.takes_ctx {
+            let results = ctx
+                .results()
+                .iter()
+                .map(|r| to_python(py, r))
+                .collect::<PyResult<Vec<_>>>()?;
+            let ctx = PyCtx {
+                node: ctx.node().to_string(),
+                turn: ctx.turn(),
+                results: PyTuple::new(py, results)?.unbind(),
+            };
+            forward.call1((x, ctx))?
+        } else {
+            forward.call1((x,))?
+        };
+        Ok(interpret(out))
+    }
+}
+
+/// What a node's return value means: an `Await`, a `Done`, or the output itself.
+pub fn interpret(out: Bound<'_, PyAny>) -> Transition {
+    if let Ok(asked) = out.cast::<Await>() {
+        let py = out.py();
+        return Transition::Await(
+            asked
+                .get()
+                .requests
+                .iter()
+                .map(|r| wrap(r.bind(py).clone()))
+                .collect(),
+        );
+    }
+    if let Ok(done) = out.cast::<Done>() {
+        return Transition::Done(wrap(done.get().value.bind(out.py()).clone()));
+    }
+    Transition::Done(wrap(out))
+}
+
+impl Node for PythonNode {
+    fn forward(&self, input: &Value, ctx: &Ctx<'_>) -> Result<Transition, NodeError> {
+        Python::attach(|py| self.call(py, input, ctx)).map_err(NodeError::from_cause)
+    }
+}

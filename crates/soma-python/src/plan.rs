@@ -1,0 +1,72 @@
+//! `soma.Plan`: a compiled plan, as Python sees it — a read-only tree that compares by structure.
+
+use pyo3::prelude::*;
+use soma_core::Plan;
+
+#[pyclass(frozen, module = "soma", name = "Plan")]
+pub struct PyPlan {
+    pub plan: Plan,
+}
+
+#[pymethods]
+impl PyPlan {
+    /// `"Empty"`, `"Execute"`, `"Sequence"` or `"Wave"`.
+    #[getter]
+    fn kind(&self) -> &'static str {
+        self.plan.kind()
+    }
+
+    /// The steps of a `Sequence` or the branches of a `Wave`; empty otherwise.
+    #[getter]
+    fn children(&self) -> Vec<PyPlan> {
+        match &self.plan {
+            Plan::Sequence(children) | Plan::Wave(children) => children
+                .iter()
+                .map(|child| PyPlan {
+                    plan: child.clone(),
+                })
+                .collect(),
+            Plan::Empty | Plan::Execute { .. } => Vec::new(),
+        }
+    }
+
+    /// The node an `Execute` runs; `None` otherwise.
+    #[getter]
+    fn node(&self) -> Option<&str> {
+        match &self.plan {
+            Plan::Execute { node, .. } => Some(node.as_str()),
+            Plan::Empty | Plan::Sequence(_) | Plan::Wave(_) => None,
+        }
+    }
+
+    /// Where an `Execute` reads from, in edge-declaration order; empty means the graph's input.
+    #[getter]
+    fn inputs(&self) -> Vec<&str> {
+        match &self.plan {
+            Plan::Execute { from, .. } => from.iter().map(soma_core::NodeId::as_str).collect(),
+            Plan::Empty | Plan::Sequence(_) | Plan::Wave(_) => Vec::new(),
+        }
+    }
+
+    /// The tree without ids: `Sequence([Execute, Wave([Execute, Execute])])`.
+    fn shape(&self) -> String {
+        self.plan.shape()
+    }
+
+    fn __repr__(&self) -> String {
+        self.plan.to_string()
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other
+            .cast::<PyPlan>()
+            .is_ok_and(|other| self.plan == other.get().plan)
+    }
+
+    fn __hash__(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        self.plan.to_string().hash(&mut hasher);
+        hasher.finish()
+    }
+}

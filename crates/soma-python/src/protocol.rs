@@ -1,0 +1,84 @@
+//! What a Python node returns and receives: `Await`, `Done` and `Ctx`.
+//!
+//! Defined in Rust so that telling an `Await` from a plain value, on every call of every node,
+//! is a type-pointer comparison and not an attribute lookup.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+
+/// Asks the driver: the node is called again with one result per request in `ctx.results`.
+#[pyclass(frozen, module = "soma", name = "Await")]
+pub struct Await {
+    pub requests: Vec<Py<PyAny>>,
+}
+
+#[pymethods]
+impl Await {
+    #[new]
+    fn new(requests: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let requests = requests
+            .try_iter()?
+            .map(|item| item.map(Bound::unbind))
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok(Await { requests })
+    }
+
+    /// The requests, in order.
+    #[getter]
+    fn requests<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(py, self.requests.iter().map(|r| r.bind(py)))
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(format!("Await({})", self.requests(py)?.repr()?))
+    }
+}
+
+/// A node's output, said explicitly; returning the value itself means the same.
+#[pyclass(frozen, module = "soma", name = "Done")]
+pub struct Done {
+    pub value: Py<PyAny>,
+}
+
+#[pymethods]
+impl Done {
+    #[new]
+    fn new(value: Py<PyAny>) -> Self {
+        Done { value }
+    }
+
+    /// The output.
+    #[getter]
+    fn value(&self, py: Python<'_>) -> Py<PyAny> {
+        self.value.clone_ref(py)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(format!("Done({})", self.value.bind(py).repr()?))
+    }
+}
+
+/// What a node knows about the call it is in.
+#[pyclass(frozen, module = "soma", name = "Ctx")]
+pub struct PyCtx {
+    /// The node's id.
+    #[pyo3(get)]
+    pub node: String,
+    /// 0 on the first call, one more after each answered `Await`.
+    #[pyo3(get)]
+    pub turn: u32,
+    pub results: Py<PyTuple>,
+}
+
+#[pymethods]
+impl PyCtx {
+    /// The driver's answers to the previous `Await`, in order; empty on turn 0.
+    #[getter]
+    fn results<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(py, self.results.bind(py).iter())
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Ctx(node={:?}, turn={})", self.node, self.turn)
+    }
+}

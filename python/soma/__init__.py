@@ -1,0 +1,56 @@
+"""Soma: compose nodes with ``>>`` and ``|``, compile the graph into a plan of waves, run it.
+
+>>> import soma
+>>> class Double(soma.Node):
+...     def forward(self, x: int) -> int:
+...         return 2 * x
+>>> g = soma.Graph.somatize(Double().named("a") >> (Double().named("b") | Double().named("c")))
+>>> g.plan()
+Sequence([Execute(a), Wave([Execute(b), Execute(c)])])
+>>> g.forward(1)
+{'b': 4, 'c': 4}
+"""
+
+from soma import native
+from soma._dsl import Expr
+from soma._graph import Graph
+from soma._node import Node
+from soma._soma import DEFAULT_TURN_LIMIT, Await, Ctx, Done, Plan
+from soma.errors import (
+    CompileError,
+    CycleError,
+    DriverError,
+    DuplicateEdgeError,
+    DuplicateNodeError,
+    GraphError,
+    InvalidIdError,
+    PanicError,
+    RunError,
+    SomaError,
+    TurnLimitError,
+    UnknownNodeError,
+)
+
+__all__ = [
+    "DEFAULT_TURN_LIMIT",
+    "Await",
+    "CompileError",
+    "Ctx",
+    "CycleError",
+    "Done",
+    "DriverError",
+    "DuplicateEdgeError",
+    "DuplicateNodeError",
+    "Expr",
+    "Graph",
+    "GraphError",
+    "InvalidIdError",
+    "Node",
+    "PanicError",
+    "Plan",
+    "RunError",
+    "SomaError",
+    "TurnLimitError",
+    "UnknownNodeError",
+    "native",
+]

@@ -1,0 +1,87 @@
+"""The DSL: ``>>`` in series, ``|`` side by side, and nothing but nodes and edges.
+
+An :class:`Expr` records the nodes in declaration order, the edges between them, its heads and
+its terminals. ``a >> b`` connects every terminal of ``a`` to every head of ``b``; ``a | b`` is
+a disjoint union. ``>>`` binds tighter than ``|``, as Python's operators do. The expression is
+an oracle, never the source of a plan: :meth:`soma.Graph.somatize` turns it into plain
+``node()``/``edge()`` calls, and the plan is recovered from the graph alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Expr:
+    """Nodes, edges (as index pairs), heads and terminals of an expression."""
+
+    __slots__ = ("edges", "heads", "nodes", "terminals")
+
+    def __init__(
+        self,
+        nodes: tuple[Any, ...],
+        edges: tuple[tuple[int, int], ...],
+        heads: tuple[int, ...],
+        terminals: tuple[int, ...],
+    ) -> None:
+        self.nodes = nodes
+        self.edges = edges
+        self.heads = heads
+        self.terminals = terminals
+
+    @staticmethod
+    def of(item: object, operator: str) -> Expr:
+        """The expression of a node or an expression; a ``TypeError`` that says what to do else."""
+        if isinstance(item, Expr):
+            return item
+        from soma._node import Node
+
+        if isinstance(item, Node):
+            return Expr((item,), (), (0,), (0,))
+        raise TypeError(
+            f"cannot compose a `{type(item).__name__}` with `{operator}`: only soma.Node "
+            "instances and expressions of them compose\n"
+            "hint: subclass soma.Node and define `forward(self, x)`, or register the object "
+            "with Graph.node() and connect it with Graph.edge()"
+        )
+
+    def __rshift__(self, other: object) -> Expr:
+        return _series(self, Expr.of(other, ">>"))
+
+    def __rrshift__(self, other: object) -> Expr:
+        return _series(Expr.of(other, ">>"), self)
+
+    def __or__(self, other: object) -> Expr:
+        return _parallel(self, Expr.of(other, "|"))
+
+    def __ror__(self, other: object) -> Expr:
+        return _parallel(Expr.of(other, "|"), self)
+
+    def __repr__(self) -> str:
+        names = ", ".join(type(n).__name__ for n in self.nodes)
+        return f"Expr([{names}], {len(self.edges)} edges)"
+
+
+def _shifted(pairs: tuple[tuple[int, int], ...], by: int) -> tuple[tuple[int, int], ...]:
+    return tuple((a + by, b + by) for a, b in pairs)
+
+
+def _series(left: Expr, right: Expr) -> Expr:
+    by = len(left.nodes)
+    crossing = tuple((t, h + by) for t in left.terminals for h in right.heads)
+    return Expr(
+        left.nodes + right.nodes,
+        left.edges + _shifted(right.edges, by) + crossing,
+        left.heads,
+        tuple(t + by for t in right.terminals),
+    )
+
+
+def _parallel(left: Expr, right: Expr) -> Expr:
+    by = len(left.nodes)
+    return Expr(
+        left.nodes + right.nodes,
+        left.edges + _shifted(right.edges, by),
+        left.heads + tuple(h + by for h in right.heads),
+        left.terminals + tuple(t + by for t in right.terminals),
+    )

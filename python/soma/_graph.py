@@ -1,0 +1,166 @@
+"""``soma.Graph``: build a graph, look at its plan, run it.
+
+Topology, implementations and the cached plan live in the Rust core (``_soma.GraphCore``);
+this class adds what is naturally Python: ids derived from class names, reading the DSL, and
+deciding once, at registration, whether ``forward`` wants a ``ctx``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from typing import Any
+
+from soma import _soma
+from soma._dsl import Expr
+from soma._node import Node
+from soma.errors import DuplicateNodeError
+
+_WORD_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+
+
+def snake_case(name: str) -> str:
+    """``Encoder`` -> ``encoder``, ``Other2`` -> ``other2``, ``HTTPServer`` -> ``http_server``."""
+    return _WORD_BOUNDARY.sub("_", name).lower()
+
+
+def _takes_ctx(obj: object) -> bool:
+    """Whether ``obj.forward`` accepts a second positional argument, the ``ctx``."""
+    forward = getattr(obj, "forward", None)
+    if not callable(forward):
+        return False
+    try:
+        parameters = inspect.signature(forward).parameters.values()
+    except (TypeError, ValueError):  # A builtin without a signature: call it with x alone.
+        return False
+    positional = [
+        p
+        for p in parameters
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    return len(positional) >= 2 or any(
+        p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters
+    )
+
+
+class Graph:
+    """A directed acyclic graph of nodes, compiled once into a plan and run with ``forward``."""
+
+    __slots__ = ("_core",)
+
+    def __init__(self) -> None:
+        self._core = _soma.GraphCore()
+
+    @classmethod
+    def somatize(cls, expr: Expr | Node) -> Graph:
+        """The graph an expression of ``>>`` and ``|`` describes, nodes in declaration order."""
+        expr = Expr.of(expr, ">>")
+        seen: dict[int, int] = {}
+        for at, obj in enumerate(expr.nodes):
+            if id(obj) in seen:
+                name = obj._soma_id or snake_case(type(obj).__name__)
+                error = DuplicateNodeError(
+                    f"node `{name}` appears twice in the expression\n"
+                    "hint: a node instance is one node; create another instance to use it again"
+                )
+                error.node = name
+                raise error
+            seen[id(obj)] = at
+        graph = cls()
+        ids = [graph.node(obj) for obj in expr.nodes]
+        for source, target in expr.edges:
+            graph.edge(ids[source], ids[target])
+        return graph
+
+    def node(self, id_or_obj: str | object, obj: object = None, /) -> str:
+        """Registers ``obj`` (anything with a callable ``forward``) and returns its id.
+
+        ``node(obj)`` uses the id given with ``.named()``, else the snake_case of the class
+        name, made unique with ``_2``, ``_3``; ``node("id", obj)`` uses ``"id"``.
+        """
+        if obj is None:
+            obj, node_id = id_or_obj, getattr(id_or_obj, "_soma_id", None)
+            if node_id is None:
+                node_id = self._core.free_id(snake_case(type(obj).__name__))
+        elif isinstance(id_or_obj, str):
+            node_id = id_or_obj
+        else:
+            raise TypeError(
+                f"a node id is a str, not a `{type(id_or_obj).__name__}`\n"
+                "hint: call node(obj) or node('id', obj)"
+            )
+        native = getattr(obj, "_soma_native", None)
+        if isinstance(native, _soma.NativeNode):
+            self._core.add_native(node_id, obj, native)
+        else:
+            self._core.add_python(node_id, obj, _takes_ctx(obj))
+        return node_id
+
+    def edge(self, source: str, target: str) -> None:
+        """Adds the edge ``source -> target``; refused (and nothing changes) if it would close
+        a cycle, repeats an edge or names an unknown node."""
+        self._core.add_edge(source, target)
+
+    def nodes(self) -> list[str]:
+        """Node ids, in insertion order."""
+        return self._core.nodes()
+
+    def edges(self) -> list[tuple[str, str]]:
+        """Edges, in declaration order."""
+        return self._core.edges()
+
+    def roots(self) -> list[str]:
+        """Nodes without predecessors, in insertion order; each receives the graph's input."""
+        return self._core.roots()
+
+    def leaves(self) -> list[str]:
+        """Nodes without successors, in insertion order; their outputs are the result."""
+        return self._core.leaves()
+
+    def predecessors(self, node_id: str) -> list[str]:
+        """Sources of the edges into ``node_id``, in edge-declaration order."""
+        return self._core.predecessors(node_id)
+
+    def successors(self, node_id: str) -> list[str]:
+        """Targets of the edges out of ``node_id``, in edge-declaration order."""
+        return self._core.successors(node_id)
+
+    def topological_sort(self) -> list[str]:
+        """Every node after its predecessors; ties broken by insertion order."""
+        return self._core.topological_sort()
+
+    def implementation(self, node_id: str) -> Any:
+        """The object registered under ``node_id``."""
+        return self._core.implementation(node_id)
+
+    def plan(self) -> _soma.Plan:
+        """The plan: compiled on first use, reused until the graph changes."""
+        return self._core.plan()
+
+    def forward(
+        self,
+        input: Any = None,
+        *,
+        driver: Any = None,
+        turn_limit: int = _soma.DEFAULT_TURN_LIMIT,
+    ) -> Any:
+        """Runs the graph on ``input`` and returns the leaf's output (a dict keyed by leaf id
+        when there are several).
+
+        The GIL is released for the whole run; each branch of a wave runs start to finish on
+        its own thread, and each Python node takes the GIL for its own call only. ``driver``
+        serves awaiting nodes: any object with ``perform(requests) -> list``.
+        """
+        return self._core.forward(input, driver, turn_limit)
+
+    def __len__(self) -> int:
+        return len(self._core)
+
+    def __contains__(self, node_id: object) -> bool:
+        return isinstance(node_id, str) and node_id in self._core
+
+    def __repr__(self) -> str:
+        nodes, edges = self.nodes(), self.edges()
+        shown = ", ".join(f"{a} -> {b}" for a, b in edges[:8])
+        more = ", ..." if len(edges) > 8 else ""
+        return f"Graph({len(nodes)} nodes, {len(edges)} edges: {shown}{more})"

@@ -1,0 +1,46 @@
+"""``soma.Node``: the base class of Python nodes, and where ``>>`` and ``|`` start."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Self
+
+from soma._dsl import Expr
+
+
+class Node(abc.ABC):
+    """A unit of work. Subclasses define ``forward(self, x)`` or ``forward(self, x, ctx)``.
+
+    ``forward`` returns the node's output — or ``soma.Done(value)``, or ``soma.Await(requests)``
+    to ask the driver, after which the node is called again with ``ctx.turn`` one higher and
+    the answers in ``ctx.results``.
+    """
+
+    _soma_id: str | None = None
+
+    if TYPE_CHECKING:
+        # Either signature is accepted; the graph looks at the method once, at registration.
+        forward: Callable[..., Any]
+    else:
+
+        @abc.abstractmethod
+        def forward(self, x, *args):
+            """Computes the output from ``x`` (and ``ctx``, when the method takes it)."""
+
+    def named(self, node_id: str) -> Self:
+        """Gives this node an explicit id instead of one derived from its class."""
+        self._soma_id = node_id
+        return self
+
+    def __rshift__(self, other: object) -> Expr:
+        return Expr.of(self, ">>") >> other
+
+    def __rrshift__(self, other: object) -> Expr:
+        return Expr.of(other, ">>") >> self
+
+    def __or__(self, other: object) -> Expr:
+        return Expr.of(self, "|") | other
+
+    def __ror__(self, other: object) -> Expr:
+        return Expr.of(other, "|") | self

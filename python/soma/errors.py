@@ -1,0 +1,89 @@
+"""Every exception Soma raises, declared once.
+
+The Rust glue instantiates these classes and sets their data as attributes (the node id, the
+cycle's path), so a caller can react to an error without parsing its message. An exception
+raised *inside* a node is never wrapped: it comes out of ``forward`` as itself, with a note.
+"""
+
+from __future__ import annotations
+
+
+class SomaError(Exception):
+    """Base of every error Soma raises about a graph, a plan or a run."""
+
+
+class GraphError(SomaError, ValueError):
+    """A graph refused a node or an edge; the graph is unchanged."""
+
+    node: str | None = None
+
+
+class InvalidIdError(GraphError):
+    """The id is empty or holds whitespace or control characters."""
+
+
+class DuplicateNodeError(GraphError):
+    """A node with this id is already in the graph (``.node``)."""
+
+
+class UnknownNodeError(GraphError):
+    """No node has this id (``.node``)."""
+
+
+class DuplicateEdgeError(GraphError):
+    """This edge was already declared (``.source``, ``.target``)."""
+
+    source: str | None = None
+    target: str | None = None
+
+
+class CycleError(GraphError):
+    """The edge would close a cycle; ``.path`` is that cycle, first node repeated at the end."""
+
+    path: list[str] | None = None
+
+
+class CompileError(SomaError):
+    """The graph could not be compiled into a plan (``.node``)."""
+
+    node: str | None = None
+
+
+class RunError(SomaError):
+    """A run stopped for a reason of the engine's, about ``.node``."""
+
+    node: str | None = None
+
+
+class TurnLimitError(RunError):
+    """A node was still awaiting on its last allowed turn (``.node``, ``.limit``)."""
+
+    limit: int | None = None
+
+
+class DriverError(RunError):
+    """A node awaited and the driver could not serve it (``.node``).
+
+    Raised when no driver was given, when the driver raised (its exception is the
+    ``__cause__``), or when it answered a different number of results than requested.
+    """
+
+
+class PanicError(SomaError):
+    """A Rust node panicked; the run was stopped once every branch had been joined."""
+
+
+__all__ = [
+    "CompileError",
+    "CycleError",
+    "DriverError",
+    "DuplicateEdgeError",
+    "DuplicateNodeError",
+    "GraphError",
+    "InvalidIdError",
+    "PanicError",
+    "RunError",
+    "SomaError",
+    "TurnLimitError",
+    "UnknownNodeError",
+]
