@@ -160,7 +160,11 @@ class Graph:
         return isinstance(node_id, str) and node_id in self._core
 
     def __repr__(self) -> str:
+        def listed(items: list[str]) -> str:
+            return ", ".join(items[:8]) + (", ..." if len(items) > 8 else "")
+
         nodes, edges = self.nodes(), self.edges()
-        shown = ", ".join(f"{a} -> {b}" for a, b in edges[:8])
-        more = ", ..." if len(edges) > 8 else ""
-        return f"Graph({len(nodes)} nodes, {len(edges)} edges: {shown}{more})"
+        return (
+            f"Graph({len(nodes)} nodes: {listed(nodes)}; "
+            f"{len(edges)} edges: {listed([f'{a} -> {b}' for a, b in edges])})"
+        )

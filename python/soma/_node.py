@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Self
 from soma._dsl import Expr
 
 
-class Node(abc.ABC):
+class Node(abc.ABC):  # noqa: B024 -- `forward` is abstract at run time; see below.
     """A unit of work. Subclasses define ``forward(self, x)`` or ``forward(self, x, ctx)``.
 
     ``forward`` returns the node's output — or ``soma.Done(value)``, or ``soma.Await(requests)``

@@ -64,7 +64,11 @@ impl std::error::Error for CompileError {}
 /// # Complexity
 /// O((nodes + edges) · log nodes) per level of series-parallel nesting.
 pub fn compile(graph: &Graph, catalog: &Catalog) -> Result<Plan, CompileError> {
-    if let Some(node) = graph.nodes().iter().find(|id| !catalog.contains(id.as_str())) {
+    if let Some(node) = graph
+        .nodes()
+        .iter()
+        .find(|id| !catalog.contains(id.as_str()))
+    {
         return Err(CompileError::MissingImplementation { node: node.clone() });
     }
     Ok(decompose(graph))

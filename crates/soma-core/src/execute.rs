@@ -11,7 +11,8 @@
 //! whichever failed first on the clock. Branches declared after a failing one stop at their
 //! next node boundary (their error could not be reported anyway); branches declared before it
 //! run on, because theirs would take precedence. A panic in a branch is re-raised once every
-//! branch has been joined.
+//! branch has been joined — ahead of any branch's error, even an earlier-declared one: a panic
+//! is a bug, and reporting an ordinary error in its place would swallow it.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -314,7 +315,9 @@ impl<'a> Executor<'a> {
             Ok(()) => {}
             Err(Halt::Failed(error)) => return Err(error),
             Err(Halt::Cancelled) => {
-                unreachable!("only a sibling's failure cancels a branch, and it is reported instead")
+                unreachable!(
+                    "only a sibling's failure cancels a branch, and it is reported instead"
+                )
             }
         }
         let leaves = plan.leaves();
@@ -483,13 +486,21 @@ impl<'a> Executor<'a> {
         let mut results: Vec<Value> = Vec::new();
         let mut turn = 0;
         loop {
-            let ctx = Ctx::new(node, turn, &results);
-            let transition = implementation
-                .forward(input, &ctx)
-                .map_err(|error| RunError::NodeFailed {
+            if turn >= self.turn_limit {
+                // Only reachable with a limit of 0: the node gets no call at all.
+                return Err(RunError::TurnLimit {
                     node: node.clone(),
-                    error,
-                })?;
+                    limit: self.turn_limit,
+                });
+            }
+            let ctx = Ctx::new(node, turn, &results);
+            let transition =
+                implementation
+                    .forward(input, &ctx)
+                    .map_err(|error| RunError::NodeFailed {
+                        node: node.clone(),
+                        error,
+                    })?;
             let requests = match transition {
                 Transition::Done(value) => return Ok(value),
                 Transition::Await(requests) => requests,

@@ -8,8 +8,8 @@
 //! Nodes live in an arena indexed by insertion order; adjacency is kept in both directions, in
 //! edge-declaration order, so neighbour queries cost O(degree) and never scan every edge.
 
-use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::fmt;
 
 use crate::id::NodeId;
@@ -212,7 +212,9 @@ impl Graph {
 
     /// The edges in declaration order.
     pub fn edges(&self) -> impl ExactSizeIterator<Item = (&NodeId, &NodeId)> + '_ {
-        self.edges.iter().map(|&(a, b)| (&self.ids[a], &self.ids[b]))
+        self.edges
+            .iter()
+            .map(|&(a, b)| (&self.ids[a], &self.ids[b]))
     }
 
     /// The sources of the edges into `id`, in edge-declaration order. O(in-degree).

@@ -19,7 +19,10 @@ impl PythonDriver {
     /// # Errors
     /// `TypeError` when the object has no callable `perform`.
     pub fn new(object: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let perform = object.getattr("perform").ok().filter(PyAnyMethods::is_callable);
+        let perform = object
+            .getattr("perform")
+            .ok()
+            .filter(PyAnyMethods::is_callable);
         let Some(perform) = perform else {
             return Err(PyTypeError::new_err(format!(
                 "a driver needs a callable `perform(requests)`, and `{}` has none\nhint: pass an object whose `perform` takes a list of requests and returns a list of results",

@@ -17,7 +17,10 @@ fn soma_error(
     attributes: &[(&str, Bound<'_, PyAny>)],
 ) -> PyErr {
     let build = || -> PyResult<PyErr> {
-        let exception = py.import("soma.errors")?.getattr(class)?.call1((message,))?;
+        let exception = py
+            .import("soma.errors")?
+            .getattr(class)?
+            .call1((message,))?;
         for (name, value) in attributes {
             exception.setattr(*name, value)?;
         }
@@ -54,8 +57,8 @@ pub fn graph_error(py: Python<'_>, error: &GraphError) -> PyErr {
         ),
         GraphError::WouldCycle { path } => {
             let path: Vec<&str> = path.iter().map(NodeId::as_str).collect();
-            let path = pyo3::types::PyList::new(py, path)
-                .map_or_else(|_| none(py), Bound::into_any);
+            let path =
+                pyo3::types::PyList::new(py, path).map_or_else(|_| none(py), Bound::into_any);
             soma_error(py, "CycleError", message, &[("path", path)])
         }
     }
@@ -73,7 +76,10 @@ pub fn compile_error(py: Python<'_>, error: &CompileError) -> PyErr {
 }
 
 /// The Python error a cause carries, if it carries one.
-fn python_cause(py: Python<'_>, cause: Option<&(dyn std::error::Error + Send + Sync + 'static)>) -> Option<PyErr> {
+fn python_cause(
+    py: Python<'_>,
+    cause: Option<&(dyn std::error::Error + Send + Sync + 'static)>,
+) -> Option<PyErr> {
     cause
         .and_then(|cause| cause.downcast_ref::<PyErr>())
         .map(|error| error.clone_ref(py))

@@ -97,7 +97,10 @@ impl GraphCore {
         object: &Bound<'_, PyAny>,
         takes_ctx: bool,
     ) -> PyResult<()> {
-        let forward = object.getattr("forward").ok().filter(PyAnyMethods::is_callable);
+        let forward = object
+            .getattr("forward")
+            .ok()
+            .filter(PyAnyMethods::is_callable);
         if forward.is_none() {
             return Err(PyTypeError::new_err(format!(
                 "a `{}` cannot be a node: it has no callable `forward`\nhint: subclass soma.Node and define `forward(self, x)`",
@@ -130,7 +133,12 @@ impl GraphCore {
     }
 
     fn nodes(&self) -> Vec<String> {
-        self.state().graph.nodes().iter().map(ToString::to_string).collect()
+        self.state()
+            .graph
+            .nodes()
+            .iter()
+            .map(ToString::to_string)
+            .collect()
     }
 
     fn edges(&self) -> Vec<(String, String)> {
@@ -151,12 +159,18 @@ impl GraphCore {
 
     fn predecessors(&self, py: Python<'_>, id: &str) -> PyResult<Vec<String>> {
         let state = self.state();
-        Ok(ids(state.graph.predecessors(id).map_err(|e| graph_error(py, &e))?))
+        Ok(ids(state
+            .graph
+            .predecessors(id)
+            .map_err(|e| graph_error(py, &e))?))
     }
 
     fn successors(&self, py: Python<'_>, id: &str) -> PyResult<Vec<String>> {
         let state = self.state();
-        Ok(ids(state.graph.successors(id).map_err(|e| graph_error(py, &e))?))
+        Ok(ids(state
+            .graph
+            .successors(id)
+            .map_err(|e| graph_error(py, &e))?))
     }
 
     fn topological_sort(&self) -> Vec<String> {

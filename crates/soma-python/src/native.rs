@@ -83,7 +83,8 @@ struct ReadsNatively(Arc<dyn Node>);
 impl Node for ReadsNatively {
     fn forward(&self, input: &Value, ctx: &Ctx<'_>) -> Result<Transition, NodeError> {
         if holds_python(input) {
-            let native = Python::attach(|py| to_native(py, input)).map_err(NodeError::from_cause)?;
+            let native =
+                Python::attach(|py| to_native(py, input)).map_err(NodeError::from_cause)?;
             self.0.forward(&native, ctx)
         } else {
             self.0.forward(input, ctx)
@@ -112,8 +113,10 @@ fn plus(a: &Value, b: &Value) -> Value {
     match (a.as_int(), b.as_int()) {
         (Some(a), Some(b)) => Value::Int(a.wrapping_add(b)),
         _ => Value::Float(
-            a.as_float().unwrap_or_else(|| a.as_int().unwrap_or(0) as f64)
-                + b.as_float().unwrap_or_else(|| b.as_int().unwrap_or(0) as f64),
+            a.as_float()
+                .unwrap_or_else(|| a.as_int().unwrap_or(0) as f64)
+                + b.as_float()
+                    .unwrap_or_else(|| b.as_int().unwrap_or(0) as f64),
         ),
     }
 }
@@ -122,7 +125,10 @@ struct Add(i64);
 
 impl Node for Add {
     fn forward(&self, input: &Value, _ctx: &Ctx<'_>) -> Result<Transition, NodeError> {
-        Ok(Transition::Done(plus(&number("Add", input)?, &Value::Int(self.0))))
+        Ok(Transition::Done(plus(
+            &number("Add", input)?,
+            &Value::Int(self.0),
+        )))
     }
 }
 
@@ -139,9 +145,9 @@ struct Sum;
 impl Node for Sum {
     fn forward(&self, input: &Value, _ctx: &Ctx<'_>) -> Result<Transition, NodeError> {
         let total = match input {
-            Value::Map(pairs) => pairs
-                .iter()
-                .try_fold(Value::Int(0), |acc, (_, v)| Ok(plus(&acc, &number("Sum", v)?)))?,
+            Value::Map(pairs) => pairs.iter().try_fold(Value::Int(0), |acc, (_, v)| {
+                Ok(plus(&acc, &number("Sum", v)?))
+            })?,
             Value::List(items) => items
                 .iter()
                 .try_fold(Value::Int(0), |acc, v| Ok(plus(&acc, &number("Sum", v)?)))?,

@@ -1,0 +1,277 @@
+//! Running a plan: what each node reads, what a run returns, and who is blamed when it fails.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use soma_core::{
+    compile, node, Catalog, Executor, Graph, Node, NodeError, Plan, RunError, Value, Watch,
+};
+
+use crate::support::{catalog_of, exec, fail, graph, logged, n, seq, trace, Log, Trace};
+
+fn run(graph: &Graph, input: Value) -> Result<Value, RunError> {
+    let catalog = catalog_of(graph, &(Arc::new(Trace) as Arc<dyn Node>));
+    let plan = compile(graph, &catalog).expect("every node is implemented");
+    Executor::new(&catalog).run(&plan, input)
+}
+
+fn text(s: &str) -> Value {
+    Value::text(s)
+}
+
+#[test]
+fn a_chain_passes_each_output_to_the_next_node() {
+    let graph = graph(&["a", "b", "c"], &[("a", "b"), ("b", "c")]);
+    assert_eq!(run(&graph, text("x")).unwrap(), text("c(b(a(x)))"));
+}
+
+#[test]
+fn a_single_leaf_is_returned_as_is_not_in_a_map() {
+    let graph = graph(&["a"], &[]);
+    assert_eq!(run(&graph, text("x")).unwrap(), text("a(x)"));
+}
+
+#[test]
+fn a_fan_out_returns_a_map_of_its_leaves() {
+    let graph = graph(&["a", "b", "c"], &[("a", "b"), ("a", "c")]);
+    assert_eq!(
+        run(&graph, text("x")).unwrap(),
+        Value::map([("b", text("b(a(x))")), ("c", text("c(a(x))"))])
+    );
+}
+
+#[test]
+fn a_fan_in_node_reads_a_map_keyed_by_source_id_in_edge_declaration_order() {
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let record = Arc::clone(&seen);
+    let join = move |input: &Value| -> Result<Value, NodeError> {
+        *record.lock().unwrap() = Some(input.clone());
+        Ok(Value::Null)
+    };
+    let graph = graph(&["a", "b", "c", "j"], &[("c", "j"), ("a", "j"), ("b", "j")]);
+    let mut catalog = catalog_of(&graph, &(Arc::new(Trace) as Arc<dyn Node>));
+    catalog.insert("j", Arc::new(join));
+    let plan = compile(&graph, &catalog).unwrap();
+    Executor::new(&catalog).run(&plan, text("x")).unwrap();
+    assert_eq!(
+        seen.lock().unwrap().clone(),
+        Some(Value::map([
+            ("c", text("c(x)")),
+            ("a", text("a(x)")),
+            ("b", text("b(x)"))
+        ]))
+    );
+}
+
+#[test]
+fn a_diamond_runs_each_node_once_and_joins_both_sides() {
+    let log = Log::new();
+    let graph = graph(
+        &["a", "b", "c", "d"],
+        &[("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")],
+    );
+    let catalog = catalog_of(&graph, &(Arc::new(logged(&log, trace)) as Arc<dyn Node>));
+    let plan = compile(&graph, &catalog).unwrap();
+    let out = Executor::new(&catalog).run(&plan, text("x"));
+    assert_eq!(out.unwrap(), text("d(b(a(x)),c(a(x)))"));
+    for id in ["a", "b", "c", "d"] {
+        assert_eq!(log.starts(id), 1, "`{id}`");
+    }
+}
+
+#[test]
+fn several_leaves_give_a_map_keyed_by_leaf_id_in_step_order() {
+    let graph = graph(
+        &["r", "l2", "l1", "m"],
+        &[("r", "m"), ("m", "l1"), ("r", "l2")],
+    );
+    let out = run(&graph, text("x")).unwrap();
+    let keys: Vec<&str> = out.as_map().unwrap().iter().map(|(k, _)| &**k).collect();
+    assert_eq!(keys, ["l2", "l1"]);
+    assert_eq!(out.get("l1"), Some(&text("l1(m(r(x)))")));
+    assert_eq!(out.get("l2"), Some(&text("l2(r(x))")));
+}
+
+#[test]
+fn an_empty_graph_returns_its_input() {
+    let input = Value::opaque("untouched");
+    assert_eq!(run(&Graph::new(), input.clone()).unwrap(), input);
+}
+
+#[test]
+fn every_root_gets_the_input() {
+    let graph = graph(&["a", "b", "j"], &[("a", "j"), ("b", "j")]);
+    assert_eq!(run(&graph, text("x")).unwrap(), text("j(a(x),b(x))"));
+}
+
+#[test]
+fn a_node_failure_is_attributed_to_the_node() {
+    let wire = n("a") >> node("b", |_: &Value| Err(NodeError::new("no good"))) >> n("c");
+    let (graph, catalog) = wire.somatize().unwrap();
+    let plan = compile(&graph, &catalog).unwrap();
+    let error = Executor::new(&catalog).run(&plan, Value::Null).unwrap_err();
+    let RunError::NodeFailed { node, error: cause } = &error else {
+        panic!("{error:?}");
+    };
+    assert_eq!(node, "b");
+    assert_eq!(cause.message(), "no good");
+    assert_eq!(error.node().map(soma_core::NodeId::as_str), Some("b"));
+    assert!(error.to_string().contains("`b`"), "{error}");
+}
+
+#[test]
+fn no_node_after_a_failure_runs() {
+    let log = Log::new();
+    let wire = node("a", logged(&log, trace))
+        >> node("b", logged(&log, fail("no good")))
+        >> node("c", logged(&log, trace));
+    let (graph, catalog) = wire.somatize().unwrap();
+    let plan = compile(&graph, &catalog).unwrap();
+    assert!(Executor::new(&catalog).run(&plan, Value::Null).is_err());
+    assert!(log.ran("a") && log.ran("b"));
+    assert!(!log.ran("c"));
+}
+
+#[derive(Debug)]
+struct Underneath;
+
+impl fmt::Display for Underneath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the error underneath")
+    }
+}
+
+impl std::error::Error for Underneath {}
+
+#[test]
+fn a_node_errors_cause_travels_untouched_to_the_caller() {
+    let wire = node("a", |_: &Value| Err(NodeError::from_cause(Underneath)));
+    let (graph, catalog) = wire.somatize().unwrap();
+    let plan = compile(&graph, &catalog).unwrap();
+    let error = Executor::new(&catalog).run(&plan, Value::Null).unwrap_err();
+    let node_error = std::error::Error::source(&error).expect("the node's error");
+    let cause = node_error.source().expect("its cause");
+    assert!(cause.is::<Underneath>());
+    assert!(error.to_string().contains("the error underneath"));
+}
+
+#[test]
+fn a_plan_step_the_catalog_lacks_is_not_in_catalog() {
+    let plan = exec("ghost", &[]);
+    let error = Executor::new(&Catalog::new())
+        .run(&plan, Value::Null)
+        .unwrap_err();
+    assert!(matches!(&error, RunError::NotInCatalog { node } if node == "ghost"));
+    assert!(error.to_string().contains("`ghost`"));
+}
+
+#[test]
+fn a_step_reading_a_node_that_produced_nothing_is_missing_input() {
+    let mut catalog = Catalog::new();
+    catalog.insert("b", Arc::new(Trace));
+    let plan = seq(vec![exec("b", &["a"])]);
+    let error = Executor::new(&catalog).run(&plan, Value::Null).unwrap_err();
+    assert!(
+        matches!(&error, RunError::MissingInput { node, from } if node == "b" && from == "a"),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("`b`") && error.to_string().contains("`a`"));
+}
+
+#[test]
+fn an_empty_plan_returns_the_input_without_a_catalog_entry() {
+    assert_eq!(
+        Executor::new(&Catalog::new())
+            .run(&Plan::Empty, Value::Int(5))
+            .unwrap(),
+        Value::Int(5)
+    );
+}
+
+struct Flag(AtomicBool);
+
+impl Watch for Flag {
+    fn interrupted(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+#[test]
+fn an_interrupted_watch_stops_the_run_with_interrupted() {
+    let log = Log::new();
+    let (graph, catalog) = (node("a", logged(&log, trace)) >> node("b", logged(&log, trace)))
+        .somatize()
+        .unwrap();
+    let plan = compile(&graph, &catalog).unwrap();
+    let watch = Flag(AtomicBool::new(true));
+    let error = Executor::new(&catalog)
+        .with_watch(&watch)
+        .run(&plan, Value::Null)
+        .unwrap_err();
+    assert!(matches!(error, RunError::Interrupted), "{error:?}");
+    assert_eq!(error.node(), None);
+    assert!(!log.ran("a"), "the watch is asked before the first node");
+}
+
+#[test]
+fn an_interruption_stops_the_run_at_the_next_node_boundary() {
+    let log = Log::new();
+    let watch = Arc::new(Flag(AtomicBool::new(false)));
+    let raise = Arc::clone(&watch);
+    let (graph, catalog) = (node("a", logged(&log, trace))
+        >> node(
+            "b",
+            logged(&log, move |id, input| {
+                raise.0.store(true, Ordering::SeqCst);
+                trace(id, input)
+            }),
+        )
+        >> node("c", logged(&log, trace)))
+    .somatize()
+    .unwrap();
+    let plan = compile(&graph, &catalog).unwrap();
+    let result = Executor::new(&catalog)
+        .with_watch(&*watch)
+        .run(&plan, Value::Null);
+    assert!(matches!(result, Err(RunError::Interrupted)), "{result:?}");
+    assert!(log.finished("b"), "a node in flight is not cut short");
+    assert!(!log.ran("c"));
+}
+
+#[test]
+fn a_watch_that_never_interrupts_changes_nothing() {
+    let (graph, catalog) = (n("a") >> (n("b") | n("c")) >> n("d")).somatize().unwrap();
+    let plan = compile(&graph, &catalog).unwrap();
+    let watch = Flag(AtomicBool::new(false));
+    assert_eq!(
+        Executor::new(&catalog)
+            .with_watch(&watch)
+            .run(&plan, text("x"))
+            .unwrap(),
+        Executor::new(&catalog).run(&plan, text("x")).unwrap()
+    );
+}
+
+#[test]
+fn a_catalog_replaces_an_implementation_and_returns_the_old_one() {
+    let mut catalog = Catalog::new();
+    let first: Arc<dyn Node> = Arc::new(Trace);
+    assert!(catalog.insert("a", Arc::clone(&first)).is_none());
+    let replaced = catalog.insert("a", Arc::new(Trace)).expect("the first one");
+    assert!(Arc::ptr_eq(&replaced, &first));
+    assert_eq!(catalog.len(), 1);
+}
+
+#[test]
+fn cloning_a_catalog_shares_its_nodes() {
+    let mut catalog = Catalog::new();
+    catalog.insert("a", Arc::new(Trace));
+    let copy = catalog.clone();
+    assert!(Arc::ptr_eq(
+        catalog.get("a").unwrap(),
+        copy.get("a").unwrap()
+    ));
+    assert!(copy.contains("a") && !copy.contains("b"));
+    assert!(Catalog::new().is_empty());
+}

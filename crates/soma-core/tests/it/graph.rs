@@ -1,0 +1,347 @@
+//! The graph: construction refuses what would make it invalid and changes nothing when it does;
+//! queries answer in orders that depend on the graph alone.
+
+use soma_core::{Graph, GraphError, NodeId};
+
+use crate::support::graph;
+
+/// Everything a query can see, so that "nothing changed" compares all of it at once.
+fn snapshot(graph: &Graph) -> String {
+    let around: Vec<String> = graph
+        .nodes()
+        .iter()
+        .map(|id| {
+            format!(
+                "{id}: preds {:?} succs {:?}",
+                graph.predecessors(id.as_str()).unwrap(),
+                graph.successors(id.as_str()).unwrap()
+            )
+        })
+        .collect();
+    format!(
+        "{graph:?} {around:?} roots {:?} leaves {:?} order {:?}",
+        graph.roots(),
+        graph.leaves(),
+        graph.topological_sort()
+    )
+}
+
+fn ids(list: &[&NodeId]) -> Vec<String> {
+    list.iter().map(ToString::to_string).collect()
+}
+
+#[test]
+fn an_empty_graph_has_no_node_edge_root_or_leaf() {
+    let graph = Graph::new();
+    assert!(graph.is_empty());
+    assert_eq!(graph.len(), 0);
+    assert_eq!(graph.edges().len(), 0);
+    assert!(graph.roots().is_empty());
+    assert!(graph.leaves().is_empty());
+    assert!(graph.topological_sort().is_empty());
+}
+
+#[test]
+fn a_one_node_graph_has_that_node_as_its_only_root_and_leaf() {
+    let graph = graph(&["a"], &[]);
+    assert_eq!(graph.len(), 1);
+    assert!(graph.contains("a"));
+    assert_eq!(ids(&graph.roots()), ["a"]);
+    assert_eq!(ids(&graph.leaves()), ["a"]);
+    assert_eq!(graph.topological_sort(), [NodeId::from("a")]);
+}
+
+#[test]
+fn add_node_returns_the_id_it_stored() {
+    let mut graph = Graph::new();
+    assert_eq!(graph.add_node("a").unwrap(), &NodeId::from("a"));
+}
+
+#[test]
+fn a_duplicate_node_is_refused_and_changes_nothing() {
+    let mut graph = graph(&["a", "b"], &[("a", "b")]);
+    let before = snapshot(&graph);
+    assert_eq!(
+        graph.add_node("a"),
+        Err(GraphError::DuplicateNode { id: "a".into() })
+    );
+    assert_eq!(snapshot(&graph), before);
+}
+
+#[test]
+fn an_invalid_id_is_refused_and_nothing_is_half_added() {
+    for bad in [
+        "",
+        "two words",
+        "tab\there",
+        "line\nbreak",
+        "bell\u{7}",
+        " ",
+    ] {
+        let mut graph = graph(&["a"], &[]);
+        let before = snapshot(&graph);
+        assert_eq!(
+            graph.add_node(bad),
+            Err(GraphError::InvalidId { id: bad.into() }),
+            "{bad:?} should be refused"
+        );
+        assert!(!graph.contains(bad));
+        assert_eq!(snapshot(&graph), before);
+    }
+}
+
+#[test]
+fn an_id_is_valid_when_it_is_a_non_empty_name_without_whitespace_or_control_characters() {
+    for good in ["a", "layer_1", "encoder.block-2", "ñandú", "x/y:z"] {
+        assert!(NodeId::from(good).is_valid(), "{good:?}");
+    }
+    for bad in ["", "a b", "a\u{a0}b", "a\u{0}b", "\t"] {
+        assert!(!NodeId::from(bad).is_valid(), "{bad:?}");
+    }
+}
+
+#[test]
+fn an_edge_from_or_to_an_unknown_node_is_refused_naming_it() {
+    let mut graph = graph(&["a"], &[]);
+    let before = snapshot(&graph);
+    assert_eq!(
+        graph.add_edge("ghost", "a"),
+        Err(GraphError::UnknownNode { id: "ghost".into() })
+    );
+    assert_eq!(
+        graph.add_edge("a", "ghost"),
+        Err(GraphError::UnknownNode { id: "ghost".into() })
+    );
+    assert_eq!(snapshot(&graph), before);
+}
+
+#[test]
+fn neighbours_of_an_unknown_node_are_refused_naming_it() {
+    let graph = graph(&["a"], &[]);
+    let unknown = Err(GraphError::UnknownNode { id: "ghost".into() });
+    assert_eq!(graph.predecessors("ghost"), unknown);
+    assert_eq!(graph.successors("ghost"), unknown);
+}
+
+#[test]
+fn a_duplicate_edge_is_refused_and_changes_nothing() {
+    let mut graph = graph(&["a", "b"], &[("a", "b")]);
+    let before = snapshot(&graph);
+    assert_eq!(
+        graph.add_edge("a", "b"),
+        Err(GraphError::DuplicateEdge {
+            from: "a".into(),
+            to: "b".into()
+        })
+    );
+    assert_eq!(snapshot(&graph), before);
+}
+
+#[test]
+fn a_self_loop_is_refused_with_the_path_a_a() {
+    let mut graph = graph(&["a"], &[]);
+    assert_eq!(
+        graph.add_edge("a", "a"),
+        Err(GraphError::WouldCycle {
+            path: vec!["a".into(), "a".into()]
+        })
+    );
+}
+
+#[test]
+fn an_edge_closing_a_cycle_is_refused_with_the_cycle_it_would_close() {
+    let mut graph = graph(&["a", "b", "c"], &[("a", "b"), ("b", "c")]);
+    assert_eq!(
+        graph.add_edge("c", "a"),
+        Err(GraphError::WouldCycle {
+            path: vec!["c".into(), "a".into(), "b".into(), "c".into()]
+        })
+    );
+}
+
+#[test]
+fn a_refused_edge_changes_nothing() {
+    // Both ends already have neighbours, so the refusal comes from the full search, after the
+    // graph was inspected most deeply.
+    let mut graph = graph(
+        &["a", "b", "c", "d"],
+        &[("a", "b"), ("b", "c"), ("c", "d"), ("a", "c")],
+    );
+    let before = snapshot(&graph);
+    assert!(matches!(
+        graph.add_edge("d", "b"),
+        Err(GraphError::WouldCycle { .. })
+    ));
+    assert!(graph.add_edge("c", "c").is_err());
+    assert!(graph.add_edge("a", "b").is_err());
+    assert_eq!(snapshot(&graph), before);
+    graph
+        .add_edge("b", "d")
+        .expect("an edge that closes no cycle");
+}
+
+#[test]
+fn a_shortcut_edge_along_an_existing_path_is_accepted() {
+    let mut graph = graph(&["a", "b", "c"], &[("a", "b"), ("b", "c")]);
+    assert_eq!(graph.add_edge("a", "c"), Ok(()));
+    assert_eq!(graph.edges().len(), 3);
+}
+
+#[test]
+fn edges_come_in_declaration_order() {
+    let graph = graph(&["a", "b", "c"], &[("b", "c"), ("a", "c"), ("a", "b")]);
+    let edges: Vec<(String, String)> = graph
+        .edges()
+        .map(|(from, to)| (from.to_string(), to.to_string()))
+        .collect();
+    assert_eq!(
+        edges,
+        [
+            ("b".to_owned(), "c".to_owned()),
+            ("a".to_owned(), "c".to_owned()),
+            ("a".to_owned(), "b".to_owned())
+        ]
+    );
+}
+
+#[test]
+fn nodes_come_in_insertion_order() {
+    let graph = graph(&["z", "a", "m"], &[]);
+    assert_eq!(graph.nodes(), [NodeId::from("z"), "a".into(), "m".into()]);
+}
+
+#[test]
+fn roots_and_leaves_come_in_insertion_order() {
+    let graph = graph(
+        &["r2", "mid", "l2", "r1", "l1"],
+        &[("r1", "mid"), ("r2", "mid"), ("mid", "l1"), ("mid", "l2")],
+    );
+    assert_eq!(ids(&graph.roots()), ["r2", "r1"]);
+    assert_eq!(ids(&graph.leaves()), ["l2", "l1"]);
+}
+
+#[test]
+fn predecessors_and_successors_come_in_edge_declaration_order() {
+    let graph = graph(
+        &["a", "b", "c", "x", "y", "z"],
+        &[("c", "x"), ("a", "x"), ("b", "x"), ("x", "z"), ("x", "y")],
+    );
+    assert_eq!(ids(&graph.predecessors("x").unwrap()), ["c", "a", "b"]);
+    assert_eq!(ids(&graph.successors("x").unwrap()), ["z", "y"]);
+    assert!(graph.predecessors("a").unwrap().is_empty());
+    assert!(graph.successors("z").unwrap().is_empty());
+}
+
+#[test]
+fn topological_sort_puts_every_node_after_its_predecessors() {
+    let graph = graph(
+        &["f", "e", "d", "c", "b", "a"],
+        &[
+            ("a", "b"),
+            ("b", "c"),
+            ("a", "d"),
+            ("d", "e"),
+            ("c", "f"),
+            ("e", "f"),
+        ],
+    );
+    let order = graph.topological_sort();
+    assert_eq!(order.len(), graph.len());
+    let at = |id: &NodeId| order.iter().position(|o| o == id).unwrap();
+    for (from, to) in graph.edges() {
+        assert!(at(from) < at(to), "`{from}` -> `{to}` in {order:?}");
+    }
+}
+
+#[test]
+fn topological_sort_breaks_ties_by_insertion_order() {
+    let graph = graph(&["c", "b", "a"], &[]);
+    assert_eq!(
+        graph.topological_sort(),
+        [NodeId::from("c"), "b".into(), "a".into()]
+    );
+
+    // `x` is inserted first but waits for `z`; `y` and `z` are ready together, `y` first.
+    let graph = crate::support::graph(&["x", "y", "z"], &[("z", "x")]);
+    assert_eq!(
+        graph.topological_sort(),
+        [NodeId::from("y"), "z".into(), "x".into()]
+    );
+}
+
+#[test]
+fn topological_sort_is_a_function_of_the_graph() {
+    let build = || {
+        graph(
+            &["p", "q", "r", "s", "t"],
+            &[("p", "s"), ("q", "s"), ("r", "t"), ("q", "t")],
+        )
+    };
+    let (one, two) = (build(), build());
+    assert_eq!(one.topological_sort(), one.topological_sort());
+    assert_eq!(one.topological_sort(), two.topological_sort());
+    assert_eq!(one.topological_sort(), one.clone().topological_sort());
+}
+
+#[test]
+fn free_id_gives_the_base_when_it_is_free() {
+    assert_eq!(graph(&["y"], &[]).free_id("x"), "x");
+}
+
+#[test]
+fn free_id_gives_x_2_then_x_3() {
+    let mut graph = graph(&["x"], &[]);
+    assert_eq!(graph.free_id("x"), "x_2");
+    graph.add_node("x_2").unwrap();
+    assert_eq!(graph.free_id("x"), "x_3");
+}
+
+#[test]
+fn free_id_fills_the_first_gap() {
+    assert_eq!(graph(&["x", "x_3"], &[]).free_id("x"), "x_2");
+}
+
+#[test]
+fn a_graph_error_names_its_nodes_in_backticks() {
+    let cases = [
+        (
+            GraphError::InvalidId {
+                id: "bad id".into(),
+            },
+            vec!["`bad id`"],
+        ),
+        (GraphError::DuplicateNode { id: "a".into() }, vec!["`a`"]),
+        (
+            GraphError::UnknownNode { id: "ghost".into() },
+            vec!["`ghost`"],
+        ),
+        (
+            GraphError::DuplicateEdge {
+                from: "a".into(),
+                to: "b".into(),
+            },
+            vec!["`a` -> `b`"],
+        ),
+        (
+            GraphError::WouldCycle {
+                path: vec!["c".into(), "a".into(), "b".into(), "c".into()],
+            },
+            vec!["`c` -> `a`", "`c` -> `a` -> `b` -> `c`"],
+        ),
+    ];
+    for (error, expected) in cases {
+        let shown = error.to_string();
+        for part in expected {
+            assert!(shown.contains(part), "{shown:?} lacks {part:?}");
+        }
+    }
+}
+
+#[test]
+fn a_node_id_clones_without_copying_its_text() {
+    let id = NodeId::from("encoder");
+    let copy = id.clone();
+    assert!(std::sync::Arc::ptr_eq(&id.shared(), &copy.shared()));
+    assert_eq!(copy.as_str(), "encoder");
+    assert_eq!(format!("{id} {id:?}"), "encoder \"encoder\"");
+}

@@ -1,0 +1,22 @@
+//! soma-core's questionnaire: one test binary, one guarantee per test, named after it.
+//!
+//! | module | asks about |
+//! |---|---|
+//! | `graph` | construction, refusals that change nothing, queries and their orders |
+//! | `values` | O(1) clones, identity of `Opaque`, maps |
+//! | `execution` | what each node reads, what a run returns, who is blamed, the watch |
+//! | `drivers` | awaiting nodes, turns and their limit, driver failures |
+//! | `dsl` | `>>` and `|` against `add_node`/`add_edge`, errors that survive gluing |
+//! | `decomposition` | the plan of each topology, and compile's refusal |
+//! | `invariants` | every plan, over a battery and random DAGs; the expression oracle |
+//! | `waves` | branches really at once, one thread each, failures and panics |
+
+mod decomposition;
+mod drivers;
+mod dsl;
+mod execution;
+mod graph;
+mod invariants;
+mod support;
+mod values;
+mod waves;

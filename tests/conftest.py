@@ -1,0 +1,215 @@
+"""Shared nodes, drivers and plan helpers for Soma's Python questionnaire.
+
+Nothing here sleeps to prove a point: concurrency is shown by rendezvous (`Meet`) with a
+deadline (`DEADLINE`), so a test that fails does so in seconds and says why.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+import os
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import settings
+
+import soma
+
+# Seconds a rendezvous waits for the other side before it declares the run sequential.
+DEADLINE = 5.0
+
+# "ci": the same examples on every run (a red CI is reproducible); "dev": fresh random examples.
+# Pick with SOMA_HYPOTHESIS_PROFILE=dev; "ci" is the default, so a plain `pytest` is deterministic.
+settings.register_profile("ci", derandomize=True, max_examples=200, deadline=None, database=None)
+settings.register_profile("dev", max_examples=500, deadline=None)
+settings.load_profile(os.environ.get("SOMA_HYPOTHESIS_PROFILE", "ci"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Recording what ran, where and in which order
+
+
+@dataclass(frozen=True)
+class Call:
+    node: str
+    thread: int
+    value: Any
+
+
+class Log:
+    """Every node call, in the real order it happened, from whichever thread made it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.calls: list[Call] = []
+
+    def add(self, node: str, value: Any) -> None:
+        with self._lock:
+            self.calls.append(Call(node, threading.get_ident(), value))
+
+    def order(self) -> list[str]:
+        with self._lock:
+            return [call.node for call in self.calls]
+
+    def threads(self, node: str) -> set[int]:
+        with self._lock:
+            return {call.thread for call in self.calls if call.node == node}
+
+    def inputs(self, node: str) -> list[Any]:
+        with self._lock:
+            return [call.value for call in self.calls if call.node == node]
+
+
+class Record(soma.Node):
+    """Logs each call (its id from ctx, its thread, its input), then returns `fn(x)`."""
+
+    def __init__(self, log: Log, fn: Callable[[Any], Any] | None = None) -> None:
+        self.log = log
+        self.fn = fn
+
+    def forward(self, x: Any, ctx: Any) -> Any:
+        self.log.add(ctx.node, x)
+        return x if self.fn is None else self.fn(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# Small pure nodes
+
+
+class Add(soma.Node):
+    def __init__(self, k: Any) -> None:
+        self.k = k
+
+    def forward(self, x: Any) -> Any:
+        return x + self.k
+
+
+class Double(soma.Node):
+    def forward(self, x: Any) -> Any:
+        return x * 2
+
+
+class Pass(soma.Node):
+    """Returns its input untouched: the same object."""
+
+    def forward(self, x: Any) -> Any:
+        return x
+
+
+class Const(soma.Node):
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def forward(self, x: Any) -> Any:
+        return self.value
+
+
+class Fn(soma.Node):
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+
+    def forward(self, x: Any) -> Any:
+        return self.fn(x)
+
+
+class SumValues(soma.Node):
+    """A fan-in join: the sum of the dict's values."""
+
+    def forward(self, x: dict[str, Any]) -> Any:
+        return sum(x.values())
+
+
+class Tag(soma.Node):
+    """Returns `(its id, what it read)`, with a fan-in dict as its ordered items, so that a
+    run's output spells out the whole data flow, edge order included."""
+
+    def forward(self, x: Any, ctx: Any) -> Any:
+        if isinstance(x, dict):
+            return (ctx.node, list(x.items()))
+        return (ctx.node, x)
+
+
+class Meet(soma.Node):
+    """Waits at a barrier: it only passes if every party is in flight at the same time."""
+
+    def __init__(self, barrier: threading.Barrier, log: Log | None = None) -> None:
+        self.barrier = barrier
+        self.log = log
+
+    def forward(self, x: Any, ctx: Any) -> Any:
+        if self.log is not None:
+            self.log.add(ctx.node, x)
+        self.barrier.wait()
+        return x
+
+
+class Raise(soma.Node):
+    """Raises `exc` and keeps it, so a test can check the very same object came back."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.raised = exc
+
+    def forward(self, x: Any) -> Any:
+        raise self.raised
+
+
+# ---------------------------------------------------------------------------------------------
+# Drivers
+
+
+class Answer:
+    """A driver answering each request with `fn(request)`, and remembering what it was asked."""
+
+    def __init__(self, fn: Callable[[Any], Any] = lambda r: r) -> None:
+        self.fn = fn
+        self._lock = threading.Lock()
+        self.asked: list[list[Any]] = []
+
+    def perform(self, requests: list[Any]) -> list[Any]:
+        with self._lock:
+            self.asked.append(list(requests))
+        return [self.fn(r) for r in requests]
+
+
+# ---------------------------------------------------------------------------------------------
+# Building and reading
+
+
+def series(*nodes: Any) -> Any:
+    """`nodes[0] >> nodes[1] >> ...`"""
+    return functools.reduce(operator.rshift, nodes)
+
+
+def parallel(*nodes: Any) -> Any:
+    """`nodes[0] | nodes[1] | ...`"""
+    return functools.reduce(operator.or_, nodes)
+
+
+def named(ids: str, factory: Callable[[], soma.Node] = Pass) -> list[soma.Node]:
+    """One fresh node per space-separated id: `a, b = named("a b")`."""
+    return [factory().named(i) for i in ids.split()]
+
+
+def build(nodes: list[str], edges: list[tuple[str, str]], factory: Callable[[], Any] = Pass) -> Any:
+    """A graph made with node()/edge() in a loop, the way the DSL is not."""
+    g = soma.Graph()
+    for n in nodes:
+        g.node(n, factory())
+    for src, dst in edges:
+        g.edge(src, dst)
+    return g
+
+
+def walk(plan: Any) -> Iterator[Any]:
+    """Every sub-plan, depth first, parents before children."""
+    yield plan
+    for child in plan.children:
+        yield from walk(child)
+
+
+def executed(plan: Any) -> list[str]:
+    """The Execute steps' nodes, in the order a sequential run would take them."""
+    return [p.node for p in walk(plan) if p.kind == "Execute"]

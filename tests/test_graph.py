@@ -1,0 +1,347 @@
+"""Graph construction, queries, ids and the errors that refuse a call without changing anything."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import soma
+from conftest import Add, Double, Pass, build
+
+# ---------------------------------------------------------------------------------------------
+# Construction and queries
+
+
+def test_node_returns_the_id_it_registered_as_a_str() -> None:
+    g = soma.Graph()
+    assert g.node("a", Pass()) == "a"
+    assert type(g.node(Double())) is str
+
+
+def test_nodes_lists_ids_in_insertion_order() -> None:
+    g = build(["z", "a", "m"], [])
+    assert g.nodes() == ["z", "a", "m"]
+
+
+def test_edges_lists_pairs_in_declaration_order() -> None:
+    g = build(["a", "b", "c"], [("b", "c"), ("a", "c"), ("a", "b")])
+    assert g.edges() == [("b", "c"), ("a", "c"), ("a", "b")]
+
+
+def test_roots_are_the_nodes_without_predecessors_in_insertion_order() -> None:
+    g = build(["x", "b", "a", "y"], [("x", "y"), ("a", "y")])
+    assert g.roots() == ["x", "b", "a"]
+
+
+def test_leaves_are_the_nodes_without_successors_in_insertion_order() -> None:
+    g = build(["y", "x", "b", "a"], [("x", "y"), ("x", "a")])
+    assert g.leaves() == ["y", "b", "a"]
+
+
+def test_predecessors_follow_edge_declaration_order() -> None:
+    g = build(["a", "b", "c", "j"], [("c", "j"), ("a", "j"), ("b", "j")])
+    assert g.predecessors("j") == ["c", "a", "b"]
+
+
+def test_successors_follow_edge_declaration_order() -> None:
+    g = build(["s", "a", "b", "c"], [("s", "c"), ("s", "a"), ("s", "b")])
+    assert g.successors("s") == ["c", "a", "b"]
+
+
+def test_topological_sort_puts_every_node_after_its_predecessors() -> None:
+    g = build(["d", "c", "b", "a"], [("a", "b"), ("b", "c"), ("c", "d")])
+    assert g.topological_sort() == ["a", "b", "c", "d"]
+
+
+def test_topological_sort_breaks_ties_by_insertion_order() -> None:
+    g = build(["x", "y", "z"], [("z", "x")])
+    assert g.topological_sort() == ["y", "z", "x"]
+
+
+def test_implementation_is_the_registered_object_itself() -> None:
+    g = soma.Graph()
+    node = Add(1)
+    g.node("inc", node)
+    assert g.implementation("inc") is node
+
+
+def test_len_counts_nodes() -> None:
+    g = build(["a", "b", "c"], [("a", "b")])
+    assert len(g) == 3
+    assert len(soma.Graph()) == 0
+
+
+def test_in_tells_whether_an_id_is_a_node() -> None:
+    g = build(["a"], [])
+    assert "a" in g
+    assert "b" not in g
+
+
+def test_repr_names_the_graphs_nodes() -> None:
+    g = build(["alpha", "beta"], [("alpha", "beta")])
+    text = repr(g)
+    assert "alpha" in text
+    assert "beta" in text
+
+
+def test_a_duck_typed_object_with_a_callable_forward_is_a_node() -> None:
+    class Duck:
+        def forward(self, x: Any) -> Any:
+            return x + 1
+
+    g = soma.Graph()
+    assert g.node(Duck()) == "duck"
+    assert g.forward(1) == 2
+
+
+@pytest.mark.parametrize(
+    "thing",
+    [42, "text", object(), lambda x: x, type("NotCallable", (), {"forward": 3})()],
+    ids=["int", "str", "object", "function", "non-callable-forward"],
+)
+def test_node_refuses_an_object_without_a_callable_forward_with_type_error(thing: Any) -> None:
+    g = soma.Graph()
+    with pytest.raises(TypeError):
+        g.node("x", thing)
+    assert g.nodes() == []
+
+
+def test_node_refuses_a_non_node_even_without_an_explicit_id() -> None:
+    g = soma.Graph()
+    with pytest.raises(TypeError):
+        g.node(object())
+    assert len(g) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Auto ids
+
+
+class Encoder(soma.Node):
+    def forward(self, x: Any) -> Any:
+        return x
+
+
+class Other2(soma.Node):
+    def forward(self, x: Any) -> Any:
+        return x
+
+
+class HTTPServer(soma.Node):
+    def forward(self, x: Any) -> Any:
+        return x
+
+
+@pytest.mark.parametrize(
+    ("cls", "expected"),
+    [(Encoder, "encoder"), (Other2, "other2"), (HTTPServer, "http_server")],
+)
+def test_an_auto_id_is_the_snake_case_of_the_class_name(cls: type, expected: str) -> None:
+    assert soma.Graph().node(cls()) == expected
+
+
+def test_a_taken_auto_id_gets_a_numbered_suffix() -> None:
+    g = soma.Graph()
+    assert [g.node(Encoder()) for _ in range(3)] == ["encoder", "encoder_2", "encoder_3"]
+
+
+def test_an_auto_id_skips_a_suffix_taken_explicitly() -> None:
+    g = soma.Graph()
+    g.node("encoder", Encoder())
+    g.node("encoder_2", Encoder())
+    assert g.node(Encoder()) == "encoder_3"
+
+
+# ---------------------------------------------------------------------------------------------
+# Refusals
+
+
+@pytest.mark.parametrize("bad", ["", "has space", "tab\there", "new\nline"])
+def test_an_invalid_id_is_refused_with_invalid_id_error(bad: str) -> None:
+    g = soma.Graph()
+    with pytest.raises(soma.InvalidIdError):
+        g.node(bad, Pass())
+    assert g.nodes() == []
+
+
+def test_a_duplicate_node_is_refused_naming_the_id() -> None:
+    g = build(["a"], [])
+    with pytest.raises(soma.DuplicateNodeError) as excinfo:
+        g.node("a", Pass())
+    assert excinfo.value.node == "a"
+
+
+def test_a_refused_node_changes_nothing() -> None:
+    g = soma.Graph()
+    first = Pass()
+    g.node("a", first)
+    g.node("b", Pass())
+    g.edge("a", "b")
+    before = (g.nodes(), g.edges(), repr(g.plan()))
+    with pytest.raises(soma.DuplicateNodeError):
+        g.node("a", Double())
+    assert (g.nodes(), g.edges(), repr(g.plan())) == before
+    assert g.implementation("a") is first
+
+
+def test_an_edge_to_an_unknown_node_is_refused_naming_it() -> None:
+    g = build(["a"], [])
+    with pytest.raises(soma.UnknownNodeError) as excinfo:
+        g.edge("a", "ghost")
+    assert excinfo.value.node == "ghost"
+
+
+def test_an_edge_from_an_unknown_node_is_refused_naming_it() -> None:
+    g = build(["a"], [])
+    with pytest.raises(soma.UnknownNodeError) as excinfo:
+        g.edge("ghost", "a")
+    assert excinfo.value.node == "ghost"
+
+
+def test_a_duplicate_edge_is_refused() -> None:
+    g = build(["a", "b"], [("a", "b")])
+    with pytest.raises(soma.DuplicateEdgeError):
+        g.edge("a", "b")
+    assert g.edges() == [("a", "b")]
+
+
+def test_an_edge_closing_a_cycle_is_refused_with_the_cycle_as_path() -> None:
+    g = build(["a", "b", "c"], [("a", "b"), ("b", "c")])
+    with pytest.raises(soma.CycleError) as excinfo:
+        g.edge("c", "a")
+    assert excinfo.value.path == ["c", "a", "b", "c"]
+
+
+def test_a_cycle_error_message_names_the_ids_in_backticks() -> None:
+    g = build(["a", "b", "c"], [("a", "b"), ("b", "c")])
+    with pytest.raises(soma.CycleError) as excinfo:
+        g.edge("c", "a")
+    message = str(excinfo.value)
+    for node in ("`a`", "`b`", "`c`"):
+        assert node in message
+
+
+def test_a_self_loop_is_a_cycle_of_one_node() -> None:
+    g = build(["a"], [])
+    with pytest.raises(soma.CycleError) as excinfo:
+        g.edge("a", "a")
+    assert excinfo.value.path == ["a", "a"]
+
+
+def test_a_refused_edge_changes_nothing() -> None:
+    g = build(["a", "b", "c"], [("a", "b"), ("b", "c")])
+    before = (g.nodes(), g.edges(), g.successors("c"), g.predecessors("a"), repr(g.plan()))
+    with pytest.raises(soma.CycleError):
+        g.edge("c", "a")
+    after = (g.nodes(), g.edges(), g.successors("c"), g.predecessors("a"), repr(g.plan()))
+    assert after == before
+    assert g.forward(7) == 7
+
+
+@pytest.mark.parametrize("query", ["predecessors", "successors"])
+def test_a_neighbour_query_about_an_unknown_node_is_refused_naming_it(query: str) -> None:
+    g = build(["a"], [])
+    with pytest.raises(soma.UnknownNodeError) as excinfo:
+        getattr(g, query)("ghost")
+    assert excinfo.value.node == "ghost"
+
+
+ERROR_BASES: list[tuple[type, tuple[type, ...]]] = [
+    (soma.SomaError, (Exception,)),
+    (soma.GraphError, (soma.SomaError, ValueError)),
+    (soma.CycleError, (soma.GraphError,)),
+    (soma.DuplicateNodeError, (soma.GraphError,)),
+    (soma.UnknownNodeError, (soma.GraphError,)),
+    (soma.DuplicateEdgeError, (soma.GraphError,)),
+    (soma.InvalidIdError, (soma.GraphError,)),
+    (soma.CompileError, (soma.SomaError,)),
+    (soma.RunError, (soma.SomaError,)),
+    (soma.TurnLimitError, (soma.RunError,)),
+    (soma.DriverError, (soma.RunError,)),
+    (soma.PanicError, (soma.SomaError,)),
+]
+
+
+@pytest.mark.parametrize(("error", "bases"), ERROR_BASES, ids=[e.__name__ for e, _ in ERROR_BASES])
+def test_each_error_derives_from_its_documented_bases(error: type, bases: tuple[type, ...]) -> None:
+    for base in bases:
+        assert issubclass(error, base)
+
+
+def test_a_graph_error_can_be_caught_as_value_error() -> None:
+    g = build(["a"], [])
+    with pytest.raises(ValueError, match="`a`"):
+        g.node("a", Pass())
+
+
+# ---------------------------------------------------------------------------------------------
+# Plans as objects
+
+
+def test_plan_returns_a_plan() -> None:
+    assert isinstance(build(["a"], []).plan(), soma.Plan)
+
+
+def test_the_empty_graphs_plan_is_empty() -> None:
+    plan = soma.Graph().plan()
+    assert plan.kind == "Empty"
+    assert plan.children == []
+    assert plan.node is None
+    assert repr(plan) == "Empty"
+
+
+def test_a_single_nodes_plan_executes_it_on_the_graph_input() -> None:
+    plan = build(["a"], []).plan()
+    assert plan.kind == "Execute"
+    assert plan.node == "a"
+    assert plan.inputs == []
+    assert plan.children == []
+
+
+def test_a_plan_exposes_kind_children_node_and_inputs() -> None:
+    g = build(["a", "b", "c", "d"], [("a", "b"), ("a", "c"), ("c", "d"), ("b", "d")])
+    plan = g.plan()
+    assert plan.kind == "Sequence"
+    assert plan.node is None
+    assert [child.kind for child in plan.children] == ["Execute", "Wave", "Execute"]
+    first, wave, join = plan.children
+    assert (first.node, first.inputs) == ("a", [])
+    assert [(b.node, b.inputs) for b in wave.children] == [("b", ["a"]), ("c", ["a"])]
+    assert (join.node, join.inputs) == ("d", ["c", "b"])
+
+
+def test_a_plans_repr_spells_the_tree_with_ids() -> None:
+    g = build(["add", "double"], [("add", "double")])
+    assert repr(g.plan()) == "Sequence([Execute(add), Execute(double)])"
+
+
+def test_a_plans_shape_is_the_tree_without_ids() -> None:
+    g = build(["add", "double"], [("add", "double")])
+    assert g.plan().shape() == "Sequence([Execute, Execute])"
+
+
+def test_plans_compare_by_structure() -> None:
+    one = build(["a", "b"], [("a", "b")]).plan()
+    same = build(["a", "b"], [("a", "b")], factory=Double).plan()
+    other = build(["a", "b"], []).plan()
+    assert one == same
+    assert one != other
+
+
+def test_a_graph_change_is_reflected_in_the_next_plan() -> None:
+    g = build(["a"], [])
+    assert repr(g.plan()) == "Execute(a)"
+    g.node("b", Pass())
+    assert repr(g.plan()) == "Wave([Execute(a), Execute(b)])"
+    g.edge("a", "b")
+    assert repr(g.plan()) == "Sequence([Execute(a), Execute(b)])"
+
+
+def test_a_graph_change_is_reflected_in_the_next_forward() -> None:
+    g = soma.Graph()
+    g.node("inc", Add(1))
+    assert g.forward(1) == 2
+    g.node("double", Double())
+    g.edge("inc", "double")
+    assert g.forward(1) == 4
