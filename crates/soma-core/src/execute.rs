@@ -1,11 +1,14 @@
 //! `Executor`: walks a [`Plan`], running the branches of each wave on their own threads.
 //!
 //! A wave launches every branch at once — the first on the calling thread, the others on
-//! scoped threads (`std::thread::scope`, so the catalog, the driver and what was produced so
+//! scoped threads (`std::thread::scope`, so the program, the driver and what was produced so
 //! far are lent as plain references) — and each branch runs start to finish on that one thread.
-//! A branch reads what its ancestors produced through a shared borrow and writes only into a
-//! map of its own, which it returns; the parent merges the maps when it joins. Values clone by
-//! `Arc`, so that copy is cheap, and no lock ever guards a produced value.
+//! Values live in one table of slots ([`Program`] numbers them so that each branch owns a
+//! contiguous range): a branch reads what its ancestors produced through a shared borrow of the
+//! part of the table that was complete when its wave started, and writes only into its own
+//! range, borrowed mutably and disjoint from every sibling's. What a branch produced is
+//! therefore already in its parent's table when the wave joins — the merge costs nothing — and
+//! no lock ever guards a produced value.
 //!
 //! Errors are deterministic: a wave reports the error of the first *declared* failing branch,
 //! whichever failed first on the clock. Branches declared after a failing one stop at their
@@ -14,7 +17,6 @@
 //! branch has been joined — ahead of any branch's error, even an earlier-declared one: a panic
 //! is a bug, and reporting an ordinary error in its place would swallow it.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -27,6 +29,7 @@ use crate::driver::{Driver, DriverError};
 use crate::id::NodeId;
 use crate::node::{Ctx, NodeError, Transition};
 use crate::plan::Plan;
+use crate::program::{Op, Program, Read, Step};
 use crate::value::Value;
 
 /// How many turns a node gets unless [`Executor::with_turn_limit`] says otherwise.
@@ -161,12 +164,26 @@ pub trait Watch: Send + Sync {
     fn interrupted(&self) -> bool;
 }
 
-/// Runs plans against a catalog, with an optional driver and watch.
+/// How a host runtime takes part in a run: an interpreter with a global lock, say, which a
+/// branch holds from node to node and gives back whenever the engine blocks.
+///
+/// The executor calls [`Host::branch`] on each new branch thread around the whole branch, and
+/// [`Host::blocking`] around everything that waits: joining a wave's branches and calling the
+/// driver. Nothing else blocks inside the engine.
+pub trait Host: Send + Sync {
+    /// Runs a whole branch, on the thread that will run it.
+    fn branch(&self, run: &mut dyn FnMut());
+    /// Runs something that blocks.
+    fn blocking(&self, run: &mut (dyn FnMut() + Send));
+}
+
+/// Runs plans, with an optional driver, watch and host.
 #[derive(Clone, Copy)]
 pub struct Executor<'a> {
     catalog: &'a Catalog,
     driver: Option<&'a dyn Driver>,
     watch: Option<&'a dyn Watch>,
+    host: Option<&'a dyn Host>,
     turn_limit: u32,
 }
 
@@ -182,22 +199,52 @@ impl From<RunError> for Halt {
     }
 }
 
-/// Values produced so far: this branch's own, then its ancestors' through shared borrows.
-struct Produced<'p> {
-    local: HashMap<NodeId, Value>,
-    parent: Option<&'p Produced<'p>>,
+/// The part of the table a branch may only read: what its ancestors had produced when the
+/// wave started, one segment per enclosing wave.
+struct Shared<'t> {
+    base: usize,
+    cells: &'t [Option<Value>],
+    outer: Option<&'t Shared<'t>>,
 }
 
-impl Produced<'_> {
-    fn get(&self, id: &NodeId) -> Option<&Value> {
-        let mut at = Some(self);
-        while let Some(produced) = at {
-            if let Some(value) = produced.local.get(id) {
-                return Some(value);
+/// The table as one branch sees it: its own range, mutable, and the shared segments around it.
+struct Frame<'t> {
+    base: usize,
+    own: &'t mut [Option<Value>],
+    shared: Option<&'t Shared<'t>>,
+}
+
+impl Frame<'_> {
+    fn read(&self, slot: usize) -> Option<&Value> {
+        if let Some(cell) = slot.checked_sub(self.base).and_then(|at| self.own.get(at)) {
+            return cell.as_ref();
+        }
+        let mut at = self.shared;
+        while let Some(segment) = at {
+            if let Some(cell) = slot
+                .checked_sub(segment.base)
+                .and_then(|i| segment.cells.get(i))
+            {
+                return cell.as_ref();
             }
-            at = produced.parent;
+            at = segment.outer;
         }
         None
+    }
+
+    /// The value, taken out of the table when this frame owns its cell.
+    fn take(&mut self, slot: usize) -> Option<Value> {
+        match slot
+            .checked_sub(self.base)
+            .and_then(|at| self.own.get_mut(at))
+        {
+            Some(cell) => cell.take(),
+            None => self.read(slot).cloned(),
+        }
+    }
+
+    fn cell(&mut self, slot: usize) -> &mut Option<Value> {
+        &mut self.own[slot - self.base]
     }
 }
 
@@ -256,15 +303,14 @@ impl Drop for LatchGuard<'_> {
     }
 }
 
-type BranchOutcome = thread::Result<Result<HashMap<NodeId, Value>, Halt>>;
-
 impl<'a> Executor<'a> {
-    /// An executor over `catalog`, without driver or watch, with the default turn limit.
+    /// An executor over `catalog`, without driver, watch or host, with the default turn limit.
     pub fn new(catalog: &'a Catalog) -> Self {
         Executor {
             catalog,
             driver: None,
             watch: None,
+            host: None,
             turn_limit: DEFAULT_TURN_LIMIT,
         }
     }
@@ -280,6 +326,13 @@ impl<'a> Executor<'a> {
     #[must_use]
     pub fn with_watch(mut self, watch: &'a dyn Watch) -> Self {
         self.watch = Some(watch);
+        self
+    }
+
+    /// Lets `host` wrap each branch thread and each blocking wait.
+    #[must_use]
+    pub fn with_host(mut self, host: &'a dyn Host) -> Self {
+        self.host = Some(host);
         self
     }
 
@@ -299,7 +352,8 @@ impl<'a> Executor<'a> {
     ///
     /// Every root receives `input`. The result is the output of the plan's one leaf, or a
     /// [`Value::Map`] keyed by leaf id, in step order, when there are several; an empty plan
-    /// returns `input`.
+    /// returns `input`. To run a plan many times, resolve it once with [`Program::new`] and use
+    /// [`Executor::run_program`].
     ///
     /// # Errors
     /// The first error in plan order; within a wave, the first declared failing branch's.
@@ -307,11 +361,25 @@ impl<'a> Executor<'a> {
     /// # Panics
     /// Re-raises a node's panic, after every branch of the wave it happened in was joined.
     pub fn run(&self, plan: &Plan, input: Value) -> Result<Value, RunError> {
-        let mut produced = Produced {
-            local: HashMap::new(),
-            parent: None,
+        self.run_program(&Program::new(plan, self.catalog)?, input)
+    }
+
+    /// Runs a resolved plan on `input`; see [`Executor::run`]. The program carries its own
+    /// implementations: this executor's catalog is not consulted.
+    ///
+    /// # Errors
+    /// As [`Executor::run`].
+    ///
+    /// # Panics
+    /// As [`Executor::run`].
+    pub fn run_program(&self, program: &Program, input: Value) -> Result<Value, RunError> {
+        let mut table: Vec<Option<Value>> = vec![None; program.len()];
+        let mut frame = Frame {
+            base: 0,
+            own: &mut table,
+            shared: None,
         };
-        match self.walk(plan, &input, &mut produced, Lane::ROOT) {
+        match self.walk(&program.root, &input, &mut frame, Lane::ROOT) {
             Ok(()) => {}
             Err(Halt::Failed(error)) => return Err(error),
             Err(Halt::Cancelled) => {
@@ -320,23 +388,19 @@ impl<'a> Executor<'a> {
                 )
             }
         }
-        let leaves = plan.leaves();
-        let mut take = |id: &NodeId| {
-            produced
-                .local
-                .remove(id)
-                .ok_or_else(|| RunError::MissingInput {
-                    node: id.clone(),
-                    from: id.clone(),
-                })
+        let mut take = |slot: usize| {
+            table[slot].take().ok_or_else(|| RunError::MissingInput {
+                node: program.ids[slot].clone(),
+                from: program.ids[slot].clone(),
+            })
         };
-        match leaves.as_slice() {
+        match &*program.leaves {
             [] => Ok(input),
-            [one] => take(one),
+            [one] => take(*one),
             many => {
                 let pairs = many
                     .iter()
-                    .map(|id| take(id).map(|value| (id.shared(), value)))
+                    .map(|&slot| take(slot).map(|value| (program.ids[slot].shared(), value)))
                     .collect::<Result<Vec<_>, _>>()?;
                 Ok(Value::Map(pairs.into()))
             }
@@ -345,46 +409,104 @@ impl<'a> Executor<'a> {
 
     fn walk(
         &self,
-        plan: &Plan,
+        op: &Op,
         input: &Value,
-        produced: &mut Produced<'_>,
+        frame: &mut Frame<'_>,
         lane: Lane<'_>,
     ) -> Result<(), Halt> {
-        match plan {
-            Plan::Empty => Ok(()),
-            Plan::Execute { node, from } => {
-                if lane.cancelled() {
-                    return Err(Halt::Cancelled);
-                }
-                if self.watch.is_some_and(Watch::interrupted) {
-                    return Err(Halt::Failed(RunError::Interrupted));
-                }
-                let value = self.execute(node, &gather(node, from, input, produced)?)?;
-                produced.local.insert(node.clone(), value);
-                Ok(())
-            }
-            Plan::Sequence(steps) => {
-                for step in steps {
-                    self.walk(step, input, produced, lane)?;
+        match op {
+            Op::Empty => Ok(()),
+            Op::Execute(step) => self.step(step, input, frame, lane),
+            Op::Sequence { steps, drop_after } => {
+                for (at, step) in steps.iter().enumerate() {
+                    self.walk(step, input, frame, lane)?;
+                    if let Some(done) = drop_after.get(at) {
+                        for &slot in done {
+                            *frame.cell(slot) = None;
+                        }
+                    }
                 }
                 Ok(())
             }
-            Plan::Wave(branches) => self.wave(branches, input, produced, lane),
+            Op::Wave { branches, bounds } => self.wave(branches, bounds, input, frame, lane),
         }
+    }
+
+    fn step(
+        &self,
+        step: &Step,
+        input: &Value,
+        frame: &mut Frame<'_>,
+        lane: Lane<'_>,
+    ) -> Result<(), Halt> {
+        if lane.cancelled() {
+            return Err(Halt::Cancelled);
+        }
+        if self.watch.is_some_and(Watch::interrupted) {
+            return Err(Halt::Failed(RunError::Interrupted));
+        }
+        let fetch = |frame: &mut Frame<'_>, read: &Read| {
+            let value = if read.take {
+                frame.take(read.slot)
+            } else {
+                frame.read(read.slot).cloned()
+            };
+            value.ok_or_else(|| RunError::MissingInput {
+                node: step.id.clone(),
+                from: read.source.clone(),
+            })
+        };
+        let value = match &*step.from {
+            [] => self.execute(step, input)?,
+            [one] => {
+                let read = fetch(frame, one)?;
+                self.execute(step, &read)?
+            }
+            many => {
+                let pairs = many
+                    .iter()
+                    .map(|read| Ok((read.source.shared(), fetch(frame, read)?)))
+                    .collect::<Result<Vec<_>, RunError>>()?;
+                self.execute(step, &Value::Map(pairs.into()))?
+            }
+        };
+        *frame.cell(step.slot) = Some(value);
+        Ok(())
     }
 
     fn wave(
         &self,
-        branches: &[Plan],
+        branches: &[Op],
+        bounds: &[usize],
         input: &Value,
-        produced: &mut Produced<'_>,
+        frame: &mut Frame<'_>,
         lane: Lane<'_>,
     ) -> Result<(), Halt> {
         let Some((first, rest)) = branches.split_first() else {
             return Ok(());
         };
         if rest.is_empty() {
-            return self.walk(first, input, produced, lane);
+            return self.walk(first, input, frame, lane);
+        }
+        // Split the table: everything before the wave becomes read-only for its branches, and
+        // the wave's range is cut into one disjoint mutable part per branch.
+        let (lo, hi) = (bounds[0], bounds[bounds.len() - 1]);
+        let (before, after) = frame.own.split_at_mut(lo - frame.base);
+        let shared = Shared {
+            base: frame.base,
+            cells: before,
+            outer: frame.shared,
+        };
+        let mut remaining = &mut after[..hi - lo];
+        let mut frames = Vec::with_capacity(branches.len());
+        for window in bounds.windows(2) {
+            let (own, tail) = std::mem::take(&mut remaining).split_at_mut(window[1] - window[0]);
+            frames.push(Frame {
+                base: window[0],
+                own,
+                shared: Some(&shared),
+            });
+            remaining = tail;
         }
         let state = WaveState {
             first_failed: AtomicUsize::new(usize::MAX),
@@ -393,60 +515,77 @@ impl<'a> Executor<'a> {
             running: Mutex::new(rest.len()),
             finished: Condvar::new(),
         };
-        let parent: &Produced<'_> = produced;
-        let outcomes: Vec<BranchOutcome> = thread::scope(|scope| {
+        let mut frames = frames.into_iter();
+        let mut first_frame = frames.next().expect("one frame per branch");
+        let outcomes: Vec<thread::Result<Result<(), Halt>>> = thread::scope(|scope| {
             let handles: Vec<_> = rest
                 .iter()
+                .zip(frames)
                 .enumerate()
-                .map(|(i, branch)| {
+                .map(|(i, (branch, mut own))| {
                     let (state, latch, lane) = (&state, &latch, &lane);
-                    thread::Builder::new()
-                        .name(format!("soma-branch-{}", i + 1))
-                        .spawn_scoped(scope, move || {
-                            let _finished = LatchGuard(latch);
-                            self.branch(branch, i + 1, input, parent, state, lane)
-                        })
-                        .expect("the operating system refused a thread for a wave branch")
+                    scope.spawn(move || {
+                        let _finished = LatchGuard(latch);
+                        let mut outcome = None;
+                        let mut run = || {
+                            outcome =
+                                Some(self.branch(branch, i + 1, input, &mut own, state, lane));
+                        };
+                        match self.host {
+                            Some(host) => host.branch(&mut run),
+                            None => run(),
+                        }
+                        outcome.expect("the host ran the branch")
+                    })
                 })
                 .collect();
             let mut outcomes = Vec::with_capacity(branches.len());
             outcomes.push(panic::catch_unwind(AssertUnwindSafe(|| {
-                self.branch(first, 0, input, parent, &state, &lane)
+                self.branch(first, 0, input, &mut first_frame, &state, &lane)
             })));
-            self.wait(&latch);
-            outcomes.extend(handles.into_iter().map(thread::ScopedJoinHandle::join));
+            let mut handles = Some(handles);
+            self.blocking(&mut || {
+                self.wait(&latch);
+                let joined = handles.take().map(|handles| {
+                    handles
+                        .into_iter()
+                        .map(thread::ScopedJoinHandle::join)
+                        .collect::<Vec<_>>()
+                });
+                outcomes.extend(joined.into_iter().flatten());
+            });
             outcomes
         });
-        merge(outcomes, produced)
+        settle(outcomes)
     }
 
     /// Runs one branch of a wave; on failure, tells the later-declared siblings to stop.
     fn branch(
         &self,
-        branch: &Plan,
+        branch: &Op,
         index: usize,
         input: &Value,
-        parent: &Produced<'_>,
+        frame: &mut Frame<'_>,
         state: &WaveState,
         outer: &Lane<'_>,
-    ) -> Result<HashMap<NodeId, Value>, Halt> {
+    ) -> Result<(), Halt> {
         let lane = Lane {
             wave: Some((state, index)),
             parent: Some(outer),
         };
-        let mut own = Produced {
-            local: HashMap::new(),
-            parent: Some(parent),
-        };
-        let result = panic::catch_unwind(AssertUnwindSafe(|| {
-            self.walk(branch, input, &mut own, lane)
-        }));
+        let result =
+            panic::catch_unwind(AssertUnwindSafe(|| self.walk(branch, input, frame, lane)));
         if !matches!(result, Ok(Ok(()) | Err(Halt::Cancelled))) {
             state.first_failed.fetch_min(index, Ordering::AcqRel);
         }
-        match result {
-            Ok(outcome) => outcome.map(|()| own.local),
-            Err(payload) => panic::resume_unwind(payload),
+        result.unwrap_or_else(|payload| panic::resume_unwind(payload))
+    }
+
+    /// Runs `work`, which blocks, through the host if there is one.
+    fn blocking(&self, work: &mut (dyn FnMut() + Send)) {
+        match self.host {
+            Some(host) => host.blocking(work),
+            None => work(),
         }
     }
 
@@ -468,6 +607,7 @@ impl<'a> Executor<'a> {
                 .0;
             if *running > 0 {
                 drop(running);
+                // Asked for its side effect: a watch that polls for signals does it here.
                 watch.interrupted();
                 running = latch
                     .running
@@ -478,11 +618,8 @@ impl<'a> Executor<'a> {
     }
 
     /// Calls one node turn after turn until it is done.
-    fn execute(&self, node: &NodeId, input: &Value) -> Result<Value, RunError> {
-        let implementation = self
-            .catalog
-            .get(node.as_str())
-            .ok_or_else(|| RunError::NotInCatalog { node: node.clone() })?;
+    fn execute(&self, step: &Step, input: &Value) -> Result<Value, RunError> {
+        let node = &step.id;
         let mut results: Vec<Value> = Vec::new();
         let mut turn = 0;
         loop {
@@ -495,7 +632,7 @@ impl<'a> Executor<'a> {
             }
             let ctx = Ctx::new(node, turn, &results);
             let transition =
-                implementation
+                step.node
                     .forward(input, &ctx)
                     .map_err(|error| RunError::NodeFailed {
                         node: node.clone(),
@@ -515,8 +652,10 @@ impl<'a> Executor<'a> {
             let driver = self
                 .driver
                 .ok_or_else(|| RunError::NoDriver { node: node.clone() })?;
-            results = driver
-                .perform(&requests)
+            let mut answered = None;
+            self.blocking(&mut || answered = Some(driver.perform(&requests)));
+            results = answered
+                .expect("the host ran the driver")
                 .map_err(|error| RunError::DriverFailed {
                     node: node.clone(),
                     error,
@@ -532,40 +671,10 @@ impl<'a> Executor<'a> {
     }
 }
 
-/// The input of a step: the graph's input for a root, the one predecessor's value, or a map
-/// keyed by source id in edge-declaration order.
-fn gather(
-    node: &NodeId,
-    from: &[NodeId],
-    input: &Value,
-    produced: &Produced<'_>,
-) -> Result<Value, RunError> {
-    let read = |source: &NodeId| {
-        produced
-            .get(source)
-            .cloned()
-            .ok_or_else(|| RunError::MissingInput {
-                node: node.clone(),
-                from: source.clone(),
-            })
-    };
-    match from {
-        [] => Ok(input.clone()),
-        [one] => read(one),
-        many => {
-            let pairs = many
-                .iter()
-                .map(|source| read(source).map(|value| (source.shared(), value)))
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(Value::Map(pairs.into()))
-        }
-    }
-}
-
-/// Joins a wave's outcomes, in declaration order: the first panic is re-raised, else the first
-/// failure is returned, else every branch's values join the parent's.
-fn merge(outcomes: Vec<BranchOutcome>, produced: &mut Produced<'_>) -> Result<(), Halt> {
-    let mut outcomes: Vec<Result<HashMap<NodeId, Value>, Halt>> = outcomes
+/// A wave's outcomes, in declaration order: the first panic is re-raised, else the first
+/// failure is returned, else the wave succeeded.
+fn settle(outcomes: Vec<thread::Result<Result<(), Halt>>>) -> Result<(), Halt> {
+    let mut outcomes: Vec<Result<(), Halt>> = outcomes
         .into_iter()
         .map(|outcome| outcome.unwrap_or_else(|payload| panic::resume_unwind(payload)))
         .collect();
@@ -573,10 +682,7 @@ fn merge(outcomes: Vec<BranchOutcome>, produced: &mut Produced<'_>) -> Result<()
         .iter()
         .position(|outcome| matches!(outcome, Err(Halt::Failed(_))))
     {
-        return Err(outcomes.swap_remove(at).err().unwrap_or(Halt::Cancelled));
+        return outcomes.swap_remove(at);
     }
-    for outcome in outcomes {
-        produced.local.extend(outcome?);
-    }
-    Ok(())
+    outcomes.into_iter().collect()
 }

@@ -35,15 +35,17 @@ mod graph;
 mod id;
 mod node;
 mod plan;
+mod program;
 mod value;
 
 pub use catalog::Catalog;
 pub use compile::{compile, decompose, CompileError};
 pub use driver::{Driver, DriverError};
 pub use dsl::{node, node_arc, Wire};
-pub use execute::{Executor, RunError, Watch, DEFAULT_TURN_LIMIT};
+pub use execute::{Executor, Host, RunError, Watch, DEFAULT_TURN_LIMIT};
 pub use graph::{Graph, GraphError};
 pub use id::NodeId;
 pub use node::{Ctx, Node, NodeError, Transition};
 pub use plan::Plan;
+pub use program::Program;
 pub use value::Value;

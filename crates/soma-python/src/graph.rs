@@ -2,9 +2,14 @@
 //!
 //! The Python `soma.Graph` wraps this class and adds what is easier said in Python (derived ids,
 //! the DSL). The lock is held only for bookkeeping, always with the GIL held and never across a
-//! run: `forward` takes a snapshot — the plan and the catalog, both behind `Arc`s — and runs
-//! detached, so several Python threads can run one graph at once while another edits it (an
-//! edit copies the catalog only if a run still holds the old one).
+//! run: `forward` takes the compiled program (behind an `Arc`) and runs without the lock, so
+//! several Python threads can run one graph at once while another edits it.
+//!
+//! A run keeps the GIL from one Python node to the next on the same thread — taking and giving
+//! it back around every node would cost more than a small node itself — and gives it back
+//! wherever the engine blocks (joining a wave, calling the driver) and around every Rust node
+//! ([`crate::native`]). Branch threads take it for their whole branch, on the same terms; the
+//! interpreter's own switch interval lets the branches of a wave take turns.
 
 use std::collections::HashMap;
 use std::panic::{self, AssertUnwindSafe};
@@ -12,7 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use soma_core::{compile, Catalog, Executor, Graph, Node, NodeId, Plan};
+use soma_core::{compile, Catalog, Executor, Graph, Host, Node, NodeId, Plan, Program};
 
 use crate::convert::{to_python, wrap};
 use crate::driver::PythonDriver;
@@ -25,11 +30,18 @@ use crate::watch::SignalWatch;
 #[derive(Default)]
 struct State {
     graph: Graph,
-    catalog: Arc<Catalog>,
+    catalog: Catalog,
     /// The registered Python objects, for `implementation(id)`.
     objects: HashMap<NodeId, Py<PyAny>>,
     /// Compiled on first use after a change.
-    plan: Option<Arc<Plan>>,
+    compiled: Option<Compiled>,
+}
+
+/// A plan and the program that runs it.
+#[derive(Clone)]
+struct Compiled {
+    plan: Arc<Plan>,
+    program: Arc<Program>,
 }
 
 #[pyclass(frozen, module = "soma._soma")]
@@ -56,23 +68,25 @@ impl GraphCore {
             .add_node(id)
             .map_err(|e| graph_error(py, &e))?
             .clone();
-        Arc::make_mut(&mut state.catalog).insert(id.clone(), implementation);
+        state.catalog.insert(id.clone(), implementation);
         state.objects.insert(id, object.clone().unbind());
-        state.plan = None;
+        state.compiled = None;
         Ok(())
     }
 
-    fn snapshot(&self, py: Python<'_>) -> PyResult<(Arc<Plan>, Arc<Catalog>)> {
+    fn compiled(&self, py: Python<'_>) -> PyResult<Compiled> {
         let mut state = self.state();
-        let plan = if let Some(plan) = &state.plan {
-            Arc::clone(plan)
-        } else {
-            let plan =
-                Arc::new(compile(&state.graph, &state.catalog).map_err(|e| compile_error(py, &e))?);
-            state.plan = Some(Arc::clone(&plan));
-            plan
+        if let Some(compiled) = &state.compiled {
+            return Ok(compiled.clone());
+        }
+        let plan = compile(&state.graph, &state.catalog).map_err(|e| compile_error(py, &e))?;
+        let program = Program::new(&plan, &state.catalog).map_err(|e| run_error(py, &e, None))?;
+        let compiled = Compiled {
+            plan: Arc::new(plan),
+            program: Arc::new(program),
         };
-        Ok((plan, Arc::clone(&state.catalog)))
+        state.compiled = Some(compiled.clone());
+        Ok(compiled)
     }
 }
 
@@ -128,7 +142,7 @@ impl GraphCore {
             .graph
             .add_edge(source, target)
             .map_err(|e| graph_error(py, &e))?;
-        state.plan = None;
+        state.compiled = None;
         Ok(())
     }
 
@@ -207,13 +221,12 @@ impl GraphCore {
 
     /// The plan, compiled on first use after a change.
     fn plan(&self, py: Python<'_>) -> PyResult<PyPlan> {
-        let (plan, _) = self.snapshot(py)?;
         Ok(PyPlan {
-            plan: Plan::clone(&plan),
+            plan: Plan::clone(&self.compiled(py)?.plan),
         })
     }
 
-    /// Runs the graph on `input`, detached from the interpreter for the whole run.
+    /// Runs the graph on `input`.
     #[pyo3(signature = (input, driver=None, turn_limit=soma_core::DEFAULT_TURN_LIMIT))]
     fn forward<'py>(
         &self,
@@ -222,23 +235,38 @@ impl GraphCore {
         driver: Option<&Bound<'py, PyAny>>,
         turn_limit: u32,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let (plan, catalog) = self.snapshot(py)?;
+        let program = self.compiled(py)?.program;
         let driver = driver.map(PythonDriver::new).transpose()?;
         let watch = SignalWatch::new();
         let input = wrap(input);
-        let outcome = py.detach(|| {
-            let mut executor = Executor::new(&catalog)
-                .with_turn_limit(turn_limit)
-                .with_watch(&watch);
-            if let Some(driver) = &driver {
-                executor = executor.with_driver(driver);
-            }
-            panic::catch_unwind(AssertUnwindSafe(|| executor.run(&plan, input)))
-        });
+        let catalog = Catalog::new(); // The program carries its implementations.
+        let mut executor = Executor::new(&catalog)
+            .with_turn_limit(turn_limit)
+            .with_watch(&watch)
+            .with_host(&Interpreter);
+        if let Some(driver) = &driver {
+            executor = executor.with_driver(driver);
+        }
+        let outcome =
+            panic::catch_unwind(AssertUnwindSafe(|| executor.run_program(&program, input)));
         match outcome {
             Ok(Ok(value)) => to_python(py, &value),
             Ok(Err(error)) => Err(run_error(py, &error, watch.take_raised())),
             Err(payload) => Err(panic_error(py, &*payload)),
         }
+    }
+}
+
+/// The interpreter as the engine's host: a branch thread holds the GIL for its whole branch,
+/// and every blocking wait gives it back.
+struct Interpreter;
+
+impl Host for Interpreter {
+    fn branch(&self, run: &mut dyn FnMut()) {
+        Python::attach(|_| run());
+    }
+
+    fn blocking(&self, run: &mut (dyn FnMut() + Send)) {
+        Python::attach(|py| py.detach(run));
     }
 }

@@ -82,13 +82,15 @@ struct ReadsNatively(Arc<dyn Node>);
 
 impl Node for ReadsNatively {
     fn forward(&self, input: &Value, ctx: &Ctx<'_>) -> Result<Transition, NodeError> {
-        if holds_python(input) {
-            let native =
-                Python::attach(|py| to_native(py, input)).map_err(NodeError::from_cause)?;
-            self.0.forward(&native, ctx)
-        } else {
-            self.0.forward(input, ctx)
-        }
+        // Runs detached: a Rust node never holds the GIL, so Python branches go on meanwhile.
+        Python::attach(|py| {
+            if holds_python(input) {
+                let native = to_native(py, input).map_err(NodeError::from_cause)?;
+                py.detach(|| self.0.forward(&native, ctx))
+            } else {
+                py.detach(|| self.0.forward(input, ctx))
+            }
+        })
     }
 }
 
