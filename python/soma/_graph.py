@@ -137,6 +137,24 @@ class Graph:
         """The plan: compiled on first use, reused until the graph changes."""
         return self._core.plan()
 
+    def to_svg(self) -> str:
+        """The graph drawn as an SVG document by Soma itself (no graphviz): laid out with its
+        plan, series left to right and the branches of a wave stacked, a box per node and an
+        arrow per edge."""
+        return self._core.to_svg()
+
+    def _repr_svg_(self) -> str:
+        """What a notebook shows: the drawing of ``to_svg``."""
+        return self._core.to_svg()
+
+    def to_mermaid(self) -> str:
+        """The graph as a Mermaid ``flowchart LR``, drawn with its plan (a subgraph per wave)."""
+        return self.plan().to_mermaid()
+
+    def to_dot(self) -> str:
+        """The graph as a graphviz ``digraph``, drawn with its plan (a cluster per wave)."""
+        return self.plan().to_dot()
+
     def forward(
         self,
         input: Any = None,

@@ -15,7 +15,7 @@
 //! let wire = node("a", add(1)) >> (node("b", add(10)) | node("c", add(100)));
 //! let (graph, catalog) = wire.somatize()?;
 //! let plan = compile(&graph, &catalog)?;
-//! assert_eq!(plan.to_string(), "Sequence([Execute(a), Wave([Execute(b), Execute(c)])])");
+//! assert_eq!(plan.compact(), "Sequence([Execute(a), Wave([Execute(b), Execute(c)])])");
 //! let out = Executor::new(&catalog).run(&plan, Value::Int(0))?;
 //! assert_eq!(out.get("b"), Some(&Value::Int(11)));
 //! assert_eq!(out.get("c"), Some(&Value::Int(101)));

@@ -28,6 +28,7 @@
 
 mod catalog;
 mod compile;
+pub mod draw;
 mod driver;
 mod dsl;
 mod execute;

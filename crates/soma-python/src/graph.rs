@@ -219,6 +219,11 @@ impl GraphCore {
         self.state().graph.contains(id)
     }
 
+    /// The graph drawn as SVG, laid out with its plan; see `soma_core::draw::graph_svg`.
+    fn to_svg(&self) -> String {
+        soma_core::draw::graph_svg(&self.state().graph)
+    }
+
     /// The plan, compiled on first use after a change.
     fn plan(&self, py: Python<'_>) -> PyResult<PyPlan> {
         Ok(PyPlan {

@@ -53,8 +53,34 @@ impl PyPlan {
         self.plan.shape()
     }
 
+    /// The tree on one line: `Sequence([Execute(a), Wave([Execute(b), Execute(c)])])`.
     fn __repr__(&self) -> String {
+        self.plan.compact()
+    }
+
+    /// The indented tree, one line per step; an `Execute` line is `node <- inputs`.
+    fn __str__(&self) -> String {
         self.plan.to_string()
+    }
+
+    /// The plan as a Mermaid `flowchart LR`, a `subgraph` per wave.
+    fn to_mermaid(&self) -> String {
+        self.plan.to_mermaid()
+    }
+
+    /// The plan as a graphviz `digraph` with `rankdir=LR`, a `cluster` per wave.
+    fn to_dot(&self) -> String {
+        self.plan.to_dot()
+    }
+
+    /// The plan drawn as an SVG document by Soma itself: waves framed, branches stacked.
+    fn to_svg(&self) -> String {
+        self.plan.to_svg()
+    }
+
+    /// What a notebook shows: [`PyPlan::to_svg`].
+    fn _repr_svg_(&self) -> String {
+        self.plan.to_svg()
     }
 
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
@@ -66,7 +92,7 @@ impl PyPlan {
     fn __hash__(&self) -> u64 {
         use std::hash::{Hash, Hasher};
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        self.plan.to_string().hash(&mut hasher);
+        self.plan.compact().hash(&mut hasher);
         hasher.finish()
     }
 }

@@ -312,7 +312,7 @@ fn a_missing_implementation_names_the_first_missing_node_in_insertion_order() {
 fn a_plan_shows_its_tree_with_and_without_ids() {
     let plan = plan_of(n("a") >> (n("b") | n("c")));
     assert_eq!(
-        plan.to_string(),
+        plan.compact(),
         "Sequence([Execute(a), Wave([Execute(b), Execute(c)])])"
     );
     assert_eq!(

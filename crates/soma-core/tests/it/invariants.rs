@@ -47,12 +47,15 @@ fn each_node_once(graph: &Graph, plan: &Plan) -> Result<(), String> {
     for id in graph.nodes() {
         match count.remove(id.as_str()) {
             Some(1) => {}
-            Some(k) => return Err(format!("`{id}` executes {k} times in {plan}")),
-            None => return Err(format!("`{id}` is left out of {plan}")),
+            Some(k) => return Err(format!("`{id}` executes {k} times in {}", plan.compact())),
+            None => return Err(format!("`{id}` is left out of {}", plan.compact())),
         }
     }
     match count.keys().next() {
-        Some(stranger) => Err(format!("`{stranger}` is not in the graph but in {plan}")),
+        Some(stranger) => Err(format!(
+            "`{stranger}` is not in the graph but in {}",
+            plan.compact()
+        )),
         None => Ok(()),
     }
 }
@@ -63,12 +66,20 @@ fn respects_every_edge(graph: &Graph, plan: &Plan) -> Result<(), String> {
     let at: HashMap<String, Path> = locate(plan).into_iter().collect();
     for (from, to) in graph.edges() {
         let (Some(u), Some(v)) = (at.get(from.as_str()), at.get(to.as_str())) else {
-            return Err(format!("`{from}` -> `{to}` has an end missing from {plan}"));
+            return Err(format!(
+                "`{from}` -> `{to}` has an end missing from {}",
+                plan.compact()
+            ));
         };
         let split = u.iter().zip(v).position(|(a, b)| a != b);
         match split.map(|i| (u[i], v[i])) {
             Some((("Sequence", i), (_, j))) if i < j => {}
-            _ => return Err(format!("`{from}` -> `{to}` is not respected by {plan}")),
+            _ => {
+                return Err(format!(
+                    "`{from}` -> `{to}` is not respected by {}",
+                    plan.compact()
+                ))
+            }
         }
     }
     Ok(())
@@ -97,7 +108,10 @@ fn branches_share_no_node(plan: &Plan) -> Result<(), String> {
             for (i, branch) in branches.iter().enumerate() {
                 for (node, _) in branch.steps() {
                     if let Some(j) = owner.insert(node.to_string(), i) {
-                        return Err(format!("`{node}` is in branches {j} and {i} of {plan}"));
+                        return Err(format!(
+                            "`{node}` is in branches {j} and {i} of {}",
+                            plan.compact()
+                        ));
                     }
                 }
             }

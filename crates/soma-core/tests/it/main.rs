@@ -8,10 +8,12 @@
 //! | `drivers` | awaiting nodes, turns and their limit, driver failures |
 //! | `dsl` | `>>` and `|` against `add_node`/`add_edge`, errors that survive gluing |
 //! | `decomposition` | the plan of each topology, and compile's refusal |
+//! | `drawing` | the tree, Mermaid, DOT and SVG of plans and graphs |
 //! | `invariants` | every plan, over a battery and random DAGs; the expression oracle |
 //! | `waves` | branches really at once, one thread each, failures and panics |
 
 mod decomposition;
+mod drawing;
 mod drivers;
 mod dsl;
 mod execution;

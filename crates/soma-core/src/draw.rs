@@ -1,0 +1,754 @@
+//! Drawing plans and graphs: an indented text tree, Mermaid and DOT for other tools, and SVG.
+//!
+//! A plan is the decided shape of a run, so it is worth seeing: in a terminal (`Display`, the
+//! tree), in a document (Mermaid, DOT) and in a notebook (SVG). The SVG is laid out by Soma
+//! itself rather than handed to graphviz, because a plan already *is* a layout — series left to
+//! right, the branches of a wave stacked — and a notebook should show it with nothing else
+//! installed.
+//!
+//! The SVG layout follows the plan: the steps of a `Sequence` left to right, the branches of a
+//! `Wave` stacked. A compiled sequence puts each step after the one it reads from, so it is a
+//! row; only a stretch that is not series-parallel (which its plan walks in order, having no
+//! tree for it) has steps that do not read each other, and those share topological columns, so
+//! the drawing shows the real shape of that part of the graph instead of a tangle over a row.
+//! A graph ([`graph_svg`]) is drawn with its plan's layout and nothing more; a plan
+//! ([`Plan::to_svg`]) also frames what its plan decided: each wave (branches at once) and each
+//! stretch walked in order. Both draw an arrow for every edge.
+//!
+//! Every drawing is a function of the plan (and the graph) alone, so the same input gives the
+//! same bytes. Every walk recurses once per *level* of the tree and loops over the steps of a
+//! level: a chain is one flat `Sequence`, so a 100,000-node chain costs one level of stack, not
+//! 100,000.
+
+use std::collections::HashMap;
+use std::fmt::{self, Write as _};
+
+use crate::compile::decompose;
+use crate::graph::Graph;
+use crate::id::NodeId;
+use crate::plan::Plan;
+
+// ---------------------------------------------------------------------------------------------
+// The text tree
+
+/// Writes the indented tree of `plan`, one line per step, without a final newline.
+pub(crate) fn write_tree(plan: &Plan, out: &mut impl fmt::Write) -> fmt::Result {
+    write_label(plan, out)?;
+    write_branches(plan, &mut String::new(), out)
+}
+
+fn write_label(plan: &Plan, out: &mut impl fmt::Write) -> fmt::Result {
+    match plan {
+        Plan::Empty => out.write_str("Empty"),
+        Plan::Execute { node, from } => {
+            write!(out, "{node} <- ")?;
+            if from.is_empty() {
+                // In parentheses, to read as a note rather than as the id of a node.
+                return out.write_str("(input)");
+            }
+            for (i, source) in from.iter().enumerate() {
+                if i > 0 {
+                    out.write_str(", ")?;
+                }
+                write!(out, "{source}")?;
+            }
+            Ok(())
+        }
+        Plan::Sequence(_) => out.write_str("Sequence"),
+        Plan::Wave(_) => out.write_str("Wave"),
+    }
+}
+
+/// `prefix` is the margin drawn for the ancestors; it grows by one level and is restored, so
+/// one buffer serves the whole walk.
+fn write_branches(plan: &Plan, prefix: &mut String, out: &mut impl fmt::Write) -> fmt::Result {
+    let children = match plan {
+        Plan::Sequence(children) | Plan::Wave(children) => children,
+        Plan::Empty | Plan::Execute { .. } => return Ok(()),
+    };
+    for (i, child) in children.iter().enumerate() {
+        let last = i + 1 == children.len();
+        out.write_char('\n')?;
+        out.write_str(prefix)?;
+        out.write_str(if last { "└── " } else { "├── " })?;
+        write_label(child, out)?;
+        let restore = prefix.len();
+        prefix.push_str(if last { "    " } else { "│   " });
+        write_branches(child, prefix, out)?;
+        prefix.truncate(restore);
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mermaid
+
+/// Mermaid names for node ids: the id itself when Mermaid reads it as a plain name, otherwise
+/// `soma_n<k>`. Ids in the reserved `soma_` prefix are renamed too, so the two never collide.
+struct MermaidNames<'p> {
+    names: HashMap<&'p str, String>,
+}
+
+impl<'p> MermaidNames<'p> {
+    fn name(&mut self, id: &'p str) -> &str {
+        let next = self.names.len();
+        self.names.entry(id).or_insert_with(|| {
+            if mermaid_safe(id) {
+                id.to_owned()
+            } else {
+                format!("soma_n{next}")
+            }
+        })
+    }
+}
+
+/// Whether Mermaid reads `id` as a plain node name: ASCII word characters, starting with a
+/// letter, not one of its keywords (a node named `end` closes a subgraph), and outside the
+/// `soma_` prefix the renamed ids use.
+fn mermaid_safe(id: &str) -> bool {
+    const KEYWORDS: [&str; 14] = [
+        "end",
+        "graph",
+        "flowchart",
+        "subgraph",
+        "direction",
+        "style",
+        "classdef",
+        "class",
+        "click",
+        "linkstyle",
+        "call",
+        "href",
+        "default",
+        "interpolate",
+    ];
+    let lower = id.to_ascii_lowercase();
+    id.starts_with(|c: char| c.is_ascii_alphabetic())
+        && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !KEYWORDS.contains(&lower.as_str())
+        && !lower.starts_with("soma_")
+}
+
+/// A node label between double quotes. Mermaid decodes `#name;` entities inside labels, so `#`
+/// itself is escaped, as are the characters its HTML rendering would read.
+fn mermaid_label(id: &str, out: &mut String) {
+    out.push('"');
+    for c in id.chars() {
+        match c {
+            '"' => out.push_str("#quot;"),
+            '#' => out.push_str("#35;"),
+            '<' => out.push_str("#lt;"),
+            '>' => out.push_str("#gt;"),
+            '&' => out.push_str("#amp;"),
+            _ => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// `flowchart LR`: every node with its id as label, a subgraph per wave, then an arrow for
+/// every input of every step, in step order.
+pub(crate) fn plan_mermaid(plan: &Plan) -> String {
+    let mut names = MermaidNames {
+        names: HashMap::new(),
+    };
+    let mut out = String::from("flowchart LR\n");
+    let mut waves = 0;
+    mermaid_nodes(plan, 1, &mut names, &mut waves, &mut out);
+    for (node, from) in plan.steps() {
+        for source in from {
+            let source = names.name(source.as_str()).to_owned();
+            let target = names.name(node.as_str());
+            let _ = writeln!(out, "    {source} --> {target}");
+        }
+    }
+    out
+}
+
+fn mermaid_nodes<'p>(
+    plan: &'p Plan,
+    depth: usize,
+    names: &mut MermaidNames<'p>,
+    waves: &mut usize,
+    out: &mut String,
+) {
+    let indent = "    ".repeat(depth);
+    match plan {
+        Plan::Empty => {}
+        Plan::Execute { node, .. } => {
+            out.push_str(&indent);
+            out.push_str(names.name(node.as_str()));
+            out.push('[');
+            mermaid_label(node.as_str(), out);
+            out.push_str("]\n");
+        }
+        Plan::Sequence(steps) => {
+            for step in steps {
+                mermaid_nodes(step, depth, names, waves, out);
+            }
+        }
+        Plan::Wave(branches) => {
+            let _ = writeln!(out, "{indent}subgraph soma_wave_{waves} [wave]");
+            *waves += 1;
+            for branch in branches {
+                mermaid_nodes(branch, depth + 1, names, waves, out);
+            }
+            out.push_str(&indent);
+            out.push_str("end\n");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// DOT
+
+/// A DOT id: always quoted, so any node id is one, with `"` and `\` escaped.
+fn dot_id(id: &str, out: &mut String) {
+    out.push('"');
+    for c in id.chars() {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+}
+
+/// `digraph` with `rankdir=LR`: every node, a `cluster` per wave (graphviz frames those), then
+/// an edge for every input of every step, in step order.
+pub(crate) fn plan_dot(plan: &Plan) -> String {
+    let mut out = String::from("digraph plan {\n");
+    out.push_str("    rankdir=LR;\n");
+    let _ = writeln!(
+        out,
+        "    node [shape=box, style=\"rounded,filled\", fillcolor=\"{NODE_FILL}\", color=\"{NODE_STROKE}\", fontname=\"monospace\"];"
+    );
+    let mut waves = 0;
+    dot_nodes(plan, 1, &mut waves, &mut out);
+    for (node, from) in plan.steps() {
+        for source in from {
+            out.push_str("    ");
+            dot_id(source.as_str(), &mut out);
+            out.push_str(" -> ");
+            dot_id(node.as_str(), &mut out);
+            out.push_str(";\n");
+        }
+    }
+    out.push_str("}\n");
+    out
+}
+
+fn dot_nodes(plan: &Plan, depth: usize, waves: &mut usize, out: &mut String) {
+    let indent = "    ".repeat(depth);
+    match plan {
+        Plan::Empty => {}
+        Plan::Execute { node, .. } => {
+            out.push_str(&indent);
+            dot_id(node.as_str(), out);
+            out.push_str(";\n");
+        }
+        Plan::Sequence(steps) => {
+            for step in steps {
+                dot_nodes(step, depth, waves, out);
+            }
+        }
+        Plan::Wave(branches) => {
+            let _ = writeln!(out, "{indent}subgraph cluster_wave_{waves} {{");
+            *waves += 1;
+            let _ = writeln!(
+                out,
+                "{indent}    label=\"wave\"; style=\"dashed,rounded\"; color=\"{WAVE_STROKE}\";"
+            );
+            for branch in branches {
+                dot_nodes(branch, depth + 1, waves, out);
+            }
+            out.push_str(&indent);
+            out.push_str("}\n");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// SVG
+
+// Light colours on an opaque background, set explicitly everywhere: a notebook's dark theme
+// then shows a light card rather than dark text on a dark page.
+const BACKGROUND: &str = "#fcfcfc";
+const NODE_FILL: &str = "#e8f0fe";
+const NODE_STROKE: &str = "#3366aa";
+const TEXT: &str = "#1a1a1a";
+const EDGE: &str = "#666666";
+const WAVE_STROKE: &str = "#b7791f";
+const WAVE_TEXT: &str = "#975a16";
+const ORDER_STROKE: &str = "#8a8a8a";
+const ORDER_TEXT: &str = "#6b6b6b";
+const MUTED: &str = "#888888";
+
+const FONT_SIZE: i64 = 13;
+/// The advance of one character of a 13px monospace font, rounded up so a box never clips.
+const CHAR_WIDTH: i64 = 8;
+/// From a box's vertical centre down to the baseline that centres a line of 13px text.
+const BASELINE: i64 = 4;
+const NODE_HEIGHT: i64 = 32;
+const NODE_MIN_WIDTH: i64 = 64;
+const NODE_PADDING: i64 = 12;
+/// Between columns: the room arrows are drawn in.
+const COLUMN_GAP: i64 = 48;
+const ROW_GAP: i64 = 16;
+/// Around the drawing; at least what an arrow drawn over a top row rises above it.
+const MARGIN: i64 = 20;
+/// Inside a frame, left and right.
+const FRAME_SIDE: i64 = 12;
+/// Inside a frame, top and bottom: the same both ways so that a frame's centre is its
+/// content's centre and arrows into a wave stay level; the top one holds the label.
+const FRAME_END: i64 = 20;
+const HEAD: i64 = 8;
+const CORNER: i64 = 6;
+/// How far each arrow drawn over a row rises above the boxes, per column it skips, so that
+/// arrows over the same row do not run on one line; capped to stay inside [`MARGIN`].
+const ARC_STEP: i64 = 5;
+const ARC_LEVELS: i64 = 3;
+
+/// What a frame marks.
+#[derive(Clone, Copy)]
+enum Framing {
+    /// A wave: its branches run at the same time.
+    Wave,
+    /// Steps of a sequence that share columns: not series-parallel, so walked in order.
+    InOrder,
+}
+
+/// A subtree measured: its size, and how its parts sit inside it.
+struct Block<'p> {
+    width: i64,
+    height: i64,
+    shape: Shape<'p>,
+}
+
+enum Shape<'p> {
+    Blank,
+    Node(&'p NodeId),
+    /// Left to right; each column a stack, centred in the block's height. `in_order` is the
+    /// range of columns to frame as walked in order, with room left for the frame.
+    Columns {
+        columns: Vec<Column<'p>>,
+        in_order: Option<(usize, usize)>,
+    },
+    /// Top to bottom, left-aligned, since branches start together; framed as a wave or not.
+    Stack {
+        branches: Vec<Block<'p>>,
+        framed: bool,
+    },
+}
+
+struct Column<'p> {
+    width: i64,
+    height: i64,
+    blocks: Vec<Block<'p>>,
+}
+
+fn int(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn node_width(id: &NodeId) -> i64 {
+    // A character that takes three or four bytes in UTF-8 is likely wide (CJK, emoji): count it
+    // twice, so its box is too wide rather than too narrow.
+    let units: usize = id
+        .as_str()
+        .chars()
+        .map(|c| if c.len_utf8() >= 3 { 2 } else { 1 })
+        .sum();
+    (int(units) * CHAR_WIDTH + 2 * NODE_PADDING).max(NODE_MIN_WIDTH)
+}
+
+/// The sum of `sizes` with `gap` between consecutive ones.
+fn spaced(sizes: impl Iterator<Item = i64>, gap: i64) -> i64 {
+    let (total, count) = sizes.fold((0, 0), |(total, count), size| (total + size, count + 1));
+    total + gap * (count - 1).max(0)
+}
+
+/// Measures `plan`; `framed` says whether frames are drawn (a plan) or not (a graph).
+fn measure(plan: &Plan, framed: bool) -> Block<'_> {
+    match plan {
+        Plan::Empty => Block {
+            width: 0,
+            height: 0,
+            shape: Shape::Blank,
+        },
+        Plan::Execute { node, .. } => Block {
+            width: node_width(node),
+            height: NODE_HEIGHT,
+            shape: Shape::Node(node),
+        },
+        Plan::Sequence(steps) => {
+            let mut columns: Vec<Column<'_>> = Vec::new();
+            for (step, rank) in steps.iter().zip(topological_columns(steps)) {
+                if matches!(step, Plan::Empty) {
+                    continue;
+                }
+                while columns.len() <= rank {
+                    columns.push(Column {
+                        width: 0,
+                        height: 0,
+                        blocks: Vec::new(),
+                    });
+                }
+                columns[rank].blocks.push(measure(step, framed));
+            }
+            columns.retain(|column| !column.blocks.is_empty());
+            for column in &mut columns {
+                column.width = column.blocks.iter().map(|b| b.width).max().unwrap_or(0);
+                column.height = spaced(column.blocks.iter().map(|b| b.height), ROW_GAP);
+            }
+            let mut shared = (0..columns.len()).filter(|&k| columns[k].blocks.len() > 1);
+            let in_order = shared
+                .next()
+                .filter(|_| framed)
+                .map(|first| (first, shared.next_back().unwrap_or(first)));
+            let framed_at =
+                |k: usize| in_order.is_some_and(|(first, last)| first <= k && k <= last);
+            let sides = if in_order.is_some() {
+                2 * FRAME_SIDE
+            } else {
+                0
+            };
+            Block {
+                width: spaced(columns.iter().map(|c| c.width), COLUMN_GAP) + sides,
+                height: columns
+                    .iter()
+                    .enumerate()
+                    .map(|(k, c)| c.height + if framed_at(k) { 2 * FRAME_END } else { 0 })
+                    .max()
+                    .unwrap_or(0),
+                shape: Shape::Columns { columns, in_order },
+            }
+        }
+        Plan::Wave(branches) => {
+            let branches: Vec<Block<'_>> = branches
+                .iter()
+                .filter(|branch| !matches!(branch, Plan::Empty))
+                .map(|branch| measure(branch, framed))
+                .collect();
+            let (side, end) = if framed {
+                (FRAME_SIDE, FRAME_END)
+            } else {
+                (0, 0)
+            };
+            Block {
+                width: branches.iter().map(|b| b.width).max().unwrap_or(0) + 2 * side,
+                height: spaced(branches.iter().map(|b| b.height), ROW_GAP) + 2 * end,
+                shape: Shape::Stack { branches, framed },
+            }
+        }
+    }
+}
+
+/// The column of each step of a sequence: one more than the furthest column among the earlier
+/// steps it reads from. Steps in series get a column each; the steps of a stretch that is not
+/// series-parallel share columns as far as their edges allow.
+fn topological_columns(steps: &[Plan]) -> Vec<usize> {
+    let mut owner: HashMap<&NodeId, usize> = HashMap::new();
+    let mut ranks = Vec::with_capacity(steps.len());
+    for (at, step) in steps.iter().enumerate() {
+        let inner = step.steps();
+        let rank = inner
+            .iter()
+            .flat_map(|(_, from)| from.iter())
+            .filter_map(|source| owner.get(source).map(|&earlier| ranks[earlier] + 1))
+            .max()
+            .unwrap_or(0);
+        ranks.push(rank);
+        for (node, _) in inner {
+            owner.insert(node, at);
+        }
+    }
+    ranks
+}
+
+/// A node's box, placed.
+struct Placed<'p> {
+    id: &'p NodeId,
+    x: i64,
+    y: i64,
+    width: i64,
+}
+
+impl Placed<'_> {
+    fn middle(&self) -> i64 {
+        self.y + NODE_HEIGHT / 2
+    }
+}
+
+struct Frame {
+    framing: Framing,
+    x: i64,
+    y: i64,
+    width: i64,
+    height: i64,
+}
+
+#[derive(Default)]
+struct Placement<'p> {
+    boxes: Vec<Placed<'p>>,
+    frames: Vec<Frame>,
+}
+
+fn place<'p>(block: &Block<'p>, x: i64, y: i64, out: &mut Placement<'p>) {
+    match &block.shape {
+        Shape::Blank => {}
+        Shape::Node(id) => out.boxes.push(Placed {
+            id,
+            x,
+            y,
+            width: block.width,
+        }),
+        Shape::Columns { columns, in_order } => {
+            let mut left = x;
+            let mut frame_left = x;
+            for (k, column) in columns.iter().enumerate() {
+                if in_order.is_some_and(|(first, _)| first == k) {
+                    frame_left = left;
+                    left += FRAME_SIDE;
+                }
+                let mut top = y + (block.height - column.height) / 2;
+                for inner in &column.blocks {
+                    place(inner, left + (column.width - inner.width) / 2, top, out);
+                    top += inner.height + ROW_GAP;
+                }
+                left += column.width;
+                if let Some((first, last)) = in_order.filter(|&(_, last)| last == k) {
+                    left += FRAME_SIDE;
+                    let height = columns[first..=last]
+                        .iter()
+                        .map(|c| c.height)
+                        .max()
+                        .unwrap_or(0)
+                        + 2 * FRAME_END;
+                    out.frames.push(Frame {
+                        framing: Framing::InOrder,
+                        x: frame_left,
+                        y: y + (block.height - height) / 2,
+                        width: left - frame_left,
+                        height,
+                    });
+                }
+                left += COLUMN_GAP;
+            }
+        }
+        Shape::Stack { branches, framed } => {
+            let (mut left, mut top) = (x, y);
+            if *framed {
+                out.frames.push(Frame {
+                    framing: Framing::Wave,
+                    x,
+                    y,
+                    width: block.width,
+                    height: block.height,
+                });
+                left += FRAME_SIDE;
+                top += FRAME_END;
+            }
+            for branch in branches {
+                place(branch, left, top, out);
+                top += branch.height + ROW_GAP;
+            }
+        }
+    }
+}
+
+/// Escapes text for XML content and attribute values. Ids hold no control characters; the two
+/// noncharacters XML still refuses become U+FFFD so the document always parses.
+fn xml(text: &str, out: &mut String) {
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            '\u{FFFE}' | '\u{FFFF}' => out.push('\u{FFFD}'),
+            c if c.is_control() => out.push('\u{FFFD}'),
+            c => out.push(c),
+        }
+    }
+}
+
+fn svg_open(width: i64, height: i64, out: &mut String) {
+    let _ = write!(
+        out,
+        concat!(
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" ",
+            "viewBox=\"0 0 {w} {h}\" font-family=\"Menlo, Consolas, DejaVu Sans Mono, monospace\" ",
+            "font-size=\"{size}\">\n",
+            "<rect class=\"background\" x=\"0\" y=\"0\" width=\"{w}\" height=\"{h}\" fill=\"{bg}\"/>\n",
+        ),
+        w = width,
+        h = height,
+        size = FONT_SIZE,
+        bg = BACKGROUND,
+    );
+}
+
+/// What an empty plan or graph draws: a small card that says so.
+fn empty_svg() -> String {
+    let (width, height) = (NODE_MIN_WIDTH + 2 * MARGIN, NODE_HEIGHT + 2 * MARGIN);
+    let mut out = String::new();
+    svg_open(width, height, &mut out);
+    let _ = writeln!(
+        out,
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" fill=\"{MUTED}\" font-style=\"italic\">Empty</text>",
+        width / 2,
+        height / 2 + BASELINE
+    );
+    out.push_str("</svg>\n");
+    out
+}
+
+/// The SVG of `plan`, frames drawn or not, with an arrow for each `(source, target)` in
+/// `edges`.
+fn svg<'p>(
+    plan: &'p Plan,
+    framed: bool,
+    edges: impl Iterator<Item = (&'p NodeId, &'p NodeId)>,
+) -> String {
+    let block = measure(plan, framed);
+    if block.width == 0 {
+        return empty_svg();
+    }
+    let mut placement = Placement::default();
+    place(&block, MARGIN, MARGIN, &mut placement);
+    let (width, height) = (block.width + 2 * MARGIN, block.height + 2 * MARGIN);
+    let mut out = String::new();
+    svg_open(width, height, &mut out);
+    for frame in &placement.frames {
+        let (class, stroke, dashes, text, label) = match frame.framing {
+            Framing::Wave => ("wave", WAVE_STROKE, "5 3", WAVE_TEXT, "wave"),
+            Framing::InOrder => ("in-order", ORDER_STROKE, "2 3", ORDER_TEXT, "in order"),
+        };
+        let _ = writeln!(
+            out,
+            concat!(
+                "<g class=\"{}\"><rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" rx=\"8\" ",
+                "fill=\"none\" stroke=\"{}\" stroke-dasharray=\"{}\"/>",
+                "<text x=\"{}\" y=\"{}\" font-size=\"10\" fill=\"{}\">{}</text></g>"
+            ),
+            class,
+            frame.x,
+            frame.y,
+            frame.width,
+            frame.height,
+            stroke,
+            dashes,
+            frame.x + 8,
+            frame.y + 13,
+            text,
+            label,
+        );
+    }
+    let at: HashMap<&str, &Placed<'_>> = placement
+        .boxes
+        .iter()
+        .map(|placed| (placed.id.as_str(), placed))
+        .collect();
+    for (source, target) in edges {
+        // A plan built by hand may read from a node it never runs: there is nothing to draw.
+        let (Some(from), Some(to)) = (at.get(source.as_str()), at.get(target.as_str())) else {
+            continue;
+        };
+        edge(source, target, from, to, &mut out);
+    }
+    // Boxes last, over the arrows, so an arrow that crosses a box passes behind it.
+    for placed in &placement.boxes {
+        out.push_str("<g class=\"node\"><rect x=\"");
+        let _ = write!(
+            out,
+            "{}\" y=\"{}\" width=\"{}\" height=\"{NODE_HEIGHT}\" rx=\"6\" fill=\"{NODE_FILL}\" stroke=\"{NODE_STROKE}\" stroke-width=\"1.2\"/>",
+            placed.x, placed.y, placed.width
+        );
+        let _ = write!(
+            out,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" fill=\"{TEXT}\">",
+            placed.x + placed.width / 2,
+            placed.middle() + BASELINE
+        );
+        xml(placed.id.as_str(), &mut out);
+        out.push_str("</text></g>\n");
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+/// One arrow, from the right side of `from` to the left side of `to`, with its head drawn as a
+/// shape of its own (not an SVG marker, whose id would clash between drawings on one page).
+fn edge(source: &NodeId, target: &NodeId, from: &Placed<'_>, to: &Placed<'_>, out: &mut String) {
+    let (sx, sy) = (from.x + from.width, from.middle());
+    let (tx, ty) = (to.x, to.middle());
+    let ex = tx - HEAD;
+    out.push_str("<g class=\"edge\"><title>");
+    xml(source.as_str(), out);
+    out.push_str(" -&gt; ");
+    xml(target.as_str(), out);
+    out.push_str("</title><path d=\"");
+    let skip = NODE_MIN_WIDTH + COLUMN_GAP;
+    if sy == ty && tx - sx >= COLUMN_GAP + skip {
+        // Level, with room for a box in between: go over the row instead of through it, up and
+        // down in the gaps either side, where no box stands; longer arrows rise higher.
+        let (up, down) = (sx + COLUMN_GAP / 2, tx - COLUMN_GAP / 2);
+        let level = ((tx - sx - COLUMN_GAP) / skip).min(ARC_LEVELS);
+        let top = sy - NODE_HEIGHT / 2 - ARC_STEP * level;
+        let r = CORNER;
+        let _ = write!(
+            out,
+            "M{sx},{sy} L{},{sy} Q{up},{sy} {up},{} L{up},{} Q{up},{top} {},{top} L{},{top} Q{down},{top} {down},{} L{down},{} Q{down},{sy} {},{sy} L{ex},{sy}",
+            up - r,
+            sy - r,
+            top + r,
+            up + r,
+            down - r,
+            top + r,
+            sy - r,
+            down + r,
+        );
+    } else {
+        let mx = (sx + ex) / 2;
+        let _ = write!(out, "M{sx},{sy} C{mx},{sy} {mx},{ty} {ex},{ty}");
+    }
+    let _ = writeln!(
+        out,
+        "\" fill=\"none\" stroke=\"{EDGE}\" stroke-width=\"1.4\"/><path d=\"M{tx},{ty} L{ex},{} L{ex},{} Z\" fill=\"{EDGE}\"/></g>",
+        ty - HEAD / 2,
+        ty + HEAD / 2,
+    );
+}
+
+/// The SVG of a plan, frames drawn: see [`Plan::to_svg`].
+pub(crate) fn plan_svg(plan: &Plan) -> String {
+    let steps = plan.steps();
+    let edges = steps
+        .iter()
+        .flat_map(|&(node, from)| from.iter().map(move |source| (source, node)));
+    svg(plan, true, edges)
+}
+
+/// The graph drawn as an SVG document, laid out with its plan: series left to right, the
+/// branches of a wave stacked, the part that is not series-parallel in topological columns,
+/// a box with its id for every node and an arrow for every edge. Self-contained (no external
+/// font, stylesheet or marker), with an opaque light background so it reads on a dark page
+/// too, and deterministic: the same graph gives the same bytes.
+///
+/// ```
+/// use soma_core::{draw, Graph};
+///
+/// let mut graph = Graph::new();
+/// graph.add_node("a")?;
+/// graph.add_node("b")?;
+/// graph.add_edge("a", "b")?;
+/// let svg = draw::graph_svg(&graph);
+/// assert!(svg.starts_with("<svg"));
+/// assert_eq!(svg.matches("<g class=\"edge\">").count(), 1);
+/// # Ok::<(), soma_core::GraphError>(())
+/// ```
+pub fn graph_svg(graph: &Graph) -> String {
+    svg(&decompose(graph), false, graph.edges())
+}
