@@ -9,7 +9,7 @@ PY := $(BIN)/python
 RUST_SOURCES := $(shell find crates -name '*.rs' -o -name Cargo.toml) Cargo.toml Cargo.lock pyproject.toml
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: setup build demo test lint test-rust test-python fmt clean
+.PHONY: setup build demo test lint test-rust test-python fmt clean bench
 
 setup: $(VENV)/.tools build
 
@@ -31,9 +31,12 @@ demo: setup
 lint: setup
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
-	$(BIN)/ruff check python tests examples
-	$(BIN)/ruff format --check python tests examples
+	$(BIN)/ruff check python tests examples benches/python
+	$(BIN)/ruff format --check python tests examples benches/python
 	$(BIN)/mypy --strict python/soma
+	$(BIN)/mypy --strict tests/typing
+	$(PY) -m mypy.stubtest soma._soma
+	RUSTDOCFLAGS="-D warnings" cargo doc -p soma-core --no-deps --locked --quiet
 
 test-rust:
 	cargo test --workspace --locked
@@ -45,8 +48,22 @@ test: lint test-rust test-python
 
 fmt: $(VENV)/.tools
 	cargo fmt --all
-	$(BIN)/ruff format python tests examples
-	$(BIN)/ruff check --fix python tests examples
+	$(BIN)/ruff format python tests examples benches/python
+	$(BIN)/ruff check --fix python tests examples benches/python
+
+# Benchmarks: criterion for the engine, then Soma against a plain loop and its peers from
+# Python. Timings only, never assertions; BENCHMARKS.md says how to read them.
+bench: setup $(VENV)/.bench-peers
+	cargo bench -p soma-core --locked
+	$(PY) benches/python/criterion_table.py --out target/bench-rust.md
+	$(PY) benches/python/bench.py --out target/bench-python.md
+
+# Ray is heavy and optional: when it cannot be installed the benchmark reports it as not run.
+$(VENV)/.bench-peers: $(VENV)/.tools benches/python/requirements.txt benches/python/ray.txt
+	$(PY) -m pip install --quiet -r benches/python/requirements.txt -c constraints.txt
+	$(PY) -m pip install --quiet -r benches/python/ray.txt -c constraints.txt \
+		|| echo "ray not installed: the benchmark will report it as not run"
+	touch $@
 
 clean:
 	rm -rf $(VENV) target

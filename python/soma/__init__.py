@@ -15,7 +15,7 @@ from soma import native
 from soma._dsl import Expr
 from soma._graph import Graph
 from soma._node import Node
-from soma._soma import DEFAULT_TURN_LIMIT, Await, Ctx, Done, Plan
+from soma._soma import DEFAULT_TURN_LIMIT, Await, Ctx, Done, Plan, Span, Trace
 from soma.errors import (
     CompileError,
     CycleError,
@@ -50,6 +50,8 @@ __all__ = [
     "Plan",
     "RunError",
     "SomaError",
+    "Span",
+    "Trace",
     "TurnLimitError",
     "UnknownNodeError",
     "native",

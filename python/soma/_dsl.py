@@ -39,8 +39,8 @@ class Expr:
         if isinstance(item, Node):
             return Expr((item,), (), (0,), (0,))
         raise TypeError(
-            f"cannot compose a `{type(item).__name__}` with `{operator}`: only soma.Node "
-            "instances and expressions of them compose\n"
+            f"cannot compose an object of type `{type(item).__name__}` with `{operator}`: "
+            "only soma.Node instances and expressions of them compose\n"
             "hint: subclass soma.Node and define `forward(self, x)`, or register the object "
             "with Graph.node() and connect it with Graph.edge()"
         )

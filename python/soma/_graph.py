@@ -86,7 +86,7 @@ class Graph:
             node_id = id_or_obj
         else:
             raise TypeError(
-                f"a node id is a str, not a `{type(id_or_obj).__name__}`\n"
+                f"a node id is a `str`, not an object of type `{type(id_or_obj).__name__}`\n"
                 "hint: call node(obj) or node('id', obj)"
             )
         native = getattr(obj, "_soma_native", None)
@@ -161,15 +161,17 @@ class Graph:
         *,
         driver: Any = None,
         turn_limit: int = _soma.DEFAULT_TURN_LIMIT,
+        trace: _soma.Trace | None = None,
     ) -> Any:
         """Runs the graph on ``input`` and returns the leaf's output (a dict keyed by leaf id
         when there are several).
 
         The GIL is released for the whole run; each branch of a wave runs start to finish on
         its own thread, and each Python node takes the GIL for its own call only. ``driver``
-        serves awaiting nodes: any object with ``perform(requests) -> list``.
+        serves awaiting nodes: any object with ``perform(requests) -> list``. ``trace``, a
+        :class:`soma.Trace`, records a span per node (start, end, thread, branch, turns, error).
         """
-        return self._core.forward(input, driver, turn_limit)
+        return self._core.forward(input, driver, turn_limit, trace)
 
     def __len__(self) -> int:
         return len(self._core)

@@ -70,7 +70,9 @@ class DriverError(RunError):
 
 
 class PanicError(SomaError):
-    """A Rust node panicked; the run was stopped once every branch had been joined."""
+    """A Rust node panicked (``.node``); the run was stopped once every branch had been joined."""
+
+    node: str | None = None
 
 
 __all__ = [

@@ -6,7 +6,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use soma_core::{compile, Catalog, Executor, Graph, Node, NodeError, Plan, Program, Value};
+use soma_core::{compile, Catalog, Executor, Graph, Node, NodeError, Plan, Program, Trace, Value};
 
 #[allow(clippy::unnecessary_wraps)] // The signature of a node written as a function.
 fn increment(x: &Value) -> Result<Value, NodeError> {
@@ -34,6 +34,16 @@ fn chain(c: &mut Criterion) {
         group.throughput(Throughput::Elements(len as u64));
         group.bench_function(BenchmarkId::new("rust-nodes", len), |b| {
             b.iter(|| executor.run_program(&program, black_box(Value::Int(0))));
+        });
+        // The same chain traced: what recording a span per node costs when asked for. The
+        // untraced figure above is the price of the feature when not asked for.
+        let trace = Trace::new();
+        let traced = executor.with_trace(&trace);
+        group.bench_function(BenchmarkId::new("rust-nodes-traced", len), |b| {
+            b.iter(|| {
+                trace.clear();
+                traced.run_program(&program, black_box(Value::Int(0)))
+            });
         });
     }
     group.finish();

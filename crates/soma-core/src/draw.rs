@@ -559,7 +559,7 @@ fn place<'p>(block: &Block<'p>, x: i64, y: i64, out: &mut Placement<'p>) {
 
 /// Escapes text for XML content and attribute values. Ids hold no control characters; the two
 /// noncharacters XML still refuses become U+FFFD so the document always parses.
-fn xml(text: &str, out: &mut String) {
+pub(crate) fn xml(text: &str, out: &mut String) {
     for c in text.chars() {
         match c {
             '&' => out.push_str("&amp;"),
@@ -574,7 +574,7 @@ fn xml(text: &str, out: &mut String) {
     }
 }
 
-fn svg_open(width: i64, height: i64, out: &mut String) {
+pub(crate) fn svg_open(width: i64, height: i64, out: &mut String) {
     let _ = write!(
         out,
         concat!(

@@ -1,8 +1,8 @@
 //! `Executor`: walks a [`Plan`], running the branches of each wave on their own threads.
 //!
-//! A wave launches every branch at once — the first on the calling thread, the others on
-//! scoped threads (`std::thread::scope`, so the program, the driver and what was produced so
-//! far are lent as plain references) — and each branch runs start to finish on that one thread.
+//! A wave launches every branch at once, each on a scoped thread of its own
+//! (`std::thread::scope`, so the program, the driver and what was produced so far are lent as
+//! plain references), and each branch runs start to finish on that one thread.
 //! Values live in one table of slots ([`Program`] numbers them so that each branch owns a
 //! contiguous range): a branch reads what its ancestors produced through a shared borrow of the
 //! part of the table that was complete when its wave started, and writes only into its own
@@ -30,6 +30,7 @@ use crate::id::NodeId;
 use crate::node::{Ctx, NodeError, Transition};
 use crate::plan::Plan;
 use crate::program::{Op, Program, Read, Step};
+use crate::trace::{thread_number, Span, Trace};
 use crate::value::Value;
 
 /// How many turns a node gets unless [`Executor::with_turn_limit`] says otherwise.
@@ -119,7 +120,7 @@ impl fmt::Display for RunError {
             ),
             RunError::DriverFailed { node, error } => write!(
                 f,
-                "the driver failed serving node `{node}`: {error}"
+                "the driver failed serving node `{node}`: {error}\nhint: the driver's own error is the cause; fix the driver, or the requests `{node}` makes"
             ),
             RunError::WrongResultCount { node, asked, got } => write!(
                 f,
@@ -137,7 +138,9 @@ impl fmt::Display for RunError {
                 f,
                 "node `{node}` reads `{from}`, which had produced nothing\nhint: run plans made by `compile`"
             ),
-            RunError::Interrupted => f.write_str("the run was interrupted"),
+            RunError::Interrupted => f.write_str(
+                "the run was interrupted\nhint: its watch asked it to stop (Ctrl-C, a deadline); every branch stopped at a node boundary, and the run can be started again"
+            ),
         }
     }
 }
@@ -184,6 +187,7 @@ pub struct Executor<'a> {
     driver: Option<&'a dyn Driver>,
     watch: Option<&'a dyn Watch>,
     host: Option<&'a dyn Host>,
+    trace: Option<&'a Trace>,
     turn_limit: u32,
 }
 
@@ -267,6 +271,20 @@ impl Lane<'_> {
         parent: None,
     };
 
+    /// The index of this branch in each enclosing wave, outermost first.
+    fn path(&self) -> Vec<usize> {
+        let mut path = Vec::new();
+        let mut at = Some(self);
+        while let Some(lane) = at {
+            if let Some((_, index)) = lane.wave {
+                path.push(index);
+            }
+            at = lane.parent;
+        }
+        path.reverse();
+        path
+    }
+
     /// Whether a branch declared before this one, at any level of nesting, has failed.
     fn cancelled(&self) -> bool {
         let mut at = Some(self);
@@ -311,6 +329,7 @@ impl<'a> Executor<'a> {
             driver: None,
             watch: None,
             host: None,
+            trace: None,
             turn_limit: DEFAULT_TURN_LIMIT,
         }
     }
@@ -333,6 +352,13 @@ impl<'a> Executor<'a> {
     #[must_use]
     pub fn with_host(mut self, host: &'a dyn Host) -> Self {
         self.host = Some(host);
+        self
+    }
+
+    /// Records a [`Span`] in `trace` for every step of every run.
+    #[must_use]
+    pub fn with_trace(mut self, trace: &'a Trace) -> Self {
+        self.trace = Some(trace);
         self
     }
 
@@ -456,18 +482,38 @@ impl<'a> Executor<'a> {
                 from: read.source.clone(),
             })
         };
-        let value = match &*step.from {
-            [] => self.execute(step, input)?,
+        let gathered;
+        let input = match &*step.from {
+            [] => input,
             [one] => {
-                let read = fetch(frame, one)?;
-                self.execute(step, &read)?
+                gathered = fetch(frame, one)?;
+                &gathered
             }
             many => {
                 let pairs = many
                     .iter()
                     .map(|read| Ok((read.source.shared(), fetch(frame, read)?)))
                     .collect::<Result<Vec<_>, RunError>>()?;
-                self.execute(step, &Value::Map(pairs.into()))?
+                gathered = Value::Map(pairs.into());
+                &gathered
+            }
+        };
+        let value = match self.trace {
+            None => self.execute(step, input, &mut 0)?,
+            Some(trace) => {
+                let start = trace.now();
+                let mut turns = 0;
+                let outcome = self.execute(step, input, &mut turns);
+                trace.record(Span {
+                    node: step.id.clone(),
+                    start,
+                    end: trace.now(),
+                    thread: thread_number(),
+                    branch: lane.path(),
+                    turns,
+                    error: outcome.as_ref().err().map(ToString::to_string),
+                });
+                outcome?
             }
         };
         *frame.cell(step.slot) = Some(value);
@@ -482,11 +528,8 @@ impl<'a> Executor<'a> {
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
     ) -> Result<(), Halt> {
-        let Some((first, rest)) = branches.split_first() else {
-            return Ok(());
-        };
-        if rest.is_empty() {
-            return self.walk(first, input, frame, lane);
+        if let [only] = branches {
+            return self.walk(only, input, frame, lane);
         }
         // Split the table: everything before the wave becomes read-only for its branches, and
         // the wave's range is cut into one disjoint mutable part per branch.
@@ -512,13 +555,15 @@ impl<'a> Executor<'a> {
             first_failed: AtomicUsize::new(usize::MAX),
         };
         let latch = Latch {
-            running: Mutex::new(rest.len()),
+            running: Mutex::new(branches.len()),
             finished: Condvar::new(),
         };
-        let mut frames = frames.into_iter();
-        let mut first_frame = frames.next().expect("one frame per branch");
+        // Every branch gets a thread of its own, made for it and ended with it — the caller's
+        // thread only waits. Whatever a branch leaves in thread-local storage (a device, a
+        // random state, an interpreter's thread state) is therefore never seen by a sibling,
+        // by a later branch, or by the caller.
         let outcomes: Vec<thread::Result<Result<(), Halt>>> = thread::scope(|scope| {
-            let handles: Vec<_> = rest
+            let handles: Vec<_> = branches
                 .iter()
                 .zip(frames)
                 .enumerate()
@@ -528,8 +573,7 @@ impl<'a> Executor<'a> {
                         let _finished = LatchGuard(latch);
                         let mut outcome = None;
                         let mut run = || {
-                            outcome =
-                                Some(self.branch(branch, i + 1, input, &mut own, state, lane));
+                            outcome = Some(self.branch(branch, i, input, &mut own, state, lane));
                         };
                         match self.host {
                             Some(host) => host.branch(&mut run),
@@ -540,9 +584,6 @@ impl<'a> Executor<'a> {
                 })
                 .collect();
             let mut outcomes = Vec::with_capacity(branches.len());
-            outcomes.push(panic::catch_unwind(AssertUnwindSafe(|| {
-                self.branch(first, 0, input, &mut first_frame, &state, &lane)
-            })));
             let mut handles = Some(handles);
             self.blocking(&mut || {
                 self.wait(&latch);
@@ -617,8 +658,8 @@ impl<'a> Executor<'a> {
         }
     }
 
-    /// Calls one node turn after turn until it is done.
-    fn execute(&self, step: &Step, input: &Value) -> Result<Value, RunError> {
+    /// Calls one node turn after turn until it is done; `turns` counts the calls.
+    fn execute(&self, step: &Step, input: &Value, turns: &mut u32) -> Result<Value, RunError> {
         let node = &step.id;
         let mut results: Vec<Value> = Vec::new();
         let mut turn = 0;
@@ -631,6 +672,7 @@ impl<'a> Executor<'a> {
                 });
             }
             let ctx = Ctx::new(node, turn, &results);
+            *turns = turn + 1;
             let transition =
                 step.node
                     .forward(input, &ctx)

@@ -37,6 +37,7 @@ mod id;
 mod node;
 mod plan;
 mod program;
+mod trace;
 mod value;
 
 pub use catalog::Catalog;
@@ -49,4 +50,5 @@ pub use id::NodeId;
 pub use node::{Ctx, Node, NodeError, Transition};
 pub use plan::Plan;
 pub use program::Program;
+pub use trace::{Span, Trace};
 pub use value::Value;

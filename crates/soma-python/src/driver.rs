@@ -40,15 +40,15 @@ impl PythonDriver {
             .map(|r| to_python(py, r))
             .collect::<PyResult<Vec<_>>>()?;
         let answered = self.perform.bind(py).call1((PyList::new(py, requests)?,))?;
-        answered
-            .try_iter()
-            .map_err(|_| {
-                PyTypeError::new_err(
-                    "a driver's `perform` must return a list of results, one per request",
-                )
-            })?
-            .map(|item| item.map(wrap))
-            .collect()
+        // No hint line of its own: it reaches the user as the cause of a `DriverError`, whose
+        // message quotes it and gives the hint.
+        let Ok(results) = answered.try_iter() else {
+            return Err(PyTypeError::new_err(format!(
+                "a driver's `perform` must return a list of results, one per request, not a `{}`",
+                answered.get_type().name()?
+            )));
+        };
+        results.map(|item| item.map(wrap)).collect()
     }
 }
 

@@ -125,23 +125,41 @@ pub fn run_error(py: Python<'_>, error: &RunError, interrupt: Option<PyErr>) -> 
         RunError::NotInCatalog { node } | RunError::MissingInput { node, .. } => {
             soma_error(py, "RunError", message, &[("node", text(py, node))])
         }
-        RunError::Interrupted => {
-            interrupt.unwrap_or_else(|| PyKeyboardInterrupt::new_err("the run was interrupted"))
-        }
+        RunError::Interrupted => interrupt.unwrap_or_else(|| PyKeyboardInterrupt::new_err(message)),
     }
+}
+
+/// A panic that escaped a Rust node, carried on with the id of that node so that the Python
+/// error can name it ([`crate::native`] catches the panic and re-raises it as this payload).
+pub struct NodePanic {
+    pub node: NodeId,
+    pub message: String,
+}
+
+/// The message a panic was raised with.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string())
 }
 
 /// A Rust panic that escaped a node, as `soma.PanicError`; the process goes on.
 pub fn panic_error(py: Python<'_>, payload: &(dyn std::any::Any + Send)) -> PyErr {
-    let what = payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".to_string());
-    soma_error(
-        py,
-        "PanicError",
-        format!("a Rust node panicked: {what}\nhint: this is a bug in that node; the run was stopped after every branch was joined"),
-        &[],
-    )
+    const HINT: &str = "hint: a panic is a bug in the node's Rust code; the run was stopped once every branch had been joined, and the graph can run again";
+    match payload.downcast_ref::<NodePanic>() {
+        Some(NodePanic { node, message }) => soma_error(
+            py,
+            "PanicError",
+            format!("node `{node}` panicked: {message}\n{HINT}"),
+            &[("node", text(py, node))],
+        ),
+        None => soma_error(
+            py,
+            "PanicError",
+            format!("a Rust node panicked: {}\n{HINT}", panic_message(payload)),
+            &[],
+        ),
+    }
 }

@@ -25,6 +25,7 @@ use crate::errors::{compile_error, graph_error, panic_error, run_error};
 use crate::native::NativeNode;
 use crate::node::PythonNode;
 use crate::plan::PyPlan;
+use crate::trace::PyTrace;
 use crate::watch::SignalWatch;
 
 #[derive(Default)]
@@ -232,13 +233,14 @@ impl GraphCore {
     }
 
     /// Runs the graph on `input`.
-    #[pyo3(signature = (input, driver=None, turn_limit=soma_core::DEFAULT_TURN_LIMIT))]
+    #[pyo3(signature = (input, driver=None, turn_limit=soma_core::DEFAULT_TURN_LIMIT, trace=None))]
     fn forward<'py>(
         &self,
         py: Python<'py>,
         input: Bound<'py, PyAny>,
         driver: Option<&Bound<'py, PyAny>>,
         turn_limit: u32,
+        trace: Option<&Bound<'py, PyTrace>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let program = self.compiled(py)?.program;
         let driver = driver.map(PythonDriver::new).transpose()?;
@@ -251,6 +253,10 @@ impl GraphCore {
             .with_host(&Interpreter);
         if let Some(driver) = &driver {
             executor = executor.with_driver(driver);
+        }
+        let trace = trace.map(|t| Arc::clone(&t.get().trace));
+        if let Some(trace) = &trace {
+            executor = executor.with_trace(trace);
         }
         let outcome =
             panic::catch_unwind(AssertUnwindSafe(|| executor.run_program(&program, input)));

@@ -13,6 +13,7 @@ mod native;
 mod node;
 mod plan;
 mod protocol;
+mod trace;
 mod watch;
 
 use pyo3::prelude::*;
@@ -25,6 +26,8 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<protocol::Done>()?;
     module.add_class::<protocol::PyCtx>()?;
     module.add_class::<native::NativeNode>()?;
+    module.add_class::<trace::PyTrace>()?;
+    module.add_class::<trace::PySpan>()?;
     module.add("DEFAULT_TURN_LIMIT", soma_core::DEFAULT_TURN_LIMIT)?;
     Ok(())
 }

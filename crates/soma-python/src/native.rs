@@ -4,12 +4,15 @@
 //! can be exercised: a Rust node reads native values, so a Python object reaching one is
 //! converted — or refused with a `TypeError` naming its type — right there, and nowhere else.
 
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
 
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use soma_core::{Ctx, Node, NodeError, Transition, Value};
 
 use crate::convert::{holds_python, to_native, to_python, wrap};
+use crate::errors::{panic_message, NodePanic};
 
 /// A Rust implementation, ready to be registered in a graph.
 #[pyclass(frozen, module = "soma._soma", name = "NativeNode")]
@@ -65,10 +68,11 @@ impl NativeNode {
         let out = py.detach(|| self.inner.forward(&input, &Ctx::new(&id, 0, &[])));
         match out {
             Ok(Transition::Done(value)) => to_python(py, &value),
-            Ok(Transition::Await(_)) => Err(pyo3::exceptions::PyRuntimeError::new_err(
-                "a native node awaited outside a graph",
-            )),
-            Err(error) => Err(pyo3::exceptions::PyValueError::new_err(error.to_string())),
+            Ok(Transition::Await(_)) => Err(PyRuntimeError::new_err(format!(
+                "native node `{}` awaited outside a graph\nhint: run it in a graph, with a driver: `soma.Graph.somatize(node).forward(x, driver=...)`",
+                self.name
+            ))),
+            Err(error) => Err(PyValueError::new_err(error.to_string())),
         }
     }
 
@@ -77,19 +81,30 @@ impl NativeNode {
     }
 }
 
-/// Converts any Python object in the input to its native form, then runs the Rust node.
+/// Converts any Python object in the input to its native form, then runs the Rust node; a
+/// panic in it goes on as a [`NodePanic`] that names the node.
 struct ReadsNatively(Arc<dyn Node>);
 
 impl Node for ReadsNatively {
     fn forward(&self, input: &Value, ctx: &Ctx<'_>) -> Result<Transition, NodeError> {
+        let run =
+            |input: &Value| panic::catch_unwind(AssertUnwindSafe(|| self.0.forward(input, ctx)));
         // Runs detached: a Rust node never holds the GIL, so Python branches go on meanwhile.
-        Python::attach(|py| {
+        let outcome = Python::attach(|py| {
             if holds_python(input) {
                 let native = to_native(py, input).map_err(NodeError::from_cause)?;
-                py.detach(|| self.0.forward(&native, ctx))
+                Ok(py.detach(|| run(&native)))
             } else {
-                py.detach(|| self.0.forward(input, ctx))
+                Ok(py.detach(|| run(input)))
             }
+        })?;
+        // Re-raised as a payload that names the node; the executor joins the wave, then the
+        // graph's `forward` turns it into a `PanicError` (`crate::errors::panic_error`).
+        outcome.unwrap_or_else(|payload| {
+            panic::resume_unwind(Box::new(NodePanic {
+                node: ctx.node().clone(),
+                message: panic_message(&*payload),
+            }))
         })
     }
 }
@@ -104,7 +119,7 @@ fn number(node: &str, value: &Value) -> Result<Value, NodeError> {
         | Value::List(_)
         | Value::Map(_)
         | Value::Opaque(_) => Err(NodeError::new(format!(
-            "`{node}` reads an int or a float, not a {}",
+            "`{node}` reads an int or a float, not a `{}`\nhint: give it numbers; convert the value in a node before it",
             value.kind()
         ))),
     }

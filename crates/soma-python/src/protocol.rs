@@ -3,6 +3,7 @@
 //! Defined in Rust so that telling an `Await` from a plain value, on every call of every node,
 //! is a type-pointer comparison and not an attribute lookup.
 
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
@@ -16,8 +17,13 @@ pub struct Await {
 impl Await {
     #[new]
     fn new(requests: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let requests = requests
-            .try_iter()?
+        let Ok(items) = requests.try_iter() else {
+            return Err(PyTypeError::new_err(format!(
+                "`Await` takes a list of requests, not an object of type `{}`\nhint: wrap a single request in a list: `soma.Await([request])`",
+                requests.get_type().name()?
+            )));
+        };
+        let requests = items
             .map(|item| item.map(Bound::unbind))
             .collect::<PyResult<Vec<_>>>()?;
         Ok(Await { requests })

@@ -9,7 +9,10 @@
 //! | `dsl` | `>>` and `|` against `add_node`/`add_edge`, errors that survive gluing |
 //! | `decomposition` | the plan of each topology, and compile's refusal |
 //! | `drawing` | the tree, Mermaid, DOT and SVG of plans and graphs |
+//! | `messages` | every error's message, word for word (inline snapshots) |
+//! | `isolation` | a branch's thread is its own; a million-node chain needs no deep stack |
 //! | `invariants` | every plan, over a battery and random DAGs; the expression oracle |
+//! | `tracing` | spans per node, their thread and branch, the Chrome trace, summary, timeline |
 //! | `waves` | branches really at once, one thread each, failures and panics |
 
 mod decomposition;
@@ -19,6 +22,9 @@ mod dsl;
 mod execution;
 mod graph;
 mod invariants;
+mod isolation;
+mod messages;
 mod support;
+mod tracing;
 mod values;
 mod waves;

@@ -1,0 +1,115 @@
+"""The figures of ``cargo bench -p soma-core`` as markdown tables, read from criterion's files.
+
+criterion keeps one ``estimates.json`` per benchmark under ``target/criterion``; this reads the
+median of each (the figure BENCHMARKS.md quotes), divides by the nodes or branches it ran, and
+sets the compile times beside the naive baseline's. Run after ``cargo bench``, as ``make bench``
+does: the modification times printed with the tables show that the figures come from one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Estimate:
+    median_ns: float
+    written: datetime
+
+
+def _read(directory: Path) -> dict[str, Estimate]:
+    """Every benchmark under ``directory``, keyed by its id (``group/function/parameter``)."""
+    found = {}
+    for path in sorted(directory.glob("**/new/estimates.json")):
+        bench = json.loads((path.parent / "benchmark.json").read_text())
+        median = json.loads(path.read_text())["median"]["point_estimate"]
+        written = datetime.fromtimestamp(path.stat().st_mtime, tz=UTC)
+        found[bench["full_id"]] = Estimate(float(median), written)
+    return found
+
+
+def _order(key: str) -> tuple[str, str, int]:
+    """``group/function/parameter`` with the parameter compared as a number."""
+    head, _, parameter = key.rpartition("/")
+    group, _, function = head.partition("/")
+    return (group, function, int(parameter) if parameter.isdigit() else 0)
+
+
+def _duration(ns: float) -> str:
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if ns >= scale:
+            return f"{ns / scale:.3g} {unit}"
+    return f"{ns:.3g} ns"
+
+
+def tables(estimates: dict[str, Estimate]) -> str:
+    lines = ["### Execution (criterion medians)", ""]
+    lines += ["| benchmark | median per run | per unit |", "|---|---:|---:|"]
+    # A chain's parameter counts nodes, a wave's counts branches; other groups print as is.
+    units = {"chain": ("node", 1e0, ".1f", "ns"), "wave": ("branch", 1e3, ".2f", "µs")}
+    for key, estimate in sorted(estimates.items(), key=lambda item: _order(item[0])):
+        group, _, count = _order(key)
+        if group == "compile":
+            continue
+        per_unit = ""
+        if group in units and count > 0:
+            unit, scale, spec, suffix = units[group]
+            per_unit = f"{estimate.median_ns / count / scale:{spec}} {suffix}/{unit}"
+        lines.append(f"| `{key}` | {_duration(estimate.median_ns)} | {per_unit} |")
+
+    lines += ["", "### Compilation (criterion medians)", ""]
+    lines += ["| shape | nodes | ours | naive | ours / naive |", "|---|---:|---:|---:|---:|"]
+    for shape in ("chain", "nested", "ladder"):
+        sizes = sorted(
+            {
+                int(key.rsplit("/", 1)[1])
+                for key in estimates
+                if key.startswith((f"compile/{shape}/", f"compile/naive-{shape}/"))
+            }
+        )
+        for size in sizes:
+            ours = estimates.get(f"compile/{shape}/{size}")
+            naive = estimates.get(f"compile/naive-{shape}/{size}")
+            ratio = "—"
+            if ours and naive:
+                share = ours.median_ns / naive.median_ns
+                ratio = f"{share:.2g} (naive {1 / share:,.0f}x slower)"
+            lines.append(
+                f"| {shape} | {size:,} | {_duration(ours.median_ns) if ours else 'not run'} "
+                f"| {_duration(naive.median_ns) if naive else 'not run'} | {ratio} |"
+            )
+    written = [e.written for e in estimates.values()]
+    lines += [
+        "",
+        f"{len(estimates)} criterion estimates, written between "
+        f"{min(written):%Y-%m-%d %H:%M:%S} and {max(written):%H:%M:%S} UTC.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+    parser.add_argument("--criterion-dir", type=Path, default=target / "criterion")
+    parser.add_argument("--out", type=Path, help="also write the tables to this file")
+    args = parser.parse_args()
+    estimates = _read(args.criterion_dir)
+    if not estimates:
+        sys.exit(f"no criterion results under {args.criterion_dir}: run `cargo bench` first")
+    text = tables(estimates)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

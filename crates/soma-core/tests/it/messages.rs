@@ -1,0 +1,227 @@
+//! Every error message, word for word: one inline snapshot per variant, each error produced the
+//! way a user meets it wherever the API allows.
+//!
+//! The convention they follow: the node (or the edge, or the path) between backticks, and a
+//! `hint:` line saying what to do. A variant that wraps another error's message
+//! ([`RunError::NodeFailed`], [`RunError::DriverFailed`]) shows it as it is.
+//!
+//! To change a message, change it in `src/`, run `cargo test`, and copy the new text in; with
+//! `cargo insta` installed, `cargo insta test --accept` rewrites the snapshots in place.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use soma_core::{
+    compile, node, Catalog, Ctx, Driver, DriverError, Executor, Graph, GraphError, Node, NodeError,
+    Plan, RunError, Transition, Value, Watch,
+};
+
+use crate::support::{exec, graph, n, seq};
+
+fn refused(result: Result<impl std::fmt::Debug, GraphError>) -> String {
+    result.unwrap_err().to_string()
+}
+
+// --- GraphError ------------------------------------------------------------------------------
+
+#[test]
+fn invalid_id() {
+    let mut g = Graph::new();
+    insta::assert_snapshot!(refused(g.add_node("two words")), @r"
+    invalid node id `two words`
+    hint: an id is a non-empty name without spaces or control characters
+    ");
+}
+
+#[test]
+fn duplicate_node() {
+    let mut g = graph(&["encoder"], &[]);
+    insta::assert_snapshot!(refused(g.add_node("encoder")), @r"
+    a node `encoder` is already in the graph
+    hint: give the new node another id, or let Soma derive one
+    ");
+}
+
+#[test]
+fn unknown_node() {
+    let mut g = graph(&["a"], &[]);
+    insta::assert_snapshot!(refused(g.add_edge("a", "ghost")), @r"
+    no node `ghost` in the graph
+    hint: add it with `node` before connecting it
+    ");
+}
+
+#[test]
+fn duplicate_edge() {
+    let mut g = graph(&["a", "b"], &[("a", "b")]);
+    insta::assert_snapshot!(refused(g.add_edge("a", "b")), @r"
+    the edge `a` -> `b` is already in the graph
+    hint: an edge is declared once
+    ");
+}
+
+#[test]
+fn would_cycle_shows_the_path() {
+    let mut g = graph(&["a", "b", "c"], &[("a", "b"), ("b", "c")]);
+    insta::assert_snapshot!(refused(g.add_edge("c", "a")), @r"
+    the edge `c` -> `a` would close a cycle: `c` -> `a` -> `b` -> `c`
+    hint: a graph is acyclic; remove an edge of that path
+    ");
+}
+
+#[test]
+fn would_cycle_on_a_self_loop() {
+    let mut g = graph(&["a"], &[]);
+    insta::assert_snapshot!(refused(g.add_edge("a", "a")), @r"
+    the edge `a` -> `a` would close a cycle: `a` -> `a`
+    hint: a graph is acyclic; remove an edge of that path
+    ");
+}
+
+// --- CompileError ----------------------------------------------------------------------------
+
+#[test]
+fn missing_implementation() {
+    let g = graph(&["a", "b"], &[("a", "b")]);
+    let mut catalog = Catalog::new();
+    catalog.insert("a", std::sync::Arc::new(|x: &Value| Ok(x.clone())));
+    insta::assert_snapshot!(compile(&g, &catalog).unwrap_err(), @r"
+    node `b` has no implementation
+    hint: register one for `b` in the catalog before compiling
+    ");
+}
+
+// --- RunError --------------------------------------------------------------------------------
+
+/// Runs `node` alone, under the id `id`, on `Null`.
+fn run_alone(id: &str, implementation: impl Node + 'static, driver: Option<&dyn Driver>) -> String {
+    let (graph, catalog) = node(id, implementation).somatize().unwrap();
+    let plan = compile(&graph, &catalog).unwrap();
+    let mut executor = Executor::new(&catalog);
+    if let Some(driver) = driver {
+        executor = executor.with_driver(driver);
+    }
+    executor.run(&plan, Value::Null).unwrap_err().to_string()
+}
+
+/// Awaits one request on every turn.
+struct AwaitsForever;
+
+impl Node for AwaitsForever {
+    fn forward(&self, _input: &Value, _ctx: &Ctx<'_>) -> Result<Transition, NodeError> {
+        Ok(Transition::Await(vec![Value::Int(1)]))
+    }
+}
+
+/// Answers with `answers` results whatever it is asked, or fails with `failure`.
+struct Answers {
+    answers: usize,
+    failure: Option<&'static str>,
+}
+
+impl Driver for Answers {
+    fn perform(&self, _requests: &[Value]) -> Result<Vec<Value>, DriverError> {
+        match self.failure {
+            Some(message) => Err(DriverError::new(message)),
+            None => Ok(vec![Value::Null; self.answers]),
+        }
+    }
+}
+
+#[test]
+fn node_failed_shows_the_nodes_own_message() {
+    let fails = |_: &Value| -> Result<Value, NodeError> { Err(NodeError::new("negative input")) };
+    insta::assert_snapshot!(run_alone("check", fails, None), @"node `check` failed: negative input");
+}
+
+#[test]
+fn no_driver() {
+    insta::assert_snapshot!(run_alone("lookup", AwaitsForever, None), @r"
+    node `lookup` awaited, but no driver was given
+    hint: pass a driver that serves its requests
+    ");
+}
+
+#[test]
+fn driver_failed_shows_the_drivers_own_message() {
+    let driver = Answers {
+        answers: 1,
+        failure: Some("connection refused"),
+    };
+    insta::assert_snapshot!(run_alone("lookup", AwaitsForever, Some(&driver)), @r"
+    the driver failed serving node `lookup`: connection refused
+    hint: the driver's own error is the cause; fix the driver, or the requests `lookup` makes
+    ");
+}
+
+#[test]
+fn wrong_result_count() {
+    let driver = Answers {
+        answers: 3,
+        failure: None,
+    };
+    insta::assert_snapshot!(run_alone("lookup", AwaitsForever, Some(&driver)), @r"
+    the driver answered 3 result(s) to the 1 request(s) of node `lookup`
+    hint: a driver returns exactly one result per request, in order
+    ");
+}
+
+#[test]
+fn turn_limit() {
+    let driver = Answers {
+        answers: 1,
+        failure: None,
+    };
+    insta::assert_snapshot!(run_alone("lookup", AwaitsForever, Some(&driver)), @r"
+    node `lookup` was still awaiting after 64 turns
+    hint: make it finish, or raise the turn limit
+    ");
+}
+
+#[test]
+fn not_in_catalog() {
+    let error = Executor::new(&Catalog::new())
+        .run(&exec("a", &[]), Value::Null)
+        .unwrap_err();
+    insta::assert_snapshot!(error, @r"
+    node `a` has no implementation in the catalog
+    hint: run a plan with the catalog it was compiled against
+    ");
+}
+
+#[test]
+fn missing_input() {
+    // Only a plan made by hand can read a node before it ran.
+    let (_, catalog) = (n("a") >> n("b")).somatize().unwrap();
+    let backwards: Plan = seq(vec![exec("b", &["a"]), exec("a", &[])]);
+    let error = Executor::new(&catalog)
+        .run(&backwards, Value::Null)
+        .unwrap_err();
+    insta::assert_snapshot!(error, @r"
+    node `b` reads `a`, which had produced nothing
+    hint: run plans made by `compile`
+    ");
+}
+
+struct Stop(AtomicBool);
+
+impl Watch for Stop {
+    fn interrupted(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+#[test]
+fn interrupted_names_no_node() {
+    let (graph, catalog) = n("a").somatize().unwrap();
+    let plan = compile(&graph, &catalog).unwrap();
+    let stop = Stop(AtomicBool::new(true));
+    let error = Executor::new(&catalog)
+        .with_watch(&stop)
+        .run(&plan, Value::Null)
+        .unwrap_err();
+    assert!(matches!(error, RunError::Interrupted));
+    insta::assert_snapshot!(error, @r"
+    the run was interrupted
+    hint: its watch asked it to stop (Ctrl-C, a deadline); every branch stopped at a node boundary, and the run can be started again
+    ");
+}

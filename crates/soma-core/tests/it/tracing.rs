@@ -1,0 +1,204 @@
+//! Traces: one span per node, with where and how it ran, and the ways to look at them.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use soma_core::{
+    compile, node_arc, Ctx, Driver, DriverError, Executor, Node, NodeError, Transition, Value,
+};
+
+use crate::support::{fail, meet, n, plain, Rendezvous};
+
+fn traced_run(
+    wire: soma_core::Wire,
+    input: Value,
+) -> (Result<Value, soma_core::RunError>, soma_core::Trace) {
+    let (graph, catalog) = wire.somatize().unwrap();
+    let plan = compile(&graph, &catalog).unwrap();
+    let trace = soma_core::Trace::new();
+    let out = Executor::new(&catalog).with_trace(&trace).run(&plan, input);
+    (out, trace)
+}
+
+#[test]
+fn a_traced_run_records_one_span_per_node() {
+    let (out, trace) = traced_run(n("a") >> (n("b") | n("c")) >> n("d"), Value::Int(1));
+    out.unwrap();
+    let mut nodes: Vec<String> = trace.spans().iter().map(|s| s.node.to_string()).collect();
+    nodes.sort();
+    assert_eq!(nodes, ["a", "b", "c", "d"]);
+}
+
+#[test]
+fn a_span_ends_after_it_starts_and_a_successor_starts_after_its_predecessor_ends() {
+    let (out, trace) = traced_run(n("a") >> n("b") >> n("c"), Value::Int(1));
+    out.unwrap();
+    let spans = trace.spans();
+    for span in &spans {
+        assert!(span.start <= span.end, "{span:?}");
+    }
+    let at = |id: &str| spans.iter().find(|s| s.node == id).unwrap().clone();
+    assert!(at("a").end <= at("b").start);
+    assert!(at("b").end <= at("c").start);
+}
+
+#[test]
+fn spans_name_the_thread_and_the_branch_each_node_ran_in() {
+    let meeting = Rendezvous::new(2);
+    let wire = n("a")
+        >> ((node_arc("b", Arc::new(plain(meet(&meeting)))) >> n("b2"))
+            | node_arc("c", Arc::new(plain(meet(&meeting)))))
+        >> n("d");
+    let (out, trace) = traced_run(wire, Value::Int(1));
+    out.unwrap();
+    let spans = trace.spans();
+    let at = |id: &str| spans.iter().find(|s| s.node == id).unwrap().clone();
+    assert_eq!(at("a").branch_label(), "main");
+    assert_eq!(at("b").branch, [0]);
+    assert_eq!(at("b2").branch, [0]);
+    assert_eq!(at("c").branch, [1]);
+    assert_eq!(at("d").branch_label(), "main");
+    assert_eq!(
+        at("b").thread,
+        at("b2").thread,
+        "a branch stays on its thread"
+    );
+    assert_ne!(at("b").thread, at("c").thread, "two branches, two threads");
+}
+
+#[test]
+fn a_nested_branch_is_labelled_with_its_index_at_each_level() {
+    let wire = n("a") >> ((n("b") >> (n("x") | n("y")) >> n("z")) | n("c")) >> n("d");
+    let (out, trace) = traced_run(wire, Value::Int(1));
+    out.unwrap();
+    let spans = trace.spans();
+    let label = |id: &str| spans.iter().find(|s| s.node == id).unwrap().branch_label();
+    assert_eq!(label("x"), "0.0");
+    assert_eq!(label("y"), "0.1");
+    assert_eq!(label("z"), "0");
+    assert_eq!(label("c"), "1");
+}
+
+struct AwaitsTwice;
+
+impl Node for AwaitsTwice {
+    fn forward(&self, _input: &Value, ctx: &Ctx<'_>) -> Result<Transition, NodeError> {
+        if ctx.turn() < 2 {
+            Ok(Transition::Await(vec![Value::Null]))
+        } else {
+            Ok(Transition::Done(Value::Int(i64::from(ctx.turn()))))
+        }
+    }
+}
+
+struct Echo;
+
+impl Driver for Echo {
+    fn perform(&self, requests: &[Value]) -> Result<Vec<Value>, DriverError> {
+        Ok(requests.to_vec())
+    }
+}
+
+#[test]
+fn a_span_counts_the_turns_of_an_awaiting_node() {
+    let (graph, catalog) = node_arc("asker", Arc::new(AwaitsTwice)).somatize().unwrap();
+    let plan = compile(&graph, &catalog).unwrap();
+    let trace = soma_core::Trace::new();
+    Executor::new(&catalog)
+        .with_driver(&Echo)
+        .with_trace(&trace)
+        .run(&plan, Value::Null)
+        .unwrap();
+    assert_eq!(trace.spans()[0].turns, 3);
+}
+
+#[test]
+fn a_failed_node_has_a_span_that_carries_its_error() {
+    let wire = n("a") >> node_arc("bad", Arc::new(plain(fail("it broke"))));
+    let (out, trace) = traced_run(wire, Value::Int(1));
+    assert!(out.is_err());
+    let bad = trace.spans().into_iter().find(|s| s.node == "bad").unwrap();
+    assert!(
+        bad.error.as_deref().unwrap().contains("it broke"),
+        "{bad:?}"
+    );
+    assert!(trace
+        .spans()
+        .iter()
+        .find(|s| s.node == "a")
+        .unwrap()
+        .error
+        .is_none());
+}
+
+#[test]
+fn spans_of_several_runs_accumulate_until_cleared() {
+    let (graph, catalog) = (n("a") >> n("b")).somatize().unwrap();
+    let plan = compile(&graph, &catalog).unwrap();
+    let trace = soma_core::Trace::new();
+    let executor = Executor::new(&catalog).with_trace(&trace);
+    executor.run(&plan, Value::Int(1)).unwrap();
+    executor.run(&plan, Value::Int(2)).unwrap();
+    assert_eq!(trace.len(), 4);
+    trace.clear();
+    assert!(trace.is_empty());
+}
+
+#[test]
+fn the_chrome_trace_has_a_named_track_per_thread_and_an_event_per_span() {
+    let meeting = Rendezvous::new(2);
+    let wire = node_arc("b", Arc::new(plain(meet(&meeting))))
+        | node_arc("c\"quoted\\", Arc::new(plain(meet(&meeting))));
+    let (out, trace) = traced_run(wire, Value::Int(1));
+    out.unwrap();
+    let json = trace.to_chrome();
+    assert!(
+        json.starts_with("{\"displayTimeUnit\":\"ms\",\"traceEvents\":["),
+        "{json}"
+    );
+    assert_eq!(json.matches("\"ph\":\"X\"").count(), 2);
+    let threads: HashSet<u64> = trace.spans().iter().map(|s| s.thread).collect();
+    assert_eq!(json.matches("\"thread_name\"").count(), threads.len());
+    assert!(
+        json.contains(r#""name":"c\"quoted\\""#),
+        "ids are escaped: {json}"
+    );
+}
+
+#[test]
+fn the_summary_lists_the_slowest_node_first() {
+    let slow = |_: &str, input: &Value| {
+        let until = std::time::Instant::now() + std::time::Duration::from_millis(20);
+        while std::time::Instant::now() < until {
+            std::hint::spin_loop();
+        }
+        Ok(input.clone())
+    };
+    let wire = n("quick") >> node_arc("slow", Arc::new(plain(slow))) >> n("last");
+    let (out, trace) = traced_run(wire, Value::Int(1));
+    out.unwrap();
+    let summary = trace.summary(10);
+    let rows: Vec<&str> = summary.lines().collect();
+    assert!(rows[0].starts_with("node"), "{summary}");
+    assert!(rows[1].starts_with("slow"), "{summary}");
+    assert_eq!(rows.len(), 4, "{summary}");
+}
+
+#[test]
+fn the_timeline_draws_one_bar_per_span() {
+    let (out, trace) = traced_run(n("a") >> (n("b") | n("c")), Value::Int(1));
+    out.unwrap();
+    let svg = trace.to_svg();
+    assert!(svg.starts_with("<svg"), "{svg}");
+    assert_eq!(svg.matches("<g class=\"span\">").count(), 3);
+    assert!(svg.trim_end().ends_with("</svg>"));
+}
+
+#[test]
+fn an_executor_without_a_trace_records_nothing() {
+    let (graph, catalog) = (n("a") >> n("b")).somatize().unwrap();
+    let plan = compile(&graph, &catalog).unwrap();
+    let trace = soma_core::Trace::new();
+    Executor::new(&catalog).run(&plan, Value::Int(1)).unwrap();
+    assert!(trace.is_empty());
+}

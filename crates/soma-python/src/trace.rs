@@ -1,0 +1,124 @@
+//! `soma.Trace`: a run's spans, as Python sees them, and the ways to look at them.
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use soma_core::{Span, Trace};
+
+/// Spans recorded by `forward(..., trace=trace)`: one per node, with its thread and branch.
+#[pyclass(frozen, module = "soma", name = "Trace")]
+pub struct PyTrace {
+    pub trace: Arc<Trace>,
+}
+
+/// One node's run; times in seconds since the trace was created.
+#[pyclass(frozen, module = "soma", name = "Span", get_all)]
+pub struct PySpan {
+    /// The node.
+    node: String,
+    /// When its first turn started.
+    start: f64,
+    /// When it was done, or failed.
+    end: f64,
+    /// The thread it ran on (a process-wide number, stable for the thread's life).
+    thread: u64,
+    /// The branch it ran in: `main`, or its index in each enclosing wave joined by dots.
+    branch: String,
+    /// Calls to its `forward`.
+    turns: u32,
+    /// Its error, if it failed.
+    error: Option<String>,
+}
+
+impl From<&Span> for PySpan {
+    fn from(span: &Span) -> Self {
+        PySpan {
+            node: span.node.to_string(),
+            start: span.start.as_secs_f64(),
+            end: span.end.as_secs_f64(),
+            thread: span.thread,
+            branch: span.branch_label(),
+            turns: span.turns,
+            error: span.error.clone(),
+        }
+    }
+}
+
+#[pymethods]
+impl PySpan {
+    /// `end - start`, in seconds.
+    #[getter]
+    fn duration(&self) -> f64 {
+        self.end - self.start
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Span(node={:?}, duration={:.6}, thread={}, branch={:?}, turns={}{})",
+            self.node,
+            self.duration(),
+            self.thread,
+            self.branch,
+            self.turns,
+            self.error
+                .as_ref()
+                .map_or_else(String::new, |e| format!(", error={e:?}"))
+        )
+    }
+}
+
+#[pymethods]
+impl PyTrace {
+    #[new]
+    fn new() -> Self {
+        PyTrace {
+            trace: Arc::new(Trace::new()),
+        }
+    }
+
+    /// The spans, in the order they ended.
+    #[getter]
+    fn spans(&self) -> Vec<PySpan> {
+        self.trace.spans().iter().map(PySpan::from).collect()
+    }
+
+    /// Forgets every span.
+    fn clear(&self) {
+        self.trace.clear();
+    }
+
+    /// The Chrome trace-event JSON that Perfetto and `chrome://tracing` open.
+    fn chrome(&self) -> String {
+        self.trace.to_chrome()
+    }
+
+    /// Writes the Chrome trace-event JSON to `path`.
+    fn to_chrome(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
+        let json = self.trace.to_chrome();
+        py.detach(move || std::fs::write(path, json))?;
+        Ok(())
+    }
+
+    /// A table of the `top` slowest nodes.
+    #[pyo3(signature = (top=10))]
+    fn summary(&self, top: usize) -> String {
+        self.trace.summary(top)
+    }
+
+    /// A timeline, one row per thread, as SVG.
+    fn to_svg(&self) -> String {
+        self.trace.to_svg()
+    }
+
+    fn _repr_svg_(&self) -> String {
+        self.trace.to_svg()
+    }
+
+    fn __len__(&self) -> usize {
+        self.trace.len()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Trace({} spans)", self.trace.len())
+    }
+}

@@ -1,0 +1,331 @@
+# ruff: noqa: E501 -- a snapshot is the message as it is, however long its lines.
+"""Every message Soma shows a Python user, word for word, as inline snapshots.
+
+The convention they follow: what is wrong between backticks — the node, the edge, the cycle's
+path, the Python type — and a ``hint:`` line saying what to do. A snapshot is the whole story a
+user reads: the exception's type and message, its notes, and its cause.
+
+A mismatch fails the test and changes no file (see ``[tool.inline-snapshot]`` in
+pyproject.toml). After changing a message on purpose, ``pytest tests/test_messages.py
+--inline-snapshot=fix`` rewrites the snapshots in place, for review in the diff.
+
+``soma.CompileError`` is not here: a graph registers a node and its implementation in one step,
+so from Python no node can lack one. Its message is snapshotted in Rust
+(``crates/soma-core/tests/it/messages.rs``), with every other core message.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from inline_snapshot import snapshot
+
+import soma
+from soma import native
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def story(action: Callable[[], object]) -> str:
+    """What a user reads when `action` raises: `Type: message`, then its notes and its cause."""
+    try:
+        action()
+    except BaseException as error:  # Whatever it raises is the subject here.
+        lines = [f"{type(error).__name__}: {error}"]
+        lines += [f"note: {note}" for note in getattr(error, "__notes__", [])]
+        if error.__cause__ is not None:
+            lines.append(f"cause: {type(error.__cause__).__name__}: {error.__cause__}")
+        return "\n".join(lines)
+    raise AssertionError("expected an exception")
+
+
+class Pass(soma.Node):
+    def forward(self, x: Any) -> Any:
+        return x
+
+
+class AwaitsForever(soma.Node):
+    def forward(self, x: Any, ctx: soma.Ctx) -> Any:
+        return soma.Await([ctx.turn])
+
+
+class Echo:
+    """A driver that answers each request with itself."""
+
+    def perform(self, requests: list[Any]) -> list[Any]:
+        return requests
+
+
+def chain(*ids: str) -> soma.Graph:
+    g = soma.Graph()
+    for node_id in ids:
+        g.node(node_id, Pass())
+    for source, target in itertools.pairwise(ids):
+        g.edge(source, target)
+    return g
+
+
+def poller() -> soma.Graph:
+    g = soma.Graph()
+    g.node("poll", AwaitsForever())
+    return g
+
+
+# --- the graph refuses ----------------------------------------------------------------------
+
+
+def test_cycle_shows_its_path() -> None:
+    g = chain("a", "b", "c")
+    assert story(lambda: g.edge("c", "a")) == snapshot("""\
+CycleError: the edge `c` -> `a` would close a cycle: `c` -> `a` -> `b` -> `c`
+hint: a graph is acyclic; remove an edge of that path\
+""")
+
+
+def test_self_loop() -> None:
+    g = chain("a")
+    assert story(lambda: g.edge("a", "a")) == snapshot("""\
+CycleError: the edge `a` -> `a` would close a cycle: `a` -> `a`
+hint: a graph is acyclic; remove an edge of that path\
+""")
+
+
+def test_duplicate_node() -> None:
+    g = chain("encoder")
+    assert story(lambda: g.node("encoder", Pass())) == snapshot("""\
+DuplicateNodeError: a node `encoder` is already in the graph
+hint: give the new node another id, or let Soma derive one\
+""")
+
+
+def test_unknown_node() -> None:
+    g = chain("a")
+    assert story(lambda: g.edge("a", "ghost")) == snapshot("""\
+UnknownNodeError: no node `ghost` in the graph
+hint: add it with `node` before connecting it\
+""")
+
+
+def test_invalid_id() -> None:
+    assert story(lambda: soma.Graph().node("two words", Pass())) == snapshot("""\
+InvalidIdError: invalid node id `two words`
+hint: an id is a non-empty name without spaces or control characters\
+""")
+
+
+def test_duplicate_edge() -> None:
+    g = chain("a", "b")
+    assert story(lambda: g.edge("a", "b")) == snapshot("""\
+DuplicateEdgeError: the edge `a` -> `b` is already in the graph
+hint: an edge is declared once\
+""")
+
+
+def test_an_id_that_is_not_a_str() -> None:
+    assert story(lambda: soma.Graph().node(3, Pass())) == snapshot("""\
+TypeError: a node id is a `str`, not an object of type `int`
+hint: call node(obj) or node('id', obj)\
+""")
+
+
+def test_an_object_without_forward() -> None:
+    assert story(lambda: soma.Graph().node("n", object())) == snapshot("""\
+TypeError: a `object` cannot be a node: it has no callable `forward`
+hint: subclass soma.Node and define `forward(self, x)`\
+""")
+
+
+# --- the DSL refuses ------------------------------------------------------------------------
+
+
+def test_a_non_node_in_series() -> None:
+    assert story(lambda: Pass() >> 3) == snapshot("""\
+TypeError: cannot compose an object of type `int` with `>>`: only soma.Node instances and expressions of them compose
+hint: subclass soma.Node and define `forward(self, x)`, or register the object with Graph.node() and connect it with Graph.edge()\
+""")
+
+
+def test_a_non_node_side_by_side() -> None:
+    assert story(lambda: "text" | Pass()) == snapshot("""\
+TypeError: cannot compose an object of type `str` with `|`: only soma.Node instances and expressions of them compose
+hint: subclass soma.Node and define `forward(self, x)`, or register the object with Graph.node() and connect it with Graph.edge()\
+""")
+
+
+def test_the_same_instance_twice() -> None:
+    shared = Pass()
+    assert story(lambda: soma.Graph.somatize(shared >> shared)) == snapshot("""\
+DuplicateNodeError: node `pass` appears twice in the expression
+hint: a node instance is one node; create another instance to use it again\
+""")
+
+
+# --- a run stops ----------------------------------------------------------------------------
+
+
+def test_turn_limit() -> None:
+    assert story(lambda: poller().forward(None, driver=Echo(), turn_limit=3)) == snapshot("""\
+TurnLimitError: node `poll` was still awaiting after 3 turns
+hint: make it finish, or raise the turn limit\
+""")
+
+
+def test_no_driver() -> None:
+    assert story(lambda: poller().forward(None)) == snapshot("""\
+DriverError: node `poll` awaited, but no driver was given
+hint: pass a driver that serves its requests\
+""")
+
+
+def test_wrong_result_count() -> None:
+    class Three:
+        def perform(self, requests: list[Any]) -> list[Any]:
+            return [1, 2, 3]
+
+    assert story(lambda: poller().forward(None, driver=Three())) == snapshot("""\
+DriverError: the driver answered 3 result(s) to the 1 request(s) of node `poll`
+hint: a driver returns exactly one result per request, in order\
+""")
+
+
+def test_the_driver_raised() -> None:
+    class Offline:
+        def perform(self, requests: list[Any]) -> list[Any]:
+            raise ConnectionError("connection refused")
+
+    assert story(lambda: poller().forward(None, driver=Offline())) == snapshot("""\
+DriverError: the driver failed serving node `poll`: ConnectionError: connection refused
+hint: the driver's own error is the cause; fix the driver, or the requests `poll` makes
+cause: ConnectionError: connection refused\
+""")
+
+
+def test_the_driver_returned_no_list() -> None:
+    class Counts:
+        def perform(self, requests: list[Any]) -> int:
+            return len(requests)
+
+    assert story(lambda: poller().forward(None, driver=Counts())) == snapshot("""\
+DriverError: the driver failed serving node `poll`: TypeError: a driver's `perform` must return a list of results, one per request, not a `int`
+hint: the driver's own error is the cause; fix the driver, or the requests `poll` makes
+cause: TypeError: a driver's `perform` must return a list of results, one per request, not a `int`\
+""")
+
+
+def test_a_driver_without_perform() -> None:
+    assert story(lambda: poller().forward(None, driver=object())) == snapshot("""\
+TypeError: a driver needs a callable `perform(requests)`, and `object` has none
+hint: pass an object whose `perform` takes a list of requests and returns a list of results\
+""")
+
+
+def test_await_without_a_list() -> None:
+    assert story(lambda: soma.Await(5)) == snapshot("""\
+TypeError: `Await` takes a list of requests, not an object of type `int`
+hint: wrap a single request in a list: `soma.Await([request])`\
+""")
+
+
+def test_an_exception_from_a_node_is_noted_with_the_node() -> None:
+    class Check(soma.Node):
+        def forward(self, x: int) -> int:
+            raise ValueError(f"negative input: {x}")
+
+    g = soma.Graph.somatize(Pass() >> Check())
+    assert story(lambda: g.forward(-1)) == snapshot("""\
+ValueError: negative input: -1
+note: raised in soma node `check`\
+""")
+
+
+# --- the boundary with Rust nodes -----------------------------------------------------------
+
+
+def test_a_value_a_rust_node_cannot_read() -> None:
+    g = soma.Graph.somatize(Pass() >> native.Add(1))
+    assert story(lambda: g.forward({1, 2})) == snapshot("""\
+TypeError: a Rust node cannot read a value of type `set`
+hint: Rust nodes read None, bool, int, float, str, bytes, lists and tuples of those, and dicts with str keys; convert it in a Python node first
+note: raised in soma node `add`\
+""")
+
+
+def test_an_int_too_big_for_a_rust_node() -> None:
+    g = soma.Graph.somatize(native.Add(1))
+    assert story(lambda: g.forward(2**70)) == snapshot("""\
+TypeError: a Rust node cannot read an `int` outside the 64-bit range
+hint: keep big integers in Python nodes
+note: raised in soma node `add`\
+""")
+
+
+def test_a_dict_without_str_keys_for_a_rust_node() -> None:
+    g = soma.Graph.somatize(native.Sum())
+    assert story(lambda: g.forward({1: 2})) == snapshot("""\
+TypeError: a Rust node cannot read a `dict` with `int` keys
+hint: use str keys
+note: raised in soma node `sum`\
+""")
+
+
+def test_a_rust_node_refuses_a_value() -> None:
+    g = soma.Graph.somatize(native.Add(1))
+    assert story(lambda: g.forward("text")) == snapshot("""\
+RunError: node `add` failed: `Add` reads an int or a float, not a `Text`
+hint: give it numbers; convert the value in a node before it\
+""")
+
+
+def test_a_rust_node_refuses_a_value_outside_a_graph() -> None:
+    assert story(lambda: native.Add(1).forward("text")) == snapshot("""\
+ValueError: `Add` reads an int or a float, not a `Text`
+hint: give it numbers; convert the value in a node before it\
+""")
+
+
+def test_a_rust_panic() -> None:
+    g = soma.Graph.somatize(Pass() >> native.Panic("kaboom").named("bomb"))
+    assert story(lambda: g.forward(1)) == snapshot("""\
+PanicError: node `bomb` panicked: kaboom
+hint: a panic is a bug in the node's Rust code; the run was stopped once every branch had been joined, and the graph can run again\
+""")
+
+
+# --- the snapshots themselves ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ci", [True, False], ids=["ci", "local"])
+def test_a_wrong_snapshot_fails_and_changes_no_file(tmp_path: Path, ci: bool) -> None:
+    """Under this project's configuration (a copy of its pyproject.toml, warnings as errors
+    included), a snapshot that no longer matches fails the run — in CI and out of it — and no
+    file is rewritten."""
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    wrong = tmp_path / "test_wrong.py"
+    wrong.write_text(
+        "from inline_snapshot import snapshot\n\n\n"
+        "def test_wrong() -> None:\n"
+        '    assert "what it says" == snapshot("what it said")\n'
+    )
+    before = wrong.read_text()
+    env = {k: v for k, v in os.environ.items() if k != "CI"} | ({"CI": "true"} if ci else {})
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", wrong.name],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == pytest.ExitCode.TESTS_FAILED, run.stdout + run.stderr
+    assert "1 failed" in run.stdout, run.stdout
+    assert wrong.read_text() == before

@@ -1,0 +1,212 @@
+"""Every public name of ``soma``, used once with the types a user would write.
+
+Two checks in one file: ``mypy --strict tests/typing`` (in ``make lint``) proves the stubs and
+annotations describe the API — each ``assert_type`` pins what a call returns — and
+``tests/test_typing.py`` runs it as a plain script, proving the same lines work. That test also
+fails when a name in ``soma.__all__`` (or ``soma.native.__all__``) is not used here: a new
+public name comes with a line in this file.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar, assert_type
+
+import soma
+from soma import native
+
+E = TypeVar("E", bound=BaseException)
+
+# --- nodes and the DSL ----------------------------------------------------------------------
+
+
+class Source(soma.Node):
+    def forward(self, n: int) -> list[int]:
+        return list(range(n))
+
+
+class Total(soma.Node):
+    def forward(self, xs: list[int]) -> int:
+        return sum(xs)
+
+
+class Count(soma.Node):
+    def forward(self, xs: list[int]) -> int:
+        return len(xs)
+
+
+class Mean(soma.Node):
+    def forward(self, parts: dict[str, int]) -> float:
+        return parts["total"] / parts["count"]
+
+
+class Lookup(soma.Node):
+    """Asks the driver for each key, then sums the answers."""
+
+    def forward(self, keys: list[str], ctx: soma.Ctx) -> soma.Await | soma.Done:
+        assert_type(ctx.node, str)
+        assert_type(ctx.turn, int)
+        assert_type(ctx.results, list[Any])
+        if ctx.turn == 0:
+            return soma.Await(keys)
+        return soma.Done(sum(ctx.results))
+
+
+class Table:
+    """A driver: anything with ``perform(requests) -> list``."""
+
+    def __init__(self, data: dict[str, int]) -> None:
+        self.data = data
+
+    def perform(self, requests: list[str]) -> list[int]:
+        return [self.data[key] for key in requests]
+
+
+source = Source()
+assert_type(source.named("source"), Source)
+expr = source >> (Total() | Count()) >> Mean()
+assert_type(expr, soma.Expr)
+assert_type(soma.Expr.of(Total(), ">>"), soma.Expr)
+assert len(expr.nodes) == 4
+assert expr.edges == ((0, 1), (0, 2), (1, 3), (2, 3))
+assert expr.heads == (0,)
+assert expr.terminals == (3,)
+
+# --- a graph, its queries and its plan ------------------------------------------------------
+
+g = soma.Graph.somatize(expr)
+assert_type(g, soma.Graph)
+assert g.nodes() == ["source", "total", "count", "mean"]
+assert g.edges() == [("source", "total"), ("source", "count"), ("total", "mean"), ("count", "mean")]
+assert g.roots() == ["source"]
+assert g.leaves() == ["mean"]
+assert g.predecessors("mean") == ["total", "count"]
+assert g.successors("source") == ["total", "count"]
+assert g.topological_sort() == ["source", "total", "count", "mean"]
+assert g.implementation("source") is source
+assert len(g) == 4
+assert "mean" in g
+assert repr(g).startswith("Graph(4 nodes")
+
+plan = g.plan()
+assert_type(plan, soma.Plan)
+assert plan.kind == "Sequence"
+wave = plan.children[1]
+assert_type(wave, soma.Plan)
+assert wave.kind == "Wave"
+assert [branch.node for branch in wave.children] == ["total", "count"]
+assert wave.children[0].inputs == ["source"]
+assert plan.shape() == "Sequence([Execute, Wave([Execute, Execute]), Execute])"
+assert repr(plan) == (
+    "Sequence([Execute(source), Wave([Execute(total), Execute(count)]), Execute(mean)])"
+)
+assert str(plan).startswith("Sequence\n")
+assert plan == soma.Graph.somatize(expr_again := Source() >> (Total() | Count()) >> Mean()).plan()
+assert len(expr_again.nodes) == 4
+assert hash(plan) == hash(g.plan())
+drawings: list[str] = [plan.to_mermaid(), plan.to_dot(), plan.to_svg()]
+drawings += [g.to_mermaid(), g.to_dot(), g.to_svg()]
+assert all(drawings)
+
+# --- running ---------------------------------------------------------------------------------
+
+mean: Any = g.forward(5)
+assert mean == 2.0
+
+built = soma.Graph()
+first: str = built.node(Lookup())
+second: str = built.node("then", native.Add(1))
+built.edge(first, second)
+assert built.forward(["a", "b"], driver=Table({"a": 1, "b": 20})) == 22
+assert soma.DEFAULT_TURN_LIMIT == 64
+assert_type(soma.DEFAULT_TURN_LIMIT, int)
+
+request = soma.Await(["key"])
+assert request.requests == ["key"]
+assert soma.Done(3).value == 3
+
+trace = soma.Trace()
+built.forward(["a"], driver=Table({"a": 1}), trace=trace)
+assert len(trace) == 2
+spans: list[soma.Span] = trace.spans
+span = spans[0]
+assert span.node == "lookup"
+assert_type(span.start, float)
+assert_type(span.end, float)
+assert_type(span.duration, float)
+assert_type(span.thread, int)
+assert_type(span.branch, str)
+assert span.turns == 2
+assert span.error is None
+summary: str = trace.summary(top=1)
+chrome: str = trace.chrome()
+assert summary
+assert chrome
+assert trace.to_svg()
+with tempfile.TemporaryDirectory() as scratch:
+    trace.to_chrome(Path(scratch) / "run.json")
+trace.clear()
+assert len(trace) == 0
+
+# --- Rust nodes ------------------------------------------------------------------------------
+
+natives: list[native.NativeNode] = [native.Add(1), native.Identity(), native.Sum()]
+assert [node.forward(2) for node in natives] == [3, 2, 2]
+assert isinstance(native.Panic("kaboom"), soma.Node)
+
+# --- errors ----------------------------------------------------------------------------------
+
+errors: list[type[soma.SomaError]] = [
+    soma.GraphError,
+    soma.InvalidIdError,
+    soma.DuplicateNodeError,
+    soma.UnknownNodeError,
+    soma.DuplicateEdgeError,
+    soma.CycleError,
+    soma.CompileError,  # Not reachable from Python: a node is registered with its implementation.
+    soma.RunError,
+    soma.DriverError,
+    soma.TurnLimitError,
+    soma.PanicError,
+]
+assert all(issubclass(error, soma.SomaError) for error in errors)
+
+
+def raised(kind: type[E], action: Callable[[], object]) -> E:
+    """The `kind` exception `action` raises."""
+    try:
+        action()
+    except kind as error:
+        return error
+    raise AssertionError(f"expected a {kind.__name__}")
+
+
+cycle = raised(soma.CycleError, lambda: built.edge(second, first))
+assert_type(cycle.path, list[str] | None)
+assert cycle.path == ["then", "lookup", "then"]
+
+duplicate = raised(soma.DuplicateEdgeError, lambda: built.edge(first, second))
+assert_type(duplicate.source, str | None)
+assert (duplicate.source, duplicate.target) == ("lookup", "then")
+
+refused = raised(soma.GraphError, lambda: built.node("then", Total()))
+assert isinstance(refused, soma.DuplicateNodeError)
+assert_type(refused.node, str | None)
+assert refused.node == "then"
+assert isinstance(raised(soma.GraphError, lambda: built.node("a b", Total())), soma.InvalidIdError)
+assert isinstance(raised(soma.GraphError, lambda: built.edge("a", "b")), soma.UnknownNodeError)
+
+limit = raised(soma.TurnLimitError, lambda: built.forward(["a"], driver=Table({}), turn_limit=1))
+assert_type(limit.limit, int | None)
+assert (limit.node, limit.limit) == ("lookup", 1)
+
+stopped = raised(soma.RunError, lambda: built.forward(["a"]))
+assert isinstance(stopped, soma.DriverError)
+assert_type(stopped.node, str | None)
+assert stopped.node == "lookup"
+
+panic = raised(soma.PanicError, lambda: soma.Graph.somatize(native.Panic("boom")).forward(None))
+assert_type(panic.node, str | None)
+assert panic.node == "panic"
