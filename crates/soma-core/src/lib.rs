@@ -32,6 +32,7 @@ pub mod draw;
 mod driver;
 mod dsl;
 mod execute;
+mod failure;
 mod graph;
 mod id;
 mod node;

@@ -7,10 +7,6 @@
 //! `Send + Sync` is required because the branches of a wave borrow the catalog, and so every
 //! node in it, from several threads at once.
 
-use std::error::Error;
-use std::fmt;
-use std::sync::Arc;
-
 use crate::id::NodeId;
 use crate::value::Value;
 
@@ -58,54 +54,10 @@ impl<'a> Ctx<'a> {
     }
 }
 
-/// A node's own failure: a message and, where there is one, the error underneath.
-///
-/// The cause travels untouched — a binding can put its host language's exception there and
-/// take the very same object back out when the error leaves the engine.
-#[derive(Clone, Debug)]
-pub struct NodeError {
-    message: String,
-    cause: Option<Arc<dyn Error + Send + Sync>>,
-}
-
-impl NodeError {
-    /// A failure described by a message.
-    pub fn new(message: impl Into<String>) -> Self {
-        NodeError {
-            message: message.into(),
-            cause: None,
-        }
-    }
-
-    /// A failure carrying the error that caused it; the message is the cause's.
-    pub fn from_cause(cause: impl Error + Send + Sync + 'static) -> Self {
-        NodeError {
-            message: cause.to_string(),
-            cause: Some(Arc::new(cause)),
-        }
-    }
-
-    /// The message.
-    pub fn message(&self) -> &str {
-        &self.message
-    }
-
-    /// The underlying error, if any.
-    pub fn cause(&self) -> Option<&(dyn Error + Send + Sync + 'static)> {
-        self.cause.as_deref()
-    }
-}
-
-impl fmt::Display for NodeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl Error for NodeError {
-    fn source(&self) -> Option<&(dyn Error + 'static)> {
-        self.cause.as_deref().map(|e| e as &(dyn Error + 'static))
-    }
+crate::failure::failure! {
+    /// A node's own failure: a message and, where there is one, the error underneath (an
+    /// exception of the host language, say), which travels untouched.
+    NodeError
 }
 
 /// One executable unit.
