@@ -160,11 +160,16 @@ impl std::error::Error for RunError {
     }
 }
 
-/// Asked, at every node boundary and periodically while a thread waits on a wave, whether the
-/// run should stop — how a host turns Ctrl-C or a deadline into [`RunError::Interrupted`].
+/// Asked at every node boundary whether the run should stop — how a host turns Ctrl-C or a
+/// deadline into [`RunError::Interrupted`].
 pub trait Watch: Send + Sync {
-    /// Whether to stop. Once it has said yes it should keep saying yes.
+    /// Whether to stop. Once it has said yes it should keep saying yes. Called on every node
+    /// boundary of every branch, so it should be a flag read.
     fn interrupted(&self) -> bool;
+
+    /// Called every few milliseconds by a thread that waits for a wave's branches: the time to
+    /// do what is too slow for every boundary (looking for a host's pending signals, say).
+    fn poll(&self) {}
 }
 
 /// How a host runtime takes part in a run: an interpreter with a global lock, say, which a
@@ -630,8 +635,8 @@ impl<'a> Executor<'a> {
         }
     }
 
-    /// Blocks until the spawned branches finish, consulting the watch while it waits so that an
-    /// interruption seen only by this thread (a signal, on a host's main thread) reaches them.
+    /// Blocks until the branches finish, polling the watch while it waits so that an interruption
+    /// only this thread can see (a signal, on a host's main thread) reaches them.
     fn wait(&self, latch: &Latch) {
         let Some(watch) = self.watch else {
             return; // Joining the handles waits; nobody needs to be woken.
@@ -648,8 +653,7 @@ impl<'a> Executor<'a> {
                 .0;
             if *running > 0 {
                 drop(running);
-                // Asked for its side effect: a watch that polls for signals does it here.
-                watch.interrupted();
+                watch.poll();
                 running = latch
                     .running
                     .lock()

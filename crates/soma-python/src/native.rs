@@ -91,12 +91,16 @@ impl Node for ReadsNatively {
             |input: &Value| panic::catch_unwind(AssertUnwindSafe(|| self.0.forward(input, ctx)));
         // Runs detached: a Rust node never holds the GIL, so Python branches go on meanwhile.
         let outcome = Python::attach(|py| {
-            if holds_python(input) {
+            let outcome = if holds_python(input) {
                 let native = to_native(py, input).map_err(NodeError::from_cause)?;
-                Ok(py.detach(|| run(&native)))
+                py.detach(|| run(&native))
             } else {
-                Ok(py.detach(|| run(input)))
-            }
+                py.detach(|| run(input))
+            };
+            // A signal that came while the node ran detached is handled here, at its end: no
+            // Python code may run before the next boundary to notice it (see `crate::watch`).
+            py.check_signals().map_err(NodeError::from_cause)?;
+            Ok(outcome)
         })?;
         // Re-raised as a payload that names the node; the executor joins the wave, then the
         // graph's `forward` turns it into a `PanicError` (`crate::errors::panic_error`).

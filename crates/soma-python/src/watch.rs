@@ -1,11 +1,16 @@
 //! Ctrl-C during a run.
 //!
 //! Python runs signal handlers only on the main thread, and only when something there asks.
-//! During `forward` the calling thread is inside the engine — running nodes, or waiting on a
-//! wave with the GIL released — so the engine's [`Watch`] hook asks for it: at every node
-//! boundary (where the thread holds the GIL, so the check is a flag read) and every few
-//! milliseconds while it waits. A `KeyboardInterrupt` raised there is kept, every branch stops
-//! at its next node boundary, and `forward` raises it.
+//! During `forward` the calling thread is inside the engine, and three things ask:
+//! - the interpreter itself, on entering the next Python function — so a run of Python nodes
+//!   raises `KeyboardInterrupt` inside the node that runs when the signal comes, or the next;
+//! - every Rust node, when it returns ([`crate::native`]);
+//! - this watch, every few milliseconds while the calling thread waits for a wave's branches
+//!   with the GIL released.
+//!
+//! Node boundaries themselves only read a flag: looking for signals on each one would cost a
+//! good part of a small node. A `KeyboardInterrupt` seen while waiting is kept, every branch
+//! stops at its next node boundary, and `forward` raises it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -14,8 +19,8 @@ use pyo3::prelude::*;
 use soma_core::Watch;
 
 pub struct SignalWatch {
-    /// The calling thread, told apart by the address of a thread-local: cheaper on every node
-    /// boundary than comparing `thread::current().id()`, which clones a handle.
+    /// The calling thread, the only one where Python runs signal handlers: told apart by the
+    /// address of a thread-local.
     caller: usize,
     stopped: AtomicBool,
     raised: Mutex<Option<PyErr>>,
@@ -41,13 +46,14 @@ impl SignalWatch {
 }
 
 impl Watch for SignalWatch {
-    #[allow(clippy::redundant_closure_for_method_calls)] // The method is generic over a lifetime.
     fn interrupted(&self) -> bool {
-        if self.stopped.load(Ordering::Acquire) {
-            return true;
-        }
-        if this_thread() != self.caller {
-            return false;
+        self.stopped.load(Ordering::Acquire)
+    }
+
+    #[allow(clippy::redundant_closure_for_method_calls)] // The method is generic over a lifetime.
+    fn poll(&self) {
+        if this_thread() != self.caller || self.stopped.load(Ordering::Acquire) {
+            return;
         }
         if let Err(raised) = Python::attach(|py| py.check_signals()) {
             *self
@@ -55,9 +61,7 @@ impl Watch for SignalWatch {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(raised);
             self.stopped.store(true, Ordering::Release);
-            return true;
         }
-        false
     }
 }
 
