@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import peers
+import soma
 import workloads
 from timing import OtherLoad, Timing, compare, once
 from workloads import Workload
@@ -362,6 +363,69 @@ def parallel_table(rows: list[Row]) -> list[str]:
     return _table(header, body)
 
 
+def _nothing() -> None:
+    """The step before each call of an untraced contender: timed the same way, nothing done."""
+
+
+def _cleared_then_traced(graph: soma.Graph, trace: soma.Trace) -> Any:
+    trace.clear()
+    return graph.forward(0, trace=trace)
+
+
+TRACE_OFF = "`forward(0)`, no trace"
+TRACE_ON = "`forward(0, trace=trace)`, `trace.clear()` before each call, untimed"
+TRACE_CLEARED = "the same, `trace.clear()` inside the timed call (as criterion's)"
+
+
+def tracing_contenders(
+    workload: Workload,
+) -> tuple[dict[str, Callable[[], Any]], dict[str, Callable[[], object]]]:
+    """The chain run without a trace, with one emptied between calls outside the time, and
+    with one emptied inside the timed call; all three timed call by call."""
+    graph = workload.soma_graph()
+    graph.plan()
+    trace, cleared_inside = soma.Trace(), soma.Trace()
+    expected = workload.loop(workload.input)
+    assert graph.forward(0) == expected
+    assert graph.forward(0, trace=trace) == expected
+    assert len(trace) == len(workload.nodes)
+    contenders: dict[str, Callable[[], Any]] = {
+        TRACE_OFF: lambda: graph.forward(0),
+        TRACE_ON: lambda: graph.forward(0, trace=trace),
+        TRACE_CLEARED: functools.partial(_cleared_then_traced, graph, cleared_inside),
+    }
+    prepare: dict[str, Callable[[], object]] = {
+        TRACE_OFF: _nothing,
+        TRACE_ON: trace.clear,
+        TRACE_CLEARED: _nothing,
+    }
+    return contenders, prepare
+
+
+def tracing_table(timings: dict[str, Timing], nodes: int) -> list[str]:
+    off_s = timings[TRACE_OFF].median_s
+    body = [
+        [
+            name,
+            _duration(t.median_s),
+            f"{t.median_s / nodes * 1e6:.3f}",
+            f"{(t.median_s - off_s) / nodes * 1e6:+.3f}",
+            f"{t.median_s / off_s:.2f}x",
+            f"±{t.spread * 50:.0f}%",
+        ]
+        for name, t in timings.items()
+    ]
+    header = [
+        "run",
+        "median per run",
+        "µs/node",
+        "added by the trace, µs/node",
+        "time / untraced",
+        "spread",
+    ]
+    return _table(header, body)
+
+
 # --- the run -----------------------------------------------------------------------------------
 
 
@@ -391,7 +455,7 @@ def main() -> None:
         workloads.fan_out(config.fan),
         workloads.numpy_pair(config.matrix),
     )
-    load = {name: OtherLoad() for name in ("chain", "fan", "pair", "small")}
+    load = {name: OtherLoad() for name in ("chain", "fan", "pair", "small", "trace")}
     pool = ThreadPoolExecutor()  # default size: min(32, cores + 4) threads
     try:
         log(f"timing the {chain.name} ...")
@@ -426,6 +490,17 @@ def main() -> None:
     with load["small"]:
         small_t = compare(
             small, repeat=config.repeat, sample_s=config.sample_s, warmup_s=config.warmup_s
+        )
+
+    log("timing the chain with and without a trace ...")
+    traced, prepare = tracing_contenders(chain)
+    with load["trace"]:
+        trace_t = compare(
+            traced,
+            repeat=config.repeat,
+            sample_s=config.sample_s,
+            warmup_s=config.warmup_s,
+            prepare=prepare,
         )
 
     log("memory, in fresh processes ...")
@@ -546,6 +621,19 @@ def main() -> None:
         )
     out += _table(["graph", "Soma, per run", "Soma, per unit", "plain loop, per unit"], body)
     out += ["", _disturbed(load["small"])]
+
+    out += ["", f"### Tracing: the {chain.name} trivial Python nodes", ""]
+    out += tracing_table(trace_t, len(chain.nodes))
+    batch_us = median(chain_rows, "Soma") / config.chain * 1e6
+    out += [
+        "",
+        "Each call timed on its own, so that emptying the trace between calls is left out of "
+        "the time; the three runs are interleaved. The untraced run is the Soma row of the "
+        f"chain in the peers table below, timed there in batches of calls: {batch_us:.3f} "
+        "µs/node.",
+        "",
+        _disturbed(load["trace"]),
+    ]
 
     out += ["", "### Memory (fresh processes)", ""]
     out += _table(

@@ -50,6 +50,62 @@ def _duration(ns: float) -> str:
     return f"{ns:.3g} ns"
 
 
+# Compilation targets: at most this long for 100,000 nodes, and at most this growth from
+# 10,000 to 100,000 (linear would be 10x).
+COMPILE_BOUND_NS = 100e6
+COMPILE_GROWTH = 15.0
+
+
+def _traced(estimates: dict[str, Estimate]) -> list[str]:
+    """Every ``group/name-traced/n`` beside its untraced ``group/name/n``: what tracing adds."""
+    lines = []
+    for key in sorted(estimates, key=_order):
+        head, _, count = key.rpartition("/")
+        if not head.endswith("-traced") or not count.isdigit():
+            continue
+        plain = estimates.get(f"{head.removesuffix('-traced')}/{count}")
+        if plain is None:
+            continue
+        traced = estimates[key]
+        lines.append(
+            f"Tracing: `{key}` takes {traced.median_ns / plain.median_ns:.2f}x "
+            f"`{head.removesuffix('-traced')}/{count}`, "
+            f"{(traced.median_ns - plain.median_ns) / int(count):+.1f} ns per unit."
+        )
+    return ["", *lines] if lines else []
+
+
+def _compile_targets(estimates: dict[str, Estimate]) -> list[str]:
+    rows = []
+    for shape in ("chain", "nested"):
+        small = estimates.get(f"compile/{shape}/10000")
+        large = estimates.get(f"compile/{shape}/100000")
+        if large is not None:
+            met = large.median_ns < COMPILE_BOUND_NS
+            rows.append(
+                f"| {shape} of 100,000 nodes: compile time | {_duration(large.median_ns)} "
+                f"| < {_duration(COMPILE_BOUND_NS)} | {'yes' if met else '**no**'} |"
+            )
+        if small is not None and large is not None:
+            growth = large.median_ns / small.median_ns
+            met = growth <= COMPILE_GROWTH
+            rows.append(
+                f"| {shape}, 10,000 -> 100,000 nodes: growth | {growth:.1f}x "
+                f"({_duration(small.median_ns)} -> {_duration(large.median_ns)}) "
+                f"| ≤ {COMPILE_GROWTH:g}x | {'yes' if met else '**no**'} |"
+            )
+    if not rows:
+        return []
+    return [
+        "",
+        "### Compilation targets",
+        "",
+        "| target | measured | bound | met |",
+        "|---|---:|---:|---:|",
+        *rows,
+    ]
+
+
 def tables(estimates: dict[str, Estimate]) -> str:
     lines = ["### Execution (criterion medians)", ""]
     lines += ["| benchmark | median per run | per unit |", "|---|---:|---:|"]
@@ -65,8 +121,13 @@ def tables(estimates: dict[str, Estimate]) -> str:
             per_unit = f"{estimate.median_ns / count / scale:{spec}} {suffix}/{unit}"
         lines.append(f"| `{key}` | {_duration(estimate.median_ns)} | {per_unit} |")
 
+    lines += _traced(estimates)
+
     lines += ["", "### Compilation (criterion medians)", ""]
-    lines += ["| shape | nodes | ours | naive | ours / naive |", "|---|---:|---:|---:|---:|"]
+    lines += [
+        "| shape | nodes | ours | growth over the size above | naive | ours / naive |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for shape in ("chain", "nested", "ladder"):
         sizes = sorted(
             {
@@ -75,6 +136,7 @@ def tables(estimates: dict[str, Estimate]) -> str:
                 if key.startswith((f"compile/{shape}/", f"compile/naive-{shape}/"))
             }
         )
+        previous: tuple[int, Estimate] | None = None
         for size in sizes:
             ours = estimates.get(f"compile/{shape}/{size}")
             naive = estimates.get(f"compile/naive-{shape}/{size}")
@@ -82,10 +144,19 @@ def tables(estimates: dict[str, Estimate]) -> str:
             if ours and naive:
                 share = ours.median_ns / naive.median_ns
                 ratio = f"{share:.2g} (naive {1 / share:,.0f}x slower)"
+            growth = "—"
+            if ours and previous:
+                growth = (
+                    f"{ours.median_ns / previous[1].median_ns:.1f}x "
+                    f"for {size / previous[0]:g}x the nodes"
+                )
+            if ours:
+                previous = (size, ours)
             lines.append(
                 f"| {shape} | {size:,} | {_duration(ours.median_ns) if ours else 'not run'} "
-                f"| {_duration(naive.median_ns) if naive else 'not run'} | {ratio} |"
+                f"| {growth} | {_duration(naive.median_ns) if naive else 'not run'} | {ratio} |"
             )
+    lines += _compile_targets(estimates)
     written = [e.written for e in estimates.values()]
     lines += [
         "",
