@@ -487,42 +487,56 @@ impl<'a> Executor<'a> {
                 from: read.source.clone(),
             })
         };
-        let gathered;
-        let input = match &*step.from {
-            [] => input,
+        // Each arm drops what it gathered as soon as the node is done with it.
+        let value = match &*step.from {
+            [] => self.call(step, input, lane)?,
             [one] => {
-                gathered = fetch(frame, one)?;
-                &gathered
+                let read = fetch(frame, one)?;
+                self.call(step, &read, lane)?
             }
             many => {
                 let pairs = many
                     .iter()
                     .map(|read| Ok((read.source.shared(), fetch(frame, read)?)))
                     .collect::<Result<Vec<_>, RunError>>()?;
-                gathered = Value::Map(pairs.into());
-                &gathered
-            }
-        };
-        let value = match self.trace {
-            None => self.execute(step, input, &mut 0)?,
-            Some(trace) => {
-                let start = trace.now();
-                let mut turns = 0;
-                let outcome = self.execute(step, input, &mut turns);
-                trace.record(Span {
-                    node: step.id.clone(),
-                    start,
-                    end: trace.now(),
-                    thread: thread_number(),
-                    branch: lane.path(),
-                    turns,
-                    error: outcome.as_ref().err().map(ToString::to_string),
-                });
-                outcome?
+                self.call(step, &Value::Map(pairs.into()), lane)?
             }
         };
         *frame.cell(step.slot) = Some(value);
         Ok(())
+    }
+
+    /// Runs a step's node on its input, traced when a trace was asked for.
+    fn call(&self, step: &Step, input: &Value, lane: Lane<'_>) -> Result<Value, RunError> {
+        match self.trace {
+            None => self.execute(step, input, &mut 0),
+            Some(trace) => self.traced(trace, step, input, lane),
+        }
+    }
+
+    // Kept out of line: an untraced run should not carry its code through every step.
+    #[cold]
+    #[inline(never)]
+    fn traced(
+        &self,
+        trace: &Trace,
+        step: &Step,
+        input: &Value,
+        lane: Lane<'_>,
+    ) -> Result<Value, RunError> {
+        let start = trace.now();
+        let mut turns = 0;
+        let outcome = self.execute(step, input, &mut turns);
+        trace.record(Span {
+            node: step.id.clone(),
+            start,
+            end: trace.now(),
+            thread: thread_number(),
+            branch: lane.path(),
+            turns,
+            error: outcome.as_ref().err().map(ToString::to_string),
+        });
+        outcome
     }
 
     fn wave(
