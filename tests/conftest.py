@@ -99,6 +99,29 @@ class Pass(soma.Node):
         return x
 
 
+# Classes whose names the derived ids are checked against (`Encoder` -> `encoder`, ...).
+
+
+class Source(soma.Node):
+    def forward(self, x: Any) -> Any:
+        return x
+
+
+class Encoder(soma.Node):
+    def forward(self, x: Any) -> Any:
+        return x
+
+
+class Other2(soma.Node):
+    def forward(self, x: Any) -> Any:
+        return x
+
+
+class HTTPServer(soma.Node):
+    def forward(self, x: Any) -> Any:
+        return x
+
+
 class Const(soma.Node):
     def __init__(self, value: Any) -> None:
         self.value = value

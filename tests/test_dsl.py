@@ -7,28 +7,7 @@ from typing import Any
 import pytest
 
 import soma
-from conftest import Add, Double, Pass, build, named
-
-
-class Source(soma.Node):
-    def forward(self, x: Any) -> Any:
-        return x
-
-
-class Encoder(soma.Node):
-    def forward(self, x: Any) -> Any:
-        return x
-
-
-class Other2(soma.Node):
-    def forward(self, x: Any) -> Any:
-        return x
-
-
-class HTTPServer(soma.Node):
-    def forward(self, x: Any) -> Any:
-        return x
-
+from conftest import Add, Double, Encoder, HTTPServer, Other2, Pass, Source, build, named
 
 # ---------------------------------------------------------------------------------------------
 # The graph an expression draws

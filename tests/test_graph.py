@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 import soma
-from conftest import Add, Double, Pass, build
+from conftest import Add, Double, Encoder, HTTPServer, Other2, Pass, build
 
 # ---------------------------------------------------------------------------------------------
 # Construction and queries
@@ -116,21 +116,6 @@ def test_node_refuses_a_non_node_even_without_an_explicit_id() -> None:
 
 # ---------------------------------------------------------------------------------------------
 # Auto ids
-
-
-class Encoder(soma.Node):
-    def forward(self, x: Any) -> Any:
-        return x
-
-
-class Other2(soma.Node):
-    def forward(self, x: Any) -> Any:
-        return x
-
-
-class HTTPServer(soma.Node):
-    def forward(self, x: Any) -> Any:
-        return x
 
 
 @pytest.mark.parametrize(

@@ -138,7 +138,7 @@ hint: call node(obj) or node('id', obj)\
 
 def test_an_object_without_forward() -> None:
     assert story(lambda: soma.Graph().node("n", object())) == snapshot("""\
-TypeError: a `object` cannot be a node: it has no callable `forward`
+TypeError: an object of type `object` cannot be a node: it has no callable `forward`
 hint: subclass soma.Node and define `forward(self, x)`\
 """)
 

@@ -118,7 +118,7 @@ impl GraphCore {
             .filter(PyAnyMethods::is_callable);
         if forward.is_none() {
             return Err(PyTypeError::new_err(format!(
-                "a `{}` cannot be a node: it has no callable `forward`\nhint: subclass soma.Node and define `forward(self, x)`",
+                "an object of type `{}` cannot be a node: it has no callable `forward`\nhint: subclass soma.Node and define `forward(self, x)`",
                 object.get_type().name()?
             )));
         }
