@@ -206,7 +206,8 @@ impl<'g> Decomposer<'g> {
     }
 
     /// The weakly connected components of the current set, each in topological order, ordered
-    /// by their first-inserted node (declaration order for the DSL).
+    /// by their first-inserted node (declaration order for the DSL); none when the set is
+    /// connected.
     fn components(&mut self, nodes: &[usize]) -> Vec<Vec<usize>> {
         let mut firsts: Vec<usize> = Vec::new();
         let mut stack = Vec::new();
@@ -234,9 +235,13 @@ impl<'g> Decomposer<'g> {
             firsts.push(first);
         }
         if firsts.len() == 1 {
-            return vec![nodes.to_vec()];
+            return Vec::new(); // One component: the caller goes on with the set it has.
         }
-        let mut groups: Vec<Vec<usize>> = vec![Vec::new(); firsts.len()];
+        let mut sizes = vec![0; firsts.len()];
+        for &v in nodes {
+            sizes[self.component[v] as usize] += 1;
+        }
+        let mut groups: Vec<Vec<usize>> = sizes.into_iter().map(Vec::with_capacity).collect();
         for &v in nodes {
             groups[self.component[v] as usize].push(v);
         }
