@@ -166,8 +166,9 @@ class Graph:
         """Runs the graph on ``input`` and returns the leaf's output (a dict keyed by leaf id
         when there are several).
 
-        The GIL is released for the whole run; each branch of a wave runs start to finish on
-        its own thread, and each Python node takes the GIL for its own call only. ``driver``
+        Each branch of a wave runs start to finish on a thread of its own. The GIL is never
+        held while the engine waits (for a wave's branches, for the driver) or while a Rust
+        node runs; a thread keeps it from one Python node to the next. ``driver``
         serves awaiting nodes: any object with ``perform(requests) -> list``. ``trace``, a
         :class:`soma.Trace`, records a span per node (start, end, thread, branch, turns, error).
         """
