@@ -98,18 +98,26 @@ struct Decomposer<'g> {
     /// Predecessors, likewise.
     pred_start: Vec<usize>,
     pred: Vec<usize>,
-    /// `member[v] == pass` when `v` is in the set being split by the current pass.
-    member: Vec<u32>,
-    /// `seen[v] == pass` once `v` has been reached by the current pass's component search or
-    /// moved into `A` by its cut scan.
-    seen: Vec<u32>,
+    /// What each pass keeps per node, side by side so that visiting a node touches one cache
+    /// line, not one per array — most of what a large graph costs.
+    scratch: Vec<Scratch>,
     pass: u32,
+}
+
+/// Per-node state of the current pass.
+#[derive(Clone, Copy, Default)]
+struct Scratch {
+    /// `== pass` when the node is in the set being split by the current pass.
+    member: u32,
+    /// `== pass` once the node has been reached by the current pass's component search, or
+    /// moved into `A` by its cut scan.
+    seen: u32,
+    /// For the cut scan: predecessors still in `B`.
+    left: u32,
+    /// For the component search: the component the node belongs to.
+    component: u32,
     /// For the cut scan: whether a node of `A` has no successor in `A`.
-    sink: Vec<bool>,
-    /// For the cut scan: predecessors of a node that are still in `B`.
-    left: Vec<u32>,
-    /// For the component search: the component a node belongs to.
-    component: Vec<u32>,
+    sink: bool,
 }
 
 impl<'g> Decomposer<'g> {
@@ -139,12 +147,8 @@ impl<'g> Decomposer<'g> {
             succ,
             pred_start,
             pred,
-            member: vec![0; n],
-            seen: vec![0; n],
+            scratch: vec![Scratch::default(); n],
             pass: 0,
-            sink: vec![false; n],
-            left: vec![0; n],
-            component: vec![0; n],
         }
     }
 
@@ -169,7 +173,7 @@ impl<'g> Decomposer<'g> {
     fn begin(&mut self, nodes: &[usize]) {
         self.pass += 1;
         for &v in nodes {
-            self.member[v] = self.pass;
+            self.scratch[v].member = self.pass;
         }
     }
 
@@ -212,22 +216,22 @@ impl<'g> Decomposer<'g> {
         let mut firsts: Vec<usize> = Vec::new();
         let mut stack = Vec::new();
         for &start in nodes {
-            if self.seen[start] == self.pass {
+            if self.scratch[start].seen == self.pass {
                 continue;
             }
             let label = u32::try_from(firsts.len()).expect("fewer components than u32::MAX");
             let mut first = start;
-            self.seen[start] = self.pass;
+            self.scratch[start].seen = self.pass;
             stack.push(start);
             while let Some(v) = stack.pop() {
-                self.component[v] = label;
+                self.scratch[v].component = label;
                 first = first.min(self.order[v]);
                 let around = self.succ[self.succ_start[v]..self.succ_start[v + 1]]
                     .iter()
                     .chain(&self.pred[self.pred_start[v]..self.pred_start[v + 1]]);
                 for &w in around {
-                    if self.member[w] == self.pass && self.seen[w] != self.pass {
-                        self.seen[w] = self.pass;
+                    if self.scratch[w].member == self.pass && self.scratch[w].seen != self.pass {
+                        self.scratch[w].seen = self.pass;
                         stack.push(w);
                     }
                 }
@@ -239,11 +243,11 @@ impl<'g> Decomposer<'g> {
         }
         let mut sizes = vec![0; firsts.len()];
         for &v in nodes {
-            sizes[self.component[v] as usize] += 1;
+            sizes[self.scratch[v].component as usize] += 1;
         }
         let mut groups: Vec<Vec<usize>> = sizes.into_iter().map(Vec::with_capacity).collect();
         for &v in nodes {
-            groups[self.component[v] as usize].push(v);
+            groups[self.scratch[v].component as usize].push(v);
         }
         let mut labelled: Vec<(usize, Vec<usize>)> = firsts.into_iter().zip(groups).collect();
         labelled.sort_by_key(|(first, _)| *first);
@@ -257,55 +261,61 @@ impl<'g> Decomposer<'g> {
         self.pass += 1;
         let in_a = self.pass;
         for &v in nodes {
-            self.member[v] = in_a;
-            self.sink[v] = false;
-            let preds = self.pred(v).iter().filter(|&&u| self.member[u] == in_a);
-            self.left[v] = u32::try_from(preds.count()).expect("in-degree fits in u32");
+            self.scratch[v].member = in_a;
+            self.scratch[v].sink = false;
+            let preds = self
+                .pred(v)
+                .iter()
+                .filter(|&&u| self.scratch[u].member == in_a);
+            self.scratch[v].left = u32::try_from(preds.count()).expect("in-degree fits in u32");
         }
-        let mut sources: u64 = nodes.iter().filter(|&&v| self.left[v] == 0).count() as u64;
+        let mut sources: u64 = nodes.iter().filter(|&&v| self.scratch[v].left == 0).count() as u64;
         let mut sinks: u64 = 0;
         let mut crossing: u64 = 0;
         let mut good: u64 = 0;
         let mut cuts = Vec::new();
         for (k, &v) in nodes[..nodes.len() - 1].iter().enumerate() {
             // v leaves B (where, its predecessors all in A, it was a source) and joins A.
-            self.seen[v] = in_a;
+            self.scratch[v].seen = in_a;
             sources -= 1;
             for at in self.pred_start[v]..self.pred_start[v + 1] {
                 let u = self.pred[at];
-                if self.member[u] != in_a {
+                if self.scratch[u].member != in_a {
                     continue;
                 }
                 crossing -= 1;
-                if self.sink[u] {
+                if self.scratch[u].sink {
                     // u -> v was sink-to-source; u now has a successor in A and stops being a
                     // sink, so its other crossing edges into sources of B stop being good.
                     good -= 1;
-                    self.sink[u] = false;
+                    self.scratch[u].sink = false;
                     sinks -= 1;
                     for at in self.succ_start[u]..self.succ_start[u + 1] {
                         let w = self.succ[at];
-                        if self.member[w] == in_a && self.seen[w] != in_a && self.left[w] == 0 {
+                        if self.scratch[w].member == in_a
+                            && self.scratch[w].seen != in_a
+                            && self.scratch[w].left == 0
+                        {
                             good -= 1;
                         }
                     }
                 }
             }
-            self.sink[v] = true;
+            self.scratch[v].sink = true;
             sinks += 1;
             for at in self.succ_start[v]..self.succ_start[v + 1] {
                 let w = self.succ[at];
-                if self.member[w] != in_a {
+                if self.scratch[w].member != in_a {
                     continue;
                 }
                 crossing += 1;
-                self.left[w] -= 1;
-                if self.left[w] == 0 {
+                self.scratch[w].left -= 1;
+                if self.scratch[w].left == 0 {
                     // w becomes a source of B: its edges from sinks of A become good.
                     sources += 1;
                     for at in self.pred_start[w]..self.pred_start[w + 1] {
                         let x = self.pred[at];
-                        if self.member[x] == in_a && self.sink[x] {
+                        if self.scratch[x].member == in_a && self.scratch[x].sink {
                             good += 1;
                         }
                     }
