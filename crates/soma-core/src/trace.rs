@@ -134,12 +134,7 @@ impl Trace {
     /// branch seen on it; times in microseconds.
     pub fn to_chrome(&self) -> String {
         let spans = self.spans();
-        let mut threads: Vec<(u64, String)> = Vec::new();
-        for span in &spans {
-            if !threads.iter().any(|(t, _)| *t == span.thread) {
-                threads.push((span.thread, span.branch_label()));
-            }
-        }
+        let threads = tracks(&spans);
         let mut out = String::from("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
         let mut first = true;
         let mut separator = |out: &mut String| {
@@ -194,12 +189,8 @@ impl Trace {
         }
         // Slowest first; ties in first-seen order, so the table is stable.
         totals.sort_by_key(|entry| std::cmp::Reverse(entry.1));
-        let wall = spans
-            .iter()
-            .map(|s| s.end)
-            .max()
-            .unwrap_or_default()
-            .saturating_sub(spans.iter().map(|s| s.start).min().unwrap_or_default());
+        let (start, end) = window(&spans);
+        let wall = end.saturating_sub(start);
         let width = totals
             .iter()
             .take(top)
@@ -242,12 +233,7 @@ impl Trace {
         const PLOT: i64 = 720;
         const MARGIN: i64 = 16;
         let spans = self.spans();
-        let mut threads: Vec<(u64, String)> = Vec::new();
-        for span in &spans {
-            if !threads.iter().any(|(t, _)| *t == span.thread) {
-                threads.push((span.thread, span.branch_label()));
-            }
-        }
+        let threads = tracks(&spans);
         let names: Vec<String> = threads
             .iter()
             .map(|(thread, label)| match label.as_str() {
@@ -258,8 +244,7 @@ impl Trace {
         // Wide enough for the longest row name, in the monospace font the drawing uses.
         let longest = names.iter().map(|n| n.chars().count()).max().unwrap_or(0);
         let label_width = i64::try_from(longest).unwrap_or(0) * 8 + 16;
-        let start = spans.iter().map(|s| s.start).min().unwrap_or_default();
-        let end = spans.iter().map(|s| s.end).max().unwrap_or_default();
+        let (start, end) = window(&spans);
         let wall = end.saturating_sub(start).as_secs_f64().max(1e-9);
         let rows = i64::try_from(threads.len().max(1)).unwrap_or(i64::MAX);
         // Room on the right for the last tick's label, centred on the end of the plot.
@@ -337,6 +322,25 @@ impl Trace {
         out.push_str("</svg>\n");
         out
     }
+}
+
+/// One track per thread, in the order threads first ended a span, each with the label of the
+/// first branch seen on it.
+fn tracks(spans: &[Span]) -> Vec<(u64, String)> {
+    let mut threads: Vec<(u64, String)> = Vec::new();
+    for span in spans {
+        if !threads.iter().any(|(t, _)| *t == span.thread) {
+            threads.push((span.thread, span.branch_label()));
+        }
+    }
+    threads
+}
+
+/// The earliest start and the latest end; zero for no span.
+fn window(spans: &[Span]) -> (Duration, Duration) {
+    let start = spans.iter().map(|s| s.start).min().unwrap_or_default();
+    let end = spans.iter().map(|s| s.end).max().unwrap_or_default();
+    (start, end)
 }
 
 fn micros(d: Duration) -> f64 {
