@@ -77,254 +77,395 @@ pub fn compile(graph: &Graph, catalog: &Catalog) -> Result<Plan, CompileError> {
 /// The plan of a graph's topology alone, implementations aside. See the module documentation.
 pub fn decompose(graph: &Graph) -> Plan {
     let mut decomposer = Decomposer::new(graph);
-    let everything: Vec<usize> = (0..graph.len()).collect();
-    decomposer.split(&everything, false)
+    let mut everything: Vec<Rank> = (0..decomposer.order.len()).map(to_rank).collect();
+    decomposer.split(&mut everything, false)
+}
+
+/// A node's position in the decomposer's topological order. 32 bits, not a `usize`: every array
+/// the scans walk is indexed by or made of ranks, and half the bytes is half the cache misses
+/// once a graph outgrows the cache.
+type Rank = u32;
+
+/// A node index or an edge count as a `u32`: the decomposer's arrays hold nothing wider.
+fn to_rank(at: usize) -> u32 {
+    u32::try_from(at).expect("fewer nodes and edges than u32::MAX")
 }
 
 /// Scratch space shared by every level of the decomposition, so a level touches only its own
-/// nodes and never allocates per node.
+/// nodes and allocates nothing per node.
 ///
 /// Nodes are renumbered by their rank in one topological order, and adjacency is copied into
 /// flat arrays in that numbering: a set is then a sorted list of ranks, and the nodes of one
 /// branch — consecutive in that order — sit next to each other in memory, which is most of the
-/// speed of every scan below.
+/// speed of every scan below. Every set lives in one buffer of ranks, made by the caller of
+/// [`Decomposer::split`]: a level reorders its slice in place so that each part it finds is a
+/// sub-slice, and hands the sub-slices down.
 struct Decomposer<'g> {
     graph: &'g Graph,
     /// Rank -> insertion index.
-    order: Vec<usize>,
-    /// Successors of rank `r`: `succ[succ_start[r]..succ_start[r + 1]]`, as ranks.
-    succ_start: Vec<usize>,
-    succ: Vec<usize>,
-    /// Predecessors, likewise.
-    pred_start: Vec<usize>,
-    pred: Vec<usize>,
+    order: Vec<Rank>,
+    adjacency: Adjacency,
     /// What each pass keeps per node, side by side so that visiting a node touches one cache
     /// line, not one per array — most of what a large graph costs.
     scratch: Vec<Scratch>,
     pass: u32,
+    /// The component search's depth-first stack.
+    stack: Vec<Rank>,
+    /// The components the current search found, in the order it found them.
+    found: Vec<Component>,
+    /// Where each component's nodes go when a set is regrouped, by component label.
+    place: Vec<usize>,
+    /// A set regrouped by component, before it is copied back over the set.
+    regrouped: Vec<Rank>,
+    /// Where the parts of the sets being split end, innermost set last: a level pushes its
+    /// own above its callers' and pops them when done.
+    bounds: Vec<usize>,
 }
 
-/// Per-node state of the current pass.
+/// Adjacency in rank numbering, compressed: the neighbours of every node, one after the other.
+struct Adjacency {
+    /// Successors of rank `r`: `succ[succ_start[r]..succ_start[r + 1]]`.
+    succ_start: Vec<u32>,
+    succ: Vec<Rank>,
+    /// Predecessors, likewise, in edge-declaration order (what `Execute::from` lists).
+    pred_start: Vec<u32>,
+    pred: Vec<Rank>,
+}
+
+impl Adjacency {
+    fn succ(&self, r: Rank) -> &[Rank] {
+        let r = r as usize;
+        &self.succ[self.succ_start[r] as usize..self.succ_start[r + 1] as usize]
+    }
+
+    fn pred(&self, r: Rank) -> &[Rank] {
+        let r = r as usize;
+        &self.pred[self.pred_start[r] as usize..self.pred_start[r + 1] as usize]
+    }
+}
+
+/// Per-node state of the current pass: one pass per set, shared by its component search and
+/// its cut scan.
 #[derive(Clone, Copy, Default)]
 struct Scratch {
     /// `== pass` when the node is in the set being split by the current pass.
     member: u32,
-    /// `== pass` once the node has been reached by the current pass's component search, or
-    /// moved into `A` by its cut scan.
+    /// `== pass` once the component search has reached the node.
     seen: u32,
-    /// For the cut scan: predecessors still in `B`.
-    left: u32,
-    /// For the component search: the component the node belongs to.
-    component: u32,
-    /// For the cut scan: whether a node of `A` has no successor in `A`.
-    sink: bool,
+    /// For the component search, the label of the node's component; for the cut scan, `IN_A`
+    /// once the node is in `A`, else its predecessors still in `B`. One field for both keeps the
+    /// struct at 16 bytes, four nodes to a cache line; the scan starts after the search is done.
+    tally: u32,
+    /// For the cut scan: `== pass` while the node is in `A` and has no successor in `A`.
+    sink: u32,
+}
+
+/// One weakly connected component found by the component search.
+struct Component {
+    /// Its first-inserted node, by insertion index: what orders a wave's branches.
+    first: u32,
+    /// The label its nodes carry in `Scratch::tally`.
+    label: u32,
+    /// How many nodes it has.
+    size: usize,
+    /// Its lowest and highest ranks.
+    lowest: Rank,
+    highest: Rank,
 }
 
 impl<'g> Decomposer<'g> {
     fn new(graph: &'g Graph) -> Self {
         let n = graph.len();
-        let order = graph.topological_order();
-        let mut rank = vec![0; n];
-        for (r, &v) in order.iter().enumerate() {
-            rank[v] = r;
-        }
-        let flatten = |neighbours: &dyn Fn(usize) -> &'g [usize]| {
-            let mut start = Vec::with_capacity(n + 1);
-            let mut flat = Vec::new();
-            for &v in &order {
-                start.push(flat.len());
-                flat.extend(neighbours(v).iter().map(|&w| rank[w]));
-            }
-            start.push(flat.len());
-            (start, flat)
+        let (adjacency, forward) = Adjacency::of(graph);
+        // The order is the one that always takes the earliest-inserted ready node. When every
+        // edge runs from an earlier node to a later one (a graph built front to back, as a
+        // loop usually builds one) that order is insertion order itself, found without the
+        // priority queue the general case needs.
+        let (order, adjacency) = if forward {
+            ((0..n).map(to_rank).collect(), adjacency)
+        } else {
+            let order: Vec<Rank> = graph.topological_order().into_iter().map(to_rank).collect();
+            let renumbered = adjacency.renumbered(&order);
+            (order, renumbered)
         };
-        let (succ_start, succ) = flatten(&|v| graph.succ_at(v));
-        let (pred_start, pred) = flatten(&|v| graph.pred_at(v));
         Decomposer {
             graph,
             order,
-            succ_start,
-            succ,
-            pred_start,
-            pred,
+            adjacency,
             scratch: vec![Scratch::default(); n],
             pass: 0,
+            stack: Vec::new(),
+            found: Vec::new(),
+            place: Vec::new(),
+            regrouped: Vec::new(),
+            bounds: Vec::new(),
         }
     }
 
-    fn pred(&self, r: usize) -> &[usize] {
-        &self.pred[self.pred_start[r]..self.pred_start[r + 1]]
-    }
-
-    fn execute(&self, r: usize) -> Plan {
-        let v = self.order[r];
+    fn execute(&self, r: Rank) -> Plan {
+        let id = |r: Rank| self.graph.id_at(self.order[r as usize] as usize).clone();
         Plan::Execute {
-            node: self.graph.id_at(v).clone(),
-            from: self
-                .graph
-                .pred_at(v)
-                .iter()
-                .map(|&u| self.graph.id_at(u).clone())
-                .collect(),
-        }
-    }
-
-    /// Starts a pass over `nodes`: marks them as the current set.
-    fn begin(&mut self, nodes: &[usize]) {
-        self.pass += 1;
-        for &v in nodes {
-            self.scratch[v].member = self.pass;
+            node: id(r),
+            from: self.adjacency.pred(r).iter().map(|&u| id(u)).collect(),
         }
     }
 
     /// The plan of `nodes`, ranks in increasing order; `connected` when they are known to form
-    /// one component (a component found by the caller), which spares a search.
-    fn split(&mut self, nodes: &[usize], connected: bool) -> Plan {
-        match nodes.len() {
-            0 => return Plan::Empty,
-            1 => return self.execute(nodes[0]),
+    /// one component (a component found by the caller), which spares a search. Leaves `nodes`
+    /// reordered.
+    fn split(&mut self, nodes: &mut [Rank], connected: bool) -> Plan {
+        match nodes {
+            [] => return Plan::Empty,
+            [one] => return self.execute(*one),
             _ => {}
         }
+        // One pass per set: the component search and the cut scan both read its marks.
+        self.pass += 1;
         if !connected {
-            self.begin(nodes);
-            let components = self.components(nodes);
-            if components.len() > 1 {
-                return Plan::Wave(components.iter().map(|c| self.split(c, true)).collect());
+            let base = self.bounds.len();
+            self.components(nodes);
+            let branch_count = self.bounds.len() - base;
+            if branch_count > 1 {
+                let mut branches = Vec::with_capacity(branch_count);
+                let mut start = 0;
+                for at in base..base + branch_count {
+                    let end = self.bounds[at];
+                    branches.push(self.split(&mut nodes[start..end], true));
+                    start = end;
+                }
+                self.bounds.truncate(base);
+                return Plan::Wave(branches);
             }
+            self.bounds.truncate(base);
         }
-        let cuts = self.series_cuts(nodes);
-        if cuts.is_empty() {
+        let base = self.bounds.len();
+        self.series_cuts(nodes);
+        let cut_count = self.bounds.len() - base;
+        if cut_count == 0 {
             return Plan::Sequence(nodes.iter().map(|&v| self.execute(v)).collect());
         }
-        let mut steps = Vec::with_capacity(cuts.len() + 1);
+        self.bounds.push(nodes.len());
+        let mut steps = Vec::with_capacity(cut_count + 1);
         let mut start = 0;
-        for end in cuts.into_iter().chain(std::iter::once(nodes.len())) {
-            match self.split(&nodes[start..end], false) {
+        for at in base..=base + cut_count {
+            let end = self.bounds[at];
+            match self.split(&mut nodes[start..end], false) {
                 // Series steps stand in a row: a segment walked in sequence joins the row.
                 Plan::Sequence(inner) => steps.extend(inner),
                 step @ (Plan::Empty | Plan::Execute { .. } | Plan::Wave(_)) => steps.push(step),
             }
             start = end;
         }
+        self.bounds.truncate(base);
         Plan::Sequence(steps)
     }
 
-    /// The weakly connected components of the current set, each in topological order, ordered
-    /// by their first-inserted node (declaration order for the DSL); none when the set is
-    /// connected.
-    fn components(&mut self, nodes: &[usize]) -> Vec<Vec<usize>> {
-        let mut firsts: Vec<usize> = Vec::new();
-        let mut stack = Vec::new();
-        for &start in nodes {
-            if self.scratch[start].seen == self.pass {
+    /// Regroups `nodes` by weakly connected component, each component in topological order and
+    /// the components ordered by their first-inserted node (declaration order for the DSL), and
+    /// pushes where each component ends onto `bounds`; one end, and `nodes` untouched, when the
+    /// set is connected.
+    fn components(&mut self, nodes: &mut [Rank]) {
+        let pass = self.pass;
+        for &v in nodes.iter() {
+            self.scratch[v as usize].member = pass;
+        }
+        self.found.clear();
+        for &start in nodes.iter() {
+            if self.scratch[start as usize].seen == pass {
                 continue;
             }
-            let label = u32::try_from(firsts.len()).expect("fewer components than u32::MAX");
-            let mut first = start;
-            self.scratch[start].seen = self.pass;
-            stack.push(start);
-            while let Some(v) = stack.pop() {
-                self.scratch[v].component = label;
-                first = first.min(self.order[v]);
-                let around = self.succ[self.succ_start[v]..self.succ_start[v + 1]]
-                    .iter()
-                    .chain(&self.pred[self.pred_start[v]..self.pred_start[v + 1]]);
+            let label = u32::try_from(self.found.len()).expect("fewer components than u32::MAX");
+            let mut first = u32::MAX;
+            let mut size = 0;
+            let (mut lowest, mut highest) = (start, start);
+            self.scratch[start as usize].seen = pass;
+            self.stack.push(start);
+            while let Some(v) = self.stack.pop() {
+                self.scratch[v as usize].tally = label;
+                first = first.min(self.order[v as usize]);
+                size += 1;
+                lowest = lowest.min(v);
+                highest = highest.max(v);
+                let around = self.adjacency.succ(v).iter().chain(self.adjacency.pred(v));
                 for &w in around {
-                    if self.scratch[w].member == self.pass && self.scratch[w].seen != self.pass {
-                        self.scratch[w].seen = self.pass;
-                        stack.push(w);
+                    let w_scratch = &mut self.scratch[w as usize];
+                    if w_scratch.member == pass && w_scratch.seen != pass {
+                        w_scratch.seen = pass;
+                        self.stack.push(w);
                     }
                 }
             }
-            firsts.push(first);
+            self.found.push(Component {
+                first,
+                label,
+                size,
+                lowest,
+                highest,
+            });
         }
-        if firsts.len() == 1 {
-            return Vec::new(); // One component: the caller goes on with the set it has.
+        self.found.sort_unstable_by_key(|component| component.first);
+        let base = self.bounds.len();
+        let mut end = 0;
+        for component in &self.found {
+            end += component.size;
+            self.bounds.push(end);
         }
-        let mut sizes = vec![0; firsts.len()];
-        for &v in nodes {
-            sizes[self.scratch[v].component as usize] += 1;
+        // `nodes` is sorted by rank, so components whose rank ranges follow one another in
+        // branch order already sit where they belong: the usual case, a graph declared branch
+        // by branch, costs no regrouping.
+        let in_place = self
+            .found
+            .windows(2)
+            .all(|pair| pair[0].highest < pair[1].lowest);
+        if in_place {
+            return;
         }
-        let mut groups: Vec<Vec<usize>> = sizes.into_iter().map(Vec::with_capacity).collect();
-        for &v in nodes {
-            groups[self.scratch[v].component as usize].push(v);
+        // A counting sort, stable, so each component keeps its nodes in topological order.
+        self.place.clear();
+        self.place.resize(self.found.len(), 0);
+        for (component, &end) in self.found.iter().zip(&self.bounds[base..]) {
+            self.place[component.label as usize] = end - component.size;
         }
-        let mut labelled: Vec<(usize, Vec<usize>)> = firsts.into_iter().zip(groups).collect();
-        labelled.sort_by_key(|(first, _)| *first);
-        labelled.into_iter().map(|(_, group)| group).collect()
+        self.regrouped
+            .resize(self.regrouped.len().max(nodes.len()), 0);
+        let regrouped = &mut self.regrouped[..nodes.len()];
+        for &v in nodes.iter() {
+            let place = &mut self.place[self.scratch[v as usize].tally as usize];
+            regrouped[*place] = v;
+            *place += 1;
+        }
+        nodes.copy_from_slice(regrouped);
     }
 
-    /// Every `k` such that `nodes[..k]` and `nodes[k..]` form a series cut of the current set
-    /// (`nodes` in topological order, one connected component). O(nodes + edges).
-    fn series_cuts(&mut self, nodes: &[usize]) -> Vec<usize> {
-        // `seen` marks membership in A for this scan; the component search is done with it.
-        self.pass += 1;
-        let in_a = self.pass;
+    /// Pushes onto `bounds` every `k` such that `nodes[..k]` and `nodes[k..]` form a series cut
+    /// of `nodes` (in topological order, one connected component). O(nodes + edges).
+    fn series_cuts(&mut self, nodes: &[Rank]) {
+        // The current pass marks the set (`member`) and the sinks of A (`sink`); a node of A has
+        // `tally == IN_A`, a node of B its predecessors still in B.
+        const IN_A: u32 = u32::MAX;
+        let pass = self.pass;
+        let mut sources: u64 = 0;
         for &v in nodes {
-            self.scratch[v].member = in_a;
-            self.scratch[v].sink = false;
+            // Marking as we go is enough: a node's predecessors in the set come before it.
+            self.scratch[v as usize].member = pass;
             let preds = self
+                .adjacency
                 .pred(v)
                 .iter()
-                .filter(|&&u| self.scratch[u].member == in_a);
-            self.scratch[v].left = u32::try_from(preds.count()).expect("in-degree fits in u32");
+                .filter(|&&u| self.scratch[u as usize].member == pass);
+            let left = u32::try_from(preds.count()).expect("in-degree below u32::MAX");
+            self.scratch[v as usize].tally = left;
+            sources += u64::from(left == 0);
         }
-        let mut sources: u64 = nodes.iter().filter(|&&v| self.scratch[v].left == 0).count() as u64;
         let mut sinks: u64 = 0;
         let mut crossing: u64 = 0;
         let mut good: u64 = 0;
-        let mut cuts = Vec::new();
         for (k, &v) in nodes[..nodes.len() - 1].iter().enumerate() {
             // v leaves B (where, its predecessors all in A, it was a source) and joins A.
-            self.scratch[v].seen = in_a;
+            self.scratch[v as usize].tally = IN_A;
             sources -= 1;
-            for at in self.pred_start[v]..self.pred_start[v + 1] {
-                let u = self.pred[at];
-                if self.scratch[u].member != in_a {
+            for &u in self.adjacency.pred(v) {
+                if self.scratch[u as usize].member != pass {
                     continue;
                 }
                 crossing -= 1;
-                if self.scratch[u].sink {
+                if self.scratch[u as usize].sink == pass {
                     // u -> v was sink-to-source; u now has a successor in A and stops being a
                     // sink, so its other crossing edges into sources of B stop being good.
                     good -= 1;
-                    self.scratch[u].sink = false;
+                    self.scratch[u as usize].sink = 0;
                     sinks -= 1;
-                    for at in self.succ_start[u]..self.succ_start[u + 1] {
-                        let w = self.succ[at];
-                        if self.scratch[w].member == in_a
-                            && self.scratch[w].seen != in_a
-                            && self.scratch[w].left == 0
-                        {
+                    for &w in self.adjacency.succ(u) {
+                        let w_scratch = self.scratch[w as usize];
+                        if w_scratch.member == pass && w_scratch.tally == 0 {
                             good -= 1;
                         }
                     }
                 }
             }
-            self.scratch[v].sink = true;
+            self.scratch[v as usize].sink = pass;
             sinks += 1;
-            for at in self.succ_start[v]..self.succ_start[v + 1] {
-                let w = self.succ[at];
-                if self.scratch[w].member != in_a {
+            for &w in self.adjacency.succ(v) {
+                let w_scratch = &mut self.scratch[w as usize];
+                if w_scratch.member != pass {
                     continue;
                 }
                 crossing += 1;
-                self.scratch[w].left -= 1;
-                if self.scratch[w].left == 0 {
+                w_scratch.tally -= 1;
+                if w_scratch.tally == 0 {
                     // w becomes a source of B: its edges from sinks of A become good.
                     sources += 1;
-                    for at in self.pred_start[w]..self.pred_start[w + 1] {
-                        let x = self.pred[at];
-                        if self.scratch[x].member == in_a && self.scratch[x].sink {
+                    for &x in self.adjacency.pred(w) {
+                        let x_scratch = self.scratch[x as usize];
+                        if x_scratch.member == pass && x_scratch.sink == pass {
                             good += 1;
                         }
                     }
                 }
             }
             if crossing == good && good == sinks * sources {
-                cuts.push(k + 1);
+                self.bounds.push(k + 1);
             }
         }
-        cuts
+    }
+}
+
+impl Adjacency {
+    /// The graph's adjacency in insertion numbering, and whether every edge runs forward in it.
+    fn of(graph: &Graph) -> (Adjacency, bool) {
+        let n = graph.len();
+        let edge_count = graph.edges().len();
+        let mut forward = true;
+        let mut succ_start = Vec::with_capacity(n + 1);
+        let mut succ = Vec::with_capacity(edge_count);
+        for v in 0..n {
+            succ_start.push(to_rank(succ.len()));
+            let targets = graph.succ_at(v);
+            forward &= targets.iter().all(|&w| w > v);
+            succ.extend(targets.iter().map(|&w| to_rank(w)));
+        }
+        succ_start.push(to_rank(succ.len()));
+        let mut pred_start = Vec::with_capacity(n + 1);
+        let mut pred = Vec::with_capacity(edge_count);
+        for v in 0..n {
+            pred_start.push(to_rank(pred.len()));
+            pred.extend(graph.pred_at(v).iter().map(|&u| to_rank(u)));
+        }
+        pred_start.push(to_rank(pred.len()));
+        let adjacency = Adjacency {
+            succ_start,
+            succ,
+            pred_start,
+            pred,
+        };
+        (adjacency, forward)
+    }
+
+    /// The same adjacency with node `order[r]` renamed `r`, each neighbour list in its order.
+    fn renumbered(&self, order: &[Rank]) -> Adjacency {
+        let mut rank = vec![0; order.len()];
+        for (r, &v) in order.iter().enumerate() {
+            rank[v as usize] = to_rank(r);
+        }
+        let renumber = |start: &[u32], flat: &[Rank]| {
+            let mut new_start = Vec::with_capacity(start.len());
+            let mut new_flat = Vec::with_capacity(flat.len());
+            for &v in order {
+                new_start.push(to_rank(new_flat.len()));
+                let v = v as usize;
+                let neighbours = &flat[start[v] as usize..start[v + 1] as usize];
+                new_flat.extend(neighbours.iter().map(|&w| rank[w as usize]));
+            }
+            new_start.push(to_rank(new_flat.len()));
+            (new_start, new_flat)
+        };
+        let (succ_start, succ) = renumber(&self.succ_start, &self.succ);
+        let (pred_start, pred) = renumber(&self.pred_start, &self.pred);
+        Adjacency {
+            succ_start,
+            succ,
+            pred_start,
+            pred,
+        }
     }
 }

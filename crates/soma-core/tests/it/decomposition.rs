@@ -189,6 +189,21 @@ fn unrelated_branches_come_in_declaration_order() {
     );
 }
 
+#[test]
+fn a_branch_declared_back_to_front_still_comes_in_declaration_order() {
+    // `c` is declared before its predecessor `b`, so the branch `b >> c` is declared second,
+    // by `c`, and comes before `a` although `a` is ready first.
+    let graph = graph(&["x", "c", "a", "b"], &[("b", "c")]);
+    assert_eq!(
+        decompose(&graph),
+        wave(vec![
+            exec("x", &[]),
+            seq(vec![exec("b", &[]), exec("c", &["b"])]),
+            exec("a", &[])
+        ])
+    );
+}
+
 fn the_n() -> [(&'static str, &'static str); 3] {
     [("a", "c"), ("a", "d"), ("b", "d")]
 }
