@@ -601,3 +601,99 @@ def test_concurrent_forward_calls_with_a_driver_each_get_their_own_answers() -> 
     with ThreadPoolExecutor(max_workers=8) as pool:
         results = list(pool.map(lambda x: g.forward(x, driver=driver), range(32)))
     assert results == [(3 * x, -3 * x) for x in range(32)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Threads kept from one forward to the next: each branch its own, never another's
+
+
+class Where(soma.Node):
+    """Records the thread it ran on and what it found in a `threading.local`, then marks it."""
+
+    def __init__(self, local: threading.local, seen: dict[str, list[tuple[int, Any]]]) -> None:
+        self.local, self.seen = local, seen
+
+    def forward(self, x: Any, ctx: soma.Ctx) -> Any:
+        found = getattr(self.local, "mark", None)
+        self.seen.setdefault(ctx.node, []).append((threading.get_ident(), found))
+        self.local.mark = ctx.node
+        return x
+
+
+def test_each_branch_runs_on_the_same_thread_in_every_forward_and_no_two_share_one() -> None:
+    local, seen = threading.local(), {}
+    g = soma.Graph.somatize(
+        Where(local, seen).named("a")
+        >> (Where(local, seen).named("b") | Where(local, seen).named("c"))
+        >> Where(local, seen).named("z")
+    )
+    for _ in range(3):
+        g.forward(0)
+    threads = {node: {ident for ident, _ in visits} for node, visits in seen.items()}
+    assert len(threads["b"]) == 1, threads
+    assert len(threads["c"]) == 1, threads
+    assert threads["a"] == threads["z"] == {threading.get_ident()}
+    assert len(threads["a"] | threads["b"] | threads["c"]) == 3, threads
+
+
+def test_a_threading_local_set_in_a_branch_is_gone_by_the_next_forward() -> None:
+    # The branch's thread is kept, but the interpreter's state for it is made anew each forward.
+    local, seen = threading.local(), {}
+    g = soma.Graph.somatize(Where(local, seen).named("b") | Where(local, seen).named("c"))
+    for _ in range(3):
+        g.forward(0)
+    assert [found for _, found in seen["b"] + seen["c"]] == [None] * 6
+
+
+def test_two_forwards_of_one_graph_at_once_run_all_four_branches_at_the_same_time() -> None:
+    # The second forward cannot wait for the first one's branch threads: all four must meet.
+    barrier = threading.Barrier(4, timeout=DEADLINE)
+    g = soma.Graph.somatize(Meet(barrier).named("b") | Meet(barrier).named("c"))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(g.forward, [1, 2]))
+    assert results == [{"b": 1, "c": 1}, {"b": 2, "c": 2}]
+
+
+def test_a_wave_of_a_thousand_python_branches_meets_and_runs_again() -> None:
+    width = 1000
+    barrier = threading.Barrier(width, timeout=DEADLINE)
+    branches: Any = Meet(barrier).named("m0")
+    for i in range(1, width):
+        branches = branches | Meet(barrier).named(f"m{i}")
+    g = soma.Graph.somatize(Pass() >> branches >> SumValues())
+    assert g.forward(1) == width
+    assert g.forward(2) == 2 * width
+
+
+FORK_SCRIPT = """
+import multiprocessing, sys
+sys.path.insert(0, {tests!r})
+import soma
+from conftest import Add, Double, SumValues
+
+def build():
+    return soma.Graph.somatize(Add(1) >> (Double().named("l") | Add(10).named("r")) >> SumValues())
+
+def child(graph, out):
+    out.put(graph.forward(5))
+
+if __name__ == "__main__":
+    graph = build()
+    assert graph.forward(1) == 2 * 2 + 12
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    process = context.Process(target=child, args=(graph, out))
+    process.start()
+    print("child", out.get(timeout={deadline}))
+    process.join({deadline})
+    print("exit", process.exitcode)
+"""
+
+
+def test_a_child_forked_after_a_forward_runs_the_graph_on_threads_of_its_own() -> None:
+    # The child inherits the graph and its kept threads' bookkeeping, but not the threads.
+    tests = os.path.dirname(os.path.abspath(__file__))
+    done = run_script(FORK_SCRIPT.format(tests=tests, deadline=DEADLINE))
+    assert done.returncode == 0, done.stderr
+    assert "child 28" in done.stdout, done.stdout
+    assert "exit 0" in done.stdout, done.stdout

@@ -1,8 +1,8 @@
 //! `Executor`: walks a [`Plan`], running the branches of each wave on their own threads.
 //!
-//! A wave launches every branch at once, each on a scoped thread of its own
-//! (`std::thread::scope`, so the program, the driver and what was produced so far are lent as
-//! plain references), and each branch runs start to finish on that one thread.
+//! A wave hands every branch at once to a thread of its own — the program's standing thread
+//! for that branch ([`crate::crew`]), or a new one — and each branch runs start to finish on
+//! that one thread while the caller's thread only waits.
 //! Values live in one table of slots ([`Program`] numbers them so that each branch owns a
 //! contiguous range): a branch reads what its ancestors produced through a shared borrow of the
 //! part of the table that was complete when its wave started, and writes only into its own
@@ -20,11 +20,11 @@
 use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex};
 use std::thread;
 use std::time::Duration;
 
 use crate::catalog::Catalog;
+use crate::crew::{Crew, Tally};
 use crate::driver::{Driver, DriverError};
 use crate::id::NodeId;
 use crate::node::{Ctx, NodeError, Transition};
@@ -90,6 +90,12 @@ pub enum RunError {
         /// The node it reads.
         from: NodeId,
     },
+    /// A plan runs the same node twice: it was not compiled from a graph, or was edited by
+    /// hand.
+    StepTwice {
+        /// The node.
+        node: NodeId,
+    },
     /// The [`Watch`] asked the run to stop.
     Interrupted,
 }
@@ -104,7 +110,8 @@ impl RunError {
             | RunError::WrongResultCount { node, .. }
             | RunError::TurnLimit { node, .. }
             | RunError::NotInCatalog { node }
-            | RunError::MissingInput { node, .. } => Some(node),
+            | RunError::MissingInput { node, .. }
+            | RunError::StepTwice { node } => Some(node),
             RunError::Interrupted => None,
         }
     }
@@ -138,6 +145,10 @@ impl fmt::Display for RunError {
                 f,
                 "node `{node}` reads `{from}`, which had produced nothing\nhint: run plans made by `compile`"
             ),
+            RunError::StepTwice { node } => write!(
+                f,
+                "node `{node}` is run twice by the plan\nhint: run plans made by `compile`, where each node is one step"
+            ),
             RunError::Interrupted => f.write_str(
                 "the run was interrupted\nhint: its watch asked it to stop (Ctrl-C, a deadline); every branch stopped at a node boundary, and the run can be started again"
             ),
@@ -155,6 +166,7 @@ impl std::error::Error for RunError {
             | RunError::TurnLimit { .. }
             | RunError::NotInCatalog { .. }
             | RunError::MissingInput { .. }
+            | RunError::StepTwice { .. }
             | RunError::Interrupted => None,
         }
     }
@@ -305,27 +317,6 @@ impl Lane<'_> {
     }
 }
 
-/// Counts the branches still running, so a waiting thread can wake to consult the watch.
-struct Latch {
-    running: Mutex<usize>,
-    finished: Condvar,
-}
-
-/// Marks one branch finished when dropped — also when the branch unwinds from a panic.
-struct LatchGuard<'l>(&'l Latch);
-
-impl Drop for LatchGuard<'_> {
-    fn drop(&mut self) {
-        let mut running = self
-            .0
-            .running
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *running -= 1;
-        self.0.finished.notify_all();
-    }
-}
-
 impl<'a> Executor<'a> {
     /// An executor over `catalog`, without driver, watch or host, with the default turn limit.
     pub fn new(catalog: &'a Catalog) -> Self {
@@ -392,7 +383,9 @@ impl<'a> Executor<'a> {
     /// # Panics
     /// Re-raises a node's panic, after every branch of the wave it happened in was joined.
     pub fn run(&self, plan: &Plan, input: Value) -> Result<Value, RunError> {
-        self.run_program(&Program::new(plan, self.catalog)?, input)
+        // A one-off run: threads kept for later runs would only be ended right after it.
+        let program = Program::new(plan, self.catalog)?;
+        self.run_on(&program, &Crew::fresh(), input)
     }
 
     /// Runs a resolved plan on `input`; see [`Executor::run`]. The program carries its own
@@ -404,13 +397,17 @@ impl<'a> Executor<'a> {
     /// # Panics
     /// As [`Executor::run`].
     pub fn run_program(&self, program: &Program, input: Value) -> Result<Value, RunError> {
+        self.run_on(program, &program.crew, input)
+    }
+
+    fn run_on(&self, program: &Program, crew: &Crew, input: Value) -> Result<Value, RunError> {
         let mut table: Vec<Option<Value>> = vec![None; program.len()];
         let mut frame = Frame {
             base: 0,
             own: &mut table,
             shared: None,
         };
-        match self.walk(&program.root, &input, &mut frame, Lane::ROOT) {
+        match self.walk(crew, &program.root, &input, &mut frame, Lane::ROOT) {
             Ok(()) => {}
             Err(Halt::Failed(error)) => return Err(error),
             Err(Halt::Cancelled) => {
@@ -440,6 +437,7 @@ impl<'a> Executor<'a> {
 
     fn walk(
         &self,
+        crew: &Crew,
         op: &Op,
         input: &Value,
         frame: &mut Frame<'_>,
@@ -450,7 +448,7 @@ impl<'a> Executor<'a> {
             Op::Execute(step) => self.step(step, input, frame, lane),
             Op::Sequence { steps, drop_after } => {
                 for (at, step) in steps.iter().enumerate() {
-                    self.walk(step, input, frame, lane)?;
+                    self.walk(crew, step, input, frame, lane)?;
                     if let Some(done) = drop_after.get(at) {
                         for &slot in done {
                             *frame.cell(slot) = None;
@@ -459,7 +457,11 @@ impl<'a> Executor<'a> {
                 }
                 Ok(())
             }
-            Op::Wave { branches, bounds } => self.wave(branches, bounds, input, frame, lane),
+            Op::Wave {
+                branches,
+                bounds,
+                first,
+            } => self.wave(crew, (branches, bounds, *first), input, frame, lane),
         }
     }
 
@@ -541,14 +543,14 @@ impl<'a> Executor<'a> {
 
     fn wave(
         &self,
-        branches: &[Op],
-        bounds: &[usize],
+        crew: &Crew,
+        (branches, bounds, first): (&[Op], &[usize], usize),
         input: &Value,
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
     ) -> Result<(), Halt> {
         if let [only] = branches {
-            return self.walk(only, input, frame, lane);
+            return self.walk(crew, only, input, frame, lane);
         }
         // Split the table: everything before the wave becomes read-only for its branches, and
         // the wave's range is cut into one disjoint mutable part per branch.
@@ -560,68 +562,42 @@ impl<'a> Executor<'a> {
             outer: frame.shared,
         };
         let mut remaining = &mut after[..hi - lo];
-        let mut frames = Vec::with_capacity(branches.len());
-        for window in bounds.windows(2) {
-            let (own, tail) = std::mem::take(&mut remaining).split_at_mut(window[1] - window[0]);
-            frames.push(Frame {
-                base: window[0],
-                own,
-                shared: Some(&shared),
-            });
-            remaining = tail;
-        }
         let state = WaveState {
             first_failed: AtomicUsize::new(usize::MAX),
         };
-        let latch = Latch {
-            running: Mutex::new(branches.len()),
-            finished: Condvar::new(),
-        };
-        // Every branch gets a thread of its own, made for it and ended with it — the caller's
-        // thread only waits. Whatever a branch leaves in thread-local storage (a device, a
-        // random state, an interpreter's thread state) is therefore never seen by a sibling,
-        // by a later branch, or by the caller.
-        let outcomes: Vec<thread::Result<Result<(), Halt>>> = thread::scope(|scope| {
-            let handles: Vec<_> = branches
-                .iter()
-                .zip(frames)
-                .enumerate()
-                .map(|(i, (branch, mut own))| {
-                    let (state, latch, lane) = (&state, &latch, &lane);
-                    scope.spawn(move || {
-                        let _finished = LatchGuard(latch);
-                        let mut outcome = None;
-                        let mut run = || {
-                            outcome = Some(self.branch(branch, i, input, &mut own, state, lane));
-                        };
-                        match self.host {
-                            Some(host) => host.branch(&mut run),
-                            None => run(),
-                        }
-                        outcome.expect("the host ran the branch")
-                    })
-                })
-                .collect();
-            let mut outcomes = Vec::with_capacity(branches.len());
-            let mut handles = Some(handles);
-            self.blocking(&mut || {
-                self.wait(&latch);
-                let joined = handles.take().map(|handles| {
-                    handles
-                        .into_iter()
-                        .map(thread::ScopedJoinHandle::join)
-                        .collect::<Vec<_>>()
-                });
-                outcomes.extend(joined.into_iter().flatten());
+        let (state, lane) = (&state, &lane);
+        let mut tasks = Vec::with_capacity(branches.len());
+        for (i, (branch, window)) in branches.iter().zip(bounds.windows(2)).enumerate() {
+            let (own, tail) = std::mem::take(&mut remaining).split_at_mut(window[1] - window[0]);
+            remaining = tail;
+            let mut own = Frame {
+                base: window[0],
+                own,
+                shared: Some(&shared),
+            };
+            tasks.push(move || {
+                let mut outcome = None;
+                let mut run = || {
+                    outcome = Some(self.branch(crew, branch, i, input, &mut own, state, lane));
+                };
+                match self.host {
+                    Some(host) => host.branch(&mut run),
+                    None => run(),
+                }
+                outcome.expect("the host ran the branch")
             });
-            outcomes
+        }
+        let outcomes = crew.run(first, tasks, |tally| {
+            self.blocking(&mut || self.wait(tally));
         });
         settle(outcomes)
     }
 
     /// Runs one branch of a wave; on failure, tells the later-declared siblings to stop.
+    #[allow(clippy::too_many_arguments)]
     fn branch(
         &self,
+        crew: &Crew,
         branch: &Op,
         index: usize,
         input: &Value,
@@ -633,8 +609,9 @@ impl<'a> Executor<'a> {
             wave: Some((state, index)),
             parent: Some(outer),
         };
-        let result =
-            panic::catch_unwind(AssertUnwindSafe(|| self.walk(branch, input, frame, lane)));
+        let result = panic::catch_unwind(AssertUnwindSafe(|| {
+            self.walk(crew, branch, input, frame, lane)
+        }));
         if !matches!(result, Ok(Ok(()) | Err(Halt::Cancelled))) {
             state.first_failed.fetch_min(index, Ordering::AcqRel);
         }
@@ -651,28 +628,10 @@ impl<'a> Executor<'a> {
 
     /// Blocks until the branches finish, polling the watch while it waits so that an interruption
     /// only this thread can see (a signal, on a host's main thread) reaches them.
-    fn wait(&self, latch: &Latch) {
-        let Some(watch) = self.watch else {
-            return; // Joining the handles waits; nobody needs to be woken.
-        };
-        let mut running = latch
-            .running
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        while *running > 0 {
-            running = latch
-                .finished
-                .wait_timeout(running, WATCH_INTERVAL)
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .0;
-            if *running > 0 {
-                drop(running);
-                watch.poll();
-                running = latch
-                    .running
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-            }
+    fn wait<T>(&self, tally: &Tally<T>) {
+        match self.watch {
+            None => tally.wait_all(),
+            Some(watch) => tally.wait_polling(WATCH_INTERVAL, &|| watch.poll()),
         }
     }
 

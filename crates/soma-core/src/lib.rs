@@ -28,6 +28,7 @@
 
 mod catalog;
 mod compile;
+mod crew;
 pub mod draw;
 mod driver;
 mod dsl;

@@ -11,11 +11,16 @@
 //! long chain holds one intermediate value at a time, not all of them. The last reader *takes*
 //! the value when it runs in the same branch as its producer; a value read inside a later wave
 //! is dropped by the producer's branch once that wave has joined.
+//!
+//! A program numbers the branches of its waves too, and keeps a standing [`Crew`]: one parked
+//! thread per branch, reused by that branch from run to run (see [`crate::crew`] for why no
+//! thread-local state crosses from one branch to another).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::catalog::Catalog;
+use crate::crew::Crew;
 use crate::execute::RunError;
 use crate::id::NodeId;
 use crate::node::Node;
@@ -24,10 +29,14 @@ use crate::plan::Plan;
 /// A plan with its implementations and inputs resolved to slots. Build it once with
 /// [`Program::new`]; run it any number of times, from any number of threads, with
 /// [`crate::Executor::run_program`].
+///
+/// The branches of its waves run on threads the program keeps: each branch gets one, started
+/// the first time the branch runs, parked between runs and ended when the program is dropped.
 pub struct Program {
     pub(crate) root: Op,
     pub(crate) ids: Box<[NodeId]>,
     pub(crate) leaves: Box<[usize]>,
+    pub(crate) crew: Crew,
 }
 
 /// One step of a program, mirroring [`Plan`].
@@ -44,6 +53,8 @@ pub(crate) enum Op {
         branches: Box<[Op]>,
         /// Branch `i` owns slots `bounds[i]..bounds[i + 1]`.
         bounds: Box<[usize]>,
+        /// Branch `i` is the program's branch number `first + i`.
+        first: usize,
     },
 }
 
@@ -67,8 +78,8 @@ impl Program {
     ///
     /// # Errors
     /// [`RunError::NotInCatalog`] for a step without implementation; [`RunError::MissingInput`]
-    /// for a step that reads a node no earlier step runs, or for a node run twice (plans made
-    /// by [`crate::compile`] have neither).
+    /// for a step that reads a node no earlier step runs; [`RunError::StepTwice`] for a node
+    /// run twice (plans made by [`crate::compile`] have none of these).
     ///
     /// # Complexity
     /// O(steps · nesting depth).
@@ -80,6 +91,7 @@ impl Program {
             paths: Vec::new(),
             path: Vec::new(),
             sequences: 0,
+            branches: 0,
             reads: Vec::new(),
         };
         let mut root = builder.build(plan)?;
@@ -133,6 +145,7 @@ impl Program {
             root,
             ids: ids.into(),
             leaves: leaves.into(),
+            crew: Crew::standing(builder.branches),
         })
     }
 
@@ -144,6 +157,11 @@ impl Program {
     /// Whether the program runs no step.
     pub fn is_empty(&self) -> bool {
         self.ids.is_empty()
+    }
+
+    /// Number of branches in all its waves: how many threads it keeps once every branch has run.
+    pub fn branches(&self) -> usize {
+        self.crew.len()
     }
 
     /// The nodes whose outputs a run returns, in plan order.
@@ -168,6 +186,8 @@ struct Builder<'c> {
     paths: Vec<Box<[(usize, usize)]>>,
     path: Vec<(usize, usize)>,
     sequences: usize,
+    /// Branches of waves numbered so far.
+    branches: usize,
     /// Every (reader slot, read slot), in build order.
     reads: Vec<(usize, usize)>,
 }
@@ -200,10 +220,7 @@ impl Builder<'_> {
                     })
                     .collect::<Result<Box<[Read]>, RunError>>()?;
                 if self.slot_of.insert(node.clone(), slot).is_some() {
-                    return Err(RunError::MissingInput {
-                        node: node.clone(),
-                        from: node.clone(),
-                    });
+                    return Err(RunError::StepTwice { node: node.clone() });
                 }
                 self.ids.push(node.clone());
                 self.paths.push(self.path.as_slice().into());
@@ -230,6 +247,8 @@ impl Builder<'_> {
                 })
             }
             Plan::Wave(children) => {
+                let first = self.branches;
+                self.branches += children.len();
                 let mut bounds = Vec::with_capacity(children.len() + 1);
                 let mut branches = Vec::with_capacity(children.len());
                 for child in children {
@@ -240,6 +259,7 @@ impl Builder<'_> {
                 Ok(Op::Wave {
                     branches: branches.into(),
                     bounds: bounds.into(),
+                    first,
                 })
             }
         }

@@ -122,7 +122,9 @@ pub fn run_error(py: Python<'_>, error: &RunError, interrupt: Option<PyErr>) -> 
                 &[("node", text(py, node)), ("limit", limit)],
             )
         }
-        RunError::NotInCatalog { node } | RunError::MissingInput { node, .. } => {
+        RunError::NotInCatalog { node }
+        | RunError::MissingInput { node, .. }
+        | RunError::StepTwice { node } => {
             soma_error(py, "RunError", message, &[("node", text(py, node))])
         }
         RunError::Interrupted => interrupt.unwrap_or_else(|| PyKeyboardInterrupt::new_err(message)),

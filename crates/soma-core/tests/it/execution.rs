@@ -180,6 +180,20 @@ fn a_step_reading_a_node_that_produced_nothing_is_missing_input() {
 }
 
 #[test]
+fn a_plan_running_a_node_twice_is_refused_before_anything_runs() {
+    let log = Log::new();
+    let mut catalog = Catalog::new();
+    catalog.insert("a", Arc::new(logged(&log, trace)));
+    let plan = seq(vec![exec("a", &[]), exec("a", &[])]);
+    let error = Executor::new(&catalog).run(&plan, Value::Null).unwrap_err();
+    assert!(
+        matches!(&error, RunError::StepTwice { node } if node == "a"),
+        "{error:?}"
+    );
+    assert!(!log.ran("a"));
+}
+
+#[test]
 fn an_empty_plan_returns_the_input_without_a_catalog_entry() {
     assert_eq!(
         Executor::new(&Catalog::new())

@@ -10,11 +10,13 @@
 //! | `decomposition` | the plan of each topology, and compile's refusal |
 //! | `drawing` | the tree, Mermaid, DOT and SVG of plans and graphs |
 //! | `messages` | every error's message, word for word (inline snapshots) |
+//! | `crew` | a program's standing threads: one per branch, kept from run to run, never shared |
 //! | `isolation` | a branch's thread is its own; a million-node chain needs no deep stack |
 //! | `invariants` | every plan, over a battery and random DAGs; the expression oracle |
 //! | `tracing` | spans per node, their thread and branch, the Chrome trace, summary, timeline |
 //! | `waves` | branches really at once, one thread each, failures and panics |
 
+mod crew;
 mod decomposition;
 mod drawing;
 mod drivers;

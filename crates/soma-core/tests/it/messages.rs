@@ -202,6 +202,19 @@ fn missing_input() {
     ");
 }
 
+#[test]
+fn step_twice() {
+    let (_, catalog) = n("a").somatize().unwrap();
+    let twice: Plan = seq(vec![exec("a", &[]), exec("a", &[])]);
+    let error = Executor::new(&catalog)
+        .run(&twice, Value::Null)
+        .unwrap_err();
+    insta::assert_snapshot!(error, @r"
+    node `a` is run twice by the plan
+    hint: run plans made by `compile`, where each node is one step
+    ");
+}
+
 struct Stop(AtomicBool);
 
 impl Watch for Stop {
