@@ -75,6 +75,20 @@ def _traced(estimates: dict[str, Estimate]) -> list[str]:
     return ["", *lines] if lines else []
 
 
+def _handoff(estimates: dict[str, Estimate]) -> list[str]:
+    """The wave of two beside one round trip to a parked thread: the least such a wave costs."""
+    floor = estimates.get("handoff/round-trip/1")
+    wave = estimates.get("wave/trivial-branches/2")
+    if floor is None or wave is None:
+        return []
+    return [
+        "",
+        f"Floor: one round trip to a parked thread (`handoff/round-trip/1`) takes "
+        f"{_duration(floor.median_ns)}; a wave of two, whose caller wakes the branch threads and "
+        f"is woken by them, takes {wave.median_ns / floor.median_ns:.2f}x that.",
+    ]
+
+
 def _compile_targets(estimates: dict[str, Estimate]) -> list[str]:
     rows = []
     for shape in ("chain", "nested"):
@@ -122,6 +136,7 @@ def tables(estimates: dict[str, Estimate]) -> str:
         lines.append(f"| `{key}` | {_duration(estimate.median_ns)} | {per_unit} |")
 
     lines += _traced(estimates)
+    lines += _handoff(estimates)
 
     lines += ["", "### Compilation (criterion medians)", ""]
     lines += [

@@ -1,9 +1,11 @@
-//! Running: per node along a chain of Rust nodes, and per branch when launching a wave.
+//! Running: per node along a chain of Rust nodes, and per branch when launching a wave — beside
+//! the floor under any wave whose caller only waits: one round trip to a parked thread.
 
 mod shapes;
 
 use std::hint::black_box;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
+use std::thread;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use soma_core::{compile, Catalog, Executor, Graph, Node, NodeError, Plan, Program, Trace, Value};
@@ -69,5 +71,27 @@ fn wave(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, chain, wave);
+/// Hands a value to a parked thread and waits for it to come back: the two wake-ups that a wave
+/// of branches on other threads cannot do without, whatever runs them.
+fn handoff(c: &mut Criterion) {
+    let (to_worker, inbox) = mpsc::channel::<u64>();
+    let (to_caller, replies) = mpsc::channel::<u64>();
+    let worker = thread::spawn(move || {
+        for x in inbox {
+            if to_caller.send(x + 1).is_err() {
+                break;
+            }
+        }
+    });
+    c.bench_function("handoff/round-trip/1", |b| {
+        b.iter(|| {
+            to_worker.send(black_box(1)).expect("worker alive");
+            replies.recv().expect("worker alive")
+        });
+    });
+    drop(to_worker);
+    worker.join().expect("worker ends");
+}
+
+criterion_group!(benches, chain, wave, handoff);
 criterion_main!(benches);
