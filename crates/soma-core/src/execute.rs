@@ -187,9 +187,9 @@ pub trait Watch: Send + Sync {
 /// How a host runtime takes part in a run: an interpreter with a global lock, say, which a
 /// branch holds from node to node and gives back whenever the engine blocks.
 ///
-/// The executor calls [`Host::branch`] on each new branch thread around the whole branch, and
-/// [`Host::blocking`] around everything that waits: joining a wave's branches and calling the
-/// driver. Nothing else blocks inside the engine.
+/// The executor calls [`Host::branch`] on a branch's thread around the whole branch, and
+/// [`Host::blocking`] around everything that waits: handing a wave's branches to their threads
+/// and joining them, and calling the driver. Nothing else blocks inside the engine.
 pub trait Host: Send + Sync {
     /// Runs a whole branch, on the thread that will run it.
     fn branch(&self, run: &mut dyn FnMut());
@@ -587,8 +587,14 @@ impl<'a> Executor<'a> {
                 outcome.expect("the host ran the branch")
             });
         }
-        let outcomes = crew.run(first, tasks, |tally| {
-            self.blocking(&mut || self.wait(tally));
+        // The caller gives up the host's lock before handing the branches over, not after: a
+        // wide wave's branches can start while the rest are still being woken.
+        let mut tasks = Some(tasks);
+        let mut outcomes = Vec::new();
+        self.blocking(&mut || {
+            if let Some(tasks) = tasks.take() {
+                outcomes = crew.run(first, tasks, |tally| self.wait(tally));
+            }
         });
         settle(outcomes)
     }
