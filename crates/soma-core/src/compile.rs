@@ -421,15 +421,15 @@ impl Adjacency {
         for v in 0..n {
             succ_start.push(to_rank(succ.len()));
             let targets = graph.succ_at(v);
-            forward &= targets.iter().all(|&w| w > v);
-            succ.extend(targets.iter().map(|&w| to_rank(w)));
+            forward &= targets.iter().all(|&w| w as usize > v);
+            succ.extend_from_slice(targets);
         }
         succ_start.push(to_rank(succ.len()));
         let mut pred_start = Vec::with_capacity(n + 1);
         let mut pred = Vec::with_capacity(edge_count);
         for v in 0..n {
             pred_start.push(to_rank(pred.len()));
-            pred.extend(graph.pred_at(v).iter().map(|&u| to_rank(u)));
+            pred.extend_from_slice(graph.pred_at(v));
         }
         pred_start.push(to_rank(pred.len()));
         let adjacency = Adjacency {

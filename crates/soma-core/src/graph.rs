@@ -6,7 +6,10 @@
 //! graph never exists and a topological order cannot fail.
 //!
 //! Nodes live in an arena indexed by insertion order; adjacency is kept in both directions, in
-//! edge-declaration order, so neighbour queries cost O(degree) and never scan every edge.
+//! edge-declaration order, so neighbour queries cost O(degree) and never scan every edge. A
+//! node's first few neighbours are kept in place rather than on the heap ([`Neighbours`]), so a
+//! graph allocates about once per node — its id — and the ids, which every plan clones, sit
+//! side by side in memory instead of among two small lists per node.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
@@ -87,8 +90,8 @@ impl std::error::Error for GraphError {}
 pub struct Graph {
     ids: Vec<NodeId>,
     index: HashMap<NodeId, usize>,
-    succ: Vec<Vec<usize>>,
-    pred: Vec<Vec<usize>>,
+    succ: Vec<Neighbours>,
+    pred: Vec<Neighbours>,
     edges: Vec<(usize, usize)>,
     edge_set: HashSet<(usize, usize)>,
 }
@@ -129,8 +132,8 @@ impl Graph {
         let at = self.ids.len();
         self.index.insert(id.clone(), at);
         self.ids.push(id);
-        self.succ.push(Vec::new());
-        self.pred.push(Vec::new());
+        self.succ.push(Neighbours::default());
+        self.pred.push(Neighbours::default());
         Ok(&self.ids[at])
     }
 
@@ -177,7 +180,8 @@ impl Graph {
         let mut stack = vec![from];
         parent.insert(from, from);
         while let Some(v) = stack.pop() {
-            for &w in &self.succ[v] {
+            for &w in self.succ[v].as_slice() {
+                let w = w as usize;
                 if parent.contains_key(&w) {
                     continue;
                 }
@@ -223,7 +227,11 @@ impl Graph {
     /// [`GraphError::UnknownNode`].
     pub fn predecessors(&self, id: &str) -> Result<Vec<&NodeId>, GraphError> {
         let at = self.require(id)?;
-        Ok(self.pred[at].iter().map(|&i| &self.ids[i]).collect())
+        Ok(self.pred[at]
+            .as_slice()
+            .iter()
+            .map(|&i| &self.ids[i as usize])
+            .collect())
     }
 
     /// The targets of the edges out of `id`, in edge-declaration order. O(out-degree).
@@ -232,7 +240,11 @@ impl Graph {
     /// [`GraphError::UnknownNode`].
     pub fn successors(&self, id: &str) -> Result<Vec<&NodeId>, GraphError> {
         let at = self.require(id)?;
-        Ok(self.succ[at].iter().map(|&i| &self.ids[i]).collect())
+        Ok(self.succ[at]
+            .as_slice()
+            .iter()
+            .map(|&i| &self.ids[i as usize])
+            .collect())
     }
 
     /// Nodes without predecessors, in insertion order.
@@ -265,7 +277,7 @@ impl Graph {
 
     /// [`Graph::topological_sort`] as insertion indices.
     pub(crate) fn topological_order(&self) -> Vec<usize> {
-        let mut missing: Vec<usize> = self.pred.iter().map(Vec::len).collect();
+        let mut missing: Vec<usize> = self.pred.iter().map(Neighbours::len).collect();
         let mut ready: BinaryHeap<Reverse<usize>> = (0..self.len())
             .filter(|&i| missing[i] == 0)
             .map(Reverse)
@@ -273,7 +285,8 @@ impl Graph {
         let mut order = Vec::with_capacity(self.len());
         while let Some(Reverse(v)) = ready.pop() {
             order.push(v);
-            for &w in &self.succ[v] {
+            for &w in self.succ[v].as_slice() {
+                let w = w as usize;
                 missing[w] -= 1;
                 if missing[w] == 0 {
                     ready.push(Reverse(w));
@@ -300,14 +313,77 @@ impl Graph {
         &self.ids[at]
     }
 
-    pub(crate) fn succ_at(&self, at: usize) -> &[usize] {
-        &self.succ[at]
+    /// The successors of the node inserted `at`-th, as insertion indices.
+    pub(crate) fn succ_at(&self, at: usize) -> &[u32] {
+        self.succ[at].as_slice()
     }
 
-    pub(crate) fn pred_at(&self, at: usize) -> &[usize] {
-        &self.pred[at]
+    /// The predecessors of the node inserted `at`-th, as insertion indices.
+    pub(crate) fn pred_at(&self, at: usize) -> &[u32] {
+        self.pred[at].as_slice()
     }
 }
+
+/// How many neighbours a node keeps in place before they move to the heap: more than the in-
+/// and out-degree of nearly every node of a model graph, and as many as fit in the 32 bytes the
+/// heap form takes anyway.
+const IN_PLACE: usize = 6;
+
+/// The neighbours of one node in one direction, as insertion indices (a graph holds fewer than
+/// `u32::MAX` nodes), in edge-declaration order.
+#[derive(Clone)]
+enum Neighbours {
+    /// Up to [`IN_PLACE`] of them; `at[..len]` are the neighbours.
+    Few { len: u8, at: [u32; IN_PLACE] },
+    /// More: all of them, on the heap.
+    Many(Vec<u32>),
+}
+
+impl Default for Neighbours {
+    fn default() -> Self {
+        Neighbours::Few {
+            len: 0,
+            at: [0; IN_PLACE],
+        }
+    }
+}
+
+impl Neighbours {
+    fn as_slice(&self) -> &[u32] {
+        match self {
+            Neighbours::Few { len, at } => &at[..usize::from(*len)],
+            Neighbours::Many(all) => all,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.as_slice().is_empty()
+    }
+
+    fn push(&mut self, node: usize) {
+        let node = u32::try_from(node).expect("fewer nodes than u32::MAX");
+        match self {
+            Neighbours::Few { len, at } if usize::from(*len) < IN_PLACE => {
+                at[usize::from(*len)] = node;
+                *len += 1;
+            }
+            Neighbours::Few { at, .. } => {
+                let mut all = Vec::with_capacity(2 * IN_PLACE);
+                all.extend_from_slice(at);
+                all.push(node);
+                *self = Neighbours::Many(all);
+            }
+            Neighbours::Many(all) => all.push(node),
+        }
+    }
+}
+
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::size_of::<Neighbours>() == 32);
 
 impl fmt::Debug for Graph {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -233,6 +233,36 @@ fn predecessors_and_successors_come_in_edge_declaration_order() {
 }
 
 #[test]
+fn a_node_with_many_neighbours_keeps_them_in_edge_declaration_order() {
+    // Past the few a node keeps in place, its neighbours move to the heap; the order must not
+    // change when they do.
+    let mut graph = Graph::new();
+    graph.add_node("hub").unwrap();
+    let names: Vec<String> = (0..20).rev().map(|i| format!("n{i}")).collect();
+    for (k, name) in names.iter().enumerate() {
+        graph.add_node(name.as_str()).unwrap();
+        if k % 2 == 0 {
+            graph.add_edge(name, "hub").unwrap();
+        } else {
+            graph.add_edge("hub", name).unwrap();
+        }
+    }
+    let sources: Vec<&str> = names.iter().step_by(2).map(String::as_str).collect();
+    let targets: Vec<&str> = names
+        .iter()
+        .skip(1)
+        .step_by(2)
+        .map(String::as_str)
+        .collect();
+    assert_eq!(ids(&graph.predecessors("hub").unwrap()), sources);
+    assert_eq!(ids(&graph.successors("hub").unwrap()), targets);
+    let order = graph.topological_sort();
+    let at = |id: &str| order.iter().position(|n| n.as_str() == id).unwrap();
+    assert!(sources.iter().all(|s| at(s) < at("hub")));
+    assert!(targets.iter().all(|t| at(t) > at("hub")));
+}
+
+#[test]
 fn topological_sort_puts_every_node_after_its_predecessors() {
     let graph = graph(
         &["f", "e", "d", "c", "b", "a"],
