@@ -222,8 +222,8 @@ fn a_panicking_branch_keeps_its_thread_for_the_next_run() {
     );
 }
 
-#[test]
-fn dropping_a_program_ends_its_threads() {
+/// `b | c`, where `b` opens the returned gate once the thread it ran on has ended.
+fn a_branch_that_reports_its_thread_ending() -> (Arc<Gate>, Catalog, Plan, Program) {
     let ended = Gate::new();
     let gate = Arc::clone(&ended);
     let b = plain(move |id, input| {
@@ -231,7 +231,13 @@ fn dropping_a_program_ends_its_threads() {
         trace(id, input)
     });
     let wire = node_arc("b", Arc::new(b)) | node_arc("c", Arc::new(plain(trace)));
-    let (catalog, _, program) = program_of(wire);
+    let (catalog, plan, program) = program_of(wire);
+    (ended, catalog, plan, program)
+}
+
+#[test]
+fn dropping_a_program_ends_its_threads() {
+    let (ended, catalog, _, program) = a_branch_that_reports_its_thread_ending();
     Executor::new(&catalog)
         .run_program(&program, Value::text("x"))
         .unwrap();
@@ -241,14 +247,7 @@ fn dropping_a_program_ends_its_threads() {
 
 #[test]
 fn a_one_off_run_of_a_plan_ends_its_branch_threads_with_it() {
-    let ended = Gate::new();
-    let gate = Arc::clone(&ended);
-    let b = plain(move |id, input| {
-        open_when_this_thread_ends(&gate);
-        trace(id, input)
-    });
-    let wire = node_arc("b", Arc::new(b)) | node_arc("c", Arc::new(plain(trace)));
-    let (catalog, plan, _program) = program_of(wire);
+    let (ended, catalog, plan, _program) = a_branch_that_reports_its_thread_ending();
     Executor::new(&catalog)
         .run(&plan, Value::text("x"))
         .unwrap();
