@@ -24,6 +24,10 @@
 //! Graphs the DSL cannot write (the smallest is the "N": `a->c, a->d, b->d`) have no tree —
 //! a theorem (Valdes, Tarjan and Lawler, 1982), not a gap in the algorithm — and are walked in
 //! sequence where they occur, without spoiling the parallelism around them.
+//!
+//! Those scans visit a node once per level of nesting. A graph that does have a tree — every
+//! graph the DSL writes — first takes the linear-time path of `reduction.rs`, which finds
+//! the same tree without levels; only a graph without one comes here.
 
 use std::fmt;
 
@@ -31,6 +35,7 @@ use crate::catalog::Catalog;
 use crate::graph::Graph;
 use crate::id::NodeId;
 use crate::plan::Plan;
+use crate::reduction;
 
 /// Why a graph could not be compiled.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,7 +67,8 @@ impl std::error::Error for CompileError {}
 /// catalog lacks.
 ///
 /// # Complexity
-/// O((nodes + edges) · log nodes) per level of series-parallel nesting.
+/// O(nodes + edges), plus sorting each wave's branches, for a series-parallel graph; for any
+/// other, O((nodes + edges) · log nodes) per level of nesting.
 pub fn compile(graph: &Graph, catalog: &Catalog) -> Result<Plan, CompileError> {
     if let Some(node) = graph
         .nodes()
@@ -74,8 +80,18 @@ pub fn compile(graph: &Graph, catalog: &Catalog) -> Result<Plan, CompileError> {
     Ok(decompose(graph))
 }
 
-/// The plan of a graph's topology alone, implementations aside. See the module documentation.
+/// The plan of a graph's topology alone, implementations aside: its series-parallel tree, or,
+/// where a part of it has none, that part walked in topological order.
+///
+/// A series-parallel graph (every graph the DSL writes) is decomposed in linear time, by series
+/// and parallel reductions; any other by scans that visit each node once per level of nesting.
+/// Both give the same plan wherever both apply.
 pub fn decompose(graph: &Graph) -> Plan {
+    reduction::plan(graph).unwrap_or_else(|| decompose_by_cuts(graph))
+}
+
+/// The general decomposition: components and series cuts, one scan per set, level by level.
+pub(crate) fn decompose_by_cuts(graph: &Graph) -> Plan {
     let mut decomposer = Decomposer::new(graph);
     let mut everything: Vec<Rank> = (0..decomposer.order.len()).map(to_rank).collect();
     decomposer.split(&mut everything, false)

@@ -39,6 +39,7 @@ mod id;
 mod node;
 mod plan;
 mod program;
+mod reduction;
 mod trace;
 mod value;
 
