@@ -76,16 +76,19 @@ def _traced(estimates: dict[str, Estimate]) -> list[str]:
 
 
 def _handoff(estimates: dict[str, Estimate]) -> list[str]:
-    """The wave of two beside one round trip to a parked thread: the least such a wave costs."""
+    """The wave of two, awake and after a pause, beside one round trip to a parked thread."""
     floor = estimates.get("handoff/round-trip/1")
-    wave = estimates.get("wave/trivial-branches/2")
-    if floor is None or wave is None:
+    awake = estimates.get("wave/trivial-branches/2")
+    asleep = estimates.get("wave/after-a-pause/2")
+    if floor is None or awake is None or asleep is None:
         return []
     return [
         "",
-        f"Floor: one round trip to a parked thread (`handoff/round-trip/1`) takes "
-        f"{_duration(floor.median_ns)}; a wave of two, whose caller wakes the branch threads and "
-        f"is woken by them, takes {wave.median_ns / floor.median_ns:.2f}x that.",
+        f"Waking: one round trip to a sleeping thread (`handoff/round-trip/1`) takes "
+        f"{_duration(floor.median_ns)}. A wave of two takes {_duration(awake.median_ns)} run back "
+        f"to back, its threads still awake ({awake.median_ns / floor.median_ns:.2f}x the round "
+        f"trip), and {_duration(asleep.median_ns)} after a 1 ms pause, once they have gone to "
+        f"sleep ({asleep.median_ns / floor.median_ns:.2f}x).",
     ]
 
 

@@ -1,11 +1,13 @@
-//! Running: per node along a chain of Rust nodes, and per branch when launching a wave — beside
-//! the floor under any wave whose caller only waits: one round trip to a parked thread.
+//! Running: per node along a chain of Rust nodes, and per branch when launching a wave — back to
+//! back, with its threads still awake, and after a pause, once they have gone to sleep — beside
+//! what waking a sleeping thread costs: one round trip to a parked thread.
 
 mod shapes;
 
 use std::hint::black_box;
 use std::sync::{mpsc, Arc};
 use std::thread;
+use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use soma_core::{compile, Catalog, Executor, Graph, Node, NodeError, Plan, Program, Trace, Value};
@@ -67,12 +69,27 @@ fn wave(c: &mut Criterion) {
         group.bench_function(BenchmarkId::new("trivial-branches", width), |b| {
             b.iter(|| executor.run_program(&program, black_box(Value::Int(0))));
         });
+        // Each run after a pause long enough for every thread of the wave, and the caller, to
+        // have gone to sleep: what a wave costs when nothing ran just before it.
+        group.bench_function(BenchmarkId::new("after-a-pause", width), |b| {
+            b.iter_custom(|runs| {
+                let mut timed = Duration::ZERO;
+                for _ in 0..runs {
+                    thread::sleep(Duration::from_millis(1));
+                    let start = Instant::now();
+                    black_box(executor.run_program(&program, black_box(Value::Int(0))))
+                        .expect("runs");
+                    timed += start.elapsed();
+                }
+                timed
+            });
+        });
     }
     group.finish();
 }
 
-/// Hands a value to a parked thread and waits for it to come back: the two wake-ups that a wave
-/// of branches on other threads cannot do without, whatever runs them.
+/// Hands a value to a parked thread and waits for it to come back: the two wake-ups a wave pays
+/// when its threads, and its caller, have gone to sleep.
 fn handoff(c: &mut Criterion) {
     let (to_worker, inbox) = mpsc::channel::<u64>();
     let (to_caller, replies) = mpsc::channel::<u64>();

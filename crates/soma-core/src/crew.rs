@@ -6,6 +6,12 @@
 //! run. A branch still runs start to finish on one thread, and the thread that waits for a wave
 //! never runs a branch itself.
 //!
+//! Waking a sleeping thread costs about as much again, on a virtual machine more, and a wave
+//! would pay it twice: once to start its branches, once to get the caller back. So a member that
+//! runs out of work, and a caller waiting for its wave, stay awake for a moment
+//! ([`STAY_AWAKE`]) before they sleep, yielding their core meanwhile to any thread that has work:
+//! a wave of short branches, or a program forwarded in a loop, finds its threads awake.
+//!
 //! # Why thread-local state set by one branch never reaches another
 //!
 //! - A member is keyed by its branch's number in the program and runs nothing else: no other
@@ -36,13 +42,24 @@
 use std::any::Any;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, SendError, Sender};
+use std::sync::mpsc::{self, Receiver, SendError, Sender, TryRecvError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Work for a thread, with the lifetime of what it borrows erased (see the module docs).
 type Job = Box<dyn FnOnce() + Send + 'static>;
+
+/// How long a thread that has run out of work keeps looking for more, yielding its core to any
+/// other thread that wants it, before it goes to sleep: a member for its next branch, the
+/// caller for the end of its wave.
+///
+/// Waking a sleeping thread costs tens of microseconds on a virtual machine (the hypervisor must
+/// wake an idle virtual CPU), more than a small branch takes, and a wave pays it twice: to start
+/// its branches and to come back. A program forwarded in a loop, or a wave of short branches,
+/// finds its threads still awake. Looking costs at most this much CPU time per thread per wave,
+/// and yielding means it is taken from no thread that has work.
+const STAY_AWAKE: Duration = Duration::from_micros(50);
 
 /// What a task that never ran reports in place of its outcome.
 const NOT_STARTED: &str = "soma: the operating system refused a thread for a branch";
@@ -217,7 +234,7 @@ impl Member {
             .name(format!("soma-branch-{number}"))
             .spawn(move || {
                 // Ends when the crew is dropped, which drops the sender.
-                for job in inbox {
+                while let Some(job) = next_job(&inbox) {
                     job();
                 }
             });
@@ -229,6 +246,20 @@ impl Member {
             }
             // Dropping the job records that it never ran.
             Err(_) => drop(job),
+        }
+    }
+}
+
+/// The member's next job, or `None` once its crew is gone: looked for awake for
+/// [`STAY_AWAKE`], then waited for asleep.
+fn next_job(inbox: &Receiver<Job>) -> Option<Job> {
+    let start = Instant::now();
+    loop {
+        match inbox.try_recv() {
+            Ok(job) => return Some(job),
+            Err(TryRecvError::Disconnected) => return None,
+            Err(TryRecvError::Empty) if start.elapsed() < STAY_AWAKE => thread::yield_now(),
+            Err(TryRecvError::Empty) => return inbox.recv().ok(),
         }
     }
 }
@@ -292,8 +323,25 @@ impl<T> Tally<T> {
         }
     }
 
+    /// Whether every task finishes within [`STAY_AWAKE`], looked at without sleeping.
+    fn finished_soon(&self) -> bool {
+        let start = Instant::now();
+        loop {
+            if self.board().running == 0 {
+                return true;
+            }
+            if start.elapsed() >= STAY_AWAKE {
+                return false;
+            }
+            thread::yield_now();
+        }
+    }
+
     /// Blocks until every task has finished.
     pub(crate) fn wait_all(&self) {
+        if self.finished_soon() {
+            return;
+        }
         let mut board = self.board();
         while board.running > 0 {
             board = self
@@ -305,6 +353,9 @@ impl<T> Tally<T> {
 
     /// Blocks until every task has finished, calling `poll` every `interval` meanwhile.
     pub(crate) fn wait_polling(&self, interval: Duration, poll: &dyn Fn()) {
+        if self.finished_soon() {
+            return;
+        }
         let mut board = self.board();
         while board.running > 0 {
             board = self
