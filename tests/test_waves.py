@@ -8,12 +8,15 @@ declared branch's error wins whatever the clock says, and Ctrl-C stops a long ru
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -636,13 +639,15 @@ def test_each_branch_runs_on_the_same_thread_in_every_forward_and_no_two_share_o
     assert len(threads["a"] | threads["b"] | threads["c"]) == 3, threads
 
 
-def test_a_threading_local_set_in_a_branch_is_gone_by_the_next_forward() -> None:
-    # The branch's thread is kept, but the interpreter's state for it is made anew each forward.
+def test_a_threading_local_set_in_a_branch_is_seen_again_by_that_branch_and_by_no_other() -> None:
+    # The branch's thread keeps its interpreter state from one forward to the next.
     local, seen = threading.local(), {}
     g = soma.Graph.somatize(Where(local, seen).named("b") | Where(local, seen).named("c"))
     for _ in range(3):
         g.forward(0)
-    assert [found for _, found in seen["b"] + seen["c"]] == [None] * 6
+    assert [found for _, found in seen["b"]] == [None, "b", "b"]
+    assert [found for _, found in seen["c"]] == [None, "c", "c"]
+    assert getattr(local, "mark", None) is None
 
 
 def test_two_forwards_of_one_graph_at_once_run_all_four_branches_at_the_same_time() -> None:
@@ -697,3 +702,54 @@ def test_a_child_forked_after_a_forward_runs_the_graph_on_threads_of_its_own() -
     assert done.returncode == 0, done.stderr
     assert "child 28" in done.stdout, done.stdout
     assert "exit 0" in done.stdout, done.stdout
+
+
+def interpreter_thread_states() -> int:
+    """How many thread states the interpreter holds, counted through CPython's C API."""
+    api = ctypes.pythonapi
+    api.PyInterpreterState_Get.restype = ctypes.c_void_p
+    api.PyInterpreterState_ThreadHead.argtypes = [ctypes.c_void_p]
+    api.PyInterpreterState_ThreadHead.restype = ctypes.c_void_p
+    api.PyThreadState_Next.argtypes = [ctypes.c_void_p]
+    api.PyThreadState_Next.restype = ctypes.c_void_p
+    count, state = 0, api.PyInterpreterState_ThreadHead(api.PyInterpreterState_Get())
+    while state:
+        count, state = count + 1, api.PyThreadState_Next(state)
+    return count
+
+
+def test_a_collected_graphs_branch_threads_give_their_interpreter_states_back() -> None:
+    before = interpreter_thread_states()
+    g = soma.Graph.somatize(Add(1) >> (Double().named("l") | Add(10).named("r") | Pass()))
+    for _ in range(3):
+        g.forward(1)
+    # One state per branch thread, kept between forwards rather than made for each.
+    assert interpreter_thread_states() == before + 3
+    del g
+    gc.collect()
+    deadline = time.monotonic() + DEADLINE
+    while interpreter_thread_states() > before and time.monotonic() < deadline:
+        time.sleep(0.01)  # lets the ending threads take the GIL to delete their states
+    assert interpreter_thread_states() == before
+
+
+EXIT_SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+import soma
+from conftest import Add, Double, Pass
+
+kept = soma.Graph.somatize(Add(1) >> (Double().named("l") | Add(10).named("r") | Pass()))
+for _ in range(3):
+    kept.forward(1)
+print("ran", flush=True)
+# The interpreter now exits with the graph, its branch threads and their states still alive.
+"""
+
+
+def test_the_interpreter_exits_cleanly_while_branch_threads_keep_their_states() -> None:
+    tests = os.path.dirname(os.path.abspath(__file__))
+    done = run_script(EXIT_SCRIPT.format(tests=tests))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "ran\n", done.stdout
+    assert done.stderr == "", done.stderr

@@ -167,7 +167,8 @@ class Graph:
         when there are several).
 
         Each branch of a wave runs start to finish on a thread of its own, which the graph
-        keeps for that branch from one forward to the next and never lends to another. The
+        keeps for that branch, Python thread state included, from one forward to the next and
+        never lends to another. The
         GIL is never held while the engine waits (for a wave's branches, for the driver) or
         while a Rust node runs; a thread keeps it from one Python node to the next. ``driver``
         serves awaiting nodes: any object with ``perform(requests) -> list``. ``trace``, a

@@ -25,9 +25,9 @@
 //!
 //! What a branch leaves behind (torch's current device, a seeded random state) is therefore seen
 //! only by the same branch in a later run of the same program — the reason a branch owns a
-//! thread at all. An interpreter's thread state is not even that: a host that takes its lock for
-//! the branch and lets go of it entirely afterwards (the Python glue does) starts each run with
-//! a new one.
+//! thread at all. The same holds for what a host keeps per thread: the Python glue keeps one
+//! interpreter thread state per branch thread, so a `threading.local` set by a branch is seen by
+//! that branch's next run and by nothing else.
 //!
 //! A one-off run ([`crate::Executor::run`] on a plan) has no later run to serve: it uses a
 //! *fresh* crew, one new thread per branch.

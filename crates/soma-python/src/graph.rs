@@ -25,6 +25,7 @@ use crate::errors::{compile_error, graph_error, panic_error, run_error};
 use crate::native::NativeNode;
 use crate::node::PythonNode;
 use crate::plan::PyPlan;
+use crate::thread_state;
 use crate::trace::PyTrace;
 use crate::watch::SignalWatch;
 
@@ -269,7 +270,8 @@ impl GraphCore {
 }
 
 /// The interpreter as the engine's host: a branch thread holds the GIL for its whole branch,
-/// and every blocking wait gives it back.
+/// with a thread state it keeps from run to run (`thread_state.rs`), and every blocking wait
+/// gives it back.
 struct Interpreter;
 
 /// Lets one branch thread at a time wait for the GIL to start its branch.
@@ -286,6 +288,7 @@ static STARTING: Mutex<()> = Mutex::new(());
 impl Host for Interpreter {
     fn branch(&self, run: &mut dyn FnMut()) {
         let turn = STARTING.lock().unwrap_or_else(PoisonError::into_inner);
+        thread_state::keep();
         Python::attach(move |_| {
             drop(turn);
             run();

@@ -13,6 +13,7 @@ mod native;
 mod node;
 mod plan;
 mod protocol;
+mod thread_state;
 mod trace;
 mod watch;
 

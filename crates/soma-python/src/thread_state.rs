@@ -1,0 +1,74 @@
+//! A branch thread's Python thread state, kept from one run of its branch to the next.
+//!
+//! Taking the GIL on a thread that has no thread state makes one — allocated, registered with
+//! the interpreter, given a frame stack that is mapped on first use — and letting go of the GIL
+//! for good deletes it again, unmapping the stack, which interrupts every other core running the
+//! process to flush its address cache. For a small branch that was most of what it cost. So a
+//! branch thread makes its state once and keeps it for as long as the thread lives; each run of
+//! the branch then only takes the GIL and gives it back.
+//!
+//! What Python keeps in a thread state (`threading.local` values, context variables, a trace
+//! function) therefore carries over from one run of a branch to its next, exactly like native
+//! thread-local state: a branch's thread runs that branch and nothing else (`soma-core`'s
+//! `crew.rs` says why), so nothing carries over to another branch or to the caller.
+//!
+//! The state is deleted when the thread ends — a program's threads end when the program is
+//! dropped — unless the interpreter has already been finalized, which deleted it itself.
+
+use std::cell::Cell;
+
+use pyo3::ffi;
+
+thread_local! {
+    static KEPT: Kept = const { Kept { made: Cell::new(false) } };
+}
+
+/// Whether this thread holds a thread state of its own, made by [`keep`]; deleted on drop, at
+/// the thread's end.
+struct Kept {
+    made: Cell<bool>,
+}
+
+/// Gives this thread a Python thread state that outlives every `Python::attach` on it, unless it
+/// has one already. Waits for the GIL the first time, and does not hold it on return.
+pub fn keep() {
+    KEPT.with(|kept| {
+        if kept.made.get() {
+            return;
+        }
+        // SAFETY: the interpreter is running (this is called from a branch of a graph that
+        // Python is running). `PyGILState_Ensure` on a thread without a state makes one, takes
+        // the GIL and counts one outstanding ensure; `PyEval_SaveThread` lets the GIL go and
+        // keeps the state. The outstanding ensure is what keeps PyO3's own ensure/release
+        // pairs, in every later `Python::attach`, from deleting the state.
+        #[allow(unsafe_code)]
+        unsafe {
+            ffi::PyGILState_Ensure();
+            ffi::PyEval_SaveThread();
+        }
+        kept.made.set(true);
+    });
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        if !self.made.get() {
+            return;
+        }
+        // SAFETY: this thread made a state in `keep` and holds its outstanding ensure, and does
+        // not hold the GIL (every `Python::attach` has returned). When the interpreter has been
+        // finalized, the state is gone with it and is left alone. Otherwise: one more ensure
+        // takes the GIL with the kept state; releasing it as if the GIL had been held before
+        // only counts back down; releasing the original ensure reaches zero, which clears and
+        // deletes the state and lets the GIL go.
+        #[allow(unsafe_code)]
+        unsafe {
+            if ffi::Py_IsInitialized() == 0 {
+                return;
+            }
+            let state = ffi::PyGILState_Ensure();
+            ffi::PyGILState_Release(ffi::PyGILState_STATE::PyGILState_LOCKED);
+            ffi::PyGILState_Release(state);
+        }
+    }
+}
