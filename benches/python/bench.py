@@ -26,6 +26,7 @@ import math
 import platform
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -42,6 +43,9 @@ from workloads import Workload
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+# How long a wave timed "after a pause" waits before each call: twenty times as long as a
+# thread stays awake after its branch, so that every thread of the wave has gone to sleep.
+PAUSE_S = 0.001
 
 
 @dataclass(frozen=True)
@@ -273,12 +277,11 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 1e-9:.3g} ns"
 
 
-def _disturbed(load: OtherLoad) -> str:
+def _disturbed(load: OtherLoad, when: str = "this was timed") -> str:
     if load.share is None:
-        return "_Other processes' load while this was timed: unknown (no /proc/stat)._"
+        return f"_Other processes' load while {when}: unknown (no /proc/stat)._"
     return (
-        f"_While this was timed, other processes kept {load.share * 100:.0f}% of the "
-        "machine's cores busy._"
+        f"_While {when}, other processes kept {load.share * 100:.0f}% of the machine's cores busy._"
     )
 
 
@@ -361,6 +364,12 @@ def parallel_table(rows: list[Row]) -> list[str]:
         "one-off setup",
     ]
     return _table(header, body)
+
+
+def _pause() -> None:
+    """The step before each call of a wave timed after a pause: long enough for every thread
+    that stays awake after a wave to have gone to sleep."""
+    time.sleep(PAUSE_S)
 
 
 def _nothing() -> None:
@@ -455,7 +464,7 @@ def main() -> None:
         workloads.fan_out(config.fan),
         workloads.numpy_pair(config.matrix),
     )
-    load = {name: OtherLoad() for name in ("chain", "fan", "pair", "small", "trace")}
+    load = {name: OtherLoad() for name in ("chain", "fan", "pair", "small", "paused", "trace")}
     pool = ThreadPoolExecutor()  # default size: min(32, cores + 4) threads
     try:
         log(f"timing the {chain.name} ...")
@@ -481,15 +490,28 @@ def main() -> None:
     native = workloads.native_chain(config.chain)
     native.plan()
     small: dict[str, Callable[[], Any]] = {"Rust chain": lambda: native.forward(0)}
+    paused: dict[str, Callable[[], Any]] = {}
     for width in config.waves:
         graph, loop = workloads.wave(width)
         assert graph.plan().kind == "Wave", graph.plan()
         small[f"wave {width}"] = functools.partial(graph.forward, 0)
         small[f"loop {width}"] = functools.partial(loop, 0)
+        paused[f"wave {width}"] = functools.partial(graph.forward, 0)
     assert native.forward(0) == config.chain
     with load["small"]:
         small_t = compare(
             small, repeat=config.repeat, sample_s=config.sample_s, warmup_s=config.warmup_s
+        )
+    # The same waves, each call after a pause in which their threads, and this one, go to
+    # sleep: what a wave costs when nothing ran just before it. Samples a tenth as long, since
+    # every call also sleeps.
+    with load["paused"]:
+        paused_t = compare(
+            paused,
+            repeat=config.repeat,
+            sample_s=config.sample_s / 10,
+            warmup_s=config.warmup_s / 10,
+            prepare={name: _pause for name in paused},
         )
 
     log("timing the chain with and without a trace ...")
@@ -619,8 +641,25 @@ def main() -> None:
                 f"{loop_t.median_s / width * 1e6:.3f} µs/branch",
             ]
         )
+    for width in config.waves:
+        paused_s = paused_t[f"wave {width}"].median_s
+        body.append(
+            [
+                f"the same wave of {width}, each call after a {PAUSE_S * 1e3:.0f} ms pause",
+                _duration(paused_s),
+                f"{paused_s / width * 1e6:.2f} µs/branch",
+                "—",
+            ]
+        )
     out += _table(["graph", "Soma, per run", "Soma, per unit", "plain loop, per unit"], body)
-    out += ["", _disturbed(load["small"])]
+    out += [
+        "",
+        "Calls in a batch find a wave's threads awake (a thread stays awake 50 µs after its "
+        "branch); after a pause they have gone to sleep, and the wave wakes them.",
+        "",
+        _disturbed(load["small"], "the batches were timed"),
+        _disturbed(load["paused"], "the calls after a pause were timed"),
+    ]
 
     out += ["", f"### Tracing: the {chain.name} trivial Python nodes", ""]
     out += tracing_table(trace_t, len(chain.nodes))
