@@ -64,7 +64,8 @@ impl Junctions {
         let n = graph.len();
         let mut out_of = vec![NONE; n];
         let mut into = vec![NONE; n];
-        let mut tail_count: Vec<usize> = Vec::new();
+        // At most one junction per node: sized once, never copied as it grows.
+        let mut tail_count: Vec<usize> = Vec::with_capacity(n);
         for (v, into_v) in into.iter_mut().enumerate() {
             let preds = graph.pred_at(v);
             let Some(&first) = preds.first() else {
