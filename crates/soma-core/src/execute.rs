@@ -275,18 +275,24 @@ struct WaveState {
     first_failed: AtomicUsize,
 }
 
-/// Where a branch stands: its index in its wave, and the lane of the branch around that wave.
+/// Where a branch stands: its index in its wave, the lane of the branch around that wave, and
+/// the crew the branches of its own waves run on (the run's, the same at every depth).
 #[derive(Clone, Copy)]
 struct Lane<'s> {
     wave: Option<(&'s WaveState, usize)>,
     parent: Option<&'s Lane<'s>>,
+    crew: &'s Crew,
 }
 
-impl Lane<'_> {
-    const ROOT: Lane<'static> = Lane {
-        wave: None,
-        parent: None,
-    };
+impl<'s> Lane<'s> {
+    /// The lane of a whole run, outside every wave.
+    fn root(crew: &'s Crew) -> Self {
+        Lane {
+            wave: None,
+            parent: None,
+            crew,
+        }
+    }
 
     /// The index of this branch in each enclosing wave, outermost first.
     fn path(&self) -> Vec<usize> {
@@ -407,7 +413,7 @@ impl<'a> Executor<'a> {
             own: &mut table,
             shared: None,
         };
-        match self.walk(crew, &program.root, &input, &mut frame, Lane::ROOT) {
+        match self.walk(&program.root, &input, &mut frame, Lane::root(crew)) {
             Ok(()) => {}
             Err(Halt::Failed(error)) => return Err(error),
             Err(Halt::Cancelled) => {
@@ -437,7 +443,6 @@ impl<'a> Executor<'a> {
 
     fn walk(
         &self,
-        crew: &Crew,
         op: &Op,
         input: &Value,
         frame: &mut Frame<'_>,
@@ -448,7 +453,7 @@ impl<'a> Executor<'a> {
             Op::Execute(step) => self.step(step, input, frame, lane),
             Op::Sequence { steps, drop_after } => {
                 for (at, step) in steps.iter().enumerate() {
-                    self.walk(crew, step, input, frame, lane)?;
+                    self.walk(step, input, frame, lane)?;
                     if let Some(done) = drop_after.get(at) {
                         for &slot in done {
                             *frame.cell(slot) = None;
@@ -461,7 +466,7 @@ impl<'a> Executor<'a> {
                 branches,
                 bounds,
                 first,
-            } => self.wave(crew, (branches, bounds, *first), input, frame, lane),
+            } => self.wave(branches, bounds, *first, input, frame, lane),
         }
     }
 
@@ -543,14 +548,15 @@ impl<'a> Executor<'a> {
 
     fn wave(
         &self,
-        crew: &Crew,
-        (branches, bounds, first): (&[Op], &[usize], usize),
+        branches: &[Op],
+        bounds: &[usize],
+        first: usize,
         input: &Value,
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
     ) -> Result<(), Halt> {
         if let [only] = branches {
-            return self.walk(crew, only, input, frame, lane);
+            return self.walk(only, input, frame, lane);
         }
         // Split the table: everything before the wave becomes read-only for its branches, and
         // the wave's range is cut into one disjoint mutable part per branch.
@@ -578,7 +584,7 @@ impl<'a> Executor<'a> {
             tasks.push(move || {
                 let mut outcome = None;
                 let mut run = || {
-                    outcome = Some(self.branch(crew, branch, i, input, &mut own, state, lane));
+                    outcome = Some(self.branch(branch, i, input, &mut own, state, lane));
                 };
                 match self.host {
                     Some(host) => host.branch(&mut run),
@@ -593,17 +599,15 @@ impl<'a> Executor<'a> {
         let mut outcomes = Vec::new();
         self.blocking(&mut || {
             if let Some(tasks) = tasks.take() {
-                outcomes = crew.run(first, tasks, |tally| self.wait(tally));
+                outcomes = lane.crew.run(first, tasks, |tally| self.wait(tally));
             }
         });
         settle(outcomes)
     }
 
     /// Runs one branch of a wave; on failure, tells the later-declared siblings to stop.
-    #[allow(clippy::too_many_arguments)]
     fn branch(
         &self,
-        crew: &Crew,
         branch: &Op,
         index: usize,
         input: &Value,
@@ -614,10 +618,10 @@ impl<'a> Executor<'a> {
         let lane = Lane {
             wave: Some((state, index)),
             parent: Some(outer),
+            crew: outer.crew,
         };
-        let result = panic::catch_unwind(AssertUnwindSafe(|| {
-            self.walk(crew, branch, input, frame, lane)
-        }));
+        let result =
+            panic::catch_unwind(AssertUnwindSafe(|| self.walk(branch, input, frame, lane)));
         if !matches!(result, Ok(Ok(()) | Err(Halt::Cancelled))) {
             state.first_failed.fetch_min(index, Ordering::AcqRel);
         }
