@@ -192,6 +192,9 @@ impl Shrinker {
 
     /// The forest and its root when the arcs shrink to one, else `None`.
     fn shrink(mut self) -> Option<(Forest, u32)> {
+        // Junctions are numbered first; the source and the sink come last, never bypassed.
+        let source = to_u32(self.points.len() - 2);
+        let sink = source + 1;
         while let Some(point) = self.ready.pop() {
             let Some(before) = self.uniform(point, End::In) else {
                 continue;
@@ -222,13 +225,9 @@ impl Shrinker {
                 first_out: NONE,
             };
             self.live -= 1;
-            // The source and the sink are never bypassed.
-            let junctions = to_u32(self.points.len() - 2);
             self.ready
-                .extend([a, c].into_iter().filter(|&p| p < junctions));
+                .extend([a, c].into_iter().filter(|&p| p < source));
         }
-        let source = to_u32(self.points.len() - 2);
-        let sink = to_u32(self.points.len() - 1);
         let last = self.uniform(source, End::Out)?;
         let whole = self.arcs[last as usize];
         (self.live == 1 && whole.to == sink).then_some((self.forest, whole.tree))
@@ -262,8 +261,6 @@ impl Shrinker {
             self.arcs[first as usize].tree = tree;
             self.arcs[next as usize].tree = NONE;
             self.live -= 1;
-            let after = self.next(next, end);
-            self.set_next(first, end, after);
         }
     }
 
