@@ -496,7 +496,7 @@ def main() -> None:
         assert graph.plan().kind == "Wave", graph.plan()
         small[f"wave {width}"] = functools.partial(graph.forward, 0)
         small[f"loop {width}"] = functools.partial(loop, 0)
-        paused[f"wave {width}"] = functools.partial(graph.forward, 0)
+        paused[f"wave {width}"] = small[f"wave {width}"]
     assert native.forward(0) == config.chain
     with load["small"]:
         small_t = compare(
