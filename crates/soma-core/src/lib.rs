@@ -1,7 +1,7 @@
 //! # soma-core
 //!
 //! Soma's engine, with no Python in it: a [`Graph`] of node ids, a [`Catalog`] of what each node
-//! does, [`compile`] to turn them into a [`Plan`] — a series-parallel tree of `Sequence`s,
+//! does, [`compile()`] to turn them into a [`Plan`] — a series-parallel tree of `Sequence`s,
 //! `Wave`s and `Execute` steps — and an [`Executor`] that runs it, each branch of a wave start
 //! to finish on its own thread.
 //!
@@ -26,32 +26,25 @@
 //! ```
 #![deny(missing_docs)]
 
-mod catalog;
 mod compile;
-mod crew;
-pub mod draw;
-mod driver;
-mod dsl;
-mod execute;
-mod failure;
-mod graph;
-mod id;
-mod node;
+mod model;
+pub mod draw {
+    //! Drawing graphs; plans draw themselves with [`crate::Plan::to_svg`] and its siblings.
+    pub use crate::observe::draw::graph_svg;
+}
+mod observe;
 mod plan;
-mod program;
-mod reduction;
-mod trace;
-mod value;
+mod run;
 
-pub use catalog::Catalog;
 pub use compile::{compile, decompose, CompileError};
-pub use driver::{Driver, DriverError};
-pub use dsl::{node, node_arc, Wire};
-pub use execute::{Executor, Host, RunError, Watch, DEFAULT_TURN_LIMIT};
-pub use graph::{Graph, GraphError};
-pub use id::NodeId;
-pub use node::{Ctx, Node, NodeError, Transition};
+pub use model::catalog::Catalog;
+pub use model::driver::{Driver, DriverError};
+pub use model::expr::{node, node_arc, Wire};
+pub use model::graph::{Graph, GraphError};
+pub use model::id::NodeId;
+pub use model::node::{Ctx, Node, NodeError, Transition};
+pub use model::value::Value;
+pub use observe::trace::{Span, Trace};
 pub use plan::Plan;
-pub use program::Program;
-pub use trace::{Span, Trace};
-pub use value::Value;
+pub use run::executor::{Executor, Host, RunError, Watch, DEFAULT_TURN_LIMIT};
+pub use run::program::Program;

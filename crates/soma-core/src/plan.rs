@@ -8,8 +8,8 @@
 use std::collections::HashSet;
 use std::fmt;
 
-use crate::draw;
-use crate::id::NodeId;
+use crate::model::id::NodeId;
+use crate::observe::draw;
 
 /// How a graph runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,7 +76,7 @@ impl Plan {
     }
 
     /// The tree on one line, with ids: `Sequence([Execute(a), Wave([Execute(b), Execute(c)])])`.
-    /// Python's `repr(plan)`. `Display` is the indented tree instead (see [`crate::draw`]).
+    /// Python's `repr(plan)`. `Display` is the indented tree instead (see the drawing module).
     pub fn compact(&self) -> String {
         let mut out = String::new();
         self.write_compact(&mut out, true);
@@ -100,7 +100,7 @@ impl Plan {
     /// branches of a wave stacked in a frame, a stretch that is not series-parallel (walked in
     /// order) in topological columns in a frame of its own, a box with its id for every step
     /// and an arrow for every input. Deterministic; no graphviz involved.
-    /// [`crate::draw::graph_svg`] draws a graph, without the frames.
+    /// [`crate::observe::draw::graph_svg`] draws a graph, without the frames.
     pub fn to_svg(&self) -> String {
         draw::plan_svg(self)
     }

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::id::NodeId;
-use crate::node::Node;
+use crate::model::id::NodeId;
+use crate::model::node::Node;
 
 /// Implementations by node id. Cloning copies the table, not the nodes.
 #[derive(Clone, Default)]

@@ -25,7 +25,7 @@
 //! arc (an "N", a transitive edge) gets `None`: the general decomposition handles it, walking
 //! the parts that have no tree.
 
-use crate::graph::Graph;
+use crate::model::graph::Graph;
 use crate::plan::Plan;
 
 /// No junction, no tree, no arc: the end of a list.
@@ -451,7 +451,7 @@ mod tests {
 
     use super::plan;
     use crate::compile::decompose_by_cuts;
-    use crate::graph::Graph;
+    use crate::model::graph::Graph;
     use crate::plan::Plan;
 
     /// splitmix64: a whole random graph from one seed, so a failing case prints as one number.

@@ -13,18 +13,18 @@
 //! is dropped by the producer's branch once that wave has joined.
 //!
 //! A program numbers the branches of its waves too, and keeps a standing [`Crew`]: one parked
-//! thread per branch, reused by that branch from run to run (see [`crate::crew`] for why no
+//! thread per branch, reused by that branch from run to run (see [`crate::run::crew`] for why no
 //! thread-local state crosses from one branch to another).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::catalog::Catalog;
-use crate::crew::Crew;
-use crate::execute::RunError;
-use crate::id::NodeId;
-use crate::node::Node;
+use crate::model::catalog::Catalog;
+use crate::model::id::NodeId;
+use crate::model::node::Node;
 use crate::plan::Plan;
+use crate::run::crew::Crew;
+use crate::run::executor::RunError;
 
 /// A plan with its implementations and inputs resolved to slots. Build it once with
 /// [`Program::new`]; run it any number of times, from any number of threads, with
@@ -79,7 +79,7 @@ impl Program {
     /// # Errors
     /// [`RunError::NotInCatalog`] for a step without implementation; [`RunError::MissingInput`]
     /// for a step that reads a node no earlier step runs; [`RunError::StepTwice`] for a node
-    /// run twice (plans made by [`crate::compile`] have none of these).
+    /// run twice (plans made by [`crate::compile()`] have none of these).
     ///
     /// # Complexity
     /// O(steps · nesting depth).

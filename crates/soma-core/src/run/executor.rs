@@ -1,7 +1,7 @@
 //! `Executor`: walks a [`Plan`], running the branches of each wave on their own threads.
 //!
 //! A wave hands every branch at once to a thread of its own — the program's standing thread
-//! for that branch ([`crate::crew`]), or a new one — and each branch runs start to finish on
+//! for that branch ([`crate::run::crew`]), or a new one — and each branch runs start to finish on
 //! that one thread while the caller's thread only waits.
 //! Values live in one table of slots ([`Program`] numbers them so that each branch owns a
 //! contiguous range): a branch reads what its ancestors produced through a shared borrow of the
@@ -23,15 +23,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 use std::time::Duration;
 
-use crate::catalog::Catalog;
-use crate::crew::{Crew, Tally};
-use crate::driver::{Driver, DriverError};
-use crate::id::NodeId;
-use crate::node::{Ctx, NodeError, Transition};
+use crate::model::catalog::Catalog;
+use crate::model::driver::{Driver, DriverError};
+use crate::model::id::NodeId;
+use crate::model::node::{Ctx, NodeError, Transition};
+use crate::model::value::Value;
+use crate::observe::trace::{thread_number, Span, Trace};
 use crate::plan::Plan;
-use crate::program::{Op, Program, Read, Step};
-use crate::trace::{thread_number, Span, Trace};
-use crate::value::Value;
+use crate::run::crew::{Crew, Tally};
+use crate::run::program::{Op, Program, Read, Step};
 
 /// How many turns a node gets unless [`Executor::with_turn_limit`] says otherwise.
 pub const DEFAULT_TURN_LIMIT: u32 = 64;

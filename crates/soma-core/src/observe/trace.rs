@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::draw::{svg_open, xml};
-use crate::id::NodeId;
+use crate::model::id::NodeId;
+use crate::observe::draw::{svg_open, xml};
 
 /// One node's run.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 //!
 //! A [`Wire`] is nothing but nodes and edges. `a >> b` connects every terminal of `a` to every
 //! head of `b`; `a | b` is a disjoint union; `>>` binds tighter than `|`, as in Rust and Python.
-//! The DSL is an oracle for [`crate::compile`], never its source: compile recovers the same tree
+//! The DSL is an oracle for [`crate::compile()`], never its source: compile recovers the same tree
 //! from the graph alone, so the graph built here and the same graph built with
 //! [`crate::Graph::add_edge`] in a loop give the same plan.
 //!
@@ -25,10 +25,10 @@
 use std::ops::{BitOr, Shr};
 use std::sync::Arc;
 
-use crate::catalog::Catalog;
-use crate::graph::{Graph, GraphError};
-use crate::id::NodeId;
-use crate::node::Node;
+use crate::model::catalog::Catalog;
+use crate::model::graph::{Graph, GraphError};
+use crate::model::id::NodeId;
+use crate::model::node::Node;
 
 /// A piece of graph under construction: its nodes, its edges, its heads and its terminals.
 ///

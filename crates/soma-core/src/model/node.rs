@@ -7,8 +7,8 @@
 //! `Send + Sync` is required because the branches of a wave borrow the catalog, and so every
 //! node in it, from several threads at once.
 
-use crate::id::NodeId;
-use crate::value::Value;
+use crate::model::id::NodeId;
+use crate::model::value::Value;
 
 /// What one call to [`Node::forward`] decided.
 #[derive(Clone, Debug, PartialEq)]
@@ -54,7 +54,7 @@ impl<'a> Ctx<'a> {
     }
 }
 
-crate::failure::failure! {
+crate::model::failure::failure! {
     /// A node's own failure: a message and, where there is one, the error underneath (an
     /// exception of the host language, say), which travels untouched.
     NodeError

@@ -24,8 +24,8 @@ use std::collections::HashMap;
 use std::fmt::{self, Write as _};
 
 use crate::compile::decompose;
-use crate::graph::Graph;
-use crate::id::NodeId;
+use crate::model::graph::Graph;
+use crate::model::id::NodeId;
 use crate::plan::Plan;
 
 // ---------------------------------------------------------------------------------------------

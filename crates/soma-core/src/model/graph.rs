@@ -15,7 +15,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::fmt;
 
-use crate::id::NodeId;
+use crate::model::id::NodeId;
 
 /// Why a graph refused a node or an edge. The graph is unchanged after any of these.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -29,13 +29,14 @@
 //! graph the DSL writes — first takes the linear-time path of `reduction.rs`, which finds
 //! the same tree without levels; only a graph without one comes here.
 
+mod reduction;
+
 use std::fmt;
 
-use crate::catalog::Catalog;
-use crate::graph::Graph;
-use crate::id::NodeId;
+use crate::model::catalog::Catalog;
+use crate::model::graph::Graph;
+use crate::model::id::NodeId;
 use crate::plan::Plan;
-use crate::reduction;
 
 /// Why a graph could not be compiled.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -4,9 +4,9 @@
 //! must be `Send + Sync` and why it should never serialize its callers: a driver that can serve
 //! two requests at the same time keeps two branches' waits overlapping.
 
-use crate::value::Value;
+use crate::model::value::Value;
 
-crate::failure::failure! {
+crate::model::failure::failure! {
     /// A driver's failure: a message and, where there is one, the error underneath, which
     /// travels untouched.
     DriverError
