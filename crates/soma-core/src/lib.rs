@@ -30,7 +30,7 @@ mod compile;
 mod model;
 pub mod draw {
     //! Drawing graphs; plans draw themselves with [`crate::Plan::to_svg`] and its siblings.
-    pub use crate::observe::draw::graph_svg;
+    pub use crate::observe::layout::graph_svg;
 }
 mod observe;
 mod plan;
@@ -44,7 +44,9 @@ pub use model::graph::{Graph, GraphError};
 pub use model::id::NodeId;
 pub use model::node::{Ctx, Node, NodeError, Transition};
 pub use model::value::Value;
-pub use observe::trace::{Span, Trace};
 pub use plan::Plan;
-pub use run::executor::{Executor, Host, RunError, Watch, DEFAULT_TURN_LIMIT};
+pub use run::error::RunError;
+pub use run::executor::{Executor, DEFAULT_TURN_LIMIT};
+pub use run::hooks::{Host, Watch};
 pub use run::program::Program;
+pub use run::trace::{Span, Trace};

@@ -6,10 +6,8 @@
 //! arrives as one more variant, and every `match` that must decide about it stops compiling.
 
 use std::collections::HashSet;
-use std::fmt;
 
 use crate::model::id::NodeId;
-use crate::observe::draw;
 
 /// How a graph runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -83,28 +81,6 @@ impl Plan {
         out
     }
 
-    /// The plan as a Mermaid `flowchart LR`: a node per step labelled with its id, a
-    /// `subgraph` per wave, an arrow for every input. Ids Mermaid cannot read as names are
-    /// renamed `soma_n<k>` and keep their id as label.
-    pub fn to_mermaid(&self) -> String {
-        draw::plan_mermaid(self)
-    }
-
-    /// The plan as a graphviz `digraph` with `rankdir=LR`: a node per step, a `cluster` per
-    /// wave, an edge for every input. Every id is quoted.
-    pub fn to_dot(&self) -> String {
-        draw::plan_dot(self)
-    }
-
-    /// The plan drawn by Soma as a self-contained SVG document: series left to right, the
-    /// branches of a wave stacked in a frame, a stretch that is not series-parallel (walked in
-    /// order) in topological columns in a frame of its own, a box with its id for every step
-    /// and an arrow for every input. Deterministic; no graphviz involved.
-    /// [`crate::observe::draw::graph_svg`] draws a graph, without the frames.
-    pub fn to_svg(&self) -> String {
-        draw::plan_svg(self)
-    }
-
     fn write_compact(&self, out: &mut String, with_ids: bool) {
         match self {
             Plan::Empty => out.push_str("Empty"),
@@ -128,24 +104,5 @@ impl Plan {
                 out.push_str("])");
             }
         }
-    }
-}
-
-impl fmt::Display for Plan {
-    /// The indented tree, one line per step; an `Execute` line is `node <- inputs`, or
-    /// `node <- (input)` for a step that reads the graph's input:
-    ///
-    /// ```text
-    /// Sequence
-    /// ├── a <- (input)
-    /// ├── Wave
-    /// │   ├── b <- a
-    /// │   └── c <- a
-    /// └── d <- b, c
-    /// ```
-    ///
-    /// [`Plan::compact`] is the same tree on one line.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        draw::write_tree(self, f)
     }
 }

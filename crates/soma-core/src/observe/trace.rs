@@ -1,134 +1,13 @@
-//! `Trace`: where a run spent its time — one span per node, with its thread and branch.
-//!
-//! A trace is opt-in and shared: pass one to [`crate::Executor::with_trace`] and every step of
-//! the run records a [`Span`] when it ends (start, end, thread, branch, turns, error). A run
-//! without a trace checks one `Option` per node and records nothing. The spans of one trace can
-//! come from several runs and several threads; they are kept in the order they ended, behind a
-//! lock that only traced runs ever take.
-//!
-//! What a trace is for is looking at it: [`Trace::to_chrome`] writes the Chrome trace-event
-//! format that Perfetto and `chrome://tracing` open (one track per thread), [`Trace::summary`]
-//! lists the slowest nodes, and [`Trace::to_svg`] draws a timeline.
+//! Reading a trace: the Chrome trace-event JSON that Perfetto opens, and a summary of the slowest
+//! nodes. The timeline drawing is in `timeline.rs`; the recording itself is the run's.
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::model::id::NodeId;
-use crate::observe::draw::{svg_open, xml};
-
-/// One node's run.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Span {
-    /// The node.
-    pub node: NodeId,
-    /// When its first turn started, since the trace was created.
-    pub start: Duration,
-    /// When it was done (or failed), since the trace was created.
-    pub end: Duration,
-    /// The thread it ran on: a number unique in this process, stable for the thread's life.
-    pub thread: u64,
-    /// The branch it ran in: the index of the branch in each enclosing wave, outermost first;
-    /// empty outside any wave.
-    pub branch: Vec<usize>,
-    /// Calls to its `forward`: one, plus one per answered `Await`.
-    pub turns: u32,
-    /// Its error, if it failed.
-    pub error: Option<String>,
-}
-
-impl Span {
-    /// How long the node took.
-    pub fn duration(&self) -> Duration {
-        self.end.saturating_sub(self.start)
-    }
-
-    /// The branch as text: `main` outside any wave, else the indices joined by dots (`1.0`).
-    pub fn branch_label(&self) -> String {
-        if self.branch.is_empty() {
-            return "main".to_string();
-        }
-        let parts: Vec<String> = self.branch.iter().map(ToString::to_string).collect();
-        parts.join(".")
-    }
-}
-
-/// Spans recorded by traced runs.
-#[derive(Debug)]
-pub struct Trace {
-    origin: Instant,
-    spans: Mutex<Vec<Span>>,
-}
-
-impl Default for Trace {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
-
-thread_local! {
-    static THREAD: u64 = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
-}
-
-/// This thread's number in traces.
-pub(crate) fn thread_number() -> u64 {
-    THREAD.with(|n| *n)
-}
+use crate::run::trace::{Span, Trace};
 
 impl Trace {
-    /// An empty trace; span times count from now.
-    pub fn new() -> Self {
-        Trace {
-            origin: Instant::now(),
-            spans: Mutex::new(Vec::new()),
-        }
-    }
-
-    /// The time since the trace was created.
-    pub(crate) fn now(&self) -> Duration {
-        self.origin.elapsed()
-    }
-
-    /// Records a span.
-    pub fn record(&self, span: Span) {
-        self.spans
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(span);
-    }
-
-    /// A copy of the spans, in the order they ended.
-    pub fn spans(&self) -> Vec<Span> {
-        self.spans
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    /// Number of spans.
-    pub fn len(&self) -> usize {
-        self.spans
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
-    }
-
-    /// Whether nothing was recorded.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Forgets every span.
-    pub fn clear(&self) {
-        self.spans
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
-    }
-
     /// The Chrome trace-event JSON (the format Perfetto and `chrome://tracing` open): one
     /// complete event per span, on one track per thread, each track named after the first
     /// branch seen on it; times in microseconds.
@@ -225,108 +104,11 @@ impl Trace {
         }
         out
     }
-
-    /// A timeline: one row per thread, one bar per span, labelled with its node.
-    pub fn to_svg(&self) -> String {
-        const ROW: i64 = 28;
-        const BAR: i64 = 20;
-        const PLOT: i64 = 720;
-        const MARGIN: i64 = 16;
-        let spans = self.spans();
-        let threads = tracks(&spans);
-        let names: Vec<String> = threads
-            .iter()
-            .map(|(thread, label)| match label.as_str() {
-                "main" => format!("thread {thread} · main"),
-                _ => format!("thread {thread} · branch {label}"),
-            })
-            .collect();
-        // Wide enough for the longest row name, in the monospace font the drawing uses.
-        let longest = names.iter().map(|n| n.chars().count()).max().unwrap_or(0);
-        let label_width = i64::try_from(longest).unwrap_or(0) * 8 + 16;
-        let (start, end) = window(&spans);
-        let wall = end.saturating_sub(start).as_secs_f64().max(1e-9);
-        let rows = i64::try_from(threads.len().max(1)).unwrap_or(i64::MAX);
-        // Room on the right for the last tick's label, centred on the end of the plot.
-        let (width, height) = (
-            label_width + PLOT + 2 * MARGIN + 32,
-            rows * ROW + 2 * MARGIN + 24,
-        );
-        let mut out = String::new();
-        svg_open(width, height, &mut out);
-        let x_of = |at: Duration| {
-            // A pixel position within PLOT: small numbers, exact in f64 either way.
-            #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
-            let x = (at.saturating_sub(start).as_secs_f64() / wall * PLOT as f64).round() as i64;
-            MARGIN + label_width + x
-        };
-        // A time axis under the rows: five ticks, with faint gridlines through the rows so a bar's
-        // start and end can be read off.
-        let axis = MARGIN + rows * ROW;
-        for tick in 0..=4_u32 {
-            let at = start + end.saturating_sub(start) * tick / 4;
-            let x = x_of(at);
-            let _ = writeln!(
-                out,
-                "<line x1=\"{x}\" y1=\"{MARGIN}\" x2=\"{x}\" y2=\"{axis}\" stroke=\"#e3e3e3\"/><text x=\"{x}\" y=\"{}\" fill=\"#888888\" font-size=\"11\" text-anchor=\"middle\">{}</text>",
-                axis + 14,
-                human(at.saturating_sub(start))
-            );
-        }
-        for (row, ((thread, _), name)) in threads.iter().zip(&names).enumerate() {
-            let y = MARGIN + i64::try_from(row).unwrap_or(0) * ROW;
-            let _ = write!(
-                out,
-                "<text x=\"{MARGIN}\" y=\"{}\" fill=\"#1a1a1a\">",
-                y + BAR / 2 + 4
-            );
-            xml(name, &mut out);
-            out.push_str("</text>\n");
-            for span in spans.iter().filter(|s| s.thread == *thread) {
-                let (x0, x1) = (x_of(span.start), x_of(span.end));
-                let fill = if span.error.is_some() {
-                    "#f4b4b4"
-                } else {
-                    "#e8f0fe"
-                };
-                out.push_str("<g class=\"span\"><title>");
-                xml(
-                    &format!(
-                        "{} — {} (branch {}, {} turn{})",
-                        span.node,
-                        human(span.duration()),
-                        span.branch_label(),
-                        span.turns,
-                        if span.turns == 1 { "" } else { "s" }
-                    ),
-                    &mut out,
-                );
-                let _ = writeln!(
-                    out,
-                    "</title><rect x=\"{x0}\" y=\"{y}\" width=\"{}\" height=\"{BAR}\" fill=\"{fill}\" stroke=\"#3366aa\"/>",
-                    (x1 - x0).max(1)
-                );
-                if x1 - x0 > 40 {
-                    let _ = write!(
-                        out,
-                        "<text x=\"{}\" y=\"{}\" fill=\"#1a1a1a\" font-size=\"11\">",
-                        x0 + 4,
-                        y + BAR / 2 + 4
-                    );
-                    xml(span.node.as_str(), &mut out);
-                    out.push_str("</text>");
-                }
-                out.push_str("</g>\n");
-            }
-        }
-        out.push_str("</svg>\n");
-        out
-    }
 }
 
 /// One track per thread, in the order threads first ended a span, each with the label of the
 /// first branch seen on it.
-fn tracks(spans: &[Span]) -> Vec<(u64, String)> {
+pub(super) fn tracks(spans: &[Span]) -> Vec<(u64, String)> {
     let mut threads: Vec<(u64, String)> = Vec::new();
     for span in spans {
         if !threads.iter().any(|(t, _)| *t == span.thread) {
@@ -337,7 +119,7 @@ fn tracks(spans: &[Span]) -> Vec<(u64, String)> {
 }
 
 /// The earliest start and the latest end; zero for no span.
-fn window(spans: &[Span]) -> (Duration, Duration) {
+pub(super) fn window(spans: &[Span]) -> (Duration, Duration) {
     let start = spans.iter().map(|s| s.start).min().unwrap_or_default();
     let end = spans.iter().map(|s| s.end).max().unwrap_or_default();
     (start, end)
@@ -348,7 +130,7 @@ fn micros(d: Duration) -> f64 {
 }
 
 /// A duration for people: `812 ns`, `14.2 µs`, `3.10 ms`, `1.25 s`.
-fn human(d: Duration) -> String {
+pub(super) fn human(d: Duration) -> String {
     let ns = d.as_secs_f64() * 1e9;
     if ns < 1e3 {
         format!("{ns:.0} ns")

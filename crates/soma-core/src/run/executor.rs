@@ -17,199 +17,35 @@
 //! branch has been joined — ahead of any branch's error, even an earlier-declared one: a panic
 //! is a bug, and reporting an ordinary error in its place would swallow it.
 
-use std::fmt;
-use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::thread;
-use std::time::Duration;
-
+use super::error::RunError;
+use super::hooks::{Host, Watch};
+use super::table::Frame;
+use super::trace::{thread_number, Span, Trace};
+use super::wave::Lane;
 use crate::model::catalog::Catalog;
-use crate::model::driver::{Driver, DriverError};
-use crate::model::id::NodeId;
-use crate::model::node::{Ctx, NodeError, Transition};
+use crate::model::driver::Driver;
+use crate::model::node::{Ctx, Transition};
 use crate::model::value::Value;
-use crate::observe::trace::{thread_number, Span, Trace};
 use crate::plan::Plan;
-use crate::run::crew::{Crew, Tally};
+use crate::run::crew::Crew;
 use crate::run::program::{Op, Program, Read, Step};
 
 /// How many turns a node gets unless [`Executor::with_turn_limit`] says otherwise.
 pub const DEFAULT_TURN_LIMIT: u32 = 64;
 
-/// How often a thread waiting on a wave asks the [`Watch`] whether to stop.
-const WATCH_INTERVAL: Duration = Duration::from_millis(5);
-
-/// Why a run stopped.
-#[derive(Clone, Debug)]
-pub enum RunError {
-    /// A node reported an error.
-    NodeFailed {
-        /// The node.
-        node: NodeId,
-        /// What it reported.
-        error: NodeError,
-    },
-    /// A node awaited, and the executor has no driver.
-    NoDriver {
-        /// The node.
-        node: NodeId,
-    },
-    /// The driver failed while serving a node's requests.
-    DriverFailed {
-        /// The node whose requests were being served.
-        node: NodeId,
-        /// What the driver reported.
-        error: DriverError,
-    },
-    /// The driver answered a different number of results than the node asked for.
-    WrongResultCount {
-        /// The node.
-        node: NodeId,
-        /// Requests made.
-        asked: usize,
-        /// Results returned.
-        got: usize,
-    },
-    /// A node was still awaiting on its last allowed turn.
-    TurnLimit {
-        /// The node.
-        node: NodeId,
-        /// The limit in force.
-        limit: u32,
-    },
-    /// The plan names a node the catalog does not implement.
-    NotInCatalog {
-        /// The node.
-        node: NodeId,
-    },
-    /// A step reads a node that had not produced anything: the plan was not compiled from a
-    /// graph, or was edited by hand.
-    MissingInput {
-        /// The step.
-        node: NodeId,
-        /// The node it reads.
-        from: NodeId,
-    },
-    /// A plan runs the same node twice: it was not compiled from a graph, or was edited by
-    /// hand.
-    StepTwice {
-        /// The node.
-        node: NodeId,
-    },
-    /// The [`Watch`] asked the run to stop.
-    Interrupted,
-}
-
-impl RunError {
-    /// The node the error is about, if it is about one.
-    pub fn node(&self) -> Option<&NodeId> {
-        match self {
-            RunError::NodeFailed { node, .. }
-            | RunError::NoDriver { node }
-            | RunError::DriverFailed { node, .. }
-            | RunError::WrongResultCount { node, .. }
-            | RunError::TurnLimit { node, .. }
-            | RunError::NotInCatalog { node }
-            | RunError::MissingInput { node, .. }
-            | RunError::StepTwice { node } => Some(node),
-            RunError::Interrupted => None,
-        }
-    }
-}
-
-impl fmt::Display for RunError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RunError::NodeFailed { node, error } => write!(f, "node `{node}` failed: {error}"),
-            RunError::NoDriver { node } => write!(
-                f,
-                "node `{node}` awaited, but no driver was given\nhint: pass a driver that serves its requests"
-            ),
-            RunError::DriverFailed { node, error } => write!(
-                f,
-                "the driver failed serving node `{node}`: {error}\nhint: the driver's own error is the cause; fix the driver, or the requests `{node}` makes"
-            ),
-            RunError::WrongResultCount { node, asked, got } => write!(
-                f,
-                "the driver answered {got} result(s) to the {asked} request(s) of node `{node}`\nhint: a driver returns exactly one result per request, in order"
-            ),
-            RunError::TurnLimit { node, limit } => write!(
-                f,
-                "node `{node}` was still awaiting after {limit} turns\nhint: make it finish, or raise the turn limit"
-            ),
-            RunError::NotInCatalog { node } => write!(
-                f,
-                "node `{node}` has no implementation in the catalog\nhint: run a plan with the catalog it was compiled against"
-            ),
-            RunError::MissingInput { node, from } => write!(
-                f,
-                "node `{node}` reads `{from}`, which had produced nothing\nhint: run plans made by `compile`"
-            ),
-            RunError::StepTwice { node } => write!(
-                f,
-                "node `{node}` is run twice by the plan\nhint: run plans made by `compile`, where each node is one step"
-            ),
-            RunError::Interrupted => f.write_str(
-                "the run was interrupted\nhint: its watch asked it to stop (Ctrl-C, a deadline); every branch stopped at a node boundary, and the run can be started again"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for RunError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            RunError::NodeFailed { error, .. } => Some(error),
-            RunError::DriverFailed { error, .. } => Some(error),
-            RunError::NoDriver { .. }
-            | RunError::WrongResultCount { .. }
-            | RunError::TurnLimit { .. }
-            | RunError::NotInCatalog { .. }
-            | RunError::MissingInput { .. }
-            | RunError::StepTwice { .. }
-            | RunError::Interrupted => None,
-        }
-    }
-}
-
-/// Asked at every node boundary whether the run should stop — how a host turns Ctrl-C or a
-/// deadline into [`RunError::Interrupted`].
-pub trait Watch: Send + Sync {
-    /// Whether to stop. Once it has said yes it should keep saying yes. Called on every node
-    /// boundary of every branch, so it should be a flag read.
-    fn interrupted(&self) -> bool;
-
-    /// Called every few milliseconds by a thread that waits for a wave's branches: the time to
-    /// do what is too slow for every boundary (looking for a host's pending signals, say).
-    fn poll(&self) {}
-}
-
-/// How a host runtime takes part in a run: an interpreter with a global lock, say, which a
-/// branch holds from node to node and gives back whenever the engine blocks.
-///
-/// The executor calls [`Host::branch`] on a branch's thread around the whole branch, and
-/// [`Host::blocking`] around everything that waits: handing a wave's branches to their threads
-/// and joining them, and calling the driver. Nothing else blocks inside the engine.
-pub trait Host: Send + Sync {
-    /// Runs a whole branch, on the thread that will run it.
-    fn branch(&self, run: &mut dyn FnMut());
-    /// Runs something that blocks.
-    fn blocking(&self, run: &mut (dyn FnMut() + Send));
-}
-
 /// Runs plans, with an optional driver, watch and host.
 #[derive(Clone, Copy)]
 pub struct Executor<'a> {
-    catalog: &'a Catalog,
-    driver: Option<&'a dyn Driver>,
-    watch: Option<&'a dyn Watch>,
-    host: Option<&'a dyn Host>,
-    trace: Option<&'a Trace>,
-    turn_limit: u32,
+    pub(super) catalog: &'a Catalog,
+    pub(super) driver: Option<&'a dyn Driver>,
+    pub(super) watch: Option<&'a dyn Watch>,
+    pub(super) host: Option<&'a dyn Host>,
+    pub(super) trace: Option<&'a Trace>,
+    pub(super) turn_limit: u32,
 }
 
 /// Why a branch stopped: its own error, or because an earlier-declared sibling failed.
-enum Halt {
+pub(super) enum Halt {
     Failed(RunError),
     Cancelled,
 }
@@ -217,109 +53,6 @@ enum Halt {
 impl From<RunError> for Halt {
     fn from(error: RunError) -> Self {
         Halt::Failed(error)
-    }
-}
-
-/// The part of the table a branch may only read: what its ancestors had produced when the
-/// wave started, one segment per enclosing wave.
-struct Shared<'t> {
-    base: usize,
-    cells: &'t [Option<Value>],
-    outer: Option<&'t Shared<'t>>,
-}
-
-/// The table as one branch sees it: its own range, mutable, and the shared segments around it.
-struct Frame<'t> {
-    base: usize,
-    own: &'t mut [Option<Value>],
-    shared: Option<&'t Shared<'t>>,
-}
-
-impl Frame<'_> {
-    fn read(&self, slot: usize) -> Option<&Value> {
-        if let Some(cell) = slot.checked_sub(self.base).and_then(|at| self.own.get(at)) {
-            return cell.as_ref();
-        }
-        let mut at = self.shared;
-        while let Some(segment) = at {
-            if let Some(cell) = slot
-                .checked_sub(segment.base)
-                .and_then(|i| segment.cells.get(i))
-            {
-                return cell.as_ref();
-            }
-            at = segment.outer;
-        }
-        None
-    }
-
-    /// The value, taken out of the table when this frame owns its cell.
-    fn take(&mut self, slot: usize) -> Option<Value> {
-        match slot
-            .checked_sub(self.base)
-            .and_then(|at| self.own.get_mut(at))
-        {
-            Some(cell) => cell.take(),
-            None => self.read(slot).cloned(),
-        }
-    }
-
-    fn cell(&mut self, slot: usize) -> &mut Option<Value> {
-        &mut self.own[slot - self.base]
-    }
-}
-
-/// The state one wave shares with its branches.
-struct WaveState {
-    /// The smallest declared index of a branch that failed, `usize::MAX` while none has.
-    first_failed: AtomicUsize,
-}
-
-/// Where a branch stands: its index in its wave, the lane of the branch around that wave, and
-/// the crew the branches of its own waves run on (the run's, the same at every depth).
-#[derive(Clone, Copy)]
-struct Lane<'s> {
-    wave: Option<(&'s WaveState, usize)>,
-    parent: Option<&'s Lane<'s>>,
-    crew: &'s Crew,
-}
-
-impl<'s> Lane<'s> {
-    /// The lane of a whole run, outside every wave.
-    fn root(crew: &'s Crew) -> Self {
-        Lane {
-            wave: None,
-            parent: None,
-            crew,
-        }
-    }
-
-    /// The index of this branch in each enclosing wave, outermost first.
-    fn path(&self) -> Vec<usize> {
-        let mut path = Vec::new();
-        let mut at = Some(self);
-        while let Some(lane) = at {
-            if let Some((_, index)) = lane.wave {
-                path.push(index);
-            }
-            at = lane.parent;
-        }
-        path.reverse();
-        path
-    }
-
-    /// Whether a branch declared before this one, at any level of nesting, has failed.
-    fn cancelled(&self) -> bool {
-        let mut at = Some(self);
-        while let Some(lane) = at {
-            if let Some((wave, index)) = lane.wave {
-                if wave.first_failed.load(Ordering::Acquire) < index {
-                    return true;
-                }
-            }
-            at = lane.parent;
-        }
-        false
     }
 }
 
@@ -441,7 +174,7 @@ impl<'a> Executor<'a> {
         }
     }
 
-    fn walk(
+    pub(super) fn walk(
         &self,
         op: &Op,
         input: &Value,
@@ -546,102 +279,11 @@ impl<'a> Executor<'a> {
         outcome
     }
 
-    fn wave(
-        &self,
-        branches: &[Op],
-        bounds: &[usize],
-        first: usize,
-        input: &Value,
-        frame: &mut Frame<'_>,
-        lane: Lane<'_>,
-    ) -> Result<(), Halt> {
-        if let [only] = branches {
-            return self.walk(only, input, frame, lane);
-        }
-        // Split the table: everything before the wave becomes read-only for its branches, and
-        // the wave's range is cut into one disjoint mutable part per branch.
-        let (lo, hi) = (bounds[0], bounds[bounds.len() - 1]);
-        let (before, after) = frame.own.split_at_mut(lo - frame.base);
-        let shared = Shared {
-            base: frame.base,
-            cells: before,
-            outer: frame.shared,
-        };
-        let mut remaining = &mut after[..hi - lo];
-        let state = WaveState {
-            first_failed: AtomicUsize::new(usize::MAX),
-        };
-        let (state, lane) = (&state, &lane);
-        let mut tasks = Vec::with_capacity(branches.len());
-        for (i, (branch, window)) in branches.iter().zip(bounds.windows(2)).enumerate() {
-            let (own, tail) = std::mem::take(&mut remaining).split_at_mut(window[1] - window[0]);
-            remaining = tail;
-            let mut own = Frame {
-                base: window[0],
-                own,
-                shared: Some(&shared),
-            };
-            tasks.push(move || {
-                let mut outcome = None;
-                let mut run = || {
-                    outcome = Some(self.branch(branch, i, input, &mut own, state, lane));
-                };
-                match self.host {
-                    Some(host) => host.branch(&mut run),
-                    None => run(),
-                }
-                outcome.expect("the host ran the branch")
-            });
-        }
-        // The caller gives up the host's lock before handing the branches over, not after: a
-        // wide wave's branches can start while the rest are still being woken.
-        let mut tasks = Some(tasks);
-        let mut outcomes = Vec::new();
-        self.blocking(&mut || {
-            if let Some(tasks) = tasks.take() {
-                outcomes = lane.crew.run(first, tasks, |tally| self.wait(tally));
-            }
-        });
-        settle(outcomes)
-    }
-
-    /// Runs one branch of a wave; on failure, tells the later-declared siblings to stop.
-    fn branch(
-        &self,
-        branch: &Op,
-        index: usize,
-        input: &Value,
-        frame: &mut Frame<'_>,
-        state: &WaveState,
-        outer: &Lane<'_>,
-    ) -> Result<(), Halt> {
-        let lane = Lane {
-            wave: Some((state, index)),
-            parent: Some(outer),
-            crew: outer.crew,
-        };
-        let result =
-            panic::catch_unwind(AssertUnwindSafe(|| self.walk(branch, input, frame, lane)));
-        if !matches!(result, Ok(Ok(()) | Err(Halt::Cancelled))) {
-            state.first_failed.fetch_min(index, Ordering::AcqRel);
-        }
-        result.unwrap_or_else(|payload| panic::resume_unwind(payload))
-    }
-
     /// Runs `work`, which blocks, through the host if there is one.
-    fn blocking(&self, work: &mut (dyn FnMut() + Send)) {
+    pub(super) fn blocking(&self, work: &mut (dyn FnMut() + Send)) {
         match self.host {
             Some(host) => host.blocking(work),
             None => work(),
-        }
-    }
-
-    /// Blocks until the branches finish, polling the watch while it waits so that an interruption
-    /// only this thread can see (a signal, on a host's main thread) reaches them.
-    fn wait<T>(&self, tally: &Tally<T>) {
-        match self.watch {
-            None => tally.wait_all(),
-            Some(watch) => tally.wait_polling(WATCH_INTERVAL, &|| watch.poll()),
         }
     }
 
@@ -698,20 +340,4 @@ impl<'a> Executor<'a> {
             }
         }
     }
-}
-
-/// A wave's outcomes, in declaration order: the first panic is re-raised, else the first
-/// failure is returned, else the wave succeeded.
-fn settle(outcomes: Vec<thread::Result<Result<(), Halt>>>) -> Result<(), Halt> {
-    let mut outcomes: Vec<Result<(), Halt>> = outcomes
-        .into_iter()
-        .map(|outcome| outcome.unwrap_or_else(|payload| panic::resume_unwind(payload)))
-        .collect();
-    if let Some(at) = outcomes
-        .iter()
-        .position(|outcome| matches!(outcome, Err(Halt::Failed(_))))
-    {
-        return outcomes.swap_remove(at);
-    }
-    outcomes.into_iter().collect()
 }

@@ -3,9 +3,14 @@
 //! [`Crew`](crew::Crew).
 //!
 //! The executor is where an embedder plugs in: a [`Driver`](crate::Driver) serves nodes that
-//! await, a [`Watch`](executor::Watch) says when to stop, a [`Host`](executor::Host) wraps each
-//! branch and each wait (an interpreter lock, say), a [`Trace`](crate::Trace) records spans.
+//! await, a [`Watch`](hooks::Watch) says when to stop, a [`Host`](hooks::Host) wraps each
+//! branch and each wait (an interpreter lock, say), a [`Trace`](trace::Trace) records spans.
 
 pub(crate) mod crew;
+pub(crate) mod error;
 pub(crate) mod executor;
+pub(crate) mod hooks;
 pub(crate) mod program;
+mod table;
+pub(crate) mod trace;
+mod wave;

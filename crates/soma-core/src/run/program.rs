@@ -24,7 +24,7 @@ use crate::model::id::NodeId;
 use crate::model::node::Node;
 use crate::plan::Plan;
 use crate::run::crew::Crew;
-use crate::run::executor::RunError;
+use crate::run::error::RunError;
 
 /// A plan with its implementations and inputs resolved to slots. Build it once with
 /// [`Program::new`]; run it any number of times, from any number of threads, with

@@ -21,293 +21,17 @@
 //! 100,000.
 
 use std::collections::HashMap;
-use std::fmt::{self, Write as _};
+use std::fmt::Write as _;
 
+use super::svg::{
+    svg_open, xml, ARC_LEVELS, ARC_STEP, BASELINE, CHAR_WIDTH, COLUMN_GAP, CORNER, EDGE, FRAME_END,
+    FRAME_SIDE, HEAD, MARGIN, MUTED, NODE_FILL, NODE_HEIGHT, NODE_MIN_WIDTH, NODE_PADDING,
+    NODE_STROKE, ORDER_STROKE, ORDER_TEXT, ROW_GAP, TEXT, WAVE_STROKE, WAVE_TEXT,
+};
 use crate::compile::decompose;
 use crate::model::graph::Graph;
 use crate::model::id::NodeId;
 use crate::plan::Plan;
-
-// ---------------------------------------------------------------------------------------------
-// The text tree
-
-/// Writes the indented tree of `plan`, one line per step, without a final newline.
-pub(crate) fn write_tree(plan: &Plan, out: &mut impl fmt::Write) -> fmt::Result {
-    write_label(plan, out)?;
-    write_branches(plan, &mut String::new(), out)
-}
-
-fn write_label(plan: &Plan, out: &mut impl fmt::Write) -> fmt::Result {
-    match plan {
-        Plan::Empty => out.write_str("Empty"),
-        Plan::Execute { node, from } => {
-            write!(out, "{node} <- ")?;
-            if from.is_empty() {
-                // In parentheses, to read as a note rather than as the id of a node.
-                return out.write_str("(input)");
-            }
-            for (i, source) in from.iter().enumerate() {
-                if i > 0 {
-                    out.write_str(", ")?;
-                }
-                write!(out, "{source}")?;
-            }
-            Ok(())
-        }
-        Plan::Sequence(_) => out.write_str("Sequence"),
-        Plan::Wave(_) => out.write_str("Wave"),
-    }
-}
-
-/// `prefix` is the margin drawn for the ancestors; it grows by one level and is restored, so
-/// one buffer serves the whole walk.
-fn write_branches(plan: &Plan, prefix: &mut String, out: &mut impl fmt::Write) -> fmt::Result {
-    let children = match plan {
-        Plan::Sequence(children) | Plan::Wave(children) => children,
-        Plan::Empty | Plan::Execute { .. } => return Ok(()),
-    };
-    for (i, child) in children.iter().enumerate() {
-        let last = i + 1 == children.len();
-        out.write_char('\n')?;
-        out.write_str(prefix)?;
-        out.write_str(if last { "└── " } else { "├── " })?;
-        write_label(child, out)?;
-        let restore = prefix.len();
-        prefix.push_str(if last { "    " } else { "│   " });
-        write_branches(child, prefix, out)?;
-        prefix.truncate(restore);
-    }
-    Ok(())
-}
-
-// ---------------------------------------------------------------------------------------------
-// Mermaid
-
-/// Mermaid names for node ids: the id itself when Mermaid reads it as a plain name, otherwise
-/// `soma_n<k>`. Ids in the reserved `soma_` prefix are renamed too, so the two never collide.
-struct MermaidNames<'p> {
-    names: HashMap<&'p str, String>,
-}
-
-impl<'p> MermaidNames<'p> {
-    fn name(&mut self, id: &'p str) -> &str {
-        let next = self.names.len();
-        self.names.entry(id).or_insert_with(|| {
-            if mermaid_safe(id) {
-                id.to_owned()
-            } else {
-                format!("soma_n{next}")
-            }
-        })
-    }
-}
-
-/// Whether Mermaid reads `id` as a plain node name: ASCII word characters, starting with a
-/// letter, not one of its keywords (a node named `end` closes a subgraph), and outside the
-/// `soma_` prefix the renamed ids use.
-fn mermaid_safe(id: &str) -> bool {
-    const KEYWORDS: [&str; 14] = [
-        "end",
-        "graph",
-        "flowchart",
-        "subgraph",
-        "direction",
-        "style",
-        "classdef",
-        "class",
-        "click",
-        "linkstyle",
-        "call",
-        "href",
-        "default",
-        "interpolate",
-    ];
-    let lower = id.to_ascii_lowercase();
-    id.starts_with(|c: char| c.is_ascii_alphabetic())
-        && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && !KEYWORDS.contains(&lower.as_str())
-        && !lower.starts_with("soma_")
-}
-
-/// A node label between double quotes. Mermaid decodes `#name;` entities inside labels, so `#`
-/// itself is escaped, as are the characters its HTML rendering would read.
-fn mermaid_label(id: &str, out: &mut String) {
-    out.push('"');
-    for c in id.chars() {
-        match c {
-            '"' => out.push_str("#quot;"),
-            '#' => out.push_str("#35;"),
-            '<' => out.push_str("#lt;"),
-            '>' => out.push_str("#gt;"),
-            '&' => out.push_str("#amp;"),
-            _ => out.push(c),
-        }
-    }
-    out.push('"');
-}
-
-/// `flowchart LR`: every node with its id as label, a subgraph per wave, then an arrow for
-/// every input of every step, in step order.
-pub(crate) fn plan_mermaid(plan: &Plan) -> String {
-    let mut names = MermaidNames {
-        names: HashMap::new(),
-    };
-    let mut out = String::from("flowchart LR\n");
-    let mut waves = 0;
-    mermaid_nodes(plan, 1, &mut names, &mut waves, &mut out);
-    for (node, from) in plan.steps() {
-        for source in from {
-            let source = names.name(source.as_str()).to_owned();
-            let target = names.name(node.as_str());
-            let _ = writeln!(out, "    {source} --> {target}");
-        }
-    }
-    out
-}
-
-fn mermaid_nodes<'p>(
-    plan: &'p Plan,
-    depth: usize,
-    names: &mut MermaidNames<'p>,
-    waves: &mut usize,
-    out: &mut String,
-) {
-    let indent = "    ".repeat(depth);
-    match plan {
-        Plan::Empty => {}
-        Plan::Execute { node, .. } => {
-            out.push_str(&indent);
-            out.push_str(names.name(node.as_str()));
-            out.push('[');
-            mermaid_label(node.as_str(), out);
-            out.push_str("]\n");
-        }
-        Plan::Sequence(steps) => {
-            for step in steps {
-                mermaid_nodes(step, depth, names, waves, out);
-            }
-        }
-        Plan::Wave(branches) => {
-            let _ = writeln!(out, "{indent}subgraph soma_wave_{waves} [wave]");
-            *waves += 1;
-            for branch in branches {
-                mermaid_nodes(branch, depth + 1, names, waves, out);
-            }
-            out.push_str(&indent);
-            out.push_str("end\n");
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// DOT
-
-/// A DOT id: always quoted, so any node id is one, with `"` and `\` escaped.
-fn dot_id(id: &str, out: &mut String) {
-    out.push('"');
-    for c in id.chars() {
-        if c == '"' || c == '\\' {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out.push('"');
-}
-
-/// `digraph` with `rankdir=LR`: every node, a `cluster` per wave (graphviz frames those), then
-/// an edge for every input of every step, in step order.
-pub(crate) fn plan_dot(plan: &Plan) -> String {
-    let mut out = String::from("digraph plan {\n");
-    out.push_str("    rankdir=LR;\n");
-    let _ = writeln!(
-        out,
-        "    node [shape=box, style=\"rounded,filled\", fillcolor=\"{NODE_FILL}\", color=\"{NODE_STROKE}\", fontname=\"monospace\"];"
-    );
-    let mut waves = 0;
-    dot_nodes(plan, 1, &mut waves, &mut out);
-    for (node, from) in plan.steps() {
-        for source in from {
-            out.push_str("    ");
-            dot_id(source.as_str(), &mut out);
-            out.push_str(" -> ");
-            dot_id(node.as_str(), &mut out);
-            out.push_str(";\n");
-        }
-    }
-    out.push_str("}\n");
-    out
-}
-
-fn dot_nodes(plan: &Plan, depth: usize, waves: &mut usize, out: &mut String) {
-    let indent = "    ".repeat(depth);
-    match plan {
-        Plan::Empty => {}
-        Plan::Execute { node, .. } => {
-            out.push_str(&indent);
-            dot_id(node.as_str(), out);
-            out.push_str(";\n");
-        }
-        Plan::Sequence(steps) => {
-            for step in steps {
-                dot_nodes(step, depth, waves, out);
-            }
-        }
-        Plan::Wave(branches) => {
-            let _ = writeln!(out, "{indent}subgraph cluster_wave_{waves} {{");
-            *waves += 1;
-            let _ = writeln!(
-                out,
-                "{indent}    label=\"wave\"; style=\"dashed,rounded\"; color=\"{WAVE_STROKE}\";"
-            );
-            for branch in branches {
-                dot_nodes(branch, depth + 1, waves, out);
-            }
-            out.push_str(&indent);
-            out.push_str("}\n");
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// SVG
-
-// Light colours on an opaque background, set explicitly everywhere: a notebook's dark theme
-// then shows a light card rather than dark text on a dark page.
-const BACKGROUND: &str = "#fcfcfc";
-const NODE_FILL: &str = "#e8f0fe";
-const NODE_STROKE: &str = "#3366aa";
-const TEXT: &str = "#1a1a1a";
-const EDGE: &str = "#666666";
-const WAVE_STROKE: &str = "#b7791f";
-const WAVE_TEXT: &str = "#975a16";
-const ORDER_STROKE: &str = "#8a8a8a";
-const ORDER_TEXT: &str = "#6b6b6b";
-const MUTED: &str = "#888888";
-
-const FONT_SIZE: i64 = 13;
-/// The advance of one character of a 13px monospace font, rounded up so a box never clips.
-const CHAR_WIDTH: i64 = 8;
-/// From a box's vertical centre down to the baseline that centres a line of 13px text.
-const BASELINE: i64 = 4;
-const NODE_HEIGHT: i64 = 32;
-const NODE_MIN_WIDTH: i64 = 64;
-const NODE_PADDING: i64 = 12;
-/// Between columns: the room arrows are drawn in.
-const COLUMN_GAP: i64 = 48;
-const ROW_GAP: i64 = 16;
-/// Around the drawing; at least what an arrow drawn over a top row rises above it.
-const MARGIN: i64 = 20;
-/// Inside a frame, left and right.
-const FRAME_SIDE: i64 = 12;
-/// Inside a frame, top and bottom: the same both ways so that a frame's centre is its
-/// content's centre and arrows into a wave stay level; the top one holds the label.
-const FRAME_END: i64 = 20;
-const HEAD: i64 = 8;
-const CORNER: i64 = 6;
-/// How far each arrow drawn over a row rises above the boxes, per column it skips, so that
-/// arrows over the same row do not run on one line; capped to stay inside [`MARGIN`].
-const ARC_STEP: i64 = 5;
-const ARC_LEVELS: i64 = 3;
 
 /// What a frame marks.
 #[derive(Clone, Copy)]
@@ -557,39 +281,6 @@ fn place<'p>(block: &Block<'p>, x: i64, y: i64, out: &mut Placement<'p>) {
     }
 }
 
-/// Escapes text for XML content and attribute values. Ids hold no control characters; the two
-/// noncharacters XML still refuses become U+FFFD so the document always parses.
-pub(crate) fn xml(text: &str, out: &mut String) {
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&apos;"),
-            '\u{FFFE}' | '\u{FFFF}' => out.push('\u{FFFD}'),
-            c if c.is_control() => out.push('\u{FFFD}'),
-            c => out.push(c),
-        }
-    }
-}
-
-pub(crate) fn svg_open(width: i64, height: i64, out: &mut String) {
-    let _ = write!(
-        out,
-        concat!(
-            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" ",
-            "viewBox=\"0 0 {w} {h}\" font-family=\"Menlo, Consolas, DejaVu Sans Mono, monospace\" ",
-            "font-size=\"{size}\">\n",
-            "<rect class=\"background\" x=\"0\" y=\"0\" width=\"{w}\" height=\"{h}\" fill=\"{bg}\"/>\n",
-        ),
-        w = width,
-        h = height,
-        size = FONT_SIZE,
-        bg = BACKGROUND,
-    );
-}
-
 /// What an empty plan or graph draws: a small card that says so.
 fn empty_svg() -> String {
     let (width, height) = (NODE_MIN_WIDTH + 2 * MARGIN, NODE_HEIGHT + 2 * MARGIN);
@@ -723,7 +414,7 @@ fn edge(source: &NodeId, target: &NodeId, from: &Placed<'_>, to: &Placed<'_>, ou
 }
 
 /// The SVG of a plan, frames drawn: see [`Plan::to_svg`].
-pub(crate) fn plan_svg(plan: &Plan) -> String {
+fn plan_svg(plan: &Plan) -> String {
     let steps = plan.steps();
     let edges = steps
         .iter()
@@ -751,4 +442,15 @@ pub(crate) fn plan_svg(plan: &Plan) -> String {
 /// ```
 pub fn graph_svg(graph: &Graph) -> String {
     svg(&decompose(graph), false, graph.edges())
+}
+
+impl Plan {
+    /// The plan drawn by Soma as a self-contained SVG document: series left to right, the
+    /// branches of a wave stacked in a frame, a stretch that is not series-parallel (walked in
+    /// order) in topological columns in a frame of its own, a box with its id for every step
+    /// and an arrow for every input. Deterministic; no graphviz involved.
+    /// [`crate::draw::graph_svg`] draws a graph, without the frames.
+    pub fn to_svg(&self) -> String {
+        plan_svg(self)
+    }
 }

@@ -1,0 +1,131 @@
+//! Plans as Mermaid `flowchart LR` text, for documents that render Mermaid.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use crate::plan::Plan;
+
+/// Mermaid names for node ids: the id itself when Mermaid reads it as a plain name, otherwise
+/// `soma_n<k>`. Ids in the reserved `soma_` prefix are renamed too, so the two never collide.
+struct MermaidNames<'p> {
+    names: HashMap<&'p str, String>,
+}
+
+impl<'p> MermaidNames<'p> {
+    fn name(&mut self, id: &'p str) -> &str {
+        let next = self.names.len();
+        self.names.entry(id).or_insert_with(|| {
+            if mermaid_safe(id) {
+                id.to_owned()
+            } else {
+                format!("soma_n{next}")
+            }
+        })
+    }
+}
+
+/// Whether Mermaid reads `id` as a plain node name: ASCII word characters, starting with a
+/// letter, not one of its keywords (a node named `end` closes a subgraph), and outside the
+/// `soma_` prefix the renamed ids use.
+fn mermaid_safe(id: &str) -> bool {
+    const KEYWORDS: [&str; 14] = [
+        "end",
+        "graph",
+        "flowchart",
+        "subgraph",
+        "direction",
+        "style",
+        "classdef",
+        "class",
+        "click",
+        "linkstyle",
+        "call",
+        "href",
+        "default",
+        "interpolate",
+    ];
+    let lower = id.to_ascii_lowercase();
+    id.starts_with(|c: char| c.is_ascii_alphabetic())
+        && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !KEYWORDS.contains(&lower.as_str())
+        && !lower.starts_with("soma_")
+}
+
+/// A node label between double quotes. Mermaid decodes `#name;` entities inside labels, so `#`
+/// itself is escaped, as are the characters its HTML rendering would read.
+fn mermaid_label(id: &str, out: &mut String) {
+    out.push('"');
+    for c in id.chars() {
+        match c {
+            '"' => out.push_str("#quot;"),
+            '#' => out.push_str("#35;"),
+            '<' => out.push_str("#lt;"),
+            '>' => out.push_str("#gt;"),
+            '&' => out.push_str("#amp;"),
+            _ => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// `flowchart LR`: every node with its id as label, a subgraph per wave, then an arrow for
+/// every input of every step, in step order.
+fn plan_mermaid(plan: &Plan) -> String {
+    let mut names = MermaidNames {
+        names: HashMap::new(),
+    };
+    let mut out = String::from("flowchart LR\n");
+    let mut waves = 0;
+    mermaid_nodes(plan, 1, &mut names, &mut waves, &mut out);
+    for (node, from) in plan.steps() {
+        for source in from {
+            let source = names.name(source.as_str()).to_owned();
+            let target = names.name(node.as_str());
+            let _ = writeln!(out, "    {source} --> {target}");
+        }
+    }
+    out
+}
+
+fn mermaid_nodes<'p>(
+    plan: &'p Plan,
+    depth: usize,
+    names: &mut MermaidNames<'p>,
+    waves: &mut usize,
+    out: &mut String,
+) {
+    let indent = "    ".repeat(depth);
+    match plan {
+        Plan::Empty => {}
+        Plan::Execute { node, .. } => {
+            out.push_str(&indent);
+            out.push_str(names.name(node.as_str()));
+            out.push('[');
+            mermaid_label(node.as_str(), out);
+            out.push_str("]\n");
+        }
+        Plan::Sequence(steps) => {
+            for step in steps {
+                mermaid_nodes(step, depth, names, waves, out);
+            }
+        }
+        Plan::Wave(branches) => {
+            let _ = writeln!(out, "{indent}subgraph soma_wave_{waves} [wave]");
+            *waves += 1;
+            for branch in branches {
+                mermaid_nodes(branch, depth + 1, names, waves, out);
+            }
+            out.push_str(&indent);
+            out.push_str("end\n");
+        }
+    }
+}
+
+impl Plan {
+    /// The plan as a Mermaid `flowchart LR`: a node per step labelled with its id, a
+    /// `subgraph` per wave, an arrow for every input. Ids Mermaid cannot read as names are
+    /// renamed `soma_n<k>` and keep their id as label.
+    pub fn to_mermaid(&self) -> String {
+        plan_mermaid(self)
+    }
+}

@@ -1,0 +1,140 @@
+//! `RunError`: why a run stopped, one variant per cause, each naming its node.
+
+use std::fmt;
+
+use crate::model::driver::DriverError;
+use crate::model::id::NodeId;
+use crate::model::node::NodeError;
+
+/// Why a run stopped.
+#[derive(Clone, Debug)]
+pub enum RunError {
+    /// A node reported an error.
+    NodeFailed {
+        /// The node.
+        node: NodeId,
+        /// What it reported.
+        error: NodeError,
+    },
+    /// A node awaited, and the executor has no driver.
+    NoDriver {
+        /// The node.
+        node: NodeId,
+    },
+    /// The driver failed while serving a node's requests.
+    DriverFailed {
+        /// The node whose requests were being served.
+        node: NodeId,
+        /// What the driver reported.
+        error: DriverError,
+    },
+    /// The driver answered a different number of results than the node asked for.
+    WrongResultCount {
+        /// The node.
+        node: NodeId,
+        /// Requests made.
+        asked: usize,
+        /// Results returned.
+        got: usize,
+    },
+    /// A node was still awaiting on its last allowed turn.
+    TurnLimit {
+        /// The node.
+        node: NodeId,
+        /// The limit in force.
+        limit: u32,
+    },
+    /// The plan names a node the catalog does not implement.
+    NotInCatalog {
+        /// The node.
+        node: NodeId,
+    },
+    /// A step reads a node that had not produced anything: the plan was not compiled from a
+    /// graph, or was edited by hand.
+    MissingInput {
+        /// The step.
+        node: NodeId,
+        /// The node it reads.
+        from: NodeId,
+    },
+    /// A plan runs the same node twice: it was not compiled from a graph, or was edited by
+    /// hand.
+    StepTwice {
+        /// The node.
+        node: NodeId,
+    },
+    /// The [`crate::Watch`] asked the run to stop.
+    Interrupted,
+}
+
+impl RunError {
+    /// The node the error is about, if it is about one.
+    pub fn node(&self) -> Option<&NodeId> {
+        match self {
+            RunError::NodeFailed { node, .. }
+            | RunError::NoDriver { node }
+            | RunError::DriverFailed { node, .. }
+            | RunError::WrongResultCount { node, .. }
+            | RunError::TurnLimit { node, .. }
+            | RunError::NotInCatalog { node }
+            | RunError::MissingInput { node, .. }
+            | RunError::StepTwice { node } => Some(node),
+            RunError::Interrupted => None,
+        }
+    }
+}
+
+impl fmt::Display for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RunError::NodeFailed { node, error } => write!(f, "node `{node}` failed: {error}"),
+            RunError::NoDriver { node } => write!(
+                f,
+                "node `{node}` awaited, but no driver was given\nhint: pass a driver that serves its requests"
+            ),
+            RunError::DriverFailed { node, error } => write!(
+                f,
+                "the driver failed serving node `{node}`: {error}\nhint: the driver's own error is the cause; fix the driver, or the requests `{node}` makes"
+            ),
+            RunError::WrongResultCount { node, asked, got } => write!(
+                f,
+                "the driver answered {got} result(s) to the {asked} request(s) of node `{node}`\nhint: a driver returns exactly one result per request, in order"
+            ),
+            RunError::TurnLimit { node, limit } => write!(
+                f,
+                "node `{node}` was still awaiting after {limit} turns\nhint: make it finish, or raise the turn limit"
+            ),
+            RunError::NotInCatalog { node } => write!(
+                f,
+                "node `{node}` has no implementation in the catalog\nhint: run a plan with the catalog it was compiled against"
+            ),
+            RunError::MissingInput { node, from } => write!(
+                f,
+                "node `{node}` reads `{from}`, which had produced nothing\nhint: run plans made by `compile`"
+            ),
+            RunError::StepTwice { node } => write!(
+                f,
+                "node `{node}` is run twice by the plan\nhint: run plans made by `compile`, where each node is one step"
+            ),
+            RunError::Interrupted => f.write_str(
+                "the run was interrupted\nhint: its watch asked it to stop (Ctrl-C, a deadline); every branch stopped at a node boundary, and the run can be started again"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RunError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RunError::NodeFailed { error, .. } => Some(error),
+            RunError::DriverFailed { error, .. } => Some(error),
+            RunError::NoDriver { .. }
+            | RunError::WrongResultCount { .. }
+            | RunError::TurnLimit { .. }
+            | RunError::NotInCatalog { .. }
+            | RunError::MissingInput { .. }
+            | RunError::StepTwice { .. }
+            | RunError::Interrupted => None,
+        }
+    }
+}

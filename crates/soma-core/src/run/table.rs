@@ -1,0 +1,53 @@
+//! The table of values one run writes, as each branch sees it: its own cells mutable, what its
+//! ancestors produced before its wave started shared and read-only.
+
+use crate::model::value::Value;
+
+/// The part of the table a branch may only read: what its ancestors had produced when the
+/// wave started, one segment per enclosing wave.
+pub(super) struct Shared<'t> {
+    pub(super) base: usize,
+    pub(super) cells: &'t [Option<Value>],
+    pub(super) outer: Option<&'t Shared<'t>>,
+}
+
+/// The table as one branch sees it: its own range, mutable, and the shared segments around it.
+pub(super) struct Frame<'t> {
+    pub(super) base: usize,
+    pub(super) own: &'t mut [Option<Value>],
+    pub(super) shared: Option<&'t Shared<'t>>,
+}
+
+impl Frame<'_> {
+    pub(super) fn read(&self, slot: usize) -> Option<&Value> {
+        if let Some(cell) = slot.checked_sub(self.base).and_then(|at| self.own.get(at)) {
+            return cell.as_ref();
+        }
+        let mut at = self.shared;
+        while let Some(segment) = at {
+            if let Some(cell) = slot
+                .checked_sub(segment.base)
+                .and_then(|i| segment.cells.get(i))
+            {
+                return cell.as_ref();
+            }
+            at = segment.outer;
+        }
+        None
+    }
+
+    /// The value, taken out of the table when this frame owns its cell.
+    pub(super) fn take(&mut self, slot: usize) -> Option<Value> {
+        match slot
+            .checked_sub(self.base)
+            .and_then(|at| self.own.get_mut(at))
+        {
+            Some(cell) => cell.take(),
+            None => self.read(slot).cloned(),
+        }
+    }
+
+    pub(super) fn cell(&mut self, slot: usize) -> &mut Option<Value> {
+        &mut self.own[slot - self.base]
+    }
+}

@@ -1,0 +1,129 @@
+//! `Trace`: where a run spent its time — one span per node, with its thread and branch.
+//!
+//! A trace is opt-in and shared: pass one to [`crate::Executor::with_trace`] and every step of
+//! the run records a [`Span`] when it ends (start, end, thread, branch, turns, error). A run
+//! without a trace checks one `Option` per node and records nothing. The spans of one trace can
+//! come from several runs and several threads; they are kept in the order they ended, behind a
+//! lock that only traced runs ever take.
+//!
+//! What a trace is for is looking at it: [`Trace::to_chrome`] writes the Chrome trace-event
+//! format that Perfetto and `chrome://tracing` open (one track per thread), [`Trace::summary`]
+//! lists the slowest nodes, and [`Trace::to_svg`] draws a timeline.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::model::id::NodeId;
+
+/// One node's run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Span {
+    /// The node.
+    pub node: NodeId,
+    /// When its first turn started, since the trace was created.
+    pub start: Duration,
+    /// When it was done (or failed), since the trace was created.
+    pub end: Duration,
+    /// The thread it ran on: a number unique in this process, stable for the thread's life.
+    pub thread: u64,
+    /// The branch it ran in: the index of the branch in each enclosing wave, outermost first;
+    /// empty outside any wave.
+    pub branch: Vec<usize>,
+    /// Calls to its `forward`: one, plus one per answered `Await`.
+    pub turns: u32,
+    /// Its error, if it failed.
+    pub error: Option<String>,
+}
+
+impl Span {
+    /// How long the node took.
+    pub fn duration(&self) -> Duration {
+        self.end.saturating_sub(self.start)
+    }
+
+    /// The branch as text: `main` outside any wave, else the indices joined by dots (`1.0`).
+    pub fn branch_label(&self) -> String {
+        if self.branch.is_empty() {
+            return "main".to_string();
+        }
+        let parts: Vec<String> = self.branch.iter().map(ToString::to_string).collect();
+        parts.join(".")
+    }
+}
+
+/// Spans recorded by traced runs.
+#[derive(Debug)]
+pub struct Trace {
+    origin: Instant,
+    spans: Mutex<Vec<Span>>,
+}
+
+impl Default for Trace {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    static THREAD: u64 = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+}
+
+/// This thread's number in traces.
+pub(crate) fn thread_number() -> u64 {
+    THREAD.with(|n| *n)
+}
+
+impl Trace {
+    /// An empty trace; span times count from now.
+    pub fn new() -> Self {
+        Trace {
+            origin: Instant::now(),
+            spans: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The time since the trace was created.
+    pub(crate) fn now(&self) -> Duration {
+        self.origin.elapsed()
+    }
+
+    /// Records a span.
+    pub fn record(&self, span: Span) {
+        self.spans
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(span);
+    }
+
+    /// A copy of the spans, in the order they ended.
+    pub fn spans(&self) -> Vec<Span> {
+        self.spans
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Number of spans.
+    pub fn len(&self) -> usize {
+        self.spans
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// Whether nothing was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Forgets every span.
+    pub fn clear(&self) {
+        self.spans
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+}

@@ -1,0 +1,178 @@
+//! A wave: its branches handed to threads at once, joined, and settled into one outcome.
+
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread;
+use std::time::Duration;
+
+use super::crew::{Crew, Tally};
+use super::executor::{Executor, Halt};
+use super::program::Op;
+use super::table::{Frame, Shared};
+use crate::model::value::Value;
+
+/// How often a thread waiting on a wave asks the [`Watch`] whether to stop.
+const WATCH_INTERVAL: Duration = Duration::from_millis(5);
+
+/// The state one wave shares with its branches.
+struct WaveState {
+    /// The smallest declared index of a branch that failed, `usize::MAX` while none has.
+    first_failed: AtomicUsize,
+}
+
+/// Where a branch stands: its index in its wave, the lane of the branch around that wave, and
+/// the crew the branches of its own waves run on (the run's, the same at every depth).
+#[derive(Clone, Copy)]
+pub(super) struct Lane<'s> {
+    wave: Option<(&'s WaveState, usize)>,
+    parent: Option<&'s Lane<'s>>,
+    crew: &'s Crew,
+}
+
+impl<'s> Lane<'s> {
+    /// The lane of a whole run, outside every wave.
+    pub(super) fn root(crew: &'s Crew) -> Self {
+        Lane {
+            wave: None,
+            parent: None,
+            crew,
+        }
+    }
+
+    /// The index of this branch in each enclosing wave, outermost first.
+    pub(super) fn path(&self) -> Vec<usize> {
+        let mut path = Vec::new();
+        let mut at = Some(self);
+        while let Some(lane) = at {
+            if let Some((_, index)) = lane.wave {
+                path.push(index);
+            }
+            at = lane.parent;
+        }
+        path.reverse();
+        path
+    }
+
+    /// Whether a branch declared before this one, at any level of nesting, has failed.
+    pub(super) fn cancelled(&self) -> bool {
+        let mut at = Some(self);
+        while let Some(lane) = at {
+            if let Some((wave, index)) = lane.wave {
+                if wave.first_failed.load(Ordering::Acquire) < index {
+                    return true;
+                }
+            }
+            at = lane.parent;
+        }
+        false
+    }
+}
+
+impl Executor<'_> {
+    pub(super) fn wave(
+        &self,
+        branches: &[Op],
+        bounds: &[usize],
+        first: usize,
+        input: &Value,
+        frame: &mut Frame<'_>,
+        lane: Lane<'_>,
+    ) -> Result<(), Halt> {
+        if let [only] = branches {
+            return self.walk(only, input, frame, lane);
+        }
+        // Split the table: everything before the wave becomes read-only for its branches, and
+        // the wave's range is cut into one disjoint mutable part per branch.
+        let (lo, hi) = (bounds[0], bounds[bounds.len() - 1]);
+        let (before, after) = frame.own.split_at_mut(lo - frame.base);
+        let shared = Shared {
+            base: frame.base,
+            cells: before,
+            outer: frame.shared,
+        };
+        let mut remaining = &mut after[..hi - lo];
+        let state = WaveState {
+            first_failed: AtomicUsize::new(usize::MAX),
+        };
+        let (state, lane) = (&state, &lane);
+        let mut tasks = Vec::with_capacity(branches.len());
+        for (i, (branch, window)) in branches.iter().zip(bounds.windows(2)).enumerate() {
+            let (own, tail) = std::mem::take(&mut remaining).split_at_mut(window[1] - window[0]);
+            remaining = tail;
+            let mut own = Frame {
+                base: window[0],
+                own,
+                shared: Some(&shared),
+            };
+            tasks.push(move || {
+                let mut outcome = None;
+                let mut run = || {
+                    outcome = Some(self.branch(branch, i, input, &mut own, state, lane));
+                };
+                match self.host {
+                    Some(host) => host.branch(&mut run),
+                    None => run(),
+                }
+                outcome.expect("the host ran the branch")
+            });
+        }
+        // The caller gives up the host's lock before handing the branches over, not after: a
+        // wide wave's branches can start while the rest are still being woken.
+        let mut tasks = Some(tasks);
+        let mut outcomes = Vec::new();
+        self.blocking(&mut || {
+            if let Some(tasks) = tasks.take() {
+                outcomes = lane.crew.run(first, tasks, |tally| self.wait(tally));
+            }
+        });
+        settle(outcomes)
+    }
+
+    /// Runs one branch of a wave; on failure, tells the later-declared siblings to stop.
+    fn branch(
+        &self,
+        branch: &Op,
+        index: usize,
+        input: &Value,
+        frame: &mut Frame<'_>,
+        state: &WaveState,
+        outer: &Lane<'_>,
+    ) -> Result<(), Halt> {
+        let lane = Lane {
+            wave: Some((state, index)),
+            parent: Some(outer),
+            crew: outer.crew,
+        };
+        let result =
+            panic::catch_unwind(AssertUnwindSafe(|| self.walk(branch, input, frame, lane)));
+        if !matches!(result, Ok(Ok(()) | Err(Halt::Cancelled))) {
+            state.first_failed.fetch_min(index, Ordering::AcqRel);
+        }
+        result.unwrap_or_else(|payload| panic::resume_unwind(payload))
+    }
+
+    /// Blocks until the branches finish, polling the watch while it waits so that an interruption
+    /// only this thread can see (a signal, on a host's main thread) reaches them.
+    fn wait<T>(&self, tally: &Tally<T>) {
+        match self.watch {
+            None => tally.wait_all(),
+            Some(watch) => tally.wait_polling(WATCH_INTERVAL, &|| watch.poll()),
+        }
+    }
+}
+
+/// A wave's outcomes, in declaration order: the first panic is re-raised, else the first
+/// failure is returned, else the wave succeeded.
+fn settle(outcomes: Vec<thread::Result<Result<(), Halt>>>) -> Result<(), Halt> {
+    let mut outcomes: Vec<Result<(), Halt>> = outcomes
+        .into_iter()
+        .map(|outcome| outcome.unwrap_or_else(|payload| panic::resume_unwind(payload)))
+        .collect();
+    if let Some(at) = outcomes
+        .iter()
+        .position(|outcome| matches!(outcome, Err(Halt::Failed(_))))
+    {
+        return outcomes.swap_remove(at);
+    }
+    outcomes.into_iter().collect()
+}
