@@ -34,7 +34,7 @@ fn chain(c: &mut Criterion) {
         let catalog = catalog_for(&graph);
         let plan = compile(&graph, &catalog).expect("compiles");
         let program = Program::new(&plan, &catalog).expect("resolves");
-        let executor = Executor::new(&catalog);
+        let executor = Executor::new();
         group.throughput(Throughput::Elements(len as u64));
         group.bench_function(BenchmarkId::new("rust-nodes", len), |b| {
             b.iter(|| executor.run_program(&program, black_box(Value::Int(0))));
@@ -64,7 +64,7 @@ fn wave(c: &mut Criterion) {
         let plan = compile(&graph, &catalog).expect("compiles");
         assert!(matches!(plan, Plan::Wave(_)));
         let program = Program::new(&plan, &catalog).expect("resolves");
-        let executor = Executor::new(&catalog);
+        let executor = Executor::new();
         group.throughput(Throughput::Elements(width as u64));
         group.bench_function(BenchmarkId::new("trivial-branches", width), |b| {
             b.iter(|| executor.run_program(&program, black_box(Value::Int(0))));

@@ -21,17 +21,13 @@
 //! .somatize()?;
 //! let plan = compile(&graph, &catalog)?;
 //! assert_eq!(plan.shape(), "Sequence([Execute, Wave([Sequence([Execute, Execute]), Execute]), Execute])");
-//! assert_eq!(Executor::new(&catalog).run(&plan, Value::Int(1))?, Value::Int(8 + 4));
+//! assert_eq!(Executor::new().run(&plan, &catalog, Value::Int(1))?, Value::Int(8 + 4));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![deny(missing_docs)]
 
 mod compile;
 mod model;
-pub mod draw {
-    //! Drawing graphs; plans draw themselves with [`crate::Plan::to_svg`] and its siblings.
-    pub use crate::observe::layout::graph_svg;
-}
 mod observe;
 mod plan;
 mod run;
@@ -39,13 +35,13 @@ mod run;
 pub use compile::{compile, decompose, CompileError};
 pub use model::catalog::Catalog;
 pub use model::driver::{Driver, DriverError};
-pub use model::expr::{node, node_arc, Wire};
+pub use model::expr::{node, node_arc, Expr};
 pub use model::graph::{Graph, GraphError};
 pub use model::id::NodeId;
 pub use model::node::{Ctx, Node, NodeError, Transition};
 pub use model::value::Value;
 pub use plan::Plan;
-pub use run::error::RunError;
+pub use run::error::{ProgramError, RunError};
 pub use run::executor::{Executor, DEFAULT_TURN_LIMIT};
 pub use run::hooks::{Host, Watch};
 pub use run::program::Program;

@@ -7,7 +7,7 @@
 
 use pyo3::exceptions::PyKeyboardInterrupt;
 use pyo3::prelude::*;
-use soma_core::{CompileError, GraphError, NodeId, RunError};
+use soma_core::{CompileError, GraphError, NodeId, ProgramError, RunError};
 
 /// An instance of `soma.errors.<class>` with `message`, and `attributes` set on it.
 fn soma_error(
@@ -93,6 +93,12 @@ fn noted(py: Python<'_>, error: PyErr, node: &NodeId) -> PyErr {
     error
 }
 
+/// A plan that does not fit its catalog: a `soma.RunError` naming the node, as from a run.
+pub fn program_error(py: Python<'_>, error: &ProgramError) -> PyErr {
+    let node = text(py, error.node());
+    soma_error(py, "RunError", error.to_string(), &[("node", node)])
+}
+
 /// `interrupt` is what a signal handler raised during the run, for `RunError::Interrupted`.
 pub fn run_error(py: Python<'_>, error: &RunError, interrupt: Option<PyErr>) -> PyErr {
     let message = error.to_string();
@@ -122,11 +128,7 @@ pub fn run_error(py: Python<'_>, error: &RunError, interrupt: Option<PyErr>) -> 
                 &[("node", text(py, node)), ("limit", limit)],
             )
         }
-        RunError::NotInCatalog { node }
-        | RunError::MissingInput { node, .. }
-        | RunError::StepTwice { node } => {
-            soma_error(py, "RunError", message, &[("node", text(py, node))])
-        }
+        RunError::Invalid(error) => program_error(py, error),
         RunError::Interrupted => interrupt.unwrap_or_else(|| PyKeyboardInterrupt::new_err(message)),
     }
 }

@@ -21,7 +21,7 @@ use soma_core::{compile, Catalog, Executor, Graph, Host, Node, NodeId, Plan, Pro
 
 use crate::convert::{to_python, wrap};
 use crate::driver::PythonDriver;
-use crate::errors::{compile_error, graph_error, panic_error, run_error};
+use crate::errors::{compile_error, graph_error, panic_error, program_error, run_error};
 use crate::native::NativeNode;
 use crate::node::PythonNode;
 use crate::plan::PyPlan;
@@ -82,7 +82,7 @@ impl GraphCore {
             return Ok(compiled.clone());
         }
         let plan = compile(&state.graph, &state.catalog).map_err(|e| compile_error(py, &e))?;
-        let program = Program::new(&plan, &state.catalog).map_err(|e| run_error(py, &e, None))?;
+        let program = Program::new(&plan, &state.catalog).map_err(|e| program_error(py, &e))?;
         let compiled = Compiled {
             plan: Arc::new(plan),
             program: Arc::new(program),
@@ -221,9 +221,9 @@ impl GraphCore {
         self.state().graph.contains(id)
     }
 
-    /// The graph drawn as SVG, laid out with its plan; see `soma_core::draw::graph_svg`.
+    /// The graph drawn as SVG, laid out with its plan; see `soma_core::Graph::to_svg`.
     fn to_svg(&self) -> String {
-        soma_core::draw::graph_svg(&self.state().graph)
+        self.state().graph.to_svg()
     }
 
     /// The plan, compiled on first use after a change.
@@ -247,8 +247,7 @@ impl GraphCore {
         let driver = driver.map(PythonDriver::new).transpose()?;
         let watch = SignalWatch::new();
         let input = wrap(input);
-        let catalog = Catalog::new(); // The program carries its implementations.
-        let mut executor = Executor::new(&catalog)
+        let mut executor = Executor::new()
             .with_turn_limit(turn_limit)
             .with_watch(&watch)
             .with_host(&Interpreter);

@@ -11,7 +11,7 @@
 //! row; only a stretch that is not series-parallel (which its plan walks in order, having no
 //! tree for it) has steps that do not read each other, and those share topological columns, so
 //! the drawing shows the real shape of that part of the graph instead of a tangle over a row.
-//! A graph ([`graph_svg`]) is drawn with its plan's layout and nothing more; a plan
+//! A graph ([`Graph::to_svg`]) is drawn with its plan's layout and nothing more; a plan
 //! ([`Plan::to_svg`]) also frames what its plan decided: each wave (branches at once) and each
 //! stretch walked in order. Both draw an arrow for every edge.
 //!
@@ -422,35 +422,49 @@ fn plan_svg(plan: &Plan) -> String {
     svg(plan, true, edges)
 }
 
-/// The graph drawn as an SVG document, laid out with its plan: series left to right, the
-/// branches of a wave stacked, the part that is not series-parallel in topological columns,
-/// a box with its id for every node and an arrow for every edge. Self-contained (no external
-/// font, stylesheet or marker), with an opaque light background so it reads on a dark page
-/// too, and deterministic: the same graph gives the same bytes.
-///
-/// ```
-/// use soma_core::{draw, Graph};
-///
-/// let mut graph = Graph::new();
-/// graph.add_node("a")?;
-/// graph.add_node("b")?;
-/// graph.add_edge("a", "b")?;
-/// let svg = draw::graph_svg(&graph);
-/// assert!(svg.starts_with("<svg"));
-/// assert_eq!(svg.matches("<g class=\"edge\">").count(), 1);
-/// # Ok::<(), soma_core::GraphError>(())
-/// ```
-pub fn graph_svg(graph: &Graph) -> String {
-    svg(&decompose(graph), false, graph.edges())
-}
-
 impl Plan {
     /// The plan drawn by Soma as a self-contained SVG document: series left to right, the
     /// branches of a wave stacked in a frame, a stretch that is not series-parallel (walked in
     /// order) in topological columns in a frame of its own, a box with its id for every step
     /// and an arrow for every input. Deterministic; no graphviz involved.
-    /// [`crate::draw::graph_svg`] draws a graph, without the frames.
+    /// [`Graph::to_svg`] draws a graph, without the frames.
     pub fn to_svg(&self) -> String {
         plan_svg(self)
+    }
+}
+
+impl Graph {
+    /// The graph drawn as an SVG document, laid out with its plan: series left to right, the
+    /// branches of a wave stacked, the part that is not series-parallel in topological columns,
+    /// a box with its id for every node and an arrow for every edge. Self-contained (no external
+    /// font, stylesheet or marker), with an opaque light background so it reads on a dark page
+    /// too, and deterministic: the same graph gives the same bytes.
+    ///
+    /// ```
+    /// use soma_core::Graph;
+    ///
+    /// let mut graph = Graph::new();
+    /// graph.add_node("a")?;
+    /// graph.add_node("b")?;
+    /// graph.add_edge("a", "b")?;
+    /// let svg = graph.to_svg();
+    /// assert!(svg.starts_with("<svg"));
+    /// assert_eq!(svg.matches("<g class=\"edge\">").count(), 1);
+    /// # Ok::<(), soma_core::GraphError>(())
+    /// ```
+    pub fn to_svg(&self) -> String {
+        svg(&decompose(self), false, self.edges())
+    }
+
+    /// The graph as Mermaid text: the drawing of its plan (a subgraph per wave), as
+    /// [`Plan::to_mermaid`] makes it.
+    pub fn to_mermaid(&self) -> String {
+        decompose(self).to_mermaid()
+    }
+
+    /// The graph as graphviz DOT text: the drawing of its plan (a cluster per wave), as
+    /// [`Plan::to_dot`] makes it.
+    pub fn to_dot(&self) -> String {
+        decompose(self).to_dot()
     }
 }

@@ -6,7 +6,7 @@
 //! `Trace::to_chrome`), written here.
 
 mod dot;
-pub(crate) mod layout;
+mod layout;
 mod mermaid;
 mod svg;
 mod timeline;

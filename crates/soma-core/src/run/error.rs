@@ -1,4 +1,5 @@
-//! `RunError`: why a run stopped, one variant per cause, each naming its node.
+//! The errors of the run stage: [`ProgramError`] when a plan cannot be resolved into a program,
+//! [`RunError`] when a run stops. Each variant names its node.
 
 use std::fmt;
 
@@ -44,25 +45,9 @@ pub enum RunError {
         /// The limit in force.
         limit: u32,
     },
-    /// The plan names a node the catalog does not implement.
-    NotInCatalog {
-        /// The node.
-        node: NodeId,
-    },
-    /// A step reads a node that had not produced anything: the plan was not compiled from a
-    /// graph, or was edited by hand.
-    MissingInput {
-        /// The step.
-        node: NodeId,
-        /// The node it reads.
-        from: NodeId,
-    },
-    /// A plan runs the same node twice: it was not compiled from a graph, or was edited by
-    /// hand.
-    StepTwice {
-        /// The node.
-        node: NodeId,
-    },
+    /// The plan does not fit its catalog, or was not made by [`crate::compile()`]; caught
+    /// before any node runs.
+    Invalid(ProgramError),
     /// The [`crate::Watch`] asked the run to stop.
     Interrupted,
 }
@@ -75,10 +60,8 @@ impl RunError {
             | RunError::NoDriver { node }
             | RunError::DriverFailed { node, .. }
             | RunError::WrongResultCount { node, .. }
-            | RunError::TurnLimit { node, .. }
-            | RunError::NotInCatalog { node }
-            | RunError::MissingInput { node, .. }
-            | RunError::StepTwice { node } => Some(node),
+            | RunError::TurnLimit { node, .. } => Some(node),
+            RunError::Invalid(error) => Some(error.node()),
             RunError::Interrupted => None,
         }
     }
@@ -104,18 +87,7 @@ impl fmt::Display for RunError {
                 f,
                 "node `{node}` was still awaiting after {limit} turns\nhint: make it finish, or raise the turn limit"
             ),
-            RunError::NotInCatalog { node } => write!(
-                f,
-                "node `{node}` has no implementation in the catalog\nhint: run a plan with the catalog it was compiled against"
-            ),
-            RunError::MissingInput { node, from } => write!(
-                f,
-                "node `{node}` reads `{from}`, which had produced nothing\nhint: run plans made by `compile`"
-            ),
-            RunError::StepTwice { node } => write!(
-                f,
-                "node `{node}` is run twice by the plan\nhint: run plans made by `compile`, where each node is one step"
-            ),
+            RunError::Invalid(error) => error.fmt(f),
             RunError::Interrupted => f.write_str(
                 "the run was interrupted\nhint: its watch asked it to stop (Ctrl-C, a deadline); every branch stopped at a node boundary, and the run can be started again"
             ),
@@ -131,10 +103,70 @@ impl std::error::Error for RunError {
             RunError::NoDriver { .. }
             | RunError::WrongResultCount { .. }
             | RunError::TurnLimit { .. }
-            | RunError::NotInCatalog { .. }
-            | RunError::MissingInput { .. }
-            | RunError::StepTwice { .. }
+            | RunError::Invalid(_)
             | RunError::Interrupted => None,
         }
+    }
+}
+
+/// Why a plan could not be resolved into a [`crate::Program`]. Plans made by
+/// [`crate::compile()`] against the same catalog never fail this way.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProgramError {
+    /// The plan names a node the catalog does not implement.
+    NotInCatalog {
+        /// The node.
+        node: NodeId,
+    },
+    /// A step reads a node that no step it can see runs before it: none at all, a later one,
+    /// or one in a sibling branch of a wave (which runs at the same time).
+    MissingInput {
+        /// The step.
+        node: NodeId,
+        /// The node it reads.
+        from: NodeId,
+    },
+    /// The plan runs the same node twice.
+    StepTwice {
+        /// The node.
+        node: NodeId,
+    },
+}
+
+impl ProgramError {
+    /// The node the error is about.
+    pub fn node(&self) -> &NodeId {
+        match self {
+            ProgramError::NotInCatalog { node }
+            | ProgramError::MissingInput { node, .. }
+            | ProgramError::StepTwice { node } => node,
+        }
+    }
+}
+
+impl fmt::Display for ProgramError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProgramError::NotInCatalog { node } => write!(
+                f,
+                "node `{node}` has no implementation in the catalog\nhint: run a plan with the catalog it was compiled against"
+            ),
+            ProgramError::MissingInput { node, from } => write!(
+                f,
+                "node `{node}` reads `{from}`, which no step before it produces\nhint: run plans made by `compile`; a step sees the steps before it in its branch and before its wave, never a sibling branch's"
+            ),
+            ProgramError::StepTwice { node } => write!(
+                f,
+                "node `{node}` is run twice by the plan\nhint: run plans made by `compile`, where each node is one step"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ProgramError {}
+
+impl From<ProgramError> for RunError {
+    fn from(error: ProgramError) -> Self {
+        RunError::Invalid(error)
     }
 }

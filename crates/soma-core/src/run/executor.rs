@@ -36,7 +36,6 @@ pub const DEFAULT_TURN_LIMIT: u32 = 64;
 /// Runs plans, with an optional driver, watch and host.
 #[derive(Clone, Copy)]
 pub struct Executor<'a> {
-    pub(super) catalog: &'a Catalog,
     pub(super) driver: Option<&'a dyn Driver>,
     pub(super) watch: Option<&'a dyn Watch>,
     pub(super) host: Option<&'a dyn Host>,
@@ -56,11 +55,16 @@ impl From<RunError> for Halt {
     }
 }
 
+impl Default for Executor<'_> {
+    fn default() -> Self {
+        Executor::new()
+    }
+}
+
 impl<'a> Executor<'a> {
-    /// An executor over `catalog`, without driver, watch or host, with the default turn limit.
-    pub fn new(catalog: &'a Catalog) -> Self {
+    /// An executor without driver, watch, host or trace, with the default turn limit.
+    pub fn new() -> Self {
         Executor {
-            catalog,
             driver: None,
             watch: None,
             host: None,
@@ -109,7 +113,7 @@ impl<'a> Executor<'a> {
         self.turn_limit
     }
 
-    /// Runs `plan` on `input`.
+    /// Runs `plan` on `input`, with the implementations in `catalog`.
     ///
     /// Every root receives `input`. The result is the output of the plan's one leaf, or a
     /// [`Value::Map`] keyed by leaf id, in step order, when there are several; an empty plan
@@ -117,18 +121,20 @@ impl<'a> Executor<'a> {
     /// [`Executor::run_program`].
     ///
     /// # Errors
-    /// The first error in plan order; within a wave, the first declared failing branch's.
+    /// [`RunError::Invalid`] when the plan does not fit the catalog (see [`Program::new`]);
+    /// otherwise the first error in plan order, and within a wave the first declared failing
+    /// branch's.
     ///
     /// # Panics
     /// Re-raises a node's panic, after every branch of the wave it happened in was joined.
-    pub fn run(&self, plan: &Plan, input: Value) -> Result<Value, RunError> {
+    pub fn run(&self, plan: &Plan, catalog: &Catalog, input: Value) -> Result<Value, RunError> {
         // A one-off run: threads kept for later runs would only be ended right after it.
-        let program = Program::new(plan, self.catalog)?;
+        let program = Program::new(plan, catalog)?;
         self.run_on(&program, &Crew::fresh(), input)
     }
 
     /// Runs a resolved plan on `input`; see [`Executor::run`]. The program carries its own
-    /// implementations: this executor's catalog is not consulted.
+    /// implementations.
     ///
     /// # Errors
     /// As [`Executor::run`].
@@ -155,20 +161,20 @@ impl<'a> Executor<'a> {
                 )
             }
         }
+        // A leaf has no reader, so nothing took or dropped its value.
         let mut take = |slot: usize| {
-            table[slot].take().ok_or_else(|| RunError::MissingInput {
-                node: program.ids[slot].clone(),
-                from: program.ids[slot].clone(),
-            })
+            table[slot]
+                .take()
+                .expect("a run that succeeded wrote every leaf")
         };
         match &*program.leaves {
             [] => Ok(input),
-            [one] => take(*one),
+            [one] => Ok(take(*one)),
             many => {
                 let pairs = many
                     .iter()
-                    .map(|&slot| take(slot).map(|value| (program.ids[slot].shared(), value)))
-                    .collect::<Result<Vec<_>, _>>()?;
+                    .map(|&slot| (program.ids[slot].shared(), take(slot)))
+                    .collect::<Vec<_>>();
                 Ok(Value::Map(pairs.into()))
             }
         }
@@ -222,23 +228,22 @@ impl<'a> Executor<'a> {
             } else {
                 frame.read(read.slot).cloned()
             };
-            value.ok_or_else(|| RunError::MissingInput {
-                node: step.id.clone(),
-                from: read.source.clone(),
-            })
+            // `Program::new` let this read through only if an earlier step it can see writes
+            // the cell, and only its last reader takes it.
+            value.expect("a resolved program reads only values it can see")
         };
         // Each arm drops what it gathered as soon as the node is done with it.
         let value = match &*step.from {
             [] => self.call(step, input, lane)?,
             [one] => {
-                let read = fetch(frame, one)?;
+                let read = fetch(frame, one);
                 self.call(step, &read, lane)?
             }
             many => {
                 let pairs = many
                     .iter()
-                    .map(|read| Ok((read.source.shared(), fetch(frame, read)?)))
-                    .collect::<Result<Vec<_>, RunError>>()?;
+                    .map(|read| (read.source.shared(), fetch(frame, read)))
+                    .collect::<Vec<_>>();
                 self.call(step, &Value::Map(pairs.into()), lane)?
             }
         };

@@ -24,7 +24,7 @@ use crate::model::id::NodeId;
 use crate::model::node::Node;
 use crate::plan::Plan;
 use crate::run::crew::Crew;
-use crate::run::error::RunError;
+use crate::run::error::ProgramError;
 
 /// A plan with its implementations and inputs resolved to slots. Build it once with
 /// [`Program::new`]; run it any number of times, from any number of threads, with
@@ -77,13 +77,15 @@ impl Program {
     /// Resolves `plan` against `catalog`.
     ///
     /// # Errors
-    /// [`RunError::NotInCatalog`] for a step without implementation; [`RunError::MissingInput`]
-    /// for a step that reads a node no earlier step runs; [`RunError::StepTwice`] for a node
-    /// run twice (plans made by [`crate::compile()`] have none of these).
+    /// [`ProgramError::NotInCatalog`] for a step without implementation;
+    /// [`ProgramError::MissingInput`] for a step that reads a node no step it can see runs
+    /// before it; [`ProgramError::StepTwice`] for a node run twice (plans made by
+    /// [`crate::compile()`] have none of these). A program that resolved never meets a missing
+    /// value when it runs.
     ///
     /// # Complexity
     /// O(steps · nesting depth).
-    pub fn new(plan: &Plan, catalog: &Catalog) -> Result<Program, RunError> {
+    pub fn new(plan: &Plan, catalog: &Catalog) -> Result<Program, ProgramError> {
         let mut builder = Builder {
             catalog,
             ids: Vec::new(),
@@ -93,6 +95,7 @@ impl Program {
             sequences: 0,
             branches: 0,
             reads: Vec::new(),
+            hidden: Vec::new(),
         };
         let mut root = builder.build(plan)?;
         let ids = builder.ids;
@@ -190,22 +193,33 @@ struct Builder<'c> {
     branches: usize,
     /// Every (reader slot, read slot), in build order.
     reads: Vec<(usize, usize)>,
+    /// For each wave around the step being built, `(wave start, branch start)`: the slots of
+    /// the sibling branches before this one, which run at the same time and so cannot be read.
+    /// Ranges nest, so they are sorted by start and disjoint.
+    hidden: Vec<(usize, usize)>,
 }
 
 impl Builder<'_> {
-    fn build(&mut self, plan: &Plan) -> Result<Op, RunError> {
+    /// Whether a step being built may read `slot`, which is already numbered: true unless it
+    /// lies in a sibling branch of an enclosing wave.
+    fn visible(&self, slot: usize) -> bool {
+        let at = self.hidden.partition_point(|&(start, _)| start <= slot);
+        at == 0 || slot >= self.hidden[at - 1].1
+    }
+
+    fn build(&mut self, plan: &Plan) -> Result<Op, ProgramError> {
         match plan {
             Plan::Empty => Ok(Op::Empty),
             Plan::Execute { node, from } => {
                 let implementation = self
                     .catalog
                     .get(node.as_str())
-                    .ok_or_else(|| RunError::NotInCatalog { node: node.clone() })?;
+                    .ok_or_else(|| ProgramError::NotInCatalog { node: node.clone() })?;
                 let slot = self.ids.len();
                 let from = from
                     .iter()
                     .map(|source| match self.slot_of.get(source) {
-                        Some(&read) => {
+                        Some(&read) if self.visible(read) => {
                             self.reads.push((slot, read));
                             Ok(Read {
                                 source: source.clone(),
@@ -213,14 +227,14 @@ impl Builder<'_> {
                                 take: false,
                             })
                         }
-                        None => Err(RunError::MissingInput {
+                        Some(_) | None => Err(ProgramError::MissingInput {
                             node: node.clone(),
                             from: source.clone(),
                         }),
                     })
-                    .collect::<Result<Box<[Read]>, RunError>>()?;
+                    .collect::<Result<Box<[Read]>, ProgramError>>()?;
                 if self.slot_of.insert(node.clone(), slot).is_some() {
-                    return Err(RunError::StepTwice { node: node.clone() });
+                    return Err(ProgramError::StepTwice { node: node.clone() });
                 }
                 self.ids.push(node.clone());
                 self.paths.push(self.path.as_slice().into());
@@ -251,9 +265,13 @@ impl Builder<'_> {
                 self.branches += children.len();
                 let mut bounds = Vec::with_capacity(children.len() + 1);
                 let mut branches = Vec::with_capacity(children.len());
+                let start = self.ids.len();
                 for child in children {
                     bounds.push(self.ids.len());
-                    branches.push(self.build(child)?);
+                    self.hidden.push((start, self.ids.len()));
+                    let branch = self.build(child);
+                    self.hidden.pop();
+                    branches.push(branch?);
                 }
                 bounds.push(self.ids.len());
                 Ok(Op::Wave {

@@ -11,7 +11,7 @@ use super::program::Op;
 use super::table::{Frame, Shared};
 use crate::model::value::Value;
 
-/// How often a thread waiting on a wave asks the [`Watch`] whether to stop.
+/// How often a thread waiting on a wave asks the [`crate::Watch`] whether to stop.
 const WATCH_INTERVAL: Duration = Duration::from_millis(5);
 
 /// The state one wave shares with its branches.

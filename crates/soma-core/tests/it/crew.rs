@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::thread::{self, ThreadId};
 
-use soma_core::{compile, node_arc, Catalog, Executor, NodeError, Plan, Program, Value, Wire};
+use soma_core::{compile, node_arc, Catalog, Executor, Expr, NodeError, Plan, Program, Value};
 
 use crate::support::{meet, open_when_this_thread_ends, plain, trace, Gate, Rendezvous, DEADLINE};
 
@@ -18,7 +18,7 @@ thread_local! {
 type Sightings = Arc<Mutex<Vec<(String, ThreadId, Option<&'static str>)>>>;
 
 /// A node that records where it ran and what it found, then leaves its own mark behind.
-fn marking(id: &'static str, seen: &Sightings) -> Wire {
+fn marking(id: &'static str, seen: &Sightings) -> Expr {
     let seen = Arc::clone(seen);
     node_arc(
         id,
@@ -33,15 +33,15 @@ fn marking(id: &'static str, seen: &Sightings) -> Wire {
     )
 }
 
-fn program_of(wire: Wire) -> (Catalog, Plan, Program) {
-    let (graph, catalog) = wire.somatize().unwrap();
+fn program_of(expr: Expr) -> (Catalog, Plan, Program) {
+    let (graph, catalog) = expr.somatize().unwrap();
     let plan = compile(&graph, &catalog).unwrap();
     let program = Program::new(&plan, &catalog).unwrap();
     (catalog, plan, program)
 }
 
 /// `a >> (b | c) >> m >> (d | e) >> z`: two waves in a row, the caller's nodes around them.
-fn two_waves(seen: &Sightings) -> Wire {
+fn two_waves(seen: &Sightings) -> Expr {
     marking("a", seen)
         >> (marking("b", seen) | marking("c", seen))
         >> marking("m", seen)
@@ -65,8 +65,8 @@ fn a_program_counts_the_branches_of_all_its_waves() {
 #[test]
 fn each_branch_of_a_program_runs_on_the_same_thread_in_every_run() {
     let seen = Sightings::default();
-    let (catalog, _, program) = program_of(two_waves(&seen));
-    let executor = Executor::new(&catalog);
+    let (_, _, program) = program_of(two_waves(&seen));
+    let executor = Executor::new();
     for _ in 0..3 {
         executor.run_program(&program, Value::Int(0)).unwrap();
     }
@@ -96,8 +96,8 @@ fn each_branch_of_a_program_runs_on_the_same_thread_in_every_run() {
 #[test]
 fn thread_local_state_a_branch_leaves_is_seen_only_by_that_branch_in_a_later_run() {
     let seen = Sightings::default();
-    let (catalog, _, program) = program_of(two_waves(&seen));
-    let executor = Executor::new(&catalog);
+    let (_, _, program) = program_of(two_waves(&seen));
+    let executor = Executor::new();
     for _ in 0..3 {
         executor.run_program(&program, Value::Int(0)).unwrap();
     }
@@ -119,15 +119,15 @@ fn two_runs_of_one_program_at_once_run_all_their_branches_at_the_same_time() {
     // Four parties: both branches of both runs must be in flight together, so the second run
     // cannot be waiting for the first one's threads.
     let everyone = Rendezvous::new(4);
-    let wire = node_arc("b", Arc::new(plain(meet(&everyone))))
+    let expr = node_arc("b", Arc::new(plain(meet(&everyone))))
         | node_arc("c", Arc::new(plain(meet(&everyone))));
-    let (catalog, _, program) = program_of(wire);
-    let (catalog, program) = (&catalog, &program);
+    let (_, _, program) = program_of(expr);
+    let program = &program;
     let outs: Vec<Value> = thread::scope(|scope| {
         let runs: Vec<_> = (0..2)
             .map(|_| {
                 scope.spawn(move || {
-                    Executor::new(catalog)
+                    Executor::new()
                         .run_program(program, Value::text("x"))
                         .unwrap()
                 })
@@ -147,30 +147,29 @@ fn two_runs_of_one_program_at_once_run_all_their_branches_at_the_same_time() {
 fn a_branch_can_run_its_own_program_again_from_inside() {
     // `outer` runs the program once more from inside branch `b`: `b`'s thread is busy with the
     // outer run, so the inner `b` needs another one, and `c` reuses its own, now idle.
-    let program: Arc<OnceLock<(Catalog, Program)>> = Arc::default();
+    let program: Arc<OnceLock<Program>> = Arc::default();
     let inner = Arc::clone(&program);
     let reenter = plain(move |_, input: &Value| {
         if input.as_int() == Some(1) {
             return Ok(Value::Int(10));
         }
-        let (catalog, program) = inner.get().expect("set before the run");
-        let out = Executor::new(catalog)
+        let program = inner.get().expect("set before the run");
+        let out = Executor::new()
             .run_program(program, Value::Int(1))
             .map_err(|e| NodeError::new(e.to_string()))?;
         let leaves = out.as_map().map_or(0, <[_]>::len);
         Ok(Value::Int(i64::try_from(leaves).expect("a few leaves")))
     });
-    let wire = node_arc("b", Arc::new(reenter))
+    let expr = node_arc("b", Arc::new(reenter))
         | node_arc("c", Arc::new(plain(|_, input| Ok(input.clone()))));
-    let (catalog, _, built) = program_of(wire);
-    let _ = program.set((catalog, built));
-    let (catalog, built) = program.get().unwrap();
+    let (_, _, built) = program_of(expr);
+    let _ = program.set(built);
     let (done, outcome) = mpsc::channel();
     let runner = {
         let program = Arc::clone(&program);
         thread::spawn(move || {
-            let (catalog, built) = program.get().unwrap();
-            let _ = done.send(Executor::new(catalog).run_program(built, Value::Int(0)));
+            let built = program.get().unwrap();
+            let _ = done.send(Executor::new().run_program(built, Value::Int(0)));
         })
     };
     let out = outcome
@@ -183,8 +182,8 @@ fn a_branch_can_run_its_own_program_again_from_inside() {
         Value::map([("b", Value::Int(2)), ("c", Value::Int(0))])
     );
     // And the program still runs from outside afterwards.
-    let again = Executor::new(catalog)
-        .run_program(built, Value::Int(1))
+    let again = Executor::new()
+        .run_program(program.get().unwrap(), Value::Int(1))
         .unwrap();
     assert_eq!(
         again,
@@ -201,10 +200,10 @@ fn a_panicking_branch_keeps_its_thread_for_the_next_run() {
         assert!(input.as_int() != Some(0), "panicked on purpose");
         Ok(input.clone())
     });
-    let wire =
+    let expr =
         node_arc("b", Arc::new(flaky)) | node_arc("c", Arc::new(plain(|_, x| Ok(x.clone()))));
-    let (catalog, _, program) = program_of(wire);
-    let executor = Executor::new(&catalog);
+    let (_, _, program) = program_of(expr);
+    let executor = Executor::new();
     let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         executor.run_program(&program, Value::Int(0))
     }));
@@ -230,15 +229,15 @@ fn a_branch_that_reports_its_thread_ending() -> (Arc<Gate>, Catalog, Plan, Progr
         open_when_this_thread_ends(&gate);
         trace(id, input)
     });
-    let wire = node_arc("b", Arc::new(b)) | node_arc("c", Arc::new(plain(trace)));
-    let (catalog, plan, program) = program_of(wire);
+    let expr = node_arc("b", Arc::new(b)) | node_arc("c", Arc::new(plain(trace)));
+    let (catalog, plan, program) = program_of(expr);
     (ended, catalog, plan, program)
 }
 
 #[test]
 fn dropping_a_program_ends_its_threads() {
-    let (ended, catalog, _, program) = a_branch_that_reports_its_thread_ending();
-    Executor::new(&catalog)
+    let (ended, _, _, program) = a_branch_that_reports_its_thread_ending();
+    Executor::new()
         .run_program(&program, Value::text("x"))
         .unwrap();
     drop(program);
@@ -248,8 +247,8 @@ fn dropping_a_program_ends_its_threads() {
 #[test]
 fn a_one_off_run_of_a_plan_ends_its_branch_threads_with_it() {
     let (ended, catalog, plan, _program) = a_branch_that_reports_its_thread_ending();
-    Executor::new(&catalog)
-        .run(&plan, Value::text("x"))
+    Executor::new()
+        .run(&plan, &catalog, Value::text("x"))
         .unwrap();
     assert!(ended.wait(), "`b`'s thread outlived the run");
 }
@@ -259,7 +258,7 @@ fn a_wave_of_a_thousand_branches_runs_every_branch_at_once_on_its_own_thread() {
     const WIDTH: usize = 1_000;
     let everyone = Rendezvous::new(WIDTH);
     let threads: Arc<Mutex<Vec<ThreadId>>> = Arc::default();
-    let mut wire: Option<Wire> = None;
+    let mut expr: Option<Expr> = None;
     for i in 0..WIDTH {
         let (meet, log) = (meet(&everyone), Arc::clone(&threads));
         let body = plain(move |id, input| {
@@ -267,13 +266,13 @@ fn a_wave_of_a_thousand_branches_runs_every_branch_at_once_on_its_own_thread() {
             meet(id, input)
         });
         let branch = node_arc(format!("b{i}").as_str(), Arc::new(body));
-        wire = Some(match wire {
+        expr = Some(match expr {
             None => branch,
-            Some(wire) => wire | branch,
+            Some(expr) => expr | branch,
         });
     }
-    let (catalog, _, program) = program_of(wire.unwrap());
-    let executor = Executor::new(&catalog);
+    let (_, _, program) = program_of(expr.unwrap());
+    let executor = Executor::new();
     for _ in 0..2 {
         let out = executor.run_program(&program, Value::Null).unwrap();
         assert_eq!(out.as_map().map(<[_]>::len), Some(WIDTH));

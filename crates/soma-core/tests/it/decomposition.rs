@@ -8,8 +8,8 @@ use soma_core::{compile, decompose, Catalog, CompileError, Graph, Node, Plan};
 
 use crate::support::{catalog_of, exec, flat_plan, graph, n, seq, wave, Trace};
 
-fn plan_of(wire: soma_core::Wire) -> Plan {
-    let (graph, catalog) = wire.somatize().expect("fresh, valid ids");
+fn plan_of(expr: soma_core::Expr) -> Plan {
+    let (graph, catalog) = expr.somatize().expect("fresh, valid ids");
     compile(&graph, &catalog).expect("every node is implemented")
 }
 
@@ -155,7 +155,7 @@ fn two_unrelated_long_graphs_are_two_branches() {
     let chain = |p: &str| {
         (1..=5)
             .map(|i| n(&format!("{p}{i}")))
-            .reduce(|wire, next| wire >> next)
+            .reduce(|expr, next| expr >> next)
             .unwrap()
     };
     let branch = |p: &str| {

@@ -2,16 +2,16 @@
 //! SVG of a plan and of a graph — exact for small plans, by placement for shapes, escaped for
 //! any id, the same bytes every time, and flat on the stack for a chain of any length.
 
-use soma_core::{decompose, draw, Graph, Plan};
+use soma_core::{decompose, Graph, Plan};
 
 use crate::support::{exec, graph, n, seq, wave};
 
 /// The seed's graph: `source >> ((encoder >> bottleneck) | (other >> other2)) >> join`.
 fn seed() -> Graph {
-    let wire = n("source")
+    let expr = n("source")
         >> ((n("encoder") >> n("bottleneck")) | (n("other") >> n("other2")))
         >> n("join");
-    wire.somatize().expect("fresh, valid ids").0
+    expr.somatize().expect("fresh, valid ids").0
 }
 
 fn diamond() -> Plan {
@@ -223,7 +223,7 @@ fn a_plan_frames_each_wave_and_a_graph_frames_nothing() {
     let graph = seed();
     let plan = decompose(&graph).to_svg();
     assert_eq!(plan.matches("<g class=\"wave\">").count(), 1, "{plan}");
-    let drawn = draw::graph_svg(&graph);
+    let drawn = graph.to_svg();
     assert!(!drawn.contains("class=\"wave\""), "{drawn}");
     assert_eq!(boxes(&plan).len(), 6);
     assert_eq!(boxes(&drawn).len(), 6);
@@ -232,7 +232,7 @@ fn a_plan_frames_each_wave_and_a_graph_frames_nothing() {
 #[test]
 fn the_part_that_is_not_series_parallel_is_drawn_in_topological_columns() {
     let graph = the_n();
-    for svg in [draw::graph_svg(&graph), decompose(&graph).to_svg()] {
+    for svg in [graph.to_svg(), decompose(&graph).to_svg()] {
         let boxes = boxes(&svg);
         let (a, b, c, d) = (
             at(&boxes, "a"),
@@ -256,7 +256,7 @@ fn a_plan_frames_the_stretch_it_walks_in_order() {
 #[test]
 fn the_graph_drawing_has_a_box_per_node_and_an_arrow_per_edge() {
     let graph = the_n();
-    let svg = draw::graph_svg(&graph);
+    let svg = graph.to_svg();
     assert_eq!(boxes(&svg).len(), graph.len());
     assert_eq!(
         svg.matches("<g class=\"edge\">").count(),
@@ -293,7 +293,7 @@ fn ids_are_escaped_in_svg() {
     graph.add_node(id).expect("a valid id");
     graph.add_node("z").expect("a valid id");
     graph.add_edge(id, "z").expect("an edge");
-    for svg in [plan.to_svg(), draw::graph_svg(&graph)] {
+    for svg in [plan.to_svg(), graph.to_svg()] {
         assert!(
             svg.contains(">a&lt;b&amp;&quot;c&apos;&gt;</text>"),
             "the id as text: {svg}"
@@ -318,7 +318,7 @@ fn a_box_is_wide_enough_for_its_id() {
 
 #[test]
 fn an_empty_plan_and_an_empty_graph_draw_a_card_that_says_so() {
-    for svg in [Plan::Empty.to_svg(), draw::graph_svg(&Graph::new())] {
+    for svg in [Plan::Empty.to_svg(), Graph::new().to_svg()] {
         assert!(svg.starts_with("<svg "), "{svg}");
         assert!(svg.contains(">Empty</text>"), "{svg}");
         assert!(svg.ends_with("</svg>\n"), "{svg}");
@@ -327,7 +327,7 @@ fn an_empty_plan_and_an_empty_graph_draw_a_card_that_says_so() {
 
 #[test]
 fn every_drawing_has_an_opaque_light_background_and_explicit_colours() {
-    let svg = draw::graph_svg(&seed());
+    let svg = seed().to_svg();
     assert!(svg.contains("<rect class=\"background\" x=\"0\" y=\"0\""));
     assert!(svg.contains("fill=\"#fcfcfc\""));
     assert!(!svg.contains("currentColor"));
@@ -340,7 +340,7 @@ fn every_drawing_has_an_opaque_light_background_and_explicit_colours() {
 #[test]
 fn drawings_are_the_same_bytes_every_time() {
     let (first, second) = (seed(), seed());
-    assert_eq!(draw::graph_svg(&first), draw::graph_svg(&second));
+    assert_eq!(first.to_svg(), second.to_svg());
     let (p, q) = (decompose(&first), decompose(&second));
     assert_eq!(p.to_svg(), q.to_svg());
     assert_eq!(p.to_mermaid(), q.to_mermaid());
@@ -369,7 +369,7 @@ fn drawing_a_100000_node_chain_does_not_overflow_the_stack() {
                 plan.to_mermaid(),
                 plan.to_dot(),
                 plan.to_svg(),
-                draw::graph_svg(&graph),
+                graph.to_svg(),
             ]
         })
         .expect("a thread")
@@ -381,4 +381,12 @@ fn drawing_a_100000_node_chain_does_not_overflow_the_stack() {
     assert_eq!(dot.matches(" -> ").count(), LEN - 1);
     assert_eq!(svg.matches("<g class=\"node\">").count(), LEN);
     assert_eq!(graph_svg.matches("<g class=\"edge\">").count(), LEN - 1);
+}
+
+#[test]
+fn a_graph_draws_as_mermaid_and_dot_exactly_as_its_plan_does() {
+    let graph = seed();
+    let plan = decompose(&graph);
+    assert_eq!(graph.to_mermaid(), plan.to_mermaid());
+    assert_eq!(graph.to_dot(), plan.to_dot());
 }

@@ -77,14 +77,14 @@ fn run_one(
         .somatize()
         .unwrap();
     let plan = compile(&graph, &catalog).unwrap();
-    let mut executor = Executor::new(&catalog);
+    let mut executor = Executor::new();
     if let Some(driver) = driver {
         executor = executor.with_driver(driver);
     }
     if let Some(limit) = limit {
         executor = executor.with_turn_limit(limit);
     }
-    executor.run(&plan, input)
+    executor.run(&plan, &catalog, input)
 }
 
 #[test]
@@ -127,8 +127,7 @@ fn the_driver_receives_each_turns_requests_in_order() {
 #[test]
 fn the_default_turn_limit_is_64() {
     assert_eq!(DEFAULT_TURN_LIMIT, 64);
-    let catalog = soma_core::Catalog::new();
-    assert_eq!(Executor::new(&catalog).turn_limit(), 64);
+    assert_eq!(Executor::new().turn_limit(), 64);
 }
 
 #[test]
@@ -144,8 +143,7 @@ fn a_node_that_never_finishes_gets_exactly_the_default_limit_of_calls() {
 
 #[test]
 fn the_turn_limit_can_be_set() {
-    let catalog = soma_core::Catalog::new();
-    assert_eq!(Executor::new(&catalog).with_turn_limit(3).turn_limit(), 3);
+    assert_eq!(Executor::new().with_turn_limit(3).turn_limit(), 3);
     let asker = Asker::new(u32::MAX);
     let error = run_one(
         asker.clone(),
@@ -243,9 +241,9 @@ fn a_driver_failure_is_attributed_to_the_node_that_asked() {
         .somatize()
         .unwrap();
     let plan = compile(&graph, &catalog).unwrap();
-    let error = Executor::new(&catalog)
+    let error = Executor::new()
         .with_driver(&Failing)
-        .run(&plan, Value::Null)
+        .run(&plan, &catalog, Value::Null)
         .unwrap_err();
     let RunError::DriverFailed { node, error: cause } = &error else {
         panic!("{error:?}");
@@ -332,9 +330,9 @@ fn every_node_of_a_chain_can_await_and_the_chain_still_composes() {
             .unwrap();
     let plan = compile(&graph, &catalog).unwrap();
     let driver = Doubler::default();
-    let out = Executor::new(&catalog)
+    let out = Executor::new()
         .with_driver(&driver)
-        .run(&plan, Value::Int(3));
+        .run(&plan, &catalog, Value::Int(3));
     // 3 is odd and asks; 6 is even and answers at once, downstream too.
     assert_eq!(out.unwrap(), Value::Int(6));
     assert_eq!(driver.asked.lock().unwrap().len(), 1);

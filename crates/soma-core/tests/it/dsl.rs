@@ -74,8 +74,8 @@ fn series_binds_tighter_than_side_by_side() {
 
 #[test]
 fn a_wire_lists_its_ids_in_declaration_order() {
-    let wire = (n("z") | n("a")) >> n("m");
-    let ids: Vec<&NodeId> = wire.ids().collect();
+    let expr = (n("z") | n("a")) >> n("m");
+    let ids: Vec<&NodeId> = expr.ids().collect();
     assert_eq!(ids, [&NodeId::from("z"), &"a".into(), &"m".into()]);
 }
 
@@ -90,8 +90,8 @@ fn a_duplicate_id_in_a_wire_is_a_graph_error_from_somatize() {
 
 #[test]
 fn an_invalid_id_survives_gluing_and_is_reported_by_somatize() {
-    let wire = n("a") >> (n("bad id") | n("c")) >> n("d");
-    let glued = (wire | n("e")) >> n("f");
+    let expr = n("a") >> (n("bad id") | n("c")) >> n("d");
+    let glued = (expr | n("e")) >> n("f");
     assert_eq!(
         glued.somatize().err(),
         Some(GraphError::InvalidId {
@@ -123,8 +123,8 @@ fn node_arc_registers_the_very_implementation_it_was_given() {
 
 #[test]
 fn a_wire_can_be_cloned_and_used_twice() {
-    let wire = n("a") >> n("b");
-    let (one, _) = wire.clone().somatize().unwrap();
-    let (two, _) = wire.somatize().unwrap();
+    let expr = n("a") >> n("b");
+    let (one, _) = expr.clone().somatize().unwrap();
+    let (two, _) = expr.somatize().unwrap();
     assert_eq!(edges(&one), edges(&two));
 }

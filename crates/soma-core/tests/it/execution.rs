@@ -5,15 +5,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use soma_core::{
-    compile, node, Catalog, Executor, Graph, Node, NodeError, Plan, RunError, Value, Watch,
+    compile, node, Catalog, Executor, Graph, Node, NodeError, Plan, Program, ProgramError,
+    RunError, Value, Watch,
 };
 
-use crate::support::{catalog_of, exec, fail, graph, logged, n, seq, trace, Log, Trace};
+use crate::support::{catalog_of, exec, fail, graph, logged, n, seq, trace, wave, Log, Trace};
 
 fn run(graph: &Graph, input: Value) -> Result<Value, RunError> {
     let catalog = catalog_of(graph, &(Arc::new(Trace) as Arc<dyn Node>));
     let plan = compile(graph, &catalog).expect("every node is implemented");
-    Executor::new(&catalog).run(&plan, input)
+    Executor::new().run(&plan, &catalog, input)
 }
 
 fn text(s: &str) -> Value {
@@ -53,7 +54,7 @@ fn a_fan_in_node_reads_a_map_keyed_by_source_id_in_edge_declaration_order() {
     let mut catalog = catalog_of(&graph, &(Arc::new(Trace) as Arc<dyn Node>));
     catalog.insert("j", Arc::new(join));
     let plan = compile(&graph, &catalog).unwrap();
-    Executor::new(&catalog).run(&plan, text("x")).unwrap();
+    Executor::new().run(&plan, &catalog, text("x")).unwrap();
     assert_eq!(
         seen.lock().unwrap().clone(),
         Some(Value::map([
@@ -73,7 +74,7 @@ fn a_diamond_runs_each_node_once_and_joins_both_sides() {
     );
     let catalog = catalog_of(&graph, &(Arc::new(logged(&log, trace)) as Arc<dyn Node>));
     let plan = compile(&graph, &catalog).unwrap();
-    let out = Executor::new(&catalog).run(&plan, text("x"));
+    let out = Executor::new().run(&plan, &catalog, text("x"));
     assert_eq!(out.unwrap(), text("d(b(a(x)),c(a(x)))"));
     for id in ["a", "b", "c", "d"] {
         assert_eq!(log.starts(id), 1, "`{id}`");
@@ -107,10 +108,12 @@ fn every_root_gets_the_input() {
 
 #[test]
 fn a_node_failure_is_attributed_to_the_node() {
-    let wire = n("a") >> node("b", |_: &Value| Err(NodeError::new("no good"))) >> n("c");
-    let (graph, catalog) = wire.somatize().unwrap();
+    let expr = n("a") >> node("b", |_: &Value| Err(NodeError::new("no good"))) >> n("c");
+    let (graph, catalog) = expr.somatize().unwrap();
     let plan = compile(&graph, &catalog).unwrap();
-    let error = Executor::new(&catalog).run(&plan, Value::Null).unwrap_err();
+    let error = Executor::new()
+        .run(&plan, &catalog, Value::Null)
+        .unwrap_err();
     let RunError::NodeFailed { node, error: cause } = &error else {
         panic!("{error:?}");
     };
@@ -123,12 +126,12 @@ fn a_node_failure_is_attributed_to_the_node() {
 #[test]
 fn no_node_after_a_failure_runs() {
     let log = Log::new();
-    let wire = node("a", logged(&log, trace))
+    let expr = node("a", logged(&log, trace))
         >> node("b", logged(&log, fail("no good")))
         >> node("c", logged(&log, trace));
-    let (graph, catalog) = wire.somatize().unwrap();
+    let (graph, catalog) = expr.somatize().unwrap();
     let plan = compile(&graph, &catalog).unwrap();
-    assert!(Executor::new(&catalog).run(&plan, Value::Null).is_err());
+    assert!(Executor::new().run(&plan, &catalog, Value::Null).is_err());
     assert!(log.ran("a") && log.ran("b"));
     assert!(!log.ran("c"));
 }
@@ -146,10 +149,12 @@ impl std::error::Error for Underneath {}
 
 #[test]
 fn a_node_errors_cause_travels_untouched_to_the_caller() {
-    let wire = node("a", |_: &Value| Err(NodeError::from_cause(Underneath)));
-    let (graph, catalog) = wire.somatize().unwrap();
+    let expr = node("a", |_: &Value| Err(NodeError::from_cause(Underneath)));
+    let (graph, catalog) = expr.somatize().unwrap();
     let plan = compile(&graph, &catalog).unwrap();
-    let error = Executor::new(&catalog).run(&plan, Value::Null).unwrap_err();
+    let error = Executor::new()
+        .run(&plan, &catalog, Value::Null)
+        .unwrap_err();
     let node_error = std::error::Error::source(&error).expect("the node's error");
     let cause = node_error.source().expect("its cause");
     assert!(cause.is::<Underneath>());
@@ -159,10 +164,12 @@ fn a_node_errors_cause_travels_untouched_to_the_caller() {
 #[test]
 fn a_plan_step_the_catalog_lacks_is_not_in_catalog() {
     let plan = exec("ghost", &[]);
-    let error = Executor::new(&Catalog::new())
-        .run(&plan, Value::Null)
+    let error = Executor::new()
+        .run(&plan, &Catalog::new(), Value::Null)
         .unwrap_err();
-    assert!(matches!(&error, RunError::NotInCatalog { node } if node == "ghost"));
+    assert!(
+        matches!(&error, RunError::Invalid(ProgramError::NotInCatalog { node }) if node == "ghost")
+    );
     assert!(error.to_string().contains("`ghost`"));
 }
 
@@ -171,12 +178,58 @@ fn a_step_reading_a_node_that_produced_nothing_is_missing_input() {
     let mut catalog = Catalog::new();
     catalog.insert("b", Arc::new(Trace));
     let plan = seq(vec![exec("b", &["a"])]);
-    let error = Executor::new(&catalog).run(&plan, Value::Null).unwrap_err();
+    let error = Executor::new()
+        .run(&plan, &catalog, Value::Null)
+        .unwrap_err();
     assert!(
-        matches!(&error, RunError::MissingInput { node, from } if node == "b" && from == "a"),
+        matches!(&error, RunError::Invalid(ProgramError::MissingInput { node, from }) if node == "b" && from == "a"),
         "{error:?}"
     );
     assert!(error.to_string().contains("`b`") && error.to_string().contains("`a`"));
+}
+
+#[test]
+fn a_step_reading_a_sibling_branch_is_refused_before_anything_runs() {
+    // `b` and `c` run at the same time: `c` cannot read what `b` produces.
+    let log = Log::new();
+    let mut catalog = Catalog::new();
+    for id in ["a", "b", "c"] {
+        catalog.insert(id, Arc::new(logged(&log, trace)));
+    }
+    let plan = seq(vec![
+        exec("a", &[]),
+        wave(vec![exec("b", &["a"]), exec("c", &["b"])]),
+    ]);
+    let error = Program::new(&plan, &catalog).err().expect("refused");
+    assert_eq!(
+        error,
+        ProgramError::MissingInput {
+            node: "c".into(),
+            from: "b".into()
+        }
+    );
+    let error = Executor::new()
+        .run(&plan, &catalog, Value::Null)
+        .unwrap_err();
+    assert!(matches!(error, RunError::Invalid(_)), "{error:?}");
+    assert!(!log.ran("a"));
+}
+
+#[test]
+fn a_step_may_read_what_ran_before_its_wave_and_before_it_in_its_branch() {
+    let mut catalog = Catalog::new();
+    for id in ["a", "b", "b2", "c", "d"] {
+        catalog.insert(id, Arc::new(Trace));
+    }
+    let plan = seq(vec![
+        exec("a", &[]),
+        wave(vec![
+            seq(vec![exec("b", &["a"]), exec("b2", &["b", "a"])]),
+            exec("c", &["a"]),
+        ]),
+        exec("d", &["b2", "c"]),
+    ]);
+    assert!(Program::new(&plan, &catalog).is_ok());
 }
 
 #[test]
@@ -185,9 +238,11 @@ fn a_plan_running_a_node_twice_is_refused_before_anything_runs() {
     let mut catalog = Catalog::new();
     catalog.insert("a", Arc::new(logged(&log, trace)));
     let plan = seq(vec![exec("a", &[]), exec("a", &[])]);
-    let error = Executor::new(&catalog).run(&plan, Value::Null).unwrap_err();
+    let error = Executor::new()
+        .run(&plan, &catalog, Value::Null)
+        .unwrap_err();
     assert!(
-        matches!(&error, RunError::StepTwice { node } if node == "a"),
+        matches!(&error, RunError::Invalid(ProgramError::StepTwice { node }) if node == "a"),
         "{error:?}"
     );
     assert!(!log.ran("a"));
@@ -196,8 +251,8 @@ fn a_plan_running_a_node_twice_is_refused_before_anything_runs() {
 #[test]
 fn an_empty_plan_returns_the_input_without_a_catalog_entry() {
     assert_eq!(
-        Executor::new(&Catalog::new())
-            .run(&Plan::Empty, Value::Int(5))
+        Executor::new()
+            .run(&Plan::Empty, &Catalog::new(), Value::Int(5))
             .unwrap(),
         Value::Int(5)
     );
@@ -219,9 +274,9 @@ fn an_interrupted_watch_stops_the_run_with_interrupted() {
         .unwrap();
     let plan = compile(&graph, &catalog).unwrap();
     let watch = Flag(AtomicBool::new(true));
-    let error = Executor::new(&catalog)
+    let error = Executor::new()
         .with_watch(&watch)
-        .run(&plan, Value::Null)
+        .run(&plan, &catalog, Value::Null)
         .unwrap_err();
     assert!(matches!(error, RunError::Interrupted), "{error:?}");
     assert_eq!(error.node(), None);
@@ -245,9 +300,9 @@ fn an_interruption_stops_the_run_at_the_next_node_boundary() {
     .somatize()
     .unwrap();
     let plan = compile(&graph, &catalog).unwrap();
-    let result = Executor::new(&catalog)
+    let result = Executor::new()
         .with_watch(&*watch)
-        .run(&plan, Value::Null);
+        .run(&plan, &catalog, Value::Null);
     assert!(matches!(result, Err(RunError::Interrupted)), "{result:?}");
     assert!(log.finished("b"), "a node in flight is not cut short");
     assert!(!log.ran("c"));
@@ -259,11 +314,11 @@ fn a_watch_that_never_interrupts_changes_nothing() {
     let plan = compile(&graph, &catalog).unwrap();
     let watch = Flag(AtomicBool::new(false));
     assert_eq!(
-        Executor::new(&catalog)
+        Executor::new()
             .with_watch(&watch)
-            .run(&plan, text("x"))
+            .run(&plan, &catalog, text("x"))
             .unwrap(),
-        Executor::new(&catalog).run(&plan, text("x")).unwrap()
+        Executor::new().run(&plan, &catalog, text("x")).unwrap()
     );
 }
 

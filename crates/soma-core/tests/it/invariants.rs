@@ -149,12 +149,12 @@ fn really_run(graph: &Graph) -> Result<(Arc<Log>, Value, Value), String> {
     let log = Log::new();
     let catalog = catalog_of(graph, &(Arc::new(logged(&log, trace)) as Arc<dyn Node>));
     let plan = compile(graph, &catalog).map_err(|e| e.to_string())?;
-    let spread = Executor::new(&catalog)
-        .run(&plan, Value::text("x"))
+    let spread = Executor::new()
+        .run(&plan, &catalog, Value::text("x"))
         .map_err(|e| e.to_string())?;
     let quiet = catalog_of(graph, &(Arc::new(Trace) as Arc<dyn Node>));
-    let in_a_row = Executor::new(&quiet)
-        .run(&flat_plan(graph), Value::text("x"))
+    let in_a_row = Executor::new()
+        .run(&flat_plan(graph), &quiet, Value::text("x"))
         .map_err(|e| e.to_string())?;
     Ok((log, spread, in_a_row))
 }
@@ -335,11 +335,11 @@ fn l(id: &str) -> Expr {
 }
 
 impl Expr {
-    fn wire(&self) -> soma_core::Wire {
+    fn expr(&self) -> soma_core::Expr {
         match self {
             Expr::Node(id) => n(id),
-            Expr::Series(parts) => parts.iter().map(Expr::wire).reduce(|a, b| a >> b).unwrap(),
-            Expr::Parallel(parts) => parts.iter().map(Expr::wire).reduce(|a, b| a | b).unwrap(),
+            Expr::Series(parts) => parts.iter().map(Expr::expr).reduce(|a, b| a >> b).unwrap(),
+            Expr::Parallel(parts) => parts.iter().map(Expr::expr).reduce(|a, b| a | b).unwrap(),
         }
     }
 
@@ -425,7 +425,7 @@ fn random_expr() -> impl Strategy<Value = Expr> {
 }
 
 fn compiled(expr: &Expr) -> (Graph, Plan) {
-    let (graph, catalog) = expr.wire().somatize().expect("fresh, valid ids");
+    let (graph, catalog) = expr.expr().somatize().expect("fresh, valid ids");
     let plan = compile(&graph, &catalog).expect("every node is implemented");
     (graph, plan)
 }

@@ -29,16 +29,16 @@ fn thread_local_state_set_in_a_branch_is_seen_by_no_other_branch_nor_by_the_call
     };
     // Two waves in a row, so that the second one's branches would see what the first left
     // behind if threads were reused; the caller runs `a`, `m` and `z` itself.
-    let wire = node_arc("a", Arc::new(plain(visit("a"))))
+    let expr = node_arc("a", Arc::new(plain(visit("a"))))
         >> (node_arc("b", Arc::new(plain(visit("b"))))
             | node_arc("c", Arc::new(plain(visit("c")))))
         >> node_arc("m", Arc::new(plain(visit("m"))))
         >> (node_arc("d", Arc::new(plain(visit("d"))))
             | node_arc("e", Arc::new(plain(visit("e")))))
         >> node_arc("z", Arc::new(plain(visit("z"))));
-    let (graph, catalog) = wire.somatize().unwrap();
+    let (graph, catalog) = expr.somatize().unwrap();
     let plan = compile(&graph, &catalog).unwrap();
-    Executor::new(&catalog).run(&plan, Value::Int(0)).unwrap();
+    Executor::new().run(&plan, &catalog, Value::Int(0)).unwrap();
     let seen = seen.lock().unwrap().clone();
     let found = |id: &str| seen.iter().find(|(node, _)| node == id).unwrap().1;
     for branch_head in ["b", "c", "d", "e"] {
@@ -79,7 +79,7 @@ fn a_million_node_chain_compiles_resolves_runs_and_drops_on_a_small_stack() {
             }
             let plan = compile(&graph, &catalog).unwrap();
             let program = Program::new(&plan, &catalog).unwrap();
-            let out = Executor::new(&catalog)
+            let out = Executor::new()
                 .run_program(&program, Value::Int(0))
                 .unwrap();
             drop((program, plan, graph, catalog));

@@ -96,11 +96,14 @@ fn missing_implementation() {
 fn run_alone(id: &str, implementation: impl Node + 'static, driver: Option<&dyn Driver>) -> String {
     let (graph, catalog) = node(id, implementation).somatize().unwrap();
     let plan = compile(&graph, &catalog).unwrap();
-    let mut executor = Executor::new(&catalog);
+    let mut executor = Executor::new();
     if let Some(driver) = driver {
         executor = executor.with_driver(driver);
     }
-    executor.run(&plan, Value::Null).unwrap_err().to_string()
+    executor
+        .run(&plan, &catalog, Value::Null)
+        .unwrap_err()
+        .to_string()
 }
 
 /// Awaits one request on every turn.
@@ -179,8 +182,8 @@ fn turn_limit() {
 
 #[test]
 fn not_in_catalog() {
-    let error = Executor::new(&Catalog::new())
-        .run(&exec("a", &[]), Value::Null)
+    let error = Executor::new()
+        .run(&exec("a", &[]), &Catalog::new(), Value::Null)
         .unwrap_err();
     insta::assert_snapshot!(error, @r"
     node `a` has no implementation in the catalog
@@ -193,12 +196,12 @@ fn missing_input() {
     // Only a plan made by hand can read a node before it ran.
     let (_, catalog) = (n("a") >> n("b")).somatize().unwrap();
     let backwards: Plan = seq(vec![exec("b", &["a"]), exec("a", &[])]);
-    let error = Executor::new(&catalog)
-        .run(&backwards, Value::Null)
+    let error = Executor::new()
+        .run(&backwards, &catalog, Value::Null)
         .unwrap_err();
     insta::assert_snapshot!(error, @r"
-    node `b` reads `a`, which had produced nothing
-    hint: run plans made by `compile`
+    node `b` reads `a`, which no step before it produces
+    hint: run plans made by `compile`; a step sees the steps before it in its branch and before its wave, never a sibling branch's
     ");
 }
 
@@ -206,8 +209,8 @@ fn missing_input() {
 fn step_twice() {
     let (_, catalog) = n("a").somatize().unwrap();
     let twice: Plan = seq(vec![exec("a", &[]), exec("a", &[])]);
-    let error = Executor::new(&catalog)
-        .run(&twice, Value::Null)
+    let error = Executor::new()
+        .run(&twice, &catalog, Value::Null)
         .unwrap_err();
     insta::assert_snapshot!(error, @r"
     node `a` is run twice by the plan
@@ -228,9 +231,9 @@ fn interrupted_names_no_node() {
     let (graph, catalog) = n("a").somatize().unwrap();
     let plan = compile(&graph, &catalog).unwrap();
     let stop = Stop(AtomicBool::new(true));
-    let error = Executor::new(&catalog)
+    let error = Executor::new()
         .with_watch(&stop)
-        .run(&plan, Value::Null)
+        .run(&plan, &catalog, Value::Null)
         .unwrap_err();
     assert!(matches!(error, RunError::Interrupted));
     insta::assert_snapshot!(error, @r"

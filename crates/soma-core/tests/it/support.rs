@@ -11,7 +11,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::{self, ThreadId};
 use std::time::{Duration, Instant};
 
-use soma_core::{node_arc, Catalog, Ctx, Graph, Node, NodeError, Plan, Transition, Value, Wire};
+use soma_core::{node_arc, Catalog, Ctx, Expr, Graph, Node, NodeError, Plan, Transition, Value};
 
 /// Long enough that no loaded machine reaches it when the parties do meet; it is only ever
 /// spent in full by a test that is failing.
@@ -299,8 +299,8 @@ pub fn fail(
     move |_, _| Err(NodeError::new(message))
 }
 
-/// A one-node wire whose node answers [`traced`].
-pub fn n(id: &str) -> Wire {
+/// A one-node expression whose node answers [`traced`].
+pub fn n(id: &str) -> Expr {
     node_arc(id, Arc::new(Trace))
 }
 
@@ -361,8 +361,10 @@ pub fn flat_plan(graph: &Graph) -> Plan {
     }
 }
 
-fn dsl(wire: Wire) -> Graph {
-    wire.somatize().expect("a wire with fresh, valid ids").0
+fn dsl(expr: Expr) -> Graph {
+    expr.somatize()
+        .expect("an expression with fresh, valid ids")
+        .0
 }
 
 /// Named topologies, chosen so that each invariant meets every case `compile` distinguishes:

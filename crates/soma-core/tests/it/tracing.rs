@@ -10,13 +10,15 @@ use soma_core::{
 use crate::support::{fail, meet, n, plain, Rendezvous};
 
 fn traced_run(
-    wire: soma_core::Wire,
+    expr: soma_core::Expr,
     input: Value,
 ) -> (Result<Value, soma_core::RunError>, soma_core::Trace) {
-    let (graph, catalog) = wire.somatize().unwrap();
+    let (graph, catalog) = expr.somatize().unwrap();
     let plan = compile(&graph, &catalog).unwrap();
     let trace = soma_core::Trace::new();
-    let out = Executor::new(&catalog).with_trace(&trace).run(&plan, input);
+    let out = Executor::new()
+        .with_trace(&trace)
+        .run(&plan, &catalog, input);
     (out, trace)
 }
 
@@ -45,11 +47,11 @@ fn a_span_ends_after_it_starts_and_a_successor_starts_after_its_predecessor_ends
 #[test]
 fn spans_name_the_thread_and_the_branch_each_node_ran_in() {
     let meeting = Rendezvous::new(2);
-    let wire = n("a")
+    let expr = n("a")
         >> ((node_arc("b", Arc::new(plain(meet(&meeting)))) >> n("b2"))
             | node_arc("c", Arc::new(plain(meet(&meeting)))))
         >> n("d");
-    let (out, trace) = traced_run(wire, Value::Int(1));
+    let (out, trace) = traced_run(expr, Value::Int(1));
     out.unwrap();
     let spans = trace.spans();
     let at = |id: &str| spans.iter().find(|s| s.node == id).unwrap().clone();
@@ -68,8 +70,8 @@ fn spans_name_the_thread_and_the_branch_each_node_ran_in() {
 
 #[test]
 fn a_nested_branch_is_labelled_with_its_index_at_each_level() {
-    let wire = n("a") >> ((n("b") >> (n("x") | n("y")) >> n("z")) | n("c")) >> n("d");
-    let (out, trace) = traced_run(wire, Value::Int(1));
+    let expr = n("a") >> ((n("b") >> (n("x") | n("y")) >> n("z")) | n("c")) >> n("d");
+    let (out, trace) = traced_run(expr, Value::Int(1));
     out.unwrap();
     let spans = trace.spans();
     let label = |id: &str| spans.iter().find(|s| s.node == id).unwrap().branch_label();
@@ -104,18 +106,18 @@ fn a_span_counts_the_turns_of_an_awaiting_node() {
     let (graph, catalog) = node_arc("asker", Arc::new(AwaitsTwice)).somatize().unwrap();
     let plan = compile(&graph, &catalog).unwrap();
     let trace = soma_core::Trace::new();
-    Executor::new(&catalog)
+    Executor::new()
         .with_driver(&Echo)
         .with_trace(&trace)
-        .run(&plan, Value::Null)
+        .run(&plan, &catalog, Value::Null)
         .unwrap();
     assert_eq!(trace.spans()[0].turns, 3);
 }
 
 #[test]
 fn a_failed_node_has_a_span_that_carries_its_error() {
-    let wire = n("a") >> node_arc("bad", Arc::new(plain(fail("it broke"))));
-    let (out, trace) = traced_run(wire, Value::Int(1));
+    let expr = n("a") >> node_arc("bad", Arc::new(plain(fail("it broke"))));
+    let (out, trace) = traced_run(expr, Value::Int(1));
     assert!(out.is_err());
     let bad = trace.spans().into_iter().find(|s| s.node == "bad").unwrap();
     assert!(
@@ -136,9 +138,9 @@ fn spans_of_several_runs_accumulate_until_cleared() {
     let (graph, catalog) = (n("a") >> n("b")).somatize().unwrap();
     let plan = compile(&graph, &catalog).unwrap();
     let trace = soma_core::Trace::new();
-    let executor = Executor::new(&catalog).with_trace(&trace);
-    executor.run(&plan, Value::Int(1)).unwrap();
-    executor.run(&plan, Value::Int(2)).unwrap();
+    let executor = Executor::new().with_trace(&trace);
+    executor.run(&plan, &catalog, Value::Int(1)).unwrap();
+    executor.run(&plan, &catalog, Value::Int(2)).unwrap();
     assert_eq!(trace.len(), 4);
     trace.clear();
     assert!(trace.is_empty());
@@ -147,9 +149,9 @@ fn spans_of_several_runs_accumulate_until_cleared() {
 #[test]
 fn the_chrome_trace_has_a_named_track_per_thread_and_an_event_per_span() {
     let meeting = Rendezvous::new(2);
-    let wire = node_arc("b", Arc::new(plain(meet(&meeting))))
+    let expr = node_arc("b", Arc::new(plain(meet(&meeting))))
         | node_arc("c\"quoted\\", Arc::new(plain(meet(&meeting))));
-    let (out, trace) = traced_run(wire, Value::Int(1));
+    let (out, trace) = traced_run(expr, Value::Int(1));
     out.unwrap();
     let json = trace.to_chrome();
     assert!(
@@ -174,8 +176,8 @@ fn the_summary_lists_the_slowest_node_first() {
         }
         Ok(input.clone())
     };
-    let wire = n("quick") >> node_arc("slow", Arc::new(plain(slow))) >> n("last");
-    let (out, trace) = traced_run(wire, Value::Int(1));
+    let expr = n("quick") >> node_arc("slow", Arc::new(plain(slow))) >> n("last");
+    let (out, trace) = traced_run(expr, Value::Int(1));
     out.unwrap();
     let summary = trace.summary(10);
     let rows: Vec<&str> = summary.lines().collect();
@@ -199,6 +201,6 @@ fn an_executor_without_a_trace_records_nothing() {
     let (graph, catalog) = (n("a") >> n("b")).somatize().unwrap();
     let plan = compile(&graph, &catalog).unwrap();
     let trace = soma_core::Trace::new();
-    Executor::new(&catalog).run(&plan, Value::Int(1)).unwrap();
+    Executor::new().run(&plan, &catalog, Value::Int(1)).unwrap();
     assert!(trace.is_empty());
 }

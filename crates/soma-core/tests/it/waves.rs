@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use soma_core::{
-    compile, node, Catalog, Ctx, Driver, DriverError, Executor, Node, NodeError, Plan, RunError,
-    Transition, Value, Watch, Wire,
+    compile, node, Catalog, Ctx, Driver, DriverError, Executor, Expr, Node, NodeError, Plan,
+    RunError, Transition, Value, Watch,
 };
 
 use crate::support::{
@@ -21,15 +21,15 @@ use crate::support::{
     seq, trace, traced, Gate, Log, OpenOnDrop, Phase, Rendezvous,
 };
 
-fn compiled(wire: Wire) -> (Catalog, Plan) {
-    let (graph, catalog) = wire.somatize().expect("fresh, valid ids");
+fn compiled(expr: Expr) -> (Catalog, Plan) {
+    let (graph, catalog) = expr.somatize().expect("fresh, valid ids");
     let plan = compile(&graph, &catalog).expect("every node is implemented");
     (catalog, plan)
 }
 
-fn run(wire: Wire) -> Result<Value, RunError> {
-    let (catalog, plan) = compiled(wire);
-    Executor::new(&catalog).run(&plan, Value::text("x"))
+fn run(expr: Expr) -> Result<Value, RunError> {
+    let (catalog, plan) = compiled(expr);
+    Executor::new().run(&plan, &catalog, Value::text("x"))
 }
 
 fn the_message(result: &Result<Value, RunError>) -> Option<(&str, &str)> {
@@ -45,7 +45,7 @@ fn the_real_order_respects_every_edge_with_threads_in_the_way() {
         let log = Log::new();
         let catalog = catalog_of(&graph, &(Arc::new(logged(&log, trace)) as Arc<dyn Node>));
         let plan = compile(&graph, &catalog).unwrap();
-        Executor::new(&catalog).run(&plan, Value::Null).unwrap();
+        Executor::new().run(&plan, &catalog, Value::Null).unwrap();
         for (from, to) in graph.edges() {
             let ended = log.position(from.as_str(), Phase::End).unwrap();
             let started = log.position(to.as_str(), Phase::Start).unwrap();
@@ -62,7 +62,7 @@ fn the_real_order_respects_every_edge_with_threads_in_the_way() {
 }
 
 /// `a >> (b >> b2 >> b3 | c >> c2) >> d`, every node logged.
-fn two_sequences(log: &Arc<Log>) -> Wire {
+fn two_sequences(log: &Arc<Log>) -> Expr {
     let l = |id: &str| node(id, logged(log, trace));
     l("a") >> ((l("b") >> l("b2") >> l("b3")) | (l("c") >> l("c2"))) >> l("d")
 }
@@ -129,9 +129,9 @@ fn branches_run_at_once_under_a_watch_too() {
     let together = Rendezvous::new(2);
     let m = |id: &str| node(id, plain(meet(&together)));
     let (catalog, plan) = compiled(m("b") | m("c"));
-    let out = Executor::new(&catalog)
+    let out = Executor::new()
         .with_watch(&Never)
-        .run(&plan, Value::Null);
+        .run(&plan, &catalog, Value::Null);
     assert!(out.is_ok(), "{out:?}");
 }
 
@@ -145,9 +145,12 @@ fn the_diamond_gives_the_same_result_spread_out_as_in_a_row() {
         exec("c", &["a"]),
         exec("d", &["b", "c"]),
     ]);
-    let executor = Executor::new(&catalog);
-    let out = executor.run(&spread, Value::text("x")).unwrap();
-    assert_eq!(out, executor.run(&in_a_row, Value::text("x")).unwrap());
+    let executor = Executor::new();
+    let out = executor.run(&spread, &catalog, Value::text("x")).unwrap();
+    assert_eq!(
+        out,
+        executor.run(&in_a_row, &catalog, Value::text("x")).unwrap()
+    );
     assert_eq!(out, Value::text("d(b(a(x)),c(a(x)))"));
 }
 
@@ -193,8 +196,8 @@ fn a_wave_that_is_the_whole_plan_returns_the_map_of_its_leaves() {
     let (catalog, plan) = compiled(n("a") | (n("b") >> n("c")));
     assert_eq!(plan.kind(), "Wave");
     assert_eq!(
-        Executor::new(&catalog)
-            .run(&plan, Value::text("x"))
+        Executor::new()
+            .run(&plan, &catalog, Value::text("x"))
             .unwrap(),
         Value::map([("a", Value::text("a(x)")), ("c", Value::text("c(b(x))"))])
     );
@@ -276,15 +279,15 @@ fn a_failure_between_two_branches() -> (Arc<Log>, Result<Value, RunError>) {
             }),
         )
     };
-    let wire = (wait("p1") >> node("p2", logged(&log, trace)))
+    let expr = (wait("p1") >> node("p2", logged(&log, trace)))
         | f
         | (wait("q1") >> node("q2", logged(&log, trace)));
-    let (catalog, plan) = compiled(wire);
+    let (catalog, plan) = compiled(expr);
     assert_eq!(
         plan.shape(),
         "Wave([Sequence([Execute, Execute]), Execute, Sequence([Execute, Execute])])"
     );
-    let out = Executor::new(&catalog).run(&plan, Value::Null);
+    let out = Executor::new().run(&plan, &catalog, Value::Null);
     (log, out)
 }
 
@@ -358,10 +361,12 @@ fn a_panic_inside_a_branch_is_not_swallowed() {
             panic!("boom")
         })
     };
-    for wire in [boom() | n("y"), n("y") | boom()] {
-        let (catalog, plan) = compiled(wire);
-        let executor = Executor::new(&catalog);
-        let caught = panic::catch_unwind(AssertUnwindSafe(|| executor.run(&plan, Value::Null)));
+    for expr in [boom() | n("y"), n("y") | boom()] {
+        let (catalog, plan) = compiled(expr);
+        let executor = Executor::new();
+        let caught = panic::catch_unwind(AssertUnwindSafe(|| {
+            executor.run(&plan, &catalog, Value::Null)
+        }));
         let payload = caught.expect_err("the panic reaches the caller");
         assert_eq!(payload_text(&*payload), Some("boom"));
     }
@@ -389,8 +394,10 @@ fn a_panic_leaves_the_run_only_after_the_other_branches_were_joined() {
         }),
     );
     let (catalog, plan) = compiled(boom | y);
-    let executor = Executor::new(&catalog);
-    let caught = panic::catch_unwind(AssertUnwindSafe(|| executor.run(&plan, Value::Null)));
+    let executor = Executor::new();
+    let caught = panic::catch_unwind(AssertUnwindSafe(|| {
+        executor.run(&plan, &catalog, Value::Null)
+    }));
     let payload = caught.expect_err("the panic reaches the caller");
     assert_eq!(payload_text(&*payload), Some("boom"));
     assert!(
@@ -428,9 +435,9 @@ impl Driver for BusyDriver {
 fn two_branches_keep_one_driver_busy_at_the_same_time() {
     let (catalog, plan) = compiled(node("a", AwaitOnce) | node("b", AwaitOnce));
     let driver = BusyDriver(Rendezvous::new(2));
-    let out = Executor::new(&catalog)
+    let out = Executor::new()
         .with_driver(&driver)
-        .run(&plan, Value::text("x"));
+        .run(&plan, &catalog, Value::text("x"));
     assert_eq!(
         out.unwrap(),
         Value::map([
@@ -474,9 +481,9 @@ fn an_interruption_stops_every_branch_of_a_wave_at_its_next_node_boundary() {
     );
     let l = |id: &str| node(id, logged(&log, trace));
     let (catalog, plan) = compiled((x1 >> l("x2")) | (y1 >> l("y2")));
-    let out = Executor::new(&catalog)
+    let out = Executor::new()
         .with_watch(&*watch)
-        .run(&plan, Value::Null);
+        .run(&plan, &catalog, Value::Null);
     assert!(matches!(out, Err(RunError::Interrupted)), "{out:?}");
     assert!(log.finished("x1") && log.finished("y1"));
     assert!(!log.ran("x2") && !log.ran("y2"));
