@@ -1,8 +1,9 @@
 //! Python objects as nodes.
 //!
-//! The interpreter is attached only for the node's own call: the engine runs detached, so the
-//! branches of a wave take turns at the GIL between Python nodes and really overlap wherever a
-//! node's work releases it (numpy, torch, I/O, a driver's wait).
+//! A node's call attaches to the interpreter; a branch thread already holds the GIL from one
+//! Python node to the next (see `graph.rs`) and gives it back wherever the engine blocks, so the
+//! branches of a wave take turns at the GIL and really overlap wherever a node's work releases it
+//! (numpy, torch, I/O, a driver's wait).
 
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;

@@ -2,7 +2,7 @@
 //!
 //! The tree is recovered from the graph, never from the expression that built it: a graph built
 //! with `add_node`/`add_edge` in a loop compiles exactly like the DSL expression that draws the
-//! same topology. Four cases, in this order, for each set of nodes:
+//! same topology. For each set of nodes, in this order:
 //!
 //! | the set | becomes |
 //! |---|---|
@@ -103,7 +103,8 @@ pub(crate) fn decompose_by_cuts(graph: &Graph) -> Plan {
 /// once a graph outgrows the cache.
 type Rank = u32;
 
-/// A node index or an edge count as a `u32`: the decomposer's arrays hold nothing wider.
+/// A node index or an edge count as a `u32`: the decomposer's arrays, and and the reductions' too,
+/// hold nothing wider.
 fn to_rank(at: usize) -> u32 {
     u32::try_from(at).expect("fewer nodes and edges than u32::MAX")
 }

@@ -25,6 +25,7 @@
 //! arc (an "N", a transitive edge) gets `None`: the general decomposition handles it, walking
 //! the parts that have no tree.
 
+use super::to_rank;
 use crate::model::graph::Graph;
 use crate::plan::Plan;
 
@@ -73,7 +74,7 @@ impl Junctions {
             };
             let junction = match out_of[first as usize] {
                 NONE => {
-                    let junction = to_u32(tail_count.len());
+                    let junction = to_rank(tail_count.len());
                     tail_count.push(preds.len());
                     for &u in preds {
                         if out_of[u as usize] != NONE {
@@ -97,7 +98,7 @@ impl Junctions {
         Some(Junctions {
             out_of,
             into,
-            count: to_u32(tail_count.len()),
+            count: to_rank(tail_count.len()),
         })
     }
 }
@@ -173,11 +174,11 @@ impl Shrinker {
             arcs.push(Link {
                 from,
                 to,
-                tree: to_u32(v),
-                next_in: std::mem::replace(&mut points[to as usize].first_in, to_u32(n - 1 - v)),
+                tree: to_rank(v),
+                next_in: std::mem::replace(&mut points[to as usize].first_in, to_rank(n - 1 - v)),
                 next_out: std::mem::replace(
                     &mut points[from as usize].first_out,
-                    to_u32(n - 1 - v),
+                    to_rank(n - 1 - v),
                 ),
             });
         }
@@ -193,7 +194,7 @@ impl Shrinker {
     /// The forest and its root when the arcs shrink to one, else `None`.
     fn shrink(mut self) -> Option<(Forest, u32)> {
         // Junctions are numbered first; the source and the sink come last, never bypassed.
-        let source = to_u32(self.points.len() - 2);
+        let source = to_rank(self.points.len() - 2);
         let sink = source + 1;
         while let Some(point) = self.ready.pop() {
             let Some(before) = self.uniform(point, End::In) else {
@@ -340,7 +341,7 @@ impl Forest {
                 first: NONE,
                 last: NONE,
                 next: NONE,
-                first_inserted: to_u32(v),
+                first_inserted: to_rank(v),
                 len: 0,
             })
             .collect();
@@ -382,7 +383,7 @@ impl Forest {
                     first_inserted,
                     len,
                 });
-                return to_u32(self.trees.len() - 1);
+                return to_rank(self.trees.len() - 1);
             }
         };
         let tree = self.tree_mut(joined);
@@ -436,9 +437,10 @@ impl Forest {
     }
 }
 
-fn to_u32(at: usize) -> u32 {
-    u32::try_from(at).expect("fewer nodes than u32::MAX")
-}
+// The same random DAGs the integration tests draw (see that file's header).
+#[cfg(test)]
+#[path = "../../tests/it/random_graphs.rs"]
+mod random_graphs;
 
 #[cfg(test)]
 mod tests {
@@ -450,6 +452,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::plan;
+    use super::random_graphs::random_dag;
     use crate::compile::decompose_by_cuts;
     use crate::model::graph::Graph;
     use crate::plan::Plan;
@@ -488,18 +491,6 @@ mod tests {
                 .expect("acyclic");
         }
         graph
-    }
-
-    /// A random DAG: edges only from lower to higher numbers, each present by chance.
-    fn random_dag(seed: u64) -> Graph {
-        let mut dice = Dice(seed);
-        let n = 1 + dice.roll(10);
-        let density = 1 + dice.roll(4);
-        let edges = (0..n)
-            .flat_map(|u| (u + 1..n).map(move |v| (u, v)))
-            .filter(|_| dice.roll(6) < density)
-            .collect::<Vec<_>>();
-        built(&mut Dice(seed ^ 0xA5A5), n, edges)
     }
 
     /// A random series-parallel graph of about `budget` nodes: returns its sources and sinks.
@@ -595,8 +586,8 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(4096))]
 
         #[test]
-        fn a_random_graph_takes_the_fast_path_exactly_when_it_has_a_tree(seed in any::<u64>()) {
-            let graph = random_dag(seed);
+        fn a_random_graph_takes_the_fast_path_exactly_when_it_has_a_tree(dag in random_dag()) {
+            let graph = dag.graph();
             let general = decompose_by_cuts(&graph);
             match plan(&graph) {
                 Some(fast) => prop_assert_eq!(fast, general),

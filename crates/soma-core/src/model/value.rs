@@ -1,8 +1,8 @@
 //! `Value`: what flows along edges.
 //!
 //! Every variant clones in O(1) — scalars by copy, everything else by `Arc` — because the
-//! executor hands the same value to every reader and a wave copies what its branches produced
-//! when it joins them. `Opaque` carries anything the engine must not look inside (a Python
+//! executor hands the same value to every reader (a clone per reader, except the last reader in
+//! the producer's branch, which takes it). `Opaque` carries anything the engine must not look inside (a Python
 //! object, a tensor, a handle): it is never hashed or serialized and compares by identity.
 
 use std::any::Any;

@@ -15,6 +15,10 @@ pub(super) const WAVE_TEXT: &str = "#975a16";
 pub(super) const ORDER_STROKE: &str = "#8a8a8a";
 pub(super) const ORDER_TEXT: &str = "#6b6b6b";
 pub(super) const MUTED: &str = "#888888";
+/// A timeline's gridlines: fainter than anything drawn on them.
+pub(super) const GRID: &str = "#e3e3e3";
+/// A span that ended in an error.
+pub(super) const FAILED_FILL: &str = "#f4b4b4";
 
 pub(super) const FONT_SIZE: i64 = 13;
 /// The advance of one character of a 13px monospace font, rounded up so a box never clips.

@@ -3,7 +3,9 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use super::svg::{svg_open, xml};
+use super::svg::{
+    svg_open, xml, CHAR_WIDTH, FAILED_FILL, GRID, MUTED, NODE_FILL, NODE_STROKE, TEXT,
+};
 use super::trace::{human, tracks, window};
 use crate::run::trace::Trace;
 
@@ -25,7 +27,7 @@ impl Trace {
             .collect();
         // Wide enough for the longest row name, in the monospace font the drawing uses.
         let longest = names.iter().map(|n| n.chars().count()).max().unwrap_or(0);
-        let label_width = i64::try_from(longest).unwrap_or(0) * 8 + 16;
+        let label_width = i64::try_from(longest).unwrap_or(0) * CHAR_WIDTH + 16;
         let (start, end) = window(&spans);
         let wall = end.saturating_sub(start).as_secs_f64().max(1e-9);
         let rows = i64::try_from(threads.len().max(1)).unwrap_or(i64::MAX);
@@ -50,7 +52,7 @@ impl Trace {
             let x = x_of(at);
             let _ = writeln!(
                 out,
-                "<line x1=\"{x}\" y1=\"{MARGIN}\" x2=\"{x}\" y2=\"{axis}\" stroke=\"#e3e3e3\"/><text x=\"{x}\" y=\"{}\" fill=\"#888888\" font-size=\"11\" text-anchor=\"middle\">{}</text>",
+                "<line x1=\"{x}\" y1=\"{MARGIN}\" x2=\"{x}\" y2=\"{axis}\" stroke=\"{GRID}\"/><text x=\"{x}\" y=\"{}\" fill=\"{MUTED}\" font-size=\"11\" text-anchor=\"middle\">{}</text>",
                 axis + 14,
                 human(at.saturating_sub(start))
             );
@@ -59,7 +61,7 @@ impl Trace {
             let y = MARGIN + i64::try_from(row).unwrap_or(0) * ROW;
             let _ = write!(
                 out,
-                "<text x=\"{MARGIN}\" y=\"{}\" fill=\"#1a1a1a\">",
+                "<text x=\"{MARGIN}\" y=\"{}\" fill=\"{TEXT}\">",
                 y + BAR / 2 + 4
             );
             xml(name, &mut out);
@@ -67,9 +69,9 @@ impl Trace {
             for span in spans.iter().filter(|s| s.thread == *thread) {
                 let (x0, x1) = (x_of(span.start), x_of(span.end));
                 let fill = if span.error.is_some() {
-                    "#f4b4b4"
+                    FAILED_FILL
                 } else {
-                    "#e8f0fe"
+                    NODE_FILL
                 };
                 out.push_str("<g class=\"span\"><title>");
                 xml(
@@ -85,13 +87,13 @@ impl Trace {
                 );
                 let _ = writeln!(
                     out,
-                    "</title><rect x=\"{x0}\" y=\"{y}\" width=\"{}\" height=\"{BAR}\" fill=\"{fill}\" stroke=\"#3366aa\"/>",
+                    "</title><rect x=\"{x0}\" y=\"{y}\" width=\"{}\" height=\"{BAR}\" fill=\"{fill}\" stroke=\"{NODE_STROKE}\"/>",
                     (x1 - x0).max(1)
                 );
                 if x1 - x0 > 40 {
                     let _ = write!(
                         out,
-                        "<text x=\"{}\" y=\"{}\" fill=\"#1a1a1a\" font-size=\"11\">",
+                        "<text x=\"{}\" y=\"{}\" fill=\"{TEXT}\" font-size=\"11\">",
                         x0 + 4,
                         y + BAR / 2 + 4
                     );

@@ -32,6 +32,16 @@
 //! A one-off run ([`crate::Executor::run`] on a plan) has no later run to serve: it uses a
 //! *fresh* crew, one new thread per branch.
 //!
+//! # Words used here, and the usual names for them
+//!
+//! | here | usually | what it is |
+//! |---|---|---|
+//! | crew | thread pool | the threads a program's waves run on |
+//! | member | worker thread | one thread of the crew, parked between jobs |
+//! | errand | job | one task on its way to a thread, with where its outcome goes |
+//! | tally | latch (a countdown) | what a wave's caller waits on until every task reported |
+//! | muster | scope guard | joins every handed-over task when dropped, even on unwind |
+//!
 //! # The one `unsafe` of the engine
 //!
 //! A branch borrows from its run (the program, the table of values, the driver), while a member
@@ -72,7 +82,10 @@ pub(crate) struct Crew {
 
 /// The thread of one branch, started on first use.
 pub(crate) struct Member {
-    /// Held by the run that is using this member, so that no two runs share it.
+    /// Held by the run that is using this member, so that no two runs share it. Claimed with
+    /// `Acquire` and freed with `Release`: a run that claims the member sees everything the
+    /// previous run did with it (the job channel is behind its own mutex anyway); the flag
+    /// itself guards nothing else, so nothing stronger is needed.
     busy: AtomicBool,
     hand: Mutex<Option<Hand>>,
 }

@@ -7,7 +7,7 @@
 //! contiguous range): a branch reads what its ancestors produced through a shared borrow of the
 //! part of the table that was complete when its wave started, and writes only into its own
 //! range, borrowed mutably and disjoint from every sibling's. What a branch produced is
-//! therefore already in its parent's table when the wave joins — the merge costs nothing — and
+//! therefore already in its parent's table when the wave joins — nothing is copied or merged — and
 //! no lock ever guards a produced value.
 //!
 //! Errors are deterministic: a wave reports the error of the first *declared* failing branch,

@@ -17,6 +17,9 @@ const WATCH_INTERVAL: Duration = Duration::from_millis(5);
 /// The state one wave shares with its branches.
 struct WaveState {
     /// The smallest declared index of a branch that failed, `usize::MAX` while none has.
+    /// Written with `fetch_min(AcqRel)` and read with `Acquire` at each node boundary: it is a
+    /// hint to stop early, and which error is reported is decided after the join from the
+    /// outcomes themselves, so a stale read only costs a node's time, never correctness.
     first_failed: AtomicUsize,
 }
 

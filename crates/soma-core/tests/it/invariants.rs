@@ -4,7 +4,7 @@
 //!
 //! Random cases come from a fixed seed so a failure reproduces; nothing is persisted.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use proptest::collection::vec;
@@ -12,6 +12,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 use soma_core::{compile, decompose, Executor, Graph, Node, Plan, Value};
 
+use crate::random_graphs::random_dag;
 use crate::support::{
     battery, catalog_of, flat_plan, logged, n, seq, trace, wave, Log, Phase, Trace,
 };
@@ -268,49 +269,6 @@ fn the_battery_has_waves_and_walks_to_check() {
         plans.iter().filter(|p| has_a_walk(p)).count() >= 3,
         "{shapes:?}"
     );
-}
-
-/// A DAG drawn at random: node `v{i}` for every index, inserted in a shuffled order, and edges
-/// only from a lower index to a higher one, declared in a random order — so it is acyclic by
-/// construction yet free to be anything, series-parallel or not.
-#[derive(Clone, Debug)]
-struct RandomDag {
-    insertion: Vec<usize>,
-    edges: Vec<(usize, usize)>,
-}
-
-impl RandomDag {
-    fn graph(&self) -> Graph {
-        let mut graph = Graph::new();
-        for i in &self.insertion {
-            graph.add_node(format!("v{i}")).unwrap();
-        }
-        for (a, b) in &self.edges {
-            graph
-                .add_edge(&format!("v{a}"), &format!("v{b}"))
-                .expect("an edge from a lower index to a higher one closes no cycle");
-        }
-        graph
-    }
-}
-
-fn random_dag() -> impl Strategy<Value = RandomDag> {
-    (1_usize..=12)
-        .prop_flat_map(|n| {
-            (
-                Just((0..n).collect::<Vec<_>>()).prop_shuffle(),
-                vec((0..n, 0..n), 0..=3 * n),
-            )
-        })
-        .prop_map(|(insertion, pairs)| {
-            let mut seen = HashSet::new();
-            let edges = pairs
-                .into_iter()
-                .map(|(a, b)| (a.min(b), a.max(b)))
-                .filter(|&(a, b)| a != b && seen.insert((a, b)))
-                .collect();
-            RandomDag { insertion, edges }
-        })
 }
 
 fn config() -> Config {

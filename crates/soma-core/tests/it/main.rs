@@ -11,10 +11,14 @@
 //! | `drawing` | the tree, Mermaid, DOT and SVG of plans and graphs |
 //! | `messages` | every error's message, word for word (inline snapshots) |
 //! | `crew` | a program's standing threads: one per branch, kept from run to run, never shared |
+//! | `layers` | the stages import one way: model, plan, compile, run, observe |
 //! | `isolation` | a branch's thread is its own; a million-node chain needs no deep stack |
 //! | `invariants` | every plan, over a battery and random DAGs; the expression oracle |
 //! | `tracing` | spans per node, their thread and branch, the Chrome trace, summary, timeline |
 //! | `waves` | branches really at once, one thread each, failures and panics |
+
+// What `random_graphs` builds; it is shared with a unit test, where its crate differs.
+use soma_core::Graph;
 
 mod crew;
 mod decomposition;
@@ -25,7 +29,9 @@ mod execution;
 mod graph;
 mod invariants;
 mod isolation;
+mod layers;
 mod messages;
+mod random_graphs;
 mod support;
 mod tracing;
 mod values;
