@@ -50,7 +50,7 @@ def main() -> None:
     print("result:", g.forward(4096, trace=trace))
     print()
     print(trace.summary())
-    trace.to_chrome(out)
+    trace.write_chrome(out)
     threads = {span.thread for span in trace.spans}
     print(f"wrote {out}: {len(trace)} spans on {len(threads)} threads")
 

@@ -1,4 +1,4 @@
-"""Shared nodes, drivers and plan helpers for Soma's Python questionnaire.
+"""Shared nodes, drivers, plan helpers and a child-process runner for Soma's Python tests.
 
 Nothing here sleeps to prove a point: concurrency is shown by rendezvous (`Meet`) with a
 deadline (`DEADLINE`), so a test that fails does so in seconds and says why.
@@ -9,11 +9,14 @@ from __future__ import annotations
 import functools
 import operator
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from hypothesis import settings
 
 import soma
@@ -236,3 +239,26 @@ def walk(plan: Any) -> Iterator[Any]:
 def executed(plan: Any) -> list[str]:
     """The Execute steps' nodes, in the order a sequential run would take them."""
     return [p.node for p in walk(plan) if p.kind == "Execute"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Child processes
+
+# How long a subprocess may take, start-up and import included, before it counts as hung.
+SUBPROCESS_DEADLINE = 60.0
+
+
+def run_script(script: str) -> subprocess.CompletedProcess[str]:
+    """Runs ``script`` in a fresh interpreter, capturing what it prints; a child still running
+    at ``SUBPROCESS_DEADLINE`` fails the test rather than stalling the suite."""
+    try:
+        return subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=SUBPROCESS_DEADLINE,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as hung:
+        # Shared by the GIL, fork and exit tests: the likeliest hang differs, so name none.
+        pytest.fail(f"the child hung past {SUBPROCESS_DEADLINE}s\n{hung}")

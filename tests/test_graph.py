@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -83,6 +84,19 @@ def test_repr_names_the_graphs_nodes() -> None:
     text = repr(g)
     assert "alpha" in text
     assert "beta" in text
+
+
+def test_repr_counts_and_lists_nodes_and_edges_and_says_nothing_of_what_is_absent() -> None:
+    assert repr(soma.Graph()) == "Graph(0 nodes, 0 edges)"
+    assert repr(build(["a"], [])) == "Graph(1 node: a; 0 edges)"
+    assert repr(build(["a", "b"], [("a", "b")])) == "Graph(2 nodes: a, b; 1 edge: a -> b)"
+
+
+def test_repr_lists_at_most_eight_of_each() -> None:
+    ids = [f"n{i}" for i in range(10)]
+    text = repr(build(ids, list(itertools.pairwise(ids))))
+    assert text.startswith("Graph(10 nodes: n0, n1, n2, n3, n4, n5, n6, n7, ...; 9 edges: n0 -> n1")
+    assert text.endswith("n7 -> n8, ...)")
 
 
 def test_a_duck_typed_object_with_a_callable_forward_is_a_node() -> None:

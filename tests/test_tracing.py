@@ -138,7 +138,7 @@ def test_the_chrome_trace_opens_as_json_with_a_named_track_per_thread(tmp_path: 
     trace = soma.Trace()
     g.forward(0, trace=trace)
     path = tmp_path / "run.json"
-    trace.to_chrome(path)
+    trace.write_chrome(path)
     events = json.loads(path.read_text())["traceEvents"]
     complete = [e for e in events if e["ph"] == "X"]
     names = [e for e in events if e["ph"] == "M" and e["name"] == "thread_name"]
@@ -146,7 +146,7 @@ def test_the_chrome_trace_opens_as_json_with_a_named_track_per_thread(tmp_path: 
     assert len({e["tid"] for e in complete}) == 2
     assert {e["tid"] for e in names} == {e["tid"] for e in complete}
     assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in complete)
-    assert json.loads(trace.chrome()) == json.loads(path.read_text())
+    assert json.loads(trace.to_chrome()) == json.loads(path.read_text())
 
 
 def test_the_summary_lists_the_slowest_node_first() -> None:

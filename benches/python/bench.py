@@ -6,6 +6,9 @@ Prints markdown tables (and writes them to PATH): the machine, the targets and w
 is met, memory, and per graph every runner's median with its ratio to Soma. Progress goes to
 stderr. Timings are medians of interleaved repeats (see timing.py); nothing here asserts on a
 time — a missed target is a row that says so.
+
+This file measures and fills a ``figures.Figures``; targets.py judges it against the targets,
+each bound stated once there, and report.py writes it as markdown.
 """
 
 from __future__ import annotations
@@ -29,62 +32,32 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import peers
+import report
 import soma
+import targets
 import workloads
+from figures import (
+    FULL,
+    PAUSE_S,
+    QUICK,
+    TRACE_CLEARED,
+    TRACE_OFF,
+    TRACE_ON,
+    Config,
+    Figures,
+    Row,
+)
 from timing import OtherLoad, Timing, compare, once
 from workloads import Workload
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-# How long a wave timed "after a pause" waits before each call: twenty times as long as a
-# thread stays awake after its branch, so that every thread of the wave has gone to sleep.
-PAUSE_S = 0.001
-
-
-@dataclass(frozen=True)
-class Config:
-    repeat: int
-    heavy_repeat: int  # for the SVD graph, whose single run takes a few hundred ms
-    sample_s: float
-    warmup_s: float
-    chain: int = 1_000
-    fan: int = 1_000
-    matrix: int = 800
-    waves: tuple[int, ...] = (2, 8)
-    memory_nodes: int = 100
-    memory_mib: int = 200
-    forwards: int = 10_000
-    leak_checkpoint: int = 1_000
-
-
-FULL = Config(repeat=21, heavy_repeat=11, sample_s=0.05, warmup_s=0.3)
-QUICK = Config(repeat=5, heavy_repeat=3, sample_s=0.01, warmup_s=0.05)
-
-
-@dataclass(frozen=True)
-class Row:
-    """One runner on one graph: its timing, or why it has none."""
-
-    runner: str
-    timing: Timing | None = None
-    setup_s: float | None = None
-    note: str = ""
-
-
-@dataclass(frozen=True)
-class Target:
-    what: str
-    measured: str
-    target: str
-    met: bool
-    load: OtherLoad | None = None  # what else ran meanwhile, for the timed targets
 
 
 def log(message: str) -> None:
@@ -267,105 +240,6 @@ def memory(config: Config) -> dict[str, dict[str, Any]]:
     return reports
 
 
-# --- formatting --------------------------------------------------------------------------------
-
-
-def _duration(seconds: float) -> str:
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
-        if seconds >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds / 1e-9:.3g} ns"
-
-
-def _disturbed(load: OtherLoad, when: str = "this was timed") -> str:
-    if load.share is None:
-        return f"_Other processes' load while {when}: unknown (no /proc/stat)._"
-    return (
-        f"_While {when}, other processes kept {load.share * 100:.0f}% of the machine's cores busy._"
-    )
-
-
-def _ratio(x: float) -> str:
-    if x >= 100:
-        return f"{x:,.0f}"
-    return f"{x:.2f}" if x >= 0.1 else f"{x:.2g}"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    align = ["---"] + ["---:"] * (len(header) - 1)
-    return [
-        "| " + " | ".join(header) + " |",
-        "| " + " | ".join(align) + " |",
-        *("| " + " | ".join(row) + " |" for row in rows),
-    ]
-
-
-def overhead_table(rows: list[Row], nodes: int) -> list[str]:
-    """Trivial nodes: the time per node is the runner's overhead, the loop its floor."""
-    by_name = {row.runner: row for row in rows}
-    soma_s = by_name["Soma"].timing.median_s  # type: ignore[union-attr]
-    loop_s = by_name["plain loop"].timing.median_s  # type: ignore[union-attr]
-    body = []
-    for row in rows:
-        if row.timing is None:
-            body.append([row.runner, row.note, "", "", "", "", ""])
-            continue
-        t = row.timing.median_s
-        body.append(
-            [
-                row.runner + (f" ({row.note})" if row.note else ""),
-                _duration(t),
-                f"{t / nodes * 1e6:.3f}",
-                f"{(t - loop_s) / nodes * 1e6:.3f}",
-                _ratio(t / soma_s),
-                f"±{row.timing.spread * 50:.0f}%",
-                _duration(row.setup_s) if row.setup_s is not None else "—",
-            ]
-        )
-    header = [
-        "runner",
-        "median per run",
-        "µs/node",
-        "over the loop, µs/node",
-        "time / Soma's",
-        "spread",
-        "one-off setup",
-    ]
-    return _table(header, body)
-
-
-def parallel_table(rows: list[Row]) -> list[str]:
-    """Heavy nodes: what matters is the speed-up over running them one after the other."""
-    by_name = {row.runner: row for row in rows}
-    soma_s = by_name["Soma"].timing.median_s  # type: ignore[union-attr]
-    loop_s = by_name["plain loop"].timing.median_s  # type: ignore[union-attr]
-    body = []
-    for row in rows:
-        if row.timing is None:
-            body.append([row.runner, row.note, "", "", "", ""])
-            continue
-        t = row.timing.median_s
-        body.append(
-            [
-                row.runner + (f" ({row.note})" if row.note else ""),
-                _duration(t),
-                f"{loop_s / t:.2f}x",
-                _ratio(t / soma_s),
-                f"±{row.timing.spread * 50:.0f}%",
-                _duration(row.setup_s) if row.setup_s is not None else "—",
-            ]
-        )
-    header = [
-        "runner",
-        "median per run",
-        "speed-up over the loop",
-        "time / Soma's",
-        "spread",
-        "one-off setup",
-    ]
-    return _table(header, body)
-
-
 def _pause() -> None:
     """The step before each call of a wave timed after a pause: long enough for every thread
     that stays awake after a wave to have gone to sleep."""
@@ -379,11 +253,6 @@ def _nothing() -> None:
 def _cleared_then_traced(graph: soma.Graph, trace: soma.Trace) -> Any:
     trace.clear()
     return graph.forward(0, trace=trace)
-
-
-TRACE_OFF = "`forward(0)`, no trace"
-TRACE_ON = "`forward(0, trace=trace)`, `trace.clear()` before each call, untimed"
-TRACE_CLEARED = "the same, `trace.clear()` inside the timed call (as criterion's)"
 
 
 def tracing_contenders(
@@ -411,54 +280,12 @@ def tracing_contenders(
     return contenders, prepare
 
 
-def tracing_table(timings: dict[str, Timing], nodes: int) -> list[str]:
-    off_s = timings[TRACE_OFF].median_s
-    body = [
-        [
-            name,
-            _duration(t.median_s),
-            f"{t.median_s / nodes * 1e6:.3f}",
-            f"{(t.median_s - off_s) / nodes * 1e6:+.3f}",
-            f"{t.median_s / off_s:.2f}x",
-            f"±{t.spread * 50:.0f}%",
-        ]
-        for name, t in timings.items()
-    ]
-    header = [
-        "run",
-        "median per run",
-        "µs/node",
-        "added by the trace, µs/node",
-        "time / untraced",
-        "spread",
-    ]
-    return _table(header, body)
-
-
 # --- the run -----------------------------------------------------------------------------------
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repeats: a smoke run")
-    parser.add_argument("--out", type=Path, help="also write the tables to this file")
-    parser.add_argument("--skip-ray", action="store_true", help="leave Ray out (it is slow)")
-    args = parser.parse_args()
-    config = QUICK if args.quick else FULL
+def measure(config: Config, *, quick: bool, skip_ray: bool) -> Figures:
+    """Every figure of the report: the machine, the peers, the waves, tracing, memory, Ray."""
     about = machine()
-    out: list[str] = ["## Python benchmarks", ""]
-    out += _table(["", ""], [[k, v] for k, v in about])
-    out += [
-        "",
-        f"Medians of {config.repeat} interleaved samples ({config.heavy_repeat} for the SVD "
-        f"graph), each of calls adding up to about {config.sample_s * 1e3:.0f} ms, after "
-        f"{config.warmup_s * 1e3:.0f} ms of warm-up per runner"
-        + (" (`--quick`)" if args.quick else "")
-        + ". Spread: half the interquartile range, relative to the median. "
-        "BLAS is limited to one thread per call.",
-        "",
-    ]
-
     chain, fan, pair = (
         workloads.chain(config.chain),
         workloads.fan_out(config.fan),
@@ -529,7 +356,7 @@ def main() -> None:
     mem = memory(config)
 
     ray_report: dict[str, Any] = {"error": "skipped with --skip-ray"}
-    if not args.skip_ray:
+    if not skip_ray:
         log("Ray, in a process of its own ...")
         ray_report = run_ray(config)
     for rows, workload, key in (
@@ -542,187 +369,34 @@ def main() -> None:
         if key == "numpy_pair" and "numpy_pair_calls" in ray_report.get("results", {}):
             rows.append(_ray_row(ray_report, "numpy_pair_calls", expected, "actors, plain calls"))
 
-    # --- targets ---
-    def median(rows: list[Row], name: str) -> float:
-        timing = next(row.timing for row in rows if row.runner == name)
-        assert timing is not None
-        return timing.median_s
-
-    soma_chain, loop_chain = median(chain_rows, "Soma"), median(chain_rows, "plain loop")
-    chain_ratio = soma_chain / loop_chain
-    speedup = median(pair_rows, "Soma, the same nodes in series") / median(pair_rows, "Soma")
-    pool_speedup = median(pair_rows, "plain loop") / median(pair_rows, "ThreadPoolExecutor")
-    peak_added_mb = mem["soma"]["added_kib"] * 1024 / 1e6
-    loop_added_mb = mem["loop"]["added_kib"] * 1024 / 1e6
-    targets = [
-        Target(
-            f"chain of {config.chain:,} Python nodes: Soma / plain loop",
-            f"{soma_chain / config.chain * 1e6:.3f} vs {loop_chain / config.chain * 1e6:.3f} "
-            f"µs/node = {chain_ratio:.2f}x",
-            "≤ 3x (goal 2x)",
-            chain_ratio <= 3,
-            load["chain"],
-        )
-    ]
-    for width in config.waves:
-        per_branch = small_t[f"wave {width}"].median_s / width * 1e6
-        loop_branch = small_t[f"loop {width}"].median_s / width * 1e6
-        targets.append(
-            Target(
-                f"wave of {width} trivial Python branches, per branch",
-                f"{per_branch:.1f} µs (loop: {loop_branch:.3f} µs)",
-                "< 30 µs",
-                per_branch < 30,
-                load["small"],
-            )
-        )
-    targets += [
-        Target(
-            "two SVD branches: in series / as a wave",
-            f"{speedup:.2f}x (ThreadPoolExecutor over the loop: {pool_speedup:.2f}x)",
-            "≥ 1.8x",
-            speedup >= 1.8,
-            load["pair"],
-        ),
-        Target(
-            f"{config.memory_mib} MiB array through {config.memory_nodes} nodes: peak RSS added",
-            f"{peak_added_mb:.2f} MB (plain loop: {loop_added_mb:.2f} MB)",
-            "< 5 MB",
-            peak_added_mb < 5 and bool(mem["soma"]["same_object"]),
-        ),
-        Target(
-            f"{config.forwards:,} forwards of a waved graph: RSS from forward "
-            f"{config.leak_checkpoint:,} to {config.forwards:,}",
-            f"{mem['leak']['resident_at_checkpoint_kib'] / 1024:.1f} -> "
-            f"{mem['leak']['resident_at_end_kib'] / 1024:.1f} MiB "
-            f"({mem['leak']['growth'] * 100:+.1f}%)",
-            "within 5%",
-            abs(mem["leak"]["growth"]) <= 0.05,
-        ),
-    ]
-    out += ["### Targets", ""]
-    out += _table(
-        ["measure", "measured", "target", "met", "others' load"],
-        [
-            [
-                t.what,
-                t.measured,
-                t.target,
-                "yes" if t.met else "**no**",
-                "—" if t.load is None or t.load.share is None else f"{t.load.share * 100:.0f}%",
-            ]
-            for t in targets
-        ],
-    )
-    out += [
-        "",
-        "Others' load: the share of the machine's cores that other processes kept busy while "
-        "the figure was timed (this benchmark's own threads excluded). On two cores, a wave "
-        "cannot overlap its branches when another process holds a core.",
-    ]
-
-    out += ["", "### Soma from Python, beside the plain loop", ""]
-    native_ns = small_t["Rust chain"].median_s / config.chain * 1e9
-    body = [
-        [
-            f"chain of {config.chain:,} Rust nodes (`soma.native.Add(1)`)",
-            _duration(small_t["Rust chain"].median_s),
-            f"{native_ns:.1f} ns/node",
-            "—",
-        ]
-    ]
-    for width in config.waves:
-        soma_t, loop_t = small_t[f"wave {width}"], small_t[f"loop {width}"]
-        body.append(
-            [
-                f"wave of {width} trivial Python branches",
-                _duration(soma_t.median_s),
-                f"{soma_t.median_s / width * 1e6:.2f} µs/branch",
-                f"{loop_t.median_s / width * 1e6:.3f} µs/branch",
-            ]
-        )
-    for width in config.waves:
-        paused_s = paused_t[f"wave {width}"].median_s
-        body.append(
-            [
-                f"the same wave of {width}, each call after a {PAUSE_S * 1e3:.0f} ms pause",
-                _duration(paused_s),
-                f"{paused_s / width * 1e6:.2f} µs/branch",
-                "—",
-            ]
-        )
-    out += _table(["graph", "Soma, per run", "Soma, per unit", "plain loop, per unit"], body)
-    out += [
-        "",
-        "Calls in a batch find a wave's threads awake (a thread stays awake 50 µs after its "
-        "branch); after a pause they have gone to sleep, and the wave wakes them.",
-        "",
-        _disturbed(load["small"], "the batches were timed"),
-        _disturbed(load["paused"], "the calls after a pause were timed"),
-    ]
-
-    out += ["", f"### Tracing: the {chain.name} trivial Python nodes", ""]
-    out += tracing_table(trace_t, len(chain.nodes))
-    batch_us = median(chain_rows, "Soma") / config.chain * 1e6
-    out += [
-        "",
-        "Each call timed on its own, so that emptying the trace between calls is left out of "
-        "the time; the three runs are interleaved. The untraced run is the Soma row of the "
-        f"chain in the peers table below, timed there in batches of calls: {batch_us:.3f} "
-        "µs/node.",
-        "",
-        _disturbed(load["trace"]),
-    ]
-
-    out += ["", "### Memory (fresh processes)", ""]
-    out += _table(
-        ["check", "before", "after", "added"],
-        [
-            [
-                f"{config.memory_mib} MiB array, {config.memory_nodes} nodes, {who}: peak RSS",
-                f"{mem[who]['peak_after_array_kib'] / 1024:.1f} MiB",
-                f"{mem[who]['peak_after_forward_kib'] / 1024:.1f} MiB",
-                f"{mem[who]['added_kib']:,} KiB",
-            ]
-            for who in ("soma", "loop")
-        ]
-        + [
-            [
-                f"waved graph, RSS at forward {config.leak_checkpoint:,} and {config.forwards:,}",
-                f"{mem['leak']['resident_at_checkpoint_kib'] / 1024:.1f} MiB",
-                f"{mem['leak']['resident_at_end_kib'] / 1024:.1f} MiB",
-                f"{mem['leak']['growth'] * 100:+.2f}%",
-            ]
-        ],
+    return Figures(
+        config=config,
+        quick=quick,
+        machine=about,
+        chain=chain,
+        fan=fan,
+        pair=pair,
+        chain_rows=chain_rows,
+        fan_rows=fan_rows,
+        pair_rows=pair_rows,
+        small=small_t,
+        paused=paused_t,
+        traced=trace_t,
+        memory=mem,
+        ray=ray_report,
+        load=load,
+        load_average_at_end=os.getloadavg(),
     )
 
-    out += ["", "### Against the peers", ""]
-    out += [f"#### {chain.name} trivial Python nodes (`x + 1`)", ""]
-    out += overhead_table(chain_rows, len(chain.nodes))
-    out += ["", _disturbed(load["chain"])]
-    out += ["", f"#### {fan.name} (trivial nodes; the join sums a dict of 1,000)", ""]
-    out += overhead_table(fan_rows, len(fan.nodes))
-    out += ["", _disturbed(load["fan"])]
-    out += ["", f"#### {pair.name}: a wave of two", ""]
-    out += parallel_table(pair_rows)
-    out += ["", _disturbed(load["pair"])]
-    ray_init = ray_report.get("init_s")
-    out += [
-        "",
-        "Notes: Soma's setup is building the graph and compiling its plan. Dask is timed on "
-        "`dask.compute` of a delayed graph built beforehand (`pure=False`); building it is the "
-        "setup column. ThreadPoolExecutor: a driver loop submits each node once it holds the "
-        "results of its inputs, waiting on their futures; the pool has the default "
-        "min(32, cores + 4) threads. Ray runs in a process of its own after the others "
-        "(not interleaved with them): one actor holds every node of the chain and the "
-        "fan-out, two actors hold one SVD branch each; its setup is `experimental_compile`"
-        + (f", after {ray_init:.1f} s of `ray.init`" if ray_init else "")
-        + ". Ray's plain calls: the same two actors called with `.remote()`, no compiled graph.",
-        "",
-        f"Load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}.",
-        "",
-    ]
-    text = "\n".join(out)
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats: a smoke run")
+    parser.add_argument("--out", type=Path, help="also write the tables to this file")
+    parser.add_argument("--skip-ray", action="store_true", help="leave Ray out (it is slow)")
+    args = parser.parse_args()
+    figures = measure(QUICK if args.quick else FULL, quick=args.quick, skip_ray=args.skip_ray)
+    text = report.write(figures, targets.judge(figures))
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -5,11 +5,32 @@ its terminals. ``a >> b`` connects every terminal of ``a`` to every head of ``b`
 a disjoint union. ``>>`` binds tighter than ``|``, as Python's operators do. The expression is
 an oracle, never the source of a plan: :meth:`soma.Graph.somatize` turns it into plain
 ``node()``/``edge()`` calls, and the plan is recovered from the graph alone.
+
+:class:`Composable` is where ``>>`` and ``|`` start: ``soma.Node`` subclasses it, so the node
+module imports the DSL and the DSL never needs to know what a node is.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+
+class Composable:
+    """Anything that stands as a one-node expression on either side of ``>>`` and ``|``."""
+
+    __slots__ = ()
+
+    def __rshift__(self, other: object) -> Expr:
+        return Expr.of(self, ">>") >> other
+
+    def __rrshift__(self, other: object) -> Expr:
+        return Expr.of(other, ">>") >> self
+
+    def __or__(self, other: object) -> Expr:
+        return Expr.of(self, "|") | other
+
+    def __ror__(self, other: object) -> Expr:
+        return Expr.of(other, "|") | self
 
 
 class Expr:
@@ -34,9 +55,7 @@ class Expr:
         """The expression of a node or an expression; a ``TypeError`` that says what to do else."""
         if isinstance(item, Expr):
             return item
-        from soma._node import Node
-
-        if isinstance(item, Node):
+        if isinstance(item, Composable):
             return Expr((item,), (), (0,), (0,))
         raise TypeError(
             f"cannot compose an object of type `{type(item).__name__}` with `{operator}`: "

@@ -183,11 +183,16 @@ class Graph:
         return isinstance(node_id, str) and node_id in self._core
 
     def __repr__(self) -> str:
-        def listed(items: list[str]) -> str:
-            return ", ".join(items[:8]) + (", ..." if len(items) > 8 else "")
+        nodes = self.nodes()
+        edges = _counted([f"{a} -> {b}" for a, b in self.edges()], "edge")
+        # A semicolon only where a list of nodes needs setting apart from what follows it.
+        return f"Graph({_counted(nodes, 'node')}{'; ' if nodes else ', '}{edges})"
 
-        nodes, edges = self.nodes(), self.edges()
-        return (
-            f"Graph({len(nodes)} nodes: {listed(nodes)}; "
-            f"{len(edges)} edges: {listed([f'{a} -> {b}' for a, b in edges])})"
-        )
+
+def _counted(items: list[str], noun: str) -> str:
+    """``3 nodes: a, b, c``, ``1 edge: a -> b`` or ``0 edges``: at most eight listed, so a large
+    graph's repr stays one readable line."""
+    count = f"{len(items)} {noun}{'' if len(items) == 1 else 's'}"
+    if not items:
+        return count
+    return f"{count}: " + ", ".join(items[:8]) + (", ..." if len(items) > 8 else "")

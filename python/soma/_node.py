@@ -1,4 +1,4 @@
-"""``soma.Node``: the base class of Python nodes, and where ``>>`` and ``|`` start."""
+"""``soma.Node``: the base class of Python nodes; ``>>`` and ``|`` come from the DSL's base."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import abc
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Self
 
-from soma._dsl import Expr
+from soma._dsl import Composable
 
 
-class Node(abc.ABC):  # noqa: B024 -- `forward` is abstract at run time; see below.
+class Node(Composable, abc.ABC):
     """A unit of work. Subclasses define ``forward(self, x)`` or ``forward(self, x, ctx)``.
 
     ``forward`` returns the node's output — or ``soma.Done(value)``, or ``soma.Await(requests)``
@@ -32,15 +32,3 @@ class Node(abc.ABC):  # noqa: B024 -- `forward` is abstract at run time; see bel
         """Gives this node an explicit id instead of one derived from its class."""
         self._soma_id = node_id
         return self
-
-    def __rshift__(self, other: object) -> Expr:
-        return Expr.of(self, ">>") >> other
-
-    def __rrshift__(self, other: object) -> Expr:
-        return Expr.of(other, ">>") >> self
-
-    def __or__(self, other: object) -> Expr:
-        return Expr.of(self, "|") | other
-
-    def __ror__(self, other: object) -> Expr:
-        return Expr.of(other, "|") | self

@@ -141,12 +141,12 @@ assert_type(span.branch, str)
 assert span.turns == 2
 assert span.error is None
 summary: str = trace.summary(top=1)
-chrome: str = trace.chrome()
+chrome: str = trace.to_chrome()
 assert summary
 assert chrome
 assert trace.to_svg()
 with tempfile.TemporaryDirectory() as scratch:
-    trace.to_chrome(Path(scratch) / "run.json")
+    trace.write_chrome(Path(scratch) / "run.json")
 trace.clear()
 assert len(trace) == 0
 

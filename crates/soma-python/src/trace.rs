@@ -87,13 +87,16 @@ impl PyTrace {
         self.trace.clear();
     }
 
+    // Throughout the API `to_*` returns text and `write_*` writes a file, as `Plan.to_*` and the
+    // core's `Trace::to_chrome` do, so a reader guesses right which one touches the disk.
+
     /// The Chrome trace-event JSON that Perfetto and `chrome://tracing` open.
-    fn chrome(&self) -> String {
+    fn to_chrome(&self) -> String {
         self.trace.to_chrome()
     }
 
-    /// Writes the Chrome trace-event JSON to `path`.
-    fn to_chrome(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
+    /// Writes the JSON of `to_chrome` to `path`.
+    fn write_chrome(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
         let json = self.trace.to_chrome();
         py.detach(move || std::fs::write(path, json))?;
         Ok(())

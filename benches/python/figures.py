@@ -1,0 +1,89 @@
+"""What one run of the Python benchmark measured, as plain data.
+
+bench.py measures and fills a :class:`Figures`; targets.py judges it against the targets and
+report.py writes it as markdown. Neither of those two runs anything, so either can be tried on
+made-up figures without timing a thing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from timing import OtherLoad, Timing
+from workloads import Workload
+
+# How long a wave timed "after a pause" waits before each call: twenty times as long as a
+# thread stays awake after its branch, so that every thread of the wave has gone to sleep.
+PAUSE_S = 0.001
+
+# The three ways the chain is timed for tracing: the keys of `Figures.traced`.
+TRACE_OFF = "`forward(0)`, no trace"
+TRACE_ON = "`forward(0, trace=trace)`, `trace.clear()` before each call, untimed"
+TRACE_CLEARED = "the same, `trace.clear()` inside the timed call (as criterion's)"
+
+
+@dataclass(frozen=True)
+class Config:
+    repeat: int
+    heavy_repeat: int  # for the SVD graph, whose single run takes a few hundred ms
+    sample_s: float
+    warmup_s: float
+    chain: int = 1_000
+    fan: int = 1_000
+    matrix: int = 800
+    waves: tuple[int, ...] = (2, 8)
+    memory_nodes: int = 100
+    memory_mib: int = 200
+    forwards: int = 10_000
+    leak_checkpoint: int = 1_000
+
+
+FULL = Config(repeat=21, heavy_repeat=11, sample_s=0.05, warmup_s=0.3)
+QUICK = Config(repeat=5, heavy_repeat=3, sample_s=0.01, warmup_s=0.05)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One runner on one graph: its timing, or why it has none."""
+
+    runner: str
+    timing: Timing | None = None
+    setup_s: float | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Figures:
+    """Everything one run measured, keyed as bench.py timed it."""
+
+    config: Config
+    quick: bool
+    machine: list[tuple[str, str]]
+    chain: Workload
+    fan: Workload
+    pair: Workload
+    # Per graph, every runner against the peers (Ray's rows included).
+    chain_rows: list[Row]
+    fan_rows: list[Row]
+    pair_rows: list[Row]
+    # "Rust chain", "wave N" and "loop N", timed in batches of calls.
+    small: dict[str, Timing]
+    # "wave N" again, each call after a pause of PAUSE_S.
+    paused: dict[str, Timing]
+    # The chain without and with a trace, keyed by TRACE_OFF, TRACE_ON and TRACE_CLEARED.
+    traced: dict[str, Timing]
+    # memory.py's reports: "soma" and "loop" (peak RSS), "leak" (RSS over many forwards).
+    memory: dict[str, dict[str, Any]]
+    # ray_peer.py's report, or {"error": why it has none}.
+    ray: dict[str, Any]
+    # What other processes did while each group of figures was timed.
+    load: dict[str, OtherLoad]
+    load_average_at_end: tuple[float, float, float]
+
+
+def median(rows: list[Row], runner: str) -> float:
+    """The median time of ``runner``'s row, which must have been timed."""
+    timing = next(row.timing for row in rows if row.runner == runner)
+    assert timing is not None
+    return timing.median_s

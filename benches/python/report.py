@@ -1,0 +1,274 @@
+"""The Python benchmark's figures as markdown: the machine, the targets, then every table.
+
+Only formatting: it reads a :class:`figures.Figures` and the targets judged from it, and times
+nothing, so its output can be checked on made-up figures.
+"""
+
+from __future__ import annotations
+
+from figures import PAUSE_S, TRACE_OFF, Figures, Row, median
+from targets import Target
+from timing import OtherLoad, Timing
+
+
+def _duration(seconds: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+def _disturbed(load: OtherLoad, when: str = "this was timed") -> str:
+    if load.share is None:
+        return f"_Other processes' load while {when}: unknown (no /proc/stat)._"
+    return (
+        f"_While {when}, other processes kept {load.share * 100:.0f}% of the machine's cores busy._"
+    )
+
+
+def _ratio(x: float) -> str:
+    if x >= 100:
+        return f"{x:,.0f}"
+    return f"{x:.2f}" if x >= 0.1 else f"{x:.2g}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    align = ["---"] + ["---:"] * (len(header) - 1)
+    return [
+        "| " + " | ".join(header) + " |",
+        "| " + " | ".join(align) + " |",
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
+
+
+def overhead_table(rows: list[Row], nodes: int) -> list[str]:
+    """Trivial nodes: the time per node is the runner's overhead, the loop its floor."""
+    by_name = {row.runner: row for row in rows}
+    soma_s = by_name["Soma"].timing.median_s  # type: ignore[union-attr]
+    loop_s = by_name["plain loop"].timing.median_s  # type: ignore[union-attr]
+    body = []
+    for row in rows:
+        if row.timing is None:
+            body.append([row.runner, row.note, "", "", "", "", ""])
+            continue
+        t = row.timing.median_s
+        body.append(
+            [
+                row.runner + (f" ({row.note})" if row.note else ""),
+                _duration(t),
+                f"{t / nodes * 1e6:.3f}",
+                f"{(t - loop_s) / nodes * 1e6:.3f}",
+                _ratio(t / soma_s),
+                f"±{row.timing.spread * 50:.0f}%",
+                _duration(row.setup_s) if row.setup_s is not None else "—",
+            ]
+        )
+    header = [
+        "runner",
+        "median per run",
+        "µs/node",
+        "over the loop, µs/node",
+        "time / Soma's",
+        "spread",
+        "one-off setup",
+    ]
+    return _table(header, body)
+
+
+def parallel_table(rows: list[Row]) -> list[str]:
+    """Heavy nodes: what matters is the speed-up over running them one after the other."""
+    by_name = {row.runner: row for row in rows}
+    soma_s = by_name["Soma"].timing.median_s  # type: ignore[union-attr]
+    loop_s = by_name["plain loop"].timing.median_s  # type: ignore[union-attr]
+    body = []
+    for row in rows:
+        if row.timing is None:
+            body.append([row.runner, row.note, "", "", "", ""])
+            continue
+        t = row.timing.median_s
+        body.append(
+            [
+                row.runner + (f" ({row.note})" if row.note else ""),
+                _duration(t),
+                f"{loop_s / t:.2f}x",
+                _ratio(t / soma_s),
+                f"±{row.timing.spread * 50:.0f}%",
+                _duration(row.setup_s) if row.setup_s is not None else "—",
+            ]
+        )
+    header = [
+        "runner",
+        "median per run",
+        "speed-up over the loop",
+        "time / Soma's",
+        "spread",
+        "one-off setup",
+    ]
+    return _table(header, body)
+
+
+def tracing_table(timings: dict[str, Timing], nodes: int) -> list[str]:
+    off_s = timings[TRACE_OFF].median_s
+    body = [
+        [
+            name,
+            _duration(t.median_s),
+            f"{t.median_s / nodes * 1e6:.3f}",
+            f"{(t.median_s - off_s) / nodes * 1e6:+.3f}",
+            f"{t.median_s / off_s:.2f}x",
+            f"±{t.spread * 50:.0f}%",
+        ]
+        for name, t in timings.items()
+    ]
+    header = [
+        "run",
+        "median per run",
+        "µs/node",
+        "added by the trace, µs/node",
+        "time / untraced",
+        "spread",
+    ]
+    return _table(header, body)
+
+
+def write(figures: Figures, targets: list[Target]) -> str:
+    """The whole report, as the benchmark prints it and writes it to ``--out``."""
+    config, load, mem = figures.config, figures.load, figures.memory
+    chain, fan, pair = figures.chain, figures.fan, figures.pair
+    small_t, paused_t = figures.small, figures.paused
+    out: list[str] = ["## Python benchmarks", ""]
+    out += _table(["", ""], [[k, v] for k, v in figures.machine])
+    out += [
+        "",
+        f"Medians of {config.repeat} interleaved samples ({config.heavy_repeat} for the SVD "
+        f"graph), each of calls adding up to about {config.sample_s * 1e3:.0f} ms, after "
+        f"{config.warmup_s * 1e3:.0f} ms of warm-up per runner"
+        + (" (`--quick`)" if figures.quick else "")
+        + ". Spread: half the interquartile range, relative to the median. "
+        "BLAS is limited to one thread per call.",
+        "",
+    ]
+
+    out += ["### Targets", ""]
+    out += _table(
+        ["measure", "measured", "target", "met", "others' load"],
+        [
+            [
+                t.what,
+                t.measured,
+                str(t.target),
+                "yes" if t.met else "**no**",
+                "—" if t.load is None or t.load.share is None else f"{t.load.share * 100:.0f}%",
+            ]
+            for t in targets
+        ],
+    )
+    out += [
+        "",
+        "Others' load: the share of the machine's cores that other processes kept busy while "
+        "the figure was timed (this benchmark's own threads excluded). On two cores, a wave "
+        "cannot overlap its branches when another process holds a core.",
+    ]
+
+    out += ["", "### Soma from Python, beside the plain loop", ""]
+    native_ns = small_t["Rust chain"].median_s / config.chain * 1e9
+    body = [
+        [
+            f"chain of {config.chain:,} Rust nodes (`soma.native.Add(1)`)",
+            _duration(small_t["Rust chain"].median_s),
+            f"{native_ns:.1f} ns/node",
+            "—",
+        ]
+    ]
+    for width in config.waves:
+        soma_t, loop_t = small_t[f"wave {width}"], small_t[f"loop {width}"]
+        body.append(
+            [
+                f"wave of {width} trivial Python branches",
+                _duration(soma_t.median_s),
+                f"{soma_t.median_s / width * 1e6:.2f} µs/branch",
+                f"{loop_t.median_s / width * 1e6:.3f} µs/branch",
+            ]
+        )
+    for width in config.waves:
+        paused_s = paused_t[f"wave {width}"].median_s
+        body.append(
+            [
+                f"the same wave of {width}, each call after a {PAUSE_S * 1e3:.0f} ms pause",
+                _duration(paused_s),
+                f"{paused_s / width * 1e6:.2f} µs/branch",
+                "—",
+            ]
+        )
+    out += _table(["graph", "Soma, per run", "Soma, per unit", "plain loop, per unit"], body)
+    out += [
+        "",
+        "Calls in a batch find a wave's threads awake (a thread stays awake 50 µs after its "
+        "branch); after a pause they have gone to sleep, and the wave wakes them.",
+        "",
+        _disturbed(load["small"], "the batches were timed"),
+        _disturbed(load["paused"], "the calls after a pause were timed"),
+    ]
+
+    out += ["", f"### Tracing: the {chain.name} trivial Python nodes", ""]
+    out += tracing_table(figures.traced, len(chain.nodes))
+    batch_us = median(figures.chain_rows, "Soma") / config.chain * 1e6
+    out += [
+        "",
+        "Each call timed on its own, so that emptying the trace between calls is left out of "
+        "the time; the three runs are interleaved. The untraced run is the Soma row of the "
+        f"chain in the peers table below, timed there in batches of calls: {batch_us:.3f} "
+        "µs/node.",
+        "",
+        _disturbed(load["trace"]),
+    ]
+
+    out += ["", "### Memory (fresh processes)", ""]
+    out += _table(
+        ["check", "before", "after", "added"],
+        [
+            [
+                f"{config.memory_mib} MiB array, {config.memory_nodes} nodes, {who}: peak RSS",
+                f"{mem[who]['peak_after_array_kib'] / 1024:.1f} MiB",
+                f"{mem[who]['peak_after_forward_kib'] / 1024:.1f} MiB",
+                f"{mem[who]['added_kib']:,} KiB",
+            ]
+            for who in ("soma", "loop")
+        ]
+        + [
+            [
+                f"waved graph, RSS at forward {config.leak_checkpoint:,} and {config.forwards:,}",
+                f"{mem['leak']['resident_at_checkpoint_kib'] / 1024:.1f} MiB",
+                f"{mem['leak']['resident_at_end_kib'] / 1024:.1f} MiB",
+                f"{mem['leak']['growth'] * 100:+.2f}%",
+            ]
+        ],
+    )
+
+    out += ["", "### Against the peers", ""]
+    out += [f"#### {chain.name} trivial Python nodes (`x + 1`)", ""]
+    out += overhead_table(figures.chain_rows, len(chain.nodes))
+    out += ["", _disturbed(load["chain"])]
+    out += ["", f"#### {fan.name} (trivial nodes; the join sums a dict of 1,000)", ""]
+    out += overhead_table(figures.fan_rows, len(fan.nodes))
+    out += ["", _disturbed(load["fan"])]
+    out += ["", f"#### {pair.name}: a wave of two", ""]
+    out += parallel_table(figures.pair_rows)
+    out += ["", _disturbed(load["pair"])]
+    ray_init = figures.ray.get("init_s")
+    out += [
+        "",
+        "Notes: Soma's setup is building the graph and compiling its plan. Dask is timed on "
+        "`dask.compute` of a delayed graph built beforehand (`pure=False`); building it is the "
+        "setup column. ThreadPoolExecutor: a driver loop submits each node once it holds the "
+        "results of its inputs, waiting on their futures; the pool has the default "
+        "min(32, cores + 4) threads. Ray runs in a process of its own after the others "
+        "(not interleaved with them): one actor holds every node of the chain and the "
+        "fan-out, two actors hold one SVD branch each; its setup is `experimental_compile`"
+        + (f", after {ray_init:.1f} s of `ray.init`" if ray_init else "")
+        + ". Ray's plain calls: the same two actors called with `.remote()`, no compiled graph.",
+        "",
+        f"Load average at the end: {' '.join(f'{x:.2f}' for x in figures.load_average_at_end)}.",
+        "",
+    ]
+    return "\n".join(out)
