@@ -1,9 +1,11 @@
-"""The threads around a graph: callers and the threads a graph keeps.
+"""The threads around a graph: callers and the threads a graph lends its waves.
 
 Several Python threads may call ``forward`` on one graph at once, each getting its own answer.
-A graph keeps one thread per branch from one forward to the next, its interpreter state
-(``threading.local``) with it, never lent to another branch; the threads give their states back
-when the graph is collected, and neither ``fork`` nor the interpreter's exit trips over them.
+The calling thread runs the first branch of a wave itself; the graph lends threads to the
+others, as many as are in flight at once, keeps a few idle ones, and lets them all go — their
+interpreter states with them — when it is dropped or collected, even from a reference cycle.
+A refused thread is an error, not a crash; neither ``fork`` nor the interpreter's exit trips
+over the threads.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+import pytest
 
 import soma
 from conftest import DEADLINE, Add, Answer, Double, Meet, Pass, SumValues, run_script
@@ -53,47 +57,121 @@ def test_concurrent_forward_calls_with_a_driver_each_get_their_own_answers() -> 
 
 
 # ---------------------------------------------------------------------------------------------
-# Threads kept from one forward to the next: each branch its own, never another's
+# Threads lent to branches: as many as are in flight, never one per branch
 
 
 class Where(soma.Node):
-    """Records the thread it ran on and what it found in a `threading.local`, then marks it."""
+    """Records the thread it ran on."""
 
-    def __init__(self, local: threading.local, seen: dict[str, list[tuple[int, Any]]]) -> None:
-        self.local, self.seen = local, seen
+    def __init__(self, seen: dict[str, list[int]]) -> None:
+        self.seen = seen
 
     def forward(self, x: Any, ctx: soma.Ctx) -> Any:
-        found = getattr(self.local, "mark", None)
-        self.seen.setdefault(ctx.node, []).append((threading.get_ident(), found))
-        self.local.mark = ctx.node
+        self.seen.setdefault(ctx.node, []).append(threading.get_ident())
         return x
 
 
-def test_each_branch_runs_on_the_same_thread_in_every_forward_and_no_two_share_one() -> None:
-    local, seen = threading.local(), {}
+class MeetWhere(Where):
+    """Records its thread, then meets the other parties of a barrier."""
+
+    def __init__(self, seen: dict[str, list[int]], barrier: threading.Barrier) -> None:
+        super().__init__(seen)
+        self.barrier = barrier
+
+    def forward(self, x: Any, ctx: soma.Ctx) -> Any:
+        super().forward(x, ctx)
+        self.barrier.wait()
+        return x
+
+
+def os_threads() -> int:
+    """Threads of this process, as the operating system counts them."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def settled_os_threads() -> int:
+    """The count once it stops moving: threads of graphs dropped earlier end on their own time."""
+    gc.collect()
+    deadline = time.monotonic() + DEADLINE
+    count = os_threads()
+    while time.monotonic() < deadline:
+        time.sleep(0.05)  # lets ending threads go
+        count, previous = os_threads(), count
+        if count == previous:
+            break
+    return count
+
+
+class First(soma.Node):
+    """Passes on the first of several inputs."""
+
+    def forward(self, x: dict[str, Any]) -> Any:
+        return next(iter(x.values()))
+
+
+def nested_blocks(blocks: int) -> soma.Graph:
+    """``a >> ((b >> c) | d | (e >> (f | g))) >> h``, chained ``blocks`` times."""
+    expr: Any = None
+    for k in range(blocks):
+        p = Pass
+        block = (
+            p().named(f"a{k}")
+            >> (
+                (p().named(f"b{k}") >> p().named(f"c{k}"))
+                | p().named(f"d{k}")
+                | (p().named(f"e{k}") >> (p().named(f"f{k}") | p().named(f"g{k}")))
+            )
+            >> First().named(f"h{k}")
+        )
+        expr = block if expr is None else expr >> block
+    return soma.Graph.somatize(expr)
+
+
+def test_the_calling_thread_runs_the_first_branch_of_a_wave_itself() -> None:
+    seen: dict[str, list[int]] = {}
     g = soma.Graph.somatize(
-        Where(local, seen).named("a")
-        >> (Where(local, seen).named("b") | Where(local, seen).named("c"))
-        >> Where(local, seen).named("z")
+        Where(seen).named("a") >> (Where(seen).named("b") | Where(seen).named("c"))
     )
-    for _ in range(3):
-        g.forward(0)
-    threads = {node: {ident for ident, _ in visits} for node, visits in seen.items()}
-    assert len(threads["b"]) == 1, threads
-    assert len(threads["c"]) == 1, threads
-    assert threads["a"] == threads["z"] == {threading.get_ident()}
-    assert len(threads["a"] | threads["b"] | threads["c"]) == 3, threads
+    g.forward(0)
+    assert seen["a"] == seen["b"] == [threading.get_ident()]
 
 
-def test_a_threading_local_set_in_a_branch_is_seen_again_by_that_branch_and_by_no_other() -> None:
-    # The branch's thread keeps its interpreter state from one forward to the next.
-    local, seen = threading.local(), {}
-    g = soma.Graph.somatize(Where(local, seen).named("b") | Where(local, seen).named("c"))
-    for _ in range(3):
-        g.forward(0)
-    assert [found for _, found in seen["b"]] == [None, "b", "b"]
-    assert [found for _, found in seen["c"]] == [None, "c", "c"]
-    assert getattr(local, "mark", None) is None
+def test_branches_in_flight_at_once_run_on_different_threads() -> None:
+    seen: dict[str, list[int]] = {}
+    barrier = threading.Barrier(3, timeout=DEADLINE)
+    g = soma.Graph.somatize(
+        MeetWhere(seen, barrier).named("b")
+        | MeetWhere(seen, barrier).named("c")
+        | MeetWhere(seen, barrier).named("d")
+    )
+    g.forward(0)
+    assert len({seen[n][0] for n in "bcd"}) == 3, seen
+
+
+def test_a_graph_of_a_thousand_waves_holds_threads_for_what_runs_at_once_not_per_branch() -> None:
+    before = settled_os_threads()
+    g = nested_blocks(250)  # 2,000 nodes, 500 waves, 1,250 branches
+    assert g.forward(1) == 1
+    assert g.forward(2) == 2
+    # The widest point of this graph is four branches at once.
+    assert g.threads() <= 4, g.threads()
+    assert os_threads() <= before + 4
+
+
+def test_idle_threads_beyond_the_graphs_limit_end() -> None:
+    width = 32
+    barrier = threading.Barrier(width, timeout=DEADLINE)
+    branches: Any = Meet(barrier).named("m0")
+    for i in range(1, width):
+        branches = branches | Meet(barrier).named(f"m{i}")
+    g = soma.Graph.somatize(branches)
+    assert g.idle_threads == 64
+    g.idle_threads = 3
+    g.forward(1)
+    deadline = time.monotonic() + DEADLINE
+    while g.threads() > 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert g.threads() <= 3, g.threads()
 
 
 def test_two_forwards_of_one_graph_at_once_run_all_four_branches_at_the_same_time() -> None:
@@ -178,19 +256,78 @@ def settled_thread_states() -> int:
     return count
 
 
-def test_a_collected_graphs_branch_threads_give_their_interpreter_states_back() -> None:
+def meeting_wave(width: int) -> Any:
+    """``width`` branches that all meet, so that the graph needs a thread for each."""
+    barrier = threading.Barrier(width, timeout=DEADLINE)
+    branches: Any = Meet(barrier).named("m0")
+    for i in range(1, width):
+        branches = branches | Meet(barrier).named(f"m{i}")
+    return branches
+
+
+def test_a_collected_graphs_threads_give_their_interpreter_states_back() -> None:
     before = settled_thread_states()
-    g = soma.Graph.somatize(Add(1) >> (Double().named("l") | Add(10).named("r") | Pass()))
+    g = soma.Graph.somatize(Add(1) >> meeting_wave(3))
     for _ in range(3):
         g.forward(1)
-    # One state per branch thread, kept between forwards rather than made for each.
-    assert interpreter_thread_states() == before + 3
+    # One state per lent thread, kept between forwards rather than made for each.
+    assert interpreter_thread_states() == before + g.threads() == before + 2
     del g
     gc.collect()
     deadline = time.monotonic() + DEADLINE
     while interpreter_thread_states() > before and time.monotonic() < deadline:
         time.sleep(0.01)  # lets the ending threads take the GIL to delete their states
     assert interpreter_thread_states() == before
+
+
+class KeepsItsGraph(soma.Node):
+    """A node that keeps the graph it is in, as a model that calls itself would."""
+
+    graph: soma.Graph | None = None
+
+    def forward(self, x: Any) -> Any:
+        return x
+
+
+def test_graphs_kept_by_their_own_nodes_are_collected_threads_and_all() -> None:
+    before = settled_os_threads()
+    for _ in range(20):
+        keeper = KeepsItsGraph()
+        g = soma.Graph.somatize(keeper >> meeting_wave(3))
+        keeper.graph = g
+        g.forward(1)
+        assert g.threads() == 2
+    del g, keeper
+    gc.collect()
+    deadline = time.monotonic() + DEADLINE
+    while os_threads() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert os_threads() <= before
+
+
+def test_dropping_a_graph_with_many_threads_returns_at_once_and_they_end() -> None:
+    before = settled_os_threads()
+    g = soma.Graph.somatize(meeting_wave(200))
+    g.idle_threads = 1000
+    g.forward(1)
+    assert g.threads() == 199
+    start = time.monotonic()
+    del g
+    # Nothing is joined while the GIL is held: the threads wind down on their own.
+    assert time.monotonic() - start < 1.0
+    deadline = time.monotonic() + DEADLINE
+    while os_threads() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert os_threads() <= before
+
+
+def test_a_thread_the_system_refuses_is_a_runtime_error_and_the_graph_stays_usable() -> None:
+    g = soma.Graph.somatize(Add(1) >> (Double().named("l") | Add(10).named("r")) >> SumValues())
+    g._core._refuse_next_threads(1)
+    with pytest.raises(soma.ThreadError, match="refused") as raised:
+        g.forward(1)
+    assert isinstance(raised.value, RuntimeError)
+    assert g.forward(1) == 2 * 2 + 12
 
 
 EXIT_SCRIPT = """

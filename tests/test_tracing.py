@@ -170,29 +170,3 @@ def test_the_timeline_is_an_svg_with_one_bar_per_span() -> None:
     assert root.tag.endswith("svg")
     spans = [g for g in root.iter() if g.tag.endswith("g") and g.get("class") == "span"]
     assert len(spans) == 5
-
-
-def test_a_thread_local_set_in_one_branch_is_seen_by_no_other_nor_by_the_caller() -> None:
-    local = threading.local()
-    seen: dict[str, Any] = {}
-
-    class Mark(soma.Node):
-        def forward(self, x: Any, ctx: soma.Ctx) -> Any:
-            seen[ctx.node] = getattr(local, "mark", None)
-            local.mark = ctx.node
-            return x
-
-    g = soma.Graph.somatize(
-        Mark().named("a")
-        >> (Mark().named("b") | Mark().named("c"))
-        >> Mark().named("m")
-        >> (Mark().named("d") | Mark().named("e"))
-        >> Mark().named("z")
-    )
-    local.mark = "caller"
-    g.forward(0)
-    assert seen["a"] == "caller"
-    assert {seen[n] for n in "bcde"} == {None}
-    assert seen["m"] == "a"
-    assert seen["z"] == "m"
-    assert local.mark == "z"

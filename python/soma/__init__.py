@@ -27,6 +27,7 @@ from soma.errors import (
     PanicError,
     RunError,
     SomaError,
+    ThreadError,
     TurnLimitError,
     UnknownNodeError,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "RunError",
     "SomaError",
     "Span",
+    "ThreadError",
     "Trace",
     "TurnLimitError",
     "UnknownNodeError",

@@ -166,15 +166,33 @@ class Graph:
         """Runs the graph on ``input`` and returns the leaf's output (a dict keyed by leaf id
         when there are several).
 
-        Each branch of a wave runs start to finish on a thread of its own, which the graph
-        keeps for that branch, Python thread state included, from one forward to the next and
-        never lends to another. The
-        GIL is never held while the engine waits (for a wave's branches, for the driver) or
-        while a Rust node runs; a thread keeps it from one Python node to the next. ``driver``
+        Each branch of a wave runs start to finish on one thread, and the branches of a wave are
+        launched together: the calling thread runs the first branch itself, and the graph lends
+        threads to the others — as many as are in flight at once, not one per branch — so
+        branches that wait for each other all run. A thread that finishes a branch may take a
+        sibling nobody has started yet; what a node leaves in thread-local state (a
+        ``threading.local``, a library's per-thread setting) may therefore be seen by a later
+        branch on the same thread, as with any thread pool. The GIL is never held while the
+        engine waits (for a wave's branches, for the driver) or while a Rust node runs; a
+        thread keeps it from one Python node to the next. ``driver``
         serves awaiting nodes: any object with ``perform(requests) -> list``. ``trace``, a
         :class:`soma.Trace`, records a span per node (start, end, thread, branch, turns, error).
         """
         return self._core.forward(input, driver, turn_limit, trace)
+
+    def threads(self) -> int:
+        """The threads the graph holds right now for its waves, busy or idle."""
+        return self._core.threads()
+
+    @property
+    def idle_threads(self) -> int:
+        """How many idle threads the graph keeps for its next waves (64 unless set); idle
+        threads beyond it end. Every thread ends when the graph is dropped or collected."""
+        return self._core.idle_threads
+
+    @idle_threads.setter
+    def idle_threads(self, limit: int) -> None:
+        self._core.idle_threads = limit
 
     def __len__(self) -> int:
         return len(self._core)

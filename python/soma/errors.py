@@ -69,6 +69,14 @@ class DriverError(RunError):
     """
 
 
+class ThreadError(RunError, RuntimeError):
+    """The operating system refused a thread that a branch of a wave needed.
+
+    The branches that had a thread ran on; the graph stays usable, and the same ``forward`` can
+    be tried again once the process has threads to spare.
+    """
+
+
 class PanicError(SomaError):
     """A Rust node panicked (``.node``); the run was stopped once every branch had been joined."""
 

@@ -113,6 +113,8 @@ assert all(drawings)
 # --- running ---------------------------------------------------------------------------------
 
 mean: Any = g.forward(5)
+held: int = g.threads()
+g.idle_threads = g.idle_threads + 1
 assert mean == 2.0
 
 built = soma.Graph()
@@ -168,6 +170,7 @@ errors: list[type[soma.SomaError]] = [
     soma.CompileError,  # Not reachable from Python: a node is registered with its implementation.
     soma.RunError,
     soma.DriverError,
+    soma.ThreadError,
     soma.TurnLimitError,
     soma.PanicError,
 ]

@@ -129,6 +129,7 @@ pub fn run_error(py: Python<'_>, error: &RunError, interrupt: Option<PyErr>) -> 
             )
         }
         RunError::Invalid(error) => program_error(py, error),
+        RunError::NoThread { .. } => soma_error(py, "ThreadError", message, &[]),
         RunError::Interrupted => interrupt.unwrap_or_else(|| PyKeyboardInterrupt::new_err(message)),
     }
 }

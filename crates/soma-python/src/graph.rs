@@ -13,11 +13,15 @@
 
 use std::collections::HashMap;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
 
 use pyo3::exceptions::PyTypeError;
+use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
-use soma_core::{compile, Catalog, Executor, Graph, Host, Node, NodeId, Plan, Program};
+use pyo3::PyTraverseError;
+use soma_core::{
+    compile, Catalog, Executor, Graph, Host, Node, NodeId, Plan, Program, DEFAULT_IDLE_THREADS,
+};
 
 use crate::convert::{to_python, wrap};
 use crate::driver::PythonDriver;
@@ -29,14 +33,31 @@ use crate::thread_state;
 use crate::trace::PyTrace;
 use crate::watch::SignalWatch;
 
-#[derive(Default)]
 struct State {
     graph: Graph,
     catalog: Catalog,
     /// The registered Python objects, for `implementation(id)`.
     objects: HashMap<NodeId, Py<PyAny>>,
+    /// The Python nodes in the catalog, kept apart so that the garbage collector can be shown
+    /// the references they hold (a node that keeps its own graph makes a cycle).
+    python_nodes: Vec<Arc<PythonNode>>,
     /// Compiled on first use after a change.
     compiled: Option<Compiled>,
+    /// How many idle threads the program keeps.
+    idle_threads: usize,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State {
+            graph: Graph::default(),
+            catalog: Catalog::default(),
+            objects: HashMap::new(),
+            python_nodes: Vec::new(),
+            compiled: None,
+            idle_threads: DEFAULT_IDLE_THREADS,
+        }
+    }
 }
 
 /// A plan and the program that runs it.
@@ -83,6 +104,7 @@ impl GraphCore {
         }
         let plan = compile(&state.graph, &state.catalog).map_err(|e| compile_error(py, &e))?;
         let program = Program::new(&plan, &state.catalog).map_err(|e| program_error(py, &e))?;
+        program.set_idle_threads(state.idle_threads);
         let compiled = Compiled {
             plan: Arc::new(plan),
             program: Arc::new(program),
@@ -123,8 +145,10 @@ impl GraphCore {
                 object.get_type().name()?
             )));
         }
-        let node = PythonNode::new(object, takes_ctx)?;
-        self.register(py, id, object, Arc::new(node))
+        let node = Arc::new(PythonNode::new(object, takes_ctx)?);
+        self.register(py, id, object, Arc::clone(&node) as Arc<dyn Node>)?;
+        self.state().python_nodes.push(node);
+        Ok(())
     }
 
     /// Registers a Rust implementation under `id`; `object` is what `implementation(id)` returns.
@@ -222,15 +246,66 @@ impl GraphCore {
     }
 
     /// The graph drawn as SVG, laid out with its plan; see `soma_core::Graph::to_svg`.
+    /// Shows the garbage collector every Python object the graph holds, so that a graph kept by
+    /// one of its own nodes (a cycle) can be collected. Skipped while another thread holds the
+    /// lock: the collector then keeps the graph alive this time, which is safe.
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        let Ok(state) = self.state.try_lock() else {
+            return Ok(());
+        };
+        for object in state.objects.values() {
+            visit.call(object)?;
+        }
+        for node in &state.python_nodes {
+            node.traverse(&visit)?;
+        }
+        Ok(())
+    }
+
+    /// Lets go of every Python object, breaking the cycle the collector found; the graph is
+    /// being destroyed.
+    fn __clear__(&self) {
+        let cleared = std::mem::take(&mut *self.state());
+        drop(cleared);
+    }
+
+    /// Threads the graph's program holds right now, busy or idle.
+    fn threads(&self) -> usize {
+        self.state()
+            .compiled
+            .as_ref()
+            .map_or(0, |compiled| compiled.program.threads())
+    }
+
+    /// How many idle threads the graph keeps for its waves.
+    #[getter]
+    fn idle_threads(&self) -> usize {
+        self.state().idle_threads
+    }
+
+    #[setter]
+    fn set_idle_threads(&self, limit: usize) {
+        let mut state = self.state();
+        state.idle_threads = limit;
+        if let Some(compiled) = &state.compiled {
+            compiled.program.set_idle_threads(limit);
+        }
+    }
+
+    /// Refuses the next `count` threads the graph's program would start, as an operating
+    /// system out of threads would: for tests of that path.
+    fn _refuse_next_threads(&self, py: Python<'_>, count: usize) -> PyResult<()> {
+        self.compiled(py)?.program.refuse_next_threads(count);
+        Ok(())
+    }
+
     fn to_svg(&self) -> String {
         self.state().graph.to_svg()
     }
 
     /// The plan, compiled on first use after a change.
     fn plan(&self, py: Python<'_>) -> PyResult<PyPlan> {
-        Ok(PyPlan {
-            plan: Plan::clone(&self.compiled(py)?.plan),
-        })
+        Ok(PyPlan::new(self.compiled(py)?.plan))
     }
 
     /// Runs the graph on `input`.
@@ -250,7 +325,7 @@ impl GraphCore {
         let mut executor = Executor::new()
             .with_turn_limit(turn_limit)
             .with_watch(&watch)
-            .with_host(&Interpreter);
+            .with_host(Arc::clone(&INTERPRETER));
         if let Some(driver) = &driver {
             executor = executor.with_driver(driver);
         }
@@ -268,10 +343,13 @@ impl GraphCore {
     }
 }
 
-/// The interpreter as the engine's host: a branch thread holds the GIL for its whole branch,
-/// with a thread state it keeps from run to run (`thread_state.rs`), and every blocking wait
-/// gives it back.
+/// The interpreter as the engine's host: a crew thread holds the GIL for the whole of each
+/// branch it runs, with a thread state it keeps for its life (`thread_state.rs`), and every
+/// blocking wait gives it back.
 struct Interpreter;
+
+/// The one host every run shares; a crew thread may still hold it after its run has ended.
+static INTERPRETER: LazyLock<Arc<dyn Host>> = LazyLock::new(|| Arc::new(Interpreter));
 
 /// Lets one branch thread at a time wait for the GIL to start its branch.
 ///

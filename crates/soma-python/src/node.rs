@@ -27,6 +27,11 @@ impl PythonNode {
         })
     }
 
+    /// Shows the garbage collector the one Python reference this node holds.
+    pub fn traverse(&self, visit: &pyo3::gc::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        visit.call(&self.forward)
+    }
+
     fn call(&self, py: Python<'_>, input: &Value, ctx: &Ctx<'_>) -> PyResult<Transition> {
         let x = to_python(py, input)?;
         let forward = self.forward.bind(py);

@@ -1,11 +1,45 @@
 //! `soma.Plan`: a compiled plan, as Python sees it — a read-only tree that compares by structure.
+//!
+//! A `Plan` and every plan its `children` return share one immutable tree: asking a graph for
+//! its cached plan, or a plan for its children, copies nothing, whatever the tree's size.
+
+use std::ptr::NonNull;
+use std::sync::Arc;
 
 use pyo3::prelude::*;
 use soma_core::Plan;
 
 #[pyclass(frozen, module = "soma", name = "Plan")]
 pub struct PyPlan {
-    pub plan: Plan,
+    /// The whole tree, kept alive and never changed while any part of it is seen from Python.
+    root: Arc<Plan>,
+    /// The part this object is: the root itself or a subtree of it.
+    at: NonNull<Plan>,
+}
+
+// SAFETY: `at` points into the tree `root` owns; a `Plan` has no interior mutability and `root`
+// is never mutated, so the pointee is as shareable across threads as `Plan` itself, which is
+// `Send + Sync`.
+#[allow(unsafe_code)]
+unsafe impl Send for PyPlan {}
+// SAFETY: as above.
+#[allow(unsafe_code)]
+unsafe impl Sync for PyPlan {}
+
+impl PyPlan {
+    /// The whole of `root`.
+    pub fn new(root: Arc<Plan>) -> Self {
+        let at = NonNull::from(&*root);
+        PyPlan { root, at }
+    }
+
+    fn plan(&self) -> &Plan {
+        // SAFETY: `at` points into the tree `self.root` owns and keeps alive, unchanged.
+        #[allow(unsafe_code)]
+        unsafe {
+            self.at.as_ref()
+        }
+    }
 }
 
 #[pymethods]
@@ -13,17 +47,18 @@ impl PyPlan {
     /// `"Empty"`, `"Execute"`, `"Sequence"` or `"Wave"`.
     #[getter]
     fn kind(&self) -> &'static str {
-        self.plan.kind()
+        self.plan().kind()
     }
 
     /// The steps of a `Sequence` or the branches of a `Wave`; empty otherwise.
     #[getter]
     fn children(&self) -> Vec<PyPlan> {
-        match &self.plan {
+        match self.plan() {
             Plan::Sequence(children) | Plan::Wave(children) => children
                 .iter()
                 .map(|child| PyPlan {
-                    plan: child.clone(),
+                    root: Arc::clone(&self.root),
+                    at: NonNull::from(child),
                 })
                 .collect(),
             Plan::Empty | Plan::Execute { .. } => Vec::new(),
@@ -33,7 +68,7 @@ impl PyPlan {
     /// The node an `Execute` runs; `None` otherwise.
     #[getter]
     fn node(&self) -> Option<&str> {
-        match &self.plan {
+        match self.plan() {
             Plan::Execute { node, .. } => Some(node.as_str()),
             Plan::Empty | Plan::Sequence(_) | Plan::Wave(_) => None,
         }
@@ -42,7 +77,7 @@ impl PyPlan {
     /// Where an `Execute` reads from, in edge-declaration order; empty means the graph's input.
     #[getter]
     fn inputs(&self) -> Vec<&str> {
-        match &self.plan {
+        match self.plan() {
             Plan::Execute { from, .. } => from.iter().map(soma_core::NodeId::as_str).collect(),
             Plan::Empty | Plan::Sequence(_) | Plan::Wave(_) => Vec::new(),
         }
@@ -50,49 +85,49 @@ impl PyPlan {
 
     /// The tree without ids: `Sequence([Execute, Wave([Execute, Execute])])`.
     fn shape(&self) -> String {
-        self.plan.shape()
+        self.plan().shape()
     }
 
     /// The tree on one line: `Sequence([Execute(a), Wave([Execute(b), Execute(c)])])`.
     fn __repr__(&self) -> String {
-        self.plan.compact()
+        self.plan().compact()
     }
 
     /// The indented tree, one line per step; an `Execute` line is `node <- inputs`.
     fn __str__(&self) -> String {
-        self.plan.to_string()
+        self.plan().to_string()
     }
 
     /// The plan as a Mermaid `flowchart LR`, a `subgraph` per wave.
     fn to_mermaid(&self) -> String {
-        self.plan.to_mermaid()
+        self.plan().to_mermaid()
     }
 
     /// The plan as a graphviz `digraph` with `rankdir=LR`, a `cluster` per wave.
     fn to_dot(&self) -> String {
-        self.plan.to_dot()
+        self.plan().to_dot()
     }
 
     /// The plan drawn as an SVG document by Soma itself: waves framed, branches stacked.
     fn to_svg(&self) -> String {
-        self.plan.to_svg()
+        self.plan().to_svg()
     }
 
     /// What a notebook shows: [`PyPlan::to_svg`].
     fn _repr_svg_(&self) -> String {
-        self.plan.to_svg()
+        self.plan().to_svg()
     }
 
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
         other
             .cast::<PyPlan>()
-            .is_ok_and(|other| self.plan == other.get().plan)
+            .is_ok_and(|other| self.plan() == other.get().plan())
     }
 
     fn __hash__(&self) -> u64 {
         use std::hash::{Hash, Hasher};
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        self.plan.compact().hash(&mut hasher);
+        self.plan().compact().hash(&mut hasher);
         hasher.finish()
     }
 }

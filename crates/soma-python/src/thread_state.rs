@@ -1,19 +1,19 @@
-//! A branch thread's Python thread state, kept from one run of its branch to the next.
+//! A crew thread's Python thread state, kept for as long as the thread lives.
 //!
 //! Taking the GIL on a thread that has no thread state makes one — allocated, registered with
 //! the interpreter, given a frame stack that is mapped on first use — and letting go of the GIL
 //! for good deletes it again, unmapping the stack, which interrupts every other core running the
 //! process to flush its address cache. For a small branch that was most of what it cost. So a
-//! branch thread makes its state once and keeps it for as long as the thread lives; each run of
-//! the branch then only takes the GIL and gives it back.
+//! crew thread makes its state once and keeps it for as long as the thread lives; each branch it
+//! runs then only takes the GIL and gives it back.
 //!
-//! What Python keeps in a thread state (`threading.local` values, context variables, a trace
-//! function) therefore carries over from one run of a branch to its next, exactly like native
-//! thread-local state: a branch's thread runs that branch and nothing else (`soma-core`'s
-//! `crew.rs` says why), so nothing carries over to another branch or to the caller.
+//! What Python keeps in a thread state (`threading.local` values, a trace function) therefore
+//! carries over from one branch a thread runs to the next, exactly like native thread-local
+//! state in any thread pool (`soma-core`'s `crew.rs` says which thread takes which branch).
 //!
-//! The state is deleted when the thread ends — a program's threads end when the program is
-//! dropped — unless the interpreter has already been finalized, which deleted it itself.
+//! The state is deleted when the thread ends — idle threads beyond the graph's limit end, and
+//! all of them once the graph is dropped — unless the interpreter has already been finalized,
+//! which deleted it itself.
 
 use std::cell::Cell;
 

@@ -1,386 +1,598 @@
-//! `Crew`: the threads the branches of a program's waves run on.
+//! `Crew`: the threads the branches of a program's waves are lent.
 //!
-//! Starting a thread costs tens of microseconds — more than a small branch does. So a
-//! [`crate::Program`] keeps a *standing* crew: one parked thread per branch of its waves (a
-//! *member*), started the first time that branch runs and handed that same branch in every later
-//! run. A branch still runs start to finish on one thread, and the thread that waits for a wave
-//! never runs a branch itself.
+//! A wave's branches are *offered* to the crew all at once, and taken by whichever threads are
+//! free: the thread that reached the wave runs its first branch itself and then takes the
+//! siblings nobody has started yet, while the crew's threads take the others. A branch, once
+//! taken, runs start to finish on the thread that took it. Threads are lent, never owned by a
+//! branch: a run uses about as many threads as it has branches *in flight* at once, however many
+//! branches its graph has.
 //!
-//! Waking a sleeping thread costs about as much again, on a virtual machine more, and a wave
-//! would pay it twice: once to start its branches, once to get the caller back. So a member that
-//! runs out of work, and a caller waiting for its wave, stay awake for a moment
-//! ([`STAY_AWAKE`]) before they sleep, yielding their core meanwhile to any thread that has work:
-//! a wave of short branches, or a program forwarded in a loop, finds its threads awake.
+//! # Every branch of a wave is in flight when it needs to be
 //!
-//! # Why thread-local state set by one branch never reaches another
+//! A wave means its branches are launched together: two branches that wait for each other must
+//! both be running. So whenever a thread takes a branch while siblings are still waiting to be
+//! taken, it makes sure one more thread is on its way to them — one that is looking for work
+//! already, else a sleeping one woken, else a new one started. That chain reaches every branch
+//! of the wave: if the branches that run block, more threads come, up to one per branch; if
+//! they finish quickly, the threads already there take the rest and nobody else is woken.
+//! Waiting for a wave therefore never ties up a thread that could run one of its branches: the
+//! waiting thread has run its own share before it sleeps.
 //!
-//! - A member is keyed by its branch's number in the program and runs nothing else: no other
-//!   branch of the program, no branch of another program (each program has a crew of its own),
-//!   and never the caller's code.
-//! - When a branch's member is busy — the program run from two threads at once, or from inside
-//!   one of its own branches — that branch gets a fresh thread, made for it and ended with it,
-//!   never a sibling's member.
-//! - A child process made by `fork` inherits the crew but not its threads; a member started by
-//!   another process is started again.
+//! # What a branch finds on its thread
 //!
-//! What a branch leaves behind (torch's current device, a seeded random state) is therefore seen
-//! only by the same branch in a later run of the same program — the reason a branch owns a
-//! thread at all. The same holds for what a host keeps per thread: the Python glue keeps one
-//! interpreter thread state per branch thread, so a `threading.local` set by a branch is seen by
-//! that branch's next run and by nothing else.
+//! The thread a branch is taken by is the engine's choice; so what a node leaves in a native
+//! library's thread-locals may be seen by a later branch that runs on the same thread, exactly
+//! as with any thread pool. What the engine itself manages per branch (through
+//! [`Host::branch`]) is set when the branch starts on a crew thread and put back when it ends.
 //!
-//! A one-off run ([`crate::Executor::run`] on a plan) has no later run to serve: it uses a
-//! *fresh* crew, one new thread per branch.
+//! # Threads come and go
+//!
+//! A crew starts with no thread and starts one only when a branch is waiting and no idle thread
+//! is at hand. A thread that runs out of work stays awake for a moment ([`STAY_AWAKE`]), then
+//! sleeps; beyond the crew's idle limit it ends instead. Dropping the crew ends every idle thread
+//! without waiting for it: dropping never blocks on a thread. A child made by `fork` inherits the
+//! crew but not its threads, and starts its own.
 //!
 //! # Words used here, and the usual names for them
 //!
 //! | here | usually | what it is |
 //! |---|---|---|
-//! | crew | thread pool | the threads a program's waves run on |
-//! | member | worker thread | one thread of the crew, parked between jobs |
-//! | errand | job | one task on its way to a thread, with where its outcome goes |
-//! | tally | latch (a countdown) | what a wave's caller waits on until every task reported |
-//! | muster | scope guard | joins every handed-over task when dropped, even on unwind |
+//! | crew | thread pool | the threads a program's waves are lent |
+//! | offer | job (a batch) | a wave's branches, claimed one by one by whoever is free |
+//! | claim | steal / pop | taking the next branch of an offer nobody has started |
+//! | latch | countdown latch | what the wave's owner sleeps on until every branch is done |
+//! | owner | the joining thread | the thread that reached the wave and waits for it |
 //!
 //! # The one `unsafe` of the engine
 //!
-//! A branch borrows from its run (the program, the table of values, the driver), while a member
-//! thread outlives every run. The borrow's lifetime is therefore erased when a branch is handed
-//! over, and [`Crew::run`] keeps the promise `std::thread::scope` keeps: it returns, or unwinds,
-//! only once every branch it handed over has finished and dropped what it borrowed.
+//! A branch borrows from its run (the table of values, the driver), while a crew thread outlives
+//! every run: the offer reaches its branches through a pointer whose lifetime is erased.
+//! [`Crew::run`] keeps the promise `std::thread::scope` keeps: it returns only once every branch
+//! of the offer has been claimed and has finished, and nobody follows the pointer without a
+//! claim, which exists only while a branch is unclaimed or unfinished.
 
 use std::any::Any;
+use std::collections::VecDeque;
+use std::io;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, SendError, Sender, TryRecvError};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-/// Work for a thread, with the lifetime of what it borrows erased (see the module docs).
-type Job = Box<dyn FnOnce() + Send + 'static>;
+use super::hooks::Host;
 
 /// How long a thread that has run out of work keeps looking for more, yielding its core to any
-/// other thread that wants it, before it goes to sleep: a member for its next branch, the
-/// caller for the end of its wave.
+/// other thread that wants it, before it sleeps: a crew thread for the next offer, an owner for
+/// the end of its wave.
 ///
-/// Waking a sleeping thread costs tens of microseconds on a virtual machine (the hypervisor must
-/// wake an idle virtual CPU), more than a small branch takes, and a wave pays it twice: to start
-/// its branches and to come back. A program forwarded in a loop, or a wave of short branches,
-/// finds its threads still awake. Looking costs at most this much CPU time per thread per wave,
-/// and yielding means it is taken from no thread that has work.
+/// Waking a sleeping thread costs tens of microseconds on a virtual machine, more than a small
+/// branch takes. A program forwarded in a loop, or a wave of short branches, finds its threads
+/// still awake. Looking costs at most this much CPU time per thread per wave, and yielding means
+/// it is taken from no thread that has work.
 const STAY_AWAKE: Duration = Duration::from_micros(50);
 
-/// What a task that never ran reports in place of its outcome.
-const NOT_STARTED: &str = "soma: the operating system refused a thread for a branch";
+/// How many idle threads a crew keeps unless told otherwise: enough for the waves people write
+/// to find their threads awake or parked, few enough that a graph that once ran a wave of
+/// thousands of blocking branches does not keep thousands of threads.
+pub const DEFAULT_IDLE_THREADS: usize = 64;
 
-/// Where the branches of waves run: one member per branch number, reused from run to run. A
-/// branch without a member (every branch, for a fresh crew) gets a new thread that ends with it.
+/// What a branch that never got a thread reports in place of its outcome: the operating
+/// system's refusal, as text.
+#[derive(Debug)]
+pub(crate) struct Refused(pub(crate) String);
+
+/// The threads one program's waves are lent; see the module docs.
 pub(crate) struct Crew {
-    members: Box<[Member]>,
+    pool: Arc<Pool>,
 }
 
-/// The thread of one branch, started on first use.
-pub(crate) struct Member {
-    /// Held by the run that is using this member, so that no two runs share it. Claimed with
-    /// `Acquire` and freed with `Release`: a run that claims the member sees everything the
-    /// previous run did with it (the job channel is behind its own mutex anyway); the flag
-    /// itself guards nothing else, so nothing stronger is needed.
-    busy: AtomicBool,
-    hand: Mutex<Option<Hand>>,
+struct Pool {
+    state: Mutex<State>,
+    /// Where idle threads sleep; woken one at a time, with a permit each.
+    wake: Condvar,
+    /// Offers in the queue, read without the lock by threads looking for work.
+    offered: AtomicUsize,
 }
 
-/// A started member thread: where its work goes, and which process started it.
-struct Hand {
-    jobs: Sender<Job>,
+struct State {
+    /// Waves with branches nobody has claimed yet. An offer all claimed is removed by whoever
+    /// sees it first.
+    offers: VecDeque<Arc<Offer>>,
+    /// Live threads of the crew.
+    threads: usize,
+    /// Threads awake and not running a branch: each will look at the queue before it sleeps.
+    looking: usize,
+    /// Threads asleep, waiting for a permit.
+    sleeping: usize,
+    /// Wake-ups handed out and not yet taken by a sleeping thread.
+    permits: usize,
+    /// How many sleeping threads to keep; a thread that would be one more ends instead.
+    idle_limit: usize,
+    /// Set when the crew is dropped: every thread ends once it has nothing to run.
+    closed: bool,
+    /// Threads still to be refused as if the operating system had said no: the path a process
+    /// out of threads takes, made testable.
+    refusals: usize,
+    /// The process that started the threads counted here; in a forked child they are not there.
     process: u32,
 }
 
-/// What a wave's tasks report back, shared with the threads running them.
-pub(crate) struct Tally<T> {
-    board: Mutex<Board<T>>,
-    finished: Condvar,
+/// One wave's branches, claimed one at a time by whoever is free.
+struct Offer {
+    /// The index of the next branch nobody has claimed; past `len`, all are claimed.
+    next: AtomicUsize,
+    len: usize,
+    /// Branches not finished yet, claimed or not: the wave's owner waits for zero.
+    unfinished: AtomicUsize,
+    latch: Latch,
+    /// Around every branch a crew thread runs (never around the owner's own).
+    host: Option<Arc<dyn Host>>,
+    /// The owner's [`Work`], type and lifetime erased; followed only with a claim in hand.
+    work: *const (),
+    /// Runs branch `index` of the `work` behind the pointer, or records that it never got a
+    /// thread.
+    run: unsafe fn(work: *const (), index: usize, refused: Option<&str>),
 }
 
-struct Board<T> {
-    /// Tasks handed over and not finished yet.
-    running: usize,
-    outcomes: Vec<Option<thread::Result<T>>>,
+// SAFETY: `work` points to a `Work` whose tasks are `Send` and whose outcomes are behind mutexes;
+// it is only followed under a claim, which guarantees it is alive (see `Crew::run`).
+#[allow(unsafe_code)]
+unsafe impl Send for Offer {}
+// SAFETY: as above; every other field is `Sync`.
+#[allow(unsafe_code)]
+unsafe impl Sync for Offer {}
+
+/// The owner's side of an offer: the branches themselves and their outcomes, on its stack.
+struct Work<F, T> {
+    tasks: Box<[Mutex<Option<F>>]>,
+    outcomes: Box<[Mutex<Option<thread::Result<T>>>]>,
+}
+
+/// A countdown's end, slept on by the wave's owner.
+struct Latch {
+    done: Mutex<bool>,
+    opened: Condvar,
 }
 
 impl Crew {
-    /// A standing crew for a program whose waves have `branches` branches in all; no thread is
-    /// started until a branch first runs.
-    pub(crate) fn standing(branches: usize) -> Crew {
+    /// A crew with no thread yet, keeping at most `idle_limit` idle threads.
+    pub(crate) fn new(idle_limit: usize) -> Crew {
         Crew {
-            members: (0..branches)
-                .map(|_| Member {
-                    busy: AtomicBool::new(false),
-                    hand: Mutex::new(None),
-                })
-                .collect(),
+            pool: Arc::new(Pool {
+                state: Mutex::new(State {
+                    offers: VecDeque::new(),
+                    threads: 0,
+                    looking: 0,
+                    sleeping: 0,
+                    permits: 0,
+                    idle_limit,
+                    closed: false,
+                    refusals: 0,
+                    process: std::process::id(),
+                }),
+                wake: Condvar::new(),
+                offered: AtomicUsize::new(0),
+            }),
         }
     }
 
-    /// A crew with no member: every branch on a thread of its own, for one run.
-    pub(crate) fn fresh() -> Crew {
-        Crew {
-            members: Box::new([]),
+    /// Live threads of the crew, busy or idle.
+    pub(crate) fn threads(&self) -> usize {
+        self.pool.lock().threads
+    }
+
+    /// Refuses the next `count` threads this crew would start, as an operating system out of
+    /// threads would.
+    pub(crate) fn refuse_next_threads(&self, count: usize) {
+        self.pool.lock().refusals = count;
+    }
+
+    /// Sets how many idle threads the crew keeps; idle threads beyond it end.
+    pub(crate) fn set_idle_limit(&self, limit: usize) {
+        let mut state = self.pool.lock();
+        state.idle_limit = limit;
+        // Sleepers over the limit are woken without work, and end.
+        let excess = state.sleeping.saturating_sub(limit);
+        for _ in 0..excess {
+            state.sleeping -= 1;
+            state.looking += 1;
+            state.permits += 1;
+            self.pool.wake.notify_one();
         }
     }
 
-    /// Number of members (branch numbers served).
-    pub(crate) fn len(&self) -> usize {
-        self.members.len()
-    }
-
-    /// Runs `tasks` at once, task `i` on the thread of branch `first + i`, and returns their
-    /// outcomes in order, a panic caught as `Err`.
+    /// Runs `tasks` as the branches of one wave and returns their outcomes in order, a panic
+    /// caught as `Err`.
     ///
-    /// `wait` is called once every task was handed over and should block until the tally
-    /// says they are done (it may do more while it waits: let go of a lock, poll for signals).
-    /// Returns — or unwinds, if `wait` or a task's hand-over panics — only once every task has
-    /// finished.
-    #[allow(unsafe_code)]
+    /// The calling thread runs the first task itself, then every task no crew thread has claimed
+    /// by then; `host` wraps each task a crew thread runs. `wait` is called, on the calling
+    /// thread, only if tasks run elsewhere are still unfinished: it should block until
+    /// `until_done` returns (it may do more: let go of a lock, poll for signals). Returns only
+    /// once every task has finished.
     pub(crate) fn run<'env, T, F>(
         &self,
-        first: usize,
         tasks: Vec<F>,
-        wait: impl FnOnce(&Tally<T>),
+        host: Option<&Arc<dyn Host>>,
+        wait: impl FnOnce(&(dyn Fn(Option<Duration>) -> bool + Sync)),
     ) -> Vec<thread::Result<T>>
     where
-        T: Send + 'static,
+        T: Send + 'env,
         F: FnOnce() -> T + Send + 'env,
     {
-        let tally = Arc::new(Tally::new(tasks.len()));
-        let mut muster = Muster {
-            crew: self,
-            tally: &tally,
-            claimed: Vec::new(),
+        let len = tasks.len();
+        let work = Work {
+            tasks: tasks.into_iter().map(|t| Mutex::new(Some(t))).collect(),
+            outcomes: (0..len).map(|_| Mutex::new(None)).collect(),
         };
-        for (index, task) in tasks.into_iter().enumerate() {
-            let errand = Errand {
-                task: Some(task),
-                index,
-                tally: Arc::clone(&tally),
-            };
-            let job: Box<dyn FnOnce() + Send + 'env> = Box::new(move || errand.run());
-            // SAFETY: `muster` lives on this frame and, when dropped — on return or on unwind —
-            // waits until every errand handed over has recorded its outcome, which each does
-            // only after its task (and everything the task borrows for `'env`) is gone; an
-            // errand dropped unrun drops its task first as well. So no borrow outlives `'env`.
-            let job = unsafe { erase(job) };
-            muster.hand_over(first + index, job);
+        let offer = Arc::new(Offer {
+            // The owner holds the first branch from the start.
+            next: AtomicUsize::new(1),
+            len,
+            unfinished: AtomicUsize::new(len),
+            latch: Latch {
+                done: Mutex::new(false),
+                opened: Condvar::new(),
+            },
+            host: host.cloned(),
+            work: std::ptr::from_ref(&work).cast(),
+            run: run_task::<F, T>,
+        });
+        // Whatever happens from here, the owner returns — or unwinds — only once every branch
+        // is finished: that is what keeps `work` alive for the crew threads that claim it.
+        let guard = Joined(&offer);
+        if len > 1 {
+            if let Err(refused) = self.pool.offer(&offer) {
+                offer.refuse_unclaimed(&refused);
+            }
         }
-        wait(&tally);
-        drop(muster);
-        let mut board = tally.board();
-        board
-            .outcomes
-            .iter_mut()
-            .map(|outcome| outcome.take().expect("every task recorded its outcome"))
+        // SAFETY: branch 0 was claimed by construction (`next` starts at 1), and `work` is on
+        // this frame.
+        #[allow(unsafe_code)]
+        unsafe {
+            offer.run_claimed(0, None);
+        }
+        while let Some(index) = offer.claim() {
+            self.pool.send_helper_if_needed(&offer);
+            // SAFETY: claimed just now; `work` is on this frame.
+            #[allow(unsafe_code)]
+            unsafe {
+                offer.run_claimed(index, None);
+            }
+        }
+        if len > 1 {
+            self.pool.withdraw(&offer);
+        }
+        if !offer.finished() {
+            let until_done = |timeout: Option<Duration>| offer.latch.wait(&offer, timeout);
+            wait(&until_done);
+        }
+        drop(guard);
+        work.outcomes
+            .into_vec()
+            .into_iter()
+            .map(|outcome| {
+                outcome
+                    .into_inner()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .expect("every branch recorded its outcome")
+            })
             .collect()
     }
 }
 
-/// Forgets how long `job`'s borrows live.
+impl Drop for Crew {
+    fn drop(&mut self) {
+        let mut state = self.pool.lock();
+        state.closed = true;
+        drop(state);
+        // Idle threads wake and end; none is joined, so dropping never waits on a thread.
+        self.pool.wake.notify_all();
+    }
+}
+
+/// Waits, when dropped, until every branch of the offer has finished.
+struct Joined<'o>(&'o Arc<Offer>);
+
+impl Drop for Joined<'_> {
+    fn drop(&mut self) {
+        while !self.0.finished() {
+            self.0.latch.wait(self.0, None);
+        }
+    }
+}
+
+/// Runs task `index` of the `Work<F, T>` behind `work` and records its outcome, or records that
+/// it never got a thread.
 ///
 /// # Safety
-/// The caller must not let anything `job` borrows go out of scope before `job` has run or been
-/// dropped, wherever that happens.
+/// `work` must point to a live `Work<F, T>`, and the caller must hold the claim on `index`.
 #[allow(unsafe_code)]
-unsafe fn erase<'env>(job: Box<dyn FnOnce() + Send + 'env>) -> Job {
-    // SAFETY: only the lifetime bound of the trait object changes; the caller vouches for it.
-    unsafe { std::mem::transmute::<Box<dyn FnOnce() + Send + 'env>, Job>(job) }
-}
-
-/// The tasks one call to [`Crew::run`] handed over: waits for them all, and frees the members
-/// it claimed, when dropped.
-struct Muster<'c, T> {
-    crew: &'c Crew,
-    tally: &'c Tally<T>,
-    claimed: Vec<usize>,
-}
-
-impl<T> Muster<'_, T> {
-    fn hand_over(&mut self, number: usize, job: Job) {
-        // Counted before it can finish, and only once handed over: a panic between two
-        // hand-overs leaves nothing counted that will never report.
-        self.tally.board().running += 1;
-        match self.crew.members.get(number) {
-            Some(member) if !member.busy.swap(true, Ordering::Acquire) => {
-                self.claimed.push(number);
-                member.give(number, job);
-            }
-            Some(_) | None => start_fresh(job),
-        }
-    }
-}
-
-impl<T> Drop for Muster<'_, T> {
-    fn drop(&mut self) {
-        self.tally.wait_all();
-        for &number in &self.claimed {
-            self.crew.members[number]
-                .busy
-                .store(false, Ordering::Release);
-        }
-    }
-}
-
-impl Member {
-    /// Runs `job` on this member's thread, starting the thread if it is not running in this
-    /// process.
-    fn give(&self, number: usize, job: Job) {
-        let mut hand = self.hand.lock().unwrap_or_else(PoisonError::into_inner);
-        let process = std::process::id();
-        let job = match &*hand {
-            Some(started) if started.process == process => match started.jobs.send(job) {
-                Ok(()) => return,
-                // The thread is gone (it cannot panic, but could be stopped from outside).
-                Err(SendError(job)) => job,
-            },
-            Some(_) | None => job,
-        };
-        let (jobs, inbox) = mpsc::channel::<Job>();
-        let started = thread::Builder::new()
-            .name(format!("soma-branch-{number}"))
-            .spawn(move || {
-                // Ends when the crew is dropped, which drops the sender.
-                while let Some(job) = next_job(&inbox) {
-                    job();
-                }
-            });
-        match started {
-            Ok(_) => {
-                jobs.send(job)
-                    .unwrap_or_else(|_| unreachable!("the new thread holds the receiver"));
-                *hand = Some(Hand { jobs, process });
-            }
-            // Dropping the job records that it never ran.
-            Err(_) => drop(job),
-        }
-    }
-}
-
-/// The member's next job, or `None` once its crew is gone: looked for awake for
-/// [`STAY_AWAKE`], then waited for asleep.
-fn next_job(inbox: &Receiver<Job>) -> Option<Job> {
-    let start = Instant::now();
-    loop {
-        match inbox.try_recv() {
-            Ok(job) => return Some(job),
-            Err(TryRecvError::Disconnected) => return None,
-            Err(TryRecvError::Empty) if start.elapsed() < STAY_AWAKE => thread::yield_now(),
-            Err(TryRecvError::Empty) => return inbox.recv().ok(),
-        }
-    }
-}
-
-/// Runs `job` on a thread of its own; if none can be had, dropping the job records that.
-fn start_fresh(job: Job) {
-    // A failed spawn drops the closure, and with it the job.
-    let _detached = thread::Builder::new()
-        .name("soma-branch".to_owned())
-        .spawn(job);
-}
-
-/// One task on its way to a thread, and where its outcome goes.
-struct Errand<T, F> {
-    task: Option<F>,
-    index: usize,
-    tally: Arc<Tally<T>>,
-}
-
-impl<T, F: FnOnce() -> T> Errand<T, F> {
-    fn run(mut self) {
-        let task = self.task.take().expect("an errand runs once");
-        // The task, and all it borrows, is gone once this returns — even if it panicked.
-        let outcome = panic::catch_unwind(AssertUnwindSafe(task));
-        self.tally.record(self.index, outcome);
-    }
-}
-
-impl<T, F> Drop for Errand<T, F> {
-    fn drop(&mut self) {
-        if let Some(task) = self.task.take() {
+unsafe fn run_task<F, T>(work: *const (), index: usize, refused: Option<&str>)
+where
+    F: FnOnce() -> T,
+{
+    // SAFETY: the caller vouches that `work` is a live `Work<F, T>`.
+    let work = unsafe { &*work.cast::<Work<F, T>>() };
+    let task = work.tasks[index]
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()
+        .expect("a claimed branch runs once");
+    let outcome = match refused {
+        None => panic::catch_unwind(AssertUnwindSafe(task)),
+        Some(why) => {
             drop(task);
-            let refused: Box<dyn Any + Send> = Box::new(NOT_STARTED);
-            self.tally.record(self.index, Err(refused));
+            let payload: Box<dyn Any + Send> = Box::new(Refused(why.to_owned()));
+            Err(payload)
+        }
+    };
+    *work.outcomes[index]
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner) = Some(outcome);
+}
+
+impl Offer {
+    /// Claims the next branch nobody has started, if any.
+    fn claim(&self) -> Option<usize> {
+        // Relaxed is enough: the claim is exclusive by the atomicity of the add alone, and the
+        // task and its outcome are behind mutexes of their own.
+        let index = self.next.fetch_add(1, Ordering::Relaxed);
+        (index < self.len).then_some(index)
+    }
+
+    /// Whether every branch has been claimed.
+    fn exhausted(&self) -> bool {
+        self.next.load(Ordering::Relaxed) >= self.len
+    }
+
+    /// Whether every branch has finished. `Acquire` pairs with the `Release` of the decrement in
+    /// [`Offer::run_claimed`]: the outcomes written before it are visible after.
+    fn finished(&self) -> bool {
+        self.unfinished.load(Ordering::Acquire) == 0
+    }
+
+    /// Runs a claimed branch (or records that it never got a thread), then counts it finished.
+    ///
+    /// # Safety
+    /// The caller holds the claim on `index`, so the owner is still waiting and `work` is alive.
+    #[allow(unsafe_code)]
+    unsafe fn run_claimed(&self, index: usize, refused: Option<&str>) {
+        // SAFETY: forwarded from the caller.
+        unsafe { (self.run)(self.work, index, refused) };
+        // `Release`: the outcome recorded above is visible to whoever sees the count reach zero.
+        if self.unfinished.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.latch.open();
+        }
+    }
+
+    /// Claims every branch left and records that none of them got a thread.
+    fn refuse_unclaimed(&self, refused: &io::Error) {
+        let why = refused.to_string();
+        while let Some(index) = self.claim() {
+            // SAFETY: claimed just now, so the owner is waiting and `work` is alive.
+            #[allow(unsafe_code)]
+            unsafe {
+                self.run_claimed(index, Some(&why));
+            }
         }
     }
 }
 
-impl<T> Tally<T> {
-    fn new(tasks: usize) -> Self {
-        Tally {
-            board: Mutex::new(Board {
-                running: 0,
-                outcomes: (0..tasks).map(|_| None).collect(),
-            }),
-            finished: Condvar::new(),
-        }
+impl Latch {
+    fn open(&self) {
+        *self.done.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        self.opened.notify_all();
     }
 
-    fn board(&self) -> MutexGuard<'_, Board<T>> {
-        // Nothing panics while holding the lock; a poisoned board is still whole.
-        self.board.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn record(&self, index: usize, outcome: thread::Result<T>) {
-        let mut board = self.board();
-        board.outcomes[index] = Some(outcome);
-        board.running -= 1;
-        if board.running == 0 {
-            self.finished.notify_all();
-        }
-    }
-
-    /// Whether every task finishes within [`STAY_AWAKE`], looked at without sleeping.
-    fn finished_soon(&self) -> bool {
+    /// Waits until `offer` has finished, or `timeout` passed; true when it has finished. Looks
+    /// awake for [`STAY_AWAKE`] first.
+    fn wait(&self, offer: &Offer, timeout: Option<Duration>) -> bool {
         let start = Instant::now();
-        loop {
-            if self.board().running == 0 {
+        while start.elapsed() < STAY_AWAKE {
+            if offer.finished() {
                 return true;
-            }
-            if start.elapsed() >= STAY_AWAKE {
-                return false;
             }
             thread::yield_now();
         }
-    }
-
-    /// Blocks until every task has finished.
-    pub(crate) fn wait_all(&self) {
-        if self.finished_soon() {
-            return;
-        }
-        let mut board = self.board();
-        while board.running > 0 {
-            board = self
-                .finished
-                .wait(board)
-                .unwrap_or_else(PoisonError::into_inner);
-        }
-    }
-
-    /// Blocks until every task has finished, calling `poll` every `interval` meanwhile.
-    pub(crate) fn wait_polling(&self, interval: Duration, poll: &dyn Fn()) {
-        if self.finished_soon() {
-            return;
-        }
-        let mut board = self.board();
-        while board.running > 0 {
-            board = self
-                .finished
-                .wait_timeout(board, interval)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-            if board.running > 0 {
-                drop(board);
-                poll();
-                board = self.board();
+        let mut done = self.done.lock().unwrap_or_else(PoisonError::into_inner);
+        match timeout {
+            None => {
+                while !*done {
+                    done = self
+                        .opened
+                        .wait(done)
+                        .unwrap_or_else(PoisonError::into_inner);
+                }
+            }
+            Some(timeout) => {
+                if !*done {
+                    done = self
+                        .opened
+                        .wait_timeout(done, timeout)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
+                }
             }
         }
+        *done
     }
+}
+
+impl Pool {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Nothing panics while holding the lock; a poisoned state is still whole.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Puts `offer` in the queue and makes sure a thread is on its way to it.
+    fn offer(self: &Arc<Self>, offer: &Arc<Offer>) -> io::Result<()> {
+        let mut state = self.lock();
+        let process = std::process::id();
+        if state.process != process {
+            // A forked child: the threads counted belong to the parent.
+            state.process = process;
+            state.threads = 0;
+            state.looking = 0;
+            state.sleeping = 0;
+            state.permits = 0;
+            state.offers.clear();
+            self.offered.store(0, Ordering::Relaxed);
+        }
+        state.offers.push_back(Arc::clone(offer));
+        self.offered.fetch_add(1, Ordering::Release);
+        self.send_helper(&mut state)
+    }
+
+    /// Takes `offer` out of the queue, if it is still there; all its branches are claimed.
+    fn withdraw(&self, offer: &Arc<Offer>) {
+        let mut state = self.lock();
+        if let Some(at) = state.offers.iter().position(|o| Arc::ptr_eq(o, offer)) {
+            state.offers.remove(at);
+            self.offered.fetch_sub(1, Ordering::Release);
+        }
+    }
+
+    /// Called by a thread that has just claimed a branch of `offer` and is about to run it: if
+    /// any branch in the queue is still unclaimed — a sibling, or a branch of another wave whose
+    /// helper this thread was — makes sure another thread is on its way, in case the branch
+    /// about to run blocks until that one runs. Without a thread to be had, the branches of
+    /// `offer` left unclaimed are recorded as refused.
+    fn send_helper_if_needed(self: &Arc<Self>, offer: &Offer) {
+        if self.offered.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut state = self.lock();
+        if !state.offers.iter().any(|o| !o.exhausted()) {
+            return;
+        }
+        if let Err(refused) = self.send_helper(&mut state) {
+            drop(state);
+            offer.refuse_unclaimed(&refused);
+        }
+    }
+
+    /// Makes sure one thread is on its way to the queue: one already looking, else a sleeping
+    /// one woken, else a new one.
+    fn send_helper(self: &Arc<Self>, state: &mut State) -> io::Result<()> {
+        if state.looking > 0 {
+            return Ok(());
+        }
+        if state.sleeping > 0 {
+            state.sleeping -= 1;
+            state.looking += 1;
+            state.permits += 1;
+            self.wake.notify_one();
+            return Ok(());
+        }
+        self.start_thread(state)
+    }
+
+    fn start_thread(self: &Arc<Self>, state: &mut State) -> io::Result<()> {
+        if state.refusals > 0 {
+            state.refusals -= 1;
+            return Err(io::Error::other("refused on purpose, for a test"));
+        }
+        let pool = Arc::clone(self);
+        thread::Builder::new()
+            .name("soma-worker".to_owned())
+            .spawn(move || pool.serve())?;
+        state.threads += 1;
+        // Counted as looking from now, so that nobody starts another for the same work.
+        state.looking += 1;
+        Ok(())
+    }
+
+    /// A crew thread's life: take branches while there are any, stay awake a moment, sleep,
+    /// end when the crew is gone or enough threads are idle already.
+    fn serve(self: Arc<Self>) {
+        let mut state = self.lock();
+        loop {
+            if let Some(offer) = next_offer(&mut state, &self.offered) {
+                // Still counted as looking until it claims a branch: a thread on its way into
+                // the host (waiting for the GIL, say) is as good as one looking, and counting it
+                // keeps every wave it was sent to from starting yet another thread.
+                drop(state);
+                self.take_branches(&offer);
+                state = self.lock();
+                continue;
+            }
+            if state.closed {
+                break;
+            }
+            drop(state);
+            let found = stay_awake(&self.offered);
+            state = self.lock();
+            if found {
+                continue;
+            }
+            if state.closed || state.sleeping >= state.idle_limit {
+                break;
+            }
+            state.looking -= 1;
+            state.sleeping += 1;
+            while state.permits == 0 && !state.closed {
+                state = self
+                    .wake
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+            if state.permits > 0 {
+                // The waker moved this thread from sleeping to looking already.
+                state.permits -= 1;
+            } else {
+                state.sleeping -= 1;
+                state.looking += 1;
+            }
+        }
+        state.looking -= 1;
+        state.threads -= 1;
+    }
+
+    /// Claims and runs branches of `offer` until none is left, inside the offer's host.
+    fn take_branches(self: &Arc<Self>, offer: &Arc<Offer>) {
+        let mut run = || {
+            while let Some(index) = offer.claim() {
+                self.lock().looking -= 1;
+                self.send_helper_if_needed(offer);
+                // SAFETY: claimed just now, so the owner is waiting and `work` is alive.
+                #[allow(unsafe_code)]
+                unsafe {
+                    offer.run_claimed(index, None);
+                }
+                self.lock().looking += 1;
+            }
+        };
+        match &offer.host {
+            // An offer claimed out already costs no trip through the host.
+            Some(host) if !offer.exhausted() => host.branch(&mut run),
+            Some(_) => {}
+            None => run(),
+        }
+    }
+}
+
+/// The first offer in the queue with a branch left, dropping the ones claimed out.
+fn next_offer(state: &mut State, offered: &AtomicUsize) -> Option<Arc<Offer>> {
+    while let Some(front) = state.offers.front() {
+        if !front.exhausted() {
+            return Some(Arc::clone(front));
+        }
+        state.offers.pop_front();
+        offered.fetch_sub(1, Ordering::Release);
+    }
+    None
+}
+
+/// Looks for an offer without the lock for [`STAY_AWAKE`], yielding the core meanwhile; true if
+/// one appeared.
+fn stay_awake(offered: &AtomicUsize) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < STAY_AWAKE {
+        if offered.load(Ordering::Acquire) > 0 {
+            return true;
+        }
+        thread::yield_now();
+    }
+    false
 }

@@ -48,6 +48,12 @@ pub enum RunError {
     /// The plan does not fit its catalog, or was not made by [`crate::compile()`]; caught
     /// before any node runs.
     Invalid(ProgramError),
+    /// The operating system refused a thread that a branch of a wave needed. The branches that
+    /// had one ran on; the graph stays usable.
+    NoThread {
+        /// What the operating system said.
+        reason: String,
+    },
     /// The [`crate::Watch`] asked the run to stop.
     Interrupted,
 }
@@ -62,7 +68,7 @@ impl RunError {
             | RunError::WrongResultCount { node, .. }
             | RunError::TurnLimit { node, .. } => Some(node),
             RunError::Invalid(error) => Some(error.node()),
-            RunError::Interrupted => None,
+            RunError::NoThread { .. } | RunError::Interrupted => None,
         }
     }
 }
@@ -88,6 +94,10 @@ impl fmt::Display for RunError {
                 "node `{node}` was still awaiting after {limit} turns\nhint: make it finish, or raise the turn limit"
             ),
             RunError::Invalid(error) => error.fmt(f),
+            RunError::NoThread { reason } => write!(
+                f,
+                "the operating system refused a thread for a branch of a wave: {reason}\nhint: too many threads in this process (see `ulimit -u` and /proc/sys/kernel/threads-max); the graph stays usable, so the run can be tried again"
+            ),
             RunError::Interrupted => f.write_str(
                 "the run was interrupted\nhint: its watch asked it to stop (Ctrl-C, a deadline); every branch stopped at a node boundary, and the run can be started again"
             ),
@@ -104,6 +114,7 @@ impl std::error::Error for RunError {
             | RunError::WrongResultCount { .. }
             | RunError::TurnLimit { .. }
             | RunError::Invalid(_)
+            | RunError::NoThread { .. }
             | RunError::Interrupted => None,
         }
     }

@@ -22,6 +22,8 @@ use super::hooks::{Host, Watch};
 use super::table::Frame;
 use super::trace::{thread_number, Span, Trace};
 use super::wave::Lane;
+use std::sync::Arc;
+
 use crate::model::catalog::Catalog;
 use crate::model::driver::Driver;
 use crate::model::node::{Ctx, Transition};
@@ -34,11 +36,11 @@ use crate::run::program::{Op, Program, Read, Step};
 pub const DEFAULT_TURN_LIMIT: u32 = 64;
 
 /// Runs plans, with an optional driver, watch and host.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct Executor<'a> {
     pub(super) driver: Option<&'a dyn Driver>,
     pub(super) watch: Option<&'a dyn Watch>,
-    pub(super) host: Option<&'a dyn Host>,
+    pub(super) host: Option<Arc<dyn Host>>,
     pub(super) trace: Option<&'a Trace>,
     pub(super) turn_limit: u32,
 }
@@ -87,9 +89,10 @@ impl<'a> Executor<'a> {
         self
     }
 
-    /// Lets `host` wrap each branch thread and each blocking wait.
+    /// Lets `host` wrap each branch a crew thread runs and each blocking wait. Shared, because
+    /// a crew thread may still be on its way to a wave when the run that made it has ended.
     #[must_use]
-    pub fn with_host(mut self, host: &'a dyn Host) -> Self {
+    pub fn with_host(mut self, host: Arc<dyn Host>) -> Self {
         self.host = Some(host);
         self
     }
@@ -128,9 +131,9 @@ impl<'a> Executor<'a> {
     /// # Panics
     /// Re-raises a node's panic, after every branch of the wave it happened in was joined.
     pub fn run(&self, plan: &Plan, catalog: &Catalog, input: Value) -> Result<Value, RunError> {
-        // A one-off run: threads kept for later runs would only be ended right after it.
+        // A one-off run: its crew keeps no idle thread, and its threads end after it.
         let program = Program::new(plan, catalog)?;
-        self.run_on(&program, &Crew::fresh(), input)
+        self.run_on(&program, &Crew::new(0), input)
     }
 
     /// Runs a resolved plan on `input`; see [`Executor::run`]. The program carries its own
@@ -201,11 +204,7 @@ impl<'a> Executor<'a> {
                 }
                 Ok(())
             }
-            Op::Wave {
-                branches,
-                bounds,
-                first,
-            } => self.wave(branches, bounds, *first, input, frame, lane),
+            Op::Wave { branches, bounds } => self.wave(branches, bounds, input, frame, lane),
         }
     }
 
@@ -286,7 +285,7 @@ impl<'a> Executor<'a> {
 
     /// Runs `work`, which blocks, through the host if there is one.
     pub(super) fn blocking(&self, work: &mut (dyn FnMut() + Send)) {
-        match self.host {
+        match &self.host {
             Some(host) => host.blocking(work),
             None => work(),
         }

@@ -12,9 +12,9 @@
 //! the value when it runs in the same branch as its producer; a value read inside a later wave
 //! is dropped by the producer's branch once that wave has joined.
 //!
-//! A program numbers the branches of its waves too, and keeps a standing [`Crew`]: one parked
-//! thread per branch, reused by that branch from run to run (see [`crate::run::crew`] for why no
-//! thread-local state crosses from one branch to another).
+//! A program also keeps the [`Crew`] its waves' branches are lent threads from: started with no
+//! thread, grown to what its waves have in flight at once, its idle threads capped (see
+//! [`crate::run::crew`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,15 +23,17 @@ use crate::model::catalog::Catalog;
 use crate::model::id::NodeId;
 use crate::model::node::Node;
 use crate::plan::Plan;
-use crate::run::crew::Crew;
+use crate::run::crew::{Crew, DEFAULT_IDLE_THREADS};
 use crate::run::error::ProgramError;
 
 /// A plan with its implementations and inputs resolved to slots. Build it once with
 /// [`Program::new`]; run it any number of times, from any number of threads, with
 /// [`crate::Executor::run_program`].
 ///
-/// The branches of its waves run on threads the program keeps: each branch gets one, started
-/// the first time the branch runs, parked between runs and ended when the program is dropped.
+/// The branches of its waves run on threads the program lends them: about as many as it has
+/// branches in flight at once, never one per branch of the graph; idle ones are kept up to a
+/// limit ([`Program::set_idle_threads`]) and end when the program is dropped, which never
+/// waits for them.
 pub struct Program {
     pub(crate) root: Op,
     pub(crate) ids: Box<[NodeId]>,
@@ -53,8 +55,6 @@ pub(crate) enum Op {
         branches: Box<[Op]>,
         /// Branch `i` owns slots `bounds[i]..bounds[i + 1]`.
         bounds: Box<[usize]>,
-        /// Branch `i` is the program's branch number `first + i`.
-        first: usize,
     },
 }
 
@@ -93,7 +93,6 @@ impl Program {
             paths: Vec::new(),
             path: Vec::new(),
             sequences: 0,
-            branches: 0,
             reads: Vec::new(),
             hidden: Vec::new(),
         };
@@ -148,7 +147,7 @@ impl Program {
             root,
             ids: ids.into(),
             leaves: leaves.into(),
-            crew: Crew::standing(builder.branches),
+            crew: Crew::new(DEFAULT_IDLE_THREADS),
         })
     }
 
@@ -162,9 +161,21 @@ impl Program {
         self.ids.is_empty()
     }
 
-    /// Number of branches in all its waves: how many threads it keeps once every branch has run.
-    pub fn branches(&self) -> usize {
-        self.crew.len()
+    /// Threads the program holds right now, busy or idle.
+    pub fn threads(&self) -> usize {
+        self.crew.threads()
+    }
+
+    /// Makes the next `count` threads this program would start fail as if the operating system
+    /// had refused them, so that the path a process out of threads takes can be tested.
+    #[doc(hidden)]
+    pub fn refuse_next_threads(&self, count: usize) {
+        self.crew.refuse_next_threads(count);
+    }
+
+    /// Keeps at most `limit` idle threads (64 unless set); idle threads beyond it end.
+    pub fn set_idle_threads(&self, limit: usize) {
+        self.crew.set_idle_limit(limit);
     }
 
     /// The nodes whose outputs a run returns, in plan order.
@@ -189,8 +200,6 @@ struct Builder<'c> {
     paths: Vec<Box<[(usize, usize)]>>,
     path: Vec<(usize, usize)>,
     sequences: usize,
-    /// Branches of waves numbered so far.
-    branches: usize,
     /// Every (reader slot, read slot), in build order.
     reads: Vec<(usize, usize)>,
     /// For each wave around the step being built, `(wave start, branch start)`: the slots of
@@ -261,8 +270,6 @@ impl Builder<'_> {
                 })
             }
             Plan::Wave(children) => {
-                let first = self.branches;
-                self.branches += children.len();
                 let mut bounds = Vec::with_capacity(children.len() + 1);
                 let mut branches = Vec::with_capacity(children.len());
                 let start = self.ids.len();
@@ -277,7 +284,6 @@ impl Builder<'_> {
                 Ok(Op::Wave {
                     branches: branches.into(),
                     bounds: bounds.into(),
-                    first,
                 })
             }
         }

@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 use std::time::Duration;
 
-use super::crew::{Crew, Tally};
+use super::crew::{Crew, Refused};
+use super::error::RunError;
 use super::executor::{Executor, Halt};
 use super::program::Op;
 use super::table::{Frame, Shared};
@@ -23,13 +24,15 @@ struct WaveState {
     first_failed: AtomicUsize,
 }
 
-/// Where a branch stands: its index in its wave, the lane of the branch around that wave, and
-/// the crew the branches of its own waves run on (the run's, the same at every depth).
+/// Where a branch stands: its index in its wave, the lane of the branch around that wave, the
+/// crew the branches of its own waves run on and the thread that started the run (both the
+/// run's, the same at every depth).
 #[derive(Clone, Copy)]
 pub(super) struct Lane<'s> {
     wave: Option<(&'s WaveState, usize)>,
     parent: Option<&'s Lane<'s>>,
     crew: &'s Crew,
+    caller: thread::ThreadId,
 }
 
 impl<'s> Lane<'s> {
@@ -39,6 +42,7 @@ impl<'s> Lane<'s> {
             wave: None,
             parent: None,
             crew,
+            caller: thread::current().id(),
         }
     }
 
@@ -76,7 +80,6 @@ impl Executor<'_> {
         &self,
         branches: &[Op],
         bounds: &[usize],
-        first: usize,
         input: &Value,
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
@@ -107,26 +110,12 @@ impl Executor<'_> {
                 own,
                 shared: Some(&shared),
             };
-            tasks.push(move || {
-                let mut outcome = None;
-                let mut run = || {
-                    outcome = Some(self.branch(branch, i, input, &mut own, state, lane));
-                };
-                match self.host {
-                    Some(host) => host.branch(&mut run),
-                    None => run(),
-                }
-                outcome.expect("the host ran the branch")
-            });
+            tasks.push(move || self.branch(branch, i, input, &mut own, state, lane));
         }
-        // The caller gives up the host's lock before handing the branches over, not after: a
-        // wide wave's branches can start while the rest are still being woken.
-        let mut tasks = Some(tasks);
-        let mut outcomes = Vec::new();
-        self.blocking(&mut || {
-            if let Some(tasks) = tasks.take() {
-                outcomes = lane.crew.run(first, tasks, |tally| self.wait(tally));
-            }
+        // This thread runs its share of the wave with whatever it holds of the host (the GIL,
+        // say) and gives it back only to sleep until the branches run elsewhere are done.
+        let outcomes = lane.crew.run(tasks, self.host.as_ref(), |until_done| {
+            self.blocking(&mut || self.wait(lane, until_done));
         });
         settle(outcomes)
     }
@@ -145,6 +134,7 @@ impl Executor<'_> {
             wave: Some((state, index)),
             parent: Some(outer),
             crew: outer.crew,
+            caller: outer.caller,
         };
         let result =
             panic::catch_unwind(AssertUnwindSafe(|| self.walk(branch, input, frame, lane)));
@@ -154,22 +144,35 @@ impl Executor<'_> {
         result.unwrap_or_else(|payload| panic::resume_unwind(payload))
     }
 
-    /// Blocks until the branches finish, polling the watch while it waits so that an interruption
-    /// only this thread can see (a signal, on a host's main thread) reaches them.
-    fn wait<T>(&self, tally: &Tally<T>) {
+    /// Blocks until the branches finish. The thread that started the run also polls the watch
+    /// while it waits, so that an interruption only it can see (a signal, on a host's main
+    /// thread) reaches the branches; every other thread sleeps until there is something to do.
+    fn wait(&self, lane: &Lane<'_>, until_done: &(dyn Fn(Option<Duration>) -> bool + Sync)) {
         match self.watch {
-            None => tally.wait_all(),
-            Some(watch) => tally.wait_polling(WATCH_INTERVAL, &|| watch.poll()),
+            Some(watch) if thread::current().id() == lane.caller => {
+                while !until_done(Some(WATCH_INTERVAL)) {
+                    watch.poll();
+                }
+            }
+            Some(_) | None => {
+                until_done(None);
+            }
         }
     }
 }
 
 /// A wave's outcomes, in declaration order: the first panic is re-raised, else the first
-/// failure is returned, else the wave succeeded.
+/// failure is returned (a branch that never got a thread counts as failed), else the wave
+/// succeeded.
 fn settle(outcomes: Vec<thread::Result<Result<(), Halt>>>) -> Result<(), Halt> {
     let mut outcomes: Vec<Result<(), Halt>> = outcomes
         .into_iter()
-        .map(|outcome| outcome.unwrap_or_else(|payload| panic::resume_unwind(payload)))
+        .map(|outcome| {
+            outcome.unwrap_or_else(|payload| match payload.downcast::<Refused>() {
+                Ok(refused) => Err(Halt::Failed(RunError::NoThread { reason: refused.0 })),
+                Err(payload) => panic::resume_unwind(payload),
+            })
+        })
         .collect();
     if let Some(at) = outcomes
         .iter()

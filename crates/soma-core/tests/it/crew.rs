@@ -1,37 +1,18 @@
-//! A program's standing threads: each branch keeps one from run to run, and no thread — nor what
-//! it keeps in thread-local storage — ever passes from one branch to another.
+//! The threads a program lends its waves: as many as branches are in flight, never one per
+//! branch of the graph; the thread that reaches a wave runs a branch of it; idle threads capped,
+//! and gone when the program is.
 
 use std::cell::Cell;
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::thread::{self, ThreadId};
+use std::time::Instant;
 
-use soma_core::{compile, node_arc, Catalog, Executor, Expr, NodeError, Plan, Program, Value};
+use soma_core::{
+    compile, node_arc, Catalog, Executor, Expr, Host, NodeError, Plan, Program, RunError, Value,
+};
 
 use crate::support::{meet, open_when_this_thread_ends, plain, trace, Gate, Rendezvous, DEADLINE};
-
-thread_local! {
-    static LEFT_BEHIND: Cell<Option<&'static str>> = const { Cell::new(None) };
-}
-
-/// For each node, in run order: the thread it ran on and what it found in `LEFT_BEHIND`.
-type Sightings = Arc<Mutex<Vec<(String, ThreadId, Option<&'static str>)>>>;
-
-/// A node that records where it ran and what it found, then leaves its own mark behind.
-fn marking(id: &'static str, seen: &Sightings) -> Expr {
-    let seen = Arc::clone(seen);
-    node_arc(
-        id,
-        Arc::new(plain(move |node, input| {
-            let found = LEFT_BEHIND.with(Cell::get);
-            seen.lock()
-                .unwrap()
-                .push((node.to_string(), thread::current().id(), found));
-            LEFT_BEHIND.with(|cell| cell.set(Some(id)));
-            Ok(input.clone())
-        })),
-    )
-}
 
 fn program_of(expr: Expr) -> (Catalog, Plan, Program) {
     let (graph, catalog) = expr.somatize().unwrap();
@@ -40,78 +21,154 @@ fn program_of(expr: Expr) -> (Catalog, Plan, Program) {
     (catalog, plan, program)
 }
 
-/// `a >> (b | c) >> m >> (d | e) >> z`: two waves in a row, the caller's nodes around them.
-fn two_waves(seen: &Sightings) -> Expr {
-    marking("a", seen)
-        >> (marking("b", seen) | marking("c", seen))
-        >> marking("m", seen)
-        >> (marking("d", seen) | marking("e", seen))
-        >> marking("z", seen)
+/// The threads nodes ran on, by node.
+type Threads = Arc<Mutex<Vec<(String, ThreadId)>>>;
+
+/// A node that records its thread, then does `body`.
+fn seen(
+    id: &str,
+    threads: &Threads,
+    body: impl Fn(&str, &Value) -> Result<Value, NodeError> + Send + Sync + 'static,
+) -> Expr {
+    let threads = Arc::clone(threads);
+    node_arc(
+        id,
+        Arc::new(plain(move |node, input| {
+            threads
+                .lock()
+                .unwrap()
+                .push((node.to_owned(), thread::current().id()));
+            body(node, input)
+        })),
+    )
 }
 
-fn runs(seen: &Sightings) -> Vec<Vec<(String, ThreadId, Option<&'static str>)>> {
-    seen.lock().unwrap().chunks(7).map(<[_]>::to_vec).collect()
-}
-
-#[test]
-fn a_program_counts_the_branches_of_all_its_waves() {
-    let seen = Sightings::default();
-    let (_, _, program) = program_of(two_waves(&seen));
-    assert_eq!(program.branches(), 4);
-    let (_, _, chain) = program_of(marking("a", &seen) >> marking("b", &seen));
-    assert_eq!(chain.branches(), 0);
-}
-
-#[test]
-fn each_branch_of_a_program_runs_on_the_same_thread_in_every_run() {
-    let seen = Sightings::default();
-    let (_, _, program) = program_of(two_waves(&seen));
-    let executor = Executor::new();
-    for _ in 0..3 {
-        executor.run_program(&program, Value::Int(0)).unwrap();
-    }
-    let mut threads: HashMap<String, Vec<ThreadId>> = HashMap::new();
-    for (node, thread, _) in seen.lock().unwrap().iter() {
-        threads.entry(node.clone()).or_default().push(*thread);
-    }
-    for branch in ["b", "c", "d", "e"] {
-        let used = &threads[branch];
-        assert!(
-            used.iter().all(|t| *t == used[0]),
-            "`{branch}` moved between threads: {used:?}"
-        );
-    }
-    let firsts: Vec<ThreadId> = ["a", "b", "c", "d", "e"]
+fn thread_of(threads: &Threads, node: &str) -> ThreadId {
+    threads
+        .lock()
+        .unwrap()
         .iter()
-        .map(|n| threads[*n][0])
-        .collect();
-    for (i, t) in firsts.iter().enumerate() {
-        assert!(
-            !firsts[i + 1..].contains(t),
-            "two branches, or a branch and the caller, shared a thread: {firsts:?}"
-        );
+        .find(|(n, _)| n == node)
+        .unwrap_or_else(|| panic!("`{node}` ran"))
+        .1
+}
+
+/// `b0 | b1 | …`: `width` branches that all meet before any answers.
+fn meeting_wave(width: usize, threads: &Threads) -> Expr {
+    let everyone = Rendezvous::new(width);
+    (0..width)
+        .map(|i| seen(&format!("b{i}"), threads, meet(&everyone)))
+        .reduce(|wave, branch| wave | branch)
+        .expect("at least one branch")
+}
+
+/// A wave of `width` branches that do nothing.
+fn quick_wave(width: usize) -> Expr {
+    (0..width)
+        .map(|i| node_arc(format!("b{i}").as_str(), Arc::new(plain(trace))))
+        .reduce(|wave, branch| wave | branch)
+        .expect("at least one branch")
+}
+
+/// Waits until `done` holds, or the deadline passes; whether it held.
+fn eventually(done: impl Fn() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < DEADLINE {
+        if done() {
+            return true;
+        }
+        thread::yield_now();
     }
+    done()
 }
 
 #[test]
-fn thread_local_state_a_branch_leaves_is_seen_only_by_that_branch_in_a_later_run() {
-    let seen = Sightings::default();
-    let (_, _, program) = program_of(two_waves(&seen));
+fn the_thread_that_reaches_a_wave_runs_its_first_branch_itself() {
+    let threads = Threads::default();
+    let (_, _, program) = program_of(
+        seen("a", &threads, trace)
+            >> (seen("b", &threads, trace) | seen("c", &threads, trace))
+            >> seen("d", &threads, trace),
+    );
+    Executor::new()
+        .run_program(&program, Value::Int(0))
+        .unwrap();
+    assert_eq!(thread_of(&threads, "a"), thread::current().id());
+    assert_eq!(thread_of(&threads, "b"), thread::current().id());
+    assert_eq!(thread_of(&threads, "d"), thread::current().id());
+}
+
+#[test]
+fn branches_in_flight_at_the_same_time_run_on_different_threads() {
+    let threads = Threads::default();
+    let (_, _, program) = program_of(meeting_wave(3, &threads));
+    Executor::new()
+        .run_program(&program, Value::Int(0))
+        .unwrap();
+    let distinct: HashSet<ThreadId> = threads.lock().unwrap().iter().map(|(_, t)| *t).collect();
+    assert_eq!(distinct.len(), 3);
+}
+
+#[test]
+fn a_branch_waiting_for_its_inner_wave_runs_one_of_that_waves_branches_itself() {
+    // `b` reaches the inner wave `c | d` and runs `c`; `d` and `e` meet `c`, so all three are in
+    // flight, and `b`'s thread was not left idle waiting for them.
+    let threads = Threads::default();
+    let together = Rendezvous::new(3);
+    let (_, _, program) = program_of(
+        (seen("b", &threads, trace)
+            >> (seen("c", &threads, meet(&together)) | seen("d", &threads, meet(&together))))
+            | seen("e", &threads, meet(&together)),
+    );
+    Executor::new()
+        .run_program(&program, Value::Int(0))
+        .unwrap();
+    assert_eq!(thread_of(&threads, "b"), thread_of(&threads, "c"));
+    assert_ne!(thread_of(&threads, "c"), thread_of(&threads, "d"));
+}
+
+#[test]
+fn a_wave_of_branches_that_meet_uses_one_thread_per_branch_and_no_more() {
+    const WIDTH: usize = 64;
+    let threads = Threads::default();
+    let (_, _, program) = program_of(meeting_wave(WIDTH, &threads));
     let executor = Executor::new();
-    for _ in 0..3 {
-        executor.run_program(&program, Value::Int(0)).unwrap();
+    for _ in 0..2 {
+        let out = executor.run_program(&program, Value::Null).unwrap();
+        assert_eq!(out.as_map().map(<[_]>::len), Some(WIDTH));
     }
-    let runs = runs(&seen);
-    assert_eq!(runs.len(), 3);
-    for (number, run) in runs.iter().enumerate() {
-        let found = |id: &str| run.iter().find(|(node, _, _)| node == id).unwrap().2;
-        for branch in ["b", "c", "d", "e"] {
-            let expected = if number == 0 { None } else { Some(branch) };
-            assert_eq!(found(branch), expected, "run {number}: {run:?}");
-        }
-        assert_eq!(found("m"), Some("a"), "the caller keeps its own: {run:?}");
-        assert_eq!(found("z"), Some("m"), "and sees no branch's: {run:?}");
-    }
+    // The caller runs one branch; the crew lends a thread to each of the others, and the second
+    // run finds them again instead of starting more.
+    assert!(program.threads() < WIDTH, "{} threads", program.threads());
+    let distinct: HashSet<ThreadId> = threads.lock().unwrap().iter().map(|(_, t)| *t).collect();
+    assert!(
+        distinct.len() <= WIDTH + WIDTH / 2,
+        "{} threads",
+        distinct.len()
+    );
+}
+
+#[test]
+fn a_wave_of_ten_thousand_quick_branches_runs_on_a_handful_of_threads() {
+    const WIDTH: usize = 10_000;
+    let (_, _, program) = program_of(quick_wave(WIDTH));
+    let out = Executor::new().run_program(&program, Value::Null).unwrap();
+    assert_eq!(out.as_map().map(<[_]>::len), Some(WIDTH));
+    // Threads come only when a branch waits with no thread free: not one per branch.
+    assert!(program.threads() < 100, "{} threads", program.threads());
+}
+
+#[test]
+fn idle_threads_beyond_the_limit_end() {
+    let threads = Threads::default();
+    let (_, _, program) = program_of(meeting_wave(16, &threads));
+    program.set_idle_threads(2);
+    Executor::new().run_program(&program, Value::Null).unwrap();
+    assert!(
+        eventually(|| program.threads() <= 2),
+        "{} threads stayed",
+        program.threads()
+    );
 }
 
 #[test]
@@ -145,8 +202,6 @@ fn two_runs_of_one_program_at_once_run_all_their_branches_at_the_same_time() {
 
 #[test]
 fn a_branch_can_run_its_own_program_again_from_inside() {
-    // `outer` runs the program once more from inside branch `b`: `b`'s thread is busy with the
-    // outer run, so the inner `b` needs another one, and `c` reuses its own, now idle.
     let program: Arc<OnceLock<Program>> = Arc::default();
     let inner = Arc::clone(&program);
     let reenter = plain(move |_, input: &Value| {
@@ -181,55 +236,48 @@ fn a_branch_can_run_its_own_program_again_from_inside() {
         out,
         Value::map([("b", Value::Int(2)), ("c", Value::Int(0))])
     );
-    // And the program still runs from outside afterwards.
-    let again = Executor::new()
-        .run_program(program.get().unwrap(), Value::Int(1))
-        .unwrap();
-    assert_eq!(
-        again,
-        Value::map([("b", Value::Int(10)), ("c", Value::Int(1))])
-    );
 }
 
 #[test]
-fn a_panicking_branch_keeps_its_thread_for_the_next_run() {
-    let threads: Arc<Mutex<Vec<ThreadId>>> = Arc::default();
-    let log = Arc::clone(&threads);
-    let flaky = plain(move |_, input: &Value| {
-        log.lock().unwrap().push(thread::current().id());
-        assert!(input.as_int() != Some(0), "panicked on purpose");
-        Ok(input.clone())
-    });
-    let expr =
-        node_arc("b", Arc::new(flaky)) | node_arc("c", Arc::new(plain(|_, x| Ok(x.clone()))));
-    let (_, _, program) = program_of(expr);
+fn a_panicking_branch_leaves_the_program_usable() {
+    let together = Rendezvous::new(2);
+    let flaky = {
+        let meet = meet(&together);
+        plain(move |id, input: &Value| {
+            let out = meet(id, input);
+            assert!(input.as_int() != Some(0), "panicked on purpose");
+            out
+        })
+    };
+    let steady = {
+        let meet = meet(&together);
+        plain(move |id, input: &Value| meet(id, input))
+    };
+    let (_, _, program) =
+        program_of(node_arc("b", Arc::new(steady)) | node_arc("c", Arc::new(flaky)));
     let executor = Executor::new();
     let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         executor.run_program(&program, Value::Int(0))
     }));
     assert!(panicked.is_err(), "the branch's panic is re-raised");
     let out = executor.run_program(&program, Value::Int(1)).unwrap();
-    assert_eq!(
-        out,
-        Value::map([("b", Value::Int(1)), ("c", Value::Int(1))])
-    );
-    let threads = threads.lock().unwrap();
-    assert_eq!(threads.len(), 2);
-    assert_eq!(
-        threads[0], threads[1],
-        "the member survived its branch's panic"
-    );
+    assert_eq!(out.as_map().map(<[_]>::len), Some(2));
 }
 
-/// `b | c`, where `b` opens the returned gate once the thread it ran on has ended.
+/// `b | c`, meeting, where `c` — which runs on a crew thread, since `b` waits for it on the
+/// caller's — opens the returned gate once the thread it ran on has ended.
 fn a_branch_that_reports_its_thread_ending() -> (Arc<Gate>, Catalog, Plan, Program) {
     let ended = Gate::new();
     let gate = Arc::clone(&ended);
-    let b = plain(move |id, input| {
-        open_when_this_thread_ends(&gate);
-        trace(id, input)
-    });
-    let expr = node_arc("b", Arc::new(b)) | node_arc("c", Arc::new(plain(trace)));
+    let together = Rendezvous::new(2);
+    let c = {
+        let meet = meet(&together);
+        plain(move |id, input| {
+            open_when_this_thread_ends(&gate);
+            meet(id, input)
+        })
+    };
+    let expr = node_arc("b", Arc::new(plain(meet(&together)))) | node_arc("c", Arc::new(c));
     let (catalog, plan, program) = program_of(expr);
     (ended, catalog, plan, program)
 }
@@ -240,49 +288,76 @@ fn dropping_a_program_ends_its_threads() {
     Executor::new()
         .run_program(&program, Value::text("x"))
         .unwrap();
+    assert_eq!(program.threads(), 1);
     drop(program);
-    assert!(ended.wait(), "`b`'s thread outlived its program");
+    assert!(ended.wait(), "`c`'s thread outlived its program");
 }
 
 #[test]
-fn a_one_off_run_of_a_plan_ends_its_branch_threads_with_it() {
+fn a_one_off_run_of_a_plan_ends_its_threads_after_it() {
     let (ended, catalog, plan, _program) = a_branch_that_reports_its_thread_ending();
     Executor::new()
         .run(&plan, &catalog, Value::text("x"))
         .unwrap();
-    assert!(ended.wait(), "`b`'s thread outlived the run");
+    assert!(ended.wait(), "`c`'s thread outlived the run");
 }
 
 #[test]
-fn a_wave_of_a_thousand_branches_runs_every_branch_at_once_on_its_own_thread() {
-    const WIDTH: usize = 1_000;
-    let everyone = Rendezvous::new(WIDTH);
-    let threads: Arc<Mutex<Vec<ThreadId>>> = Arc::default();
-    let mut expr: Option<Expr> = None;
-    for i in 0..WIDTH {
-        let (meet, log) = (meet(&everyone), Arc::clone(&threads));
-        let body = plain(move |id, input| {
-            log.lock().unwrap().push(thread::current().id());
-            meet(id, input)
-        });
-        let branch = node_arc(format!("b{i}").as_str(), Arc::new(body));
-        expr = Some(match expr {
-            None => branch,
-            Some(expr) => expr | branch,
-        });
+fn a_thread_the_system_refuses_is_a_run_error_and_the_program_stays_usable() {
+    let (_, _, program) = program_of(quick_wave(2));
+    program.refuse_next_threads(1);
+    let error = Executor::new()
+        .run_program(&program, Value::Null)
+        .unwrap_err();
+    assert!(matches!(&error, RunError::NoThread { .. }), "{error:?}");
+    assert!(error.to_string().contains("refused"), "{error}");
+    let out = Executor::new().run_program(&program, Value::Null).unwrap();
+    assert_eq!(out.as_map().map(<[_]>::len), Some(2));
+}
+
+thread_local! {
+    static IN_BRANCH: Cell<bool> = const { Cell::new(false) };
+}
+
+/// A host that marks, for the length of each branch it wraps, that its thread is in one.
+struct Marking;
+
+impl Host for Marking {
+    fn branch(&self, run: &mut dyn FnMut()) {
+        let before = IN_BRANCH.with(|mark| mark.replace(true));
+        run();
+        IN_BRANCH.with(|mark| mark.set(before));
     }
-    let (_, _, program) = program_of(expr.unwrap());
-    let executor = Executor::new();
-    for _ in 0..2 {
-        let out = executor.run_program(&program, Value::Null).unwrap();
-        assert_eq!(out.as_map().map(<[_]>::len), Some(WIDTH));
+
+    fn blocking(&self, run: &mut (dyn FnMut() + Send)) {
+        run();
     }
-    let mut threads = threads.lock().unwrap().clone();
-    threads.sort_by_key(|t| format!("{t:?}"));
-    threads.dedup();
-    assert_eq!(
-        threads.len(),
-        WIDTH,
-        "one thread per branch, kept for the second run"
-    );
+}
+
+#[test]
+fn the_host_wraps_each_branch_a_crew_thread_runs_and_puts_its_thread_back_after() {
+    let marks: Arc<Mutex<Vec<(String, bool)>>> = Arc::default();
+    let together = Rendezvous::new(2);
+    let marked = |id: &str| {
+        let (marks, meet) = (Arc::clone(&marks), meet(&together));
+        node_arc(
+            id,
+            Arc::new(plain(move |node, input| {
+                let mark = IN_BRANCH.with(Cell::get);
+                marks.lock().unwrap().push((node.to_owned(), mark));
+                meet(node, input)
+            })),
+        )
+    };
+    let (_, _, program) = program_of(marked("b") | marked("c"));
+    Executor::new()
+        .with_host(Arc::new(Marking))
+        .run_program(&program, Value::Null)
+        .unwrap();
+    let marks = marks.lock().unwrap().clone();
+    // `b` runs on the caller, inside whatever the caller already holds; `c` on a crew thread,
+    // inside the host's branch.
+    assert!(marks.contains(&("b".to_owned(), false)), "{marks:?}");
+    assert!(marks.contains(&("c".to_owned(), true)), "{marks:?}");
+    assert!(!IN_BRANCH.with(Cell::get));
 }
