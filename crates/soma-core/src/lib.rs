@@ -2,8 +2,9 @@
 //!
 //! Soma's engine, with no Python in it: a [`Graph`] of node ids, a [`Catalog`] of what each node
 //! does, [`compile()`] to turn them into a [`Plan`] — a series-parallel tree of `Sequence`s,
-//! `Wave`s and `Execute` steps — and an [`Executor`] that runs it, each branch of a wave start
-//! to finish on its own thread.
+//! `Wave`s and `Execute` steps — and an [`Executor`] that runs it, the branches of each wave
+//! launched together and each run start to finish on one thread, lent from a pool that holds
+//! about as many threads as branches are in flight at once.
 //!
 //! ```
 //! use soma_core::{compile, node, Executor, NodeError, Value};

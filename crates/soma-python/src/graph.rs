@@ -60,11 +60,11 @@ impl Default for State {
     }
 }
 
-/// A plan and the program that runs it.
-#[derive(Clone)]
+/// A plan, and the program that runs it once a forward has asked for one: `plan()` alone
+/// never pays for resolving a program.
 struct Compiled {
     plan: Arc<Plan>,
-    program: Arc<Program>,
+    program: Option<Arc<Program>>,
 }
 
 #[pyclass(frozen, module = "soma._soma")]
@@ -97,20 +97,42 @@ impl GraphCore {
         Ok(())
     }
 
-    fn compiled(&self, py: Python<'_>) -> PyResult<Compiled> {
+    /// The plan, compiled on first use after a change.
+    fn compiled_plan(&self, py: Python<'_>) -> PyResult<Arc<Plan>> {
         let mut state = self.state();
-        if let Some(compiled) = &state.compiled {
-            return Ok(compiled.clone());
+        Ok(Arc::clone(&Self::compiled(py, &mut state)?.plan))
+    }
+
+    /// The program, resolved on first use after a change.
+    fn program(&self, py: Python<'_>) -> PyResult<Arc<Program>> {
+        let mut state = self.state();
+        Self::compiled(py, &mut state)?;
+        let State {
+            catalog,
+            compiled,
+            idle_threads,
+            ..
+        } = &mut *state;
+        let compiled = compiled.as_mut().expect("compiled just now");
+        if let Some(program) = &compiled.program {
+            return Ok(Arc::clone(program));
         }
-        let plan = compile(&state.graph, &state.catalog).map_err(|e| compile_error(py, &e))?;
-        let program = Program::new(&plan, &state.catalog).map_err(|e| program_error(py, &e))?;
-        program.set_idle_threads(state.idle_threads);
-        let compiled = Compiled {
-            plan: Arc::new(plan),
-            program: Arc::new(program),
-        };
-        state.compiled = Some(compiled.clone());
-        Ok(compiled)
+        let program = Program::new(&compiled.plan, catalog).map_err(|e| program_error(py, &e))?;
+        program.set_idle_threads(*idle_threads);
+        let program = Arc::new(program);
+        compiled.program = Some(Arc::clone(&program));
+        Ok(program)
+    }
+
+    fn compiled<'s>(py: Python<'_>, state: &'s mut State) -> PyResult<&'s mut Compiled> {
+        if state.compiled.is_none() {
+            let plan = compile(&state.graph, &state.catalog).map_err(|e| compile_error(py, &e))?;
+            state.compiled = Some(Compiled {
+                plan: Arc::new(plan),
+                program: None,
+            });
+        }
+        Ok(state.compiled.as_mut().expect("compiled just now"))
     }
 }
 
@@ -274,7 +296,8 @@ impl GraphCore {
         self.state()
             .compiled
             .as_ref()
-            .map_or(0, |compiled| compiled.program.threads())
+            .and_then(|compiled| compiled.program.as_ref())
+            .map_or(0, |program| program.threads())
     }
 
     /// How many idle threads the graph keeps for its waves.
@@ -287,15 +310,15 @@ impl GraphCore {
     fn set_idle_threads(&self, limit: usize) {
         let mut state = self.state();
         state.idle_threads = limit;
-        if let Some(compiled) = &state.compiled {
-            compiled.program.set_idle_threads(limit);
+        if let Some(program) = state.compiled.as_ref().and_then(|c| c.program.as_ref()) {
+            program.set_idle_threads(limit);
         }
     }
 
     /// Refuses the next `count` threads the graph's program would start, as an operating
     /// system out of threads would: for tests of that path.
     fn _refuse_next_threads(&self, py: Python<'_>, count: usize) -> PyResult<()> {
-        self.compiled(py)?.program.refuse_next_threads(count);
+        self.program(py)?.refuse_next_threads(count);
         Ok(())
     }
 
@@ -305,7 +328,7 @@ impl GraphCore {
 
     /// The plan, compiled on first use after a change.
     fn plan(&self, py: Python<'_>) -> PyResult<PyPlan> {
-        Ok(PyPlan::new(self.compiled(py)?.plan))
+        Ok(PyPlan::new(self.compiled_plan(py)?))
     }
 
     /// Runs the graph on `input`.
@@ -318,7 +341,7 @@ impl GraphCore {
         turn_limit: u32,
         trace: Option<&Bound<'py, PyTrace>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let program = self.compiled(py)?.program;
+        let program = self.program(py)?;
         let driver = driver.map(PythonDriver::new).transpose()?;
         let watch = SignalWatch::new();
         let input = wrap(input);

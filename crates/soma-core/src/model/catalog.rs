@@ -3,17 +3,16 @@
 //! Kept apart from the [`crate::Graph`] so topology can be compiled and compared without
 //! implementations, and so a run can borrow the catalog, shared, from every branch's thread.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::model::id::NodeId;
+use crate::model::id::{IdMap, NodeId};
 use crate::model::node::Node;
 
 /// Implementations by node id. Cloning copies the table, not the nodes.
 #[derive(Clone, Default)]
 pub struct Catalog {
-    nodes: HashMap<NodeId, Arc<dyn Node>>,
+    nodes: IdMap<Arc<dyn Node>>,
 }
 
 impl Catalog {

@@ -15,7 +15,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::fmt;
 
-use crate::model::id::NodeId;
+use crate::model::id::{IdMap, NodeId};
 
 /// Why a graph refused a node or an edge. The graph is unchanged after any of these.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -89,7 +89,7 @@ impl std::error::Error for GraphError {}
 #[derive(Clone, Default)]
 pub struct Graph {
     ids: Vec<NodeId>,
-    index: HashMap<NodeId, usize>,
+    index: IdMap<usize>,
     succ: Vec<Neighbours>,
     pred: Vec<Neighbours>,
     edges: Vec<(usize, usize)>,

@@ -6,7 +6,9 @@
 //! can be printed between backticks and pasted back into a call.
 
 use std::borrow::Borrow;
+use std::collections::HashMap;
 use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 /// The name of a node: non-empty, no whitespace, no control characters.
@@ -92,3 +94,30 @@ impl fmt::Debug for NodeId {
         write!(f, "{:?}", &*self.0)
     }
 }
+
+/// A quick hash for node ids, which the graph, the catalog and the program builder look up once
+/// per edge or read: the ids are the user's own names, not an attacker's input, so the
+/// flood-resistant default hash buys nothing here and costs a good part of a compile.
+#[derive(Default)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0_u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(word))
+                .wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        // The table picks buckets by the low bits, and the multiply left them depending on the
+        // low bytes only (the ids' shared prefix): fold the high bits down.
+        let folded = (self.0 ^ (self.0 >> 31)).wrapping_mul(0x94_d0_49_bb_13_31_11_eb);
+        folded ^ (folded >> 29)
+    }
+}
+
+/// A map keyed by node id, hashed with [`IdHasher`].
+pub(crate) type IdMap<V> = HashMap<NodeId, V, BuildHasherDefault<IdHasher>>;

@@ -341,6 +341,11 @@ impl Offer {
         (index < self.len).then_some(index)
     }
 
+    /// How many branches nobody has claimed yet.
+    fn unclaimed(&self) -> usize {
+        self.len.saturating_sub(self.next.load(Ordering::Relaxed))
+    }
+
     /// Whether every branch has been claimed.
     fn exhausted(&self) -> bool {
         self.next.load(Ordering::Relaxed) >= self.len
@@ -441,7 +446,8 @@ impl Pool {
         }
         state.offers.push_back(Arc::clone(offer));
         self.offered.fetch_add(1, Ordering::Release);
-        self.send_helper(&mut state)
+        let unclaimed = offer.unclaimed();
+        self.send_helpers(&mut state, unclaimed)
     }
 
     /// Takes `offer` out of the queue, if it is still there; all its branches are claimed.
@@ -455,37 +461,40 @@ impl Pool {
 
     /// Called by a thread that has just claimed a branch of `offer` and is about to run it: if
     /// any branch in the queue is still unclaimed — a sibling, or a branch of another wave whose
-    /// helper this thread was — makes sure another thread is on its way, in case the branch
-    /// about to run blocks until that one runs. Without a thread to be had, the branches of
-    /// `offer` left unclaimed are recorded as refused.
+    /// helper this thread was — makes sure more threads are on their way, in case the branch
+    /// about to run blocks until those run. Without a thread to be had, the branches of `offer`
+    /// left unclaimed are recorded as refused.
     fn send_helper_if_needed(self: &Arc<Self>, offer: &Offer) {
         if self.offered.load(Ordering::Acquire) == 0 {
             return;
         }
         let mut state = self.lock();
-        if !state.offers.iter().any(|o| !o.exhausted()) {
-            return;
-        }
-        if let Err(refused) = self.send_helper(&mut state) {
+        let unclaimed = state.offers.iter().map(|o| o.unclaimed()).sum();
+        if let Err(refused) = self.send_helpers(&mut state, unclaimed) {
             drop(state);
             offer.refuse_unclaimed(&refused);
         }
     }
 
-    /// Makes sure one thread is on its way to the queue: one already looking, else a sleeping
-    /// one woken, else a new one.
-    fn send_helper(self: &Arc<Self>, state: &mut State) -> io::Result<()> {
-        if state.looking > 0 {
-            return Ok(());
+    /// Makes sure up to two threads are on their way to `unclaimed` branches: those already
+    /// looking count, then sleeping ones are woken, then new ones started. Two, not one: each
+    /// thread that takes a branch sends two more while branches wait, so a wave of a thousand
+    /// branches that all block has its threads after ten rounds, not a thousand; one, not none,
+    /// when a single branch waits.
+    fn send_helpers(self: &Arc<Self>, state: &mut State, unclaimed: usize) -> io::Result<()> {
+        let mut missing = unclaimed.min(2).saturating_sub(state.looking);
+        while missing > 0 {
+            if state.sleeping > 0 {
+                state.sleeping -= 1;
+                state.looking += 1;
+                state.permits += 1;
+                self.wake.notify_one();
+            } else {
+                self.start_thread(state)?;
+            }
+            missing -= 1;
         }
-        if state.sleeping > 0 {
-            state.sleeping -= 1;
-            state.looking += 1;
-            state.permits += 1;
-            self.wake.notify_one();
-            return Ok(());
-        }
-        self.start_thread(state)
+        Ok(())
     }
 
     fn start_thread(self: &Arc<Self>, state: &mut State) -> io::Result<()> {

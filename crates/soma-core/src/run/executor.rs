@@ -1,8 +1,9 @@
-//! `Executor`: walks a [`Plan`], running the branches of each wave on their own threads.
+//! `Executor`: walks a [`Plan`], the branches of each wave launched together.
 //!
-//! A wave hands every branch at once to a thread of its own — the program's standing thread
-//! for that branch ([`crate::run::crew`]), or a new one — and each branch runs start to finish on
-//! that one thread while the caller's thread only waits.
+//! A wave offers its branches to the program's crew ([`crate::run::crew`]): the thread that
+//! reached the wave runs the first branch itself and takes the siblings nobody has started,
+//! while crew threads take the others; each branch runs start to finish on the thread that took
+//! it.
 //! Values live in one table of slots ([`Program`] numbers them so that each branch owns a
 //! contiguous range): a branch reads what its ancestors produced through a shared borrow of the
 //! part of the table that was complete when its wave started, and writes only into its own

@@ -16,11 +16,11 @@
 //! thread, grown to what its waves have in flight at once, its idle threads capped (see
 //! [`crate::run::crew`]).
 
-use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
 use crate::model::catalog::Catalog;
-use crate::model::id::NodeId;
+use crate::model::id::{IdMap, NodeId};
 use crate::model::node::Node;
 use crate::plan::Plan;
 use crate::run::crew::{Crew, DEFAULT_IDLE_THREADS};
@@ -84,69 +84,16 @@ impl Program {
     /// value when it runs.
     ///
     /// # Complexity
-    /// O(steps · nesting depth).
+    /// O(steps + reads · d), where d is how far apart in the plan's nesting a value's producer and
+    /// readers are (1 or 2 for plans the compiler makes); no recursion, however deep the plan.
     pub fn new(plan: &Plan, catalog: &Catalog) -> Result<Program, ProgramError> {
-        let mut builder = Builder {
-            catalog,
-            ids: Vec::new(),
-            slot_of: HashMap::new(),
-            paths: Vec::new(),
-            path: Vec::new(),
-            sequences: 0,
-            reads: Vec::new(),
-            hidden: Vec::new(),
-        };
-        let mut root = builder.build(plan)?;
-        let ids = builder.ids;
-        let mut readers: Vec<Vec<(usize, usize)>> = vec![Vec::new(); ids.len()];
-        for (at, &(reader, slot)) in builder.reads.iter().enumerate() {
-            readers[slot].push((reader, at));
-        }
-        let mut takes = vec![false; builder.reads.len()];
-        let mut drops: HashMap<usize, Vec<(usize, usize)>> = HashMap::new();
-        let mut leaves = Vec::new();
-        for (slot, readers) in readers.iter().enumerate() {
-            if readers.is_empty() {
-                leaves.push(slot);
-                continue;
-            }
-            let own = &builder.paths[slot];
-            let depth = readers
-                .iter()
-                .map(|&(reader, _)| common_depth(own, &builder.paths[reader]))
-                .min()
-                .unwrap_or(0);
-            if depth == 0 {
-                continue; // No sequence holds producer and readers: keep the value to the end.
-            }
-            let (sequence, _) = own[depth - 1];
-            let (last_child, read_at) = readers
-                .iter()
-                .map(|&(reader, at)| (builder.paths[reader][depth - 1].1, (reader, at)))
-                .max_by_key(|&(child, _)| child)
-                .map(|(child, (reader, at))| (child, (builder.paths[reader].len(), at)))
-                .expect("readers is not empty");
-            let (reader_depth, at) = read_at;
-            if reader_depth == depth {
-                // The last reader is a step of that very sequence, in the producer's branch.
-                takes[at] = true;
-            } else {
-                drops.entry(sequence).or_default().push((last_child, slot));
-            }
-        }
-        let mut next_sequence = 0;
-        let mut next_read = 0;
-        finish(
-            &mut root,
-            &takes,
-            &drops,
-            &mut next_sequence,
-            &mut next_read,
-        );
+        let numbered = Numbering::of(plan, catalog)?;
+        let decided = numbered.decide();
+        let root = numbered.build(plan, &decided);
         Ok(Program {
             root,
-            ids: ids.into(),
-            leaves: leaves.into(),
+            ids: numbered.ids.into(),
+            leaves: decided.leaves.into(),
             crew: Crew::new(DEFAULT_IDLE_THREADS),
         })
     }
@@ -184,147 +131,387 @@ impl Program {
     }
 }
 
-/// How many enclosing sequences two steps share.
-fn common_depth(a: &[(usize, usize)], b: &[(usize, usize)]) -> usize {
-    a.iter()
-        .zip(b)
-        .take_while(|((x, _), (y, _))| x == y)
-        .count()
+/// Where a step or a sequence sits: the innermost sequence around it, and the index of the
+/// child of that sequence that holds it (itself, or the wave it is in). `NONE` outside any
+/// sequence.
+#[derive(Clone, Copy)]
+struct Position {
+    sequence: u32,
+    child: u32,
 }
 
-struct Builder<'c> {
-    catalog: &'c Catalog,
+const NONE: u32 = u32::MAX;
+
+fn to_u32(n: usize) -> u32 {
+    u32::try_from(n).expect("fewer steps than u32::MAX")
+}
+
+/// Every plan of a tree, entered before its children and left after them, in plan order:
+/// the one walk both passes take, without recursion.
+enum Visit<'p> {
+    Enter(&'p Plan),
+    Leave(&'p Plan),
+}
+
+fn visits(plan: &Plan) -> impl Iterator<Item = Visit<'_>> {
+    let mut stack = vec![Visit::Enter(plan)];
+    std::iter::from_fn(move || {
+        let next = stack.pop()?;
+        if let Visit::Enter(entered) = next {
+            stack.push(Visit::Leave(entered));
+            if let Plan::Sequence(children) | Plan::Wave(children) = entered {
+                stack.extend(children.iter().rev().map(Visit::Enter));
+            }
+        }
+        Some(next)
+    })
+}
+
+/// The first pass: steps numbered into slots in plan order, every read resolved and checked,
+/// and where each step and each sequence sits.
+struct Numbering {
     ids: Vec<NodeId>,
-    slot_of: HashMap<NodeId, usize>,
-    /// For each slot, the enclosing sequences: (sequence number, index of the child holding it).
-    paths: Vec<Box<[(usize, usize)]>>,
-    path: Vec<(usize, usize)>,
-    sequences: usize,
-    /// Every (reader slot, read slot), in build order.
-    reads: Vec<(usize, usize)>,
-    /// For each wave around the step being built, `(wave start, branch start)`: the slots of
-    /// the sibling branches before this one, which run at the same time and so cannot be read.
-    /// Ranges nest, so they are sorted by start and disjoint.
-    hidden: Vec<(usize, usize)>,
+    implementations: Vec<Arc<dyn Node>>,
+    /// Where each slot's step sits.
+    positions: Vec<Position>,
+    /// Where each sequence sits, by number (plan order), and how many sequences enclose it,
+    /// itself included.
+    sequences: Vec<(Position, u32)>,
+    /// Every read, in plan order: (reader slot, read slot).
+    reads: Vec<(u32, u32)>,
 }
 
-impl Builder<'_> {
-    /// Whether a step being built may read `slot`, which is already numbered: true unless it
-    /// lies in a sibling branch of an enclosing wave.
-    fn visible(&self, slot: usize) -> bool {
-        let at = self.hidden.partition_point(|&(start, _)| start <= slot);
-        at == 0 || slot >= self.hidden[at - 1].1
-    }
+/// A container being walked in the first pass.
+struct Open {
+    position: Position,
+    /// For a sequence: its number and the index of the child being walked.
+    sequence: Option<(u32, u32)>,
+    /// For a wave: the first slot of its first branch.
+    wave_start: Option<usize>,
+}
 
-    fn build(&mut self, plan: &Plan) -> Result<Op, ProgramError> {
-        match plan {
-            Plan::Empty => Ok(Op::Empty),
-            Plan::Execute { node, from } => {
-                let implementation = self
-                    .catalog
-                    .get(node.as_str())
-                    .ok_or_else(|| ProgramError::NotInCatalog { node: node.clone() })?;
-                let slot = self.ids.len();
-                let from = from
-                    .iter()
-                    .map(|source| match self.slot_of.get(source) {
-                        Some(&read) if self.visible(read) => {
-                            self.reads.push((slot, read));
-                            Ok(Read {
-                                source: source.clone(),
-                                slot: read,
-                                take: false,
-                            })
+/// What the program decides once every read is known.
+struct Decided {
+    /// By read (plan order): whether it takes the value instead of cloning it.
+    takes: Vec<bool>,
+    /// (sequence, child, slot): drop `slot` after `child` of `sequence`; sorted by sequence,
+    /// then slot.
+    drops: Vec<(u32, u32, u32)>,
+    leaves: Vec<usize>,
+}
+
+impl Numbering {
+    fn of(plan: &Plan, catalog: &Catalog) -> Result<Numbering, ProgramError> {
+        // A plan runs at most every node of its catalog, and a compiled one exactly those: sized
+        // once, the tables never move while they grow.
+        let steps = catalog.len();
+        let mut numbering = Numbering {
+            ids: Vec::with_capacity(steps),
+            implementations: Vec::with_capacity(steps),
+            positions: Vec::with_capacity(steps),
+            sequences: Vec::new(),
+            reads: Vec::with_capacity(steps),
+        };
+        let mut slot_of: IdMap<u32> =
+            IdMap::with_capacity_and_hasher(steps, BuildHasherDefault::default());
+        let mut open: Vec<Open> = Vec::new();
+        // For each wave around the step being visited, `(wave start, branch start)`: the slots
+        // of the sibling branches before this one, which run at the same time and so cannot be
+        // read. Ranges nest, so they are sorted by start and disjoint.
+        let mut hidden: Vec<(usize, usize)> = Vec::new();
+        for visit in visits(plan) {
+            match visit {
+                Visit::Enter(entered) => {
+                    let position = match open.last() {
+                        None => Position {
+                            sequence: NONE,
+                            child: 0,
+                        },
+                        Some(parent) => match parent.sequence {
+                            Some((sequence, child)) => Position { sequence, child },
+                            None => parent.position,
+                        },
+                    };
+                    if let Some(start) = open.last().and_then(|parent| parent.wave_start) {
+                        hidden.push((start, numbering.ids.len()));
+                    }
+                    match entered {
+                        Plan::Empty => {}
+                        Plan::Execute { node, from } => {
+                            numbering.execute(catalog, &mut slot_of, &hidden, node, from)?;
+                            numbering.positions.push(position);
                         }
-                        Some(_) | None => Err(ProgramError::MissingInput {
-                            node: node.clone(),
-                            from: source.clone(),
+                        Plan::Sequence(_) => {
+                            let depth = match position.sequence {
+                                NONE => 1,
+                                outer => numbering.sequences[outer as usize].1 + 1,
+                            };
+                            open.push(Open {
+                                position,
+                                sequence: Some((to_u32(numbering.sequences.len()), 0)),
+                                wave_start: None,
+                            });
+                            numbering.sequences.push((position, depth));
+                        }
+                        Plan::Wave(_) => open.push(Open {
+                            position,
+                            sequence: None,
+                            wave_start: Some(numbering.ids.len()),
                         }),
-                    })
-                    .collect::<Result<Box<[Read]>, ProgramError>>()?;
-                if self.slot_of.insert(node.clone(), slot).is_some() {
-                    return Err(ProgramError::StepTwice { node: node.clone() });
+                    }
                 }
-                self.ids.push(node.clone());
-                self.paths.push(self.path.as_slice().into());
-                Ok(Op::Execute(Step {
-                    id: node.clone(),
-                    slot,
-                    node: Arc::clone(implementation),
-                    from,
-                }))
-            }
-            Plan::Sequence(children) => {
-                let number = self.sequences;
-                self.sequences += 1;
-                let mut steps = Vec::with_capacity(children.len());
-                for (index, child) in children.iter().enumerate() {
-                    self.path.push((number, index));
-                    let step = self.build(child);
-                    self.path.pop();
-                    steps.push(step?);
+                Visit::Leave(left) => {
+                    if let Plan::Sequence(_) | Plan::Wave(_) = left {
+                        open.pop();
+                    }
+                    match open.last_mut() {
+                        Some(Open {
+                            sequence: Some((_, child)),
+                            ..
+                        }) => *child += 1,
+                        Some(Open {
+                            wave_start: Some(_),
+                            ..
+                        }) => {
+                            hidden.pop();
+                        }
+                        Some(_) | None => {}
+                    }
                 }
-                Ok(Op::Sequence {
-                    steps: steps.into(),
-                    drop_after: Box::new([]),
-                })
-            }
-            Plan::Wave(children) => {
-                let mut bounds = Vec::with_capacity(children.len() + 1);
-                let mut branches = Vec::with_capacity(children.len());
-                let start = self.ids.len();
-                for child in children {
-                    bounds.push(self.ids.len());
-                    self.hidden.push((start, self.ids.len()));
-                    let branch = self.build(child);
-                    self.hidden.pop();
-                    branches.push(branch?);
-                }
-                bounds.push(self.ids.len());
-                Ok(Op::Wave {
-                    branches: branches.into(),
-                    bounds: bounds.into(),
-                })
             }
         }
+        Ok(numbering)
+    }
+
+    /// Numbers one step and resolves its reads.
+    fn execute(
+        &mut self,
+        catalog: &Catalog,
+        slot_of: &mut IdMap<u32>,
+        hidden: &[(usize, usize)],
+        node: &NodeId,
+        from: &[NodeId],
+    ) -> Result<(), ProgramError> {
+        let implementation = catalog
+            .get(node.as_str())
+            .ok_or_else(|| ProgramError::NotInCatalog { node: node.clone() })?;
+        let slot = to_u32(self.ids.len());
+        for source in from {
+            match slot_of.get(source) {
+                Some(&read) if visible(hidden, read as usize) => self.reads.push((slot, read)),
+                Some(_) | None => {
+                    return Err(ProgramError::MissingInput {
+                        node: node.clone(),
+                        from: source.clone(),
+                    })
+                }
+            }
+        }
+        if slot_of.insert(node.clone(), slot).is_some() {
+            return Err(ProgramError::StepTwice { node: node.clone() });
+        }
+        self.ids.push(node.clone());
+        self.implementations.push(Arc::clone(implementation));
+        Ok(())
+    }
+
+    /// How many sequences enclose `sequence`, itself included; 0 for `NONE`.
+    fn depth(&self, sequence: u32) -> u32 {
+        match sequence {
+            NONE => 0,
+            s => self.sequences[s as usize].1,
+        }
+    }
+
+    /// The innermost sequence around both `a` and `b`, or `NONE`.
+    fn common(&self, mut a: u32, mut b: u32) -> u32 {
+        while self.depth(a) > self.depth(b) {
+            a = self.sequences[a as usize].0.sequence;
+        }
+        while self.depth(b) > self.depth(a) {
+            b = self.sequences[b as usize].0.sequence;
+        }
+        while a != b {
+            a = self.sequences[a as usize].0.sequence;
+            b = self.sequences[b as usize].0.sequence;
+        }
+        a
+    }
+
+    /// The index of the child of `sequence` that holds the step in `slot`; `sequence` must
+    /// enclose it.
+    fn child_in(&self, slot: u32, sequence: u32) -> u32 {
+        let mut at = self.positions[slot as usize];
+        while at.sequence != sequence {
+            at = self.sequences[at.sequence as usize].0;
+        }
+        at.child
+    }
+
+    /// When each value can go: right after its last reader. The last reader *takes* the value
+    /// when it is a step of the innermost sequence that holds producer and readers; otherwise
+    /// that sequence drops it after the child that holds the last reader.
+    fn decide(&self) -> Decided {
+        let slots = self.ids.len();
+        // The reads of each slot, grouped by a counting sort: (reader, read index).
+        let mut first = vec![0_u32; slots + 1];
+        for &(_, read) in &self.reads {
+            first[read as usize + 1] += 1;
+        }
+        for slot in 0..slots {
+            first[slot + 1] += first[slot];
+        }
+        let mut next = first.clone();
+        let mut grouped = vec![(0_u32, 0_u32); self.reads.len()];
+        for (at, &(reader, read)) in self.reads.iter().enumerate() {
+            let place = &mut next[read as usize];
+            grouped[*place as usize] = (reader, to_u32(at));
+            *place += 1;
+        }
+        let mut decided = Decided {
+            takes: vec![false; self.reads.len()],
+            drops: Vec::new(),
+            leaves: Vec::new(),
+        };
+        for slot in 0..slots {
+            let readers = &grouped[first[slot] as usize..first[slot + 1] as usize];
+            if readers.is_empty() {
+                decided.leaves.push(slot);
+                continue;
+            }
+            let own = self.positions[slot].sequence;
+            let sequence = readers.iter().fold(own, |around, &(reader, _)| {
+                self.common(around, self.positions[reader as usize].sequence)
+            });
+            if sequence == NONE {
+                continue; // No sequence holds producer and readers: keep the value to the end.
+            }
+            let (last_child, (reader, at)) = readers
+                .iter()
+                .map(|&(reader, at)| (self.child_in(reader, sequence), (reader, at)))
+                .max_by_key(|&(child, _)| child)
+                .expect("readers is not empty");
+            if self.positions[reader as usize].sequence == sequence {
+                // The last reader is a step of that very sequence, in the producer's branch.
+                decided.takes[at as usize] = true;
+            } else {
+                decided.drops.push((sequence, last_child, to_u32(slot)));
+            }
+        }
+        // Stable: within a sequence, drops stay in slot order.
+        decided.drops.sort_by_key(|&(sequence, _, _)| sequence);
+        decided
+    }
+
+    /// The second pass: the tree of ops, built bottom up on an explicit stack.
+    fn build(&self, plan: &Plan, decided: &Decided) -> Op {
+        let mut done: Vec<Op> = Vec::new();
+        // For each open container: where its children start on `done`, its sequence number or
+        // its wave's bounds so far.
+        let mut open: Vec<(usize, Option<u32>, Vec<usize>)> = Vec::new();
+        let (mut slot, mut read, mut sequences) = (0_usize, 0_usize, 0_u32);
+        for visit in visits(plan) {
+            match visit {
+                Visit::Enter(entered) => {
+                    if let Some((_, None, bounds)) = open.last_mut() {
+                        bounds.push(slot);
+                    }
+                    match entered {
+                        Plan::Empty => done.push(Op::Empty),
+                        Plan::Execute { from, .. } => {
+                            let from = from
+                                .iter()
+                                .map(|source| {
+                                    let (_, read_slot) = self.reads[read];
+                                    let take = decided.takes[read];
+                                    read += 1;
+                                    Read {
+                                        source: source.clone(),
+                                        slot: read_slot as usize,
+                                        take,
+                                    }
+                                })
+                                .collect();
+                            done.push(Op::Execute(Step {
+                                id: self.ids[slot].clone(),
+                                slot,
+                                node: Arc::clone(&self.implementations[slot]),
+                                from,
+                            }));
+                            slot += 1;
+                        }
+                        Plan::Sequence(_) => {
+                            open.push((done.len(), Some(sequences), Vec::new()));
+                            sequences += 1;
+                        }
+                        Plan::Wave(children) => {
+                            open.push((done.len(), None, Vec::with_capacity(children.len() + 1)));
+                        }
+                    }
+                }
+                Visit::Leave(Plan::Empty | Plan::Execute { .. }) => {}
+                Visit::Leave(Plan::Sequence(_) | Plan::Wave(_)) => {
+                    let (start, sequence, mut bounds) = open.pop().expect("entered before");
+                    let children: Box<[Op]> = done.split_off(start).into();
+                    done.push(if let Some(number) = sequence {
+                        Op::Sequence {
+                            drop_after: drops_after(&decided.drops, number, children.len()),
+                            steps: children,
+                        }
+                    } else {
+                        bounds.push(slot);
+                        Op::Wave {
+                            branches: children,
+                            bounds: bounds.into(),
+                        }
+                    });
+                }
+            }
+        }
+        done.pop().expect("the root was built")
     }
 }
 
-/// Fills in the takes and drops decided once every read was known, visiting the tree in the
-/// order it was built so that sequence and read numbers line up.
-fn finish(
-    op: &mut Op,
-    takes: &[bool],
-    drops: &HashMap<usize, Vec<(usize, usize)>>,
-    next_sequence: &mut usize,
-    next_read: &mut usize,
-) {
-    match op {
-        Op::Empty => {}
-        Op::Execute(step) => {
-            for read in &mut step.from {
-                read.take = takes[*next_read];
-                *next_read += 1;
+/// The slots `sequence` drops after each of its `len` children; empty when it drops none.
+fn drops_after(drops: &[(u32, u32, u32)], sequence: u32, len: usize) -> Box<[Box<[usize]>]> {
+    let start = drops.partition_point(|&(s, _, _)| s < sequence);
+    let end = drops.partition_point(|&(s, _, _)| s <= sequence);
+    if start == end {
+        return Box::new([]);
+    }
+    let mut after: Vec<Vec<usize>> = vec![Vec::new(); len];
+    for &(_, child, slot) in &drops[start..end] {
+        after[child as usize].push(slot as usize);
+    }
+    after.into_iter().map(Vec::into_boxed_slice).collect()
+}
+
+/// Whether a step may read `slot`, already numbered: true unless it lies in a sibling branch
+/// of an enclosing wave (`hidden`, as kept by [`Numbering::of`]).
+fn visible(hidden: &[(usize, usize)], slot: usize) -> bool {
+    let at = hidden.partition_point(|&(start, _)| start <= slot);
+    at == 0 || slot >= hidden[at - 1].1
+}
+
+impl Drop for Op {
+    /// Takes a deep tree apart with a stack of its own, so that dropping a program never
+    /// recurses once per level of its plan.
+    fn drop(&mut self) {
+        let mut stack: Vec<Op> = Vec::new();
+        let take = |op: &mut Op, stack: &mut Vec<Op>| match op {
+            Op::Sequence {
+                steps: children, ..
             }
-        }
-        Op::Sequence { steps, drop_after } => {
-            let number = *next_sequence;
-            *next_sequence += 1;
-            if let Some(scheduled) = drops.get(&number) {
-                let mut after: Vec<Vec<usize>> = vec![Vec::new(); steps.len()];
-                for &(child, slot) in scheduled {
-                    after[child].push(slot);
-                }
-                *drop_after = after.into_iter().map(Vec::into_boxed_slice).collect();
+            | Op::Wave {
+                branches: children, ..
+            } => {
+                stack.extend(Vec::from(std::mem::take(children)));
             }
-            for step in &mut **steps {
-                finish(step, takes, drops, next_sequence, next_read);
-            }
-        }
-        Op::Wave { branches, .. } => {
-            for branch in &mut **branches {
-                finish(branch, takes, drops, next_sequence, next_read);
-            }
+            Op::Empty | Op::Execute(_) => {}
+        };
+        take(self, &mut stack);
+        while let Some(mut op) = stack.pop() {
+            take(&mut op, &mut stack);
         }
     }
 }
