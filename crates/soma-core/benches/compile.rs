@@ -75,9 +75,10 @@ fn naive_split(graph: &Graph, nodes: &[NodeId]) -> Plan {
         if naive_is_cut(graph, a, b) {
             let mut steps = Vec::new();
             for part in [a, b] {
-                match naive_split(graph, part) {
-                    Plan::Sequence(inner) => steps.extend(inner),
-                    other => steps.push(other),
+                let mut plan = naive_split(graph, part);
+                match &mut plan {
+                    Plan::Sequence(inner) => steps.append(inner),
+                    _ => steps.push(plan),
                 }
             }
             return Plan::Sequence(steps);

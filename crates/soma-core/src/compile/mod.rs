@@ -27,7 +27,9 @@
 //!
 //! Those scans visit a node once per level of nesting. A graph that does have a tree — every
 //! graph the DSL writes — first takes the linear-time path of `reduction.rs`, which finds
-//! the same tree without levels; only a graph without one comes here.
+//! the same tree without levels; only a graph without one comes here. Neither recurses: the
+//! sets still being split, like the trees still being built, wait on a stack on the heap, so
+//! however deep a graph nests, compiling it needs no more thread stack than a flat one.
 
 mod reduction;
 
@@ -95,7 +97,7 @@ pub fn decompose(graph: &Graph) -> Plan {
 pub(crate) fn decompose_by_cuts(graph: &Graph) -> Plan {
     let mut decomposer = Decomposer::new(graph);
     let mut everything: Vec<Rank> = (0..decomposer.order.len()).map(to_rank).collect();
-    decomposer.split(&mut everything, false)
+    decomposer.split(&mut everything)
 }
 
 /// A node's position in the decomposer's topological order. 32 bits, not a `usize`: every array
@@ -103,7 +105,7 @@ pub(crate) fn decompose_by_cuts(graph: &Graph) -> Plan {
 /// once a graph outgrows the cache.
 type Rank = u32;
 
-/// A node index or an edge count as a `u32`: the decomposer's arrays, and and the reductions' too,
+/// A node index or an edge count as a `u32`: the decomposer's arrays, and the reductions' too,
 /// hold nothing wider.
 fn to_rank(at: usize) -> u32 {
     u32::try_from(at).expect("fewer nodes and edges than u32::MAX")
@@ -135,8 +137,8 @@ struct Decomposer<'g> {
     place: Vec<usize>,
     /// A set regrouped by component, before it is copied back over the set.
     regrouped: Vec<Rank>,
-    /// Where the parts of the sets being split end, innermost set last: a level pushes its
-    /// own above its callers' and pops them when done.
+    /// Where the parts of the sets being split end, innermost set last: a set pushes its own
+    /// above those of the sets around it and pops them once its parts are planned.
     bounds: Vec<usize>,
 }
 
@@ -191,6 +193,32 @@ struct Component {
     highest: Rank,
 }
 
+/// What one level of the decomposition makes of a set.
+enum Split {
+    /// Its plan: it has no parts to split further.
+    Whole(Plan),
+    /// Its parts, each a sub-slice of the set, ending at `bounds[base..base + count]`: the
+    /// branches of a wave, or the segments between series cuts.
+    Parts {
+        wave: bool,
+        base: usize,
+        count: usize,
+    },
+}
+
+/// A set whose parts are being planned, in [`Decomposer::split`].
+struct Open {
+    /// Where the set starts in the buffer of ranks; its parts' ends are relative to it.
+    start: usize,
+    wave: bool,
+    /// Where its parts' ends sit on `bounds`, and how many parts there are.
+    base: usize,
+    count: usize,
+    /// How many parts are planned, and their plans.
+    done: usize,
+    plans: Vec<Plan>,
+}
+
 impl<'g> Decomposer<'g> {
     fn new(graph: &'g Graph) -> Self {
         let n = graph.len();
@@ -228,54 +256,98 @@ impl<'g> Decomposer<'g> {
         }
     }
 
-    /// The plan of `nodes`, ranks in increasing order; `connected` when they are known to form
-    /// one component (a component found by the caller), which spares a search. Leaves `nodes`
-    /// reordered.
-    fn split(&mut self, nodes: &mut [Rank], connected: bool) -> Plan {
+    /// The plan of `nodes`, ranks in increasing order. Leaves `nodes` reordered.
+    ///
+    /// A set splits into parts, each part into its own, as deep as the graph nests; the sets
+    /// still being split wait on `open`, innermost last, so the depth costs heap, not stack.
+    fn split(&mut self, nodes: &mut [Rank]) -> Plan {
+        let mut open: Vec<Open> = Vec::new();
+        // The set to split next: where it starts and ends in `nodes`, and whether it is known
+        // to be connected.
+        let (mut start, mut end, mut connected) = (0, nodes.len(), false);
+        loop {
+            let mut plan = match self.split_once(&mut nodes[start..end], connected) {
+                Split::Whole(plan) => plan,
+                Split::Parts { wave, base, count } => {
+                    open.push(Open {
+                        start,
+                        wave,
+                        base,
+                        count,
+                        done: 0,
+                        plans: Vec::with_capacity(count),
+                    });
+                    // Into its first part.
+                    end = start + self.bounds[base];
+                    connected = wave;
+                    continue;
+                }
+            };
+            // A plan is done: it joins its set's, which is done in turn after its last part.
+            loop {
+                let Some(set) = open.last_mut() else {
+                    return plan;
+                };
+                match &mut plan {
+                    // Series steps stand in a row: a segment walked in sequence joins the row.
+                    Plan::Sequence(inner) if !set.wave => set.plans.append(inner),
+                    _ => set.plans.push(plan),
+                }
+                set.done += 1;
+                if set.done < set.count {
+                    start = set.start + self.bounds[set.base + set.done - 1];
+                    end = set.start + self.bounds[set.base + set.done];
+                    connected = set.wave;
+                    break;
+                }
+                let set = open.pop().expect("the set just looked at");
+                self.bounds.truncate(set.base);
+                plan = if set.wave {
+                    Plan::Wave(set.plans)
+                } else {
+                    Plan::Sequence(set.plans)
+                };
+            }
+        }
+    }
+
+    /// One level of [`Decomposer::split`]: the plan of `nodes` when it needs no parts, else
+    /// the parts, pushed onto `bounds`. `connected` when the nodes are known to form one
+    /// component (a branch found by the level above), which spares a search.
+    fn split_once(&mut self, nodes: &mut [Rank], connected: bool) -> Split {
         match nodes {
-            [] => return Plan::Empty,
-            [one] => return self.execute(*one),
+            [] => return Split::Whole(Plan::Empty),
+            [one] => return Split::Whole(self.execute(*one)),
             _ => {}
         }
         // One pass per set: the component search and the cut scan both read its marks.
         self.pass += 1;
+        let base = self.bounds.len();
         if !connected {
-            let base = self.bounds.len();
             self.components(nodes);
-            let branch_count = self.bounds.len() - base;
-            if branch_count > 1 {
-                let mut branches = Vec::with_capacity(branch_count);
-                let mut start = 0;
-                for at in base..base + branch_count {
-                    let end = self.bounds[at];
-                    branches.push(self.split(&mut nodes[start..end], true));
-                    start = end;
-                }
-                self.bounds.truncate(base);
-                return Plan::Wave(branches);
+            let count = self.bounds.len() - base;
+            if count > 1 {
+                return Split::Parts {
+                    wave: true,
+                    base,
+                    count,
+                };
             }
             self.bounds.truncate(base);
         }
-        let base = self.bounds.len();
         self.series_cuts(nodes);
         let cut_count = self.bounds.len() - base;
         if cut_count == 0 {
-            return Plan::Sequence(nodes.iter().map(|&v| self.execute(v)).collect());
+            return Split::Whole(Plan::Sequence(
+                nodes.iter().map(|&v| self.execute(v)).collect(),
+            ));
         }
         self.bounds.push(nodes.len());
-        let mut steps = Vec::with_capacity(cut_count + 1);
-        let mut start = 0;
-        for at in base..=base + cut_count {
-            let end = self.bounds[at];
-            match self.split(&mut nodes[start..end], false) {
-                // Series steps stand in a row: a segment walked in sequence joins the row.
-                Plan::Sequence(inner) => steps.extend(inner),
-                step @ (Plan::Empty | Plan::Execute { .. } | Plan::Wave(_)) => steps.push(step),
-            }
-            start = end;
+        Split::Parts {
+            wave: false,
+            base,
+            count: cut_count + 1,
         }
-        self.bounds.truncate(base);
-        Plan::Sequence(steps)
     }
 
     /// Regroups `nodes` by weakly connected component, each component in topological order and

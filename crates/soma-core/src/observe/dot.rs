@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use super::svg::{NODE_FILL, NODE_STROKE, WAVE_STROKE};
-use crate::plan::Plan;
+use crate::plan::{Plan, Visit};
 
 /// A DOT id: always quoted, so any node id is one, with `"` and `\` escaped.
 fn dot_id(id: &str, out: &mut String) {
@@ -26,8 +26,7 @@ fn plan_dot(plan: &Plan) -> String {
         out,
         "    node [shape=box, style=\"rounded,filled\", fillcolor=\"{NODE_FILL}\", color=\"{NODE_STROKE}\", fontname=\"monospace\"];"
     );
-    let mut waves = 0;
-    dot_nodes(plan, 1, &mut waves, &mut out);
+    dot_nodes(plan, &mut out);
     for (node, from) in plan.steps() {
         for source in from {
             out.push_str("    ");
@@ -41,32 +40,36 @@ fn plan_dot(plan: &Plan) -> String {
     out
 }
 
-fn dot_nodes(plan: &Plan, depth: usize, waves: &mut usize, out: &mut String) {
-    let indent = "    ".repeat(depth);
-    match plan {
-        Plan::Empty => {}
-        Plan::Execute { node, .. } => {
-            out.push_str(&indent);
-            dot_id(node.as_str(), out);
-            out.push_str(";\n");
-        }
-        Plan::Sequence(steps) => {
-            for step in steps {
-                dot_nodes(step, depth, waves, out);
+/// Every node, and a cluster around each wave's, indented by how many waves enclose it; one
+/// walk, with no recursion, however deep the plan.
+fn dot_nodes(plan: &Plan, out: &mut String) {
+    let mut depth = 1;
+    let mut waves = 0;
+    for visit in plan.visits() {
+        match visit {
+            Visit::Enter(Plan::Execute { node, .. }) => {
+                out.extend(std::iter::repeat_n("    ", depth));
+                dot_id(node.as_str(), out);
+                out.push_str(";\n");
             }
-        }
-        Plan::Wave(branches) => {
-            let _ = writeln!(out, "{indent}subgraph cluster_wave_{waves} {{");
-            *waves += 1;
-            let _ = writeln!(
-                out,
-                "{indent}    label=\"wave\"; style=\"dashed,rounded\"; color=\"{WAVE_STROKE}\";"
-            );
-            for branch in branches {
-                dot_nodes(branch, depth + 1, waves, out);
+            Visit::Enter(Plan::Wave(_)) => {
+                out.extend(std::iter::repeat_n("    ", depth));
+                let _ = writeln!(out, "subgraph cluster_wave_{waves} {{");
+                waves += 1;
+                out.extend(std::iter::repeat_n("    ", depth + 1));
+                let _ = writeln!(
+                    out,
+                    "label=\"wave\"; style=\"dashed,rounded\"; color=\"{WAVE_STROKE}\";"
+                );
+                depth += 1;
             }
-            out.push_str(&indent);
-            out.push_str("}\n");
+            Visit::Leave(Plan::Wave(_)) => {
+                depth -= 1;
+                out.extend(std::iter::repeat_n("    ", depth));
+                out.push_str("}\n");
+            }
+            Visit::Enter(Plan::Empty | Plan::Sequence(_))
+            | Visit::Leave(Plan::Empty | Plan::Execute { .. } | Plan::Sequence(_)) => {}
         }
     }
 }

@@ -16,9 +16,11 @@
 //! stretch walked in order. Both draw an arrow for every edge.
 //!
 //! Every drawing is a function of the plan (and the graph) alone, so the same input gives the
-//! same bytes. Every walk recurses once per *level* of the tree and loops over the steps of a
-//! level: a chain is one flat `Sequence`, so a 100,000-node chain costs one level of stack, not
-//! 100,000.
+//! same bytes. No walk recurses: measuring, placing and the columns of every sequence each keep
+//! their own stack, on the heap, so a plan nested 100,000 levels deep draws on a small thread
+//! stack, as a 100,000-node chain does; and its measured blocks sit in one arena, so they drop
+//! in a loop too. The columns are found in one pass over the whole plan rather than one per
+//! sequence over all its steps, which a deep plan would pay once per level.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -31,7 +33,7 @@ use super::svg::{
 use crate::compile::decompose;
 use crate::model::graph::Graph;
 use crate::model::id::NodeId;
-use crate::plan::Plan;
+use crate::plan::{Plan, Visit};
 
 /// What a frame marks.
 #[derive(Clone, Copy)]
@@ -42,7 +44,8 @@ enum Framing {
     InOrder,
 }
 
-/// A subtree measured: its size, and how its parts sit inside it.
+/// A subtree measured: its size, and how its parts sit inside it. The blocks of a drawing live
+/// in one arena and name their parts by index there, so a deep plan's blocks drop in a loop.
 struct Block<'p> {
     width: i64,
     height: i64,
@@ -55,20 +58,21 @@ enum Shape<'p> {
     /// Left to right; each column a stack, centred in the block's height. `in_order` is the
     /// range of columns to frame as walked in order, with room left for the frame.
     Columns {
-        columns: Vec<Column<'p>>,
+        columns: Vec<Column>,
         in_order: Option<(usize, usize)>,
     },
     /// Top to bottom, left-aligned, since branches start together; framed as a wave or not.
     Stack {
-        branches: Vec<Block<'p>>,
+        branches: Vec<usize>,
         framed: bool,
     },
 }
 
-struct Column<'p> {
+struct Column {
     width: i64,
     height: i64,
-    blocks: Vec<Block<'p>>,
+    /// Its blocks, top to bottom, by index in the arena.
+    blocks: Vec<usize>,
 }
 
 fn int(n: usize) -> i64 {
@@ -92,102 +96,215 @@ fn spaced(sizes: impl Iterator<Item = i64>, gap: i64) -> i64 {
     total + gap * (count - 1).max(0)
 }
 
-/// Measures `plan`; `framed` says whether frames are drawn (a plan) or not (a graph).
-fn measure(plan: &Plan, framed: bool) -> Block<'_> {
-    match plan {
-        Plan::Empty => Block {
-            width: 0,
-            height: 0,
-            shape: Shape::Blank,
-        },
-        Plan::Execute { node, .. } => Block {
-            width: node_width(node),
-            height: NODE_HEIGHT,
-            shape: Shape::Node(node),
-        },
-        Plan::Sequence(steps) => {
-            let mut columns: Vec<Column<'_>> = Vec::new();
-            for (step, rank) in steps.iter().zip(topological_columns(steps)) {
-                if matches!(step, Plan::Empty) {
-                    continue;
-                }
-                while columns.len() <= rank {
-                    columns.push(Column {
-                        width: 0,
-                        height: 0,
-                        blocks: Vec::new(),
-                    });
-                }
-                columns[rank].blocks.push(measure(step, framed));
+/// Measures every plan of the tree, children before parents; `framed` says whether frames are
+/// drawn (a plan) or not (a graph). The root's block is the last.
+fn measure(plan: &Plan, framed: bool) -> Vec<Block<'_>> {
+    let mut columns_of = topological_columns(plan).into_iter();
+    let mut blocks: Vec<Block<'_>> = Vec::new();
+    // The blocks of the plans left whose parent is not: a parent's are the last of them.
+    let mut done: Vec<usize> = Vec::new();
+    for visit in plan.visits() {
+        let block = match visit {
+            Visit::Enter(Plan::Empty) => Block {
+                width: 0,
+                height: 0,
+                shape: Shape::Blank,
+            },
+            Visit::Enter(Plan::Execute { node, .. }) => Block {
+                width: node_width(node),
+                height: NODE_HEIGHT,
+                shape: Shape::Node(node),
+            },
+            Visit::Enter(Plan::Sequence(_) | Plan::Wave(_))
+            | Visit::Leave(Plan::Empty | Plan::Execute { .. }) => continue,
+            Visit::Leave(Plan::Sequence(steps)) => {
+                let ranks = columns_of.next().expect("the columns of every sequence");
+                let parts = done.split_off(done.len() - steps.len());
+                sequence_block(&blocks, steps, &ranks, parts, framed)
             }
-            columns.retain(|column| !column.blocks.is_empty());
-            for column in &mut columns {
-                column.width = column.blocks.iter().map(|b| b.width).max().unwrap_or(0);
-                column.height = spaced(column.blocks.iter().map(|b| b.height), ROW_GAP);
-            }
-            let mut shared = (0..columns.len()).filter(|&k| columns[k].blocks.len() > 1);
-            let in_order = shared
-                .next()
-                .filter(|_| framed)
-                .map(|first| (first, shared.next_back().unwrap_or(first)));
-            let framed_at =
-                |k: usize| in_order.is_some_and(|(first, last)| first <= k && k <= last);
-            let sides = if in_order.is_some() {
-                2 * FRAME_SIDE
-            } else {
-                0
-            };
-            Block {
-                width: spaced(columns.iter().map(|c| c.width), COLUMN_GAP) + sides,
-                height: columns
+            Visit::Leave(Plan::Wave(branches)) => {
+                let parts = done.split_off(done.len() - branches.len());
+                let branches: Vec<usize> = branches
                     .iter()
-                    .enumerate()
-                    .map(|(k, c)| c.height + if framed_at(k) { 2 * FRAME_END } else { 0 })
-                    .max()
-                    .unwrap_or(0),
-                shape: Shape::Columns { columns, in_order },
+                    .zip(parts)
+                    .filter(|(branch, _)| !matches!(branch, Plan::Empty))
+                    .map(|(_, part)| part)
+                    .collect();
+                let (side, end) = if framed {
+                    (FRAME_SIDE, FRAME_END)
+                } else {
+                    (0, 0)
+                };
+                Block {
+                    width: branches.iter().map(|&b| blocks[b].width).max().unwrap_or(0) + 2 * side,
+                    height: spaced(branches.iter().map(|&b| blocks[b].height), ROW_GAP) + 2 * end,
+                    shape: Shape::Stack { branches, framed },
+                }
             }
+        };
+        done.push(blocks.len());
+        blocks.push(block);
+    }
+    blocks
+}
+
+/// The block of a sequence whose steps are measured (`parts`, by index in `blocks`) and whose
+/// columns are `ranks`.
+fn sequence_block<'p>(
+    blocks: &[Block<'p>],
+    steps: &[Plan],
+    ranks: &[usize],
+    parts: Vec<usize>,
+    framed: bool,
+) -> Block<'p> {
+    let mut columns: Vec<Column> = Vec::new();
+    for ((step, &rank), part) in steps.iter().zip(ranks).zip(parts) {
+        if matches!(step, Plan::Empty) {
+            continue;
         }
-        Plan::Wave(branches) => {
-            let branches: Vec<Block<'_>> = branches
-                .iter()
-                .filter(|branch| !matches!(branch, Plan::Empty))
-                .map(|branch| measure(branch, framed))
-                .collect();
-            let (side, end) = if framed {
-                (FRAME_SIDE, FRAME_END)
-            } else {
-                (0, 0)
-            };
-            Block {
-                width: branches.iter().map(|b| b.width).max().unwrap_or(0) + 2 * side,
-                height: spaced(branches.iter().map(|b| b.height), ROW_GAP) + 2 * end,
-                shape: Shape::Stack { branches, framed },
-            }
+        while columns.len() <= rank {
+            columns.push(Column {
+                width: 0,
+                height: 0,
+                blocks: Vec::new(),
+            });
         }
+        columns[rank].blocks.push(part);
+    }
+    columns.retain(|column| !column.blocks.is_empty());
+    for column in &mut columns {
+        column.width = column
+            .blocks
+            .iter()
+            .map(|&b| blocks[b].width)
+            .max()
+            .unwrap_or(0);
+        column.height = spaced(column.blocks.iter().map(|&b| blocks[b].height), ROW_GAP);
+    }
+    let mut shared = (0..columns.len()).filter(|&k| columns[k].blocks.len() > 1);
+    let in_order = shared
+        .next()
+        .filter(|_| framed)
+        .map(|first| (first, shared.next_back().unwrap_or(first)));
+    let framed_at = |k: usize| in_order.is_some_and(|(first, last)| first <= k && k <= last);
+    let sides = if in_order.is_some() {
+        2 * FRAME_SIDE
+    } else {
+        0
+    };
+    Block {
+        width: spaced(columns.iter().map(|c| c.width), COLUMN_GAP) + sides,
+        height: columns
+            .iter()
+            .enumerate()
+            .map(|(k, c)| c.height + if framed_at(k) { 2 * FRAME_END } else { 0 })
+            .max()
+            .unwrap_or(0),
+        shape: Shape::Columns { columns, in_order },
     }
 }
 
-/// The column of each step of a sequence: one more than the furthest column among the earlier
-/// steps it reads from. Steps in series get a column each; the steps of a stretch that is not
-/// series-parallel share columns as far as their edges allow.
-fn topological_columns(steps: &[Plan]) -> Vec<usize> {
-    let mut owner: HashMap<&NodeId, usize> = HashMap::new();
-    let mut ranks = Vec::with_capacity(steps.len());
-    for (at, step) in steps.iter().enumerate() {
-        let inner = step.steps();
-        let rank = inner
-            .iter()
-            .flat_map(|(_, from)| from.iter())
-            .filter_map(|source| owner.get(source).map(|&earlier| ranks[earlier] + 1))
-            .max()
-            .unwrap_or(0);
-        ranks.push(rank);
-        for (node, _) in inner {
-            owner.insert(node, at);
+/// The column of each step of each sequence, sequences in the order the walk leaves them: one
+/// more than the furthest column among the earlier steps of the same sequence it reads from
+/// (the last such step, where an id runs more than once). Steps in series get a column each;
+/// the steps of a stretch that is not series-parallel share columns as far as their edges
+/// allow.
+///
+/// One pass over the whole plan, not one per sequence over its steps' subtrees, which a plan
+/// nested `d` levels deep would pay `d` times over. Steps are numbered in plan order, so every
+/// plan holds a range of numbers. A read of `source` counts in the one sequence that holds both
+/// the reader and the last run of `source` before it, in different steps — the innermost plan
+/// around both, when it is a sequence — and then, only where an id runs more than once, in the
+/// sequences further out, for the runs before the one found; the plans around the reader are
+/// open on a stack, ranges in increasing order of start, so finding the innermost is a binary
+/// search.
+fn topological_columns(plan: &Plan) -> Vec<Vec<usize>> {
+    // Where each id runs, by step number, in increasing order.
+    let mut runs: HashMap<&NodeId, Vec<usize>> = HashMap::new();
+    for (at, (node, _)) in plan.steps().into_iter().enumerate() {
+        runs.entry(node).or_default().push(at);
+    }
+    let mut out = Vec::new();
+    let mut open: Vec<Around> = Vec::new();
+    let mut step = 0;
+    for visit in plan.visits() {
+        match visit {
+            Visit::Enter(entered) => {
+                if let Some(parent) = open.last_mut().filter(|parent| parent.sequence) {
+                    parent.starts.push(step);
+                }
+                match entered {
+                    Plan::Empty => {}
+                    Plan::Execute { from, .. } => {
+                        for source in from {
+                            if let Some(runs) = runs.get(source) {
+                                record_read(&mut open, runs, step);
+                            }
+                        }
+                        step += 1;
+                    }
+                    Plan::Sequence(_) | Plan::Wave(_) => open.push(Around {
+                        start: step,
+                        sequence: matches!(entered, Plan::Sequence(_)),
+                        starts: Vec::new(),
+                        reads: Vec::new(),
+                    }),
+                }
+            }
+            Visit::Leave(Plan::Sequence(steps)) => {
+                let mut sequence = open.pop().expect("entered before");
+                // By reading child: a child's column is final before any later child reads it.
+                sequence.reads.sort_unstable();
+                let mut ranks = vec![0; steps.len()];
+                for (reader, read) in sequence.reads {
+                    ranks[reader] = ranks[reader].max(ranks[read] + 1);
+                }
+                out.push(ranks);
+            }
+            Visit::Leave(Plan::Wave(_)) => {
+                open.pop();
+            }
+            Visit::Leave(Plan::Empty | Plan::Execute { .. }) => {}
         }
     }
-    ranks
+    out
+}
+
+/// A `Sequence` or `Wave` around the step being visited, in [`topological_columns`].
+struct Around {
+    /// The number of its first step.
+    start: usize,
+    sequence: bool,
+    /// For a sequence: the number of the first step of each child entered so far.
+    starts: Vec<usize>,
+    /// For a sequence: (reading child, read child) for every read from an earlier child.
+    reads: Vec<(usize, usize)>,
+}
+
+/// Records, in the sequences of `open` where it counts, that step number `step` reads an id
+/// that runs at steps `runs`.
+fn record_read(open: &mut [Around], runs: &[usize], step: usize) {
+    // The read leaves `open[level]` (the step itself at first), which starts at `before`.
+    let (mut before, mut level) = (step, open.len());
+    loop {
+        let earlier = runs.partition_point(|&run| run < before);
+        let Some(&run) = earlier.checked_sub(1).map(|last| &runs[last]) else {
+            return;
+        };
+        // The innermost plan around both the reader and `run`.
+        let inside = open[..level].partition_point(|around| around.start <= run);
+        let Some(at) = inside.checked_sub(1) else {
+            return;
+        };
+        let around = &mut open[at];
+        if around.sequence {
+            let reader = around.starts.len() - 1;
+            let read = around.starts.partition_point(|&start| start <= run) - 1;
+            around.reads.push((reader, read));
+        }
+        before = around.start;
+        level = at;
+    }
 }
 
 /// A node's box, placed.
@@ -218,66 +335,91 @@ struct Placement<'p> {
     frames: Vec<Frame>,
 }
 
-fn place<'p>(block: &Block<'p>, x: i64, y: i64, out: &mut Placement<'p>) {
-    match &block.shape {
-        Shape::Blank => {}
-        Shape::Node(id) => out.boxes.push(Placed {
-            id,
-            x,
-            y,
-            width: block.width,
-        }),
-        Shape::Columns { columns, in_order } => {
-            let mut left = x;
-            let mut frame_left = x;
-            for (k, column) in columns.iter().enumerate() {
-                if in_order.is_some_and(|(first, _)| first == k) {
-                    frame_left = left;
-                    left += FRAME_SIDE;
+/// What [`place`] has left to do, in order from the top of its stack.
+enum Task {
+    /// Place a block (by index) with its top left corner at `(x, y)`.
+    Place(usize, i64, i64),
+    /// Add a frame, once what it frames is placed.
+    Frame(Frame),
+}
+
+/// Places block `root` of `blocks` and everything in it, boxes and frames in the order of a
+/// depth-first walk (the order drawn). A block's tasks are pushed in that order and then
+/// reversed, so the stack hands them back in it.
+fn place<'p>(blocks: &[Block<'p>], root: usize, x: i64, y: i64, out: &mut Placement<'p>) {
+    let mut tasks = vec![Task::Place(root, x, y)];
+    while let Some(task) = tasks.pop() {
+        let (block, x, y) = match task {
+            Task::Frame(frame) => {
+                out.frames.push(frame);
+                continue;
+            }
+            Task::Place(at, x, y) => (&blocks[at], x, y),
+        };
+        let first_task = tasks.len();
+        match &block.shape {
+            Shape::Blank => {}
+            Shape::Node(id) => out.boxes.push(Placed {
+                id,
+                x,
+                y,
+                width: block.width,
+            }),
+            Shape::Columns { columns, in_order } => {
+                let mut left = x;
+                let mut frame_left = x;
+                for (k, column) in columns.iter().enumerate() {
+                    if in_order.is_some_and(|(first, _)| first == k) {
+                        frame_left = left;
+                        left += FRAME_SIDE;
+                    }
+                    let mut top = y + (block.height - column.height) / 2;
+                    for &inner in &column.blocks {
+                        let width = blocks[inner].width;
+                        tasks.push(Task::Place(inner, left + (column.width - width) / 2, top));
+                        top += blocks[inner].height + ROW_GAP;
+                    }
+                    left += column.width;
+                    if let Some((first, last)) = in_order.filter(|&(_, last)| last == k) {
+                        left += FRAME_SIDE;
+                        let height = columns[first..=last]
+                            .iter()
+                            .map(|c| c.height)
+                            .max()
+                            .unwrap_or(0)
+                            + 2 * FRAME_END;
+                        tasks.push(Task::Frame(Frame {
+                            framing: Framing::InOrder,
+                            x: frame_left,
+                            y: y + (block.height - height) / 2,
+                            width: left - frame_left,
+                            height,
+                        }));
+                    }
+                    left += COLUMN_GAP;
                 }
-                let mut top = y + (block.height - column.height) / 2;
-                for inner in &column.blocks {
-                    place(inner, left + (column.width - inner.width) / 2, top, out);
-                    top += inner.height + ROW_GAP;
-                }
-                left += column.width;
-                if let Some((first, last)) = in_order.filter(|&(_, last)| last == k) {
-                    left += FRAME_SIDE;
-                    let height = columns[first..=last]
-                        .iter()
-                        .map(|c| c.height)
-                        .max()
-                        .unwrap_or(0)
-                        + 2 * FRAME_END;
+            }
+            Shape::Stack { branches, framed } => {
+                let (mut left, mut top) = (x, y);
+                if *framed {
+                    // Before the branches: a wave's frame comes before what it holds.
                     out.frames.push(Frame {
-                        framing: Framing::InOrder,
-                        x: frame_left,
-                        y: y + (block.height - height) / 2,
-                        width: left - frame_left,
-                        height,
+                        framing: Framing::Wave,
+                        x,
+                        y,
+                        width: block.width,
+                        height: block.height,
                     });
+                    left += FRAME_SIDE;
+                    top += FRAME_END;
                 }
-                left += COLUMN_GAP;
+                for &branch in branches {
+                    tasks.push(Task::Place(branch, left, top));
+                    top += blocks[branch].height + ROW_GAP;
+                }
             }
         }
-        Shape::Stack { branches, framed } => {
-            let (mut left, mut top) = (x, y);
-            if *framed {
-                out.frames.push(Frame {
-                    framing: Framing::Wave,
-                    x,
-                    y,
-                    width: block.width,
-                    height: block.height,
-                });
-                left += FRAME_SIDE;
-                top += FRAME_END;
-            }
-            for branch in branches {
-                place(branch, left, top, out);
-                top += branch.height + ROW_GAP;
-            }
-        }
+        tasks[first_task..].reverse();
     }
 }
 
@@ -303,12 +445,14 @@ fn svg<'p>(
     framed: bool,
     edges: impl Iterator<Item = (&'p NodeId, &'p NodeId)>,
 ) -> String {
-    let block = measure(plan, framed);
+    let blocks = measure(plan, framed);
+    let root = blocks.len() - 1;
+    let block = &blocks[root];
     if block.width == 0 {
         return empty_svg();
     }
     let mut placement = Placement::default();
-    place(&block, MARGIN, MARGIN, &mut placement);
+    place(&blocks, root, MARGIN, MARGIN, &mut placement);
     let (width, height) = (block.width + 2 * MARGIN, block.height + 2 * MARGIN);
     let mut out = String::new();
     svg_open(width, height, &mut out);

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use crate::plan::Plan;
+use crate::plan::{Plan, Visit};
 
 /// Mermaid names for node ids: the id itself when Mermaid reads it as a plain name, otherwise
 /// `soma_n<k>`. Ids in the reserved `soma_` prefix are renamed too, so the two never collide.
@@ -75,8 +75,7 @@ fn plan_mermaid(plan: &Plan) -> String {
         names: HashMap::new(),
     };
     let mut out = String::from("flowchart LR\n");
-    let mut waves = 0;
-    mermaid_nodes(plan, 1, &mut names, &mut waves, &mut out);
+    mermaid_nodes(plan, &mut names, &mut out);
     for (node, from) in plan.steps() {
         for source in from {
             let source = names.name(source.as_str()).to_owned();
@@ -87,36 +86,33 @@ fn plan_mermaid(plan: &Plan) -> String {
     out
 }
 
-fn mermaid_nodes<'p>(
-    plan: &'p Plan,
-    depth: usize,
-    names: &mut MermaidNames<'p>,
-    waves: &mut usize,
-    out: &mut String,
-) {
-    let indent = "    ".repeat(depth);
-    match plan {
-        Plan::Empty => {}
-        Plan::Execute { node, .. } => {
-            out.push_str(&indent);
-            out.push_str(names.name(node.as_str()));
-            out.push('[');
-            mermaid_label(node.as_str(), out);
-            out.push_str("]\n");
-        }
-        Plan::Sequence(steps) => {
-            for step in steps {
-                mermaid_nodes(step, depth, names, waves, out);
+/// Every node, and a subgraph around each wave's, indented by how many waves enclose it; one
+/// walk, with no recursion, however deep the plan.
+fn mermaid_nodes<'p>(plan: &'p Plan, names: &mut MermaidNames<'p>, out: &mut String) {
+    let mut depth = 1;
+    let mut waves = 0;
+    for visit in plan.visits() {
+        match visit {
+            Visit::Enter(Plan::Execute { node, .. }) => {
+                out.extend(std::iter::repeat_n("    ", depth));
+                out.push_str(names.name(node.as_str()));
+                out.push('[');
+                mermaid_label(node.as_str(), out);
+                out.push_str("]\n");
             }
-        }
-        Plan::Wave(branches) => {
-            let _ = writeln!(out, "{indent}subgraph soma_wave_{waves} [wave]");
-            *waves += 1;
-            for branch in branches {
-                mermaid_nodes(branch, depth + 1, names, waves, out);
+            Visit::Enter(Plan::Wave(_)) => {
+                out.extend(std::iter::repeat_n("    ", depth));
+                let _ = writeln!(out, "subgraph soma_wave_{waves} [wave]");
+                waves += 1;
+                depth += 1;
             }
-            out.push_str(&indent);
-            out.push_str("end\n");
+            Visit::Leave(Plan::Wave(_)) => {
+                depth -= 1;
+                out.extend(std::iter::repeat_n("    ", depth));
+                out.push_str("end\n");
+            }
+            Visit::Enter(Plan::Empty | Plan::Sequence(_))
+            | Visit::Leave(Plan::Empty | Plan::Execute { .. } | Plan::Sequence(_)) => {}
         }
     }
 }

@@ -5,9 +5,33 @@ use std::fmt;
 use crate::plan::Plan;
 
 /// Writes the indented tree of `plan`, one line per step, without a final newline.
+///
+/// `prefix` is the margin drawn for the ancestors of the plans being listed: it grows by one
+/// level on the way into a plan's children and shrinks back on the way out, so one buffer
+/// serves the whole walk. The lists being walked wait on `open`, innermost last, each with the
+/// length `prefix` had before it: a plan nests as deep as it likes on the heap, not the stack.
 fn write_tree(plan: &Plan, out: &mut impl fmt::Write) -> fmt::Result {
     write_label(plan, out)?;
-    write_branches(plan, &mut String::new(), out)
+    let mut prefix = String::new();
+    let mut open: Vec<(std::slice::Iter<'_, Plan>, usize)> = vec![(plan.children().iter(), 0)];
+    while let Some((children, restore)) = open.last_mut() {
+        let Some(child) = children.next() else {
+            prefix.truncate(*restore);
+            open.pop();
+            continue;
+        };
+        let last = children.as_slice().is_empty();
+        out.write_char('\n')?;
+        out.write_str(&prefix)?;
+        out.write_str(if last { "└── " } else { "├── " })?;
+        write_label(child, out)?;
+        if !child.children().is_empty() {
+            let restore = prefix.len();
+            prefix.push_str(if last { "    " } else { "│   " });
+            open.push((child.children().iter(), restore));
+        }
+    }
+    Ok(())
 }
 
 fn write_label(plan: &Plan, out: &mut impl fmt::Write) -> fmt::Result {
@@ -30,27 +54,6 @@ fn write_label(plan: &Plan, out: &mut impl fmt::Write) -> fmt::Result {
         Plan::Sequence(_) => out.write_str("Sequence"),
         Plan::Wave(_) => out.write_str("Wave"),
     }
-}
-
-/// `prefix` is the margin drawn for the ancestors; it grows by one level and is restored, so
-/// one buffer serves the whole walk.
-fn write_branches(plan: &Plan, prefix: &mut String, out: &mut impl fmt::Write) -> fmt::Result {
-    let children = match plan {
-        Plan::Sequence(children) | Plan::Wave(children) => children,
-        Plan::Empty | Plan::Execute { .. } => return Ok(()),
-    };
-    for (i, child) in children.iter().enumerate() {
-        let last = i + 1 == children.len();
-        out.write_char('\n')?;
-        out.write_str(prefix)?;
-        out.write_str(if last { "└── " } else { "├── " })?;
-        write_label(child, out)?;
-        let restore = prefix.len();
-        prefix.push_str(if last { "    " } else { "│   " });
-        write_branches(child, prefix, out)?;
-        prefix.truncate(restore);
-    }
-    Ok(())
 }
 
 impl fmt::Display for Plan {

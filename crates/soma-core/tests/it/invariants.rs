@@ -319,12 +319,14 @@ impl Expr {
                 let mut heads = None;
                 let mut terminals = reads.to_vec();
                 for part in parts {
-                    let (plan, part_heads, part_terminals) = part.expected(&terminals);
+                    let (mut plan, part_heads, part_terminals) = part.expected(&terminals);
                     heads.get_or_insert(part_heads);
                     terminals = part_terminals;
-                    match plan {
-                        Plan::Sequence(inner) => steps.extend(inner),
-                        other => steps.push(other),
+                    // `Plan` has a `Drop` of its own, so its steps are moved out of it rather
+                    // than matched out by value.
+                    match &mut plan {
+                        Plan::Sequence(inner) => steps.append(inner),
+                        _ => steps.push(plan),
                     }
                 }
                 (seq(steps), heads.unwrap_or_default(), terminals)
@@ -332,12 +334,12 @@ impl Expr {
             Expr::Parallel(parts) => {
                 let (mut branches, mut heads, mut terminals) = (Vec::new(), Vec::new(), Vec::new());
                 for part in parts {
-                    let (plan, part_heads, part_terminals) = part.expected(reads);
+                    let (mut plan, part_heads, part_terminals) = part.expected(reads);
                     heads.extend(part_heads);
                     terminals.extend(part_terminals);
-                    match plan {
-                        Plan::Wave(inner) => branches.extend(inner),
-                        other => branches.push(other),
+                    match &mut plan {
+                        Plan::Wave(inner) => branches.append(inner),
+                        _ => branches.push(plan),
                     }
                 }
                 (wave(branches), heads, terminals)

@@ -13,6 +13,7 @@
 //! | `crew` | a program's standing threads: one per branch, kept from run to run, never shared |
 //! | `layers` | the stages import one way: model, plan, compile, run, observe |
 //! | `isolation` | a branch's thread is its own; a million-node chain needs no deep stack |
+//! | `depth` | a graph nested 100,000 levels deep compiles, draws, clones and drops on a small stack |
 //! | `invariants` | every plan, over a battery and random DAGs; the expression oracle |
 //! | `tracing` | spans per node, their thread and branch, the Chrome trace, summary, timeline |
 //! | `waves` | branches really at once, one thread each, failures and panics |
@@ -22,6 +23,7 @@ use soma_core::Graph;
 
 mod crew;
 mod decomposition;
+mod depth;
 mod drawing;
 mod drivers;
 mod dsl;
