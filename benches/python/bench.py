@@ -43,7 +43,9 @@ import soma
 import targets
 import workloads
 from figures import (
+    DASK_BUDGET_S,
     FULL,
+    NESTED_DASK,
     PAUSE_S,
     QUICK,
     TRACE_CLEARED,
@@ -52,6 +54,7 @@ from figures import (
     Config,
     Figures,
     Row,
+    Scale,
 )
 from timing import OtherLoad, Timing, compare, once
 from workloads import Workload
@@ -240,6 +243,56 @@ def memory(config: Config) -> dict[str, dict[str, Any]]:
     return reports
 
 
+def _dask_too_long(below: Scale | None, nodes: int) -> str:
+    """Why Dask is left out at ``nodes``, or "" to run it: left out when at the size below it
+    took more than its share of DASK_BUDGET_S, since ten times the nodes take at least ten
+    times as long (its delayed graph takes longer still to build). Nothing is extrapolated
+    into the tables: the size is reported as not run, with this reason."""
+    if below is None:
+        return ""
+    if NESTED_DASK not in below.timings:
+        return below.dask_note  # not installed, or too long already
+    run = below.timings[NESTED_DASK]
+    # Its timed calls: the samples, and at least two of warm-up.
+    calls = run.samples * run.calls_per_sample + 2
+    took_s = below.setup_s[NESTED_DASK] + calls * run.median_s
+    growth = nodes / below.nodes
+    if took_s * growth <= DASK_BUDGET_S:
+        return ""
+    return (
+        f"at {below.nodes:,} nodes Dask took {took_s:.0f} s (its delayed graph built in "
+        f"{below.setup_s[NESTED_DASK]:.0f} s, then {calls} runs); {growth:g}x the nodes would "
+        f"take at least {growth:g}x as long, over the {DASK_BUDGET_S:.0f} s allowed"
+    )
+
+
+def nested_at_scale(config: Config) -> list[Scale]:
+    """The nested graph at each size, each in a fresh process (see scale.py)."""
+    scales: list[Scale] = []
+    for nodes in config.nested:
+        skip_dask = _dask_too_long(scales[-1] if scales else None, nodes)
+        log(f"the nested graph of {nodes:,} nodes, in a fresh process ...")
+        argv = [
+            sys.executable,
+            str(HERE / "scale.py"),
+            f"--nodes={nodes}",
+            f"--repeat={config.repeat}",
+            f"--sample-s={config.sample_s}",
+            f"--warmup-s={config.warmup_s}",
+            f"--skip-dask={skip_dask}",
+        ]
+        # The child's time is this process's own (os.times counts waited-for children), so the
+        # load is other processes' alone.
+        with OtherLoad() as load:
+            done = subprocess.run(argv, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"scale.py --nodes={nodes} exited {done.returncode}:\n{done.stderr}")
+        got = json.loads(done.stdout.strip().splitlines()[-1])
+        timings = {name: Timing(**fields) for name, fields in got.pop("timings").items()}
+        scales.append(Scale(timings=timings, load=load, **got))
+    return scales
+
+
 def _pause() -> None:
     """The step before each call of a wave timed after a pause: long enough for every thread
     that stays awake after a wave to have gone to sleep."""
@@ -284,7 +337,8 @@ def tracing_contenders(
 
 
 def measure(config: Config, *, quick: bool, skip_ray: bool) -> Figures:
-    """Every figure of the report: the machine, the peers, the waves, tracing, memory, Ray."""
+    """Every figure of the report: the machine, the peers, the waves, tracing, memory, the
+    nested graph at scale, Ray."""
     about = machine()
     chain, fan, pair = (
         workloads.chain(config.chain),
@@ -355,6 +409,8 @@ def measure(config: Config, *, quick: bool, skip_ray: bool) -> Figures:
     log("memory, in fresh processes ...")
     mem = memory(config)
 
+    nested = nested_at_scale(config)
+
     ray_report: dict[str, Any] = {"error": "skipped with --skip-ray"}
     if not skip_ray:
         log("Ray, in a process of its own ...")
@@ -383,6 +439,7 @@ def measure(config: Config, *, quick: bool, skip_ray: bool) -> Figures:
         paused=paused_t,
         traced=trace_t,
         memory=mem,
+        nested=nested,
         ray=ray_report,
         load=load,
         load_average_at_end=os.getloadavg(),

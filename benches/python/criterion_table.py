@@ -1,9 +1,10 @@
 """The figures of ``cargo bench -p soma-core`` as markdown tables, read from criterion's files.
 
 criterion keeps one ``estimates.json`` per benchmark under ``target/criterion``; this reads the
-median of each (the figure BENCHMARKS.md quotes), divides by the nodes or branches it ran, and
-sets the compile times beside the naive baseline's. Run after ``cargo bench``, as ``make bench``
-does: the modification times printed with the tables show that the figures come from one run.
+median of each (the figure BENCHMARKS.md quotes), divides by the nodes or branches it ran, sets
+the waves at scale beside themselves at a tenth of the size, and the compile times beside the
+naive baseline's. Run after ``cargo bench``, as ``make bench`` does: the modification times
+printed with the tables show that the figures come from one run.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 class Estimate:
     median_ns: float
     written: datetime
+    # The nodes or branches one run went through, where the benchmark declared a throughput
+    # (scale.rs does: a nested graph's parameter is its nominal size, not its exact count).
+    elements: int | None = None
 
 
 def _read(directory: Path) -> dict[str, Estimate]:
@@ -32,7 +36,8 @@ def _read(directory: Path) -> dict[str, Estimate]:
         bench = json.loads((path.parent / "benchmark.json").read_text())
         median = json.loads(path.read_text())["median"]["point_estimate"]
         written = datetime.fromtimestamp(path.stat().st_mtime, tz=UTC)
-        found[bench["full_id"]] = Estimate(float(median), written)
+        elements = (bench.get("throughput") or {}).get("Elements")
+        found[bench["full_id"]] = Estimate(float(median), written, elements)
     return found
 
 
@@ -92,6 +97,39 @@ def _handoff(estimates: dict[str, Estimate]) -> list[str]:
     ]
 
 
+def _scale(estimates: dict[str, Estimate]) -> list[str]:
+    """scale.rs's benchmarks, each per unit beside itself at a tenth of the size: a run that
+    grows with its graph and no faster keeps the last column at 1."""
+    rows = []
+    for function, unit, sizes in (
+        ("wide-wave/trivial-branches", "branch", (1_000, 10_000)),
+        ("nested/blocks", "node", (10_000, 100_000)),
+        ("nested/tree", "node", (10_000, 100_000)),
+    ):
+        small, large = (estimates.get(f"{function}/{size}") for size in sizes)
+        if small is None or large is None:
+            continue
+        small_ns, large_ns = _per_unit_ns(small, sizes[0]), _per_unit_ns(large, sizes[1])
+        rows.append(
+            f"| `{function}` | {small_ns:.1f} ns/{unit} at {sizes[0]:,} "
+            f"| {large_ns:.1f} ns/{unit} at {sizes[1]:,} | {large_ns / small_ns:.2f}x |"
+        )
+    if not rows:
+        return []
+    return [
+        "",
+        "### Waves at scale (criterion medians, trivial Rust nodes)",
+        "",
+        "| benchmark | per unit | ten times the size | per unit, larger / smaller |",
+        "|---|---:|---:|---:|",
+        *rows,
+    ]
+
+
+def _per_unit_ns(estimate: Estimate, count: int) -> float:
+    return estimate.median_ns / (estimate.elements or count)
+
+
 def _compile_targets(estimates: dict[str, Estimate]) -> list[str]:
     rows = []
     for shape in ("chain", "nested"):
@@ -126,8 +164,14 @@ def _compile_targets(estimates: dict[str, Estimate]) -> list[str]:
 def tables(estimates: dict[str, Estimate]) -> str:
     lines = ["### Execution (criterion medians)", ""]
     lines += ["| benchmark | median per run | per unit |", "|---|---:|---:|"]
-    # A chain's parameter counts nodes, a wave's counts branches; other groups print as is.
-    units = {"chain": ("node", 1e0, ".1f", "ns"), "wave": ("branch", 1e3, ".2f", "µs")}
+    # A chain's parameter counts nodes, a wave's counts branches (or the throughput declared,
+    # where there is one); other groups print as is.
+    units = {
+        "chain": ("node", 1e0, ".1f", "ns"),
+        "wave": ("branch", 1e3, ".2f", "µs"),
+        "wide-wave": ("branch", 1e0, ".1f", "ns"),
+        "nested": ("node", 1e0, ".1f", "ns"),
+    }
     for key, estimate in sorted(estimates.items(), key=lambda item: _order(item[0])):
         group, _, count = _order(key)
         if group == "compile":
@@ -135,11 +179,13 @@ def tables(estimates: dict[str, Estimate]) -> str:
         per_unit = ""
         if group in units and count > 0:
             unit, scale, spec, suffix = units[group]
-            per_unit = f"{estimate.median_ns / count / scale:{spec}} {suffix}/{unit}"
+            per_ns = _per_unit_ns(estimate, count)
+            per_unit = f"{per_ns / scale:{spec}} {suffix}/{unit}"
         lines.append(f"| `{key}` | {_duration(estimate.median_ns)} | {per_unit} |")
 
     lines += _traced(estimates)
     lines += _handoff(estimates)
+    lines += _scale(estimates)
 
     lines += ["", "### Compilation (criterion medians)", ""]
     lines += [

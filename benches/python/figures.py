@@ -23,6 +23,18 @@ TRACE_ON = "`forward(0, trace=trace)`, `trace.clear()` before each call, untimed
 TRACE_CLEARED = "the same, `trace.clear()` inside the timed call (as criterion's)"
 
 
+# The runners of the nested graph at scale (scale.py): the keys of `Scale.timings`.
+NESTED_SOMA = "Soma"
+NESTED_LOOP = "plain loop"
+NESTED_WAVES = "ThreadPoolExecutor(8) waves"
+NESTED_DASK = "Dask, scheduler=threads"
+
+# Dask is left out at a size where it would take longer than this, building and timed calls
+# together, judged from the size below: its delayed graph alone takes seconds at 10,000 nodes
+# and grows faster than the nodes.
+DASK_BUDGET_S = 60.0
+
+
 @dataclass(frozen=True)
 class Config:
     repeat: int
@@ -37,10 +49,12 @@ class Config:
     memory_mib: int = 200
     forwards: int = 10_000
     leak_checkpoint: int = 1_000
+    # The nested graph's sizes, in nodes: each a multiple of its block of 8.
+    nested: tuple[int, ...] = (1_000, 10_000, 100_000)
 
 
 FULL = Config(repeat=21, heavy_repeat=11, sample_s=0.05, warmup_s=0.3)
-QUICK = Config(repeat=5, heavy_repeat=3, sample_s=0.01, warmup_s=0.05)
+QUICK = Config(repeat=5, heavy_repeat=3, sample_s=0.01, warmup_s=0.05, nested=(1_000, 10_000))
 
 
 @dataclass(frozen=True)
@@ -51,6 +65,31 @@ class Row:
     timing: Timing | None = None
     setup_s: float | None = None
     note: str = ""
+
+
+@dataclass(frozen=True)
+class Scale:
+    """The nested graph at one size, as scale.py measured it in a process of its own."""
+
+    nodes: int
+    # Seconds per run of each runner that was timed, keyed by the NESTED_* names.
+    timings: dict[str, Timing]
+    # One-off setup, outside the time: the waves' plan read into tuples, Dask's delayed graph.
+    setup_s: dict[str, float]
+    dask_note: str  # why Dask was not run, or ""
+    build_s: float  # the Soma graph, built with node()/edge()
+    plan_first_s: float
+    plan_cached_s: float  # the second call
+    plan_later_s: float  # the median of the calls after it
+    first_forward_s: float
+    threads_held: int  # `graph.threads()`, the most seen after the forwards
+    os_threads_at_start: int
+    os_threads: int  # the process's, after Soma's forwards and before any peer ran
+    load: OtherLoad
+
+    def per_node_us(self, runner: str) -> float:
+        """Microseconds per node of a runner that was timed (Soma and the loop always are)."""
+        return self.timings[runner].median_s / self.nodes * 1e6
 
 
 @dataclass(frozen=True)
@@ -75,6 +114,8 @@ class Figures:
     traced: dict[str, Timing]
     # memory.py's reports: "soma" and "loop" (peak RSS), "leak" (RSS over many forwards).
     memory: dict[str, dict[str, Any]]
+    # The nested graph, one Scale per size of config.nested, smallest first.
+    nested: list[Scale]
     # ray_peer.py's report, or {"error": why it has none}.
     ray: dict[str, Any]
     # What other processes did while each group of figures was timed.
@@ -87,3 +128,8 @@ def median(rows: list[Row], runner: str) -> float:
     timing = next(row.timing for row in rows if row.runner == runner)
     assert timing is not None
     return timing.median_s
+
+
+def scale_at(scales: list[Scale], nodes: int) -> Scale | None:
+    """The nested graph's figures at ``nodes``, or None where that size was not run."""
+    return next((scale for scale in scales if scale.nodes == nodes), None)

@@ -6,7 +6,18 @@ nothing, so its output can be checked on made-up figures.
 
 from __future__ import annotations
 
-from figures import PAUSE_S, TRACE_OFF, Figures, Row, median
+from figures import (
+    NESTED_DASK,
+    NESTED_LOOP,
+    NESTED_SOMA,
+    NESTED_WAVES,
+    PAUSE_S,
+    TRACE_OFF,
+    Figures,
+    Row,
+    Scale,
+    median,
+)
 from targets import Target
 from timing import OtherLoad, Timing
 
@@ -131,6 +142,91 @@ def tracing_table(timings: dict[str, Timing], nodes: int) -> list[str]:
     return _table(header, body)
 
 
+def _met(met: bool | None) -> str:
+    if met is None:
+        return "not measured"
+    return "yes" if met else "**no**"
+
+
+def nested_tables(scales: list[Scale]) -> list[str]:
+    """The nested graph at each size: every runner per node, plan() and threads, then ratios."""
+    body = []
+    for scale in scales:
+        soma = scale.timings[NESTED_SOMA]
+        per_node = {
+            runner: f"{scale.per_node_us(runner):.3f}" if runner in scale.timings else "not run"
+            for runner in (NESTED_WAVES, NESTED_DASK, NESTED_LOOP)
+        }
+        body.append(
+            [
+                f"{scale.nodes:,}",
+                f"{scale.per_node_us(NESTED_SOMA):.3f} ±{soma.spread * 50:.0f}%",
+                f"{scale.first_forward_s / scale.nodes * 1e6:.3f}",
+                per_node[NESTED_WAVES],
+                per_node[NESTED_DASK],
+                per_node[NESTED_LOOP],
+                f"{scale.plan_first_s * 1e3:.2f}",
+                f"{scale.plan_cached_s * 1e6:.2f} ({scale.plan_later_s * 1e6:.2f})",
+                f"{scale.threads_held}",
+                f"{scale.os_threads} ({scale.os_threads_at_start})",
+            ]
+        )
+    out = _table(
+        [
+            "nodes",
+            "Soma steady µs/node",
+            "first forward µs/node",
+            "TPE waves µs/node",
+            "Dask µs/node",
+            "loop µs/node",
+            "plan() first ms",
+            "plan() cached µs: 2nd call (later)",
+            "threads held",
+            "OS threads (at start)",
+        ],
+        body,
+    )
+    if not scales:
+        return out
+    smallest = scales[0]
+    ratios = []
+    for below, scale in zip([None, *scales], scales, strict=False):
+        soma_s = scale.timings[NESTED_SOMA].median_s
+        over = {
+            runner: _ratio(scale.timings[runner].median_s / soma_s)
+            if runner in scale.timings
+            else "—"
+            for runner in (NESTED_WAVES, NESTED_DASK)
+        }
+        ratios.append(
+            [
+                f"{scale.nodes:,}",
+                _ratio(soma_s / scale.timings[NESTED_LOOP].median_s),
+                over[NESTED_WAVES],
+                over[NESTED_DASK],
+                f"{scale.first_forward_s / soma_s:.2f}",
+                f"{scale.per_node_us(NESTED_SOMA) / smallest.per_node_us(NESTED_SOMA):.2f}",
+                f"{scale.per_node_us(NESTED_LOOP) / smallest.per_node_us(NESTED_LOOP):.2f}",
+                "—" if below is None else f"{scale.plan_first_s / below.plan_first_s:.1f}",
+            ]
+        )
+    out += [""]
+    out += _table(
+        [
+            "nodes",
+            "Soma / loop",
+            "TPE waves / Soma",
+            "Dask / Soma",
+            "first forward / steady",
+            f"Soma per node / at {smallest.nodes:,}",
+            f"loop per node / at {smallest.nodes:,}",
+            "plan() first / row above",
+        ],
+        ratios,
+    )
+    return out
+
+
 def write(figures: Figures, targets: list[Target]) -> str:
     """The whole report, as the benchmark prints it and writes it to ``--out``."""
     config, load, mem = figures.config, figures.load, figures.memory
@@ -157,7 +253,7 @@ def write(figures: Figures, targets: list[Target]) -> str:
                 t.what,
                 t.measured,
                 str(t.target),
-                "yes" if t.met else "**no**",
+                _met(t.met),
                 "—" if t.load is None or t.load.share is None else f"{t.load.share * 100:.0f}%",
             ]
             for t in targets
@@ -245,6 +341,48 @@ def write(figures: Figures, targets: list[Target]) -> str:
         ],
     )
 
+    out += ["", "### The nested graph at scale (a fresh process per size)", ""]
+    out += [
+        "Blocks `a >> ((b >> c) | d | (e >> (f | g))) >> h` of trivial Python nodes, chained "
+        "(the `h` of each block feeds the `a` of the next; `h` passes the largest of its four "
+        "inputs on), built with `node()`/`edge()`: four wide, waves nested two deep.",
+        "",
+    ]
+    out += nested_tables(figures.nested)
+    dask_notes = [
+        f"{scale.nodes:,} nodes: {scale.dask_note}" for scale in figures.nested if scale.dask_note
+    ]
+    setup_names = {NESTED_WAVES: "the plan read into tuples", NESTED_DASK: "Dask's delayed graph"}
+    setups = [
+        f"{scale.nodes:,} nodes: Soma's graph {_duration(scale.build_s)}"
+        + "".join(
+            f", {setup_names.get(runner, runner)} {_duration(seconds)}"
+            for runner, seconds in scale.setup_s.items()
+        )
+        for scale in figures.nested
+    ]
+    out += [
+        "",
+        "Per size, in this order in one process: the graph built, `plan()` called twice (the "
+        "second call timed on its own; in brackets the median of 101 more), the first "
+        "forward timed once (its threads not yet started, its nodes never called), Soma run "
+        "alone for a while and the threads counted (`graph.threads()`; the process's, from "
+        "`/proc/self/task`, main thread included, before any peer started one), then Soma's "
+        "steady forwards, the loop, the waves run by hand and Dask timed side by side, "
+        "interleaved. Threads held: the most `graph.threads()` showed after the forwards. "
+        "TPE waves: Soma's own plan walked by hand, a Sequence's children in order, a Wave's "
+        "branches submitted to a `ThreadPoolExecutor(8)` and waited on, values in a dict. "
+        "Dask: `dask.compute` of a delayed graph built beforehand, threaded scheduler.",
+        *(["", "Dask not run: " + "; ".join(dask_notes) + "."] if dask_notes else []),
+        "",
+        "One-off setup, untimed: " + "; ".join(setups) + ".",
+        "",
+        *(
+            _disturbed(scale.load, f"the {scale.nodes:,} nodes were measured")
+            for scale in figures.nested
+        ),
+    ]
+
     out += ["", "### Against the peers", ""]
     out += [f"#### {chain.name} trivial Python nodes (`x + 1`)", ""]
     out += overhead_table(figures.chain_rows, len(chain.nodes))
@@ -260,8 +398,10 @@ def write(figures: Figures, targets: list[Target]) -> str:
         "",
         "Notes: Soma's setup is building the graph and compiling its plan. Dask is timed on "
         "`dask.compute` of a delayed graph built beforehand (`pure=False`); building it is the "
-        "setup column. ThreadPoolExecutor: a driver loop submits each node once it holds the "
-        "results of its inputs, waiting on their futures; the pool has the default "
+        "setup column; a join's inputs are passed to it as arguments of their own and the "
+        "dict made when it runs (a dict of delayed values has Dask optimise the whole past of "
+        "each as the graph is built). ThreadPoolExecutor: a driver loop submits each node once "
+        "it holds the results of its inputs, waiting on their futures; the pool has the default "
         "min(32, cores + 4) threads. Ray runs in a process of its own after the others "
         "(not interleaved with them): one actor holds every node of the chain and the "
         "fan-out, two actors hold one SVD branch each; its setup is `experimental_compile`"

@@ -8,15 +8,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from figures import Figures, median
+from figures import (
+    NESTED_DASK,
+    NESTED_LOOP,
+    NESTED_SOMA,
+    NESTED_WAVES,
+    Figures,
+    Scale,
+    median,
+    scale_at,
+)
 from timing import OtherLoad
+from workloads import BLOCK_WIDTH
 
 
 @dataclass(frozen=True)
 class Bound:
     """A limit on one figure, written as the targets table shows it (``≤ 3x (goal 2x)``)."""
 
-    relation: str  # "≤", "<", "≥", or "within": the figure's size, whichever its sign
+    relation: str  # "≤", "<", "≥", ">", or "within": the figure's size, whichever its sign
     limit: float
     unit: str  # written right after the number: "x", " µs", " MB", "%"
     goal: float | None = None  # said beside the bound, never checked
@@ -29,6 +39,8 @@ class Bound:
                 return figure < self.limit
             case "≥":
                 return figure >= self.limit
+            case ">":
+                return figure > self.limit
             case "within":
                 return abs(figure) <= self.limit
         raise ValueError(f"unknown relation `{self.relation}`")
@@ -49,6 +61,27 @@ BOUNDS = {
     "peak": Bound("<", 5, " MB"),
     # Many forwards of a waved graph: RSS growth after a checkpoint.
     "leak": Bound("within", 5, "%"),
+    # The fan-out 1 -> 1,000 -> 1: the thread pool's time over Soma's (Soma faster).
+    "fan": Bound(">", 1, "x"),
+    # The nested graph, steady forwards: Soma's time per node, at 10,000 and at 100,000 nodes.
+    "nested": Bound("≤", 2, " µs"),
+    # The nested graph: Soma's time per node at 100,000 nodes over that at 1,000.
+    "nested_growth": Bound("≤", 1.5, "x"),
+    # The nested graph at 10,000 nodes: the waves run by hand on a ThreadPoolExecutor(8), in
+    # time over Soma.
+    "nested_waves": Bound("≥", 3, "x"),
+    # The nested graph at 10,000 nodes: Dask's threaded scheduler, in time over Soma.
+    "nested_dask": Bound("≥", 30, "x"),
+    # The nested graph: a fresh graph's first forward (plan compiled) over a steady one, at
+    # every size.
+    "first_forward": Bound("≤", 2, "x"),
+    # The nested graph of 100,000 nodes: `plan()`, its first call.
+    "plan": Bound("<", 30, " ms"),
+    # The nested graph: `plan()`'s first call at 100,000 nodes over that at 10,000.
+    "plan_growth": Bound("≤", 12, "x"),
+    # The nested graph: the threads it holds after its forwards, at every size: its width, 4,
+    # plus two.
+    "threads": Bound("≤", BLOCK_WIDTH + 2, " threads"),
 }
 
 
@@ -57,7 +90,7 @@ class Target:
     what: str
     measured: str
     target: Bound
-    met: bool
+    met: bool | None  # None: not measured in this run (a size left out, a peer not run)
     load: OtherLoad | None = None  # what else ran meanwhile, for the timed targets
 
 
@@ -120,4 +153,137 @@ def judge(figures: Figures) -> list[Target]:
             BOUNDS["leak"].met(leak["growth"] * 100),
         ),
     ]
+    fan_soma = median(figures.fan_rows, "Soma")
+    fan_pool = median(figures.fan_rows, "ThreadPoolExecutor")
+    fan_nodes = len(figures.fan.nodes)
+    targets.append(
+        Target(
+            f"{figures.fan.name}: ThreadPoolExecutor / Soma, in time",
+            f"{fan_pool / fan_nodes * 1e6:.2f} vs {fan_soma / fan_nodes * 1e6:.3f} µs/node "
+            f"= {fan_pool / fan_soma:.2f}x",
+            BOUNDS["fan"],
+            BOUNDS["fan"].met(fan_pool / fan_soma),
+            load["fan"],
+        )
+    )
+    return targets + nested_targets(figures.nested)
+
+
+def _not_run(what: str, bound: str, why: str) -> Target:
+    return Target(what, why, BOUNDS[bound], None)
+
+
+def nested_targets(scales: list[Scale]) -> list[Target]:
+    """The nested graph's targets, from the sizes that were run; a size left out (``--quick``
+    runs no 100,000) or a peer not run leaves its target unmeasured, not met."""
+    small, mid, large = (scale_at(scales, n) for n in (1_000, 10_000, 100_000))
+    run = ", ".join(f"{s.nodes:,}" for s in scales) or "none"
+
+    def _missing(nodes: int) -> str:
+        return f"not run at {nodes:,} nodes (sizes run: {run})"
+
+    targets = []
+    for nodes, scale in ((10_000, mid), (100_000, large)):
+        what = f"nested graph of {nodes:,} Python nodes: Soma steady forward, per node"
+        if scale is None:
+            targets.append(_not_run(what, "nested", _missing(nodes)))
+            continue
+        soma, loop = scale.per_node_us(NESTED_SOMA), scale.per_node_us(NESTED_LOOP)
+        targets.append(
+            Target(
+                what,
+                f"{soma:.3f} µs (loop: {loop:.3f} µs)",
+                BOUNDS["nested"],
+                BOUNDS["nested"].met(soma),
+                scale.load,
+            )
+        )
+    what = "nested graph, Soma per node: 100,000 nodes / 1,000"
+    if small is None or large is None:
+        targets.append(_not_run(what, "nested_growth", _missing(100_000)))
+    else:
+        small_us, large_us = small.per_node_us(NESTED_SOMA), large.per_node_us(NESTED_SOMA)
+        # The loop's own growth beside it: what more nodes cost in caches, whoever runs them.
+        loop_growth = large.per_node_us(NESTED_LOOP) / small.per_node_us(NESTED_LOOP)
+        targets.append(
+            Target(
+                what,
+                f"{large_us:.3f} / {small_us:.3f} µs = {large_us / small_us:.2f}x "
+                f"(loop: {loop_growth:.2f}x)",
+                BOUNDS["nested_growth"],
+                BOUNDS["nested_growth"].met(large_us / small_us),
+                large.load,
+            )
+        )
+    for runner, bound, peer in (
+        (NESTED_WAVES, "nested_waves", "the waves run by hand on a ThreadPoolExecutor(8)"),
+        (NESTED_DASK, "nested_dask", "Dask's threaded scheduler"),
+    ):
+        what = f"nested graph of 10,000 nodes: {peer} / Soma, in time"
+        if mid is None or runner not in mid.timings:
+            why = _missing(10_000) if mid is None else f"not run: {mid.dask_note}"
+            targets.append(_not_run(what, bound, why))
+            continue
+        peer_us, soma_us = mid.per_node_us(runner), mid.per_node_us(NESTED_SOMA)
+        targets.append(
+            Target(
+                what,
+                f"{peer_us:.2f} vs {soma_us:.3f} µs/node = {peer_us / soma_us:.1f}x",
+                BOUNDS[bound],
+                BOUNDS[bound].met(peer_us / soma_us),
+                mid.load,
+            )
+        )
+    if scales:
+        firsts = {s.nodes: s.first_forward_s / s.timings[NESTED_SOMA].median_s for s in scales}
+        worst = max(firsts, key=firsts.__getitem__)
+        targets.append(
+            Target(
+                "nested graph: first forward of a fresh graph / steady forward, at every size",
+                ", ".join(f"{ratio:.2f}x at {nodes:,}" for nodes, ratio in firsts.items())
+                + f" (worst: {firsts[worst]:.2f}x)",
+                BOUNDS["first_forward"],
+                BOUNDS["first_forward"].met(firsts[worst]),
+                next(s.load for s in scales if s.nodes == worst),
+            )
+        )
+    what = "nested graph of 100,000 nodes: `plan()`, first call"
+    if large is None:
+        targets.append(_not_run(what, "plan", _missing(100_000)))
+    else:
+        plan_ms = large.plan_first_s * 1e3
+        targets.append(
+            Target(
+                what,
+                f"{plan_ms:.1f} ms (cached: {large.plan_cached_s * 1e6:.1f} µs)",
+                BOUNDS["plan"],
+                BOUNDS["plan"].met(plan_ms),
+                large.load,
+            )
+        )
+    what = "nested graph, `plan()` first call: 100,000 nodes / 10,000"
+    if mid is None or large is None:
+        targets.append(_not_run(what, "plan_growth", _missing(100_000)))
+    else:
+        growth = large.plan_first_s / mid.plan_first_s
+        targets.append(
+            Target(
+                what,
+                f"{large.plan_first_s * 1e3:.1f} / {mid.plan_first_s * 1e3:.2f} ms = {growth:.1f}x",
+                BOUNDS["plan_growth"],
+                BOUNDS["plan_growth"].met(growth),
+                large.load,
+            )
+        )
+    if scales:
+        most = max(s.threads_held for s in scales)
+        targets.append(
+            Target(
+                f"nested graph ({BLOCK_WIDTH} wide): threads it holds after its forwards, "
+                "at every size",
+                ", ".join(f"{s.threads_held} at {s.nodes:,}" for s in scales),
+                BOUNDS["threads"],
+                BOUNDS["threads"].met(most),
+            )
+        )
     return targets

@@ -31,6 +31,15 @@ class Total(soma.Node):
         return sum(xs.values())
 
 
+class Largest(soma.Node):
+    """The join of a nested block: receives the dict of its four inputs and passes the largest
+    on, so that values stay small integers however many blocks are chained (a sum would grow
+    them fourfold per block, into bignums whose arithmetic would be what is timed)."""
+
+    def forward(self, xs: Mapping[str, int]) -> int:
+        return max(xs.values())
+
+
 class SingularValues(soma.Node):
     """LAPACK work on its own matrix; numpy releases the GIL for the whole decomposition.
 
@@ -113,6 +122,64 @@ def fan_out(width: int) -> Workload:
         return join.forward({node_id: node.forward(shared) for node_id, node in middle.items()})
 
     return Workload(f"fan-out 1 -> {width:,} -> 1", nodes, predecessors, loop)
+
+
+# One block of the nested graph, `a >> ((b >> c) | d | (e >> (f | g))) >> h`, as edges between
+# the letters; a block's `a` reads the previous block's `h`. Four nodes wide at `h`'s inputs.
+BLOCK_EDGES = (
+    ("a", "b"),
+    ("b", "c"),
+    ("a", "d"),
+    ("a", "e"),
+    ("e", "f"),
+    ("e", "g"),
+    ("c", "h"),
+    ("d", "h"),
+    ("f", "h"),
+    ("g", "h"),
+)
+BLOCK_NODES = 8
+BLOCK_WIDTH = 4
+
+
+def nested(blocks: int) -> Workload:
+    """``blocks`` blocks ``a >> ((b >> c) | d | (e >> (f | g))) >> h`` one after another, the
+    ``h`` of each feeding the ``a`` of the next: waves nested two deep, repeated at any scale,
+    ``8 * blocks`` trivial nodes. Node ids are the letter and the block's number (``c12``)."""
+    nodes: dict[str, soma.Node] = {}
+    predecessors: dict[str, tuple[str, ...]] = {}
+    for k in range(blocks):
+        for letter in "abcdefgh":
+            nodes[f"{letter}{k}"] = Largest() if letter == "h" else Inc()
+            predecessors[f"{letter}{k}"] = tuple(
+                f"{source}{k}" for source, target in BLOCK_EDGES if target == letter
+            )
+        predecessors[f"a{k}"] = (f"h{k - 1}",) if k else ()
+    # The loop's per-block work, resolved beforehand: the eight nodes and the keys of h's dict,
+    # as the loop over a list of layers one would write by hand.
+    in_blocks = [
+        (
+            tuple(nodes[f"{letter}{k}"] for letter in "abcdefgh"),
+            (f"c{k}", f"d{k}", f"f{k}", f"g{k}"),
+        )
+        for k in range(blocks)
+    ]
+
+    def loop(x: int) -> int:
+        for (a, b, c, d, e, f, g, h), (ck, dk, fk, gk) in in_blocks:
+            av = a.forward(x)
+            ev = e.forward(av)
+            x = h.forward(
+                {
+                    ck: c.forward(b.forward(av)),
+                    dk: d.forward(av),
+                    fk: f.forward(ev),
+                    gk: g.forward(ev),
+                }
+            )
+        return x
+
+    return Workload(f"nested blocks, {len(nodes):,} nodes", nodes, predecessors, loop)
 
 
 def numpy_pair(size: int) -> Workload:

@@ -55,6 +55,50 @@ fn grow(graph: &mut Graph, next: &mut usize, size: usize) -> (Vec<String>, Vec<S
     (vec![head], vec![tail])
 }
 
+/// `blocks` blocks `a >> ((b >> c) | d | (e >> (f | g))) >> h` one after another, the `h` of
+/// each feeding the `a` of the next: `8 * blocks` nodes, four wide, waves nested two deep however
+/// long — the Python benchmark's nested graph. Ids are the letter and the block (`c12`).
+pub fn blocks(blocks: usize) -> Graph {
+    const EDGES: [(char, char); 10] = [
+        ('a', 'b'),
+        ('b', 'c'),
+        ('a', 'd'),
+        ('a', 'e'),
+        ('e', 'f'),
+        ('e', 'g'),
+        ('c', 'h'),
+        ('d', 'h'),
+        ('f', 'h'),
+        ('g', 'h'),
+    ];
+    let mut graph = Graph::new();
+    for k in 0..blocks {
+        for letter in 'a'..='h' {
+            graph.add_node(format!("{letter}{k}")).expect("fresh id");
+        }
+        for (source, target) in EDGES {
+            graph
+                .add_edge(&format!("{source}{k}"), &format!("{target}{k}"))
+                .expect("acyclic");
+        }
+        if k > 0 {
+            graph
+                .add_edge(&format!("h{}", k - 1), &format!("a{k}"))
+                .expect("acyclic");
+        }
+    }
+    graph
+}
+
+/// `width` nodes side by side, nothing between them: one wave of `width` branches.
+pub fn wave(width: usize) -> Graph {
+    let mut graph = Graph::new();
+    for i in 0..width {
+        graph.add_node(id(i)).expect("fresh id");
+    }
+    graph
+}
+
 /// The worst case for nesting: `a0 >> (b0 | (a1 >> (b1 | ...)))`, `2 * rungs` nodes, nested
 /// `rungs` deep.
 pub fn ladder(rungs: usize) -> Graph {
