@@ -158,6 +158,18 @@ def test_a_graph_of_a_thousand_waves_holds_threads_for_what_runs_at_once_not_per
     assert os_threads() <= before + 4
 
 
+def test_a_wave_of_ten_thousand_branches_runs_on_a_handful_of_threads() -> None:
+    g = soma.Graph()
+    g.node("source", Pass())
+    for i in range(10_000):
+        g.node(f"b{i}", Add(i))
+        g.edge("source", f"b{i}")
+    out = g.forward(0)
+    assert len(out) == 10_000
+    assert out["b9999"] == 9_999
+    assert g.threads() <= 4, g.threads()
+
+
 def test_idle_threads_beyond_the_graphs_limit_end() -> None:
     width = 32
     barrier = threading.Barrier(width, timeout=DEADLINE)

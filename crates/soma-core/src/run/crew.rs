@@ -55,7 +55,7 @@ use std::any::Any;
 use std::collections::VecDeque;
 use std::io;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -125,6 +125,9 @@ struct Offer {
     len: usize,
     /// Branches not finished yet, claimed or not: the wave's owner waits for zero.
     unfinished: AtomicUsize,
+    /// Whether the offer is in the crew's queue; changed only under the crew's lock, so
+    /// `Relaxed` is enough. Lets the owner skip looking for an offer a crew thread removed.
+    queued: AtomicBool,
     latch: Latch,
     /// Around every branch a crew thread runs (never around the owner's own).
     host: Option<Arc<dyn Host>>,
@@ -230,6 +233,7 @@ impl Crew {
             next: AtomicUsize::new(1),
             len,
             unfinished: AtomicUsize::new(len),
+            queued: AtomicBool::new(false),
             latch: Latch {
                 done: Mutex::new(false),
                 opened: Condvar::new(),
@@ -441,10 +445,13 @@ impl Pool {
             state.looking = 0;
             state.sleeping = 0;
             state.permits = 0;
-            state.offers.clear();
+            for stale in state.offers.drain(..) {
+                stale.queued.store(false, Ordering::Relaxed);
+            }
             self.offered.store(0, Ordering::Relaxed);
         }
         state.offers.push_back(Arc::clone(offer));
+        offer.queued.store(true, Ordering::Relaxed);
         self.offered.fetch_add(1, Ordering::Release);
         let unclaimed = offer.unclaimed();
         self.send_helpers(&mut state, unclaimed)
@@ -453,8 +460,14 @@ impl Pool {
     /// Takes `offer` out of the queue, if it is still there; all its branches are claimed.
     fn withdraw(&self, offer: &Arc<Offer>) {
         let mut state = self.lock();
-        if let Some(at) = state.offers.iter().position(|o| Arc::ptr_eq(o, offer)) {
+        if !offer.queued.load(Ordering::Relaxed) {
+            return;
+        }
+        // Searched from the back: the offers of waves nested in one another are withdrawn in
+        // the reverse of the order they were made.
+        if let Some(at) = state.offers.iter().rposition(|o| Arc::ptr_eq(o, offer)) {
             state.offers.remove(at);
+            offer.queued.store(false, Ordering::Relaxed);
             self.offered.fetch_sub(1, Ordering::Release);
         }
     }
@@ -469,7 +482,14 @@ impl Pool {
             return;
         }
         let mut state = self.lock();
-        let unclaimed = state.offers.iter().map(|o| o.unclaimed()).sum();
+        // Two are enough to know: the scan stops there, and usually at the first offer.
+        let mut unclaimed = 0;
+        for waiting in state.offers.iter().rev() {
+            unclaimed += waiting.unclaimed();
+            if unclaimed >= 2 {
+                break;
+            }
+        }
         if let Err(refused) = self.send_helpers(&mut state, unclaimed) {
             drop(state);
             offer.refuse_unclaimed(&refused);
@@ -587,6 +607,7 @@ fn next_offer(state: &mut State, offered: &AtomicUsize) -> Option<Arc<Offer>> {
         if !front.exhausted() {
             return Some(Arc::clone(front));
         }
+        front.queued.store(false, Ordering::Relaxed);
         state.offers.pop_front();
         offered.fetch_sub(1, Ordering::Release);
     }

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use crate::model::catalog::Catalog;
 use crate::model::id::{IdMap, NodeId};
 use crate::model::node::Node;
-use crate::plan::Plan;
+use crate::plan::{Plan, Visit};
 use crate::run::crew::{Crew, DEFAULT_IDLE_THREADS};
 use crate::run::error::ProgramError;
 
@@ -146,27 +146,6 @@ fn to_u32(n: usize) -> u32 {
     u32::try_from(n).expect("fewer steps than u32::MAX")
 }
 
-/// Every plan of a tree, entered before its children and left after them, in plan order:
-/// the one walk both passes take, without recursion.
-enum Visit<'p> {
-    Enter(&'p Plan),
-    Leave(&'p Plan),
-}
-
-fn visits(plan: &Plan) -> impl Iterator<Item = Visit<'_>> {
-    let mut stack = vec![Visit::Enter(plan)];
-    std::iter::from_fn(move || {
-        let next = stack.pop()?;
-        if let Visit::Enter(entered) = next {
-            stack.push(Visit::Leave(entered));
-            if let Plan::Sequence(children) | Plan::Wave(children) = entered {
-                stack.extend(children.iter().rev().map(Visit::Enter));
-            }
-        }
-        Some(next)
-    })
-}
-
 /// The first pass: steps numbered into slots in plan order, every read resolved and checked,
 /// and where each step and each sequence sits.
 struct Numbering {
@@ -219,7 +198,7 @@ impl Numbering {
         // of the sibling branches before this one, which run at the same time and so cannot be
         // read. Ranges nest, so they are sorted by start and disjoint.
         let mut hidden: Vec<(usize, usize)> = Vec::new();
-        for visit in visits(plan) {
+        for visit in plan.visits() {
             match visit {
                 Visit::Enter(entered) => {
                     let position = match open.last() {
@@ -410,7 +389,7 @@ impl Numbering {
         // its wave's bounds so far.
         let mut open: Vec<(usize, Option<u32>, Vec<usize>)> = Vec::new();
         let (mut slot, mut read, mut sequences) = (0_usize, 0_usize, 0_u32);
-        for visit in visits(plan) {
+        for visit in plan.visits() {
             match visit {
                 Visit::Enter(entered) => {
                     if let Some((_, None, bounds)) = open.last_mut() {

@@ -1,7 +1,8 @@
 //! A wave: its branches handed to threads at once, joined, and settled into one outcome.
 
+use std::cell::Cell;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 use std::time::Duration;
 
@@ -11,6 +12,37 @@ use super::executor::{Executor, Halt};
 use super::program::Op;
 use super::table::{Frame, Shared};
 use crate::model::value::Value;
+
+thread_local! {
+    /// Waves this thread is inside of, one in another, since its stack began.
+    static NESTED: Cell<u32> = const { Cell::new(0) };
+    /// How many it may be inside of before the next runs on a fresh stack.
+    static ROOM: Cell<u32> = const { Cell::new(WAVES_PER_STACK) };
+}
+
+/// How many waves a thread walks into, one inside another, before the next runs on a fresh
+/// stack: few enough that their frames fit the smallest stack a branch may run on (a crew
+/// thread's 2 MiB, a few kilobytes a level in a debug build).
+const WAVES_PER_STACK: u32 = 192;
+
+/// The stack of a thread started to go deeper: reserved, not used, until the walk gets there.
+const FRESH_STACK: usize = 256 << 20;
+
+/// How many waves a thread started to go deeper walks into before it starts the next one, so
+/// that a graph nested a hundred thousand levels deep uses a handful of them.
+const WAVES_PER_FRESH_STACK: u32 = 16_384;
+
+/// Counts a wave left, on return or unwind.
+struct Nested;
+
+impl Drop for Nested {
+    fn drop(&mut self) {
+        NESTED.with(|nested| nested.set(nested.get() - 1));
+    }
+}
+
+/// How many enclosing waves a node boundary looks at for an earlier sibling's failure.
+const CANCEL_REACH: usize = 64;
 
 /// How often a thread waiting on a wave asks the [`crate::Watch`] whether to stop.
 const WATCH_INTERVAL: Duration = Duration::from_millis(5);
@@ -60,10 +92,18 @@ impl<'s> Lane<'s> {
         path
     }
 
-    /// Whether a branch declared before this one, at any level of nesting, has failed.
+    /// Whether a branch declared before this one has failed, in any of the
+    /// [`CANCEL_REACH`] waves around it.
+    ///
+    /// Asked at every node boundary, so it must not cost the depth of the graph: a branch
+    /// nested deeper than that below a failure runs on to its own wave's end instead of
+    /// stopping early. Which error is reported does not depend on it.
     pub(super) fn cancelled(&self) -> bool {
         let mut at = Some(self);
-        while let Some(lane) = at {
+        for _ in 0..CANCEL_REACH {
+            let Some(lane) = at else {
+                return false;
+            };
             if let Some((wave, index)) = lane.wave {
                 if wave.first_failed.load(Ordering::Acquire) < index {
                     return true;
@@ -87,6 +127,11 @@ impl Executor<'_> {
         if let [only] = branches {
             return self.walk(only, input, frame, lane);
         }
+        if NESTED.with(Cell::get) >= ROOM.with(Cell::get) {
+            return self.wave_on_a_fresh_stack(branches, bounds, input, frame, lane);
+        }
+        NESTED.with(|nested| nested.set(nested.get() + 1));
+        let _out = Nested;
         // Split the table: everything before the wave becomes read-only for its branches, and
         // the wave's range is cut into one disjoint mutable part per branch.
         let (lo, hi) = (bounds[0], bounds[bounds.len() - 1]);
@@ -118,6 +163,69 @@ impl Executor<'_> {
             self.blocking(&mut || self.wait(lane, until_done));
         });
         settle(outcomes)
+    }
+
+    /// Runs the wave on a thread of its own, started for it with a stack of its own, while this
+    /// thread waits (polling the watch if it started the run, the host's lock given up).
+    ///
+    /// A wave's first branch runs inline, so every level of waves nested in one another adds
+    /// frames to one stack; a graph nested a hundred thousand levels deep would overflow any
+    /// stack. Every [`WAVES_PER_STACK`] levels (then every [`WAVES_PER_FRESH_STACK`]) the walk
+    /// moves to a fresh stack instead: a deep graph costs one short-lived, waiting thread per
+    /// that many levels, and no stack grows with depth.
+    fn wave_on_a_fresh_stack(
+        &self,
+        branches: &[Op],
+        bounds: &[usize],
+        input: &Value,
+        frame: &mut Frame<'_>,
+        lane: Lane<'_>,
+    ) -> Result<(), Halt> {
+        let waiter = thread::current();
+        let done = AtomicBool::new(false);
+        let polls = self.watch.filter(|_| waiter.id() == lane.caller);
+        let mut outcome = None;
+        // The whole scope waits without the host's lock: the deeper thread takes it to run its
+        // nodes, and needs it once more to end (a host may keep state per thread).
+        self.blocking(&mut || {
+            outcome = Some(thread::scope(|scope| {
+                let deeper = thread::Builder::new()
+                    .name("soma-deeper".to_owned())
+                    .stack_size(FRESH_STACK)
+                    .spawn_scoped(scope, || {
+                        ROOM.with(|room| room.set(WAVES_PER_FRESH_STACK));
+                        let mut outcome = None;
+                        let mut run =
+                            || outcome = Some(self.wave(branches, bounds, input, frame, lane));
+                        match &self.host {
+                            Some(host) => host.branch(&mut run),
+                            None => run(),
+                        }
+                        done.store(true, Ordering::Release);
+                        waiter.unpark();
+                        outcome.expect("the host ran the wave")
+                    })
+                    .map_err(|refused| {
+                        Halt::Failed(RunError::NoThread {
+                            reason: refused.to_string(),
+                        })
+                    })?;
+                while !done.load(Ordering::Acquire) {
+                    match polls {
+                        Some(watch) => {
+                            thread::park_timeout(WATCH_INTERVAL);
+                            watch.poll();
+                        }
+                        // Woken by the deeper thread when it is done, and by nothing else.
+                        None => thread::park(),
+                    }
+                }
+                deeper
+                    .join()
+                    .unwrap_or_else(|payload| panic::resume_unwind(payload))
+            }));
+        });
+        outcome.expect("the host ran the wait")
     }
 
     /// Runs one branch of a wave; on failure, tells the later-declared siblings to stop.

@@ -361,3 +361,94 @@ fn the_host_wraps_each_branch_a_crew_thread_runs_and_puts_its_thread_back_after(
     assert!(marks.contains(&("c".to_owned(), true)), "{marks:?}");
     assert!(!IN_BRANCH.with(Cell::get));
 }
+
+/// `a >> ((b >> c) | d | (e >> (f | g))) >> h`, chained `blocks` times: eight nodes, two waves
+/// and four branches in flight at most per block.
+fn nested_blocks(blocks: usize) -> (soma_core::Graph, Catalog) {
+    let mut graph = soma_core::Graph::new();
+    let mut catalog = Catalog::new();
+    let pass: Arc<dyn soma_core::Node> =
+        Arc::new(|x: &Value| -> Result<Value, NodeError> { Ok(x.clone()) });
+    let first: Arc<dyn soma_core::Node> = Arc::new(|x: &Value| -> Result<Value, NodeError> {
+        Ok(x.as_map().map_or(Value::Null, |m| m[0].1.clone()))
+    });
+    let mut previous: Option<String> = None;
+    for k in 0..blocks {
+        let id = |c: char| format!("{c}{k}");
+        for c in "abcdefgh".chars() {
+            graph.add_node(id(c).as_str()).unwrap();
+            let body = if c == 'h' { &first } else { &pass };
+            catalog.insert(id(c).as_str(), Arc::clone(body));
+        }
+        if let Some(previous) = &previous {
+            graph.add_edge(previous, &id('a')).unwrap();
+        }
+        for (s, t) in ["ab", "bc", "ad", "ae", "ef", "eg", "ch", "dh", "fh", "gh"]
+            .iter()
+            .map(|pair| (pair.chars().next().unwrap(), pair.chars().nth(1).unwrap()))
+        {
+            graph.add_edge(&id(s), &id(t)).unwrap();
+        }
+        previous = Some(id('h'));
+    }
+    (graph, catalog)
+}
+
+#[test]
+fn a_million_node_nested_graph_compiles_and_runs_on_a_handful_of_threads() {
+    let (graph, catalog) = nested_blocks(125_000);
+    assert_eq!(graph.len(), 1_000_000);
+    let plan = compile(&graph, &catalog).unwrap();
+    let program = Program::new(&plan, &catalog).unwrap();
+    let out = Executor::new()
+        .run_program(&program, Value::Int(7))
+        .unwrap();
+    assert_eq!(out, Value::Int(7));
+    // The widest point is four branches at once; the caller is one of the threads.
+    assert!(program.threads() <= 3, "{} threads", program.threads());
+}
+
+#[test]
+fn a_graph_nested_a_hundred_thousand_levels_deep_runs_without_a_deep_stack() {
+    // `(((n0 >> n1) | n2) >> n3) | n4 …`: every second level a wave around all that came before.
+    const LEVELS: usize = 100_000;
+    let outcome = thread::Builder::new()
+        .stack_size(2 << 20)
+        .spawn(|| {
+            let mut graph = soma_core::Graph::new();
+            let mut catalog = Catalog::new();
+            // A join passes one of its inputs on, so that values stay flat however deep the graph.
+            let pass: Arc<dyn soma_core::Node> =
+                Arc::new(|x: &Value| -> Result<Value, NodeError> {
+                    Ok(x.as_map().map_or_else(|| x.clone(), |m| m[0].1.clone()))
+                });
+            let mut terminals = vec!["n0".to_owned()];
+            graph.add_node("n0").unwrap();
+            catalog.insert("n0", Arc::clone(&pass));
+            for level in 1..LEVELS {
+                let id = format!("n{level}");
+                graph.add_node(id.as_str()).unwrap();
+                catalog.insert(id.as_str(), Arc::clone(&pass));
+                if level % 2 == 1 {
+                    for terminal in &terminals {
+                        graph.add_edge(terminal, &id).unwrap();
+                    }
+                    terminals = vec![id];
+                } else {
+                    terminals.push(id);
+                }
+            }
+            let plan = compile(&graph, &catalog).unwrap();
+            let program = Program::new(&plan, &catalog).unwrap();
+            let out = Executor::new()
+                .run_program(&program, Value::Int(3))
+                .unwrap();
+            drop(program);
+            out
+        })
+        .unwrap()
+        .join()
+        .expect("no stack overflow");
+    // The last level is a series: one leaf, which received the input passed down every level.
+    assert_eq!(outcome, Value::Int(3));
+}
