@@ -16,11 +16,12 @@
 //! thread, grown to what its waves have in flight at once, its idle threads capped (see
 //! [`crate::run::crew`]).
 
+use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
 use crate::model::catalog::Catalog;
-use crate::model::id::{IdMap, NodeId};
+use crate::model::id::{IdHasher, NodeId};
 use crate::model::node::Node;
 use crate::plan::{Plan, Visit};
 use crate::run::crew::{Crew, DEFAULT_IDLE_THREADS};
@@ -146,6 +147,9 @@ fn to_u32(n: usize) -> u32 {
     u32::try_from(n).expect("fewer steps than u32::MAX")
 }
 
+/// Where each node already numbered runs: its slot.
+type SlotOf<'p> = HashMap<&'p str, u32, BuildHasherDefault<IdHasher>>;
+
 /// The first pass: steps numbered into slots in plan order, every read resolved and checked,
 /// and where each step and each sequence sits.
 struct Numbering {
@@ -191,8 +195,9 @@ impl Numbering {
             sequences: Vec::new(),
             reads: Vec::with_capacity(steps),
         };
-        let mut slot_of: IdMap<u32> =
-            IdMap::with_capacity_and_hasher(steps, BuildHasherDefault::default());
+        // Keyed by the plan's own ids, borrowed: no id is cloned to be looked up.
+        let mut slot_of: SlotOf<'_> =
+            SlotOf::with_capacity_and_hasher(steps, BuildHasherDefault::default());
         let mut open: Vec<Open> = Vec::new();
         // For each wave around the step being visited, `(wave start, branch start)`: the slots
         // of the sibling branches before this one, which run at the same time and so cannot be
@@ -263,12 +268,12 @@ impl Numbering {
     }
 
     /// Numbers one step and resolves its reads.
-    fn execute(
+    fn execute<'p>(
         &mut self,
         catalog: &Catalog,
-        slot_of: &mut IdMap<u32>,
+        slot_of: &mut SlotOf<'p>,
         hidden: &[(usize, usize)],
-        node: &NodeId,
+        node: &'p NodeId,
         from: &[NodeId],
     ) -> Result<(), ProgramError> {
         let implementation = catalog
@@ -276,7 +281,7 @@ impl Numbering {
             .ok_or_else(|| ProgramError::NotInCatalog { node: node.clone() })?;
         let slot = to_u32(self.ids.len());
         for source in from {
-            match slot_of.get(source) {
+            match slot_of.get(source.as_str()) {
                 Some(&read) if visible(hidden, read as usize) => self.reads.push((slot, read)),
                 Some(_) | None => {
                     return Err(ProgramError::MissingInput {
@@ -286,7 +291,7 @@ impl Numbering {
                 }
             }
         }
-        if slot_of.insert(node.clone(), slot).is_some() {
+        if slot_of.insert(node.as_str(), slot).is_some() {
             return Err(ProgramError::StepTwice { node: node.clone() });
         }
         self.ids.push(node.clone());
