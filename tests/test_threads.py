@@ -127,6 +127,15 @@ def nested_blocks(blocks: int) -> soma.Graph:
     return soma.Graph.somatize(expr)
 
 
+def meeting_wave(width: int) -> Any:
+    """``width`` branches that all meet, so that the graph needs a thread for each."""
+    barrier = threading.Barrier(width, timeout=DEADLINE)
+    branches: Any = Meet(barrier).named("m0")
+    for i in range(1, width):
+        branches = branches | Meet(barrier).named(f"m{i}")
+    return branches
+
+
 def test_the_calling_thread_runs_the_first_branch_of_a_wave_itself() -> None:
     seen: dict[str, list[int]] = {}
     g = soma.Graph.somatize(
@@ -171,12 +180,7 @@ def test_a_wave_of_ten_thousand_branches_runs_on_a_handful_of_threads() -> None:
 
 
 def test_idle_threads_beyond_the_graphs_limit_end() -> None:
-    width = 32
-    barrier = threading.Barrier(width, timeout=DEADLINE)
-    branches: Any = Meet(barrier).named("m0")
-    for i in range(1, width):
-        branches = branches | Meet(barrier).named(f"m{i}")
-    g = soma.Graph.somatize(branches)
+    g = soma.Graph.somatize(meeting_wave(32))
     assert g.idle_threads == 64
     g.idle_threads = 3
     g.forward(1)
@@ -197,11 +201,7 @@ def test_two_forwards_of_one_graph_at_once_run_all_four_branches_at_the_same_tim
 
 def test_a_wave_of_a_thousand_python_branches_meets_and_runs_again() -> None:
     width = 1000
-    barrier = threading.Barrier(width, timeout=DEADLINE)
-    branches: Any = Meet(barrier).named("m0")
-    for i in range(1, width):
-        branches = branches | Meet(barrier).named(f"m{i}")
-    g = soma.Graph.somatize(Pass() >> branches >> SumValues())
+    g = soma.Graph.somatize(Pass() >> meeting_wave(width) >> SumValues())
     assert g.forward(1) == width
     assert g.forward(2) == 2 * width
 
@@ -266,15 +266,6 @@ def settled_thread_states() -> int:
         if count == previous:
             break
     return count
-
-
-def meeting_wave(width: int) -> Any:
-    """``width`` branches that all meet, so that the graph needs a thread for each."""
-    barrier = threading.Barrier(width, timeout=DEADLINE)
-    branches: Any = Meet(barrier).named("m0")
-    for i in range(1, width):
-        branches = branches | Meet(barrier).named(f"m{i}")
-    return branches
 
 
 def test_a_collected_graphs_threads_give_their_interpreter_states_back() -> None:
