@@ -353,3 +353,55 @@ def test_the_interpreter_exits_cleanly_while_branch_threads_keep_their_states() 
     assert done.returncode == 0, done.stderr
     assert done.stdout == "ran\n", done.stdout
     assert done.stderr == "", done.stderr
+
+
+STACK_SCRIPT = """
+import pickle, sys, threading
+sys.path.insert(0, {tests!r})
+import soma
+
+sys.setrecursionlimit(1_000_000)
+if {asked}:
+    threading.stack_size({asked})
+deep = []
+for _ in range({depth}):
+    deep = [deep]
+meet = threading.Barrier(2, timeout=30)
+
+
+class Wait(soma.Node):
+    def forward(self, x):
+        meet.wait()
+        return threading.get_ident()
+
+
+class Pickle(soma.Node):
+    # C-level recursion as deep as the structure: it needs a real thread's stack.
+
+    def forward(self, x):
+        meet.wait()
+        return len(pickle.dumps(deep)), threading.get_ident()
+
+
+# `Wait` holds the calling thread, so `Pickle` runs on a thread the graph lends.
+g = soma.Graph.somatize(Wait().named("wait") | Pickle().named("pickle"))
+out = g.forward(0)
+assert out["pickle"][1] != out["wait"] == threading.get_ident()
+print("pickled", out["pickle"][0] > 0, flush=True)
+"""
+
+
+def test_a_lent_thread_has_the_stack_a_python_thread_has() -> None:
+    # 20,000 levels of pickling overflow a 2 MiB stack; a `threading.Thread` survives them.
+    tests = os.path.dirname(os.path.abspath(__file__))
+    done = run_script(STACK_SCRIPT.format(tests=tests, asked=0, depth=20_000))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "pickled True" in done.stdout, done.stdout
+
+
+def test_a_lent_thread_honours_threading_stack_size() -> None:
+    # 50,000 levels need more than the default 8 MiB; asking Python for 128 MiB threads is enough.
+    tests = os.path.dirname(os.path.abspath(__file__))
+    done = run_script(STACK_SCRIPT.format(tests=tests, asked=128 << 20, depth=50_000))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "pickled True" in done.stdout, done.stdout

@@ -119,6 +119,13 @@ impl GraphCore {
         }
         let program = Program::new(&compiled.plan, catalog).map_err(|e| program_error(py, &e))?;
         program.set_idle_threads(*idle_threads);
+        // What `threading.stack_size()` asks of Python's own threads, a crew thread gets too.
+        let asked: usize = py
+            .import("threading")
+            .and_then(|threading| threading.call_method0("stack_size"))
+            .and_then(|size| size.extract())
+            .unwrap_or(0);
+        program.set_thread_stack(asked);
         let program = Arc::new(program);
         compiled.program = Some(Arc::clone(&program));
         Ok(program)

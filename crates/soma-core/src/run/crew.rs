@@ -72,6 +72,12 @@ use super::hooks::Host;
 /// it is taken from no thread that has work.
 const STAY_AWAKE: Duration = Duration::from_micros(50);
 
+/// The stack a crew thread gets unless told otherwise: what a process's main thread usually has
+/// (and a Python `threading.Thread` gets by default), so that whatever a node survives there —
+/// a deep `repr`, pickling a deep structure — it survives on a crew thread. Reserved, not
+/// used: only the pages a branch touches cost memory.
+pub(crate) const DEFAULT_STACK: usize = 8 << 20;
+
 /// How many idle threads a crew keeps unless told otherwise: enough for the waves people write
 /// to find their threads awake or parked, few enough that a graph that once ran a wave of
 /// thousands of blocking branches does not keep thousands of threads.
@@ -114,6 +120,8 @@ struct State {
     /// Threads still to be refused as if the operating system had said no: the path a process
     /// out of threads takes, made testable.
     refusals: usize,
+    /// The stack each new thread gets.
+    stack_size: usize,
     /// The process that started the threads counted here; in a forked child they are not there.
     process: u32,
 }
@@ -172,6 +180,7 @@ impl Crew {
                     idle_limit,
                     closed: false,
                     refusals: 0,
+                    stack_size: DEFAULT_STACK,
                     process: std::process::id(),
                 }),
                 wake: Condvar::new(),
@@ -189,6 +198,11 @@ impl Crew {
     /// threads would.
     pub(crate) fn refuse_next_threads(&self, count: usize) {
         self.pool.lock().refusals = count;
+    }
+
+    /// Gives threads started from now on a stack of at least `bytes`.
+    pub(crate) fn set_stack_size(&self, bytes: usize) {
+        self.pool.lock().stack_size = bytes.max(DEFAULT_STACK);
     }
 
     /// Sets how many idle threads the crew keeps; idle threads beyond it end.
@@ -525,6 +539,7 @@ impl Pool {
         let pool = Arc::clone(self);
         thread::Builder::new()
             .name("soma-worker".to_owned())
+            .stack_size(state.stack_size)
             .spawn(move || pool.serve())?;
         state.threads += 1;
         // Counted as looking from now, so that nobody starts another for the same work.

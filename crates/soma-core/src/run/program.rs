@@ -121,6 +121,12 @@ impl Program {
         self.crew.refuse_next_threads(count);
     }
 
+    /// Starts threads from now on with a stack of at least `bytes` (8 MiB at the least, as a
+    /// main thread usually has).
+    pub fn set_thread_stack(&self, bytes: usize) {
+        self.crew.set_stack_size(bytes);
+    }
+
     /// Keeps at most `limit` idle threads (64 unless set); idle threads beyond it end.
     pub fn set_idle_threads(&self, limit: usize) {
         self.crew.set_idle_limit(limit);

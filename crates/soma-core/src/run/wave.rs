@@ -21,8 +21,8 @@ thread_local! {
 }
 
 /// How many waves a thread walks into, one inside another, before the next runs on a fresh
-/// stack: few enough that their frames fit the smallest stack a branch may run on (a crew
-/// thread's 2 MiB, a few kilobytes a level in a debug build).
+/// stack: few enough that their frames fit the smallest stack a branch may run on (a thread of
+/// the caller's with 2 MiB, a few kilobytes a level in a debug build).
 const WAVES_PER_STACK: u32 = 192;
 
 /// The stack of a thread started to go deeper: reserved, not used, until the walk gets there.
