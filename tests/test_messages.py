@@ -16,6 +16,7 @@ so from Python no node can lack one. Its message is snapshotted in Rust
 
 from __future__ import annotations
 
+import copy
 import itertools
 import os
 import shutil
@@ -132,7 +133,7 @@ hint: an edge is declared once\
 def test_an_id_that_is_not_a_str() -> None:
     assert story(lambda: soma.Graph().node(3, Pass())) == snapshot("""\
 TypeError: a node id is a `str`, not an object of type `int`
-hint: call node(obj) or node('id', obj)\
+hint: call `g.node(obj)` or `g.node("id", obj)`\
 """)
 
 
@@ -296,6 +297,75 @@ def test_a_rust_panic() -> None:
     assert story(lambda: g.forward(1)) == snapshot("""\
 PanicError: node `bomb` panicked: kaboom
 hint: a panic is a bug in the node's Rust code; the run was stopped once every branch had been joined, and the graph can run again\
+""")
+
+
+# --- hostile input: a class for a node, ids that are not text, ints past 64 bits, copies ------
+
+
+def test_a_node_class_where_an_instance_belongs() -> None:
+    assert story(lambda: soma.Graph().node("x", Pass)) == snapshot("""\
+TypeError: `Pass` is a class, where a node instance is expected
+hint: register an instance: `g.node("x", Pass())`\
+""")
+
+
+def test_a_class_without_forward_where_a_node_belongs() -> None:
+    assert story(lambda: soma.Graph().node(dict)) == snapshot("""\
+TypeError: `dict` is a class, where a node instance is expected
+hint: a node is an instance of a class with `forward(self, x)`, such as a soma.Node subclass\
+""")
+
+
+def test_somatize_given_a_class() -> None:
+    assert story(lambda: soma.Graph.somatize(Pass)) == snapshot("""\
+TypeError: `Pass` is a class, where a node instance is expected
+hint: register an instance: `soma.Graph.somatize(Pass())`\
+""")
+
+
+def test_an_id_holding_a_lone_surrogate() -> None:
+    assert story(lambda: soma.Graph().node("x\ud800", Pass())) == snapshot("""\
+InvalidIdError: invalid node id `'x\\ud800'`: `'\\ud800'` at index 1 is a lone surrogate, not a character
+hint: an id is a non-empty name without spaces or control characters; a lone surrogate usually comes from bytes decoded with errors='surrogateescape': decode them strictly, or choose another id\
+""")
+
+
+def test_an_edge_given_a_node_instead_of_its_id() -> None:
+    g = chain("a")
+    assert story(lambda: g.edge(Pass(), "a")) == snapshot("""\
+TypeError: an edge source is a `str`, not an object of type `Pass`
+hint: name the nodes by the ids `node()` returned: `a = g.node(A())`, then `g.edge(a, b)`\
+""")
+
+
+def test_a_rust_node_overflows() -> None:
+    g = soma.Graph.somatize(native.Add(1).named("inc"))
+    assert story(lambda: g.forward(2**63 - 1)) == snapshot("""\
+OverflowError: `inc` overflowed: 9223372036854775807 + 1 is outside the 64-bit range of a Rust node's ints
+hint: keep integers this large in Python nodes, or give the Rust node floats
+note: raised in soma node `inc`\
+""")
+
+
+def test_a_rust_sum_overflows_outside_a_graph() -> None:
+    assert story(lambda: native.Sum().forward([2**63 - 1, 1])) == snapshot("""\
+OverflowError: `Sum()` overflowed: the sum 9223372036854775808 is outside the 64-bit range of a Rust node's ints
+hint: keep integers this large in Python nodes, or give the Rust node floats\
+""")
+
+
+def test_a_rust_add_of_a_k_past_64_bits() -> None:
+    assert story(lambda: native.Add(2**63)) == snapshot("""\
+OverflowError: `Add(9223372036854775808)`: `k` is outside the 64-bit range of a Rust node's ints
+hint: add integers this large in a Python node\
+""")
+
+
+def test_copying_a_trace() -> None:
+    assert story(lambda: copy.copy(soma.Trace())) == snapshot("""\
+TypeError: `copy.copy` cannot copy a `soma.Trace`: it is where runs record their spans, not a record
+hint: keep what it holds — `spans = trace.spans` (a list of immutable spans) or `trace.to_chrome()` — and pass a new `soma.Trace()` to later runs\
 """)
 
 

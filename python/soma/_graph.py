@@ -7,14 +7,17 @@ deciding once, at registration, whether ``forward`` wants a ``ctx``.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import re
+import types
+from collections.abc import Callable
 from typing import Any
 
 from soma import _soma
 from soma._dsl import Expr
 from soma._node import Node
-from soma.errors import DuplicateNodeError
+from soma.errors import DuplicateNodeError, InvalidIdError
 
 _WORD_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 
@@ -43,6 +46,56 @@ def _takes_ctx(obj: object) -> bool:
     )
 
 
+def _checked_id(value: object, what: str, hint: str) -> str:
+    """``value`` if it can be an id; otherwise the error that says why, raised here, where the
+    mistake is, rather than deep in the glue (a lone surrogate would surface there as a raw
+    ``UnicodeEncodeError``: an id crosses into Rust as UTF-8, which cannot hold one)."""
+    if not isinstance(value, str):
+        raise TypeError(
+            f"{'an' if what[0] in 'aeiou' else 'a'} {what} is a `str`, "
+            f"not an object of type `{type(value).__name__}`\nhint: {hint}"
+        )
+    if not value.isascii():  # The common case skips the encoding below.
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as failure:
+            error = InvalidIdError(
+                f"invalid {what} `{value!r}`: `{value[failure.start]!r}` at index "
+                f"{failure.start} is a lone surrogate, not a character\n"
+                "hint: an id is a non-empty name without spaces or control characters; a lone "
+                "surrogate usually comes from bytes decoded with errors='surrogateescape': "
+                "decode them strictly, or choose another id"
+            )
+            error.node = value
+            raise error from None
+    return value
+
+
+def _refuse_class(obj: object, call: str) -> None:
+    """Refuses a class given where a node is expected. Registered, a class would only fail at
+    its first run (its ``forward`` is a plain function, missing ``self``), far from the call
+    that made the mistake."""
+    if not isinstance(obj, type):
+        return
+    name = obj.__name__
+    hint = (
+        f"register an instance: `{call}{name}())`"
+        if callable(getattr(obj, "forward", None))
+        else "a node is an instance of a class with `forward(self, x)`, such as a soma.Node "
+        "subclass"
+    )
+    raise TypeError(f"`{name}` is a class, where a node instance is expected\nhint: {hint}")
+
+
+def _literal(text: str) -> str:
+    """``text`` as a Python literal in a hint, in double quotes where that is faithful."""
+    return f'"{text}"' if text.isprintable() and not {'"', "\\"} & set(text) else repr(text)
+
+
+_EDGE_HINT = "name the nodes by the ids `node()` returned: `a = g.node(A())`, then `g.edge(a, b)`"
+_LOOKUP_HINT = "name the node by the id `node()` returned"
+
+
 class Graph:
     """A directed acyclic graph of nodes, compiled once into a plan and run with ``forward``."""
 
@@ -54,6 +107,13 @@ class Graph:
     @classmethod
     def somatize(cls, expr: Expr | Node) -> Graph:
         """The graph an expression of ``>>`` and ``|`` describes, nodes in declaration order."""
+        _refuse_class(expr, "soma.Graph.somatize(")
+        if isinstance(expr, types.UnionType):  # `A | B` of classes is a typing union.
+            raise TypeError(
+                f"`{expr}` joins classes, where node instances are expected\n"
+                "hint: compose instances: "
+                f"`soma.Graph.somatize({' | '.join(f'{c.__name__}()' for c in expr.__args__)})`"
+            )
         expr = Expr.of(expr, ">>")
         seen: dict[int, int] = {}
         for at, obj in enumerate(expr.nodes):
@@ -79,16 +139,16 @@ class Graph:
         name, made unique with ``_2``, ``_3``; ``node("id", obj)`` uses ``"id"``.
         """
         if obj is None:
-            obj, node_id = id_or_obj, getattr(id_or_obj, "_soma_id", None)
+            obj = id_or_obj
+            _refuse_class(obj, "g.node(")
+            node_id = getattr(obj, "_soma_id", None)
             if node_id is None:
                 node_id = self._core.free_id(snake_case(type(obj).__name__))
-        elif isinstance(id_or_obj, str):
-            node_id = id_or_obj
+            else:
+                node_id = _checked_id(node_id, "node id", "give `.named()` a `str`")
         else:
-            raise TypeError(
-                f"a node id is a `str`, not an object of type `{type(id_or_obj).__name__}`\n"
-                "hint: call node(obj) or node('id', obj)"
-            )
+            node_id = _checked_id(id_or_obj, "node id", 'call `g.node(obj)` or `g.node("id", obj)`')
+            _refuse_class(obj, f"g.node({_literal(node_id)}, ")
         native = getattr(obj, "_soma_native", None)
         if isinstance(native, _soma.NativeNode):
             self._core.add_native(node_id, obj, native)
@@ -99,7 +159,10 @@ class Graph:
     def edge(self, source: str, target: str) -> None:
         """Adds the edge ``source -> target``; refused (and nothing changes) if it would close
         a cycle, repeats an edge or names an unknown node."""
-        self._core.add_edge(source, target)
+        self._core.add_edge(
+            _checked_id(source, "edge source", _EDGE_HINT),
+            _checked_id(target, "edge target", _EDGE_HINT),
+        )
 
     def nodes(self) -> list[str]:
         """Node ids, in insertion order."""
@@ -119,11 +182,11 @@ class Graph:
 
     def predecessors(self, node_id: str) -> list[str]:
         """Sources of the edges into ``node_id``, in edge-declaration order."""
-        return self._core.predecessors(node_id)
+        return self._core.predecessors(_checked_id(node_id, "node id", _LOOKUP_HINT))
 
     def successors(self, node_id: str) -> list[str]:
         """Targets of the edges out of ``node_id``, in edge-declaration order."""
-        return self._core.successors(node_id)
+        return self._core.successors(_checked_id(node_id, "node id", _LOOKUP_HINT))
 
     def topological_sort(self) -> list[str]:
         """Every node after its predecessors; ties broken by insertion order."""
@@ -131,7 +194,7 @@ class Graph:
 
     def implementation(self, node_id: str) -> Any:
         """The object registered under ``node_id``."""
-        return self._core.implementation(node_id)
+        return self._core.implementation(_checked_id(node_id, "node id", _LOOKUP_HINT))
 
     def plan(self) -> _soma.Plan:
         """The plan: compiled on first use, reused until the graph changes."""
@@ -198,7 +261,36 @@ class Graph:
         return len(self._core)
 
     def __contains__(self, node_id: object) -> bool:
-        return isinstance(node_id, str) and node_id in self._core
+        try:
+            return isinstance(node_id, str) and node_id in self._core
+        except UnicodeEncodeError:  # A lone surrogate: no id holds one.
+            return False
+
+    def __copy__(self) -> Graph:
+        """An independent graph with the same node objects under the same ids, the same edges
+        in the same order and the same ``idle_threads``; it holds threads of its own.
+
+        Without this ``copy.copy`` would copy the slot, and the "copy" would be the very same
+        graph: a node added to one would appear in the other.
+        """
+        return self._copied(lambda obj: obj)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Graph:
+        """As ``__copy__``, but each node object is ``copy.deepcopy``'d; objects that several
+        nodes share stay shared in the copy, and a node that refers to this graph refers to the
+        copy. A Rust node is immutable, and is its own deep copy."""
+        return self._copied(lambda obj: copy.deepcopy(obj, memo), memo)
+
+    def _copied(self, copy_node: Callable[[Any], Any], memo: dict[int, Any] | None = None) -> Graph:
+        graph = type(self)()
+        if memo is not None:  # Before the nodes: one of them may refer back to this graph.
+            memo[id(self)] = graph
+        for node_id in self.nodes():
+            graph.node(node_id, copy_node(self.implementation(node_id)))
+        for source, target in self.edges():
+            graph.edge(source, target)
+        graph.idle_threads = self.idle_threads
+        return graph
 
     def __repr__(self) -> str:
         nodes = self.nodes()

@@ -3,13 +3,17 @@
 //! They exist so that a graph can mix Python and Rust steps, and so that the boundary itself
 //! can be exercised: a Rust node reads native values, so a Python object reaching one is
 //! converted — or refused with a `TypeError` naming its type — right there, and nowhere else.
+//!
+//! Their integers are Rust's `i64`, and their arithmetic is checked: a sum outside the 64-bit
+//! range raises `OverflowError` naming the node, where unchecked arithmetic would wrap around
+//! to a number of the opposite sign and hand it on as if it were right.
 
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
 
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use soma_core::{Ctx, Node, NodeError, Transition, Value};
+use soma_core::{Ctx, Node, NodeError, NodeId, Transition, Value};
 
 use crate::convert::{holds_python, to_native, to_python, wrap};
 use crate::errors::{panic_message, NodePanic};
@@ -64,7 +68,7 @@ impl NativeNode {
     /// Runs the node once on `x`, outside any graph.
     fn forward<'py>(&self, py: Python<'py>, x: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let input = to_native(py, &wrap(x))?;
-        let id = soma_core::NodeId::from(self.name.as_str());
+        let id = NodeId::from(self.name.as_str());
         let out = py.detach(|| self.inner.forward(&input, &Ctx::new(&id, 0, &[])));
         match out {
             Ok(Transition::Done(value)) => to_python(py, &value),
@@ -72,8 +76,26 @@ impl NativeNode {
                 "native node `{}` awaited outside a graph\nhint: run it in a graph, with a driver: `soma.Graph.somatize(node).forward(x, driver=...)`",
                 self.name
             ))),
-            Err(error) => Err(PyValueError::new_err(error.to_string())),
+            // An exception the node chose (an `OverflowError`) comes out as itself.
+            Err(error) => Err(error
+                .cause()
+                .and_then(|cause| cause.downcast_ref::<PyErr>())
+                .map_or_else(
+                    || PyValueError::new_err(error.to_string()),
+                    |raised| raised.clone_ref(py),
+                )),
         }
+    }
+
+    /// Itself: a native node is immutable, so a copy could never differ from it (and a graph
+    /// copied with `copy.deepcopy` may share it).
+    fn __copy__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// Itself, as [`NativeNode::__copy__`].
+    fn __deepcopy__(slf: Py<Self>, _memo: &Bound<'_, PyAny>) -> Py<Self> {
+        slf
     }
 
     fn __repr__(&self) -> String {
@@ -129,27 +151,30 @@ fn number(node: &str, value: &Value) -> Result<Value, NodeError> {
     }
 }
 
-fn plus(a: &Value, b: &Value) -> Value {
-    #[allow(clippy::cast_precision_loss)] // Python's own int + float semantics.
-    match (a.as_int(), b.as_int()) {
-        (Some(a), Some(b)) => Value::Int(a.wrapping_add(b)),
-        _ => Value::Float(
-            a.as_float()
-                .unwrap_or_else(|| a.as_int().unwrap_or(0) as f64)
-                + b.as_float()
-                    .unwrap_or_else(|| b.as_int().unwrap_or(0) as f64),
-        ),
-    }
+/// The `OverflowError` for an int result outside 64 bits (`what`, say `1 + 2`) in `node`. It
+/// travels as the cause, so the graph's `forward` raises this very exception, with the note
+/// naming the node that every node's error gets.
+fn overflow(node: &NodeId, what: &str) -> NodeError {
+    NodeError::from_cause(PyOverflowError::new_err(format!(
+        "`{node}` overflowed: {what} is outside the 64-bit range of a Rust node's ints\nhint: keep integers this large in Python nodes, or give the Rust node floats"
+    )))
 }
 
 struct Add(i64);
 
 impl Node for Add {
-    fn forward(&self, input: &Value, _ctx: &Ctx<'_>) -> Result<Transition, NodeError> {
-        Ok(Transition::Done(plus(
-            &number("Add", input)?,
-            &Value::Int(self.0),
-        )))
+    #[allow(clippy::cast_precision_loss)] // Python's own int + float semantics.
+    fn forward(&self, input: &Value, ctx: &Ctx<'_>) -> Result<Transition, NodeError> {
+        let k = self.0;
+        let sum = match number("Add", input)? {
+            Value::Int(x) => x
+                .checked_add(k)
+                .map(Value::Int)
+                .ok_or_else(|| overflow(ctx.node(), &format!("{x} + {k}")))?,
+            Value::Float(x) => Value::Float(x + k as f64),
+            other => other,
+        };
+        Ok(Transition::Done(sum))
     }
 }
 
@@ -164,14 +189,10 @@ impl Node for Identity {
 struct Sum;
 
 impl Node for Sum {
-    fn forward(&self, input: &Value, _ctx: &Ctx<'_>) -> Result<Transition, NodeError> {
+    fn forward(&self, input: &Value, ctx: &Ctx<'_>) -> Result<Transition, NodeError> {
         let total = match input {
-            Value::Map(pairs) => pairs.iter().try_fold(Value::Int(0), |acc, (_, v)| {
-                Ok(plus(&acc, &number("Sum", v)?))
-            })?,
-            Value::List(items) => items
-                .iter()
-                .try_fold(Value::Int(0), |acc, v| Ok(plus(&acc, &number("Sum", v)?)))?,
+            Value::Map(pairs) => total(ctx.node(), pairs.iter().map(|(_, v)| v))?,
+            Value::List(items) => total(ctx.node(), items.iter())?,
             Value::Null
             | Value::Bool(_)
             | Value::Int(_)
@@ -181,6 +202,30 @@ impl Node for Sum {
             | Value::Opaque(_) => number("Sum", input)?,
         };
         Ok(Transition::Done(total))
+    }
+}
+
+/// The sum of `values`, in order, as Python's `sum` computes it: ints exactly until the first
+/// float, floats from there on. The ints add up in 128 bits, which no sequence of 64-bit ints
+/// short of 2^64 of them can overflow, so only a total that does not fit in 64 bits is refused —
+/// not one whose running sum merely strayed outside on the way.
+#[allow(clippy::cast_precision_loss)] // Python's own int + float semantics.
+fn total<'a>(node: &NodeId, values: impl Iterator<Item = &'a Value>) -> Result<Value, NodeError> {
+    let mut ints: i128 = 0;
+    let mut float: Option<f64> = None;
+    for value in values {
+        match (number("Sum", value)?, &mut float) {
+            (Value::Int(x), Some(sum)) => *sum += x as f64,
+            (Value::Int(x), None) => ints += i128::from(x),
+            (Value::Float(x), sum) => *sum = Some(sum.unwrap_or(ints as f64) + x),
+            _ => {} // `number` lets nothing else through.
+        }
+    }
+    match float {
+        Some(sum) => Ok(Value::Float(sum)),
+        None => i64::try_from(ints)
+            .map(Value::Int)
+            .map_err(|_| overflow(node, &format!("the sum {ints}"))),
     }
 }
 

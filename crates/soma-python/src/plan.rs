@@ -124,6 +124,16 @@ impl PyPlan {
             .is_ok_and(|other| self.plan() == other.get().plan())
     }
 
+    /// Itself: a plan never changes, so `copy.copy` has nothing to copy.
+    fn __copy__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// Itself, as [`PyPlan::__copy__`]: nothing inside a plan can change either.
+    fn __deepcopy__(slf: Py<Self>, _memo: &Bound<'_, PyAny>) -> Py<Self> {
+        slf
+    }
+
     fn __hash__(&self) -> u64 {
         use std::hash::{Hash, Hasher};
         let mut hasher = std::collections::hash_map::DefaultHasher::new();

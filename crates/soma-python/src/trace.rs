@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use soma_core::{Span, Trace};
 
@@ -46,6 +47,16 @@ impl From<&Span> for PySpan {
 
 #[pymethods]
 impl PySpan {
+    /// Itself: a span is immutable, so a copy could never differ from it.
+    fn __copy__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// Itself, as [`PySpan::__copy__`].
+    fn __deepcopy__(slf: Py<Self>, _memo: &Bound<'_, PyAny>) -> Py<Self> {
+        slf
+    }
+
     /// `end - start`, in seconds.
     #[getter]
     fn duration(&self) -> f64 {
@@ -121,7 +132,25 @@ impl PyTrace {
         self.trace.len()
     }
 
+    /// Refused. A trace is where runs record, not a record: a copy would have to say whether
+    /// later runs add to it, and its times count from its own creation. The spans already are
+    /// immutable values, so keeping them is the copy one wants.
+    fn __copy__(_slf: Py<Self>) -> PyResult<()> {
+        Err(refuse_copy("copy.copy"))
+    }
+
+    /// Refused, as [`PyTrace::__copy__`].
+    fn __deepcopy__(_slf: Py<Self>, _memo: &Bound<'_, PyAny>) -> PyResult<()> {
+        Err(refuse_copy("copy.deepcopy"))
+    }
+
     fn __repr__(&self) -> String {
         format!("Trace({} spans)", self.trace.len())
     }
+}
+
+fn refuse_copy(how: &str) -> PyErr {
+    PyTypeError::new_err(format!(
+        "`{how}` cannot copy a `soma.Trace`: it is where runs record their spans, not a record\nhint: keep what it holds — `spans = trace.spans` (a list of immutable spans) or `trace.to_chrome()` — and pass a new `soma.Trace()` to later runs"
+    ))
 }
