@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -262,3 +264,209 @@ def test_a_graph_runs_again_after_a_driver_failure() -> None:
     with pytest.raises(soma.DriverError):
         g.forward(1)
     assert g.forward(1, driver=Answer()) == 1 + 2
+
+
+# ---------------------------------------------------------------------------------------------
+# An exception that asks the program to stop, raised by a driver
+
+
+class Raises:
+    """A driver that raises `error` instead of answering."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def perform(self, requests: list[Any]) -> list[Any]:
+        raise self.error
+
+
+class Stop(BaseException):
+    """A `BaseException` of the user's own, not an `Exception`."""
+
+
+STOPPING = [
+    pytest.param(KeyboardInterrupt, id="KeyboardInterrupt"),
+    pytest.param(SystemExit, id="SystemExit"),
+    pytest.param(GeneratorExit, id="GeneratorExit"),
+    pytest.param(Stop, id="own-BaseException"),
+]
+
+
+@pytest.mark.parametrize("kind", STOPPING)
+def test_a_base_exception_from_a_driver_comes_out_of_forward_as_itself(
+    kind: type[BaseException],
+) -> None:
+    driver = Raises(kind("stop"))
+    with pytest.raises(kind) as excinfo:
+        one(AskTwice(), "asker").forward(1, driver=driver)
+    assert excinfo.value is driver.error
+    assert excinfo.value.__notes__ == ["raised in the driver serving soma node `asker`"]
+
+
+@pytest.mark.parametrize("kind", STOPPING)
+def test_except_exception_never_swallows_a_base_exception_from_a_driver(
+    kind: type[BaseException],
+) -> None:
+    driver = Raises(kind("stop"))
+    caught: list[BaseException] = []
+
+    def run_as_a_caller_would() -> None:
+        try:
+            one(AskTwice()).forward(1, driver=driver)
+        except Exception as error:  # The handler a caller writes for ordinary failures.
+            caught.append(error)
+
+    with pytest.raises(kind):
+        run_as_a_caller_would()
+    assert caught == []
+
+
+def test_a_base_exception_from_a_driver_in_a_wave_branch_comes_out_as_itself() -> None:
+    driver = Raises(KeyboardInterrupt("stop"))
+    g = soma.Graph.somatize(Add(1) >> (Add(2).named("quick") | AskTwice().named("asker")))
+    with pytest.raises(KeyboardInterrupt) as excinfo:
+        g.forward(1, driver=driver)
+    assert excinfo.value is driver.error
+
+
+def test_an_ordinary_exception_from_a_driver_stays_wrapped_in_driver_error() -> None:
+    driver = Raises(LookupError("no such key"))
+    with pytest.raises(soma.DriverError) as excinfo:
+        one(AskTwice(), "asker").forward(1, driver=driver)
+    assert excinfo.value.__cause__ is driver.error
+    assert excinfo.value.node == "asker"
+
+
+def test_a_graph_runs_again_after_a_base_exception_from_a_driver() -> None:
+    g = one(AskTwice())
+    with pytest.raises(KeyboardInterrupt):
+        g.forward(1, driver=Raises(KeyboardInterrupt()))
+    assert g.forward(1, driver=Answer()) == 1 + 2
+
+
+# ---------------------------------------------------------------------------------------------
+# A driver's answer: a list or a tuple, one result per request
+
+
+class Returns:
+    """A driver whose `perform` returns `make()`, whatever it is."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.make = make
+
+    def perform(self, requests: list[Any]) -> Any:
+        return self.make()
+
+
+class Pulled:
+    """An endless iterator that counts the items taken from it."""
+
+    def __init__(self) -> None:
+        self.taken = 0
+
+    def __iter__(self) -> Pulled:
+        return self
+
+    def __next__(self) -> int:
+        self.taken += 1
+        return self.taken
+
+
+@pytest.mark.parametrize(
+    ("answer", "returned"),
+    [
+        pytest.param(lambda: "ab", "str", id="str"),
+        pytest.param(lambda: b"ab", "bytes", id="bytes"),
+        pytest.param(lambda: {"a": 1, "b": 2}, "dict", id="dict"),
+        pytest.param(lambda: {1, 2}, "set", id="set"),
+        pytest.param(lambda: range(2), "range", id="range"),
+        pytest.param(lambda: iter([1, 2]), "list_iterator", id="iterator"),
+        pytest.param(lambda: (r for r in [1, 2]), "generator", id="generator"),
+        pytest.param(lambda: None, "NoneType", id="None"),
+    ],
+)
+def test_a_driver_answer_that_is_not_a_list_or_tuple_is_refused_with_type_error(
+    answer: Callable[[], Any], returned: str
+) -> None:
+    # Every answer here would give AskTwice's two results if it were read as an iterable.
+    with pytest.raises(soma.DriverError) as excinfo:
+        one(AskTwice(), "asker").forward(1, driver=Returns(answer))
+    assert excinfo.value.node == "asker"
+    cause = excinfo.value.__cause__
+    assert isinstance(cause, TypeError)
+    assert str(cause).startswith(f"`Returns.perform` returned a `{returned}`, not a list")
+    assert "\nhint: " in str(cause)
+
+
+def test_an_endless_iterator_from_a_driver_is_refused_at_once_unread() -> None:
+    endless = Pulled()
+    with pytest.raises(soma.DriverError) as excinfo:
+        one(AskTwice()).forward(1, driver=Returns(lambda: endless))
+    assert isinstance(excinfo.value.__cause__, TypeError)
+    assert endless.taken == 0
+
+
+def test_an_endless_generator_from_a_driver_is_refused_at_once() -> None:
+    def forever() -> Iterator[int]:
+        yield from itertools.count()
+
+    with pytest.raises(soma.DriverError) as excinfo:
+        one(AskTwice()).forward(1, driver=Returns(forever))
+    assert isinstance(excinfo.value.__cause__, TypeError)
+
+
+class Results(list[Any]):
+    """A list subclass whose own iteration must not be used."""
+
+    def __iter__(self) -> Iterator[Any]:
+        raise AssertionError("the engine reads a list by index, not through __iter__")
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(lambda: [10, 20], id="list"),
+        pytest.param(lambda: (10, 20), id="tuple"),
+        pytest.param(lambda: Results([10, 20]), id="list-subclass"),
+    ],
+)
+def test_a_driver_may_answer_with_a_list_a_tuple_or_a_subclass_of_either(
+    answer: Callable[[], Any],
+) -> None:
+    assert one(AskTwice()).forward(1, driver=Returns(answer)) == 10 + 20
+
+
+def test_a_driver_answering_a_tuple_of_the_wrong_length_gives_the_wrong_count_error() -> None:
+    with pytest.raises(soma.DriverError, match=r"answered 3 result\(s\) to the 2 request"):
+        one(AskTwice()).forward(1, driver=Returns(lambda: (1, 2, 3)))
+
+
+# ---------------------------------------------------------------------------------------------
+# A turn limit of 0
+
+
+def test_a_turn_limit_of_0_calls_no_node_and_names_none() -> None:
+    forever = Forever()
+    with pytest.raises(soma.TurnLimitError) as excinfo:
+        one(forever, "stuck").forward(1, driver=Answer(), turn_limit=0)
+    assert forever.calls == 0
+    assert excinfo.value.limit == 0
+    assert excinfo.value.node is None
+    assert str(excinfo.value).startswith("a turn limit of 0 lets no node run")
+    assert "`stuck`" not in str(excinfo.value)
+
+
+def test_a_turn_limit_of_0_refuses_even_a_node_that_never_awaits() -> None:
+    g = soma.Graph.somatize(Add(1) >> Double())
+    with pytest.raises(soma.TurnLimitError, match="a turn limit of 0 lets no node run") as excinfo:
+        g.forward(1, turn_limit=0)
+    assert excinfo.value.limit == 0
+
+
+def test_a_positive_turn_limit_error_names_the_node_that_awaited() -> None:
+    g = soma.Graph.somatize(Add(1).named("first") >> Forever().named("stuck"))
+    with pytest.raises(soma.TurnLimitError) as excinfo:
+        g.forward(1, driver=Answer(), turn_limit=1)
+    assert excinfo.value.node == "stuck"
+    assert excinfo.value.limit == 1
+    assert "node `stuck` was still awaiting after 1 turns" in str(excinfo.value)

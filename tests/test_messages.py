@@ -22,7 +22,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -215,9 +215,57 @@ def test_the_driver_returned_no_list() -> None:
             return len(requests)
 
     assert story(lambda: poller().forward(None, driver=Counts())) == snapshot("""\
-DriverError: the driver failed serving node `poll`: TypeError: a driver's `perform` must return a list of results, one per request, not a `int`
+DriverError: the driver failed serving node `poll`: TypeError: `Counts.perform` returned a `int`, not a list of results
+hint: return a `list` or a `tuple` holding one result per request, in order; other iterables are refused unread
 hint: the driver's own error is the cause; fix the driver, or the requests `poll` makes
-cause: TypeError: a driver's `perform` must return a list of results, one per request, not a `int`\
+cause: TypeError: `Counts.perform` returned a `int`, not a list of results
+hint: return a `list` or a `tuple` holding one result per request, in order; other iterables are refused unread\
+""")
+
+
+def test_the_driver_returned_a_str() -> None:
+    class Spells:
+        def perform(self, requests: list[Any]) -> str:
+            return "x" * len(requests)
+
+    assert story(lambda: poller().forward(None, driver=Spells())) == snapshot("""\
+DriverError: the driver failed serving node `poll`: TypeError: `Spells.perform` returned a `str`, not a list of results
+hint: return a `list` or a `tuple` holding one result per request, in order; other iterables are refused unread
+hint: the driver's own error is the cause; fix the driver, or the requests `poll` makes
+cause: TypeError: `Spells.perform` returned a `str`, not a list of results
+hint: return a `list` or a `tuple` holding one result per request, in order; other iterables are refused unread\
+""")
+
+
+def test_the_driver_returned_an_endless_generator() -> None:
+    class Streams:
+        def perform(self, requests: list[Any]) -> Iterator[int]:
+            return itertools.count()
+
+    assert story(lambda: poller().forward(None, driver=Streams())) == snapshot("""\
+DriverError: the driver failed serving node `poll`: TypeError: `Streams.perform` returned a `count`, not a list of results
+hint: return a `list` or a `tuple` holding one result per request, in order; other iterables are refused unread
+hint: the driver's own error is the cause; fix the driver, or the requests `poll` makes
+cause: TypeError: `Streams.perform` returned a `count`, not a list of results
+hint: return a `list` or a `tuple` holding one result per request, in order; other iterables are refused unread\
+""")
+
+
+def test_a_keyboard_interrupt_from_the_driver() -> None:
+    class Interrupted:
+        def perform(self, requests: list[Any]) -> list[Any]:
+            raise KeyboardInterrupt
+
+    assert story(lambda: poller().forward(None, driver=Interrupted())) == snapshot("""\
+KeyboardInterrupt: \n\
+note: raised in the driver serving soma node `poll`\
+""")
+
+
+def test_a_turn_limit_of_0() -> None:
+    assert story(lambda: poller().forward(None, driver=Echo(), turn_limit=0)) == snapshot("""\
+TurnLimitError: a turn limit of 0 lets no node run, so none was called
+hint: `turn_limit` is the number of calls each node gets; pass at least 1, or leave it out for the default of 64\
 """)
 
 

@@ -6,13 +6,15 @@
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyList, PyTuple};
 use soma_core::{Driver, DriverError, Value};
 
 use crate::convert::{to_python, wrap};
 
 pub struct PythonDriver {
     perform: Py<PyAny>,
+    /// The driver's type name, for messages.
+    name: String,
 }
 
 impl PythonDriver {
@@ -23,14 +25,15 @@ impl PythonDriver {
             .getattr("perform")
             .ok()
             .filter(PyAnyMethods::is_callable);
+        let name = type_name(object);
         let Some(perform) = perform else {
             return Err(PyTypeError::new_err(format!(
-                "a driver needs a callable `perform(requests)`, and `{}` has none\nhint: pass an object whose `perform` takes a list of requests and returns a list of results",
-                object.get_type().name()?
+                "a driver needs a callable `perform(requests)`, and `{name}` has none\nhint: pass an object whose `perform` takes a list of requests and returns a list of results"
             )));
         };
         Ok(PythonDriver {
             perform: perform.unbind(),
+            name,
         })
     }
 
@@ -40,16 +43,31 @@ impl PythonDriver {
             .map(|r| to_python(py, r))
             .collect::<PyResult<Vec<_>>>()?;
         let answered = self.perform.bind(py).call1((PyList::new(py, requests)?,))?;
-        // No hint line of its own: it reaches the user as the cause of a `DriverError`, whose
-        // message quotes it and gives the hint.
-        let Ok(results) = answered.try_iter() else {
-            return Err(PyTypeError::new_err(format!(
-                "a driver's `perform` must return a list of results, one per request, not a `{}`",
-                answered.get_type().name()?
-            )));
-        };
-        results.map(|item| item.map(wrap)).collect()
+        // Only a list or a tuple, read item by item and never through its `__iter__`: any other
+        // iterable would be taken apart wrongly (a `str` into characters, a `dict` into keys),
+        // and an endless generator would be read until memory ran out, inside `forward`.
+        if let Ok(list) = answered.cast::<PyList>() {
+            return Ok(list.iter().map(wrap).collect());
+        }
+        if let Ok(tuple) = answered.cast::<PyTuple>() {
+            return Ok(tuple.iter().map(wrap).collect());
+        }
+        // It reaches the user as the cause of a `DriverError`, which names the node and quotes
+        // this message, hint included.
+        Err(PyTypeError::new_err(format!(
+            "`{}.perform` returned a `{}`, not a list of results\nhint: return a `list` or a `tuple` holding one result per request, in order; other iterables are refused unread",
+            self.name,
+            type_name(&answered)
+        )))
     }
+}
+
+/// The name of an object's type, for a message.
+fn type_name(object: &Bound<'_, PyAny>) -> String {
+    object
+        .get_type()
+        .name()
+        .map_or_else(|_| "?".to_string(), |name| name.to_string())
 }
 
 impl Driver for PythonDriver {

@@ -2,10 +2,13 @@
 //!
 //! The exception hierarchy is declared once, in Python (`soma/errors.py`), where multiple
 //! inheritance (`CycleError` is also a `ValueError`) is natural; this module instantiates those
-//! classes with the error's data as attributes. A Python exception raised inside a node or a
-//! driver is never wrapped: the very same object comes back out, with a note naming the node.
+//! classes with the error's data as attributes. A Python exception raised inside a node is never
+//! wrapped: the very same object comes back out, with a note naming the node. One raised by a
+//! driver becomes the `__cause__` of a `soma.DriverError` naming the node, unless it is not an
+//! `Exception` (`KeyboardInterrupt`, `SystemExit`, `GeneratorExit`): those come back out as
+//! themselves, like a node's, so that `except Exception` never swallows a Ctrl-C.
 
-use pyo3::exceptions::PyKeyboardInterrupt;
+use pyo3::exceptions::{PyException, PyKeyboardInterrupt};
 use pyo3::prelude::*;
 use soma_core::{CompileError, GraphError, NodeId, ProgramError, RunError};
 
@@ -35,6 +38,12 @@ fn text<'py>(py: Python<'py>, id: &NodeId) -> Bound<'py, PyAny> {
 
 fn none(py: Python<'_>) -> Bound<'_, PyAny> {
     py.None().into_bound(py)
+}
+
+fn limit_value(py: Python<'_>, limit: u32) -> Bound<'_, PyAny> {
+    limit
+        .into_pyobject(py)
+        .map_or_else(|_| none(py), Bound::into_any)
 }
 
 pub fn graph_error(py: Python<'_>, error: &GraphError) -> PyErr {
@@ -85,9 +94,8 @@ fn python_cause(
         .map(|error| error.clone_ref(py))
 }
 
-/// Adds a PEP 678 note naming the node; the exception object stays the same.
-fn noted(py: Python<'_>, error: PyErr, node: &NodeId) -> PyErr {
-    let remark = format!("raised in soma node `{node}`");
+/// Adds a PEP 678 note, `remark`; the exception object stays the same.
+fn noted(py: Python<'_>, error: PyErr, remark: String) -> PyErr {
     // A note is a courtesy: an exception that refuses one is still raised as it is.
     let _ = error.value(py).call_method1("add_note", (remark,));
     error
@@ -104,30 +112,46 @@ pub fn run_error(py: Python<'_>, error: &RunError, interrupt: Option<PyErr>) -> 
     let message = error.to_string();
     match error {
         RunError::NodeFailed { node, error } => match python_cause(py, error.cause()) {
-            Some(raised) => noted(py, raised, node),
+            Some(raised) => noted(py, raised, format!("raised in soma node `{node}`")),
             None => soma_error(py, "RunError", message, &[("node", text(py, node))]),
         },
-        RunError::DriverFailed { node, error } => {
-            let failure = soma_error(py, "DriverError", message, &[("node", text(py, node))]);
-            if let Some(raised) = python_cause(py, error.cause()) {
-                failure.set_cause(py, Some(raised));
+        RunError::DriverFailed { node, error } => match python_cause(py, error.cause()) {
+            // A `BaseException` that is not an `Exception` asks the program to stop (Ctrl-C,
+            // `sys.exit()`): wrapped in a `DriverError`, an `Exception`, it would be caught by
+            // the handlers meant for ordinary failures, so it goes on as itself.
+            Some(raised) if !raised.is_instance_of::<PyException>(py) => noted(
+                py,
+                raised,
+                format!("raised in the driver serving soma node `{node}`"),
+            ),
+            raised => {
+                let failure = soma_error(py, "DriverError", message, &[("node", text(py, node))]);
+                if raised.is_some() {
+                    failure.set_cause(py, raised);
+                }
+                failure
             }
-            failure
-        }
+        },
         RunError::NoDriver { node } | RunError::WrongResultCount { node, .. } => {
             soma_error(py, "DriverError", message, &[("node", text(py, node))])
         }
-        RunError::TurnLimit { node, limit } => {
-            let limit = limit
-                .into_pyobject(py)
-                .map_or_else(|_| none(py), Bound::into_any);
-            soma_error(
-                py,
-                "TurnLimitError",
-                message,
-                &[("node", text(py, node)), ("limit", limit)],
-            )
-        }
+        // The engine refuses a limit of 0 at the first node, before calling it: no node awaited,
+        // so the error names none, and says why nothing ran.
+        RunError::TurnLimit { limit: 0, .. } => soma_error(
+            py,
+            "TurnLimitError",
+            format!(
+                "a turn limit of 0 lets no node run, so none was called\nhint: `turn_limit` is the number of calls each node gets; pass at least 1, or leave it out for the default of {}",
+                soma_core::DEFAULT_TURN_LIMIT
+            ),
+            &[("node", none(py)), ("limit", limit_value(py, 0))],
+        ),
+        RunError::TurnLimit { node, limit } => soma_error(
+            py,
+            "TurnLimitError",
+            message,
+            &[("node", text(py, node)), ("limit", limit_value(py, *limit))],
+        ),
         RunError::Invalid(error) => program_error(py, error),
         RunError::NoThread { .. } => soma_error(py, "ThreadError", message, &[]),
         RunError::Interrupted => interrupt.unwrap_or_else(|| PyKeyboardInterrupt::new_err(message)),
