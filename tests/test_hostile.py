@@ -88,8 +88,11 @@ def test_somatize_refuses_a_class_and_a_union_of_classes_naming_the_instances() 
 def test_a_class_inside_an_expression_is_refused_when_the_expression_is_written(
     compose: Callable[[], object],
 ) -> None:
-    with pytest.raises(TypeError, match=r"soma\.Node instances"):
+    with pytest.raises(
+        TypeError, match=r"`Pass` is a class, where a node instance is expected"
+    ) as raised:
         compose()
+    assert "hint: compose an instance: `Pass()`" in str(raised.value)
 
 
 # ---------------------------------------------------------------------------------------------

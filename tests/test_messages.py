@@ -265,7 +265,7 @@ note: raised in the driver serving soma node `poll`\
 def test_a_turn_limit_of_0() -> None:
     assert story(lambda: poller().forward(None, driver=Echo(), turn_limit=0)) == snapshot("""\
 TurnLimitError: a turn limit of 0 lets no node run, so none was called
-hint: `turn_limit` is the number of calls each node gets; pass at least 1, or leave it out for the default of 64\
+hint: the turn limit is the number of calls each node gets; pass at least 1, or leave it out for the default of 64\
 """)
 
 

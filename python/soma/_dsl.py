@@ -57,6 +57,11 @@ class Expr:
             return item
         if isinstance(item, Composable):
             return Expr((item,), (), (0,), (0,))
+        if isinstance(item, type):
+            raise TypeError(
+                f"`{item.__name__}` is a class, where a node instance is expected in `{operator}`\n"
+                f"hint: compose an instance: `{item.__name__}()`"
+            )
         raise TypeError(
             f"cannot compose an object of type `{type(item).__name__}` with `{operator}`: "
             "only soma.Node instances and expressions of them compose\n"

@@ -136,14 +136,11 @@ pub fn run_error(py: Python<'_>, error: &RunError, interrupt: Option<PyErr>) -> 
             soma_error(py, "DriverError", message, &[("node", text(py, node))])
         }
         // The engine refuses a limit of 0 at the first node, before calling it: no node awaited,
-        // so the error names none, and says why nothing ran.
+        // so the error names none (the message, the engine's, says why nothing ran).
         RunError::TurnLimit { limit: 0, .. } => soma_error(
             py,
             "TurnLimitError",
-            format!(
-                "a turn limit of 0 lets no node run, so none was called\nhint: `turn_limit` is the number of calls each node gets; pass at least 1, or leave it out for the default of {}",
-                soma_core::DEFAULT_TURN_LIMIT
-            ),
+            message,
             &[("node", none(py)), ("limit", limit_value(py, 0))],
         ),
         RunError::TurnLimit { node, limit } => soma_error(

@@ -89,6 +89,12 @@ impl fmt::Display for RunError {
                 f,
                 "the driver answered {got} result(s) to the {asked} request(s) of node `{node}`\nhint: a driver returns exactly one result per request, in order"
             ),
+            // A limit of 0 is refused at the first node, before it is called: no node awaited.
+            RunError::TurnLimit { limit: 0, .. } => write!(
+                f,
+                "a turn limit of 0 lets no node run, so none was called\nhint: the turn limit is the number of calls each node gets; pass at least 1, or leave it out for the default of {}",
+                crate::run::executor::DEFAULT_TURN_LIMIT
+            ),
             RunError::TurnLimit { node, limit } => write!(
                 f,
                 "node `{node}` was still awaiting after {limit} turns\nhint: make it finish, or raise the turn limit"

@@ -241,3 +241,17 @@ fn interrupted_names_no_node() {
     hint: its watch asked it to stop (Ctrl-C, a deadline); every branch stopped at a node boundary, and the run can be started again
     ");
 }
+
+#[test]
+fn turn_limit_of_zero() {
+    let (graph, catalog) = node("lookup", AwaitsForever).somatize().unwrap();
+    let plan = compile(&graph, &catalog).unwrap();
+    let error = Executor::new()
+        .with_turn_limit(0)
+        .run(&plan, &catalog, Value::Null)
+        .unwrap_err();
+    insta::assert_snapshot!(error, @r"
+    a turn limit of 0 lets no node run, so none was called
+    hint: the turn limit is the number of calls each node gets; pass at least 1, or leave it out for the default of 64
+    ");
+}
