@@ -551,6 +551,7 @@ impl Pool {
     /// end when the crew is gone or enough threads are idle already.
     fn serve(self: Arc<Self>) {
         let mut state = self.lock();
+        let mut stayed_awake = false;
         loop {
             if let Some(offer) = next_offer(&mut state, &self.offered) {
                 // Still counted as looking until it claims a branch: a thread on its way into
@@ -559,18 +560,23 @@ impl Pool {
                 drop(state);
                 self.take_branches(&offer);
                 state = self.lock();
+                stayed_awake = false;
                 continue;
             }
             if state.closed {
                 break;
             }
-            drop(state);
-            let found = stay_awake(&self.offered);
-            state = self.lock();
-            if found {
+            if !stayed_awake {
+                drop(state);
+                stay_awake(&self.offered);
+                state = self.lock();
+                // Back to the queue, under the lock: an offer made while this thread looked
+                // without it counted on it as looking, and must not find it asleep.
+                stayed_awake = true;
                 continue;
             }
-            if state.closed || state.sleeping >= state.idle_limit {
+            stayed_awake = false;
+            if state.sleeping >= state.idle_limit {
                 break;
             }
             state.looking -= 1;
@@ -629,15 +635,12 @@ fn next_offer(state: &mut State, offered: &AtomicUsize) -> Option<Arc<Offer>> {
     None
 }
 
-/// Looks for an offer without the lock for [`STAY_AWAKE`], yielding the core meanwhile; true if
-/// one appeared.
-fn stay_awake(offered: &AtomicUsize) -> bool {
+/// Looks for an offer without the lock for [`STAY_AWAKE`], yielding the core meanwhile, and
+/// returns as soon as one appears. Only a hint: the caller looks at the queue again under the
+/// lock.
+fn stay_awake(offered: &AtomicUsize) {
     let start = Instant::now();
-    while start.elapsed() < STAY_AWAKE {
-        if offered.load(Ordering::Acquire) > 0 {
-            return true;
-        }
+    while start.elapsed() < STAY_AWAKE && offered.load(Ordering::Acquire) == 0 {
         thread::yield_now();
     }
-    false
 }
