@@ -30,8 +30,8 @@ pub enum Plan {
     },
     /// Run the steps one after the other.
     Sequence(Vec<Plan>),
-    /// Launch the branches at the same time, each start to finish on its own thread, and join
-    /// them. Branches share no node.
+    /// Launch the branches at the same time, each run start to finish on one thread (branches
+    /// in flight together on different ones), and join them. Branches share no node.
     Wave(Vec<Plan>),
 }
 
