@@ -40,12 +40,6 @@ fn none(py: Python<'_>) -> Bound<'_, PyAny> {
     py.None().into_bound(py)
 }
 
-fn limit_value(py: Python<'_>, limit: u32) -> Bound<'_, PyAny> {
-    limit
-        .into_pyobject(py)
-        .map_or_else(|_| none(py), Bound::into_any)
-}
-
 pub fn graph_error(py: Python<'_>, error: &GraphError) -> PyErr {
     let message = error.to_string();
     match error {
@@ -135,20 +129,19 @@ pub fn run_error(py: Python<'_>, error: &RunError, interrupt: Option<PyErr>) -> 
         RunError::NoDriver { node } | RunError::WrongResultCount { node, .. } => {
             soma_error(py, "DriverError", message, &[("node", text(py, node))])
         }
-        // The engine refuses a limit of 0 at the first node, before calling it: no node awaited,
-        // so the error names none (the message, the engine's, says why nothing ran).
-        RunError::TurnLimit { limit: 0, .. } => soma_error(
-            py,
-            "TurnLimitError",
-            message,
-            &[("node", none(py)), ("limit", limit_value(py, 0))],
-        ),
-        RunError::TurnLimit { node, limit } => soma_error(
-            py,
-            "TurnLimitError",
-            message,
-            &[("node", text(py, node)), ("limit", limit_value(py, *limit))],
-        ),
+        // A limit of 0 names no node (`RunError::node`): none was called, none awaited.
+        RunError::TurnLimit { limit, .. } => {
+            let node = error.node().map_or_else(|| none(py), |node| text(py, node));
+            let limit = limit
+                .into_pyobject(py)
+                .map_or_else(|_| none(py), Bound::into_any);
+            soma_error(
+                py,
+                "TurnLimitError",
+                message,
+                &[("node", node), ("limit", limit)],
+            )
+        }
         RunError::Invalid(error) => program_error(py, error),
         RunError::NoThread { .. } => soma_error(py, "ThreadError", message, &[]),
         RunError::Interrupted => interrupt.unwrap_or_else(|| PyKeyboardInterrupt::new_err(message)),

@@ -62,13 +62,16 @@ impl RunError {
     /// The node the error is about, if it is about one.
     pub fn node(&self) -> Option<&NodeId> {
         match self {
+            // A limit of 0 stops the run before any node is called: no node is to blame.
+            RunError::TurnLimit { limit: 0, .. }
+            | RunError::NoThread { .. }
+            | RunError::Interrupted => None,
             RunError::NodeFailed { node, .. }
             | RunError::NoDriver { node }
             | RunError::DriverFailed { node, .. }
             | RunError::WrongResultCount { node, .. }
             | RunError::TurnLimit { node, .. } => Some(node),
             RunError::Invalid(error) => Some(error.node()),
-            RunError::NoThread { .. } | RunError::Interrupted => None,
         }
     }
 }

@@ -250,6 +250,7 @@ fn turn_limit_of_zero() {
         .with_turn_limit(0)
         .run(&plan, &catalog, Value::Null)
         .unwrap_err();
+    assert_eq!(error.node(), None, "no node was called, so none is blamed");
     insta::assert_snapshot!(error, @r"
     a turn limit of 0 lets no node run, so none was called
     hint: the turn limit is the number of calls each node gets; pass at least 1, or leave it out for the default of 64
