@@ -495,7 +495,15 @@ impl Pool {
         if self.offered.load(Ordering::Acquire) == 0 {
             return;
         }
-        let mut state = self.lock();
+        self.send_helpers_to_the_queue(self.lock(), offer);
+    }
+
+    /// [`Pool::send_helper_if_needed`], for a caller that holds the lock already.
+    fn send_helpers_to_the_queue(
+        self: &Arc<Self>,
+        mut state: MutexGuard<'_, State>,
+        offer: &Offer,
+    ) {
         // Two are enough to know: the scan stops there, and usually at the first offer.
         let mut unclaimed = 0;
         for waiting in state.offers.iter().rev() {
@@ -603,8 +611,9 @@ impl Pool {
     fn take_branches(self: &Arc<Self>, offer: &Arc<Offer>) {
         let mut run = || {
             while let Some(index) = offer.claim() {
-                self.lock().looking -= 1;
-                self.send_helper_if_needed(offer);
+                let mut state = self.lock();
+                state.looking -= 1;
+                self.send_helpers_to_the_queue(state, offer);
                 // SAFETY: claimed just now, so the owner is waiting and `work` is alive.
                 #[allow(unsafe_code)]
                 unsafe {
