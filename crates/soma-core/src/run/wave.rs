@@ -183,7 +183,19 @@ impl Executor<'_> {
     ) -> Result<(), Halt> {
         let waiter = thread::current();
         let done = AtomicBool::new(false);
-        let polls = self.watch.filter(|_| waiter.id() == lane.caller);
+        // Woken by the deeper thread when it is done; a thread's parking is woken spuriously too,
+        // hence the loop when there is no time limit.
+        let until_done = |timeout: Option<Duration>| {
+            match timeout {
+                Some(timeout) => thread::park_timeout(timeout),
+                None => {
+                    while !done.load(Ordering::Acquire) {
+                        thread::park();
+                    }
+                }
+            }
+            done.load(Ordering::Acquire)
+        };
         let mut outcome = None;
         // The whole scope waits without the host's lock: the deeper thread takes it to run its
         // nodes, and needs it once more to end (a host may keep state per thread).
@@ -210,16 +222,7 @@ impl Executor<'_> {
                             reason: refused.to_string(),
                         })
                     })?;
-                while !done.load(Ordering::Acquire) {
-                    match polls {
-                        Some(watch) => {
-                            thread::park_timeout(WATCH_INTERVAL);
-                            watch.poll();
-                        }
-                        // Woken by the deeper thread when it is done, and by nothing else.
-                        None => thread::park(),
-                    }
-                }
+                self.wait(&lane, &until_done);
                 deeper
                     .join()
                     .unwrap_or_else(|payload| panic::resume_unwind(payload))
