@@ -57,11 +57,7 @@ class Expr:
             return item
         if isinstance(item, Composable):
             return Expr((item,), (), (0,), (0,))
-        if isinstance(item, type):
-            raise TypeError(
-                f"`{item.__name__}` is a class, where a node instance is expected in `{operator}`\n"
-                f"hint: compose an instance: `{item.__name__}()`"
-            )
+        refuse_class(item, verb="compose", where=f" in `{operator}`")
         raise TypeError(
             f"cannot compose an object of type `{type(item).__name__}` with `{operator}`: "
             "only soma.Node instances and expressions of them compose\n"
@@ -109,3 +105,19 @@ def _parallel(left: Expr, right: Expr) -> Expr:
         left.heads + tuple(h + by for h in right.heads),
         left.terminals + tuple(t + by for t in right.terminals),
     )
+
+
+def refuse_class(obj: object, *, verb: str, call: str = "", where: str = "") -> None:
+    """Refuses a class given where a node is expected, naming the instance to give instead: in
+    the call that reads ``call`` up to it, or on its own. Accepted, a class would only fail at its
+    first run (its ``forward`` is a plain function, missing ``self``), far from the mistake."""
+    if not isinstance(obj, type):
+        return
+    name = obj.__name__
+    hint = (
+        f"{verb} an instance: `{call}{name}(){')' if call else ''}`"
+        if callable(getattr(obj, "forward", None))
+        else "a node is an instance of a class with `forward(self, x)`, such as a soma.Node "
+        "subclass"
+    )
+    raise TypeError(f"`{name}` is a class, where a node instance is expected{where}\nhint: {hint}")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from soma import _soma
-from soma._dsl import Expr
+from soma._dsl import Expr, refuse_class
 from soma._node import Node
 from soma.errors import DuplicateNodeError, InvalidIdError
 
@@ -71,22 +71,6 @@ def _checked_id(value: object, what: str, hint: str) -> str:
     return value
 
 
-def _refuse_class(obj: object, call: str) -> None:
-    """Refuses a class given where a node is expected. Registered, a class would only fail at
-    its first run (its ``forward`` is a plain function, missing ``self``), far from the call
-    that made the mistake."""
-    if not isinstance(obj, type):
-        return
-    name = obj.__name__
-    hint = (
-        f"register an instance: `{call}{name}())`"
-        if callable(getattr(obj, "forward", None))
-        else "a node is an instance of a class with `forward(self, x)`, such as a soma.Node "
-        "subclass"
-    )
-    raise TypeError(f"`{name}` is a class, where a node instance is expected\nhint: {hint}")
-
-
 def _literal(text: str) -> str:
     """``text`` as a Python literal in a hint, in double quotes where that is faithful."""
     return f'"{text}"' if text.isprintable() and not {'"', "\\"} & set(text) else repr(text)
@@ -107,7 +91,7 @@ class Graph:
     @classmethod
     def somatize(cls, expr: Expr | Node) -> Graph:
         """The graph an expression of ``>>`` and ``|`` describes, nodes in declaration order."""
-        _refuse_class(expr, "soma.Graph.somatize(")
+        refuse_class(expr, verb="register", call="soma.Graph.somatize(")
         if isinstance(expr, types.UnionType):  # `A | B` of classes is a typing union.
             raise TypeError(
                 f"`{expr}` joins classes, where node instances are expected\n"
@@ -140,7 +124,7 @@ class Graph:
         """
         if obj is None:
             obj = id_or_obj
-            _refuse_class(obj, "g.node(")
+            refuse_class(obj, verb="register", call="g.node(")
             node_id = getattr(obj, "_soma_id", None)
             if node_id is None:
                 node_id = self._core.free_id(snake_case(type(obj).__name__))
@@ -148,7 +132,7 @@ class Graph:
                 node_id = _checked_id(node_id, "node id", "give `.named()` a `str`")
         else:
             node_id = _checked_id(id_or_obj, "node id", 'call `g.node(obj)` or `g.node("id", obj)`')
-            _refuse_class(obj, f"g.node({_literal(node_id)}, ")
+            refuse_class(obj, verb="register", call=f"g.node({_literal(node_id)}, ")
         native = getattr(obj, "_soma_native", None)
         if isinstance(native, _soma.NativeNode):
             self._core.add_native(node_id, obj, native)
