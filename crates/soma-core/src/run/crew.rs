@@ -268,14 +268,14 @@ impl Crew {
         // this frame.
         #[allow(unsafe_code)]
         unsafe {
-            offer.run_claimed(0, None);
+            offer.run_claimed(0, None, || {});
         }
         while let Some(index) = offer.claim() {
             self.pool.send_helper_if_needed(&offer);
             // SAFETY: claimed just now; `work` is on this frame.
             #[allow(unsafe_code)]
             unsafe {
-                offer.run_claimed(index, None);
+                offer.run_claimed(index, None, || {});
             }
         }
         if len > 1 {
@@ -375,14 +375,21 @@ impl Offer {
         self.unfinished.load(Ordering::Acquire) == 0
     }
 
-    /// Runs a claimed branch (or records that it never got a thread), then counts it finished.
+    /// Runs a claimed branch (or records that it never got a thread), calls `before_finish`,
+    /// then counts the branch finished.
     ///
     /// # Safety
     /// The caller holds the claim on `index`, so the owner is still waiting and `work` is alive.
     #[allow(unsafe_code)]
-    unsafe fn run_claimed(&self, index: usize, refused: Option<&str>) {
+    unsafe fn run_claimed(
+        &self,
+        index: usize,
+        refused: Option<&str>,
+        before_finish: impl FnOnce(),
+    ) {
         // SAFETY: forwarded from the caller.
         unsafe { (self.run)(self.work, index, refused) };
+        before_finish();
         // `Release`: the outcome recorded above is visible to whoever sees the count reach zero.
         if self.unfinished.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.latch.open();
@@ -396,7 +403,7 @@ impl Offer {
             // SAFETY: claimed just now, so the owner is waiting and `work` is alive.
             #[allow(unsafe_code)]
             unsafe {
-                self.run_claimed(index, Some(&why));
+                self.run_claimed(index, Some(&why), || {});
             }
         }
     }
@@ -616,10 +623,12 @@ impl Pool {
                 self.send_helpers_to_the_queue(state, offer);
                 // SAFETY: claimed just now, so the owner is waiting and `work` is alive.
                 #[allow(unsafe_code)]
+                // Counted as looking again before the branch counts as finished: once it does,
+                // the owner may go on to offer the next wave, and must not find this thread
+                // missing from the count and start another in its place.
                 unsafe {
-                    offer.run_claimed(index, None);
+                    offer.run_claimed(index, None, || self.lock().looking += 1);
                 }
-                self.lock().looking += 1;
             }
         };
         match &offer.host {
