@@ -165,7 +165,9 @@ impl Value {
             }
             Value::Map(pairs) => {
                 if let Some(pairs) = Arc::get_mut(pairs) {
-                    pairs.iter_mut().for_each(|(_, item)| take(item));
+                    for (_, item) in pairs.iter_mut() {
+                        take(item);
+                    }
                 }
             }
             Value::Null
