@@ -6,6 +6,7 @@ from typing import Any, NoReturn, Self, final
 
 __all__ = [
     "DEFAULT_TURN_LIMIT",
+    "MAX_NESTED_FORWARDS",
     "Await",
     "Ctx",
     "Done",
@@ -17,6 +18,7 @@ __all__ = [
 ]
 
 DEFAULT_TURN_LIMIT: int
+MAX_NESTED_FORWARDS: int
 
 @final
 class Await:

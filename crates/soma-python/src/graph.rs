@@ -29,6 +29,7 @@ use crate::errors::{compile_error, graph_error, panic_error, program_error, run_
 use crate::native::NativeNode;
 use crate::node::PythonNode;
 use crate::plan::PyPlan;
+use crate::reentry::{Nested, MAX_NESTED_FORWARDS};
 use crate::thread_state;
 use crate::trace::PyTrace;
 use crate::watch::SignalWatch;
@@ -348,6 +349,7 @@ impl GraphCore {
         turn_limit: u32,
         trace: Option<&Bound<'py, PyTrace>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let nested = Nested::enter()?;
         let program = self.program(py)?;
         let driver = driver.map(PythonDriver::new).transpose()?;
         let watch = SignalWatch::new();
@@ -355,7 +357,7 @@ impl GraphCore {
         let mut executor = Executor::new()
             .with_turn_limit(turn_limit)
             .with_watch(&watch)
-            .with_host(Arc::clone(&INTERPRETER));
+            .with_host(Arc::clone(&INTERPRETERS[nested.depth()]));
         if let Some(driver) = &driver {
             executor = executor.with_driver(driver);
         }
@@ -375,11 +377,19 @@ impl GraphCore {
 
 /// The interpreter as the engine's host: a crew thread holds the GIL for the whole of each
 /// branch it runs, with a thread state it keeps for its life (`thread_state.rs`), and every
-/// blocking wait gives it back.
-struct Interpreter;
+/// blocking wait gives it back. Each branch runs at the nesting depth of its forward
+/// (`reentry.rs`), on whichever thread.
+struct Interpreter {
+    depth: usize,
+}
 
-/// The one host every run shares; a crew thread may still hold it after its run has ended.
-static INTERPRETER: LazyLock<Arc<dyn Host>> = LazyLock::new(|| Arc::new(Interpreter));
+/// The hosts every run shares, one per nesting depth, made once; a crew thread may still hold
+/// one after its run has ended.
+static INTERPRETERS: LazyLock<Vec<Arc<dyn Host>>> = LazyLock::new(|| {
+    (0..=MAX_NESTED_FORWARDS)
+        .map(|depth| Arc::new(Interpreter { depth }) as Arc<dyn Host>)
+        .collect()
+});
 
 /// Lets one branch thread at a time wait for the GIL to start its branch.
 ///
@@ -398,7 +408,7 @@ impl Host for Interpreter {
         thread_state::keep();
         Python::attach(move |_| {
             drop(turn);
-            run();
+            Nested::carry(self.depth, run);
         });
     }
 

@@ -13,6 +13,7 @@ mod native;
 mod node;
 mod plan;
 mod protocol;
+mod reentry;
 mod thread_state;
 mod trace;
 mod watch;
@@ -30,5 +31,6 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<trace::PyTrace>()?;
     module.add_class::<trace::PySpan>()?;
     module.add("DEFAULT_TURN_LIMIT", soma_core::DEFAULT_TURN_LIMIT)?;
+    module.add("MAX_NESTED_FORWARDS", reentry::MAX_NESTED_FORWARDS)?;
     Ok(())
 }
