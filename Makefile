@@ -9,7 +9,7 @@ PY := $(BIN)/python
 RUST_SOURCES := $(shell find crates -name '*.rs' -o -name Cargo.toml) Cargo.toml Cargo.lock pyproject.toml
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: setup build demo test lint test-rust test-python fmt clean bench
+.PHONY: setup build demo test lint test-rust test-python fmt clean bench soak
 
 setup: $(VENV)/.tools build
 
@@ -45,6 +45,11 @@ test-python: setup
 	$(BIN)/pytest
 
 test: lint test-rust test-python
+
+# The hostile sequences (tests/test_hostile_sequences.py) at length: fresh random sequences on
+# every run, a thousand of them, where `make test` replays the same few.
+soak: setup
+	SOMA_SOAK=1 $(BIN)/pytest tests/test_hostile_sequences.py -q --timeout=3600
 
 fmt: $(VENV)/.tools
 	cargo fmt --all
