@@ -206,34 +206,59 @@ impl<'v, 'py> Conversion for ToPython<'v, 'py> {
     }
 }
 /// Whether reading `value` natively needs the interpreter. A list or map met twice (a value
-/// can share one in many places) is looked into once.
+/// can share one in many places) is looked into once. Asked of every Rust node's input, so a
+/// scalar, and the items of a flat list or map, are answered without allocating: only lists and
+/// maps nested inside another wait on a stack.
 pub fn holds_python(value: &Value) -> bool {
-    let mut stack = vec![value];
-    let mut seen: HashSet<*const Value> = HashSet::new();
-    while let Some(value) = stack.pop() {
-        let items: &[Value] = match value {
+    let mut nested: Vec<&Value> = Vec::new();
+    let mut seen: HashSet<*const ()> = HashSet::new();
+    let mut next = Some(value);
+    while let Some(value) = next.take().or_else(|| nested.pop()) {
+        let found = match value {
+            Value::List(items) => look_into(items.iter(), &mut nested, &mut seen),
+            Value::Map(pairs) => {
+                look_into(pairs.iter().map(|(_, item)| item), &mut nested, &mut seen)
+            }
+            Value::Opaque(inner) => inner.is::<PyValue>(),
             Value::Null
             | Value::Bool(_)
             | Value::Int(_)
             | Value::Float(_)
             | Value::Text(_)
-            | Value::Bytes(_) => continue,
+            | Value::Bytes(_) => false,
+        };
+        if found {
+            return true;
+        }
+    }
+    false
+}
+
+/// Whether one of `items` is a Python object; the lists and maps among them, unless `seen`
+/// already, go on `nested` to be looked into.
+fn look_into<'v>(
+    items: impl Iterator<Item = &'v Value>,
+    nested: &mut Vec<&'v Value>,
+    seen: &mut HashSet<*const ()>,
+) -> bool {
+    for item in items {
+        match item {
             Value::Opaque(inner) => {
                 if inner.is::<PyValue>() {
                     return true;
                 }
-                continue;
             }
-            Value::List(items) => items,
-            Value::Map(pairs) => {
-                if seen.insert(pairs.as_ptr().cast()) {
-                    stack.extend(pairs.iter().map(|(_, item)| item));
+            Value::List(_) | Value::Map(_) => {
+                if shared(item).is_some_and(|at| seen.insert(at)) {
+                    nested.push(item);
                 }
-                continue;
             }
-        };
-        if seen.insert(items.as_ptr()) {
-            stack.extend(items);
+            Value::Null
+            | Value::Bool(_)
+            | Value::Int(_)
+            | Value::Float(_)
+            | Value::Text(_)
+            | Value::Bytes(_) => {}
         }
     }
     false
