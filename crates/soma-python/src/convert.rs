@@ -5,13 +5,14 @@
 //! int, a tensor the same tensor, with no copy. Conversion to native values happens only where
 //! a Rust node reads its input ([`to_native`]), and back where Python reads a native value
 //! ([`to_python`]).
-
 //!
 //! A value may nest as deep as its maker likes (a list of a list of … thousands of levels), so
 //! converting one never recurses per level: [`convert`] walks any tree from a stack of its own,
 //! building each list or map once all its items are built. A Python list that contains itself
-//! is refused with a `ValueError` rather than converted forever, and one held in several places
-//! converts once (the native values share it, as any clone does).
+//! is refused with a `ValueError` rather than converted forever. A list held in several places
+//! converts once, either way: the native values share it, as any clone does, and a shared
+//! native list comes back as one Python list held in those places — so a conversion costs the
+//! size of the value, never the number of paths through it.
 
 use std::collections::{HashMap, HashSet};
 use std::marker::PhantomData;
