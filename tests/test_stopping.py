@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 import soma
-
 from conftest import DEADLINE, SUBPROCESS_DEADLINE
 
 STUCK_SCRIPT = textwrap.dedent(
