@@ -47,4 +47,8 @@ pub use run::error::{ProgramError, RunError};
 pub use run::executor::{Executor, DEFAULT_TURN_LIMIT};
 pub use run::hooks::{Host, Watch};
 pub use run::program::Program;
+pub use run::stream::{
+    Failed, OnError, StageFigures, Stream, StreamError, StreamFigures, StreamSettings,
+    DEFAULT_IN_FLIGHT,
+};
 pub use run::trace::{Span, Trace};

@@ -50,6 +50,8 @@
 //! [`Crew::run`] keeps the promise `std::thread::scope` keeps: it returns only once every branch
 //! of the offer has been claimed and has finished, and nobody follows the pointer without a
 //! claim, which exists only while a branch is unclaimed or unfinished.
+//! [`Crew::lend`], whose tasks outlive their caller's frame, needs no such promise: its offer
+//! owns the tasks, and every thread that follows the pointer holds the offer.
 
 use std::any::Any;
 use std::collections::VecDeque;
@@ -144,10 +146,15 @@ struct Offer {
     /// Runs branch `index` of the `work` behind the pointer, or records that it never got a
     /// thread.
     run: unsafe fn(work: *const (), index: usize, refused: Option<&str>),
+    /// The `Work` itself when the offer owns it ([`Crew::lend`]): freed with the offer, which
+    /// every claimer holds while it follows `work`. `None` when it lives on the owner's stack.
+    #[allow(dead_code)] // Held, never read: it keeps what `work` points to alive.
+    owned: Option<Box<dyn Any + Send + Sync>>,
 }
 
 // SAFETY: `work` points to a `Work` whose tasks are `Send` and whose outcomes are behind mutexes;
-// it is only followed under a claim, which guarantees it is alive (see `Crew::run`).
+// it is only followed under a claim, which guarantees it is alive (see `Crew::run`), or it is
+// owned by the offer itself (see `Crew::lend`).
 #[allow(unsafe_code)]
 unsafe impl Send for Offer {}
 // SAFETY: as above; every other field is `Sync`.
@@ -255,6 +262,7 @@ impl Crew {
             host: host.cloned(),
             work: std::ptr::from_ref(&work).cast(),
             run: run_task::<F, T>,
+            owned: None,
         });
         // Whatever happens from here, the owner returns — or unwinds — only once every branch
         // is finished: that is what keeps `work` alive for the crew threads that claim it.
@@ -296,6 +304,52 @@ impl Crew {
                     .expect("every branch recorded its outcome")
             })
             .collect()
+    }
+}
+
+impl Crew {
+    /// Lends crew threads to `tasks`, one each, without waiting for them: each runs start to
+    /// finish on the thread that takes it and gives the thread back to the crew when it returns.
+    /// For work that outlives its caller's frame (the stages of a stream); a task that must meet
+    /// the others is in flight with them, by the same chain of helpers as a wave's branches.
+    ///
+    /// A task the operating system refuses a thread for is dropped without being run: whoever
+    /// waits for it should learn that from something the task owns being dropped.
+    ///
+    /// # Errors
+    /// The operating system's refusal of a thread, after the tasks without one were dropped.
+    pub(crate) fn lend<F>(&self, tasks: Vec<F>, host: Option<&Arc<dyn Host>>) -> io::Result<()>
+    where
+        F: FnOnce() + Send + 'static,
+    {
+        let len = tasks.len();
+        if len == 0 {
+            return Ok(());
+        }
+        let work: Box<Work<F, ()>> = Box::new(Work {
+            tasks: tasks.into_iter().map(|t| Mutex::new(Some(t))).collect(),
+            outcomes: (0..len).map(|_| Mutex::new(None)).collect(),
+        });
+        // The box's contents never move: the pointer stays good for as long as the offer owns it.
+        let pointer = std::ptr::from_ref::<Work<F, ()>>(&work).cast();
+        let offer = Arc::new(Offer {
+            // Nobody holds a task yet: the crew's threads take them all.
+            next: AtomicUsize::new(0),
+            len,
+            unfinished: AtomicUsize::new(len),
+            queued: AtomicBool::new(false),
+            latch: Latch {
+                done: Mutex::new(false),
+                opened: Condvar::new(),
+            },
+            host: host.cloned(),
+            work: pointer,
+            run: run_task::<F, ()>,
+            owned: Some(work),
+        });
+        self.pool.offer(&offer).inspect_err(|refused| {
+            offer.refuse_unclaimed(refused);
+        })
     }
 }
 

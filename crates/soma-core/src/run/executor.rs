@@ -165,23 +165,7 @@ impl<'a> Executor<'a> {
                 )
             }
         }
-        // A leaf has no reader, so nothing took or dropped its value.
-        let mut take = |slot: usize| {
-            table[slot]
-                .take()
-                .expect("a run that succeeded wrote every leaf")
-        };
-        match &*program.leaves {
-            [] => Ok(input),
-            [one] => Ok(take(*one)),
-            many => {
-                let pairs = many
-                    .iter()
-                    .map(|&slot| (program.ids[slot].shared(), take(slot)))
-                    .collect::<Vec<_>>();
-                Ok(Value::Map(pairs.into()))
-            }
-        }
+        Ok(output(program, &mut table, input))
     }
 
     pub(super) fn walk(
@@ -343,6 +327,28 @@ impl<'a> Executor<'a> {
                     got: results.len(),
                 });
             }
+        }
+    }
+}
+
+/// What a run that succeeded returns, taken out of its table: the one leaf's value, a map keyed
+/// by leaf id when there are several, the input itself when the program has no step.
+pub(super) fn output(program: &Program, table: &mut [Option<Value>], input: Value) -> Value {
+    // A leaf has no reader, so nothing took or dropped its value.
+    let mut take = |slot: usize| {
+        table[slot]
+            .take()
+            .expect("a run that succeeded wrote every leaf")
+    };
+    match &*program.leaves {
+        [] => input,
+        [one] => take(*one),
+        many => {
+            let pairs = many
+                .iter()
+                .map(|&slot| (program.ids[slot].shared(), take(slot)))
+                .collect::<Vec<_>>();
+            Value::Map(pairs.into())
         }
     }
 }

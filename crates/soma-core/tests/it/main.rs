@@ -16,6 +16,7 @@
 //! | `depth` | a graph nested 100,000 levels deep compiles, draws, clones and drops on a small stack |
 //! | `invariants` | every plan, over a battery and random DAGs; the expression oracle |
 //! | `tracing` | spans per node, their thread and branch, the Chrome trace, summary, timeline |
+//! | `streams` | items through a program, stages overlapped, order, bounds, errors, early close |
 //! | `waves` | branches really at once, one thread each, failures and panics |
 
 // What `random_graphs` builds; it is shared with a unit test, where its crate differs.
@@ -34,6 +35,7 @@ mod isolation;
 mod layers;
 mod messages;
 mod random_graphs;
+mod streams;
 mod support;
 mod tracing;
 mod values;
