@@ -16,6 +16,7 @@ from soma._dsl import Expr
 from soma._graph import Graph
 from soma._node import Node
 from soma._soma import DEFAULT_TURN_LIMIT, Await, Ctx, Done, Plan, Span, Trace
+from soma._stream import Failed, Progress, StageFigures, Stream, StreamFigures
 from soma.errors import (
     CompileError,
     CycleError,
@@ -43,15 +44,20 @@ __all__ = [
     "DuplicateEdgeError",
     "DuplicateNodeError",
     "Expr",
+    "Failed",
     "Graph",
     "GraphError",
     "InvalidIdError",
     "Node",
     "PanicError",
     "Plan",
+    "Progress",
     "RunError",
     "SomaError",
     "Span",
+    "StageFigures",
+    "Stream",
+    "StreamFigures",
     "ThreadError",
     "Trace",
     "TurnLimitError",

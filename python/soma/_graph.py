@@ -14,7 +14,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from soma import _soma
+from soma import _soma, _stream
 from soma._dsl import Expr, refuse_class
 from soma._node import Node
 from soma.errors import DuplicateNodeError, InvalidIdError
@@ -209,9 +209,15 @@ class Graph:
         driver: Any = None,
         turn_limit: int = _soma.DEFAULT_TURN_LIMIT,
         trace: _soma.Trace | None = None,
+        micro_batches: int | None = None,
+        join: Callable[[list[Any]], Any] | None = None,
     ) -> Any:
         """Runs the graph on ``input`` and returns the leaf's output (a dict keyed by leaf id
         when there are several).
+
+        With ``micro_batches=k``, ``input`` is cut along its first axis into ``k`` slices,
+        streamed through the graph with its stages overlapped (see :meth:`map`), and the
+        outputs joined back by type, or by ``join(outputs)``; see the guide's "Streams".
 
         Each branch of a wave runs start to finish on one thread, and the branches of a wave are
         launched together: the calling thread runs the first branch itself, and the graph lends
@@ -225,7 +231,13 @@ class Graph:
         serves awaiting nodes: any object with ``perform(requests) -> list``. ``trace``, a
         :class:`soma.Trace`, records a span per node (start, end, thread, branch, turns, error).
         """
+        if micro_batches is not None:
+            return _stream.forward_in_micro_batches(
+                self, input, micro_batches, join, driver=driver, turn_limit=turn_limit, trace=trace
+            )
         return self._core.forward(input, driver, turn_limit, trace)
+
+    map = _stream.stream_map
 
     def threads(self) -> int:
         """The threads the graph holds right now for its waves, busy or idle."""

@@ -18,6 +18,7 @@ class Node(Composable, abc.ABC):
     """
 
     _soma_id: str | None = None
+    _soma_concurrency: int = 1
 
     if TYPE_CHECKING:
         # Either signature is accepted; the graph looks at the method once, at registration.
@@ -27,6 +28,14 @@ class Node(Composable, abc.ABC):
         @abc.abstractmethod
         def forward(self, x, *args):
             """Computes the output from ``x`` (and ``ctx``, when the method takes it)."""
+
+    def concurrency(self, workers: int) -> Self:
+        """Lets :meth:`soma.Graph.map` run this node on up to ``workers`` items at once, for a
+        node that keeps no state between items (I/O, a remote call). Results keep their order."""
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise ValueError(f"concurrency takes an int of at least 1, not {workers!r}")
+        self._soma_concurrency = workers
+        return self
 
     def named(self, node_id: str) -> Self:
         """Gives this node an explicit id instead of one derived from its class."""

@@ -13,6 +13,7 @@ __all__ = [
     "NativeNode",
     "Plan",
     "Span",
+    "StreamCore",
     "Trace",
 ]
 
@@ -152,3 +153,25 @@ class Trace:
     # Refused with a `TypeError` that says how to keep a trace's spans.
     def __copy__(self) -> NoReturn: ...
     def __deepcopy__(self, memo: Any, /) -> NoReturn: ...
+
+@final
+class StreamCore:
+    """A graph's program over an iterable, its stages overlapped: the engine behind
+    ``soma.Graph.map`` (``soma/_stream.py`` says what comes out)."""
+
+    def __new__(
+        cls,
+        graph: GraphCore,
+        inputs: Iterable[Any],
+        in_flight: int,
+        ordered: bool,
+        stop_on_error: bool,
+        concurrency: list[tuple[str, int]],
+        driver: Any = None,
+        turn_limit: int = ...,
+        trace: Trace | None = None,
+    ) -> StreamCore: ...
+    # `(index, value, None)`, or `(index, None, (exception, node, input))` for a failed item.
+    def __next__(self) -> tuple[int, Any, tuple[BaseException, str | None, Any] | None] | None: ...
+    def close(self) -> None: ...
+    def figures(self) -> dict[str, Any] | None: ...

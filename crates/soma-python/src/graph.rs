@@ -104,7 +104,7 @@ impl GraphCore {
     }
 
     /// The program, resolved on first use after a change.
-    fn program(&self, py: Python<'_>) -> PyResult<Arc<Program>> {
+    pub(crate) fn program(&self, py: Python<'_>) -> PyResult<Arc<Program>> {
         let mut state = self.state();
         Self::compiled(py, &mut state)?;
         let State {
@@ -379,7 +379,7 @@ impl GraphCore {
 struct Interpreter;
 
 /// The one host every run shares; a crew thread may still hold it after its run has ended.
-static INTERPRETER: LazyLock<Arc<dyn Host>> = LazyLock::new(|| Arc::new(Interpreter));
+pub(crate) static INTERPRETER: LazyLock<Arc<dyn Host>> = LazyLock::new(|| Arc::new(Interpreter));
 
 /// Lets one branch thread at a time wait for the GIL to start its branch.
 ///

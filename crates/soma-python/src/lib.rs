@@ -13,6 +13,7 @@ mod native;
 mod node;
 mod plan;
 mod protocol;
+mod stream;
 mod thread_state;
 mod trace;
 mod watch;
@@ -28,6 +29,7 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<protocol::PyCtx>()?;
     module.add_class::<native::NativeNode>()?;
     module.add_class::<trace::PyTrace>()?;
+    module.add_class::<stream::StreamCore>()?;
     module.add_class::<trace::PySpan>()?;
     module.add("DEFAULT_TURN_LIMIT", soma_core::DEFAULT_TURN_LIMIT)?;
     Ok(())
