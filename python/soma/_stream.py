@@ -10,6 +10,7 @@ back by type.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
@@ -150,7 +151,8 @@ def _reporter(progress: bool | Callable[[Progress], object], inputs: object) -> 
         return None
     if progress is True:
         try:
-            from tqdm.auto import tqdm
+            # Looked up at run time: tqdm is optional, and not a dependency of Soma.
+            tqdm = importlib.import_module("tqdm.auto").tqdm
         except ImportError:
             return _Line()
         total = len(inputs) if isinstance(inputs, Sized) else None
@@ -276,7 +278,6 @@ class Stream(Iterator[Any]):
         )
 
 
-
 def _concurrency(graph: Graph, asked: Mapping[str, int] | None) -> list[tuple[str, int]]:
     workers: dict[str, int] = {}
     for node_id in graph.nodes():
@@ -290,7 +291,8 @@ def _concurrency(graph: Graph, asked: Mapping[str, int] | None) -> list[tuple[st
     for node_id, count in workers.items():
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:
             raise ValueError(
-                f"node `{node_id}` asks for {count!r} workers\nhint: concurrency is an int, at least 1"
+                f"node `{node_id}` asks for {count!r} workers\n"
+                "hint: concurrency is an int, at least 1"
             )
     return sorted(workers.items())
 
