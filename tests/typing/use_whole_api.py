@@ -213,3 +213,22 @@ assert stopped.node == "lookup"
 panic = raised(soma.PanicError, lambda: soma.Graph.somatize(native.Panic("boom")).forward(None))
 assert_type(panic.node, str | None)
 assert panic.node == "panic"
+
+# Streams: `map`, its records and figures, micro-batches.
+streamed = soma.Graph.somatize(native.Add(1).named("plus") >> native.Add(1).named("again"))
+events: list[soma.Progress] = []
+stream = streamed.map(range(5), in_flight=2, progress=events.append)
+assert_type(stream, soma.Stream)
+assert list(stream) == [2, 3, 4, 5, 6]
+stream_figures = stream.figures()
+assert stream_figures is not None
+assert_type(stream_figures, soma.StreamFigures)
+stage_figures: list[soma.StageFigures] = stream_figures.stages
+assert [stage.nodes for stage in stage_figures] == [["plus"], ["again"]]
+assert events[-1].done
+collected = list(soma.Graph.somatize(Total()).map([[1], None], on_error="collect"))
+failure = collected[1]
+assert isinstance(failure, soma.Failed)
+assert_type(failure.node, str | None)
+assert soma.Graph.somatize(Total()).forward([1, 2, 3], micro_batches=2, join=list) == [3, 3]
+assert list(streamed.map([1, 2], ordered=False, concurrency={"plus": 2})) == [(0, 3), (1, 4)]
