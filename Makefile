@@ -57,6 +57,7 @@ bench: setup $(VENV)/.bench-peers
 	cargo bench -p soma-core --locked
 	$(PY) benches/python/criterion_table.py --out target/bench-rust.md
 	$(PY) benches/python/bench.py --out target/bench-python.md
+	$(PY) benches/python/stream.py --out target/bench-stream.md
 
 # Ray is heavy and optional: when it cannot be installed the benchmark reports it as not run.
 $(VENV)/.bench-peers: $(VENV)/.tools benches/python/requirements.txt benches/python/ray.txt
