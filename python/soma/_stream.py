@@ -14,19 +14,29 @@ import importlib
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Self
 
 from soma import _soma
 
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from soma._graph import Graph
-
 DEFAULT_IN_FLIGHT = 64
 """How many items a stream holds at once unless told otherwise."""
 
 OnError = Literal["raise", "skip", "collect"]
+
+
+class Graph(Protocol):
+    """What a stream needs of ``soma.Graph`` (named here, not imported: ``_graph`` imports this
+    module)."""
+
+    _core: _soma.GraphCore
+
+    def nodes(self) -> list[str]: ...
+    def implementation(self, node_id: str) -> Any: ...
+    def __contains__(self, node_id: object) -> bool: ...
+
 
 # How often progress is reported while items come out, in seconds.
 _PROGRESS_EVERY = 0.1
