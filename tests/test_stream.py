@@ -7,6 +7,7 @@ come out per item; closing, breaking out and Ctrl-C stop the stream and give its
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import sys
 import textwrap
 import threading
 import tracemalloc
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +25,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import soma
-from conftest import DEADLINE, SUBPROCESS_DEADLINE, Log
+from conftest import DEADLINE, SUBPROCESS_DEADLINE, Log, run_script
 from test_properties import dags, expected_run, graph_of
 
 
@@ -544,3 +546,53 @@ def test_outputs_that_cannot_be_joined_by_type_ask_for_a_join() -> None:
 def test_a_batch_that_cannot_be_sliced_is_refused_with_a_hint() -> None:
     with pytest.raises(TypeError, match="needs `len` and slicing"):
         chain(Add()).forward(5, micro_batches=2)
+
+
+def test_a_script_that_ends_with_a_stream_still_open_exits() -> None:
+    script = textwrap.dedent(
+        """
+        import time
+        import soma
+
+        class Nap(soma.Node):
+            def forward(self, x):
+                time.sleep(0.005)
+                return x
+
+        g = soma.Graph.somatize(Nap().named("a") >> Nap().named("b"))
+        open_stream = g.map(iter(range(10**9)))
+        print(next(open_stream), next(open_stream), flush=True)
+        """
+    )
+    run = run_script(script)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "0 1\n"
+
+
+def test_a_stream_in_a_reference_cycle_with_its_inputs_is_collected() -> None:
+    g = chain(Add(0), Add(0))
+
+    class Inputs:
+        """An iterator that holds the stream that reads it."""
+
+        def __init__(self) -> None:
+            self.stream: Any = None
+            self.numbers = iter(range(10**9))
+
+        def __iter__(self) -> Inputs:
+            return self
+
+        def __next__(self) -> int:
+            return next(self.numbers)
+
+    inputs = Inputs()
+    stream = g.map(inputs)
+    inputs.stream = stream
+    assert next(stream) == 0
+    collected = weakref.ref(stream)
+    del stream, inputs
+    gc.collect()
+    # Collected, so closed: the graph streams again on the same threads.
+    assert collected() is None
+    assert list(g.map(range(3))) == [0, 1, 2]
+    assert g.threads() <= 3

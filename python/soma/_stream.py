@@ -9,10 +9,13 @@ back by type.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import dataclasses
 import importlib
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from typing import TYPE_CHECKING, Any, Literal, Protocol, Self
 
@@ -175,6 +178,20 @@ def _reporter(progress: bool | Callable[[Progress], object], inputs: object) -> 
     )
 
 
+# Streams not closed yet: closed when the interpreter exits, before it finalizes. After that, a
+# thread that asks for the GIL (a stage going back to its crew) is ended mid-stack by Python,
+# which aborts the process through Rust's frames.
+_OPEN: weakref.WeakSet[Stream] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_streams() -> None:
+    for stream in list(_OPEN):
+        # One being read by another thread right now refuses; nothing more can be done for it.
+        with contextlib.suppress(RuntimeError):
+            stream.close()
+
+
 class Stream(Iterator[Any]):
     """The results of :meth:`soma.Graph.map`, as an iterator.
 
@@ -200,6 +217,7 @@ class Stream(Iterator[Any]):
         self._ended = False
         self.failures: list[Failed] = []
         """With ``on_error="skip"``: every item that failed, in the order they came out."""
+        _OPEN.add(self)
 
     def __iter__(self) -> Self:
         return self

@@ -11,8 +11,10 @@ use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 
 use pyo3::exceptions::{PyException, PyRuntimeError};
+use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyIterator, PyList, PyTuple};
+use pyo3::PyTraverseError;
 use soma_core::{Driver, NodeId, OnError, Stream, StreamError, StreamSettings, Value, Watch};
 
 use crate::convert::{to_python, wrap};
@@ -192,6 +194,28 @@ impl StreamCore {
                 Err(run_error(py, &error, running.watch.take_raised()))
             }
         }
+    }
+
+    /// Shows the garbage collector the inputs the stream reads (inputs that hold their own
+    /// stream make a cycle). Skipped while another thread
+    /// reads the stream: the collector then keeps it alive this time, which is safe.
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if let Ok(running) = self.running.try_lock() {
+            if let Some(running) = running.as_ref() {
+                visit.call(&running.stream.inputs().iterator)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Closes the stream and lets go of its inputs, breaking the cycle the collector found.
+    fn __clear__(&self) {
+        let taken = match self.running.try_lock() {
+            Ok(mut running) => running.take(),
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner().take(),
+            Err(TryLockError::WouldBlock) => None,
+        };
+        drop(taken);
     }
 
     /// Stops the stream and gives its threads back; what was in flight is dropped.

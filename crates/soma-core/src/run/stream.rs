@@ -487,6 +487,12 @@ impl<I: Iterator<Item = Value>> Stream<I> {
         }
     }
 
+    /// The inputs the stream reads (for an embedder that must show what they hold to a garbage
+    /// collector).
+    pub fn inputs(&self) -> &I {
+        &self.inputs
+    }
+
     /// The stream's figures so far: items read, handed back and failed, and each stage's time.
     pub fn figures(&self) -> StreamFigures {
         let stages = self.shared.lock().figures.clone();
