@@ -497,6 +497,47 @@ proptest! {
             .collect();
         prop_assert_eq!(streamed, looped);
     }
+
+    #[test]
+    fn with_continue_each_failure_is_in_its_place_whatever_the_workers_and_bound(
+        failing in proptest::collection::hash_set(0_i64..40, 0..10),
+        workers in 1_usize..4,
+        in_flight in 1_usize..8,
+        ordered in any::<bool>(),
+    ) {
+        let bad = failing.clone();
+        let program = program_of(
+            f("first", Ok)
+                >> f("check", move |x| if bad.contains(&x) { Err(NodeError::new("bad")) } else { Ok(x) })
+                >> f("last", |x| Ok(x * 2)),
+        );
+        let mut settings = StreamSettings::default()
+            .with_on_error(OnError::Continue)
+            .with_in_flight(in_flight)
+            .with_concurrency("check".into(), workers);
+        if !ordered {
+            settings = settings.unordered();
+        }
+        let mut out: Vec<(u64, Result<i64, String>)> = Stream::start(program, ints(0..40), settings)
+            .map(|item| match item {
+                Ok((index, value)) => (index, Ok(int(&value))),
+                Err(StreamError::Item(failed)) => {
+                    (failed.index, Err(failed.error.node().unwrap().to_string()))
+                }
+                Err(StreamError::Stopped(error)) => panic!("stopped: {error}"),
+            })
+            .collect();
+        if !ordered {
+            out.sort_by_key(|(index, _)| *index);
+        }
+        let expected: Vec<(u64, Result<i64, String>)> = (0..40)
+            .map(|x: i64| {
+                let outcome = if failing.contains(&x) { Err("check".to_owned()) } else { Ok(x * 2) };
+                (x.unsigned_abs(), outcome)
+            })
+            .collect();
+        prop_assert_eq!(out, expected);
+    }
 }
 
 #[test]
