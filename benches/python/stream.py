@@ -9,7 +9,8 @@ of the streams issue are stated beside each figure:
    GIL (``time.sleep``): ``g.map`` against the pipeline bound ``(items + stages - 1) x 10 ms``
    (target: within 10%, so at least 3.6x a loop of ``forward``), beside a loop of ``forward``
    and ``ThreadPoolExecutor.map`` over ``forward``. The same with 4 numpy stages at one BLAS
-   thread, against the bound the machine's cores allow (target: within 15%).
+   thread, against the bound the machine's cores allow (target: within 15%). ``dask.bag`` (one
+   ``map`` per stage, threaded) is beside them when installed; Ray Data is not run here.
 2. **Per-item cost.** Trivial Python nodes, 100,000 items through 3 nodes: ``g.map``'s cost per
    item per node against what ``forward`` costs for one item (target: at most 2x).
 3. **Memory.** A generator of 1,000,000 items through 3 trivial nodes, in a fresh process:
@@ -91,7 +92,7 @@ def best(fn: Callable[[], Any], repeats: int) -> float:
     return min(timed(fn) for _ in range(repeats))
 
 
-def overlap(make: Callable[[], soma.Node], items: int, repeats: int) -> dict[str, float]:
+def overlap(make: Callable[[], soma.Node], items: int, repeats: int) -> dict[str, Any]:
     stages = 4
     g = chain(make, stages)
     node = make()
@@ -111,8 +112,28 @@ def overlap(make: Callable[[], soma.Node], items: int, repeats: int) -> dict[str
         "bound": bound,
         "loop": loop,
         "thread_pool": threads,
+        "dask": dask_bag(g, inputs, repeats),
         "map": mapped,
     }
+
+
+def dask_bag(g: soma.Graph, inputs: list[int], repeats: int) -> float | None:
+    """The same stages as a ``dask.bag`` pipeline (one ``map`` per stage, threaded scheduler,
+    a partition per item so that stages overlap across items); ``None`` when dask is not
+    installed (``make bench`` installs it)."""
+    try:
+        import dask.bag
+    except ImportError:
+        return None
+    stages = [g.implementation(node_id).forward for node_id in g.topological_sort()]
+
+    def run() -> list[Any]:
+        bag = dask.bag.from_sequence(inputs, npartitions=len(inputs))
+        for stage in stages:
+            bag = bag.map(stage)
+        return list(bag.compute(scheduler="threads", num_workers=len(stages)))
+
+    return best(run, repeats)
 
 
 def per_item(items: int, repeats: int) -> dict[str, float]:
@@ -171,22 +192,24 @@ def memory(items: int) -> dict[str, Any]:
 
 
 def report(
-    over_sleep: dict[str, float],
-    over_numpy: dict[str, float],
+    over_sleep: dict[str, Any],
+    over_numpy: dict[str, Any],
     cost: dict[str, float],
     mem: dict[str, Any],
     items: int,
 ) -> str:
     lines = [f"## Streams ({items} items, 4 stages; best of the repeats)", ""]
     lines += [
-        "| stages | stage | bound | loop of forward | ThreadPoolExecutor.map | g.map "
+        "| stages | stage | bound | loop of forward | ThreadPoolExecutor.map | dask.bag | g.map "
         "| g.map / bound | loop / g.map |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, f in (("sleep (GIL released)", over_sleep), ("numpy, 1 BLAS thread", over_numpy)):
+        dask_cell = "not installed" if f["dask"] is None else f"{f['dask']:.3f} s"
         lines.append(
             f"| {name} | {f['stage_ms']:.2f} ms | {f['bound']:.3f} s | {f['loop']:.3f} s "
-            f"| {f['thread_pool']:.3f} s | {f['map']:.3f} s | {f['map'] / f['bound']:.2f} "
+            f"| {f['thread_pool']:.3f} s | {dask_cell} | {f['map']:.3f} s "
+            f"| {f['map'] / f['bound']:.2f} "
             f"| {f['loop'] / f['map']:.2f}x |"
         )
     lines += [
