@@ -6,6 +6,9 @@
 //! launched together and each run start to finish on one thread, lent from a pool that holds
 //! about as many threads as branches are in flight at once.
 //!
+//! A [`Stream`] runs a program over many items, its stages overlapped: each node on one item at
+//! a time and in order, different nodes on different items at once, in bounded memory.
+//!
 //! ```
 //! use soma_core::{compile, node, Executor, NodeError, Value};
 //!

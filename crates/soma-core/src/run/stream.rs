@@ -55,6 +55,13 @@
 //! run, no value dropped and no host (an interpreter lock) waited for while it is held: a host's
 //! lock is taken around whole stages and given back only in the host's blocking wait, so a
 //! thread that waited for it under this mutex could deadlock with one that holds it.
+//!
+//! # Later variants
+//! A stage is a step of the plan and the executor its worker runs it with, nothing more: a
+//! stage placed on a device enters it where its worker starts (the host's `branch`), and a
+//! remote slice is a stage whose step runs elsewhere — each one more kind of stage, with the
+//! same inboxes, order, bound and error rules. Finer stages (a chain inside a wave's branch
+//! overlapping across items) would split an item's table between threads as a wave does.
 
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
@@ -751,10 +758,18 @@ impl Worker {
                 }));
                 if let Err(payload) = ran {
                     let mut state = self.shared.lock();
-                    state.panic.get_or_insert(payload);
+                    // The first panic is the one raised again; a later one is dropped out of
+                    // the lock, with the item.
+                    let later = match state.panic {
+                        None => {
+                            state.panic = Some(payload);
+                            None
+                        }
+                        Some(_) => Some(payload),
+                    };
                     self.shared.close(&mut state);
                     drop(state);
-                    drop(item);
+                    drop((later, item));
                     return;
                 }
             }
