@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 import tracemalloc
+import types
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -446,6 +447,36 @@ def test_progress_true_without_tqdm_writes_a_line_to_stderr(
     g = chain(Add(1))
     assert list(g.map(range(5), progress=True)) == [1, 2, 3, 4, 5]
     assert "5 items" in capsys.readouterr().err
+
+
+def test_progress_true_with_tqdm_installed_draws_a_bar_of_the_inputs_length(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bars: list[FakeBar] = []
+
+    class FakeBar:
+        def __init__(self, total: int | None, unit: str) -> None:
+            self.total, self.shown, self.closed = total, 0, False
+            self.postfix: dict[str, Any] = {}
+            bars.append(self)
+
+        def update(self, n: int) -> None:
+            self.shown += n
+
+        def set_postfix(self, refresh: bool = True, **values: Any) -> None:
+            self.postfix.update(values)
+
+        def close(self) -> None:
+            self.closed = True
+
+    fake = types.ModuleType("tqdm.auto")
+    fake.tqdm = FakeBar  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "tqdm", types.ModuleType("tqdm"))
+    monkeypatch.setitem(sys.modules, "tqdm.auto", fake)
+    g = chain(Add(1))
+    assert list(g.map(range(7), progress=True)) == list(range(1, 8))
+    [bar] = bars
+    assert (bar.total, bar.shown, bar.closed) == (7, 7, True)
 
 
 def test_figures_name_each_stage_and_count_its_items() -> None:
