@@ -209,6 +209,7 @@ class Graph:
         driver: Any = None,
         turn_limit: int = _soma.DEFAULT_TURN_LIMIT,
         trace: _soma.Trace | None = None,
+        timeout: float | None = None,
         micro_batches: int | None = None,
         join: Callable[[list[Any]], Any] | None = None,
     ) -> Any:
@@ -217,7 +218,8 @@ class Graph:
 
         With ``micro_batches=k``, ``input`` is cut along its first axis into ``k`` slices,
         streamed through the graph with its stages overlapped (see :meth:`map`), and the
-        outputs joined back by type, or by ``join(outputs)``; see the guide's "Streams".
+        outputs joined back by type, or by ``join(outputs)`` (not with ``timeout``, yet); see
+        the guide's "Streams".
 
         Each branch of a wave runs start to finish on one thread, and the branches of a wave are
         launched together: the calling thread runs the first branch itself, and the graph lends
@@ -230,12 +232,23 @@ class Graph:
         thread keeps it from one Python node to the next. ``driver``
         serves awaiting nodes: any object with ``perform(requests) -> list``. ``trace``, a
         :class:`soma.Trace`, records a span per node (start, end, thread, branch, turns, error).
+
+        ``timeout``, in seconds, bounds the whole run: when it passes, every branch stops at its
+        next node boundary and ``forward`` raises :class:`TimeoutError` naming the nodes still
+        running. Ctrl-C stops a run the same way and raises :class:`KeyboardInterrupt`. Either
+        way, a node that does not return within a tenth of a second — it waits for an event
+        that will not come, say — is left to finish in the background on its thread, its
+        result dropped, and ``forward`` returns at once; the graph can run again right away.
+        A node running on the calling thread itself is not cut short: the deadline is seen
+        when it returns.
         """
         if micro_batches is not None:
+            if timeout is not None:
+                raise ValueError("timeout cannot be combined with micro_batches yet")
             return _stream.forward_in_micro_batches(
                 self, input, micro_batches, join, driver=driver, turn_limit=turn_limit, trace=trace
             )
-        return self._core.forward(input, driver, turn_limit, trace)
+        return self._core.forward(input, driver, turn_limit, trace, timeout)
 
     map = _stream.stream_map
 

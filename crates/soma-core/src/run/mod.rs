@@ -9,6 +9,7 @@
 //! A [`Stream`](stream::Stream) runs a program over many items, its stages overlapped.
 
 pub(crate) mod crew;
+mod detach;
 pub(crate) mod error;
 pub(crate) mod executor;
 pub(crate) mod hooks;

@@ -71,7 +71,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::error::RunError;
-use super::executor::{output, Executor, Halt};
+use super::executor::Executor;
 use super::hooks::{Host, Watch};
 use super::table::Frame;
 use super::trace::Trace;
@@ -194,13 +194,13 @@ impl StreamSettings {
         self
     }
 
-    /// The executor each stage runs its items with, borrowing these hooks.
-    fn executor(&self) -> Executor<'_> {
+    /// The executor each stage runs its items with, sharing these hooks.
+    fn executor(&self) -> Executor {
         Executor {
-            driver: self.driver.as_deref(),
-            watch: self.watch.as_deref(),
+            driver: self.driver.clone(),
+            watch: self.watch.clone(),
             host: self.host.clone(),
-            trace: self.trace.as_deref(),
+            trace: self.trace.clone(),
             turn_limit: self.turn_limit,
         }
     }
@@ -777,43 +777,33 @@ impl Worker {
         }
     }
 
-    fn run_item(
-        &self,
-        executor: &Executor<'_>,
-        op: &Op,
-        drops: &[usize],
-        last: bool,
-        item: &mut Item,
-    ) {
+    fn run_item(&self, executor: &Executor, op: &Op, drops: &[usize], last: bool, item: &mut Item) {
         let mut frame = Frame {
             base: 0,
             own: &mut item.table,
             shared: None,
         };
-        match executor.walk(op, &item.input, &mut frame, Lane::root(&self.program.crew)) {
-            Ok(()) => {
+        let lane = Lane::root(&self.program.crew, None);
+        match executor.walk(op, &item.input, &mut frame, lane) {
+            Ok(()) if !last => {
                 for &slot in drops {
                     item.table[slot] = None;
                 }
-                if last {
-                    item.result = Some(output(&self.program, &mut item.table, item.input.clone()));
-                    item.table = Box::new([]);
+            }
+            walked => {
+                // The last stage, or a failure: what a run would have returned.
+                let input = &item.input;
+                match Executor::finish(&self.program, walked, &mut item.table, || input.clone()) {
+                    Ok(value) => item.result = Some(value),
+                    Err(error) => item.failed = Some(error),
                 }
-            }
-            Err(Halt::Failed(error)) => {
-                item.failed = Some(error);
                 item.table = Box::new([]);
-            }
-            Err(Halt::Cancelled) => {
-                unreachable!(
-                    "only a sibling's failure cancels a branch, and it is reported instead"
-                )
             }
         }
     }
 
     /// The next item for this stage, and the index the stream stops after; `None` once closed.
-    fn take(&self, executor: &Executor<'_>, waited: &mut Duration) -> Option<(Item, u64)> {
+    fn take(&self, executor: &Executor, waited: &mut Duration) -> Option<(Item, u64)> {
         let (shared, at) = (&*self.shared, self.stage);
         loop {
             let mut state = shared.lock();

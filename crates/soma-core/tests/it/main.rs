@@ -25,6 +25,7 @@ use soma_core::Graph;
 mod crew;
 mod decomposition;
 mod depth;
+mod detach;
 mod drawing;
 mod drivers;
 mod dsl;
