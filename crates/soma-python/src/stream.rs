@@ -227,6 +227,10 @@ impl StreamCore {
         };
         if let Some(running) = guard.as_mut() {
             running.stream.close();
+            // Ctrl-C while closing waited for a node: it comes out here.
+            if let Some(raised) = running.watch.take_raised() {
+                return Err(raised);
+            }
         }
         Ok(())
     }

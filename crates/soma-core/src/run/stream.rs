@@ -70,6 +70,7 @@ use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use super::detach::GRACE;
 use super::error::RunError;
 use super::executor::Executor;
 use super::hooks::{Host, Watch};
@@ -516,6 +517,11 @@ impl<I: Iterator<Item = Value>> Stream<I> {
     /// Stops the stream: every stage stops before its next item, and this returns once their
     /// threads are back with the crew (a node already running finishes first). What was in
     /// flight is dropped here. Closing twice does nothing.
+    ///
+    /// Once the watch says stop (Ctrl-C, say), this waits a tenth of a second at most, as a
+    /// detachable run does: a node that does
+    /// not return by then (one waiting for an event that will not come) is left to finish on
+    /// its thread, which then goes back to the crew; its item is dropped.
     pub fn close(&mut self) {
         if self.finished {
             return;
@@ -527,16 +533,39 @@ impl<I: Iterator<Item = Value>> Stream<I> {
         shared.close(&mut state);
         drop(state);
         let executor = self.settings.executor();
+        let watch = self.settings.watch.as_deref();
         executor.blocking(&mut || {
+            let mut stopping_since: Option<Instant> = None;
             let mut state = shared.lock();
             while state.alive > 0 {
+                let Some(watch) = watch else {
+                    state = shared
+                        .out_ready
+                        .wait(state)
+                        .unwrap_or_else(PoisonError::into_inner);
+                    continue;
+                };
                 state = shared
                     .out_ready
-                    .wait(state)
-                    .unwrap_or_else(PoisonError::into_inner);
+                    .wait_timeout(state, WATCH_INTERVAL)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+                if state.alive == 0 {
+                    break;
+                }
+                drop(state);
+                // Out of the lock: a watch may take the host's lock to look for signals.
+                watch.poll();
+                if watch.interrupted()
+                    && stopping_since.get_or_insert_with(Instant::now).elapsed() >= GRACE
+                {
+                    return;
+                }
+                state = shared.lock();
             }
         });
-        // Dropped out of the lock, on this thread: a value's drop may need the host.
+        // Dropped out of the lock, on this thread: a value's drop may need the host. A worker
+        // left running finds the stream closed and drops its item itself.
         let mut state = shared.lock();
         let inboxes = std::mem::take(&mut state.inboxes);
         let outbox = std::mem::take(&mut state.outbox);

@@ -15,7 +15,7 @@ use soma_core::{
 };
 
 use crate::random_graphs::random_dag;
-use crate::support::{catalog_of, n, plain, Rendezvous, Trace};
+use crate::support::{catalog_of, n, plain, Gate, Rendezvous, Trace};
 
 fn int(value: &Value) -> i64 {
     value.as_int().expect("an int")
@@ -412,6 +412,39 @@ fn a_watch_that_says_stop_ends_the_stream_with_interrupted() {
         out.last(),
         Some(Err(StreamError::Stopped(soma_core::RunError::Interrupted)))
     ));
+}
+
+#[test]
+fn once_the_watch_says_stop_a_node_that_does_not_return_is_left_behind() {
+    let gate = Gate::new();
+    let flag = Arc::new(Flag(AtomicBool::new(false)));
+    let returned = Arc::new(AtomicBool::new(false));
+    let (raise, wait, done) = (Arc::clone(&flag), Arc::clone(&gate), Arc::clone(&returned));
+    let program = program_of(f("a", move |x| {
+        if x == 1 {
+            raise.0.store(true, Ordering::SeqCst);
+            wait.wait();
+            done.store(true, Ordering::SeqCst);
+        }
+        Ok(x)
+    }));
+    let settings = StreamSettings::default().with_watch(flag);
+    let out: Vec<_> = Stream::start(Arc::clone(&program), ints(0..10), settings).collect();
+    assert!(matches!(
+        out.last(),
+        Some(Err(StreamError::Stopped(soma_core::RunError::Interrupted)))
+    ));
+    // The stream ended while its node was still waiting: it did not wait for the node.
+    assert!(!returned.load(Ordering::SeqCst));
+    gate.open();
+    assert_eq!(
+        all(Stream::start(
+            program,
+            ints(5..7),
+            StreamSettings::default()
+        )),
+        vec![(0, 5), (1, 6)]
+    );
 }
 
 #[test]
