@@ -45,6 +45,6 @@ pub use plan::Plan;
 pub use run::crew::DEFAULT_IDLE_THREADS;
 pub use run::error::{ProgramError, RunError};
 pub use run::executor::{Executor, DEFAULT_TURN_LIMIT};
-pub use run::hooks::{Host, Watch};
+pub use run::hooks::{Captured, Host, Watch};
 pub use run::program::Program;
 pub use run::trace::{Span, Trace};

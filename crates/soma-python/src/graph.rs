@@ -20,9 +20,10 @@ use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::PyTraverseError;
 use soma_core::{
-    compile, Catalog, Executor, Graph, Host, Node, NodeId, Plan, Program, DEFAULT_IDLE_THREADS,
+    compile, Captured, Catalog, Executor, Graph, Host, Node, NodeId, Plan, Program, DEFAULT_IDLE_THREADS,
 };
 
+use crate::context;
 use crate::convert::{to_python, wrap};
 use crate::driver::PythonDriver;
 use crate::errors::{compile_error, graph_error, panic_error, program_error, run_error};
@@ -404,5 +405,9 @@ impl Host for Interpreter {
 
     fn blocking(&self, run: &mut (dyn FnMut() + Send)) {
         Python::attach(|py| py.detach(run));
+    }
+
+    fn capture(&self) -> Option<Box<dyn Captured>> {
+        context::capture()
     }
 }

@@ -5,6 +5,7 @@
 //! core. The public Python API (`soma.Graph`, the DSL, the exception hierarchy) is written in
 //! Python on top of this module.
 
+mod context;
 mod convert;
 mod driver;
 mod errors;

@@ -1,4 +1,9 @@
 //! A wave: its branches handed to threads at once, joined, and settled into one outcome.
+//!
+//! Every branch runs in the context its wave was reached in: the host captures it once per
+//! wave, on the thread that reached it ([`crate::Host::capture`]), and each branch enters a copy
+//! of its own on the thread that runs it — the caller's own thread too, so that what one branch
+//! changes is seen neither by its siblings nor by the code after the wave.
 
 use std::cell::Cell;
 use std::panic::{self, AssertUnwindSafe};
@@ -9,6 +14,7 @@ use std::time::Duration;
 use super::crew::{Crew, Refused};
 use super::error::RunError;
 use super::executor::{Executor, Halt};
+use super::hooks::Captured;
 use super::program::Op;
 use super::table::{Frame, Shared};
 use crate::model::value::Value;
@@ -127,8 +133,10 @@ impl Executor<'_> {
         if let [only] = branches {
             return self.walk(only, input, frame, lane);
         }
+        let captured = self.host.as_ref().and_then(|host| host.capture());
+        let captured = captured.as_deref();
         if NESTED.with(Cell::get) >= ROOM.with(Cell::get) {
-            return self.wave_on_a_fresh_stack(branches, bounds, input, frame, lane);
+            return self.wave_on_a_fresh_stack(branches, bounds, input, frame, lane, captured);
         }
         NESTED.with(|nested| nested.set(nested.get() + 1));
         let _out = Nested;
@@ -155,7 +163,7 @@ impl Executor<'_> {
                 own,
                 shared: Some(&shared),
             };
-            tasks.push(move || self.branch(branch, i, input, &mut own, state, lane));
+            tasks.push(move || self.branch(branch, i, input, &mut own, state, lane, captured));
         }
         // This thread runs its share of the wave with whatever it holds of the host (the GIL,
         // say) and gives it back only to sleep until the branches run elsewhere are done.
@@ -172,7 +180,8 @@ impl Executor<'_> {
     /// frames to one stack; a graph nested a hundred thousand levels deep would overflow any
     /// stack. Every [`WAVES_PER_STACK`] levels (then every [`WAVES_PER_FRESH_STACK`]) the walk
     /// moves to a fresh stack instead: a deep graph costs one short-lived, waiting thread per
-    /// that many levels, and no stack grows with depth.
+    /// that many levels, and no stack grows with depth. The deeper thread reaches the wave in
+    /// the context this thread reached it in (`captured`).
     fn wave_on_a_fresh_stack(
         &self,
         branches: &[Op],
@@ -180,6 +189,7 @@ impl Executor<'_> {
         input: &Value,
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
+        captured: Option<&dyn Captured>,
     ) -> Result<(), Halt> {
         let waiter = thread::current();
         let done = AtomicBool::new(false);
@@ -207,8 +217,12 @@ impl Executor<'_> {
                     .spawn_scoped(scope, || {
                         ROOM.with(|room| room.set(WAVES_PER_FRESH_STACK));
                         let mut outcome = None;
-                        let mut run =
+                        let mut wave =
                             || outcome = Some(self.wave(branches, bounds, input, frame, lane));
+                        let mut run = || match captured {
+                            Some(captured) => captured.enter(&mut wave),
+                            None => wave(),
+                        };
                         match &self.host {
                             Some(host) => host.branch(&mut run),
                             None => run(),
@@ -231,7 +245,9 @@ impl Executor<'_> {
         outcome.expect("the host ran the wait")
     }
 
-    /// Runs one branch of a wave; on failure, tells the later-declared siblings to stop.
+    /// Runs one branch of a wave, in a copy of the wave's context when the host captured one;
+    /// on failure, tells the later-declared siblings to stop.
+    #[allow(clippy::too_many_arguments)] // The branch, where it stands, and what it runs in.
     fn branch(
         &self,
         branch: &Op,
@@ -240,6 +256,7 @@ impl Executor<'_> {
         frame: &mut Frame<'_>,
         state: &WaveState,
         outer: &Lane<'_>,
+        captured: Option<&dyn Captured>,
     ) -> Result<(), Halt> {
         let lane = Lane {
             wave: Some((state, index)),
@@ -247,8 +264,18 @@ impl Executor<'_> {
             crew: outer.crew,
             caller: outer.caller,
         };
-        let result =
-            panic::catch_unwind(AssertUnwindSafe(|| self.walk(branch, input, frame, lane)));
+        // Caught inside the context, so that entering it is always matched by leaving it.
+        let mut result = None;
+        let mut walk = || {
+            result = Some(panic::catch_unwind(AssertUnwindSafe(|| {
+                self.walk(branch, input, frame, lane)
+            })));
+        };
+        match captured {
+            Some(captured) => captured.enter(&mut walk),
+            None => walk(),
+        }
+        let result = result.expect("the context ran the branch");
         if !matches!(result, Ok(Ok(()) | Err(Halt::Cancelled))) {
             state.first_failed.fetch_min(index, Ordering::AcqRel);
         }

@@ -1,0 +1,89 @@
+"""torch's per-thread state, carried from the thread that reached a wave into its branches.
+
+grad mode, inference mode and autocast are thread-local in torch, and a branch runs on a thread
+lent to it, so the glue (``context.rs``) asks this module, once per wave and only when torch is
+already in ``sys.modules``, for :func:`capture`; each branch calls what it returned on its own
+thread, and calls what *that* returned when the branch ends, putting its thread's state back —
+whatever the branch's nodes changed meanwhile. This module is imported only then: importing it
+imports torch, which is loaded already.
+
+Other torch thread-local state (a ``torch.set_default_device``, dispatch modes, saved-tensor
+hooks) is not carried, and behaves as in any thread pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+Restore = Callable[[], None]
+
+# The device types whose autocast state is carried: of those torch names, the ones this build
+# supports.
+_DEVICES = tuple(
+    device
+    for device in ("cpu", "cuda", "xpu", "mps", "hpu")
+    if torch.amp.autocast_mode.is_autocast_available(device)
+)
+
+
+class _State:
+    """grad mode, inference mode, and autocast: its switch and dtype per device type, and
+    whether it caches casts."""
+
+    __slots__ = ("autocast", "autocast_cache", "grad", "inference")
+
+    def __init__(self) -> None:
+        self.grad = torch.is_grad_enabled()
+        self.inference = torch.is_inference_mode_enabled()
+        self.autocast: tuple[tuple[bool, Any], ...] = tuple(
+            (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+            for device in _DEVICES
+        )
+        self.autocast_cache = torch.is_autocast_cache_enabled()
+
+    def autocasts(self) -> bool:
+        return any(enabled for enabled, _ in self.autocast)
+
+
+def _set_autocast(state: _State) -> None:
+    for device, (enabled, dtype) in zip(_DEVICES, state.autocast, strict=True):
+        torch.set_autocast_enabled(device, enabled)
+        torch.set_autocast_dtype(device, dtype)
+    torch.set_autocast_cache_enabled(state.autocast_cache)
+
+
+def capture() -> Callable[[], Restore]:
+    """The calling thread's torch state, as a function that sets it on the thread that calls it
+    and returns what puts that thread's own back."""
+    wanted = _State()
+
+    def enter() -> Restore:
+        had = _State()
+        # Inference mode is a guard in torch, entered and left; it sets grad mode too, so it
+        # goes first and grad mode is set after it.
+        inference = None
+        if had.inference != wanted.inference:
+            inference = torch._C._InferenceMode(wanted.inference)
+            inference.__enter__()
+        torch._C._set_grad_enabled(wanted.grad)
+        autocast = wanted.autocasts() or had.autocasts()
+        if autocast:
+            _set_autocast(wanted)
+            # As `torch.autocast` does: the casts it caches are dropped when the outermost
+            # autocast ends, here when the branch does.
+            torch.autocast_increment_nesting()
+
+        def restore() -> None:
+            if autocast and torch.autocast_decrement_nesting() == 0:
+                torch.clear_autocast_cache()
+            _set_autocast(had)
+            if inference is not None:
+                inference.__exit__(None, None, None)
+            torch._C._set_grad_enabled(had.grad)
+
+        return restore
+
+    return enter
