@@ -20,7 +20,8 @@ use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::PyTraverseError;
 use soma_core::{
-    compile, Captured, Catalog, Executor, Graph, Host, Node, NodeId, Plan, Program, DEFAULT_IDLE_THREADS,
+    compile, Captured, Catalog, Executor, Graph, Host, Node, NodeId, Plan, Program,
+    DEFAULT_IDLE_THREADS,
 };
 
 use crate::context;
@@ -364,9 +365,20 @@ impl GraphCore {
         if let Some(trace) = &trace {
             executor = executor.with_trace(trace);
         }
-        let outcome =
-            panic::catch_unwind(AssertUnwindSafe(|| executor.run_program(&program, input)));
-        match outcome {
+        // The whole run in a copy of the caller's context, as each branch is in a copy of its
+        // wave's: what the nodes set never reaches the caller, with or without a wave.
+        let (mut input, mut outcome) = (Some(input), None);
+        let mut run = || {
+            let input = input.take().expect("the graph runs once");
+            outcome = Some(panic::catch_unwind(AssertUnwindSafe(|| {
+                executor.run_program(&program, input)
+            })));
+        };
+        match context::capture() {
+            Some(caller) => caller.enter(&mut run),
+            None => run(),
+        }
+        match outcome.expect("the context ran the graph") {
             Ok(Ok(value)) => to_python(py, &value),
             Ok(Err(error)) => Err(run_error(py, &error, watch.take_raised())),
             Err(payload) => Err(panic_error(py, &*payload)),

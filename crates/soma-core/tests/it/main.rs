@@ -10,6 +10,7 @@
 //! | `decomposition` | the plan of each topology, and compile's refusal |
 //! | `drawing` | the tree, Mermaid, DOT and SVG of plans and graphs |
 //! | `messages` | every error's message, word for word (inline snapshots) |
+//! | `context` | each branch runs in a copy of the context its wave was reached in, its changes its own |
 //! | `crew` | a program's standing threads: one per branch, kept from run to run, never shared |
 //! | `layers` | the stages import one way: model, plan, compile, run, observe |
 //! | `isolation` | a branch's thread is its own; a million-node chain needs no deep stack |
@@ -21,6 +22,7 @@
 // What `random_graphs` builds; it is shared with a unit test, where its crate differs.
 use soma_core::Graph;
 
+mod context;
 mod crew;
 mod decomposition;
 mod depth;
