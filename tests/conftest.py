@@ -21,6 +21,10 @@ from hypothesis import settings
 
 import soma
 
+# tests/torch/ needs torch, a few GB installed: `make test-torch` installs it and runs them with
+# SOMA_TORCH_TESTS=1; every other run leaves them out, torch installed or not.
+collect_ignore = [] if os.environ.get("SOMA_TORCH_TESTS") else ["torch"]
+
 # Seconds a rendezvous waits for the other side before it declares the run sequential.
 DEADLINE = 5.0
 
