@@ -8,6 +8,7 @@
 mod dot;
 mod layout;
 mod mermaid;
+pub(crate) mod placed;
 mod svg;
 mod timeline;
 mod trace;

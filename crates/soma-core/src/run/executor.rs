@@ -280,6 +280,7 @@ impl<'a> Executor<'a> {
             branch: lane.path(),
             turns,
             error: outcome.as_ref().err().map(ToString::to_string),
+            device: step.device,
         });
         outcome
     }
@@ -305,7 +306,7 @@ impl<'a> Executor<'a> {
                     limit: self.turn_limit,
                 });
             }
-            let ctx = Ctx::new(node, turn, &results);
+            let ctx = Ctx::new(node, turn, &results).on(step.device);
             *turns = turn + 1;
             let transition =
                 step.node

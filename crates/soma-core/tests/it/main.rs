@@ -9,6 +9,7 @@
 //! | `dsl` | `>>` and `|` against `add_node`/`add_edge`, errors that survive gluing |
 //! | `decomposition` | the plan of each topology, and compile's refusal |
 //! | `drawing` | the tree, Mermaid, DOT and SVG of plans and graphs |
+//! | `placement` | devices read and refused where written, placement beside the plan, shown in traces and drawings |
 //! | `messages` | every error's message, word for word (inline snapshots) |
 //! | `context` | each branch runs in a copy of the context its wave was reached in, its changes its own |
 //! | `crew` | a program's standing threads: one per branch, kept from run to run, never shared |
@@ -35,6 +36,7 @@ mod invariants;
 mod isolation;
 mod layers;
 mod messages;
+mod placement;
 mod random_graphs;
 mod support;
 mod tracing;
