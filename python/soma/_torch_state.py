@@ -4,8 +4,8 @@ grad mode, inference mode and autocast are thread-local in torch, and a branch r
 lent to it, so the glue (``context.rs``) asks this module, once per wave and only when torch is
 already in ``sys.modules``, for :func:`capture`; each branch calls what it returned on its own
 thread, and calls what *that* returned when the branch ends, putting its thread's state back —
-whatever the branch's nodes changed meanwhile. This module is imported only then: importing it
-imports torch, which is loaded already.
+whatever the branch's nodes changed meanwhile. torch is imported by :func:`capture`, never by
+importing this module, so the module can be imported (by a doctest walk, say) without it.
 
 Other torch thread-local state (a ``torch.set_default_device``, dispatch modes, saved-tensor
 hooks) is not carried, and behaves as in any thread pool.
@@ -13,20 +13,21 @@ hooks) is not carried, and behaves as in any thread pool.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 Restore = Callable[[], None]
 
-# The device types whose autocast state is carried: of those torch names, the ones this build
-# supports.
-_DEVICES = tuple(
-    device
-    for device in ("cpu", "cuda", "xpu", "mps", "hpu")
-    if torch.amp.autocast_mode.is_autocast_available(device)
-)
+
+@functools.cache
+def _devices() -> tuple[str, ...]:
+    """The device types whose autocast state is carried: of those torch names, the ones this
+    build supports."""
+    import torch
+
+    available = torch.amp.autocast_mode.is_autocast_available
+    return tuple(device for device in ("cpu", "cuda", "xpu", "mps", "hpu") if available(device))
 
 
 class _State:
@@ -35,12 +36,12 @@ class _State:
 
     __slots__ = ("autocast", "autocast_cache", "grad", "inference")
 
-    def __init__(self) -> None:
+    def __init__(self, torch: Any) -> None:
         self.grad = torch.is_grad_enabled()
         self.inference = torch.is_inference_mode_enabled()
         self.autocast: tuple[tuple[bool, Any], ...] = tuple(
             (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
-            for device in _DEVICES
+            for device in _devices()
         )
         self.autocast_cache = torch.is_autocast_cache_enabled()
 
@@ -48,8 +49,8 @@ class _State:
         return any(enabled for enabled, _ in self.autocast)
 
 
-def _set_autocast(state: _State) -> None:
-    for device, (enabled, dtype) in zip(_DEVICES, state.autocast, strict=True):
+def _set_autocast(torch: Any, state: _State) -> None:
+    for device, (enabled, dtype) in zip(_devices(), state.autocast, strict=True):
         torch.set_autocast_enabled(device, enabled)
         torch.set_autocast_dtype(device, dtype)
     torch.set_autocast_cache_enabled(state.autocast_cache)
@@ -58,10 +59,12 @@ def _set_autocast(state: _State) -> None:
 def capture() -> Callable[[], Restore]:
     """The calling thread's torch state, as a function that sets it on the thread that calls it
     and returns what puts that thread's own back."""
-    wanted = _State()
+    import torch
+
+    wanted = _State(torch)
 
     def enter() -> Restore:
-        had = _State()
+        had = _State(torch)
         # Inference mode is a guard in torch, entered and left; it sets grad mode too, so it
         # goes first and grad mode is set after it.
         inference = None
@@ -71,7 +74,7 @@ def capture() -> Callable[[], Restore]:
         torch._C._set_grad_enabled(wanted.grad)
         autocast = wanted.autocasts() or had.autocasts()
         if autocast:
-            _set_autocast(wanted)
+            _set_autocast(torch, wanted)
             # As `torch.autocast` does: the casts it caches are dropped when the outermost
             # autocast ends, here when the branch does.
             torch.autocast_increment_nesting()
@@ -79,7 +82,7 @@ def capture() -> Callable[[], Restore]:
         def restore() -> None:
             if autocast and torch.autocast_decrement_nesting() == 0:
                 torch.clear_autocast_cache()
-            _set_autocast(had)
+            _set_autocast(torch, had)
             if inference is not None:
                 inference.__exit__(None, None, None)
             torch._C._set_grad_enabled(had.grad)

@@ -83,8 +83,9 @@ impl Captured for Caller {
             // SAFETY: the GIL is held and `self.context` is a `contextvars.Context`;
             // `PyContext_Copy` returns a new reference, or null with an exception set.
             #[allow(unsafe_code)]
-            let copy =
-                unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyContext_Copy(self.context.as_ptr())) };
+            let copy = unsafe {
+                Bound::from_owned_ptr_or_err(py, ffi::PyContext_Copy(self.context.as_ptr()))
+            };
             let copy = match copy {
                 Ok(copy) => copy,
                 Err(error) => {
