@@ -46,14 +46,14 @@ test-python: setup
 
 test: lint test-rust test-python
 
-# torch is a few GB installed, so `setup` leaves it out and `make test` leaves tests/torch/ out.
-# This installs it into .venv (the version pinned in tests/torch/requirements.txt, the ordinary
-# wheel from PyPI) and runs tests/torch/.
+# torch is a few GB installed, so `setup` leaves it out and `make test` leaves its tests out.
+# This installs it into .venv (pinned in tests/with_torch/requirements.txt: the ordinary wheel
+# from PyPI) and runs tests/with_torch/.
 test-torch: $(VENV)/.torch build
-	SOMA_TORCH_TESTS=1 $(BIN)/pytest tests/torch
+	SOMA_TORCH_TESTS=1 $(BIN)/pytest tests/with_torch
 
-$(VENV)/.torch: $(VENV)/.tools tests/torch/requirements.txt
-	$(PY) -m pip install --quiet -r tests/torch/requirements.txt -c constraints.txt
+$(VENV)/.torch: $(VENV)/.tools tests/with_torch/requirements.txt
+	$(PY) -m pip install --quiet -r tests/with_torch/requirements.txt -c constraints.txt
 	touch $@
 
 fmt: $(VENV)/.tools

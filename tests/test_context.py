@@ -5,7 +5,7 @@ code after the wave, nor by the next branch its thread is lent to.
 
 Branches that must be on different threads meet at a barrier first (see ``conftest.Meet``).
 torch's grad mode, inference mode and autocast, carried the same way, are tested in
-``tests/torch/`` (``make test-torch``).
+``tests/with_torch/`` (``make test-torch``).
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import soma
 import torch
+
+import soma
 
 DEADLINE = 5.0
 
