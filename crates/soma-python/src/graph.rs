@@ -422,10 +422,7 @@ impl GraphCore {
                 executor.run_program(&program, input)
             })));
         };
-        match context::capture() {
-            Some(caller) => caller.enter(&mut run),
-            None => run(),
-        }
+        context::isolated(&mut run);
         match outcome.expect("the context ran the graph") {
             Ok(Ok(value)) => to_python(py, &value),
             Ok(Err(error)) => Err(run_error(py, &error, watch.take_raised())),
