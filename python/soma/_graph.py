@@ -239,7 +239,10 @@ class Graph:
         ``threading.local``, a library's per-thread setting) may therefore be seen by a later
         branch on the same thread, as with any thread pool. The GIL is never held while the
         engine waits (for a wave's branches, for the driver) or while a Rust node runs; a
-        thread keeps it from one Python node to the next. ``driver``
+        thread keeps it from one Python node to the next. Every branch runs in a copy of its
+        caller's context — ``contextvars``, and torch's grad mode, inference mode and autocast
+        when torch is loaded — and what a node sets there never reaches the caller (the guide's
+        "Devices and context"). ``driver``
         serves awaiting nodes: any object with ``perform(requests) -> list``. ``trace``, a
         :class:`soma.Trace`, records a span per node (start, end, thread, branch, turns, error).
         """

@@ -185,6 +185,12 @@ fn a_trace_records_each_nodes_device() {
         .map(|s| (s.node.to_string(), s.device))
         .collect();
     devices.sort();
+    let chrome = trace.to_chrome();
+    assert_eq!(
+        chrome.matches("\"device\":\"xpu:0\"").count(),
+        1,
+        "{chrome}"
+    );
     assert_eq!(
         devices,
         vec![
