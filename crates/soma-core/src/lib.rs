@@ -42,7 +42,7 @@ pub use model::graph::{Graph, GraphError};
 pub use model::id::NodeId;
 pub use model::node::{Ctx, Node, NodeError, Transition};
 pub use model::value::Value;
-pub use observe::placed::Placed;
+pub use observe::devices::WithDevices;
 pub use plan::Plan;
 pub use run::crew::DEFAULT_IDLE_THREADS;
 pub use run::error::{ProgramError, RunError};

@@ -103,19 +103,19 @@ impl PyPlan {
     /// The indented tree, one line per step; an `Execute` line is `node <- inputs`, and
     /// `@ device` after it for a placed node.
     fn __str__(&self) -> String {
-        self.plan().placed(&self.placement).to_string()
+        self.plan().with_devices(&self.placement).to_string()
     }
 
     /// The plan as a Mermaid `flowchart LR`, a `subgraph` per wave; a placed node's label
     /// says its device.
     fn to_mermaid(&self) -> String {
-        self.plan().placed(&self.placement).to_mermaid()
+        self.plan().with_devices(&self.placement).to_mermaid()
     }
 
     /// The plan as a graphviz `digraph` with `rankdir=LR`, a `cluster` per wave; a placed
     /// node's label says its device.
     fn to_dot(&self) -> String {
-        self.plan().placed(&self.placement).to_dot()
+        self.plan().with_devices(&self.placement).to_dot()
     }
 
     /// The plan drawn as an SVG document by Soma itself: waves framed, branches stacked.

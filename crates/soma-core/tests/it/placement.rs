@@ -208,22 +208,22 @@ fn the_drawings_of_a_placed_plan_label_each_placed_node_with_its_device() {
     let plan = compile(&graph, &catalog).unwrap();
     let mut placement = Placement::new();
     placement.place("c", device("cuda:1"));
-    insta::assert_snapshot!(plan.placed(&placement), @r"
+    insta::assert_snapshot!(plan.with_devices(&placement), @r"
     Sequence
     ├── a <- (input)
     ├── b <- (input)
     ├── c <- a, b @ cuda:1
     └── d <- b
     ");
-    let mermaid = plan.placed(&placement).to_mermaid();
+    let mermaid = plan.with_devices(&placement).to_mermaid();
     assert!(mermaid.contains("c[\"c @ cuda:1\"]"), "{mermaid}");
     assert!(mermaid.contains("d[\"d\"]"), "{mermaid}");
-    let dot = plan.placed(&placement).to_dot();
+    let dot = plan.with_devices(&placement).to_dot();
     assert!(dot.contains("\"c\" [label=\"c @ cuda:1\"];"), "{dot}");
     assert!(dot.contains("\"d\";"), "{dot}");
     // Unplaced, the drawings are the plan's own.
     let none = Placement::new();
-    assert_eq!(plan.placed(&none).to_string(), plan.to_string());
-    assert_eq!(plan.placed(&none).to_mermaid(), plan.to_mermaid());
-    assert_eq!(plan.placed(&none).to_dot(), plan.to_dot());
+    assert_eq!(plan.with_devices(&none).to_string(), plan.to_string());
+    assert_eq!(plan.with_devices(&none).to_mermaid(), plan.to_mermaid());
+    assert_eq!(plan.with_devices(&none).to_dot(), plan.to_dot());
 }

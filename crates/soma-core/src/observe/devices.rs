@@ -9,9 +9,9 @@ use super::tree::write_tree;
 use crate::model::device::Placement;
 use crate::plan::Plan;
 
-/// A plan and where its nodes are placed, for drawing; made by [`Plan::placed`].
+/// A plan and where its nodes are placed, for drawing; made by [`Plan::with_devices`].
 #[derive(Clone, Copy, Debug)]
-pub struct Placed<'a> {
+pub struct WithDevices<'a> {
     plan: &'a Plan,
     placement: &'a Placement,
 }
@@ -26,18 +26,18 @@ impl Plan {
     /// let plan = compile(&graph, &catalog)?;
     /// let mut placement = Placement::new();
     /// placement.place("b", "cuda:1".parse::<Device>()?);
-    /// assert_eq!(plan.placed(&placement).to_string(), "Sequence\n├── a <- (input)\n└── b <- a @ cuda:1");
+    /// assert_eq!(plan.with_devices(&placement).to_string(), "Sequence\n├── a <- (input)\n└── b <- a @ cuda:1");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn placed<'a>(&'a self, placement: &'a Placement) -> Placed<'a> {
-        Placed {
+    pub fn with_devices<'a>(&'a self, placement: &'a Placement) -> WithDevices<'a> {
+        WithDevices {
             plan: self,
             placement,
         }
     }
 }
 
-impl Placed<'_> {
+impl WithDevices<'_> {
     /// [`Plan::to_mermaid`], each placed node labelled `id @ device`.
     pub fn to_mermaid(&self) -> String {
         plan_mermaid(self.plan, Some(self.placement))
@@ -49,7 +49,7 @@ impl Placed<'_> {
     }
 }
 
-impl fmt::Display for Placed<'_> {
+impl fmt::Display for WithDevices<'_> {
     /// The plan's indented tree, `@ device` after each placed node's line.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write_tree(self.plan, Some(self.placement), f)
