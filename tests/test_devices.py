@@ -164,6 +164,8 @@ def test_the_drawings_of_a_plan_show_each_placed_nodes_device() -> None:
     assert 'b["b @ cuda:1"]' in plan.to_mermaid()
     assert '"b" [label="b @ cuda:1"];' in plan.to_dot()
     assert 'a["a"]' in plan.to_mermaid()
+    assert ">b @ cuda:1</text>" in plan.to_svg()
+    assert plan._repr_svg_() == plan.to_svg()
 
 
 def test_a_trace_records_each_nodes_device(recorder: Recorder) -> None:

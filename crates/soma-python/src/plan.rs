@@ -118,14 +118,15 @@ impl PyPlan {
         self.plan().with_devices(&self.placement).to_dot()
     }
 
-    /// The plan drawn as an SVG document by Soma itself: waves framed, branches stacked.
+    /// The plan drawn as an SVG document by Soma itself: waves framed, branches stacked; a
+    /// placed node's box says its device.
     fn to_svg(&self) -> String {
-        self.plan().to_svg()
+        self.plan().with_devices(&self.placement).to_svg()
     }
 
     /// What a notebook shows: [`PyPlan::to_svg`].
     fn _repr_svg_(&self) -> String {
-        self.plan().to_svg()
+        self.to_svg()
     }
 
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {

@@ -1,9 +1,10 @@
-//! A plan drawn with the devices its nodes are placed on: the same drawings, each placed node
-//! labelled `id @ device`. Placement is not part of a plan, so it is drawn beside it.
+//! A plan drawn with the devices its nodes are placed on: the same drawings (tree, Mermaid, DOT,
+//! SVG), each placed node labelled `id @ device`. Placement is not part of a plan, so it is drawn beside it.
 
 use std::fmt;
 
 use super::dot::plan_dot;
+use super::layout::plan_svg;
 use super::mermaid::plan_mermaid;
 use super::tree::write_tree;
 use crate::model::device::Placement;
@@ -46,6 +47,11 @@ impl WithDevices<'_> {
     /// [`Plan::to_dot`], each placed node labelled `id @ device`.
     pub fn to_dot(&self) -> String {
         plan_dot(self.plan, Some(self.placement))
+    }
+
+    /// [`Plan::to_svg`], each placed node's box saying `id @ device`.
+    pub fn to_svg(&self) -> String {
+        plan_svg(self.plan, Some(self.placement))
     }
 }
 

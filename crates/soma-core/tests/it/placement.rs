@@ -221,9 +221,13 @@ fn the_drawings_of_a_placed_plan_label_each_placed_node_with_its_device() {
     let dot = plan.with_devices(&placement).to_dot();
     assert!(dot.contains("\"c\" [label=\"c @ cuda:1\"];"), "{dot}");
     assert!(dot.contains("\"d\";"), "{dot}");
+    let svg = plan.with_devices(&placement).to_svg();
+    assert!(svg.contains(">c @ cuda:1</text>"), "{svg}");
+    assert!(svg.contains(">d</text>"), "{svg}");
     // Unplaced, the drawings are the plan's own.
     let none = Placement::new();
     assert_eq!(plan.with_devices(&none).to_string(), plan.to_string());
     assert_eq!(plan.with_devices(&none).to_mermaid(), plan.to_mermaid());
     assert_eq!(plan.with_devices(&none).to_dot(), plan.to_dot());
+    assert_eq!(plan.with_devices(&none).to_svg(), plan.to_svg());
 }
