@@ -11,13 +11,19 @@ torch's grad mode, inference mode and autocast, carried the same way, are tested
 from __future__ import annotations
 
 import contextvars
+import gc
 import threading
+import time
+import weakref
 from typing import Any
+
+import pytest
 
 import soma
 from conftest import DEADLINE
 
 VAR: contextvars.ContextVar[str] = contextvars.ContextVar("VAR", default="default")
+HELD: contextvars.ContextVar[object] = contextvars.ContextVar("HELD", default=None)
 
 
 class Probe(soma.Node):
@@ -36,12 +42,13 @@ class Probe(soma.Node):
         return VAR.get(), threading.get_ident()
 
 
-def in_context(value: str, run: Any, *args: Any) -> Any:
-    """``run(*args)`` in a fresh context where ``VAR`` is ``value``, as a caller would set it."""
+def in_context(value: str, run: Any, *args: Any, **kwargs: Any) -> Any:
+    """``run(*args, **kwargs)`` in a fresh context where ``VAR`` is ``value`` (and ``HELD`` what
+    it is in the caller's), as a caller would set them."""
 
     def call() -> Any:
         VAR.set(value)
-        return run(*args)
+        return run(*args, **kwargs)
 
     return contextvars.copy_context().run(call)
 
@@ -153,3 +160,47 @@ def test_what_the_nodes_of_a_graph_without_a_wave_set_does_not_reach_the_caller(
     out, after = in_context("caller", forward_then_look)
     assert out[0] == "chain", "a node sees what the node before it in its branch set"
     assert after == "caller"
+
+
+def test_a_branch_left_running_by_a_timed_out_forward_runs_on_in_the_callers_context() -> None:
+    all_in = threading.Barrier(2, timeout=DEADLINE)
+    release = threading.Event()
+    threading.Timer(DEADLINE, release.set).start()  # a regression fails rather than hangs
+    seen: list[str] = []
+    done = threading.Event()
+
+    class Fails(soma.Node):
+        def forward(self, x: Any) -> Any:
+            all_in.wait()
+            raise ValueError("the sibling that fails first")
+
+    class Stuck(soma.Node):
+        def forward(self, x: Any) -> Any:
+            all_in.wait()
+            release.wait()
+            seen.append(VAR.get())
+            done.set()
+            return x
+
+    g = soma.Graph.somatize(Fails().named("first") | Stuck().named("stuck"))
+
+    class Held:
+        pass
+
+    held = Held()
+    kept = weakref.ref(held)
+    HELD.set(held)
+    try:
+        with pytest.raises(TimeoutError):
+            in_context("caller", g.forward, None, timeout=0.1)
+    finally:
+        HELD.set(None)
+    del held
+    release.set()
+    assert done.wait(DEADLINE), "the stuck branch finished once released"
+    assert seen == ["caller"]
+    deadline = time.monotonic() + DEADLINE
+    while kept() is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+        gc.collect()
+    assert kept() is None, "the context the branch ran in was freed once it finished"

@@ -227,6 +227,7 @@ class Graph:
         driver: Any = None,
         turn_limit: int = _soma.DEFAULT_TURN_LIMIT,
         trace: _soma.Trace | None = None,
+        timeout: float | None = None,
     ) -> Any:
         """Runs the graph on ``input`` and returns the leaf's output (a dict keyed by leaf id
         when there are several).
@@ -245,8 +246,17 @@ class Graph:
         "Devices and context"). ``driver``
         serves awaiting nodes: any object with ``perform(requests) -> list``. ``trace``, a
         :class:`soma.Trace`, records a span per node (start, end, thread, branch, turns, error).
+
+        ``timeout``, in seconds, bounds the whole run: when it passes, every branch stops at its
+        next node boundary and ``forward`` raises :class:`TimeoutError` naming the nodes still
+        running. Ctrl-C stops a run the same way and raises :class:`KeyboardInterrupt`. Either
+        way, a node that does not return within a tenth of a second — it waits for an event
+        that will not come, say — is left to finish in the background on its thread, its
+        result dropped, and ``forward`` returns at once; the graph can run again right away.
+        A node running on the calling thread itself is not cut short: the deadline is seen
+        when it returns.
         """
-        return self._core.forward(input, driver, turn_limit, trace)
+        return self._core.forward(input, driver, turn_limit, trace, timeout)
 
     def threads(self) -> int:
         """The threads the graph holds right now for its waves, busy or idle."""

@@ -41,8 +41,8 @@ fn chain(c: &mut Criterion) {
         });
         // The same chain traced: what recording a span per node costs when asked for. The
         // untraced figure above is the price of the feature when not asked for.
-        let trace = Trace::new();
-        let traced = executor.with_trace(&trace);
+        let trace = Arc::new(Trace::new());
+        let traced = executor.clone().with_trace(Arc::clone(&trace));
         group.bench_function(BenchmarkId::new("rust-nodes-traced", len), |b| {
             b.iter(|| {
                 trace.clear();

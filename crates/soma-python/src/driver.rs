@@ -4,12 +4,13 @@
 //! runs, so a driver that waits with the GIL released (sockets, `time.sleep`, a queue) serves
 //! several branches' requests at the same time.
 
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyKeyboardInterrupt, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 use soma_core::{Driver, DriverError, Value};
 
 use crate::convert::{to_python, wrap};
+use crate::watch::note_interrupt;
 
 pub struct PythonDriver {
     perform: Py<PyAny>,
@@ -72,6 +73,13 @@ fn type_name(object: &Bound<'_, PyAny>) -> String {
 
 impl Driver for PythonDriver {
     fn perform(&self, requests: &[Value]) -> Result<Vec<Value>, DriverError> {
-        Python::attach(|py| self.call(py, requests)).map_err(DriverError::from_cause)
+        Python::attach(|py| {
+            self.call(py, requests).inspect_err(|raised| {
+                if raised.is_instance_of::<PyKeyboardInterrupt>(py) {
+                    note_interrupt();
+                }
+            })
+        })
+        .map_err(DriverError::from_cause)
     }
 }

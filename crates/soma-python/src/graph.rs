@@ -14,14 +14,15 @@
 use std::collections::HashMap;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyTimeoutError, PyTypeError, PyValueError};
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::PyTraverseError;
 use soma_core::{
     compile, Captured, Catalog, Device, Executor, Graph, Host, Node, NodeId, Placement, Plan,
-    Program, DEFAULT_IDLE_THREADS,
+    Program, RunError, DEFAULT_IDLE_THREADS,
 };
 
 use crate::context;
@@ -389,7 +390,7 @@ impl GraphCore {
     }
 
     /// Runs the graph on `input`.
-    #[pyo3(signature = (input, driver=None, turn_limit=soma_core::DEFAULT_TURN_LIMIT, trace=None))]
+    #[pyo3(signature = (input, driver=None, turn_limit=soma_core::DEFAULT_TURN_LIMIT, trace=None, timeout=None))]
     fn forward<'py>(
         &self,
         py: Python<'py>,
@@ -397,21 +398,22 @@ impl GraphCore {
         driver: Option<&Bound<'py, PyAny>>,
         turn_limit: u32,
         trace: Option<&Bound<'py, PyTrace>>,
+        timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let timeout = timeout.map(time_limit).transpose()?;
         let program = self.program(py)?;
         let driver = driver.map(PythonDriver::new).transpose()?;
-        let watch = SignalWatch::new();
+        let watch = Arc::new(SignalWatch::new(timeout));
         let input = wrap(input);
         let mut executor = Executor::new()
             .with_turn_limit(turn_limit)
-            .with_watch(&watch)
+            .with_watch(Arc::clone(&watch) as Arc<dyn soma_core::Watch>)
             .with_host(Arc::clone(&INTERPRETER));
-        if let Some(driver) = &driver {
-            executor = executor.with_driver(driver);
+        if let Some(driver) = driver {
+            executor = executor.with_driver(Arc::new(driver));
         }
-        let trace = trace.map(|t| Arc::clone(&t.get().trace));
-        if let Some(trace) = &trace {
-            executor = executor.with_trace(trace);
+        if let Some(trace) = trace {
+            executor = executor.with_trace(Arc::clone(&trace.get().trace));
         }
         // The whole run in a copy of the caller's context, as each branch is in a copy of its
         // wave's: what the nodes set never reaches the caller, with or without a wave.
@@ -419,16 +421,46 @@ impl GraphCore {
         let mut run = || {
             let input = input.take().expect("the graph runs once");
             outcome = Some(panic::catch_unwind(AssertUnwindSafe(|| {
-                executor.run_program(&program, input)
+                executor.run_detachable(&program, input)
             })));
         };
         context::isolated(&mut run);
         match outcome.expect("the context ran the graph") {
             Ok(Ok(value)) => to_python(py, &value),
+            Ok(Err(error)) if watch.timed_out() => Err(timed_out(&error, timeout)),
             Ok(Err(error)) => Err(run_error(py, &error, watch.take_raised())),
             Err(payload) => Err(panic_error(py, &*payload)),
         }
     }
+}
+
+/// A `timeout` in seconds as a duration: finite and not negative.
+fn time_limit(seconds: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(seconds).map_err(|_| {
+        PyValueError::new_err(format!(
+            "timeout must be a finite number of seconds, 0 or more, not {seconds}"
+        ))
+    })
+}
+
+/// The `TimeoutError` of a run whose time ran out, naming what was still running.
+fn timed_out(error: &RunError, timeout: Option<Duration>) -> PyErr {
+    let limit = timeout.map_or(0.0, |t| t.as_secs_f64());
+    let still = match error {
+        RunError::Abandoned { running } if !running.is_empty() => {
+            let names: Vec<String> = running.iter().map(|id| format!("`{id}`")).collect();
+            format!(
+                "; still running: {} (left to finish in the background, their results dropped)",
+                names.join(", ")
+            )
+        }
+        RunError::Abandoned { .. } => "; branches were left to finish in the background".to_owned(),
+        RunError::Interrupted => "; every branch stopped at a node boundary".to_owned(),
+        other => format!("; the run had failed too: {other}"),
+    };
+    PyTimeoutError::new_err(format!(
+        "forward did not finish within its timeout of {limit} s{still}\nhint: the graph can run again at once; a node that waits for something that may not come should wait with a timeout of its own"
+    ))
 }
 
 /// The interpreter as the engine's host: a crew thread holds the GIL for the whole of each

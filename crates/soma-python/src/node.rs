@@ -5,6 +5,7 @@
 //! branches of a wave take turns at the GIL and really overlap wherever a node's work releases it
 //! (numpy, torch, I/O, a driver's wait).
 
+use pyo3::exceptions::PyKeyboardInterrupt;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use soma_core::{Ctx, Node, NodeError, Transition, Value};
@@ -12,6 +13,7 @@ use soma_core::{Ctx, Node, NodeError, Transition, Value};
 use crate::convert::{to_python, wrap};
 use crate::device;
 use crate::protocol::{Await, Done, PyCtx};
+use crate::watch::note_interrupt;
 
 /// A Python object with a `forward(x)` or `forward(x, ctx)` method.
 pub struct PythonNode {
@@ -95,6 +97,13 @@ pub fn interpret(out: Bound<'_, PyAny>) -> Transition {
 
 impl Node for PythonNode {
     fn forward(&self, input: &Value, ctx: &Ctx<'_>) -> Result<Transition, NodeError> {
-        Python::attach(|py| self.call(py, input, ctx)).map_err(NodeError::from_cause)
+        Python::attach(|py| {
+            self.call(py, input, ctx).inspect_err(|raised| {
+                if raised.is_instance_of::<PyKeyboardInterrupt>(py) {
+                    note_interrupt();
+                }
+            })
+        })
+        .map_err(NodeError::from_cause)
     }
 }

@@ -10,10 +10,18 @@
 //!
 //! Node boundaries themselves only read a flag: looking for signals on each one would cost a
 //! good part of a small node. A `KeyboardInterrupt` seen while waiting is kept, every branch
-//! stops at its next node boundary, and `forward` raises it.
+//! stops at its next node boundary, and `forward` raises it. A `KeyboardInterrupt` that a
+//! Python node on the calling thread raised (the signal came while it ran) stops the run the
+//! same way ([`note_interrupt`]), so that the caller does not wait on siblings that will not stop.
+//!
+//! A deadline (`forward(timeout=…)`) is one more reason to stop, read from the clock at node
+//! boundaries and while waiting. Either way, branches that do not reach a boundary soon are
+//! left running and the caller returns ([`soma_core::Executor::run_detachable`]).
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 use soma_core::Watch;
@@ -24,16 +32,27 @@ pub struct SignalWatch {
     caller: usize,
     stopped: AtomicBool,
     raised: Mutex<Option<PyErr>>,
+    /// When the run must stop, if it was given a time limit.
+    deadline: Option<Instant>,
+    timed_out: AtomicBool,
 }
 
 impl SignalWatch {
-    /// A watch for a run called from the current thread.
-    pub fn new() -> Self {
+    /// A watch for a run called from the current thread, stopping it after `timeout` if given.
+    pub fn new(timeout: Option<Duration>) -> Self {
+        INTERRUPTED_IN_NODE.with(|seen| seen.set(false));
         SignalWatch {
             caller: this_thread(),
             stopped: AtomicBool::new(false),
             raised: Mutex::new(None),
+            deadline: timeout.map(|timeout| Instant::now() + timeout),
+            timed_out: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the run was stopped because its time ran out.
+    pub fn timed_out(&self) -> bool {
+        self.timed_out.load(Ordering::Acquire)
     }
 
     /// The exception a signal handler raised during the run, if one did.
@@ -47,12 +66,26 @@ impl SignalWatch {
 
 impl Watch for SignalWatch {
     fn interrupted(&self) -> bool {
-        self.stopped.load(Ordering::Acquire)
+        if self.stopped.load(Ordering::Acquire) {
+            return true;
+        }
+        match self.deadline {
+            Some(deadline) if Instant::now() >= deadline => {
+                self.timed_out.store(true, Ordering::Release);
+                self.stopped.store(true, Ordering::Release);
+                true
+            }
+            Some(_) | None => false,
+        }
     }
 
     #[allow(clippy::redundant_closure_for_method_calls)] // The method is generic over a lifetime.
     fn poll(&self) {
-        if this_thread() != self.caller || self.stopped.load(Ordering::Acquire) {
+        if this_thread() != self.caller || self.interrupted() {
+            return;
+        }
+        if INTERRUPTED_IN_NODE.with(|seen| seen.replace(false)) {
+            self.stopped.store(true, Ordering::Release);
             return;
         }
         if let Err(raised) = Python::attach(|py| py.check_signals()) {
@@ -67,6 +100,15 @@ impl Watch for SignalWatch {
 
 thread_local! {
     static MARK: u8 = const { 0 };
+    /// Whether a Python node or driver on this thread let a `KeyboardInterrupt` out since the
+    /// run began.
+    static INTERRUPTED_IN_NODE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Records that a node or driver on this thread raised `KeyboardInterrupt`: on the calling
+/// thread, where signals are handled, that is Ctrl-C, and the run's watch stops the run.
+pub fn note_interrupt() {
+    INTERRUPTED_IN_NODE.with(|seen| seen.set(true));
 }
 
 /// A number that differs between threads alive at the same time.

@@ -44,23 +44,27 @@
 //! | latch | countdown latch | what the wave's owner sleeps on until every branch is done |
 //! | owner | the joining thread | the thread that reached the wave and waits for it |
 //!
-//! # The one `unsafe` of the engine
+//! # The `unsafe` of the engine
 //!
 //! A branch borrows from its run (the table of values, the driver), while a crew thread outlives
 //! every run: the offer reaches its branches through a pointer whose lifetime is erased.
 //! [`Crew::run`] keeps the promise `std::thread::scope` keeps: it returns only once every branch
 //! of the offer has been claimed and has finished, and nobody follows the pointer without a
-//! claim, which exists only while a branch is unclaimed or unfinished.
+//! claim, which exists only while a branch is unclaimed or unfinished — or, when the run's
+//! caller gives up waiting, it returns at once having left the work, and everything its
+//! branches borrow, to the run's remains, which the last branch to finish frees
+//! ([`crate::run::detach`]).
 
 use std::any::Any;
 use std::collections::VecDeque;
 use std::io;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use super::detach::{Kept, Remains};
 use super::hooks::Host;
 
 /// How long a thread that has run out of work keeps looking for more, yielding its core to any
@@ -138,6 +142,9 @@ struct Offer {
     /// `Relaxed` is enough. Lets the owner skip looking for an offer a crew thread removed.
     queued: AtomicBool,
     latch: Latch,
+    /// What a run's caller left behind when it stopped waiting for this offer: dropped by the
+    /// branch that finishes last ([`crate::run::detach`]).
+    remains: Mutex<Option<Arc<Remains>>>,
     /// Around every branch a crew thread runs (never around the owner's own).
     host: Option<Arc<dyn Host>>,
     /// The owner's [`Work`], type and lifetime erased; followed only with a claim in hand.
@@ -155,7 +162,8 @@ unsafe impl Send for Offer {}
 #[allow(unsafe_code)]
 unsafe impl Sync for Offer {}
 
-/// The owner's side of an offer: the branches themselves and their outcomes, on its stack.
+/// The owner's side of an offer: the branches themselves and their outcomes, kept on the heap
+/// so that an owner that stops waiting can leave them to the branches still running.
 struct Work<F, T> {
     tasks: Box<[Mutex<Option<F>>]>,
     outcomes: Box<[Mutex<Option<thread::Result<T>>>]>,
@@ -226,23 +234,27 @@ impl Crew {
     /// The calling thread runs the first task itself, then every task no crew thread has claimed
     /// by then; `host` wraps each task a crew thread runs. `wait` is called, on the calling
     /// thread, only if tasks run elsewhere are still unfinished: it should block until
-    /// `until_done` returns (it may do more: let go of a lock, poll for signals). Returns only
-    /// once every task has finished.
+    /// `until_done` returns true (it may do more: let go of a lock, poll for signals), and
+    /// return whether it gave up instead. Returns once every task has finished — or `None` at
+    /// once when `wait` gave up and `remains` was given: the tasks still running then keep what
+    /// they borrow alive through `remains`, which the caller must also leave everything they
+    /// borrow from its frames to.
     pub(crate) fn run<'env, T, F>(
         &self,
         tasks: Vec<F>,
         host: Option<&Arc<dyn Host>>,
-        wait: impl FnOnce(&(dyn Fn(Option<Duration>) -> bool + Sync)),
-    ) -> Vec<thread::Result<T>>
+        remains: Option<&Weak<Remains>>,
+        wait: impl FnOnce(&(dyn Fn(Option<Duration>) -> bool + Sync)) -> bool,
+    ) -> Option<Vec<thread::Result<T>>>
     where
         T: Send + 'env,
         F: FnOnce() -> T + Send + 'env,
     {
         let len = tasks.len();
-        let work = Work {
+        let work = Kept::new(Work {
             tasks: tasks.into_iter().map(|t| Mutex::new(Some(t))).collect(),
             outcomes: (0..len).map(|_| Mutex::new(None)).collect(),
-        };
+        });
         let offer = Arc::new(Offer {
             // The owner holds the first branch from the start.
             next: AtomicUsize::new(1),
@@ -253,27 +265,29 @@ impl Crew {
                 done: Mutex::new(false),
                 opened: Condvar::new(),
             },
+            remains: Mutex::new(None),
             host: host.cloned(),
-            work: std::ptr::from_ref(&work).cast(),
+            work: work.as_ptr().cast_const().cast(),
             run: run_task::<F, T>,
         });
         // Whatever happens from here, the owner returns — or unwinds — only once every branch
-        // is finished: that is what keeps `work` alive for the crew threads that claim it.
+        // is finished, or after leaving `work` to the run's remains: that is what keeps `work`
+        // alive for the crew threads that claim it.
         let guard = Joined(&offer);
         if len > 1 {
             if let Err(refused) = self.pool.offer(&offer) {
                 offer.refuse_unclaimed(&refused);
             }
         }
-        // SAFETY: branch 0 was claimed by construction (`next` starts at 1), and `work` is on
-        // this frame.
+        // SAFETY: branch 0 was claimed by construction (`next` starts at 1), and `work` is
+        // this frame's.
         #[allow(unsafe_code)]
         unsafe {
             offer.run_claimed(0, None, || {});
         }
         while let Some(index) = offer.claim() {
             self.pool.send_helper_if_needed(&offer);
-            // SAFETY: claimed just now; `work` is on this frame.
+            // SAFETY: claimed just now; `work` is this frame's.
             #[allow(unsafe_code)]
             unsafe {
                 offer.run_claimed(index, None, || {});
@@ -284,19 +298,30 @@ impl Crew {
         }
         if !offer.finished() {
             let until_done = |timeout: Option<Duration>| offer.latch.wait(&offer, timeout);
-            wait(&until_done);
+            let gave_up = wait(&until_done);
+            // The caller holds the remains until the whole run returns, so they are there.
+            if let (true, Some(remains)) = (gave_up, remains.and_then(Weak::upgrade)) {
+                let remains = &remains;
+                offer.leave(remains);
+                work.leave(remains);
+                std::mem::forget(guard);
+                return None;
+            }
         }
         drop(guard);
-        work.outcomes
-            .into_vec()
-            .into_iter()
-            .map(|outcome| {
-                outcome
-                    .into_inner()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .expect("every branch recorded its outcome")
-            })
-            .collect()
+        let work = work.into_inner();
+        Some(
+            work.outcomes
+                .into_vec()
+                .into_iter()
+                .map(|outcome| {
+                    outcome
+                        .into_inner()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .expect("every branch recorded its outcome")
+                })
+                .collect(),
+        )
     }
 }
 
@@ -394,6 +419,23 @@ impl Offer {
         // `Release`: the outcome recorded above is visible to whoever sees the count reach zero.
         if self.unfinished.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.latch.open();
+            // The last branch of a wave its owner left: what the owner left goes with it.
+            let left = self
+                .remains
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            drop(left);
+        }
+    }
+
+    /// Keeps `remains` alive until the last branch finishes, for an owner that stops waiting.
+    fn leave(&self, remains: &Arc<Remains>) {
+        let mut slot = self.remains.lock().unwrap_or_else(PoisonError::into_inner);
+        // Under the slot's lock: the last branch either finished before (nothing to keep) or
+        // will find the remains when it takes the lock after its count reached zero.
+        if !self.finished() {
+            *slot = Some(Arc::clone(remains));
         }
     }
 

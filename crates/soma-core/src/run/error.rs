@@ -56,6 +56,12 @@ pub enum RunError {
     },
     /// The [`crate::Watch`] asked the run to stop.
     Interrupted,
+    /// The [`crate::Watch`] asked the run to stop, and its caller stopped waiting for the nodes
+    /// still running ([`crate::Executor::run_detachable`]); they finish in the background.
+    Abandoned {
+        /// The nodes that were still running, in program order.
+        running: Vec<NodeId>,
+    },
 }
 
 impl RunError {
@@ -65,7 +71,8 @@ impl RunError {
             // A limit of 0 stops the run before any node is called: no node is to blame.
             RunError::TurnLimit { limit: 0, .. }
             | RunError::NoThread { .. }
-            | RunError::Interrupted => None,
+            | RunError::Interrupted
+            | RunError::Abandoned { .. } => None,
             RunError::NodeFailed { node, .. }
             | RunError::NoDriver { node }
             | RunError::DriverFailed { node, .. }
@@ -110,6 +117,20 @@ impl fmt::Display for RunError {
             RunError::Interrupted => f.write_str(
                 "the run was interrupted\nhint: its watch asked it to stop (Ctrl-C, a deadline); every branch stopped at a node boundary, and the run can be started again"
             ),
+            RunError::Abandoned { running } => {
+                write!(f, "the run was interrupted, and its caller stopped waiting for ")?;
+                match running.as_slice() {
+                    [] => f.write_str("branches between nodes")?,
+                    nodes => {
+                        f.write_str("node(s) still running: ")?;
+                        for (at, node) in nodes.iter().enumerate() {
+                            let comma = if at == 0 { "" } else { ", " };
+                            write!(f, "{comma}`{node}`")?;
+                        }
+                    }
+                }
+                f.write_str("\nhint: they finish in the background and their results are dropped; the graph can run again at once, and a node that waits for something that will not come should wait with a timeout")
+            }
         }
     }
 }
@@ -124,7 +145,8 @@ impl std::error::Error for RunError {
             | RunError::TurnLimit { .. }
             | RunError::Invalid(_)
             | RunError::NoThread { .. }
-            | RunError::Interrupted => None,
+            | RunError::Interrupted
+            | RunError::Abandoned { .. } => None,
         }
     }
 }

@@ -18,6 +18,7 @@
 //! branch has been joined — ahead of any branch's error, even an earlier-declared one: a panic
 //! is a bug, and reporting an ordinary error in its place would swallow it.
 
+use super::detach::{Detached, Kept, Remains};
 use super::error::RunError;
 use super::hooks::{Host, Watch};
 use super::table::Frame;
@@ -38,18 +39,28 @@ pub const DEFAULT_TURN_LIMIT: u32 = 64;
 
 /// Runs plans, with an optional driver, watch and host.
 #[derive(Clone)]
-pub struct Executor<'a> {
-    pub(super) driver: Option<&'a dyn Driver>,
-    pub(super) watch: Option<&'a dyn Watch>,
+pub struct Executor {
+    pub(super) driver: Option<Arc<dyn Driver>>,
+    pub(super) watch: Option<Arc<dyn Watch>>,
     pub(super) host: Option<Arc<dyn Host>>,
-    pub(super) trace: Option<&'a Trace>,
+    pub(super) trace: Option<Arc<Trace>>,
     pub(super) turn_limit: u32,
 }
 
-/// Why a branch stopped: its own error, or because an earlier-declared sibling failed.
+/// What a detachable run keeps on the heap for its branches, besides its table.
+struct RunParts {
+    executor: Executor,
+    program: Arc<Program>,
+    input: Value,
+    detached: Detached,
+}
+
+/// Why a branch stopped: its own error, because an earlier-declared sibling failed, or because
+/// the run's caller stopped waiting for it.
 pub(super) enum Halt {
     Failed(RunError),
     Cancelled,
+    Abandoned,
 }
 
 impl From<RunError> for Halt {
@@ -58,13 +69,13 @@ impl From<RunError> for Halt {
     }
 }
 
-impl Default for Executor<'_> {
+impl Default for Executor {
     fn default() -> Self {
         Executor::new()
     }
 }
 
-impl<'a> Executor<'a> {
+impl Executor {
     /// An executor without driver, watch, host or trace, with the default turn limit.
     pub fn new() -> Self {
         Executor {
@@ -78,14 +89,14 @@ impl<'a> Executor<'a> {
 
     /// Serves awaiting nodes with `driver`, shared by every branch at once.
     #[must_use]
-    pub fn with_driver(mut self, driver: &'a dyn Driver) -> Self {
+    pub fn with_driver(mut self, driver: Arc<dyn Driver>) -> Self {
         self.driver = Some(driver);
         self
     }
 
     /// Consults `watch` at node boundaries and while waiting on waves.
     #[must_use]
-    pub fn with_watch(mut self, watch: &'a dyn Watch) -> Self {
+    pub fn with_watch(mut self, watch: Arc<dyn Watch>) -> Self {
         self.watch = Some(watch);
         self
     }
@@ -100,7 +111,7 @@ impl<'a> Executor<'a> {
 
     /// Records a [`Span`] in `trace` for every step of every run.
     #[must_use]
-    pub fn with_trace(mut self, trace: &'a Trace) -> Self {
+    pub fn with_trace(mut self, trace: Arc<Trace>) -> Self {
         self.trace = Some(trace);
         self
     }
@@ -149,6 +160,52 @@ impl<'a> Executor<'a> {
         self.run_on(program, &program.crew, input)
     }
 
+    /// Runs a resolved plan on `input`, as [`Executor::run_program`] does, except that the
+    /// calling thread may stop waiting for branches that do not stop: once the watch has asked
+    /// the run to stop, branches still running a node after a short grace (100 ms) are left to
+    /// finish in the background, their results dropped, and the run returns
+    /// [`RunError::Abandoned`] naming their nodes. What they borrow — the program, the values,
+    /// the hooks — stays alive until the last of them finishes. Only the thread that called
+    /// this gives up, so only its [`Watch::poll`] decides.
+    ///
+    /// # Errors
+    /// As [`Executor::run`], and [`RunError::Abandoned`].
+    ///
+    /// # Panics
+    /// As [`Executor::run`].
+    pub fn run_detachable(&self, program: &Arc<Program>, input: Value) -> Result<Value, RunError> {
+        let remains = Arc::new(Remains::new());
+        let parts = Kept::new(RunParts {
+            executor: self.clone(),
+            program: Arc::clone(program),
+            input,
+            detached: Detached::new(program.len(), Arc::downgrade(&remains)),
+        });
+        let mut table = Kept::new(vec![None; program.len()]);
+        let RunParts {
+            executor,
+            program,
+            input,
+            detached,
+        } = parts.get();
+        let mut frame = Frame {
+            base: 0,
+            own: table.get_mut(),
+            shared: None,
+        };
+        let lane = Lane::root(&program.crew, Some(detached));
+        let walked = executor.walk(&program.root, input, &mut frame, lane);
+        if detached.given_up() {
+            let running = detached.running(&program.ids);
+            table.leave(&remains);
+            parts.leave(&remains);
+            return Err(RunError::Abandoned { running });
+        }
+        let result = Self::finish(program, walked, table.get_mut(), || input.clone());
+        drop((table, remains));
+        result
+    }
+
     fn run_on(&self, program: &Program, crew: &Crew, input: Value) -> Result<Value, RunError> {
         let mut table: Vec<Option<Value>> = vec![None; program.len()];
         let mut frame = Frame {
@@ -156,13 +213,28 @@ impl<'a> Executor<'a> {
             own: &mut table,
             shared: None,
         };
-        match self.walk(&program.root, &input, &mut frame, Lane::root(crew)) {
+        let walked = self.walk(&program.root, &input, &mut frame, Lane::root(crew, None));
+        Self::finish(program, walked, &mut table, || input)
+    }
+
+    /// The run's result, from the outcome of its walk and the table it filled; `input` is the
+    /// result of a plan without a leaf.
+    fn finish(
+        program: &Program,
+        walked: Result<(), Halt>,
+        table: &mut [Option<Value>],
+        input: impl FnOnce() -> Value,
+    ) -> Result<Value, RunError> {
+        match walked {
             Ok(()) => {}
             Err(Halt::Failed(error)) => return Err(error),
             Err(Halt::Cancelled) => {
                 unreachable!(
                     "only a sibling's failure cancels a branch, and it is reported instead"
                 )
+            }
+            Err(Halt::Abandoned) => {
+                unreachable!("only a detachable run is given up, and it reports that itself")
             }
         }
         // A leaf has no reader, so nothing took or dropped its value.
@@ -172,7 +244,7 @@ impl<'a> Executor<'a> {
                 .expect("a run that succeeded wrote every leaf")
         };
         match &*program.leaves {
-            [] => Ok(input),
+            [] => Ok(input()),
             [one] => Ok(take(*one)),
             many => {
                 let pairs = many
@@ -219,9 +291,28 @@ impl<'a> Executor<'a> {
         if lane.cancelled() {
             return Err(Halt::Cancelled);
         }
-        if self.watch.is_some_and(Watch::interrupted) {
+        if self.watch.as_deref().is_some_and(Watch::interrupted) {
             return Err(Halt::Failed(RunError::Interrupted));
         }
+        if let Some(run) = lane.detached {
+            run.set_running(step.slot, true);
+        }
+        let value = self.gather_and_call(step, input, frame, lane);
+        if let Some(run) = lane.detached {
+            run.set_running(step.slot, false);
+        }
+        *frame.cell(step.slot) = Some(value?);
+        Ok(())
+    }
+
+    /// Gathers a step's inputs from the table and calls its node on them.
+    fn gather_and_call(
+        &self,
+        step: &Step,
+        input: &Value,
+        frame: &mut Frame<'_>,
+        lane: Lane<'_>,
+    ) -> Result<Value, Halt> {
         let fetch = |frame: &mut Frame<'_>, read: &Read| {
             let value = if read.take {
                 frame.take(read.slot)
@@ -247,13 +338,12 @@ impl<'a> Executor<'a> {
                 self.call(step, &Value::Map(pairs.into()), lane)?
             }
         };
-        *frame.cell(step.slot) = Some(value);
-        Ok(())
+        Ok(value)
     }
 
     /// Runs a step's node on its input, traced when a trace was asked for.
     fn call(&self, step: &Step, input: &Value, lane: Lane<'_>) -> Result<Value, RunError> {
-        match self.trace {
+        match self.trace.as_deref() {
             None => self.execute(step, input, &mut 0),
             Some(trace) => self.traced(trace, step, input, lane),
         }
@@ -328,6 +418,7 @@ impl<'a> Executor<'a> {
             }
             let driver = self
                 .driver
+                .as_deref()
                 .ok_or_else(|| RunError::NoDriver { node: node.clone() })?;
             let mut answered = None;
             self.blocking(&mut || answered = Some(driver.perform(&requests)));

@@ -7,6 +7,7 @@
 //! branch and each wait (an interpreter lock, say), a [`Trace`](trace::Trace) records spans.
 
 pub(crate) mod crew;
+mod detach;
 pub(crate) mod error;
 pub(crate) mod executor;
 pub(crate) mod hooks;

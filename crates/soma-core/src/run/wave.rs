@@ -8,10 +8,12 @@
 use std::cell::Cell;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::thread;
 use std::time::Duration;
 
 use super::crew::{Crew, Refused};
+use super::detach::{Detached, Kept, Remains};
 use super::error::RunError;
 use super::executor::{Executor, Halt};
 use super::hooks::Captured;
@@ -53,6 +55,14 @@ const CANCEL_REACH: usize = 64;
 /// How often a thread waiting on a wave asks the [`crate::Watch`] whether to stop.
 const WATCH_INTERVAL: Duration = Duration::from_millis(5);
 
+/// Where the thread a wave hopped to leaves its outcome for the thread that waits for it.
+struct Deeper {
+    done: AtomicBool,
+    outcome: Mutex<Option<thread::Result<Result<(), Halt>>>>,
+    /// What the run's caller left when it stopped waiting, kept until this thread is done.
+    remains: Mutex<Option<Arc<Remains>>>,
+}
+
 /// The state one wave shares with its branches.
 struct WaveState {
     /// The smallest declared index of a branch that failed, `usize::MAX` while none has.
@@ -63,24 +73,38 @@ struct WaveState {
 }
 
 /// Where a branch stands: its index in its wave, the lane of the branch around that wave, the
-/// crew the branches of its own waves run on and the thread that started the run (both the
-/// run's, the same at every depth).
+/// crew the branches of its own waves run on, the thread that started the run and, for a run
+/// its caller may stop waiting for, that run's bookkeeping (the last three the run's, the same
+/// at every depth).
 #[derive(Clone, Copy)]
 pub(super) struct Lane<'s> {
     wave: Option<(&'s WaveState, usize)>,
     parent: Option<&'s Lane<'s>>,
     crew: &'s Crew,
     caller: thread::ThreadId,
+    pub(super) detached: Option<&'s Detached>,
+}
+
+/// What a wave lends its branches from the frame of the thread that reached it, kept on the
+/// heap ([`Kept`]) in case that thread is the caller and stops waiting.
+struct WaveLocals<'s> {
+    shared: Shared<'s>,
+    state: WaveState,
+    lane: Lane<'s>,
+    /// The context the wave was reached in, entered by each branch; kept with the rest, since a
+    /// branch left running by a caller that gave up still enters and leaves it.
+    captured: Option<Box<dyn Captured>>,
 }
 
 impl<'s> Lane<'s> {
     /// The lane of a whole run, outside every wave.
-    pub(super) fn root(crew: &'s Crew) -> Self {
+    pub(super) fn root(crew: &'s Crew, detached: Option<&'s Detached>) -> Self {
         Lane {
             wave: None,
             parent: None,
             crew,
             caller: thread::current().id(),
+            detached,
         }
     }
 
@@ -121,7 +145,7 @@ impl<'s> Lane<'s> {
     }
 }
 
-impl Executor<'_> {
+impl Executor {
     pub(super) fn wave(
         &self,
         branches: &[Op],
@@ -133,10 +157,8 @@ impl Executor<'_> {
         if let [only] = branches {
             return self.walk(only, input, frame, lane);
         }
-        let captured = self.host.as_ref().and_then(|host| host.capture());
-        let captured = captured.as_deref();
         if NESTED.with(Cell::get) >= ROOM.with(Cell::get) {
-            return self.wave_on_a_fresh_stack(branches, bounds, input, frame, lane, captured);
+            return self.wave_on_a_fresh_stack(branches, bounds, input, frame, lane);
         }
         NESTED.with(|nested| nested.set(nested.get() + 1));
         let _out = Nested;
@@ -144,16 +166,26 @@ impl Executor<'_> {
         // the wave's range is cut into one disjoint mutable part per branch.
         let (lo, hi) = (bounds[0], bounds[bounds.len() - 1]);
         let (before, after) = frame.own.split_at_mut(lo - frame.base);
-        let shared = Shared {
-            base: frame.base,
-            cells: before,
-            outer: frame.shared,
-        };
+        let locals = Kept::new(WaveLocals {
+            shared: Shared {
+                base: frame.base,
+                cells: before,
+                outer: frame.shared,
+            },
+            state: WaveState {
+                first_failed: AtomicUsize::new(usize::MAX),
+            },
+            lane,
+            captured: self.host.as_ref().and_then(|host| host.capture()),
+        });
+        let WaveLocals {
+            shared,
+            state,
+            lane,
+            captured,
+        } = locals.get();
+        let captured = captured.as_deref();
         let mut remaining = &mut after[..hi - lo];
-        let state = WaveState {
-            first_failed: AtomicUsize::new(usize::MAX),
-        };
-        let (state, lane) = (&state, &lane);
         let mut tasks = Vec::with_capacity(branches.len());
         for (i, (branch, window)) in branches.iter().zip(bounds.windows(2)).enumerate() {
             let (own, tail) = std::mem::take(&mut remaining).split_at_mut(window[1] - window[0]);
@@ -161,15 +193,27 @@ impl Executor<'_> {
             let mut own = Frame {
                 base: window[0],
                 own,
-                shared: Some(&shared),
+                shared: Some(shared),
             };
             tasks.push(move || self.branch(branch, i, input, &mut own, state, lane, captured));
         }
         // This thread runs its share of the wave with whatever it holds of the host (the GIL,
         // say) and gives it back only to sleep until the branches run elsewhere are done.
-        let outcomes = lane.crew.run(tasks, self.host.as_ref(), |until_done| {
-            self.blocking(&mut || self.wait(lane, until_done));
-        });
+        let remains = lane.detached.map(|detached| &detached.remains);
+        let outcomes = lane
+            .crew
+            .run(tasks, self.host.as_ref(), remains, |until_done| {
+                let mut gave_up = false;
+                self.blocking(&mut || gave_up = self.wait(lane, until_done));
+                gave_up
+            });
+        let Some(outcomes) = outcomes else {
+            let remains = remains
+                .and_then(Weak::upgrade)
+                .expect("the caller holds the remains for the whole run");
+            locals.leave(&remains);
+            return Err(Halt::Abandoned);
+        };
         settle(outcomes)
     }
 
@@ -181,7 +225,7 @@ impl Executor<'_> {
     /// stack. Every [`WAVES_PER_STACK`] levels (then every [`WAVES_PER_FRESH_STACK`]) the walk
     /// moves to a fresh stack instead: a deep graph costs one short-lived, waiting thread per
     /// that many levels, and no stack grows with depth. The deeper thread reaches the wave in
-    /// the context this thread reached it in (`captured`).
+    /// the context this thread reached it in, captured here and owned by that thread.
     fn wave_on_a_fresh_stack(
         &self,
         branches: &[Op],
@@ -189,60 +233,123 @@ impl Executor<'_> {
         input: &Value,
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
-        captured: Option<&dyn Captured>,
     ) -> Result<(), Halt> {
+        // The deeper thread borrows the frame itself: kept on the heap, like a wave's locals,
+        // in case this thread is the caller and stops waiting.
+        let mut kept = Kept::new(Frame {
+            base: frame.base,
+            own: &mut *frame.own,
+            shared: frame.shared,
+        });
+        let deeper_frame = kept.get_mut();
+        let meeting = Arc::new(Deeper {
+            done: AtomicBool::new(false),
+            outcome: Mutex::new(None),
+            remains: Mutex::new(None),
+        });
         let waiter = thread::current();
-        let done = AtomicBool::new(false);
         // Woken by the deeper thread when it is done; a thread's parking is woken spuriously too,
         // hence the loop when there is no time limit.
         let until_done = |timeout: Option<Duration>| {
             match timeout {
                 Some(timeout) => thread::park_timeout(timeout),
                 None => {
-                    while !done.load(Ordering::Acquire) {
+                    while !meeting.done.load(Ordering::Acquire) {
                         thread::park();
                     }
                 }
             }
-            done.load(Ordering::Acquire)
+            meeting.done.load(Ordering::Acquire)
+        };
+        let theirs = Arc::clone(&meeting);
+        let captured = self.host.as_ref().and_then(|host| host.capture());
+        let deeper = move || {
+            ROOM.with(|room| room.set(WAVES_PER_FRESH_STACK));
+            let mut wave = || {
+                let outcome = panic::catch_unwind(AssertUnwindSafe(|| {
+                    self.wave(branches, bounds, input, deeper_frame, lane)
+                }));
+                *theirs
+                    .outcome
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(outcome);
+            };
+            let mut run = || match &captured {
+                Some(captured) => captured.enter(&mut wave),
+                None => wave(),
+            };
+            match &self.host {
+                Some(host) => host.branch(&mut run),
+                None => run(),
+            }
+            theirs.done.store(true, Ordering::Release);
+            waiter.unpark();
+            // Last: what the caller left may include everything this thread borrowed.
+            let left = theirs
+                .remains
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            drop(left);
         };
         let mut outcome = None;
-        // The whole scope waits without the host's lock: the deeper thread takes it to run its
+        // The whole wait is without the host's lock: the deeper thread takes it to run its
         // nodes, and needs it once more to end (a host may keep state per thread).
+        let mut deeper = Some(deeper);
         self.blocking(&mut || {
-            outcome = Some(thread::scope(|scope| {
-                let deeper = thread::Builder::new()
-                    .name("soma-deeper".to_owned())
-                    .stack_size(FRESH_STACK)
-                    .spawn_scoped(scope, || {
-                        ROOM.with(|room| room.set(WAVES_PER_FRESH_STACK));
-                        let mut outcome = None;
-                        let mut wave =
-                            || outcome = Some(self.wave(branches, bounds, input, frame, lane));
-                        let mut run = || match captured {
-                            Some(captured) => captured.enter(&mut wave),
-                            None => wave(),
-                        };
-                        match &self.host {
-                            Some(host) => host.branch(&mut run),
-                            None => run(),
-                        }
-                        done.store(true, Ordering::Release);
-                        waiter.unpark();
-                        outcome.expect("the host ran the wave")
-                    })
-                    .map_err(|refused| {
-                        Halt::Failed(RunError::NoThread {
-                            reason: refused.to_string(),
-                        })
-                    })?;
-                self.wait(&lane, &until_done);
-                deeper
-                    .join()
-                    .unwrap_or_else(|payload| panic::resume_unwind(payload))
-            }));
+            let spawned = thread::Builder::new()
+                .name("soma-deeper".to_owned())
+                .stack_size(FRESH_STACK);
+            // SAFETY: the thread borrows from this frame and the ones above it. This function
+            // either joins it before returning, or — when the run's caller gives up — leaves
+            // the one borrowed part of this frame, `kept`, to the run's remains, as every wave
+            // above it on this thread does with its own, so that all it borrows outlives it.
+            #[allow(unsafe_code)]
+            let spawned = unsafe {
+                spawned.spawn_unchecked(deeper.take().expect("the host runs the wait once"))
+            };
+            outcome = Some(match spawned {
+                Err(refused) => Err(Halt::Failed(RunError::NoThread {
+                    reason: refused.to_string(),
+                })),
+                Ok(handle) => {
+                    if self.wait(&lane, &until_done) {
+                        // Detached: it ends on its own once its branches do.
+                        drop(handle);
+                        Err(Halt::Abandoned)
+                    } else {
+                        handle
+                            .join()
+                            .unwrap_or_else(|payload| panic::resume_unwind(payload));
+                        meeting
+                            .outcome
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .take()
+                            .expect("the deeper thread recorded its outcome")
+                            .unwrap_or_else(|payload| panic::resume_unwind(payload))
+                    }
+                }
+            });
         });
-        outcome.expect("the host ran the wait")
+        let outcome = outcome.expect("the host ran the wait");
+        if matches!(outcome, Err(Halt::Abandoned)) {
+            let remains = lane
+                .detached
+                .and_then(|run| run.remains.upgrade())
+                .expect("the caller holds the remains for the whole run");
+            kept.leave(&remains);
+            let mut slot = meeting
+                .remains
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            // Under the slot's lock: the deeper thread either finished before (nothing to
+            // keep), or will find the remains when it takes the lock after it is done.
+            if !meeting.done.load(Ordering::Acquire) {
+                *slot = Some(remains);
+            }
+        }
+        outcome
     }
 
     /// Runs one branch of a wave, in a copy of the wave's context when the host captured one;
@@ -263,6 +370,7 @@ impl Executor<'_> {
             parent: Some(outer),
             crew: outer.crew,
             caller: outer.caller,
+            detached: outer.detached,
         };
         // Caught inside the context, so that entering it is always matched by leaving it.
         let mut result = None;
@@ -285,15 +393,34 @@ impl Executor<'_> {
     /// Blocks until the branches finish. The thread that started the run also polls the watch
     /// while it waits, so that an interruption only it can see (a signal, on a host's main
     /// thread) reaches the branches; every other thread sleeps until there is something to do.
-    fn wait(&self, lane: &Lane<'_>, until_done: &(dyn Fn(Option<Duration>) -> bool + Sync)) {
-        match self.watch {
+    ///
+    /// Returns whether it gave up instead: only the caller of a detachable run does, once the
+    /// watch has asked the run to stop and branches are still running after
+    /// [`GRACE`](super::detach::GRACE).
+    fn wait(
+        &self,
+        lane: &Lane<'_>,
+        until_done: &(dyn Fn(Option<Duration>) -> bool + Sync),
+    ) -> bool {
+        match self.watch.as_deref() {
             Some(watch) if thread::current().id() == lane.caller => {
+                let give_up = || lane.detached.is_some_and(|run| run.give_up(watch));
+                // A wave the caller reaches again while leaving one it gave up on is given up
+                // at once.
+                if lane.detached.is_some_and(Detached::given_up) {
+                    return true;
+                }
                 while !until_done(Some(WATCH_INTERVAL)) {
                     watch.poll();
+                    if give_up() {
+                        return true;
+                    }
                 }
+                false
             }
             Some(_) | None => {
                 until_done(None);
+                false
             }
         }
     }

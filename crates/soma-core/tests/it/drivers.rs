@@ -69,7 +69,7 @@ impl Node for Asker {
 /// Runs `implementation` as the one node `asker`, served by `driver` (or by none) under `limit` (or the default).
 fn run_one(
     implementation: Arc<dyn Node>,
-    driver: Option<&dyn Driver>,
+    driver: Option<Arc<dyn Driver>>,
     limit: Option<u32>,
     input: Value,
 ) -> Result<Value, RunError> {
@@ -90,8 +90,8 @@ fn run_one(
 #[test]
 fn an_awaiting_node_is_called_again_with_the_drivers_answers() {
     let asker = Asker::new(1);
-    let driver = Doubler::default();
-    let out = run_one(asker.clone(), Some(&driver), None, Value::Null);
+    let driver = Arc::new(Doubler::default());
+    let out = run_one(asker.clone(), Some(driver.clone()), None, Value::Null);
     assert_eq!(out.unwrap(), Value::list([Value::Int(0), Value::Int(200)]));
     assert_eq!(asker.calls(), 2);
 }
@@ -99,8 +99,8 @@ fn an_awaiting_node_is_called_again_with_the_drivers_answers() {
 #[test]
 fn each_turn_sees_the_answers_to_its_own_previous_requests() {
     let asker = Asker::new(3);
-    let driver = Doubler::default();
-    run_one(asker.clone(), Some(&driver), None, Value::Null).unwrap();
+    let driver = Arc::new(Doubler::default());
+    run_one(asker.clone(), Some(driver.clone()), None, Value::Null).unwrap();
     let int = |pairs: [i64; 2]| pairs.map(Value::Int).to_vec();
     assert_eq!(
         *asker.seen.lock().unwrap(),
@@ -115,8 +115,8 @@ fn each_turn_sees_the_answers_to_its_own_previous_requests() {
 
 #[test]
 fn the_driver_receives_each_turns_requests_in_order() {
-    let driver = Doubler::default();
-    run_one(Asker::new(2), Some(&driver), None, Value::Null).unwrap();
+    let driver = Arc::new(Doubler::default());
+    run_one(Asker::new(2), Some(driver.clone()), None, Value::Null).unwrap();
     let int = |pairs: [i64; 2]| pairs.map(Value::Int).to_vec();
     assert_eq!(
         *driver.asked.lock().unwrap(),
@@ -133,7 +133,13 @@ fn the_default_turn_limit_is_64() {
 #[test]
 fn a_node_that_never_finishes_gets_exactly_the_default_limit_of_calls() {
     let asker = Asker::new(u32::MAX);
-    let error = run_one(asker.clone(), Some(&Doubler::default()), None, Value::Null).unwrap_err();
+    let error = run_one(
+        asker.clone(),
+        Some(Arc::new(Doubler::default())),
+        None,
+        Value::Null,
+    )
+    .unwrap_err();
     assert_eq!(asker.calls(), 64);
     assert!(
         matches!(&error, RunError::TurnLimit { node, limit: 64 } if node == "asker"),
@@ -147,7 +153,7 @@ fn the_turn_limit_can_be_set() {
     let asker = Asker::new(u32::MAX);
     let error = run_one(
         asker.clone(),
-        Some(&Doubler::default()),
+        Some(Arc::new(Doubler::default())),
         Some(3),
         Value::Null,
     );
@@ -160,7 +166,7 @@ fn a_node_that_needs_exactly_the_limit_of_calls_finishes() {
     let asker = Asker::new(2);
     let out = run_one(
         asker.clone(),
-        Some(&Doubler::default()),
+        Some(Arc::new(Doubler::default())),
         Some(3),
         Value::Null,
     );
@@ -173,7 +179,7 @@ fn a_node_that_needs_one_call_more_than_the_limit_is_stopped() {
     let asker = Asker::new(3);
     let out = run_one(
         asker.clone(),
-        Some(&Doubler::default()),
+        Some(Arc::new(Doubler::default())),
         Some(3),
         Value::Null,
     );
@@ -196,7 +202,7 @@ fn a_turn_limit_of_zero_allows_no_call_at_all() {
 fn a_turn_limit_error_names_the_node_and_the_limit() {
     let error = run_one(
         Asker::new(9),
-        Some(&Doubler::default()),
+        Some(Arc::new(Doubler::default())),
         Some(2),
         Value::Null,
     )
@@ -242,7 +248,7 @@ fn a_driver_failure_is_attributed_to_the_node_that_asked() {
         .unwrap();
     let plan = compile(&graph, &catalog).unwrap();
     let error = Executor::new()
-        .with_driver(&Failing)
+        .with_driver(Arc::new(Failing))
         .run(&plan, &catalog, Value::Null)
         .unwrap_err();
     let RunError::DriverFailed { node, error: cause } = &error else {
@@ -255,7 +261,7 @@ fn a_driver_failure_is_attributed_to_the_node_that_asked() {
 
 #[test]
 fn a_driver_failures_cause_travels_untouched_to_the_caller() {
-    let error = run_one(Asker::new(1), Some(&Failing), None, Value::Null).unwrap_err();
+    let error = run_one(Asker::new(1), Some(Arc::new(Failing)), None, Value::Null).unwrap_err();
     let driver_error = std::error::Error::source(&error).expect("the driver's error");
     assert!(driver_error
         .source()
@@ -274,7 +280,7 @@ impl Driver for Short {
 
 #[test]
 fn a_wrong_result_count_is_refused_naming_the_node() {
-    let error = run_one(Asker::new(1), Some(&Short), None, Value::Null).unwrap_err();
+    let error = run_one(Asker::new(1), Some(Arc::new(Short)), None, Value::Null).unwrap_err();
     assert!(
         matches!(&error, RunError::WrongResultCount { node, asked: 2, got: 1 } if node == "asker"),
         "{error:?}"
@@ -313,7 +319,7 @@ fn the_same_node_awaits_the_driver_on_other_inputs() {
     assert_eq!(
         run_one(
             Arc::new(EvenAtOnce),
-            Some(&Doubler::default()),
+            Some(Arc::new(Doubler::default())),
             None,
             Value::Int(3)
         )
@@ -329,9 +335,9 @@ fn every_node_of_a_chain_can_await_and_the_chain_still_composes() {
             .somatize()
             .unwrap();
     let plan = compile(&graph, &catalog).unwrap();
-    let driver = Doubler::default();
+    let driver = Arc::new(Doubler::default());
     let out = Executor::new()
-        .with_driver(&driver)
+        .with_driver(driver.clone())
         .run(&plan, &catalog, Value::Int(3));
     // 3 is odd and asks; 6 is even and answers at once, downstream too.
     assert_eq!(out.unwrap(), Value::Int(6));

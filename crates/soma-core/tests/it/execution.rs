@@ -275,7 +275,7 @@ fn an_interrupted_watch_stops_the_run_with_interrupted() {
     let plan = compile(&graph, &catalog).unwrap();
     let watch = Flag(AtomicBool::new(true));
     let error = Executor::new()
-        .with_watch(&watch)
+        .with_watch(Arc::new(watch))
         .run(&plan, &catalog, Value::Null)
         .unwrap_err();
     assert!(matches!(error, RunError::Interrupted), "{error:?}");
@@ -301,7 +301,7 @@ fn an_interruption_stops_the_run_at_the_next_node_boundary() {
     .unwrap();
     let plan = compile(&graph, &catalog).unwrap();
     let result = Executor::new()
-        .with_watch(&*watch)
+        .with_watch(watch.clone())
         .run(&plan, &catalog, Value::Null);
     assert!(matches!(result, Err(RunError::Interrupted)), "{result:?}");
     assert!(log.finished("b"), "a node in flight is not cut short");
@@ -315,7 +315,7 @@ fn a_watch_that_never_interrupts_changes_nothing() {
     let watch = Flag(AtomicBool::new(false));
     assert_eq!(
         Executor::new()
-            .with_watch(&watch)
+            .with_watch(Arc::new(watch))
             .run(&plan, &catalog, text("x"))
             .unwrap(),
         Executor::new().run(&plan, &catalog, text("x")).unwrap()

@@ -27,6 +27,7 @@ mod context;
 mod crew;
 mod decomposition;
 mod depth;
+mod detach;
 mod drawing;
 mod drivers;
 mod dsl;

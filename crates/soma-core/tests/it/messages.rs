@@ -9,6 +9,7 @@
 //! `cargo insta` installed, `cargo insta test --accept` rewrites the snapshots in place.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use soma_core::{
     compile, node, Catalog, Ctx, Driver, DriverError, Executor, Graph, GraphError, Node, NodeError,
@@ -93,7 +94,11 @@ fn missing_implementation() {
 // --- RunError --------------------------------------------------------------------------------
 
 /// Runs `node` alone, under the id `id`, on `Null`.
-fn run_alone(id: &str, implementation: impl Node + 'static, driver: Option<&dyn Driver>) -> String {
+fn run_alone(
+    id: &str,
+    implementation: impl Node + 'static,
+    driver: Option<Arc<dyn Driver>>,
+) -> String {
     let (graph, catalog) = node(id, implementation).somatize().unwrap();
     let plan = compile(&graph, &catalog).unwrap();
     let mut executor = Executor::new();
@@ -150,7 +155,7 @@ fn driver_failed_shows_the_drivers_own_message() {
         answers: 1,
         failure: Some("connection refused"),
     };
-    insta::assert_snapshot!(run_alone("lookup", AwaitsForever, Some(&driver)), @r"
+    insta::assert_snapshot!(run_alone("lookup", AwaitsForever, Some(Arc::new(driver))), @r"
     the driver failed serving node `lookup`: connection refused
     hint: the driver's own error is the cause; fix the driver, or the requests `lookup` makes
     ");
@@ -162,7 +167,7 @@ fn wrong_result_count() {
         answers: 3,
         failure: None,
     };
-    insta::assert_snapshot!(run_alone("lookup", AwaitsForever, Some(&driver)), @r"
+    insta::assert_snapshot!(run_alone("lookup", AwaitsForever, Some(Arc::new(driver))), @r"
     the driver answered 3 result(s) to the 1 request(s) of node `lookup`
     hint: a driver returns exactly one result per request, in order
     ");
@@ -174,7 +179,7 @@ fn turn_limit() {
         answers: 1,
         failure: None,
     };
-    insta::assert_snapshot!(run_alone("lookup", AwaitsForever, Some(&driver)), @r"
+    insta::assert_snapshot!(run_alone("lookup", AwaitsForever, Some(Arc::new(driver))), @r"
     node `lookup` was still awaiting after 64 turns
     hint: make it finish, or raise the turn limit
     ");
@@ -232,7 +237,7 @@ fn interrupted_names_no_node() {
     let plan = compile(&graph, &catalog).unwrap();
     let stop = Stop(AtomicBool::new(true));
     let error = Executor::new()
-        .with_watch(&stop)
+        .with_watch(Arc::new(stop))
         .run(&plan, &catalog, Value::Null)
         .unwrap_err();
     assert!(matches!(error, RunError::Interrupted));

@@ -174,9 +174,9 @@ fn a_trace_records_each_nodes_device() {
     let mut placement = Placement::new();
     placement.place("c", device("xpu:0"));
     let program = Program::with_placement(&plan, &catalog, &placement).unwrap();
-    let trace = Trace::new();
+    let trace = Arc::new(Trace::new());
     Executor::new()
-        .with_trace(&trace)
+        .with_trace(Arc::clone(&trace))
         .run_program(&program, Value::Null)
         .unwrap();
     let mut devices: Vec<(String, Option<Device>)> = trace

@@ -75,6 +75,11 @@ impl Gate {
         self.opened.notify_all();
     }
 
+    /// Whether the gate is open now, without waiting.
+    pub fn is_open(&self) -> bool {
+        *self.open.lock().unwrap()
+    }
+
     /// Waits until the gate is open; `false` when [`DEADLINE`] passed first.
     pub fn wait(&self) -> bool {
         let open = self.open.lock().unwrap();

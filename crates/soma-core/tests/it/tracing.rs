@@ -12,12 +12,12 @@ use crate::support::{fail, meet, n, plain, Rendezvous};
 fn traced_run(
     expr: soma_core::Expr,
     input: Value,
-) -> (Result<Value, soma_core::RunError>, soma_core::Trace) {
+) -> (Result<Value, soma_core::RunError>, Arc<soma_core::Trace>) {
     let (graph, catalog) = expr.somatize().unwrap();
     let plan = compile(&graph, &catalog).unwrap();
-    let trace = soma_core::Trace::new();
+    let trace = Arc::new(soma_core::Trace::new());
     let out = Executor::new()
-        .with_trace(&trace)
+        .with_trace(Arc::clone(&trace))
         .run(&plan, &catalog, input);
     (out, trace)
 }
@@ -105,10 +105,10 @@ impl Driver for Echo {
 fn a_span_counts_the_turns_of_an_awaiting_node() {
     let (graph, catalog) = node_arc("asker", Arc::new(AwaitsTwice)).somatize().unwrap();
     let plan = compile(&graph, &catalog).unwrap();
-    let trace = soma_core::Trace::new();
+    let trace = Arc::new(soma_core::Trace::new());
     Executor::new()
-        .with_driver(&Echo)
-        .with_trace(&trace)
+        .with_driver(Arc::new(Echo))
+        .with_trace(Arc::clone(&trace))
         .run(&plan, &catalog, Value::Null)
         .unwrap();
     assert_eq!(trace.spans()[0].turns, 3);
@@ -137,8 +137,8 @@ fn a_failed_node_has_a_span_that_carries_its_error() {
 fn spans_of_several_runs_accumulate_until_cleared() {
     let (graph, catalog) = (n("a") >> n("b")).somatize().unwrap();
     let plan = compile(&graph, &catalog).unwrap();
-    let trace = soma_core::Trace::new();
-    let executor = Executor::new().with_trace(&trace);
+    let trace = Arc::new(soma_core::Trace::new());
+    let executor = Executor::new().with_trace(Arc::clone(&trace));
     executor.run(&plan, &catalog, Value::Int(1)).unwrap();
     executor.run(&plan, &catalog, Value::Int(2)).unwrap();
     assert_eq!(trace.len(), 4);
@@ -200,7 +200,7 @@ fn the_timeline_draws_one_bar_per_span() {
 fn an_executor_without_a_trace_records_nothing() {
     let (graph, catalog) = (n("a") >> n("b")).somatize().unwrap();
     let plan = compile(&graph, &catalog).unwrap();
-    let trace = soma_core::Trace::new();
+    let trace = Arc::new(soma_core::Trace::new());
     Executor::new().run(&plan, &catalog, Value::Int(1)).unwrap();
     assert!(trace.is_empty());
 }

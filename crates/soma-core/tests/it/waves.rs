@@ -127,7 +127,7 @@ fn branches_run_at_once_under_a_watch_too() {
     let m = |id: &str| node(id, plain(meet(&together)));
     let (catalog, plan) = compiled(m("b") | m("c"));
     let out = Executor::new()
-        .with_watch(&Never)
+        .with_watch(Arc::new(Never))
         .run(&plan, &catalog, Value::Null);
     assert!(out.is_ok(), "{out:?}");
 }
@@ -431,9 +431,9 @@ impl Driver for BusyDriver {
 #[test]
 fn two_branches_keep_one_driver_busy_at_the_same_time() {
     let (catalog, plan) = compiled(node("a", AwaitOnce) | node("b", AwaitOnce));
-    let driver = BusyDriver(Rendezvous::new(2));
+    let driver = Arc::new(BusyDriver(Rendezvous::new(2)));
     let out = Executor::new()
-        .with_driver(&driver)
+        .with_driver(driver.clone())
         .run(&plan, &catalog, Value::text("x"));
     assert_eq!(
         out.unwrap(),
@@ -479,7 +479,7 @@ fn an_interruption_stops_every_branch_of_a_wave_at_its_next_node_boundary() {
     let l = |id: &str| node(id, logged(&log, trace));
     let (catalog, plan) = compiled((x1 >> l("x2")) | (y1 >> l("y2")));
     let out = Executor::new()
-        .with_watch(&*watch)
+        .with_watch(watch.clone())
         .run(&plan, &catalog, Value::Null);
     assert!(matches!(out, Err(RunError::Interrupted)), "{out:?}");
     assert!(log.finished("x1") && log.finished("y1"));

@@ -1,0 +1,207 @@
+//! A run its caller can stop waiting for: what the caller's frames lend to branches lives on
+//! the heap, and is freed by whoever finishes last.
+//!
+//! The branches of a wave borrow from the frames of the thread that reached it: the table of
+//! values, the wave's shared state, the lane, the work list. Normally that thread waits until
+//! every branch has finished, and the borrows end with its frames. But a branch may never finish
+//! — it waits for an event a failed sibling was to set, or for a lock, or for the network — and
+//! the caller must still get out when Ctrl-C comes or a deadline passes. So, in a run started
+//! with [`crate::Executor::run_detachable`], every part of the caller's frames that a branch can
+//! borrow is allocated as a [`Kept`] value: freed on return as usual, or, when the caller gives
+//! up, handed to the run's [`Remains`], which every wave left unfinished keeps alive and the last
+//! branch to finish drops. Only the run's calling thread gives up; every other thread waits for
+//! its own waves as before, so what it lends stays alive on its own stack.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use super::hooks::Watch;
+use crate::model::id::NodeId;
+
+/// How long the caller lets branches stop at their node boundaries, once the watch has asked
+/// the run to stop, before it stops waiting for those that have not.
+pub(super) const GRACE: Duration = Duration::from_millis(100);
+
+/// One detachable run's bookkeeping, shared by all its branches.
+pub(super) struct Detached {
+    /// What the caller left behind when it gave up, freed when the last wave it left finishes.
+    /// Weak: the caller holds it for the whole run, and this struct is itself among the parts.
+    pub(super) remains: Weak<Remains>,
+    /// Per step slot, whether its node is running: what a deadline's error names.
+    running: Box<[AtomicBool]>,
+    /// When the caller first saw the watch ask to stop while it waited.
+    stop_seen: Mutex<Option<Instant>>,
+    /// Set once the caller gave up: every wave it is still inside gives up at once.
+    given_up: AtomicBool,
+}
+
+impl Detached {
+    pub(super) fn new(slots: usize, remains: Weak<Remains>) -> Self {
+        Detached {
+            remains,
+            running: (0..slots).map(|_| AtomicBool::new(false)).collect(),
+            stop_seen: Mutex::new(None),
+            given_up: AtomicBool::new(false),
+        }
+    }
+
+    /// Marks the node of `slot` as running or not. `Relaxed`: the list it feeds is a report
+    /// read after the fact, never a decision.
+    pub(super) fn set_running(&self, slot: usize, running: bool) {
+        self.running[slot].store(running, Ordering::Relaxed);
+    }
+
+    /// The ids of the nodes running now, in slot order.
+    pub(super) fn running(&self, ids: &[NodeId]) -> Vec<NodeId> {
+        self.running
+            .iter()
+            .zip(ids)
+            .filter(|(running, _)| running.load(Ordering::Relaxed))
+            .map(|(_, id)| id.clone())
+            .collect()
+    }
+
+    /// Asked by the waiting caller between polls of `watch`: whether to stop waiting. Yes once
+    /// the watch has asked the run to stop for [`GRACE`], and from then on at every level.
+    pub(super) fn give_up(&self, watch: &dyn Watch) -> bool {
+        if self.given_up.load(Ordering::Relaxed) {
+            return true;
+        }
+        if !watch.interrupted() {
+            return false;
+        }
+        let mut seen = self
+            .stop_seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let since = *seen.get_or_insert_with(Instant::now);
+        if since.elapsed() < GRACE {
+            return false;
+        }
+        self.given_up.store(true, Ordering::Relaxed);
+        true
+    }
+
+    /// Whether the caller gave up on the run.
+    pub(super) fn given_up(&self) -> bool {
+        self.given_up.load(Ordering::Relaxed)
+    }
+}
+
+/// What a caller that gave up left behind: the heap parts its frames lent to branches still
+/// running. Dropped — and the parts freed — when the last holder lets go: the caller itself,
+/// and every wave it left unfinished until its last branch finishes.
+pub(crate) struct Remains {
+    parts: Mutex<Vec<Part>>,
+}
+
+impl Remains {
+    pub(super) fn new() -> Self {
+        Remains {
+            parts: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+/// One [`Kept`] value handed over, with the function that frees it.
+struct Part {
+    at: *mut (),
+    free: unsafe fn(*mut ()),
+}
+
+// SAFETY: a part is only ever a `Kept<T>` with `T: Send` (see `Kept::leave`), freed once.
+#[allow(unsafe_code)]
+unsafe impl Send for Part {}
+
+impl Drop for Remains {
+    fn drop(&mut self) {
+        let parts = std::mem::take(self.parts.get_mut().unwrap_or_else(PoisonError::into_inner));
+        // Inner parts were left first; free them first too, as unwinding frames would.
+        for part in parts {
+            // SAFETY: every holder has let go, so no branch borrows from the part any more, and
+            // `free` is the one matching its type.
+            #[allow(unsafe_code)]
+            unsafe {
+                (part.free)(part.at);
+            }
+        }
+    }
+}
+
+/// A value lent to branches from a frame of a detachable run's caller: on the heap, freed when
+/// dropped, or left to the run's [`Remains`] by [`Kept::leave`].
+///
+/// Its address is taken once, as a raw pointer, and every borrow is made from that pointer:
+/// handing the value over therefore never moves or re-borrows it while branches hold borrows.
+pub(super) struct Kept<T> {
+    at: *mut T,
+}
+
+#[allow(unsafe_code)]
+impl<T> Kept<T> {
+    pub(super) fn new(value: T) -> Self {
+        Kept {
+            at: Box::into_raw(Box::new(value)),
+        }
+    }
+
+    /// The raw address, from which the caller makes the borrows it lends.
+    pub(super) fn as_ptr(&self) -> *mut T {
+        self.at
+    }
+
+    pub(super) fn get(&self) -> &T {
+        // SAFETY: alive until `self` is dropped, taken back or left, none of which can happen
+        // while this borrow of `self` lasts.
+        unsafe { &*self.at }
+    }
+
+    pub(super) fn get_mut(&mut self) -> &mut T {
+        // SAFETY: as in `get`, and `&mut self` makes the borrow unique.
+        unsafe { &mut *self.at }
+    }
+
+    /// The value back, once nothing borrows from it.
+    pub(super) fn into_inner(self) -> T {
+        let at = self.at;
+        std::mem::forget(self);
+        // SAFETY: made by `Box::into_raw` in `new`, and `self` is forgotten, so freed once.
+        *unsafe { Box::from_raw(at) }
+    }
+}
+
+#[allow(unsafe_code)]
+impl<T: Send> Kept<T> {
+    /// Hands the value to `remains`, to be freed when the last holder of `remains` lets go.
+    /// For a caller that stops waiting while branches may still borrow from it.
+    pub(super) fn leave(self, remains: &Remains) {
+        /// Frees a `Kept<T>`'s value.
+        ///
+        /// # Safety
+        /// `at` came from `Box::into_raw` of a `T`, and is freed once.
+        unsafe fn free<T>(at: *mut ()) {
+            // SAFETY: forwarded from the caller.
+            drop(unsafe { Box::from_raw(at.cast::<T>()) });
+        }
+        let part = Part {
+            at: self.at.cast(),
+            free: free::<T>,
+        };
+        std::mem::forget(self);
+        remains
+            .parts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(part);
+    }
+}
+
+impl<T> Drop for Kept<T> {
+    fn drop(&mut self) {
+        // SAFETY: made by `Box::into_raw` in `new`; `into_inner` and `leave` forget `self`, so
+        // this is the one place it is freed on the ordinary path.
+        #[allow(unsafe_code)]
+        drop(unsafe { Box::from_raw(self.at) });
+    }
+}
