@@ -274,14 +274,7 @@ impl Executor {
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner) = Some(outcome);
             };
-            let mut run = || match &captured {
-                Some(captured) => captured.enter(&mut wave),
-                None => wave(),
-            };
-            match &self.host {
-                Some(host) => host.branch(&mut run),
-                None => run(),
-            }
+            self.on_a_thread_of_its_own(captured.as_deref(), &mut wave);
             theirs.done.store(true, Ordering::Release);
             waiter.unpark();
             // Last: what the caller left may include everything this thread borrowed.
@@ -350,6 +343,19 @@ impl Executor {
             }
         }
         outcome
+    }
+
+    /// Runs `work` as a thread that is not the wave's runs a branch: inside the host's hold on
+    /// the thread, in a copy of `captured`.
+    fn on_a_thread_of_its_own(&self, captured: Option<&dyn Captured>, work: &mut dyn FnMut()) {
+        let mut run = || match captured {
+            Some(captured) => captured.enter(work),
+            None => work(),
+        };
+        match &self.host {
+            Some(host) => host.branch(&mut run),
+            None => run(),
+        }
     }
 
     /// Runs one branch of a wave, in a copy of the wave's context when the host captured one;
