@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import soma
-from conftest import DEADLINE
+from conftest import DEADLINE, run_script
 
 VAR: contextvars.ContextVar[str] = contextvars.ContextVar("VAR", default="default")
 HELD: contextvars.ContextVar[object] = contextvars.ContextVar("HELD", default=None)
@@ -204,3 +204,24 @@ def test_a_branch_left_running_by_a_timed_out_forward_runs_on_in_the_callers_con
         time.sleep(0.01)
         gc.collect()
     assert kept() is None, "the context the branch ran in was freed once it finished"
+
+
+def test_a_torch_blocked_in_sys_modules_counts_as_not_loaded() -> None:
+    # `sys.modules["torch"] = None` is how a program keeps torch from being imported.
+    script = """
+import sys
+sys.modules["torch"] = None
+import soma
+
+class Id(soma.Node):
+    def forward(self, x):
+        return x
+
+g = soma.Graph.somatize(Id().named("a").on("cuda:0") | Id().named("b"))
+assert g.forward(1) == {"a": 1, "b": 1}
+print("ran")
+"""
+    ran = run_script(script)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout == "ran\n"
+    assert ran.stderr == "", "nothing reported as unraisable"

@@ -92,7 +92,7 @@ def backend(kind: str) -> Backend | None:
 def _torch_backend() -> None:
     """Registers torch's backend the first time it is needed once torch is imported."""
     global _torch_registered
-    if _torch_registered or "torch" not in sys.modules:
+    if _torch_registered or sys.modules.get("torch") is None:
         return
     with _lock:
         if _torch_registered:

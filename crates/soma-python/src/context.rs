@@ -136,8 +136,10 @@ fn capture_torch(py: Python<'_>) -> Option<Py<PyAny>> {
     #[allow(unsafe_code)]
     let modules = unsafe { Bound::from_borrowed_ptr_or_opt(py, ffi::PyImport_GetModuleDict()) }?;
     let modules = modules.cast_into::<PyDict>().ok()?;
-    if !matches!(modules.get_item(intern!(py, "torch")), Ok(Some(_))) {
-        return None;
+    // `None` there is how a program blocks an import: torch is not loaded then either.
+    match modules.get_item(intern!(py, "torch")) {
+        Ok(Some(torch)) if !torch.is_none() => {}
+        Ok(_) | Err(_) => return None,
     }
     let captured = py
         .import(intern!(py, "soma._torch_state"))
