@@ -30,29 +30,46 @@ def _devices() -> tuple[str, ...]:
     return tuple(device for device in ("cpu", "cuda", "xpu", "mps", "hpu") if available(device))
 
 
+def _any_autocast(torch: Any) -> bool:
+    """Whether autocast is on for any device type on this thread: one call where torch has it
+    (a private function, so looked up with a fallback), one per device type otherwise."""
+    check = getattr(torch._C, "_is_any_autocast_enabled", None)
+    if check is not None:
+        return bool(check())
+    return any(torch.is_autocast_enabled(device) for device in _devices())
+
+
 class _State:
     """grad mode, inference mode, and autocast: its switch and dtype per device type, and
-    whether it caches casts."""
+    whether it caches casts — read only when autocast is on somewhere, which is rare, so that
+    the usual state costs three calls to read."""
 
     __slots__ = ("autocast", "autocast_cache", "grad", "inference")
 
     def __init__(self, torch: Any) -> None:
         self.grad = torch.is_grad_enabled()
         self.inference = torch.is_inference_mode_enabled()
-        self.autocast: tuple[tuple[bool, Any], ...] = tuple(
-            (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
-            for device in _devices()
-        )
-        self.autocast_cache = torch.is_autocast_cache_enabled()
-
-    def autocasts(self) -> bool:
-        return any(enabled for enabled, _ in self.autocast)
+        # `None`: autocast off for every device type.
+        self.autocast: tuple[tuple[bool, Any], ...] | None = None
+        self.autocast_cache = True
+        if _any_autocast(torch):
+            self.autocast = tuple(
+                (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+                for device in _devices()
+            )
+            self.autocast_cache = torch.is_autocast_cache_enabled()
 
 
 def _set_autocast(torch: Any, state: _State) -> None:
-    for device, (enabled, dtype) in zip(_devices(), state.autocast, strict=True):
-        torch.set_autocast_enabled(device, enabled)
-        torch.set_autocast_dtype(device, dtype)
+    """Sets autocast as ``state`` has it; for a state with autocast off everywhere, switches it
+    off everywhere and leaves each dtype as it is (it has no effect while off)."""
+    if state.autocast is None:
+        for device in _devices():
+            torch.set_autocast_enabled(device, False)
+    else:
+        for device, (enabled, dtype) in zip(_devices(), state.autocast, strict=True):
+            torch.set_autocast_enabled(device, enabled)
+            torch.set_autocast_dtype(device, dtype)
     torch.set_autocast_cache_enabled(state.autocast_cache)
 
 
@@ -72,7 +89,7 @@ def capture() -> Callable[[], Restore]:
             inference = torch._C._InferenceMode(wanted.inference)
             inference.__enter__()
         torch._C._set_grad_enabled(wanted.grad)
-        autocast = wanted.autocasts() or had.autocasts()
+        autocast = wanted.autocast is not None or had.autocast is not None
         if autocast:
             _set_autocast(torch, wanted)
             # As `torch.autocast` does: the casts it caches are dropped when the outermost
@@ -82,7 +99,9 @@ def capture() -> Callable[[], Restore]:
         def restore() -> None:
             if autocast and torch.autocast_decrement_nesting() == 0:
                 torch.clear_autocast_cache()
-            _set_autocast(torch, had)
+            # Also when neither side had autocast on: a node may have switched it on and left it.
+            if autocast or _any_autocast(torch):
+                _set_autocast(torch, had)
             if inference is not None:
                 inference.__exit__(None, None, None)
             torch._C._set_grad_enabled(had.grad)

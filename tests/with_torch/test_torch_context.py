@@ -163,3 +163,26 @@ def test_nested_waves_carry_the_state_of_the_branch_around_them() -> None:
     assert out["c"]["thread"] != out["d"]["thread"]
     assert (out["c"]["grad"], out["d"]["grad"], out["b"]["grad"]) == (False, False, True)
     assert torch.is_grad_enabled()
+
+
+def test_autocast_a_node_switches_on_and_leaves_on_ends_with_its_branch() -> None:
+    switching = [True]
+
+    def switch_on() -> None:
+        if switching[0]:
+            torch.set_autocast_enabled("cpu", True)
+
+    barrier = threading.Barrier(2, timeout=DEADLINE)
+    g = soma.Graph.somatize(
+        Probe(barrier, before=switch_on).named("a")
+        | (Probe(barrier, before=switch_on).named("b") >> Probe().named("c"))
+    )
+    out = g.forward(None)
+    assert out["a"]["thread"] != out["c"]["thread"], "the branches ran on two threads"
+    assert out["a"]["autocast"], "the node's own change holds in its branch"
+    assert out["c"]["autocast"], "and for the nodes after it in its branch"
+    assert not torch.is_autocast_enabled("cpu"), "not after the branch, on the caller's thread"
+    switching[0] = False
+    again = g.forward(None)
+    assert again["c"]["thread"] == out["c"]["thread"], "the same crew thread, lent again"
+    assert (again["a"]["autocast"], again["c"]["autocast"]) == (False, False)
