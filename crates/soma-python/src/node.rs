@@ -43,10 +43,10 @@ impl PythonNode {
         // it returned or raised.
         let restore = device::enter(py, placed)?;
         let out = self.call_here(py, input, ctx);
-        if let Some(restore) = restore {
-            restore.call0()?;
-        }
+        let restored = restore.map(|restore| restore.call0()).transpose();
+        // The node's own error first: putting the device back failing is the lesser news.
         let out = out?;
+        restored?;
         if let Transition::Done(value) = &out {
             device::check(py, ctx.node().as_str(), placed, &to_python(py, value)?)?;
         }
