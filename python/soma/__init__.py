@@ -11,7 +11,7 @@ Sequence([Execute(a), Wave([Execute(b), Execute(c)])])
 {'b': 4, 'c': 4}
 """
 
-from soma import native
+from soma import devices, native
 from soma._dsl import Expr
 from soma._graph import Graph
 from soma._node import Node
@@ -19,6 +19,7 @@ from soma._soma import DEFAULT_TURN_LIMIT, Await, Ctx, Done, Plan, Span, Trace
 from soma.errors import (
     CompileError,
     CycleError,
+    DeviceError,
     DriverError,
     DuplicateEdgeError,
     DuplicateNodeError,
@@ -30,6 +31,7 @@ from soma.errors import (
     ThreadError,
     TurnLimitError,
     UnknownNodeError,
+    WrongDeviceError,
 )
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "CompileError",
     "Ctx",
     "CycleError",
+    "DeviceError",
     "Done",
     "DriverError",
     "DuplicateEdgeError",
@@ -56,5 +59,7 @@ __all__ = [
     "Trace",
     "TurnLimitError",
     "UnknownNodeError",
+    "WrongDeviceError",
+    "devices",
     "native",
 ]

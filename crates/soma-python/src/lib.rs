@@ -5,7 +5,9 @@
 //! core. The public Python API (`soma.Graph`, the DSL, the exception hierarchy) is written in
 //! Python on top of this module.
 
+mod context;
 mod convert;
+mod device;
 mod driver;
 mod errors;
 mod graph;
@@ -30,5 +32,6 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<trace::PyTrace>()?;
     module.add_class::<trace::PySpan>()?;
     module.add("DEFAULT_TURN_LIMIT", soma_core::DEFAULT_TURN_LIMIT)?;
+    module.add_function(wrap_pyfunction!(device::parse_device, module)?)?;
     Ok(())
 }
