@@ -9,7 +9,7 @@ PY := $(BIN)/python
 RUST_SOURCES := $(shell find crates -name '*.rs' -o -name Cargo.toml) Cargo.toml Cargo.lock pyproject.toml
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: setup build demo test lint test-rust test-python fmt clean bench
+.PHONY: setup build demo test lint test-rust test-python test-torch fmt clean bench
 
 setup: $(VENV)/.tools build
 
@@ -45,6 +45,16 @@ test-python: setup
 	$(BIN)/pytest
 
 test: lint test-rust test-python
+
+# torch is a few GB installed, so `setup` leaves it out and `make test` leaves its tests out.
+# This installs it into .venv (pinned in tests/with_torch/requirements.txt: the ordinary wheel
+# from PyPI) and runs tests/with_torch/.
+test-torch: $(VENV)/.torch build
+	SOMA_TORCH_TESTS=1 $(BIN)/pytest tests/with_torch
+
+$(VENV)/.torch: $(VENV)/.tools tests/with_torch/requirements.txt
+	$(PY) -m pip install --quiet -r tests/with_torch/requirements.txt -c constraints.txt
+	touch $@
 
 fmt: $(VENV)/.tools
 	cargo fmt --all

@@ -7,6 +7,7 @@ come out per item; closing, breaking out and Ctrl-C stop the stream and give its
 
 from __future__ import annotations
 
+import contextvars
 import gc
 import os
 import signal
@@ -180,6 +181,18 @@ def test_map_equals_a_loop_of_forward_on_random_graphs(dag: Any, inputs: list[in
     looped = [g.forward(x) for x in inputs]
     assert looped == [expected_run(dag, x) for x in inputs]
     assert list(g.map(inputs, in_flight=3)) == looped
+
+
+REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="none")
+
+
+def test_every_stage_runs_in_the_callers_context() -> None:
+    g = chain(Fn(lambda x: (x, REQUEST_ID.get())), Fn(lambda pair: (*pair, REQUEST_ID.get())))
+    token = REQUEST_ID.set("caller's")
+    try:
+        assert list(g.map(range(3))) == [(i, "caller's", "caller's") for i in range(3)]
+    finally:
+        REQUEST_ID.reset(token)
 
 
 # ---------------------------------------------------------------------------------------------

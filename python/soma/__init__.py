@@ -11,7 +11,7 @@ Sequence([Execute(a), Wave([Execute(b), Execute(c)])])
 {'b': 4, 'c': 4}
 """
 
-from soma import native
+from soma import devices, native
 from soma._dsl import Expr
 from soma._graph import Graph
 from soma._node import Node
@@ -20,6 +20,7 @@ from soma._stream import Failed, Progress, StageFigures, Stream, StreamFigures
 from soma.errors import (
     CompileError,
     CycleError,
+    DeviceError,
     DriverError,
     DuplicateEdgeError,
     DuplicateNodeError,
@@ -31,6 +32,7 @@ from soma.errors import (
     ThreadError,
     TurnLimitError,
     UnknownNodeError,
+    WrongDeviceError,
 )
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "CompileError",
     "Ctx",
     "CycleError",
+    "DeviceError",
     "Done",
     "DriverError",
     "DuplicateEdgeError",
@@ -62,5 +65,7 @@ __all__ = [
     "Trace",
     "TurnLimitError",
     "UnknownNodeError",
+    "WrongDeviceError",
+    "devices",
     "native",
 ]

@@ -138,7 +138,25 @@ class Graph:
             self._core.add_native(node_id, obj, native)
         else:
             self._core.add_python(node_id, obj, _takes_ctx(obj))
+        device = getattr(obj, "_soma_device", None)
+        if device is not None:  # Set by `.on()`, which read it already.
+            self._core.place(node_id, device)
         return node_id
+
+    def place(self, node_id: str, device: str | None) -> None:
+        """Places node ``node_id`` on ``device`` (``"cuda:1"``, ``"cpu"``, ``"meta"``, spelled as
+        torch spells it), replacing where it was; ``None`` unplaces it. While the node runs,
+        ``device`` is current on its thread (see :mod:`soma.devices`), ``ctx.device`` says it,
+        and what it returns must be there. The plan does not change.
+
+        A device that cannot be read is a ``soma.DeviceError``, a bare ``"cuda"`` included (it
+        would mean whichever device is current on the thread a branch is lent); an unknown id
+        is a ``soma.UnknownNodeError``."""
+        self._core.place(_checked_id(node_id, "node id", _LOOKUP_HINT), device)
+
+    def devices(self) -> dict[str, str]:
+        """The placed nodes and their devices, in the order the nodes were added."""
+        return dict(self._core.devices())
 
     def edge(self, source: str, target: str) -> None:
         """Adds the edge ``source -> target``; refused (and nothing changes) if it would close
@@ -229,7 +247,10 @@ class Graph:
         ``threading.local``, a library's per-thread setting) may therefore be seen by a later
         branch on the same thread, as with any thread pool. The GIL is never held while the
         engine waits (for a wave's branches, for the driver) or while a Rust node runs; a
-        thread keeps it from one Python node to the next. ``driver``
+        thread keeps it from one Python node to the next. Every branch runs in a copy of its
+        caller's context — ``contextvars``, and torch's grad mode, inference mode and autocast
+        when torch is loaded — and what a node sets there never reaches the caller (the guide's
+        "Devices and context"). ``driver``
         serves awaiting nodes: any object with ``perform(requests) -> list``. ``trace``, a
         :class:`soma.Trace`, records a span per node (start, end, thread, branch, turns, error).
 
@@ -298,6 +319,8 @@ class Graph:
             graph.node(node_id, copy_node(self.implementation(node_id)))
         for source, target in self.edges():
             graph.edge(source, target)
+        for node_id, device in self.devices().items():
+            graph.place(node_id, device)
         graph.idle_threads = self.idle_threads
         return graph
 

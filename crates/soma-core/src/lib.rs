@@ -38,17 +38,19 @@ mod run;
 
 pub use compile::{compile, decompose, CompileError};
 pub use model::catalog::Catalog;
+pub use model::device::{Device, DeviceError, DeviceKind, Placement};
 pub use model::driver::{Driver, DriverError};
 pub use model::expr::{node, node_arc, Expr};
 pub use model::graph::{Graph, GraphError};
 pub use model::id::NodeId;
 pub use model::node::{Ctx, Node, NodeError, Transition};
 pub use model::value::Value;
+pub use observe::devices::WithDevices;
 pub use plan::Plan;
 pub use run::crew::DEFAULT_IDLE_THREADS;
 pub use run::error::{ProgramError, RunError};
 pub use run::executor::{Executor, DEFAULT_TURN_LIMIT};
-pub use run::hooks::{Host, Watch};
+pub use run::hooks::{Captured, Host, Watch};
 pub use run::program::Program;
 pub use run::stream::{
     Failed, OnError, StageFigures, Stream, StreamError, StreamFigures, StreamSettings,

@@ -5,7 +5,9 @@
 //! core. The public Python API (`soma.Graph`, the DSL, the exception hierarchy) is written in
 //! Python on top of this module.
 
+mod context;
 mod convert;
+mod device;
 mod driver;
 mod errors;
 mod graph;
@@ -32,5 +34,6 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<stream::StreamCore>()?;
     module.add_class::<trace::PySpan>()?;
     module.add("DEFAULT_TURN_LIMIT", soma_core::DEFAULT_TURN_LIMIT)?;
+    module.add_function(wrap_pyfunction!(device::parse_device, module)?)?;
     Ok(())
 }

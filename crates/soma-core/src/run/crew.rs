@@ -22,8 +22,9 @@
 //!
 //! The thread a branch is taken by is the engine's choice; so what a node leaves in a native
 //! library's thread-locals may be seen by a later branch that runs on the same thread, exactly
-//! as with any thread pool. What the engine itself manages per branch (through
-//! [`Host::branch`]) is set when the branch starts on a crew thread and put back when it ends.
+//! as with any thread pool. What the engine itself manages per branch — through [`Host::branch`]
+//! on a crew thread, and on any thread through the context a host captures for a wave
+//! ([`crate::Captured`]) — is set when the branch starts and put back when it ends.
 //!
 //! # Threads come and go
 //!

@@ -73,7 +73,7 @@ use std::time::{Duration, Instant};
 use super::detach::GRACE;
 use super::error::RunError;
 use super::executor::Executor;
-use super::hooks::{Host, Watch};
+use super::hooks::{Captured, Host, Watch};
 use super::table::Frame;
 use super::trace::Trace;
 use super::wave::Lane;
@@ -446,6 +446,12 @@ impl<I: Iterator<Item = Value>> Stream<I> {
             });
         }
         let workers: usize = figures.iter().map(|stage| stage.workers).sum();
+        // On the caller's thread: every stage runs in its context, as a wave's branches do.
+        let captured: Option<Arc<dyn Captured>> = settings
+            .host
+            .as_ref()
+            .and_then(|host| host.capture())
+            .map(Arc::from);
         let shared = Arc::new(Shared {
             stage_ready: (0..inboxes.len()).map(|_| Condvar::new()).collect(),
             out_ready: Condvar::new(),
@@ -471,6 +477,7 @@ impl<I: Iterator<Item = Value>> Stream<I> {
                     program: Arc::clone(&program),
                     settings: Arc::clone(&settings),
                     stage,
+                    captured: captured.clone(),
                     ran: false,
                 };
                 move || worker.run()
@@ -751,6 +758,9 @@ struct Worker {
     program: Arc<Program>,
     settings: Arc<StreamSettings>,
     stage: usize,
+    /// The caller's context (as the host captured it when the stream started), entered by the
+    /// worker around its whole life on its thread, as a wave's branch enters its wave's.
+    captured: Option<Arc<dyn Captured>>,
     /// Whether it got a thread: dropped without, it tells the caller, which would wait forever.
     ran: bool,
 }
@@ -769,6 +779,15 @@ impl Drop for Worker {
 impl Worker {
     fn run(&mut self) {
         self.ran = true;
+        match self.captured.clone() {
+            Some(captured) => captured.enter(&mut || self.serve()),
+            None => self.serve(),
+        }
+    }
+
+    /// Takes, runs and passes on items until the stream closes. Never unwinds: a node's panic
+    /// is caught and handed to the caller.
+    fn serve(&self) {
         let executor = self.settings.executor();
         let all = stages(&self.program);
         let (op, drops) = all[self.stage];

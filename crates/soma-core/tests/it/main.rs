@@ -9,7 +9,9 @@
 //! | `dsl` | `>>` and `|` against `add_node`/`add_edge`, errors that survive gluing |
 //! | `decomposition` | the plan of each topology, and compile's refusal |
 //! | `drawing` | the tree, Mermaid, DOT and SVG of plans and graphs |
+//! | `placement` | devices read and refused where written, placement beside the plan, shown in traces and drawings |
 //! | `messages` | every error's message, word for word (inline snapshots) |
+//! | `context` | each branch runs in a copy of the context its wave was reached in, its changes its own |
 //! | `crew` | a program's standing threads: one per branch, kept from run to run, never shared |
 //! | `layers` | the stages import one way: model, plan, compile, run, observe |
 //! | `isolation` | a branch's thread is its own; a million-node chain needs no deep stack |
@@ -22,6 +24,7 @@
 // What `random_graphs` builds; it is shared with a unit test, where its crate differs.
 use soma_core::Graph;
 
+mod context;
 mod crew;
 mod decomposition;
 mod depth;
@@ -35,6 +38,7 @@ mod invariants;
 mod isolation;
 mod layers;
 mod messages;
+mod placement;
 mod random_graphs;
 mod streams;
 mod support;
