@@ -195,6 +195,15 @@ def test_every_stage_runs_in_the_callers_context() -> None:
         REQUEST_ID.reset(token)
 
 
+def test_a_placed_node_sees_its_device_in_a_stream_too() -> None:
+    class Where(soma.Node):
+        def forward(self, x: int, ctx: soma.Ctx) -> tuple[int, str | None]:
+            return x, ctx.device
+
+    g = soma.Graph.somatize(Add(0).named("a") >> Where().named("where").on("meta"))
+    assert list(g.map(range(2))) == [(0, "meta"), (1, "meta")]
+
+
 # ---------------------------------------------------------------------------------------------
 # Laziness and bounds
 
