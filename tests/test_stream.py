@@ -712,3 +712,8 @@ def test_a_stream_in_a_reference_cycle_with_its_inputs_is_collected() -> None:
     assert collected() is None
     assert list(g.map(range(3))) == [0, 1, 2]
     assert g.threads() <= 3
+
+
+def test_micro_batches_with_a_timeout_are_refused_for_now() -> None:
+    with pytest.raises(ValueError, match="timeout cannot be combined with micro_batches"):
+        chain(Add()).forward([1, 2], micro_batches=2, timeout=1.0)

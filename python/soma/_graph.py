@@ -265,7 +265,10 @@ class Graph:
         """
         if micro_batches is not None:
             if timeout is not None:
-                raise ValueError("timeout cannot be combined with micro_batches yet")
+                raise ValueError(
+                    "timeout cannot be combined with micro_batches yet\n"
+                    "hint: bound the time of the whole loop over the results of map() instead"
+                )
             return _stream.forward_in_micro_batches(
                 self, input, micro_batches, join, driver=driver, turn_limit=turn_limit, trace=trace
             )
