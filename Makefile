@@ -9,7 +9,7 @@ PY := $(BIN)/python
 RUST_SOURCES := $(shell find crates -name '*.rs' -o -name Cargo.toml) Cargo.toml Cargo.lock pyproject.toml
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: setup build demo test lint test-rust test-python fmt clean bench soak
+.PHONY: setup build demo test lint test-rust test-python test-torch fmt clean bench soak
 
 setup: $(VENV)/.tools build
 
@@ -46,6 +46,16 @@ test-python: setup
 
 test: lint test-rust test-python
 
+# torch is a few GB installed, so `setup` leaves it out and `make test` leaves its tests out.
+# This installs it into .venv (pinned in tests/with_torch/requirements.txt: the ordinary wheel
+# from PyPI) and runs tests/with_torch/.
+test-torch: $(VENV)/.torch build
+	SOMA_TORCH_TESTS=1 $(BIN)/pytest tests/with_torch
+
+$(VENV)/.torch: $(VENV)/.tools tests/with_torch/requirements.txt
+	$(PY) -m pip install --quiet -r tests/with_torch/requirements.txt -c constraints.txt
+	touch $@
+
 # The hostile sequences (tests/test_hostile_sequences.py) at length: fresh random sequences on
 # every run, a thousand of them, where `make test` replays the same few.
 soak: setup
@@ -62,6 +72,7 @@ bench: setup $(VENV)/.bench-peers
 	cargo bench -p soma-core --locked
 	$(PY) benches/python/criterion_table.py --out target/bench-rust.md
 	$(PY) benches/python/bench.py --out target/bench-python.md
+	$(PY) benches/python/stream.py --out target/bench-stream.md
 
 # Ray is heavy and optional: when it cannot be installed the benchmark reports it as not run.
 $(VENV)/.bench-peers: $(VENV)/.tools benches/python/requirements.txt benches/python/ray.txt

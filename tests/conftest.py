@@ -21,6 +21,11 @@ from hypothesis import settings
 
 import soma
 
+# tests/with_torch/ needs torch, a few GB installed: `make test-torch` installs it and runs them
+# with SOMA_TORCH_TESTS=1; every other run leaves them out, torch installed or not. (Not named
+# `torch`: this folder is on `sys.path`, where a folder of that name would pass for torch.)
+collect_ignore = [] if os.environ.get("SOMA_TORCH_TESTS") else ["with_torch"]
+
 # Seconds a rendezvous waits for the other side before it declares the run sequential.
 DEADLINE = 5.0
 

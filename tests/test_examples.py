@@ -2,11 +2,13 @@
 
 Each runs in a scratch directory, so what an example writes (`traced.py` writes `run.json`)
 stays out of the repository. `awaiting.py` also exits non-zero if its two branches' waits did
-not overlap.
+not overlap. An example that imports torch is skipped where torch is not installed (`make
+test-torch` installs it).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -14,13 +16,28 @@ from pathlib import Path
 import pytest
 
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.py"))
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+
+
+def needs_torch(example: Path) -> bool:
+    return "\nimport torch\n" in example.read_text()
+
+
+def runnable(example: Path) -> object:
+    """The example, skipped where it needs torch and torch is not installed."""
+    missing = needs_torch(example) and not HAS_TORCH
+    return pytest.param(
+        example,
+        id=example.name,
+        marks=pytest.mark.skipif(missing, reason="needs torch: `make test-torch` installs it"),
+    )
 
 
 def test_there_are_examples() -> None:
     assert {"quickstart.py", "branches.py", "awaiting.py"} <= {path.name for path in EXAMPLES}
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)
+@pytest.mark.parametrize("example", [runnable(example) for example in EXAMPLES])
 def test_an_example_runs(example: Path, tmp_path: Path) -> None:
     run = subprocess.run(
         [sys.executable, str(example)],

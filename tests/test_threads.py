@@ -186,7 +186,11 @@ def test_a_wave_of_ten_thousand_branches_runs_on_a_handful_of_threads() -> None:
     out = g.forward(0)
     assert len(out) == 10_000
     assert out["b9999"] == 9_999
-    assert g.threads() <= 4, g.threads()
+    # Quick branches under the GIL: one thread runs at a time, and usually two or three hold
+    # the wave. A thread the interpreter preempts in the middle of a branch still counts as
+    # busy, so on a loaded machine a claim may send for a few more (8 seen once, at a load
+    # average of 4) — a handful either way, not one per branch.
+    assert g.threads() <= 16, g.threads()
 
 
 def test_idle_threads_beyond_the_graphs_limit_end() -> None:

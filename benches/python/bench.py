@@ -43,6 +43,7 @@ import soma
 import targets
 import workloads
 from figures import (
+    CONTEXT_VARIABLES,
     DASK_BUDGET_S,
     FULL,
     NESTED_DASK,
@@ -376,6 +377,9 @@ def measure(config: Config, *, quick: bool, skip_ray: bool) -> Figures:
         graph, loop = workloads.wave(width)
         assert graph.plan().kind == "Wave", graph.plan()
         small[f"wave {width}"] = functools.partial(graph.forward, 0)
+        small[f"wave {width} in context"] = functools.partial(
+            workloads.in_a_rich_context(graph, CONTEXT_VARIABLES), 0
+        )
         small[f"loop {width}"] = functools.partial(loop, 0)
         paused[f"wave {width}"] = small[f"wave {width}"]
     assert native.forward(0) == config.chain

@@ -17,6 +17,10 @@ from workloads import Workload
 # thread stays awake after its branch, so that every thread of the wave has gone to sleep.
 PAUSE_S = 0.001
 
+# How many context variables the caller has set for "wave N in context": each branch enters a
+# copy of the caller's context, whatever it holds.
+CONTEXT_VARIABLES = 16
+
 # The three ways the chain is timed for tracing: the keys of `Figures.traced`.
 TRACE_OFF = "`forward(0)`, no trace"
 TRACE_ON = "`forward(0, trace=trace)`, `trace.clear()` before each call, untimed"

@@ -7,6 +7,7 @@ nothing, so its output can be checked on made-up figures.
 from __future__ import annotations
 
 from figures import (
+    CONTEXT_VARIABLES,
     NESTED_DASK,
     NESTED_LOOP,
     NESTED_SOMA,
@@ -284,6 +285,17 @@ def write(figures: Figures, targets: list[Target]) -> str:
                 _duration(soma_t.median_s),
                 f"{soma_t.median_s / width * 1e6:.2f} µs/branch",
                 f"{loop_t.median_s / width * 1e6:.3f} µs/branch",
+            ]
+        )
+    for width in config.waves:
+        rich_t = small_t[f"wave {width} in context"]
+        body.append(
+            [
+                f"the same wave of {width}, called with {CONTEXT_VARIABLES} context variables set"
+                " (each branch enters a copy of the caller's context)",
+                _duration(rich_t.median_s),
+                f"{rich_t.median_s / width * 1e6:.2f} µs/branch",
+                "—",
             ]
         )
     for width in config.waves:

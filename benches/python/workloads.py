@@ -7,6 +7,8 @@ Importing this module imports numpy: the caller sets the BLAS thread variables f
 
 from __future__ import annotations
 
+import contextvars
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -211,6 +213,16 @@ def wave(width: int) -> tuple[soma.Graph, Callable[[int], dict[int, int]]]:
         return {at: node.forward(x) for at, node in enumerate(branches)}
 
     return soma.Graph.somatize(expr), loop
+
+
+def in_a_rich_context(graph: soma.Graph, variables: int) -> Callable[[int], Any]:
+    """``graph.forward``, called in a context where ``variables`` context variables are set:
+    every branch enters a copy of it (``asyncio.to_thread``'s rule), the cost of which this
+    shows beside the same wave called in an empty context."""
+    context = contextvars.Context()
+    for at in range(variables):
+        context.run(contextvars.ContextVar(f"v{at}").set, at)
+    return functools.partial(context.run, graph.forward)
 
 
 def native_chain(length: int) -> soma.Graph:

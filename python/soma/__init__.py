@@ -11,14 +11,16 @@ Sequence([Execute(a), Wave([Execute(b), Execute(c)])])
 {'b': 4, 'c': 4}
 """
 
-from soma import native
+from soma import devices, native
 from soma._dsl import Expr
 from soma._graph import Graph
 from soma._node import Node
 from soma._soma import DEFAULT_TURN_LIMIT, MAX_NESTED_FORWARDS, Await, Ctx, Done, Plan, Span, Trace
+from soma._stream import Failed, Progress, StageFigures, Stream, StreamFigures
 from soma.errors import (
     CompileError,
     CycleError,
+    DeviceError,
     DriverError,
     DuplicateEdgeError,
     DuplicateNodeError,
@@ -30,6 +32,7 @@ from soma.errors import (
     ThreadError,
     TurnLimitError,
     UnknownNodeError,
+    WrongDeviceError,
 )
 
 __all__ = [
@@ -39,23 +42,31 @@ __all__ = [
     "CompileError",
     "Ctx",
     "CycleError",
+    "DeviceError",
     "Done",
     "DriverError",
     "DuplicateEdgeError",
     "DuplicateNodeError",
     "Expr",
+    "Failed",
     "Graph",
     "GraphError",
     "InvalidIdError",
     "Node",
     "PanicError",
     "Plan",
+    "Progress",
     "RunError",
     "SomaError",
     "Span",
+    "StageFigures",
+    "Stream",
+    "StreamFigures",
     "ThreadError",
     "Trace",
     "TurnLimitError",
     "UnknownNodeError",
+    "WrongDeviceError",
+    "devices",
     "native",
 ]

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from soma import _soma
+
 
 class Composable:
     """Anything that stands as a one-node expression on either side of ``>>`` and ``|``."""
@@ -76,6 +78,16 @@ class Expr:
 
     def __ror__(self, other: object) -> Expr:
         return _parallel(Expr.of(other, "|"), self)
+
+    def on(self, device: str) -> Expr:
+        """Places every node of the expression on ``device`` that is not placed already (by its
+        own ``.on``, or an inner expression's): the innermost ``.on`` wins, as with ``.named``.
+        Read now, so a device that cannot be is a ``soma.DeviceError`` here."""
+        device = _soma.parse_device(device)
+        for node in self.nodes:
+            if getattr(node, "_soma_device", None) is None:
+                node._soma_device = device
+        return self
 
     def __repr__(self) -> str:
         names = ", ".join(type(n).__name__ for n in self.nodes)

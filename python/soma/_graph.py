@@ -14,7 +14,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from soma import _soma
+from soma import _soma, _stream
 from soma._dsl import Expr, refuse_class
 from soma._node import Node
 from soma.errors import DuplicateNodeError, InvalidIdError
@@ -138,7 +138,25 @@ class Graph:
             self._core.add_native(node_id, obj, native)
         else:
             self._core.add_python(node_id, obj, _takes_ctx(obj))
+        device = getattr(obj, "_soma_device", None)
+        if device is not None:  # Set by `.on()`, which read it already.
+            self._core.place(node_id, device)
         return node_id
+
+    def place(self, node_id: str, device: str | None) -> None:
+        """Places node ``node_id`` on ``device`` (``"cuda:1"``, ``"cpu"``, ``"meta"``, spelled as
+        torch spells it), replacing where it was; ``None`` unplaces it. While the node runs,
+        ``device`` is current on its thread (see :mod:`soma.devices`), ``ctx.device`` says it,
+        and what it returns must be there. The plan does not change.
+
+        A device that cannot be read is a ``soma.DeviceError``, a bare ``"cuda"`` included (it
+        would mean whichever device is current on the thread a branch is lent); an unknown id
+        is a ``soma.UnknownNodeError``."""
+        self._core.place(_checked_id(node_id, "node id", _LOOKUP_HINT), device)
+
+    def devices(self) -> dict[str, str]:
+        """The placed nodes and their devices, in the order the nodes were added."""
+        return dict(self._core.devices())
 
     def edge(self, source: str, target: str) -> None:
         """Adds the edge ``source -> target``; refused (and nothing changes) if it would close
@@ -210,9 +228,16 @@ class Graph:
         turn_limit: int = _soma.DEFAULT_TURN_LIMIT,
         trace: _soma.Trace | None = None,
         timeout: float | None = None,
+        micro_batches: int | None = None,
+        join: Callable[[list[Any]], Any] | None = None,
     ) -> Any:
         """Runs the graph on ``input`` and returns the leaf's output (a dict keyed by leaf id
         when there are several).
+
+        With ``micro_batches=k``, ``input`` is cut along its first axis into ``k`` slices,
+        streamed through the graph with its stages overlapped (see :meth:`map`), and the
+        outputs joined back by type, or by ``join(outputs)`` (not with ``timeout``, yet); see
+        the guide's "Streams".
 
         Each branch of a wave runs start to finish on one thread, and the branches of a wave are
         launched together: the calling thread runs the first branch itself, and the graph lends
@@ -222,7 +247,10 @@ class Graph:
         ``threading.local``, a library's per-thread setting) may therefore be seen by a later
         branch on the same thread, as with any thread pool. The GIL is never held while the
         engine waits (for a wave's branches, for the driver) or while a Rust node runs; a
-        thread keeps it from one Python node to the next. ``driver``
+        thread keeps it from one Python node to the next. Every branch runs in a copy of its
+        caller's context — ``contextvars``, and torch's grad mode, inference mode and autocast
+        when torch is loaded — and what a node sets there never reaches the caller (the guide's
+        "Devices and context"). ``driver``
         serves awaiting nodes: any object with ``perform(requests) -> list``. ``trace``, a
         :class:`soma.Trace`, records a span per node (start, end, thread, branch, turns, error).
 
@@ -235,7 +263,18 @@ class Graph:
         A node running on the calling thread itself is not cut short: the deadline is seen
         when it returns.
         """
+        if micro_batches is not None:
+            if timeout is not None:
+                raise ValueError(
+                    "timeout cannot be combined with micro_batches yet\n"
+                    "hint: bound the time of the whole loop over the results of map() instead"
+                )
+            return _stream.forward_in_micro_batches(
+                self, input, micro_batches, join, driver=driver, turn_limit=turn_limit, trace=trace
+            )
         return self._core.forward(input, driver, turn_limit, trace, timeout)
+
+    map = _stream.stream_map
 
     def threads(self) -> int:
         """The threads the graph holds right now for its waves, busy or idle."""
@@ -283,6 +322,8 @@ class Graph:
             graph.node(node_id, copy_node(self.implementation(node_id)))
         for source, target in self.edges():
             graph.edge(source, target)
+        for node_id, device in self.devices().items():
+            graph.place(node_id, device)
         graph.idle_threads = self.idle_threads
         return graph
 

@@ -6,6 +6,7 @@ import abc
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Self
 
+from soma import _soma
 from soma._dsl import Composable
 
 
@@ -18,6 +19,8 @@ class Node(Composable, abc.ABC):
     """
 
     _soma_id: str | None = None
+    _soma_device: str | None = None
+    _soma_concurrency: int = 1
 
     if TYPE_CHECKING:
         # Either signature is accepted; the graph looks at the method once, at registration.
@@ -28,7 +31,23 @@ class Node(Composable, abc.ABC):
         def forward(self, x, *args):
             """Computes the output from ``x`` (and ``ctx``, when the method takes it)."""
 
+    def concurrency(self, workers: int) -> Self:
+        """Lets :meth:`soma.Graph.map` run this node on up to ``workers`` items at once, for a
+        node that keeps no state between items (I/O, a remote call). Results keep their order."""
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise ValueError(f"concurrency takes an int of at least 1, not {workers!r}")
+        self._soma_concurrency = workers
+        return self
+
     def named(self, node_id: str) -> Self:
         """Gives this node an explicit id instead of one derived from its class."""
         self._soma_id = node_id
+        return self
+
+    def on(self, device: str) -> Self:
+        """Places this node on ``device`` (``"cuda:1"``, ``"cpu"``, ``"meta"``), as
+        ``Graph.place`` would once it is registered; read now, so a device that cannot be is a
+        ``soma.DeviceError`` here. The node's own ``.on`` wins over an expression's around it.
+        """
+        self._soma_device = _soma.parse_device(device)
         return self

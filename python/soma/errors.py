@@ -43,6 +43,13 @@ class CycleError(GraphError):
     path: list[str] | None = None
 
 
+class DeviceError(SomaError, ValueError):
+    """A device could not be read (``.device``, what was written): malformed, of a kind torch
+    does not name, or a bare ``cuda`` that does not say which one."""
+
+    device: str | None = None
+
+
 class CompileError(SomaError):
     """The graph could not be compiled into a plan (``.node``)."""
 
@@ -77,6 +84,14 @@ class ThreadError(RunError, RuntimeError):
     """
 
 
+class WrongDeviceError(RunError):
+    """A placed node returned a value that lives on another device: ``.node``, ``.declared``
+    (where it is placed) and ``.found`` (where its output is)."""
+
+    declared: str | None = None
+    found: str | None = None
+
+
 class PanicError(SomaError):
     """A Rust node panicked (``.node``); the run was stopped once every branch had been joined."""
 
@@ -86,6 +101,7 @@ class PanicError(SomaError):
 __all__ = [
     "CompileError",
     "CycleError",
+    "DeviceError",
     "DriverError",
     "DuplicateEdgeError",
     "DuplicateNodeError",
@@ -96,4 +112,5 @@ __all__ = [
     "SomaError",
     "TurnLimitError",
     "UnknownNodeError",
+    "WrongDeviceError",
 ]

@@ -175,6 +175,8 @@ errors: list[type[soma.SomaError]] = [
     soma.ThreadError,
     soma.TurnLimitError,
     soma.PanicError,
+    soma.DeviceError,
+    soma.WrongDeviceError,
 ]
 assert all(issubclass(error, soma.SomaError) for error in errors)
 
@@ -215,3 +217,77 @@ assert stopped.node == "lookup"
 panic = raised(soma.PanicError, lambda: soma.Graph.somatize(native.Panic("boom")).forward(None))
 assert_type(panic.node, str | None)
 assert panic.node == "panic"
+
+# --- devices and placement --------------------------------------------------------------------
+
+
+class Where(soma.Node):
+    def forward(self, x: Any, ctx: soma.Ctx) -> str | None:
+        return ctx.device
+
+
+class Gpu:
+    """A device backend: a current device per kind, here one for the whole process."""
+
+    kinds: tuple[str, ...] = ("xpu",)
+
+    def __init__(self) -> None:
+        self.now = "xpu:0"
+
+    def current(self, kind: str) -> str | None:
+        return self.now
+
+    def set(self, device: str) -> None:
+        self.now = device
+
+
+placed = soma.Graph.somatize((Where().named("p").on("xpu:1") | Where().named("q")).on("meta"))
+placed.place("q", "cpu")
+assert_type(placed.devices(), dict[str, str])
+assert placed.devices() == {"p": "xpu:1", "q": "cpu"}
+gpu = Gpu()
+soma.devices.register(gpu)
+assert soma.devices.backend("xpu") is gpu
+assert placed.forward(None) == {"p": "xpu:1", "q": "cpu"}
+assert gpu.now == "xpu:0"
+soma.devices.unregister(gpu)
+placed_trace = soma.Trace()
+placed.forward(None, trace=placed_trace)
+assert_type(placed_trace.spans[0].device, str | None)
+assert "p <- (input) @ xpu:1" in str(placed.plan())
+unreadable = raised(soma.DeviceError, lambda: placed.place("p", "cuda"))
+assert_type(unreadable.device, str | None)
+assert unreadable.device == "cuda"
+
+
+class Elsewhere(soma.Node):
+    class OnCpu:
+        device = "cpu"
+
+    def forward(self, x: Any) -> object:
+        return self.OnCpu()
+
+
+elsewhere = soma.Graph.somatize(Elsewhere().on("cuda:0"))
+wrong = raised(soma.WrongDeviceError, lambda: elsewhere.forward(None))
+assert_type(wrong.found, str | None)
+assert (wrong.node, wrong.declared, wrong.found) == ("elsewhere", "cuda:0", "cpu")
+
+# Streams: `map`, its records and figures, micro-batches.
+streamed = soma.Graph.somatize(native.Add(1).named("plus") >> native.Add(1).named("again"))
+events: list[soma.Progress] = []
+stream = streamed.map(range(5), in_flight=2, progress=events.append)
+assert_type(stream, soma.Stream)
+assert list(stream) == [2, 3, 4, 5, 6]
+stream_figures = stream.figures()
+assert stream_figures is not None
+assert_type(stream_figures, soma.StreamFigures)
+stage_figures: list[soma.StageFigures] = stream_figures.stages
+assert [stage.nodes for stage in stage_figures] == [["plus"], ["again"]]
+assert events[-1].done
+collected = list(soma.Graph.somatize(Total()).map([[1], None], on_error="collect"))
+failure = collected[1]
+assert isinstance(failure, soma.Failed)
+assert_type(failure.node, str | None)
+assert soma.Graph.somatize(Total()).forward([1, 2, 3], micro_batches=2, join=list) == [3, 3]
+assert list(streamed.map([1, 2], ordered=False, concurrency={"plus": 2})) == [(0, 3), (1, 4)]

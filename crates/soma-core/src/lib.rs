@@ -6,6 +6,9 @@
 //! launched together and each run start to finish on one thread, lent from a pool that holds
 //! about as many threads as branches are in flight at once.
 //!
+//! A [`Stream`] runs a program over many items, its stages overlapped: each node on one item at
+//! a time and in order, different nodes on different items at once, in bounded memory.
+//!
 //! ```
 //! use soma_core::{compile, node, Executor, NodeError, Value};
 //!
@@ -35,16 +38,22 @@ mod run;
 
 pub use compile::{compile, decompose, CompileError};
 pub use model::catalog::Catalog;
+pub use model::device::{Device, DeviceError, DeviceKind, Placement};
 pub use model::driver::{Driver, DriverError};
 pub use model::expr::{node, node_arc, Expr};
 pub use model::graph::{Graph, GraphError};
 pub use model::id::NodeId;
 pub use model::node::{Ctx, Node, NodeError, Transition};
 pub use model::value::Value;
+pub use observe::devices::WithDevices;
 pub use plan::Plan;
 pub use run::crew::DEFAULT_IDLE_THREADS;
 pub use run::error::{ProgramError, RunError};
 pub use run::executor::{Executor, DEFAULT_TURN_LIMIT};
-pub use run::hooks::{Host, Watch};
+pub use run::hooks::{Captured, Host, Watch};
 pub use run::program::Program;
+pub use run::stream::{
+    Failed, OnError, StageFigures, Stream, StreamError, StreamFigures, StreamSettings,
+    DEFAULT_IN_FLIGHT,
+};
 pub use run::trace::{Span, Trace};

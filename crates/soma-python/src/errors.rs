@@ -10,7 +10,7 @@
 
 use pyo3::exceptions::{PyException, PyKeyboardInterrupt};
 use pyo3::prelude::*;
-use soma_core::{CompileError, GraphError, NodeId, ProgramError, RunError};
+use soma_core::{CompileError, DeviceError, GraphError, NodeId, ProgramError, RunError};
 
 /// An instance of `soma.errors.<class>` with `message`, and `attributes` set on it.
 fn soma_error(
@@ -65,6 +65,16 @@ pub fn graph_error(py: Python<'_>, error: &GraphError) -> PyErr {
             soma_error(py, "CycleError", message, &[("path", path)])
         }
     }
+}
+
+pub fn device_error(py: Python<'_>, error: &DeviceError) -> PyErr {
+    let written = match error {
+        DeviceError::Malformed { text }
+        | DeviceError::UnknownKind { text, .. }
+        | DeviceError::NeedsIndex { text, .. } => text,
+    };
+    let written = pyo3::types::PyString::new(py, written).into_any();
+    soma_error(py, "DeviceError", error.to_string(), &[("device", written)])
 }
 
 pub fn compile_error(py: Python<'_>, error: &CompileError) -> PyErr {

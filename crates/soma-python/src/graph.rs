@@ -21,13 +21,16 @@ use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::PyTraverseError;
 use soma_core::{
-    compile, Catalog, Executor, Graph, Host, Node, NodeId, Plan, Program, RunError,
-    DEFAULT_IDLE_THREADS,
+    compile, Captured, Catalog, Device, Executor, Graph, Host, Node, NodeId, Placement, Plan,
+    Program, RunError, DEFAULT_IDLE_THREADS,
 };
 
+use crate::context;
 use crate::convert::{to_python, wrap};
 use crate::driver::PythonDriver;
-use crate::errors::{compile_error, graph_error, panic_error, program_error, run_error};
+use crate::errors::{
+    compile_error, device_error, graph_error, panic_error, program_error, run_error,
+};
 use crate::native::NativeNode;
 use crate::node::PythonNode;
 use crate::plan::PyPlan;
@@ -48,6 +51,8 @@ struct State {
     compiled: Option<Compiled>,
     /// How many idle threads the program keeps.
     idle_threads: usize,
+    /// Where nodes run; beside the graph, so placing one drops the program, never the plan.
+    placement: Arc<Placement>,
 }
 
 impl Default for State {
@@ -59,6 +64,7 @@ impl Default for State {
             python_nodes: Vec::new(),
             compiled: None,
             idle_threads: DEFAULT_IDLE_THREADS,
+            placement: Arc::default(),
         }
     }
 }
@@ -107,20 +113,22 @@ impl GraphCore {
     }
 
     /// The program, resolved on first use after a change.
-    fn program(&self, py: Python<'_>) -> PyResult<Arc<Program>> {
+    pub(crate) fn program(&self, py: Python<'_>) -> PyResult<Arc<Program>> {
         let mut state = self.state();
         Self::compiled(py, &mut state)?;
         let State {
             catalog,
             compiled,
             idle_threads,
+            placement,
             ..
         } = &mut *state;
         let compiled = compiled.as_mut().expect("compiled just now");
         if let Some(program) = &compiled.program {
             return Ok(Arc::clone(program));
         }
-        let program = Program::new(&compiled.plan, catalog).map_err(|e| program_error(py, &e))?;
+        let program = Program::with_placement(&compiled.plan, catalog, placement)
+            .map_err(|e| program_error(py, &e))?;
         program.set_idle_threads(*idle_threads);
         // What `threading.stack_size()` asks of Python's own threads, a crew thread gets too.
         let asked: usize = py
@@ -336,9 +344,50 @@ impl GraphCore {
         self.state().graph.to_svg()
     }
 
-    /// The plan, compiled on first use after a change.
+    /// The plan, compiled on first use after a change, drawn with the nodes' devices.
     fn plan(&self, py: Python<'_>) -> PyResult<PyPlan> {
-        Ok(PyPlan::new(self.compiled_plan(py)?))
+        let plan = self.compiled_plan(py)?;
+        Ok(PyPlan::new(plan, Arc::clone(&self.state().placement)))
+    }
+
+    /// Places node `id` on `device` (torch's spelling), replacing where it was; `None`
+    /// unplaces it. The plan stays; the program is resolved again on the next forward.
+    #[pyo3(signature = (id, device))]
+    fn place(&self, py: Python<'_>, id: &str, device: Option<&str>) -> PyResult<()> {
+        let device = device
+            .map(|text| text.parse::<Device>().map_err(|e| device_error(py, &e)))
+            .transpose()?;
+        let mut state = self.state();
+        if !state.graph.contains(id) {
+            return Err(graph_error(
+                py,
+                &soma_core::GraphError::UnknownNode { id: id.into() },
+            ));
+        }
+        let mut placement = Placement::clone(&state.placement);
+        match device {
+            Some(device) => placement.place(id, device),
+            None => placement.remove(id),
+        };
+        state.placement = Arc::new(placement);
+        if let Some(compiled) = &mut state.compiled {
+            compiled.program = None;
+        }
+        Ok(())
+    }
+
+    /// Placed nodes and their devices, in the order the nodes were added.
+    fn devices(&self) -> Vec<(String, String)> {
+        let state = self.state();
+        state
+            .graph
+            .nodes()
+            .iter()
+            .filter_map(|id| {
+                let device = state.placement.device(id.as_str())?;
+                Some((id.to_string(), device.to_string()))
+            })
+            .collect()
     }
 
     /// Runs the graph on `input`.
@@ -361,17 +410,24 @@ impl GraphCore {
         let mut executor = Executor::new()
             .with_turn_limit(turn_limit)
             .with_watch(Arc::clone(&watch) as Arc<dyn soma_core::Watch>)
-            .with_host(Arc::clone(&INTERPRETERS[nested.depth()]));
+            .with_host(interpreter_at(nested.depth()));
         if let Some(driver) = driver {
             executor = executor.with_driver(Arc::new(driver));
         }
         if let Some(trace) = trace {
             executor = executor.with_trace(Arc::clone(&trace.get().trace));
         }
-        let outcome = panic::catch_unwind(AssertUnwindSafe(|| {
-            executor.run_detachable(&program, input)
-        }));
-        match outcome {
+        // The whole run in a copy of the caller's context, as each branch is in a copy of its
+        // wave's: what the nodes set never reaches the caller, with or without a wave.
+        let (mut input, mut outcome) = (Some(input), None);
+        let mut run = || {
+            let input = input.take().expect("the graph runs once");
+            outcome = Some(panic::catch_unwind(AssertUnwindSafe(|| {
+                executor.run_detachable(&program, input)
+            })));
+        };
+        context::isolated(&mut run);
+        match outcome.expect("the context ran the graph") {
             Ok(Ok(value)) => to_python(py, &value),
             Ok(Err(error)) if watch.timed_out() => Err(timed_out(&error, timeout)),
             Ok(Err(error)) => Err(run_error(py, &error, watch.take_raised())),
@@ -425,6 +481,11 @@ static INTERPRETERS: LazyLock<Vec<Arc<dyn Host>>> = LazyLock::new(|| {
         .collect()
 });
 
+/// The host for a run at nesting depth `depth` (`reentry.rs`): its branches run at that depth.
+pub(crate) fn interpreter_at(depth: usize) -> Arc<dyn Host> {
+    Arc::clone(&INTERPRETERS[depth.min(MAX_NESTED_FORWARDS)])
+}
+
 /// Lets one branch thread at a time wait for the GIL to start its branch.
 ///
 /// The interpreter's waiters wake every switch interval to ask for the lock: a wave of a
@@ -448,5 +509,9 @@ impl Host for Interpreter {
 
     fn blocking(&self, run: &mut (dyn FnMut() + Send)) {
         Python::attach(|py| py.detach(run));
+    }
+
+    fn capture(&self) -> Option<Box<dyn Captured>> {
+        context::capture()
     }
 }

@@ -5,7 +5,9 @@
 //! core. The public Python API (`soma.Graph`, the DSL, the exception hierarchy) is written in
 //! Python on top of this module.
 
+mod context;
 mod convert;
+mod device;
 mod driver;
 mod errors;
 mod graph;
@@ -14,6 +16,7 @@ mod node;
 mod plan;
 mod protocol;
 mod reentry;
+mod stream;
 mod thread_state;
 mod trace;
 mod watch;
@@ -29,8 +32,10 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<protocol::PyCtx>()?;
     module.add_class::<native::NativeNode>()?;
     module.add_class::<trace::PyTrace>()?;
+    module.add_class::<stream::StreamCore>()?;
     module.add_class::<trace::PySpan>()?;
     module.add("DEFAULT_TURN_LIMIT", soma_core::DEFAULT_TURN_LIMIT)?;
     module.add("MAX_NESTED_FORWARDS", reentry::MAX_NESTED_FORWARDS)?;
+    module.add_function(wrap_pyfunction!(device::parse_device, module)?)?;
     Ok(())
 }

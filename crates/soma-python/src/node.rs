@@ -11,6 +11,7 @@ use pyo3::types::PyTuple;
 use soma_core::{Ctx, Node, NodeError, Transition, Value};
 
 use crate::convert::{to_python, wrap};
+use crate::device;
 use crate::protocol::{Await, Done, PyCtx};
 use crate::watch::note_interrupt;
 
@@ -35,6 +36,24 @@ impl PythonNode {
     }
 
     fn call(&self, py: Python<'_>, input: &Value, ctx: &Ctx<'_>) -> PyResult<Transition> {
+        let Some(placed) = ctx.device() else {
+            return self.call_here(py, input, ctx);
+        };
+        // The node's device is current while it runs, and what was before is put back whether
+        // it returned or raised.
+        let restore = device::enter(py, placed)?;
+        let out = self.call_here(py, input, ctx);
+        let restored = restore.map(|restore| restore.call0()).transpose();
+        // The node's own error first: putting the device back failing is the lesser news.
+        let out = out?;
+        restored?;
+        if let Transition::Done(value) = &out {
+            device::check(py, ctx.node().as_str(), placed, &to_python(py, value)?)?;
+        }
+        Ok(out)
+    }
+
+    fn call_here(&self, py: Python<'_>, input: &Value, ctx: &Ctx<'_>) -> PyResult<Transition> {
         let x = to_python(py, input)?;
         let forward = self.forward.bind(py);
         let out = if self.takes_ctx {
@@ -47,6 +66,7 @@ impl PythonNode {
                 node: ctx.node().to_string(),
                 turn: ctx.turn(),
                 results: PyTuple::new(py, results)?.unbind(),
+                device: ctx.device().map(|device| device.to_string()),
             };
             forward.call1((x, ctx))?
         } else {

@@ -7,7 +7,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use pyo3::prelude::*;
-use soma_core::Plan;
+use soma_core::{Placement, Plan};
 
 #[pyclass(frozen, module = "soma", name = "Plan")]
 pub struct PyPlan {
@@ -15,6 +15,8 @@ pub struct PyPlan {
     root: Arc<Plan>,
     /// The part this object is: the root itself or a subtree of it.
     at: NonNull<Plan>,
+    /// Where the graph's nodes were placed when the plan was asked for: drawn, never compared.
+    placement: Arc<Placement>,
 }
 
 // SAFETY: `at` points into the tree `root` owns; a `Plan` has no interior mutability and `root`
@@ -27,10 +29,14 @@ unsafe impl Send for PyPlan {}
 unsafe impl Sync for PyPlan {}
 
 impl PyPlan {
-    /// The whole of `root`.
-    pub fn new(root: Arc<Plan>) -> Self {
+    /// The whole of `root`, its nodes placed as `placement` says.
+    pub fn new(root: Arc<Plan>, placement: Arc<Placement>) -> Self {
         let at = NonNull::from(&*root);
-        PyPlan { root, at }
+        PyPlan {
+            root,
+            at,
+            placement,
+        }
     }
 
     fn plan(&self) -> &Plan {
@@ -59,6 +65,7 @@ impl PyPlan {
                 .map(|child| PyPlan {
                     root: Arc::clone(&self.root),
                     at: NonNull::from(child),
+                    placement: Arc::clone(&self.placement),
                 })
                 .collect(),
             Plan::Empty | Plan::Execute { .. } => Vec::new(),
@@ -93,29 +100,33 @@ impl PyPlan {
         self.plan().compact()
     }
 
-    /// The indented tree, one line per step; an `Execute` line is `node <- inputs`.
+    /// The indented tree, one line per step; an `Execute` line is `node <- inputs`, and
+    /// `@ device` after it for a placed node.
     fn __str__(&self) -> String {
-        self.plan().to_string()
+        self.plan().with_devices(&self.placement).to_string()
     }
 
-    /// The plan as a Mermaid `flowchart LR`, a `subgraph` per wave.
+    /// The plan as a Mermaid `flowchart LR`, a `subgraph` per wave; a placed node's label
+    /// says its device.
     fn to_mermaid(&self) -> String {
-        self.plan().to_mermaid()
+        self.plan().with_devices(&self.placement).to_mermaid()
     }
 
-    /// The plan as a graphviz `digraph` with `rankdir=LR`, a `cluster` per wave.
+    /// The plan as a graphviz `digraph` with `rankdir=LR`, a `cluster` per wave; a placed
+    /// node's label says its device.
     fn to_dot(&self) -> String {
-        self.plan().to_dot()
+        self.plan().with_devices(&self.placement).to_dot()
     }
 
-    /// The plan drawn as an SVG document by Soma itself: waves framed, branches stacked.
+    /// The plan drawn as an SVG document by Soma itself: waves framed, branches stacked; a
+    /// placed node's box says its device.
     fn to_svg(&self) -> String {
-        self.plan().to_svg()
+        self.plan().with_devices(&self.placement).to_svg()
     }
 
     /// What a notebook shows: [`PyPlan::to_svg`].
     fn _repr_svg_(&self) -> String {
-        self.plan().to_svg()
+        self.to_svg()
     }
 
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {

@@ -74,6 +74,9 @@ pub struct PyCtx {
     #[pyo3(get)]
     pub turn: u32,
     pub results: Py<PyTuple>,
+    /// The device the node is placed on (`cuda:1`), `None` when unplaced.
+    #[pyo3(get)]
+    pub device: Option<String>,
 }
 
 #[pymethods]

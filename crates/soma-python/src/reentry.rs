@@ -29,6 +29,11 @@ thread_local! {
     static DEPTH: Cell<usize> = const { Cell::new(0) };
 }
 
+/// The depth of the run this thread is in: 0 outside any forward.
+pub fn depth() -> usize {
+    DEPTH.get()
+}
+
 /// One level of nesting entered on this thread; dropping it puts back the depth it found.
 pub struct Nested {
     depth: usize,

@@ -29,6 +29,8 @@ pub struct PySpan {
     turns: u32,
     /// Its error, if it failed.
     error: Option<String>,
+    /// The device it was placed on, if any.
+    device: Option<String>,
 }
 
 impl From<&Span> for PySpan {
@@ -41,6 +43,7 @@ impl From<&Span> for PySpan {
             branch: span.branch_label(),
             turns: span.turns,
             error: span.error.clone(),
+            device: span.device.map(|device| device.to_string()),
         }
     }
 }

@@ -2,11 +2,13 @@
 //!
 //! Ids and the [`Graph`](graph::Graph) of them (topology only), the [`Value`](value::Value)s
 //! that flow on edges, the contracts of a [`Node`](node::Node) and a [`Driver`](driver::Driver),
-//! the [`Catalog`](catalog::Catalog) that says what each node does, and the DSL
+//! the [`Catalog`](catalog::Catalog) that says what each node does, the
+//! [`Placement`](device::Placement) that says where, and the DSL
 //! ([`Expr`](expr::Expr), `>>` and `|`) that writes graph and catalog together. Nothing here
 //! knows about plans, threads or drawing: every later stage reads the model, never the reverse.
 
 pub(crate) mod catalog;
+pub(crate) mod device;
 pub(crate) mod driver;
 pub(crate) mod expr;
 pub(crate) mod failure;

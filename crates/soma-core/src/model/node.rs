@@ -7,6 +7,7 @@
 //! `Send + Sync` is required because the branches of a wave borrow the catalog, and so every
 //! node in it, from several threads at once.
 
+use crate::model::device::Device;
 use crate::model::id::NodeId;
 use crate::model::value::Value;
 
@@ -26,6 +27,7 @@ pub struct Ctx<'a> {
     node: &'a NodeId,
     turn: u32,
     results: &'a [Value],
+    device: Option<Device>,
 }
 
 impl<'a> Ctx<'a> {
@@ -35,7 +37,15 @@ impl<'a> Ctx<'a> {
             node,
             turn,
             results,
+            device: None,
         }
+    }
+
+    /// The same context, for a node placed on `device`.
+    #[must_use]
+    pub fn on(mut self, device: Option<Device>) -> Self {
+        self.device = device;
+        self
     }
 
     /// The id of the node being called.
@@ -51,6 +61,11 @@ impl<'a> Ctx<'a> {
     /// The driver's answers to the previous `Await`, one per request, in order; empty on turn 0.
     pub fn results(&self) -> &'a [Value] {
         self.results
+    }
+
+    /// The device the node is placed on ([`crate::Placement`]); `None` when unplaced.
+    pub fn device(&self) -> Option<Device> {
+        self.device
     }
 }
 

@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 
 use super::svg::{NODE_FILL, NODE_STROKE, WAVE_STROKE};
+use crate::model::device::Placement;
 use crate::plan::{Plan, Visit};
 
 /// A DOT id: always quoted, so any node id is one, with `"` and `\` escaped.
@@ -19,14 +20,14 @@ fn dot_id(id: &str, out: &mut String) {
 
 /// `digraph` with `rankdir=LR`: every node, a `cluster` per wave (graphviz frames those), then
 /// an edge for every input of every step, in step order.
-fn plan_dot(plan: &Plan) -> String {
+pub(super) fn plan_dot(plan: &Plan, placement: Option<&Placement>) -> String {
     let mut out = String::from("digraph plan {\n");
     out.push_str("    rankdir=LR;\n");
     let _ = writeln!(
         out,
         "    node [shape=box, style=\"rounded,filled\", fillcolor=\"{NODE_FILL}\", color=\"{NODE_STROKE}\", fontname=\"monospace\"];"
     );
-    dot_nodes(plan, &mut out);
+    dot_nodes(plan, placement, &mut out);
     for (node, from) in plan.steps() {
         for source in from {
             out.push_str("    ");
@@ -42,7 +43,7 @@ fn plan_dot(plan: &Plan) -> String {
 
 /// Every node, and a cluster around each wave's, indented by how many waves enclose it; one
 /// walk, with no recursion, however deep the plan.
-fn dot_nodes(plan: &Plan, out: &mut String) {
+fn dot_nodes(plan: &Plan, placement: Option<&Placement>, out: &mut String) {
     let mut depth = 1;
     let mut waves = 0;
     for visit in plan.visits() {
@@ -50,6 +51,11 @@ fn dot_nodes(plan: &Plan, out: &mut String) {
             Visit::Enter(Plan::Execute { node, .. }) => {
                 out.extend(std::iter::repeat_n("    ", depth));
                 dot_id(node.as_str(), out);
+                if let Some(device) = placement.and_then(|p| p.device(node.as_str())) {
+                    out.push_str(" [label=");
+                    dot_id(&format!("{node} @ {device}"), out);
+                    out.push(']');
+                }
                 out.push_str(";\n");
             }
             Visit::Enter(Plan::Wave(_)) => {
@@ -78,6 +84,6 @@ impl Plan {
     /// The plan as a graphviz `digraph` with `rankdir=LR`: a node per step, a `cluster` per
     /// wave, an edge for every input. Every id is quoted.
     pub fn to_dot(&self) -> String {
-        plan_dot(self)
+        plan_dot(self, None)
     }
 }

@@ -31,6 +31,8 @@ use super::svg::{
     NODE_STROKE, ORDER_STROKE, ORDER_TEXT, ROW_GAP, TEXT, WAVE_STROKE, WAVE_TEXT,
 };
 use crate::compile::decompose;
+// Named apart from this module's own placement, of boxes on a page.
+use crate::model::device::Placement as Devices;
 use crate::model::graph::Graph;
 use crate::model::id::NodeId;
 use crate::plan::{Plan, Visit};
@@ -79,11 +81,18 @@ fn int(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-fn node_width(id: &NodeId) -> i64 {
+/// What a node's box says: its id, and `@ device` when it is placed.
+fn node_label(id: &NodeId, devices: Option<&Devices>) -> String {
+    match devices.and_then(|devices| devices.device(id.as_str())) {
+        Some(device) => format!("{id} @ {device}"),
+        None => id.to_string(),
+    }
+}
+
+fn node_width(label: &str) -> i64 {
     // A character that takes three or four bytes in UTF-8 is likely wide (CJK, emoji): count it
     // twice, so its box is too wide rather than too narrow.
-    let units: usize = id
-        .as_str()
+    let units: usize = label
         .chars()
         .map(|c| if c.len_utf8() >= 3 { 2 } else { 1 })
         .sum();
@@ -97,8 +106,9 @@ fn spaced(sizes: impl Iterator<Item = i64>, gap: i64) -> i64 {
 }
 
 /// Measures every plan of the tree, children before parents; `framed` says whether frames are
-/// drawn (a plan) or not (a graph). The root's block is the last.
-fn measure(plan: &Plan, framed: bool) -> Vec<Block<'_>> {
+/// drawn (a plan) or not (a graph), `devices` whether boxes say where their nodes are placed.
+/// The root's block is the last.
+fn measure<'p>(plan: &'p Plan, framed: bool, devices: Option<&Devices>) -> Vec<Block<'p>> {
     let mut columns_of = topological_columns(plan).into_iter();
     let mut blocks: Vec<Block<'_>> = Vec::new();
     // The blocks of the plans left whose parent is not: a parent's are the last of them.
@@ -111,7 +121,7 @@ fn measure(plan: &Plan, framed: bool) -> Vec<Block<'_>> {
                 shape: Shape::Blank,
             },
             Visit::Enter(Plan::Execute { node, .. }) => Block {
-                width: node_width(node),
+                width: node_width(&node_label(node, devices)),
                 height: NODE_HEIGHT,
                 shape: Shape::Node(node),
             },
@@ -444,8 +454,9 @@ fn svg<'p>(
     plan: &'p Plan,
     framed: bool,
     edges: impl Iterator<Item = (&'p NodeId, &'p NodeId)>,
+    devices: Option<&Devices>,
 ) -> String {
-    let blocks = measure(plan, framed);
+    let blocks = measure(plan, framed, devices);
     let root = blocks.len() - 1;
     let block = &blocks[root];
     if block.width == 0 {
@@ -507,7 +518,7 @@ fn svg<'p>(
             placed.x + placed.width / 2,
             placed.middle() + BASELINE
         );
-        xml(placed.id.as_str(), &mut out);
+        xml(&node_label(placed.id, devices), &mut out);
         out.push_str("</text></g>\n");
     }
     out.push_str("</svg>\n");
@@ -557,13 +568,14 @@ fn edge(source: &NodeId, target: &NodeId, from: &Placed<'_>, to: &Placed<'_>, ou
     );
 }
 
-/// The SVG of a plan, frames drawn: see [`Plan::to_svg`].
-fn plan_svg(plan: &Plan) -> String {
+/// The SVG of a plan, frames drawn, each placed node's box saying its device when `devices` are
+/// given: see [`Plan::to_svg`].
+pub(super) fn plan_svg(plan: &Plan, devices: Option<&Devices>) -> String {
     let steps = plan.steps();
     let edges = steps
         .iter()
         .flat_map(|&(node, from)| from.iter().map(move |source| (source, node)));
-    svg(plan, true, edges)
+    svg(plan, true, edges, devices)
 }
 
 impl Plan {
@@ -573,7 +585,7 @@ impl Plan {
     /// and an arrow for every input. Deterministic; no graphviz involved.
     /// [`Graph::to_svg`] draws a graph, without the frames.
     pub fn to_svg(&self) -> String {
-        plan_svg(self)
+        plan_svg(self, None)
     }
 }
 
@@ -597,7 +609,7 @@ impl Graph {
     /// # Ok::<(), soma_core::GraphError>(())
     /// ```
     pub fn to_svg(&self) -> String {
-        svg(&decompose(self), false, self.edges())
+        svg(&decompose(self), false, self.edges(), None)
     }
 
     /// The graph as Mermaid text: the drawing of its plan (a subgraph per wave), as

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
+use crate::model::device::Placement;
 use crate::plan::{Plan, Visit};
 
 /// Mermaid names for node ids: the id itself when Mermaid reads it as a plain name, otherwise
@@ -70,12 +71,12 @@ fn mermaid_label(id: &str, out: &mut String) {
 
 /// `flowchart LR`: every node with its id as label, a subgraph per wave, then an arrow for
 /// every input of every step, in step order.
-fn plan_mermaid(plan: &Plan) -> String {
+pub(super) fn plan_mermaid(plan: &Plan, placement: Option<&Placement>) -> String {
     let mut names = MermaidNames {
         names: HashMap::new(),
     };
     let mut out = String::from("flowchart LR\n");
-    mermaid_nodes(plan, &mut names, &mut out);
+    mermaid_nodes(plan, placement, &mut names, &mut out);
     for (node, from) in plan.steps() {
         for source in from {
             let source = names.name(source.as_str()).to_owned();
@@ -88,7 +89,12 @@ fn plan_mermaid(plan: &Plan) -> String {
 
 /// Every node, and a subgraph around each wave's, indented by how many waves enclose it; one
 /// walk, with no recursion, however deep the plan.
-fn mermaid_nodes<'p>(plan: &'p Plan, names: &mut MermaidNames<'p>, out: &mut String) {
+fn mermaid_nodes<'p>(
+    plan: &'p Plan,
+    placement: Option<&Placement>,
+    names: &mut MermaidNames<'p>,
+    out: &mut String,
+) {
     let mut depth = 1;
     let mut waves = 0;
     for visit in plan.visits() {
@@ -97,7 +103,10 @@ fn mermaid_nodes<'p>(plan: &'p Plan, names: &mut MermaidNames<'p>, out: &mut Str
                 out.extend(std::iter::repeat_n("    ", depth));
                 out.push_str(names.name(node.as_str()));
                 out.push('[');
-                mermaid_label(node.as_str(), out);
+                match placement.and_then(|p| p.device(node.as_str())) {
+                    Some(device) => mermaid_label(&format!("{node} @ {device}"), out),
+                    None => mermaid_label(node.as_str(), out),
+                }
                 out.push_str("]\n");
             }
             Visit::Enter(Plan::Wave(_)) => {
@@ -122,6 +131,6 @@ impl Plan {
     /// `subgraph` per wave, an arrow for every input. Ids Mermaid cannot read as names are
     /// renamed `soma_n<k>` and keep their id as label.
     pub fn to_mermaid(&self) -> String {
-        plan_mermaid(self)
+        plan_mermaid(self, None)
     }
 }

@@ -5,6 +5,7 @@
 //! drawing is an inherent method of the type it draws (`Plan::to_svg`, `Graph::to_svg`,
 //! `Trace::to_chrome`), written here.
 
+pub(crate) mod devices;
 mod dot;
 mod layout;
 mod mermaid;

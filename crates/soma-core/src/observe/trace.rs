@@ -42,6 +42,10 @@ impl Trace {
             );
             json_string(&span.branch_label(), &mut out);
             let _ = write!(out, ",\"turns\":{}", span.turns);
+            if let Some(device) = span.device {
+                // A device is written in lowercase letters, digits and `:`: nothing to escape.
+                let _ = write!(out, ",\"device\":\"{device}\"");
+            }
             if let Some(error) = &span.error {
                 out.push_str(",\"error\":");
                 json_string(error, &mut out);

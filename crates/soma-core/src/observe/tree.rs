@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use crate::model::device::Placement;
 use crate::plan::Plan;
 
 /// Writes the indented tree of `plan`, one line per step, without a final newline.
@@ -10,8 +11,12 @@ use crate::plan::Plan;
 /// level on the way into a plan's children and shrinks back on the way out, so one buffer
 /// serves the whole walk. The lists being walked wait on `open`, innermost last, each with the
 /// length `prefix` had before it: a plan nests as deep as it likes on the heap, not the stack.
-fn write_tree(plan: &Plan, out: &mut impl fmt::Write) -> fmt::Result {
-    write_label(plan, out)?;
+pub(super) fn write_tree(
+    plan: &Plan,
+    placement: Option<&Placement>,
+    out: &mut impl fmt::Write,
+) -> fmt::Result {
+    write_label(plan, placement, out)?;
     let mut prefix = String::new();
     let mut open: Vec<(std::slice::Iter<'_, Plan>, usize)> = vec![(plan.children().iter(), 0)];
     while let Some((children, restore)) = open.last_mut() {
@@ -24,7 +29,7 @@ fn write_tree(plan: &Plan, out: &mut impl fmt::Write) -> fmt::Result {
         out.write_char('\n')?;
         out.write_str(&prefix)?;
         out.write_str(if last { "└── " } else { "├── " })?;
-        write_label(child, out)?;
+        write_label(child, placement, out)?;
         if !child.children().is_empty() {
             let restore = prefix.len();
             prefix.push_str(if last { "    " } else { "│   " });
@@ -34,14 +39,18 @@ fn write_tree(plan: &Plan, out: &mut impl fmt::Write) -> fmt::Result {
     Ok(())
 }
 
-fn write_label(plan: &Plan, out: &mut impl fmt::Write) -> fmt::Result {
+fn write_label(
+    plan: &Plan,
+    placement: Option<&Placement>,
+    out: &mut impl fmt::Write,
+) -> fmt::Result {
     match plan {
         Plan::Empty => out.write_str("Empty"),
         Plan::Execute { node, from } => {
             write!(out, "{node} <- ")?;
             if from.is_empty() {
                 // In parentheses, to read as a note rather than as the id of a node.
-                return out.write_str("(input)");
+                out.write_str("(input)")?;
             }
             for (i, source) in from.iter().enumerate() {
                 if i > 0 {
@@ -49,7 +58,10 @@ fn write_label(plan: &Plan, out: &mut impl fmt::Write) -> fmt::Result {
                 }
                 write!(out, "{source}")?;
             }
-            Ok(())
+            match placement.and_then(|p| p.device(node.as_str())) {
+                Some(device) => write!(out, " @ {device}"),
+                None => Ok(()),
+            }
         }
         Plan::Sequence(_) => out.write_str("Sequence"),
         Plan::Wave(_) => out.write_str("Wave"),
@@ -71,6 +83,6 @@ impl fmt::Display for Plan {
     ///
     /// [`Plan::compact`] is the same tree on one line.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write_tree(self, f)
+        write_tree(self, None, f)
     }
 }

@@ -22,8 +22,9 @@
 //!
 //! The thread a branch is taken by is the engine's choice; so what a node leaves in a native
 //! library's thread-locals may be seen by a later branch that runs on the same thread, exactly
-//! as with any thread pool. What the engine itself manages per branch (through
-//! [`Host::branch`]) is set when the branch starts on a crew thread and put back when it ends.
+//! as with any thread pool. What the engine itself manages per branch — through [`Host::branch`]
+//! on a crew thread, and on any thread through the context a host captures for a wave
+//! ([`crate::Captured`]) — is set when the branch starts and put back when it ends.
 //!
 //! # Threads come and go
 //!
@@ -53,6 +54,8 @@
 //! caller gives up waiting, it returns at once having left the work, and everything its
 //! branches borrow, to the run's remains, which the last branch to finish frees
 //! ([`crate::run::detach`]).
+//! [`Crew::lend`], whose tasks outlive their caller's frame, leaves its work to the remains
+//! from the start.
 
 use std::any::Any;
 use std::collections::VecDeque;
@@ -321,6 +324,55 @@ impl Crew {
                 })
                 .collect(),
         )
+    }
+}
+
+impl Crew {
+    /// Lends crew threads to `tasks`, one each, without waiting for them: each runs start to
+    /// finish on the thread that takes it and gives the thread back to the crew when it returns.
+    /// For work that outlives its caller's frame (the stages of a stream); a task that must meet
+    /// the others is in flight with them, by the same chain of helpers as a wave's branches.
+    ///
+    /// A task the operating system refuses a thread for is dropped without being run: whoever
+    /// waits for it should learn that from something the task owns being dropped.
+    ///
+    /// # Errors
+    /// The operating system's refusal of a thread, after the tasks without one were dropped.
+    pub(crate) fn lend<F>(&self, tasks: Vec<F>, host: Option<&Arc<dyn Host>>) -> io::Result<()>
+    where
+        F: FnOnce() + Send + 'static,
+    {
+        let len = tasks.len();
+        if len == 0 {
+            return Ok(());
+        }
+        let work: Kept<Work<F, ()>> = Kept::new(Work {
+            tasks: tasks.into_iter().map(|t| Mutex::new(Some(t))).collect(),
+            outcomes: (0..len).map(|_| Mutex::new(None)).collect(),
+        });
+        let offer = Arc::new(Offer {
+            // Nobody holds a task yet: the crew's threads take them all.
+            next: AtomicUsize::new(0),
+            len,
+            unfinished: AtomicUsize::new(len),
+            queued: AtomicBool::new(false),
+            latch: Latch {
+                done: Mutex::new(false),
+                opened: Condvar::new(),
+            },
+            remains: Mutex::new(None),
+            host: host.cloned(),
+            work: work.as_ptr().cast_const().cast(),
+            run: run_task::<F, ()>,
+        });
+        // Nobody waits for these tasks: their work goes to remains that the offer keeps and the
+        // task that finishes last frees, as a wave's whose owner stopped waiting.
+        let remains = Arc::new(Remains::new());
+        work.leave(&remains);
+        offer.leave(&remains);
+        self.pool.offer(&offer).inspect_err(|refused| {
+            offer.refuse_unclaimed(refused);
+        })
     }
 }
 

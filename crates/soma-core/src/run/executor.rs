@@ -219,7 +219,7 @@ impl Executor {
 
     /// The run's result, from the outcome of its walk and the table it filled; `input` is the
     /// result of a plan without a leaf.
-    fn finish(
+    pub(super) fn finish(
         program: &Program,
         walked: Result<(), Halt>,
         table: &mut [Option<Value>],
@@ -370,6 +370,7 @@ impl Executor {
             branch: lane.path(),
             turns,
             error: outcome.as_ref().err().map(ToString::to_string),
+            device: step.device,
         });
         outcome
     }
@@ -395,7 +396,7 @@ impl Executor {
                     limit: self.turn_limit,
                 });
             }
-            let ctx = Ctx::new(node, turn, &results);
+            let ctx = Ctx::new(node, turn, &results).on(step.device);
             *turns = turn + 1;
             let transition =
                 step.node

@@ -1,5 +1,6 @@
 //! The hooks an embedder gives the executor: a [`Watch`] that says when to stop, and a
-//! [`Host`] that wraps each branch and each wait (an interpreter lock, say).
+//! [`Host`] that wraps each branch and each wait (an interpreter lock, say) and carries the
+//! context a wave was reached in into each of its branches ([`Captured`]).
 
 /// Asked at every node boundary whether the run should stop — how a host turns Ctrl-C or a
 /// deadline into [`crate::RunError::Interrupted`].
@@ -24,4 +25,28 @@ pub trait Host: Send + Sync {
     fn branch(&self, run: &mut dyn FnMut());
     /// Runs something that blocks.
     fn blocking(&self, run: &mut (dyn FnMut() + Send));
+
+    /// What the branches of a wave about to start must run in, captured on the thread that
+    /// reached the wave (the caller of the run for an outermost wave, the enclosing branch for
+    /// a nested one), inside the host's own hold on that thread ([`Host::branch`], or the
+    /// caller's). `None`, the default, when the host carries nothing: branches then run in
+    /// whatever their thread holds.
+    ///
+    /// Called once per wave, never per branch: the per-branch cost is [`Captured::enter`]'s.
+    fn capture(&self) -> Option<Box<dyn Captured>> {
+        None
+    }
+}
+
+/// A context captured by [`Host::capture`], entered once per branch of the wave it was captured
+/// for — on whichever thread runs the branch, the caller's own included.
+///
+/// Shared by every branch of the wave at once, from their threads.
+pub trait Captured: Send + Sync {
+    /// Runs one branch in a copy of the captured context of its own, and puts back what the
+    /// thread had before when `run` returns: whatever the branch changes stays its own, seen
+    /// neither by its siblings nor by the next branch its thread is lent. Called inside the
+    /// host's hold on the thread. `run` never unwinds (the executor catches a branch's panic
+    /// inside it).
+    fn enter(&self, run: &mut dyn FnMut());
 }

@@ -5,6 +5,8 @@
 //! The executor is where an embedder plugs in: a [`Driver`](crate::Driver) serves nodes that
 //! await, a [`Watch`](hooks::Watch) says when to stop, a [`Host`](hooks::Host) wraps each
 //! branch and each wait (an interpreter lock, say), a [`Trace`](trace::Trace) records spans.
+//!
+//! A [`Stream`](stream::Stream) runs a program over many items, its stages overlapped.
 
 pub(crate) mod crew;
 mod detach;
@@ -12,6 +14,7 @@ pub(crate) mod error;
 pub(crate) mod executor;
 pub(crate) mod hooks;
 pub(crate) mod program;
+pub(crate) mod stream;
 mod table;
 pub(crate) mod trace;
 mod wave;

@@ -21,6 +21,7 @@ use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
 use crate::model::catalog::Catalog;
+use crate::model::device::{Device, Placement};
 use crate::model::id::{IdHasher, NodeId};
 use crate::model::node::Node;
 use crate::plan::{Plan, Visit};
@@ -64,6 +65,8 @@ pub(crate) struct Step {
     pub(crate) slot: usize,
     pub(crate) node: Arc<dyn Node>,
     pub(crate) from: Box<[Read]>,
+    /// Where the node is placed, if it is.
+    pub(crate) device: Option<Device>,
 }
 
 /// Where a step reads one input, and whether it is the value's last reader in its producer's
@@ -88,9 +91,34 @@ impl Program {
     /// O(steps + reads · d), where d is how far apart in the plan's nesting a value's producer and
     /// readers are (1 or 2 for plans the compiler makes); no recursion, however deep the plan.
     pub fn new(plan: &Plan, catalog: &Catalog) -> Result<Program, ProgramError> {
+        Program::placed(plan, catalog, None)
+    }
+
+    /// Resolves `plan` against `catalog`, each step's node placed where `placement` says
+    /// ([`crate::Ctx::device`]); nodes it does not name are unplaced, and placed nodes the plan
+    /// does not run are ignored. The program runs the same steps in the same order as without.
+    ///
+    /// # Errors
+    /// As [`Program::new`].
+    ///
+    /// # Complexity
+    /// As [`Program::new`], plus one lookup per step.
+    pub fn with_placement(
+        plan: &Plan,
+        catalog: &Catalog,
+        placement: &Placement,
+    ) -> Result<Program, ProgramError> {
+        Program::placed(plan, catalog, Some(placement).filter(|p| !p.is_empty()))
+    }
+
+    fn placed(
+        plan: &Plan,
+        catalog: &Catalog,
+        placement: Option<&Placement>,
+    ) -> Result<Program, ProgramError> {
         let numbered = Numbering::of(plan, catalog)?;
         let decided = numbered.decide();
-        let root = numbered.build(plan, &decided);
+        let root = numbered.build(plan, &decided, placement);
         Ok(Program {
             root,
             ids: numbered.ids.into(),
@@ -394,7 +422,7 @@ impl Numbering {
     }
 
     /// The second pass: the tree of ops, built bottom up on an explicit stack.
-    fn build(&self, plan: &Plan, decided: &Decided) -> Op {
+    fn build(&self, plan: &Plan, decided: &Decided, placement: Option<&Placement>) -> Op {
         let mut done: Vec<Op> = Vec::new();
         // For each open container: where its children start on `done`, its sequence number or
         // its wave's bounds so far.
@@ -427,6 +455,7 @@ impl Numbering {
                                 slot,
                                 node: Arc::clone(&self.implementations[slot]),
                                 from,
+                                device: placement.and_then(|p| p.device(self.ids[slot].as_str())),
                             }));
                             slot += 1;
                         }

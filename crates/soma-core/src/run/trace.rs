@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::model::device::Device;
 use crate::model::id::NodeId;
 
 /// One node's run.
@@ -34,6 +35,8 @@ pub struct Span {
     pub turns: u32,
     /// Its error, if it failed.
     pub error: Option<String>,
+    /// The device it was placed on, if any.
+    pub device: Option<Device>,
 }
 
 impl Span {

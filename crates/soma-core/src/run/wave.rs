@@ -1,4 +1,9 @@
 //! A wave: its branches handed to threads at once, joined, and settled into one outcome.
+//!
+//! Every branch runs in the context its wave was reached in: the host captures it once per
+//! wave, on the thread that reached it ([`crate::Host::capture`]), and each branch enters a copy
+//! of its own on the thread that runs it — the caller's own thread too, so that what one branch
+//! changes is seen neither by its siblings nor by the code after the wave.
 
 use std::cell::Cell;
 use std::panic::{self, AssertUnwindSafe};
@@ -11,6 +16,7 @@ use super::crew::{Crew, Refused};
 use super::detach::{Detached, Kept, Remains};
 use super::error::RunError;
 use super::executor::{Executor, Halt};
+use super::hooks::Captured;
 use super::program::Op;
 use super::table::{Frame, Shared};
 use crate::model::value::Value;
@@ -85,6 +91,9 @@ struct WaveLocals<'s> {
     shared: Shared<'s>,
     state: WaveState,
     lane: Lane<'s>,
+    /// The context the wave was reached in, entered by each branch; kept with the rest, since a
+    /// branch left running by a caller that gave up still enters and leaves it.
+    captured: Option<Box<dyn Captured>>,
 }
 
 impl<'s> Lane<'s> {
@@ -167,12 +176,15 @@ impl Executor {
                 first_failed: AtomicUsize::new(usize::MAX),
             },
             lane,
+            captured: self.host.as_ref().and_then(|host| host.capture()),
         });
         let WaveLocals {
             shared,
             state,
             lane,
+            captured,
         } = locals.get();
+        let captured = captured.as_deref();
         let mut remaining = &mut after[..hi - lo];
         let mut tasks = Vec::with_capacity(branches.len());
         for (i, (branch, window)) in branches.iter().zip(bounds.windows(2)).enumerate() {
@@ -183,7 +195,7 @@ impl Executor {
                 own,
                 shared: Some(shared),
             };
-            tasks.push(move || self.branch(branch, i, input, &mut own, state, lane));
+            tasks.push(move || self.branch(branch, i, input, &mut own, state, lane, captured));
         }
         // This thread runs its share of the wave with whatever it holds of the host (the GIL,
         // say) and gives it back only to sleep until the branches run elsewhere are done.
@@ -212,7 +224,8 @@ impl Executor {
     /// frames to one stack; a graph nested a hundred thousand levels deep would overflow any
     /// stack. Every [`WAVES_PER_STACK`] levels (then every [`WAVES_PER_FRESH_STACK`]) the walk
     /// moves to a fresh stack instead: a deep graph costs one short-lived, waiting thread per
-    /// that many levels, and no stack grows with depth.
+    /// that many levels, and no stack grows with depth. The deeper thread reaches the wave in
+    /// the context this thread reached it in, captured here and owned by that thread.
     fn wave_on_a_fresh_stack(
         &self,
         branches: &[Op],
@@ -249,9 +262,10 @@ impl Executor {
             meeting.done.load(Ordering::Acquire)
         };
         let theirs = Arc::clone(&meeting);
+        let captured = self.host.as_ref().and_then(|host| host.capture());
         let deeper = move || {
             ROOM.with(|room| room.set(WAVES_PER_FRESH_STACK));
-            let mut run = || {
+            let mut wave = || {
                 let outcome = panic::catch_unwind(AssertUnwindSafe(|| {
                     self.wave(branches, bounds, input, deeper_frame, lane)
                 }));
@@ -260,10 +274,7 @@ impl Executor {
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner) = Some(outcome);
             };
-            match &self.host {
-                Some(host) => host.branch(&mut run),
-                None => run(),
-            }
+            self.on_a_thread_of_its_own(captured.as_deref(), &mut wave);
             theirs.done.store(true, Ordering::Release);
             waiter.unpark();
             // Last: what the caller left may include everything this thread borrowed.
@@ -334,7 +345,22 @@ impl Executor {
         outcome
     }
 
-    /// Runs one branch of a wave; on failure, tells the later-declared siblings to stop.
+    /// Runs `work` as a thread that is not the wave's runs a branch: inside the host's hold on
+    /// the thread, in a copy of `captured`.
+    fn on_a_thread_of_its_own(&self, captured: Option<&dyn Captured>, work: &mut dyn FnMut()) {
+        let mut run = || match captured {
+            Some(captured) => captured.enter(work),
+            None => work(),
+        };
+        match &self.host {
+            Some(host) => host.branch(&mut run),
+            None => run(),
+        }
+    }
+
+    /// Runs one branch of a wave, in a copy of the wave's context when the host captured one;
+    /// on failure, tells the later-declared siblings to stop.
+    #[allow(clippy::too_many_arguments)] // The branch, where it stands, and what it runs in.
     fn branch(
         &self,
         branch: &Op,
@@ -343,6 +369,7 @@ impl Executor {
         frame: &mut Frame<'_>,
         state: &WaveState,
         outer: &Lane<'_>,
+        captured: Option<&dyn Captured>,
     ) -> Result<(), Halt> {
         let lane = Lane {
             wave: Some((state, index)),
@@ -351,8 +378,18 @@ impl Executor {
             caller: outer.caller,
             detached: outer.detached,
         };
-        let result =
-            panic::catch_unwind(AssertUnwindSafe(|| self.walk(branch, input, frame, lane)));
+        // Caught inside the context, so that entering it is always matched by leaving it.
+        let mut result = None;
+        let mut walk = || {
+            result = Some(panic::catch_unwind(AssertUnwindSafe(|| {
+                self.walk(branch, input, frame, lane)
+            })));
+        };
+        match captured {
+            Some(captured) => captured.enter(&mut walk),
+            None => walk(),
+        }
+        let result = result.expect("the context ran the branch");
         if !matches!(result, Ok(Ok(()) | Err(Halt::Cancelled))) {
             state.first_failed.fetch_min(index, Ordering::AcqRel);
         }

@@ -9,18 +9,22 @@
 //! | `dsl` | `>>` and `|` against `add_node`/`add_edge`, errors that survive gluing |
 //! | `decomposition` | the plan of each topology, and compile's refusal |
 //! | `drawing` | the tree, Mermaid, DOT and SVG of plans and graphs |
+//! | `placement` | devices read and refused where written, placement beside the plan, shown in traces and drawings |
 //! | `messages` | every error's message, word for word (inline snapshots) |
+//! | `context` | each branch runs in a copy of the context its wave was reached in, its changes its own |
 //! | `crew` | a program's standing threads: one per branch, kept from run to run, never shared |
 //! | `layers` | the stages import one way: model, plan, compile, run, observe |
 //! | `isolation` | a branch's thread is its own; a million-node chain needs no deep stack |
 //! | `depth` | a graph nested 100,000 levels deep compiles, draws, clones and drops on a small stack |
 //! | `invariants` | every plan, over a battery and random DAGs; the expression oracle |
 //! | `tracing` | spans per node, their thread and branch, the Chrome trace, summary, timeline |
+//! | `streams` | items through a program, stages overlapped, order, bounds, errors, early close |
 //! | `waves` | branches really at once, one thread each, failures and panics |
 
 // What `random_graphs` builds; it is shared with a unit test, where its crate differs.
 use soma_core::Graph;
 
+mod context;
 mod crew;
 mod decomposition;
 mod depth;
@@ -34,7 +38,9 @@ mod invariants;
 mod isolation;
 mod layers;
 mod messages;
+mod placement;
 mod random_graphs;
+mod streams;
 mod support;
 mod tracing;
 mod values;

@@ -1,0 +1,267 @@
+"""Streams: ``Graph.map`` against a loop of ``forward`` and a thread pool, in one run.
+
+    .venv/bin/python benches/python/stream.py [--quick] [--out PATH]
+
+Prints markdown tables (and writes them to PATH). Timings only, never assertions; the targets
+of the streams issue are stated beside each figure:
+
+1. **Overlap.** A chain of 4 stages over 200 items, each stage 10 ms of work that releases the
+   GIL (``time.sleep``): ``g.map`` against the pipeline bound ``(items + stages - 1) x 10 ms``
+   (target: within 10%, so at least 3.6x a loop of ``forward``), beside a loop of ``forward``
+   and ``ThreadPoolExecutor.map`` over ``forward``. The same with 4 numpy stages at one BLAS
+   thread, against the bound the machine's cores allow (target: within 15%). ``dask.bag`` (one
+   ``map`` per stage, threaded) is beside them when installed; Ray Data is not run here.
+2. **Per-item cost.** Trivial Python nodes, 100,000 items through 3 nodes: ``g.map``'s cost per
+   item per node against what ``forward`` costs for one item (target: at most 2x).
+3. **Memory.** A generator of 1,000,000 items through 3 trivial nodes, in a fresh process:
+   resident memory after 10,000 items and at the end (target: within 5%), and the threads the
+   process holds while streaming and after.
+"""
+
+from __future__ import annotations
+
+import os
+
+# One BLAS thread per stage: the stages are the parallelism being measured.
+os.environ["OPENBLAS_NUM_THREADS"] = "1"
+os.environ["OMP_NUM_THREADS"] = "1"
+os.environ["MKL_NUM_THREADS"] = "1"
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import soma
+
+HERE = Path(__file__).resolve().parent
+STAGE_S = 0.010
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class Sleep(soma.Node):
+    """10 ms of waiting with the GIL released, as I/O or a GPU kernel would."""
+
+    def forward(self, x: Any) -> Any:
+        time.sleep(STAGE_S)
+        return x
+
+
+class MatMul(soma.Node):
+    """A few products of a 160 x 160 matrix: BLAS work that releases the GIL."""
+
+    def __init__(self) -> None:
+        self.a = np.random.default_rng(0).standard_normal((160, 160)) / 16
+
+    def forward(self, x: Any) -> Any:
+        m = self.a
+        for _ in range(6):
+            m = m @ self.a
+        return x
+
+
+class Trivial(soma.Node):
+    def forward(self, x: int) -> int:
+        return x + 1
+
+
+def chain(make: Callable[[], soma.Node], stages: int) -> soma.Graph:
+    expr: Any = make().named("s0")
+    for at in range(1, stages):
+        expr = expr >> make().named(f"s{at}")
+    return soma.Graph.somatize(expr)
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def best(fn: Callable[[], Any], repeats: int) -> float:
+    return min(timed(fn) for _ in range(repeats))
+
+
+def overlap(make: Callable[[], soma.Node], items: int, repeats: int) -> dict[str, Any]:
+    stages = 4
+    g = chain(make, stages)
+    node = make()
+    stage_s = best(lambda: [node.forward(i) for i in range(20)], repeats) / 20
+    cores = os.cpu_count() or 1
+    # The pipeline bound, and for CPU work also what the cores allow.
+    bound = (items + stages - 1) * stage_s
+    if not isinstance(node, Sleep):
+        bound = max(bound, items * stages * stage_s / cores)
+    inputs = list(range(items))
+    loop = best(lambda: [g.forward(x) for x in inputs], repeats)
+    with ThreadPoolExecutor(max_workers=stages) as pool:
+        threads = best(lambda: list(pool.map(g.forward, inputs)), repeats)
+    mapped = best(lambda: list(g.map(inputs)), repeats)
+    return {
+        "stage_ms": stage_s * 1e3,
+        "bound": bound,
+        "loop": loop,
+        "thread_pool": threads,
+        "dask": dask_bag(g, inputs, repeats),
+        "map": mapped,
+    }
+
+
+def dask_bag(g: soma.Graph, inputs: list[int], repeats: int) -> float | None:
+    """The same stages as a ``dask.bag`` pipeline (one ``map`` per stage, threaded scheduler,
+    a partition per item so that stages overlap across items); ``None`` when dask is not
+    installed (``make bench`` installs it)."""
+    try:
+        import dask.bag
+    except ImportError:
+        return None
+    stages = [g.implementation(node_id).forward for node_id in g.topological_sort()]
+
+    def run() -> list[Any]:
+        bag = dask.bag.from_sequence(inputs, npartitions=len(inputs))
+        for stage in stages:
+            bag = bag.map(stage)
+        return list(bag.compute(scheduler="threads", num_workers=len(stages)))
+
+    return best(run, repeats)
+
+
+def per_item(items: int, repeats: int) -> dict[str, float]:
+    g = chain(Trivial, 3)
+    inputs = range(items)
+    loop = best(lambda: [g.forward(x) for x in inputs], repeats)
+    mapped = best(lambda: sum(1 for _ in g.map(inputs)), repeats)
+    return {
+        "forward_us_per_item": loop / items * 1e6,
+        "map_us_per_item": mapped / items * 1e6,
+        "map_us_per_item_per_node": mapped / items / 3 * 1e6,
+    }
+
+
+MEMORY_CHILD = """
+import json, sys, threading
+import soma
+
+def rss_kib():
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4
+
+def os_threads():
+    with open("/proc/self/status") as status:
+        return int(next(l for l in status if l.startswith("Threads:")).split()[1])
+
+class Trivial(soma.Node):
+    def forward(self, x):
+        return x + 1
+
+g = soma.Graph.somatize(Trivial().named("a") >> Trivial().named("b") >> Trivial().named("c"))
+items = int(sys.argv[1])
+out = {"threads_before": os_threads()}
+for taken, _ in enumerate(g.map(x for x in range(items)), start=1):
+    if taken == 10_000:
+        out["rss_at_10k_kib"] = rss_kib()
+        out["threads_streaming"] = os_threads()
+out["rss_at_end_kib"] = rss_kib()
+out["threads_after"] = os_threads()
+out["graph_threads_after"] = g.threads()
+print(json.dumps(out))
+"""
+
+
+def memory(items: int) -> dict[str, Any]:
+    run = subprocess.run(
+        [sys.executable, "-c", MEMORY_CHILD, str(items)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    figures: dict[str, Any] = json.loads(run.stdout)
+    figures["items"] = items
+    return figures
+
+
+def report(
+    over_sleep: dict[str, Any],
+    over_numpy: dict[str, Any],
+    cost: dict[str, float],
+    mem: dict[str, Any],
+    items: int,
+) -> str:
+    lines = [f"## Streams ({items} items, 4 stages; best of the repeats)", ""]
+    lines += [
+        "| stages | stage | bound | loop of forward | ThreadPoolExecutor.map | dask.bag | g.map "
+        "| g.map / bound | loop / g.map |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, f in (("sleep (GIL released)", over_sleep), ("numpy, 1 BLAS thread", over_numpy)):
+        dask_cell = "not installed" if f["dask"] is None else f"{f['dask']:.3f} s"
+        lines.append(
+            f"| {name} | {f['stage_ms']:.2f} ms | {f['bound']:.3f} s | {f['loop']:.3f} s "
+            f"| {f['thread_pool']:.3f} s | {dask_cell} | {f['map']:.3f} s "
+            f"| {f['map'] / f['bound']:.2f} "
+            f"| {f['loop'] / f['map']:.2f}x |"
+        )
+    lines += [
+        "",
+        "Targets: sleep within 10% of the bound (g.map / bound <= 1.10, loop / g.map >= 3.6x); "
+        "numpy within 15% of what the cores allow.",
+        "",
+        "| trivial nodes | forward, per item | g.map, per item | g.map, per item per node "
+        "| per node / forward |",
+        "|---|---|---|---|---|",
+        f"| 3 nodes | {cost['forward_us_per_item']:.2f} us | {cost['map_us_per_item']:.2f} us "
+        f"| {cost['map_us_per_item_per_node']:.2f} us "
+        f"| {cost['map_us_per_item_per_node'] / cost['forward_us_per_item']:.2f} |",
+        "",
+        "Target: per item per node at most 2x what forward costs for one item.",
+        "",
+    ]
+    growth = mem["rss_at_end_kib"] / mem["rss_at_10k_kib"] - 1
+    lines += [
+        f"| generator of {mem['items']:,} items | RSS at 10,000 | RSS at end | growth "
+        "| OS threads before / streaming / after | graph's threads after |",
+        "|---|---|---|---|---|---|",
+        f"| 3 trivial nodes | {mem['rss_at_10k_kib'] / 1024:.1f} MiB "
+        f"| {mem['rss_at_end_kib'] / 1024:.1f} MiB | {growth:+.1%} "
+        f"| {mem['threads_before']} / {mem['threads_streaming']} / {mem['threads_after']} "
+        f"| {mem['graph_threads_after']} (idle, lent back) |",
+        "",
+        "Target: resident memory flat (within 5%) after the first 10,000 items.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer items and repeats")
+    parser.add_argument("--out", type=Path, help="also write the tables here")
+    args = parser.parse_args()
+    items, repeats = (50, 1) if args.quick else (200, 3)
+    log("streams: sleeping stages")
+    over_sleep = overlap(Sleep, items, repeats)
+    log("streams: numpy stages")
+    over_numpy = overlap(MatMul, items, repeats)
+    log("streams: per-item cost")
+    cost = per_item(20_000 if args.quick else 100_000, repeats)
+    log("streams: memory")
+    mem = memory(100_000 if args.quick else 1_000_000)
+    text = report(over_sleep, over_numpy, cost, mem, items)
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

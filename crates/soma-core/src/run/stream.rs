@@ -1,0 +1,911 @@
+//! `Stream`: a sequence of items through one program, its stages overlapped, in bounded memory.
+//!
+//! A loop of runs leaves every node but one idle: while the last node works on item 7, the
+//! first waits for item 8. A stream cuts the program into *stages* — the steps of its top-level
+//! sequence, each a node or a whole wave — and lends each stage a thread of the program's crew
+//! for the stream's life. A stage takes items one at a time and in input order, so a node never
+//! sees two items at once (a stateful node needs no lock), while stage *k* works on item *i* and
+//! stage *k + 1* on item *i − 1*. A wave inside a stage still runs its branches side by side,
+//! for each item, exactly as a run does.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use soma_core::{compile, node, NodeError, Program, Stream, StreamSettings, Value};
+//!
+//! let add = |x: &Value| -> Result<Value, NodeError> { Ok(Value::Int(x.as_int().unwrap_or(0) + 1)) };
+//! let (graph, catalog) = (node("a", add) >> node("b", add)).somatize()?;
+//! let program = Arc::new(Program::new(&compile(&graph, &catalog)?, &catalog)?);
+//! let stream = Stream::start(program, (0..5).map(Value::Int), StreamSettings::default());
+//! let out: Vec<Value> = stream.map(|item| item.map(|(_, value)| value)).collect::<Result<_, _>>()?;
+//! assert_eq!(out, (2..7).map(Value::Int).collect::<Vec<_>>());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Bounded memory
+//! The caller reads inputs lazily, on its own thread, and only while fewer than
+//! [`StreamSettings::with_in_flight`] items have been read and not yet handed back. So a stream
+//! holds at most that many items however long its input, and a consumer that stops reading stops
+//! the stream instead of filling memory. A stage never waits on its output: the bound is where
+//! items enter.
+//!
+//! # Order
+//! Items carry their index. Each stage's inbox is keyed by index, and a stage of one worker takes
+//! only the next index, so its nodes see items in input order even after a stage of several
+//! workers ([`StreamSettings::with_concurrency`]) finished them out of order. Results come out in
+//! input order, or as they finish ([`StreamSettings::unordered`]).
+//!
+//! # Errors
+//! An item that fails carries its error through the remaining stages, which skip it, to its place
+//! in the output. With [`OnError::Stop`] stages run no item after it and the stream ends once its
+//! error has been handed back; with [`OnError::Continue`] the others go on.
+//!
+//! # Closing
+//! Dropping a stream, or [`Stream::close`], tells every stage to stop before its next item, waits
+//! until their threads are back with the crew, then drops what was still in flight on the
+//! caller's thread. A stream that ends closes itself.
+//!
+//! # Threads, and who touches what
+//! A stage of *n* workers holds *n* crew threads ([`crate::run::crew`]'s `lend`): a stream of
+//! *S* one-worker stages holds *S* threads and the caller's, plus what the waves inside its
+//! stages borrow, and gives them back when it ends. They are the crew's, not the stream's: the
+//! next run or stream finds them idle.
+//!
+//! One mutex guards the inboxes, the outbox and the figures; each stage's workers and the caller
+//! sleep on a condvar of their own, woken only when something they can take arrived. Nothing is
+//! run, no value dropped and no host (an interpreter lock) waited for while it is held: a host's
+//! lock is taken around whole stages and given back only in the host's blocking wait, so a
+//! thread that waited for it under this mutex could deadlock with one that holds it.
+//!
+//! # Later variants
+//! A stage is a step of the plan and the executor its worker runs it with, nothing more: a
+//! stage placed on a device enters it where its worker starts (the host's `branch`), and a
+//! remote slice is a stage whose step runs elsewhere — each one more kind of stage, with the
+//! same inboxes, order, bound and error rules. Finer stages (a chain inside a wave's branch
+//! overlapping across items) would split an item's table between threads as a wave does.
+
+use std::any::Any;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::detach::GRACE;
+use super::error::RunError;
+use super::executor::Executor;
+use super::hooks::{Captured, Host, Watch};
+use super::table::Frame;
+use super::trace::Trace;
+use super::wave::Lane;
+use crate::model::driver::Driver;
+use crate::model::id::NodeId;
+use crate::model::value::Value;
+use crate::run::executor::DEFAULT_TURN_LIMIT;
+use crate::run::program::{Op, Program};
+
+/// How many items a stream holds at once unless told otherwise: enough to keep a few dozen
+/// stage workers busy, few enough that a stream of large items stays small.
+pub const DEFAULT_IN_FLIGHT: usize = 64;
+
+/// How often a caller waiting for the next result asks the [`Watch`] whether to stop.
+const WATCH_INTERVAL: Duration = Duration::from_millis(5);
+
+/// What a stream does after an item fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnError {
+    /// Hands back the items before it, then its error, and ends.
+    Stop,
+    /// Hands back its error in its place and goes on with the others.
+    Continue,
+}
+
+/// How a stream runs: its bound, order, error rule, stage workers, and the executor's hooks.
+#[derive(Clone)]
+pub struct StreamSettings {
+    in_flight: usize,
+    ordered: bool,
+    on_error: OnError,
+    concurrency: HashMap<NodeId, usize>,
+    driver: Option<Arc<dyn Driver>>,
+    watch: Option<Arc<dyn Watch>>,
+    host: Option<Arc<dyn Host>>,
+    trace: Option<Arc<Trace>>,
+    turn_limit: u32,
+}
+
+impl Default for StreamSettings {
+    fn default() -> Self {
+        StreamSettings {
+            in_flight: DEFAULT_IN_FLIGHT,
+            ordered: true,
+            on_error: OnError::Stop,
+            concurrency: HashMap::new(),
+            driver: None,
+            watch: None,
+            host: None,
+            trace: None,
+            turn_limit: DEFAULT_TURN_LIMIT,
+        }
+    }
+}
+
+impl StreamSettings {
+    /// Holds at most `items` items at once (at least 1).
+    #[must_use]
+    pub fn with_in_flight(mut self, items: usize) -> Self {
+        self.in_flight = items.max(1);
+        self
+    }
+
+    /// Hands results back as they finish instead of in input order.
+    #[must_use]
+    pub fn unordered(mut self) -> Self {
+        self.ordered = false;
+        self
+    }
+
+    /// What to do after an item fails ([`OnError::Stop`] unless set).
+    #[must_use]
+    pub fn with_on_error(mut self, rule: OnError) -> Self {
+        self.on_error = rule;
+        self
+    }
+
+    /// Lets `node` work on up to `workers` items at once, for a node that keeps no state between
+    /// items. A stage gets the fewest workers any of its nodes allows, so a node in a stage with
+    /// others (a wave) keeps one unless they all allow more.
+    #[must_use]
+    pub fn with_concurrency(mut self, node: NodeId, workers: usize) -> Self {
+        self.concurrency.insert(node, workers.max(1));
+        self
+    }
+
+    /// Serves awaiting nodes with `driver`, shared by every stage.
+    #[must_use]
+    pub fn with_driver(mut self, driver: Arc<dyn Driver>) -> Self {
+        self.driver = Some(driver);
+        self
+    }
+
+    /// Consults `watch` at node boundaries and while the caller waits.
+    #[must_use]
+    pub fn with_watch(mut self, watch: Arc<dyn Watch>) -> Self {
+        self.watch = Some(watch);
+        self
+    }
+
+    /// Lets `host` wrap each stage and each blocking wait.
+    #[must_use]
+    pub fn with_host(mut self, host: Arc<dyn Host>) -> Self {
+        self.host = Some(host);
+        self
+    }
+
+    /// Records a span in `trace` for every node of every item.
+    #[must_use]
+    pub fn with_trace(mut self, trace: Arc<Trace>) -> Self {
+        self.trace = Some(trace);
+        self
+    }
+
+    /// Gives each node at most `limit` turns per item.
+    #[must_use]
+    pub fn with_turn_limit(mut self, limit: u32) -> Self {
+        self.turn_limit = limit;
+        self
+    }
+
+    /// The executor each stage runs its items with, sharing these hooks.
+    fn executor(&self) -> Executor {
+        Executor {
+            driver: self.driver.clone(),
+            watch: self.watch.clone(),
+            host: self.host.clone(),
+            trace: self.trace.clone(),
+            turn_limit: self.turn_limit,
+        }
+    }
+}
+
+/// An item that failed: where it was, what it was, and why.
+#[derive(Clone, Debug)]
+pub struct Failed {
+    /// Its position in the input, from 0.
+    pub index: u64,
+    /// The input it was.
+    pub input: Value,
+    /// What stopped it (naming the node, when a node is to blame).
+    pub error: RunError,
+}
+
+/// Why a stream handed back an error instead of a result.
+#[derive(Clone, Debug)]
+pub enum StreamError {
+    /// One item failed.
+    Item(Failed),
+    /// The stream as a whole stopped: its watch said so, or a stage never got a thread.
+    Stopped(RunError),
+}
+
+impl fmt::Display for StreamError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StreamError::Item(failed) => write!(f, "item {}: {}", failed.index, failed.error),
+            StreamError::Stopped(error) => error.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for StreamError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StreamError::Item(failed) => Some(&failed.error),
+            StreamError::Stopped(error) => Some(error),
+        }
+    }
+}
+
+/// Where one stage's time went.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StageFigures {
+    /// Its nodes, in plan order.
+    pub nodes: Vec<NodeId>,
+    /// How many items it may work on at once.
+    pub workers: usize,
+    /// Items it has passed on, failed ones included.
+    pub items: u64,
+    /// Time its workers spent running items, summed over workers.
+    pub busy: Duration,
+    /// Time its workers spent waiting for an item, summed over workers.
+    pub waiting: Duration,
+}
+
+/// A stream's figures so far.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StreamFigures {
+    /// Inputs read.
+    pub read: u64,
+    /// Results handed back.
+    pub succeeded: u64,
+    /// Failed items handed back.
+    pub failed: u64,
+    /// Items read and not yet handed back.
+    pub in_flight: usize,
+    /// Time the caller spent waiting for the next result.
+    pub waiting: Duration,
+    /// Each stage, in plan order.
+    pub stages: Vec<StageFigures>,
+}
+
+/// One item on its way through the stages.
+struct Item {
+    index: u64,
+    input: Value,
+    /// The values its steps produced: the run's table.
+    table: Box<[Option<Value>]>,
+    /// Why it failed, once it has; the stages after skip it.
+    failed: Option<RunError>,
+    /// What the last stage made of it.
+    result: Option<Value>,
+}
+
+/// Items waiting for one stage, keyed by index.
+struct Inbox {
+    items: BTreeMap<u64, Item>,
+    /// One worker: it takes only the next index, so its nodes see the input order.
+    serial: bool,
+    /// For a serial stage, the index it takes next.
+    expected: u64,
+    /// Workers asleep on the stage's condvar.
+    sleeping: usize,
+}
+
+impl Inbox {
+    fn ready(&self) -> bool {
+        match self.items.first_key_value() {
+            None => false,
+            Some((&index, _)) => !self.serial || index == self.expected,
+        }
+    }
+
+    fn pop(&mut self) -> Option<Item> {
+        if !self.ready() {
+            return None;
+        }
+        self.expected += 1;
+        self.items.pop_first().map(|(_, item)| item)
+    }
+}
+
+struct State {
+    inboxes: Vec<Inbox>,
+    /// Items done with every stage, keyed by index.
+    outbox: BTreeMap<u64, Item>,
+    /// Set when the stream closes: every worker returns before its next item.
+    closed: bool,
+    /// With [`OnError::Stop`], the smallest index that failed: no stage runs an item after it.
+    stop_after: u64,
+    /// Workers not yet returned (or dropped unrun).
+    alive: usize,
+    /// Why a worker never got a thread, until the caller reports it.
+    lost: Option<String>,
+    /// A node's panic, until the caller re-raises it.
+    panic: Option<Box<dyn Any + Send>>,
+    /// Whether the caller sleeps on `out_ready`.
+    caller_waiting: bool,
+    figures: Vec<StageFigures>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// One per stage: where its workers sleep while their inbox has nothing for them.
+    stage_ready: Box<[Condvar]>,
+    /// Where the caller sleeps: for its next result, or for the workers to return.
+    out_ready: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Nothing that can panic runs under the lock; a poisoned state is still whole.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Tells every worker to stop, and the caller to look.
+    fn close(&self, state: &mut State) {
+        state.closed = true;
+        for ready in &self.stage_ready {
+            ready.notify_all();
+        }
+        self.out_ready.notify_all();
+    }
+}
+
+/// The stages of a program: the steps of its top-level sequence, each with the slots to drop
+/// after it; a program of one step or one wave is one stage.
+fn stages(program: &Program) -> Vec<(&Op, &[usize])> {
+    match &program.root {
+        Op::Sequence { steps, drop_after } => steps
+            .iter()
+            .enumerate()
+            .map(|(at, step)| (step, drop_after.get(at).map_or(&[][..], |d| &**d)))
+            .collect(),
+        whole @ (Op::Empty | Op::Execute(_) | Op::Wave { .. }) => vec![(whole, &[][..])],
+    }
+}
+
+/// The nodes of a stage, in plan order; walked with a stack, however deep the stage nests.
+fn nodes_of(op: &Op) -> Vec<(usize, NodeId)> {
+    let mut found = Vec::new();
+    let mut pending = vec![op];
+    while let Some(op) = pending.pop() {
+        match op {
+            Op::Empty => {}
+            Op::Execute(step) => found.push((step.slot, step.id.clone())),
+            Op::Sequence { steps, .. } => pending.extend(steps.iter()),
+            Op::Wave { branches, .. } => pending.extend(branches.iter()),
+        }
+    }
+    found.sort_unstable_by_key(|&(slot, _)| slot);
+    found
+}
+
+/// Items through a program, overlapped stage by stage; an iterator of `(index, result)`. See
+/// the module docs.
+pub struct Stream<I: Iterator<Item = Value>> {
+    shared: Arc<Shared>,
+    program: Arc<Program>,
+    settings: Arc<StreamSettings>,
+    inputs: I,
+    read: u64,
+    in_flight: usize,
+    /// For an ordered stream, the index handed back next.
+    next_out: u64,
+    inputs_done: bool,
+    /// Set once the stream has ended or closed: `next` answers `None` from then on.
+    finished: bool,
+    succeeded: u64,
+    failed: u64,
+    waiting: Duration,
+}
+
+/// What the caller found when it looked at the shared state.
+enum Found {
+    Panic(Box<dyn Any + Send>),
+    Lost(String),
+    Interrupted,
+    Item(Item),
+    End,
+    Nothing,
+}
+
+impl<I: Iterator<Item = Value>> Stream<I> {
+    /// Starts streaming `inputs` through `program`: lends each stage its workers and returns at
+    /// once. Inputs are read by the caller's thread as results are asked for, never more than
+    /// the bound ahead.
+    pub fn start(program: Arc<Program>, inputs: I, settings: StreamSettings) -> Stream<I> {
+        let settings = Arc::new(settings);
+        let mut inboxes = Vec::new();
+        let mut figures = Vec::new();
+        for (op, _) in stages(&program) {
+            let nodes: Vec<NodeId> = nodes_of(op).into_iter().map(|(_, id)| id).collect();
+            let workers = nodes
+                .iter()
+                .map(|id| settings.concurrency.get(id).copied().unwrap_or(1))
+                .min()
+                .unwrap_or(1);
+            inboxes.push(Inbox {
+                items: BTreeMap::new(),
+                serial: workers == 1,
+                expected: 0,
+                sleeping: 0,
+            });
+            figures.push(StageFigures {
+                nodes,
+                workers,
+                ..StageFigures::default()
+            });
+        }
+        let workers: usize = figures.iter().map(|stage| stage.workers).sum();
+        // On the caller's thread: every stage runs in its context, as a wave's branches do.
+        let captured: Option<Arc<dyn Captured>> = settings
+            .host
+            .as_ref()
+            .and_then(|host| host.capture())
+            .map(Arc::from);
+        let shared = Arc::new(Shared {
+            stage_ready: (0..inboxes.len()).map(|_| Condvar::new()).collect(),
+            out_ready: Condvar::new(),
+            state: Mutex::new(State {
+                inboxes,
+                outbox: BTreeMap::new(),
+                closed: false,
+                stop_after: u64::MAX,
+                alive: workers,
+                lost: None,
+                panic: None,
+                caller_waiting: false,
+                figures: figures.clone(),
+            }),
+        });
+        let tasks: Vec<_> = figures
+            .iter()
+            .enumerate()
+            .flat_map(|(stage, figures)| (0..figures.workers).map(move |_| stage))
+            .map(|stage| {
+                let mut worker = Worker {
+                    shared: Arc::clone(&shared),
+                    program: Arc::clone(&program),
+                    settings: Arc::clone(&settings),
+                    stage,
+                    captured: captured.clone(),
+                    ran: false,
+                };
+                move || worker.run()
+            })
+            .collect();
+        if let Err(refused) = program.crew.lend(tasks, settings.host.as_ref()) {
+            shared.lock().lost = Some(refused.to_string());
+        }
+        Stream {
+            shared,
+            program,
+            settings,
+            inputs,
+            read: 0,
+            in_flight: 0,
+            next_out: 0,
+            inputs_done: false,
+            finished: false,
+            succeeded: 0,
+            failed: 0,
+            waiting: Duration::ZERO,
+        }
+    }
+
+    /// The inputs the stream reads (for an embedder that must show what they hold to a garbage
+    /// collector).
+    pub fn inputs(&self) -> &I {
+        &self.inputs
+    }
+
+    /// The stream's figures so far: items read, handed back and failed, and each stage's time.
+    pub fn figures(&self) -> StreamFigures {
+        let stages = self.shared.lock().figures.clone();
+        StreamFigures {
+            read: self.read,
+            succeeded: self.succeeded,
+            failed: self.failed,
+            in_flight: self.in_flight,
+            waiting: self.waiting,
+            stages,
+        }
+    }
+
+    /// Stops the stream: every stage stops before its next item, and this returns once their
+    /// threads are back with the crew (a node already running finishes first). What was in
+    /// flight is dropped here. Closing twice does nothing.
+    ///
+    /// Once the watch says stop (Ctrl-C, say), this waits a tenth of a second at most, as a
+    /// detachable run does: a node that does
+    /// not return by then (one waiting for an event that will not come) is left to finish on
+    /// its thread, which then goes back to the crew; its item is dropped.
+    pub fn close(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        self.inputs_done = true;
+        let shared = &self.shared;
+        let mut state = shared.lock();
+        shared.close(&mut state);
+        drop(state);
+        let executor = self.settings.executor();
+        let watch = self.settings.watch.as_deref();
+        executor.blocking(&mut || {
+            let mut stopping_since: Option<Instant> = None;
+            let mut state = shared.lock();
+            while state.alive > 0 {
+                let Some(watch) = watch else {
+                    state = shared
+                        .out_ready
+                        .wait(state)
+                        .unwrap_or_else(PoisonError::into_inner);
+                    continue;
+                };
+                state = shared
+                    .out_ready
+                    .wait_timeout(state, WATCH_INTERVAL)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+                if state.alive == 0 {
+                    break;
+                }
+                drop(state);
+                // Out of the lock: a watch may take the host's lock to look for signals.
+                watch.poll();
+                if watch.interrupted()
+                    && stopping_since.get_or_insert_with(Instant::now).elapsed() >= GRACE
+                {
+                    return;
+                }
+                state = shared.lock();
+            }
+        });
+        // Dropped out of the lock, on this thread: a value's drop may need the host. A worker
+        // left running finds the stream closed and drops its item itself.
+        let mut state = shared.lock();
+        let inboxes = std::mem::take(&mut state.inboxes);
+        let outbox = std::mem::take(&mut state.outbox);
+        drop(state);
+        drop((inboxes, outbox));
+    }
+
+    /// Reads inputs while fewer than the bound are in flight.
+    fn feed(&mut self) {
+        while !self.inputs_done && self.in_flight < self.settings.in_flight {
+            let Some(input) = self.inputs.next() else {
+                self.inputs_done = true;
+                break;
+            };
+            let item = Item {
+                index: self.read,
+                input,
+                table: vec![None; self.program.len()].into(),
+                failed: None,
+                result: None,
+            };
+            self.read += 1;
+            self.in_flight += 1;
+            let mut state = self.shared.lock();
+            let Some(first) = state.inboxes.first_mut() else {
+                // Closed meanwhile; the item is dropped out of the lock.
+                drop(state);
+                drop(item);
+                break;
+            };
+            first.items.insert(item.index, item);
+            if first.sleeping > 0 && first.ready() {
+                self.shared.stage_ready[0].notify_one();
+            }
+        }
+    }
+
+    fn look(&mut self) -> Found {
+        let mut state = self.shared.lock();
+        if let Some(payload) = state.panic.take() {
+            return Found::Panic(payload);
+        }
+        if let Some(reason) = state.lost.take() {
+            return Found::Lost(reason);
+        }
+        if self
+            .settings
+            .watch
+            .as_ref()
+            .is_some_and(|w| w.interrupted())
+        {
+            return Found::Interrupted;
+        }
+        let ready = if self.settings.ordered {
+            state.outbox.remove(&self.next_out)
+        } else {
+            state.outbox.pop_first().map(|(_, item)| item)
+        };
+        match ready {
+            Some(item) => Found::Item(item),
+            None if self.inputs_done && self.in_flight == 0 => Found::End,
+            None => Found::Nothing,
+        }
+    }
+
+    /// Sleeps until something the caller can take may be there, polling the watch.
+    fn wait(&mut self) {
+        let started = Instant::now();
+        let (shared, settings) = (&self.shared, &self.settings);
+        let (ordered, next_out) = (settings.ordered, self.next_out);
+        let executor = settings.executor();
+        executor.blocking(&mut || loop {
+            let mut state = shared.lock();
+            let ready = if ordered {
+                state.outbox.contains_key(&next_out)
+            } else {
+                !state.outbox.is_empty()
+            };
+            if ready || state.panic.is_some() || state.lost.is_some() {
+                return;
+            }
+            state.caller_waiting = true;
+            state = match &settings.watch {
+                Some(_) => {
+                    shared
+                        .out_ready
+                        .wait_timeout(state, WATCH_INTERVAL)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0
+                }
+                None => shared
+                    .out_ready
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner),
+            };
+            state.caller_waiting = false;
+            drop(state);
+            // Out of the lock: a watch may take the host's lock to look for signals.
+            if let Some(watch) = &settings.watch {
+                watch.poll();
+                if watch.interrupted() {
+                    return;
+                }
+            }
+        });
+        self.waiting += started.elapsed();
+    }
+}
+
+impl<I: Iterator<Item = Value>> Iterator for Stream<I> {
+    type Item = Result<(u64, Value), StreamError>;
+
+    /// The next result: in input order unless the stream is unordered.
+    ///
+    /// # Panics
+    /// Re-raises a node's panic, once every stage has stopped.
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.finished {
+            return None;
+        }
+        self.feed();
+        loop {
+            match self.look() {
+                Found::Nothing => self.wait(),
+                Found::Panic(payload) => {
+                    self.close();
+                    panic::resume_unwind(payload);
+                }
+                Found::Lost(reason) => {
+                    self.close();
+                    return Some(Err(StreamError::Stopped(RunError::NoThread { reason })));
+                }
+                Found::Interrupted => {
+                    self.close();
+                    return Some(Err(StreamError::Stopped(RunError::Interrupted)));
+                }
+                Found::End => {
+                    self.close();
+                    return None;
+                }
+                Found::Item(item) => {
+                    self.in_flight -= 1;
+                    self.next_out += 1;
+                    let Item {
+                        index,
+                        input,
+                        failed,
+                        result,
+                        ..
+                    } = item;
+                    return Some(match failed {
+                        None => {
+                            self.succeeded += 1;
+                            Ok((index, result.expect("the last stage made every result")))
+                        }
+                        Some(error) => {
+                            self.failed += 1;
+                            if self.settings.on_error == OnError::Stop {
+                                self.close();
+                            }
+                            Err(StreamError::Item(Failed {
+                                index,
+                                input,
+                                error,
+                            }))
+                        }
+                    });
+                }
+            }
+        }
+    }
+}
+
+impl<I: Iterator<Item = Value>> Drop for Stream<I> {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// One worker of one stage, on a lent thread; counted alive until it is dropped, run or not.
+struct Worker {
+    shared: Arc<Shared>,
+    program: Arc<Program>,
+    settings: Arc<StreamSettings>,
+    stage: usize,
+    /// The caller's context (as the host captured it when the stream started), entered by the
+    /// worker around its whole life on its thread, as a wave's branch enters its wave's.
+    captured: Option<Arc<dyn Captured>>,
+    /// Whether it got a thread: dropped without, it tells the caller, which would wait forever.
+    ran: bool,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let mut state = self.shared.lock();
+        state.alive -= 1;
+        if !self.ran && !state.closed && state.lost.is_none() {
+            state.lost = Some("no thread was free for a stage of the stream".to_owned());
+        }
+        self.shared.out_ready.notify_all();
+    }
+}
+
+impl Worker {
+    fn run(&mut self) {
+        self.ran = true;
+        match self.captured.clone() {
+            Some(captured) => captured.enter(&mut || self.serve()),
+            None => self.serve(),
+        }
+    }
+
+    /// Takes, runs and passes on items until the stream closes. Never unwinds: a node's panic
+    /// is caught and handed to the caller.
+    fn serve(&self) {
+        let executor = self.settings.executor();
+        let all = stages(&self.program);
+        let (op, drops) = all[self.stage];
+        let last = self.stage + 1 == all.len();
+        let mut waited = Duration::ZERO;
+        while let Some((mut item, stop_after)) = self.take(&executor, &mut waited) {
+            if item.index > stop_after {
+                // An earlier item failed and the stream stops there: this one is never handed back.
+                drop(item);
+                continue;
+            }
+            let started = Instant::now();
+            if item.failed.is_none() {
+                let ran = panic::catch_unwind(AssertUnwindSafe(|| {
+                    self.run_item(&executor, op, drops, last, &mut item);
+                }));
+                if let Err(payload) = ran {
+                    let mut state = self.shared.lock();
+                    // The first panic is the one raised again; a later one is dropped out of
+                    // the lock, with the item.
+                    let later = match state.panic {
+                        None => {
+                            state.panic = Some(payload);
+                            None
+                        }
+                        Some(_) => Some(payload),
+                    };
+                    self.shared.close(&mut state);
+                    drop(state);
+                    drop((later, item));
+                    return;
+                }
+            }
+            self.pass(item, started.elapsed(), std::mem::take(&mut waited));
+        }
+    }
+
+    fn run_item(&self, executor: &Executor, op: &Op, drops: &[usize], last: bool, item: &mut Item) {
+        let mut frame = Frame {
+            base: 0,
+            own: &mut item.table,
+            shared: None,
+        };
+        let lane = Lane::root(&self.program.crew, None);
+        match executor.walk(op, &item.input, &mut frame, lane) {
+            Ok(()) if !last => {
+                for &slot in drops {
+                    item.table[slot] = None;
+                }
+            }
+            walked => {
+                // The last stage, or a failure: what a run would have returned.
+                let input = &item.input;
+                match Executor::finish(&self.program, walked, &mut item.table, || input.clone()) {
+                    Ok(value) => item.result = Some(value),
+                    Err(error) => item.failed = Some(error),
+                }
+                item.table = Box::new([]);
+            }
+        }
+    }
+
+    /// The next item for this stage, and the index the stream stops after; `None` once closed.
+    fn take(&self, executor: &Executor, waited: &mut Duration) -> Option<(Item, u64)> {
+        let (shared, at) = (&*self.shared, self.stage);
+        loop {
+            let mut state = shared.lock();
+            if state.closed {
+                return None;
+            }
+            if let Some(item) = state.inboxes[at].pop() {
+                return Some((item, state.stop_after));
+            }
+            drop(state);
+            let started = Instant::now();
+            // Asleep with the host's lock given back, so the stages before can run.
+            executor.blocking(&mut || {
+                let mut state = shared.lock();
+                state.inboxes[at].sleeping += 1;
+                while !state.closed && !state.inboxes[at].ready() {
+                    state = shared.stage_ready[at]
+                        .wait(state)
+                        .unwrap_or_else(PoisonError::into_inner);
+                }
+                state.inboxes[at].sleeping -= 1;
+            });
+            *waited += started.elapsed();
+        }
+    }
+
+    /// Hands `item` to the next stage, or to the caller after the last.
+    fn pass(&self, item: Item, busy: Duration, waited: Duration) {
+        let shared = &*self.shared;
+        let mut state = shared.lock();
+        let figures = &mut state.figures[self.stage];
+        figures.items += 1;
+        figures.busy += busy;
+        figures.waiting += waited;
+        if item.failed.is_some() && self.settings.on_error == OnError::Stop {
+            state.stop_after = state.stop_after.min(item.index);
+        }
+        if state.closed {
+            // The caller has taken the inboxes away: the item is dropped out of the lock.
+            drop(state);
+            drop(item);
+            return;
+        }
+        let next = self.stage + 1;
+        if let Some(inbox) = state.inboxes.get_mut(next) {
+            inbox.items.insert(item.index, item);
+            if inbox.sleeping > 0 && inbox.ready() {
+                shared.stage_ready[next].notify_one();
+            }
+        } else {
+            state.outbox.insert(item.index, item);
+            if state.caller_waiting {
+                shared.out_ready.notify_one();
+            }
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! Every branch runs in its caller's context: the caller's `contextvars`, a copy per branch (as
+//! `asyncio.to_thread` does), and, when torch is loaded, its grad mode, inference mode and
+//! autocast state (as torch's own `DataParallel` does for its threads).
+//!
+//! Both are per thread in the interpreter, and a branch runs on a thread lent to it: without
+//! this, a branch would see whatever its thread last held — a crew thread's own empty context,
+//! torch's defaults — instead of `with torch.no_grad(): g.forward(x)`.
+//!
+//! [`isolated`] runs a whole forward in a copy of the caller's context, so nothing a node sets
+//! reaches the caller. [`capture`] runs once per wave, on the thread that reached it, with the
+//! GIL — the caller for an outermost wave, the enclosing branch for a nested one, so a branch's
+//! own changes reach its nested waves; [`Caller::enter`] runs once per branch, on the thread that
+//! runs it, the caller's own included: each branch gets a fresh copy of the captured context, so
+//! what one branch sets is seen neither by its siblings nor by the code after the wave, and
+//! whatever torch state a branch changes is put back when it ends (threads are reused between
+//! branches and graphs). Without torch the cost is a context copy, entered and left, per
+//! forward, per wave and per branch — tens of nanoseconds each, no Python call. torch is never
+//! imported here: it is carried only when `sys.modules` already holds it, and then through
+//! `soma._torch_state`, which reads and sets torch's state in Python (about a microsecond a
+//! branch).
+
+use pyo3::ffi;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use soma_core::Captured;
+
+/// The context a wave was reached in.
+pub struct Caller {
+    /// A `contextvars.Context`, copied again for each branch: a context can be entered by one
+    /// thread at a time, and a branch's changes must stay its own.
+    context: Py<PyAny>,
+    /// torch's state, as `soma._torch_state.capture()` returned it: called on a branch's thread,
+    /// it sets that state and returns what puts the thread's own back. `None` without torch.
+    torch: Option<Py<PyAny>>,
+}
+
+/// The context of the thread that reached a wave, to be entered by each of its branches.
+pub fn capture() -> Option<Box<dyn Captured>> {
+    Python::attach(|py| {
+        let context = copy_current(py)?.unbind();
+        let torch = capture_torch(py);
+        Some(Box::new(Caller { context, torch }) as Box<dyn Captured>)
+    })
+}
+
+/// Runs a whole graph in a copy of the caller's context, as each branch runs in a copy of its
+/// wave's: what its nodes set never reaches the caller, with or without a wave. One copy, made
+/// and entered here, since nobody else enters it.
+pub fn isolated(run: &mut dyn FnMut()) {
+    Python::attach(|py| match copy_current(py) {
+        Some(context) => {
+            let torch = capture_torch(py);
+            run_in(py, &context, torch.as_ref(), run);
+        }
+        None => run(),
+    });
+}
+
+impl Captured for Caller {
+    fn enter(&self, run: &mut dyn FnMut()) {
+        Python::attach(|py| {
+            // SAFETY: the GIL is held and `self.context` is a `contextvars.Context`;
+            // `PyContext_Copy` returns a new reference, or null with an exception set.
+            #[allow(unsafe_code)]
+            let copy = unsafe {
+                Bound::from_owned_ptr_or_err(py, ffi::PyContext_Copy(self.context.as_ptr()))
+            };
+            match copy {
+                Ok(copy) => run_in(py, &copy, self.torch.as_ref(), run),
+                Err(error) => {
+                    error.write_unraisable(py, None);
+                    run();
+                }
+            }
+        });
+    }
+}
+
+/// A copy of the calling thread's context; `None`, the error reported, if none could be made
+/// (out of memory): the work then runs in what its thread holds, as if there were nothing to
+/// carry, rather than fail where no node could catch it.
+fn copy_current(py: Python<'_>) -> Option<Bound<'_, PyAny>> {
+    // SAFETY: the GIL is held; `PyContext_CopyCurrent` returns a new reference, or null with an
+    // exception set.
+    #[allow(unsafe_code)]
+    let context = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyContext_CopyCurrent()) };
+    context
+        .map_err(|error| error.write_unraisable(py, None))
+        .ok()
+}
+
+/// Runs `run` with `context` entered on this thread, and torch's state set by `torch` (from
+/// `soma._torch_state.capture()`) if given; puts back what the thread had when `run` returns.
+/// `context` must be one that no thread has entered.
+fn run_in(
+    py: Python<'_>,
+    context: &Bound<'_, PyAny>,
+    torch: Option<&Py<PyAny>>,
+    run: &mut dyn FnMut(),
+) {
+    // SAFETY: the GIL is held; `context` is a context nobody has entered (the caller's promise),
+    // so entering it succeeds.
+    #[allow(unsafe_code)]
+    let entered = unsafe { ffi::PyContext_Enter(context.as_ptr()) } == 0;
+    if !entered {
+        PyErr::fetch(py).write_unraisable(py, None);
+    }
+    let restore = torch.and_then(|enter| match enter.call0(py) {
+        Ok(restore) => Some(restore),
+        Err(error) => {
+            error.write_unraisable(py, None);
+            None
+        }
+    });
+    run();
+    if let Some(restore) = restore {
+        if let Err(error) = restore.call0(py) {
+            error.write_unraisable(py, None);
+        }
+    }
+    if entered {
+        // SAFETY: the GIL is held and this thread entered `context` above; every context a node
+        // entered since (`Context.run`) it has left again, so `context` is the current one.
+        #[allow(unsafe_code)]
+        if unsafe { ffi::PyContext_Exit(context.as_ptr()) } != 0 {
+            PyErr::fetch(py).write_unraisable(py, None);
+        }
+    }
+}
+
+/// torch's state on this thread, to carry, if torch has been imported by someone: looked up in
+/// `sys.modules`, never imported.
+fn capture_torch(py: Python<'_>) -> Option<Py<PyAny>> {
+    // SAFETY: the GIL is held; `PyImport_GetModuleDict` returns a borrowed reference to the
+    // interpreter's `sys.modules`, alive as long as the interpreter.
+    #[allow(unsafe_code)]
+    let modules = unsafe { Bound::from_borrowed_ptr_or_opt(py, ffi::PyImport_GetModuleDict()) }?;
+    let modules = modules.cast_into::<PyDict>().ok()?;
+    // `None` there is how a program blocks an import: torch is not loaded then either.
+    match modules.get_item(intern!(py, "torch")) {
+        Ok(Some(torch)) if !torch.is_none() => {}
+        Ok(_) | Err(_) => return None,
+    }
+    let captured = py
+        .import(intern!(py, "soma._torch_state"))
+        .and_then(|module| module.call_method0(intern!(py, "capture")));
+    match captured {
+        Ok(captured) => Some(captured.unbind()),
+        Err(error) => {
+            error.write_unraisable(py, None);
+            None
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! A placed Python node's device: made its thread's current device while it runs, and checked
+//! against where its output lives.
+//!
+//! Setting the current device is the business of a backend (torch, or one a user registers), so
+//! it is asked of `soma.devices`, in Python, and only for placed nodes: an unplaced node costs
+//! nothing here. Set per node and put back right after it, so that what a thread has current
+//! between nodes — and after its branch — is what it had before; a node never sees the device
+//! of the node before it.
+//!
+//! The output check reads `.device` from the value a node returned, and from the items of a
+//! tuple or list and the values of a dict it returned (one level deep): a torch tensor, a `CuPy`
+//! array. A value that does not say where it lives in a spelling Soma reads is not checked.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use soma_core::Device;
+
+/// Makes `device` current on this thread, through `soma.devices`; returns what puts back the
+/// device that was current before, or `None` when there is nothing to put back (no backend
+/// handles the device's kind, or it was current already).
+pub fn enter(py: Python<'_>, device: Device) -> PyResult<Option<Bound<'_, PyAny>>> {
+    let restore = py
+        .import("soma.devices")?
+        .getattr("_enter")?
+        .call1((device.to_string(),))?;
+    Ok((!restore.is_none()).then_some(restore))
+}
+
+/// `()` if every value in `out` that says where it lives is on `declared`; else the
+/// `soma.WrongDeviceError` that names the node, both devices and the fix.
+pub fn check(py: Python<'_>, node: &str, declared: Device, out: &Bound<'_, PyAny>) -> PyResult<()> {
+    let found = found_on(out);
+    if found.is_some() {
+        return mismatch(py, node, declared, found, None);
+    }
+    if let Ok(items) = out.cast::<PyTuple>() {
+        for (at, item) in items.iter().enumerate() {
+            mismatch(py, node, declared, found_on(&item), Some(format!("[{at}]")))?;
+        }
+    } else if let Ok(items) = out.cast::<PyList>() {
+        for (at, item) in items.iter().enumerate() {
+            mismatch(py, node, declared, found_on(&item), Some(format!("[{at}]")))?;
+        }
+    } else if let Ok(items) = out.cast::<PyDict>() {
+        for (key, item) in items.iter() {
+            let key = key
+                .repr()
+                .map_or_else(|_| "?".to_owned(), |k| k.to_string());
+            mismatch(
+                py,
+                node,
+                declared,
+                found_on(&item),
+                Some(format!("[{key}]")),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Where `value` says it lives, read from its `.device` as torch writes it (`cuda:0`) or as
+/// `CuPy` does (a device with an integer `.id`, on CUDA); `None` if it does not say, or not in a
+/// spelling Soma reads.
+fn found_on(value: &Bound<'_, PyAny>) -> Option<Device> {
+    let device = value.getattr_opt("device").ok().flatten()?;
+    if device.is_none() {
+        return None;
+    }
+    if let Ok(text) = device.str() {
+        if let Ok(found) = text.to_str().unwrap_or_default().parse::<Device>() {
+            return Some(found);
+        }
+    }
+    let id: u32 = device.getattr_opt("id").ok().flatten()?.extract().ok()?;
+    format!("cuda:{id}").parse().ok()
+}
+
+fn mismatch(
+    py: Python<'_>,
+    node: &str,
+    declared: Device,
+    found: Option<Device>,
+    at: Option<String>,
+) -> PyResult<()> {
+    let Some(found) = found.filter(|found| !declared.holds(*found)) else {
+        return Ok(());
+    };
+    let what = match at {
+        Some(at) => format!("an output (at `{at}`)"),
+        None => "its output".to_owned(),
+    };
+    let message = format!(
+        "node `{node}` is placed on `{declared}`, but {what} is on `{found}`\nhint: move it to the node's device before returning it (`x.to(ctx.device)` for a torch tensor), or place the node where its output lives: `g.place(\"{node}\", \"{found}\")`"
+    );
+    let error = py
+        .import("soma.errors")?
+        .getattr("WrongDeviceError")?
+        .call1((message,))?;
+    error.setattr("node", PyString::new(py, node))?;
+    error.setattr("declared", declared.to_string())?;
+    error.setattr("found", found.to_string())?;
+    Err(PyErr::from_value(error))
+}
+
+/// `soma._soma.parse_device`: `text` read as a device and written back the one way Soma writes
+/// it; a `soma.DeviceError` where it cannot be read.
+#[pyfunction]
+pub fn parse_device(py: Python<'_>, text: &str) -> PyResult<String> {
+    text.parse::<Device>()
+        .map(|device| device.to_string())
+        .map_err(|e| crate::errors::device_error(py, &e))
+}

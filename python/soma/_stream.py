@@ -1,0 +1,467 @@
+"""Streams: ``Graph.map`` and ``Graph.forward(batch, micro_batches=k)``.
+
+The engine (``soma._soma.StreamCore``, on ``soma_core::Stream``) runs the stages, keeps the
+order and the bound, and reads the inputs lazily; this module says what comes out: results,
+``(index, result)`` pairs, :class:`Failed` records or raised exceptions, as ``ordered`` and
+``on_error`` ask, and draws progress. Micro-batches are a stream of slices of one batch, joined
+back by type.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import importlib
+import sys
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Self
+
+from soma import _soma
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+DEFAULT_IN_FLIGHT = 64
+"""How many items a stream holds at once unless told otherwise."""
+
+OnError = Literal["raise", "skip", "collect"]
+
+
+class Graph(Protocol):
+    """What a stream needs of ``soma.Graph`` (named here, not imported: ``_graph`` imports this
+    module)."""
+
+    _core: _soma.GraphCore
+
+    def nodes(self) -> list[str]: ...
+    def implementation(self, node_id: str) -> Any: ...
+    def __contains__(self, node_id: object) -> bool: ...
+
+
+# How often progress is reported while items come out, in seconds.
+_PROGRESS_EVERY = 0.1
+
+
+@dataclasses.dataclass(frozen=True)
+class Failed:
+    """An item that failed, in place of its result (``on_error="collect"``), or kept aside
+    (``on_error="skip"``, in :attr:`Stream.failures`)."""
+
+    index: int
+    """Its position in the input, from 0."""
+    input: Any
+    """The input it was."""
+    exception: BaseException
+    """What was raised, as ``forward`` would raise it: its own type, traceback and note."""
+    node: str | None
+    """The node that raised it, when a node is to blame."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StageFigures:
+    """Where one stage's time went: a stage is a step of the plan's top-level sequence."""
+
+    nodes: list[str]
+    workers: int
+    items: int
+    busy: float
+    """Seconds its workers spent running items, summed over workers."""
+    waiting: float
+    """Seconds its workers spent waiting for an item, summed over workers."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamFigures:
+    """A stream's counters so far."""
+
+    read: int
+    succeeded: int
+    failed: int
+    in_flight: int
+    waiting: float
+    """Seconds the reader spent waiting for the next result."""
+    stages: list[StageFigures]
+
+    @property
+    def bottleneck(self) -> str | None:
+        """The busiest stage's nodes (busy time per worker), or ``None`` before any work."""
+        busiest = max(self.stages, key=lambda s: s.busy / s.workers, default=None)
+        if busiest is None or busiest.busy == 0:
+            return None
+        return ", ".join(busiest.nodes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """What a progress callable receives: counts, items per second, the bottleneck now."""
+
+    read: int
+    succeeded: int
+    failed: int
+    in_flight: int
+    elapsed: float
+    rate: float
+    """Items handed back per second, since the stream started."""
+    bottleneck: str | None
+    done: bool
+    """True once, for the last event of the stream."""
+
+
+def _figures(raw: dict[str, Any]) -> StreamFigures:
+    stages = [StageFigures(**stage) for stage in raw["stages"]]
+    return StreamFigures(
+        read=raw["read"],
+        succeeded=raw["succeeded"],
+        failed=raw["failed"],
+        in_flight=raw["in_flight"],
+        waiting=raw["waiting"],
+        stages=stages,
+    )
+
+
+class _Line:
+    """A progress line on stderr, for when tqdm is not installed."""
+
+    def __init__(self) -> None:
+        self._last = 0.0
+
+    def __call__(self, event: Progress) -> None:
+        now = time.monotonic()
+        if not event.done and now - self._last < 0.5:
+            return
+        self._last = now
+        slowest = f", bottleneck `{event.bottleneck}`" if event.bottleneck else ""
+        failed = f", {event.failed} failed" if event.failed else ""
+        end = "\n" if event.done else ""
+        sys.stderr.write(
+            f"\r{event.succeeded + event.failed} items{failed}, {event.rate:.1f}/s{slowest}{end}"
+        )
+        sys.stderr.flush()
+
+
+class _Bar:
+    """A tqdm bar (``tqdm.auto``: a widget in a notebook)."""
+
+    def __init__(self, tqdm: Any, total: int | None) -> None:
+        self._bar = tqdm(total=total, unit="item")
+        self._shown = 0
+
+    def __call__(self, event: Progress) -> None:
+        done = event.succeeded + event.failed
+        self._bar.update(done - self._shown)
+        self._shown = done
+        if event.bottleneck:
+            self._bar.set_postfix(bottleneck=event.bottleneck, refresh=False)
+        if event.done:
+            self._bar.close()
+
+
+def _reporter(progress: bool | Callable[[Progress], object], inputs: object) -> Any:
+    if progress is False:
+        return None
+    if progress is True:
+        try:
+            # Looked up at run time: tqdm is optional, and not a dependency of Soma.
+            tqdm = importlib.import_module("tqdm.auto").tqdm
+        except ImportError:
+            return _Line()
+        total = len(inputs) if isinstance(inputs, Sized) else None
+        return _Bar(tqdm, total)
+    if callable(progress):
+        return progress
+    raise TypeError(
+        f"progress must be True, False or a callable, not {type(progress).__name__}\n"
+        "hint: pass a function that takes a soma.Progress"
+    )
+
+
+# Streams not closed yet: closed when the interpreter exits, before it finalizes. After that, a
+# thread that asks for the GIL (a stage going back to its crew) is ended mid-stack by Python,
+# which aborts the process through Rust's frames.
+_OPEN: weakref.WeakSet[Stream] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_streams() -> None:
+    for stream in list(_OPEN):
+        # One being read by another thread right now refuses; nothing more can be done for it.
+        with contextlib.suppress(RuntimeError):
+            stream.close()
+
+
+class Stream(Iterator[Any]):
+    """The results of :meth:`soma.Graph.map`, as an iterator.
+
+    Closing it — ``close()``, leaving a ``with`` block, ``break`` out of a ``for`` loop over it
+    and dropping it, or the garbage collector — stops every stage before its next item and
+    gives their threads back; the graph stays usable.
+    """
+
+    def __init__(
+        self,
+        core: _soma.StreamCore,
+        *,
+        ordered: bool,
+        on_error: OnError,
+        progress: Any,
+    ) -> None:
+        self._core = core
+        self._ordered = ordered
+        self._on_error = on_error
+        self._progress = progress
+        self._started = time.monotonic()
+        self._reported = 0.0
+        self._ended = False
+        self.failures: list[Failed] = []
+        """With ``on_error="skip"``: every item that failed, in the order they came out."""
+        _OPEN.add(self)
+
+    def __iter__(self) -> Self:
+        return self
+
+    def __next__(self) -> Any:
+        while True:
+            try:
+                step = self._core.__next__()
+            except BaseException:
+                self._end()
+                raise
+            if step is None:
+                self._end()
+                raise StopIteration
+            index, value, failure = step
+            if failure is None:
+                self._report()
+                return value if self._ordered else (index, value)
+            exception, node, item = failure
+            failed = Failed(index=index, input=item, exception=exception, node=node)
+            if self._on_error == "raise":
+                self._end()
+                raise exception
+            self._report()
+            if self._on_error == "skip":
+                self.failures.append(failed)
+                continue
+            return failed if self._ordered else (index, failed)
+
+    def figures(self) -> StreamFigures | None:
+        """Counters so far: items read, handed back and failed, and each stage's busy and
+        waiting time (``None`` while another thread is reading the stream)."""
+        raw = self._core.figures()
+        return None if raw is None else _figures(raw)
+
+    def close(self) -> None:
+        """Stops the stream; returns once every stage has stopped (a node already running
+        finishes first). What was in flight is dropped."""
+        self._core.close()
+        self._end()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _report(self) -> None:
+        if self._progress is None:
+            return
+        now = time.monotonic()
+        if now - self._reported < _PROGRESS_EVERY:
+            return
+        self._reported = now
+        self._emit(done=False)
+
+    def _end(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        if self._progress is not None:
+            self._emit(done=True)
+
+    def _emit(self, *, done: bool) -> None:
+        figures = self.figures()
+        if figures is None:
+            return
+        elapsed = time.monotonic() - self._started
+        out = figures.succeeded + figures.failed
+        self._progress(
+            Progress(
+                read=figures.read,
+                succeeded=figures.succeeded,
+                failed=figures.failed,
+                in_flight=figures.in_flight,
+                elapsed=elapsed,
+                rate=out / elapsed if elapsed > 0 else 0.0,
+                bottleneck=figures.bottleneck,
+                done=done,
+            )
+        )
+
+
+def _concurrency(graph: Graph, asked: Mapping[str, int] | None) -> list[tuple[str, int]]:
+    workers: dict[str, int] = {}
+    for node_id in graph.nodes():
+        chosen = getattr(graph.implementation(node_id), "_soma_concurrency", 1)
+        if chosen != 1:
+            workers[node_id] = chosen
+    for node_id, count in (asked or {}).items():
+        if node_id not in graph:
+            raise KeyError(f"concurrency names `{node_id}`, which is not a node of the graph")
+        workers[node_id] = count
+    for node_id, count in workers.items():
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise ValueError(
+                f"node `{node_id}` asks for {count!r} workers\n"
+                "hint: concurrency is an int, at least 1"
+            )
+    return sorted(workers.items())
+
+
+def stream_map(
+    graph: Graph,
+    inputs: Iterable[Any],
+    *,
+    in_flight: int = DEFAULT_IN_FLIGHT,
+    ordered: bool = True,
+    on_error: OnError = "raise",
+    concurrency: Mapping[str, int] | None = None,
+    progress: bool | Callable[[Progress], object] = False,
+    driver: Any = None,
+    turn_limit: int = _soma.DEFAULT_TURN_LIMIT,
+    trace: _soma.Trace | None = None,
+) -> Stream:
+    """Streams ``inputs`` through the graph and returns an iterator of its results, in input
+    order (``Graph.map``).
+
+    ``inputs`` is any iterable, read lazily on the thread that iterates, never more than
+    ``in_flight`` items ahead of the results taken: a generator of a million items runs in flat
+    memory, and a slow reader slows the stream. The graph is cut into stages (the steps of its
+    plan's top-level sequence: a node, or a whole wave), each on a thread lent by the graph, so
+    stage *k* works on item *i* while stage *k+1* is on item *i-1*; every node still takes
+    items one at a time and in order, so a stateful node needs no lock, and a wave inside a
+    stage runs its branches side by side for each item. ``concurrency={"node": n}`` (or
+    ``node.concurrency(n)``) lets a stateless node work on ``n`` items at once.
+
+    ``ordered=False`` yields ``(index, result)`` pairs as items finish. ``on_error="raise"``:
+    the first failing item's exception (its own type, traceback and node note, as in
+    ``forward``) is raised at its position, after the items before it, and the stream stops;
+    ``"collect"`` yields a :class:`soma.Failed` in its place and goes on; ``"skip"`` leaves it
+    out and goes on (the records are kept in ``stream.failures``). ``progress=True`` draws a bar
+    (tqdm when installed, else a line on stderr); a callable receives :class:`soma.Progress`
+    events instead. ``driver``, ``turn_limit`` and ``trace`` are as in ``forward``.
+    """
+    if on_error not in ("raise", "skip", "collect"):
+        raise ValueError(
+            f"on_error must be 'raise', 'skip' or 'collect', not {on_error!r}\n"
+            "hint: 'skip' leaves failed items out (kept in stream.failures); 'collect' yields a "
+            "soma.Failed in their place"
+        )
+    if not isinstance(in_flight, int) or isinstance(in_flight, bool) or in_flight < 1:
+        raise ValueError(f"in_flight must be an int of at least 1, not {in_flight!r}")
+    reporter = _reporter(progress, inputs)
+    core = _soma.StreamCore(
+        graph._core,
+        inputs,
+        in_flight,
+        ordered,
+        on_error == "raise",
+        _concurrency(graph, concurrency),
+        driver,
+        turn_limit,
+        trace,
+    )
+    return Stream(core, ordered=ordered, on_error=on_error, progress=reporter)
+
+
+def split(batch: Any, pieces: int) -> list[Any]:
+    """``batch`` cut along its first axis into at most ``pieces`` slices of near-equal length
+    (the first ones one longer), by ``len`` and slicing: a list, a tuple, a numpy array, a torch
+    tensor, anything that slices."""
+    if not isinstance(pieces, int) or isinstance(pieces, bool) or pieces < 1:
+        raise ValueError(f"micro_batches must be an int of at least 1, not {pieces!r}")
+    try:
+        length = len(batch)
+        batch[0:0]
+    except TypeError:
+        raise TypeError(
+            f"a batch of type `{type(batch).__name__}` cannot be split into micro-batches: it "
+            "needs `len` and slicing\nhint: pass a list, tuple, array or tensor"
+        ) from None
+    pieces = min(pieces, length) or 1
+    size, longer = divmod(length, pieces)
+    slices = []
+    start = 0
+    for at in range(pieces):
+        end = start + size + (1 if at < longer else 0)
+        slices.append(batch[start:end])
+        start = end
+    return slices
+
+
+def _module(value: object) -> str:
+    return type(value).__module__.split(".")[0]
+
+
+def join(outputs: Sequence[Any]) -> Any:
+    """Micro-batch outputs joined back along the first axis, by their type: lists and tuples
+    concatenated, numpy arrays and torch tensors concatenated by their own library (neither is
+    imported here), pandas frames by ``pandas.concat``; a dict (a graph of several leaves) is
+    joined leaf by leaf."""
+    if not outputs:
+        return []
+    first = outputs[0]
+    if isinstance(first, dict):
+        return {key: _join_one([out[key] for out in outputs]) for key in first}
+    return _join_one(outputs)
+
+
+def _join_one(outputs: Sequence[Any]) -> Any:
+    first = outputs[0]
+    if isinstance(first, list):
+        return [item for out in outputs for item in out]
+    if isinstance(first, tuple):
+        return tuple(item for out in outputs for item in out)
+    library = _module(first)
+    if library == "numpy":
+        return sys.modules["numpy"].concatenate(outputs)
+    if library == "torch":
+        return sys.modules["torch"].cat(list(outputs))
+    if library == "pandas":
+        return sys.modules["pandas"].concat(list(outputs))
+    raise TypeError(
+        f"outputs of type `{type(first).__name__}` cannot be joined by type\n"
+        "hint: pass join=, a function that takes the list of micro-batch outputs"
+    )
+
+
+def forward_in_micro_batches(
+    graph: Graph,
+    batch: Any,
+    micro_batches: int,
+    join_with: Callable[[list[Any]], Any] | None,
+    *,
+    driver: Any,
+    turn_limit: int,
+    trace: _soma.Trace | None,
+) -> Any:
+    """See :meth:`soma.Graph.forward`."""
+    pieces = split(batch, micro_batches)
+    outputs = list(
+        stream_map(
+            graph,
+            pieces,
+            in_flight=len(pieces),
+            driver=driver,
+            turn_limit=turn_limit,
+            trace=trace,
+        )
+    )
+    return (join_with or join)(outputs)

@@ -1,0 +1,719 @@
+"""Streams: ``Graph.map`` and ``forward(batch, micro_batches=k)``.
+
+Each node takes items one at a time and in order while different nodes work on different items
+at once (proved by rendezvous, never by timing); inputs are read lazily within a bound; errors
+come out per item; closing, breaking out and Ctrl-C stop the stream and give its threads back.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import tracemalloc
+import types
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import soma
+from conftest import DEADLINE, SUBPROCESS_DEADLINE, Log, run_script
+from test_properties import dags, expected_run, graph_of
+
+
+class Add(soma.Node):
+    def __init__(self, n: int = 1) -> None:
+        self.n = n
+
+    def forward(self, x: Any) -> Any:
+        return x + self.n
+
+
+class Fn(soma.Node):
+    """A node that answers ``body(x)``."""
+
+    def __init__(self, body: Any) -> None:
+        self.body = body
+
+    def forward(self, x: Any) -> Any:
+        return self.body(x)
+
+
+def meet_on(item: int, barrier: threading.Barrier) -> Fn:
+    """A node that waits at ``barrier`` when it gets ``item``; a broken barrier fails it."""
+
+    def body(x: int) -> int:
+        if x == item:
+            barrier.wait()
+        return x
+
+    return Fn(body)
+
+
+def chain(*nodes: soma.Node) -> soma.Graph:
+    expr: Any = nodes[0].named("s0")
+    for at, node in enumerate(nodes[1:], start=1):
+        expr = expr >> node.named(f"s{at}")
+    return soma.Graph.somatize(expr)
+
+
+# ---------------------------------------------------------------------------------------------
+# Order and overlap
+
+
+def test_map_yields_the_results_in_input_order() -> None:
+    g = chain(Add(1), Fn(lambda x: x * 10))
+    assert list(g.map(range(300))) == [(i + 1) * 10 for i in range(300)]
+
+
+def test_stage_one_on_item_two_meets_stage_two_on_item_one() -> None:
+    barrier = threading.Barrier(2, timeout=DEADLINE)
+    g = chain(meet_on(2, barrier), meet_on(1, barrier))
+    assert list(g.map(range(4))) == [0, 1, 2, 3]
+
+
+def test_every_stage_of_a_chain_is_in_flight_at_once_on_its_own_thread() -> None:
+    barrier = threading.Barrier(3, timeout=DEADLINE)
+    threads: dict[int, set[int]] = {0: set(), 1: set(), 2: set()}
+
+    def stage(at: int) -> Fn:
+        def body(x: int) -> int:
+            threads[at].add(threading.get_ident())
+            if x == 2 - at:
+                barrier.wait()
+            return x
+
+        return Fn(body)
+
+    g = chain(stage(0), stage(1), stage(2))
+    assert list(g.map(range(5))) == list(range(5))
+    # Each stage kept one thread for the whole stream, and no two stages shared one.
+    assert all(len(ids) == 1 for ids in threads.values())
+    assert len(set().union(*threads.values())) == 3
+
+
+class OneAtATime(soma.Node):
+    """Fails when entered twice at once, or when an item comes out of order; keeps state."""
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.seen: list[int] = []
+
+    def forward(self, x: int) -> int:
+        assert not self.busy, "entered twice at once"
+        self.busy = True
+        try:
+            assert x == len(self.seen), f"item {x} came when {len(self.seen)} was due"
+            self.seen.append(x)
+            return x
+        finally:
+            self.busy = False
+
+
+def test_a_stateful_node_takes_items_one_at_a_time_and_in_order_after_a_concurrent_one() -> None:
+    first, last = OneAtATime(), OneAtATime()
+    g = chain(first, Fn(lambda x: x).concurrency(4), last)
+    assert list(g.map(range(500))) == list(range(500))
+    assert last.seen == list(range(500))
+
+
+def test_a_concurrent_node_works_on_as_many_items_at_once_as_it_is_allowed() -> None:
+    barrier = threading.Barrier(3, timeout=DEADLINE)
+
+    def body(x: int) -> int:
+        if x < 3:
+            barrier.wait()
+        return x * 2
+
+    g = chain(Fn(body).concurrency(3))
+    assert list(g.map(range(9))) == [x * 2 for x in range(9)]
+
+
+def test_concurrency_can_be_given_by_node_id_to_map() -> None:
+    barrier = threading.Barrier(2, timeout=DEADLINE)
+
+    def body(x: int) -> int:
+        if x < 2:
+            barrier.wait()
+        return x
+
+    g = chain(Add(0), Fn(body))
+    assert list(g.map(range(4), concurrency={"s1": 2})) == [0, 1, 2, 3]
+
+
+def test_concurrency_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        Add().concurrency(0)
+    g = chain(Add())
+    with pytest.raises(ValueError, match="at least 1"):
+        g.map([1], concurrency={"s0": 0})
+    with pytest.raises(KeyError, match="`nope`"):
+        g.map([1], concurrency={"nope": 2})
+
+
+def test_the_branches_of_a_wave_still_run_side_by_side_for_each_item() -> None:
+    barrier = threading.Barrier(2, timeout=DEADLINE)
+    g = soma.Graph.somatize(
+        Add(0).named("a") >> (meet_on(1, barrier).named("l") | meet_on(1, barrier).named("r"))
+    )
+    assert list(g.map(range(3))) == [{"l": i, "r": i} for i in range(3)]
+
+
+def test_unordered_yields_index_and_result_pairs_as_items_finish() -> None:
+    g = chain(Add(1), Fn(lambda x: x * 2).concurrency(3))
+    pairs = list(g.map(range(100), ordered=False))
+    assert sorted(pairs) == [(i, (i + 1) * 2) for i in range(100)]
+
+
+@given(dags(max_nodes=7), st.lists(st.integers(), max_size=8))
+def test_map_equals_a_loop_of_forward_on_random_graphs(dag: Any, inputs: list[int]) -> None:
+    g = graph_of(dag, Log())
+    looped = [g.forward(x) for x in inputs]
+    assert looped == [expected_run(dag, x) for x in inputs]
+    assert list(g.map(inputs, in_flight=3)) == looped
+
+
+REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="none")
+
+
+def test_every_stage_runs_in_the_callers_context() -> None:
+    g = chain(Fn(lambda x: (x, REQUEST_ID.get())), Fn(lambda pair: (*pair, REQUEST_ID.get())))
+    token = REQUEST_ID.set("caller's")
+    try:
+        assert list(g.map(range(3))) == [(i, "caller's", "caller's") for i in range(3)]
+    finally:
+        REQUEST_ID.reset(token)
+
+
+def test_a_placed_node_sees_its_device_in_a_stream_too() -> None:
+    class Where(soma.Node):
+        def forward(self, x: int, ctx: soma.Ctx) -> tuple[int, str | None]:
+            return x, ctx.device
+
+    g = soma.Graph.somatize(Add(0).named("a") >> Where().named("where").on("meta"))
+    assert list(g.map(range(2))) == [(0, "meta"), (1, "meta")]
+
+
+# ---------------------------------------------------------------------------------------------
+# Laziness and bounds
+
+
+def test_a_generator_is_read_no_further_ahead_than_in_flight() -> None:
+    read = 0
+
+    def numbers() -> Iterator[int]:
+        nonlocal read
+        for i in range(10_000):
+            read += 1
+            yield i
+
+    g = chain(Add(0), Add(0))
+    for taken, _ in enumerate(g.map(numbers(), in_flight=7), start=1):
+        # The item just handed back was still in flight when the last input was read.
+        assert read <= taken - 1 + 7
+    assert read == 10_000
+
+
+def test_a_reader_that_stops_reading_stops_the_stream_at_the_bound() -> None:
+    calls = 0
+
+    def count(x: int) -> int:
+        nonlocal calls
+        calls += 1
+        return x
+
+    g = chain(Fn(count))
+    stream = g.map(iter(range(10**9)), in_flight=4)
+    assert next(stream) == 0
+    figures = stream.figures()
+    assert figures is not None
+    assert (figures.read, figures.in_flight) == (4, 3)
+    assert calls <= 4
+    stream.close()
+
+
+def test_a_long_generator_streams_in_flat_memory() -> None:
+    g = chain(Add(1), Add(1), Add(1))
+    stream = g.map(iter(range(60_000)), in_flight=32)
+    tracemalloc.start()
+    try:
+        for taken, _ in enumerate(stream, start=1):
+            if taken == 10_000:
+                after_warm_up = tracemalloc.get_traced_memory()[0]
+        at_end = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    # 50,000 more items went through; keeping even 20 bytes of each would add a megabyte.
+    assert at_end - after_warm_up < 256 * 1024
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors per item
+
+
+def drain(stream: Iterator[Any], into: list[Any]) -> None:
+    """Appends each result to ``into`` until the stream ends or raises."""
+    for item in stream:
+        into.append(item)
+
+
+def three_fails(x: int) -> int:
+    if x == 3:
+        raise ValueError(f"bad item {x}")
+    return x
+
+
+def test_the_first_failing_item_raises_its_own_exception_at_its_position() -> None:
+    g = chain(Fn(three_fails), Add(0))
+    got: list[int] = []
+    with pytest.raises(ValueError, match="bad item 3") as raised:
+        drain(g.map(range(1000), in_flight=8), into=got)
+    assert got == [0, 1, 2]
+    assert raised.value.__notes__ == ["raised in soma node `s0`"]
+    assert raised.tb is not None
+    # Stopped cleanly: the graph runs again at once.
+    assert g.forward(5) == 5
+    assert list(g.map([1, 2])) == [1, 2]
+
+
+def test_after_a_failure_no_stage_starts_an_item_far_beyond_it() -> None:
+    seen: list[int] = []
+
+    def record(x: int) -> int:
+        seen.append(x)
+        return x
+
+    g = chain(Fn(three_fails), Fn(record))
+    with pytest.raises(ValueError, match="bad item 3"):
+        list(g.map(range(1000), in_flight=8))
+    calls = len(seen)
+    assert calls <= 8
+    # The stream's threads are back: nothing runs the node any more.
+    g.forward(0)
+    assert len(seen) == calls + 1
+
+
+def test_collect_yields_a_failed_record_in_place_and_goes_on() -> None:
+    g = chain(Fn(three_fails))
+    out = list(g.map(range(6), on_error="collect"))
+    failed = out[3]
+    assert isinstance(failed, soma.Failed)
+    assert (failed.index, failed.input, failed.node) == (3, 3, "s0")
+    assert isinstance(failed.exception, ValueError)
+    assert out[:3] + out[4:] == [0, 1, 2, 4, 5]
+
+
+def test_skip_leaves_failed_items_out_and_keeps_their_records() -> None:
+    g = chain(Fn(lambda x: three_fails(x % 5)))
+    stream = g.map(range(10), on_error="skip")
+    assert list(stream) == [0, 1, 2, 4, 0, 1, 2, 4]
+    assert [f.index for f in stream.failures] == [3, 8]
+    figures = stream.figures()
+    assert figures is not None
+    assert (figures.succeeded, figures.failed) == (8, 2)
+
+
+def test_an_unknown_on_error_is_refused_with_the_choices() -> None:
+    with pytest.raises(ValueError, match="'raise', 'skip' or 'collect'"):
+        chain(Add()).map([1], on_error="ignore")  # type: ignore[arg-type]
+
+
+def test_an_exception_from_the_inputs_comes_after_the_items_read_before_it() -> None:
+    def broken() -> Iterator[int]:
+        yield 1
+        yield 2
+        raise KeyError("inputs broke")
+
+    g = chain(Add(1))
+    got: list[int] = []
+    with pytest.raises(KeyError, match="inputs broke"):
+        drain(g.map(broken()), into=got)
+    assert got == [2, 3]
+
+
+def test_a_panicking_rust_node_raises_panic_error_and_the_graph_streams_again() -> None:
+    g = soma.Graph.somatize(Add(0).named("a") >> soma.native.Panic("kaboom").named("boom"))
+    with pytest.raises(soma.PanicError, match="kaboom"):
+        list(g.map(range(3)))
+    assert list(soma.Graph.somatize(Add(0).named("a")).map([1])) == [1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Closing and threads
+
+
+def test_breaking_out_of_the_loop_stops_the_stream_and_gives_its_threads_back() -> None:
+    seen: list[int] = []
+
+    def record(x: int) -> int:
+        seen.append(x)
+        return x
+
+    g = chain(Add(0), Fn(record), Add(0))
+    for _ in range(10):
+        for item in g.map(iter(range(10**9))):
+            if item == 2:
+                break
+    calls = len(seen)
+    g.forward(0)
+    assert len(seen) == calls + 1
+    # Ten streams of three stages, one after another, on the same lent threads.
+    assert g.threads() <= 4
+
+
+def test_close_and_with_stop_the_stream_and_leave_the_graph_usable() -> None:
+    g = chain(Add(1), Add(1))
+    with g.map(iter(range(10**9))) as stream:
+        assert next(stream) == 2
+    with pytest.raises(StopIteration):
+        next(stream)
+    stream = g.map(range(10))
+    stream.close()
+    assert list(stream) == []
+    assert g.forward(1) == 3
+
+
+def test_a_stream_dropped_unread_stops_and_gives_its_threads_back() -> None:
+    g = chain(Add(0), Add(0))
+    for _ in range(10):
+        stream = g.map(iter(range(10**9)))
+        next(stream)
+        del stream
+    assert g.threads() <= 3
+
+
+CTRL_C_SCRIPT = textwrap.dedent(
+    """
+    import signal
+    import time
+    import soma
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    class Nap(soma.Node):
+        def forward(self, x):
+            time.sleep(0.01)
+            return x
+
+    g = soma.Graph.somatize(Nap().named("a") >> Nap().named("b") >> Nap().named("c"))
+    taken = 0
+    try:
+        for item in g.map(iter(range(10**9))):
+            taken += 1
+            if taken == 3:
+                print("started", flush=True)
+    except KeyboardInterrupt:
+        print("caught KeyboardInterrupt after", taken, "items", flush=True)
+        print("usable", g.forward(7), list(g.map([1, 2])), flush=True)
+    """
+)
+
+
+def test_ctrl_c_while_iterating_raises_keyboard_interrupt_and_leaves_the_graph_usable() -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", CTRL_C_SCRIPT],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    killer = threading.Timer(SUBPROCESS_DEADLINE, child.kill)
+    killer.start()
+    try:
+        assert child.stdout is not None
+        first = child.stdout.readline()
+        if first.strip() != "started":
+            child.kill()
+            _, err = child.communicate()
+            pytest.fail(f"the child never started: {first!r}\n{err}")
+        os.kill(child.pid, signal.SIGINT)
+        out, err = child.communicate()
+    finally:
+        killer.cancel()
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert "caught KeyboardInterrupt" in out, (out, err)
+    assert "usable 7 [1, 2]" in out, (out, err)
+    # The stream would run forever: stopping within 500 items (5 s) is stopping promptly.
+    assert int(out.split("after")[1].split()[0]) < 500, out
+
+
+STUCK_SCRIPT = textwrap.dedent(
+    """
+    import signal
+    import threading
+    import soma
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    never = threading.Event()
+
+    class Stuck(soma.Node):
+        def forward(self, x):
+            if x == 3:
+                print("stuck", flush=True)
+                never.wait()
+            return x
+
+    class Add(soma.Node):
+        def forward(self, x):
+            return x + 1
+
+    g = soma.Graph.somatize(Add().named("a") >> Stuck().named("b") >> Add().named("c"))
+    taken = []
+    try:
+        for item in g.map(range(100)):
+            taken.append(item)
+    except KeyboardInterrupt:
+        print("caught KeyboardInterrupt after", taken, flush=True)
+    print("usable", g.forward(10), flush=True)
+    """
+)
+
+
+def test_ctrl_c_returns_even_while_a_node_of_the_stream_never_returns() -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", STUCK_SCRIPT],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    killer = threading.Timer(SUBPROCESS_DEADLINE, child.kill)
+    killer.start()
+    try:
+        assert child.stdout is not None
+        first = child.stdout.readline()
+        if first.strip() != "stuck":
+            child.kill()
+            _, err = child.communicate()
+            pytest.fail(f"the child never got stuck: {first!r}\n{err}")
+        os.kill(child.pid, signal.SIGINT)
+        out, err = child.communicate()
+    finally:
+        killer.cancel()
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert "caught KeyboardInterrupt after" in out, (out, err)
+    # Whatever came out before the signal came in order; item 2 never came.
+    assert out.split("after ")[1].split("\n")[0] in ("[]", "[2]", "[2, 3]"), out
+    # The stuck node is left on its thread; the graph runs on others.
+    assert "usable 12" in out, (out, err)
+    assert child.returncode == 0, err
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress, figures, trace
+
+
+def test_a_progress_callable_gets_counts_and_a_last_event_marked_done() -> None:
+    events: list[soma.Progress] = []
+    g = chain(Add(1), Add(1))
+    assert len(list(g.map(range(50), progress=events.append))) == 50
+    assert events[-1].done
+    assert (events[-1].succeeded, events[-1].failed, events[-1].read) == (50, 0, 50)
+    assert sum(event.done for event in events) == 1
+
+
+def test_progress_true_without_tqdm_writes_a_line_to_stderr(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    g = chain(Add(1))
+    assert list(g.map(range(5), progress=True)) == [1, 2, 3, 4, 5]
+    assert "5 items" in capsys.readouterr().err
+
+
+def test_progress_true_with_tqdm_installed_draws_a_bar_of_the_inputs_length(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bars: list[FakeBar] = []
+
+    class FakeBar:
+        def __init__(self, total: int | None, unit: str) -> None:
+            self.total, self.shown, self.closed = total, 0, False
+            self.postfix: dict[str, Any] = {}
+            bars.append(self)
+
+        def update(self, n: int) -> None:
+            self.shown += n
+
+        def set_postfix(self, refresh: bool = True, **values: Any) -> None:
+            self.postfix.update(values)
+
+        def close(self) -> None:
+            self.closed = True
+
+    fake = types.ModuleType("tqdm.auto")
+    fake.tqdm = FakeBar  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "tqdm", types.ModuleType("tqdm"))
+    monkeypatch.setitem(sys.modules, "tqdm.auto", fake)
+    g = chain(Add(1))
+    assert list(g.map(range(7), progress=True)) == list(range(1, 8))
+    [bar] = bars
+    assert (bar.total, bar.shown, bar.closed) == (7, 7, True)
+
+
+def test_figures_name_each_stage_and_count_its_items() -> None:
+    g = soma.Graph.somatize(Add().named("a") >> (Add().named("b") | Add().named("c")))
+    stream = g.map(range(20))
+    list(stream)
+    figures = stream.figures()
+    assert figures is not None
+    assert [stage.nodes for stage in figures.stages] == [["a"], ["b", "c"]]
+    assert [stage.items for stage in figures.stages] == [20, 20]
+    assert figures.bottleneck in ("a", "b, c")
+
+
+def test_a_trace_of_a_stream_has_a_span_per_node_per_item() -> None:
+    trace = soma.Trace()
+    g = chain(Add(1), Add(1), Add(1))
+    list(g.map(range(10), trace=trace))
+    assert len(trace) == 30
+    assert {span.node for span in trace.spans} == {"s0", "s1", "s2"}
+
+
+def test_a_driver_serves_awaiting_nodes_in_a_stream() -> None:
+    class Ask(soma.Node):
+        def forward(self, x: int, ctx: soma.Ctx) -> Any:
+            if ctx.turn == 0:
+                return soma.Await([x])
+            return ctx.results[0] * 2
+
+    class Echo:
+        def perform(self, requests: list[Any]) -> list[Any]:
+            return list(requests)
+
+    g = soma.Graph.somatize(Ask().named("ask") >> Add(1).named("add"))
+    assert list(g.map(range(4), driver=Echo())) == [1, 3, 5, 7]
+
+
+# ---------------------------------------------------------------------------------------------
+# Micro-batches
+
+
+row_wise = chain(Fn(lambda x: x * 2), Fn(lambda x: x + 1))
+
+
+@given(st.lists(st.integers(-1000, 1000), max_size=40), st.integers(1, 12))
+def test_micro_batches_of_a_numpy_array_equal_one_forward(rows: list[int], k: int) -> None:
+    batch = np.array(rows, dtype=np.int64)
+    whole = row_wise.forward(batch)
+    pieces = row_wise.forward(batch, micro_batches=k)
+    assert type(pieces) is np.ndarray
+    assert np.array_equal(pieces, whole)
+
+
+@given(st.lists(st.integers(), max_size=40), st.integers(1, 12), st.booleans())
+def test_micro_batches_of_a_list_or_tuple_equal_one_forward(
+    rows: list[int], k: int, as_tuple: bool
+) -> None:
+    g = chain(Fn(lambda xs: type(xs)(x * 3 for x in xs)))
+    batch = tuple(rows) if as_tuple else rows
+    assert g.forward(batch, micro_batches=k) == g.forward(batch)
+
+
+def test_micro_batches_join_several_leaves_leaf_by_leaf() -> None:
+    g = soma.Graph.somatize(
+        Add(0).named("a") >> (Fn(lambda x: x * 2).named("l") | Fn(lambda x: -x).named("r"))
+    )
+    batch = np.arange(10)
+    out = g.forward(batch, micro_batches=3)
+    assert np.array_equal(out["l"], batch * 2)
+    assert np.array_equal(out["r"], -batch)
+
+
+def test_micro_batches_run_each_slice_through_the_stages_overlapped() -> None:
+    barrier = threading.Barrier(2, timeout=DEADLINE)
+
+    def stage(slice_start: int) -> Fn:
+        def body(xs: list[int]) -> list[int]:
+            if xs and xs[0] == slice_start:
+                barrier.wait()
+            return xs
+
+        return Fn(body)
+
+    g = chain(stage(4), stage(2))  # stage 0 on the third slice meets stage 1 on the second
+    assert g.forward(list(range(8)), micro_batches=4) == list(range(8))
+
+
+def test_a_join_given_by_the_user_receives_the_outputs_of_each_slice() -> None:
+    g = chain(Fn(sum))
+    assert g.forward(list(range(10)), micro_batches=3, join=list) == [6, 15, 24]
+
+
+def test_outputs_that_cannot_be_joined_by_type_ask_for_a_join() -> None:
+    g = chain(Fn(sum))
+    with pytest.raises(TypeError, match="pass join="):
+        g.forward(list(range(10)), micro_batches=3)
+
+
+def test_a_batch_that_cannot_be_sliced_is_refused_with_a_hint() -> None:
+    with pytest.raises(TypeError, match="needs `len` and slicing"):
+        chain(Add()).forward(5, micro_batches=2)
+
+
+def test_a_script_that_ends_with_a_stream_still_open_exits() -> None:
+    script = textwrap.dedent(
+        """
+        import time
+        import soma
+
+        class Nap(soma.Node):
+            def forward(self, x):
+                time.sleep(0.005)
+                return x
+
+        g = soma.Graph.somatize(Nap().named("a") >> Nap().named("b"))
+        open_stream = g.map(iter(range(10**9)))
+        print(next(open_stream), next(open_stream), flush=True)
+        """
+    )
+    run = run_script(script)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "0 1\n"
+
+
+def test_a_stream_in_a_reference_cycle_with_its_inputs_is_collected() -> None:
+    g = chain(Add(0), Add(0))
+
+    class Inputs:
+        """An iterator that holds the stream that reads it."""
+
+        def __init__(self) -> None:
+            self.stream: Any = None
+            self.numbers = iter(range(10**9))
+
+        def __iter__(self) -> Inputs:
+            return self
+
+        def __next__(self) -> int:
+            return next(self.numbers)
+
+    inputs = Inputs()
+    stream = g.map(inputs)
+    inputs.stream = stream
+    assert next(stream) == 0
+    collected = weakref.ref(stream)
+    del stream, inputs
+    gc.collect()
+    # Collected, so closed: the graph streams again on the same threads.
+    assert collected() is None
+    assert list(g.map(range(3))) == [0, 1, 2]
+    assert g.threads() <= 3
+
+
+def test_micro_batches_with_a_timeout_are_refused_for_now() -> None:
+    with pytest.raises(ValueError, match="timeout cannot be combined with micro_batches"):
+        chain(Add()).forward([1, 2], micro_batches=2, timeout=1.0)
