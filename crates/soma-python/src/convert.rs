@@ -126,6 +126,12 @@ fn shared(value: &Value) -> Option<*const ()> {
 /// places and converted by [`to_native`] was: the conversion costs the size of the value, not
 /// of every path through it.
 pub fn to_python<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>> {
+    // What passes between Python nodes, every time: the object itself, with no walk to set up.
+    if let Value::Opaque(inner) = value {
+        if let Some(PyValue(object)) = inner.downcast_ref::<PyValue>() {
+            return Ok(object.bind(py).clone());
+        }
+    }
     convert(
         &mut ToPython {
             py,
