@@ -100,8 +100,18 @@ fn python_cause(
 
 /// Adds a PEP 678 note, `remark`; the exception object stays the same.
 fn noted(py: Python<'_>, error: PyErr, remark: String) -> PyErr {
+    let value = error.value(py);
+    // A forward nested in a forward of the same graph passes the exception up through the same
+    // node at every level: one note says it, a thousand repeat it.
+    let last = value
+        .getattr("__notes__")
+        .and_then(|notes| notes.get_item(-1))
+        .and_then(|note| note.extract::<String>());
+    if last.is_ok_and(|last| last == remark) {
+        return error;
+    }
     // A note is a courtesy: an exception that refuses one is still raised as it is.
-    let _ = error.value(py).call_method1("add_note", (remark,));
+    let _ = value.call_method1("add_note", (remark,));
     error
 }
 
