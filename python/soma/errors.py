@@ -50,6 +50,13 @@ class DeviceError(SomaError, ValueError):
     device: str | None = None
 
 
+class HostError(SomaError, ValueError):
+    """A host name could not be (``.host``, what was written): empty, too long, or with a
+    character outside ``[A-Za-z0-9._-]``."""
+
+    host: str | None = None
+
+
 class CompileError(SomaError):
     """The graph could not be compiled into a plan (``.node``)."""
 

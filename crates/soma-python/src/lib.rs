@@ -11,6 +11,7 @@ mod device;
 mod driver;
 mod errors;
 mod graph;
+mod hosts;
 mod native;
 mod node;
 mod plan;
@@ -35,5 +36,7 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<trace::PySpan>()?;
     module.add("DEFAULT_TURN_LIMIT", soma_core::DEFAULT_TURN_LIMIT)?;
     module.add_function(wrap_pyfunction!(device::parse_device, module)?)?;
+    module.add_function(wrap_pyfunction!(hosts::parse_host, module)?)?;
+    module.add_function(wrap_pyfunction!(hosts::distribute, module)?)?;
     Ok(())
 }
