@@ -112,6 +112,8 @@ class _RayHost:
 
     def unload(self, key: str) -> None:
         self._loaded.pop(key, None)
+        if not self._hosts.ray.is_initialized():
+            return  # Ray was shut down, and its actors with it; calling it would start it again.
         # A courtesy to a host that may be gone, or a Ray shut down already: never an error.
         with contextlib.suppress(Exception):
             self.actor.unload.remote(key)
@@ -137,7 +139,8 @@ def _as_raised(failed: Any, host: str) -> BaseException:
         notes[named[-1]] += f" on host `{host}`"
     else:
         cause.add_note(f"raised on host `{host}`")
-    traceback = getattr(failed, "traceback_str", "")
+    # What Ray prints for the failure: the task, and the traceback on the host.
+    traceback = str(failed)
     if traceback:
         cause.add_note(f"remote traceback:\n{traceback.rstrip()}")
     return cause
