@@ -17,7 +17,17 @@ import contextlib
 import threading
 from typing import Any
 
-from soma.remote import RESOURCE_PREFIX, RemoteHost, Slice, SliceRunner, remote_error, resource_of
+from soma._slices import RemoteHost, Slice, SliceRunner, remote_error
+
+#: The Ray rule: the Ray node(s) of host ``name`` offer the custom resource
+#: ``soma-host:<name>`` (``ray start --resources='{"soma-host:gpu-box": 1}'``).
+RESOURCE_PREFIX = "soma-host:"
+
+
+def resource_of(host: str) -> str:
+    """The Ray custom resource that marks the node(s) of ``host``: ``soma-host:<host>``."""
+    return RESOURCE_PREFIX + host
+
 
 #: The slices a host's actor may run at once.
 MAX_CONCURRENCY = 64

@@ -10,23 +10,24 @@ among them, run at the same time. On the host, a slice runs on Soma's engine too
 (:class:`SliceRunner`: a ``soma.Graph`` of the slice's nodes).
 
 What a host *is* stays behind :class:`Transport` and :class:`RemoteHost`: the Ray one
-(:class:`RayHosts`) is the default, and the only module that imports Ray; a graph without
-hosts never reaches this module's transport, so it never imports or starts Ray.
+(:class:`RayHosts`) is the default, and imports Ray only when it first serves a host; a graph
+without hosts never reaches a transport, so it never imports or starts Ray.
 """
 
 from __future__ import annotations
 
 import contextvars
-import dataclasses
 import threading
 import uuid
 import weakref
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
-from soma.errors import RemoteError
+from soma._ray_hosts import RESOURCE_PREFIX, RayHosts, resource_of
+from soma._slices import INPUT, PassThrough, RemoteHost, Slice, SliceRunner, Transport, fresh_id
 
-if TYPE_CHECKING:
-    from soma._graph import Graph
+# A `soma.Graph` is written `Any` here: `soma._graph` imports this module, and the layout
+# keeps imports one way (tests/test_layout.py).
+Graph = Any
 
 __all__ = [
     "INPUT",
@@ -40,66 +41,6 @@ __all__ = [
     "transport",
     "use",
 ]
-
-#: The key under which a slice receives the graph's own input, for the steps that read it.
-INPUT = "(input)"
-
-#: The Ray rule: the Ray node(s) of host ``name`` offer the custom resource
-#: ``soma-host:<name>`` (``ray start --resources='{"soma-host:gpu-box": 1}'``).
-RESOURCE_PREFIX = "soma-host:"
-
-
-def resource_of(host: str) -> str:
-    """The Ray custom resource that marks the node(s) of ``host``: ``soma-host:<host>``."""
-    return RESOURCE_PREFIX + host
-
-
-@dataclasses.dataclass(frozen=True)
-class Slice:
-    """One remote slice: what a host needs to run it, sent once per graph.
-
-    ``nodes`` are the slice's ``(id, implementation)`` pairs, ``steps`` its ``(node, inputs)``
-    in plan order (no inputs: the graph's input), ``reads`` what it reads from outside it
-    (:data:`INPUT` for the graph's input), ``returns`` the nodes whose outputs later steps read
-    or the run returns, ``devices`` the slice's placed nodes and their devices."""
-
-    host: str
-    index: int
-    nodes: tuple[tuple[str, Any], ...]
-    steps: tuple[tuple[str, tuple[str, ...]], ...]
-    reads: tuple[str, ...]
-    returns: tuple[str, ...]
-    devices: tuple[tuple[str, str], ...] = ()
-
-    def names(self) -> list[str]:
-        """The slice's nodes, in plan order."""
-        return [node for node, _ in self.steps]
-
-
-class RemoteHost(Protocol):
-    """One host, as a transport serves it."""
-
-    def load(self, key: str, slices: list[Slice]) -> None:
-        """Keeps ``slices`` under ``key`` (one graph's) on the host, replacing what was there."""
-
-    def run(
-        self, key: str, index: int, inputs: dict[str, Any], timeout: float | None
-    ) -> dict[str, Any]:
-        """Runs slice ``index`` of ``key`` on ``inputs`` (by source id) and returns its
-        ``returns`` by id. A node's exception comes out as itself; a host that cannot answer
-        within ``timeout`` seconds, or at all, is a :class:`soma.RemoteError`."""
-
-    def unload(self, key: str) -> None:
-        """Forgets ``key``'s slices; never raises."""
-
-
-class Transport(Protocol):
-    """Where hosts come from: the one thing to implement to run slices on another engine."""
-
-    def host(self, name: str) -> RemoteHost:
-        """The host named ``name``: the same object while it lives, a new one once it died.
-        A :class:`soma.RemoteError` naming the host and the fix if there is none."""
-
 
 _transport: Transport | None = None
 _transport_lock = threading.Lock()
@@ -117,87 +58,8 @@ def transport() -> Transport:
     global _transport
     with _transport_lock:  # Branches on two hosts may ask first at the same time.
         if _transport is None:
-            from soma._ray_hosts import RayHosts
-
             _transport = RayHosts()
         return _transport
-
-
-def __getattr__(name: str) -> Any:
-    # `RayHosts` lives with Ray's imports, loaded only when asked for.
-    if name == "RayHosts":
-        from soma._ray_hosts import RayHosts
-
-        return RayHosts
-    raise AttributeError(f"module 'soma.remote' has no attribute {name!r}")
-
-
-if TYPE_CHECKING:
-    from soma._ray_hosts import RayHosts
-
-
-class _Take:
-    """On a host: a slice's source, what the slice reads from ``source``."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-
-    def forward(self, inputs: dict[str, Any]) -> Any:
-        return inputs[self.source]
-
-
-class _Pass:
-    """Its input, as it is: a slice's output tap, the local carrier of the graph's input."""
-
-    def forward(self, x: Any) -> Any:
-        return x
-
-
-class SliceRunner:
-    """A slice, ready to run on its host: a ``soma.Graph`` of its nodes, read from a root per
-    source (:data:`INPUT` included) and tapped once per returned node, built once."""
-
-    def __init__(self, piece: Slice) -> None:
-        from soma._graph import Graph
-
-        graph = Graph()
-        taken = {node for node, _ in piece.nodes} | set(piece.reads) - {INPUT}
-        sources: dict[str, str] = {}
-        for read in piece.reads:
-            source = _fresh(read, taken) if read == INPUT else read
-            graph.node(source, _Take(read))
-            sources[read] = source
-        for node, implementation in piece.nodes:
-            graph.node(node, implementation)
-        graph._hosts.clear()  # Here is where they run: no host is remote to itself.
-        for node, device in piece.devices:
-            graph.place(node, device)
-        for node, inputs in piece.steps:
-            for source in inputs or (INPUT,):
-                graph.edge(sources.get(source, source), node)
-        self._taps: dict[str, str] = {}
-        for node in piece.returns:
-            tap = _fresh(f"{node}(out)", taken)
-            graph.node(tap, _Pass())
-            graph.edge(node, tap)
-            self._taps[tap] = node
-        self.graph = graph
-
-    def run(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        """The slice's returns, by node id, run on ``inputs``."""
-        out = self.graph.forward(inputs)
-        if len(self._taps) == 1:
-            return {node: out for node in self._taps.values()}
-        return {self._taps[tap]: value for tap, value in out.items()}
-
-
-def _fresh(base: str, taken: set[str]) -> str:
-    """``base``, or ``base_2``, ``base_3``…: the first not in ``taken``, which it joins."""
-    name, k = base, 2
-    while name in taken:
-        name, k = f"{base}_{k}", k + 1
-    taken.add(name)
-    return name
 
 
 #: The timeout of the run in progress, seen by its slices on the threads of its branches
@@ -239,19 +101,17 @@ class Distributed:
     each as one node. Valid while the graph's nodes, edges, hosts and devices stay."""
 
     def __init__(self, graph: Graph) -> None:
-        from soma._graph import Graph
-
         self.key = uuid.uuid4().hex
         self.fingerprint = _fingerprint(graph)
         self.slices = _slices(graph)
         slice_of = {node: piece.index for piece in self.slices for node in piece.names()}
         taken = set(graph.nodes())
-        self.slice_ids = [_fresh(f"{piece.host}#{piece.index}", taken) for piece in self.slices]
+        self.slice_ids = [fresh_id(f"{piece.host}#{piece.index}", taken) for piece in self.slices]
         carriers = [
-            _fresh(INPUT, taken) if INPUT in piece.reads and len(piece.reads) > 1 else None
+            fresh_id(INPUT, taken) if INPUT in piece.reads and len(piece.reads) > 1 else None
             for piece in self.slices
         ]
-        local = Graph()
+        local = type(graph)()
         devices = graph.devices()
         added: set[int] = set()
         for node in graph.nodes():
@@ -265,7 +125,7 @@ class Distributed:
                 added.add(index)
                 carrier = carriers[index]
                 if carrier is not None:
-                    local.node(carrier, _Pass())
+                    local.node(carrier, PassThrough())
                 local.node(self.slice_ids[index], _SliceCall(self, index, carrier))
             if node in self.slices[index].returns:
                 local.node(node, _Pick(node))
@@ -354,6 +214,7 @@ def _slices(graph: Graph) -> list[Slice]:
                 reads=tuple(s for s in reads if s not in inside),
                 returns=tuple(returns),
                 devices=tuple((n, devices[n]) for n, _ in steps if n in devices),
+                engine=type(graph),
             )
         )
     return slices
@@ -387,13 +248,3 @@ def _drop_stand_in_note(raised: BaseException, slice_ids: list[str]) -> None:
     notes = getattr(raised, "__notes__", None)
     if notes and notes[-1] in {f"raised in soma node `{sid}`" for sid in slice_ids}:
         notes.pop()
-
-
-def remote_error(host: str, piece: Slice, message: str, hint: str) -> RemoteError:
-    """A :class:`soma.RemoteError` about ``piece`` on ``host``."""
-    nodes = ", ".join(f"`{node}`" for node in piece.names())
-    error = RemoteError(f"host `{host}` {message} (slice of {nodes})\nhint: {hint}")
-    error.host = host
-    error.slice = piece.names()
-    error.node = piece.names()[0]
-    return error
