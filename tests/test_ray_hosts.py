@@ -115,6 +115,18 @@ def node_of(host: str) -> str:
     return str(node)
 
 
+def actor_died(actor: Any) -> bool:
+    """Whether ``actor`` is seen dead within ``DEADLINE``: ``ray.kill`` only asks for it."""
+    deadline = time.monotonic() + DEADLINE
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.node_id.remote(), timeout=DEADLINE)
+        except ray.exceptions.RayActorError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def oracle_graphs() -> list[soma.Graph]:
     """A chain, a wave, a diamond with a fan-in and a branch of two, and the N."""
     chain = soma.Graph.somatize(Add(1).named("a") >> Add(2).named("b") >> Add(3).named("c"))
@@ -213,7 +225,9 @@ def test_a_killed_host_is_a_remote_error_naming_host_and_slice_and_the_next_run_
     g = soma.Graph.somatize(Add(1).named("a") >> Add(2).named("b").at("one") >> Add(3))
     assert g.forward(0) == 6
     host = cluster.host("one")
-    ray.kill(host.actor)  # type: ignore[attr-defined]
+    actor = host.actor  # type: ignore[attr-defined]
+    ray.kill(actor)
+    assert actor_died(actor), "the killed actor still answers"
     with pytest.raises(soma.RemoteError, match=r"host `one` died .*slice of `b`") as raised:
         g.forward(0)
     assert (raised.value.host, raised.value.slice) == ("one", ["b"])
