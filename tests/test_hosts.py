@@ -123,6 +123,15 @@ def test_a_slice_reads_the_graphs_input_and_returns_a_leaf_of_the_run() -> None:
     assert (second.names(), second.reads, second.returns) == (["b"], ("a",), ("b",))
 
 
+def test_a_stream_refuses_a_graph_with_hosts_rather_than_run_it_here() -> None:
+    g = diamond()
+    g.place_at("b", "one")
+    with pytest.raises(ValueError, match=r"node `b` is placed on host `one`, and streams do not"):
+        g.map([1, 2])
+    with pytest.raises(ValueError, match="streams do not run slices on hosts yet"):
+        g.forward([1, 2], micro_batches=2)
+
+
 def run_child(code: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],

@@ -219,6 +219,23 @@ def test_a_nodes_exception_keeps_its_type_and_message_and_a_note_names_node_and_
     assert str(here.value) == str(raised.value)
 
 
+class Fail(soma.Node):
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def forward(self, x: int) -> int:
+        raise ValueError(self.message)
+
+
+def test_the_first_declared_branchs_error_wins_across_hosts(cluster: RayHosts) -> None:
+    g = soma.Graph.somatize(
+        Fail("first").named("first").at("two") | Fail("second").named("second").at("one")
+    )
+    for _ in range(3):
+        with pytest.raises(ValueError, match="^first$"):
+            g.forward(0)
+
+
 def test_a_killed_host_is_a_remote_error_naming_host_and_slice_and_the_next_run_works(
     cluster: RayHosts,
 ) -> None:
