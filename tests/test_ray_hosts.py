@@ -232,8 +232,9 @@ def test_the_first_declared_branchs_error_wins_across_hosts(cluster: RayHosts) -
         Fail("first").named("first").at("two") | Fail("second").named("second").at("one")
     )
     for _ in range(3):
-        with pytest.raises(ValueError, match="^first$"):
+        with pytest.raises(ValueError) as raised:
             g.forward(0)
+        assert raised.value.args == ("first",)
 
 
 def test_a_killed_host_is_a_remote_error_naming_host_and_slice_and_the_next_run_works(

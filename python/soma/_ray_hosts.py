@@ -14,6 +14,7 @@ This is the only module that imports Ray, and only when a graph with hosts runs.
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 from typing import Any
 
@@ -136,6 +137,10 @@ _DIED_HINT = (
 _TIMEOUT_HINT = "pass a larger `timeout=` to forward, or to `soma.remote.RayHosts(timeout=...)`"
 
 
+# The terminal colours Ray puts in what it prints: a note is read anywhere.
+_COLOURS = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def _as_raised(failed: Any, host: str) -> BaseException:
     """The node's own exception out of Ray's wrapper, noted with its host and the remote
     traceback; Ray's wrapper itself when the exception could not travel."""
@@ -150,7 +155,7 @@ def _as_raised(failed: Any, host: str) -> BaseException:
     else:
         cause.add_note(f"raised on host `{host}`")
     # What Ray prints for the failure: the task, and the traceback on the host.
-    traceback = str(failed)
+    traceback = _COLOURS.sub("", str(failed))
     if traceback:
         cause.add_note(f"remote traceback:\n{traceback.rstrip()}")
     return cause
