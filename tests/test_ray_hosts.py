@@ -232,7 +232,7 @@ def test_the_first_declared_branchs_error_wins_across_hosts(cluster: RayHosts) -
         Fail("first").named("first").at("two") | Fail("second").named("second").at("one")
     )
     for _ in range(3):
-        with pytest.raises(ValueError) as raised:
+        with pytest.raises(ValueError, match="first") as raised:
             g.forward(0)
         assert raised.value.args == ("first",)
 

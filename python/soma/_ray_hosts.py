@@ -83,7 +83,7 @@ class _RayHost:
     def load(self, key: str, slices: list[Slice]) -> None:
         ray = self._hosts.ray
         try:
-            ray.get(self.actor.load.remote(key, slices), timeout=self._hosts.timeout)
+            ray.get(self.actor.load.remote(key, slices), timeout=self._hosts.start_timeout)
         except ray.exceptions.RayActorError:
             self._hosts.forget(self)
             raise remote_error(
@@ -93,8 +93,9 @@ class _RayHost:
             raise remote_error(
                 self.name,
                 slices[0],
-                f"did not take its slices within {self._hosts.timeout} s",
-                _TIMEOUT_HINT,
+                f"did not take its slices within {self._hosts.start_timeout} s",
+                "a host's actor starts on first use; give it longer with "
+                "`soma.remote.use(soma.remote.RayHosts(start_timeout=...))`",
             ) from None
         self._loaded[key] = {piece.index: piece for piece in slices}
 
@@ -168,11 +169,15 @@ class RayHosts:
     Ray is used as the program set it up: if it is not initialised yet, ``ray.init(address)``
     is called on first use (``address=None`` means Ray's own default: the ``RAY_ADDRESS``
     environment variable, or a running local cluster, or a new one). ``timeout`` bounds each
-    trip to a host, in seconds, when ``forward`` is given none.
+    trip to a host, in seconds, when ``forward`` is given none; ``start_timeout`` bounds
+    starting a host's actor and sending it a graph's slices (a busy node may take seconds).
     """
 
-    def __init__(self, *, timeout: float = 300.0, address: str | None = None) -> None:
+    def __init__(
+        self, *, timeout: float = 300.0, start_timeout: float = 120.0, address: str | None = None
+    ) -> None:
         self.timeout = timeout
+        self.start_timeout = start_timeout
         self.address = address
         self._lock = threading.Lock()
         self._hosts: dict[str, _RayHost] = {}
@@ -229,4 +234,4 @@ class RayHosts:
         """The Ray node id the actor of host ``name`` runs on."""
         host = self.host(name)
         assert isinstance(host, _RayHost)
-        return str(self.ray.get(host.actor.node_id.remote(), timeout=self.timeout))
+        return str(self.ray.get(host.actor.node_id.remote(), timeout=self.start_timeout))
