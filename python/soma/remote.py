@@ -146,6 +146,8 @@ class Distributed:
                     local.edge(read, call)
         self.local = local
         self._hosts: dict[str, RemoteHost] = {}
+        # Two branches' slices for one host, run first at the same time, load it once.
+        self._loading = threading.Lock()
         weakref.finalize(self, _unload, self._hosts, self.key)
 
     def run(self, index: int, inputs: dict[str, Any], timeout: float | None) -> dict[str, Any]:
@@ -154,8 +156,10 @@ class Distributed:
         name = self.slices[index].host
         host = transport().host(name)
         if self._hosts.get(name) is not host:
-            host.load(self.key, [piece for piece in self.slices if piece.host == name])
-            self._hosts[name] = host
+            with self._loading:
+                if self._hosts.get(name) is not host:
+                    host.load(self.key, [piece for piece in self.slices if piece.host == name])
+                    self._hosts[name] = host
         return host.run(self.key, index, inputs, timeout)
 
 
