@@ -9,7 +9,7 @@ PY := $(BIN)/python
 RUST_SOURCES := $(shell find crates -name '*.rs' -o -name Cargo.toml) Cargo.toml Cargo.lock pyproject.toml
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: setup build demo test lint test-rust test-python test-torch fmt clean bench
+.PHONY: setup build demo test lint test-rust test-python test-torch fmt clean bench soak
 
 setup: $(VENV)/.tools build
 
@@ -55,6 +55,11 @@ test-torch: $(VENV)/.torch build
 $(VENV)/.torch: $(VENV)/.tools tests/with_torch/requirements.txt
 	$(PY) -m pip install --quiet -r tests/with_torch/requirements.txt -c constraints.txt
 	touch $@
+
+# The hostile sequences (tests/test_hostile_sequences.py) at length: fresh random sequences on
+# every run, a thousand of them, where `make test` replays the same few.
+soak: setup
+	SOMA_SOAK=1 $(BIN)/pytest tests/test_hostile_sequences.py -q --timeout=3600
 
 fmt: $(VENV)/.tools
 	cargo fmt --all

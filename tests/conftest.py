@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import operator
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -251,6 +252,35 @@ def executed(plan: Any) -> list[str]:
 
 # How long a subprocess may take, start-up and import included, before it counts as hung.
 SUBPROCESS_DEADLINE = 60.0
+
+
+def interrupt_script(script: str, ready: str) -> subprocess.CompletedProcess[str]:
+    """Runs ``script`` in a fresh interpreter and sends it Ctrl-C (SIGINT) once it has printed
+    the line ``ready``; a child that never gets ready fails the test, and one still running at
+    ``SUBPROCESS_DEADLINE`` is killed."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    killer = threading.Timer(SUBPROCESS_DEADLINE, child.kill)
+    killer.start()
+    try:
+        assert child.stdout is not None
+        first = child.stdout.readline()
+        if first.strip() != ready:
+            child.kill()
+            _, err = child.communicate()
+            pytest.fail(f"the child never printed {ready!r}: {first!r}\n{err}")
+        os.kill(child.pid, signal.SIGINT)
+        out, err = child.communicate()
+        return subprocess.CompletedProcess(child.args, child.returncode, out, err)
+    finally:
+        killer.cancel()
+        if child.poll() is None:
+            child.kill()
+            child.wait()
 
 
 def run_script(script: str) -> subprocess.CompletedProcess[str]:

@@ -6,6 +6,12 @@ given where a node instance belongs, ids that are not text (a lone surrogate, an
 object), integers that a Rust node's 64 bits cannot hold, and ``copy.copy``/``copy.deepcopy``
 of a graph, a plan and a trace. A refusal is the right exception type, naming the offending
 thing and carrying a ``hint:`` line, and the graph it was made on is unchanged.
+
+The other rows of that guarantee live beside what they exercise: deep values crossing into Rust
+nodes in ``test_deep_values.py``; a node's C-level recursion on a lent thread's stack in
+``test_threads.py``; a node calling a graph's ``forward`` in ``test_reentry.py``; a driver's
+``BaseException``, its answers that are not lists and a turn limit of 0 in ``test_await.py``;
+all of them in any order, from several threads, in ``test_hostile_sequences.py``.
 """
 
 from __future__ import annotations

@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import gc
 import math
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -18,7 +14,7 @@ from typing import Any
 import pytest
 
 import soma
-from conftest import DEADLINE, SUBPROCESS_DEADLINE
+from conftest import DEADLINE, interrupt_script
 
 STUCK_SCRIPT = textwrap.dedent(
     """
@@ -75,28 +71,8 @@ STUCK_SCRIPT = textwrap.dedent(
 def test_ctrl_c_returns_while_a_branch_waits_for_something_that_will_never_come(
     state: str,
 ) -> None:
-    child = subprocess.Popen(
-        [sys.executable, "-c", STUCK_SCRIPT.format(state=state)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    killer = threading.Timer(SUBPROCESS_DEADLINE, child.kill)
-    killer.start()
-    try:
-        assert child.stdout is not None
-        first = child.stdout.readline()
-        if first.strip() != "started":
-            child.kill()
-            _, err = child.communicate()
-            pytest.fail(f"the child never started: {first!r}\n{err}")
-        os.kill(child.pid, signal.SIGINT)
-        out, err = child.communicate()
-    finally:
-        killer.cancel()
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+    child = interrupt_script(STUCK_SCRIPT.format(state=state), "started")
+    out, err = child.stdout, child.stderr
     assert "caught KeyboardInterrupt" in out, (out, err)
     # The branch left running is named, and the graph works again once it can.
     assert "`stuck`" in out, out

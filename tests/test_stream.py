@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import contextvars
 import gc
-import os
-import signal
-import subprocess
 import sys
 import textwrap
 import threading
@@ -27,7 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import soma
-from conftest import DEADLINE, SUBPROCESS_DEADLINE, Log, run_script
+from conftest import DEADLINE, Log, interrupt_script, run_script
 from test_properties import dags, expected_run, graph_of
 
 
@@ -420,28 +417,8 @@ CTRL_C_SCRIPT = textwrap.dedent(
 
 
 def test_ctrl_c_while_iterating_raises_keyboard_interrupt_and_leaves_the_graph_usable() -> None:
-    child = subprocess.Popen(
-        [sys.executable, "-c", CTRL_C_SCRIPT],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    killer = threading.Timer(SUBPROCESS_DEADLINE, child.kill)
-    killer.start()
-    try:
-        assert child.stdout is not None
-        first = child.stdout.readline()
-        if first.strip() != "started":
-            child.kill()
-            _, err = child.communicate()
-            pytest.fail(f"the child never started: {first!r}\n{err}")
-        os.kill(child.pid, signal.SIGINT)
-        out, err = child.communicate()
-    finally:
-        killer.cancel()
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+    child = interrupt_script(CTRL_C_SCRIPT, "started")
+    out, err = child.stdout, child.stderr
     assert "caught KeyboardInterrupt" in out, (out, err)
     assert "usable 7 [1, 2]" in out, (out, err)
     # The stream would run forever: stopping within 500 items (5 s) is stopping promptly.
@@ -481,28 +458,8 @@ STUCK_SCRIPT = textwrap.dedent(
 
 
 def test_ctrl_c_returns_even_while_a_node_of_the_stream_never_returns() -> None:
-    child = subprocess.Popen(
-        [sys.executable, "-c", STUCK_SCRIPT],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    killer = threading.Timer(SUBPROCESS_DEADLINE, child.kill)
-    killer.start()
-    try:
-        assert child.stdout is not None
-        first = child.stdout.readline()
-        if first.strip() != "stuck":
-            child.kill()
-            _, err = child.communicate()
-            pytest.fail(f"the child never got stuck: {first!r}\n{err}")
-        os.kill(child.pid, signal.SIGINT)
-        out, err = child.communicate()
-    finally:
-        killer.cancel()
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+    child = interrupt_script(STUCK_SCRIPT, "stuck")
+    out, err = child.stdout, child.stderr
     assert "caught KeyboardInterrupt after" in out, (out, err)
     # Whatever came out before the signal came in order; item 2 never came.
     assert out.split("after ")[1].split("\n")[0] in ("[]", "[2]", "[2, 3]"), out

@@ -6,10 +6,6 @@ the process standing, and Ctrl-C stops a long run soon after the signal.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 import threading
 from typing import Any
@@ -17,7 +13,7 @@ from typing import Any
 import pytest
 
 import soma
-from conftest import DEADLINE, SUBPROCESS_DEADLINE, Add, Double, Meet, Pass
+from conftest import DEADLINE, Add, Double, Meet, Pass, interrupt_script
 
 # ---------------------------------------------------------------------------------------------
 # Failures in branches
@@ -138,28 +134,8 @@ CTRL_C_SCRIPT = textwrap.dedent(
 
 @pytest.mark.parametrize("shape", ["chain", "wave", "waiting"])
 def test_ctrl_c_stops_a_long_forward_with_keyboard_interrupt(shape: str) -> None:
-    child = subprocess.Popen(
-        [sys.executable, "-c", CTRL_C_SCRIPT.format(shape=shape)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    killer = threading.Timer(SUBPROCESS_DEADLINE, child.kill)
-    killer.start()
-    try:
-        assert child.stdout is not None
-        first = child.stdout.readline()
-        if first.strip() != "started":
-            child.kill()
-            _, err = child.communicate()
-            pytest.fail(f"the child never started: {first!r}\n{err}")
-        os.kill(child.pid, signal.SIGINT)
-        out, err = child.communicate()
-    finally:
-        killer.cancel()
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+    child = interrupt_script(CTRL_C_SCRIPT.format(shape=shape), "started")
+    out, err = child.stdout, child.stderr
     assert "caught KeyboardInterrupt" in out, (out, err)
     nodes_ran = int(out.split("after")[1].split()[0])
     # Each node naps 50 ms and the whole run would take 20 s: stopping within 100 nodes (5 s)

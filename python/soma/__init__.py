@@ -15,7 +15,7 @@ from soma import devices, native, remote
 from soma._dsl import Expr
 from soma._graph import Graph
 from soma._node import Node
-from soma._soma import DEFAULT_TURN_LIMIT, Await, Ctx, Done, Plan, Span, Trace
+from soma._soma import DEFAULT_TURN_LIMIT, MAX_NESTED_FORWARDS, Await, Ctx, Done, Plan, Span, Trace
 from soma._stream import Failed, Progress, StageFigures, Stream, StreamFigures
 from soma.errors import (
     CompileError,
@@ -39,6 +39,7 @@ from soma.errors import (
 
 __all__ = [
     "DEFAULT_TURN_LIMIT",
+    "MAX_NESTED_FORWARDS",
     "Await",
     "CompileError",
     "Ctx",

@@ -6,6 +6,7 @@ from typing import Any, NoReturn, Self, final
 
 __all__ = [
     "DEFAULT_TURN_LIMIT",
+    "MAX_NESTED_FORWARDS",
     "Await",
     "Ctx",
     "Done",
@@ -21,6 +22,7 @@ __all__ = [
 ]
 
 DEFAULT_TURN_LIMIT: int
+MAX_NESTED_FORWARDS: int
 
 def parse_device(text: str) -> str: ...
 def parse_host(text: str) -> str: ...

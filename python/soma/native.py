@@ -2,7 +2,9 @@
 
 They compose like any node. A Rust node reads native values: a Python object reaching one is
 converted there (``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``, lists and tuples of
-those, dicts with ``str`` keys) or refused with a ``TypeError`` naming its type.
+those, dicts with ``str`` keys) or refused with a ``TypeError`` naming its type. Values of any
+depth convert; a list or dict that contains itself is refused with a ``ValueError``, and one
+held in several places converts once and comes back as one object held in those places.
 
 Their integers are 64-bit, and their arithmetic is checked: an int result outside
 ``-2**63 .. 2**63 - 1`` raises ``OverflowError`` naming the node, never a number wrapped around

@@ -124,6 +124,8 @@ built.edge(first, second)
 assert built.forward(["a", "b"], driver=Table({"a": 1, "b": 20})) == 22
 assert soma.DEFAULT_TURN_LIMIT == 64
 assert_type(soma.DEFAULT_TURN_LIMIT, int)
+assert soma.MAX_NESTED_FORWARDS == 1000
+assert_type(soma.MAX_NESTED_FORWARDS, int)
 
 request = soma.Await(["key"])
 assert request.requests == ["key"]

@@ -34,6 +34,7 @@ use crate::errors::{
 use crate::native::NativeNode;
 use crate::node::PythonNode;
 use crate::plan::PyPlan;
+use crate::reentry::{Nested, MAX_NESTED_FORWARDS};
 use crate::thread_state;
 use crate::trace::PyTrace;
 use crate::watch::SignalWatch;
@@ -400,6 +401,7 @@ impl GraphCore {
         trace: Option<&Bound<'py, PyTrace>>,
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let nested = Nested::enter()?;
         let timeout = timeout.map(time_limit).transpose()?;
         let program = self.program(py)?;
         let driver = driver.map(PythonDriver::new).transpose()?;
@@ -408,7 +410,7 @@ impl GraphCore {
         let mut executor = Executor::new()
             .with_turn_limit(turn_limit)
             .with_watch(Arc::clone(&watch) as Arc<dyn soma_core::Watch>)
-            .with_host(Arc::clone(&INTERPRETER));
+            .with_host(interpreter_at(nested.depth()));
         if let Some(driver) = driver {
             executor = executor.with_driver(Arc::new(driver));
         }
@@ -465,11 +467,24 @@ fn timed_out(error: &RunError, timeout: Option<Duration>) -> PyErr {
 
 /// The interpreter as the engine's host: a crew thread holds the GIL for the whole of each
 /// branch it runs, with a thread state it keeps for its life (`thread_state.rs`), and every
-/// blocking wait gives it back.
-struct Interpreter;
+/// blocking wait gives it back. Each branch runs at the nesting depth of its forward
+/// (`reentry.rs`), on whichever thread.
+struct Interpreter {
+    depth: usize,
+}
 
-/// The one host every run shares; a crew thread may still hold it after its run has ended.
-pub(crate) static INTERPRETER: LazyLock<Arc<dyn Host>> = LazyLock::new(|| Arc::new(Interpreter));
+/// The hosts every run shares, one per nesting depth, made once; a crew thread may still hold
+/// one after its run has ended.
+static INTERPRETERS: LazyLock<Vec<Arc<dyn Host>>> = LazyLock::new(|| {
+    (0..=MAX_NESTED_FORWARDS)
+        .map(|depth| Arc::new(Interpreter { depth }) as Arc<dyn Host>)
+        .collect()
+});
+
+/// The host for a run at nesting depth `depth` (`reentry.rs`): its branches run at that depth.
+pub(crate) fn interpreter_at(depth: usize) -> Arc<dyn Host> {
+    Arc::clone(&INTERPRETERS[depth.min(MAX_NESTED_FORWARDS)])
+}
 
 /// Lets one branch thread at a time wait for the GIL to start its branch.
 ///
@@ -488,7 +503,7 @@ impl Host for Interpreter {
         thread_state::keep();
         Python::attach(move |_| {
             drop(turn);
-            run();
+            Nested::carry(self.depth, run);
         });
     }
 

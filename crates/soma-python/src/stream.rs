@@ -20,7 +20,8 @@ use soma_core::{Driver, NodeId, OnError, Stream, StreamError, StreamSettings, Va
 use crate::convert::{to_python, wrap};
 use crate::driver::PythonDriver;
 use crate::errors::{panic_error, run_error};
-use crate::graph::{GraphCore, INTERPRETER};
+use crate::graph::{interpreter_at, GraphCore};
+use crate::reentry;
 use crate::trace::PyTrace;
 use crate::watch::SignalWatch;
 
@@ -94,7 +95,8 @@ impl StreamCore {
             })
             .with_turn_limit(turn_limit)
             .with_watch(Arc::clone(&watch) as Arc<dyn Watch>)
-            .with_host(Arc::clone(&INTERPRETER));
+            // Its stages run at the depth of the run that opened it, as a wave's branches do.
+            .with_host(interpreter_at(reentry::depth()));
         if !ordered {
             settings = settings.unordered();
         }

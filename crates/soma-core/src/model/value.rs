@@ -4,6 +4,10 @@
 //! executor hands the same value to every reader (a clone per reader, except the last reader in
 //! the producer's branch, which takes it). `Opaque` carries anything the engine must not look inside (a Python
 //! object, a tensor, a handle): it is never hashed or serialized and compares by identity.
+//!
+//! A value may nest as deep as whoever builds it likes — a list of a list of a list, thousands
+//! of levels — so nothing here recurses per level: dropping, comparing and printing walk an
+//! explicit stack (cloning is one reference count, at any depth).
 
 use std::any::Any;
 use std::fmt;
@@ -125,52 +129,230 @@ impl Value {
     }
 }
 
-impl PartialEq for Value {
-    /// Structural for native variants; identity (`Arc::ptr_eq`) for `Opaque`.
-    fn eq(&self, other: &Self) -> bool {
-        match (self, other) {
-            (Value::Null, Value::Null) => true,
-            (Value::Bool(a), Value::Bool(b)) => a == b,
-            (Value::Int(a), Value::Int(b)) => a == b,
-            #[allow(clippy::float_cmp)] // Equality of values, not of approximations.
-            (Value::Float(a), Value::Float(b)) => a == b,
-            (Value::Text(a), Value::Text(b)) => a == b,
-            (Value::Bytes(a), Value::Bytes(b)) => a == b,
-            (Value::List(a), Value::List(b)) => a == b,
-            (Value::Map(a), Value::Map(b)) => a == b,
-            (Value::Opaque(a), Value::Opaque(b)) => Arc::ptr_eq(a, b),
-            (
-                Value::Null
-                | Value::Bool(_)
-                | Value::Int(_)
-                | Value::Float(_)
-                | Value::Text(_)
-                | Value::Bytes(_)
-                | Value::List(_)
-                | Value::Map(_)
-                | Value::Opaque(_),
-                _,
-            ) => false,
+impl Drop for Value {
+    /// Empties the value of the lists and maps it alone holds onto a stack of its own, and
+    /// drops them from there, each emptied the same way first: a deep value drops in a loop,
+    /// where the derived drop would recurse once per level.
+    ///
+    /// A list or map shared with another value is left whole: its reference count goes down
+    /// and the other holder drops it later, the same way. (Two threads dropping the last two
+    /// holders at once may each see the other, and the last one's drop then empties the items
+    /// one level down rather than here: one frame more, not one per level.)
+    fn drop(&mut self) {
+        let mut stack = Vec::new();
+        self.take_nested(&mut stack);
+        while let Some(mut value) = stack.pop() {
+            value.take_nested(&mut stack);
         }
     }
 }
 
-impl fmt::Debug for Value {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl Value {
+    /// Moves onto `stack` the lists and maps directly inside this one, if it holds them alone,
+    /// leaving `Null` in their place. Scalars, text, bytes and opaque values stay: dropping
+    /// them recurses into no value.
+    fn take_nested(&mut self, stack: &mut Vec<Value>) {
+        let mut take = |item: &mut Value| {
+            if matches!(item, Value::List(_) | Value::Map(_)) {
+                stack.push(std::mem::replace(item, Value::Null));
+            }
+        };
         match self {
+            Value::List(items) => {
+                if let Some(items) = Arc::get_mut(items) {
+                    items.iter_mut().for_each(take);
+                }
+            }
+            Value::Map(pairs) => {
+                if let Some(pairs) = Arc::get_mut(pairs) {
+                    for (_, item) in pairs.iter_mut() {
+                        take(item);
+                    }
+                }
+            }
+            Value::Null
+            | Value::Bool(_)
+            | Value::Int(_)
+            | Value::Float(_)
+            | Value::Text(_)
+            | Value::Bytes(_)
+            | Value::Opaque(_) => {}
+        }
+    }
+}
+
+impl PartialEq for Value {
+    /// Structural for native variants; identity (`Arc::ptr_eq`) for `Opaque`. Pair by pair
+    /// from a stack, in the order the derived comparison would go, so depth costs no stack.
+    fn eq(&self, other: &Self) -> bool {
+        let mut pairs = vec![(self, other)];
+        while let Some(pair) = pairs.pop() {
+            let same = match pair {
+                (Value::Null, Value::Null) => true,
+                (Value::Bool(a), Value::Bool(b)) => a == b,
+                (Value::Int(a), Value::Int(b)) => a == b,
+                #[allow(clippy::float_cmp)] // Equality of values, not of approximations.
+                (Value::Float(a), Value::Float(b)) => a == b,
+                (Value::Text(a), Value::Text(b)) => a == b,
+                (Value::Bytes(a), Value::Bytes(b)) => a == b,
+                (Value::List(a), Value::List(b)) => {
+                    pairs.extend(a.iter().zip(b.iter()).rev());
+                    a.len() == b.len()
+                }
+                (Value::Map(a), Value::Map(b)) => {
+                    pairs.extend(a.iter().zip(b.iter()).rev().map(|((_, x), (_, y))| (x, y)));
+                    a.len() == b.len() && a.iter().zip(b.iter()).all(|((j, _), (k, _))| j == k)
+                }
+                (Value::Opaque(a), Value::Opaque(b)) => Arc::ptr_eq(a, b),
+                (
+                    Value::Null
+                    | Value::Bool(_)
+                    | Value::Int(_)
+                    | Value::Float(_)
+                    | Value::Text(_)
+                    | Value::Bytes(_)
+                    | Value::List(_)
+                    | Value::Map(_)
+                    | Value::Opaque(_),
+                    _,
+                ) => false,
+            };
+            if !same {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// One step of a walk over a value, depth first: a value entered (under its key, inside a
+/// map), or a list or map left once all its items were.
+enum Visit<'v> {
+    Enter(Option<&'v str>, &'v Value),
+    Leave(&'v Value),
+}
+
+impl Value {
+    /// Every value inside this one, depth first, as `Enter` and `Leave` steps, from a stack.
+    fn visits(&self) -> impl Iterator<Item = Visit<'_>> {
+        let mut stack = vec![Visit::Enter(None, self)];
+        std::iter::from_fn(move || {
+            let next = stack.pop()?;
+            if let Visit::Enter(_, entered) = next {
+                match entered {
+                    Value::List(items) => {
+                        stack.push(Visit::Leave(entered));
+                        stack.extend(items.iter().rev().map(|item| Visit::Enter(None, item)));
+                    }
+                    Value::Map(pairs) => {
+                        stack.push(Visit::Leave(entered));
+                        stack.extend(
+                            pairs
+                                .iter()
+                                .rev()
+                                .map(|(key, item)| Visit::Enter(Some(&**key), item)),
+                        );
+                    }
+                    Value::Null
+                    | Value::Bool(_)
+                    | Value::Int(_)
+                    | Value::Float(_)
+                    | Value::Text(_)
+                    | Value::Bytes(_)
+                    | Value::Opaque(_) => {}
+                }
+            }
+            Some(next)
+        })
+    }
+
+    /// A scalar as `Debug` prints it; `None` for a list or map, which the walk prints.
+    fn write_scalar(&self, f: &mut fmt::Formatter<'_>) -> Option<fmt::Result> {
+        Some(match self {
             Value::Null => f.write_str("Null"),
             Value::Bool(b) => write!(f, "Bool({b})"),
             Value::Int(i) => write!(f, "Int({i})"),
             Value::Float(x) => write!(f, "Float({x:?})"),
             Value::Text(s) => write!(f, "Text({:?})", &**s),
             Value::Bytes(b) => write!(f, "Bytes({} bytes)", b.len()),
-            Value::List(items) => f.debug_list().entries(items.iter()).finish(),
-            Value::Map(pairs) => f
-                .debug_map()
-                .entries(pairs.iter().map(|(k, v)| (&**k, v)))
-                .finish(),
             Value::Opaque(inner) => write!(f, "Opaque({:p})", Arc::as_ptr(inner)),
+            Value::List(_) | Value::Map(_) => return None,
+        })
+    }
+
+    /// The brackets around a list's or a map's items, and whether it has none.
+    fn brackets(&self) -> (&'static str, &'static str, bool) {
+        match self {
+            Value::List(items) => ("[", "]", items.is_empty()),
+            Value::Map(pairs) => ("{", "}", pairs.is_empty()),
+            Value::Null
+            | Value::Bool(_)
+            | Value::Int(_)
+            | Value::Float(_)
+            | Value::Text(_)
+            | Value::Bytes(_)
+            | Value::Opaque(_) => ("", "", true),
         }
+    }
+}
+
+impl fmt::Debug for Value {
+    /// Lists as `[a, b]`, maps as `{"k": v}`, as `debug_list` and `debug_map` print them, `{:#?}`
+    /// an item per line included — written from one walk: nesting them would recurse once per
+    /// level.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let pretty = f.alternate();
+        let pad = |f: &mut fmt::Formatter<'_>, depth: usize| -> fmt::Result {
+            (0..depth).try_for_each(|_| f.write_str("    "))
+        };
+        // How many lists and maps enclose the value being written, and whether it is the first
+        // item of the innermost one.
+        let mut depth = 0;
+        let mut first = true;
+        for visit in self.visits() {
+            match visit {
+                Visit::Enter(key, value) => {
+                    if depth > 0 {
+                        if pretty {
+                            pad(f, depth)?;
+                        } else if !first {
+                            f.write_str(", ")?;
+                        }
+                    }
+                    if let Some(key) = key {
+                        write!(f, "{key:?}: ")?;
+                    }
+                    first = false;
+                    if let Some(written) = value.write_scalar(f) {
+                        written?;
+                        if pretty && depth > 0 {
+                            f.write_str(",\n")?;
+                        }
+                    } else {
+                        let (open, _, empty) = value.brackets();
+                        f.write_str(open)?;
+                        if pretty && !empty {
+                            f.write_str("\n")?;
+                        }
+                        depth += 1;
+                        first = true;
+                    }
+                }
+                Visit::Leave(value) => {
+                    let (_, close, empty) = value.brackets();
+                    depth -= 1;
+                    if pretty && !empty {
+                        pad(f, depth)?;
+                    }
+                    f.write_str(close)?;
+                    if pretty && depth > 0 {
+                        f.write_str(",\n")?;
+                    }
+                    first = false;
+                }
+            }
+        }
+        Ok(())
     }
 }
 

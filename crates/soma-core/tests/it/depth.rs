@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use soma_core::{compile, decompose, Graph, Node, NodeError, NodeId, Plan, Value};
 
-use crate::support::catalog_of;
+use crate::support::{catalog_of, on_a_small_stack};
 
 /// Levels of the deep graph: each one a level of the plan, which alternates `Wave` and
 /// `Sequence` all the way down.
@@ -57,17 +57,6 @@ fn nested(levels: usize, n_below: bool) -> Graph {
         }
     }
     graph
-}
-
-/// Runs `body` on a thread with a 256 KiB stack: recursion once per level, at any of these
-/// depths, overflows it and aborts the test binary.
-fn on_a_small_stack<T: Send + 'static>(body: impl FnOnce() -> T + Send + 'static) -> T {
-    std::thread::Builder::new()
-        .stack_size(256 * 1024)
-        .spawn(body)
-        .expect("a thread")
-        .join()
-        .expect("no panic")
 }
 
 fn compiled(graph: &Graph) -> Plan {

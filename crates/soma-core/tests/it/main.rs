@@ -3,7 +3,7 @@
 //! | module | asks about |
 //! |---|---|
 //! | `graph` | construction, refusals that change nothing, queries and their orders |
-//! | `values` | O(1) clones, identity of `Opaque`, maps |
+//! | `values` | O(1) clones, identity of `Opaque`, maps; deep values drop, compare, print on a small stack |
 //! | `execution` | what each node reads, what a run returns, who is blamed, the watch |
 //! | `drivers` | awaiting nodes, turns and their limit, driver failures |
 //! | `dsl` | `>>` and `|` against `add_node`/`add_edge`, errors that survive gluing |

@@ -456,3 +456,15 @@ pub fn battery() -> Vec<(&'static str, Graph)> {
         ),
     ]
 }
+
+/// Runs `body` on a thread with a 256 KiB stack: recursion once per level of a deep plan or a
+/// deep value overflows it and aborts the test binary, so a test that passes here proves the
+/// walk keeps its own stack.
+pub fn on_a_small_stack<T: Send + 'static>(body: impl FnOnce() -> T + Send + 'static) -> T {
+    thread::Builder::new()
+        .stack_size(256 * 1024)
+        .spawn(body)
+        .expect("a thread")
+        .join()
+        .expect("no panic")
+}

@@ -1,8 +1,13 @@
-//! Values: every clone is O(1) — observable as a shared payload — and `Opaque` is identity.
+//! Values: every clone is O(1) — observable as a shared payload — and `Opaque` is identity;
+//! a value nested 100,000 levels deep drops, compares and prints on a small stack.
 
 use std::sync::Arc;
 
+use std::fmt;
+
 use soma_core::Value;
+
+use crate::support::on_a_small_stack;
 
 #[test]
 fn cloning_an_opaque_value_shares_its_payload() {
@@ -142,4 +147,117 @@ fn rust_scalars_and_strings_convert_into_their_variants() {
     assert_eq!(Value::from(0.25), Value::Float(0.25));
     assert_eq!(Value::from("s"), Value::text("s"));
     assert_eq!(Value::from(String::from("s")), Value::text("s"));
+}
+
+/// Levels of the deep values: one recursive frame per level would overflow the small stack
+/// many times over.
+const LEVELS: usize = 100_000;
+
+/// `[[[… [0] …]]]`, `levels` lists deep, with a map every third level (`{"k": …}`), built in a
+/// loop.
+fn deep(levels: usize, bottom: Value) -> Value {
+    (0..levels).fold(bottom, |inner, level| {
+        if level % 3 == 2 {
+            Value::map([("k", inner)])
+        } else {
+            Value::list([Value::Null, inner])
+        }
+    })
+}
+
+#[test]
+fn a_value_nested_a_hundred_thousand_levels_deep_drops_on_a_small_stack() {
+    on_a_small_stack(|| drop(deep(LEVELS, Value::Int(0))));
+}
+
+#[test]
+fn a_deep_value_shared_by_two_holders_drops_with_the_last_on_a_small_stack() {
+    on_a_small_stack(|| {
+        let inner = deep(LEVELS, Value::Int(0));
+        let outer = Value::list([inner.clone(), deep(LEVELS, Value::Int(1))]);
+        drop(inner);
+        assert_eq!(outer.as_list().map(<[Value]>::len), Some(2));
+        drop(outer);
+    });
+}
+
+#[test]
+fn a_deep_value_clones_and_compares_on_a_small_stack() {
+    on_a_small_stack(|| {
+        let value = deep(LEVELS, Value::Int(0));
+        assert_eq!(value.clone(), value);
+        assert_eq!(
+            deep(LEVELS, Value::Int(0)),
+            value,
+            "equal content, other buffers"
+        );
+        assert_ne!(
+            deep(LEVELS, Value::Int(1)),
+            value,
+            "a difference at the very bottom is found"
+        );
+        assert_ne!(deep(LEVELS - 1, Value::Int(0)), value);
+    });
+}
+
+#[test]
+fn a_deep_value_debug_prints_on_a_small_stack() {
+    on_a_small_stack(|| {
+        let printed = format!("{:?}", deep(LEVELS, Value::Int(0)));
+        assert!(printed.starts_with("[Null, {\"k\": [Null, [Null, {\"k\": "));
+        assert!(
+            printed.contains("[Null, {\"k\": [Null, [Null, Int(0)]]}]"),
+            "levels 3 to 0"
+        );
+        assert!(printed.ends_with("]]}]"));
+        // Pretty, each line indented by its depth: quadratic text, so a shallower value.
+        let pretty = format!("{:#?}", deep(2_000, Value::Int(0)));
+        assert!(pretty
+            .starts_with("[\n    Null,\n    [\n        Null,\n        {\n            \"k\": [\n"));
+        assert!(pretty.ends_with("            ],\n        },\n    ],\n]"));
+    });
+}
+
+/// A value printed by `std`'s own `debug_list` and `debug_map`, recursively: what
+/// `Value`'s `Debug` must print, for values shallow enough to recurse over.
+struct AsStd<'v>(&'v Value);
+
+impl fmt::Debug for AsStd<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Value::List(items) => f.debug_list().entries(items.iter().map(AsStd)).finish(),
+            Value::Map(pairs) => f
+                .debug_map()
+                .entries(pairs.iter().map(|(k, v)| (&**k, AsStd(v))))
+                .finish(),
+            scalar => scalar.fmt(f),
+        }
+    }
+}
+
+#[test]
+fn debug_prints_lists_and_maps_as_debug_list_and_debug_map_do() {
+    let values = [
+        Value::list([]),
+        Value::map::<&str>([]),
+        Value::list([Value::Int(1), Value::text("a\"b"), Value::Float(0.5)]),
+        Value::map([("a", Value::list([])), ("b", Value::map::<&str>([]))]),
+        Value::map([
+            (
+                "x",
+                Value::list([Value::Null, Value::map([("y", Value::Bool(true))])]),
+            ),
+            ("z", Value::Bytes(Arc::from(&b"ab"[..]))),
+        ]),
+        Value::list([
+            Value::list([Value::list([])]),
+            Value::Int(-3),
+            Value::list([]),
+        ]),
+        deep(7, Value::opaque(1_u8)),
+    ];
+    for value in &values {
+        assert_eq!(format!("{value:?}"), format!("{:?}", AsStd(value)));
+        assert_eq!(format!("{value:#?}"), format!("{:#?}", AsStd(value)));
+    }
 }

@@ -1,0 +1,85 @@
+//! Forwards inside forwards: how deep they nest, and where that ends.
+//!
+//! A node may call a graph's `forward` — its own graph's (a recursive model) or another's — and
+//! that nested run is an ordinary call: it runs on the node's thread, its waves borrow threads as
+//! any run does, and each level costs about what a top-level forward costs. Every level also
+//! holds a few kilobytes of native stack (the executor, the node's call, the interpreter's
+//! frames) on whichever thread runs it, so nesting without end would overflow a thread's stack
+//! and take the process down — and a level that runs in a wave's branch on a lent thread starts
+//! a fresh Python recursion count there, so Python's own recursion limit cannot see it either.
+//!
+//! So the depth travels with the run: a forward started on a thread at depth `d` runs at `d + 1`,
+//! and each of its branches, on whichever thread, runs at that depth ([`Nested::carry`]). A
+//! forward that would run deeper than [`MAX_NESTED_FORWARDS`] raises `RecursionError` before it
+//! starts, and unwinds through every level like any exception, leaving each graph usable.
+
+use std::cell::Cell;
+
+use pyo3::exceptions::PyRecursionError;
+use pyo3::PyResult;
+
+/// The deepest that forwards may nest, on one thread or across the threads of their branches.
+/// Python's default recursion limit ends a recursion through `forward` on one thread at about
+/// half this; the limit is here for deeper limits and for nesting across threads. At a few
+/// kilobytes of native stack a level, it leaves most of a thread's 8 MiB to the nodes.
+pub const MAX_NESTED_FORWARDS: usize = 1_000;
+
+thread_local! {
+    /// The depth of the run this thread is in: 0 outside any forward.
+    static DEPTH: Cell<usize> = const { Cell::new(0) };
+}
+
+/// The depth of the run this thread is in: 0 outside any forward.
+pub fn depth() -> usize {
+    DEPTH.get()
+}
+
+/// One level of nesting entered on this thread; dropping it puts back the depth it found.
+pub struct Nested {
+    depth: usize,
+    _outer: Restore,
+}
+
+impl Nested {
+    /// Enters a forward on this thread, one level deeper than the run the thread is in.
+    ///
+    /// # Errors
+    /// `RecursionError` when that would be deeper than [`MAX_NESTED_FORWARDS`].
+    pub fn enter() -> PyResult<Nested> {
+        let outer = DEPTH.get();
+        let depth = outer + 1;
+        if depth > MAX_NESTED_FORWARDS {
+            return Err(PyRecursionError::new_err(format!(
+                "`forward` nested {depth} deep: a node calls a graph's `forward`, which reaches a node that calls one again, {MAX_NESTED_FORWARDS} levels down and on\nhint: give the recursion a base case; a recursion deeper than {MAX_NESTED_FORWARDS} levels belongs in a loop"
+            )));
+        }
+        DEPTH.set(depth);
+        Ok(Nested {
+            depth,
+            _outer: Restore(outer),
+        })
+    }
+
+    /// The depth this forward runs at, for its branches to carry.
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// Runs `run` (a branch of a forward at `depth`) at that depth on this thread, then puts
+    /// back the depth the thread had.
+    pub fn carry(depth: usize, run: impl FnOnce()) {
+        let outer = DEPTH.replace(depth);
+        // Put back even if `run` unwinds: a crew thread outlives the branch.
+        let _restore = Restore(outer);
+        run();
+    }
+}
+
+/// Puts back a thread's depth when dropped.
+struct Restore(usize);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        DEPTH.set(self.0);
+    }
+}
