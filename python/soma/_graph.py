@@ -303,7 +303,7 @@ class Graph:
             return _stream.forward_in_micro_batches(
                 self, input, micro_batches, join, driver=driver, turn_limit=turn_limit, trace=trace
             )
-        if self._hosts:  # Only then: a graph without hosts never imports a transport.
+        if self._hosts:  # Only then: a graph without hosts never reaches a transport, nor Ray.
             return _remote.forward(self, input, driver, turn_limit, trace, timeout)
         return self._core.forward(input, driver, turn_limit, trace, timeout)
 
