@@ -130,6 +130,7 @@ class Distributed:
             if node in self.slices[index].returns:
                 local.node(node, _Pick(node))
         local._hosts.clear()  # Stand-ins run here; their slices are where the hosts are.
+        local.idle_threads = graph.idle_threads
         for node in graph.nodes():
             index = slice_of.get(node)
             if index is None:
