@@ -3,7 +3,8 @@ resource (``soma-host:<name>``), the cluster started once for the session. A nod
 host runs in a process of that host's Ray node; results equal the local run, on fixed graphs and
 on random placements; branches on two hosts run at the same time; a node's exception comes out
 as itself, noted with node and host; a killed host, a host that does not answer in time and a
-host not in the cluster are ``soma.RemoteError``s naming the host, and the next run works.
+host not in the cluster are ``soma.RemoteError``s naming the host, and the next run works;
+Ctrl-C stops a run whose slice is running on a host (a child process, its own Ray driver).
 
 Kept small for CI (two cores): three Ray nodes of one CPU each, started once.
 """
@@ -21,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import soma
+from conftest import interrupt_script
 from soma.remote import RayHosts, resource_of
 
 ray = pytest.importorskip("ray")
@@ -274,3 +276,45 @@ def test_a_host_not_in_the_cluster_is_an_error_naming_the_host_and_the_fix(
         g.forward(0)
     assert raised.value.host == "nowhere"
     assert "ray start --resources='{\"soma-host:nowhere\": 1}'" in str(raised.value)
+
+
+CTRL_C_SCRIPT = """
+import time
+import ray
+import soma
+
+class Announce(soma.Node):
+    def forward(self, x):
+        if x:
+            print("started", flush=True)
+        return x
+
+class Sleep(soma.Node):
+    def forward(self, x):
+        if x:
+            time.sleep(40)  # Far longer than the test waits: only Ctrl-C ends this run.
+        return x
+
+ray.init(address={address!r}, log_to_driver=False)
+try:
+    g = soma.Graph.somatize(Announce() >> Sleep().at("one"))
+    assert g.forward(0) == 0  # The host's actor started and its slice loaded.
+    try:
+        g.forward(1)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+finally:
+    ray.shutdown()
+print("shut down", flush=True)
+"""
+
+
+def test_ctrl_c_during_a_run_with_a_slice_on_a_host_stops_it_and_ray_shuts_down(
+    cluster: RayHosts,
+) -> None:
+    # A driver of its own on the session's cluster, in a child process: Ctrl-C is sent to the
+    # child alone, and its actors end with it.
+    address = ray.get_runtime_context().gcs_address
+    child = interrupt_script(CTRL_C_SCRIPT.format(address=address), "started")
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.split() == ["interrupted", "shut", "down"], child.stderr
