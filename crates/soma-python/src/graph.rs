@@ -404,19 +404,9 @@ impl GraphCore {
         let nested = Nested::enter()?;
         let timeout = timeout.map(time_limit).transpose()?;
         let program = self.program(py)?;
-        let driver = driver.map(PythonDriver::new).transpose()?;
         let watch = Arc::new(SignalWatch::new(timeout));
+        let executor = executor_for(nested.depth(), &watch, driver, turn_limit, trace)?;
         let input = wrap(input);
-        let mut executor = Executor::new()
-            .with_turn_limit(turn_limit)
-            .with_watch(Arc::clone(&watch) as Arc<dyn soma_core::Watch>)
-            .with_host(interpreter_at(nested.depth()));
-        if let Some(driver) = driver {
-            executor = executor.with_driver(Arc::new(driver));
-        }
-        if let Some(trace) = trace {
-            executor = executor.with_trace(Arc::clone(&trace.get().trace));
-        }
         // The whole run in a copy of the caller's context, as each branch is in a copy of its
         // wave's: what the nodes set never reaches the caller, with or without a wave.
         let (mut input, mut outcome) = (Some(input), None);
@@ -434,6 +424,28 @@ impl GraphCore {
             Err(payload) => Err(panic_error(py, &*payload)),
         }
     }
+}
+
+/// The executor of a forward or a stream: `forward`'s own arguments, the run's watch, and the
+/// interpreter as host at the run's nesting depth.
+pub(crate) fn executor_for(
+    depth: usize,
+    watch: &Arc<SignalWatch>,
+    driver: Option<&Bound<'_, PyAny>>,
+    turn_limit: u32,
+    trace: Option<&Bound<'_, PyTrace>>,
+) -> PyResult<Executor> {
+    let mut executor = Executor::new()
+        .with_turn_limit(turn_limit)
+        .with_watch(Arc::clone(watch) as Arc<dyn soma_core::Watch>)
+        .with_host(interpreter_at(depth));
+    if let Some(driver) = driver {
+        executor = executor.with_driver(Arc::new(PythonDriver::new(driver)?));
+    }
+    if let Some(trace) = trace {
+        executor = executor.with_trace(Arc::clone(&trace.get().trace));
+    }
+    Ok(executor)
 }
 
 /// A `timeout` in seconds as a duration: finite and not negative.
@@ -482,7 +494,7 @@ static INTERPRETERS: LazyLock<Vec<Arc<dyn Host>>> = LazyLock::new(|| {
 });
 
 /// The host for a run at nesting depth `depth` (`reentry.rs`): its branches run at that depth.
-pub(crate) fn interpreter_at(depth: usize) -> Arc<dyn Host> {
+fn interpreter_at(depth: usize) -> Arc<dyn Host> {
     Arc::clone(&INTERPRETERS[depth.min(MAX_NESTED_FORWARDS)])
 }
 

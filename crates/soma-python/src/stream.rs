@@ -15,12 +15,11 @@ use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyIterator, PyList, PyTuple};
 use pyo3::PyTraverseError;
-use soma_core::{Driver, NodeId, OnError, Stream, StreamError, StreamSettings, Value, Watch};
+use soma_core::{NodeId, OnError, Stream, StreamError, StreamSettings, Value};
 
 use crate::convert::{to_python, wrap};
-use crate::driver::PythonDriver;
 use crate::errors::{panic_error, run_error};
-use crate::graph::{interpreter_at, GraphCore};
+use crate::graph::{executor_for, GraphCore};
 use crate::reentry;
 use crate::trace::PyTrace;
 use crate::watch::SignalWatch;
@@ -93,22 +92,19 @@ impl StreamCore {
             } else {
                 OnError::Continue
             })
-            .with_turn_limit(turn_limit)
-            .with_watch(Arc::clone(&watch) as Arc<dyn Watch>)
             // Its stages run at the depth of the run that opened it, as a wave's branches do.
-            .with_host(interpreter_at(reentry::depth()));
+            .with_executor(executor_for(
+                reentry::depth(),
+                &watch,
+                driver,
+                turn_limit,
+                trace,
+            )?);
         if !ordered {
             settings = settings.unordered();
         }
         for (node, workers) in concurrency {
             settings = settings.with_concurrency(NodeId::from(node.as_str()), workers);
-        }
-        if let Some(driver) = driver {
-            settings =
-                settings.with_driver(Arc::new(PythonDriver::new(driver)?) as Arc<dyn Driver>);
-        }
-        if let Some(trace) = trace {
-            settings = settings.with_trace(Arc::clone(&trace.get().trace));
         }
         let raised = Arc::new(Mutex::new(None));
         let inputs = PyInputs {

@@ -253,25 +253,8 @@ impl Crew {
         F: FnOnce() -> T + Send + 'env,
     {
         let len = tasks.len();
-        let work = Kept::new(Work {
-            tasks: tasks.into_iter().map(|t| Mutex::new(Some(t))).collect(),
-            outcomes: (0..len).map(|_| Mutex::new(None)).collect(),
-        });
-        let offer = Arc::new(Offer {
-            // The owner holds the first branch from the start.
-            next: AtomicUsize::new(1),
-            len,
-            unfinished: AtomicUsize::new(len),
-            queued: AtomicBool::new(false),
-            latch: Latch {
-                done: Mutex::new(false),
-                opened: Condvar::new(),
-            },
-            remains: Mutex::new(None),
-            host: host.cloned(),
-            work: work.as_ptr().cast_const().cast(),
-            run: run_task::<F, T>,
-        });
+        // The owner holds the first branch from the start.
+        let (offer, work) = Offer::new(tasks, 1, host);
         // Whatever happens from here, the owner returns — or unwinds — only once every branch
         // is finished, or after leaving `work` to the run's remains: that is what keeps `work`
         // alive for the crew threads that claim it.
@@ -342,29 +325,11 @@ impl Crew {
     where
         F: FnOnce() + Send + 'static,
     {
-        let len = tasks.len();
-        if len == 0 {
+        if tasks.is_empty() {
             return Ok(());
         }
-        let work: Kept<Work<F, ()>> = Kept::new(Work {
-            tasks: tasks.into_iter().map(|t| Mutex::new(Some(t))).collect(),
-            outcomes: (0..len).map(|_| Mutex::new(None)).collect(),
-        });
-        let offer = Arc::new(Offer {
-            // Nobody holds a task yet: the crew's threads take them all.
-            next: AtomicUsize::new(0),
-            len,
-            unfinished: AtomicUsize::new(len),
-            queued: AtomicBool::new(false),
-            latch: Latch {
-                done: Mutex::new(false),
-                opened: Condvar::new(),
-            },
-            remains: Mutex::new(None),
-            host: host.cloned(),
-            work: work.as_ptr().cast_const().cast(),
-            run: run_task::<F, ()>,
-        });
+        // Nobody holds a task yet: the crew's threads take them all.
+        let (offer, work) = Offer::new(tasks, 0, host);
         // Nobody waits for these tasks: their work goes to remains that the offer keeps and the
         // task that finishes last frees, as a wave's whose owner stopped waiting.
         let remains = Arc::new(Remains::new());
@@ -428,6 +393,39 @@ where
 }
 
 impl Offer {
+    /// An offer of `tasks`, the first `claimed` of them held by the caller already, and the
+    /// work it points to, kept on the heap for whoever outlives whom.
+    fn new<'env, F, T>(
+        tasks: Vec<F>,
+        claimed: usize,
+        host: Option<&Arc<dyn Host>>,
+    ) -> (Arc<Offer>, Kept<Work<F, T>>)
+    where
+        T: Send + 'env,
+        F: FnOnce() -> T + Send + 'env,
+    {
+        let len = tasks.len();
+        let work = Kept::new(Work {
+            tasks: tasks.into_iter().map(|t| Mutex::new(Some(t))).collect(),
+            outcomes: (0..len).map(|_| Mutex::new(None)).collect(),
+        });
+        let offer = Arc::new(Offer {
+            next: AtomicUsize::new(claimed),
+            len,
+            unfinished: AtomicUsize::new(len),
+            queued: AtomicBool::new(false),
+            latch: Latch {
+                done: Mutex::new(false),
+                opened: Condvar::new(),
+            },
+            remains: Mutex::new(None),
+            host: host.cloned(),
+            work: work.as_ptr().cast_const().cast(),
+            run: run_task::<F, T>,
+        });
+        (offer, work)
+    }
+
     /// Claims the next branch nobody has started, if any.
     fn claim(&self) -> Option<usize> {
         // Relaxed is enough: the claim is exclusive by the atomicity of the add alone, and the

@@ -73,14 +73,11 @@ use std::time::{Duration, Instant};
 use super::detach::GRACE;
 use super::error::RunError;
 use super::executor::Executor;
-use super::hooks::{Captured, Host, Watch};
+use super::hooks::Captured;
 use super::table::Frame;
-use super::trace::Trace;
 use super::wave::Lane;
-use crate::model::driver::Driver;
 use crate::model::id::NodeId;
 use crate::model::value::Value;
-use crate::run::executor::DEFAULT_TURN_LIMIT;
 use crate::run::program::{Op, Program};
 
 /// How many items a stream holds at once unless told otherwise: enough to keep a few dozen
@@ -99,18 +96,15 @@ pub enum OnError {
     Continue,
 }
 
-/// How a stream runs: its bound, order, error rule, stage workers, and the executor's hooks.
+/// How a stream runs: its bound, order, error rule, stage workers, and the executor whose hooks
+/// (driver, watch, host, trace, turn limit) every stage runs its items with.
 #[derive(Clone)]
 pub struct StreamSettings {
     in_flight: usize,
     ordered: bool,
     on_error: OnError,
     concurrency: HashMap<NodeId, usize>,
-    driver: Option<Arc<dyn Driver>>,
-    watch: Option<Arc<dyn Watch>>,
-    host: Option<Arc<dyn Host>>,
-    trace: Option<Arc<Trace>>,
-    turn_limit: u32,
+    executor: Executor,
 }
 
 impl Default for StreamSettings {
@@ -120,11 +114,7 @@ impl Default for StreamSettings {
             ordered: true,
             on_error: OnError::Stop,
             concurrency: HashMap::new(),
-            driver: None,
-            watch: None,
-            host: None,
-            trace: None,
-            turn_limit: DEFAULT_TURN_LIMIT,
+            executor: Executor::new(),
         }
     }
 }
@@ -160,50 +150,18 @@ impl StreamSettings {
         self
     }
 
-    /// Serves awaiting nodes with `driver`, shared by every stage.
+    /// Runs every stage's items with `executor`'s hooks: its driver, watch (consulted at node
+    /// boundaries and while the caller waits), host (around each stage and each blocking wait),
+    /// trace (a span for every node of every item) and turn limit (per node, per item).
     #[must_use]
-    pub fn with_driver(mut self, driver: Arc<dyn Driver>) -> Self {
-        self.driver = Some(driver);
+    pub fn with_executor(mut self, executor: Executor) -> Self {
+        self.executor = executor;
         self
     }
 
-    /// Consults `watch` at node boundaries and while the caller waits.
-    #[must_use]
-    pub fn with_watch(mut self, watch: Arc<dyn Watch>) -> Self {
-        self.watch = Some(watch);
-        self
-    }
-
-    /// Lets `host` wrap each stage and each blocking wait.
-    #[must_use]
-    pub fn with_host(mut self, host: Arc<dyn Host>) -> Self {
-        self.host = Some(host);
-        self
-    }
-
-    /// Records a span in `trace` for every node of every item.
-    #[must_use]
-    pub fn with_trace(mut self, trace: Arc<Trace>) -> Self {
-        self.trace = Some(trace);
-        self
-    }
-
-    /// Gives each node at most `limit` turns per item.
-    #[must_use]
-    pub fn with_turn_limit(mut self, limit: u32) -> Self {
-        self.turn_limit = limit;
-        self
-    }
-
-    /// The executor each stage runs its items with, sharing these hooks.
+    /// The executor each stage runs its items with.
     fn executor(&self) -> Executor {
-        Executor {
-            driver: self.driver.clone(),
-            watch: self.watch.clone(),
-            host: self.host.clone(),
-            trace: self.trace.clone(),
-            turn_limit: self.turn_limit,
-        }
+        self.executor.clone()
     }
 }
 
@@ -448,6 +406,7 @@ impl<I: Iterator<Item = Value>> Stream<I> {
         let workers: usize = figures.iter().map(|stage| stage.workers).sum();
         // On the caller's thread: every stage runs in its context, as a wave's branches do.
         let captured: Option<Arc<dyn Captured>> = settings
+            .executor
             .host
             .as_ref()
             .and_then(|host| host.capture())
@@ -483,7 +442,7 @@ impl<I: Iterator<Item = Value>> Stream<I> {
                 move || worker.run()
             })
             .collect();
-        if let Err(refused) = program.crew.lend(tasks, settings.host.as_ref()) {
+        if let Err(refused) = program.crew.lend(tasks, settings.executor.host.as_ref()) {
             shared.lock().lost = Some(refused.to_string());
         }
         Stream {
@@ -540,7 +499,7 @@ impl<I: Iterator<Item = Value>> Stream<I> {
         shared.close(&mut state);
         drop(state);
         let executor = self.settings.executor();
-        let watch = self.settings.watch.as_deref();
+        let watch = self.settings.executor.watch.as_deref();
         executor.blocking(&mut || {
             let mut stopping_since: Option<Instant> = None;
             let mut state = shared.lock();
@@ -620,6 +579,7 @@ impl<I: Iterator<Item = Value>> Stream<I> {
         }
         if self
             .settings
+            .executor
             .watch
             .as_ref()
             .is_some_and(|w| w.interrupted())
@@ -655,7 +615,7 @@ impl<I: Iterator<Item = Value>> Stream<I> {
                 return;
             }
             state.caller_waiting = true;
-            state = match &settings.watch {
+            state = match &settings.executor.watch {
                 Some(_) => {
                     shared
                         .out_ready
@@ -671,7 +631,7 @@ impl<I: Iterator<Item = Value>> Stream<I> {
             state.caller_waiting = false;
             drop(state);
             // Out of the lock: a watch may take the host's lock to look for signals.
-            if let Some(watch) = &settings.watch {
+            if let Some(watch) = &settings.executor.watch {
                 watch.poll();
                 if watch.interrupted() {
                     return;

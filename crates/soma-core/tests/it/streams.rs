@@ -405,7 +405,7 @@ fn a_watch_that_says_stop_ends_the_stream_with_interrupted() {
         }
         Ok(x)
     }));
-    let settings = StreamSettings::default().with_watch(flag);
+    let settings = StreamSettings::default().with_executor(Executor::new().with_watch(flag));
     let out: Vec<_> = Stream::start(program, ints(0..1_000_000), settings).collect();
     assert!(out.len() <= 12, "{} items", out.len());
     assert!(matches!(
@@ -428,7 +428,7 @@ fn once_the_watch_says_stop_a_node_that_does_not_return_is_left_behind() {
         }
         Ok(x)
     }));
-    let settings = StreamSettings::default().with_watch(flag);
+    let settings = StreamSettings::default().with_executor(Executor::new().with_watch(flag));
     let out: Vec<_> = Stream::start(Arc::clone(&program), ints(0..10), settings).collect();
     assert!(matches!(
         out.last(),
