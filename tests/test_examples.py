@@ -3,7 +3,8 @@
 Each runs in a scratch directory, so what an example writes (`traced.py` writes `run.json`)
 stays out of the repository. `awaiting.py` also exits non-zero if its two branches' waits did
 not overlap. An example that imports torch is skipped where torch is not installed (`make
-test-torch` installs it).
+test-torch` installs it); one that imports Ray (`two_hosts.py`, which starts its own local
+cluster) where Ray is not.
 """
 
 from __future__ import annotations
@@ -17,20 +18,30 @@ import pytest
 
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.py"))
 HAS_TORCH = importlib.util.find_spec("torch") is not None
+HAS_RAY = importlib.util.find_spec("ray") is not None
 
 
 def needs_torch(example: Path) -> bool:
     return "\nimport torch\n" in example.read_text()
 
 
+def needs_ray(example: Path) -> bool:
+    return "\nimport ray\n" in example.read_text()
+
+
 def runnable(example: Path) -> object:
-    """The example, skipped where it needs torch and torch is not installed."""
-    missing = needs_torch(example) and not HAS_TORCH
-    return pytest.param(
-        example,
-        id=example.name,
-        marks=pytest.mark.skipif(missing, reason="needs torch: `make test-torch` installs it"),
-    )
+    """The example, skipped where it needs torch or Ray and that is not installed."""
+    marks = [
+        pytest.mark.skipif(
+            needs_torch(example) and not HAS_TORCH,
+            reason="needs torch: `make test-torch` installs it",
+        ),
+        pytest.mark.skipif(
+            needs_ray(example) and not HAS_RAY,
+            reason="needs Ray: `make test` installs it (constraints.txt)",
+        ),
+    ]
+    return pytest.param(example, id=example.name, marks=marks)
 
 
 def test_there_are_examples() -> None:

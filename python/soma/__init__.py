@@ -11,7 +11,7 @@ Sequence([Execute(a), Wave([Execute(b), Execute(c)])])
 {'b': 4, 'c': 4}
 """
 
-from soma import devices, native
+from soma import devices, native, remote
 from soma._dsl import Expr
 from soma._graph import Graph
 from soma._node import Node
@@ -25,8 +25,10 @@ from soma.errors import (
     DuplicateEdgeError,
     DuplicateNodeError,
     GraphError,
+    HostError,
     InvalidIdError,
     PanicError,
+    RemoteError,
     RunError,
     SomaError,
     ThreadError,
@@ -51,11 +53,13 @@ __all__ = [
     "Failed",
     "Graph",
     "GraphError",
+    "HostError",
     "InvalidIdError",
     "Node",
     "PanicError",
     "Plan",
     "Progress",
+    "RemoteError",
     "RunError",
     "SomaError",
     "Span",
@@ -69,4 +73,5 @@ __all__ = [
     "WrongDeviceError",
     "devices",
     "native",
+    "remote",
 ]

@@ -89,6 +89,16 @@ class Expr:
                 node._soma_device = device
         return self
 
+    def at(self, host: str) -> Expr:
+        """Runs every node of the expression on ``host`` that is not placed on one already (by
+        its own ``.at``, or an inner expression's): the innermost ``.at`` wins, as with
+        ``.named``. Read now, so a name that cannot be is a ``soma.HostError`` here."""
+        host = _soma.parse_host(host)
+        for node in self.nodes:
+            if getattr(node, "_soma_host", None) is None:
+                node._soma_host = host
+        return self
+
     def __repr__(self) -> str:
         names = ", ".join(type(n).__name__ for n in self.nodes)
         return f"Expr([{names}], {len(self.edges)} edges)"

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from soma import _soma, _stream
+from soma import remote as _remote
 from soma._dsl import Expr, refuse_class
 from soma._node import Node
 from soma.errors import DuplicateNodeError, InvalidIdError
@@ -83,10 +84,13 @@ _LOOKUP_HINT = "name the node by the id `node()` returned"
 class Graph:
     """A directed acyclic graph of nodes, compiled once into a plan and run with ``forward``."""
 
-    __slots__ = ("_core",)
+    __slots__ = ("_core", "_hosts", "_remote")
 
     def __init__(self) -> None:
         self._core = _soma.GraphCore()
+        # Host placement: beside the core's graph, read only by `_remote` (see `place_at`).
+        self._hosts: dict[str, str] = {}
+        self._remote: _remote.Distributed | None = None
 
     @classmethod
     def somatize(cls, expr: Expr | Node) -> Graph:
@@ -141,6 +145,9 @@ class Graph:
         device = getattr(obj, "_soma_device", None)
         if device is not None:  # Set by `.on()`, which read it already.
             self._core.place(node_id, device)
+        host = getattr(obj, "_soma_host", None)
+        if host is not None:  # Set by `.at()`, which read it already.
+            self._hosts[node_id] = host
         return node_id
 
     def place(self, node_id: str, device: str | None) -> None:
@@ -157,6 +164,30 @@ class Graph:
     def devices(self) -> dict[str, str]:
         """The placed nodes and their devices, in the order the nodes were added."""
         return dict(self._core.devices())
+
+    def place_at(self, node_id: str, host: str | None) -> None:
+        """Runs node ``node_id`` on ``host``, a name (``"gpu-box"``), replacing where it ran;
+        ``None`` brings it back to this process. The plan does not change; ``distributed_plan``
+        shows the slices it makes, and ``forward`` runs each slice on its host, on Ray (the
+        guide's "Hosts and Ray"). A name that cannot be is a ``soma.HostError``; an unknown id
+        a ``soma.UnknownNodeError``."""
+        node_id = _checked_id(node_id, "node id", _LOOKUP_HINT)
+        if node_id not in self:
+            self._core.implementation(node_id)  # Raises the error that names it.
+        if host is None:
+            self._hosts.pop(node_id, None)
+        else:
+            self._hosts[node_id] = _soma.parse_host(host)
+
+    def hosts(self) -> dict[str, str]:
+        """The nodes placed on hosts and their hosts, in the order the nodes were added."""
+        return {n: self._hosts[n] for n in self.nodes() if n in self._hosts}
+
+    def distributed_plan(self) -> _soma.Plan:
+        """The plan cut into remote slices: every largest subtree whose nodes all run on one
+        host is one ``Remote`` step, and consecutive steps of a sequence on one host are one
+        trip. The plan itself when no node is placed on a host."""
+        return _soma.distribute(self.plan(), list(self._hosts.items()))
 
     def edge(self, source: str, target: str) -> None:
         """Adds the edge ``source -> target``; refused (and nothing changes) if it would close
@@ -272,6 +303,8 @@ class Graph:
             return _stream.forward_in_micro_batches(
                 self, input, micro_batches, join, driver=driver, turn_limit=turn_limit, trace=trace
             )
+        if self._hosts:  # Only then: a graph without hosts never reaches a transport, nor Ray.
+            return _remote.forward(self, input, driver, turn_limit, trace, timeout)
         return self._core.forward(input, driver, turn_limit, trace, timeout)
 
     map = _stream.stream_map
@@ -324,6 +357,8 @@ class Graph:
             graph.edge(source, target)
         for node_id, device in self.devices().items():
             graph.place(node_id, device)
+        for node_id, host in self.hosts().items():
+            graph.place_at(node_id, host)
         graph.idle_threads = self.idle_threads
         return graph
 

@@ -20,6 +20,7 @@ class Node(Composable, abc.ABC):
 
     _soma_id: str | None = None
     _soma_device: str | None = None
+    _soma_host: str | None = None
     _soma_concurrency: int = 1
 
     if TYPE_CHECKING:
@@ -50,4 +51,12 @@ class Node(Composable, abc.ABC):
         ``soma.DeviceError`` here. The node's own ``.on`` wins over an expression's around it.
         """
         self._soma_device = _soma.parse_device(device)
+        return self
+
+    def at(self, host: str) -> Self:
+        """Runs this node on ``host`` (a name such as ``"gpu-box"``), as ``Graph.place_at``
+        would once it is registered; read now, so a name that cannot be is a
+        ``soma.HostError`` here. The node's own ``.at`` wins over an expression's around it.
+        """
+        self._soma_host = _soma.parse_host(host)
         return self

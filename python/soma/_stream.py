@@ -37,6 +37,7 @@ class Graph(Protocol):
     _core: _soma.GraphCore
 
     def nodes(self) -> list[str]: ...
+    def hosts(self) -> dict[str, str]: ...
     def implementation(self, node_id: str) -> Any: ...
     def __contains__(self, node_id: object) -> bool: ...
 
@@ -358,6 +359,7 @@ def stream_map(
     (tqdm when installed, else a line on stderr); a callable receives :class:`soma.Progress`
     events instead. ``driver``, ``turn_limit`` and ``trace`` are as in ``forward``.
     """
+    _refuse_hosts(graph)
     if on_error not in ("raise", "skip", "collect"):
         raise ValueError(
             f"on_error must be 'raise', 'skip' or 'collect', not {on_error!r}\n"
@@ -442,6 +444,18 @@ def _join_one(outputs: Sequence[Any]) -> Any:
     )
 
 
+def _refuse_hosts(graph: Graph) -> None:
+    """Refuses a graph with nodes on hosts: a stream would run them here, not there."""
+    hosts = graph.hosts()
+    if hosts:
+        node, host = next(iter(hosts.items()))
+        raise ValueError(
+            f"node `{node}` is placed on host `{host}`, and streams do not run slices on hosts "
+            "yet\nhint: run each item with `forward`, or bring the nodes back here with "
+            f'`g.place_at("{node}", None)`'
+        )
+
+
 def forward_in_micro_batches(
     graph: Graph,
     batch: Any,
@@ -453,6 +467,7 @@ def forward_in_micro_batches(
     trace: _soma.Trace | None,
 ) -> Any:
     """See :meth:`soma.Graph.forward`."""
+    _refuse_hosts(graph)
     pieces = split(batch, micro_batches)
     outputs = list(
         stream_map(

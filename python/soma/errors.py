@@ -50,6 +50,13 @@ class DeviceError(SomaError, ValueError):
     device: str | None = None
 
 
+class HostError(SomaError, ValueError):
+    """A host name could not be (``.host``, what was written): empty, too long, or with a
+    character outside ``[A-Za-z0-9._-]``."""
+
+    host: str | None = None
+
+
 class CompileError(SomaError):
     """The graph could not be compiled into a plan (``.node``)."""
 
@@ -92,6 +99,14 @@ class WrongDeviceError(RunError):
     found: str | None = None
 
 
+class RemoteError(RunError):
+    """A host could not run its slice: it is not in the cluster, its process died, or it did
+    not answer in time (``.host``, ``.slice``: the slice's nodes, in plan order)."""
+
+    host: str | None = None
+    slice: list[str] | None = None
+
+
 class PanicError(SomaError):
     """A Rust node panicked (``.node``); the run was stopped once every branch had been joined."""
 
@@ -106,8 +121,10 @@ __all__ = [
     "DuplicateEdgeError",
     "DuplicateNodeError",
     "GraphError",
+    "HostError",
     "InvalidIdError",
     "PanicError",
+    "RemoteError",
     "RunError",
     "SomaError",
     "TurnLimitError",

@@ -291,3 +291,18 @@ assert isinstance(failure, soma.Failed)
 assert_type(failure.node, str | None)
 assert soma.Graph.somatize(Total()).forward([1, 2, 3], micro_batches=2, join=list) == [3, 3]
 assert list(streamed.map([1, 2], ordered=False, concurrency={"plus": 2})) == [(0, 3), (1, 4)]
+
+# Hosts: `.at`, `place_at`, `hosts`, the distributed plan, and the transport's names (no Ray run).
+hosted = soma.Graph.somatize((Where().named("h1").at("gpu-box") >> Where().named("h2")).at("cpu"))
+hosted.place_at("h2", None)
+assert_type(hosted.hosts(), dict[str, str])
+assert hosted.hosts() == {"h1": "gpu-box"}
+sliced = hosted.distributed_plan()
+assert_type(sliced, soma.Plan)
+assert_type(sliced.children[0].host, str | None)
+assert sliced.children[0].host == "gpu-box"
+bad_host = raised(soma.HostError, lambda: hosted.place_at("h1", "no such host"))
+assert_type(bad_host.host, str | None)
+assert issubclass(soma.RemoteError, soma.RunError)
+assert_type(soma.remote.resource_of("gpu-box"), str)
+assert soma.remote.RESOURCE_PREFIX == "soma-host:"

@@ -36,12 +36,13 @@ mod observe;
 mod plan;
 mod run;
 
-pub use compile::{compile, decompose, CompileError};
+pub use compile::{compile, decompose, distribute, CompileError};
 pub use model::catalog::Catalog;
 pub use model::device::{Device, DeviceError, DeviceKind, Placement};
 pub use model::driver::{Driver, DriverError};
 pub use model::expr::{node, node_arc, Expr};
 pub use model::graph::{Graph, GraphError};
+pub use model::host::{HostError, HostName, HostPlacement, HOST_NAME_LIMIT};
 pub use model::id::NodeId;
 pub use model::node::{Ctx, Node, NodeError, Transition};
 pub use model::value::Value;

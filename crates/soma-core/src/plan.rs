@@ -15,6 +15,7 @@
 use std::collections::HashSet;
 use std::fmt;
 
+use crate::model::host::HostName;
 use crate::model::id::NodeId;
 
 /// How a graph runs.
@@ -33,6 +34,15 @@ pub enum Plan {
     /// Launch the branches at the same time, each run start to finish on one thread (branches
     /// in flight together on different ones), and join them. Branches share no node.
     Wave(Vec<Plan>),
+    /// Run `inner` on `host`, in one trip: what it reads from outside is sent there, what later
+    /// steps read comes back. Only [`crate::distribute`] makes these; [`crate::compile()`]
+    /// never does.
+    Remote {
+        /// Where the slice runs.
+        host: HostName,
+        /// The slice: a subtree every step of which is placed on `host`.
+        inner: Box<Plan>,
+    },
 }
 
 /// One step of [`Plan::visits`].
@@ -55,6 +65,7 @@ impl Plan {
                 Plan::Sequence(children) | Plan::Wave(children) => {
                     stack.extend(children.iter().rev());
                 }
+                Plan::Remote { inner, .. } => stack.push(inner),
             }
         }
         out
@@ -71,21 +82,32 @@ impl Plan {
             .collect()
     }
 
-    /// The plan's variant name: `"Empty"`, `"Execute"`, `"Sequence"` or `"Wave"`.
+    /// The plan's variant name: `"Empty"`, `"Execute"`, `"Sequence"`, `"Wave"` or `"Remote"`.
     pub fn kind(&self) -> &'static str {
         match self {
             Plan::Empty => "Empty",
             Plan::Execute { .. } => "Execute",
             Plan::Sequence(_) => "Sequence",
             Plan::Wave(_) => "Wave",
+            Plan::Remote { .. } => "Remote",
         }
     }
 
-    /// The steps of a `Sequence` or the branches of a `Wave`; none otherwise.
-    pub(crate) fn children(&self) -> &[Plan] {
+    /// The steps of a `Sequence`, the branches of a `Wave`, the slice of a `Remote`; none
+    /// otherwise.
+    pub fn children(&self) -> &[Plan] {
         match self {
             Plan::Sequence(children) | Plan::Wave(children) => children,
+            Plan::Remote { inner, .. } => std::slice::from_ref(inner),
             Plan::Empty | Plan::Execute { .. } => &[],
+        }
+    }
+
+    /// The host of a `Remote`; none otherwise.
+    pub fn host(&self) -> Option<&HostName> {
+        match self {
+            Plan::Remote { host, .. } => Some(host),
+            Plan::Empty | Plan::Execute { .. } | Plan::Sequence(_) | Plan::Wave(_) => None,
         }
     }
 
@@ -144,14 +166,39 @@ impl Plan {
                             out.push_str("([");
                             first = true;
                         }
+                        Plan::Remote { host, .. } => {
+                            out.push_str("Remote");
+                            if with_ids {
+                                out.push('@');
+                                out.push_str(host.as_str());
+                            }
+                            out.push('(');
+                            first = true;
+                        }
                     }
                 }
                 Visit::Leave(Plan::Sequence(_) | Plan::Wave(_)) => {
                     out.push_str("])");
                     first = false;
                 }
+                Visit::Leave(Plan::Remote { .. }) => {
+                    out.push(')');
+                    first = false;
+                }
                 Visit::Leave(Plan::Empty | Plan::Execute { .. }) => {}
             }
+        }
+    }
+}
+
+impl Plan {
+    /// Moves this plan's children onto `stack`, leaving it childless (a `Remote`'s slice
+    /// becomes `Empty`), for the drop that walks instead of recursing.
+    fn take_children(&mut self, stack: &mut Vec<Plan>) {
+        match self {
+            Plan::Sequence(children) | Plan::Wave(children) => stack.append(children),
+            Plan::Remote { inner, .. } => stack.push(std::mem::replace(&mut **inner, Plan::Empty)),
+            Plan::Empty | Plan::Execute { .. } => {}
         }
     }
 }
@@ -161,14 +208,10 @@ impl Drop for Plan {
     /// its own children first, so a deep tree drops in a loop. The derived drop would recurse
     /// once per level.
     fn drop(&mut self) {
-        let (Plan::Sequence(children) | Plan::Wave(children)) = self else {
-            return;
-        };
-        let mut stack = std::mem::take(children);
+        let mut stack = Vec::new();
+        self.take_children(&mut stack);
         while let Some(mut plan) = stack.pop() {
-            if let Plan::Sequence(children) | Plan::Wave(children) = &mut plan {
-                stack.append(children);
-            }
+            plan.take_children(&mut stack);
         }
     }
 }
@@ -185,13 +228,21 @@ impl Clone for Plan {
                     node: node.clone(),
                     from: from.clone(),
                 }),
-                Visit::Enter(Plan::Sequence(_) | Plan::Wave(_))
+                Visit::Enter(Plan::Sequence(_) | Plan::Wave(_) | Plan::Remote { .. })
                 | Visit::Leave(Plan::Empty | Plan::Execute { .. }) => {}
-                Visit::Leave(plan @ (Plan::Sequence(_) | Plan::Wave(_))) => {
-                    let children = done.split_off(done.len() - plan.children().len());
-                    done.push(match plan {
-                        Plan::Sequence(_) => Plan::Sequence(children),
-                        _ => Plan::Wave(children),
+                Visit::Leave(Plan::Sequence(children)) => {
+                    let children = done.split_off(done.len() - children.len());
+                    done.push(Plan::Sequence(children));
+                }
+                Visit::Leave(Plan::Wave(children)) => {
+                    let children = done.split_off(done.len() - children.len());
+                    done.push(Plan::Wave(children));
+                }
+                Visit::Leave(Plan::Remote { host, .. }) => {
+                    let inner = done.pop().expect("the slice was copied before");
+                    done.push(Plan::Remote {
+                        host: host.clone(),
+                        inner: Box::new(inner),
                     });
                 }
             }
@@ -225,7 +276,26 @@ impl PartialEq for Plan {
                     }
                     pairs.extend(children.iter().zip(others).rev());
                 }
-                _ => return false,
+                (
+                    Plan::Remote { host, inner },
+                    Plan::Remote {
+                        host: other_host,
+                        inner: other_inner,
+                    },
+                ) => {
+                    if host != other_host {
+                        return false;
+                    }
+                    pairs.push((inner, other_inner));
+                }
+                (
+                    Plan::Empty
+                    | Plan::Execute { .. }
+                    | Plan::Sequence(_)
+                    | Plan::Wave(_)
+                    | Plan::Remote { .. },
+                    _,
+                ) => return false,
             }
         }
         true
@@ -266,10 +336,18 @@ impl Plan {
                             write!(f, "{}([", plan.kind())?;
                             first = true;
                         }
+                        Plan::Remote { host, .. } => {
+                            write!(f, "Remote {{ host: {host:?}, inner: ")?;
+                            first = true;
+                        }
                     }
                 }
                 Visit::Leave(Plan::Sequence(_) | Plan::Wave(_)) => {
                     f.write_str("])")?;
+                    first = false;
+                }
+                Visit::Leave(Plan::Remote { .. }) => {
+                    f.write_str(" }")?;
                     first = false;
                 }
                 Visit::Leave(Plan::Empty | Plan::Execute { .. }) => {}
@@ -284,55 +362,76 @@ impl Plan {
         let pad = |f: &mut fmt::Formatter<'_>, levels: usize| -> fmt::Result {
             (0..levels).try_for_each(|_| f.write_str("    "))
         };
-        // How many `Sequence`s and `Wave`s enclose the plan being written: each indents its
-        // children twice, once for itself and once for its list.
-        let mut depth = 0;
+        // How far the plan being written is indented: a `Sequence` or `Wave` indents its
+        // children twice, once for itself and once for its list; a `Remote` once, for its
+        // fields, and its slice follows `inner: ` on the same line.
+        let mut level = 0;
+        let mut inline = false;
         for visit in self.visits() {
             match visit {
                 Visit::Enter(plan) => {
-                    pad(f, 2 * depth)?;
+                    if !std::mem::take(&mut inline) {
+                        pad(f, level)?;
+                    }
                     match plan {
                         Plan::Empty => f.write_str("Empty")?,
                         Plan::Execute { node, from } => {
                             f.write_str("Execute {\n")?;
-                            pad(f, 2 * depth + 1)?;
+                            pad(f, level + 1)?;
                             writeln!(f, "node: {node:?},")?;
-                            pad(f, 2 * depth + 1)?;
+                            pad(f, level + 1)?;
                             if from.is_empty() {
                                 f.write_str("from: [],\n")?;
                             } else {
                                 f.write_str("from: [\n")?;
                                 for source in from {
-                                    pad(f, 2 * depth + 2)?;
+                                    pad(f, level + 2)?;
                                     writeln!(f, "{source:?},")?;
                                 }
-                                pad(f, 2 * depth + 1)?;
+                                pad(f, level + 1)?;
                                 f.write_str("],\n")?;
                             }
-                            pad(f, 2 * depth)?;
+                            pad(f, level)?;
                             f.write_str("}")?;
                         }
                         Plan::Sequence(children) | Plan::Wave(children) => {
                             writeln!(f, "{}(", plan.kind())?;
-                            pad(f, 2 * depth + 1)?;
+                            pad(f, level + 1)?;
                             f.write_str(if children.is_empty() { "[]" } else { "[\n" })?;
-                            depth += 1;
+                            level += 2;
+                        }
+                        Plan::Remote { host, .. } => {
+                            f.write_str("Remote {\n")?;
+                            pad(f, level + 1)?;
+                            writeln!(f, "host: {host:?},")?;
+                            pad(f, level + 1)?;
+                            f.write_str("inner: ")?;
+                            inline = true;
+                            level += 1;
                         }
                     }
                 }
                 Visit::Leave(plan) => {
-                    if let Plan::Sequence(children) | Plan::Wave(children) = plan {
-                        depth -= 1;
-                        if !children.is_empty() {
-                            pad(f, 2 * depth + 1)?;
-                            f.write_str("]")?;
+                    match plan {
+                        Plan::Sequence(children) | Plan::Wave(children) => {
+                            level -= 2;
+                            if !children.is_empty() {
+                                pad(f, level + 1)?;
+                                f.write_str("]")?;
+                            }
+                            f.write_str(",\n")?;
+                            pad(f, level)?;
+                            f.write_str(")")?;
                         }
-                        f.write_str(",\n")?;
-                        pad(f, 2 * depth)?;
-                        f.write_str(")")?;
+                        Plan::Remote { .. } => {
+                            level -= 1;
+                            pad(f, level)?;
+                            f.write_str("}")?;
+                        }
+                        Plan::Empty | Plan::Execute { .. } => {}
                     }
-                    // An item of the list around it.
-                    if depth > 0 {
+                    // An item of the list around it, or the field of a `Remote`.
+                    if level > 0 {
                         f.write_str(",\n")?;
                     }
                 }
@@ -347,6 +446,7 @@ mod tests {
     //! The hand-written impls against what the derived ones would do, on small plans.
 
     use super::Plan;
+    use crate::model::host::HostName;
     use crate::model::id::NodeId;
 
     /// `Plan`'s shape with the derived `Debug`.
@@ -360,6 +460,7 @@ mod tests {
         Execute { node: NodeId, from: Vec<NodeId> },
         Sequence(Vec<Derived>),
         Wave(Vec<Derived>),
+        Remote { host: HostName, inner: Box<Derived> },
     }
 
     fn derived(plan: &Plan) -> Derived {
@@ -371,6 +472,10 @@ mod tests {
             },
             Plan::Sequence(children) => Derived::Sequence(children.iter().map(derived).collect()),
             Plan::Wave(children) => Derived::Wave(children.iter().map(derived).collect()),
+            Plan::Remote { host, inner } => Derived::Remote {
+                host: host.clone(),
+                inner: Box::new(derived(inner)),
+            },
         }
     }
 
@@ -397,7 +502,23 @@ mod tests {
                 ]),
                 execute("d", &["b2", "c"]),
             ]),
+            remote("gpu", execute("a", &[])),
+            remote("cpu-1", remote("gpu", Plan::Empty)),
+            Plan::Wave(vec![
+                remote(
+                    "gpu",
+                    Plan::Sequence(vec![execute("a", &[]), execute("b", &["a"])]),
+                ),
+                remote("other", Plan::Wave(Vec::new())),
+            ]),
         ]
+    }
+
+    fn remote(host: &str, inner: Plan) -> Plan {
+        Plan::Remote {
+            host: host.parse::<HostName>().expect("a valid host name"),
+            inner: Box::new(inner),
+        }
     }
 
     #[test]

@@ -10,7 +10,7 @@
 
 use pyo3::exceptions::{PyException, PyKeyboardInterrupt};
 use pyo3::prelude::*;
-use soma_core::{CompileError, DeviceError, GraphError, NodeId, ProgramError, RunError};
+use soma_core::{CompileError, DeviceError, GraphError, HostError, NodeId, ProgramError, RunError};
 
 /// An instance of `soma.errors.<class>` with `message`, and `attributes` set on it.
 fn soma_error(
@@ -75,6 +75,15 @@ pub fn device_error(py: Python<'_>, error: &DeviceError) -> PyErr {
     };
     let written = pyo3::types::PyString::new(py, written).into_any();
     soma_error(py, "DeviceError", error.to_string(), &[("device", written)])
+}
+
+/// A host name that cannot be: a `soma.HostError` with `.host`, what was written.
+pub fn host_error(py: Python<'_>, error: &HostError) -> PyErr {
+    let written = match error {
+        HostError::Invalid { text } => text,
+    };
+    let written = pyo3::types::PyString::new(py, written).into_any();
+    soma_error(py, "HostError", error.to_string(), &[("host", written)])
 }
 
 pub fn compile_error(py: Python<'_>, error: &CompileError) -> PyErr {

@@ -39,6 +39,16 @@ impl PyPlan {
         }
     }
 
+    /// The part of the tree this object is.
+    pub fn subtree(&self) -> &Plan {
+        self.plan()
+    }
+
+    /// Where the graph's nodes were placed, for drawing.
+    pub fn devices(&self) -> Arc<Placement> {
+        Arc::clone(&self.placement)
+    }
+
     fn plan(&self) -> &Plan {
         // SAFETY: `at` points into the tree `self.root` owns and keeps alive, unchanged.
         #[allow(unsafe_code)]
@@ -50,26 +60,31 @@ impl PyPlan {
 
 #[pymethods]
 impl PyPlan {
-    /// `"Empty"`, `"Execute"`, `"Sequence"` or `"Wave"`.
+    /// `"Empty"`, `"Execute"`, `"Sequence"`, `"Wave"` or `"Remote"`.
     #[getter]
     fn kind(&self) -> &'static str {
         self.plan().kind()
     }
 
-    /// The steps of a `Sequence` or the branches of a `Wave`; empty otherwise.
+    /// The steps of a `Sequence`, the branches of a `Wave`, the one slice of a `Remote`; empty
+    /// otherwise.
     #[getter]
     fn children(&self) -> Vec<PyPlan> {
-        match self.plan() {
-            Plan::Sequence(children) | Plan::Wave(children) => children
-                .iter()
-                .map(|child| PyPlan {
-                    root: Arc::clone(&self.root),
-                    at: NonNull::from(child),
-                    placement: Arc::clone(&self.placement),
-                })
-                .collect(),
-            Plan::Empty | Plan::Execute { .. } => Vec::new(),
-        }
+        self.plan()
+            .children()
+            .iter()
+            .map(|child| PyPlan {
+                root: Arc::clone(&self.root),
+                at: NonNull::from(child),
+                placement: Arc::clone(&self.placement),
+            })
+            .collect()
+    }
+
+    /// The host a `Remote` slice runs on; `None` otherwise.
+    #[getter]
+    fn host(&self) -> Option<&str> {
+        self.plan().host().map(soma_core::HostName::as_str)
     }
 
     /// The node an `Execute` runs; `None` otherwise.
@@ -77,7 +92,7 @@ impl PyPlan {
     fn node(&self) -> Option<&str> {
         match self.plan() {
             Plan::Execute { node, .. } => Some(node.as_str()),
-            Plan::Empty | Plan::Sequence(_) | Plan::Wave(_) => None,
+            Plan::Empty | Plan::Sequence(_) | Plan::Wave(_) | Plan::Remote { .. } => None,
         }
     }
 
@@ -86,7 +101,7 @@ impl PyPlan {
     fn inputs(&self) -> Vec<&str> {
         match self.plan() {
             Plan::Execute { from, .. } => from.iter().map(soma_core::NodeId::as_str).collect(),
-            Plan::Empty | Plan::Sequence(_) | Plan::Wave(_) => Vec::new(),
+            Plan::Empty | Plan::Sequence(_) | Plan::Wave(_) | Plan::Remote { .. } => Vec::new(),
         }
     }
 

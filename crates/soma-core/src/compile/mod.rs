@@ -31,7 +31,10 @@
 //! sets still being split, like the trees still being built, wait on a stack on the heap, so
 //! however deep a graph nests, compiling it needs no more thread stack than a flat one.
 
+mod distribute;
 mod reduction;
+
+pub use distribute::distribute;
 
 use std::fmt;
 

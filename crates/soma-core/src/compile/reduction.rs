@@ -613,6 +613,7 @@ mod tests {
                 let sinks = ends.iter().flat_map(|(_, t)| t.clone()).collect();
                 (sources, sinks)
             }
+            Plan::Remote { inner, .. } => implied_edges(inner, edges),
         }
     }
 

@@ -13,6 +13,7 @@ pub(crate) mod driver;
 pub(crate) mod expr;
 pub(crate) mod failure;
 pub(crate) mod graph;
+pub(crate) mod host;
 pub(crate) mod id;
 pub(crate) mod node;
 pub(crate) mod value;

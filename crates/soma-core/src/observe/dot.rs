@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::svg::{NODE_FILL, NODE_STROKE, WAVE_STROKE};
+use super::svg::{HOST_STROKE, NODE_FILL, NODE_STROKE, WAVE_STROKE};
 use crate::model::device::Placement;
 use crate::plan::{Plan, Visit};
 
@@ -18,7 +18,8 @@ fn dot_id(id: &str, out: &mut String) {
     out.push('"');
 }
 
-/// `digraph` with `rankdir=LR`: every node, a `cluster` per wave (graphviz frames those), then
+/// `digraph` with `rankdir=LR`: every node, a `cluster` per wave and per remote slice (labelled
+/// `host <name>`; graphviz frames those), then
 /// an edge for every input of every step, in step order.
 pub(super) fn plan_dot(plan: &Plan, placement: Option<&Placement>) -> String {
     let mut out = String::from("digraph plan {\n");
@@ -46,6 +47,7 @@ pub(super) fn plan_dot(plan: &Plan, placement: Option<&Placement>) -> String {
 fn dot_nodes(plan: &Plan, placement: Option<&Placement>, out: &mut String) {
     let mut depth = 1;
     let mut waves = 0;
+    let mut hosts = 0;
     for visit in plan.visits() {
         match visit {
             Visit::Enter(Plan::Execute { node, .. }) => {
@@ -69,7 +71,17 @@ fn dot_nodes(plan: &Plan, placement: Option<&Placement>, out: &mut String) {
                 );
                 depth += 1;
             }
-            Visit::Leave(Plan::Wave(_)) => {
+            Visit::Enter(Plan::Remote { host, .. }) => {
+                out.extend(std::iter::repeat_n("    ", depth));
+                let _ = writeln!(out, "subgraph cluster_host_{hosts} {{");
+                hosts += 1;
+                out.extend(std::iter::repeat_n("    ", depth + 1));
+                out.push_str("label=");
+                dot_id(&format!("host {host}"), out);
+                let _ = writeln!(out, "; style=\"bold,rounded\"; color=\"{HOST_STROKE}\";");
+                depth += 1;
+            }
+            Visit::Leave(Plan::Wave(_) | Plan::Remote { .. }) => {
                 depth -= 1;
                 out.extend(std::iter::repeat_n("    ", depth));
                 out.push_str("}\n");

@@ -27,23 +27,27 @@ use std::fmt::Write as _;
 
 use super::svg::{
     svg_open, xml, ARC_LEVELS, ARC_STEP, BASELINE, CHAR_WIDTH, COLUMN_GAP, CORNER, EDGE, FRAME_END,
-    FRAME_SIDE, HEAD, MARGIN, MUTED, NODE_FILL, NODE_HEIGHT, NODE_MIN_WIDTH, NODE_PADDING,
-    NODE_STROKE, ORDER_STROKE, ORDER_TEXT, ROW_GAP, TEXT, WAVE_STROKE, WAVE_TEXT,
+    FRAME_SIDE, HEAD, HOST_STROKE, HOST_TEXT, MARGIN, MUTED, NODE_FILL, NODE_HEIGHT,
+    NODE_MIN_WIDTH, NODE_PADDING, NODE_STROKE, ORDER_STROKE, ORDER_TEXT, ROW_GAP, TEXT,
+    WAVE_STROKE, WAVE_TEXT,
 };
 use crate::compile::decompose;
 // Named apart from this module's own placement, of boxes on a page.
 use crate::model::device::Placement as Devices;
 use crate::model::graph::Graph;
+use crate::model::host::HostName;
 use crate::model::id::NodeId;
 use crate::plan::{Plan, Visit};
 
 /// What a frame marks.
 #[derive(Clone, Copy)]
-enum Framing {
+enum Framing<'p> {
     /// A wave: its branches run at the same time.
     Wave,
     /// Steps of a sequence that share columns: not series-parallel, so walked in order.
     InOrder,
+    /// A remote slice: what it holds runs on this host, in one trip.
+    Host(&'p HostName),
 }
 
 /// A subtree measured: its size, and how its parts sit inside it. The blocks of a drawing live
@@ -67,6 +71,11 @@ enum Shape<'p> {
     Stack {
         branches: Vec<usize>,
         framed: bool,
+    },
+    /// A remote slice, framed with its host's name.
+    Host {
+        inner: usize,
+        host: &'p HostName,
     },
 }
 
@@ -125,8 +134,20 @@ fn measure<'p>(plan: &'p Plan, framed: bool, devices: Option<&Devices>) -> Vec<B
                 height: NODE_HEIGHT,
                 shape: Shape::Node(node),
             },
-            Visit::Enter(Plan::Sequence(_) | Plan::Wave(_))
+            Visit::Enter(Plan::Sequence(_) | Plan::Wave(_) | Plan::Remote { .. })
             | Visit::Leave(Plan::Empty | Plan::Execute { .. }) => continue,
+            Visit::Leave(Plan::Remote { host, .. }) => {
+                let inner = *done.last().expect("the slice was measured before");
+                if !framed {
+                    continue; // Its slice stands for it.
+                }
+                done.pop();
+                Block {
+                    width: blocks[inner].width + 2 * FRAME_SIDE,
+                    height: blocks[inner].height + 2 * FRAME_END,
+                    shape: Shape::Host { inner, host },
+                }
+            }
             Visit::Leave(Plan::Sequence(steps)) => {
                 let ranks = columns_of.next().expect("the columns of every sequence");
                 let parts = done.split_off(done.len() - steps.len());
@@ -253,7 +274,8 @@ fn topological_columns(plan: &Plan) -> Vec<Vec<usize>> {
                         }
                         step += 1;
                     }
-                    Plan::Sequence(_) | Plan::Wave(_) => open.push(Around {
+                    // A slice is, for columns, a one-branch wave: it holds no columns itself.
+                    Plan::Sequence(_) | Plan::Wave(_) | Plan::Remote { .. } => open.push(Around {
                         start: step,
                         sequence: matches!(entered, Plan::Sequence(_)),
                         starts: Vec::new(),
@@ -271,7 +293,7 @@ fn topological_columns(plan: &Plan) -> Vec<Vec<usize>> {
                 }
                 out.push(ranks);
             }
-            Visit::Leave(Plan::Wave(_)) => {
+            Visit::Leave(Plan::Wave(_) | Plan::Remote { .. }) => {
                 open.pop();
             }
             Visit::Leave(Plan::Empty | Plan::Execute { .. }) => {}
@@ -331,8 +353,8 @@ impl Placed<'_> {
     }
 }
 
-struct Frame {
-    framing: Framing,
+struct Frame<'p> {
+    framing: Framing<'p>,
     x: i64,
     y: i64,
     width: i64,
@@ -342,15 +364,15 @@ struct Frame {
 #[derive(Default)]
 struct Placement<'p> {
     boxes: Vec<Placed<'p>>,
-    frames: Vec<Frame>,
+    frames: Vec<Frame<'p>>,
 }
 
 /// What [`place`] has left to do, in order from the top of its stack.
-enum Task {
+enum Task<'p> {
     /// Place a block (by index) with its top left corner at `(x, y)`.
     Place(usize, i64, i64),
     /// Add a frame, once what it frames is placed.
-    Frame(Frame),
+    Frame(Frame<'p>),
 }
 
 /// Places block `root` of `blocks` and everything in it, boxes and frames in the order of a
@@ -428,6 +450,17 @@ fn place<'p>(blocks: &[Block<'p>], root: usize, x: i64, y: i64, out: &mut Placem
                     top += blocks[branch].height + ROW_GAP;
                 }
             }
+            Shape::Host { inner, host } => {
+                // Before the slice, as a wave's frame comes before what it holds.
+                out.frames.push(Frame {
+                    framing: Framing::Host(host),
+                    x,
+                    y,
+                    width: block.width,
+                    height: block.height,
+                });
+                tasks.push(Task::Place(*inner, x + FRAME_SIDE, y + FRAME_END));
+            }
         }
         tasks[first_task..].reverse();
     }
@@ -468,9 +501,14 @@ fn svg<'p>(
     let mut out = String::new();
     svg_open(width, height, &mut out);
     for frame in &placement.frames {
+        let host_label;
         let (class, stroke, dashes, text, label) = match frame.framing {
             Framing::Wave => ("wave", WAVE_STROKE, "5 3", WAVE_TEXT, "wave"),
             Framing::InOrder => ("in-order", ORDER_STROKE, "2 3", ORDER_TEXT, "in order"),
+            Framing::Host(host) => {
+                host_label = format!("host {host}");
+                ("host", HOST_STROKE, "none", HOST_TEXT, host_label.as_str())
+            }
         };
         let _ = writeln!(
             out,

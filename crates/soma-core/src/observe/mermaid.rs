@@ -69,7 +69,8 @@ fn mermaid_label(id: &str, out: &mut String) {
     out.push('"');
 }
 
-/// `flowchart LR`: every node with its id as label, a subgraph per wave, then an arrow for
+/// `flowchart LR`: every node with its id as label, a subgraph per wave and per remote slice
+/// (labelled with its host), then an arrow for
 /// every input of every step, in step order.
 pub(super) fn plan_mermaid(plan: &Plan, placement: Option<&Placement>) -> String {
     let mut names = MermaidNames {
@@ -97,6 +98,7 @@ fn mermaid_nodes<'p>(
 ) {
     let mut depth = 1;
     let mut waves = 0;
+    let mut hosts = 0;
     for visit in plan.visits() {
         match visit {
             Visit::Enter(Plan::Execute { node, .. }) => {
@@ -115,7 +117,15 @@ fn mermaid_nodes<'p>(
                 waves += 1;
                 depth += 1;
             }
-            Visit::Leave(Plan::Wave(_)) => {
+            Visit::Enter(Plan::Remote { host, .. }) => {
+                out.extend(std::iter::repeat_n("    ", depth));
+                let _ = write!(out, "subgraph soma_host_{hosts} [");
+                mermaid_label(&format!("host {host}"), out);
+                out.push_str("]\n");
+                hosts += 1;
+                depth += 1;
+            }
+            Visit::Leave(Plan::Wave(_) | Plan::Remote { .. }) => {
                 depth -= 1;
                 out.extend(std::iter::repeat_n("    ", depth));
                 out.push_str("end\n");

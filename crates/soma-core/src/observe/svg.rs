@@ -12,6 +12,9 @@ pub(super) const TEXT: &str = "#1a1a1a";
 pub(super) const EDGE: &str = "#666666";
 pub(super) const WAVE_STROKE: &str = "#b7791f";
 pub(super) const WAVE_TEXT: &str = "#975a16";
+/// A remote slice's frame: the host it runs on.
+pub(super) const HOST_STROKE: &str = "#2f855a";
+pub(super) const HOST_TEXT: &str = "#276749";
 pub(super) const ORDER_STROKE: &str = "#8a8a8a";
 pub(super) const ORDER_TEXT: &str = "#6b6b6b";
 pub(super) const MUTED: &str = "#888888";

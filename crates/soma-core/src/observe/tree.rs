@@ -65,6 +65,7 @@ fn write_label(
         }
         Plan::Sequence(_) => out.write_str("Sequence"),
         Plan::Wave(_) => out.write_str("Wave"),
+        Plan::Remote { host, .. } => write!(out, "Remote on {host}"),
     }
 }
 

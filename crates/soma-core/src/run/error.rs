@@ -4,6 +4,7 @@
 use std::fmt;
 
 use crate::model::driver::DriverError;
+use crate::model::host::HostName;
 use crate::model::id::NodeId;
 use crate::model::node::NodeError;
 
@@ -173,6 +174,14 @@ pub enum ProgramError {
         /// The node.
         node: NodeId,
     },
+    /// The plan holds a remote slice ([`crate::distribute`]), which a program, running every
+    /// step in this process, cannot run; a transport runs slices.
+    RemoteSlice {
+        /// The slice's first step.
+        node: NodeId,
+        /// Where the slice runs.
+        host: HostName,
+    },
 }
 
 impl ProgramError {
@@ -181,7 +190,8 @@ impl ProgramError {
         match self {
             ProgramError::NotInCatalog { node }
             | ProgramError::MissingInput { node, .. }
-            | ProgramError::StepTwice { node } => node,
+            | ProgramError::StepTwice { node }
+            | ProgramError::RemoteSlice { node, .. } => node,
         }
     }
 }
@@ -200,6 +210,10 @@ impl fmt::Display for ProgramError {
             ProgramError::StepTwice { node } => write!(
                 f,
                 "node `{node}` is run twice by the plan\nhint: run plans made by `compile`, where each node is one step"
+            ),
+            ProgramError::RemoteSlice { node, host } => write!(
+                f,
+                "node `{node}` is in a slice for host `{host}`, and a program runs every step in this process\nhint: resolve the plan `compile` made, before `distribute`; a transport (Soma's Python front runs slices on Ray) runs distributed plans"
             ),
         }
     }

@@ -276,11 +276,22 @@ impl Numbering {
                             sequence: None,
                             wave_start: Some(numbering.ids.len()),
                         }),
+                        Plan::Remote { host, inner } => {
+                            let first = inner.steps().first().map(|&(node, _)| node.clone());
+                            return Err(ProgramError::RemoteSlice {
+                                node: first.unwrap_or_else(|| NodeId::new("(empty slice)")),
+                                host: host.clone(),
+                            });
+                        }
                     }
                 }
                 Visit::Leave(left) => {
-                    if let Plan::Sequence(_) | Plan::Wave(_) = left {
-                        open.pop();
+                    match left {
+                        Plan::Sequence(_) | Plan::Wave(_) => {
+                            open.pop();
+                        }
+                        // Refused when entered.
+                        Plan::Remote { .. } | Plan::Empty | Plan::Execute { .. } => {}
                     }
                     match open.last_mut() {
                         Some(Open {
@@ -466,9 +477,10 @@ impl Numbering {
                         Plan::Wave(children) => {
                             open.push((done.len(), None, Vec::with_capacity(children.len() + 1)));
                         }
+                        Plan::Remote { .. } => unreachable!("`Numbering::of` refuses a slice"),
                     }
                 }
-                Visit::Leave(Plan::Empty | Plan::Execute { .. }) => {}
+                Visit::Leave(Plan::Empty | Plan::Execute { .. } | Plan::Remote { .. }) => {}
                 Visit::Leave(Plan::Sequence(_) | Plan::Wave(_)) => {
                     let (start, sequence, mut bounds) = open.pop().expect("entered before");
                     let children: Box<[Op]> = done.split_off(start).into();

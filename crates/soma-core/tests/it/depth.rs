@@ -1,6 +1,6 @@
 //! Depth costs no stack: a graph nested 100,000 levels deep — `(((a >> b) | c) >> d) | e …`,
-//! each level wrapping the expression so far — compiles, draws, clones, compares and drops on a
-//! 256 KiB thread stack, as a flat one does. (Running it is the executor's business, not asked
+//! each level wrapping the expression so far — compiles, distributes over hosts, draws, clones,
+//! compares and drops on a 256 KiB thread stack, as a flat one does. (Running it is the executor's business, not asked
 //! here.)
 //!
 //! The graphs are built with `add_node`/`add_edge` in a loop: the DSL would write the same
@@ -222,5 +222,35 @@ fn a_deep_plan_debug_prints_on_a_small_stack() {
         let pretty = format!("{:#?}", compiled(&nested(TEXT_LEVELS, false)));
         assert!(pretty.starts_with("Wave(\n    [\n        Sequence(\n            [\n"));
         assert!(pretty.ends_with("        },\n    ],\n)"));
+    });
+}
+
+#[test]
+fn a_deep_plan_distributes_draws_clones_and_drops_on_a_small_stack() {
+    use soma_core::{distribute, HostName, HostPlacement};
+    on_a_small_stack(|| {
+        let graph = nested(LEVELS, false);
+        let plan = compiled(&graph);
+        let (one, two): (HostName, HostName) = ("one".parse().unwrap(), "two".parse().unwrap());
+        // Every node but the last on one host: one slice as deep as the plan, under the top.
+        let mut deep = HostPlacement::new();
+        // Alternating hosts: a slice at every level.
+        let mut alternating = HostPlacement::new();
+        for (at, node) in graph.nodes().iter().enumerate() {
+            if at < LEVELS {
+                deep.place(node.clone(), one.clone());
+            }
+            let host = if at % 2 == 0 { &one } else { &two };
+            alternating.place(node.clone(), host.clone());
+        }
+        for hosts in [deep, alternating] {
+            let distributed = distribute(&plan, &hosts);
+            assert_eq!(distributed.steps(), plan.steps());
+            assert!(distributed.to_svg().contains("class=\"host\""));
+            let _ = format!("{distributed:?}");
+            let copy = distributed.clone();
+            assert!(copy == distributed && copy != plan);
+            drop((copy, distributed));
+        }
     });
 }

@@ -33,6 +33,11 @@ fn locate(plan: &Plan) -> Vec<(String, Path)> {
                     at.pop();
                 }
             }
+            Plan::Remote { inner, .. } => {
+                at.push(("Remote", 0));
+                walk(inner, at, out);
+                at.pop();
+            }
         }
     }
     let mut out = Vec::new();
@@ -104,6 +109,7 @@ fn branches_share_no_node(plan: &Plan) -> Result<(), String> {
     match plan {
         Plan::Empty | Plan::Execute { .. } => Ok(()),
         Plan::Sequence(children) => children.iter().try_for_each(branches_share_no_node),
+        Plan::Remote { inner, .. } => branches_share_no_node(inner),
         Plan::Wave(branches) => {
             let mut owner: HashMap<String, usize> = HashMap::new();
             for (i, branch) in branches.iter().enumerate() {
@@ -509,6 +515,7 @@ fn has_a_walk(plan: &Plan) -> bool {
     match plan {
         Plan::Empty | Plan::Execute { .. } => false,
         Plan::Wave(branches) => branches.iter().any(has_a_walk),
+        Plan::Remote { inner, .. } => has_a_walk(inner),
         Plan::Sequence(steps) => {
             steps.iter().any(has_a_walk)
                 || steps.windows(2).any(|pair| match pair {

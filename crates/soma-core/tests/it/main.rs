@@ -9,6 +9,7 @@
 //! | `dsl` | `>>` and `|` against `add_node`/`add_edge`, errors that survive gluing |
 //! | `decomposition` | the plan of each topology, and compile's refusal |
 //! | `drawing` | the tree, Mermaid, DOT and SVG of plans and graphs |
+//! | `hosts` | host names read and refused where written; distribution into remote slices, drawn |
 //! | `placement` | devices read and refused where written, placement beside the plan, shown in traces and drawings |
 //! | `messages` | every error's message, word for word (inline snapshots) |
 //! | `context` | each branch runs in a copy of the context its wave was reached in, its changes its own |
@@ -34,6 +35,7 @@ mod drivers;
 mod dsl;
 mod execution;
 mod graph;
+mod hosts;
 mod invariants;
 mod isolation;
 mod layers;

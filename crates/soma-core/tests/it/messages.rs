@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use soma_core::{
-    compile, node, Catalog, Ctx, Driver, DriverError, Executor, Graph, GraphError, Node, NodeError,
-    Plan, RunError, Transition, Value, Watch,
+    compile, distribute, node, Catalog, Ctx, Driver, DriverError, Executor, Graph, GraphError,
+    HostName, HostPlacement, Node, NodeError, Plan, RunError, Transition, Value, Watch,
 };
 
 use crate::support::{exec, graph, n, seq};
@@ -220,6 +220,31 @@ fn step_twice() {
     insta::assert_snapshot!(error, @r"
     node `a` is run twice by the plan
     hint: run plans made by `compile`, where each node is one step
+    ");
+}
+
+#[test]
+fn remote_slice() {
+    // A distributed plan runs through a transport; a program refuses its slices.
+    let (graph, catalog) = (n("a") >> n("b")).somatize().unwrap();
+    let mut hosts = HostPlacement::new();
+    hosts.place("b", "gpu-box".parse().unwrap());
+    let sliced = distribute(&compile(&graph, &catalog).unwrap(), &hosts);
+    let error = Executor::new()
+        .run(&sliced, &catalog, Value::Null)
+        .unwrap_err();
+    insta::assert_snapshot!(error, @r"
+    node `b` is in a slice for host `gpu-box`, and a program runs every step in this process
+    hint: resolve the plan `compile` made, before `distribute`; a transport (Soma's Python front runs slices on Ray) runs distributed plans
+    ");
+}
+
+#[test]
+fn invalid_host_name() {
+    let error = "gpu box".parse::<HostName>().unwrap_err();
+    insta::assert_snapshot!(error, @r"
+    `gpu box` is not a host name
+    hint: name a host with 1 to 63 ASCII letters, digits, `-`, `_` or `.`, starting with a letter or a digit: `gpu-box`, `node_2`
     ");
 }
 

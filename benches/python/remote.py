@@ -1,0 +1,189 @@
+"""Slices on hosts: a graph's slices run on a local Ray cluster against Ray's own calls.
+
+    .venv/bin/python benches/python/remote.py [--repeat N] [--out PATH]
+
+Starts a local cluster (a head, and a Ray node per host offering ``soma-host:<name>``), prints
+a markdown table (and writes it to PATH), and shuts the cluster down. Timings only, never
+assertions; the targets of the hosts issue are stated beside each figure:
+
+1. **Round trip.** A slice of one trivial node (median of ``forward``) against a bare call of a
+   Ray actor method with the same payload (target: at most 1.5x). A slice of 100 trivial nodes
+   on one host against one round trip plus the local cost of 100 nodes (target: about that, not
+   100 round trips), beside 100 ordinary actor calls and Ray's compiled graph of the same chain
+   on one actor, when it compiles here.
+2. **Two hosts at once.** Two branches of 100 ms that release the GIL, on two hosts, against the
+   same two nodes in series on one host (target: at least 1.8x).
+3. **No second copy** of a 200 MB array sent to a slice on the same node: not measured by this
+   script (it needs the host process's peak memory); reported as not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.cluster_utils import Cluster
+
+import soma
+from soma.remote import RayHosts, resource_of
+
+HOSTS = ("one", "two")
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def median_s(run: Callable[[], object], repeat: int) -> float:
+    run()  # Warm: actors started, slices loaded, code paths taken once.
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+class Inc(soma.Node):
+    def forward(self, x: int) -> int:
+        return x + 1
+
+
+class Nap(soma.Node):
+    def forward(self, x: int) -> int:
+        time.sleep(0.1)
+        return x
+
+
+@ray.remote(num_cpus=0)
+class Bare:
+    """What a slice is measured against: one actor method, doing what the node does."""
+
+    def call(self, x: int) -> int:
+        return x + 1
+
+
+def chain(length: int, host: str) -> soma.Graph:
+    expr: Any = Inc().named("n0")
+    for at in range(1, length):
+        expr = expr >> Inc().named(f"n{at}")
+    return soma.Graph.somatize(expr.at(host))
+
+
+def compiled_chain(length: int, repeat: int) -> float | None:
+    """Ray's compiled graph of the same chain on one actor, per run; None if it does not run."""
+    try:
+        from ray.dag import InputNode
+
+        actor = Bare.options(resources={resource_of("one"): 0.001}).remote()  # type: ignore[attr-defined]
+        with InputNode() as given:
+            dag = given
+            for _ in range(length):
+                dag = actor.call.bind(dag)
+        compiled = dag.experimental_compile()
+        try:
+            return median_s(lambda: ray.get(compiled.execute(0)), repeat)
+        finally:
+            compiled.teardown()
+    except Exception as failure:  # Reported as not run, with why.
+        log(f"Ray's compiled graph did not run: {type(failure).__name__}: {failure}")
+        return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=200)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    rows: list[list[str]] = []
+    try:
+        for host in HOSTS:
+            cluster.add_node(num_cpus=1, resources={resource_of(host): 1})
+        ray.init(address=cluster.address, log_to_driver=False)
+        soma.remote.use(RayHosts(timeout=120.0))
+
+        one = chain(1, "one")
+        bare = Bare.options(resources={resource_of("one"): 0.001}).remote()  # type: ignore[attr-defined]
+        slice_s = median_s(lambda: one.forward(0), args.repeat)
+        bare_s = median_s(lambda: ray.get(bare.call.remote(0)), args.repeat)
+        rows.append(
+            [
+                "slice of 1 trivial node",
+                f"{slice_s * 1e6:.0f} µs",
+                f"bare actor call {bare_s * 1e6:.0f} µs",
+                f"{slice_s / bare_s:.2f}x (target ≤ 1.5x)",
+            ]
+        )
+
+        hundred = chain(100, "one")
+        local = chain(100, "one")
+        for node in local.nodes():
+            local.place_at(node, None)
+        hundred_s = median_s(lambda: hundred.forward(0), args.repeat // 4)
+        local_s = median_s(lambda: local.forward(0), args.repeat)
+        calls_s = median_s(
+            lambda: [ray.get(bare.call.remote(0)) for _ in range(100)], max(args.repeat // 20, 3)
+        )
+        rows.append(
+            [
+                "slice of 100 trivial nodes",
+                f"{hundred_s * 1e6:.0f} µs",
+                f"1 round trip + 100 local nodes {(slice_s + local_s) * 1e6:.0f} µs",
+                f"{hundred_s / (slice_s + local_s):.2f}x (target ≈ 1x)",
+            ]
+        )
+        rows.append(
+            [
+                "",
+                "",
+                f"100 ordinary actor calls {calls_s * 1e6:.0f} µs",
+                f"{calls_s / hundred_s:.1f}x slower than the slice",
+            ]
+        )
+        compiled_s = compiled_chain(100, args.repeat // 4)
+        rows.append(
+            [
+                "",
+                "",
+                "Ray compiled graph, 100-node chain on one actor: "
+                + ("not run" if compiled_s is None else f"{compiled_s * 1e6:.0f} µs"),
+                "" if compiled_s is None else f"slice {hundred_s / compiled_s:.2f}x of it",
+            ]
+        )
+
+        apart = soma.Graph.somatize(Nap().named("left").at("one") | Nap().named("right").at("two"))
+        series = soma.Graph.somatize((Nap().named("left") >> Nap().named("right")).at("one"))
+        apart_s = median_s(lambda: apart.forward(0), 10)
+        series_s = median_s(lambda: series.forward(0), 10)
+        rows.append(
+            [
+                "2 branches of 100 ms on 2 hosts",
+                f"{apart_s * 1e3:.0f} ms",
+                f"in series {series_s * 1e3:.0f} ms",
+                f"{series_s / apart_s:.2f}x (target ≥ 1.8x)",
+            ]
+        )
+        rows.append(
+            ["200 MB array to a same-node slice", "not run", "", "peak memory: not measured"]
+        )
+    finally:
+        soma.remote.use(None)
+        ray.shutdown()
+        cluster.shutdown()
+    table = ["| what | Soma | against | ratio |", "|---|---|---|---|"]
+    table += ["| " + " | ".join(row) + " |" for row in rows]
+    text = "\n".join(table) + "\n"
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

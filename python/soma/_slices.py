@@ -1,0 +1,138 @@
+"""Remote slices, as data and as something to run: what every transport shares.
+
+A :class:`Slice` is what a host needs to run one slice of a graph; a :class:`SliceRunner` runs it
+on the host with Soma's own engine. :class:`Transport` and :class:`RemoteHost` are the narrow
+interface a transport implements (Ray's is ``soma._ray_hosts``). Nothing here imports a
+transport, or the graph: a slice carries the graph class it runs with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol
+
+from soma.errors import RemoteError
+
+#: The key under which a slice receives the graph's own input, for the steps that read it.
+INPUT = "(input)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Slice:
+    """One remote slice: what a host needs to run it, sent once per graph.
+
+    ``nodes`` are the slice's ``(id, implementation)`` pairs, ``steps`` its ``(node, inputs)``
+    in plan order (no inputs: the graph's input), ``reads`` what it reads from outside it
+    (:data:`INPUT` for the graph's input), ``returns`` the nodes whose outputs later steps read
+    or the run returns, ``devices`` the slice's placed nodes and their devices."""
+
+    host: str
+    index: int
+    nodes: tuple[tuple[str, Any], ...]
+    steps: tuple[tuple[str, tuple[str, ...]], ...]
+    reads: tuple[str, ...]
+    returns: tuple[str, ...]
+    devices: tuple[tuple[str, str], ...] = ()
+    #: The graph class the host runs the slice with: ``soma.Graph``, or a subclass of it.
+    engine: type[Any] = object
+
+    def names(self) -> list[str]:
+        """The slice's nodes, in plan order."""
+        return [node for node, _ in self.steps]
+
+
+class RemoteHost(Protocol):
+    """One host, as a transport serves it."""
+
+    def load(self, key: str, slices: list[Slice]) -> None:
+        """Keeps ``slices`` under ``key`` (one graph's) on the host, replacing what was there."""
+
+    def run(
+        self, key: str, index: int, inputs: dict[str, Any], timeout: float | None
+    ) -> dict[str, Any]:
+        """Runs slice ``index`` of ``key`` on ``inputs`` (by source id) and returns its
+        ``returns`` by id. A node's exception comes out as itself; a host that cannot answer
+        within ``timeout`` seconds, or at all, is a :class:`soma.RemoteError`."""
+
+    def unload(self, key: str) -> None:
+        """Forgets ``key``'s slices; never raises."""
+
+
+class Transport(Protocol):
+    """Where hosts come from: the one thing to implement to run slices on another engine."""
+
+    def host(self, name: str) -> RemoteHost:
+        """The host named ``name``: the same object while it lives, a new one once it died.
+        A :class:`soma.RemoteError` naming the host and the fix if there is none."""
+
+
+class _Take:
+    """On a host: a slice's source, what the slice reads from ``source``."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def forward(self, inputs: dict[str, Any]) -> Any:
+        return inputs[self.source]
+
+
+class PassThrough:
+    """Its input, as it is: a slice's output tap, the local carrier of the graph's input."""
+
+    def forward(self, x: Any) -> Any:
+        return x
+
+
+class SliceRunner:
+    """A slice, ready to run on its host: a ``soma.Graph`` of its nodes, read from a root per
+    source (:data:`INPUT` included) and tapped once per returned node, built once."""
+
+    def __init__(self, piece: Slice) -> None:
+        graph = piece.engine()
+        taken = {node for node, _ in piece.nodes} | set(piece.reads) - {INPUT}
+        sources: dict[str, str] = {}
+        for read in piece.reads:
+            source = fresh_id(read, taken) if read == INPUT else read
+            graph.node(source, _Take(read))
+            sources[read] = source
+        for node, implementation in piece.nodes:
+            graph.node(node, implementation)
+        graph._hosts.clear()  # Here is where they run: no host is remote to itself.
+        for node, device in piece.devices:
+            graph.place(node, device)
+        for node, inputs in piece.steps:
+            for source in inputs or (INPUT,):
+                graph.edge(sources.get(source, source), node)
+        self._taps: dict[str, str] = {}
+        for node in piece.returns:
+            tap = fresh_id(f"{node}(out)", taken)
+            graph.node(tap, PassThrough())
+            graph.edge(node, tap)
+            self._taps[tap] = node
+        self.graph = graph
+
+    def run(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """The slice's returns, by node id, run on ``inputs``."""
+        out = self.graph.forward(inputs)
+        if len(self._taps) == 1:
+            return {node: out for node in self._taps.values()}
+        return {self._taps[tap]: value for tap, value in out.items()}
+
+
+def fresh_id(base: str, taken: set[str]) -> str:
+    """``base``, or ``base_2``, ``base_3``…: the first not in ``taken``, which it joins."""
+    name, k = base, 2
+    while name in taken:
+        name, k = f"{base}_{k}", k + 1
+    taken.add(name)
+    return name
+
+
+def remote_error(host: str, piece: Slice, message: str, hint: str) -> RemoteError:
+    """A :class:`soma.RemoteError` about ``piece`` on ``host``."""
+    nodes = ", ".join(f"`{node}`" for node in piece.names())
+    error = RemoteError(f"host `{host}` {message} (slice of {nodes})\nhint: {hint}")
+    error.host = host
+    error.slice = piece.names()
+    error.node = piece.names()[0]
+    return error

@@ -1,0 +1,185 @@
+"""Hosts, without a cluster: ``.at()`` and ``g.place_at()`` place nodes on hosts, read where
+written (the innermost ``.at`` wins); the plan stays what it was, and ``distributed_plan`` cuts
+it into one ``Remote`` slice per largest subtree on one host; each slice is sent only what it
+reads and sends back only what later steps read. A graph without hosts never imports Ray, and
+without Ray a graph with hosts says how to install it.
+
+The runs on a real Ray cluster are in ``test_ray_hosts.py``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import soma
+from soma.remote import INPUT, Distributed
+
+
+class Add(soma.Node):
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def forward(self, x: int) -> int:
+        return x + self.k
+
+
+class Total(soma.Node):
+    def forward(self, xs: dict[str, int]) -> int:
+        return sum(xs.values())
+
+
+def diamond() -> soma.Graph:
+    return soma.Graph.somatize(
+        Add(1).named("a")
+        >> (Add(10).named("b") | (Add(100).named("c") >> Add(1000).named("d")))
+        >> Total().named("t")
+    )
+
+
+def test_a_nodes_own_at_wins_over_an_expressions_around_it() -> None:
+    inner = Add(1).named("inner").at("gpu-box")
+    g = soma.Graph.somatize((inner >> Add(2).named("outer")).at("cpu-box"))
+    assert g.hosts() == {"inner": "gpu-box", "outer": "cpu-box"}
+
+
+def test_place_at_places_replaces_and_unplaces() -> None:
+    g = diamond()
+    g.place_at("b", "one")
+    g.place_at("c", "two")
+    g.place_at("c", "three")
+    g.place_at("d", "three")
+    assert g.hosts() == {"b": "one", "c": "three", "d": "three"}
+    g.place_at("b", None)
+    assert g.hosts() == {"c": "three", "d": "three"}
+
+
+def test_a_host_name_that_cannot_be_is_refused_where_it_is_written() -> None:
+    with pytest.raises(soma.HostError, match=r"`gpu box` is not a host name\nhint:") as raised:
+        Add(1).at("gpu box")
+    assert raised.value.host == "gpu box"
+    with pytest.raises(soma.HostError):
+        (Add(1) >> Add(2)).at("")
+    with pytest.raises(soma.HostError):
+        diamond().place_at("a", "a:b")
+
+
+def test_placing_an_unknown_node_on_a_host_names_it() -> None:
+    with pytest.raises(soma.UnknownNodeError, match="`nope`"):
+        diamond().place_at("nope", "one")
+
+
+def test_hosts_change_neither_the_plan_nor_a_graph_without_them() -> None:
+    g = diamond()
+    before = g.plan()
+    assert g.distributed_plan() == before
+    g.place_at("b", "one")
+    assert g.plan() == before
+    assert g.distributed_plan() != before
+
+
+def test_the_distributed_plan_has_a_remote_slice_per_largest_subtree_on_one_host() -> None:
+    g = diamond()
+    g.place_at("b", "one")
+    g.place_at("c", "two")
+    g.place_at("d", "two")
+    plan = g.distributed_plan()
+    assert repr(plan) == (
+        "Sequence([Execute(a), Wave([Remote@one(Execute(b)), "
+        "Remote@two(Sequence([Execute(c), Execute(d)]))]), Execute(t)])"
+    )
+    remote = plan.children[1].children[1]
+    assert (remote.kind, remote.host, remote.children[0].kind) == ("Remote", "two", "Sequence")
+    assert "Remote on two" in str(plan)
+    assert 'subgraph soma_host_1 ["host two"]' in plan.to_mermaid()
+    assert plan.to_svg().count('<g class="host">') == 2
+
+
+def test_a_slice_is_sent_only_what_it_reads_and_returns_only_what_later_steps_read() -> None:
+    g = soma.Graph.somatize(
+        Add(1).named("a")
+        >> Add(2).named("b")
+        >> Add(3).named("c")
+        >> Add(4).named("d")
+        >> Add(5).named("e")
+    )
+    g.place_at("b", "one")
+    g.place_at("c", "one")
+    g.place_at("d", "one")
+    (piece,) = Distributed(g).slices
+    assert (piece.host, piece.names()) == ("one", ["b", "c", "d"])
+    assert piece.reads == ("a",)
+    assert piece.returns == ("d",)
+
+
+def test_a_slice_reads_the_graphs_input_and_returns_a_leaf_of_the_run() -> None:
+    g = soma.Graph.somatize(Add(1).named("a").at("one") >> (Add(2).named("b") | Add(3).named("c")))
+    g.place_at("b", "one")
+    first, second = Distributed(g).slices  # Not one: `a` and `b` are no subtree of their own.
+    assert (first.names(), first.reads, first.returns) == (["a"], (INPUT,), ("a",))
+    assert (second.names(), second.reads, second.returns) == (["b"], ("a",), ("b",))
+
+
+def test_a_stream_refuses_a_graph_with_hosts_rather_than_run_it_here() -> None:
+    g = diamond()
+    g.place_at("b", "one")
+    with pytest.raises(ValueError, match=r"node `b` is placed on host `one`, and streams do not"):
+        g.map([1, 2])
+    with pytest.raises(ValueError, match="streams do not run slices on hosts yet"):
+        g.forward([1, 2], micro_batches=2)
+
+
+def run_child(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_a_graph_without_hosts_never_imports_ray() -> None:
+    child = run_child(
+        """
+        import sys
+        import soma
+
+        class Add(soma.Node):
+            def forward(self, x):
+                return x + 1
+
+        g = soma.Graph.somatize(Add().named("a") >> (Add().named("b") | Add().named("c")))
+        assert g.forward(1) == {"b": 3, "c": 3}
+        assert g.distributed_plan() == g.plan()
+        assert "ray" not in sys.modules, "ray was imported"
+        print("ok")
+        """
+    )
+    assert (child.returncode, child.stdout.strip()) == (0, "ok"), child.stderr
+
+
+def test_without_ray_a_graph_with_hosts_says_how_to_install_it() -> None:
+    child = run_child(
+        """
+        import sys
+        sys.modules["ray"] = None  # As if it were not installed.
+        import soma
+
+        class Add(soma.Node):
+            def forward(self, x):
+                return x + 1
+
+        g = soma.Graph.somatize(Add().named("a") >> Add().named("b").at("gpu-box"))
+        try:
+            g.forward(1)
+        except ModuleNotFoundError as error:
+            print(error)
+        """
+    )
+    assert child.returncode == 0, child.stderr
+    assert "Soma runs them on Ray, which is not installed" in child.stdout
+    assert "pip install 'soma[ray]'" in child.stdout

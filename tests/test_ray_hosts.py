@@ -1,0 +1,320 @@
+"""Hosts on a real local Ray cluster: one Ray node per host, each started with its host's
+resource (``soma-host:<name>``), the cluster started once for the session. A node placed on a
+host runs in a process of that host's Ray node; results equal the local run, on fixed graphs and
+on random placements; branches on two hosts run at the same time; a node's exception comes out
+as itself, noted with node and host; a killed host, a host that does not answer in time and a
+host not in the cluster are ``soma.RemoteError``s naming the host, and the next run works;
+Ctrl-C stops a run whose slice is running on a host (a child process, its own Ray driver).
+
+Kept small for CI (two cores): three Ray nodes of one CPU each, started once.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import soma
+from conftest import interrupt_script
+from soma.remote import RayHosts, resource_of
+
+ray = pytest.importorskip("ray")
+cluster_utils = pytest.importorskip("ray.cluster_utils")
+
+HOSTS = ("one", "two")
+# Seconds a rendezvous across hosts waits for the other side.
+DEADLINE = 20.0
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[RayHosts]:
+    """A head node with no host, and a node per host offering its resource; Ray connected to
+    it and a transport of its own; all of it shut down at the end of the session."""
+    # Nodes defined here are sent by value: the hosts' workers cannot import this test module.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    local = cluster_utils.Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
+    )
+    try:
+        for host in HOSTS:
+            local.add_node(num_cpus=1, resources={resource_of(host): 1})
+        ray.init(address=local.address, include_dashboard=False, log_to_driver=False)
+        hosts = RayHosts(timeout=60.0)
+        soma.remote.use(hosts)
+        yield hosts
+    finally:
+        soma.remote.use(None)
+        ray.shutdown()
+        local.shutdown()
+        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+class Add(soma.Node):
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def forward(self, x: int) -> int:
+        return x + self.k
+
+
+class Total(soma.Node):
+    def forward(self, xs: dict[str, int]) -> int:
+        return sum(xs.values())
+
+
+class Where(soma.Node):
+    """Its input, with the Ray node it ran on."""
+
+    def forward(self, x: Any) -> tuple[Any, str]:
+        return x, str(ray.get_runtime_context().get_node_id())
+
+
+class Boom(soma.Node):
+    def forward(self, x: int) -> int:
+        raise KeyError(f"no such thing as {x}")
+
+
+class Meet(soma.Node):
+    """Announces itself in ``folder`` and waits for ``parties`` announcements, up to
+    ``DEADLINE``: whether every party was in flight at once. A file, since the parties run in
+    processes of different Ray nodes."""
+
+    def __init__(self, folder: Path, parties: int) -> None:
+        self.folder = folder
+        self.parties = parties
+
+    def forward(self, x: Any, ctx: Any) -> bool:
+        (self.folder / str(ctx.node)).touch()
+        deadline = time.monotonic() + DEADLINE
+        while time.monotonic() < deadline:
+            if len(list(self.folder.iterdir())) >= self.parties:
+                return True
+            time.sleep(0.01)
+        return False
+
+
+class Sleep(soma.Node):
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def forward(self, x: int) -> int:
+        time.sleep(self.seconds)
+        return x
+
+
+def node_of(host: str) -> str:
+    """The id of the Ray node that offers ``host``'s resource."""
+    (node,) = [
+        n["NodeID"] for n in ray.nodes() if n["Alive"] and resource_of(host) in n["Resources"]
+    ]
+    return str(node)
+
+
+def actor_died(actor: Any) -> bool:
+    """Whether ``actor`` is seen dead within ``DEADLINE``: ``ray.kill`` only asks for it."""
+    deadline = time.monotonic() + DEADLINE
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.node_id.remote(), timeout=DEADLINE)
+        except ray.exceptions.RayActorError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def oracle_graphs() -> list[soma.Graph]:
+    """A chain, a wave, a diamond with a fan-in and a branch of two, and the N."""
+    chain = soma.Graph.somatize(Add(1).named("a") >> Add(2).named("b") >> Add(3).named("c"))
+    wave = soma.Graph.somatize(Add(1).named("a") | Add(2).named("b") | Add(3).named("c"))
+    diamond = soma.Graph.somatize(
+        Add(1).named("a")
+        >> (Add(10).named("b") | (Add(100).named("c") >> Add(1000).named("d")))
+        >> Total().named("t")
+    )
+    n = soma.Graph()
+    for name, k in (("a", 1), ("b", 2)):
+        n.node(name, Add(k))
+    n.node("c", Add(3))
+    n.node("d", Total())
+    n.edge("a", "c")
+    n.edge("a", "d")
+    n.edge("b", "d")
+    return [chain, wave, diamond, n]
+
+
+def test_a_node_placed_on_a_host_runs_in_a_process_of_that_hosts_ray_node(
+    cluster: RayHosts,
+) -> None:
+    g = soma.Graph.somatize(
+        Where().named("first").at("one") >> Where().named("second").at("two") >> Where()
+    )
+    ((_, on_one), on_two), here = g.forward(0)
+    assert on_one == node_of("one")
+    assert on_two == node_of("two")
+    assert here == str(ray.get_runtime_context().get_node_id())  # The unplaced node: here.
+
+
+@pytest.mark.parametrize("placement", ["every node", "one node", "alternating"])
+def test_results_equal_the_local_run_on_the_oracle_graphs(
+    cluster: RayHosts, placement: str
+) -> None:
+    for g in oracle_graphs():
+        expected = g.forward(1)
+        for at, node in enumerate(g.nodes()):
+            if placement == "every node" or (placement == "one node" and at == 1):
+                g.place_at(node, "one")
+            elif placement == "alternating":
+                g.place_at(node, HOSTS[at % 2])
+        assert g.forward(1) == expected, repr(g.distributed_plan())
+        assert g.forward(2) == g.forward(2)
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.lists(st.sampled_from([None, "one", "two"]), min_size=5, max_size=5))
+def test_results_equal_the_local_run_on_random_placements(
+    cluster: RayHosts, hosts: list[str | None]
+) -> None:
+    g = oracle_graphs()[2]
+    expected = g.forward(5)
+    for node, host in zip(g.nodes(), hosts, strict=True):
+        g.place_at(node, host)
+    assert g.forward(5) == expected, repr(g.distributed_plan())
+
+
+def test_branches_of_a_wave_on_two_hosts_run_at_the_same_time(
+    cluster: RayHosts, tmp_path: Path
+) -> None:
+    g = soma.Graph.somatize(
+        Meet(tmp_path, 2).named("left").at("one") | Meet(tmp_path, 2).named("right").at("two")
+    )
+    assert g.forward(0) == {"left": True, "right": True}
+
+
+def test_two_slices_for_one_host_run_at_the_same_time(cluster: RayHosts, tmp_path: Path) -> None:
+    g = soma.Graph.somatize(
+        Meet(tmp_path, 2).named("left").at("one") | Meet(tmp_path, 2).named("right").at("one")
+    )
+    assert repr(g.distributed_plan()) == "Remote@one(Wave([Execute(left), Execute(right)]))"
+    assert g.forward(0) == {"left": True, "right": True}
+
+
+def test_a_nodes_exception_keeps_its_type_and_message_and_a_note_names_node_and_host(
+    cluster: RayHosts,
+) -> None:
+    g = soma.Graph.somatize(Add(1).named("a") >> Boom().named("boom").at("two") >> Add(1))
+    with pytest.raises(KeyError, match="no such thing as 2") as raised:
+        g.forward(1)
+    assert type(raised.value) is KeyError
+    notes = raised.value.__notes__
+    assert "raised in soma node `boom` on host `two`" in notes
+    assert any(note.startswith("remote traceback:") for note in notes), notes
+    g.place_at("boom", None)
+    with pytest.raises(KeyError) as here:
+        g.forward(1)
+    assert str(here.value) == str(raised.value)
+
+
+class Fail(soma.Node):
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def forward(self, x: int) -> int:
+        raise ValueError(self.message)
+
+
+def test_the_first_declared_branchs_error_wins_across_hosts(cluster: RayHosts) -> None:
+    g = soma.Graph.somatize(
+        Fail("first").named("first").at("two") | Fail("second").named("second").at("one")
+    )
+    for _ in range(3):
+        with pytest.raises(ValueError, match="first") as raised:
+            g.forward(0)
+        assert raised.value.args == ("first",)
+
+
+def test_a_killed_host_is_a_remote_error_naming_host_and_slice_and_the_next_run_works(
+    cluster: RayHosts,
+) -> None:
+    g = soma.Graph.somatize(Add(1).named("a") >> Add(2).named("b").at("one") >> Add(3))
+    assert g.forward(0) == 6
+    host = cluster.host("one")
+    actor = host.actor  # type: ignore[attr-defined]
+    ray.kill(actor)
+    assert actor_died(actor), "the killed actor still answers"
+    with pytest.raises(soma.RemoteError, match=r"host `one` died .*slice of `b`") as raised:
+        g.forward(0)
+    assert (raised.value.host, raised.value.slice) == ("one", ["b"])
+    assert g.forward(0) == 6
+    assert cluster.host("one") is not host
+
+
+def test_a_host_that_does_not_answer_in_time_is_a_remote_error(cluster: RayHosts) -> None:
+    g = soma.Graph.somatize(Add(1).named("a") >> Sleep(3.0).named("slow").at("two"))
+    impatient = RayHosts(timeout=0.5)
+    soma.remote.use(impatient)
+    try:
+        with pytest.raises(soma.RemoteError, match=r"host `two` did not finish its slice within"):
+            g.forward(0)
+    finally:
+        soma.remote.use(cluster)
+
+
+def test_a_host_not_in_the_cluster_is_an_error_naming_the_host_and_the_fix(
+    cluster: RayHosts,
+) -> None:
+    g = soma.Graph.somatize(Add(1).named("a").at("nowhere"))
+    with pytest.raises(
+        soma.RemoteError, match="host `nowhere` is not in the Ray cluster"
+    ) as raised:
+        g.forward(0)
+    assert raised.value.host == "nowhere"
+    assert "ray start --resources='{\"soma-host:nowhere\": 1}'" in str(raised.value)
+
+
+CTRL_C_SCRIPT = """
+import time
+import ray
+import soma
+
+class Announce(soma.Node):
+    def forward(self, x):
+        if x:
+            print("started", flush=True)
+        return x
+
+class Sleep(soma.Node):
+    def forward(self, x):
+        if x:
+            time.sleep(40)  # Far longer than the test waits: only Ctrl-C ends this run.
+        return x
+
+ray.init(address={address!r}, log_to_driver=False)
+try:
+    g = soma.Graph.somatize(Announce() >> Sleep().at("one"))
+    assert g.forward(0) == 0  # The host's actor started and its slice loaded.
+    try:
+        g.forward(1)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+finally:
+    ray.shutdown()
+print("shut down", flush=True)
+"""
+
+
+def test_ctrl_c_during_a_run_with_a_slice_on_a_host_stops_it_and_ray_shuts_down(
+    cluster: RayHosts,
+) -> None:
+    # A driver of its own on the session's cluster, in a child process: Ctrl-C is sent to the
+    # child alone, and its actors end with it.
+    address = ray.get_runtime_context().gcs_address
+    child = interrupt_script(CTRL_C_SCRIPT.format(address=address), "started")
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.split() == ["interrupted", "shut", "down"], child.stderr
