@@ -222,15 +222,24 @@ def test_a_wave_of_a_thousand_python_branches_meets_and_runs_again() -> None:
 
 
 FORK_SCRIPT = """
-import multiprocessing, sys
+import multiprocessing, sys, threading
 sys.path.insert(0, {tests!r})
 import soma
-from conftest import Add, Double, SumValues
+from conftest import Add, Double, Meet, SumValues
+
+# Both branches meet before they answer: a run needs a second thread, in the child too, where
+# the parent's threads are counted but absent.
+both_in = threading.Barrier(2, timeout={deadline})
 
 def build():
-    return soma.Graph.somatize(Add(1) >> (Double().named("l") | Add(10).named("r")) >> SumValues())
+    return soma.Graph.somatize(
+        Add(1)
+        >> ((Meet(both_in) >> Double()) | (Meet(both_in) >> Add(10)))
+        >> SumValues()
+    )
 
 def child(graph, out):
+    both_in.reset()
     out.put(graph.forward(5))
 
 if __name__ == "__main__":

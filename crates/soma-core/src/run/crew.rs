@@ -67,6 +67,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::detach::{Kept, Remains};
+use super::fork;
 use super::hooks::Host;
 
 /// How long a thread that has run out of work keeps looking for more, yielding its core to any
@@ -129,7 +130,8 @@ struct State {
     refusals: usize,
     /// The stack each new thread gets.
     stack_size: usize,
-    /// The process that started the threads counted here; in a forked child they are not there.
+    /// The process that started the threads counted here ([`fork::generation`]); in a forked
+    /// child they are not there.
     process: u32,
 }
 
@@ -192,7 +194,7 @@ impl Crew {
                     closed: false,
                     refusals: 0,
                     stack_size: DEFAULT_STACK,
-                    process: std::process::id(),
+                    process: fork::generation(),
                 }),
                 wake: Condvar::new(),
                 offered: AtomicUsize::new(0),
@@ -550,7 +552,7 @@ impl Pool {
     /// Puts `offer` in the queue and makes sure a thread is on its way to it.
     fn offer(self: &Arc<Self>, offer: &Arc<Offer>) -> io::Result<()> {
         let mut state = self.lock();
-        let process = std::process::id();
+        let process = fork::generation();
         if state.process != process {
             // A forked child: the threads counted belong to the parent.
             state.process = process;

@@ -12,6 +12,7 @@ pub(crate) mod crew;
 mod detach;
 pub(crate) mod error;
 pub(crate) mod executor;
+mod fork;
 pub(crate) mod hooks;
 pub(crate) mod program;
 pub(crate) mod stream;
