@@ -62,11 +62,11 @@ use std::collections::VecDeque;
 use std::io;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::detach::{Kept, Remains};
+use super::detach::{Detached, Hold, Kept, Remains};
 use super::fork;
 use super::hooks::Host;
 
@@ -148,7 +148,7 @@ struct Offer {
     latch: Latch,
     /// What a run's caller left behind when it stopped waiting for this offer: dropped by the
     /// branch that finishes last ([`crate::run::detach`]).
-    remains: Mutex<Option<Arc<Remains>>>,
+    remains: Hold,
     /// Around every branch a crew thread runs (never around the owner's own).
     host: Option<Arc<dyn Host>>,
     /// The owner's [`Work`], type and lifetime erased; followed only with a claim in hand.
@@ -240,14 +240,14 @@ impl Crew {
     /// thread, only if tasks run elsewhere are still unfinished: it should block until
     /// `until_done` returns true (it may do more: let go of a lock, poll for signals), and
     /// return whether it gave up instead. Returns once every task has finished — or `None` at
-    /// once when `wait` gave up and `remains` was given: the tasks still running then keep what
-    /// they borrow alive through `remains`, which the caller must also leave everything they
+    /// once when `wait` gave up in a `detached` run: the tasks still running then keep what they
+    /// borrow alive through the run's remains, which the caller must also leave everything they
     /// borrow from its frames to.
-    pub(crate) fn run<'env, T, F>(
+    pub(super) fn run<'env, T, F>(
         &self,
         tasks: Vec<F>,
         host: Option<&Arc<dyn Host>>,
-        remains: Option<&Weak<Remains>>,
+        detached: Option<&Detached>,
         wait: impl FnOnce(&(dyn Fn(Option<Duration>) -> bool + Sync)) -> bool,
     ) -> Option<Vec<thread::Result<T>>>
     where
@@ -286,9 +286,8 @@ impl Crew {
         if !offer.finished() {
             let until_done = |timeout: Option<Duration>| offer.latch.wait(&offer, timeout);
             let gave_up = wait(&until_done);
-            // The caller holds the remains until the whole run returns, so they are there.
-            if let (true, Some(remains)) = (gave_up, remains.and_then(Weak::upgrade)) {
-                let remains = &remains;
+            if let (true, Some(detached)) = (gave_up, detached) {
+                let remains = &detached.remains();
                 offer.leave(remains);
                 work.leave(remains);
                 std::mem::forget(guard);
@@ -420,7 +419,7 @@ impl Offer {
                 done: Mutex::new(false),
                 opened: Condvar::new(),
             },
-            remains: Mutex::new(None),
+            remains: Hold::new(),
             host: host.cloned(),
             work: work.as_ptr().cast_const().cast(),
             run: run_task::<F, T>,
@@ -471,23 +470,13 @@ impl Offer {
         if self.unfinished.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.latch.open();
             // The last branch of a wave its owner left: what the owner left goes with it.
-            let left = self
-                .remains
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take();
-            drop(left);
+            self.remains.release();
         }
     }
 
     /// Keeps `remains` alive until the last branch finishes, for an owner that stops waiting.
     fn leave(&self, remains: &Arc<Remains>) {
-        let mut slot = self.remains.lock().unwrap_or_else(PoisonError::into_inner);
-        // Under the slot's lock: the last branch either finished before (nothing to keep) or
-        // will find the remains when it takes the lock after its count reached zero.
-        if !self.finished() {
-            *slot = Some(Arc::clone(remains));
-        }
+        self.remains.keep(remains, || self.finished());
     }
 
     /// Claims every branch left and records that none of them got a thread.

@@ -13,7 +13,7 @@
 //! its own waves as before, so what it lends stays alive on its own stack.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use super::hooks::Watch;
@@ -27,7 +27,7 @@ pub(super) const GRACE: Duration = Duration::from_millis(100);
 pub(super) struct Detached {
     /// What the caller left behind when it gave up, freed when the last wave it left finishes.
     /// Weak: the caller holds it for the whole run, and this struct is itself among the parts.
-    pub(super) remains: Weak<Remains>,
+    remains: Weak<Remains>,
     /// Per step slot, whether its node is running: what a deadline's error names.
     running: Box<[AtomicBool]>,
     /// When the caller first saw the watch ask to stop while it waited.
@@ -86,6 +86,41 @@ impl Detached {
     /// Whether the caller gave up on the run.
     pub(super) fn given_up(&self) -> bool {
         self.given_up.load(Ordering::Relaxed)
+    }
+
+    /// The run's remains, for the caller leaving its parts there: it holds them until the run
+    /// returns, so they are there.
+    pub(super) fn remains(&self) -> Arc<Remains> {
+        self.remains
+            .upgrade()
+            .expect("the caller holds the remains for the whole run")
+    }
+}
+
+/// Where a waiter that stops waiting leaves the run's remains, for whoever finishes the work it
+/// waited on to let go of: a wave's last branch, or a thread a deep wave hopped to.
+pub(super) struct Hold(Mutex<Option<Arc<Remains>>>);
+
+impl Hold {
+    pub(super) fn new() -> Self {
+        Hold(Mutex::new(None))
+    }
+
+    /// Keeps `remains` until [`Hold::release`], unless `finished` says the work is done already.
+    /// Asked under the hold's lock: the finisher either published that it finished before (then
+    /// there is nothing to keep), or will find the remains when it takes the lock after.
+    pub(super) fn keep(&self, remains: &Arc<Remains>, finished: impl FnOnce() -> bool) {
+        let mut slot = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if !finished() {
+            *slot = Some(Arc::clone(remains));
+        }
+    }
+
+    /// Lets go of what was kept, if anything: called by the finisher once it has published that
+    /// it finished, and once it no longer touches what the remains hold.
+    pub(super) fn release(&self) {
+        let kept = self.0.lock().unwrap_or_else(PoisonError::into_inner).take();
+        drop(kept);
     }
 }
 

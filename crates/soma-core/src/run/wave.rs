@@ -8,12 +8,12 @@
 use std::cell::Cell;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 use std::time::Duration;
 
 use super::crew::{Crew, Refused};
-use super::detach::{Detached, Kept, Remains};
+use super::detach::{Detached, Hold, Kept};
 use super::error::RunError;
 use super::executor::{Executor, Halt};
 use super::hooks::Captured;
@@ -60,7 +60,7 @@ struct Deeper {
     done: AtomicBool,
     outcome: Mutex<Option<thread::Result<Result<(), Halt>>>>,
     /// What the run's caller left when it stopped waiting, kept until this thread is done.
-    remains: Mutex<Option<Arc<Remains>>>,
+    remains: Hold,
 }
 
 /// The state one wave shares with its branches.
@@ -199,18 +199,18 @@ impl Executor {
         }
         // This thread runs its share of the wave with whatever it holds of the host (the GIL,
         // say) and gives it back only to sleep until the branches run elsewhere are done.
-        let remains = lane.detached.map(|detached| &detached.remains);
         let outcomes = lane
             .crew
-            .run(tasks, self.host.as_ref(), remains, |until_done| {
+            .run(tasks, self.host.as_ref(), lane.detached, |until_done| {
                 let mut gave_up = false;
                 self.blocking(&mut || gave_up = self.wait(lane, until_done));
                 gave_up
             });
         let Some(outcomes) = outcomes else {
-            let remains = remains
-                .and_then(Weak::upgrade)
-                .expect("the caller holds the remains for the whole run");
+            let remains = lane
+                .detached
+                .expect("only a detachable run is given up")
+                .remains();
             locals.leave(&remains);
             return Err(Halt::Abandoned);
         };
@@ -245,7 +245,7 @@ impl Executor {
         let meeting = Arc::new(Deeper {
             done: AtomicBool::new(false),
             outcome: Mutex::new(None),
-            remains: Mutex::new(None),
+            remains: Hold::new(),
         });
         let waiter = thread::current();
         // Woken by the deeper thread when it is done; a thread's parking is woken spuriously too,
@@ -278,12 +278,7 @@ impl Executor {
             theirs.done.store(true, Ordering::Release);
             waiter.unpark();
             // Last: what the caller left may include everything this thread borrowed.
-            let left = theirs
-                .remains
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take();
-            drop(left);
+            theirs.remains.release();
         };
         let mut outcome = None;
         // The whole wait is without the host's lock: the deeper thread takes it to run its
@@ -329,18 +324,12 @@ impl Executor {
         if matches!(outcome, Err(Halt::Abandoned)) {
             let remains = lane
                 .detached
-                .and_then(|run| run.remains.upgrade())
-                .expect("the caller holds the remains for the whole run");
+                .expect("only a detachable run is given up")
+                .remains();
             kept.leave(&remains);
-            let mut slot = meeting
+            meeting
                 .remains
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            // Under the slot's lock: the deeper thread either finished before (nothing to
-            // keep), or will find the remains when it takes the lock after it is done.
-            if !meeting.done.load(Ordering::Acquire) {
-                *slot = Some(remains);
-            }
+                .keep(&remains, || meeting.done.load(Ordering::Acquire));
         }
         outcome
     }
