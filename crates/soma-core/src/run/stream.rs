@@ -158,11 +158,6 @@ impl StreamSettings {
         self.executor = executor;
         self
     }
-
-    /// The executor each stage runs its items with.
-    fn executor(&self) -> Executor {
-        self.executor.clone()
-    }
 }
 
 /// An item that failed: where it was, what it was, and why.
@@ -498,7 +493,7 @@ impl<I: Iterator<Item = Value>> Stream<I> {
         let mut state = shared.lock();
         shared.close(&mut state);
         drop(state);
-        let executor = self.settings.executor();
+        let executor = &self.settings.executor;
         let watch = self.settings.executor.watch.as_deref();
         executor.blocking(&mut || {
             let mut stopping_since: Option<Instant> = None;
@@ -603,7 +598,7 @@ impl<I: Iterator<Item = Value>> Stream<I> {
         let started = Instant::now();
         let (shared, settings) = (&self.shared, &self.settings);
         let (ordered, next_out) = (settings.ordered, self.next_out);
-        let executor = settings.executor();
+        let executor = &settings.executor;
         executor.blocking(&mut || loop {
             let mut state = shared.lock();
             let ready = if ordered {
@@ -748,12 +743,12 @@ impl Worker {
     /// Takes, runs and passes on items until the stream closes. Never unwinds: a node's panic
     /// is caught and handed to the caller.
     fn serve(&self) {
-        let executor = self.settings.executor();
+        let executor = &self.settings.executor;
         let all = stages(&self.program);
         let (op, drops) = all[self.stage];
         let last = self.stage + 1 == all.len();
         let mut waited = Duration::ZERO;
-        while let Some((mut item, stop_after)) = self.take(&executor, &mut waited) {
+        while let Some((mut item, stop_after)) = self.take(executor, &mut waited) {
             if item.index > stop_after {
                 // An earlier item failed and the stream stops there: this one is never handed back.
                 drop(item);
@@ -762,7 +757,7 @@ impl Worker {
             let started = Instant::now();
             if item.failed.is_none() {
                 let ran = panic::catch_unwind(AssertUnwindSafe(|| {
-                    self.run_item(&executor, op, drops, last, &mut item);
+                    self.run_item(executor, op, drops, last, &mut item);
                 }));
                 if let Err(payload) = ran {
                     let mut state = self.shared.lock();
