@@ -23,6 +23,7 @@ os.environ["OMP_NUM_THREADS"] = "1"
 os.environ["MKL_NUM_THREADS"] = "1"
 
 import argparse
+import contextlib
 import functools
 import json
 import math
@@ -30,7 +31,7 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
@@ -57,7 +58,7 @@ from figures import (
     Row,
     Scale,
 )
-from timing import OtherLoad, Timing, compare, once
+from timing import OtherLoad, Setting, Timing, compare, once
 from workloads import Workload
 
 HERE = Path(__file__).resolve().parent
@@ -334,6 +335,17 @@ def tracing_contenders(
     return contenders, prepare
 
 
+@contextlib.contextmanager
+def _without_context_carry() -> Iterator[None]:
+    """Runs with no context carried into branches (an internal switch, not API: branches then
+    see whatever their threads hold), to time what carrying it costs."""
+    was = soma._soma._carry_context(False)
+    try:
+        yield
+    finally:
+        soma._soma._carry_context(was)
+
+
 # --- the run -----------------------------------------------------------------------------------
 
 
@@ -372,11 +384,16 @@ def measure(config: Config, *, quick: bool, skip_ray: bool) -> Figures:
     native = workloads.native_chain(config.chain)
     native.plan()
     small: dict[str, Callable[[], Any]] = {"Rust chain": lambda: native.forward(0)}
+    settings: dict[str, Setting] = {}
     paused: dict[str, Callable[[], Any]] = {}
     for width in config.waves:
         graph, loop = workloads.wave(width)
         assert graph.plan().kind == "Wave", graph.plan()
         small[f"wave {width}"] = functools.partial(graph.forward, 0)
+        # The same wave, in the same round of samples, with context carry switched off around
+        # each of its samples: the difference is what entering a branch's context costs.
+        small[f"wave {width} without carry"] = small[f"wave {width}"]
+        settings[f"wave {width} without carry"] = _without_context_carry
         small[f"wave {width} in context"] = functools.partial(
             workloads.in_a_rich_context(graph, CONTEXT_VARIABLES), 0
         )
@@ -385,7 +402,11 @@ def measure(config: Config, *, quick: bool, skip_ray: bool) -> Figures:
     assert native.forward(0) == config.chain
     with load["small"]:
         small_t = compare(
-            small, repeat=config.repeat, sample_s=config.sample_s, warmup_s=config.warmup_s
+            small,
+            repeat=config.repeat,
+            sample_s=config.sample_s,
+            warmup_s=config.warmup_s,
+            settings=settings,
         )
     # The same waves, each call after a pause in which their threads, and this one, go to
     # sleep: what a wave costs when nothing ran just before it. Samples a tenth as long, since

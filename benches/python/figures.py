@@ -110,7 +110,8 @@ class Figures:
     chain_rows: list[Row]
     fan_rows: list[Row]
     pair_rows: list[Row]
-    # "Rust chain", "wave N" and "loop N", timed in batches of calls.
+    # "Rust chain", "wave N", "wave N without carry", "wave N in context" and "loop N", timed in
+    # batches of calls.
     small: dict[str, Timing]
     # "wave N" again, each call after a pause of PAUSE_S.
     paused: dict[str, Timing]

@@ -288,6 +288,17 @@ def write(figures: Figures, targets: list[Target]) -> str:
             ]
         )
     for width in config.waves:
+        bare_t = small_t[f"wave {width} without carry"]
+        body.append(
+            [
+                f"the same wave of {width}, context carry switched off (branches run in what"
+                " their threads hold; timed in the same rounds, for the cost of carrying it)",
+                _duration(bare_t.median_s),
+                f"{bare_t.median_s / width * 1e6:.2f} µs/branch",
+                "—",
+            ]
+        )
+    for width in config.waves:
         rich_t = small_t[f"wave {width} in context"]
         body.append(
             [

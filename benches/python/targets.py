@@ -55,6 +55,9 @@ BOUNDS = {
     "chain": Bound("≤", 3, "x", goal=2),
     # A wave of trivial Python branches: Soma's time per branch.
     "wave": Bound("<", 30, " µs"),
+    # A wave of trivial Python branches: its time with each branch entering its caller's
+    # context over its time with context carry switched off, timed in the same rounds.
+    "context": Bound("≤", 1.10, "x"),
     # Two SVD branches: the same nodes in series over the wave, in time.
     "svd": Bound("≥", 1.8, "x"),
     # A large array passed through many nodes: the peak RSS Soma adds.
@@ -119,6 +122,18 @@ def judge(figures: Figures) -> list[Target]:
                 f"{per_branch:.1f} µs (loop: {loop_branch:.3f} µs)",
                 BOUNDS["wave"],
                 BOUNDS["wave"].met(per_branch),
+                load["small"],
+            )
+        )
+    for width in config.waves:
+        carried = figures.small[f"wave {width}"].median_s
+        bare = figures.small[f"wave {width} without carry"].median_s
+        targets.append(
+            Target(
+                f"wave of {width} trivial Python branches: with context carry / without",
+                f"{carried * 1e6:.2f} vs {bare * 1e6:.2f} µs = {carried / bare:.3f}x",
+                BOUNDS["context"],
+                BOUNDS["context"].met(carried / bare),
                 load["small"],
             )
         )

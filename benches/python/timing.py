@@ -14,7 +14,12 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+
+# A contender's setting: entered around each of its samples, its warm-up included, outside none
+# of the time but the calls' — what lets two contenders differ in a process-wide switch.
+Setting = Callable[[], AbstractContextManager[object]]
 
 
 @dataclass(frozen=True)
@@ -34,31 +39,39 @@ class Timing:
 
 
 def _sample(
-    fn: Callable[[], object], number: int, prepare: Callable[[], object] | None = None
+    fn: Callable[[], object],
+    number: int,
+    prepare: Callable[[], object] | None = None,
+    setting: Setting = nullcontext,
 ) -> float:
     # As timeit does: a collection triggered by another contender's garbage would otherwise be
     # charged to whoever happens to be running when it fires.
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        if prepare is None:
-            start = time.perf_counter()
-            for _ in range(number):
-                fn()
-            return (time.perf_counter() - start) / number
-        # With a ``prepare`` step (emptying a trace, say) each call is timed on its own and the
-        # step between calls is left out: a clock read costs well under 0.1 µs, and the calls
-        # timed this way last hundreds of µs.
-        total = 0.0
-        for _ in range(number):
-            prepare()
-            start = time.perf_counter()
-            fn()
-            total += time.perf_counter() - start
-        return total / number
+        with setting():
+            return _timed(fn, number, prepare)
     finally:
         if gc_was_enabled:
             gc.enable()
+
+
+def _timed(fn: Callable[[], object], number: int, prepare: Callable[[], object] | None) -> float:
+    if prepare is None:
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        return (time.perf_counter() - start) / number
+    # With a ``prepare`` step (emptying a trace, say) each call is timed on its own and the
+    # step between calls is left out: a clock read costs well under 0.1 µs, and the calls
+    # timed this way last hundreds of µs.
+    total = 0.0
+    for _ in range(number):
+        prepare()
+        start = time.perf_counter()
+        fn()
+        total += time.perf_counter() - start
+    return total / number
 
 
 def _calls_per_sample(
@@ -66,12 +79,13 @@ def _calls_per_sample(
     sample_s: float,
     warmup_s: float,
     prepare: Callable[[], object] | None = None,
+    setting: Setting = nullcontext,
 ) -> int:
     """Warms ``fn`` up for about ``warmup_s`` (at least two calls) and sizes its samples."""
     durations: list[float] = []
     deadline = time.perf_counter() + warmup_s
     while len(durations) < 2 or time.perf_counter() < deadline:
-        durations.append(_sample(fn, 1, prepare))
+        durations.append(_sample(fn, 1, prepare, setting))
     one_call = statistics.median(durations)
     return max(1, math.ceil(sample_s / one_call)) if one_call > 0 else 1
 
@@ -83,14 +97,19 @@ def compare(
     sample_s: float,
     warmup_s: float,
     prepare: Mapping[str, Callable[[], object]] | None = None,
+    settings: Mapping[str, Setting] | None = None,
 ) -> dict[str, Timing]:
     """Times every contender ``repeat`` times, interleaved, and returns their medians.
 
-    ``prepare`` maps a contender to a step run before each of its calls, outside the time.
+    ``prepare`` maps a contender to a step run before each of its calls, outside the time;
+    ``settings`` maps a contender to a :data:`Setting` entered around each of its samples.
     """
     steps = dict(prepare or {})
+    chosen = dict(settings or {})
     numbers = {
-        name: _calls_per_sample(fn, sample_s, warmup_s, steps.get(name))
+        name: _calls_per_sample(
+            fn, sample_s, warmup_s, steps.get(name), chosen.get(name, nullcontext)
+        )
         for name, fn in contenders.items()
     }
     samples: dict[str, list[float]] = {name: [] for name in contenders}
@@ -100,7 +119,14 @@ def compare(
         # (whose garbage, cache footprint or lingering threads it would inherit).
         shift = round_ % len(names)
         for name in names[shift:] + names[:shift]:
-            samples[name].append(_sample(contenders[name], numbers[name], steps.get(name)))
+            samples[name].append(
+                _sample(
+                    contenders[name],
+                    numbers[name],
+                    steps.get(name),
+                    chosen.get(name, nullcontext),
+                )
+            )
     timings = {}
     for name, values in samples.items():
         quartiles = statistics.quantiles(values, n=4) if len(values) > 1 else values * 3

@@ -16,6 +16,7 @@ __all__ = [
     "Span",
     "StreamCore",
     "Trace",
+    "_carry_context",
     "distribute",
     "parse_device",
     "parse_host",
@@ -23,6 +24,10 @@ __all__ = [
 
 DEFAULT_TURN_LIMIT: int
 MAX_NESTED_FORWARDS: int
+
+def _carry_context(on: bool) -> bool:
+    """Switches context carry off or on for every run (the benchmark's switch, not API);
+    returns whether it was on."""
 
 def parse_device(text: str) -> str: ...
 def parse_host(text: str) -> str: ...

@@ -19,11 +19,25 @@
 //! `soma._torch_state`, which reads and sets torch's state in Python (about a microsecond a
 //! branch).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use soma_core::Captured;
+
+/// Whether contexts are carried at all: always, except while the benchmark measures what carrying
+/// them costs (`_carry_context`, not part of the API).
+static CARRY: AtomicBool = AtomicBool::new(true);
+
+/// Switches context carry off or on for every run in the process, and returns whether it was
+/// on: for the benchmark, which times the same wave with and without it in one run. Not API —
+/// with it off, branches run in whatever their threads hold, which is the defect carry fixes.
+#[pyfunction]
+pub fn _carry_context(on: bool) -> bool {
+    CARRY.swap(on, Ordering::Relaxed)
+}
 
 /// The context a wave was reached in.
 pub struct Caller {
@@ -37,6 +51,9 @@ pub struct Caller {
 
 /// The context of the thread that reached a wave, to be entered by each of its branches.
 pub fn capture() -> Option<Box<dyn Captured>> {
+    if !CARRY.load(Ordering::Relaxed) {
+        return None;
+    }
     Python::attach(|py| {
         let context = copy_current(py)?.unbind();
         let torch = capture_torch(py);
@@ -48,6 +65,9 @@ pub fn capture() -> Option<Box<dyn Captured>> {
 /// wave's: what its nodes set never reaches the caller, with or without a wave. One copy, made
 /// and entered here, since nobody else enters it.
 pub fn isolated(run: &mut dyn FnMut()) {
+    if !CARRY.load(Ordering::Relaxed) {
+        return run();
+    }
     Python::attach(|py| match copy_current(py) {
         Some(context) => {
             let torch = capture_torch(py);
