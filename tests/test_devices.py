@@ -168,6 +168,17 @@ def test_the_drawings_of_a_plan_show_each_placed_nodes_device() -> None:
     assert plan._repr_svg_() == plan.to_svg()
 
 
+def test_the_drawing_of_a_graph_shows_each_placed_nodes_device_and_the_others_bare() -> None:
+    g = soma.Graph.somatize(soma.native.Identity().named("a") >> soma.native.Identity().named("b"))
+    g.place("b", "cuda:1")
+    drawn = g.to_svg()
+    assert ">b @ cuda:1</text>" in drawn
+    assert ">a</text>" in drawn
+    assert g._repr_svg_() == drawn
+    g.place("b", None)
+    assert "@" not in g.to_svg(), "unplacing a node takes its device off the drawing"
+
+
 def test_a_trace_records_each_nodes_device(recorder: Recorder) -> None:
     g = soma.Graph.somatize(Where(recorder).named("a").on("cuda:1") >> Where(recorder).named("b"))
     trace = soma.Trace()

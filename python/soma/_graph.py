@@ -235,8 +235,8 @@ class Graph:
 
     def to_svg(self) -> str:
         """The graph drawn as an SVG document by Soma itself (no graphviz): laid out with its
-        plan, series left to right and the branches of a wave stacked, a box per node and an
-        arrow per edge."""
+        plan, series left to right and the branches of a wave stacked, a box per node (``id @
+        device`` for a placed node) and an arrow per edge."""
         return self._core.to_svg()
 
     def _repr_svg_(self) -> str:

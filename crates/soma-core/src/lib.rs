@@ -46,7 +46,7 @@ pub use model::host::{HostError, HostName, HostPlacement, HOST_NAME_LIMIT};
 pub use model::id::NodeId;
 pub use model::node::{Ctx, Node, NodeError, Transition};
 pub use model::value::Value;
-pub use observe::devices::WithDevices;
+pub use observe::devices::{GraphWithDevices, WithDevices};
 pub use plan::Plan;
 pub use run::crew::DEFAULT_IDLE_THREADS;
 pub use run::error::{ProgramError, RunError};

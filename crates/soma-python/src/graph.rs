@@ -285,7 +285,6 @@ impl GraphCore {
         self.state().graph.contains(id)
     }
 
-    /// The graph drawn as SVG, laid out with its plan; see `soma_core::Graph::to_svg`.
     /// Shows the garbage collector every Python object the graph holds, so that a graph kept by
     /// one of its own nodes (a cycle) can be collected. Skipped while another thread holds the
     /// lock: the collector then keeps the graph alive this time, which is safe.
@@ -340,8 +339,11 @@ impl GraphCore {
         Ok(())
     }
 
+    /// The graph drawn as SVG, laid out with its plan (`soma_core::Graph::to_svg`), each placed
+    /// node's box saying `id @ device`.
     fn to_svg(&self) -> String {
-        self.state().graph.to_svg()
+        let state = self.state();
+        state.graph.with_devices(&state.placement).to_svg()
     }
 
     /// The plan, compiled on first use after a change, drawn with the nodes' devices.

@@ -1,13 +1,15 @@
 //! A plan drawn with the devices its nodes are placed on: the same drawings (tree, Mermaid, DOT,
-//! SVG), each placed node labelled `id @ device`. Placement is not part of a plan, so it is drawn beside it.
+//! SVG), each placed node labelled `id @ device`; and a graph's SVG drawn the same way.
+//! Placement is part of neither a plan nor a graph, so it is drawn beside them.
 
 use std::fmt;
 
 use super::dot::plan_dot;
-use super::layout::plan_svg;
+use super::layout::{graph_svg, plan_svg};
 use super::mermaid::plan_mermaid;
 use super::tree::write_tree;
 use crate::model::device::Placement;
+use crate::model::graph::Graph;
 use crate::plan::Plan;
 
 /// A plan and where its nodes are placed, for drawing; made by [`Plan::with_devices`].
@@ -52,6 +54,42 @@ impl WithDevices<'_> {
     /// [`Plan::to_svg`], each placed node's box saying `id @ device`.
     pub fn to_svg(&self) -> String {
         plan_svg(self.plan, Some(self.placement))
+    }
+}
+
+/// A graph and where its nodes are placed, for drawing; made by [`Graph::with_devices`].
+#[derive(Clone, Copy, Debug)]
+pub struct GraphWithDevices<'a> {
+    graph: &'a Graph,
+    placement: &'a Placement,
+}
+
+impl Graph {
+    /// This graph with `placement`, to draw each placed node with its device.
+    ///
+    /// ```
+    /// use soma_core::{Device, Graph, Placement};
+    /// let mut graph = Graph::new();
+    /// graph.add_node("a")?;
+    /// graph.add_node("b")?;
+    /// graph.add_edge("a", "b")?;
+    /// let mut placement = Placement::new();
+    /// placement.place("b", "cuda:1".parse::<Device>()?);
+    /// assert!(graph.with_devices(&placement).to_svg().contains(">b @ cuda:1<"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_devices<'a>(&'a self, placement: &'a Placement) -> GraphWithDevices<'a> {
+        GraphWithDevices {
+            graph: self,
+            placement,
+        }
+    }
+}
+
+impl GraphWithDevices<'_> {
+    /// [`Graph::to_svg`], each placed node's box saying `id @ device`.
+    pub fn to_svg(&self) -> String {
+        graph_svg(self.graph, Some(self.placement))
     }
 }
 

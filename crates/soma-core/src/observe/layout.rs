@@ -608,6 +608,12 @@ fn edge(source: &NodeId, target: &NodeId, from: &Placed<'_>, to: &Placed<'_>, ou
 
 /// The SVG of a plan, frames drawn, each placed node's box saying its device when `devices` are
 /// given: see [`Plan::to_svg`].
+/// A graph drawn as [`Graph::to_svg`] draws it, each placed node's box saying `id @ device`
+/// when `devices` is given.
+pub(super) fn graph_svg(graph: &Graph, devices: Option<&Devices>) -> String {
+    svg(&decompose(graph), false, graph.edges(), devices)
+}
+
 pub(super) fn plan_svg(plan: &Plan, devices: Option<&Devices>) -> String {
     let steps = plan.steps();
     let edges = steps
@@ -647,7 +653,7 @@ impl Graph {
     /// # Ok::<(), soma_core::GraphError>(())
     /// ```
     pub fn to_svg(&self) -> String {
-        svg(&decompose(self), false, self.edges(), None)
+        graph_svg(self, None)
     }
 
     /// The graph as Mermaid text: the drawing of its plan (a subgraph per wave), as
