@@ -13,6 +13,14 @@ imported (Soma never imports torch); a user registers another (JAX, CuPy) with :
 Kinds no backend serves (``cpu``, ``meta``, ``mps``: one device each) are recorded and passed on
 (``ctx.device``) but set nowhere.
 
+A backend may also offer *streams* (queues of work on one device): ``streams(kind)`` returns
+:class:`StreamHooks` for the kind, or ``None``. Then two branches of a wave placed on one device
+queue their work on streams of their own, and values pass between streams by events: each
+branch's stream waits on an event recorded where the wave started, and the stream the wave was
+reached on waits on an event recorded at the end of each branch — never a device-wide
+synchronize. torch's backend offers streams for ``cuda`` (and ``xpu``) when that runtime is
+available; ``soma._streams`` says the rules.
+
 >>> class Recorder:
 ...     kinds = ("xpu",)
 ...     def __init__(self) -> None:
@@ -37,12 +45,13 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Backend", "backend", "register", "unregister"]
+__all__ = ["Backend", "StreamHooks", "backend", "register", "unregister"]
 
 
 @runtime_checkable
 class Backend(Protocol):
-    """What Soma asks of a library to make a device current on the calling thread."""
+    """What Soma asks of a library to make a device current on the calling thread. A backend
+    that also has ``streams(kind) -> StreamHooks | None`` gives branches streams of their own."""
 
     #: The device kinds this backend serves, as torch spells them: ``("cuda",)``.
     kinds: tuple[str, ...]
@@ -54,6 +63,38 @@ class Backend(Protocol):
 
     def set(self, device: str) -> None:
         """Makes ``device`` (``"cuda:1"``) current on the calling thread."""
+        ...
+
+
+class StreamHooks(Protocol):
+    """What Soma asks of a library to give a branch streams of its own on a device, and to pass
+    values between streams by events. A backend offers them by a method
+    ``streams(kind) -> StreamHooks | None``; a backend without it has no streams.
+
+    Streams and events are the library's own objects, passed back to it untouched. Every call
+    but ``current_stream`` and ``set_stream`` may come from any thread.
+    """
+
+    def current_stream(self, device: str) -> Any:
+        """The stream current on ``device`` for the calling thread."""
+        ...
+
+    def new_stream(self, device: str) -> Any:
+        """A stream on ``device`` for one branch (from a pool, where the library keeps one)."""
+        ...
+
+    def set_stream(self, device: str, stream: Any) -> None:
+        """Makes ``stream`` current on ``device`` for the calling thread, and leaves which
+        device is current as it was."""
+        ...
+
+    def record(self, stream: Any) -> Any:
+        """An event recorded on ``stream``: done once the work queued there so far is."""
+        ...
+
+    def wait(self, stream: Any, event: Any) -> None:
+        """Makes the work queued on ``stream`` from now on wait for ``event``, without blocking
+        the calling thread."""
         ...
 
 
@@ -120,6 +161,47 @@ class _TorchBackend:
     def set(self, device: str) -> None:
         kind, _, index = device.partition(":")
         getattr(self._torch, kind).set_device(int(index))
+
+    def streams(self, kind: str) -> StreamHooks | None:
+        """torch's streams and events on ``kind``, when its runtime is there (a build without
+        CUDA has none, and a CPU or ``meta`` device never gets here)."""
+        runtime = getattr(self._torch, kind)
+        return _TorchStreams(runtime) if runtime.is_available() else None
+
+
+class _TorchStreams:
+    """torch's streams and events for one device kind (``torch.cuda``, ``torch.xpu``).
+
+    Not run on a GPU where it was written (none was lent): the guide says what to check.
+    """
+
+    def __init__(self, runtime: Any) -> None:
+        self._runtime = runtime
+
+    def current_stream(self, device: str) -> Any:
+        return self._runtime.current_stream(_index(device))
+
+    def new_stream(self, device: str) -> Any:
+        # From torch's pool of streams per device: cheap, and reused round-robin.
+        return self._runtime.Stream(device=_index(device))
+
+    def set_stream(self, device: str, stream: Any) -> None:
+        # torch's `set_stream` also makes the stream's device current: put that back.
+        before = self._runtime.current_device()
+        self._runtime.set_stream(stream)
+        if before != _index(device):
+            self._runtime.set_device(before)
+
+    def record(self, stream: Any) -> Any:
+        return stream.record_event()
+
+    def wait(self, stream: Any, event: Any) -> None:
+        stream.wait_event(event)
+
+
+def _index(device: str) -> int:
+    """The index of ``cuda:1``."""
+    return int(device.partition(":")[2])
 
 
 def _enter(device: str) -> Callable[[], None] | None:

@@ -18,6 +18,10 @@
 //! imported here: it is carried only when `sys.modules` already holds it, and then through
 //! `soma._torch_state`, which reads and sets torch's state in Python (about a microsecond a
 //! branch).
+//!
+//! The same per-wave capture and per-branch entry carry a forward's device streams, when it has
+//! some (`streams.rs`): each branch runs on streams of its own, forked from and joined back into
+//! those the wave was reached on.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -26,6 +30,8 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use soma_core::Captured;
+
+use crate::streams;
 
 /// Whether contexts are carried at all: always, except while the benchmark measures what carrying
 /// them costs (`_carry_context`, not part of the API).
@@ -47,6 +53,9 @@ pub struct Caller {
     /// torch's state, as `soma._torch_state.capture()` returned it: called on a branch's thread,
     /// it sets that state and returns what puts the thread's own back. `None` without torch.
     torch: Option<Py<PyAny>>,
+    /// The wave's fork of the streams it was reached on (`streams.rs`): each branch runs on
+    /// streams of its own, joined back when it ends. `None` in a forward without streams.
+    streams: Option<Py<PyAny>>,
 }
 
 /// The context of the thread that reached a wave, to be entered by each of its branches.
@@ -57,7 +66,12 @@ pub fn capture() -> Option<Box<dyn Captured>> {
     Python::attach(|py| {
         let context = copy_current(py)?.unbind();
         let torch = capture_torch(py);
-        Some(Box::new(Caller { context, torch }) as Box<dyn Captured>)
+        let streams = streams::fork(py);
+        Some(Box::new(Caller {
+            context,
+            torch,
+            streams,
+        }) as Box<dyn Captured>)
     })
 }
 
@@ -86,12 +100,14 @@ impl Captured for Caller {
             let copy = unsafe {
                 Bound::from_owned_ptr_or_err(py, ffi::PyContext_Copy(self.context.as_ptr()))
             };
-            match copy {
-                Ok(copy) => run_in(py, &copy, self.torch.as_ref(), run),
-                Err(error) => {
-                    error.write_unraisable(py, None);
-                    run();
-                }
+            let copy = copy.map_err(|error| error.write_unraisable(py, None)).ok();
+            let in_context = |run: &mut dyn FnMut()| match &copy {
+                Some(copy) => run_in(py, copy, self.torch.as_ref(), run),
+                None => run(),
+            };
+            match &self.streams {
+                Some(wave) => streams::in_branch(py, wave, &mut || in_context(run)),
+                None => in_context(run),
             }
         });
     }

@@ -35,6 +35,7 @@ use crate::native::NativeNode;
 use crate::node::PythonNode;
 use crate::plan::PyPlan;
 use crate::reentry::{Nested, MAX_NESTED_FORWARDS};
+use crate::streams::Scope;
 use crate::thread_state;
 use crate::trace::PyTrace;
 use crate::watch::SignalWatch;
@@ -418,7 +419,9 @@ impl GraphCore {
                 executor.run_detachable(&program, input)
             })));
         };
+        let streams = Scope::for_forward(py, program.devices());
         context::isolated(&mut run);
+        drop(streams);
         match outcome.expect("the context ran the graph") {
             Ok(Ok(value)) => to_python(py, &value),
             Ok(Err(error)) if watch.timed_out() => Err(timed_out(&error, timeout)),

@@ -18,6 +18,7 @@ mod plan;
 mod protocol;
 mod reentry;
 mod stream;
+mod streams;
 mod thread_state;
 mod trace;
 mod watch;

@@ -21,6 +21,7 @@ use crate::convert::{to_python, wrap};
 use crate::errors::{panic_error, run_error};
 use crate::graph::{executor_for, GraphCore};
 use crate::reentry;
+use crate::streams::Scope;
 use crate::trace::PyTrace;
 use crate::watch::SignalWatch;
 
@@ -111,9 +112,14 @@ impl StreamCore {
             iterator,
             raised: Arc::clone(&raised),
         };
+        // Its stages capture the caller's context when it starts: without the streams of a
+        // forward this stream may be opened in.
+        let outside = Scope::outside();
+        let stream = Stream::start(program, inputs, settings);
+        drop(outside);
         Ok(StreamCore {
             running: Mutex::new(Some(Running {
-                stream: Stream::start(program, inputs, settings),
+                stream,
                 watch,
                 raised,
             })),

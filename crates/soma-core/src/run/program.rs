@@ -40,6 +40,9 @@ pub struct Program {
     pub(crate) root: Op,
     pub(crate) ids: Box<[NodeId]>,
     pub(crate) leaves: Box<[usize]>,
+    /// The devices its steps are placed on, each once, in order: what a host prepares before a
+    /// run (the streams it forks per wave, say) without walking the steps.
+    devices: Box<[Device]>,
     pub(crate) crew: Crew,
 }
 
@@ -119,12 +122,29 @@ impl Program {
         let numbered = Numbering::of(plan, catalog)?;
         let decided = numbered.decide();
         let root = numbered.build(plan, &decided, placement);
+        let mut devices: Vec<Device> = placement
+            .map(|placement| {
+                numbered
+                    .ids
+                    .iter()
+                    .filter_map(|id| placement.device(id.as_str()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        devices.sort_unstable();
+        devices.dedup();
         Ok(Program {
             root,
             ids: numbered.ids.into(),
             leaves: decided.leaves.into(),
+            devices: devices.into(),
             crew: Crew::new(DEFAULT_IDLE_THREADS),
         })
+    }
+
+    /// The devices its steps are placed on, each once, in order; empty when none is placed.
+    pub fn devices(&self) -> &[Device] {
+        &self.devices
     }
 
     /// Number of steps.
