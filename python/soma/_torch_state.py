@@ -1,11 +1,14 @@
 """torch's per-thread state, carried from the thread that reached a wave into its branches.
 
 grad mode, inference mode and autocast are thread-local in torch, and a branch runs on a thread
-lent to it, so the glue (``context.rs``) asks this module, once per wave and only when torch is
-already in ``sys.modules``, for :func:`capture`; each branch calls what it returned on its own
-thread, and calls what *that* returned when the branch ends, putting its thread's state back —
-whatever the branch's nodes changed meanwhile. torch is imported by :func:`capture`, never by
-importing this module, so the module can be imported (by a doctest walk, say) without it.
+lent to it, so the glue (``torch_state.rs``) carries them, once per wave and only when torch is
+already in ``sys.modules``. torch's usual state — inference mode off, autocast off everywhere —
+it reads and sets itself, with torch's own functions; for any other it asks this module for
+:func:`capture` (or :func:`usual`, for a branch's thread found in another state). Each branch
+calls what that returned on its own thread, and calls what *that* returned when the branch
+ends, putting its thread's state back — whatever the branch's nodes changed meanwhile. torch is
+imported by :func:`capture`, never by importing this module, so the module can be imported (by
+a doctest walk, say) without it.
 
 Other torch thread-local state (a ``torch.set_default_device``, dispatch modes, saved-tensor
 hooks) is not carried, and behaves as in any thread pool.
@@ -59,6 +62,14 @@ class _State:
             )
             self.autocast_cache = torch.is_autocast_cache_enabled()
 
+    @classmethod
+    def usual(cls, grad: bool) -> _State:
+        """torch's usual state, with grad mode ``grad``: inference mode off, and autocast off
+        everywhere with its cache on, as torch starts a thread."""
+        state = cls.__new__(cls)
+        state.grad, state.inference, state.autocast, state.autocast_cache = grad, False, None, True
+        return state
+
 
 def _set_autocast(torch: Any, state: _State) -> None:
     """Sets autocast as ``state`` has it; for a state with autocast off everywhere, switches it
@@ -78,7 +89,29 @@ def capture() -> Callable[[], Restore]:
     and returns what puts that thread's own back."""
     import torch
 
-    wanted = _State(torch)
+    return _carrying(torch, _State(torch))
+
+
+def usual(grad: bool) -> Callable[[], Restore]:
+    """As :func:`capture`, for a caller in torch's usual state — inference mode off, autocast off
+    everywhere — with grad mode ``grad``: what the glue reads itself, and asks of this module
+    only for a thread that is not in that state."""
+    import torch
+
+    return _carrying(torch, _State.usual(grad))
+
+
+def switch_autocast_off() -> None:
+    """Switches autocast off for every device type on this thread, as a thread in torch's usual
+    state has it: for a branch whose node switched it on and left it."""
+    import torch
+
+    _set_autocast(torch, _State.usual(grad=True))
+
+
+def _carrying(torch: Any, wanted: _State) -> Callable[[], Restore]:
+    """What sets ``wanted`` on the thread that calls it and returns what puts that thread's own
+    back."""
 
     def enter() -> Restore:
         had = _State(torch)

@@ -186,3 +186,26 @@ def test_autocast_a_node_switches_on_and_leaves_on_ends_with_its_branch() -> Non
     again = g.forward(None)
     assert again["c"]["thread"] == out["c"]["thread"], "the same crew thread, lent again"
     assert (again["a"]["autocast"], again["c"]["autocast"]) == (False, False)
+
+
+def test_a_thread_a_node_left_in_inference_mode_runs_its_next_branch_in_the_callers_state() -> None:
+    # `b` enters inference mode on its crew thread and never leaves it (the guard is kept alive,
+    # as a node that stores it would): the next branch that thread runs must not inherit it.
+    kept: list[Any] = []
+
+    def enter_inference() -> None:
+        if not kept:
+            guard = torch.inference_mode()
+            guard.__enter__()
+            kept.append(guard)
+
+    barrier = threading.Barrier(2, timeout=DEADLINE)
+    g = soma.Graph.somatize(
+        Probe(barrier).named("a") | (Probe(barrier, before=enter_inference).named("b"))
+    )
+    first = on_two_threads(g.forward(None))
+    assert first["b"]["inference"], "the node's own change holds in its branch"
+    again = on_two_threads(g.forward(None))
+    assert again["b"]["thread"] == first["b"]["thread"], "the same crew thread, lent again"
+    assert (again["b"]["inference"], again["b"]["grad"]) == (False, True)
+    assert not torch.is_inference_mode_enabled()

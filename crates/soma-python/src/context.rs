@@ -14,10 +14,8 @@
 //! what one branch sets is seen neither by its siblings nor by the code after the wave, and
 //! whatever torch state a branch changes is put back when it ends (threads are reused between
 //! branches and graphs). Without torch the cost is a context copy, entered and left, per
-//! forward, per wave and per branch — tens of nanoseconds each, no Python call. torch is never
-//! imported here: it is carried only when `sys.modules` already holds it, and then through
-//! `soma._torch_state`, which reads and sets torch's state in Python (about a microsecond a
-//! branch).
+//! forward, per wave and per branch — tens of nanoseconds each, no Python call. torch's state is
+//! carried by `torch_state.rs`, only when torch is already loaded.
 //!
 //! The same per-wave capture and per-branch entry carry a forward's device streams, when it has
 //! some (`streams.rs`): each branch runs on streams of its own, forked from and joined back into
@@ -26,12 +24,11 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use pyo3::ffi;
-use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 use soma_core::Captured;
 
 use crate::streams;
+use crate::torch_state;
 
 /// Whether contexts are carried at all: always, except while the benchmark measures what carrying
 /// them costs (`_carry_context`, not part of the API).
@@ -50,9 +47,8 @@ pub struct Caller {
     /// A `contextvars.Context`, copied again for each branch: a context can be entered by one
     /// thread at a time, and a branch's changes must stay its own.
     context: Py<PyAny>,
-    /// torch's state, as `soma._torch_state.capture()` returned it: called on a branch's thread,
-    /// it sets that state and returns what puts the thread's own back. `None` without torch.
-    torch: Option<Py<PyAny>>,
+    /// torch's state, to set on each branch's thread and put back after; `None` without torch.
+    torch: Option<torch_state::Carried>,
     /// The wave's fork of the streams it was reached on (`streams.rs`): each branch runs on
     /// streams of its own, joined back when it ends. `None` in a forward without streams.
     streams: Option<Py<PyAny>>,
@@ -65,7 +61,7 @@ pub fn capture() -> Option<Box<dyn Captured>> {
     }
     Python::attach(|py| {
         let context = copy_current(py)?.unbind();
-        let torch = capture_torch(py);
+        let torch = torch_state::capture(py);
         let streams = streams::fork(py);
         Some(Box::new(Caller {
             context,
@@ -84,7 +80,7 @@ pub fn isolated(run: &mut dyn FnMut()) {
     }
     Python::attach(|py| match copy_current(py) {
         Some(context) => {
-            let torch = capture_torch(py);
+            let torch = torch_state::capture(py);
             run_in(py, &context, torch.as_ref(), run);
         }
         None => run(),
@@ -126,13 +122,13 @@ fn copy_current(py: Python<'_>) -> Option<Bound<'_, PyAny>> {
         .ok()
 }
 
-/// Runs `run` with `context` entered on this thread, and torch's state set by `torch` (from
-/// `soma._torch_state.capture()`) if given; puts back what the thread had when `run` returns.
-/// `context` must be one that no thread has entered.
+/// Runs `run` with `context` entered on this thread, and torch's state `torch` set if given;
+/// puts back what the thread had when `run` returns. `context` must be one that no thread has
+/// entered.
 fn run_in(
     py: Python<'_>,
     context: &Bound<'_, PyAny>,
-    torch: Option<&Py<PyAny>>,
+    torch: Option<&torch_state::Carried>,
     run: &mut dyn FnMut(),
 ) {
     // SAFETY: the GIL is held; `context` is a context nobody has entered (the caller's promise),
@@ -142,18 +138,9 @@ fn run_in(
     if !entered {
         PyErr::fetch(py).write_unraisable(py, None);
     }
-    let restore = torch.and_then(|enter| match enter.call0(py) {
-        Ok(restore) => Some(restore),
-        Err(error) => {
-            error.write_unraisable(py, None);
-            None
-        }
-    });
-    run();
-    if let Some(restore) = restore {
-        if let Err(error) = restore.call0(py) {
-            error.write_unraisable(py, None);
-        }
+    match torch {
+        Some(torch) => torch.run_in(py, run),
+        None => run(),
     }
     if entered {
         // SAFETY: the GIL is held and this thread entered `context` above; every context a node
@@ -161,31 +148,6 @@ fn run_in(
         #[allow(unsafe_code)]
         if unsafe { ffi::PyContext_Exit(context.as_ptr()) } != 0 {
             PyErr::fetch(py).write_unraisable(py, None);
-        }
-    }
-}
-
-/// torch's state on this thread, to carry, if torch has been imported by someone: looked up in
-/// `sys.modules`, never imported.
-fn capture_torch(py: Python<'_>) -> Option<Py<PyAny>> {
-    // SAFETY: the GIL is held; `PyImport_GetModuleDict` returns a borrowed reference to the
-    // interpreter's `sys.modules`, alive as long as the interpreter.
-    #[allow(unsafe_code)]
-    let modules = unsafe { Bound::from_borrowed_ptr_or_opt(py, ffi::PyImport_GetModuleDict()) }?;
-    let modules = modules.cast_into::<PyDict>().ok()?;
-    // `None` there is how a program blocks an import: torch is not loaded then either.
-    match modules.get_item(intern!(py, "torch")) {
-        Ok(Some(torch)) if !torch.is_none() => {}
-        Ok(_) | Err(_) => return None,
-    }
-    let captured = py
-        .import(intern!(py, "soma._torch_state"))
-        .and_then(|module| module.call_method0(intern!(py, "capture")));
-    match captured {
-        Ok(captured) => Some(captured.unbind()),
-        Err(error) => {
-            error.write_unraisable(py, None);
-            None
         }
     }
 }

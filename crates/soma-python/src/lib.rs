@@ -20,6 +20,7 @@ mod reentry;
 mod stream;
 mod streams;
 mod thread_state;
+mod torch_state;
 mod trace;
 mod watch;
 

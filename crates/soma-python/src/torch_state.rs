@@ -1,0 +1,185 @@
+//! torch's per-thread state — grad mode, inference mode, autocast — carried from the thread that
+//! reached a wave into each of its branches, and put back on the branch's thread when it ends.
+//!
+//! torch is never imported here: it is carried only when `sys.modules` already holds it. The
+//! usual state — inference mode off, autocast off everywhere, grad mode on or off — is read and
+//! set here by calling torch's own functions (looked up once): five calls into torch a branch,
+//! no Python frame. Any other state, and a branch's thread found in another, goes through
+//! `soma._torch_state`, which reads and sets all of it in Python (about a microsecond a branch).
+
+use pyo3::ffi;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyDict;
+
+/// torch's state on the thread that reached a wave, as each of its branches sets it.
+pub enum Carried {
+    /// Inference mode off and autocast off everywhere, and grad mode as given.
+    Usual { grad: bool },
+    /// Any other: what `soma._torch_state.capture()` returned, which sets it on the thread that
+    /// calls it and returns what puts that thread's own back.
+    Other(Py<PyAny>),
+}
+
+/// torch's own functions that read and set the usual state: `is_grad_enabled`,
+/// `is_inference_mode_enabled`, `_C._is_any_autocast_enabled`, `_C._set_grad_enabled`.
+struct Functions {
+    grad: Py<PyAny>,
+    inference: Py<PyAny>,
+    any_autocast: Py<PyAny>,
+    set_grad: Py<PyAny>,
+}
+
+/// Looked up the first time torch is found loaded; `None` for a torch without one of them (the
+/// autocast check is private), which is then carried in Python only.
+static FUNCTIONS: PyOnceLock<Option<Functions>> = PyOnceLock::new();
+
+impl Functions {
+    fn of(py: Python<'_>, torch: &Bound<'_, PyAny>) -> Option<&'static Functions> {
+        FUNCTIONS
+            .get_or_init(py, || {
+                let internals = torch.getattr(intern!(py, "_C")).ok()?;
+                Some(Functions {
+                    grad: torch.getattr(intern!(py, "is_grad_enabled")).ok()?.unbind(),
+                    inference: torch
+                        .getattr(intern!(py, "is_inference_mode_enabled"))
+                        .ok()?
+                        .unbind(),
+                    any_autocast: internals
+                        .getattr(intern!(py, "_is_any_autocast_enabled"))
+                        .ok()?
+                        .unbind(),
+                    set_grad: internals
+                        .getattr(intern!(py, "_set_grad_enabled"))
+                        .ok()?
+                        .unbind(),
+                })
+            })
+            .as_ref()
+    }
+
+    fn ask(py: Python<'_>, function: &Py<PyAny>) -> PyResult<bool> {
+        function.bind(py).call0()?.is_truthy()
+    }
+
+    /// This thread's grad mode, if it is in the usual state otherwise; `None` if not.
+    fn usual_grad(&self, py: Python<'_>) -> PyResult<Option<bool>> {
+        if Self::ask(py, &self.inference)? || Self::ask(py, &self.any_autocast)? {
+            return Ok(None);
+        }
+        Self::ask(py, &self.grad).map(Some)
+    }
+
+    fn set_grad(&self, py: Python<'_>, on: bool) -> PyResult<()> {
+        self.set_grad.bind(py).call1((on,)).map(drop)
+    }
+
+    /// Puts back a thread's usual state with grad mode `grad`, whatever a branch's nodes
+    /// switched and left: grad mode, and autocast (in Python, since switching it off touches
+    /// every device type).
+    fn put_back(&self, py: Python<'_>, grad: bool) -> PyResult<()> {
+        if Self::ask(py, &self.any_autocast)? {
+            py.import(intern!(py, "soma._torch_state"))?
+                .call_method0(intern!(py, "switch_autocast_off"))?;
+        }
+        if Self::ask(py, &self.grad)? != grad {
+            self.set_grad(py, grad)?;
+        }
+        Ok(())
+    }
+}
+
+/// torch's state on this thread, to carry, if torch has been imported by someone.
+pub fn capture(py: Python<'_>) -> Option<Carried> {
+    let torch = loaded(py)?;
+    if let Some(functions) = Functions::of(py, &torch) {
+        match functions.usual_grad(py) {
+            Ok(Some(grad)) => return Some(Carried::Usual { grad }),
+            Ok(None) => {}
+            Err(error) => error.write_unraisable(py, None),
+        }
+    }
+    in_python(py, intern!(py, "capture"), ()).map(Carried::Other)
+}
+
+impl Carried {
+    /// Runs `run` with this state set on this thread, and puts the thread's own back after.
+    pub fn run_in(&self, py: Python<'_>, run: &mut dyn FnMut()) {
+        match self {
+            Carried::Other(enter) => entered(py, enter.bind(py), run),
+            Carried::Usual { grad } => {
+                let functions = FUNCTIONS
+                    .get(py)
+                    .and_then(Option::as_ref)
+                    .expect("a usual state was read with torch's functions");
+                match functions.usual_grad(py) {
+                    Ok(Some(had)) => {
+                        if had != *grad {
+                            report(py, functions.set_grad(py, *grad));
+                        }
+                        run();
+                        report(py, functions.put_back(py, had));
+                    }
+                    // The thread is in another state (a node left inference mode on, say):
+                    // the general path, which puts all of it back.
+                    Ok(None) => match in_python(py, intern!(py, "usual"), (*grad,)) {
+                        Some(enter) => entered(py, enter.bind(py), run),
+                        None => run(),
+                    },
+                    Err(error) => {
+                        error.write_unraisable(py, None);
+                        run();
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Runs `run` after `enter` (from `soma._torch_state`), and calls what it returned after.
+fn entered(py: Python<'_>, enter: &Bound<'_, PyAny>, run: &mut dyn FnMut()) {
+    let restore = enter
+        .call0()
+        .map_err(|error| error.write_unraisable(py, None))
+        .ok();
+    run();
+    if let Some(restore) = restore {
+        report(py, restore.call0().map(drop));
+    }
+}
+
+/// Reports a failure to carry torch's state where no node could catch it: as Python reports an
+/// exception in a destructor. The branch runs anyway.
+fn report(py: Python<'_>, outcome: PyResult<()>) {
+    if let Err(error) = outcome {
+        error.write_unraisable(py, None);
+    }
+}
+
+/// `soma._torch_state.<function>(*args)`; `None`, the error reported, if it failed.
+fn in_python<'py>(
+    py: Python<'py>,
+    function: &Bound<'py, pyo3::types::PyString>,
+    args: impl pyo3::call::PyCallArgs<'py>,
+) -> Option<Py<PyAny>> {
+    py.import(intern!(py, "soma._torch_state"))
+        .and_then(|module| module.getattr(function)?.call1(args))
+        .map(Bound::unbind)
+        .map_err(|error| error.write_unraisable(py, None))
+        .ok()
+}
+
+/// The torch module, if someone has imported it: looked up in `sys.modules`, never imported.
+fn loaded(py: Python<'_>) -> Option<Bound<'_, PyAny>> {
+    // SAFETY: the GIL is held; `PyImport_GetModuleDict` returns a borrowed reference to the
+    // interpreter's `sys.modules`, alive as long as the interpreter.
+    #[allow(unsafe_code)]
+    let modules = unsafe { Bound::from_borrowed_ptr_or_opt(py, ffi::PyImport_GetModuleDict()) }?;
+    let modules = modules.cast_into::<PyDict>().ok()?;
+    // `None` there is how a program blocks an import: torch is not loaded then either.
+    match modules.get_item(intern!(py, "torch")) {
+        Ok(Some(torch)) if !torch.is_none() => Some(torch),
+        Ok(_) | Err(_) => None,
+    }
+}
