@@ -209,3 +209,16 @@ def test_a_thread_a_node_left_in_inference_mode_runs_its_next_branch_in_the_call
     assert again["b"]["thread"] == first["b"]["thread"], "the same crew thread, lent again"
     assert (again["b"]["inference"], again["b"]["grad"]) == (False, True)
     assert not torch.is_inference_mode_enabled()
+
+
+def test_what_a_node_outside_every_wave_changes_does_not_reach_the_caller() -> None:
+    # No wave: `a` and `b` run on the caller's own thread, in a forward of its own.
+    g = soma.Graph.somatize(
+        Probe(before=lambda: torch.set_grad_enabled(False)).named("a") >> Probe().named("b")
+    )
+    assert not g.forward(None)["grad"], "`b` sees what `a` set, as in a function"
+    assert torch.is_grad_enabled()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        g.forward(None)
+        assert torch.is_grad_enabled()
+        assert torch.is_autocast_enabled("cpu")

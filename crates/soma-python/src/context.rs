@@ -79,10 +79,7 @@ pub fn isolated(run: &mut dyn FnMut()) {
         return run();
     }
     Python::attach(|py| match copy_current(py) {
-        Some(context) => {
-            let torch = torch_state::capture(py);
-            run_in(py, &context, torch.as_ref(), run);
-        }
+        Some(context) => run_in(py, &context, None, &mut || torch_state::kept(py, run)),
         None => run(),
     });
 }

@@ -103,6 +103,30 @@ pub fn capture(py: Python<'_>) -> Option<Carried> {
     in_python(py, intern!(py, "capture"), ()).map(Carried::Other)
 }
 
+/// Runs `run` on this thread, and puts back torch's state as this thread had it before, whatever
+/// `run`'s nodes changed: a whole forward, whose nodes outside every wave run on the caller's
+/// thread, in the caller's state already — so nothing is set, only put back.
+pub fn kept(py: Python<'_>, run: &mut dyn FnMut()) {
+    let Some(torch) = loaded(py) else {
+        return run();
+    };
+    if let Some(functions) = Functions::of(py, &torch) {
+        match functions.usual_grad(py) {
+            Ok(Some(grad)) => {
+                run();
+                report(py, functions.put_back(py, grad));
+                return;
+            }
+            Ok(None) => {}
+            Err(error) => error.write_unraisable(py, None),
+        }
+    }
+    match in_python(py, intern!(py, "capture"), ()) {
+        Some(enter) => entered(py, enter.bind(py), run),
+        None => run(),
+    }
+}
+
 impl Carried {
     /// Runs `run` with this state set on this thread, and puts the thread's own back after.
     pub fn run_in(&self, py: Python<'_>, run: &mut dyn FnMut()) {
