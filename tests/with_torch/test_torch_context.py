@@ -8,6 +8,9 @@ Run by ``make test-torch``, which installs torch; left out of ``make test``.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import threading
 from typing import Any
 
@@ -222,3 +225,34 @@ def test_what_a_node_outside_every_wave_changes_does_not_reach_the_caller() -> N
         g.forward(None)
         assert torch.is_grad_enabled()
         assert torch.is_autocast_enabled("cpu")
+
+
+def test_torch_imported_after_a_forward_is_carried_from_the_next_forward_on() -> None:
+    # In a fresh interpreter: forwards without torch first (Soma then stops looking for it
+    # until `sys.modules` changes), then torch imported, then `no_grad` around a forward.
+    program = textwrap.dedent(
+        """
+        import sys, threading
+        import soma
+
+        barrier = threading.Barrier(2, timeout=5)
+
+        class Grad(soma.Node):
+            def forward(self, x):
+                barrier.wait()
+                torch = sys.modules.get("torch")
+                return None if torch is None else torch.is_grad_enabled()
+
+        g = soma.Graph.somatize(Grad().named("a") | Grad().named("b"))
+        assert g.forward(None) == {"a": None, "b": None}
+        assert g.forward(None) == {"a": None, "b": None}
+        import torch
+        with torch.no_grad():
+            assert g.forward(None) == {"a": False, "b": False}, g.forward(None)
+        print("ok")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.stdout.strip() == "ok", done.stderr

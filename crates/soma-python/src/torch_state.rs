@@ -7,6 +7,8 @@
 //! no Python frame. Any other state, and a branch's thread found in another, goes through
 //! `soma._torch_state`, which reads and sets all of it in Python (about a microsecond a branch).
 
+use std::sync::atomic::{AtomicIsize, Ordering};
+
 use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -194,6 +196,15 @@ fn in_python<'py>(
         .ok()
 }
 
+/// `len(sys.modules)` when `torch` was last found absent from it (no such key), or -1.
+///
+/// A key is added to `sys.modules` only by an import (or by hand), and importing torch adds
+/// hundreds: while the length is what it was, torch is still absent, and the lookup — a miss in
+/// a dict of hundreds of modules, on every forward and every wave of a program without torch —
+/// is skipped. A key present with the value `None` (an import blocked) is looked up every time,
+/// since putting torch back in its place keeps the length.
+static ABSENT_AT: AtomicIsize = AtomicIsize::new(-1);
+
 /// The torch module, if someone has imported it: looked up in `sys.modules`, never imported.
 fn loaded(py: Python<'_>) -> Option<Bound<'_, PyAny>> {
     // SAFETY: the GIL is held; `PyImport_GetModuleDict` returns a borrowed reference to the
@@ -201,9 +212,17 @@ fn loaded(py: Python<'_>) -> Option<Bound<'_, PyAny>> {
     #[allow(unsafe_code)]
     let modules = unsafe { Bound::from_borrowed_ptr_or_opt(py, ffi::PyImport_GetModuleDict()) }?;
     let modules = modules.cast_into::<PyDict>().ok()?;
+    let length = isize::try_from(modules.len()).unwrap_or(-1);
+    if length == ABSENT_AT.load(Ordering::Relaxed) {
+        return None;
+    }
     // `None` there is how a program blocks an import: torch is not loaded then either.
     match modules.get_item(intern!(py, "torch")) {
         Ok(Some(torch)) if !torch.is_none() => Some(torch),
-        Ok(_) | Err(_) => None,
+        Ok(Some(_)) | Err(_) => None,
+        Ok(None) => {
+            ABSENT_AT.store(length, Ordering::Relaxed);
+            None
+        }
     }
 }
