@@ -225,6 +225,8 @@ struct Numbering {
     sequences: Vec<(Position, u32)>,
     /// Every read, in plan order: (reader slot, read slot).
     reads: Vec<(u32, u32)>,
+    /// Where in the catalog the next step's node is looked for first.
+    next_in_catalog: usize,
 }
 
 /// A container being walked in the first pass.
@@ -257,6 +259,7 @@ impl Numbering {
             positions: Vec::with_capacity(steps),
             sequences: Vec::new(),
             reads: Vec::with_capacity(steps),
+            next_in_catalog: 0,
         };
         // Keyed by the plan's own ids, borrowed: no id is cloned to be looked up.
         let mut slot_of: SlotOf<'_> =
@@ -351,7 +354,7 @@ impl Numbering {
         from: &[NodeId],
     ) -> Result<(), ProgramError> {
         let implementation = catalog
-            .get(node.as_str())
+            .get_after(node, &mut self.next_in_catalog)
             .ok_or_else(|| ProgramError::NotInCatalog { node: node.clone() })?;
         let slot = to_u32(self.ids.len());
         for source in from {
