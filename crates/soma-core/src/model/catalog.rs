@@ -59,16 +59,21 @@ impl Catalog {
         self.entries.is_empty()
     }
 
-    /// The implementation of `id`, looked for first in the entry at `*next`, then by id; `*next`
-    /// is left just past the entry found. Steps that come in the order their nodes were
-    /// registered — a plan's usually do — are found in order, without touching the index.
-    pub(crate) fn get_after(&self, id: &NodeId, next: &mut usize) -> Option<&Arc<dyn Node>> {
+    /// The implementation of `id` and the position of its entry, looked for first in the entry
+    /// at `*next`, then by id; `*next` is left just past the entry found. Steps that come in the
+    /// order their nodes were registered — a plan's usually do — are found in order, without
+    /// touching the index.
+    pub(crate) fn get_after(
+        &self,
+        id: &NodeId,
+        next: &mut usize,
+    ) -> Option<(usize, &Arc<dyn Node>)> {
         let at = match self.entries.get(*next) {
             Some((entry, _)) if entry == id => *next,
             Some(_) | None => *self.index.get(id.as_str())?,
         };
         *next = at + 1;
-        Some(&self.entries[at].1)
+        Some((at, &self.entries[at].1))
     }
 
     /// The first of `ids` without an implementation, if any. While `ids` were registered in the
