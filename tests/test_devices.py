@@ -149,6 +149,16 @@ def test_placing_changes_neither_the_plan_nor_the_result() -> None:
     assert g.forward(1) == result
 
 
+def test_a_plan_handed_out_keeps_drawing_the_placement_it_was_given_after_placing_again() -> None:
+    g = soma.Graph.somatize(soma.native.Identity().named("a") >> soma.native.Identity().named("b"))
+    g.place("b", "cuda:1")
+    before = g.plan()
+    g.place("b", "cuda:2")
+    g.place("a", "meta")
+    assert str(before) == "Sequence\n├── a <- (input)\n└── b <- a @ cuda:1"
+    assert str(g.plan()) == "Sequence\n├── a <- (input) @ meta\n└── b <- a @ cuda:2"
+
+
 def test_a_copy_of_a_graph_keeps_its_placement() -> None:
     g = soma.Graph.somatize(soma.native.Identity().named("a"))
     g.place("a", "meta")

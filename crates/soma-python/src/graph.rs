@@ -367,12 +367,13 @@ impl GraphCore {
                 &soma_core::GraphError::UnknownNode { id: id.into() },
             ));
         }
-        let mut placement = Placement::clone(&state.placement);
+        // In place unless a plan handed out still draws the placement it was given: placing
+        // every node of a large graph one by one must not copy the whole placement each time.
+        let placement = Arc::make_mut(&mut state.placement);
         match device {
             Some(device) => placement.place(id, device),
             None => placement.remove(id),
         };
-        state.placement = Arc::new(placement);
         if let Some(compiled) = &mut state.compiled {
             compiled.program = None;
         }
