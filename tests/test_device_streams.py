@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import soma
-from conftest import DEADLINE
+from conftest import DEADLINE, run_script
 
 
 class Stream:
@@ -337,6 +337,77 @@ def test_a_stream_of_items_runs_its_stages_on_their_threads_own_streams(gpu: Fak
     for out in outer.forward([None, None]):
         assert {record[0] for record in merged(out).values()} == {gpu.default("cuda:0")}
     assert [entry for entry in gpu.log if entry[0] in ("new", "wait")] == []
+
+
+DEEP_SCRIPT = """
+import threading
+import soma
+
+
+class Gpu:
+    kinds = ("cuda",)
+
+    def __init__(self):
+        self.local = threading.local()
+
+    def current(self, kind):
+        return getattr(self.local, "device", "cuda:0")
+
+    def set(self, device):
+        self.local.device = device
+
+    def streams(self, kind):
+        return self
+
+    def current_stream(self, device):
+        return getattr(self.local, "stream", "default")
+
+    def new_stream(self, device):
+        return object()
+
+    def set_stream(self, device, stream):
+        self.local.stream = stream
+
+    def record(self, stream):
+        return stream
+
+    def wait(self, stream, event):
+        pass
+
+
+soma.devices.register(Gpu())
+
+
+class First(soma.Node):
+    def forward(self, x):
+        return next(iter(x.values())) if isinstance(x, dict) else x
+
+
+# `(((n0 >> n1) | n2) >> n3) | n4 ...`, every node on cuda:0: a branch's scope in a wave's in a
+# branch's, a hundred thousand levels deep.
+g = soma.Graph()
+g.node("n0", First())
+terminals = ["n0"]
+for level in range(1, 100_000):
+    node = g.node(f"n{level}", First())
+    if level % 2:
+        for terminal in terminals:
+            g.edge(terminal, node)
+        terminals = [node]
+    else:
+        terminals.append(node)
+for level in range(100_000):
+    g.place(f"n{level}", "cuda:0")
+assert g.forward(3) == 3
+print("done", flush=True)
+"""
+
+
+def test_a_graph_nested_a_hundred_thousand_levels_deep_runs_with_a_stream_per_branch() -> None:
+    # In a subprocess: a regression here is a stack overflow.
+    done = run_script(DEEP_SCRIPT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "done" in done.stdout, done.stdout
 
 
 # ---------------------------------------------------------------------------------------------
