@@ -11,10 +11,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
+from soma._soma import StopFlag
 from soma.errors import RemoteError
 
 #: The key under which a slice receives the graph's own input, for the steps that read it.
 INPUT = "(input)"
+
+#: Seconds a cancel waits, at most, for its host to confirm: a host that does not by then has
+#: died (nothing runs there any more) or is too busy to answer, and the caller, who gave up on
+#: the run, must not wait for it.
+CANCEL_WAIT = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,11 +54,19 @@ class RemoteHost(Protocol):
         """Keeps ``slices`` under ``key`` (one graph's) on the host, replacing what was there."""
 
     def run(
-        self, key: str, index: int, inputs: dict[str, Any], timeout: float | None
+        self, key: str, index: int, inputs: dict[str, Any], timeout: float | None, token: str
     ) -> dict[str, Any]:
         """Runs slice ``index`` of ``key`` on ``inputs`` (by source id) and returns its
         ``returns`` by id. A node's exception comes out as itself; a host that cannot answer
-        within ``timeout`` seconds, or at all, is a :class:`soma.RemoteError`."""
+        within ``timeout`` seconds, or at all, is a :class:`soma.RemoteError`. ``token`` names
+        this run of the slice for :meth:`cancel`; when the wait here ends without an answer (no
+        answer in time, Ctrl-C) the host cancels it itself."""
+
+    def cancel(self, tokens: list[str]) -> None:
+        """Stops the slice runs named ``tokens`` on the host at their next node boundary (a node
+        running there finishes its call, nothing after it runs); one not started yet stops
+        before its first node. Waits for the host to confirm only so long
+        (:data:`CANCEL_WAIT`); never raises."""
 
     def unload(self, key: str) -> None:
         """Forgets ``key``'s slices; never raises."""
@@ -111,9 +125,10 @@ class SliceRunner:
             self._taps[tap] = node
         self.graph = graph
 
-    def run(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        """The slice's returns, by node id, run on ``inputs``."""
-        out = self.graph.forward(inputs)
+    def run(self, inputs: dict[str, Any], stop: StopFlag | None = None) -> dict[str, Any]:
+        """The slice's returns, by node id, run on ``inputs``; once ``stop`` is set, the run
+        stops at its next node boundary with a :class:`soma.CancelledError`."""
+        out = self.graph._core.forward(inputs, stop=stop)
         if len(self._taps) == 1:
             return {node: out for node in self._taps.values()}
         return {self._taps[tap]: value for tap, value in out.items()}

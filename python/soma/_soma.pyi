@@ -14,6 +14,7 @@ __all__ = [
     "NativeNode",
     "Plan",
     "Span",
+    "StopFlag",
     "StreamCore",
     "Trace",
     "distribute",
@@ -129,6 +130,7 @@ class GraphCore:
         turn_limit: int = ...,
         trace: Trace | None = None,
         timeout: float | None = None,
+        stop: StopFlag | None = None,
     ) -> Any: ...
     def __len__(self) -> int: ...
     def __contains__(self, id: str, /) -> bool: ...
@@ -157,6 +159,16 @@ class Span:
     def device(self) -> str | None: ...
     def __copy__(self) -> Self: ...
     def __deepcopy__(self, memo: Any, /) -> Self: ...
+
+@final
+class StopFlag:
+    """Stops the run it is given to (``GraphCore.forward(stop=...)``) at its next node
+    boundary once set, from any thread."""
+
+    def __init__(self) -> None: ...
+    def set(self) -> None: ...
+    @property
+    def is_set(self) -> bool: ...
 
 @final
 class Trace:

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import contextvars
 import threading
+import time
 import uuid
 import weakref
 from typing import Any
 
 from soma._ray_hosts import RESOURCE_PREFIX, RayHosts, resource_of
 from soma._slices import INPUT, PassThrough, RemoteHost, Slice, SliceRunner, Transport, fresh_id
+from soma.errors import CancelledError, RemoteError
 
 # A `soma.Graph` is written `Any` here: `soma._graph` imports this module, and the layout
 # keeps imports one way (tests/test_layout.py).
@@ -62,9 +64,58 @@ def transport() -> Transport:
         return _transport
 
 
-#: The timeout of the run in progress, seen by its slices on the threads of its branches
-#: (each runs in a copy of the caller's context).
-_timeout: contextvars.ContextVar[float | None] = contextvars.ContextVar("soma_remote_timeout")
+class _Run:
+    """One ``forward`` of a graph with hosts, as its slices see it: its deadline, and the slice
+    runs in flight on hosts, to cancel there if the caller gives up on the run (Ctrl-C, its
+    timeout, a sibling branch's error: the run is abandoned, and so are they)."""
+
+    def __init__(self, timeout: float | None) -> None:
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self._lock = threading.Lock()
+        self._in_flight: dict[str, RemoteHost] = {}
+        self._abandoned = False
+        #: The failure the run was abandoned for, if a slice's: what ``forward`` raises when
+        #: the error it meets first is only a slice cancelled for it.
+        self.failure: BaseException | None = None
+
+    def time_left(self) -> float | None:
+        """Seconds until the run's deadline, if it has one."""
+        return None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
+
+    def begin(self, host: RemoteHost) -> str | None:
+        """A token for a slice run about to start on ``host``; ``None`` once the run was
+        abandoned."""
+        with self._lock:
+            if self._abandoned:
+                return None
+            token = uuid.uuid4().hex
+            self._in_flight[token] = host
+            return token
+
+    def end(self, token: str) -> None:
+        """The slice run ``token`` was answered, or its transport cancelled it itself."""
+        with self._lock:
+            self._in_flight.pop(token, None)
+
+    def abandon(self, failure: BaseException | None = None) -> None:
+        """Cancels every slice run still in flight, host by host; none starts after this.
+        ``failure``: the slice's error the run is given up for, if that is why."""
+        with self._lock:
+            if not self._abandoned:
+                self.failure = failure
+            self._abandoned = True
+            in_flight, self._in_flight = self._in_flight, {}
+        by_host: dict[int, tuple[RemoteHost, list[str]]] = {}
+        for token, host in in_flight.items():
+            by_host.setdefault(id(host), (host, []))[1].append(token)
+        for host, tokens in by_host.values():
+            host.cancel(tokens)
+
+
+#: The run in progress, seen by its slices on the threads of its branches (each runs in a copy
+#: of the caller's context).
+_current: contextvars.ContextVar[_Run] = contextvars.ContextVar("soma_remote_run")
 
 
 class _SliceCall:
@@ -83,7 +134,7 @@ class _SliceCall:
             inputs = {reads[0]: x}
         else:
             inputs = {read: x[self.carrier if read == INPUT else read] for read in reads}
-        return owner.run(self.index, inputs, _timeout.get(None))
+        return owner.run(self.index, inputs, _current.get())
 
 
 class _Pick:
@@ -151,17 +202,44 @@ class Distributed:
         self._loading = threading.Lock()
         weakref.finalize(self, _unload, self._hosts, self.key)
 
-    def run(self, index: int, inputs: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+    def run(self, index: int, inputs: dict[str, Any], run: _Run) -> dict[str, Any]:
         """Slice ``index`` on its host, loading this graph's slices there first if that host
         has not got them (first run, or a host that came back)."""
-        name = self.slices[index].host
-        host = transport().host(name)
-        if self._hosts.get(name) is not host:
+        piece = self.slices[index]
+        host = transport().host(piece.host)
+        if self._hosts.get(piece.host) is not host:
             with self._loading:
-                if self._hosts.get(name) is not host:
-                    host.load(self.key, [piece for piece in self.slices if piece.host == name])
-                    self._hosts[name] = host
-        return host.run(self.key, index, inputs, timeout)
+                if self._hosts.get(piece.host) is not host:
+                    slices = [other for other in self.slices if other.host == piece.host]
+                    host.load(self.key, slices)
+                    self._hosts[piece.host] = host
+        token = run.begin(host)
+        if token is None:  # A branch that started as the run was given up: its result is dropped.
+            nodes = ", ".join(f"`{node}`" for node in piece.names())
+            raise CancelledError(f"the run was abandoned before the slice of {nodes} started")
+        try:
+            out = host.run(self.key, index, inputs, run.time_left(), token)
+        except BaseException as failed:
+            run.end(token)
+            raised = failed
+            if isinstance(failed, RemoteError) and run.time_left() == 0.0:
+                # The run's own time ran out while the host worked: a timeout, as for a local
+                # node.
+                nodes = ", ".join(f"`{node}`" for node in piece.names())
+                raised = TimeoutError(
+                    f"forward did not finish within its timeout of {run.timeout} s; the slice "
+                    f"of {nodes} on host `{piece.host}` was stopped there at its next node "
+                    "boundary\nhint: the graph can run again at once"
+                )
+                raised.__cause__ = failed
+            # A failed slice fails the run: the slices of its other branches stop on their
+            # hosts now, rather than run to their end while the engine waits for them.
+            run.abandon(raised)
+            if raised is failed:
+                raise
+            raise raised from failed
+        run.end(token)
+        return out
 
 
 def _unload(hosts: dict[str, RemoteHost], key: str) -> None:
@@ -237,14 +315,21 @@ def forward(
     distributed = graph._remote
     if distributed is None or distributed.fingerprint != _fingerprint(graph):
         distributed = graph._remote = Distributed(graph)
-    token = _timeout.set(timeout)
+    run = _Run(timeout)
+    token = _current.set(run)
     try:
         return distributed.local._core.forward(input, driver, turn_limit, trace, timeout)
     except BaseException as raised:
+        # The run is given up: its slices still running on hosts stop there too.
+        run.abandon()
+        if isinstance(raised, CancelledError) and run.failure is not None:
+            # The branch whose error won was only stopped for another's: as a local branch
+            # stopped at a node boundary, it has no error of its own, and the other's wins.
+            raise run.failure from run.failure.__cause__
         _drop_stand_in_note(raised, distributed.slice_ids)
         raise
     finally:
-        _timeout.reset(token)
+        _current.reset(token)
 
 
 def _drop_stand_in_note(raised: BaseException, slice_ids: list[str]) -> None:
