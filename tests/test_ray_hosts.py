@@ -237,6 +237,24 @@ def test_a_nodes_exception_comes_out_caused_by_its_remote_traceback(cluster: Ray
     ), printed
 
 
+class Flags(soma.Node):
+    """Whether the array it got may be written, and whether it owns its memory."""
+
+    def forward(self, x: Any) -> tuple[bool, bool]:
+        return bool(x.flags.writeable), bool(x.flags.owndata)
+
+
+def test_a_large_numpy_array_reaches_a_slice_on_the_same_node_without_a_copy(
+    cluster: RayHosts,
+) -> None:
+    np = pytest.importorskip("numpy")
+    big = np.ones(2**20)  # 8 MB: past what Ray sends inline, so through its object store.
+    g = soma.Graph.somatize(Flags().named("flags").at("one"))
+    # Read in place from the object store: a view, read-only; a copy would be its own.
+    assert g.forward(big) == (False, False)
+    assert np.ones(4).flags.writeable  # What an array of its own says, for contrast.
+
+
 class Fail(soma.Node):
     def __init__(self, message: str) -> None:
         self.message = message

@@ -5,8 +5,11 @@ custom resource ``soma-host:gpu-box`` (start it with
 ``ray start --resources='{"soma-host:gpu-box": 1}'``). Each host gets one actor, placed by
 asking for a sliver of that resource, and holding the slices of every graph that uses the host
 (sent once per graph, not per call); it runs them with Soma's own engine, several at once
-(a threaded actor), so two slices for one host never queue behind each other. Values travel
-through Ray's object store: numpy arrays are read without a copy on the same node.
+(a threaded actor), so two slices for one host never queue behind each other. Each run of a
+slice has a token and, there, a stop flag: a cancel, on a thread of its own (the ``control``
+concurrency group), sets it, and the slice stops at its next node boundary. Values travel
+through Ray's object store: numpy arrays are read without a copy on the same node (the
+arguments go out of band, so the host's array is a read-only view of the store).
 
 This is the only module that imports Ray, and only when a graph with hosts runs.
 """

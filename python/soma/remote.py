@@ -7,7 +7,8 @@ graph where each slice is one node — it sends the values the slice reads, wait
 later steps read, and hands each to a stand-in node under the remote node's own id — and lets
 Soma's engine run that graph as any other: the branches of a wave, slices on different hosts
 among them, run at the same time. On the host, a slice runs on Soma's engine too
-(:class:`SliceRunner`: a ``soma.Graph`` of the slice's nodes).
+(:class:`SliceRunner`: a ``soma.Graph`` of the slice's nodes). A run that is given up (Ctrl-C,
+its timeout, a failed slice) cancels its slices still running on hosts (:class:`_Run`).
 
 What a host *is* stays behind :class:`Transport` and :class:`RemoteHost`: the Ray one
 (:class:`RayHosts`) is the default, and imports Ray only when it first serves a host; a graph
