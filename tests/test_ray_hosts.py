@@ -255,6 +255,25 @@ def test_a_large_numpy_array_reaches_a_slice_on_the_same_node_without_a_copy(
     assert np.ones(4).flags.writeable  # What an array of its own says, for contrast.
 
 
+def test_a_traced_run_records_a_slices_nodes_on_a_track_of_their_own_marked_with_the_host(
+    cluster: RayHosts,
+) -> None:
+    g = soma.Graph.somatize(Add(1).named("a") >> (Add(2).named("b") >> Add(3).named("c")).at("one"))
+    trace = soma.Trace()
+    assert g.forward(0, trace=trace) == 6
+    there = {span.node: span for span in trace.spans if span.host is not None}
+    here = {span.node: span for span in trace.spans if span.host is None}
+    assert sorted(there) == ["b", "c"]
+    assert {span.host for span in there.values()} == {"one"}
+    assert there["b"].thread == there["c"].thread != here["a"].thread
+    # On this trace's clock, inside the span of the slice's stand-in here.
+    (stand_in,) = [span for span in trace.spans if span.node.startswith("one#")]
+    assert stand_in.start <= there["b"].start <= there["c"].end <= stand_in.end
+    chrome = trace.to_chrome()
+    assert '"name":"branch main on host one"' in chrome
+    assert '"host":"one"' in chrome
+
+
 class Fail(soma.Node):
     def __init__(self, message: str) -> None:
         self.message = message

@@ -22,7 +22,7 @@ import re
 import threading
 from typing import Any
 
-from soma._slices import CANCEL_WAIT, RemoteHost, Slice, SliceRunner, remote_error
+from soma._slices import CANCEL_WAIT, RemoteHost, Shipped, Slice, SliceRunner, remote_error
 from soma._soma import StopFlag
 from soma.errors import RemoteTraceback
 
@@ -78,7 +78,9 @@ class _HostActor:
     def load(self, key: str, slices: list[Slice]) -> None:
         self.slices[key] = {piece.index: SliceRunner(piece) for piece in slices}
 
-    def run(self, key: str, index: int, inputs: dict[str, Any], token: str) -> dict[str, Any]:
+    def run(
+        self, key: str, index: int, inputs: dict[str, Any], token: str, traced: bool
+    ) -> tuple[dict[str, Any], list[Shipped]]:
         stop = StopFlag()
         with self._lock:
             self._running[token] = stop
@@ -86,7 +88,7 @@ class _HostActor:
                 del self._early[token]
                 stop.set()
         try:
-            return self.slices[key][index].run(inputs, stop)
+            return self.slices[key][index].run(inputs, stop, traced)
         finally:
             with self._lock:
                 del self._running[token]
@@ -145,14 +147,20 @@ class _RayHost:
         self._loaded[key] = {piece.index: piece for piece in slices}
 
     def run(
-        self, key: str, index: int, inputs: dict[str, Any], timeout: float | None, token: str
-    ) -> dict[str, Any]:
+        self,
+        key: str,
+        index: int,
+        inputs: dict[str, Any],
+        timeout: float | None,
+        token: str,
+        traced: bool,
+    ) -> tuple[dict[str, Any], list[Shipped]]:
         ray = self._hosts.ray
         piece = self._loaded[key][index]
         limit = self._hosts.timeout if timeout is None else timeout
-        ref = self.actor.run.remote(key, index, inputs, token)
+        ref = self.actor.run.remote(key, index, inputs, token, traced)
         try:
-            out: dict[str, Any] = ray.get(ref, timeout=limit)
+            out: tuple[dict[str, Any], list[Shipped]] = ray.get(ref, timeout=limit)
         except ray.exceptions.RayTaskError as failed:
             raised, remote = _as_raised(failed, self.name)
             raise raised from remote

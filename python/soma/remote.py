@@ -70,8 +70,10 @@ class _Run:
     runs in flight on hosts, to cancel there if the caller gives up on the run (Ctrl-C, its
     timeout, a sibling branch's error: the run is abandoned, and so are they)."""
 
-    def __init__(self, timeout: float | None) -> None:
+    def __init__(self, timeout: float | None, trace: Any) -> None:
         self.timeout = timeout
+        #: The run's ``soma.Trace``, if it has one: its slices' spans join it.
+        self.trace = trace
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self._lock = threading.Lock()
         self._in_flight: dict[str, RemoteHost] = {}
@@ -218,8 +220,12 @@ class Distributed:
         if token is None:  # A branch that started as the run was given up: its result is dropped.
             nodes = ", ".join(f"`{node}`" for node in piece.names())
             raise CancelledError(f"the run was abandoned before the slice of {nodes} started")
+        trace = run.trace
+        sent = 0.0 if trace is None else trace._now()
         try:
-            out = host.run(self.key, index, inputs, run.time_left(), token)
+            out, spans = host.run(
+                self.key, index, inputs, run.time_left(), token, traced=trace is not None
+            )
         except BaseException as failed:
             run.end(token)
             raised = failed
@@ -240,6 +246,8 @@ class Distributed:
                 raise
             raise raised from failed
         run.end(token)
+        if trace is not None:
+            trace._adopt(spans, piece.host, sent)
         return out
 
 
@@ -316,7 +324,7 @@ def forward(
     distributed = graph._remote
     if distributed is None or distributed.fingerprint != _fingerprint(graph):
         distributed = graph._remote = Distributed(graph)
-    run = _Run(timeout)
+    run = _Run(timeout, trace)
     token = _current.set(run)
     try:
         return distributed.local._core.forward(input, driver, turn_limit, trace, timeout)
