@@ -415,10 +415,11 @@ class FailOnceStarted(soma.Node):
         raise ValueError("failed once the gate had started")
 
 
-def test_a_sibling_branchs_error_stops_a_slice_running_on_another_host(
+def test_a_failed_slice_stops_the_slices_of_later_declared_branches_on_their_hosts(
     cluster: RayHosts, tmp_path: Path
 ) -> None:
-    # The failing branch first: the caller runs it, and another thread waits for the gate.
+    # The failing branch first (an earlier one runs on: its own error would win); the caller
+    # runs it, and another thread waits for the gate.
     g = soma.Graph.somatize(FailOnceStarted(tmp_path).named("fail").at("two") | gated(tmp_path))
     with pytest.raises(ValueError, match="failed once the gate had started"):
         g.forward(1)

@@ -66,9 +66,9 @@ def transport() -> Transport:
 
 
 class _Run:
-    """One ``forward`` of a graph with hosts, as its slices see it: its deadline, and the slice
-    runs in flight on hosts, to cancel there if the caller gives up on the run (Ctrl-C, its
-    timeout, a sibling branch's error: the run is abandoned, and so are they)."""
+    """One ``forward`` of a graph with hosts, as its slices see it: its deadline, its trace, and
+    the slice runs in flight on hosts, to cancel there once the run is given up — by the caller
+    (Ctrl-C, its timeout, an error here) or by a slice's failure."""
 
     def __init__(self, timeout: float | None, trace: Any) -> None:
         self.timeout = timeout
@@ -76,24 +76,27 @@ class _Run:
         self.trace = trace
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self._lock = threading.Lock()
-        self._in_flight: dict[str, RemoteHost] = {}
-        self._abandoned = False
-        #: The failure the run was abandoned for, if a slice's: what ``forward`` raises when
-        #: the error it meets first is only a slice cancelled for it.
+        #: By token: the host and the slice's index, in plan order.
+        self._in_flight: dict[str, tuple[RemoteHost, int]] = {}
+        #: Slices past this index are cancelled, and none starts: ``None`` while none is.
+        self._stop_after: int | None = None
+        #: The failure of the earliest slice that failed, and that slice's index: what
+        #: ``forward`` raises when the error it meets first is only a slice cancelled for it.
         self.failure: BaseException | None = None
+        self._failed_at: int | None = None
 
     def time_left(self) -> float | None:
         """Seconds until the run's deadline, if it has one."""
         return None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
 
-    def begin(self, host: RemoteHost) -> str | None:
-        """A token for a slice run about to start on ``host``; ``None`` once the run was
-        abandoned."""
+    def begin(self, host: RemoteHost, index: int) -> str | None:
+        """A token for a run of slice ``index`` about to start on ``host``; ``None`` once that
+        slice is cancelled."""
         with self._lock:
-            if self._abandoned:
+            if self._stop_after is not None and index > self._stop_after:
                 return None
             token = uuid.uuid4().hex
-            self._in_flight[token] = host
+            self._in_flight[token] = (host, index)
             return token
 
     def end(self, token: str) -> None:
@@ -101,17 +104,29 @@ class _Run:
         with self._lock:
             self._in_flight.pop(token, None)
 
-    def abandon(self, failure: BaseException | None = None) -> None:
-        """Cancels every slice run still in flight, host by host; none starts after this.
-        ``failure``: the slice's error the run is given up for, if that is why."""
+    def abandon(self) -> None:
+        """Cancels every slice run still in flight, host by host; none starts after this."""
+        self._cancel_after(-1)
+
+    def failed(self, index: int, failure: BaseException) -> None:
+        """Slice ``index`` failed with ``failure``: the slices after it in plan order — the
+        branches declared after its own, whose errors could not win over it — are cancelled;
+        those before it run on, since their own errors would."""
         with self._lock:
-            if not self._abandoned:
-                self.failure = failure
-            self._abandoned = True
-            in_flight, self._in_flight = self._in_flight, {}
-        by_host: dict[int, tuple[RemoteHost, list[str]]] = {}
-        for token, host in in_flight.items():
-            by_host.setdefault(id(host), (host, []))[1].append(token)
+            if self._failed_at is None or index < self._failed_at:
+                self.failure, self._failed_at = failure, index
+        self._cancel_after(index)
+
+    def _cancel_after(self, index: int) -> None:
+        with self._lock:
+            if self._stop_after is None or index < self._stop_after:
+                self._stop_after = index
+            stop = self._stop_after
+            cancelled = [t for t, (_, at) in self._in_flight.items() if at > stop]
+            by_host: dict[int, tuple[RemoteHost, list[str]]] = {}
+            for token in cancelled:
+                host, _ = self._in_flight.pop(token)
+                by_host.setdefault(id(host), (host, []))[1].append(token)
         for host, tokens in by_host.values():
             host.cancel(tokens)
 
@@ -216,7 +231,7 @@ class Distributed:
                     slices = [other for other in self.slices if other.host == piece.host]
                     host.load(self.key, slices)
                     self._hosts[piece.host] = host
-        token = run.begin(host)
+        token = run.begin(host, index)
         if token is None:  # A branch that started as the run was given up: its result is dropped.
             nodes = ", ".join(f"`{node}`" for node in piece.names())
             raise CancelledError(f"the run was abandoned before the slice of {nodes} started")
@@ -239,9 +254,11 @@ class Distributed:
                     "boundary\nhint: the graph can run again at once"
                 )
                 raised.__cause__ = failed
-            # A failed slice fails the run: the slices of its other branches stop on their
-            # hosts now, rather than run to their end while the engine waits for them.
-            run.abandon(raised)
+            # A failed slice fails the run: the slices of later branches stop on their hosts
+            # now, rather than run to their end while the engine waits for them. (A slice
+            # cancelled here has not failed: what cancelled it did.)
+            if not isinstance(failed, CancelledError):
+                run.failed(index, raised)
             if raised is failed:
                 raise
             raise raised from failed
