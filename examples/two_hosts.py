@@ -6,9 +6,9 @@ The script starts its own cluster — a head and one Ray node per host, each off
 resource that names its host (`soma-host:gpu-box`, `soma-host:cpu-box`: the one rule from a
 host to Ray) — runs the graph, checks the result against the same graph run here, prints the
 distributed plan, which Ray node ran each placed node and the spans the hosts traced, and shuts
-the cluster down. On a real
-cluster, start each machine's node with `ray start --resources='{"soma-host:<name>": 1}'`
-instead, and connect with `ray.init(address="auto")`. Needs Ray: `pip install 'soma[ray]'`.
+the cluster down. On a real cluster, start each machine's node with
+`ray start --resources='{"soma-host:<name>": 1}'` instead, and connect with
+`ray.init(address="auto")`. Needs Ray: `pip install 'soma[ray]'`.
 """
 
 import numpy as np
