@@ -77,8 +77,11 @@ impl PythonNode {
 }
 
 /// What a node's return value means: an `Await`, a `Done`, or the output itself.
+///
+/// Neither class can be subclassed, so each is told by its exact type: one pointer comparison,
+/// where an instance check walks the type's bases for every plain output.
 pub fn interpret(out: Bound<'_, PyAny>) -> Transition {
-    if let Ok(asked) = out.cast::<Await>() {
+    if let Ok(asked) = out.cast_exact::<Await>() {
         let py = out.py();
         return Transition::Await(
             asked
@@ -89,7 +92,7 @@ pub fn interpret(out: Bound<'_, PyAny>) -> Transition {
                 .collect(),
         );
     }
-    if let Ok(done) = out.cast::<Done>() {
+    if let Ok(done) = out.cast_exact::<Done>() {
         return Transition::Done(wrap(done.get().value.bind(out.py()).clone()));
     }
     Transition::Done(wrap(out))
