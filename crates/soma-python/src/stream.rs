@@ -84,7 +84,7 @@ impl StreamCore {
     ) -> PyResult<Self> {
         let program = graph.get().program(py)?;
         let iterator = inputs.try_iter()?.unbind();
-        let watch = Arc::new(SignalWatch::new(None));
+        let watch = Arc::new(SignalWatch::new(None, None));
         let mut settings = StreamSettings::default()
             .with_in_flight(in_flight)
             .with_on_error(if stop_on_error {
