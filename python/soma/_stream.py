@@ -71,7 +71,13 @@ class StageFigures:
     busy: float
     """Seconds its workers spent running items, summed over workers."""
     waiting: float
-    """Seconds its workers spent waiting for an item, summed over workers."""
+    """Seconds its workers spent idle with an item still to come from before them (the stages
+    before, or the inputs being read), summed over workers."""
+    blocked: float
+    """Seconds its workers spent idle because what comes after held the stream back: every item
+    in flight was past the stage and no input was being read, since the stream was at its
+    ``in_flight`` bound or the consumer had not asked for the next result. Summed over
+    workers."""
 
 
 @dataclasses.dataclass(frozen=True)

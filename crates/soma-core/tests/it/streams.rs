@@ -502,6 +502,49 @@ fn figures_count_items_and_name_each_stages_nodes() {
     assert!(figures.stages.iter().all(|stage| stage.items == 50));
 }
 
+/// The first stage's figures after streaming 30 items through two trivial stages, two in
+/// flight at most, with `slow_input` or a slow consumer taking 3 ms an item.
+fn first_stage_after(slow_input: bool) -> soma_core::StageFigures {
+    let pause = std::time::Duration::from_millis(3);
+    let inputs = (0..30).map(move |i| {
+        if slow_input {
+            std::thread::sleep(pause);
+        }
+        Value::Int(i)
+    });
+    let program = program_of(f("a", Ok) >> f("b", Ok));
+    let mut stream = Stream::start(program, inputs, StreamSettings::default().with_in_flight(2));
+    for item in stream.by_ref() {
+        item.unwrap();
+        if !slow_input {
+            std::thread::sleep(pause);
+        }
+    }
+    stream.figures().stages.swap_remove(0)
+}
+
+#[test]
+fn a_stage_held_up_by_a_slow_consumer_counts_that_time_as_blocked() {
+    let first = first_stage_after(false);
+    assert!(
+        first.blocked > first.waiting * 2,
+        "blocked {:?}, waiting {:?}",
+        first.blocked,
+        first.waiting
+    );
+}
+
+#[test]
+fn a_stage_held_up_by_a_slow_input_counts_that_time_as_waiting() {
+    let first = first_stage_after(true);
+    assert!(
+        first.waiting > first.blocked * 2,
+        "blocked {:?}, waiting {:?}",
+        first.blocked,
+        first.waiting
+    );
+}
+
 fn config() -> Config {
     Config {
         cases: 64,
