@@ -144,13 +144,14 @@ def peer(runner: str, workload: str, items: int, repeats: int) -> dict[str, Any]
     return figures
 
 
-PEERS = ("loop", "thread_pool", "dask", "map", "ray_data")
+PEERS = ("loop", "thread_pool", "dask", "map", "map_8", "ray_data")
 PEER_NAMES = {
     "loop": "loop of forward",
     "thread_pool": "ThreadPoolExecutor.map (4 threads)",
     "dask": "dask.bag (a partition per item, threads)",
     "ray_data": "Ray Data (map_batches per stage, an actor each)",
-    "map": "g.map (in_flight=64)",
+    "map": "g.map (in_flight=64, the default)",
+    "map_8": "g.map (in_flight=8)",
 }
 
 
@@ -304,7 +305,8 @@ def report(
         "",
         "Memory is the process's and every process it started (Ray's cluster: the object "
         "store's shared memory counts where it is touched), sampled every 5 ms while the items "
-        "ran; before is when the stages were ready.",
+        "ran; before is when the stages were ready. g.map holds up to its bound of items, each "
+        "with the values its later stages have yet to use: its peak follows `in_flight`.",
     ]
     return "\n".join(lines) + "\n"
 

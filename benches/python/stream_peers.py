@@ -12,7 +12,8 @@ here, with an actor per stage) are counted and then gone.
 Runners: ``loop`` (a loop of ``forward``), ``thread_pool`` (``ThreadPoolExecutor.map`` over
 ``forward``, a thread per stage), ``dask`` (``dask.bag``, one ``map`` per stage, a partition
 per item, threaded), ``ray_data`` (Ray Data, one ``map_batches`` per stage on an actor of its
-own, a block per item, batches of one) and ``map`` (``g.map``, its default bound).
+own, a block per item, batches of one), ``map`` (``g.map``, its default bound) and ``map_8``
+(``g.map`` holding 8 items at most).
 
 Workloads: ``sleep`` (10 ms that release the GIL a stage), ``numpy`` (BLAS products at one BLAS
 thread), ``payload`` (the first stage makes a 1 MiB array from the item, the next two make new
@@ -153,6 +154,9 @@ def prepare(runner: str, stages: list[Callable[[Any], Any]], items: int) -> Call
     if runner == "map":
         g = graph(stages)
         return lambda: sum(1 for out in g.map(range(items)) if out is not None)
+    if runner == "map_8":
+        g = graph(stages)
+        return lambda: sum(1 for out in g.map(range(items), in_flight=8) if out is not None)
     if runner == "dask":
         import dask.bag
 
