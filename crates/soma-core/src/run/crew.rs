@@ -80,6 +80,19 @@ use super::hooks::Host;
 /// it is taken from no thread that has work.
 const STAY_AWAKE: Duration = Duration::from_micros(50);
 
+/// How many threads a wave's owner makes sure are on their way to the branches it has not
+/// claimed: one, not none, in case its own branch blocks until a sibling runs. Only one, because
+/// the owner pays for starting a thread on its own time, in the middle of its run, and runs the
+/// siblings itself when its branch is quick (a wave of trivial branches needs no helper at all);
+/// the helper, once it has a branch, sends more.
+const OWNER_SENDS: usize = 1;
+
+/// How many threads a crew thread that has just claimed a branch makes sure are on their way to
+/// the branches still unclaimed. Two, not one: each helper sending two, a wave of a thousand
+/// branches that all block has its threads after about ten rounds, not a thousand. Started on
+/// a crew thread's time, these cost the owner nothing.
+const HELPER_SENDS: usize = 2;
+
 /// The stack a crew thread gets unless told otherwise: what a process's main thread usually has
 /// (and a Python `threading.Thread` gets by default), so that whatever a node survives there —
 /// a deep `repr`, pickling a deep structure — it survives on a crew thread. Reserved, not
@@ -175,8 +188,16 @@ struct Work<F, T> {
 
 /// A countdown's end, slept on by the wave's owner.
 struct Latch {
-    done: Mutex<bool>,
+    state: Mutex<LatchState>,
     opened: Condvar,
+}
+
+#[derive(Default)]
+struct LatchState {
+    done: bool,
+    /// Whether the owner sleeps on `opened`: only then is it woken. Waking is a system call
+    /// even with nobody asleep, and most waves end while their owner is still looking.
+    asleep: bool,
 }
 
 impl Crew {
@@ -416,7 +437,7 @@ impl Offer {
             unfinished: AtomicUsize::new(len),
             queued: AtomicBool::new(false),
             latch: Latch {
-                done: Mutex::new(false),
+                state: Mutex::default(),
                 opened: Condvar::new(),
             },
             remains: Hold::new(),
@@ -494,8 +515,11 @@ impl Offer {
 
 impl Latch {
     fn open(&self) {
-        *self.done.lock().unwrap_or_else(PoisonError::into_inner) = true;
-        self.opened.notify_all();
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.done = true;
+        if state.asleep {
+            self.opened.notify_all();
+        }
     }
 
     /// Waits until `offer` has finished, or `timeout` passed; true when it has finished. Looks
@@ -508,27 +532,29 @@ impl Latch {
             }
             thread::yield_now();
         }
-        let mut done = self.done.lock().unwrap_or_else(PoisonError::into_inner);
-        match timeout {
-            None => {
-                while !*done {
-                    done = self
-                        .opened
-                        .wait(done)
-                        .unwrap_or_else(PoisonError::into_inner);
-                }
-            }
-            Some(timeout) => {
-                if !*done {
-                    done = self
-                        .opened
-                        .wait_timeout(done, timeout)
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let deadline = timeout.map(|timeout| Instant::now() + timeout);
+        while !state.done {
+            state.asleep = true;
+            state = match deadline {
+                None => self
+                    .opened
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner),
+                Some(deadline) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    self.opened
+                        .wait_timeout(state, left)
                         .unwrap_or_else(PoisonError::into_inner)
-                        .0;
+                        .0
                 }
-            }
+            };
         }
-        *done
+        state.asleep = false;
+        state.done
     }
 }
 
@@ -558,7 +584,7 @@ impl Pool {
         offer.queued.store(true, Ordering::Relaxed);
         self.offered.fetch_add(1, Ordering::Release);
         let unclaimed = offer.unclaimed();
-        self.send_helpers(&mut state, unclaimed)
+        self.send_helpers(&mut state, unclaimed, OWNER_SENDS)
     }
 
     /// Takes `offer` out of the queue, if it is still there; all its branches are claimed.
@@ -585,14 +611,16 @@ impl Pool {
         if self.offered.load(Ordering::Acquire) == 0 {
             return;
         }
-        self.send_helpers_to_the_queue(self.lock(), offer);
+        self.send_helpers_to_the_queue(self.lock(), offer, OWNER_SENDS);
     }
 
-    /// [`Pool::send_helper_if_needed`], for a caller that holds the lock already.
+    /// [`Pool::send_helper_if_needed`], for a caller that holds the lock already and sends up
+    /// to `sends` threads.
     fn send_helpers_to_the_queue(
         self: &Arc<Self>,
         mut state: MutexGuard<'_, State>,
         offer: &Offer,
+        sends: usize,
     ) {
         // Two are enough to know: the scan stops there, and usually at the first offer.
         let mut unclaimed = 0;
@@ -602,19 +630,21 @@ impl Pool {
                 break;
             }
         }
-        if let Err(refused) = self.send_helpers(&mut state, unclaimed) {
+        if let Err(refused) = self.send_helpers(&mut state, unclaimed, sends) {
             drop(state);
             offer.refuse_unclaimed(&refused);
         }
     }
 
-    /// Makes sure up to two threads are on their way to `unclaimed` branches: those already
-    /// looking count, then sleeping ones are woken, then new ones started. Two, not one: each
-    /// thread that takes a branch sends two more while branches wait, so a wave of a thousand
-    /// branches that all block has its threads after ten rounds, not a thousand; one, not none,
-    /// when a single branch waits.
-    fn send_helpers(self: &Arc<Self>, state: &mut State, unclaimed: usize) -> io::Result<()> {
-        let mut missing = unclaimed.min(2).saturating_sub(state.looking);
+    /// Makes sure up to `sends` threads are on their way to `unclaimed` branches: those already
+    /// looking count, then sleeping ones are woken, then new ones started.
+    fn send_helpers(
+        self: &Arc<Self>,
+        state: &mut State,
+        unclaimed: usize,
+        sends: usize,
+    ) -> io::Result<()> {
+        let mut missing = unclaimed.min(sends).saturating_sub(state.looking);
         while missing > 0 {
             if state.sleeping > 0 {
                 state.sleeping -= 1;
@@ -703,7 +733,7 @@ impl Pool {
             while let Some(index) = offer.claim() {
                 let mut state = self.lock();
                 state.looking -= 1;
-                self.send_helpers_to_the_queue(state, offer);
+                self.send_helpers_to_the_queue(state, offer, HELPER_SENDS);
                 // SAFETY: claimed just now, so the owner is waiting and `work` is alive.
                 #[allow(unsafe_code)]
                 // Counted as looking again before the branch counts as finished: once it does,

@@ -64,9 +64,38 @@ pub(crate) struct Step {
     pub(crate) id: NodeId,
     pub(crate) slot: usize,
     pub(crate) node: Arc<dyn Node>,
-    pub(crate) from: Box<[Read]>,
+    pub(crate) from: Reads,
     /// Where the node is placed, if it is.
     pub(crate) device: Option<Device>,
+}
+
+/// A step's reads. Most steps read one value: kept in the step itself, it costs neither an
+/// allocation when the program is made nor a pointer to follow, into memory of its own, each
+/// time the step runs — which is what a step costs once a program outgrows the caches.
+pub(crate) enum Reads {
+    One(Read),
+    Many(Box<[Read]>),
+}
+
+impl std::ops::Deref for Reads {
+    type Target = [Read];
+
+    fn deref(&self) -> &[Read] {
+        match self {
+            Reads::One(read) => std::slice::from_ref(read),
+            Reads::Many(reads) => reads,
+        }
+    }
+}
+
+impl FromIterator<Read> for Reads {
+    fn from_iter<I: IntoIterator<Item = Read>>(reads: I) -> Reads {
+        let mut reads = reads.into_iter();
+        match (reads.next(), reads.next()) {
+            (Some(one), None) => Reads::One(one),
+            (first, second) => Reads::Many(first.into_iter().chain(second).chain(reads).collect()),
+        }
+    }
 }
 
 /// Where a step reads one input, and whether it is the value's last reader in its producer's
