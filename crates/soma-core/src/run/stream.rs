@@ -247,6 +247,9 @@ pub struct StreamFigures {
 struct Item {
     index: u64,
     input: Value,
+    /// When the caller began reading its input: a stage that slept until it came was held up
+    /// by what came after it before then, and waited for its input from then on.
+    read_at: Instant,
     /// The values its steps produced: the run's table.
     table: Box<[Option<Value>]>,
     /// Why it failed, once it has; the stages after skip it.
@@ -626,6 +629,7 @@ impl<I: Iterator<Item = Value>> Stream<I> {
     fn feed(&mut self) {
         while !self.inputs_done && self.in_flight < self.settings.in_flight {
             self.shared.reading.store(true, Ordering::Relaxed);
+            let read_at = Instant::now();
             let input = self.inputs.next();
             self.shared.reading.store(false, Ordering::Relaxed);
             let Some(input) = input else {
@@ -636,6 +640,7 @@ impl<I: Iterator<Item = Value>> Stream<I> {
             let item = Box::new(Item {
                 index: self.read,
                 input,
+                read_at,
                 table: vec![None; self.program.len()].into(),
                 failed: None,
                 result: None,
@@ -936,13 +941,19 @@ impl Worker {
     /// sleeps for want of items goes to `idle`, as waiting or blocked.
     fn take(&self, executor: &Executor, batch: &mut VecDeque<Box<Item>>, idle: &mut Idle) -> bool {
         let (shared, at) = (&*self.shared, self.stage);
+        let mut slept: Option<Sleep> = None;
         loop {
             let mut state = shared.lock();
             if state.closed {
                 return false;
             }
             state.inboxes[at].take(batch);
-            if !batch.is_empty() {
+            if let Some(first) = batch.front() {
+                let read_at = first.read_at;
+                drop(state);
+                if let Some(sleep) = slept {
+                    idle.add(sleep, Some(read_at));
+                }
                 return true;
             }
             // Why it is about to be idle: an item is still to come from before it (or from the
@@ -952,7 +963,10 @@ impl Worker {
                 && !state.inputs_done
                 && !shared.reading.load(Ordering::Relaxed);
             drop(state);
-            let started = Instant::now();
+            if let Some(sleep) = slept.take() {
+                idle.add(sleep, None);
+            }
+            let from = Instant::now();
             // Asleep with the host's lock given back, so the stages before can run.
             executor.blocking(&mut || {
                 let mut state = shared.lock();
@@ -966,12 +980,11 @@ impl Worker {
                 inbox.sleeping -= 1;
                 inbox.waking = inbox.waking.saturating_sub(1);
             });
-            let slept = started.elapsed();
-            if blocked {
-                idle.blocked += slept;
-            } else {
-                idle.waiting += slept;
-            }
+            slept = Some(Sleep {
+                from,
+                to: Instant::now(),
+                blocked,
+            });
         }
     }
 
@@ -1017,4 +1030,27 @@ impl Worker {
 struct Idle {
     waiting: Duration,
     blocked: Duration,
+}
+
+/// One stretch of a worker's sleep, and whether it began held up by what comes after it.
+#[derive(Clone, Copy)]
+struct Sleep {
+    from: Instant,
+    to: Instant,
+    blocked: bool,
+}
+
+impl Idle {
+    /// Counts `sleep`, ended by an item whose input the caller began reading at `read_at`: a
+    /// sleep that began held up stayed so until then, and waited for that item after.
+    fn add(&mut self, sleep: Sleep, read_at: Option<Instant>) {
+        let Sleep { from, to, blocked } = sleep;
+        if !blocked {
+            self.waiting += to - from;
+            return;
+        }
+        let held_until = read_at.map_or(to, |read_at| read_at.clamp(from, to));
+        self.blocked += held_until - from;
+        self.waiting += to - held_until;
+    }
 }
