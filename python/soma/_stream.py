@@ -255,8 +255,8 @@ class Stream(Iterator[Any]):
             return failed if self._ordered else (index, failed)
 
     def figures(self) -> StreamFigures | None:
-        """Counters so far: items read, handed back and failed, and each stage's busy and
-        waiting time (``None`` while another thread is reading the stream)."""
+        """Counters so far: items read, handed back and failed, and each stage's busy, waiting
+        and blocked time (``None`` while another thread is reading the stream)."""
         raw = self._core.figures()
         return None if raw is None else _figures(raw)
 
