@@ -178,8 +178,15 @@ def prepare_ray(stages: list[Callable[[Any], Any]], items: int) -> Callable[[], 
     import ray
     import ray.data
 
-    # Logical CPUs for the stages' actors (a quarter each), whatever the cores.
-    ray.init(num_cpus=STAGES, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    # A cluster of its own ("local"), never one another process left running on this machine;
+    # logical CPUs for the stages' actors (a quarter each), whatever the cores.
+    ray.init(
+        address="local",
+        num_cpus=STAGES,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level="ERROR",
+    )
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False
     logging.getLogger("ray.data").setLevel(logging.ERROR)
