@@ -299,3 +299,54 @@ def test_an_int_beyond_64_bits_is_refused_by_a_rust_node_with_type_error() -> No
 def test_an_int_beyond_64_bits_is_fine_between_python_nodes() -> None:
     g = soma.Graph.somatize(Add(1) >> Double())
     assert g.forward(2**64) == (2**64 + 1) * 2
+
+
+# ---------------------------------------------------------------------------------------------
+# However `forward` is defined, a node is called as Python would call `obj.forward(x)`
+
+
+class _Scaled(soma.Node):
+    factor = 3
+
+    @classmethod
+    def forward(cls, x: int) -> int:  # type: ignore[override]
+        return x * cls.factor
+
+
+class _Shifted(soma.Node):
+    @staticmethod
+    def forward(x: int) -> int:  # type: ignore[override]
+        return x - 1
+
+
+class _Tagged(soma.Node):
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+
+    def forward(self, x: str) -> str:
+        return f"{x}{self.tag}"
+
+
+def test_forward_as_a_classmethod_a_staticmethod_or_an_attribute_is_called_as_python_calls_it() -> (
+    None
+):
+    other = _Tagged("!")
+    replaced = _Tagged("unused")
+    replaced.forward = other.forward  # type: ignore[method-assign]  # bound to `other`
+    g = soma.Graph.somatize(
+        _Scaled().named("scaled") >> _Shifted().named("shifted") >> Fn(str).named("text")
+    )
+    assert g.forward(5) == "14"
+    h = soma.Graph.somatize(_Tagged("?").named("own") >> replaced.named("theirs"))
+    assert h.forward("x") == "x?!"
+
+
+def test_a_method_that_raises_keeps_its_own_frame_in_the_traceback() -> None:
+    class Fails(soma.Node):
+        def forward(self, x: int) -> int:
+            raise LookupError(f"no {x}")
+
+    g = soma.Graph.somatize(Fails().named("fails"))
+    with pytest.raises(LookupError, match="no 7") as raised:
+        g.forward(7)
+    assert any(entry.name == "forward" for entry in raised.traceback)

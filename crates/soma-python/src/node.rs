@@ -19,20 +19,42 @@ use crate::watch::note_interrupt;
 pub struct PythonNode {
     /// The bound method, looked up once at registration; it keeps the object alive.
     forward: Py<PyAny>,
+    /// For a method bound the ordinary way, its function and the object it is bound to: called
+    /// as `function(object, x)`, which is what calling the bound method does, without reading
+    /// the bound method's memory on every call — a cache miss per node once a graph is larger
+    /// than the caches.
+    function: Option<(Py<PyAny>, Py<PyAny>)>,
     takes_ctx: bool,
 }
 
 impl PythonNode {
     pub fn new(object: &Bound<'_, PyAny>, takes_ctx: bool) -> PyResult<Self> {
+        let py = object.py();
+        let forward = object.getattr("forward")?;
+        let bound_method = py.import("types")?.getattr("MethodType")?;
+        let function = if forward.get_type().is(&bound_method) {
+            Some((
+                forward.getattr("__func__")?.unbind(),
+                forward.getattr("__self__")?.unbind(),
+            ))
+        } else {
+            None
+        };
         Ok(PythonNode {
-            forward: object.getattr("forward")?.unbind(),
+            forward: forward.unbind(),
+            function,
             takes_ctx,
         })
     }
 
-    /// Shows the garbage collector the one Python reference this node holds.
+    /// Shows the garbage collector the Python references this node holds.
     pub fn traverse(&self, visit: &pyo3::gc::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
-        visit.call(&self.forward)
+        visit.call(&self.forward)?;
+        if let Some((function, object)) = &self.function {
+            visit.call(function)?;
+            visit.call(object)?;
+        }
+        Ok(())
     }
 
     fn call(&self, py: Python<'_>, input: &Value, ctx: &Ctx<'_>) -> PyResult<Transition> {
@@ -55,6 +77,9 @@ impl PythonNode {
 
     fn call_here(&self, py: Python<'_>, input: &Value, ctx: &Ctx<'_>) -> PyResult<Transition> {
         let x = to_python(py, input)?;
+        if let (Some((function, object)), false) = (&self.function, self.takes_ctx) {
+            return Ok(interpret(function.bind(py).call1((object.bind(py), x))?));
+        }
         let forward = self.forward.bind(py);
         let out = if self.takes_ctx {
             let results = ctx
@@ -77,8 +102,11 @@ impl PythonNode {
 }
 
 /// What a node's return value means: an `Await`, a `Done`, or the output itself.
+///
+/// Neither class can be subclassed, so each is told by its exact type: one pointer comparison,
+/// where an instance check walks the type's bases for every plain output.
 pub fn interpret(out: Bound<'_, PyAny>) -> Transition {
-    if let Ok(asked) = out.cast::<Await>() {
+    if let Ok(asked) = out.cast_exact::<Await>() {
         let py = out.py();
         return Transition::Await(
             asked
@@ -89,7 +117,7 @@ pub fn interpret(out: Bound<'_, PyAny>) -> Transition {
                 .collect(),
         );
     }
-    if let Ok(done) = out.cast::<Done>() {
+    if let Ok(done) = out.cast_exact::<Done>() {
         return Transition::Done(wrap(done.get().value.bind(out.py()).clone()));
     }
     Transition::Done(wrap(out))

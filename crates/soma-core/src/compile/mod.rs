@@ -76,11 +76,7 @@ impl std::error::Error for CompileError {}
 /// O(nodes + edges), plus sorting each wave's branches, for a series-parallel graph; for any
 /// other, O((nodes + edges) · log nodes) per level of nesting.
 pub fn compile(graph: &Graph, catalog: &Catalog) -> Result<Plan, CompileError> {
-    if let Some(node) = graph
-        .nodes()
-        .iter()
-        .find(|id| !catalog.contains(id.as_str()))
-    {
+    if let Some(node) = catalog.first_missing(graph.nodes()) {
         return Err(CompileError::MissingImplementation { node: node.clone() });
     }
     Ok(decompose(graph))

@@ -35,6 +35,11 @@ impl NodeId {
         !self.0.is_empty() && !self.0.chars().any(|c| c.is_whitespace() || c.is_control())
     }
 
+    /// Whether both are one shared id, not merely equal ones: a comparison that reads no text.
+    pub(crate) fn is(&self, other: &NodeId) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
     /// The shared text, for values keyed by id (fan-in and leaf maps) without copying it.
     pub fn shared(&self) -> Arc<str> {
         Arc::clone(&self.0)

@@ -210,8 +210,61 @@ fn to_u32(n: usize) -> u32 {
     u32::try_from(n).expect("fewer steps than u32::MAX")
 }
 
-/// Where each node already numbered runs: its slot.
+/// Slots by id.
 type SlotOf<'p> = HashMap<&'p str, u32, BuildHasherDefault<IdHasher>>;
+
+/// How many of the steps numbered last a read is looked for among, by identity, before the
+/// table by id: a block of the DSL's nesting reads nothing further back.
+const RECENT: usize = 8;
+
+/// Where each node already numbered runs: its slot.
+///
+/// A compiled plan's ids are its graph's, shared, and a step nearly always reads what a step a
+/// few places back wrote: found there by identity, a read costs no hashing and no lookup into a
+/// table of every node — a cache miss each once the plan outgrows the caches. The table by id
+/// is made only the first time a read is not found that way (a wide join, a hand-made plan).
+struct Slots<'p> {
+    /// The plan's id of each step numbered so far, by slot.
+    numbered: Vec<&'p NodeId>,
+    by_id: Option<SlotOf<'p>>,
+}
+
+impl<'p> Slots<'p> {
+    fn with_capacity(steps: usize) -> Self {
+        Slots {
+            numbered: Vec::with_capacity(steps),
+            by_id: None,
+        }
+    }
+
+    /// The slot of the step that runs `source`, if one was numbered.
+    fn find(&mut self, source: &NodeId) -> Option<u32> {
+        let recent = self.numbered.len().saturating_sub(RECENT);
+        if let Some(back) = self.numbered[recent..].iter().rposition(|id| id.is(source)) {
+            return Some(to_u32(recent + back));
+        }
+        let numbered = &self.numbered;
+        let by_id = self.by_id.get_or_insert_with(|| {
+            let mut by_id = SlotOf::with_capacity_and_hasher(
+                numbered.capacity(),
+                BuildHasherDefault::default(),
+            );
+            for (slot, id) in numbered.iter().enumerate() {
+                by_id.insert(id.as_str(), to_u32(slot));
+            }
+            by_id
+        });
+        by_id.get(source.as_str()).copied()
+    }
+
+    /// Numbers the step that runs `id` next.
+    fn push(&mut self, id: &'p NodeId) {
+        if let Some(by_id) = &mut self.by_id {
+            by_id.insert(id.as_str(), to_u32(self.numbered.len()));
+        }
+        self.numbered.push(id);
+    }
+}
 
 /// The first pass: steps numbered into slots in plan order, every read resolved and checked,
 /// and where each step and each sequence sits.
@@ -225,6 +278,8 @@ struct Numbering {
     sequences: Vec<(Position, u32)>,
     /// Every read, in plan order: (reader slot, read slot).
     reads: Vec<(u32, u32)>,
+    /// Where in the catalog the next step's node is looked for first.
+    next_in_catalog: usize,
 }
 
 /// A container being walked in the first pass.
@@ -257,10 +312,12 @@ impl Numbering {
             positions: Vec::with_capacity(steps),
             sequences: Vec::new(),
             reads: Vec::with_capacity(steps),
+            next_in_catalog: 0,
         };
-        // Keyed by the plan's own ids, borrowed: no id is cloned to be looked up.
-        let mut slot_of: SlotOf<'_> =
-            SlotOf::with_capacity_and_hasher(steps, BuildHasherDefault::default());
+        // The plan's own ids, borrowed: no id is cloned to be looked up.
+        let mut slots = Slots::with_capacity(steps);
+        // Which catalog entries a step runs already: a node run twice is refused.
+        let mut running = vec![false; catalog.len()];
         let mut open: Vec<Open> = Vec::new();
         // For each wave around the step being visited, `(wave start, branch start)`: the slots
         // of the sibling branches before this one, which run at the same time and so cannot be
@@ -285,7 +342,14 @@ impl Numbering {
                     match entered {
                         Plan::Empty => {}
                         Plan::Execute { node, from } => {
-                            numbering.execute(catalog, &mut slot_of, &hidden, node, from)?;
+                            numbering.execute(
+                                catalog,
+                                &mut slots,
+                                &mut running,
+                                &hidden,
+                                node,
+                                from,
+                            )?;
                             numbering.positions.push(position);
                         }
                         Plan::Sequence(_) => {
@@ -345,18 +409,19 @@ impl Numbering {
     fn execute<'p>(
         &mut self,
         catalog: &Catalog,
-        slot_of: &mut SlotOf<'p>,
+        slots: &mut Slots<'p>,
+        running: &mut [bool],
         hidden: &[(usize, usize)],
         node: &'p NodeId,
         from: &[NodeId],
     ) -> Result<(), ProgramError> {
-        let implementation = catalog
-            .get(node.as_str())
+        let (entry, implementation) = catalog
+            .get_after(node, &mut self.next_in_catalog)
             .ok_or_else(|| ProgramError::NotInCatalog { node: node.clone() })?;
         let slot = to_u32(self.ids.len());
         for source in from {
-            match slot_of.get(source.as_str()) {
-                Some(&read) if visible(hidden, read as usize) => self.reads.push((slot, read)),
+            match slots.find(source) {
+                Some(read) if visible(hidden, read as usize) => self.reads.push((slot, read)),
                 Some(_) | None => {
                     return Err(ProgramError::MissingInput {
                         node: node.clone(),
@@ -365,9 +430,10 @@ impl Numbering {
                 }
             }
         }
-        if slot_of.insert(node.as_str(), slot).is_some() {
+        if std::mem::replace(&mut running[entry], true) {
             return Err(ProgramError::StepTwice { node: node.clone() });
         }
+        slots.push(node);
         self.ids.push(node.clone());
         self.implementations.push(Arc::clone(implementation));
         Ok(())

@@ -324,6 +324,36 @@ fn a_missing_implementation_names_the_first_missing_node_in_insertion_order() {
 }
 
 #[test]
+fn a_missing_implementation_is_found_past_a_prefix_registered_in_the_graph_order() {
+    // The catalog matches the graph entry by entry up to `c`, then misses it.
+    let graph = graph(&["a", "b", "c", "d"], &[("a", "b"), ("b", "c"), ("c", "d")]);
+    let mut catalog = Catalog::new();
+    for id in ["a", "b", "d"] {
+        catalog.insert(id, Arc::new(Trace));
+    }
+    assert_eq!(
+        compile(&graph, &catalog),
+        Err(CompileError::MissingImplementation { node: "c".into() })
+    );
+}
+
+#[test]
+fn a_catalog_filled_in_another_order_than_its_graph_covers_it_all_the_same() {
+    let graph = graph(&["a", "b", "c"], &[("a", "b"), ("a", "c")]);
+    let mut catalog = Catalog::new();
+    for id in ["c", "a", "b"] {
+        catalog.insert(id, Arc::new(Trace));
+    }
+    assert_eq!(compile(&graph, &catalog), Ok(decompose(&graph)));
+    // Ids equal by name, not shared with the graph's, count as well.
+    let mut by_name = Catalog::new();
+    for id in ["a", "b", "c"] {
+        by_name.insert(String::from(id).as_str(), Arc::new(Trace));
+    }
+    assert_eq!(compile(&graph, &by_name), Ok(decompose(&graph)));
+}
+
+#[test]
 fn a_plan_shows_its_tree_with_and_without_ids() {
     let plan = plan_of(n("a") >> (n("b") | n("c")));
     assert_eq!(

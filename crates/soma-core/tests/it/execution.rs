@@ -174,6 +174,26 @@ fn a_plan_step_the_catalog_lacks_is_not_in_catalog() {
 }
 
 #[test]
+fn each_step_runs_its_own_implementation_whatever_order_the_catalog_was_filled_in() {
+    let plan = seq(vec![exec("a", &[]), exec("b", &["a"]), exec("c", &["b"])]);
+    let mut catalog = Catalog::new();
+    // Registered back to front, then `b` replaced: the lookup that tries the next entry first
+    // must fall back to the index, and find the replacement.
+    for (id, add) in [("c", 100), ("b", 0), ("a", 1)] {
+        catalog.insert(
+            id,
+            Arc::new(move |x: &Value| Ok(Value::Int(x.as_int().unwrap_or(0) + add))),
+        );
+    }
+    catalog.insert(
+        "b",
+        Arc::new(|x: &Value| Ok(Value::Int(x.as_int().unwrap_or(0) * 10))),
+    );
+    let out = Executor::new().run(&plan, &catalog, Value::Int(4)).unwrap();
+    assert_eq!(out, Value::Int((4 + 1) * 10 + 100));
+}
+
+#[test]
 fn a_step_reading_a_node_that_produced_nothing_is_missing_input() {
     let mut catalog = Catalog::new();
     catalog.insert("b", Arc::new(Trace));
