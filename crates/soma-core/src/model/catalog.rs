@@ -13,7 +13,7 @@ use crate::model::node::Node;
 ///
 /// Kept in the order the ids were first registered, with an index by id beside: a graph and its
 /// catalog are usually filled together, node by node, and then checked against each other
-/// side by side ([`Catalog::first_missing`]) instead of by one lookup per node, which once the
+/// side by side (`Catalog::first_missing`) instead of by one lookup per node, which once the
 /// table outgrows the caches costs a cache miss each (a tenth of a microsecond per node at
 /// 100,000 nodes, a third of compiling the graph).
 #[derive(Clone, Default)]
