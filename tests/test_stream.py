@@ -181,6 +181,20 @@ def test_map_equals_a_loop_of_forward_on_random_graphs(dag: Any, inputs: list[in
     assert list(g.map(inputs, in_flight=3)) == looped
 
 
+def test_a_wave_of_chains_with_a_wave_inside_maps_to_what_a_loop_of_forward_gives() -> None:
+    inner = Fn(lambda x: x + 7).named("c2") | (
+        Fn(lambda x: x * x).named("c3") >> Add(0).named("c4")
+    )
+    g = soma.Graph.somatize(
+        Add(1).named("a")
+        >> (
+            (Fn(lambda x: x * 2).named("b1") >> Add(-3).named("b2"))
+            | (Fn(lambda x: x * 5).named("c1") >> inner)
+        )
+    )
+    assert list(g.map(range(40), in_flight=5)) == [g.forward(x) for x in range(40)]
+
+
 REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="none")
 
 

@@ -176,6 +176,28 @@ fn the_branches_of_a_wave_inside_a_stage_run_side_by_side_for_each_item() {
     assert!(out.iter().all(|value| value.as_map().unwrap().len() == 2));
 }
 
+#[test]
+fn a_wave_of_chains_with_a_wave_inside_streams_to_what_a_loop_of_runs_gives() {
+    // Branches that are chains, one holding a wave of its own, joined by a node that reads all.
+    let program = program_of(
+        f("a", |x| Ok(x + 1))
+            >> ((f("b1", |x| Ok(x * 2)) >> f("b2", |x| Ok(x - 3)))
+                | (f("c1", |x| Ok(x * 5))
+                    >> (f("c2", |x| Ok(x + 7)) | (f("c3", |x| Ok(x * x)) >> f("c4", Ok))))),
+    );
+    let looped: Vec<Value> = ints(0..40)
+        .map(|input| Executor::new().run_program(&program, input).unwrap())
+        .collect();
+    let streamed: Vec<Value> = Stream::start(
+        program,
+        ints(0..40),
+        StreamSettings::default().with_in_flight(5),
+    )
+    .map(|item| item.unwrap().1)
+    .collect();
+    assert_eq!(streamed, looped);
+}
+
 /// Inputs that count how many times they were read.
 fn counted(read: &Arc<AtomicUsize>, count: i64) -> impl Iterator<Item = Value> {
     let read = Arc::clone(read);
