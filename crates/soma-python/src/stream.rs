@@ -260,6 +260,7 @@ impl StreamCore {
             entry.set_item("items", stage.items)?;
             entry.set_item("busy", stage.busy.as_secs_f64())?;
             entry.set_item("waiting", stage.waiting.as_secs_f64())?;
+            entry.set_item("blocked", stage.blocked.as_secs_f64())?;
             stages.append(entry)?;
         }
         dict.set_item("stages", stages)?;
