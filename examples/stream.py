@@ -86,7 +86,8 @@ def main() -> None:
     assert figures is not None
     for stage in figures.stages:
         print(f"  stage {', '.join(stage.nodes):<10} busy {stage.busy:5.2f} s", end="")
-        print(f"  waiting for input {stage.waiting:5.2f} s")
+        print(f"  waiting for input {stage.waiting:5.2f} s", end="")
+        print(f"  blocked on output {stage.blocked:5.2f} s")
     print(f"bottleneck: {figures.bottleneck}")
 
 

@@ -5,9 +5,10 @@
 The script starts its own cluster — a head and one Ray node per host, each offering the custom
 resource that names its host (`soma-host:gpu-box`, `soma-host:cpu-box`: the one rule from a
 host to Ray) — runs the graph, checks the result against the same graph run here, prints the
-distributed plan and which Ray node ran each placed node, and shuts the cluster down. On a real
-cluster, start each machine's node with `ray start --resources='{"soma-host:<name>": 1}'`
-instead, and connect with `ray.init(address="auto")`. Needs Ray: `pip install 'soma[ray]'`.
+distributed plan, which Ray node ran each placed node and the spans the hosts traced, and shuts
+the cluster down. On a real cluster, start each machine's node with
+`ray start --resources='{"soma-host:<name>": 1}'` instead, and connect with
+`ray.init(address="auto")`. Needs Ray: `pip install 'soma[ray]'`.
 """
 
 import numpy as np
@@ -46,12 +47,17 @@ def main() -> None:
         ray.init(address=cluster.address, log_to_driver=False)
         g = soma.Graph.somatize(Tokens() >> (Embed().at("gpu-box") | Count().at("cpu-box")))
         print(g.distributed_plan())
-        ran = g.forward("beyond one machine")
+        trace = soma.Trace()
+        ran = g.forward("beyond one machine", trace=trace)
         for node, host in g.hosts().items():
             value, node_id = ran[node]
             where = "the node of " + host if node_id == nodes[host] else "elsewhere"
             print(f"{node} = {value:.3f} ran on {where}")
             assert node_id == nodes[host]
+        # The hosts shipped their nodes' spans back: each on a track of its own, marked.
+        for span in trace.spans:
+            if span.host is not None:
+                print(f"traced {span.node} on host {span.host}: {span.duration * 1e6:.0f} µs")
         for node in g.nodes():
             g.place_at(node, None)
         here = g.forward("beyond one machine")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 import time
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -212,13 +213,65 @@ def test_a_nodes_exception_keeps_its_type_and_message_and_a_note_names_node_and_
     with pytest.raises(KeyError, match="no such thing as 2") as raised:
         g.forward(1)
     assert type(raised.value) is KeyError
-    notes = raised.value.__notes__
-    assert "raised in soma node `boom` on host `two`" in notes
-    assert any(note.startswith("remote traceback:") for note in notes), notes
+    assert raised.value.__notes__ == ["raised in soma node `boom` on host `two`"]
     g.place_at("boom", None)
     with pytest.raises(KeyError) as here:
         g.forward(1)
     assert str(here.value) == str(raised.value)
+
+
+def test_a_nodes_exception_comes_out_caused_by_its_remote_traceback(cluster: RayHosts) -> None:
+    g = soma.Graph.somatize(Add(1).named("a") >> Boom().named("boom").at("two"))
+    with pytest.raises(KeyError) as raised:
+        g.forward(1)
+    remote = raised.value.__cause__
+    assert isinstance(remote, soma.errors.RemoteTraceback), remote
+    assert remote.host == "two"
+    # The frame of the node's own code, as it ran on the host.
+    assert 'raise KeyError(f"no such thing as {x}")' in str(remote), str(remote)
+    printed = "".join(traceback.format_exception(raised.value))
+    assert (
+        printed.index("raise KeyError")
+        < printed.index("direct cause")
+        < printed.rindex("KeyError: 'no such thing as 2'")
+    ), printed
+
+
+class Flags(soma.Node):
+    """Whether the array it got may be written, and whether it owns its memory."""
+
+    def forward(self, x: Any) -> tuple[bool, bool]:
+        return bool(x.flags.writeable), bool(x.flags.owndata)
+
+
+def test_a_large_numpy_array_reaches_a_slice_on_the_same_node_without_a_copy(
+    cluster: RayHosts,
+) -> None:
+    np = pytest.importorskip("numpy")
+    big = np.ones(2**20)  # 8 MB: past what Ray sends inline, so through its object store.
+    g = soma.Graph.somatize(Flags().named("flags").at("one"))
+    # Read in place from the object store: a view, read-only; a copy would be its own.
+    assert g.forward(big) == (False, False)
+    assert np.ones(4).flags.writeable  # What an array of its own says, for contrast.
+
+
+def test_a_traced_run_records_a_slices_nodes_on_a_track_of_their_own_marked_with_the_host(
+    cluster: RayHosts,
+) -> None:
+    g = soma.Graph.somatize(Add(1).named("a") >> (Add(2).named("b") >> Add(3).named("c")).at("one"))
+    trace = soma.Trace()
+    assert g.forward(0, trace=trace) == 6
+    there = {span.node: span for span in trace.spans if span.host is not None}
+    here = {span.node: span for span in trace.spans if span.host is None}
+    assert sorted(there) == ["b", "c"]
+    assert {span.host for span in there.values()} == {"one"}
+    assert there["b"].thread == there["c"].thread != here["a"].thread
+    # On this trace's clock, inside the span of the slice's stand-in here.
+    (stand_in,) = [span for span in trace.spans if span.node.startswith("one#")]
+    assert stand_in.start <= there["b"].start <= there["c"].end <= stand_in.end
+    chrome = trace.to_chrome()
+    assert '"name":"branch main on host one"' in chrome
+    assert '"host":"one"' in chrome
 
 
 class Fail(soma.Node):
@@ -251,6 +304,7 @@ def test_a_killed_host_is_a_remote_error_naming_host_and_slice_and_the_next_run_
     with pytest.raises(soma.RemoteError, match=r"host `one` died .*slice of `b`") as raised:
         g.forward(0)
     assert (raised.value.host, raised.value.slice) == ("one", ["b"])
+    host.cancel(["a run there"])  # A cancel sent to a dead host returns, and raises nothing.
     assert g.forward(0) == 6
     assert cluster.host("one") is not host
 
@@ -276,6 +330,119 @@ def test_a_host_not_in_the_cluster_is_an_error_naming_the_host_and_the_fix(
         g.forward(0)
     assert raised.value.host == "nowhere"
     assert "ray start --resources='{\"soma-host:nowhere\": 1}'" in str(raised.value)
+
+
+class Gate(soma.Node):
+    """Announces in ``folder`` that it started and, given a true input, waits until the file
+    ``open`` is there (up to ``DEADLINE``): a node that holds its slice while a test gives up on
+    the run."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def forward(self, x: int) -> int:
+        (self.folder / "started").touch()
+        deadline = time.monotonic() + DEADLINE
+        while x and not (self.folder / "open").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return x
+
+
+class Step(soma.Node):
+    """Leaves a file ``ran-<id>`` in ``folder``: which nodes ran, seen from here."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def forward(self, x: int, ctx: Any) -> int:
+        (self.folder / f"ran-{ctx.node}").touch()
+        return x + 1
+
+
+STEPS = 10
+
+
+def gated(folder: Path) -> Any:
+    """A gate, then ``STEPS`` steps, all on host ``one``: one slice."""
+    expr: Any = Gate(folder).named("gate")
+    for at in range(STEPS):
+        expr = expr >> Step(folder).named(f"step{at}")
+    return expr.at("one")
+
+
+def wait_until(check: Any) -> bool:
+    """Whether ``check()`` came true within ``DEADLINE``."""
+    deadline = time.monotonic() + DEADLINE
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def steps_after_the_gate_opens(cluster: RayHosts, folder: Path) -> list[str]:
+    """Opens the gate, waits for host ``one`` to have no slice running, and names the steps
+    that ran."""
+    (folder / "open").touch()
+    actor = cluster.host("one").actor  # type: ignore[attr-defined]
+    assert wait_until(lambda: ray.get(actor.running.remote(), timeout=DEADLINE) == 0)
+    return sorted(path.name for path in folder.glob("ran-*"))
+
+
+class AfterGate(soma.Node):
+    """Returns its input once the file ``started`` is in ``folder`` (up to ``DEADLINE``): a
+    first branch that keeps the caller from taking the gate's branch itself."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def forward(self, x: int) -> int:
+        assert wait_until((self.folder / "started").exists)
+        return x
+
+
+@pytest.mark.parametrize("waiting", ["the calling thread", "a branch's thread"])
+def test_a_run_that_times_out_stops_its_slice_on_the_host_at_the_next_node_boundary(
+    cluster: RayHosts, tmp_path: Path, waiting: str
+) -> None:
+    # The caller runs a wave's first branch itself, and waits for the others once it is done.
+    expr = gated(tmp_path)
+    g = soma.Graph.somatize(
+        expr if waiting == "the calling thread" else AfterGate(tmp_path).named("after") | expr
+    )
+    g.forward(0)  # Its slice loaded; what it left is forgotten.
+    for left in tmp_path.iterdir():
+        left.unlink()
+    with pytest.raises(TimeoutError):
+        g.forward(1, timeout=0.5)
+    assert steps_after_the_gate_opens(cluster, tmp_path) == []
+    assert g.forward(1, timeout=DEADLINE) is not None
+    assert len(list(tmp_path.glob("ran-*"))) == STEPS
+
+
+class FailOnceStarted(soma.Node):
+    """Raises once the file ``started`` is in ``folder`` (up to ``DEADLINE``)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def forward(self, x: int) -> int:
+        deadline = time.monotonic() + DEADLINE
+        while not (self.folder / "started").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        raise ValueError("failed once the gate had started")
+
+
+def test_a_failed_slice_stops_the_slices_of_later_declared_branches_on_their_hosts(
+    cluster: RayHosts, tmp_path: Path
+) -> None:
+    # The failing branch first (an earlier one runs on: its own error would win); the caller
+    # runs it, and another thread waits for the gate.
+    g = soma.Graph.somatize(FailOnceStarted(tmp_path).named("fail").at("two") | gated(tmp_path))
+    with pytest.raises(ValueError, match="failed once the gate had started"):
+        g.forward(1)
+    assert (tmp_path / "started").exists()
+    assert steps_after_the_gate_opens(cluster, tmp_path) == []
 
 
 CTRL_C_SCRIPT = """
@@ -318,3 +485,81 @@ def test_ctrl_c_during_a_run_with_a_slice_on_a_host_stops_it_and_ray_shuts_down(
     child = interrupt_script(CTRL_C_SCRIPT.format(address=address), "started")
     assert child.returncode == 0, child.stderr
     assert child.stdout.split() == ["interrupted", "shut", "down"], child.stderr
+
+
+CTRL_C_CANCEL_SCRIPT = """
+import pathlib
+import threading
+import time
+import ray
+import soma
+
+folder = pathlib.Path({folder!r})
+DEADLINE = 20.0
+
+def wait_until(check):
+    deadline = time.monotonic() + DEADLINE
+    while not check():
+        assert time.monotonic() < deadline, "waited too long"
+        time.sleep(0.01)
+
+class Gate(soma.Node):
+    def forward(self, x):
+        (folder / "started").touch()
+        deadline = time.monotonic() + DEADLINE
+        while x and not (folder / "open").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return x
+
+class Step(soma.Node):
+    def forward(self, x, ctx):
+        (folder / f"ran-{{ctx.node}}").touch()
+        return x + 1
+
+class AfterGate(soma.Node):
+    def forward(self, x):
+        wait_until(lambda: (folder / "started").exists())
+        return x
+
+def announce():
+    wait_until(lambda: (folder / "started").exists())
+    print("started", flush=True)
+
+ray.init(address={address!r}, log_to_driver=False)
+try:
+    expr = Gate()
+    for _ in range(10):
+        expr = expr >> Step()
+    expr = expr.at("one")
+    # On a branch's thread: the caller runs the first branch, then waits for the gate's.
+    g = soma.Graph.somatize(AfterGate() | expr if {in_a_wave} else expr)
+    g.forward(0)  # The host's actor started and its slice loaded.
+    for path in folder.iterdir():
+        path.unlink()
+    threading.Thread(target=announce, daemon=True).start()
+    try:
+        g.forward(1)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    (folder / "open").touch()
+    actor = soma.remote.transport().host("one").actor
+    wait_until(lambda: ray.get(actor.running.remote(), timeout=DEADLINE) == 0)
+    print("steps", len(list(folder.glob("ran-*"))), flush=True)
+    g.forward(1, timeout=DEADLINE)
+    print("next", len(list(folder.glob("ran-*"))), flush=True)
+finally:
+    ray.shutdown()
+"""
+
+
+@pytest.mark.parametrize("waiting", ["the calling thread", "a branch's thread"])
+def test_ctrl_c_stops_a_slice_running_on_a_host_at_its_next_node_boundary_and_the_next_run_works(
+    cluster: RayHosts, tmp_path: Path, waiting: str
+) -> None:
+    address = ray.get_runtime_context().gcs_address
+    script = CTRL_C_CANCEL_SCRIPT.format(
+        address=address, folder=str(tmp_path), in_a_wave=waiting == "a branch's thread"
+    )
+    child = interrupt_script(script, "started")
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.split() == ["interrupted", "steps", "0", "next", "10"], child.stderr

@@ -187,3 +187,33 @@ def test_a_timeout_that_is_not_a_finite_number_of_seconds_is_refused(timeout: fl
     g = soma.Graph.somatize(Pass().named("a"))
     with pytest.raises(ValueError, match="timeout must be a finite number of seconds"):
         g.forward(0, timeout=timeout)
+
+
+class SetsFlag(soma.Node):
+    """Sets ``flag`` and records that it ran: a stop from inside the run, at a known node."""
+
+    def __init__(self, flag: soma._soma.StopFlag, ran: list[str]) -> None:
+        self.flag = flag
+        self.ran = ran
+
+    def forward(self, x: Any, ctx: Any) -> Any:
+        self.ran.append(ctx.node)
+        if ctx.node == "setter":
+            self.flag.set()
+        return x
+
+
+def test_a_set_stop_flag_stops_the_run_at_the_next_node_boundary_with_a_cancelled_error() -> None:
+    # How a host stops a slice whose caller gave up on the run (soma.remote).
+    flag = soma._soma.StopFlag()
+    ran: list[str] = []
+    g = soma.Graph.somatize(
+        SetsFlag(flag, ran).named("before")
+        >> SetsFlag(flag, ran).named("setter")
+        >> SetsFlag(flag, ran).named("after")
+    )
+    with pytest.raises(soma.CancelledError, match="stopped by its stop flag"):
+        g._core.forward(0, stop=flag)
+    assert ran == ["before", "setter"]
+    assert flag.is_set
+    assert g._core.forward(0) == 0  # A run without the flag runs on.

@@ -12,6 +12,7 @@ import gc
 import sys
 import textwrap
 import threading
+import time
 import tracemalloc
 import types
 import weakref
@@ -178,6 +179,20 @@ def test_map_equals_a_loop_of_forward_on_random_graphs(dag: Any, inputs: list[in
     looped = [g.forward(x) for x in inputs]
     assert looped == [expected_run(dag, x) for x in inputs]
     assert list(g.map(inputs, in_flight=3)) == looped
+
+
+def test_a_wave_of_chains_with_a_wave_inside_maps_to_what_a_loop_of_forward_gives() -> None:
+    inner = Fn(lambda x: x + 7).named("c2") | (
+        Fn(lambda x: x * x).named("c3") >> Add(0).named("c4")
+    )
+    g = soma.Graph.somatize(
+        Add(1).named("a")
+        >> (
+            (Fn(lambda x: x * 2).named("b1") >> Add(-3).named("b2"))
+            | (Fn(lambda x: x * 5).named("c1") >> inner)
+        )
+    )
+    assert list(g.map(range(40), in_flight=5)) == [g.forward(x) for x in range(40)]
 
 
 REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="none")
@@ -530,6 +545,35 @@ def test_figures_name_each_stage_and_count_its_items() -> None:
     assert [stage.nodes for stage in figures.stages] == [["a"], ["b", "c"]]
     assert [stage.items for stage in figures.stages] == [20, 20]
     assert figures.bottleneck in ("a", "b, c")
+
+
+def first_stage_after(*, slow_input: bool) -> soma.StageFigures:
+    """The first stage's figures after 30 items through two trivial stages, two in flight at
+    most, with the input or the consumer taking 3 ms an item."""
+
+    def inputs() -> Iterator[int]:
+        for i in range(30):
+            if slow_input:
+                time.sleep(0.003)
+            yield i
+
+    stream = chain(Add(0), Add(0)).map(inputs(), in_flight=2)
+    for _ in stream:
+        if not slow_input:
+            time.sleep(0.003)
+    figures = stream.figures()
+    assert figures is not None
+    return figures.stages[0]
+
+
+def test_a_stage_held_up_by_a_slow_consumer_counts_that_time_as_blocked() -> None:
+    first = first_stage_after(slow_input=False)
+    assert first.blocked > 2 * first.waiting
+
+
+def test_a_stage_held_up_by_a_slow_input_counts_that_time_as_waiting() -> None:
+    first = first_stage_after(slow_input=True)
+    assert first.waiting > 2 * first.blocked
 
 
 def test_a_trace_of_a_stream_has_a_span_per_node_per_item() -> None:

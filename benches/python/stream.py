@@ -10,12 +10,18 @@ of the streams issue are stated beside each figure:
    (target: within 10%, so at least 3.6x a loop of ``forward``), beside a loop of ``forward``
    and ``ThreadPoolExecutor.map`` over ``forward``. The same with 4 numpy stages at one BLAS
    thread, against the bound the machine's cores allow (target: within 15%). ``dask.bag`` (one
-   ``map`` per stage, threaded) is beside them when installed; Ray Data is not run here.
+   ``map`` per stage, threaded) and Ray Data (one ``map_batches`` per stage, each on an actor
+   of its own, in a process of its own with its cluster: ``stream_peers.py``) are beside them
+   when installed.
 2. **Per-item cost.** Trivial Python nodes, 100,000 items through 3 nodes: ``g.map``'s cost per
    item per node against what ``forward`` costs for one item (target: at most 2x).
 3. **Memory.** A generator of 1,000,000 items through 3 trivial nodes, in a fresh process:
    resident memory after 10,000 items and at the end (target: within 5%), and the threads the
    process holds while streaming and after.
+4. **Peers, time and peak memory.** 400 items whose first stage makes a 1 MiB array, through 4
+   stages, each runner in a fresh process (``stream_peers.py``): a loop of ``forward``,
+   ``ThreadPoolExecutor.map``, ``dask.bag``, Ray Data and ``g.map``, with the resident memory of
+   the process and the processes it started, before and at its highest.
 """
 
 from __future__ import annotations
@@ -117,6 +123,42 @@ def overlap(make: Callable[[], soma.Node], items: int, repeats: int) -> dict[str
     }
 
 
+def peer(runner: str, workload: str, items: int, repeats: int) -> dict[str, Any]:
+    """``stream_peers.py``'s figures for one runner, run in a process of its own; ``error``
+    says why it did not run."""
+    command = [sys.executable, str(HERE / "stream_peers.py"), runner, workload]
+    try:
+        run = subprocess.run(
+            [*command, str(items), str(repeats)], capture_output=True, text=True, timeout=900
+        )
+    except subprocess.TimeoutExpired:
+        return {"items": items, "error": "not run: it took over 15 minutes"}
+    lines = run.stdout.strip().splitlines()
+    if run.returncode != 0 or not lines:
+        last = (run.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"items": items, "error": f"not run: {last[:120]}"}
+    figures: dict[str, Any] = json.loads(lines[-1])
+    if "error" in figures:
+        figures["error"] = f"not run: {figures['error']}"
+    figures["items"] = items
+    return figures
+
+
+PEERS = ("loop", "thread_pool", "dask", "map", "map_8", "ray_data")
+PEER_NAMES = {
+    "loop": "loop of forward",
+    "thread_pool": "ThreadPoolExecutor.map (4 threads)",
+    "dask": "dask.bag (a partition per item, threads)",
+    "ray_data": "Ray Data (map_batches per stage, an actor each)",
+    "map": "g.map (in_flight=64, the default)",
+    "map_8": "g.map (in_flight=8)",
+}
+
+
+def peers(items: int, repeats: int) -> dict[str, dict[str, Any]]:
+    return {runner: peer(runner, "payload", items, repeats) for runner in PEERS}
+
+
 def dask_bag(g: soma.Graph, inputs: list[int], repeats: int) -> float | None:
     """The same stages as a ``dask.bag`` pipeline (one ``map`` per stage, threaded scheduler,
     a partition per item so that stages overlap across items); ``None`` when dask is not
@@ -191,31 +233,37 @@ def memory(items: int) -> dict[str, Any]:
     return figures
 
 
+def seconds_cell(figures: dict[str, Any]) -> str:
+    return figures["error"] if "error" in figures else f"{figures['seconds']:.3f} s"
+
+
 def report(
     over_sleep: dict[str, Any],
     over_numpy: dict[str, Any],
     cost: dict[str, float],
     mem: dict[str, Any],
+    others: dict[str, dict[str, Any]],
     items: int,
 ) -> str:
     lines = [f"## Streams ({items} items, 4 stages; best of the repeats)", ""]
     lines += [
-        "| stages | stage | bound | loop of forward | ThreadPoolExecutor.map | dask.bag | g.map "
-        "| g.map / bound | loop / g.map |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| stages | stage | bound | loop of forward | ThreadPoolExecutor.map | dask.bag "
+        "| Ray Data | g.map | g.map / bound | loop / g.map |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, f in (("sleep (GIL released)", over_sleep), ("numpy, 1 BLAS thread", over_numpy)):
         dask_cell = "not installed" if f["dask"] is None else f"{f['dask']:.3f} s"
         lines.append(
             f"| {name} | {f['stage_ms']:.2f} ms | {f['bound']:.3f} s | {f['loop']:.3f} s "
-            f"| {f['thread_pool']:.3f} s | {dask_cell} | {f['map']:.3f} s "
-            f"| {f['map'] / f['bound']:.2f} "
+            f"| {f['thread_pool']:.3f} s | {dask_cell} | {seconds_cell(f['ray_data'])} "
+            f"| {f['map']:.3f} s | {f['map'] / f['bound']:.2f} "
             f"| {f['loop'] / f['map']:.2f}x |"
         )
     lines += [
         "",
         "Targets: sleep within 10% of the bound (g.map / bound <= 1.10, loop / g.map >= 3.6x); "
-        "numpy within 15% of what the cores allow.",
+        "numpy within 15% of what the cores allow. Ray Data's time leaves out starting its "
+        "cluster; its stages are actors of a quarter CPU each.",
         "",
         "| trivial nodes | forward, per item | g.map, per item | g.map, per item per node "
         "| per node / forward |",
@@ -238,6 +286,27 @@ def report(
         f"| {mem['graph_threads_after']} (idle, lent back) |",
         "",
         "Target: resident memory flat (within 5%) after the first 10,000 items.",
+        "",
+        f"| {others['map']['items']} items of 1 MiB, 4 stages, a fresh process each "
+        "| time | items/s | RSS before | peak RSS | peak above before |",
+        "|---|---|---|---|---|---|",
+    ]
+    for runner in PEERS:
+        f = others[runner]
+        if "error" in f:
+            lines.append(f"| {PEER_NAMES[runner]} | {f['error']} |  |  |  |  |")
+            continue
+        lines.append(
+            f"| {PEER_NAMES[runner]} | {f['seconds']:.3f} s | {f['items'] / f['seconds']:,.0f} "
+            f"| {f['start_kib'] / 1024:.1f} MiB | {f['peak_kib'] / 1024:.1f} MiB "
+            f"| {(f['peak_kib'] - f['start_kib']) / 1024:.1f} MiB |"
+        )
+    lines += [
+        "",
+        "Memory is the process's and every process it started (Ray's cluster: the object "
+        "store's shared memory counts where it is touched), sampled every 5 ms while the items "
+        "ran; before is when the stages were ready. g.map holds up to its bound of items, each "
+        "with the values its later stages have yet to use: its peak follows `in_flight`.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -256,7 +325,14 @@ def main() -> None:
     cost = per_item(20_000 if args.quick else 100_000, repeats)
     log("streams: memory")
     mem = memory(100_000 if args.quick else 1_000_000)
-    text = report(over_sleep, over_numpy, cost, mem, items)
+    # Ray last: its cluster's processes take a while to go, and nothing in this process is
+    # timed beside them.
+    log("streams: Ray Data on the same stages")
+    over_sleep["ray_data"] = peer("ray_data", "sleep", items, repeats)
+    over_numpy["ray_data"] = peer("ray_data", "numpy", items, repeats)
+    log("streams: peers, time and memory")
+    others = peers(100 if args.quick else 400, repeats)
+    text = report(over_sleep, over_numpy, cost, mem, others, items)
     print(text)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

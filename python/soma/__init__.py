@@ -18,6 +18,7 @@ from soma._node import Node
 from soma._soma import DEFAULT_TURN_LIMIT, MAX_NESTED_FORWARDS, Await, Ctx, Done, Plan, Span, Trace
 from soma._stream import Failed, Progress, StageFigures, Stream, StreamFigures
 from soma.errors import (
+    CancelledError,
     CompileError,
     CycleError,
     DeviceError,
@@ -41,6 +42,7 @@ __all__ = [
     "DEFAULT_TURN_LIMIT",
     "MAX_NESTED_FORWARDS",
     "Await",
+    "CancelledError",
     "CompileError",
     "Ctx",
     "CycleError",

@@ -5,20 +5,26 @@ custom resource ``soma-host:gpu-box`` (start it with
 ``ray start --resources='{"soma-host:gpu-box": 1}'``). Each host gets one actor, placed by
 asking for a sliver of that resource, and holding the slices of every graph that uses the host
 (sent once per graph, not per call); it runs them with Soma's own engine, several at once
-(a threaded actor), so two slices for one host never queue behind each other. Values travel
-through Ray's object store: numpy arrays are read without a copy on the same node.
+(a threaded actor), so two slices for one host never queue behind each other. Each run of a
+slice has a token and, there, a stop flag: a cancel, on a thread of its own (the ``control``
+concurrency group), sets it, and the slice stops at its next node boundary. Values travel
+through Ray's object store: numpy arrays are read without a copy on the same node (the
+arguments go out of band, so the host's array is a read-only view of the store).
 
 This is the only module that imports Ray, and only when a graph with hosts runs.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import re
 import threading
 from typing import Any
 
-from soma._slices import RemoteHost, Slice, SliceRunner, remote_error
+from soma._slices import CANCEL_WAIT, RemoteHost, Shipped, Slice, SliceRunner, remote_error
+from soma._soma import StopFlag
+from soma.errors import RemoteTraceback
 
 #: The Ray rule: the Ray node(s) of host ``name`` offer the custom resource
 #: ``soma-host:<name>`` (``ray start --resources='{"soma-host:gpu-box": 1}'``).
@@ -49,18 +55,59 @@ def _import_ray() -> Any:
     return ray
 
 
+#: The actor's concurrency group for cancels: its own thread, so a cancel is never queued
+#: behind the slices it is meant to stop.
+CONTROL = "control"
+
+#: Cancels kept for runs that had not started when their cancel came, at most: a cancel for a
+#: run that had already ended is kept too, and forgotten once this many came after it.
+EARLY_CANCELS = 4096
+
+
 class _HostActor:
-    """What runs on a host: the slices of each graph that uses it, by graph key."""
+    """What runs on a host: the slices of each graph that uses it, by graph key, and the stop
+    flags of the slice runs in progress, by token."""
 
     def __init__(self, host: str) -> None:
         self.host = host
         self.slices: dict[str, dict[int, SliceRunner]] = {}
+        self._lock = threading.Lock()
+        self._running: dict[str, StopFlag] = {}
+        self._early: collections.OrderedDict[str, None] = collections.OrderedDict()
 
     def load(self, key: str, slices: list[Slice]) -> None:
         self.slices[key] = {piece.index: SliceRunner(piece) for piece in slices}
 
-    def run(self, key: str, index: int, inputs: dict[str, Any]) -> dict[str, Any]:
-        return self.slices[key][index].run(inputs)
+    def run(
+        self, key: str, index: int, inputs: dict[str, Any], token: str, traced: bool
+    ) -> tuple[dict[str, Any], list[Shipped]]:
+        stop = StopFlag()
+        with self._lock:
+            self._running[token] = stop
+            if token in self._early:  # Cancelled on its way here.
+                del self._early[token]
+                stop.set()
+        try:
+            return self.slices[key][index].run(inputs, stop, traced)
+        finally:
+            with self._lock:
+                del self._running[token]
+
+    def cancel(self, tokens: list[str]) -> None:
+        with self._lock:
+            for token in tokens:
+                stop = self._running.get(token)
+                if stop is not None:
+                    stop.set()
+                    continue
+                self._early[token] = None
+                if len(self._early) > EARLY_CANCELS:
+                    self._early.popitem(last=False)
+
+    def running(self) -> int:
+        """The slice runs in progress here."""
+        with self._lock:
+            return len(self._running)
 
     def unload(self, key: str) -> None:
         self.slices.pop(key, None)
@@ -100,27 +147,46 @@ class _RayHost:
         self._loaded[key] = {piece.index: piece for piece in slices}
 
     def run(
-        self, key: str, index: int, inputs: dict[str, Any], timeout: float | None
-    ) -> dict[str, Any]:
+        self,
+        key: str,
+        index: int,
+        inputs: dict[str, Any],
+        timeout: float | None,
+        token: str,
+        traced: bool,
+    ) -> tuple[dict[str, Any], list[Shipped]]:
         ray = self._hosts.ray
         piece = self._loaded[key][index]
         limit = self._hosts.timeout if timeout is None else timeout
-        ref = self.actor.run.remote(key, index, inputs)
+        ref = self.actor.run.remote(key, index, inputs, token, traced)
         try:
-            out: dict[str, Any] = ray.get(ref, timeout=limit)
+            out: tuple[dict[str, Any], list[Shipped]] = ray.get(ref, timeout=limit)
         except ray.exceptions.RayTaskError as failed:
-            raise _as_raised(failed, self.name) from None
+            raised, remote = _as_raised(failed, self.name)
+            raise raised from remote
         except ray.exceptions.RayActorError:
             self._hosts.forget(self)
             raise remote_error(
                 self.name, piece, "died while running its slice", _DIED_HINT
             ) from None
         except ray.exceptions.GetTimeoutError:
-            ray.cancel(ref)
+            self.cancel([token])
             raise remote_error(
-                self.name, piece, f"did not finish its slice within {limit} s", _TIMEOUT_HINT
+                self.name, piece, f"did not finish its slice within {limit:.3g} s", _TIMEOUT_HINT
             ) from None
+        except BaseException:  # Ctrl-C while waiting here: the slice stops there too.
+            self.cancel([token])
+            raise
         return out
+
+    def cancel(self, tokens: list[str]) -> None:
+        ray = self._hosts.ray
+        wait = min(self._hosts.timeout, CANCEL_WAIT)
+        # Anything but an answer means the host is gone or swamped: nothing more to do here.
+        with contextlib.suppress(Exception):
+            ray.get(
+                self.actor.cancel.options(concurrency_group=CONTROL).remote(tokens), timeout=wait
+            )
 
     def unload(self, key: str) -> None:
         self._loaded.pop(key, None)
@@ -142,12 +208,13 @@ _TIMEOUT_HINT = "pass a larger `timeout=` to forward, or to `soma.remote.RayHost
 _COLOURS = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def _as_raised(failed: Any, host: str) -> BaseException:
-    """The node's own exception out of Ray's wrapper, noted with its host and the remote
-    traceback; Ray's wrapper itself when the exception could not travel."""
+def _as_raised(failed: Any, host: str) -> tuple[BaseException, RemoteTraceback | None]:
+    """The node's own exception out of Ray's wrapper, noted with its host, and the remote
+    traceback to raise it from; Ray's wrapper itself, and no traceback of its own, when the
+    exception could not travel."""
     cause = getattr(failed, "cause", None)
     if not isinstance(cause, BaseException):
-        return failed  # type: ignore[no-any-return]
+        return failed, None
     notes = getattr(cause, "__notes__", None)
     # The engine on the host named the node; say where that was, in the same note.
     named = [at for at, note in enumerate(notes or []) if note.startswith("raised in soma node ")]
@@ -156,10 +223,7 @@ def _as_raised(failed: Any, host: str) -> BaseException:
     else:
         cause.add_note(f"raised on host `{host}`")
     # What Ray prints for the failure: the task, and the traceback on the host.
-    traceback = _COLOURS.sub("", str(failed))
-    if traceback:
-        cause.add_note(f"remote traceback:\n{traceback.rstrip()}")
-    return cause
+    return cause, RemoteTraceback(host, _COLOURS.sub("", str(failed)).rstrip())
 
 
 class RayHosts:
@@ -191,7 +255,7 @@ class RayHosts:
             ray = _import_ray()
             if not ray.is_initialized():
                 ray.init(address=self.address)
-            self._actor_class = ray.remote(_HostActor)
+            self._actor_class = ray.remote(concurrency_groups={CONTROL: 1})(_HostActor)
             self._ray = ray
         return self._ray
 

@@ -11,10 +11,20 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
+from soma._soma import StopFlag, Trace
 from soma.errors import RemoteError
 
 #: The key under which a slice receives the graph's own input, for the steps that read it.
 INPUT = "(input)"
+
+#: A span as a host ships it back with its slice's result (``soma.Trace._ship``): node, start,
+#: end, thread, branch path, turns, error, device.
+Shipped = tuple[str, float, float, int, list[int], int, str | None, str | None]
+
+#: Seconds a cancel waits, at most, for its host to confirm: a host that does not by then has
+#: died (nothing runs there any more) or is too busy to answer, and the caller, who gave up on
+#: the run, must not wait for it.
+CANCEL_WAIT = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,11 +58,26 @@ class RemoteHost(Protocol):
         """Keeps ``slices`` under ``key`` (one graph's) on the host, replacing what was there."""
 
     def run(
-        self, key: str, index: int, inputs: dict[str, Any], timeout: float | None
-    ) -> dict[str, Any]:
+        self,
+        key: str,
+        index: int,
+        inputs: dict[str, Any],
+        timeout: float | None,
+        token: str,
+        traced: bool,
+    ) -> tuple[dict[str, Any], list[Shipped]]:
         """Runs slice ``index`` of ``key`` on ``inputs`` (by source id) and returns its
-        ``returns`` by id. A node's exception comes out as itself; a host that cannot answer
-        within ``timeout`` seconds, or at all, is a :class:`soma.RemoteError`."""
+        ``returns`` by id, with its nodes' spans if ``traced`` (else none). A node's exception
+        comes out as itself; a host that cannot answer within ``timeout`` seconds, or at all, is
+        a :class:`soma.RemoteError`. ``token`` names this run of the slice for :meth:`cancel`;
+        when the wait here ends without an answer (no answer in time, Ctrl-C) the host cancels
+        it itself."""
+
+    def cancel(self, tokens: list[str]) -> None:
+        """Stops the slice runs named ``tokens`` on the host at their next node boundary (a node
+        running there finishes its call, nothing after it runs); one not started yet stops
+        before its first node. Waits for the host to confirm only so long
+        (:data:`CANCEL_WAIT`); never raises."""
 
     def unload(self, key: str) -> None:
         """Forgets ``key``'s slices; never raises."""
@@ -103,6 +128,7 @@ class SliceRunner:
         for node, inputs in piece.steps:
             for source in inputs or (INPUT,):
                 graph.edge(sources.get(source, source), node)
+        self._nodes = {node for node, _ in piece.nodes}
         self._taps: dict[str, str] = {}
         for node in piece.returns:
             tap = fresh_id(f"{node}(out)", taken)
@@ -111,12 +137,18 @@ class SliceRunner:
             self._taps[tap] = node
         self.graph = graph
 
-    def run(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        """The slice's returns, by node id, run on ``inputs``."""
-        out = self.graph.forward(inputs)
+    def run(
+        self, inputs: dict[str, Any], stop: StopFlag | None = None, traced: bool = False
+    ) -> tuple[dict[str, Any], list[Shipped]]:
+        """The slice's returns, by node id, run on ``inputs``, and its nodes' spans if
+        ``traced``; once ``stop`` is set, the run stops at its next node boundary with a
+        :class:`soma.CancelledError`."""
+        trace = Trace() if traced else None
+        out = self.graph._core.forward(inputs, trace=trace, stop=stop)
+        spans = [] if trace is None else trace._ship(self._nodes)
         if len(self._taps) == 1:
-            return {node: out for node in self._taps.values()}
-        return {self._taps[tap]: value for tap, value in out.items()}
+            return {node: out for node in self._taps.values()}, spans
+        return {self._taps[tap]: value for tap, value in out.items()}, spans
 
 
 def fresh_id(base: str, taken: set[str]) -> str:

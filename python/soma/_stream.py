@@ -71,7 +71,13 @@ class StageFigures:
     busy: float
     """Seconds its workers spent running items, summed over workers."""
     waiting: float
-    """Seconds its workers spent waiting for an item, summed over workers."""
+    """Seconds its workers spent idle with an item still to come from before them (the stages
+    before, or the inputs being read), summed over workers."""
+    blocked: float
+    """Seconds its workers spent idle because what comes after held the stream back: every item
+    in flight was past the stage and no input was being read, since the stream was at its
+    ``in_flight`` bound or the consumer had not asked for the next result. Summed over
+    workers."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,8 +255,8 @@ class Stream(Iterator[Any]):
             return failed if self._ordered else (index, failed)
 
     def figures(self) -> StreamFigures | None:
-        """Counters so far: items read, handed back and failed, and each stage's busy and
-        waiting time (``None`` while another thread is reading the stream)."""
+        """Counters so far: items read, handed back and failed, and each stage's busy, waiting
+        and blocked time (``None`` while another thread is reading the stream)."""
         raw = self._core.figures()
         return None if raw is None else _figures(raw)
 

@@ -99,12 +99,31 @@ class WrongDeviceError(RunError):
     found: str | None = None
 
 
+class CancelledError(RunError):
+    """A run was stopped by its stop flag, set from another thread: on a host, a slice whose
+    caller gave up on the run (Ctrl-C, a timeout, a sibling branch's error)."""
+
+
 class RemoteError(RunError):
     """A host could not run its slice: it is not in the cluster, its process died, or it did
     not answer in time (``.host``, ``.slice``: the slice's nodes, in plan order)."""
 
     host: str | None = None
     slice: list[str] | None = None
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised on a host (``.host``), as the host formatted it: the
+    ``__cause__`` of that exception where it comes out here, as
+    ``concurrent.futures.ProcessPoolExecutor`` does, so that it prints above it."""
+
+    def __init__(self, host: str, traceback: str) -> None:
+        super().__init__(host, traceback)
+        self.host = host
+        self.traceback = traceback
+
+    def __str__(self) -> str:
+        return f'\n"""\non host `{self.host}`:\n{self.traceback}\n"""'
 
 
 class PanicError(SomaError):
@@ -114,6 +133,7 @@ class PanicError(SomaError):
 
 
 __all__ = [
+    "CancelledError",
     "CompileError",
     "CycleError",
     "DeviceError",
@@ -125,6 +145,7 @@ __all__ = [
     "InvalidIdError",
     "PanicError",
     "RemoteError",
+    "RemoteTraceback",
     "RunError",
     "SomaError",
     "TurnLimitError",

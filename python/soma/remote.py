@@ -7,7 +7,8 @@ graph where each slice is one node — it sends the values the slice reads, wait
 later steps read, and hands each to a stand-in node under the remote node's own id — and lets
 Soma's engine run that graph as any other: the branches of a wave, slices on different hosts
 among them, run at the same time. On the host, a slice runs on Soma's engine too
-(:class:`SliceRunner`: a ``soma.Graph`` of the slice's nodes).
+(:class:`SliceRunner`: a ``soma.Graph`` of the slice's nodes). A run that is given up (Ctrl-C,
+its timeout, a failed slice) cancels its slices still running on hosts (:class:`_Run`).
 
 What a host *is* stays behind :class:`Transport` and :class:`RemoteHost`: the Ray one
 (:class:`RayHosts`) is the default, and imports Ray only when it first serves a host; a graph
@@ -18,12 +19,14 @@ from __future__ import annotations
 
 import contextvars
 import threading
+import time
 import uuid
 import weakref
 from typing import Any
 
 from soma._ray_hosts import RESOURCE_PREFIX, RayHosts, resource_of
 from soma._slices import INPUT, PassThrough, RemoteHost, Slice, SliceRunner, Transport, fresh_id
+from soma.errors import CancelledError, RemoteError
 
 # A `soma.Graph` is written `Any` here: `soma._graph` imports this module, and the layout
 # keeps imports one way (tests/test_layout.py).
@@ -62,9 +65,75 @@ def transport() -> Transport:
         return _transport
 
 
-#: The timeout of the run in progress, seen by its slices on the threads of its branches
-#: (each runs in a copy of the caller's context).
-_timeout: contextvars.ContextVar[float | None] = contextvars.ContextVar("soma_remote_timeout")
+class _Run:
+    """One ``forward`` of a graph with hosts, as its slices see it: its deadline, its trace, and
+    the slice runs in flight on hosts, to cancel there once the run is given up — by the caller
+    (Ctrl-C, its timeout, an error here) or by a slice's failure."""
+
+    def __init__(self, timeout: float | None, trace: Any) -> None:
+        self.timeout = timeout
+        #: The run's ``soma.Trace``, if it has one: its slices' spans join it.
+        self.trace = trace
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self._lock = threading.Lock()
+        #: By token: the host and the slice's index, in plan order.
+        self._in_flight: dict[str, tuple[RemoteHost, int]] = {}
+        #: Slices past this index are cancelled, and none starts: ``None`` while none is.
+        self._stop_after: int | None = None
+        #: The failure of the earliest slice that failed, and that slice's index: what
+        #: ``forward`` raises when the error it meets first is only a slice cancelled for it.
+        self.failure: BaseException | None = None
+        self._failed_at: int | None = None
+
+    def time_left(self) -> float | None:
+        """Seconds until the run's deadline, if it has one."""
+        return None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
+
+    def begin(self, host: RemoteHost, index: int) -> str | None:
+        """A token for a run of slice ``index`` about to start on ``host``; ``None`` once that
+        slice is cancelled."""
+        with self._lock:
+            if self._stop_after is not None and index > self._stop_after:
+                return None
+            token = uuid.uuid4().hex
+            self._in_flight[token] = (host, index)
+            return token
+
+    def end(self, token: str) -> None:
+        """The slice run ``token`` was answered, or its transport cancelled it itself."""
+        with self._lock:
+            self._in_flight.pop(token, None)
+
+    def abandon(self) -> None:
+        """Cancels every slice run still in flight, host by host; none starts after this."""
+        self._cancel_after(-1)
+
+    def failed(self, index: int, failure: BaseException) -> None:
+        """Slice ``index`` failed with ``failure``: the slices after it in plan order — the
+        branches declared after its own, whose errors could not win over it — are cancelled;
+        those before it run on, since their own errors would."""
+        with self._lock:
+            if self._failed_at is None or index < self._failed_at:
+                self.failure, self._failed_at = failure, index
+        self._cancel_after(index)
+
+    def _cancel_after(self, index: int) -> None:
+        with self._lock:
+            if self._stop_after is None or index < self._stop_after:
+                self._stop_after = index
+            stop = self._stop_after
+            cancelled = [t for t, (_, at) in self._in_flight.items() if at > stop]
+            by_host: dict[int, tuple[RemoteHost, list[str]]] = {}
+            for token in cancelled:
+                host, _ = self._in_flight.pop(token)
+                by_host.setdefault(id(host), (host, []))[1].append(token)
+        for host, tokens in by_host.values():
+            host.cancel(tokens)
+
+
+#: The run in progress, seen by its slices on the threads of its branches (each runs in a copy
+#: of the caller's context).
+_current: contextvars.ContextVar[_Run] = contextvars.ContextVar("soma_remote_run")
 
 
 class _SliceCall:
@@ -83,7 +152,7 @@ class _SliceCall:
             inputs = {reads[0]: x}
         else:
             inputs = {read: x[self.carrier if read == INPUT else read] for read in reads}
-        return owner.run(self.index, inputs, _timeout.get(None))
+        return owner.run(self.index, inputs, _current.get())
 
 
 class _Pick:
@@ -151,17 +220,52 @@ class Distributed:
         self._loading = threading.Lock()
         weakref.finalize(self, _unload, self._hosts, self.key)
 
-    def run(self, index: int, inputs: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+    def run(self, index: int, inputs: dict[str, Any], run: _Run) -> dict[str, Any]:
         """Slice ``index`` on its host, loading this graph's slices there first if that host
         has not got them (first run, or a host that came back)."""
-        name = self.slices[index].host
-        host = transport().host(name)
-        if self._hosts.get(name) is not host:
+        piece = self.slices[index]
+        host = transport().host(piece.host)
+        if self._hosts.get(piece.host) is not host:
             with self._loading:
-                if self._hosts.get(name) is not host:
-                    host.load(self.key, [piece for piece in self.slices if piece.host == name])
-                    self._hosts[name] = host
-        return host.run(self.key, index, inputs, timeout)
+                if self._hosts.get(piece.host) is not host:
+                    slices = [other for other in self.slices if other.host == piece.host]
+                    host.load(self.key, slices)
+                    self._hosts[piece.host] = host
+        token = run.begin(host, index)
+        if token is None:  # A branch that started as the run was given up: its result is dropped.
+            nodes = ", ".join(f"`{node}`" for node in piece.names())
+            raise CancelledError(f"the run was abandoned before the slice of {nodes} started")
+        trace = run.trace
+        sent = 0.0 if trace is None else trace._now()
+        try:
+            out, spans = host.run(
+                self.key, index, inputs, run.time_left(), token, traced=trace is not None
+            )
+        except BaseException as failed:
+            run.end(token)
+            raised = failed
+            if isinstance(failed, RemoteError) and run.time_left() == 0.0:
+                # The run's own time ran out while the host worked: a timeout, as for a local
+                # node.
+                nodes = ", ".join(f"`{node}`" for node in piece.names())
+                raised = TimeoutError(
+                    f"forward did not finish within its timeout of {run.timeout} s; the slice "
+                    f"of {nodes} on host `{piece.host}` was stopped there at its next node "
+                    "boundary\nhint: the graph can run again at once"
+                )
+                raised.__cause__ = failed
+            # A failed slice fails the run: the slices of later branches stop on their hosts
+            # now, rather than run to their end while the engine waits for them. (A slice
+            # cancelled here has not failed: what cancelled it did.)
+            if not isinstance(failed, CancelledError):
+                run.failed(index, raised)
+            if raised is failed:
+                raise
+            raise raised from failed
+        run.end(token)
+        if trace is not None:
+            trace._adopt(spans, piece.host, sent)
+        return out
 
 
 def _unload(hosts: dict[str, RemoteHost], key: str) -> None:
@@ -237,14 +341,21 @@ def forward(
     distributed = graph._remote
     if distributed is None or distributed.fingerprint != _fingerprint(graph):
         distributed = graph._remote = Distributed(graph)
-    token = _timeout.set(timeout)
+    run = _Run(timeout, trace)
+    token = _current.set(run)
     try:
         return distributed.local._core.forward(input, driver, turn_limit, trace, timeout)
     except BaseException as raised:
+        # The run is given up: its slices still running on hosts stop there too.
+        run.abandon()
+        if isinstance(raised, CancelledError) and run.failure is not None:
+            # The branch whose error won was only stopped for another's: as a local branch
+            # stopped at a node boundary, it has no error of its own, and the other's wins.
+            raise run.failure from run.failure.__cause__
         _drop_stand_in_note(raised, distributed.slice_ids)
         raise
     finally:
-        _timeout.reset(token)
+        _current.reset(token)
 
 
 def _drop_stand_in_note(raised: BaseException, slice_ids: list[str]) -> None:

@@ -304,5 +304,9 @@ assert sliced.children[0].host == "gpu-box"
 bad_host = raised(soma.HostError, lambda: hosted.place_at("h1", "no such host"))
 assert_type(bad_host.host, str | None)
 assert issubclass(soma.RemoteError, soma.RunError)
+assert issubclass(soma.CancelledError, soma.RunError)
+remote_traceback = soma.errors.RemoteTraceback("gpu-box", "Traceback ...")
+assert_type(remote_traceback.host, str)
+assert "gpu-box" in str(remote_traceback)
 assert_type(soma.remote.resource_of("gpu-box"), str)
 assert soma.remote.RESOURCE_PREFIX == "soma-host:"

@@ -182,6 +182,11 @@ pub fn run_error(py: Python<'_>, error: &RunError, interrupt: Option<PyErr>) -> 
     }
 }
 
+/// A `soma.CancelledError`: a run stopped by its stop flag (`forward(stop=…)`).
+pub fn cancelled_error(py: Python<'_>, message: String) -> PyErr {
+    soma_error(py, "CancelledError", message, &[])
+}
+
 /// A panic that escaped a Rust node, carried on with the id of that node so that the Python
 /// error can name it ([`crate::native`] catches the panic and re-raises it as this payload).
 pub struct NodePanic {

@@ -29,7 +29,8 @@ use crate::context;
 use crate::convert::{to_python, wrap};
 use crate::driver::PythonDriver;
 use crate::errors::{
-    compile_error, device_error, graph_error, panic_error, program_error, run_error,
+    cancelled_error, compile_error, device_error, graph_error, panic_error, program_error,
+    run_error,
 };
 use crate::native::NativeNode;
 use crate::node::PythonNode;
@@ -38,7 +39,7 @@ use crate::reentry::{Nested, MAX_NESTED_FORWARDS};
 use crate::streams::Scope;
 use crate::thread_state;
 use crate::trace::PyTrace;
-use crate::watch::SignalWatch;
+use crate::watch::{SignalWatch, StopFlag};
 
 struct State {
     graph: Graph,
@@ -395,7 +396,8 @@ impl GraphCore {
     }
 
     /// Runs the graph on `input`.
-    #[pyo3(signature = (input, driver=None, turn_limit=soma_core::DEFAULT_TURN_LIMIT, trace=None, timeout=None))]
+    #[pyo3(signature = (input, driver=None, turn_limit=soma_core::DEFAULT_TURN_LIMIT, trace=None, timeout=None, stop=None))]
+    #[allow(clippy::too_many_arguments)] // `forward`'s own keywords, each passed through.
     fn forward<'py>(
         &self,
         py: Python<'py>,
@@ -404,11 +406,12 @@ impl GraphCore {
         turn_limit: u32,
         trace: Option<&Bound<'py, PyTrace>>,
         timeout: Option<f64>,
+        stop: Option<&Bound<'py, StopFlag>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let nested = Nested::enter()?;
         let timeout = timeout.map(time_limit).transpose()?;
         let program = self.program(py)?;
-        let watch = Arc::new(SignalWatch::new(timeout));
+        let watch = Arc::new(SignalWatch::new(timeout, stop.map(Bound::get)));
         let executor = executor_for(nested.depth(), &watch, driver, turn_limit, trace)?;
         let input = wrap(input);
         // The whole run in a copy of the caller's context, as each branch is in a copy of its
@@ -426,6 +429,13 @@ impl GraphCore {
         match outcome.expect("the context ran the graph") {
             Ok(Ok(value)) => to_python(py, &value),
             Ok(Err(error)) if watch.timed_out() => Err(timed_out(&error, timeout)),
+            // A node's own error, met before the flag was seen, is the run's, as it would be
+            // without the flag.
+            Ok(Err(error @ (RunError::Interrupted | RunError::Abandoned { .. })))
+                if watch.cancelled() =>
+            {
+                Err(cancelled(py, &error))
+            }
             Ok(Err(error)) => Err(run_error(py, &error, watch.take_raised())),
             Err(payload) => Err(panic_error(py, &*payload)),
         }
@@ -466,7 +476,22 @@ fn time_limit(seconds: f64) -> PyResult<Duration> {
 /// The `TimeoutError` of a run whose time ran out, naming what was still running.
 fn timed_out(error: &RunError, timeout: Option<Duration>) -> PyErr {
     let limit = timeout.map_or(0.0, |t| t.as_secs_f64());
-    let still = match error {
+    let still = left_behind(error);
+    PyTimeoutError::new_err(format!(
+        "forward did not finish within its timeout of {limit} s{still}\nhint: the graph can run again at once; a node that waits for something that may not come should wait with a timeout of its own"
+    ))
+}
+
+/// The `soma.CancelledError` of a run whose stop flag was set, naming what was still running.
+fn cancelled(py: Python<'_>, error: &RunError) -> PyErr {
+    let still = left_behind(error);
+    cancelled_error(py, format!("the run was stopped by its stop flag{still}"))
+}
+
+/// What a run stopped early (its time ran out, its stop flag was set) left behind, as the
+/// end of its message.
+fn left_behind(error: &RunError) -> String {
+    match error {
         RunError::Abandoned { running } if !running.is_empty() => {
             let names: Vec<String> = running.iter().map(|id| format!("`{id}`")).collect();
             format!(
@@ -477,10 +502,7 @@ fn timed_out(error: &RunError, timeout: Option<Duration>) -> PyErr {
         RunError::Abandoned { .. } => "; branches were left to finish in the background".to_owned(),
         RunError::Interrupted => "; every branch stopped at a node boundary".to_owned(),
         other => format!("; the run had failed too: {other}"),
-    };
-    PyTimeoutError::new_err(format!(
-        "forward did not finish within its timeout of {limit} s{still}\nhint: the graph can run again at once; a node that waits for something that may not come should wait with a timeout of its own"
-    ))
+    }
 }
 
 /// The interpreter as the engine's host: a crew thread holds the GIL for the whole of each

@@ -15,7 +15,8 @@ pub fn parse_host(py: Python<'_>, text: &str) -> PyResult<String> {
     read(py, text).map(|host| host.to_string())
 }
 
-fn read(py: Python<'_>, text: &str) -> PyResult<HostName> {
+/// `text` as a host name; a `soma.HostError` where it is not one.
+pub(crate) fn read(py: Python<'_>, text: &str) -> PyResult<HostName> {
     text.parse::<HostName>()
         .map_err(|error| crate::errors::host_error(py, &error))
 }

@@ -37,6 +37,7 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<trace::PyTrace>()?;
     module.add_class::<stream::StreamCore>()?;
     module.add_class::<trace::PySpan>()?;
+    module.add_class::<watch::StopFlag>()?;
     module.add("DEFAULT_TURN_LIMIT", soma_core::DEFAULT_TURN_LIMIT)?;
     module.add("MAX_NESTED_FORWARDS", reentry::MAX_NESTED_FORWARDS)?;
     module.add_function(wrap_pyfunction!(context::_carry_context, module)?)?;

@@ -85,7 +85,7 @@ impl StreamCore {
     ) -> PyResult<Self> {
         let program = graph.get().program(py)?;
         let iterator = inputs.try_iter()?.unbind();
-        let watch = Arc::new(SignalWatch::new(None));
+        let watch = Arc::new(SignalWatch::new(None, None));
         let mut settings = StreamSettings::default()
             .with_in_flight(in_flight)
             .with_on_error(if stop_on_error {
@@ -266,6 +266,7 @@ impl StreamCore {
             entry.set_item("items", stage.items)?;
             entry.set_item("busy", stage.busy.as_secs_f64())?;
             entry.set_item("waiting", stage.waiting.as_secs_f64())?;
+            entry.set_item("blocked", stage.blocked.as_secs_f64())?;
             stages.append(entry)?;
         }
         dict.set_item("stages", stages)?;

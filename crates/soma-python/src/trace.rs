@@ -1,10 +1,11 @@
 //! `soma.Trace`: a run's spans, as Python sees them, and the ways to look at them.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use soma_core::{Span, Trace};
+use soma_core::{Device, NodeId, Span, Trace};
 
 /// Spans recorded by `forward(..., trace=trace)`: one per node, with its thread and branch.
 #[pyclass(frozen, module = "soma", name = "Trace")]
@@ -31,7 +32,22 @@ pub struct PySpan {
     error: Option<String>,
     /// The device it was placed on, if any.
     device: Option<String>,
+    /// The host it ran on, for a node of a slice that ran on one.
+    host: Option<String>,
 }
+
+/// A span as it travels from a host back to the caller: node, start, end, thread, branch path,
+/// turns, error, device. Plain values, so any transport can carry it.
+type Shipped = (
+    String,
+    f64,
+    f64,
+    u64,
+    Vec<usize>,
+    u32,
+    Option<String>,
+    Option<String>,
+);
 
 impl From<&Span> for PySpan {
     fn from(span: &Span) -> Self {
@@ -44,6 +60,7 @@ impl From<&Span> for PySpan {
             turns: span.turns,
             error: span.error.clone(),
             device: span.device.map(|device| device.to_string()),
+            host: span.host.as_ref().map(ToString::to_string),
         }
     }
 }
@@ -68,7 +85,7 @@ impl PySpan {
 
     fn __repr__(&self) -> String {
         format!(
-            "Span(node={:?}, duration={:.6}, thread={}, branch={:?}, turns={}{})",
+            "Span(node={:?}, duration={:.6}, thread={}, branch={:?}, turns={}{}{})",
             self.node,
             self.duration(),
             self.thread,
@@ -76,7 +93,10 @@ impl PySpan {
             self.turns,
             self.error
                 .as_ref()
-                .map_or_else(String::new, |e| format!(", error={e:?}"))
+                .map_or_else(String::new, |e| format!(", error={e:?}")),
+            self.host
+                .as_ref()
+                .map_or_else(String::new, |h| format!(", host={h:?}"))
         )
     }
 }
@@ -133,6 +153,57 @@ impl PyTrace {
 
     fn __len__(&self) -> usize {
         self.trace.len()
+    }
+
+    /// Seconds since the trace was created: when a slice leaves for its host, on this trace's
+    /// clock ([`PyTrace::_adopt`]).
+    fn _now(&self) -> f64 {
+        self.trace.now().as_secs_f64()
+    }
+
+    /// The spans of `nodes` as plain values, for a host to send back with its slice's result.
+    #[allow(clippy::needless_pass_by_value)] // PyO3 hands arguments over as owned values.
+    fn _ship(&self, nodes: std::collections::HashSet<String>) -> Vec<Shipped> {
+        self.trace
+            .spans()
+            .into_iter()
+            .filter(|span| nodes.contains(span.node.as_str()))
+            .map(|span| {
+                (
+                    span.node.to_string(),
+                    span.start.as_secs_f64(),
+                    span.end.as_secs_f64(),
+                    span.thread,
+                    span.branch,
+                    span.turns,
+                    span.error,
+                    span.device.map(|device| device.to_string()),
+                )
+            })
+            .collect()
+    }
+
+    /// Records the spans a slice's host shipped back (`_ship` there), timed from `at`
+    /// (`_now()` here when the slice left), on tracks of their own marked with `host`.
+    fn _adopt(&self, py: Python<'_>, spans: Vec<Shipped>, host: &str, at: f64) -> PyResult<()> {
+        let host = crate::hosts::read(py, host)?;
+        let at = Duration::try_from_secs_f64(at.max(0.0)).unwrap_or_default();
+        let mut adopted = Vec::with_capacity(spans.len());
+        for (node, start, end, thread, branch, turns, error, device) in spans {
+            adopted.push(Span {
+                node: NodeId::from(node),
+                start: Duration::try_from_secs_f64(start.max(0.0)).unwrap_or_default(),
+                end: Duration::try_from_secs_f64(end.max(0.0)).unwrap_or_default(),
+                thread,
+                branch,
+                turns,
+                error,
+                device: device.and_then(|device| device.parse::<Device>().ok()),
+                host: None,
+            });
+        }
+        self.trace.adopt(adopted, &host, at);
+        Ok(())
     }
 
     /// Refused. A trace is where runs record, not a record: a copy would have to say whether

@@ -15,12 +15,15 @@
 //! same way ([`note_interrupt`]), so that the caller does not wait on siblings that will not stop.
 //!
 //! A deadline (`forward(timeout=…)`) is one more reason to stop, read from the clock at node
-//! boundaries and while waiting. Either way, branches that do not reach a boundary soon are
-//! left running and the caller returns ([`soma_core::Executor::run_detachable`]).
+//! boundaries and while waiting; a [`StopFlag`] set from another thread is the last one: it is
+//! how a host stops a slice whose caller gave up on the run (Ctrl-C, a timeout, a sibling's
+//! error there), since a slice runs on a thread where no signal ever arrives. Either way,
+//! branches that do not reach a boundary soon are left running and the caller returns
+//! ([`soma_core::Executor::run_detachable`]).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
@@ -35,11 +38,15 @@ pub struct SignalWatch {
     /// When the run must stop, if it was given a time limit.
     deadline: Option<Instant>,
     timed_out: AtomicBool,
+    /// Set from another thread to stop the run, if it was given one.
+    stop: Option<Arc<AtomicBool>>,
+    cancelled: AtomicBool,
 }
 
 impl SignalWatch {
-    /// A watch for a run called from the current thread, stopping it after `timeout` if given.
-    pub fn new(timeout: Option<Duration>) -> Self {
+    /// A watch for a run called from the current thread, stopping it after `timeout` if given,
+    /// or once `stop` is set.
+    pub fn new(timeout: Option<Duration>, stop: Option<&StopFlag>) -> Self {
         INTERRUPTED_IN_NODE.with(|seen| seen.set(false));
         SignalWatch {
             caller: this_thread(),
@@ -47,7 +54,14 @@ impl SignalWatch {
             raised: Mutex::new(None),
             deadline: timeout.map(|timeout| Instant::now() + timeout),
             timed_out: AtomicBool::new(false),
+            stop: stop.map(|flag| Arc::clone(&flag.set)),
+            cancelled: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the run was stopped because its stop flag was set.
+    pub fn cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
     }
 
     /// Whether the run was stopped because its time ran out.
@@ -68,6 +82,13 @@ impl Watch for SignalWatch {
     fn interrupted(&self) -> bool {
         if self.stopped.load(Ordering::Acquire) {
             return true;
+        }
+        if let Some(stop) = &self.stop {
+            if stop.load(Ordering::Acquire) {
+                self.cancelled.store(true, Ordering::Release);
+                self.stopped.store(true, Ordering::Release);
+                return true;
+            }
         }
         match self.deadline {
             Some(deadline) if Instant::now() >= deadline => {
@@ -114,4 +135,31 @@ pub fn note_interrupt() {
 /// A number that differs between threads alive at the same time.
 fn this_thread() -> usize {
     MARK.with(|mark| std::ptr::from_ref(mark) as usize)
+}
+
+/// `soma._soma.StopFlag`: stops the run it is given to (`forward(stop=…)`) at its next node
+/// boundary once set, from any thread. Set stays set: one flag per run.
+#[pyclass(frozen, module = "soma._soma")]
+#[derive(Default)]
+pub struct StopFlag {
+    set: Arc<AtomicBool>,
+}
+
+#[pymethods]
+impl StopFlag {
+    #[new]
+    fn py_new() -> Self {
+        StopFlag::default()
+    }
+
+    /// Stops the run at its next node boundary; a run that has not started stops at its first.
+    fn set(&self) {
+        self.set.store(true, Ordering::Release);
+    }
+
+    /// Whether the flag was set.
+    #[getter]
+    fn is_set(&self) -> bool {
+        self.set.load(Ordering::Acquire)
+    }
 }

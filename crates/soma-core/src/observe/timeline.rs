@@ -21,7 +21,7 @@ impl Trace {
         let names: Vec<String> = threads
             .iter()
             .map(|(thread, label)| match label.as_str() {
-                "main" => format!("thread {thread} · main"),
+                main if main.starts_with("main") => format!("thread {thread} · {main}"),
                 _ => format!("thread {thread} · branch {label}"),
             })
             .collect();

@@ -42,6 +42,10 @@ impl Trace {
             );
             json_string(&span.branch_label(), &mut out);
             let _ = write!(out, ",\"turns\":{}", span.turns);
+            if let Some(host) = &span.host {
+                out.push_str(",\"host\":");
+                json_string(host.as_str(), &mut out);
+            }
             if let Some(device) = span.device {
                 // A device is written in lowercase letters, digits and `:`: nothing to escape.
                 let _ = write!(out, ",\"device\":\"{device}\"");
@@ -111,12 +115,12 @@ impl Trace {
 }
 
 /// One track per thread, in the order threads first ended a span, each with the label of the
-/// first branch seen on it.
+/// first branch seen on it (and its host, for a remote slice's thread).
 pub(super) fn tracks(spans: &[Span]) -> Vec<(u64, String)> {
     let mut threads: Vec<(u64, String)> = Vec::new();
     for span in spans {
         if !threads.iter().any(|(t, _)| *t == span.thread) {
-            threads.push((span.thread, span.branch_label()));
+            threads.push((span.thread, span.track_label()));
         }
     }
     threads

@@ -371,6 +371,7 @@ impl Executor {
             turns,
             error: outcome.as_ref().err().map(ToString::to_string),
             device: step.device,
+            host: None,
         });
         outcome
     }

@@ -25,8 +25,10 @@
 //! The caller reads inputs lazily, on its own thread, and only while fewer than
 //! [`StreamSettings::with_in_flight`] items have been read and not yet handed back. So a stream
 //! holds at most that many items however long its input, and a consumer that stops reading stops
-//! the stream instead of filling memory. A stage never waits on its output: the bound is where
-//! items enter.
+//! the stream instead of filling memory. The bound is where items enter, so a stage never holds
+//! a finished item back: what the stages after it (or the consumer) hold up shows as the time it
+//! sits idle with every item in flight past it and no input being read —
+//! [`StageFigures::blocked`], beside [`StageFigures::waiting`] for an item still to come.
 //!
 //! # Order
 //! Items carry their index. Each stage's inbox is keyed by index, and a stage of one worker takes
@@ -51,7 +53,12 @@
 //! next run or stream finds them idle.
 //!
 //! One mutex guards the inboxes, the outbox and the figures; each stage's workers and the caller
-//! sleep on a condvar of their own, woken only when something they can take arrived. Nothing is
+//! sleep on a condvar of their own, woken only when something they can take arrived, and once:
+//! a wake-up is a system call, and trivial items arrive faster than a woken thread gets back
+//! under the lock. A serial stage takes every item waiting for it under one lock and the
+//! caller every result ready for it, so the locks an item costs do not grow with the items in
+//! flight; a stage hands each item on the moment it is done, never holding a finished item
+//! while it runs the next (which may be slow). Nothing is
 //! run, no value dropped and no host (an interpreter lock) waited for while it is held: a host's
 //! lock is taken around whole stages and given back only in the host's blocking wait, so a
 //! thread that waited for it under this mutex could deadlock with one that holds it.
@@ -64,9 +71,10 @@
 //! overlapping across items) would split an item's table between threads as a wave does.
 
 use std::any::Any;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -209,8 +217,13 @@ pub struct StageFigures {
     pub items: u64,
     /// Time its workers spent running items, summed over workers.
     pub busy: Duration,
-    /// Time its workers spent waiting for an item, summed over workers.
+    /// Time its workers spent idle with an item still to come from before them (the stages
+    /// before, or the inputs being read), summed over workers.
     pub waiting: Duration,
+    /// Time its workers spent idle because what came after held the stream back: every item in
+    /// flight was past this stage and the caller read no input, because the stream was at its
+    /// bound or the consumer had not asked for the next result. Summed over workers.
+    pub blocked: Duration,
 }
 
 /// A stream's figures so far.
@@ -234,6 +247,9 @@ pub struct StreamFigures {
 struct Item {
     index: u64,
     input: Value,
+    /// When the caller began reading its input: a stage that slept until it came was held up
+    /// by what came after it before then, and waited for its input from then on.
+    read_at: Instant,
     /// The values its steps produced: the run's table.
     table: Box<[Option<Value>]>,
     /// Why it failed, once it has; the stages after skip it.
@@ -242,15 +258,21 @@ struct Item {
     result: Option<Value>,
 }
 
-/// Items waiting for one stage, keyed by index.
+/// Items waiting for one stage, keyed by index. Boxed: a map's node shifts its entries as the
+/// first is taken, and an item is large.
 struct Inbox {
-    items: BTreeMap<u64, Item>,
+    items: BTreeMap<u64, Box<Item>>,
     /// One worker: it takes only the next index, so its nodes see the input order.
     serial: bool,
     /// For a serial stage, the index it takes next.
     expected: u64,
     /// Workers asleep on the stage's condvar.
     sleeping: usize,
+    /// Wake-ups sent and not yet taken up: a worker already woken is not woken again (each
+    /// wake-up is a system call), however many items arrive before it is back under the lock.
+    waking: usize,
+    /// Items its workers have taken and not yet passed on.
+    held: usize,
 }
 
 impl Inbox {
@@ -261,19 +283,38 @@ impl Inbox {
         }
     }
 
-    fn pop(&mut self) -> Option<Item> {
-        if !self.ready() {
-            return None;
+    /// Moves the items this stage may run next into `batch`: for a serial stage every item
+    /// that follows in index order, for a stage of several workers one (its nodes are slow,
+    /// and the others take the rest).
+    fn take(&mut self, batch: &mut VecDeque<Box<Item>>) {
+        while self.ready() {
+            let Some((_, item)) = self.items.pop_first() else {
+                break;
+            };
+            self.expected += 1;
+            self.held += 1;
+            batch.push_back(item);
+            if !self.serial {
+                break;
+            }
         }
-        self.expected += 1;
-        self.items.pop_first().map(|(_, item)| item)
+    }
+
+    /// After items arrived: wakes a sleeping worker if one can take them and none is on its way.
+    fn wake(&mut self, ready: &Condvar) {
+        if self.sleeping > self.waking && self.ready() {
+            self.waking += 1;
+            ready.notify_one();
+        }
     }
 }
 
 struct State {
     inboxes: Vec<Inbox>,
     /// Items done with every stage, keyed by index.
-    outbox: BTreeMap<u64, Item>,
+    outbox: BTreeMap<u64, Box<Item>>,
+    /// Set by the caller once the inputs have run out.
+    inputs_done: bool,
     /// Set when the stream closes: every worker returns before its next item.
     closed: bool,
     /// With [`OnError::Stop`], the smallest index that failed: no stage runs an item after it.
@@ -284,9 +325,42 @@ struct State {
     lost: Option<String>,
     /// A node's panic, until the caller re-raises it.
     panic: Option<Box<dyn Any + Send>>,
-    /// Whether the caller sleeps on `out_ready`.
-    caller_waiting: bool,
+    caller: Caller,
     figures: Vec<StageFigures>,
+}
+
+/// Where the caller is, as the last stage sees it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Caller {
+    /// Not asleep: it looks at the outbox before it sleeps again.
+    Awake,
+    /// Asleep on `out_ready`.
+    Asleep,
+    /// Woken, and not yet back under the lock: waking it again would be a wasted system call.
+    Woken,
+}
+
+impl State {
+    /// Whether stage `at` has an item still to come from before it: one in its inbox or an
+    /// earlier one, or held by an earlier stage's worker.
+    fn upstream(&self, at: usize) -> bool {
+        self.inboxes
+            .iter()
+            .take(at + 1)
+            .enumerate()
+            .any(|(stage, inbox)| !inbox.items.is_empty() || (stage < at && inbox.held > 0))
+    }
+
+    /// Wakes the caller if it sleeps and nobody woke it yet.
+    fn wake_caller(&mut self, out_ready: &Condvar) {
+        match self.caller {
+            Caller::Asleep => {
+                self.caller = Caller::Woken;
+                out_ready.notify_one();
+            }
+            Caller::Awake | Caller::Woken => {}
+        }
+    }
 }
 
 struct Shared {
@@ -295,6 +369,12 @@ struct Shared {
     stage_ready: Box<[Condvar]>,
     /// Where the caller sleeps: for its next result, or for the workers to return.
     out_ready: Condvar,
+    /// `State::closed`, read by a worker between the items of a batch without the lock.
+    closed: AtomicBool,
+    /// `State::stop_after`, read likewise.
+    stop_after: AtomicU64,
+    /// Whether the caller is reading an input now: a stage idle meanwhile waits for input.
+    reading: AtomicBool,
 }
 
 impl Shared {
@@ -306,6 +386,7 @@ impl Shared {
     /// Tells every worker to stop, and the caller to look.
     fn close(&self, state: &mut State) {
         state.closed = true;
+        self.closed.store(true, Ordering::Relaxed);
         for ready in &self.stage_ready {
             ready.notify_all();
         }
@@ -353,6 +434,8 @@ pub struct Stream<I: Iterator<Item = Value>> {
     in_flight: usize,
     /// For an ordered stream, the index handed back next.
     next_out: u64,
+    /// Results taken from the outbox in one go and not yet handed back (still in flight).
+    ready: VecDeque<Box<Item>>,
     inputs_done: bool,
     /// Set once the stream has ended or closed: `next` answers `None` from then on.
     finished: bool,
@@ -366,7 +449,7 @@ enum Found {
     Panic(Box<dyn Any + Send>),
     Lost(String),
     Interrupted,
-    Item(Item),
+    Item(Box<Item>),
     End,
     Nothing,
 }
@@ -391,6 +474,8 @@ impl<I: Iterator<Item = Value>> Stream<I> {
                 serial: workers == 1,
                 expected: 0,
                 sleeping: 0,
+                waking: 0,
+                held: 0,
             });
             figures.push(StageFigures {
                 nodes,
@@ -409,15 +494,19 @@ impl<I: Iterator<Item = Value>> Stream<I> {
         let shared = Arc::new(Shared {
             stage_ready: (0..inboxes.len()).map(|_| Condvar::new()).collect(),
             out_ready: Condvar::new(),
+            closed: AtomicBool::new(false),
+            stop_after: AtomicU64::new(u64::MAX),
+            reading: AtomicBool::new(false),
             state: Mutex::new(State {
                 inboxes,
                 outbox: BTreeMap::new(),
+                inputs_done: false,
                 closed: false,
                 stop_after: u64::MAX,
                 alive: workers,
                 lost: None,
                 panic: None,
-                caller_waiting: false,
+                caller: Caller::Awake,
                 figures: figures.clone(),
             }),
         });
@@ -448,6 +537,7 @@ impl<I: Iterator<Item = Value>> Stream<I> {
             read: 0,
             in_flight: 0,
             next_out: 0,
+            ready: VecDeque::new(),
             inputs_done: false,
             finished: false,
             succeeded: 0,
@@ -531,23 +621,30 @@ impl<I: Iterator<Item = Value>> Stream<I> {
         let inboxes = std::mem::take(&mut state.inboxes);
         let outbox = std::mem::take(&mut state.outbox);
         drop(state);
-        drop((inboxes, outbox));
+        drop((inboxes, outbox, std::mem::take(&mut self.ready)));
     }
 
-    /// Reads inputs while fewer than the bound are in flight.
+    /// Reads inputs while fewer than the bound are in flight, handing each to the first stage
+    /// as soon as it is read (the next input may be slow to come).
     fn feed(&mut self) {
         while !self.inputs_done && self.in_flight < self.settings.in_flight {
-            let Some(input) = self.inputs.next() else {
+            self.shared.reading.store(true, Ordering::Relaxed);
+            let read_at = Instant::now();
+            let input = self.inputs.next();
+            self.shared.reading.store(false, Ordering::Relaxed);
+            let Some(input) = input else {
                 self.inputs_done = true;
+                self.shared.lock().inputs_done = true;
                 break;
             };
-            let item = Item {
+            let item = Box::new(Item {
                 index: self.read,
                 input,
+                read_at,
                 table: vec![None; self.program.len()].into(),
                 failed: None,
                 result: None,
-            };
+            });
             self.read += 1;
             self.in_flight += 1;
             let mut state = self.shared.lock();
@@ -558,20 +655,11 @@ impl<I: Iterator<Item = Value>> Stream<I> {
                 break;
             };
             first.items.insert(item.index, item);
-            if first.sleeping > 0 && first.ready() {
-                self.shared.stage_ready[0].notify_one();
-            }
+            first.wake(&self.shared.stage_ready[0]);
         }
     }
 
     fn look(&mut self) -> Found {
-        let mut state = self.shared.lock();
-        if let Some(payload) = state.panic.take() {
-            return Found::Panic(payload);
-        }
-        if let Some(reason) = state.lost.take() {
-            return Found::Lost(reason);
-        }
         if self
             .settings
             .executor
@@ -581,12 +669,32 @@ impl<I: Iterator<Item = Value>> Stream<I> {
         {
             return Found::Interrupted;
         }
-        let ready = if self.settings.ordered {
-            state.outbox.remove(&self.next_out)
+        if let Some(item) = self.ready.pop_front() {
+            return Found::Item(item);
+        }
+        let mut state = self.shared.lock();
+        if let Some(payload) = state.panic.take() {
+            return Found::Panic(payload);
+        }
+        if let Some(reason) = state.lost.take() {
+            return Found::Lost(reason);
+        }
+        // Every result there is taken at once: one lock for the lot.
+        if self.settings.ordered {
+            let mut next = self.next_out;
+            while let Some(entry) = state.outbox.first_entry() {
+                if *entry.key() != next {
+                    break;
+                }
+                self.ready.push_back(entry.remove());
+                next += 1;
+            }
         } else {
-            state.outbox.pop_first().map(|(_, item)| item)
-        };
-        match ready {
+            self.ready
+                .extend(std::mem::take(&mut state.outbox).into_values());
+        }
+        drop(state);
+        match self.ready.pop_front() {
             Some(item) => Found::Item(item),
             None if self.inputs_done && self.in_flight == 0 => Found::End,
             None => Found::Nothing,
@@ -609,7 +717,7 @@ impl<I: Iterator<Item = Value>> Stream<I> {
             if ready || state.panic.is_some() || state.lost.is_some() {
                 return;
             }
-            state.caller_waiting = true;
+            state.caller = Caller::Asleep;
             state = match &settings.executor.watch {
                 Some(_) => {
                     shared
@@ -623,7 +731,7 @@ impl<I: Iterator<Item = Value>> Stream<I> {
                     .wait(state)
                     .unwrap_or_else(PoisonError::into_inner),
             };
-            state.caller_waiting = false;
+            state.caller = Caller::Awake;
             drop(state);
             // Out of the lock: a watch may take the host's lock to look for signals.
             if let Some(watch) = &settings.executor.watch {
@@ -677,7 +785,7 @@ impl<I: Iterator<Item = Value>> Iterator for Stream<I> {
                         failed,
                         result,
                         ..
-                    } = item;
+                    } = *item;
                     return Some(match failed {
                         None => {
                             self.succeeded += 1;
@@ -742,42 +850,66 @@ impl Worker {
 
     /// Takes, runs and passes on items until the stream closes. Never unwinds: a node's panic
     /// is caught and handed to the caller.
+    ///
+    /// A serial stage takes every item waiting for it at once (one lock for the lot), and hands
+    /// each on the moment it is done: the next item may be a slow one, and the next stage must
+    /// not wait for it.
     fn serve(&self) {
         let executor = &self.settings.executor;
         let all = stages(&self.program);
         let (op, drops) = all[self.stage];
         let last = self.stage + 1 == all.len();
-        let mut waited = Duration::ZERO;
-        while let Some((mut item, stop_after)) = self.take(executor, &mut waited) {
-            if item.index > stop_after {
-                // An earlier item failed and the stream stops there: this one is never handed back.
-                drop(item);
-                continue;
-            }
-            let started = Instant::now();
-            if item.failed.is_none() {
-                let ran = panic::catch_unwind(AssertUnwindSafe(|| {
-                    self.run_item(executor, op, drops, last, &mut item);
-                }));
-                if let Err(payload) = ran {
-                    let mut state = self.shared.lock();
-                    // The first panic is the one raised again; a later one is dropped out of
-                    // the lock, with the item.
-                    let later = match state.panic {
-                        None => {
-                            state.panic = Some(payload);
-                            None
-                        }
-                        Some(_) => Some(payload),
-                    };
-                    self.shared.close(&mut state);
-                    drop(state);
-                    drop((later, item));
+        let mut batch = VecDeque::new();
+        let mut idle = Idle::default();
+        while self.take(executor, &mut batch, &mut idle) {
+            let mut started = Instant::now();
+            while let Some(mut item) = batch.pop_front() {
+                if self.shared.closed.load(Ordering::Relaxed) {
+                    // The caller has taken the inboxes away: what this worker holds is dropped
+                    // here, out of the lock.
+                    drop((item, std::mem::take(&mut batch)));
                     return;
                 }
+                if item.index > self.shared.stop_after.load(Ordering::Relaxed) {
+                    // An earlier item failed and the stream stops there: this one is never
+                    // handed back.
+                    drop(item);
+                    self.pass(None, Duration::ZERO, &mut idle);
+                    started = Instant::now();
+                    continue;
+                }
+                if item.failed.is_none() {
+                    let ran = panic::catch_unwind(AssertUnwindSafe(|| {
+                        self.run_item(executor, op, drops, last, &mut item);
+                    }));
+                    if let Err(payload) = ran {
+                        self.panicked(payload);
+                        drop((item, std::mem::take(&mut batch)));
+                        return;
+                    }
+                }
+                // One clock reading an item: where one ends the next begins.
+                let now = Instant::now();
+                self.pass(Some(item), now - started, &mut idle);
+                started = now;
             }
-            self.pass(item, started.elapsed(), std::mem::take(&mut waited));
         }
+    }
+
+    /// Records a node's panic for the caller (the first one: a later one is dropped, out of
+    /// the lock) and closes the stream.
+    fn panicked(&self, payload: Box<dyn Any + Send>) {
+        let mut state = self.shared.lock();
+        let later = match state.panic {
+            None => {
+                state.panic = Some(payload);
+                None
+            }
+            Some(_) => Some(payload),
+        };
+        self.shared.close(&mut state);
+        drop(state);
+        drop(later);
     }
 
     fn run_item(&self, executor: &Executor, op: &Op, drops: &[usize], last: bool, item: &mut Item) {
@@ -805,19 +937,36 @@ impl Worker {
         }
     }
 
-    /// The next item for this stage, and the index the stream stops after; `None` once closed.
-    fn take(&self, executor: &Executor, waited: &mut Duration) -> Option<(Item, u64)> {
+    /// Fills `batch` with the items this stage runs next; `false` once closed. The time it
+    /// sleeps for want of items goes to `idle`, as waiting or blocked.
+    fn take(&self, executor: &Executor, batch: &mut VecDeque<Box<Item>>, idle: &mut Idle) -> bool {
         let (shared, at) = (&*self.shared, self.stage);
+        let mut slept: Option<Sleep> = None;
         loop {
             let mut state = shared.lock();
             if state.closed {
-                return None;
+                return false;
             }
-            if let Some(item) = state.inboxes[at].pop() {
-                return Some((item, state.stop_after));
+            state.inboxes[at].take(batch);
+            if let Some(first) = batch.front() {
+                let read_at = first.read_at;
+                drop(state);
+                if let Some(sleep) = slept {
+                    idle.add(sleep, Some(read_at));
+                }
+                return true;
             }
+            // Why it is about to be idle: an item is still to come from before it (or from the
+            // inputs being read), or everything in flight is past it and the caller reads no
+            // more for now.
+            let blocked = !state.upstream(at)
+                && !state.inputs_done
+                && !shared.reading.load(Ordering::Relaxed);
             drop(state);
-            let started = Instant::now();
+            if let Some(sleep) = slept.take() {
+                idle.add(sleep, None);
+            }
+            let from = Instant::now();
             // Asleep with the host's lock given back, so the stages before can run.
             executor.blocking(&mut || {
                 let mut state = shared.lock();
@@ -827,40 +976,81 @@ impl Worker {
                         .wait(state)
                         .unwrap_or_else(PoisonError::into_inner);
                 }
-                state.inboxes[at].sleeping -= 1;
+                let inbox = &mut state.inboxes[at];
+                inbox.sleeping -= 1;
+                inbox.waking = inbox.waking.saturating_sub(1);
             });
-            *waited += started.elapsed();
+            slept = Some(Sleep {
+                from,
+                to: Instant::now(),
+                blocked,
+            });
         }
     }
 
-    /// Hands `item` to the next stage, or to the caller after the last.
-    fn pass(&self, item: Item, busy: Duration, waited: Duration) {
+    /// Hands `item` to the next stage, or to the caller after the last (`None`: one dropped
+    /// after a failure that stops the stream), and counts it and the time spent on it in the
+    /// stage's figures.
+    fn pass(&self, item: Option<Box<Item>>, busy: Duration, idle: &mut Idle) {
         let shared = &*self.shared;
         let mut state = shared.lock();
         let figures = &mut state.figures[self.stage];
-        figures.items += 1;
         figures.busy += busy;
-        figures.waiting += waited;
-        if item.failed.is_some() && self.settings.on_error == OnError::Stop {
-            state.stop_after = state.stop_after.min(item.index);
-        }
+        figures.waiting += std::mem::take(&mut idle.waiting);
+        figures.blocked += std::mem::take(&mut idle.blocked);
         if state.closed {
             // The caller has taken the inboxes away: the item is dropped out of the lock.
             drop(state);
             drop(item);
             return;
         }
+        state.inboxes[self.stage].held -= 1;
+        let Some(item) = item else {
+            return;
+        };
+        state.figures[self.stage].items += 1;
+        if item.failed.is_some() && self.settings.on_error == OnError::Stop {
+            state.stop_after = state.stop_after.min(item.index);
+            shared.stop_after.store(state.stop_after, Ordering::Relaxed);
+        }
         let next = self.stage + 1;
-        if let Some(inbox) = state.inboxes.get_mut(next) {
+        if next < state.inboxes.len() {
+            let inbox = &mut state.inboxes[next];
             inbox.items.insert(item.index, item);
-            if inbox.sleeping > 0 && inbox.ready() {
-                shared.stage_ready[next].notify_one();
-            }
+            inbox.wake(&shared.stage_ready[next]);
         } else {
             state.outbox.insert(item.index, item);
-            if state.caller_waiting {
-                shared.out_ready.notify_one();
-            }
+            state.wake_caller(&shared.out_ready);
         }
+    }
+}
+
+/// Time a worker has spent idle and not yet counted in its stage's figures.
+#[derive(Default)]
+struct Idle {
+    waiting: Duration,
+    blocked: Duration,
+}
+
+/// One stretch of a worker's sleep, and whether it began held up by what comes after it.
+#[derive(Clone, Copy)]
+struct Sleep {
+    from: Instant,
+    to: Instant,
+    blocked: bool,
+}
+
+impl Idle {
+    /// Counts `sleep`, ended by an item whose input the caller began reading at `read_at`: a
+    /// sleep that began held up stayed so until then, and waited for that item after.
+    fn add(&mut self, sleep: Sleep, read_at: Option<Instant>) {
+        let Sleep { from, to, blocked } = sleep;
+        if !blocked {
+            self.waiting += to - from;
+            return;
+        }
+        let held_until = read_at.map_or(to, |read_at| read_at.clamp(from, to));
+        self.blocked += held_until - from;
+        self.waiting += to - held_until;
     }
 }

@@ -9,12 +9,17 @@
 //! What a trace is for is looking at it: [`Trace::to_chrome`] writes the Chrome trace-event
 //! format that Perfetto and `chrome://tracing` open (one track per thread), [`Trace::summary`]
 //! lists the slowest nodes, and [`Trace::to_svg`] draws a timeline.
+//!
+//! A slice of the run that ran on another host records its spans in a trace there; they come
+//! back with its result and join this one ([`Trace::adopt`]), on tracks of their own marked with
+//! the host.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::model::device::Device;
+use crate::model::host::HostName;
 use crate::model::id::NodeId;
 
 /// One node's run.
@@ -37,6 +42,8 @@ pub struct Span {
     pub error: Option<String>,
     /// The device it was placed on, if any.
     pub device: Option<Device>,
+    /// The host it ran on, if not this process: a span of a remote slice ([`Trace::adopt`]).
+    pub host: Option<HostName>,
 }
 
 impl Span {
@@ -52,6 +59,14 @@ impl Span {
         }
         let parts: Vec<String> = self.branch.iter().map(ToString::to_string).collect();
         parts.join(".")
+    }
+
+    /// What its track is called: its branch, and its host if it ran on one.
+    pub fn track_label(&self) -> String {
+        match &self.host {
+            Some(host) => format!("{} on host {host}", self.branch_label()),
+            None => self.branch_label(),
+        }
     }
 }
 
@@ -89,8 +104,39 @@ impl Trace {
     }
 
     /// The time since the trace was created.
-    pub(crate) fn now(&self) -> Duration {
+    pub fn now(&self) -> Duration {
         self.origin.elapsed()
+    }
+
+    /// Records the spans of a slice that ran on `host`, timed from `at` (this trace's time when
+    /// the slice was sent; the host's clock is not this one's) and each on a track of its own:
+    /// its threads are another process's, so each gets a fresh number here.
+    pub fn adopt(&self, spans: Vec<Span>, host: &HostName, at: Duration) {
+        let mut threads: Vec<(u64, u64)> = Vec::new();
+        let adopted: Vec<Span> = spans
+            .into_iter()
+            .map(|span| {
+                let known = threads.iter().find(|(there, _)| *there == span.thread);
+                let thread = if let Some((_, here)) = known {
+                    *here
+                } else {
+                    let here = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+                    threads.push((span.thread, here));
+                    here
+                };
+                Span {
+                    start: at + span.start,
+                    end: at + span.end,
+                    thread,
+                    host: Some(host.clone()),
+                    ..span
+                }
+            })
+            .collect();
+        self.spans
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(adopted);
     }
 
     /// Records a span.

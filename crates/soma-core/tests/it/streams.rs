@@ -176,6 +176,28 @@ fn the_branches_of_a_wave_inside_a_stage_run_side_by_side_for_each_item() {
     assert!(out.iter().all(|value| value.as_map().unwrap().len() == 2));
 }
 
+#[test]
+fn a_wave_of_chains_with_a_wave_inside_streams_to_what_a_loop_of_runs_gives() {
+    // Branches that are chains, one holding a wave of its own, joined by a node that reads all.
+    let program = program_of(
+        f("a", |x| Ok(x + 1))
+            >> ((f("b1", |x| Ok(x * 2)) >> f("b2", |x| Ok(x - 3)))
+                | (f("c1", |x| Ok(x * 5))
+                    >> (f("c2", |x| Ok(x + 7)) | (f("c3", |x| Ok(x * x)) >> f("c4", Ok))))),
+    );
+    let looped: Vec<Value> = ints(0..40)
+        .map(|input| Executor::new().run_program(&program, input).unwrap())
+        .collect();
+    let streamed: Vec<Value> = Stream::start(
+        program,
+        ints(0..40),
+        StreamSettings::default().with_in_flight(5),
+    )
+    .map(|item| item.unwrap().1)
+    .collect();
+    assert_eq!(streamed, looped);
+}
+
 /// Inputs that count how many times they were read.
 fn counted(read: &Arc<AtomicUsize>, count: i64) -> impl Iterator<Item = Value> {
     let read = Arc::clone(read);
@@ -500,6 +522,49 @@ fn figures_count_items_and_name_each_stages_nodes() {
         .collect();
     assert_eq!(nodes, vec![vec!["a"], vec!["b", "c"]]);
     assert!(figures.stages.iter().all(|stage| stage.items == 50));
+}
+
+/// The first stage's figures after streaming 30 items through two trivial stages, two in
+/// flight at most, with `slow_input` or a slow consumer taking 3 ms an item.
+fn first_stage_after(slow_input: bool) -> soma_core::StageFigures {
+    let pause = std::time::Duration::from_millis(3);
+    let inputs = (0..30).map(move |i| {
+        if slow_input {
+            std::thread::sleep(pause);
+        }
+        Value::Int(i)
+    });
+    let program = program_of(f("a", Ok) >> f("b", Ok));
+    let mut stream = Stream::start(program, inputs, StreamSettings::default().with_in_flight(2));
+    for item in stream.by_ref() {
+        item.unwrap();
+        if !slow_input {
+            std::thread::sleep(pause);
+        }
+    }
+    stream.figures().stages.swap_remove(0)
+}
+
+#[test]
+fn a_stage_held_up_by_a_slow_consumer_counts_that_time_as_blocked() {
+    let first = first_stage_after(false);
+    assert!(
+        first.blocked > first.waiting * 2,
+        "blocked {:?}, waiting {:?}",
+        first.blocked,
+        first.waiting
+    );
+}
+
+#[test]
+fn a_stage_held_up_by_a_slow_input_counts_that_time_as_waiting() {
+    let first = first_stage_after(true);
+    assert!(
+        first.waiting > first.blocked * 2,
+        "blocked {:?}, waiting {:?}",
+        first.blocked,
+        first.waiting
+    );
 }
 
 fn config() -> Config {

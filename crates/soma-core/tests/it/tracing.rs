@@ -204,3 +204,35 @@ fn an_executor_without_a_trace_records_nothing() {
     Executor::new().run(&plan, &catalog, Value::Int(1)).unwrap();
     assert!(trace.is_empty());
 }
+
+#[test]
+fn spans_adopted_from_a_host_are_timed_from_when_the_slice_left_on_tracks_of_their_own() {
+    let (out, here) = traced_run(n("a") >> n("b"), Value::Int(1));
+    out.unwrap();
+    let (out, there) = traced_run(n("c") >> n("d"), Value::Int(1));
+    out.unwrap();
+    let host: soma_core::HostName = "gpu-box".parse().unwrap();
+    let at = std::time::Duration::from_secs(5);
+    here.adopt(there.spans(), &host, at);
+    let spans = here.spans();
+    let local: Vec<_> = spans.iter().filter(|s| s.host.is_none()).collect();
+    let adopted: Vec<_> = spans.iter().filter(|s| s.host.is_some()).collect();
+    assert_eq!(adopted.len(), 2);
+    for (span, original) in adopted.iter().zip(there.spans()) {
+        assert_eq!(span.node, original.node);
+        assert_eq!(span.host.as_ref(), Some(&host));
+        assert_eq!(
+            (span.start, span.end),
+            (original.start + at, original.end + at)
+        );
+        // The host's threads are another process's: none shares a track with one here.
+        assert!(local.iter().all(|s| s.thread != span.thread), "{span:?}");
+    }
+    assert_eq!(adopted[0].thread, adopted[1].thread);
+    let chrome = here.to_chrome();
+    assert!(
+        chrome.contains("\"name\":\"branch main on host gpu-box\""),
+        "{chrome}"
+    );
+    assert!(chrome.contains("\"host\":\"gpu-box\""), "{chrome}");
+}
