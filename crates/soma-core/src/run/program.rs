@@ -316,7 +316,7 @@ struct Decided {
     /// By read (plan order): whether it takes the value instead of cloning it.
     takes: Vec<bool>,
     /// (sequence, child, slot): drop `slot` after `child` of `sequence`; sorted by sequence,
-    /// then slot.
+    /// then child, then slot.
     drops: Vec<(u32, u32, u32)>,
     leaves: Vec<usize>,
 }
@@ -330,7 +330,8 @@ impl Numbering {
             ids: Vec::with_capacity(steps),
             implementations: Vec::with_capacity(steps),
             positions: Vec::with_capacity(steps),
-            sequences: Vec::new(),
+            // Every sequence but the outermost has a step or a wave of its own: at most one each.
+            sequences: Vec::with_capacity(steps),
             reads: Vec::with_capacity(steps),
             next_in_catalog: 0,
         };
@@ -514,7 +515,7 @@ impl Numbering {
         }
         let mut decided = Decided {
             takes: vec![false; self.reads.len()],
-            drops: Vec::new(),
+            drops: Vec::with_capacity(slots),
             leaves: Vec::new(),
         };
         for slot in 0..slots {
@@ -542,14 +543,17 @@ impl Numbering {
                 decided.drops.push((sequence, last_child, to_u32(slot)));
             }
         }
-        // Stable: within a sequence, drops stay in slot order.
-        decided.drops.sort_by_key(|&(sequence, _, _)| sequence);
+        // Stable: after each child, drops stay in slot order.
+        decided
+            .drops
+            .sort_by_key(|&(sequence, child, _)| (sequence, child));
         decided
     }
 
     /// The second pass: the tree of ops, built bottom up on an explicit stack.
     fn build(&self, plan: &Plan, decided: &Decided, placement: Option<&Placement>) -> Op {
-        let mut done: Vec<Op> = Vec::new();
+        // At most every step waits here at once, for a flat sequence.
+        let mut done: Vec<Op> = Vec::with_capacity(self.ids.len());
         // For each open container: where its children start on `done`, its sequence number or
         // its wave's bounds so far.
         let mut open: Vec<(usize, Option<u32>, Vec<usize>)> = Vec::new();
@@ -625,11 +629,16 @@ fn drops_after(drops: &[(u32, u32, u32)], sequence: u32, len: usize) -> Box<[Box
     if start == end {
         return Box::new([]);
     }
-    let mut after: Vec<Vec<usize>> = vec![Vec::new(); len];
-    for &(_, child, slot) in &drops[start..end] {
-        after[child as usize].push(slot as usize);
-    }
-    after.into_iter().map(Vec::into_boxed_slice).collect()
+    // Sorted by child: each child's slots are one run, each made into its box at its size.
+    let mut ours = &drops[start..end];
+    (0..len)
+        .map(|child| {
+            let run = ours.partition_point(|&(_, c, _)| c as usize <= child);
+            let (here, rest) = ours.split_at(run);
+            ours = rest;
+            here.iter().map(|&(_, _, slot)| slot as usize).collect()
+        })
+        .collect()
 }
 
 /// Whether a step may read `slot`, already numbered: true unless it lies in a sibling branch
