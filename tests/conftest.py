@@ -297,3 +297,17 @@ def run_script(script: str) -> subprocess.CompletedProcess[str]:
     except subprocess.TimeoutExpired as hung:
         # Shared by the GIL, fork and exit tests: the likeliest hang differs, so name none.
         pytest.fail(f"the child hung past {SUBPROCESS_DEADLINE}s\n{hung}")
+
+
+def merged(out: dict[str, Any]) -> dict[str, Any]:
+    """Every node's record, from a result keyed by leaf or not."""
+    records: dict[str, Any] = {}
+    stack = [out]
+    while stack:
+        item = stack.pop()
+        for key, value in item.items():
+            if isinstance(value, dict):
+                stack.append(value)
+            else:
+                records[key] = value
+    return records

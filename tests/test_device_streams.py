@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import soma
-from conftest import DEADLINE, run_script
+from conftest import DEADLINE, merged, run_script
 
 
 class Stream:
@@ -138,20 +138,6 @@ class Probe(soma.Node):
             threading.get_ident(),
         )
         return seen
-
-
-def merged(out: dict[str, Any]) -> dict[str, Any]:
-    """Every node's record, from a result keyed by leaf or not."""
-    records: dict[str, Any] = {}
-    stack = [out]
-    while stack:
-        item = stack.pop()
-        for key, value in item.items():
-            if isinstance(value, dict):
-                stack.append(value)
-            else:
-                records[key] = value
-    return records
 
 
 def position(log: list[tuple[Any, ...]], *entry: Any) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import soma
-from conftest import DEADLINE
+from conftest import DEADLINE, merged
 
 
 class Recorder:
@@ -75,20 +75,6 @@ class Where(soma.Node):
         seen = dict(x) if isinstance(x, dict) else {}
         seen[ctx.node] = (ctx.device, self.recorder.current("cuda"), threading.get_ident())
         return seen
-
-
-def merged(out: dict[str, Any]) -> dict[str, Any]:
-    """Every node's record, from a result keyed by leaf or not."""
-    records: dict[str, Any] = {}
-    stack = [out]
-    while stack:
-        item = stack.pop()
-        for key, value in item.items():
-            if isinstance(value, dict):
-                stack.append(value)
-            else:
-                records[key] = value
-    return records
 
 
 # ---------------------------------------------------------------------------------------------
