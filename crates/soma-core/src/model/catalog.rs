@@ -69,7 +69,9 @@ impl Catalog {
         next: &mut usize,
     ) -> Option<(usize, &Arc<dyn Node>)> {
         let at = match self.entries.get(*next) {
-            Some((entry, _)) if entry == id => *next,
+            // By identity alone: comparing text (what `==` on ids does, shared or not) would read
+            // every id once more; an equal id of its own is found by the index.
+            Some((entry, _)) if entry.is(id) => *next,
             Some(_) | None => *self.index.get(id.as_str())?,
         };
         *next = at + 1;
@@ -83,8 +85,8 @@ impl Catalog {
         let in_step = ids
             .iter()
             .zip(&self.entries)
-            // Equal ids that are one shared allocation compare by pointer alone.
-            .take_while(|(id, (entry, _))| *id == entry)
+            // By identity alone, as in `get_after`; from the first that is not, by the index.
+            .take_while(|(id, (entry, _))| id.is(entry))
             .count();
         ids[in_step..].iter().find(|id| !self.contains(id.as_str()))
     }
