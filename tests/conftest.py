@@ -6,6 +6,7 @@ deadline (`DEADLINE`), so a test that fails does so in seconds and says why.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import os
@@ -311,3 +312,15 @@ def merged(out: dict[str, Any]) -> dict[str, Any]:
             else:
                 records[key] = value
     return records
+
+
+@contextlib.contextmanager
+def registered(backend: Any) -> Iterator[Any]:
+    """``backend`` registered with ``soma.devices`` for the block; the registry as it was after."""
+    saved = dict(soma.devices._backends)
+    soma.devices.register(backend)
+    try:
+        yield backend
+    finally:
+        soma.devices._backends.clear()
+        soma.devices._backends.update(saved)

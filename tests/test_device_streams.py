@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import soma
-from conftest import DEADLINE, merged, run_script
+from conftest import DEADLINE, merged, registered, run_script
 
 
 class Stream:
@@ -108,14 +108,8 @@ class FakeGpu:
 
 @pytest.fixture
 def gpu() -> Iterator[FakeGpu]:
-    backend = FakeGpu()
-    saved = dict(soma.devices._backends)
-    soma.devices.register(backend)
-    try:
+    with registered(FakeGpu()) as backend:
         yield backend
-    finally:
-        soma.devices._backends.clear()
-        soma.devices._backends.update(saved)
 
 
 class Probe(soma.Node):

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import soma
-from conftest import DEADLINE, merged
+from conftest import DEADLINE, merged, registered
 
 
 class Recorder:
@@ -43,14 +43,8 @@ class Recorder:
 
 @pytest.fixture
 def recorder() -> Iterator[Recorder]:
-    backend = Recorder()
-    saved = dict(soma.devices._backends)
-    soma.devices.register(backend)
-    try:
+    with registered(Recorder()) as backend:
         yield backend
-    finally:
-        soma.devices._backends.clear()
-        soma.devices._backends.update(saved)
 
 
 class Where(soma.Node):
