@@ -109,36 +109,31 @@ pub fn capture(py: Python<'_>) -> Option<Carried> {
 /// `run`'s nodes changed: a whole forward, whose nodes outside every wave run on the caller's
 /// thread, in the caller's state already — so nothing is set, only put back.
 pub fn kept(py: Python<'_>, run: &mut dyn FnMut()) {
-    let Some(torch) = loaded(py) else {
-        return run();
-    };
-    if let Some(functions) = Functions::of(py, &torch) {
-        match functions.usual_grad(py) {
-            Ok(Some(grad)) => {
-                run();
-                report(py, functions.put_back(py, grad));
-                return;
-            }
-            Ok(None) => {}
-            Err(error) => error.write_unraisable(py, None),
-        }
-    }
-    match in_python(py, intern!(py, "capture"), ()) {
-        Some(enter) => entered(py, enter.bind(py), run),
+    match capture(py) {
         None => run(),
+        Some(Carried::Usual { grad }) => {
+            run();
+            report(py, Carried::functions(py).put_back(py, grad));
+        }
+        Some(Carried::Other(enter)) => entered(py, enter.bind(py), run),
     }
 }
 
 impl Carried {
+    /// torch's functions, which read every usual state ever captured.
+    fn functions(py: Python<'_>) -> &'static Functions {
+        FUNCTIONS
+            .get(py)
+            .and_then(Option::as_ref)
+            .expect("a usual state was read with torch's functions")
+    }
+
     /// Runs `run` with this state set on this thread, and puts the thread's own back after.
     pub fn run_in(&self, py: Python<'_>, run: &mut dyn FnMut()) {
         match self {
             Carried::Other(enter) => entered(py, enter.bind(py), run),
             Carried::Usual { grad } => {
-                let functions = FUNCTIONS
-                    .get(py)
-                    .and_then(Option::as_ref)
-                    .expect("a usual state was read with torch's functions");
+                let functions = Carried::functions(py);
                 match functions.usual_grad(py) {
                     Ok(Some(had)) => {
                         if had != *grad {
