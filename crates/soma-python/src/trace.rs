@@ -187,13 +187,16 @@ impl PyTrace {
     /// (`_now()` here when the slice left), on tracks of their own marked with `host`.
     fn _adopt(&self, py: Python<'_>, spans: Vec<Shipped>, host: &str, at: f64) -> PyResult<()> {
         let host = crate::hosts::read(py, host)?;
-        let at = Duration::try_from_secs_f64(at.max(0.0)).unwrap_or_default();
+        // Seconds from another clock: one that went backwards counts from zero.
+        let since =
+            |seconds: f64| Duration::try_from_secs_f64(seconds.max(0.0)).unwrap_or_default();
+        let at = since(at);
         let mut adopted = Vec::with_capacity(spans.len());
         for (node, start, end, thread, branch, turns, error, device) in spans {
             adopted.push(Span {
                 node: NodeId::from(node),
-                start: Duration::try_from_secs_f64(start.max(0.0)).unwrap_or_default(),
-                end: Duration::try_from_secs_f64(end.max(0.0)).unwrap_or_default(),
+                start: since(start),
+                end: since(end),
                 thread,
                 branch,
                 turns,
