@@ -50,6 +50,10 @@ class Slice:
         """The slice's nodes, in plan order."""
         return [node for node, _ in self.steps]
 
+    def listed(self) -> str:
+        """The slice's nodes, in plan order, named as messages name nodes."""
+        return ", ".join(f"`{node}`" for node in self.names())
+
 
 class RemoteHost(Protocol):
     """One host, as a transport serves it."""
@@ -162,8 +166,7 @@ def fresh_id(base: str, taken: set[str]) -> str:
 
 def remote_error(host: str, piece: Slice, message: str, hint: str) -> RemoteError:
     """A :class:`soma.RemoteError` about ``piece`` on ``host``."""
-    nodes = ", ".join(f"`{node}`" for node in piece.names())
-    error = RemoteError(f"host `{host}` {message} (slice of {nodes})\nhint: {hint}")
+    error = RemoteError(f"host `{host}` {message} (slice of {piece.listed()})\nhint: {hint}")
     error.host = host
     error.slice = piece.names()
     error.node = piece.names()[0]

@@ -233,8 +233,9 @@ class Distributed:
                     self._hosts[piece.host] = host
         token = run.begin(host, index)
         if token is None:  # A branch that started as the run was given up: its result is dropped.
-            nodes = ", ".join(f"`{node}`" for node in piece.names())
-            raise CancelledError(f"the run was abandoned before the slice of {nodes} started")
+            raise CancelledError(
+                f"the run was abandoned before the slice of {piece.listed()} started"
+            )
         trace = run.trace
         sent = 0.0 if trace is None else trace._now()
         try:
@@ -247,11 +248,10 @@ class Distributed:
             if isinstance(failed, RemoteError) and run.time_left() == 0.0:
                 # The run's own time ran out while the host worked: a timeout, as for a local
                 # node.
-                nodes = ", ".join(f"`{node}`" for node in piece.names())
                 raised = TimeoutError(
                     f"forward did not finish within its timeout of {run.timeout} s; the slice "
-                    f"of {nodes} on host `{piece.host}` was stopped there at its next node "
-                    "boundary\nhint: the graph can run again at once"
+                    f"of {piece.listed()} on host `{piece.host}` was stopped there at its next "
+                    "node boundary\nhint: the graph can run again at once"
                 )
                 raised.__cause__ = failed
             # A failed slice fails the run: the slices of later branches stop on their hosts
