@@ -324,3 +324,34 @@ def registered(backend: Any) -> Iterator[Any]:
     finally:
         soma.devices._backends.clear()
         soma.devices._backends.update(saved)
+
+
+#: Python source, for a script run in a subprocess, that builds `g`:
+#: `(((n0 >> n1) | n2) >> n3) | n4 ...` to `LEVELS` nodes with node()/edge() as a loop would,
+#: each node passing one of its inputs on so that values stay flat however deep the graph.
+#: A regression in depth is a stack overflow, which would take the test runner down with it.
+DEEP_GRAPH = """
+class First(soma.Node):
+    \"\"\"Passes one of its inputs on, so that values stay flat however deep the graph.\"\"\"
+
+    def forward(self, x):
+        return next(iter(x.values())) if isinstance(x, dict) else x
+
+
+g = soma.Graph()
+g.node("n0", First())
+terminals = ["n0"]
+for level in range(1, LEVELS):
+    node = g.node(f"n{level}", First())
+    if level % 2:
+        for terminal in terminals:
+            g.edge(terminal, node)
+        terminals = [node]
+    else:
+        terminals.append(node)
+"""
+
+
+def deep_graph(levels: int) -> str:
+    """:data:`DEEP_GRAPH` to ``levels`` nodes."""
+    return DEEP_GRAPH.replace("LEVELS", str(levels))

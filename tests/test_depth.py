@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from conftest import run_script
+from conftest import deep_graph, run_script
 
 DEEP_SCRIPT = """
 import sys, threading
@@ -17,25 +17,7 @@ sys.path.insert(0, {tests!r})
 import soma
 
 
-class First(soma.Node):
-    \"\"\"Passes one of its inputs on, so that values stay flat however deep the graph.\"\"\"
-
-    def forward(self, x):
-        return next(iter(x.values())) if isinstance(x, dict) else x
-
-
-# `(((n0 >> n1) | n2) >> n3) | n4 ...`, built with node()/edge() as a loop would.
-g = soma.Graph()
-g.node("n0", First())
-terminals = ["n0"]
-for level in range(1, {levels}):
-    node = g.node(f"n{{level}}", First())
-    if level % 2:
-        for terminal in terminals:
-            g.edge(terminal, node)
-        terminals = [node]
-    else:
-        terminals.append(node)
+{graph}
 plan = g.plan()
 shape = plan.shape()
 assert shape.startswith("Sequence([Wave([Sequence([Wave(["), shape[:40]
@@ -51,6 +33,6 @@ print("done", flush=True)
 
 def test_a_graph_nested_a_hundred_thousand_levels_deep_compiles_runs_and_drops() -> None:
     tests = os.path.dirname(os.path.abspath(__file__))
-    done = run_script(DEEP_SCRIPT.format(tests=tests, levels=100_000))
+    done = run_script(DEEP_SCRIPT.format(tests=tests, graph=deep_graph(100_000), levels=100_000))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "done" in done.stdout, done.stdout

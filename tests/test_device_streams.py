@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import soma
-from conftest import DEADLINE, merged, registered, run_script
+from conftest import DEADLINE, deep_graph, merged, registered, run_script
 
 
 class Stream:
@@ -319,7 +319,8 @@ def test_a_stream_of_items_runs_its_stages_on_their_threads_own_streams(gpu: Fak
     assert [entry for entry in gpu.log if entry[0] in ("new", "wait")] == []
 
 
-DEEP_SCRIPT = """
+DEEP_SCRIPT = (
+    """
 import threading
 import soma
 
@@ -358,29 +359,17 @@ class Gpu:
 soma.devices.register(Gpu())
 
 
-class First(soma.Node):
-    def forward(self, x):
-        return next(iter(x.values())) if isinstance(x, dict) else x
-
-
-# `(((n0 >> n1) | n2) >> n3) | n4 ...`, every node on cuda:0: a branch's scope in a wave's in a
-# branch's, a hundred thousand levels deep.
-g = soma.Graph()
-g.node("n0", First())
-terminals = ["n0"]
-for level in range(1, 100_000):
-    node = g.node(f"n{level}", First())
-    if level % 2:
-        for terminal in terminals:
-            g.edge(terminal, node)
-        terminals = [node]
-    else:
-        terminals.append(node)
+# A branch's scope in a wave's in a branch's, a hundred thousand levels deep, every node on
+# cuda:0.
+"""
+    + deep_graph(100_000)
+    + """
 for level in range(100_000):
     g.place(f"n{level}", "cuda:0")
 assert g.forward(3) == 3
 print("done", flush=True)
 """
+)
 
 
 def test_a_graph_nested_a_hundred_thousand_levels_deep_runs_with_a_stream_per_branch() -> None:
