@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -282,6 +283,17 @@ def interrupt_script(script: str, ready: str) -> subprocess.CompletedProcess[str
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def reserve_settled() -> None:
+    """Waits until a thread waits in Soma's reserve (guide: "Which thread a branch runs on"), so
+    that a count of the process's threads taken now holds it: a reserve taken by an earlier
+    graph is refilled when its thread has nothing left to do, which may be later."""
+    deadline = time.monotonic() + DEADLINE
+    while not soma._soma._thread_in_reserve():
+        if time.monotonic() > deadline:
+            pytest.fail("no thread came to Soma's reserve")
+        time.sleep(0.005)
 
 
 def run_script(script: str) -> subprocess.CompletedProcess[str]:

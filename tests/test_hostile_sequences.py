@@ -31,7 +31,7 @@ from hypothesis.stateful import (
 )
 
 import soma
-from conftest import DEADLINE
+from conftest import DEADLINE, reserve_settled
 from soma import native
 
 # ---------------------------------------------------------------------------------------------
@@ -155,6 +155,7 @@ class HostileSequences(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         gc.collect()
+        reserve_settled()
         self.baseline = threads_of_the_process()
         self.python_threads = threading.active_count()
         self.graph = soma.Graph()

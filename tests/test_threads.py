@@ -30,6 +30,7 @@ from conftest import (
     Meet,
     Pass,
     SumValues,
+    reserve_settled,
     run_script,
 )
 
@@ -100,8 +101,10 @@ def os_threads() -> int:
 
 
 def settled_os_threads() -> int:
-    """The count once it stops moving: threads of graphs dropped earlier end on their own time."""
+    """The count once it stops moving: threads of graphs dropped earlier end on their own time,
+    and the reserve's thread is there."""
     gc.collect()
+    reserve_settled()
     deadline = time.monotonic() + DEADLINE
     count = os_threads()
     while time.monotonic() < deadline:
@@ -355,6 +358,46 @@ def test_a_thread_the_system_refuses_is_a_runtime_error_and_the_graph_stays_usab
         g.forward(1)
     assert isinstance(raised.value, RuntimeError)
     assert g.forward(1) == 2 * 2 + 12
+
+
+RESERVE_SCRIPT = """
+import os, sys, threading, time
+import soma
+
+def threads():
+    return {{int(task) for task in os.listdir("/proc/self/task")}}
+
+def eventually(check):
+    deadline = time.monotonic() + {deadline}
+    while not check():
+        assert time.monotonic() < deadline, sorted(threads())
+        time.sleep(0.005)
+
+main = threading.get_native_id()
+eventually(lambda: len(threads()) == 2)
+(reserve,) = threads() - {{main}}
+barrier = threading.Barrier(2, timeout={deadline})
+ran_on = {{}}
+
+class Meet(soma.Node):
+    def forward(self, x, ctx):
+        ran_on[ctx.node] = threading.get_native_id()
+        barrier.wait()
+        return x
+
+g = soma.Graph.somatize(Meet().named("a") | Meet().named("b"))
+g.forward(0)
+print(sorted(ran_on.values()) == sorted([main, reserve]), flush=True)
+eventually(lambda: len(threads() - {{main, reserve}}) == 1)
+print("refilled", g.threads(), flush=True)
+"""
+
+
+def test_importing_soma_keeps_a_thread_in_reserve_that_the_first_wave_takes() -> None:
+    # In a fresh interpreter: the reserve is one per process, and this suite's graphs take it.
+    done = run_script(RESERVE_SCRIPT.format(deadline=DEADLINE))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "True\nrefilled 1\n", done.stdout
 
 
 EXIT_SCRIPT = """

@@ -18,6 +18,7 @@ __all__ = [
     "StreamCore",
     "Trace",
     "_carry_context",
+    "_thread_in_reserve",
     "distribute",
     "parse_device",
     "parse_host",
@@ -29,6 +30,10 @@ MAX_NESTED_FORWARDS: int
 def _carry_context(on: bool) -> bool:
     """Switches context carry off or on for every run (the benchmark's switch, not API);
     returns whether it was on."""
+
+def _thread_in_reserve() -> bool:
+    """Whether a thread waits in the process's reserve, filled first if it was taken (for
+    tests that count the process's threads; not API)."""
 
 def parse_device(text: str) -> str: ...
 def parse_host(text: str) -> str: ...

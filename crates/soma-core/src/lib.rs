@@ -53,6 +53,7 @@ pub use run::error::{ProgramError, RunError};
 pub use run::executor::{Executor, DEFAULT_TURN_LIMIT};
 pub use run::hooks::{Captured, Host, Watch};
 pub use run::program::Program;
+pub use run::reserve::{keep_a_thread_in_reserve, thread_in_reserve};
 pub use run::stream::{
     Failed, OnError, StageFigures, Stream, StreamError, StreamFigures, StreamSettings,
     DEFAULT_IN_FLIGHT,

@@ -13,12 +13,13 @@
 
 use std::collections::HashMap;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use pyo3::exceptions::{PyTimeoutError, PyTypeError, PyValueError};
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::PyTraverseError;
 use soma_core::{
     compile, Captured, Catalog, Device, Executor, Graph, Host, Node, NodeId, Placement, Plan,
@@ -132,13 +133,7 @@ impl GraphCore {
         let program = Program::with_placement(&compiled.plan, catalog, placement)
             .map_err(|e| program_error(py, &e))?;
         program.set_idle_threads(*idle_threads);
-        // What `threading.stack_size()` asks of Python's own threads, a crew thread gets too.
-        let asked: usize = py
-            .import("threading")
-            .and_then(|threading| threading.call_method0("stack_size"))
-            .and_then(|size| size.extract())
-            .unwrap_or(0);
-        program.set_thread_stack(asked);
+        program.set_thread_stack(thread_stack_asked(py));
         let program = Arc::new(program);
         compiled.program = Some(Arc::clone(&program));
         Ok(program)
@@ -154,6 +149,24 @@ impl GraphCore {
         }
         Ok(state.compiled.as_mut().expect("compiled just now"))
     }
+}
+
+/// What `threading.stack_size()` asks of Python's own threads, which a crew thread gets too; 0
+/// when nothing is asked. The function is looked up once: importing `threading` again for each
+/// program cost a first forward about 15 µs.
+pub(crate) fn thread_stack_asked(py: Python<'_>) -> usize {
+    static STACK_SIZE: PyOnceLock<Option<Py<PyAny>>> = PyOnceLock::new();
+    STACK_SIZE
+        .get_or_init(py, || {
+            py.import("threading")
+                .and_then(|threading| threading.getattr("stack_size"))
+                .ok()
+                .map(Bound::unbind)
+        })
+        .as_ref()
+        .and_then(|stack_size| stack_size.call0(py).ok())
+        .and_then(|size| size.extract(py).ok())
+        .unwrap_or(0)
 }
 
 fn ids(list: Vec<&NodeId>) -> Vec<String> {
@@ -513,17 +526,16 @@ struct Interpreter {
     depth: usize,
 }
 
-/// The hosts every run shares, one per nesting depth, made once; a crew thread may still hold
-/// one after its run has ended.
-static INTERPRETERS: LazyLock<Vec<Arc<dyn Host>>> = LazyLock::new(|| {
-    (0..=MAX_NESTED_FORWARDS)
-        .map(|depth| Arc::new(Interpreter { depth }) as Arc<dyn Host>)
-        .collect()
-});
+/// The hosts every run shares, one per nesting depth, each made the first time a run at its
+/// depth asks (all thousand at once cost the first forward of a process about 12 µs); a crew
+/// thread may still hold one after its run has ended.
+static INTERPRETERS: [OnceLock<Arc<dyn Host>>; MAX_NESTED_FORWARDS + 1] =
+    [const { OnceLock::new() }; MAX_NESTED_FORWARDS + 1];
 
 /// The host for a run at nesting depth `depth` (`reentry.rs`): its branches run at that depth.
 fn interpreter_at(depth: usize) -> Arc<dyn Host> {
-    Arc::clone(&INTERPRETERS[depth.min(MAX_NESTED_FORWARDS)])
+    let depth = depth.min(MAX_NESTED_FORWARDS);
+    Arc::clone(INTERPRETERS[depth].get_or_init(|| Arc::new(Interpreter { depth })))
 }
 
 /// Lets one branch thread at a time wait for the GIL to start its branch.

@@ -26,6 +26,15 @@ mod watch;
 
 use pyo3::prelude::*;
 
+/// Whether a thread waits in the process's reserve (`soma_core::keep_a_thread_in_reserve`),
+/// which is filled first if it was taken: for tests that count the process's threads, which
+/// must know whether the reserve's one is among them. Not API.
+#[pyfunction]
+fn _thread_in_reserve() -> bool {
+    let _ = soma_core::keep_a_thread_in_reserve();
+    soma_core::thread_in_reserve().is_some()
+}
+
 #[pymodule]
 fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<graph::GraphCore>()?;
@@ -41,8 +50,15 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("DEFAULT_TURN_LIMIT", soma_core::DEFAULT_TURN_LIMIT)?;
     module.add("MAX_NESTED_FORWARDS", reentry::MAX_NESTED_FORWARDS)?;
     module.add_function(wrap_pyfunction!(context::_carry_context, module)?)?;
+    module.add_function(wrap_pyfunction!(_thread_in_reserve, module)?)?;
     module.add_function(wrap_pyfunction!(device::parse_device, module)?)?;
     module.add_function(wrap_pyfunction!(hosts::parse_host, module)?)?;
     module.add_function(wrap_pyfunction!(hosts::distribute, module)?)?;
+    // Off any run's path, what the first forward of the first graph would otherwise do in the
+    // middle of its run: start a thread for its first wave (`soma_core::keep_a_thread_in_reserve`;
+    // refused, the crews start their own, and report a refusal they meet themselves), and look
+    // up `threading.stack_size`.
+    let _ = soma_core::keep_a_thread_in_reserve();
+    graph::thread_stack_asked(module.py());
     Ok(())
 }

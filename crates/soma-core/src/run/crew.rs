@@ -28,9 +28,11 @@
 //!
 //! # Threads come and go
 //!
-//! A crew starts with no thread and starts one only when a branch is waiting and no idle thread
-//! is at hand. A thread that runs out of work stays awake for a moment ([`STAY_AWAKE`]), then
-//! sleeps; beyond the crew's idle limit it ends instead. Dropping the crew ends every idle thread
+//! A crew starts with no thread and gets one only when a branch is waiting and no idle thread
+//! is at hand: the process's thread in reserve when there is one ([`crate::run::reserve`]),
+//! else one it starts. A thread that runs out of work stays awake for a moment
+//! ([`STAY_AWAKE`]), refills the reserve if it was taken, then sleeps; beyond the crew's idle
+//! limit it ends instead. Dropping the crew ends every idle thread
 //! without waiting for it: dropping never blocks on a thread. A child made by `fork` inherits the
 //! crew but not its threads, and starts its own.
 //!
@@ -69,6 +71,7 @@ use std::time::{Duration, Instant};
 use super::detach::{Detached, Hold, Kept, Remains};
 use super::fork;
 use super::hooks::Host;
+use super::reserve;
 
 /// How long a thread that has run out of work keeps looking for more, yielding its core to any
 /// other thread that wants it, before it sleeps: a crew thread for the next offer, an owner for
@@ -82,9 +85,10 @@ const STAY_AWAKE: Duration = Duration::from_micros(50);
 
 /// How many threads a wave's owner makes sure are on their way to the branches it has not
 /// claimed: one, not none, in case its own branch blocks until a sibling runs. Only one, because
-/// the owner pays for starting a thread on its own time, in the middle of its run, and runs the
-/// siblings itself when its branch is quick (a wave of trivial branches needs no helper at all);
-/// the helper, once it has a branch, sends more.
+/// the owner pays for waking or starting a thread on its own time, in the middle of its run
+/// (unless the reserve has one, [`crate::run::reserve`]), and runs the siblings itself when its
+/// branch is quick (a wave of trivial branches needs no helper at all); the helper, once it has
+/// a branch, sends more.
 const OWNER_SENDS: usize = 1;
 
 /// How many threads a crew thread that has just claimed a branch makes sure are on their way to
@@ -665,10 +669,14 @@ impl Pool {
             return Err(io::Error::other("refused on purpose, for a test"));
         }
         let pool = Arc::clone(self);
-        thread::Builder::new()
-            .name("soma-worker".to_owned())
-            .stack_size(state.stack_size)
-            .spawn(move || pool.serve())?;
+        // The thread in reserve if there is one: starting a thread would cost this thread a
+        // system call, in the middle of its run.
+        if let Err(serve) = reserve::hand_over(Box::new(move || pool.serve()), state.stack_size) {
+            thread::Builder::new()
+                .name("soma-worker".to_owned())
+                .stack_size(state.stack_size)
+                .spawn(serve)?;
+        }
         state.threads += 1;
         // Counted as looking from now, so that nobody starts another for the same work.
         state.looking += 1;
@@ -706,6 +714,14 @@ impl Pool {
             stayed_awake = false;
             if state.sleeping >= state.idle_limit {
                 break;
+            }
+            if reserve::wants_refill() {
+                // Idle: the time to start the reserve's next thread, one having been taken from
+                // it. A refusal leaves the reserve empty, and crews start their own threads.
+                drop(state);
+                reserve::refill();
+                state = self.lock();
+                continue; // Time has passed, without the lock: back to the queue.
             }
             state.looking -= 1;
             state.sleeping += 1;

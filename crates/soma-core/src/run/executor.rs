@@ -32,7 +32,7 @@ use crate::model::node::{Ctx, Transition};
 use crate::model::value::Value;
 use crate::plan::Plan;
 use crate::run::crew::Crew;
-use crate::run::program::{Op, Program, Read, Step};
+use crate::run::program::{Op, Program, Read, Reads, Step};
 
 /// How many turns a node gets unless [`Executor::with_turn_limit`] says otherwise.
 pub const DEFAULT_TURN_LIMIT: u32 = 64;
@@ -324,16 +324,16 @@ impl Executor {
             value.expect("a resolved program reads only values it can see")
         };
         // Each arm drops what it gathered as soon as the node is done with it.
-        let value = match &*step.from {
-            [] => self.call(step, input, lane)?,
-            [one] => {
+        let value = match &step.from {
+            Reads::Input => self.call(step, input, lane)?,
+            Reads::One(one) => {
                 let read = fetch(frame, one);
                 self.call(step, &read, lane)?
             }
-            many => {
+            Reads::Many(many) => {
                 let pairs = many
                     .iter()
-                    .map(|read| (read.source.shared(), fetch(frame, read)))
+                    .map(|(source, read)| (source.shared(), fetch(frame, read)))
                     .collect::<Vec<_>>();
                 self.call(step, &Value::Map(pairs.into()), lane)?
             }

@@ -15,6 +15,7 @@ pub(crate) mod executor;
 mod fork;
 pub(crate) mod hooks;
 pub(crate) mod program;
+pub(crate) mod reserve;
 pub(crate) mod stream;
 mod table;
 pub(crate) mod trace;

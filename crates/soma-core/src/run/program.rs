@@ -72,39 +72,23 @@ pub(crate) struct Step {
     pub(crate) device: Option<Device>,
 }
 
-/// A step's reads. Most steps read one value: kept in the step itself, it costs neither an
-/// allocation when the program is made nor a pointer to follow, into memory of its own, each
-/// time the step runs — which is what a step costs once a program outgrows the caches.
+/// What a step's node is called on.
 pub(crate) enum Reads {
+    /// The run's input: the step has no predecessor.
+    Input,
+    /// One predecessor's value, as it is. Most steps read one: kept in the step itself, it costs
+    /// neither an allocation nor an id's reference count when the program is made, nor a pointer
+    /// to follow, into memory of its own, each time the step runs — which is what a step costs
+    /// once a program outgrows the caches.
     One(Read),
-    Many(Box<[Read]>),
-}
-
-impl std::ops::Deref for Reads {
-    type Target = [Read];
-
-    fn deref(&self) -> &[Read] {
-        match self {
-            Reads::One(read) => std::slice::from_ref(read),
-            Reads::Many(reads) => reads,
-        }
-    }
-}
-
-impl FromIterator<Read> for Reads {
-    fn from_iter<I: IntoIterator<Item = Read>>(reads: I) -> Reads {
-        let mut reads = reads.into_iter();
-        match (reads.next(), reads.next()) {
-            (Some(one), None) => Reads::One(one),
-            (first, second) => Reads::Many(first.into_iter().chain(second).chain(reads).collect()),
-        }
-    }
+    /// Several predecessors' values, in a map keyed by their ids.
+    Many(Box<[(NodeId, Read)]>),
 }
 
 /// Where a step reads one input, and whether it is the value's last reader in its producer's
 /// branch (and so may take it instead of cloning it).
+#[derive(Clone, Copy)]
 pub(crate) struct Read {
-    pub(crate) source: NodeId,
     pub(crate) slot: usize,
     pub(crate) take: bool,
 }
@@ -164,7 +148,7 @@ impl Program {
         devices.dedup();
         Ok(Program {
             root,
-            ids: numbered.ids.into(),
+            ids: numbered.ids.into_iter().cloned().collect(),
             leaves: decided.leaves.into(),
             devices: devices.into(),
             crew: Crew::new(DEFAULT_IDLE_THREADS),
@@ -237,38 +221,29 @@ type SlotOf<'p> = HashMap<&'p str, u32, BuildHasherDefault<IdHasher>>;
 /// table by id: a block of the DSL's nesting reads nothing further back.
 const RECENT: usize = 8;
 
-/// Where each node already numbered runs: its slot.
+/// Where each node already numbered runs: its slot, found among the numbered steps' ids.
 ///
 /// A compiled plan's ids are its graph's, shared, and a step nearly always reads what a step a
 /// few places back wrote: found there by identity, a read costs no hashing and no lookup into a
 /// table of every node — a cache miss each once the plan outgrows the caches. The table by id
-/// is made only the first time a read is not found that way (a wide join, a hand-made plan).
+/// is made only the first time a read is not found that way (a wide join, a hand-made plan),
+/// and kept up to date from then on.
+#[derive(Default)]
 struct Slots<'p> {
-    /// The plan's id of each step numbered so far, by slot.
-    numbered: Vec<&'p NodeId>,
     by_id: Option<SlotOf<'p>>,
 }
 
 impl<'p> Slots<'p> {
-    fn with_capacity(steps: usize) -> Self {
-        Slots {
-            numbered: Vec::with_capacity(steps),
-            by_id: None,
-        }
-    }
-
-    /// The slot of the step that runs `source`, if one was numbered.
-    fn find(&mut self, source: &NodeId) -> Option<u32> {
-        let recent = self.numbered.len().saturating_sub(RECENT);
-        if let Some(back) = self.numbered[recent..].iter().rposition(|id| id.is(source)) {
+    /// The slot of the step that runs `source`, if one was numbered; `numbered` holds the id of
+    /// each step numbered so far, by slot.
+    fn find(&mut self, numbered: &[&'p NodeId], source: &NodeId) -> Option<u32> {
+        let recent = numbered.len().saturating_sub(RECENT);
+        if let Some(back) = numbered[recent..].iter().rposition(|id| id.is(source)) {
             return Some(to_u32(recent + back));
         }
-        let numbered = &self.numbered;
         let by_id = self.by_id.get_or_insert_with(|| {
-            let mut by_id = SlotOf::with_capacity_and_hasher(
-                numbered.capacity(),
-                BuildHasherDefault::default(),
-            );
+            let mut by_id =
+                SlotOf::with_capacity_and_hasher(numbered.len(), BuildHasherDefault::default());
             for (slot, id) in numbered.iter().enumerate() {
                 by_id.insert(id.as_str(), to_u32(slot));
             }
@@ -277,20 +252,20 @@ impl<'p> Slots<'p> {
         by_id.get(source.as_str()).copied()
     }
 
-    /// Numbers the step that runs `id` next.
-    fn push(&mut self, id: &'p NodeId) {
+    /// Numbers the step that runs `id` in `slot`, the next one.
+    fn push(&mut self, id: &'p NodeId, slot: usize) {
         if let Some(by_id) = &mut self.by_id {
-            by_id.insert(id.as_str(), to_u32(self.numbered.len()));
+            by_id.insert(id.as_str(), to_u32(slot));
         }
-        self.numbered.push(id);
     }
 }
 
 /// The first pass: steps numbered into slots in plan order, every read resolved and checked,
-/// and where each step and each sequence sits.
-struct Numbering {
-    ids: Vec<NodeId>,
-    implementations: Vec<Arc<dyn Node>>,
+/// and where each step and each sequence sits. It borrows the plan's ids and the catalog's
+/// implementations: each is cloned once, into the program, not once per pass.
+struct Numbering<'p> {
+    ids: Vec<&'p NodeId>,
+    implementations: Vec<&'p Arc<dyn Node>>,
     /// Where each slot's step sits.
     positions: Vec<Position>,
     /// Where each sequence sits, by number (plan order), and how many sequences enclose it,
@@ -321,8 +296,8 @@ struct Decided {
     leaves: Vec<usize>,
 }
 
-impl Numbering {
-    fn of(plan: &Plan, catalog: &Catalog) -> Result<Numbering, ProgramError> {
+impl<'p> Numbering<'p> {
+    fn of(plan: &'p Plan, catalog: &'p Catalog) -> Result<Numbering<'p>, ProgramError> {
         // A plan runs at most every node of its catalog, and a compiled one exactly those: sized
         // once, the tables never move while they grow.
         let steps = catalog.len();
@@ -335,8 +310,7 @@ impl Numbering {
             reads: Vec::with_capacity(steps),
             next_in_catalog: 0,
         };
-        // The plan's own ids, borrowed: no id is cloned to be looked up.
-        let mut slots = Slots::with_capacity(steps);
+        let mut slots = Slots::default();
         // Which catalog entries a step runs already: a node run twice is refused.
         let mut running = vec![false; catalog.len()];
         let mut open: Vec<Open> = Vec::new();
@@ -427,9 +401,9 @@ impl Numbering {
     }
 
     /// Numbers one step and resolves its reads.
-    fn execute<'p>(
+    fn execute(
         &mut self,
-        catalog: &Catalog,
+        catalog: &'p Catalog,
         slots: &mut Slots<'p>,
         running: &mut [bool],
         hidden: &[(usize, usize)],
@@ -441,7 +415,7 @@ impl Numbering {
             .ok_or_else(|| ProgramError::NotInCatalog { node: node.clone() })?;
         let slot = to_u32(self.ids.len());
         for source in from {
-            match slots.find(source) {
+            match slots.find(&self.ids, source) {
                 Some(read) if visible(hidden, read as usize) => self.reads.push((slot, read)),
                 Some(_) | None => {
                     return Err(ProgramError::MissingInput {
@@ -454,9 +428,9 @@ impl Numbering {
         if std::mem::replace(&mut running[entry], true) {
             return Err(ProgramError::StepTwice { node: node.clone() });
         }
-        slots.push(node);
-        self.ids.push(node.clone());
-        self.implementations.push(Arc::clone(implementation));
+        slots.push(node, self.ids.len());
+        self.ids.push(node);
+        self.implementations.push(implementation);
         Ok(())
     }
 
@@ -567,25 +541,29 @@ impl Numbering {
                     match entered {
                         Plan::Empty => done.push(Op::Empty),
                         Plan::Execute { from, .. } => {
-                            let from = from
-                                .iter()
-                                .map(|source| {
-                                    let (_, read_slot) = self.reads[read];
-                                    let take = decided.takes[read];
-                                    read += 1;
-                                    Read {
-                                        source: source.clone(),
-                                        slot: read_slot as usize,
-                                        take,
-                                    }
-                                })
-                                .collect();
+                            let mut next = || {
+                                let (_, read_slot) = self.reads[read];
+                                let take = decided.takes[read];
+                                read += 1;
+                                Read {
+                                    slot: read_slot as usize,
+                                    take,
+                                }
+                            };
+                            let from = match &**from {
+                                [] => Reads::Input,
+                                [_] => Reads::One(next()),
+                                many => Reads::Many(
+                                    many.iter().map(|source| (source.clone(), next())).collect(),
+                                ),
+                            };
+                            let id = self.ids[slot];
                             done.push(Op::Execute(Step {
-                                id: self.ids[slot].clone(),
+                                id: id.clone(),
                                 slot,
-                                node: Arc::clone(&self.implementations[slot]),
+                                node: Arc::clone(self.implementations[slot]),
                                 from,
-                                device: placement.and_then(|p| p.device(self.ids[slot].as_str())),
+                                device: placement.and_then(|p| p.device(id.as_str())),
                             }));
                             slot += 1;
                         }
