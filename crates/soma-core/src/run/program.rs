@@ -525,21 +525,35 @@ impl<'p> Numbering<'p> {
     }
 
     /// The second pass: the tree of ops, built bottom up on an explicit stack.
+    ///
+    /// Each container's children go straight into a list of their exact number, which becomes
+    /// the container's boxed slice without a copy: the tree is written once, into as much new
+    /// memory as it takes — memory a first run touches for the first time, a page fault a page.
     fn build(&self, plan: &Plan, decided: &Decided, placement: Option<&Placement>) -> Op {
-        // At most every step waits here at once, for a flat sequence.
-        let mut done: Vec<Op> = Vec::with_capacity(self.ids.len());
-        // For each open container: where its children start on `done`, its sequence number or
-        // its wave's bounds so far.
-        let mut open: Vec<(usize, Option<u32>, Vec<usize>)> = Vec::new();
+        /// A container being built: its children so far, its sequence number (a wave has
+        /// none), and for a wave its bounds so far.
+        struct Building {
+            children: Vec<Op>,
+            sequence: Option<u32>,
+            bounds: Vec<usize>,
+        }
+        // The root's own list, of one (neither sequence nor wave: it has no bounds).
+        let mut open = vec![Building {
+            children: Vec::with_capacity(1),
+            sequence: None,
+            bounds: Vec::new(),
+        }];
         let (mut slot, mut read, mut sequences) = (0_usize, 0_usize, 0_u32);
         for visit in plan.visits() {
             match visit {
                 Visit::Enter(entered) => {
-                    if let Some((_, None, bounds)) = open.last_mut() {
-                        bounds.push(slot);
+                    let in_wave = open.len() > 1;
+                    let parent = open.last_mut().expect("the root stays open");
+                    if in_wave && parent.sequence.is_none() {
+                        parent.bounds.push(slot);
                     }
                     match entered {
-                        Plan::Empty => done.push(Op::Empty),
+                        Plan::Empty => parent.children.push(Op::Empty),
                         Plan::Execute { from, .. } => {
                             let mut next = || {
                                 let (_, read_slot) = self.reads[read];
@@ -558,7 +572,7 @@ impl<'p> Numbering<'p> {
                                 ),
                             };
                             let id = self.ids[slot];
-                            done.push(Op::Execute(Step {
+                            parent.children.push(Op::Execute(Step {
                                 id: id.clone(),
                                 slot,
                                 node: Arc::clone(self.implementations[slot]),
@@ -567,36 +581,49 @@ impl<'p> Numbering<'p> {
                             }));
                             slot += 1;
                         }
-                        Plan::Sequence(_) => {
-                            open.push((done.len(), Some(sequences), Vec::new()));
+                        Plan::Sequence(children) => {
+                            open.push(Building {
+                                children: Vec::with_capacity(children.len()),
+                                sequence: Some(sequences),
+                                bounds: Vec::new(),
+                            });
                             sequences += 1;
                         }
-                        Plan::Wave(children) => {
-                            open.push((done.len(), None, Vec::with_capacity(children.len() + 1)));
-                        }
+                        Plan::Wave(children) => open.push(Building {
+                            children: Vec::with_capacity(children.len()),
+                            sequence: None,
+                            bounds: Vec::with_capacity(children.len() + 1),
+                        }),
                         Plan::Remote { .. } => unreachable!("`Numbering::of` refuses a slice"),
                     }
                 }
                 Visit::Leave(Plan::Empty | Plan::Execute { .. } | Plan::Remote { .. }) => {}
                 Visit::Leave(Plan::Sequence(_) | Plan::Wave(_)) => {
-                    let (start, sequence, mut bounds) = open.pop().expect("entered before");
-                    let children: Box<[Op]> = done.split_off(start).into();
-                    done.push(if let Some(number) = sequence {
+                    let built = open.pop().expect("entered before");
+                    // Exactly as many as the plan has children: no copy, no spare room.
+                    let children: Box<[Op]> = built.children.into_boxed_slice();
+                    let op = if let Some(number) = built.sequence {
                         Op::Sequence {
                             drop_after: drops_after(&decided.drops, number, children.len()),
                             steps: children,
                         }
                     } else {
+                        let mut bounds = built.bounds;
                         bounds.push(slot);
                         Op::Wave {
                             branches: children,
                             bounds: bounds.into(),
                         }
-                    });
+                    };
+                    open.last_mut()
+                        .expect("the root stays open")
+                        .children
+                        .push(op);
                 }
             }
         }
-        done.pop().expect("the root was built")
+        let mut root = open.pop().expect("the root stays open").children;
+        root.pop().expect("the root was built")
     }
 }
 
