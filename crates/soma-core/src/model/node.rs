@@ -86,6 +86,13 @@ pub trait Node: Send + Sync {
     /// # Errors
     /// Whatever the node reports; the executor attributes it to the node.
     fn forward(&self, input: &Value, ctx: &Ctx<'_>) -> Result<Transition, NodeError>;
+
+    /// Asks the processor to bring into its cache what this node's next call reads first,
+    /// without waiting for it. The executor calls it on the step that comes next in a sequence
+    /// before it runs the current one, so that once a graph outgrows the caches the next node's
+    /// memory arrives while this node runs, instead of being waited for when it is called. A
+    /// hint only: it must not block or fail; the default does nothing.
+    fn prefetch(&self) {}
 }
 
 impl<F> Node for F

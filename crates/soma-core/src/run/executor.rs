@@ -75,6 +75,57 @@ impl Default for Executor {
     }
 }
 
+/// How far down nested ops the first step of an op is looked for, to prefetch it: a nested
+/// block of the DSL begins within two, and a bound keeps a walk of a deep plan linear.
+const PREFETCH_DEPTH: usize = 4;
+
+/// The first step `op` runs, if it lies within [`PREFETCH_DEPTH`] levels.
+fn first_step(mut op: &Op) -> Option<&Step> {
+    for _ in 0..PREFETCH_DEPTH {
+        op = match op {
+            Op::Execute(step) => return Some(step),
+            Op::Sequence {
+                steps: children, ..
+            }
+            | Op::Wave {
+                branches: children, ..
+            } => children.first()?,
+            Op::Empty => return None,
+        };
+    }
+    None
+}
+
+/// Before running the op before `next`, and the one before that: a node's memory is fetched
+/// two ops ahead, and what its call reads first ([`crate::Node::prefetch`]) one op ahead, once
+/// the node's memory is there to say where that is. A graph larger than the caches then finds
+/// each node's memory in them instead of waiting for it, one miss after another.
+pub(super) fn prefetch_ahead(next: Option<&Op>, after: Option<&Op>) {
+    if let Some(step) = after.and_then(first_step) {
+        prefetch_line(Arc::as_ptr(&step.node).cast::<u8>());
+    }
+    if let Some(step) = next.and_then(first_step) {
+        step.node.prefetch();
+    }
+}
+
+/// Asks the processor for the cache line at `at` without waiting for it: a hint, for
+/// [`crate::Node::prefetch`] and the executor, that does nothing where it is not supported.
+pub fn prefetch_line<T>(at: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: a prefetch reads nothing the program sees and cannot fault, whatever the
+        // address; SSE, which it needs, is part of every x86-64 processor.
+        #[allow(unsafe_code)]
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(at.cast());
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = at;
+}
+
 impl Executor {
     /// An executor without driver, watch, host or trace, with the default turn limit.
     pub fn new() -> Self {
@@ -268,6 +319,7 @@ impl Executor {
             Op::Execute(step) => self.step(step, input, frame, lane),
             Op::Sequence { steps, drop_after } => {
                 for (at, step) in steps.iter().enumerate() {
+                    prefetch_ahead(steps.get(at + 1), steps.get(at + 2));
                     self.walk(step, input, frame, lane)?;
                     if let Some(done) = drop_after.get(at) {
                         for &slot in done {

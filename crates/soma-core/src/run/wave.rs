@@ -15,7 +15,7 @@ use std::time::Duration;
 use super::crew::{Crew, Refused};
 use super::detach::{Detached, Hold, Kept};
 use super::error::RunError;
-use super::executor::{Executor, Halt};
+use super::executor::{prefetch_ahead, Executor, Halt};
 use super::hooks::Captured;
 use super::program::Op;
 use super::table::{Frame, Shared};
@@ -195,7 +195,12 @@ impl Executor {
                 own,
                 shared: Some(shared),
             };
-            tasks.push(move || self.branch(branch, i, input, &mut own, state, lane, captured));
+            let (next, after) = (branches.get(i + 1), branches.get(i + 2));
+            tasks.push(move || {
+                // Whoever takes this branch likely takes the next one after it.
+                prefetch_ahead(next, after);
+                self.branch(branch, i, input, &mut own, state, lane, captured)
+            });
         }
         // This thread runs its share of the wave with whatever it holds of the host (the GIL,
         // say) and gives it back only to sleep until the branches run elsewhere are done.

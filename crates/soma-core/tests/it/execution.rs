@@ -364,3 +364,47 @@ fn cloning_a_catalog_shares_its_nodes() {
     assert!(copy.contains("a") && !copy.contains("b"));
     assert!(Catalog::new().is_empty());
 }
+
+/// A node that logs its calls and the prefetches asked of it.
+struct Hinted {
+    id: &'static str,
+    log: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Node for Hinted {
+    fn forward(
+        &self,
+        input: &Value,
+        _ctx: &soma_core::Ctx<'_>,
+    ) -> Result<soma_core::Transition, NodeError> {
+        self.log.lock().unwrap().push(format!("run {}", self.id));
+        Ok(soma_core::Transition::Done(input.clone()))
+    }
+
+    fn prefetch(&self) {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("prefetch {}", self.id));
+    }
+}
+
+#[test]
+fn a_sequence_asks_the_next_node_to_prefetch_before_it_runs_the_current_one() {
+    let graph = graph(&["a", "b", "c"], &[("a", "b"), ("b", "c")]);
+    let log = Arc::default();
+    let mut catalog = Catalog::new();
+    for id in ["a", "b", "c"] {
+        let hinted = Hinted {
+            id,
+            log: Arc::clone(&log),
+        };
+        catalog.insert(id, Arc::new(hinted) as Arc<dyn Node>);
+    }
+    let plan = compile(&graph, &catalog).unwrap();
+    Executor::new().run(&plan, &catalog, Value::Null).unwrap();
+    assert_eq!(
+        *log.lock().unwrap(),
+        ["prefetch b", "run a", "prefetch c", "run b", "run c"]
+    );
+}
