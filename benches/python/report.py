@@ -388,9 +388,10 @@ def write(figures: Figures, targets: list[Target]) -> str:
         "",
         "Per size, in this order in one process: the graph built, `plan()` called twice (the "
         "second call timed on its own; in brackets the median of 101 more), the first "
-        "forward timed once (its threads not yet started, its nodes never called), Soma run "
-        "alone for a while and the threads counted (`graph.threads()`; the process's, from "
-        "`/proc/self/task`, main thread included, before any peer started one), then Soma's "
+        "forward timed once (its program not yet resolved, the graph holding no thread yet, "
+        "its nodes never called), Soma run alone for a while and the threads counted "
+        "(`graph.threads()`; the process's, from `/proc/self/task`, main thread and the thread "
+        "Soma keeps in reserve included, before any peer started one), then Soma's "
         "steady forwards, the loop, the waves run by hand and Dask timed side by side, "
         "interleaved. Threads held: the most `graph.threads()` showed after the forwards. "
         "TPE waves: Soma's own plan walked by hand, a Sequence's children in order, a Wave's "

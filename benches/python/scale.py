@@ -3,7 +3,7 @@
     .venv/bin/python benches/python/scale.py --nodes=10000 [--repeat=5 ...] [--skip-dask=WHY]
 
 bench.py runs it once per size. A fresh process because two of its figures only exist once per
-process: the first forward of a graph (its threads not yet started, its nodes never called) and
+process: the first forward of a graph (no thread of its own yet, its nodes never called) and
 the threads the process holds, which any graph or peer run before would have added to.
 
 In order: the graph is built and ``plan()`` timed, first and cached; the first forward is timed
@@ -73,8 +73,9 @@ def measure(
         graph.plan()
         later.append(time.perf_counter() - start)
 
-    # The first forward of a graph whose plan is compiled: it starts the graph's threads, and
-    # nothing has called the nodes yet, not even the loop.
+    # The first forward of a graph whose plan is compiled: it resolves the program, its first
+    # wave takes the thread Soma keeps in reserve, and nothing has called the nodes yet, not
+    # even the loop.
     start = time.perf_counter()
     first = graph.forward(workload.input)
     first_forward_s = time.perf_counter() - start

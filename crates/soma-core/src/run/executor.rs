@@ -28,6 +28,7 @@ use std::sync::Arc;
 
 use crate::model::catalog::Catalog;
 use crate::model::driver::Driver;
+use crate::model::id::NodeId;
 use crate::model::node::{Ctx, Transition};
 use crate::model::value::Value;
 use crate::plan::Plan;
@@ -244,7 +245,7 @@ impl Executor {
             own: table.get_mut(),
             shared: None,
         };
-        let lane = Lane::root(&program.crew, Some(detached));
+        let lane = Lane::root(&program.crew, &program.ids, Some(detached));
         let walked = executor.walk(&program.root, input, &mut frame, lane);
         if detached.given_up() {
             let running = detached.running(&program.ids);
@@ -264,7 +265,12 @@ impl Executor {
             own: &mut table,
             shared: None,
         };
-        let walked = self.walk(&program.root, &input, &mut frame, Lane::root(crew, None));
+        let walked = self.walk(
+            &program.root,
+            &input,
+            &mut frame,
+            Lane::root(crew, &program.ids, None),
+        );
         Self::finish(program, walked, &mut table, || input)
     }
 
@@ -347,13 +353,13 @@ impl Executor {
             return Err(Halt::Failed(RunError::Interrupted));
         }
         if let Some(run) = lane.detached {
-            run.set_running(step.slot, true);
+            run.set_running(step.slot(), true);
         }
         let value = self.gather_and_call(step, input, frame, lane);
         if let Some(run) = lane.detached {
-            run.set_running(step.slot, false);
+            run.set_running(step.slot(), false);
         }
-        *frame.cell(step.slot) = Some(value?);
+        *frame.cell(step.slot()) = Some(value?);
         Ok(())
     }
 
@@ -367,9 +373,9 @@ impl Executor {
     ) -> Result<Value, Halt> {
         let fetch = |frame: &mut Frame<'_>, read: &Read| {
             let value = if read.take {
-                frame.take(read.slot)
+                frame.take(read.slot())
             } else {
-                frame.read(read.slot).cloned()
+                frame.read(read.slot()).cloned()
             };
             // `Program::new` let this read through only if an earlier step it can see writes
             // the cell, and only its last reader takes it.
@@ -384,6 +390,7 @@ impl Executor {
             }
             Reads::Many(many) => {
                 let pairs = many
+                    .reads
                     .iter()
                     .map(|(source, read)| (source.shared(), fetch(frame, read)))
                     .collect::<Vec<_>>();
@@ -395,9 +402,10 @@ impl Executor {
 
     /// Runs a step's node on its input, traced when a trace was asked for.
     fn call(&self, step: &Step, input: &Value, lane: Lane<'_>) -> Result<Value, RunError> {
+        let id = &lane.ids[step.slot()];
         match self.trace.as_deref() {
-            None => self.execute(step, input, &mut 0),
-            Some(trace) => self.traced(trace, step, input, lane),
+            None => self.execute(step, id, input, &mut 0),
+            Some(trace) => self.traced(trace, step, id, input, lane),
         }
     }
 
@@ -408,14 +416,15 @@ impl Executor {
         &self,
         trace: &Trace,
         step: &Step,
+        id: &NodeId,
         input: &Value,
         lane: Lane<'_>,
     ) -> Result<Value, RunError> {
         let start = trace.now();
         let mut turns = 0;
-        let outcome = self.execute(step, input, &mut turns);
+        let outcome = self.execute(step, id, input, &mut turns);
         trace.record(Span {
-            node: step.id.clone(),
+            node: id.clone(),
             start,
             end: trace.now(),
             thread: thread_number(),
@@ -436,9 +445,14 @@ impl Executor {
         }
     }
 
-    /// Calls one node turn after turn until it is done; `turns` counts the calls.
-    fn execute(&self, step: &Step, input: &Value, turns: &mut u32) -> Result<Value, RunError> {
-        let node = &step.id;
+    /// Calls one node, `node`, turn after turn until it is done; `turns` counts the calls.
+    fn execute(
+        &self,
+        step: &Step,
+        node: &NodeId,
+        input: &Value,
+        turns: &mut u32,
+    ) -> Result<Value, RunError> {
         let mut results: Vec<Value> = Vec::new();
         let mut turn = 0;
         loop {

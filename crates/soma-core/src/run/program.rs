@@ -63,13 +63,22 @@ pub(crate) enum Op {
     },
 }
 
+/// A step keeps what running it needs and nothing more — its id is the program's, by slot — so
+/// that a program is as little memory as it can be: memory a first run touches for the first
+/// time (a page fault a page), and a large program's steps stay in the caches longer.
 pub(crate) struct Step {
-    pub(crate) id: NodeId,
-    pub(crate) slot: usize,
     pub(crate) node: Arc<dyn Node>,
     pub(crate) from: Reads,
+    slot: u32,
     /// Where the node is placed, if it is.
     pub(crate) device: Option<Device>,
+}
+
+impl Step {
+    /// Where the step writes its value, and where its id is in [`Program::ids`].
+    pub(crate) fn slot(&self) -> usize {
+        self.slot as usize
+    }
 }
 
 /// What a step's node is called on.
@@ -81,16 +90,29 @@ pub(crate) enum Reads {
     /// to follow, into memory of its own, each time the step runs — which is what a step costs
     /// once a program outgrows the caches.
     One(Read),
-    /// Several predecessors' values, in a map keyed by their ids.
-    Many(Box<[(NodeId, Read)]>),
+    /// Several predecessors' values, in a map keyed by their ids: behind one pointer, so that
+    /// the other steps are not as large as a join's list.
+    Many(Box<Joined>),
+}
+
+/// A join's reads, with the id each value is keyed by.
+pub(crate) struct Joined {
+    pub(crate) reads: Box<[(NodeId, Read)]>,
 }
 
 /// Where a step reads one input, and whether it is the value's last reader in its producer's
 /// branch (and so may take it instead of cloning it).
 #[derive(Clone, Copy)]
 pub(crate) struct Read {
-    pub(crate) slot: usize,
+    slot: u32,
     pub(crate) take: bool,
+}
+
+impl Read {
+    /// The slot read.
+    pub(crate) fn slot(self) -> usize {
+        self.slot as usize
+    }
 }
 
 impl Program {
@@ -560,23 +582,25 @@ impl<'p> Numbering<'p> {
                                 let take = decided.takes[read];
                                 read += 1;
                                 Read {
-                                    slot: read_slot as usize,
+                                    slot: read_slot,
                                     take,
                                 }
                             };
                             let from = match &**from {
                                 [] => Reads::Input,
                                 [_] => Reads::One(next()),
-                                many => Reads::Many(
-                                    many.iter().map(|source| (source.clone(), next())).collect(),
-                                ),
+                                many => Reads::Many(Box::new(Joined {
+                                    reads: many
+                                        .iter()
+                                        .map(|source| (source.clone(), next()))
+                                        .collect(),
+                                })),
                             };
                             let id = self.ids[slot];
                             parent.children.push(Op::Execute(Step {
-                                id: id.clone(),
-                                slot,
                                 node: Arc::clone(self.implementations[slot]),
                                 from,
+                                slot: to_u32(slot),
                                 device: placement.and_then(|p| p.device(id.as_str())),
                             }));
                             slot += 1;

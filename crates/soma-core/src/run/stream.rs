@@ -408,13 +408,13 @@ fn stages(program: &Program) -> Vec<(&Op, &[usize])> {
 }
 
 /// The nodes of a stage, in plan order; walked with a stack, however deep the stage nests.
-fn nodes_of(op: &Op) -> Vec<(usize, NodeId)> {
+fn nodes_of(op: &Op, ids: &[NodeId]) -> Vec<(usize, NodeId)> {
     let mut found = Vec::new();
     let mut pending = vec![op];
     while let Some(op) = pending.pop() {
         match op {
             Op::Empty => {}
-            Op::Execute(step) => found.push((step.slot, step.id.clone())),
+            Op::Execute(step) => found.push((step.slot(), ids[step.slot()].clone())),
             Op::Sequence { steps, .. } => pending.extend(steps.iter()),
             Op::Wave { branches, .. } => pending.extend(branches.iter()),
         }
@@ -463,7 +463,10 @@ impl<I: Iterator<Item = Value>> Stream<I> {
         let mut inboxes = Vec::new();
         let mut figures = Vec::new();
         for (op, _) in stages(&program) {
-            let nodes: Vec<NodeId> = nodes_of(op).into_iter().map(|(_, id)| id).collect();
+            let nodes: Vec<NodeId> = nodes_of(op, &program.ids)
+                .into_iter()
+                .map(|(_, id)| id)
+                .collect();
             let workers = nodes
                 .iter()
                 .map(|id| settings.concurrency.get(id).copied().unwrap_or(1))
@@ -918,7 +921,7 @@ impl Worker {
             own: &mut item.table,
             shared: None,
         };
-        let lane = Lane::root(&self.program.crew, None);
+        let lane = Lane::root(&self.program.crew, &self.program.ids, None);
         match executor.walk(op, &item.input, &mut frame, lane) {
             Ok(()) if !last => {
                 for &slot in drops {

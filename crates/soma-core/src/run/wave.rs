@@ -19,6 +19,7 @@ use super::executor::{prefetch_ahead, Executor, Halt};
 use super::hooks::Captured;
 use super::program::Op;
 use super::table::{Frame, Shared};
+use crate::model::id::NodeId;
 use crate::model::value::Value;
 
 thread_local! {
@@ -83,6 +84,8 @@ pub(super) struct Lane<'s> {
     crew: &'s Crew,
     caller: thread::ThreadId,
     pub(super) detached: Option<&'s Detached>,
+    /// The program's node ids, by slot: a step keeps only its slot.
+    pub(super) ids: &'s [NodeId],
 }
 
 /// What a wave lends its branches from the frame of the thread that reached it, kept on the
@@ -98,13 +101,14 @@ struct WaveLocals<'s> {
 
 impl<'s> Lane<'s> {
     /// The lane of a whole run, outside every wave.
-    pub(super) fn root(crew: &'s Crew, detached: Option<&'s Detached>) -> Self {
+    pub(super) fn root(crew: &'s Crew, ids: &'s [NodeId], detached: Option<&'s Detached>) -> Self {
         Lane {
             wave: None,
             parent: None,
             crew,
             caller: thread::current().id(),
             detached,
+            ids,
         }
     }
 
@@ -371,6 +375,7 @@ impl Executor {
             crew: outer.crew,
             caller: outer.caller,
             detached: outer.detached,
+            ids: outer.ids,
         };
         // Caught inside the context, so that entering it is always matched by leaving it.
         let mut result = None;
