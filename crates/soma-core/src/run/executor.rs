@@ -245,7 +245,7 @@ impl Executor {
             own: table.get_mut(),
             shared: None,
         };
-        let lane = Lane::root(&program.crew, &program.ids, Some(detached));
+        let lane = Lane::root(&program.crew, program, Some(detached));
         let walked = executor.walk(&program.root, input, &mut frame, lane);
         if detached.given_up() {
             let running = detached.running(&program.ids);
@@ -269,7 +269,7 @@ impl Executor {
             &program.root,
             &input,
             &mut frame,
-            Lane::root(crew, &program.ids, None),
+            Lane::root(crew, program, None),
         );
         Self::finish(program, walked, &mut table, || input)
     }
@@ -325,7 +325,9 @@ impl Executor {
             Op::Execute(step) => self.step(step, input, frame, lane),
             Op::Sequence { steps, drop_after } => {
                 for (at, step) in steps.iter().enumerate() {
-                    prefetch_ahead(steps.get(at + 1), steps.get(at + 2));
+                    if lane.prefetching {
+                        prefetch_ahead(steps.get(at + 1), steps.get(at + 2));
+                    }
                     self.walk(step, input, frame, lane)?;
                     if let Some(done) = drop_after.get(at) {
                         for &slot in done {

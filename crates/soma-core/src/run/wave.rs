@@ -17,7 +17,7 @@ use super::detach::{Detached, Hold, Kept};
 use super::error::RunError;
 use super::executor::{prefetch_ahead, Executor, Halt};
 use super::hooks::Captured;
-use super::program::Op;
+use super::program::{Op, Program};
 use super::table::{Frame, Shared};
 use crate::model::id::NodeId;
 use crate::model::value::Value;
@@ -86,6 +86,8 @@ pub(super) struct Lane<'s> {
     pub(super) detached: Option<&'s Detached>,
     /// The program's node ids, by slot: a step keeps only its slot.
     pub(super) ids: &'s [NodeId],
+    /// Whether the run prefetches each next node ([`Program::prefetching`]).
+    pub(super) prefetching: bool,
 }
 
 /// What a wave lends its branches from the frame of the thread that reached it, kept on the
@@ -101,14 +103,19 @@ struct WaveLocals<'s> {
 
 impl<'s> Lane<'s> {
     /// The lane of a whole run, outside every wave.
-    pub(super) fn root(crew: &'s Crew, ids: &'s [NodeId], detached: Option<&'s Detached>) -> Self {
+    pub(super) fn root(
+        crew: &'s Crew,
+        program: &'s Program,
+        detached: Option<&'s Detached>,
+    ) -> Self {
         Lane {
             wave: None,
             parent: None,
             crew,
             caller: thread::current().id(),
             detached,
-            ids,
+            ids: &program.ids,
+            prefetching: program.prefetching(),
         }
     }
 
@@ -191,6 +198,7 @@ impl Executor {
         let captured = captured.as_deref();
         let mut remaining = &mut after[..hi - lo];
         let mut tasks = Vec::with_capacity(branches.len());
+        let prefetching = lane.prefetching;
         for (i, (branch, window)) in branches.iter().zip(bounds.windows(2)).enumerate() {
             let (own, tail) = std::mem::take(&mut remaining).split_at_mut(window[1] - window[0]);
             remaining = tail;
@@ -202,7 +210,9 @@ impl Executor {
             let (next, after) = (branches.get(i + 1), branches.get(i + 2));
             tasks.push(move || {
                 // Whoever takes this branch likely takes the next one after it.
-                prefetch_ahead(next, after);
+                if prefetching {
+                    prefetch_ahead(next, after);
+                }
                 self.branch(branch, i, input, &mut own, state, lane, captured)
             });
         }
@@ -376,6 +386,7 @@ impl Executor {
             caller: outer.caller,
             detached: outer.detached,
             ids: outer.ids,
+            prefetching: outer.prefetching,
         };
         // Caught inside the context, so that entering it is always matched by leaving it.
         let mut result = None;
