@@ -25,9 +25,8 @@ fn one_at_a_time() -> MutexGuard<'static, ()> {
     TURN.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The thread in reserve, once one waits there.
-fn reserved() -> ThreadId {
-    keep_a_thread_in_reserve().expect("a thread for the reserve");
+/// The thread in reserve, once one waits there; `keep_a_thread_in_reserve` was called.
+fn in_reserve() -> ThreadId {
     let start = Instant::now();
     loop {
         if let Some(thread) = thread_in_reserve() {
@@ -36,6 +35,22 @@ fn reserved() -> ThreadId {
         assert!(start.elapsed() < DEADLINE, "no thread came to the reserve");
         thread::yield_now();
     }
+}
+
+/// The thread in reserve, asked for.
+fn reserved() -> ThreadId {
+    keep_a_thread_in_reserve().expect("a thread for the reserve");
+    in_reserve()
+}
+
+/// Runs a fresh [`meeting_pair`] whose threads get a stack of `stack` bytes; the thread that
+/// ran its branch off the calling thread, and the program.
+fn run_meeting_pair(stack: usize) -> (ThreadId, Program) {
+    let threads = Arc::default();
+    let program = meeting_pair(&threads);
+    program.set_thread_stack(stack);
+    Executor::new().run_program(&program, Value::Null).unwrap();
+    (helper(&threads), program)
 }
 
 /// `a | b`, two branches that meet before either answers, each recording its thread.
@@ -75,10 +90,8 @@ fn helper(threads: &Mutex<Vec<ThreadId>>) -> ThreadId {
 fn the_first_wave_that_needs_a_thread_takes_the_one_in_reserve() {
     let _turn = one_at_a_time();
     let waiting = reserved();
-    let threads = Arc::default();
-    let program = meeting_pair(&threads);
-    Executor::new().run_program(&program, Value::Null).unwrap();
-    assert_eq!(helper(&threads), waiting);
+    let (helper, program) = run_meeting_pair(0);
+    assert_eq!(helper, waiting);
     assert_eq!(program.threads(), 1);
 }
 
@@ -86,30 +99,17 @@ fn the_first_wave_that_needs_a_thread_takes_the_one_in_reserve() {
 fn a_crew_thread_with_nothing_left_to_do_refills_the_reserve() {
     let _turn = one_at_a_time();
     let taken = reserved();
-    let threads = Arc::default();
-    let program = meeting_pair(&threads);
-    Executor::new().run_program(&program, Value::Null).unwrap();
-    assert_eq!(helper(&threads), taken);
-    let start = Instant::now();
-    let refilled = loop {
-        match thread_in_reserve() {
-            Some(thread) => break thread,
-            None if start.elapsed() < DEADLINE => thread::yield_now(),
-            None => panic!("the reserve was not refilled"),
-        }
-    };
-    assert_ne!(refilled, taken, "the taken thread is the program's now");
+    let (helper, _program) = run_meeting_pair(0);
+    assert_eq!(helper, taken);
+    assert_ne!(in_reserve(), taken, "the taken thread is the program's now");
 }
 
 #[test]
 fn a_crew_whose_threads_need_a_larger_stack_starts_its_own() {
     let _turn = one_at_a_time();
     let waiting = reserved();
-    let threads = Arc::default();
-    let program = meeting_pair(&threads);
-    program.set_thread_stack(64 << 20);
-    Executor::new().run_program(&program, Value::Null).unwrap();
-    assert_ne!(helper(&threads), waiting);
+    let (helper, _program) = run_meeting_pair(64 << 20);
+    assert_ne!(helper, waiting);
     assert_eq!(
         thread_in_reserve(),
         Some(waiting),
