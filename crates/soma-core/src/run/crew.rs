@@ -672,10 +672,7 @@ impl Pool {
         // The thread in reserve if there is one: starting a thread would cost this thread a
         // system call, in the middle of its run.
         if let Err(serve) = reserve::hand_over(Box::new(move || pool.serve()), state.stack_size) {
-            thread::Builder::new()
-                .name("soma-worker".to_owned())
-                .stack_size(state.stack_size)
-                .spawn(serve)?;
+            start_worker(state.stack_size, serve)?;
         }
         state.threads += 1;
         // Counted as looking from now, so that nobody starts another for the same work.
@@ -767,6 +764,19 @@ impl Pool {
             None => run(),
         }
     }
+}
+
+/// Starts a thread of Soma's, named as every one is, with a stack of `stack_size` bytes, to run
+/// `life`: a crew thread, or one for the reserve.
+pub(super) fn start_worker(
+    stack_size: usize,
+    life: impl FnOnce() + Send + 'static,
+) -> io::Result<()> {
+    thread::Builder::new()
+        .name("soma-worker".to_owned())
+        .stack_size(stack_size)
+        .spawn(life)
+        .map(drop)
 }
 
 /// The first offer in the queue with a branch left, dropping the ones claimed out.

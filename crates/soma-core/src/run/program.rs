@@ -571,27 +571,31 @@ impl<'p> Numbering<'p> {
     /// the container's boxed slice without a copy: the tree is written once, into as much new
     /// memory as it takes — memory a first run touches for the first time, a page fault a page.
     fn build(&self, plan: &Plan, decided: &Decided, placement: Option<&Placement>) -> Op {
-        /// A container being built: its children so far, its sequence number (a wave has
-        /// none), and for a wave its bounds so far.
+        /// What a container being built is.
+        enum Container {
+            /// The list the root op goes into.
+            Root,
+            /// A sequence, by number.
+            Sequence(u32),
+            /// A wave, with its bounds so far.
+            Wave(Vec<usize>),
+        }
+        /// A container being built, and its children so far.
         struct Building {
             children: Vec<Op>,
-            sequence: Option<u32>,
-            bounds: Vec<usize>,
+            container: Container,
         }
-        // The root's own list, of one (neither sequence nor wave: it has no bounds).
         let mut open = vec![Building {
             children: Vec::with_capacity(1),
-            sequence: None,
-            bounds: Vec::new(),
+            container: Container::Root,
         }];
         let (mut slot, mut read, mut sequences) = (0_usize, 0_usize, 0_u32);
         for visit in plan.visits() {
             match visit {
                 Visit::Enter(entered) => {
-                    let in_wave = open.len() > 1;
                     let parent = open.last_mut().expect("the root stays open");
-                    if in_wave && parent.sequence.is_none() {
-                        parent.bounds.push(slot);
+                    if let Container::Wave(bounds) = &mut parent.container {
+                        bounds.push(slot);
                     }
                     match entered {
                         Plan::Empty => parent.children.push(Op::Empty),
@@ -627,15 +631,13 @@ impl<'p> Numbering<'p> {
                         Plan::Sequence(children) => {
                             open.push(Building {
                                 children: Vec::with_capacity(children.len()),
-                                sequence: Some(sequences),
-                                bounds: Vec::new(),
+                                container: Container::Sequence(sequences),
                             });
                             sequences += 1;
                         }
                         Plan::Wave(children) => open.push(Building {
                             children: Vec::with_capacity(children.len()),
-                            sequence: None,
-                            bounds: Vec::with_capacity(children.len() + 1),
+                            container: Container::Wave(Vec::with_capacity(children.len() + 1)),
                         }),
                         Plan::Remote { .. } => unreachable!("`Numbering::of` refuses a slice"),
                     }
@@ -645,18 +647,19 @@ impl<'p> Numbering<'p> {
                     let built = open.pop().expect("entered before");
                     // Exactly as many as the plan has children: no copy, no spare room.
                     let children: Box<[Op]> = built.children.into_boxed_slice();
-                    let op = if let Some(number) = built.sequence {
-                        Op::Sequence {
+                    let op = match built.container {
+                        Container::Sequence(number) => Op::Sequence {
                             drop_after: drops_after(&decided.drops, number, children.len()),
                             steps: children,
+                        },
+                        Container::Wave(mut bounds) => {
+                            bounds.push(slot);
+                            Op::Wave {
+                                branches: children,
+                                bounds: bounds.into(),
+                            }
                         }
-                    } else {
-                        let mut bounds = built.bounds;
-                        bounds.push(slot);
-                        Op::Wave {
-                            branches: children,
-                            bounds: bounds.into(),
-                        }
+                        Container::Root => unreachable!("the root is never left"),
                     };
                     open.last_mut()
                         .expect("the root stays open")

@@ -18,7 +18,7 @@ use std::io;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, ThreadId};
 
-use super::crew::DEFAULT_STACK;
+use super::crew::{start_worker, DEFAULT_STACK};
 use super::fork;
 
 /// What a thread taken from the reserve runs: a crew thread's whole life.
@@ -80,7 +80,7 @@ impl Reserve {
 pub fn keep_a_thread_in_reserve() -> io::Result<()> {
     let mut slot = RESERVE.slot();
     slot.wanted = true;
-    fill(slot).map(drop)
+    fill(slot)
 }
 
 /// Whether the reserve was asked for and is empty, with no thread on its way to it.
@@ -98,22 +98,18 @@ pub(crate) fn refill() {
     }
 }
 
-/// Starts a thread for the reserve unless one waits there or is on its way; true when one was
-/// started.
-fn fill(mut slot: MutexGuard<'_, Slot>) -> io::Result<bool> {
+/// Starts a thread for the reserve unless one waits there or is on its way.
+fn fill(mut slot: MutexGuard<'_, Slot>) -> io::Result<()> {
     if slot.waiting.is_some() || slot.starting {
-        return Ok(false);
+        return Ok(());
     }
     slot.starting = true;
     drop(slot);
-    let started = thread::Builder::new()
-        .name("soma-worker".to_owned())
-        .stack_size(DEFAULT_STACK)
-        .spawn(wait_in_reserve);
+    let started = start_worker(DEFAULT_STACK, wait_in_reserve);
     if started.is_err() {
         RESERVE.slot().starting = false;
     }
-    started.map(|_| true)
+    started
 }
 
 /// The thread waiting in reserve now, if one is: for tests that check which thread ran what.
