@@ -287,12 +287,15 @@ class Graph:
 
         ``timeout``, in seconds, bounds the whole run: when it passes, every branch stops at its
         next node boundary and ``forward`` raises :class:`TimeoutError` naming the nodes still
-        running. Ctrl-C stops a run the same way and raises :class:`KeyboardInterrupt`. Either
-        way, a node that does not return within a tenth of a second — it waits for an event
-        that will not come, say — is left to finish in the background on its thread, its
-        result dropped, and ``forward`` returns at once; the graph can run again right away.
-        A node running on the calling thread itself is not cut short: the deadline is seen
-        when it returns.
+        running. With a timeout no node runs on the calling thread — the plan runs on lent
+        threads while the caller waits — so ``forward`` returns by the deadline wherever the
+        slow node stands, and a run that ends past its deadline raises :class:`TimeoutError`
+        rather than return a late result. Ctrl-C stops a run the same way and raises
+        :class:`KeyboardInterrupt`. Either way, a node that does not return within a twentieth of
+        a second — it waits for an event that will not come, say — is left to finish in the
+        background on its thread, its result dropped, and ``forward`` returns at once; the graph
+        can run again right away. Without a timeout, a node running on the calling thread is
+        not cut short by Ctrl-C beyond what Python's signal delivery does.
         """
         if micro_batches is not None:
             if timeout is not None:

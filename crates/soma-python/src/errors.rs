@@ -8,7 +8,7 @@
 //! `Exception` (`KeyboardInterrupt`, `SystemExit`, `GeneratorExit`): those come back out as
 //! themselves, like a node's, so that `except Exception` never swallows a Ctrl-C.
 
-use pyo3::exceptions::{PyException, PyKeyboardInterrupt};
+use pyo3::exceptions::{PyException, PyKeyboardInterrupt, PyTimeoutError};
 use pyo3::prelude::*;
 use soma_core::{CompileError, DeviceError, GraphError, HostError, NodeId, ProgramError, RunError};
 
@@ -174,6 +174,7 @@ pub fn run_error(py: Python<'_>, error: &RunError, interrupt: Option<PyErr>) -> 
         RunError::Invalid(error) => program_error(py, error),
         RunError::NoThread { .. } => soma_error(py, "ThreadError", message, &[]),
         RunError::Interrupted => interrupt.unwrap_or_else(|| PyKeyboardInterrupt::new_err(message)),
+        RunError::PastDeadline => PyTimeoutError::new_err(message),
         // Ctrl-C, with branches left running: the user's interrupt, noting what was left.
         RunError::Abandoned { .. } => match interrupt {
             Some(raised) => noted(py, raised, message),

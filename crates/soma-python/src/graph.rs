@@ -33,6 +33,7 @@ use crate::errors::{
     cancelled_error, compile_error, device_error, graph_error, panic_error, program_error,
     run_error,
 };
+use crate::exit;
 use crate::native::NativeNode;
 use crate::node::PythonNode;
 use crate::plan::PyPlan;
@@ -441,7 +442,9 @@ impl GraphCore {
         drop(streams);
         match outcome.expect("the context ran the graph") {
             Ok(Ok(value)) => to_python(py, &value),
-            Ok(Err(error)) if watch.timed_out() => Err(timed_out(&error, timeout)),
+            Ok(Err(error)) if watch.timed_out() || matches!(error, RunError::PastDeadline) => {
+                Err(timed_out(&error, timeout))
+            }
             // A node's own error, met before the flag was seen, is the run's, as it would be
             // without the flag.
             Ok(Err(error @ (RunError::Interrupted | RunError::Abandoned { .. })))
@@ -501,12 +504,24 @@ fn cancelled(py: Python<'_>, error: &RunError) -> PyErr {
     cancelled_error(py, format!("the run was stopped by its stop flag{still}"))
 }
 
+/// How many of the nodes a stopped run left running its message names.
+const NAMED_LEFT_BEHIND: usize = 8;
+
 /// What a run stopped early (its time ran out, its stop flag was set) left behind, as the
 /// end of its message.
 fn left_behind(error: &RunError) -> String {
     match error {
         RunError::Abandoned { running } if !running.is_empty() => {
-            let names: Vec<String> = running.iter().map(|id| format!("`{id}`")).collect();
+            // A wave of thousands of stuck branches names a few and counts the rest: the
+            // message stays one readable line.
+            let mut names: Vec<String> = running
+                .iter()
+                .take(NAMED_LEFT_BEHIND)
+                .map(|id| format!("`{id}`"))
+                .collect();
+            if running.len() > NAMED_LEFT_BEHIND {
+                names.push(format!("and {} more", running.len() - NAMED_LEFT_BEHIND));
+            }
             format!(
                 "; still running: {} (left to finish in the background, their results dropped)",
                 names.join(", ")
@@ -514,6 +529,10 @@ fn left_behind(error: &RunError) -> String {
         }
         RunError::Abandoned { .. } => "; branches were left to finish in the background".to_owned(),
         RunError::Interrupted => "; every branch stopped at a node boundary".to_owned(),
+        RunError::PastDeadline => {
+            "; it finished after it, so its result was dropped (a deadline is never reported as met)"
+                .to_owned()
+        }
         other => format!("; the run had failed too: {other}"),
     }
 }
@@ -551,6 +570,8 @@ static STARTING: Mutex<()> = Mutex::new(());
 
 impl Host for Interpreter {
     fn branch(&self, run: &mut dyn FnMut()) {
+        // Before the queue: a thread that would enter a finalizing interpreter parks here.
+        let _inside = exit::enter();
         let turn = STARTING.lock().unwrap_or_else(PoisonError::into_inner);
         thread_state::keep();
         Python::attach(move |_| {

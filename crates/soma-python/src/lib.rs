@@ -10,6 +10,7 @@ mod convert;
 mod device;
 mod driver;
 mod errors;
+mod exit;
 mod graph;
 mod hosts;
 mod native;
@@ -54,6 +55,7 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(device::parse_device, module)?)?;
     module.add_function(wrap_pyfunction!(hosts::parse_host, module)?)?;
     module.add_function(wrap_pyfunction!(hosts::distribute, module)?)?;
+    exit::register(module)?;
     // Off any run's path, what the first forward of the first graph would otherwise do in the
     // middle of its run: start a thread for its first wave (`soma_core::keep_a_thread_in_reserve`;
     // refused, the crews start their own, and report a refusal they meet themselves), and look

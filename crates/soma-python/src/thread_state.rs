@@ -12,8 +12,8 @@
 //! state in any thread pool (`soma-core`'s `crew.rs` says which thread takes which branch).
 //!
 //! The state is deleted when the thread ends — idle threads beyond the graph's limit end, and
-//! all of them once the graph is dropped — unless the interpreter has already been finalized,
-//! which deleted it itself.
+//! all of them once the graph is dropped — unless the interpreter is exiting (`exit.rs`): its
+//! teardown deletes the state itself, and asking for the GIL then would end the thread badly.
 
 use std::cell::Cell;
 
@@ -63,7 +63,7 @@ impl Drop for Kept {
         // deletes the state and lets the GIL go.
         #[allow(unsafe_code)]
         unsafe {
-            if ffi::Py_IsInitialized() == 0 {
+            if ffi::Py_IsInitialized() == 0 || crate::exit::closed() {
                 return;
             }
             let state = ffi::PyGILState_Ensure();

@@ -100,6 +100,10 @@ impl Watch for SignalWatch {
         }
     }
 
+    fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
     #[allow(clippy::redundant_closure_for_method_calls)] // The method is generic over a lifetime.
     fn poll(&self) {
         if this_thread() != self.caller || self.interrupted() {

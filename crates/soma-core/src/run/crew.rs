@@ -337,6 +337,54 @@ impl Crew {
 }
 
 impl Crew {
+    /// Runs `task` on a crew thread while the calling thread only waits, and returns its
+    /// outcome, a panic caught as `Err`: the caller never runs it, so however long the task
+    /// takes, `wait` decides when the caller stops waiting. `host` wraps the task on its thread.
+    ///
+    /// `wait` is called as in [`Crew::run`]; when it gives up in a `detached` run, this returns
+    /// `None` at once and the task, still running or not yet taken, keeps what it borrows alive
+    /// through the run's remains, to which the caller must leave everything the task borrows
+    /// from its frames. A task the operating system refuses a thread for reports [`Refused`].
+    pub(super) fn hand_off<'env, T, F>(
+        &self,
+        task: F,
+        host: Option<&Arc<dyn Host>>,
+        detached: Option<&Detached>,
+        wait: impl FnOnce(&(dyn Fn(Option<Duration>) -> bool + Sync)) -> bool,
+    ) -> Option<thread::Result<T>>
+    where
+        T: Send + 'env,
+        F: FnOnce() -> T + Send + 'env,
+    {
+        // Nobody holds the task: a crew thread claims it.
+        let (offer, work) = Offer::new(vec![task], 0, host);
+        // As in `run`: the caller returns only once the task has finished, or after leaving
+        // `work` to the run's remains.
+        let guard = Joined(&offer);
+        if let Err(refused) = self.pool.offer(&offer) {
+            offer.refuse_unclaimed(&refused);
+        }
+        if !offer.finished() {
+            let until_done = |timeout: Option<Duration>| offer.latch.wait(&offer, timeout);
+            let gave_up = wait(&until_done);
+            if let (true, Some(detached)) = (gave_up, detached) {
+                let remains = &detached.remains();
+                offer.leave(remains);
+                work.leave(remains);
+                std::mem::forget(guard);
+                return None;
+            }
+        }
+        drop(guard);
+        let outcome = (work.into_inner().outcomes.into_vec().pop()).expect("one task, one outcome");
+        Some(
+            outcome
+                .into_inner()
+                .unwrap_or_else(PoisonError::into_inner)
+                .expect("the task recorded its outcome"),
+        )
+    }
+
     /// Lends crew threads to `tasks`, one each, without waiting for them: each runs start to
     /// finish on the thread that takes it and gives the thread back to the crew when it returns.
     /// For work that outlives its caller's frame (the stages of a stream); a task that must meet

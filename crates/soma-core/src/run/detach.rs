@@ -20,8 +20,10 @@ use super::hooks::Watch;
 use crate::model::id::NodeId;
 
 /// How long the caller lets branches stop at their node boundaries, once the watch has asked
-/// the run to stop, before it stops waiting for those that have not.
-pub(super) const GRACE: Duration = Duration::from_millis(100);
+/// the run to stop, before it stops waiting for those that have not. Short enough that a run
+/// past its deadline reports it within a tenth of a second, polling and the GIL included; long
+/// enough for nodes of a few milliseconds to reach their boundary and stop cleanly.
+pub(super) const GRACE: Duration = Duration::from_millis(50);
 
 /// One detachable run's bookkeeping, shared by all its branches.
 pub(super) struct Detached {

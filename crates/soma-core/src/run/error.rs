@@ -57,6 +57,9 @@ pub enum RunError {
     },
     /// The [`crate::Watch`] asked the run to stop.
     Interrupted,
+    /// The run finished, but past its [deadline](crate::Watch::deadline): its result is dropped,
+    /// since a deadline is never reported as met when it was not.
+    PastDeadline,
     /// The [`crate::Watch`] asked the run to stop, and its caller stopped waiting for the nodes
     /// still running ([`crate::Executor::run_detachable`]); they finish in the background.
     Abandoned {
@@ -73,6 +76,7 @@ impl RunError {
             RunError::TurnLimit { limit: 0, .. }
             | RunError::NoThread { .. }
             | RunError::Interrupted
+            | RunError::PastDeadline
             | RunError::Abandoned { .. } => None,
             RunError::NodeFailed { node, .. }
             | RunError::NoDriver { node }
@@ -118,6 +122,9 @@ impl fmt::Display for RunError {
             RunError::Interrupted => f.write_str(
                 "the run was interrupted\nhint: its watch asked it to stop (Ctrl-C, a deadline); every branch stopped at a node boundary, and the run can be started again"
             ),
+            RunError::PastDeadline => f.write_str(
+                "the run finished past its deadline, and its result was dropped\nhint: a run with a deadline returns its result only when it finishes within it; give it more time, or make its slowest node faster"
+            ),
             RunError::Abandoned { running } => {
                 write!(f, "the run was interrupted, and its caller stopped waiting for ")?;
                 match running.as_slice() {
@@ -147,6 +154,7 @@ impl std::error::Error for RunError {
             | RunError::Invalid(_)
             | RunError::NoThread { .. }
             | RunError::Interrupted
+            | RunError::PastDeadline
             | RunError::Abandoned { .. } => None,
         }
     }

@@ -25,6 +25,7 @@ use super::table::Frame;
 use super::trace::{thread_number, Span, Trace};
 use super::wave::Lane;
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::model::catalog::Catalog;
 use crate::model::driver::Driver;
@@ -220,6 +221,12 @@ impl Executor {
     /// the hooks — stays alive until the last of them finishes. Only the thread that called
     /// this gives up, so only its [`Watch::poll`] decides.
     ///
+    /// When the watch has a [deadline](Watch::deadline), the calling thread runs no node at
+    /// all: the plan is walked on a thread lent by the program's crew, in the context the host
+    /// captures here, while the caller only waits — so it returns by the deadline (and the
+    /// grace) even when the node that overruns would otherwise have run on it. A run that
+    /// finishes past its deadline returns [`RunError::PastDeadline`], never its result.
+    ///
     /// # Errors
     /// As [`Executor::run`], and [`RunError::Abandoned`].
     ///
@@ -246,7 +253,20 @@ impl Executor {
             shared: None,
         };
         let lane = Lane::root(&program.crew, program, Some(detached));
-        let walked = executor.walk(&program.root, input, &mut frame, lane);
+        let deadline = executor.watch.as_deref().and_then(Watch::deadline);
+        let walked = match deadline {
+            // No node may run on the caller's thread: it could not be left behind.
+            Some(_) => executor.walk_elsewhere(&program.root, input, &mut frame, lane),
+            None => executor.walk(&program.root, input, &mut frame, lane),
+        };
+        // The end of the run is a node boundary like any other: one that ends past its deadline
+        // has not finished within it, whichever node overran, and is not a success.
+        let walked = match walked {
+            Ok(()) if deadline.is_some_and(|deadline| Instant::now() >= deadline) => {
+                Err(Halt::Failed(RunError::PastDeadline))
+            }
+            other => other,
+        };
         if detached.given_up() {
             let running = detached.running(&program.ids);
             table.leave(&remains);

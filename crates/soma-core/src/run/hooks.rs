@@ -12,6 +12,15 @@ pub trait Watch: Send + Sync {
     /// Called every few milliseconds by a thread that waits for a wave's branches: the time to
     /// do what is too slow for every boundary (looking for a host's pending signals, say).
     fn poll(&self) {}
+
+    /// When the run must stop, if it has a time limit: [`Watch::interrupted`] says yes from
+    /// then on. A run with one is walked on a lent thread while its caller only waits
+    /// ([`crate::Executor::run_detachable`]), so that the caller returns by the deadline
+    /// whatever a node does, and a run that ends past it is reported as stopped, never as a
+    /// success. `None`, the default, for a run without one.
+    fn deadline(&self) -> Option<std::time::Instant> {
+        None
+    }
 }
 
 /// How a host runtime takes part in a run: an interpreter with a global lock, say, which a

@@ -5,6 +5,7 @@
 //! of its own on the thread that runs it — the caller's own thread too, so that what one branch
 //! changes is seen neither by its siblings nor by the code after the wave.
 
+use std::any::Any;
 use std::cell::Cell;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -353,6 +354,69 @@ impl Executor {
         outcome
     }
 
+    /// Walks `op` on a thread the crew lends while this thread — the run's caller — only waits,
+    /// polling the watch, as it waits for a wave: for a run with a deadline, whose caller must
+    /// return by it whatever a node does. The lent thread walks in the context this thread is
+    /// in, captured here as for a wave's branches, and holds the host (the GIL) as a branch's
+    /// thread does; unlike a branch it adds no wave to the path its spans report.
+    pub(super) fn walk_elsewhere(
+        &self,
+        op: &Op,
+        input: &Value,
+        frame: &mut Frame<'_>,
+        lane: Lane<'_>,
+    ) -> Result<(), Halt> {
+        // What the lent thread borrows from this frame, kept on the heap in case the caller
+        // stops waiting, as a wave's locals are.
+        let mut kept = Kept::new((
+            Frame {
+                base: frame.base,
+                own: &mut *frame.own,
+                shared: frame.shared,
+            },
+            self.host.as_ref().and_then(|host| host.capture()),
+        ));
+        let (lent_frame, captured) = kept.get_mut();
+        let captured = captured.as_deref();
+        let task = move || {
+            // Caught inside the context, so that entering it is always matched by leaving it.
+            let mut walked = None;
+            let mut walk = || {
+                walked = Some(panic::catch_unwind(AssertUnwindSafe(|| {
+                    self.walk(op, input, lent_frame, lane)
+                })));
+            };
+            match captured {
+                Some(captured) => captured.enter(&mut walk),
+                None => walk(),
+            }
+            walked
+                .expect("the context ran the walk")
+                .unwrap_or_else(|payload| panic::resume_unwind(payload))
+        };
+        // The host's hold (the GIL) is given up before the task is offered, not after: the lent
+        // thread takes it at once instead of sleeping until this thread lets go.
+        let (mut task, mut outcome) = (Some(task), None);
+        self.blocking(&mut || {
+            let task = task.take().expect("the host runs the hand-off once");
+            outcome = Some(lane.crew.hand_off(
+                task,
+                self.host.as_ref(),
+                lane.detached,
+                |until_done| self.wait(&lane, until_done),
+            ));
+        });
+        let Some(outcome) = outcome.expect("the host ran the hand-off") else {
+            let remains = lane
+                .detached
+                .expect("only a detachable run is given up")
+                .remains();
+            kept.leave(&remains);
+            return Err(Halt::Abandoned);
+        };
+        outcome.unwrap_or_else(|payload| Err(refused_or_raised(payload)))
+    }
+
     /// Runs `work` as a thread that is not the wave's runs a branch: inside the host's hold on
     /// the thread, in a copy of `captured`.
     fn on_a_thread_of_its_own(&self, captured: Option<&dyn Captured>, work: &mut dyn FnMut()) {
@@ -448,12 +512,7 @@ impl Executor {
 fn settle(outcomes: Vec<thread::Result<Result<(), Halt>>>) -> Result<(), Halt> {
     let mut outcomes: Vec<Result<(), Halt>> = outcomes
         .into_iter()
-        .map(|outcome| {
-            outcome.unwrap_or_else(|payload| match payload.downcast::<Refused>() {
-                Ok(refused) => Err(Halt::Failed(RunError::NoThread { reason: refused.0 })),
-                Err(payload) => panic::resume_unwind(payload),
-            })
-        })
+        .map(|outcome| outcome.unwrap_or_else(|payload| Err(refused_or_raised(payload))))
         .collect();
     if let Some(at) = outcomes
         .iter()
@@ -462,4 +521,13 @@ fn settle(outcomes: Vec<thread::Result<Result<(), Halt>>>) -> Result<(), Halt> {
         return outcomes.swap_remove(at);
     }
     outcomes.into_iter().collect()
+}
+
+/// What a branch that did not return left in its outcome: the failure of a branch that never got
+/// a thread, or else a panic, re-raised here.
+fn refused_or_raised(payload: Box<dyn Any + Send>) -> Halt {
+    match payload.downcast::<Refused>() {
+        Ok(refused) => Halt::Failed(RunError::NoThread { reason: refused.0 }),
+        Err(payload) => panic::resume_unwind(payload),
+    }
 }

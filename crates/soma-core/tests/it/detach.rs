@@ -180,3 +180,97 @@ fn a_caller_gives_up_on_a_wave_nested_deeper_than_one_stack_holds() {
         "the input was never freed after the last branch finished"
     );
 }
+
+/// A watch with a deadline: says stop once it has passed, as a caller's `forward(timeout=…)`
+/// does.
+struct Deadline(std::time::Instant);
+
+impl Watch for Deadline {
+    fn interrupted(&self) -> bool {
+        std::time::Instant::now() >= self.0
+    }
+
+    fn deadline(&self) -> Option<std::time::Instant> {
+        Some(self.0)
+    }
+}
+
+fn deadline_in(millis: u64) -> Arc<dyn Watch> {
+    Arc::new(Deadline(
+        std::time::Instant::now() + std::time::Duration::from_millis(millis),
+    ))
+}
+
+/// A node that records the thread it ran on.
+fn records_its_thread(
+    id: &str,
+    threads: &Arc<std::sync::Mutex<Vec<std::thread::ThreadId>>>,
+) -> Expr {
+    let threads = Arc::clone(threads);
+    node(
+        id,
+        plain(move |id, input| {
+            threads.lock().unwrap().push(std::thread::current().id());
+            crate::support::trace(id, input)
+        }),
+    )
+}
+
+#[test]
+fn a_run_with_a_deadline_runs_no_node_on_its_callers_thread() {
+    let threads = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let program = program(
+        records_its_thread("a", &threads)
+            >> (records_its_thread("b", &threads) | records_its_thread("c", &threads))
+            >> records_its_thread("d", &threads),
+    );
+    let expected = Executor::new().run_program(&program, Value::text("x"));
+    threads.lock().unwrap().clear();
+    let out = Executor::new()
+        .with_watch(deadline_in(60_000))
+        .run_detachable(&program, Value::text("x"));
+    assert_eq!(out.unwrap(), expected.unwrap());
+    let ran_on = threads.lock().unwrap();
+    assert_eq!(ran_on.len(), 4);
+    assert!(
+        !ran_on.contains(&std::thread::current().id()),
+        "a node ran on the caller's thread, where it could not be left behind"
+    );
+}
+
+#[test]
+fn a_run_with_a_deadline_returns_by_it_when_its_only_node_never_does() {
+    let gate = Gate::new();
+    let program = program(node("stuck", plain(after(&gate))));
+    let out = Executor::new()
+        .with_watch(deadline_in(50))
+        .run_detachable(&program, Value::Null);
+    let Err(RunError::Abandoned { running }) = &out else {
+        panic!("{out:?}");
+    };
+    assert_eq!(running, &["stuck"]);
+    gate.open();
+}
+
+#[test]
+fn a_run_that_ends_past_its_deadline_is_not_a_success() {
+    // The only node returns 5 ms past the deadline: within the caller's grace, so the run ends
+    // on its own, late.
+    let program = program(node(
+        "late",
+        plain(|id, input| {
+            std::thread::sleep(std::time::Duration::from_millis(25));
+            crate::support::trace(id, input)
+        }),
+    ));
+    let out = Executor::new()
+        .with_watch(deadline_in(20))
+        .run_detachable(&program, Value::Null);
+    assert!(
+        matches!(
+            out,
+            Err(RunError::PastDeadline | RunError::Abandoned { .. })
+        ),
+        "{out:?}"
+    );
+}

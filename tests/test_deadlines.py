@@ -1,0 +1,248 @@
+"""A deadline is a deadline: ``forward(x, timeout=...)`` returns by it wherever the node that
+overruns stands — either branch of a wave, a chain with no wave, nested waves, the only node, the
+last node, a wave of ten thousand blocking branches — raises ``TimeoutError`` naming what was
+still running, never reports a late run as a success, and leaves the graph usable.
+
+Each arrangement runs in a child process with a deadline of its own: a regression is a hang,
+which nothing inside the process could catch. The node that overruns blocks on an event the
+child sets only once ``forward`` has returned, so a ``forward`` that waited for it would never
+return. How long after the deadline ``forward`` returns is a benchmark row (``make bench``),
+not a timed test."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from conftest import interrupt_script, run_script
+
+#: Builds the graph named by __ARRANGEMENT__, whose node `stuck` blocks until `release` is set, runs
+#: it with a timeout, and prints what came out as one JSON line; then releases the node, and runs
+#: the graph again.
+SCRIPT = textwrap.dedent(
+    """
+    import json, threading, functools
+    import soma
+
+    release = threading.Event()
+
+    class N(soma.Node):
+        def __init__(self, blocks=False):
+            self.blocks = blocks
+
+        def forward(self, x):
+            if self.blocks:
+                release.wait()
+            return x
+
+    def n(name, blocks=False):
+        return N(blocks).named(name)
+
+    def wide(count):
+        return functools.reduce(lambda a, b: a | b, [n(f"w{i}", True) for i in range(count)])
+
+    ARRANGEMENTS = {
+        "diamond, the source": lambda: n("stuck", True) >> (n("b") | n("c")) >> n("d"),
+        "diamond, the first branch": lambda: n("a") >> (n("stuck", True) | n("c")) >> n("d"),
+        "diamond, the second branch": lambda: n("a") >> (n("b") | n("stuck", True)) >> n("d"),
+        "diamond, the join": lambda: n("a") >> (n("b") | n("c")) >> n("stuck", True),
+        "a chain with no wave, mid-chain": lambda: n("a") >> n("stuck", True) >> n("c"),
+        "a chain with no wave, its last node": lambda: n("a") >> n("b") >> n("stuck", True),
+        "the only node": lambda: n("stuck", True),
+        "the first branch of the final wave": lambda: n("a") >> (n("stuck", True) | n("c")),
+        "nested waves, first branches": lambda: n("a")
+        >> (((n("stuck", True) | n("y")) >> n("z")) | n("c"))
+        >> n("d"),
+        "nested waves, last branches": lambda: n("a")
+        >> (n("c") | (n("x") >> (n("y") | n("stuck", True))))
+        >> n("d"),
+        "a wave of 10,000 blocking branches": lambda: n("stuck", True) | wide(9_999),
+    }
+
+    g = soma.Graph.somatize(ARRANGEMENTS[__ARRANGEMENT__]())
+    report = {}
+    try:
+        report["returned"] = repr(g.forward("block", timeout=__TIMEOUT__))
+    except TimeoutError as error:
+        report["error"] = str(error)
+    release.set()
+    report["again"] = g.forward("go", timeout=30.0)
+    print(json.dumps(report), flush=True)
+    """
+)
+
+ARRANGEMENTS = [
+    "diamond, the source",
+    "diamond, the first branch",
+    "diamond, the second branch",
+    "diamond, the join",
+    "a chain with no wave, mid-chain",
+    "a chain with no wave, its last node",
+    "the only node",
+    "the first branch of the final wave",
+    "nested waves, first branches",
+    "nested waves, last branches",
+]
+
+
+def outcome(arrangement: str, timeout: float) -> dict[str, object]:
+    script = SCRIPT.replace("__ARRANGEMENT__", repr(arrangement)).replace("__TIMEOUT__", repr(timeout))
+    child = run_script(script)
+    assert child.returncode == 0, child.stderr
+    report: dict[str, object] = json.loads(child.stdout.splitlines()[-1])
+    return report
+
+
+@pytest.mark.parametrize("arrangement", ARRANGEMENTS)
+def test_forward_returns_by_its_deadline_wherever_the_stuck_node_stands(arrangement: str) -> None:
+    report = outcome(arrangement, 0.3)
+    assert "returned" not in report, report
+    assert str(report["error"]).startswith(
+        "forward did not finish within its timeout of 0.3 s; still running: `stuck`"
+    ), report
+
+
+@pytest.mark.parametrize("arrangement", ARRANGEMENTS)
+def test_after_a_timeout_the_graph_runs_again_wherever_the_stuck_node_stood(
+    arrangement: str,
+) -> None:
+    report = outcome(arrangement, 0.3)
+    assert report["again"] not in (None, ""), report
+
+
+def test_a_wave_of_ten_thousand_blocking_branches_times_out_naming_a_few_and_counting_the_rest() -> (
+    None
+):
+    report = outcome("a wave of 10,000 blocking branches", 1.0)
+    error = str(report["error"])
+    assert error.startswith("forward did not finish within its timeout of 1 s; still running:")
+    # Eight named, the rest counted: the message stays one line whatever the wave's width.
+    assert error.splitlines()[0].count("`") == 16, error
+    assert "more (left to finish in the background" in error, error
+    assert len(report["again"]) == 10_000  # type: ignore[arg-type]
+
+
+LATE_SCRIPT = textwrap.dedent(
+    """
+    import time
+    import soma
+
+    class Late(soma.Node):
+        def forward(self, x):
+            time.sleep(__TIMEOUT__ + __SLACK__)  # past the deadline, whatever the machine's load
+            return x
+
+    class Quick(soma.Node):
+        def forward(self, x):
+            return x
+
+    for name, expr in [
+        ("the only node", Late()),
+        ("the last node", Quick() >> Quick() >> Late()),
+        ("the first branch of the final wave", Quick() >> (Late() | Quick())),
+    ]:
+        g = soma.Graph.somatize(expr)
+        try:
+            print(name, "returned", g.forward(1, timeout=__TIMEOUT__), flush=True)
+        except TimeoutError as error:
+            print(name, "TimeoutError", str(error).splitlines()[0], flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("slack", [0.005, 0.5])
+def test_a_run_that_ends_past_its_deadline_is_never_reported_as_a_success(slack: float) -> None:
+    # With a slack of 5 ms the run ends within the grace the caller gives nodes to reach their
+    # boundary; with 0.5 s it is left behind. Either way the deadline was missed, and says so.
+    script = LATE_SCRIPT.replace("__TIMEOUT__", "0.2").replace("__SLACK__", repr(slack))
+    child = run_script(script)
+    assert child.returncode == 0, child.stderr
+    lines = child.stdout.splitlines()
+    assert len(lines) == 3, child.stdout
+    for line in lines:
+        assert " TimeoutError forward did not finish within its timeout of 0.2 s" in line, line
+
+
+CTRL_C_SCRIPT = textwrap.dedent(
+    """
+    import signal, threading
+    import soma
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    release = threading.Event()
+
+    class Stuck(soma.Node):
+        def forward(self, x):
+            if not release.is_set():
+                print("started", flush=True)  # the parent sends Ctrl-C once it reads this
+            release.wait()
+            return x
+
+    class Pass(soma.Node):
+        def forward(self, x):
+            return x
+
+    g = soma.Graph.somatize(__ARRANGEMENT__)
+    try:
+        g.forward(0, timeout=600.0)
+    except KeyboardInterrupt as stopped:
+        print("caught KeyboardInterrupt:", stopped.__notes__, flush=True)
+    release.set()
+    print("again:", g.forward(0, timeout=30.0), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    "arrangement",
+    [
+        "Stuck().named('stuck')",
+        "Pass() >> Stuck().named('stuck') >> Pass()",
+        "Pass() >> (Stuck().named('stuck') | Pass()) >> Pass()",
+        "Pass() >> (Pass() | (Pass() >> (Pass() | Stuck().named('stuck'))))",
+    ],
+)
+def test_ctrl_c_stops_a_run_with_a_deadline_wherever_the_stuck_node_stands(
+    arrangement: str,
+) -> None:
+    child = interrupt_script(CTRL_C_SCRIPT.replace("__ARRANGEMENT__", arrangement), "started")
+    assert "caught KeyboardInterrupt:" in child.stdout, (child.stdout, child.stderr)
+    assert "`stuck`" in child.stdout, child.stdout
+    assert "again:" in child.stdout, (child.stdout, child.stderr)
+
+
+EXIT_SCRIPT = textwrap.dedent(
+    """
+    import atexit, functools, threading
+    import soma
+
+    release = threading.Event()
+
+    class Stuck(soma.Node):
+        def forward(self, x):
+            release.wait()
+            return [x] * 1000  # Python work on the way out, after the wait
+
+    g = soma.Graph.somatize(functools.reduce(lambda a, b: a | b, [Stuck() for _ in range(50)]))
+    try:
+        g.forward(0, timeout=0.1)
+    except TimeoutError:
+        print("timed out", flush=True)
+    if __RELEASED_AT_EXIT__:
+        atexit.register(release.set)  # registered last, so it runs first as the program ends
+    """
+)
+
+
+@pytest.mark.parametrize(
+    "released_at_exit", [False, True], ids=["never returning", "returning as the program ends"]
+)
+def test_nodes_left_running_neither_hold_nor_crash_the_interpreter_at_exit(
+    released_at_exit: bool,
+) -> None:
+    # Fifty threads leaving a node as the interpreter finalizes: without the exit's door each
+    # would ask for the GIL and be ended by Python with a forced unwind the process dies of.
+    child = run_script(EXIT_SCRIPT.replace("__RELEASED_AT_EXIT__", repr(released_at_exit)))
+    assert (child.returncode, child.stdout) == (0, "timed out\n"), child.stderr
