@@ -27,7 +27,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use soma_core::Captured;
 
-use crate::streams;
+use crate::device_queues;
 use crate::torch_state;
 
 /// Whether contexts are carried at all: always, except while the benchmark measures what carrying
@@ -62,7 +62,7 @@ pub fn capture() -> Option<Box<dyn Captured>> {
     Python::attach(|py| {
         let context = copy_current(py)?.unbind();
         let torch = torch_state::capture(py);
-        let streams = streams::fork(py);
+        let streams = device_queues::fork(py);
         Some(Box::new(Caller {
             context,
             torch,
@@ -99,7 +99,7 @@ impl Captured for Caller {
                 None => run(),
             };
             match &self.streams {
-                Some(wave) => streams::in_branch(py, wave, &mut || in_context(run)),
+                Some(wave) => device_queues::in_branch(py, wave, &mut || in_context(run)),
                 None => in_context(run),
             }
         });

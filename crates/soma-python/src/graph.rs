@@ -28,6 +28,7 @@ use soma_core::{
 
 use crate::context;
 use crate::convert::{to_python, wrap};
+use crate::device_queues::Scope;
 use crate::driver::PythonDriver;
 use crate::errors::{
     cancelled_error, compile_error, device_error, graph_error, panic_error, program_error,
@@ -37,7 +38,6 @@ use crate::native::NativeNode;
 use crate::node::PythonNode;
 use crate::plan::PyPlan;
 use crate::reentry::{Nested, MAX_NESTED_FORWARDS};
-use crate::streams::Scope;
 use crate::thread_state;
 use crate::trace::PyTrace;
 use crate::watch::{SignalWatch, StopFlag};

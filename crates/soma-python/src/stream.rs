@@ -18,10 +18,10 @@ use pyo3::PyTraverseError;
 use soma_core::{NodeId, OnError, Stream, StreamError, StreamSettings, Value};
 
 use crate::convert::{to_python, wrap};
+use crate::device_queues::Scope;
 use crate::errors::{panic_error, run_error};
 use crate::graph::{executor_for, GraphCore};
 use crate::reentry;
-use crate::streams::Scope;
 use crate::trace::PyTrace;
 use crate::watch::SignalWatch;
 

@@ -38,7 +38,7 @@ impl Scope {
         } else {
             let placed: Vec<String> = placed.iter().map(ToString::to_string).collect();
             let root = py
-                .import(intern!(py, "soma._streams"))
+                .import(intern!(py, "soma._device_queues"))
                 .and_then(|module| module.call_method1(intern!(py, "root"), (placed,)));
             match root {
                 Ok(root) if root.is_none() => None,
