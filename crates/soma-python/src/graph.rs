@@ -436,9 +436,9 @@ impl GraphCore {
                 executor.run_detachable(&program, input)
             })));
         };
-        let streams = Scope::for_forward(py, program.devices());
+        let queues = Scope::for_forward(py, program.devices());
         context::isolated(&mut run);
-        drop(streams);
+        drop(queues);
         match outcome.expect("the context ran the graph") {
             Ok(Ok(value)) => to_python(py, &value),
             Ok(Err(error)) if watch.timed_out() => Err(timed_out(&error, timeout)),

@@ -112,8 +112,8 @@ impl StreamCore {
             iterator,
             raised: Arc::clone(&raised),
         };
-        // Its stages capture the caller's context when it starts: without the streams of a
-        // forward this stream may be opened in.
+        // Its stages capture the caller's context when it starts: without the device queues of
+        // a forward this stream may be opened in.
         let outside = Scope::outside();
         let stream = Stream::start(program, inputs, settings);
         drop(outside);
