@@ -4,7 +4,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use soma_core::{
-    compile, node_arc, Ctx, Driver, DriverError, Executor, Node, NodeError, Transition, Value,
+    compile, node_arc, Ctx, Driver, DriverError, Executor, Node, NodeError, Program, Transition,
+    Value,
 };
 
 use crate::support::{fail, meet, n, plain, Rendezvous};
@@ -198,11 +199,20 @@ fn the_timeline_draws_one_bar_per_span() {
 
 #[test]
 fn an_executor_without_a_trace_records_nothing() {
-    let (graph, catalog) = (n("a") >> n("b")).somatize().unwrap();
+    // The same program and plan, run traced once and then by executors without a trace: the
+    // trace keeps the traced run's spans and gains none.
+    let (graph, catalog) = (n("a") >> (n("b") | n("c"))).somatize().unwrap();
     let plan = compile(&graph, &catalog).unwrap();
+    let program = Program::new(&plan, &catalog).unwrap();
     let trace = Arc::new(soma_core::Trace::new());
+    let traced = Executor::new().with_trace(Arc::clone(&trace));
+    traced.run_program(&program, Value::Int(1)).unwrap();
+    assert_eq!(trace.len(), 3, "the traced run recorded into the trace");
+    Executor::new()
+        .run_program(&program, Value::Int(1))
+        .unwrap();
     Executor::new().run(&plan, &catalog, Value::Int(1)).unwrap();
-    assert!(trace.is_empty());
+    assert_eq!(trace.len(), 3, "{:?}", trace.spans());
 }
 
 #[test]
