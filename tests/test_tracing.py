@@ -156,12 +156,19 @@ def test_the_chrome_trace_opens_as_json_with_a_named_track_per_thread(tmp_path: 
 
 
 def test_the_summary_lists_the_slowest_node_first() -> None:
+    trace = soma.Trace()
+
     class Slow(soma.Node):
+        """Runs for twice as long as the longest span before it: the slowest by construction,
+        however fast or loaded the machine."""
+
         def forward(self, x: Any) -> Any:
-            time.sleep(0.05)  # Not a timing test: only makes this node the slowest by far.
+            start = time.perf_counter()
+            longest = max(span.duration for span in trace.spans)
+            while time.perf_counter() - start <= 2 * longest:
+                time.sleep(0.001)
             return x
 
-    trace = soma.Trace()
     soma.Graph.somatize(Step().named("quick") >> Slow().named("slow")).forward(0, trace=trace)
     rows = trace.summary().splitlines()
     assert rows[0].split()[:2] == ["node", "total"]
