@@ -3,6 +3,10 @@
 Each block is executed in a fresh namespace, compiled under its file's name and padded to its
 line, so a failure's traceback points into the Markdown itself (`docs/guide.md:123`). A block
 followed by a paragraph saying `prints` and a ```text block must print exactly that text.
+
+Every fence is read strictly first: a block opens with a labelled fence (```python, ```text)
+and closes with a bare one. A stray fence would otherwise pair with the next one and turn prose
+into a block and a ```python block into prose, which then runs nowhere without a word.
 """
 
 from __future__ import annotations
@@ -16,7 +20,47 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
-FENCE = re.compile(r"^```(\w*)\s*$")
+FENCE = re.compile(r"^(\s*)```(.*)$")
+LABEL = re.compile(r"^\w+$")
+
+
+def fences(lines: list[str]) -> tuple[list[tuple[str, int, int, str]], list[str]]:
+    """The fenced blocks of a Markdown file's lines, as (language, first code line, end line,
+    text), and what is wrong with its fences, each as `line N: what`.
+
+    A fence outside a block must open one and name its language; inside a block, the next fence
+    must be a bare one that closes it. A fence indented, or never closed, is wrong too.
+    """
+    fenced: list[tuple[str, int, int, str]] = []
+    problems: list[str] = []
+    opened: tuple[str, int] | None = None  # language, line of the opening fence (0-based)
+    for at, line in enumerate(lines):
+        fence = FENCE.match(line)
+        if fence is None:
+            continue
+        indent, label = fence.group(1), fence.group(2).strip()
+        if indent:
+            problems.append(f"line {at + 1}: an indented fence, which this check does not read")
+        if opened is None:
+            if not LABEL.match(label):
+                problems.append(
+                    f"line {at + 1}: a fence that opens a block without naming its language "
+                    "(a stray closing fence, or an opening one without ```python, ```text)"
+                )
+            opened = (label, at)
+        elif label:
+            problems.append(
+                f"line {at + 1}: a fence labelled `{label}` inside the block opened at line "
+                f"{opened[1] + 1}, which is not closed before it"
+            )
+            opened = (label, at)
+        else:
+            language, start = opened
+            fenced.append((language, start + 2, at + 1, "\n".join(lines[start + 1 : at]) + "\n"))
+            opened = None
+    if opened is not None:
+        problems.append(f"line {opened[1] + 1}: a block that never closes")
+    return fenced, problems
 
 
 @dataclass(frozen=True)
@@ -35,21 +79,7 @@ def blocks(path: Path) -> list[Block]:
     """The fenced blocks of a Markdown file, as (language, first code line, text), in order;
     then the python ones, each with what it is said to print."""
     lines = path.read_text().splitlines()
-    fenced: list[tuple[str, int, int, str]] = []  # language, first line, end line, text
-    at = 0
-    while at < len(lines):
-        opening = FENCE.match(lines[at])
-        if opening is None:
-            at += 1
-            continue
-        end = next(
-            (i for i in range(at + 1, len(lines)) if lines[i].rstrip() == "```"),
-            None,
-        )
-        if end is None:
-            raise AssertionError(f"{path.relative_to(ROOT)}:{at + 1}: a block that never closes")
-        fenced.append((opening.group(1), at + 2, end + 1, "\n".join(lines[at + 1 : end]) + "\n"))
-        at = end + 1
+    fenced, _ = fences(lines)  # What is wrong with them is the fence test's to say.
     found = []
     for index, (language, first, end, text) in enumerate(fenced):
         if language != "python":
@@ -65,6 +95,36 @@ def blocks(path: Path) -> list[Block]:
 
 
 BLOCKS = [block for path in DOCUMENTS for block in blocks(path)]
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=lambda path: str(path.relative_to(ROOT)))
+def test_every_fence_of_a_document_is_labelled_and_closed(path: Path) -> None:
+    _, problems = fences(path.read_text().splitlines())
+    assert problems == [], f"{path.relative_to(ROOT)}: " + "; ".join(problems)
+
+
+def test_the_fence_check_catches_a_stray_unlabelled_or_unclosed_fence() -> None:
+    good = ["```python", "x = 1", "```", "prints", "```text", "1", "```"]
+    assert fences(good) == (
+        [("python", 2, 3, "x = 1\n"), ("text", 6, 7, "1\n")],
+        [],
+    )
+    # The guide's old shape: a python block missing its opening fence, then a stray closing
+    # fence that pairs with the next block's opening one and swallows the block after it.
+    stray = ["prose", "x = 1", "```", "more prose", "```python", "y = 2", "```"]
+    _, problems = fences(stray)
+    assert problems == [
+        "line 3: a fence that opens a block without naming its language (a stray closing "
+        "fence, or an opening one without ```python, ```text)",
+        "line 5: a fence labelled `python` inside the block opened at line 3, which is not "
+        "closed before it",
+    ]
+    _, problems = fences(["```", "x = 1", "```"])
+    assert problems[0].startswith("line 1: a fence that opens a block without naming")
+    _, problems = fences(["```python", "x = 1"])
+    assert problems == ["line 1: a block that never closes"]
+    _, problems = fences(["- a list", "  ```python", "  x = 1", "  ```"])
+    assert problems[0] == "line 2: an indented fence, which this check does not read"
 
 
 def test_the_documents_have_python_blocks() -> None:

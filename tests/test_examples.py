@@ -2,9 +2,9 @@
 
 Each runs in a scratch directory, so what an example writes (`traced.py` writes `run.json`)
 stays out of the repository. `awaiting.py` also exits non-zero if its two branches' waits did
-not overlap. An example that imports torch is skipped where torch is not installed (`make
-test-torch` installs it); one that imports Ray (`two_hosts.py`, which starts its own local
-cluster) where Ray is not.
+not overlap: its driver sends a batch only once the other branch's is there too. An example that
+imports torch is skipped where torch is not installed (`make test-torch` installs it); one that
+imports Ray (`two_hosts.py`, which starts its own local cluster) where Ray is not.
 """
 
 from __future__ import annotations
@@ -61,3 +61,16 @@ def test_an_example_runs(example: Path, tmp_path: Path) -> None:
     )
     assert run.returncode == 0, f"{example.name} exited {run.returncode}:\n{run.stdout}{run.stderr}"
     assert run.stdout, f"{example.name} printed nothing"
+
+
+def test_the_awaiting_examples_driver_fails_a_run_whose_waits_do_not_overlap() -> None:
+    # What makes `awaiting.py` exit non-zero: a batch that reaches its driver alone.
+    spec = importlib.util.spec_from_file_location("awaiting", EXAMPLES[0].parent / "awaiting.py")
+    assert spec is not None
+    assert spec.loader is not None
+    awaiting = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(awaiting)
+    network = awaiting.SlowNetwork(deadline=0.05)
+    with pytest.raises(awaiting.NotOverlapped, match="did not overlap"):
+        network.perform([("users", "ada")])
+    assert network.round_trips == 0

@@ -335,20 +335,60 @@ def test_graphs_kept_by_their_own_nodes_are_collected_threads_and_all() -> None:
     assert os_threads() <= before
 
 
-def test_dropping_a_graph_with_many_threads_returns_at_once_and_they_end() -> None:
-    before = settled_os_threads()
-    g = soma.Graph.somatize(meeting_wave(200))
-    g.idle_threads = 1000
-    g.forward(1)
-    assert g.threads() == 199
-    start = time.monotonic()
-    del g
-    # Nothing is joined while the GIL is held: the threads wind down on their own.
-    assert time.monotonic() - start < 1.0
-    deadline = time.monotonic() + DEADLINE
-    while os_threads() > before and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert os_threads() <= before
+DROP_SCRIPT = """
+import ctypes, sys, threading, time
+sys.path.insert(0, {tests!r})
+import soma
+from conftest import Meet
+
+def thread_states():
+    # Through ctypes.pythonapi, which keeps the GIL: counting lets no thread end meanwhile.
+    api = ctypes.pythonapi
+    api.PyInterpreterState_Get.restype = ctypes.c_void_p
+    api.PyInterpreterState_ThreadHead.argtypes = [ctypes.c_void_p]
+    api.PyInterpreterState_ThreadHead.restype = ctypes.c_void_p
+    api.PyThreadState_Next.argtypes = [ctypes.c_void_p]
+    api.PyThreadState_Next.restype = ctypes.c_void_p
+    count, state = 0, api.PyInterpreterState_ThreadHead(api.PyInterpreterState_Get())
+    while state:
+        count, state = count + 1, api.PyThreadState_Next(state)
+    return count
+
+barrier = threading.Barrier(200, timeout={deadline})
+branches = Meet(barrier).named("m0")
+for i in range(1, 200):
+    branches = branches | Meet(barrier).named(f"m{{i}}")
+before = thread_states()
+g = soma.Graph.somatize(branches)
+g.idle_threads = 1000
+g.forward(1)
+held = thread_states()
+print("lent", held - before, flush=True)
+# From here to the count, this thread keeps the GIL: a lent thread needs it to delete its
+# thread state and end, so none can end before the count. A drop that waited for its threads
+# would wait forever (with the GIL) or let them all end (without it).
+sys.setswitchinterval(1000)
+del g
+left = thread_states()
+sys.setswitchinterval(0.005)
+print("left when the drop returned", held - left, flush=True)
+deadline = time.monotonic() + {deadline}
+while thread_states() > before and time.monotonic() < deadline:
+    time.sleep(0.01)  # lets the ending threads take the GIL to delete their states
+print("ended", thread_states() == before, flush=True)
+"""
+
+
+def test_dropping_a_graph_with_many_threads_returns_before_they_end_and_they_end() -> None:
+    # In a subprocess: a drop that joined its threads while holding the GIL would hang.
+    tests = os.path.dirname(os.path.abspath(__file__))
+    done = run_script(DROP_SCRIPT.format(tests=tests, deadline=DEADLINE))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == [
+        "lent 199",
+        "left when the drop returned 0",
+        "ended True",
+    ], done.stdout + done.stderr[-2000:]
 
 
 def test_a_thread_the_system_refuses_is_a_runtime_error_and_the_graph_stays_usable() -> None:

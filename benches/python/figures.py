@@ -85,6 +85,7 @@ class Scale:
     plan_first_s: float
     plan_cached_s: float  # the second call
     plan_later_s: float  # the median of the calls after it
+    # A user's first forward: the graph just built, compile included, first in its process.
     first_forward_s: float
     threads_held: int  # `graph.threads()`, the most seen after the forwards
     os_threads_at_start: int

@@ -176,7 +176,7 @@ def nested_tables(scales: list[Scale]) -> list[str]:
         [
             "nodes",
             "Soma steady µs/node",
-            "first forward µs/node",
+            "first forward, compile included, µs/node",
             "TPE waves µs/node",
             "Dask µs/node",
             "loop µs/node",
@@ -218,7 +218,7 @@ def nested_tables(scales: list[Scale]) -> list[str]:
             "Soma / loop",
             "TPE waves / Soma",
             "Dask / Soma",
-            "first forward / steady",
+            "first forward (compile included) / steady",
             f"Soma per node / at {smallest.nodes:,}",
             f"loop per node / at {smallest.nodes:,}",
             "plan() first / row above",
@@ -386,10 +386,12 @@ def write(figures: Figures, targets: list[Target]) -> str:
     ]
     out += [
         "",
-        "Per size, in this order in one process: the graph built, `plan()` called twice (the "
-        "second call timed on its own; in brackets the median of 101 more), the first "
-        "forward timed once (its program not yet resolved, the graph holding no thread yet, "
-        "its nodes never called), Soma run alone for a while and the threads counted "
+        "Per size, in this order in one process: the graph built and its first forward timed "
+        "once, as a user's first forward is: compile included, its program not yet resolved, "
+        "the graph holding no thread yet, its nodes never called; then a second graph built "
+        "the same way and never run, its `plan()` called twice (the second call timed on its "
+        "own; in brackets the median of 101 more; its first call after the first graph's "
+        "compile), Soma run alone for a while and the threads counted "
         "(`graph.threads()`; the process's, from `/proc/self/task`, main thread and the thread "
         "Soma keeps in reserve included, before any peer started one), then Soma's "
         "steady forwards, the loop, the waves run by hand and Dask timed side by side, "

@@ -263,7 +263,8 @@ def report(
         "",
         "Targets: sleep within 10% of the bound (g.map / bound <= 1.10, loop / g.map >= 3.6x); "
         "numpy within 15% of what the cores allow. Ray Data's time leaves out starting its "
-        "cluster; its stages are actors of a quarter CPU each.",
+        "cluster and its stages' actor pools (timed from its first item out, over the items "
+        "after it: stream_peers.py); its stages are actors of a quarter CPU each.",
         "",
         "| trivial nodes | forward, per item | g.map, per item | g.map, per item per node "
         "| per node / forward |",

@@ -75,8 +75,8 @@ BOUNDS = {
     "nested_waves": Bound("≥", 3, "x"),
     # The nested graph at 10,000 nodes: Dask's threaded scheduler, in time over Soma.
     "nested_dask": Bound("≥", 30, "x"),
-    # The nested graph: a fresh graph's first forward (plan compiled) over a steady one, at
-    # every size.
+    # The nested graph: a user's first forward (the graph just built, its plan compiled by that
+    # forward) over a steady one, at every size.
     "first_forward": Bound("≤", 2, "x"),
     # The nested graph of 100,000 nodes: `plan()`, its first call.
     "plan": Bound("<", 30, " ms"),
@@ -254,7 +254,8 @@ def nested_targets(scales: list[Scale]) -> list[Target]:
         worst = max(firsts, key=firsts.__getitem__)
         targets.append(
             Target(
-                "nested graph: first forward of a fresh graph / steady forward, at every size",
+                "nested graph: a user's first forward (graph just built, compile included) / "
+                "steady forward, at every size",
                 ", ".join(f"{ratio:.2f}x at {nodes:,}" for nodes, ratio in firsts.items())
                 + f" (worst: {firsts[worst]:.2f}x)",
                 BOUNDS["first_forward"],

@@ -13,13 +13,14 @@ imported (Soma never imports torch); a user registers another (JAX, CuPy) with :
 Kinds no backend serves (``cpu``, ``meta``, ``mps``: one device each) are recorded and passed on
 (``ctx.device``) but set nowhere.
 
-A backend may also offer *streams* (queues of work on one device): ``streams(kind)`` returns
-:class:`StreamHooks` for the kind, or ``None``. Then two branches of a wave placed on one device
-queue their work on streams of their own, and values pass between streams by events: each
-branch's stream waits on an event recorded where the wave started, and the stream the wave was
-reached on waits on an event recorded at the end of each branch — never a device-wide
-synchronize. torch's backend offers streams for ``cuda`` (and ``xpu``) when that runtime is
-available; ``soma._streams`` says the rules.
+A backend may also offer *device queues* — ordered queues of work on one device, what CUDA and
+torch call *streams* (Soma keeps that word for ``g.map``): ``queues(kind)`` returns
+:class:`QueueHooks` for the kind, or ``None``. Then two branches of a wave placed on one device
+put their work on queues of their own, and values pass between queues by events: each branch's
+queue waits on an event recorded where the wave started, and the queue the wave was reached on
+waits on an event recorded at the end of each branch — never a device-wide synchronize. torch's
+backend offers its streams as queues for ``cuda`` (and ``xpu``) when that runtime is available;
+``soma._device_queues`` says the rules.
 
 >>> class Recorder:
 ...     kinds = ("xpu",)
@@ -45,13 +46,14 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Backend", "StreamHooks", "backend", "register", "unregister"]
+__all__ = ["Backend", "QueueHooks", "backend", "register", "unregister"]
 
 
 @runtime_checkable
 class Backend(Protocol):
     """What Soma asks of a library to make a device current on the calling thread. A backend
-    that also has ``streams(kind) -> StreamHooks | None`` gives branches streams of their own."""
+    that also has ``queues(kind) -> QueueHooks | None`` gives branches device queues of their
+    own."""
 
     #: The device kinds this backend serves, as torch spells them: ``("cuda",)``.
     kinds: tuple[str, ...]
@@ -66,34 +68,34 @@ class Backend(Protocol):
         ...
 
 
-class StreamHooks(Protocol):
-    """What Soma asks of a library to give a branch streams of its own on a device, and to pass
-    values between streams by events. A backend offers them by a method
-    ``streams(kind) -> StreamHooks | None``; a backend without it has no streams.
+class QueueHooks(Protocol):
+    """What Soma asks of a library to give a branch device queues of its own (CUDA's streams),
+    and to pass values between queues by events. A backend offers them by a method
+    ``queues(kind) -> QueueHooks | None``; a backend without it has no device queues.
 
-    Streams and events are the library's own objects, passed back to it untouched. Every call
-    but ``current_stream`` and ``set_stream`` may come from any thread.
+    Queues and events are the library's own objects (a ``torch.cuda.Stream``), passed back to it
+    untouched. Every call but ``current_queue`` and ``set_queue`` may come from any thread.
     """
 
-    def current_stream(self, device: str) -> Any:
-        """The stream current on ``device`` for the calling thread."""
+    def current_queue(self, device: str) -> Any:
+        """The queue current on ``device`` for the calling thread."""
         ...
 
-    def new_stream(self, device: str) -> Any:
-        """A stream on ``device`` for one branch (from a pool, where the library keeps one)."""
+    def new_queue(self, device: str) -> Any:
+        """A queue on ``device`` for one branch (from a pool, where the library keeps one)."""
         ...
 
-    def set_stream(self, device: str, stream: Any) -> None:
-        """Makes ``stream`` current on ``device`` for the calling thread, and leaves which
+    def set_queue(self, device: str, queue: Any) -> None:
+        """Makes ``queue`` current on ``device`` for the calling thread, and leaves which
         device is current as it was."""
         ...
 
-    def record(self, stream: Any) -> Any:
-        """An event recorded on ``stream``: done once the work queued there so far is."""
+    def record(self, queue: Any) -> Any:
+        """An event recorded on ``queue``: done once the work put there so far is."""
         ...
 
-    def wait(self, stream: Any, event: Any) -> None:
-        """Makes the work queued on ``stream`` from now on wait for ``event``, without blocking
+    def wait(self, queue: Any, event: Any) -> None:
+        """Makes the work put on ``queue`` from now on wait for ``event``, without blocking
         the calling thread."""
         ...
 
@@ -162,15 +164,16 @@ class _TorchBackend:
         kind, _, index = device.partition(":")
         getattr(self._torch, kind).set_device(int(index))
 
-    def streams(self, kind: str) -> StreamHooks | None:
-        """torch's streams and events on ``kind``, when its runtime is there (a build without
-        CUDA has none, and a CPU or ``meta`` device never gets here)."""
+    def queues(self, kind: str) -> QueueHooks | None:
+        """torch's streams, as device queues, and events on ``kind``, when its runtime is there
+        (a build without CUDA has none, and a CPU or ``meta`` device never gets here)."""
         runtime = getattr(self._torch, kind)
-        return _TorchStreams(runtime) if runtime.is_available() else None
+        return _TorchQueues(runtime) if runtime.is_available() else None
 
 
-class _TorchStreams:
-    """torch's streams and events for one device kind (``torch.cuda``, ``torch.xpu``).
+class _TorchQueues:
+    """torch's streams (Soma's device queues) and events for one device kind (``torch.cuda``,
+    ``torch.xpu``).
 
     Not run on a GPU where it was written (none was lent): the guide says what to check.
     """
@@ -178,25 +181,25 @@ class _TorchStreams:
     def __init__(self, runtime: Any) -> None:
         self._runtime = runtime
 
-    def current_stream(self, device: str) -> Any:
+    def current_queue(self, device: str) -> Any:
         return self._runtime.current_stream(_index(device))
 
-    def new_stream(self, device: str) -> Any:
+    def new_queue(self, device: str) -> Any:
         # From torch's pool of streams per device: cheap, and reused round-robin.
         return self._runtime.Stream(device=_index(device))
 
-    def set_stream(self, device: str, stream: Any) -> None:
+    def set_queue(self, device: str, queue: Any) -> None:
         # torch's `set_stream` also makes the stream's device current: put that back.
         before = self._runtime.current_device()
-        self._runtime.set_stream(stream)
+        self._runtime.set_stream(queue)
         if before != _index(device):
             self._runtime.set_device(before)
 
-    def record(self, stream: Any) -> Any:
-        return stream.record_event()
+    def record(self, queue: Any) -> Any:
+        return queue.record_event()
 
-    def wait(self, stream: Any, event: Any) -> None:
-        stream.wait_event(event)
+    def wait(self, queue: Any, event: Any) -> None:
+        queue.wait_event(event)
 
 
 def _index(device: str) -> int:

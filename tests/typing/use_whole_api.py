@@ -251,6 +251,50 @@ assert soma.devices.backend("xpu") is gpu
 assert placed.forward(None) == {"p": "xpu:1", "q": "cpu"}
 assert gpu.now == "xpu:0"
 soma.devices.unregister(gpu)
+
+
+class Queues:
+    """Device queues (what CUDA calls streams) for a backend: the queue current on this thread,
+    and events that are the queue they were recorded on."""
+
+    def __init__(self) -> None:
+        self.now: object = "default"
+        self.made = 0
+
+    def current_queue(self, device: str) -> object:
+        return self.now
+
+    def new_queue(self, device: str) -> object:
+        self.made += 1
+        return f"queue {self.made}"
+
+    def set_queue(self, device: str, queue: object) -> None:
+        self.now = queue
+
+    def record(self, queue: object) -> object:
+        return queue
+
+    def wait(self, queue: object, event: object) -> None:
+        pass
+
+
+class QueuedGpu(Gpu):
+    """A device backend that offers device queues."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hooks = Queues()
+
+    def queues(self, kind: str) -> soma.devices.QueueHooks | None:
+        return self.hooks
+
+
+queued = QueuedGpu()
+soma.devices.register(queued)
+assert placed.forward(None) == {"p": "xpu:1", "q": "cpu"}
+assert queued.hooks.made == 1, "the branch placed on xpu:1 had a queue of its own"
+assert queued.hooks.now == "default", "and the caller's queue is back"
+soma.devices.unregister(queued)
 placed_trace = soma.Trace()
 placed.forward(None, trace=placed_trace)
 assert_type(placed_trace.spans[0].device, str | None)

@@ -2,8 +2,8 @@
 there as soon as torch is, and a small model placed on ``meta`` runs end to end, its branches on
 threads of their own.
 
-Without a GPU, setting the current CUDA device per node (and streams per branch) cannot be run
-here; ``tests/test_devices.py`` proves the set-and-restore rules with a fake backend.
+Without a GPU, setting the current CUDA device per node (and device queues per branch) cannot be
+run here; ``tests/test_devices.py`` proves the set-and-restore rules with a fake backend.
 """
 
 from __future__ import annotations

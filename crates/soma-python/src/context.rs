@@ -17,9 +17,9 @@
 //! forward, per wave and per branch — tens of nanoseconds each, no Python call. torch's state is
 //! carried by `torch_state.rs`, only when torch is already loaded.
 //!
-//! The same per-wave capture and per-branch entry carry a forward's device streams, when it has
-//! some (`streams.rs`): each branch runs on streams of its own, forked from and joined back into
-//! those the wave was reached on.
+//! The same per-wave capture and per-branch entry carry a forward's device queues (CUDA's
+//! streams), when it has some (`device_queues.rs`): each branch runs on queues of its own,
+//! forked from and joined back into those the wave was reached on.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -27,7 +27,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use soma_core::Captured;
 
-use crate::streams;
+use crate::device_queues;
 use crate::torch_state;
 
 /// Whether contexts are carried at all: always, except while the benchmark measures what carrying
@@ -49,9 +49,9 @@ pub struct Caller {
     context: Py<PyAny>,
     /// torch's state, to set on each branch's thread and put back after; `None` without torch.
     torch: Option<torch_state::Carried>,
-    /// The wave's fork of the streams it was reached on (`streams.rs`): each branch runs on
-    /// streams of its own, joined back when it ends. `None` in a forward without streams.
-    streams: Option<Py<PyAny>>,
+    /// The wave's fork of the device queues it was reached on (`device_queues.rs`): each branch
+    /// runs on queues of its own, joined back when it ends. `None` in a forward without them.
+    queues: Option<Py<PyAny>>,
 }
 
 /// The context of the thread that reached a wave, to be entered by each of its branches.
@@ -62,11 +62,11 @@ pub fn capture() -> Option<Box<dyn Captured>> {
     Python::attach(|py| {
         let context = copy_current(py)?.unbind();
         let torch = torch_state::capture(py);
-        let streams = streams::fork(py);
+        let queues = device_queues::fork(py);
         Some(Box::new(Caller {
             context,
             torch,
-            streams,
+            queues,
         }) as Box<dyn Captured>)
     })
 }
@@ -98,8 +98,8 @@ impl Captured for Caller {
                 Some(copy) => run_in(py, copy, self.torch.as_ref(), run),
                 None => run(),
             };
-            match &self.streams {
-                Some(wave) => streams::in_branch(py, wave, &mut || in_context(run)),
+            match &self.queues {
+                Some(wave) => device_queues::in_branch(py, wave, &mut || in_context(run)),
                 None => in_context(run),
             }
         });

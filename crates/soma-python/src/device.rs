@@ -15,15 +15,15 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use soma_core::Device;
 
-use crate::streams;
+use crate::device_queues;
 
 /// Makes `device` current on this thread, through `soma.devices`; returns what puts back the
 /// device that was current before, or `None` when there is nothing to put back (no backend
 /// handles the device's kind, or it was current already).
-/// Inside a branch of a forward with streams, the branch's streams are made current too
-/// (`streams.rs`).
+/// Inside a branch of a forward with device queues, the branch's queues are made current too
+/// (`device_queues.rs`).
 pub fn enter(py: Python<'_>, device: Device) -> PyResult<Option<Bound<'_, PyAny>>> {
-    streams::enter(py, &device.to_string())
+    device_queues::enter(py, &device.to_string())
 }
 
 /// `()` if every value in `out` that says where it lives is on `declared`; else the

@@ -28,6 +28,7 @@ use soma_core::{
 
 use crate::context;
 use crate::convert::{to_python, wrap};
+use crate::device_queues::Scope;
 use crate::driver::PythonDriver;
 use crate::errors::{
     cancelled_error, compile_error, device_error, graph_error, panic_error, program_error,
@@ -38,7 +39,6 @@ use crate::native::NativeNode;
 use crate::node::PythonNode;
 use crate::plan::PyPlan;
 use crate::reentry::{Nested, MAX_NESTED_FORWARDS};
-use crate::streams::Scope;
 use crate::thread_state;
 use crate::trace::PyTrace;
 use crate::watch::{SignalWatch, StopFlag};
@@ -437,9 +437,9 @@ impl GraphCore {
                 executor.run_detachable(&program, input)
             })));
         };
-        let streams = Scope::for_forward(py, program.devices());
+        let queues = Scope::for_forward(py, program.devices());
         context::isolated(&mut run);
-        drop(streams);
+        drop(queues);
         match outcome.expect("the context ran the graph") {
             Ok(Ok(value)) => to_python(py, &value),
             Ok(Err(error)) if watch.timed_out() || matches!(error, RunError::PastDeadline) => {

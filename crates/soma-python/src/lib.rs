@@ -8,6 +8,7 @@
 mod context;
 mod convert;
 mod device;
+mod device_queues;
 mod driver;
 mod errors;
 mod exit;
@@ -19,7 +20,6 @@ mod plan;
 mod protocol;
 mod reentry;
 mod stream;
-mod streams;
 mod thread_state;
 mod torch_state;
 mod trace;

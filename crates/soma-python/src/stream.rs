@@ -18,10 +18,10 @@ use pyo3::PyTraverseError;
 use soma_core::{NodeId, OnError, Stream, StreamError, StreamSettings, Value};
 
 use crate::convert::{to_python, wrap};
+use crate::device_queues::Scope;
 use crate::errors::{panic_error, run_error};
 use crate::graph::{executor_for, GraphCore};
 use crate::reentry;
-use crate::streams::Scope;
 use crate::trace::PyTrace;
 use crate::watch::SignalWatch;
 
@@ -112,8 +112,8 @@ impl StreamCore {
             iterator,
             raised: Arc::clone(&raised),
         };
-        // Its stages capture the caller's context when it starts: without the streams of a
-        // forward this stream may be opened in.
+        // Its stages capture the caller's context when it starts: without the device queues of
+        // a forward this stream may be opened in.
         let outside = Scope::outside();
         let stream = Stream::start(program, inputs, settings);
         drop(outside);

@@ -11,6 +11,10 @@ use crate::model::device::Device;
 use crate::model::id::NodeId;
 use crate::model::value::Value;
 
+/// How many turns (calls of [`Node::forward`]) a node gets unless the executor is told
+/// otherwise ([`crate::Executor::with_turn_limit`]): a node still awaiting after them fails.
+pub const DEFAULT_TURN_LIMIT: u32 = 64;
+
 /// What one call to [`Node::forward`] decided.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Transition {

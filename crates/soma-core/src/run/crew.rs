@@ -72,6 +72,7 @@ use super::detach::{Detached, Hold, Kept, Remains};
 use super::fork;
 use super::hooks::Host;
 use super::reserve;
+use super::worker::{start_worker, DEFAULT_STACK};
 
 /// How long a thread that has run out of work keeps looking for more, yielding its core to any
 /// other thread that wants it, before it sleeps: a crew thread for the next offer, an owner for
@@ -96,12 +97,6 @@ const OWNER_SENDS: usize = 1;
 /// branches that all block has its threads after about ten rounds, not a thousand. Started on
 /// a crew thread's time, these cost the owner nothing.
 const HELPER_SENDS: usize = 2;
-
-/// The stack a crew thread gets unless told otherwise: what a process's main thread usually has
-/// (and a Python `threading.Thread` gets by default), so that whatever a node survives there —
-/// a deep `repr`, pickling a deep structure — it survives on a crew thread. Reserved, not
-/// used: only the pages a branch touches cost memory.
-pub(crate) const DEFAULT_STACK: usize = 8 << 20;
 
 /// How many idle threads a crew keeps unless told otherwise: enough for the waves people write
 /// to find their threads awake or parked, few enough that a graph that once ran a wave of
@@ -812,19 +807,6 @@ impl Pool {
             None => run(),
         }
     }
-}
-
-/// Starts a thread of Soma's, named as every one is, with a stack of `stack_size` bytes, to run
-/// `life`: a crew thread, or one for the reserve.
-pub(super) fn start_worker(
-    stack_size: usize,
-    life: impl FnOnce() + Send + 'static,
-) -> io::Result<()> {
-    thread::Builder::new()
-        .name("soma-worker".to_owned())
-        .stack_size(stack_size)
-        .spawn(life)
-        .map(drop)
 }
 
 /// The first offer in the queue with a branch left, dropping the ones claimed out.

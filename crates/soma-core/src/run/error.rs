@@ -108,7 +108,7 @@ impl fmt::Display for RunError {
             RunError::TurnLimit { limit: 0, .. } => write!(
                 f,
                 "a turn limit of 0 lets no node run, so none was called\nhint: the turn limit is the number of calls each node gets; pass at least 1, or leave it out for the default of {}",
-                crate::run::executor::DEFAULT_TURN_LIMIT
+                crate::model::node::DEFAULT_TURN_LIMIT
             ),
             RunError::TurnLimit { node, limit } => write!(
                 f,

@@ -21,23 +21,20 @@
 use super::detach::{Detached, Kept, Remains};
 use super::error::RunError;
 use super::hooks::{Host, Watch};
+use super::lane::Lane;
 use super::table::Frame;
 use super::trace::{thread_number, Span, Trace};
-use super::wave::Lane;
 use std::sync::Arc;
 use std::time::Instant;
 
 use crate::model::catalog::Catalog;
 use crate::model::driver::Driver;
 use crate::model::id::NodeId;
-use crate::model::node::{Ctx, Transition};
+use crate::model::node::{Ctx, Transition, DEFAULT_TURN_LIMIT};
 use crate::model::value::Value;
 use crate::plan::Plan;
 use crate::run::crew::Crew;
 use crate::run::program::{Op, Program, Read, Reads, Step};
-
-/// How many turns a node gets unless [`Executor::with_turn_limit`] says otherwise.
-pub const DEFAULT_TURN_LIMIT: u32 = 64;
 
 /// Runs plans, with an optional driver, watch and host.
 #[derive(Clone)]

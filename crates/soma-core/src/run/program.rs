@@ -42,7 +42,7 @@ pub struct Program {
     pub(crate) ids: Box<[NodeId]>,
     pub(crate) leaves: Box<[usize]>,
     /// The devices its steps are placed on, each once, in order: what a host prepares before a
-    /// run (the streams it forks per wave, say) without walking the steps.
+    /// run (the device queues it forks per wave, say) without walking the steps.
     devices: Box<[Device]>,
     pub(crate) crew: Crew,
     /// Whether a run has begun: its memory, and its nodes', may be in the caches since.

@@ -18,8 +18,8 @@ use std::io;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, ThreadId};
 
-use super::crew::{start_worker, DEFAULT_STACK};
 use super::fork;
+use super::worker::{start_worker, DEFAULT_STACK};
 
 /// What a thread taken from the reserve runs: a crew thread's whole life.
 pub(crate) type Work = Box<dyn FnOnce() + Send>;

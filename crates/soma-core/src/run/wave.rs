@@ -13,14 +13,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 use std::time::Duration;
 
-use super::crew::{Crew, Refused};
+use super::crew::Refused;
 use super::detach::{Detached, Hold, Kept};
 use super::error::RunError;
 use super::executor::{prefetch_ahead, Executor, Halt};
 use super::hooks::Captured;
-use super::program::{Op, Program};
+use super::lane::{Lane, WaveState};
+use super::program::Op;
 use super::table::{Frame, Shared};
-use crate::model::id::NodeId;
 use crate::model::value::Value;
 
 thread_local! {
@@ -51,9 +51,6 @@ impl Drop for Nested {
     }
 }
 
-/// How many enclosing waves a node boundary looks at for an earlier sibling's failure.
-const CANCEL_REACH: usize = 64;
-
 /// How often a thread waiting on a wave asks the [`crate::Watch`] whether to stop.
 const WATCH_INTERVAL: Duration = Duration::from_millis(5);
 
@@ -65,32 +62,6 @@ struct Deeper {
     remains: Hold,
 }
 
-/// The state one wave shares with its branches.
-struct WaveState {
-    /// The smallest declared index of a branch that failed, `usize::MAX` while none has.
-    /// Written with `fetch_min(AcqRel)` and read with `Acquire` at each node boundary: it is a
-    /// hint to stop early, and which error is reported is decided after the join from the
-    /// outcomes themselves, so a stale read only costs a node's time, never correctness.
-    first_failed: AtomicUsize,
-}
-
-/// Where a branch stands: its index in its wave, the lane of the branch around that wave, the
-/// crew the branches of its own waves run on, the thread that started the run and, for a run
-/// its caller may stop waiting for, that run's bookkeeping (the last three the run's, the same
-/// at every depth).
-#[derive(Clone, Copy)]
-pub(super) struct Lane<'s> {
-    wave: Option<(&'s WaveState, usize)>,
-    parent: Option<&'s Lane<'s>>,
-    crew: &'s Crew,
-    caller: thread::ThreadId,
-    pub(super) detached: Option<&'s Detached>,
-    /// The program's node ids, by slot: a step keeps only its slot.
-    pub(super) ids: &'s [NodeId],
-    /// Whether the run prefetches each next node ([`Program::prefetching`]).
-    pub(super) prefetching: bool,
-}
-
 /// What a wave lends its branches from the frame of the thread that reached it, kept on the
 /// heap ([`Kept`]) in case that thread is the caller and stops waiting.
 struct WaveLocals<'s> {
@@ -100,61 +71,6 @@ struct WaveLocals<'s> {
     /// The context the wave was reached in, entered by each branch; kept with the rest, since a
     /// branch left running by a caller that gave up still enters and leaves it.
     captured: Option<Box<dyn Captured>>,
-}
-
-impl<'s> Lane<'s> {
-    /// The lane of a whole run, outside every wave.
-    pub(super) fn root(
-        crew: &'s Crew,
-        program: &'s Program,
-        detached: Option<&'s Detached>,
-    ) -> Self {
-        Lane {
-            wave: None,
-            parent: None,
-            crew,
-            caller: thread::current().id(),
-            detached,
-            ids: &program.ids,
-            prefetching: program.prefetching(),
-        }
-    }
-
-    /// The index of this branch in each enclosing wave, outermost first.
-    pub(super) fn path(&self) -> Vec<usize> {
-        let mut path = Vec::new();
-        let mut at = Some(self);
-        while let Some(lane) = at {
-            if let Some((_, index)) = lane.wave {
-                path.push(index);
-            }
-            at = lane.parent;
-        }
-        path.reverse();
-        path
-    }
-
-    /// Whether a branch declared before this one has failed, in any of the
-    /// [`CANCEL_REACH`] waves around it.
-    ///
-    /// Asked at every node boundary, so it must not cost the depth of the graph: a branch
-    /// nested deeper than that below a failure runs on to its own wave's end instead of
-    /// stopping early. Which error is reported does not depend on it.
-    pub(super) fn cancelled(&self) -> bool {
-        let mut at = Some(self);
-        for _ in 0..CANCEL_REACH {
-            let Some(lane) = at else {
-                return false;
-            };
-            if let Some((wave, index)) = lane.wave {
-                if wave.first_failed.load(Ordering::Acquire) < index {
-                    return true;
-                }
-            }
-            at = lane.parent;
-        }
-        false
-    }
 }
 
 impl Executor {

@@ -14,7 +14,7 @@
 //! | `messages` | every error's message, word for word (inline snapshots) |
 //! | `context` | each branch runs in a copy of the context its wave was reached in, its changes its own |
 //! | `crew` | the threads a program lends its waves: as many as are in flight, idle ones capped, gone with the program |
-//! | `layers` | the stages import one way: model, plan, compile, run, observe |
+//! | `layers` | the stages import one way: model, plan, compile, run, observe; the modules of a stage too |
 //! | `isolation` | a branch's thread is its own; a million-node chain needs no deep stack |
 //! | `depth` | a graph nested 100,000 levels deep compiles, draws, clones and drops on a small stack |
 //! | `invariants` | every plan, over a battery and random DAGs; the expression oracle |

@@ -4,7 +4,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use soma_core::{
-    compile, node_arc, Ctx, Driver, DriverError, Executor, Node, NodeError, Transition, Value,
+    compile, node_arc, Ctx, Driver, DriverError, Executor, Node, NodeError, Program, Transition,
+    Value,
 };
 
 use crate::support::{fail, meet, n, plain, Rendezvous};
@@ -169,16 +170,30 @@ fn the_chrome_trace_has_a_named_track_per_thread_and_an_event_per_span() {
 
 #[test]
 fn the_summary_lists_the_slowest_node_first() {
-    let slow = |_: &str, input: &Value| {
-        let until = std::time::Instant::now() + std::time::Duration::from_millis(20);
-        while std::time::Instant::now() < until {
-            std::hint::spin_loop();
+    let trace = Arc::new(soma_core::Trace::new());
+    // Runs for twice as long as the longest span before it: the slowest by construction,
+    // however fast or loaded the machine.
+    let before = Arc::clone(&trace);
+    let slow = move |_: &str, input: &Value| {
+        let start = std::time::Instant::now();
+        let longest = before
+            .spans()
+            .iter()
+            .map(soma_core::Span::duration)
+            .max()
+            .unwrap();
+        while start.elapsed() <= 2 * longest {
+            std::thread::yield_now();
         }
         Ok(input.clone())
     };
     let expr = n("quick") >> node_arc("slow", Arc::new(plain(slow))) >> n("last");
-    let (out, trace) = traced_run(expr, Value::Int(1));
-    out.unwrap();
+    let (graph, catalog) = expr.somatize().unwrap();
+    let plan = compile(&graph, &catalog).unwrap();
+    Executor::new()
+        .with_trace(Arc::clone(&trace))
+        .run(&plan, &catalog, Value::Int(1))
+        .unwrap();
     let summary = trace.summary(10);
     let rows: Vec<&str> = summary.lines().collect();
     assert!(rows[0].starts_with("node"), "{summary}");
@@ -198,11 +213,20 @@ fn the_timeline_draws_one_bar_per_span() {
 
 #[test]
 fn an_executor_without_a_trace_records_nothing() {
-    let (graph, catalog) = (n("a") >> n("b")).somatize().unwrap();
+    // The same program and plan, run traced once and then by executors without a trace: the
+    // trace keeps the traced run's spans and gains none.
+    let (graph, catalog) = (n("a") >> (n("b") | n("c"))).somatize().unwrap();
     let plan = compile(&graph, &catalog).unwrap();
+    let program = Program::new(&plan, &catalog).unwrap();
     let trace = Arc::new(soma_core::Trace::new());
+    let traced = Executor::new().with_trace(Arc::clone(&trace));
+    traced.run_program(&program, Value::Int(1)).unwrap();
+    assert_eq!(trace.len(), 3, "the traced run recorded into the trace");
+    Executor::new()
+        .run_program(&program, Value::Int(1))
+        .unwrap();
     Executor::new().run(&plan, &catalog, Value::Int(1)).unwrap();
-    assert!(trace.is_empty());
+    assert_eq!(trace.len(), 3, "{:?}", trace.spans());
 }
 
 #[test]

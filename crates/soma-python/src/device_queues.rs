@@ -1,13 +1,14 @@
-//! Streams per branch: where a forward's waves fork and join the streams of the devices its
-//! nodes are placed on, so that two branches on one GPU queue their work on streams of their own
-//! and values pass between streams by events (`soma._streams` holds the rules, in Python, beside
-//! the device backends that drive them).
+//! Device queues per branch: where a forward's waves fork and join the queues of the devices
+//! its nodes are placed on, so that two branches on one GPU put their work on device queues of
+//! their own and values pass between queues by events (`soma._device_queues` holds the rules, in
+//! Python, beside the device backends that drive them). A device queue is what CUDA calls a
+//! stream; "stream" in Soma means only a stream of items (`stream.rs`).
 //!
-//! Each thread has a *scope*: the Python object whose streams its placed nodes run on — the
+//! Each thread has a *scope*: the Python object whose queues its placed nodes run on — the
 //! caller's own for the nodes outside every wave, a branch's inside one. A forward sets its
 //! caller's scope ([`Scope::for_forward`]), each wave forks the scope of the thread that reached
 //! it ([`fork`]), and each branch runs in a scope of its own ([`in_branch`]), closed when it
-//! ends. Only a forward whose graph places a node on a device whose backend offers streams has a
+//! ends. Only a forward whose graph places a node on a device whose backend offers queues has a
 //! scope at all: for any other, this costs a check of an empty thread-local per wave and per
 //! branch, and no Python call.
 
@@ -18,8 +19,8 @@ use pyo3::prelude::*;
 use soma_core::Device;
 
 thread_local! {
-    /// This thread's scope: `soma._streams.Root` or `soma._streams.Branch`; `None` outside a
-    /// forward with streams.
+    /// This thread's scope: `soma._device_queues.Root` or `soma._device_queues.Branch`; `None`
+    /// outside a forward with device queues.
     static SCOPE: RefCell<Option<Py<PyAny>>> = const { RefCell::new(None) };
 }
 
@@ -29,8 +30,8 @@ pub struct Scope {
 }
 
 impl Scope {
-    /// The caller's scope for a forward whose nodes are placed on `placed`: its streams on each
-    /// of those devices, if a backend offers streams for one; none otherwise (an error
+    /// The caller's scope for a forward whose nodes are placed on `placed`: its queues on each
+    /// of those devices, if a backend offers queues for one; none otherwise (an error
     /// reported).
     pub fn for_forward(py: Python<'_>, placed: &[Device]) -> Scope {
         let root = if placed.is_empty() {
@@ -38,7 +39,7 @@ impl Scope {
         } else {
             let placed: Vec<String> = placed.iter().map(ToString::to_string).collect();
             let root = py
-                .import(intern!(py, "soma._streams"))
+                .import(intern!(py, "soma._device_queues"))
                 .and_then(|module| module.call_method1(intern!(py, "root"), (placed,)));
             match root {
                 Ok(root) if root.is_none() => None,
@@ -52,9 +53,9 @@ impl Scope {
         Scope::set(root)
     }
 
-    /// No scope, for what must not fork this thread's streams: a stream of items (`g.map`),
-    /// whose stages pass items from thread to thread at any time, not at a wave's joins, and so
-    /// run on the streams their threads have, as without Soma.
+    /// No scope, for what must not fork this thread's device queues: a stream of items
+    /// (`g.map`), whose stages pass items from thread to thread at any time, not at a wave's
+    /// joins, and so run on the device queues their threads have, as without Soma.
     pub fn outside() -> Scope {
         Scope::set(None)
     }
@@ -81,8 +82,8 @@ fn current(py: Python<'_>) -> Option<Py<PyAny>> {
     SCOPE.with(|current| current.borrow().as_ref().map(|scope| scope.clone_ref(py)))
 }
 
-/// A wave about to start on this thread: an event on each of this scope's streams, for its
-/// branches to wait on (`soma._streams.Wave`); `None` without streams.
+/// A wave about to start on this thread: an event on each of this scope's queues, for its
+/// branches to wait on (`soma._device_queues.Wave`); `None` without queues.
 pub fn fork(py: Python<'_>) -> Option<Py<PyAny>> {
     let scope = current(py)?;
     match scope.call_method0(py, intern!(py, "fork")) {
@@ -95,7 +96,7 @@ pub fn fork(py: Python<'_>) -> Option<Py<PyAny>> {
 }
 
 /// Runs one branch of `wave` (from [`fork`]) in a scope of its own, and closes it when `run`
-/// returns: the streams the wave was reached on wait on the branch's work.
+/// returns: the queues the wave was reached on wait on the branch's work.
 pub fn in_branch(py: Python<'_>, wave: &Py<PyAny>, run: &mut dyn FnMut()) {
     let branch = match wave.call_method0(py, intern!(py, "branch")) {
         Ok(branch) => branch,
@@ -113,7 +114,7 @@ pub fn in_branch(py: Python<'_>, wave: &Py<PyAny>, run: &mut dyn FnMut()) {
 }
 
 /// Makes `device` current for a placed node about to run on this thread, with this scope's
-/// streams when it has some; returns what puts back the thread's own, or `None` when there is
+/// queues when it has some; returns what puts back the thread's own, or `None` when there is
 /// nothing to put back.
 pub fn enter<'py>(py: Python<'py>, device: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
     let restore = match current(py) {
