@@ -859,6 +859,7 @@ STUCK_STAGE = textwrap.dedent(
     signal.signal(signal.SIGINT, signal.default_int_handler)
     never = threading.Event()
     reached = threading.Event()
+    returned = threading.Event()
     announce = True  # whether the stuck node prints "stuck"
 
     class Stuck(soma.Node):
@@ -869,6 +870,7 @@ STUCK_STAGE = textwrap.dedent(
                 if announce:
                     print("stuck", flush=True)
                 never.wait()
+                returned.set()
             return x
 
     class Add(soma.Node):
@@ -891,6 +893,8 @@ def test_a_stream_past_its_timeout_raises_timeout_error_naming_the_stuck_node() 
             print("timed out after", taken, "|", str(error).splitlines()[0], flush=True)
         # The stuck node keeps its thread; the same graph runs again at once, on others.
         print("usable", g.forward(10), list(g.map([5, 6], timeout=30)), flush=True)
+        never.set()
+        print("the stuck node returned:", returned.wait(30), flush=True)
         """
     )
     run = run_script(script)
@@ -899,6 +903,7 @@ def test_a_stream_past_its_timeout_raises_timeout_error_naming_the_stuck_node() 
     assert "timed out after [2, 3]" in run.stdout, run.stdout
     assert "within its timeout of 0.3 s; still running: `b`" in run.stdout, run.stdout
     assert "usable 12 [7, 8]" in run.stdout, run.stdout
+    assert "the stuck node returned: True" in run.stdout, run.stdout
 
 
 def test_a_stuck_node_in_a_wave_is_named_with_its_wave() -> None:
