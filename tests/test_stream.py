@@ -977,6 +977,26 @@ def test_ctrl_c_still_stops_a_stream_with_a_timeout_while_its_node_never_returns
     assert child.returncode == 0, child.stderr
 
 
+def test_ctrl_c_stops_close_while_it_waits_for_a_node_that_never_returns() -> None:
+    script = STUCK_STAGE + textwrap.dedent(
+        """
+        announce = False
+        stream = g.map(range(100))
+        next(stream)
+        assert reached.wait(30)
+        try:
+            print("closing", flush=True)
+            stream.close()  # waits for the node already running: until Ctrl-C
+        except KeyboardInterrupt:
+            print("caught KeyboardInterrupt", flush=True)
+        print("usable", g.forward(10), flush=True)
+        """
+    )
+    child = interrupt_script(script, "closing")
+    assert child.stdout == "caught KeyboardInterrupt\nusable 12\n", (child.stdout, child.stderr)
+    assert child.returncode == 0, child.stderr
+
+
 def test_a_script_that_ends_with_a_stream_stuck_in_a_node_still_exits() -> None:
     script = STUCK_STAGE + textwrap.dedent(
         """

@@ -266,7 +266,8 @@ class Stream(Iterator[Any]):
 
     def close(self) -> None:
         """Stops the stream; returns once every stage has stopped (a node already running
-        finishes first). What was in flight is dropped."""
+        finishes first, unless Ctrl-C or the stream's ``timeout`` cuts the wait short: such a
+        node is left to finish on its thread). What was in flight is dropped."""
         self._core.close()
         self._end()
 
