@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import contextvars
 import gc
+import json
 import sys
 import textwrap
 import threading
 import time
-import tracemalloc
 import types
 import weakref
 from collections.abc import Iterator
@@ -207,6 +207,138 @@ def test_every_stage_runs_in_the_callers_context() -> None:
         REQUEST_ID.reset(token)
 
 
+def test_a_node_sees_what_the_node_before_it_set_for_the_same_item() -> None:
+    def remember(x: int) -> int:
+        REQUEST_ID.set(f"item {x}")
+        return x
+
+    g = chain(
+        Fn(remember), Fn(lambda x: (x, REQUEST_ID.get())), Fn(lambda x: (*x, REQUEST_ID.get()))
+    )
+    expected = [(i, f"item {i}", f"item {i}") for i in range(50)]
+    assert list(g.map(range(50), in_flight=8)) == expected
+    assert [g.forward(i) for i in range(50)] == expected
+
+
+def test_what_a_node_sets_for_one_item_is_seen_by_no_other_item() -> None:
+    def seen_then_set(x: int) -> tuple[int, str]:
+        seen = REQUEST_ID.get()
+        REQUEST_ID.set(f"item {x}")
+        return x, seen
+
+    # The stage of `s0` runs every item on one thread, one after the other.
+    g = chain(Fn(seen_then_set), Fn(lambda pair: (*pair, REQUEST_ID.get())))
+    token = REQUEST_ID.set("caller's")
+    try:
+        out = list(g.map(range(30)))
+    finally:
+        REQUEST_ID.reset(token)
+    assert out == [(i, "caller's", f"item {i}") for i in range(30)]
+
+
+def test_a_concurrent_stage_carries_each_items_context_too() -> None:
+    def remember(x: int) -> int:
+        REQUEST_ID.set(f"item {x}")
+        return x
+
+    g = chain(Fn(remember), Fn(lambda x: x).concurrency(3), Fn(lambda x: (x, REQUEST_ID.get())))
+    assert list(g.map(range(40))) == [(i, f"item {i}") for i in range(40)]
+
+
+def test_the_branches_of_a_wave_in_a_stage_see_what_the_node_before_the_wave_set() -> None:
+    def remember(x: int) -> int:
+        REQUEST_ID.set(f"item {x}")
+        return x
+
+    g = soma.Graph.somatize(
+        Fn(remember).named("set")
+        >> (Fn(lambda x: REQUEST_ID.get()).named("l") | Fn(lambda x: REQUEST_ID.get()).named("r"))
+    )
+    assert list(g.map(range(10))) == [{"l": f"item {i}", "r": f"item {i}"} for i in range(10)]
+
+
+def test_what_the_nodes_of_a_stream_set_does_not_reach_the_caller() -> None:
+    g = chain(Fn(lambda x: REQUEST_ID.set("a node's")))
+    token = REQUEST_ID.set("caller's")
+    try:
+        list(g.map(range(3)))
+        g.forward([1, 2], micro_batches=2, join=list)
+        assert REQUEST_ID.get() == "caller's"
+    finally:
+        REQUEST_ID.reset(token)
+
+
+SCALE: contextvars.ContextVar[int] = contextvars.ContextVar("scale", default=1)
+
+
+class SetScale(soma.Node):
+    """A per-request setting, set for the nodes after it."""
+
+    def forward(self, xs: list[int]) -> list[int]:
+        SCALE.set(10)
+        return xs
+
+
+class Scaled(soma.Node):
+    def forward(self, xs: list[int]) -> list[int]:
+        return [x * SCALE.get() for x in xs]
+
+
+def test_micro_batches_see_what_the_nodes_before_set_as_forward_does() -> None:
+    g = soma.Graph.somatize(SetScale().named("set") >> Scaled().named("use"))
+    assert g.forward([1, 2, 3, 4]) == [10, 20, 30, 40]
+    assert g.forward([1, 2, 3, 4], micro_batches=2) == [10, 20, 30, 40]
+    assert list(g.map([[1, 2], [3, 4]])) == [[10, 20], [30, 40]]
+
+
+GRAD_MODE_SCRIPT = textwrap.dedent(
+    """
+    import sys, threading, types
+    import soma
+
+    # torch's per-thread grad mode, as Soma reads and sets it once `torch` is in sys.modules:
+    # a stand-in, in a process of its own, so that the suite needs no torch.
+    state = threading.local()
+    torch = types.ModuleType("torch")
+    torch._C = types.SimpleNamespace(
+        _is_any_autocast_enabled=lambda: False,
+        _set_grad_enabled=lambda on: setattr(state, "grad", bool(on)),
+    )
+    torch.is_grad_enabled = lambda: getattr(state, "grad", True)
+    torch.is_inference_mode_enabled = lambda: False
+    sys.modules["torch"] = torch
+
+    class SwitchOff(soma.Node):
+        def forward(self, x):
+            seen = torch.is_grad_enabled()
+            torch._C._set_grad_enabled(False)
+            return [x, seen]
+
+    class Read(soma.Node):
+        def forward(self, pair):
+            return [*pair, torch.is_grad_enabled()]
+
+    g = soma.Graph.somatize(SwitchOff().named("off") >> Read().named("read"))
+    print(list(g.map(range(4))), g.forward(0), torch.is_grad_enabled())
+    torch._C._set_grad_enabled(False)
+    print(list(soma.Graph.somatize(Read().named("read")).map([[0], [1]])))
+    """
+)
+
+
+def test_torch_grad_mode_travels_with_each_item_as_a_contextvar_does() -> None:
+    run = run_script(GRAD_MODE_SCRIPT)
+    assert run.returncode == 0, run.stderr
+    switched, caller_off = run.stdout.splitlines()
+    # `off` sees the caller's grad mode for every item, whatever the item before left on its
+    # thread; `read` sees what `off` left for the same item, as in forward; the caller's own
+    # is untouched.
+    items = [[i, True, False] for i in range(4)]
+    assert switched == f"{items} {[0, True, False]} True"
+    # A caller with grad mode off: every stage runs with it off.
+    assert caller_off == "[[0, False], [1, False]]"
+
+
 def test_a_placed_node_sees_its_device_in_a_stream_too() -> None:
     class Where(soma.Node):
         def forward(self, x: int, ctx: soma.Ctx) -> tuple[int, str | None]:
@@ -254,19 +386,37 @@ def test_a_reader_that_stops_reading_stops_the_stream_at_the_bound() -> None:
     stream.close()
 
 
+FLAT_MEMORY_SCRIPT = textwrap.dedent(
+    """
+    import json
+    import soma
+
+    def resident_kib():
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * 4
+
+    class Add(soma.Node):
+        def forward(self, x):
+            return x + 1
+
+    g = soma.Graph.somatize(Add().named("a") >> Add().named("b") >> Add().named("c"))
+    for taken, _ in enumerate(g.map(iter(range(310_000)), in_flight=32), start=1):
+        if taken == 10_000:
+            after_warm_up = resident_kib()
+    print(json.dumps({"taken": taken, "grew_kib": resident_kib() - after_warm_up}))
+    """
+)
+
+
 def test_a_long_generator_streams_in_flat_memory() -> None:
-    g = chain(Add(1), Add(1), Add(1))
-    stream = g.map(iter(range(60_000)), in_flight=32)
-    tracemalloc.start()
-    try:
-        for taken, _ in enumerate(stream, start=1):
-            if taken == 10_000:
-                after_warm_up = tracemalloc.get_traced_memory()[0]
-        at_end = tracemalloc.get_traced_memory()[0]
-    finally:
-        tracemalloc.stop()
-    # 50,000 more items went through; keeping even 20 bytes of each would add a megabyte.
-    assert at_end - after_warm_up < 256 * 1024
+    # Resident memory, which counts what the engine holds in Rust as well as Python's objects,
+    # in a process of its own. 300,000 items went through after the warm-up: keeping even 15
+    # bytes of each would add 4 MiB.
+    run = run_script(FLAT_MEMORY_SCRIPT)
+    assert run.returncode == 0, run.stderr
+    figures = json.loads(run.stdout)
+    assert figures["taken"] == 310_000
+    assert figures["grew_kib"] < 4 * 1024, figures
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,11 +503,21 @@ def test_an_exception_from_the_inputs_comes_after_the_items_read_before_it() -> 
     assert got == [2, 3]
 
 
-def test_a_panicking_rust_node_raises_panic_error_and_the_graph_streams_again() -> None:
-    g = soma.Graph.somatize(Add(0).named("a") >> soma.native.Panic("kaboom").named("boom"))
-    with pytest.raises(soma.PanicError, match="kaboom"):
-        list(g.map(range(3)))
-    assert list(soma.Graph.somatize(Add(0).named("a")).map([1])) == [1]
+def test_a_panicking_rust_node_raises_panic_error_and_the_same_graph_streams_again() -> None:
+    took: list[int] = []
+
+    def first(x: int) -> int:
+        took.append(x)
+        return x
+
+    g = soma.Graph.somatize(Fn(first).named("a") >> soma.native.Panic("kaboom").named("boom"))
+    for _ in range(3):
+        with pytest.raises(soma.PanicError, match="kaboom"):
+            list(g.map(range(3)))
+    # Each stream of the same graph ran its stages anew: its first stage took item 0 each time,
+    # on the threads the streams before gave back.
+    assert took.count(0) == 3
+    assert g.threads() <= 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -547,35 +707,6 @@ def test_figures_name_each_stage_and_count_its_items() -> None:
     assert figures.bottleneck in ("a", "b, c")
 
 
-def first_stage_after(*, slow_input: bool) -> soma.StageFigures:
-    """The first stage's figures after 30 items through two trivial stages, two in flight at
-    most, with the input or the consumer taking 3 ms an item."""
-
-    def inputs() -> Iterator[int]:
-        for i in range(30):
-            if slow_input:
-                time.sleep(0.003)
-            yield i
-
-    stream = chain(Add(0), Add(0)).map(inputs(), in_flight=2)
-    for _ in stream:
-        if not slow_input:
-            time.sleep(0.003)
-    figures = stream.figures()
-    assert figures is not None
-    return figures.stages[0]
-
-
-def test_a_stage_held_up_by_a_slow_consumer_counts_that_time_as_blocked() -> None:
-    first = first_stage_after(slow_input=False)
-    assert first.blocked > 2 * first.waiting
-
-
-def test_a_stage_held_up_by_a_slow_input_counts_that_time_as_waiting() -> None:
-    first = first_stage_after(slow_input=True)
-    assert first.waiting > 2 * first.blocked
-
-
 def test_a_trace_of_a_stream_has_a_span_per_node_per_item() -> None:
     trace = soma.Trace()
     g = chain(Add(1), Add(1), Add(1))
@@ -715,6 +846,198 @@ def test_a_stream_in_a_reference_cycle_with_its_inputs_is_collected() -> None:
     assert g.threads() <= 3
 
 
-def test_micro_batches_with_a_timeout_are_refused_for_now() -> None:
-    with pytest.raises(ValueError, match="timeout cannot be combined with micro_batches"):
-        chain(Add()).forward([1, 2], micro_batches=2, timeout=1.0)
+# ---------------------------------------------------------------------------------------------
+# Deadlines, and a stage that never returns
+
+STUCK_STAGE = textwrap.dedent(
+    """
+    import signal
+    import sys
+    import threading
+    import soma
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    never = threading.Event()
+    reached = threading.Event()
+    returned = threading.Event()
+    announce = True  # whether the stuck node prints "stuck"
+
+    class Stuck(soma.Node):
+        # Never returns for item 3 (or a slice holding 3).
+        def forward(self, x):
+            if x == 3 or (isinstance(x, list) and 3 in x):
+                reached.set()
+                if announce:
+                    print("stuck", flush=True)
+                never.wait()
+                returned.set()
+            return x
+
+    class Add(soma.Node):
+        def forward(self, x):
+            return x + 1 if isinstance(x, int) else x
+
+    g = soma.Graph.somatize(Add().named("a") >> Stuck().named("b") >> Add().named("c"))
+    """
+)
+
+
+def test_a_stream_past_its_timeout_raises_timeout_error_naming_the_stuck_node() -> None:
+    script = STUCK_STAGE + textwrap.dedent(
+        """
+        taken = []
+        try:
+            # A second is ample for items 0 to 2 to reach `b`; the deadline is what ends it.
+            for item in g.map(range(100), timeout=1.0):
+                taken.append(item)
+        except TimeoutError as error:
+            print("timed out after", taken, "|", str(error).splitlines()[0], flush=True)
+        # The stuck node keeps its thread; the same graph runs again at once, on others.
+        print("usable", g.forward(10), list(g.map([5, 6], timeout=30)), flush=True)
+        never.set()
+        print("the stuck node returned:", returned.wait(30), flush=True)
+        """
+    )
+    run = run_script(script)
+    assert run.returncode == 0, run.stderr
+    # Items 0 and 1 went through; item 2 reached `b` as 3.
+    assert "timed out after [2, 3]" in run.stdout, run.stdout
+    assert "within its timeout of 1 s; still running: `b`" in run.stdout, run.stdout
+    assert "usable 12 [7, 8]" in run.stdout, run.stdout
+    assert "the stuck node returned: True" in run.stdout, run.stdout
+
+
+def test_a_stuck_node_in_a_wave_is_named_with_its_wave() -> None:
+    script = STUCK_STAGE + textwrap.dedent(
+        """
+        g = soma.Graph.somatize(Add().named("a") >> (Stuck().named("b") | Add().named("c")))
+        try:
+            list(g.map(range(10), timeout=1.0))
+        except TimeoutError as error:
+            print(str(error).splitlines()[0], flush=True)
+        """
+    )
+    run = run_script(script)
+    assert run.returncode == 0, run.stderr
+    assert "still running: one or more of the wave `b`, `c`" in run.stdout, run.stdout
+
+
+def test_micro_batches_past_their_timeout_raise_timeout_error_and_the_graph_runs_again() -> None:
+    script = STUCK_STAGE + textwrap.dedent(
+        """
+        try:
+            g.forward([0, 1, 2, 3], micro_batches=2, timeout=1.0)
+        except TimeoutError as error:
+            print(str(error).splitlines()[0], flush=True)
+        print("usable", g.forward([0, 1], micro_batches=2, timeout=30), flush=True)
+        """
+    )
+    run = run_script(script)
+    assert run.returncode == 0, run.stderr
+    assert "within its timeout of 1 s; still running: `b`" in run.stdout, run.stdout
+    assert "usable [0, 1]" in run.stdout, run.stdout
+
+
+def test_a_deadline_passed_is_never_reported_as_success() -> None:
+    g = chain(Add(1), Add(1))
+    stream = g.map(range(10), timeout=0.05)
+    taken: list[int] = []
+
+    def take_slowly() -> None:
+        for result in stream:
+            taken.append(result)
+            time.sleep(0.1)  # past the deadline, with the other results ready and not taken
+
+    with pytest.raises(TimeoutError, match="every stage stopped at a node boundary"):
+        take_slowly()
+    # One result at most, taken before the deadline (none on a machine slower than 50 ms).
+    assert taken in ([], [2])
+    assert list(stream) == []
+    assert list(g.map(range(3), timeout=30)) == [2, 3, 4]
+
+
+def test_a_timeout_not_reached_changes_nothing() -> None:
+    g = chain(Add(1), Fn(lambda x: x * 10))
+    assert list(g.map(range(100), timeout=60)) == [(i + 1) * 10 for i in range(100)]
+    rows = chain(Fn(lambda xs: [x + 1 for x in xs]), Fn(lambda xs: [x * 10 for x in xs]))
+    assert rows.forward([1, 2, 3], micro_batches=2, timeout=60) == [20, 30, 40]
+
+
+@pytest.mark.parametrize("timeout", [-1.0, float("inf"), float("nan")])
+def test_a_timeout_that_is_not_a_finite_duration_is_refused(timeout: float) -> None:
+    with pytest.raises(ValueError, match="timeout must be a finite number of seconds"):
+        chain(Add()).map([1], timeout=timeout)
+
+
+def test_ctrl_c_still_stops_a_stream_with_a_timeout_while_its_node_never_returns() -> None:
+    script = STUCK_STAGE + textwrap.dedent(
+        """
+        try:
+            list(g.map(range(100), timeout=600))
+        except KeyboardInterrupt:
+            print("caught KeyboardInterrupt", flush=True)
+        print("usable", g.forward(10), flush=True)
+        """
+    )
+    child = interrupt_script(script, "stuck")
+    assert "caught KeyboardInterrupt" in child.stdout, (child.stdout, child.stderr)
+    assert "usable 12" in child.stdout, (child.stdout, child.stderr)
+    assert child.returncode == 0, child.stderr
+
+
+def test_ctrl_c_stops_close_while_it_waits_for_a_node_that_never_returns() -> None:
+    script = STUCK_STAGE + textwrap.dedent(
+        """
+        announce = False
+        stream = g.map(range(100))
+        next(stream)
+        assert reached.wait(30)
+        try:
+            print("closing", flush=True)
+            stream.close()  # waits for the node already running: until Ctrl-C
+        except KeyboardInterrupt:
+            print("caught KeyboardInterrupt", flush=True)
+        print("usable", g.forward(10), flush=True)
+        """
+    )
+    child = interrupt_script(script, "closing")
+    assert child.stdout == "caught KeyboardInterrupt\nusable 12\n", (child.stdout, child.stderr)
+    assert child.returncode == 0, child.stderr
+
+
+def test_a_script_that_ends_with_a_stream_stuck_in_a_node_still_exits() -> None:
+    script = STUCK_STAGE + textwrap.dedent(
+        """
+        left_open = g.map(range(100))
+        print(next(left_open), flush=True)
+        assert reached.wait(30)
+        sys.exit(3)
+        """
+    )
+    run = run_script(script)
+    assert run.returncode == 3, run.stderr
+    assert sorted(run.stdout.splitlines()) == ["2", "stuck"], run.stdout
+
+
+def test_dropping_a_stream_stuck_in_a_node_leaves_a_later_ctrl_c_to_the_program() -> None:
+    script = STUCK_STAGE + textwrap.dedent(
+        """
+        import time
+
+        announce = False
+        dropped = g.map(range(100))
+        next(dropped)
+        assert reached.wait(30)
+        del dropped
+        try:
+            print("dropped", flush=True)
+            while True:
+                time.sleep(0.01)
+        except KeyboardInterrupt:
+            print("caught KeyboardInterrupt", flush=True)
+        """
+    )
+    # Ctrl-C once the drop has returned: the program's own handler gets it.
+    child = interrupt_script(script, "dropped")
+    assert child.stdout == "caught KeyboardInterrupt\n", (child.stdout, child.stderr)
+    assert child.returncode == 0, child.stderr

@@ -2,8 +2,9 @@
 
     .venv/bin/python benches/python/stream.py [--quick] [--out PATH]
 
-Prints markdown tables (and writes them to PATH). Timings only, never assertions; the targets
-of the streams issue are stated beside each figure:
+Prints markdown tables (and writes them to PATH). Every timed run's result is checked, outside
+the timed region; the targets of the streams issue are stated beside each figure, never
+asserted:
 
 1. **Overlap.** A chain of 4 stages over 200 items, each stage 10 ms of work that releases the
    GIL (``time.sleep``): ``g.map`` against the pipeline bound ``(items + stages - 1) x 10 ms``
@@ -14,11 +15,20 @@ of the streams issue are stated beside each figure:
    of its own, in a process of its own with its cluster: ``stream_peers.py``) are beside them
    when installed.
 2. **Per-item cost.** Trivial Python nodes, 100,000 items through 3 nodes: ``g.map``'s cost per
-   item per node against what ``forward`` costs for one item (target: at most 2x).
+   item per node against a loop of ``forward``'s, per item per node too (target: at most 2x),
+   and ``g.map``'s with context carry switched off (an internal switch): what carrying each
+   item's context from stage to stage costs.
 3. **Memory.** A generator of 1,000,000 items through 3 trivial nodes, in a fresh process:
    resident memory after 10,000 items and at the end (target: within 5%), and the threads the
    process holds while streaming and after.
-4. **Peers, time and peak memory.** 400 items whose first stage makes a 1 MiB array, through 4
+4. **Stopping.** A chain of 3 stages whose middle one never returns for one item, ``g.map`` with
+   ``timeout=0.2``: how long after the deadline ``TimeoutError`` comes out (target: within
+   100 ms), over 10 streams. And where a stage's idle time goes (``stream.figures()``), 30 items
+   through 2 trivial stages, 2 in flight, with the consumer or the input taking 3 ms an item:
+   the first stage's ``blocked`` against its ``waiting`` (target: the one held up by what comes
+   after it, ``blocked``, above 2x ``waiting`` for a slow consumer; the reverse for a slow
+   input).
+5. **Peers, time and peak memory.** 400 items whose first stage makes a 1 MiB array, through 4
    stages, each runner in a fresh process (``stream_peers.py``): a loop of ``forward``,
    ``ThreadPoolExecutor.map``, ``dask.bag``, Ray Data and ``g.map``, with the resident memory of
    the process and the processes it started, before and at its highest.
@@ -37,6 +47,7 @@ import argparse
 import json
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -88,31 +99,37 @@ def chain(make: Callable[[], soma.Node], stages: int) -> soma.Graph:
     return soma.Graph.somatize(expr)
 
 
-def timed(fn: Callable[[], Any]) -> float:
+def timed(fn: Callable[[], Any], expected: Any) -> float:
+    """Seconds ``fn()`` took; what it returned is checked against ``expected`` after the clock
+    stopped."""
     started = time.perf_counter()
-    fn()
-    return time.perf_counter() - started
+    out = fn()
+    seconds = time.perf_counter() - started
+    if out != expected:
+        raise AssertionError(f"a timed run returned {str(out)[:200]}, not {str(expected)[:200]}")
+    return seconds
 
 
-def best(fn: Callable[[], Any], repeats: int) -> float:
-    return min(timed(fn) for _ in range(repeats))
+def best(fn: Callable[[], Any], repeats: int, expected: Any) -> float:
+    return min(timed(fn, expected) for _ in range(repeats))
 
 
 def overlap(make: Callable[[], soma.Node], items: int, repeats: int) -> dict[str, Any]:
     stages = 4
     g = chain(make, stages)
     node = make()
-    stage_s = best(lambda: [node.forward(i) for i in range(20)], repeats) / 20
+    stage_s = best(lambda: [node.forward(i) for i in range(20)], repeats, list(range(20))) / 20
     cores = os.cpu_count() or 1
     # The pipeline bound, and for CPU work also what the cores allow.
     bound = (items + stages - 1) * stage_s
     if not isinstance(node, Sleep):
         bound = max(bound, items * stages * stage_s / cores)
     inputs = list(range(items))
-    loop = best(lambda: [g.forward(x) for x in inputs], repeats)
+    # Every stage hands its input on: each runner's results are the inputs, in order.
+    loop = best(lambda: [g.forward(x) for x in inputs], repeats, inputs)
     with ThreadPoolExecutor(max_workers=stages) as pool:
-        threads = best(lambda: list(pool.map(g.forward, inputs)), repeats)
-    mapped = best(lambda: list(g.map(inputs)), repeats)
+        threads = best(lambda: list(pool.map(g.forward, inputs)), repeats, inputs)
+    mapped = best(lambda: list(g.map(inputs)), repeats, inputs)
     return {
         "stage_ms": stage_s * 1e3,
         "bound": bound,
@@ -175,19 +192,88 @@ def dask_bag(g: soma.Graph, inputs: list[int], repeats: int) -> float | None:
             bag = bag.map(stage)
         return list(bag.compute(scheduler="threads", num_workers=len(stages)))
 
-    return best(run, repeats)
+    return best(run, repeats, inputs)
 
 
 def per_item(items: int, repeats: int) -> dict[str, float]:
-    g = chain(Trivial, 3)
+    nodes = 3
+    g = chain(Trivial, nodes)
     inputs = range(items)
-    loop = best(lambda: [g.forward(x) for x in inputs], repeats)
-    mapped = best(lambda: sum(1 for _ in g.map(inputs)), repeats)
+    expected = [x + nodes for x in inputs]
+    loop = best(lambda: [g.forward(x) for x in inputs], repeats, expected)
+    mapped = best(lambda: list(g.map(inputs)), repeats, expected)
+    was = soma._soma._carry_context(False)
+    try:
+        uncarried = best(lambda: list(g.map(inputs)), repeats, expected)
+    finally:
+        soma._soma._carry_context(was)
+    # Like for like: both per item per node.
     return {
-        "forward_us_per_item": loop / items * 1e6,
-        "map_us_per_item": mapped / items * 1e6,
-        "map_us_per_item_per_node": mapped / items / 3 * 1e6,
+        "forward_us_per_item_per_node": loop / items / nodes * 1e6,
+        "map_us_per_item_per_node": mapped / items / nodes * 1e6,
+        "map_no_carry_us_per_item_per_node": uncarried / items / nodes * 1e6,
     }
+
+
+class Stuck(soma.Node):
+    """Never returns for item 3 until the benchmark lets it go."""
+
+    def __init__(self, release: threading.Event) -> None:
+        self.release = release
+
+    def forward(self, x: int) -> int:
+        if x == 3:
+            self.release.wait()
+        return x
+
+
+def past_deadline(streams: int, timeout: float = 0.2) -> dict[str, float]:
+    """Seconds from each stream's deadline to its ``TimeoutError``, with a stage stuck."""
+    release = threading.Event()
+    g = soma.Graph.somatize(
+        Trivial().named("a") >> Stuck(release).named("stuck") >> Trivial().named("c")
+    )
+    late: list[float] = []
+    for _ in range(streams):
+        started = time.perf_counter()
+        try:
+            list(g.map(range(10), timeout=timeout))
+        except TimeoutError as error:
+            late.append(time.perf_counter() - started - timeout)
+            if "still running: `stuck`" not in str(error):
+                raise AssertionError(f"the error does not name `stuck`: {error}") from None
+        else:
+            raise AssertionError("a stream with a stuck stage ended before its deadline")
+    release.set()
+    return {
+        "streams": streams,
+        "max_ms": max(late) * 1e3,
+        "median_ms": sorted(late)[streams // 2] * 1e3,
+    }
+
+
+def first_stage_idle(*, slow_input: bool) -> dict[str, float]:
+    """The first stage's idle time after 30 items through two trivial stages, two in flight at
+    most, with the input or the consumer taking 3 ms an item."""
+
+    def inputs() -> Any:
+        for i in range(30):
+            if slow_input:
+                time.sleep(0.003)
+            yield i
+
+    stream = chain(Trivial, 2).map(inputs(), in_flight=2)
+    out = []
+    for result in stream:
+        out.append(result)
+        if not slow_input:
+            time.sleep(0.003)
+    if out != [i + 2 for i in range(30)]:
+        raise AssertionError(f"the stream returned {out}")
+    figures = stream.figures()
+    assert figures is not None
+    first = figures.stages[0]
+    return {"blocked_ms": first.blocked * 1e3, "waiting_ms": first.waiting * 1e3}
 
 
 MEMORY_CHILD = """
@@ -209,10 +295,14 @@ class Trivial(soma.Node):
 g = soma.Graph.somatize(Trivial().named("a") >> Trivial().named("b") >> Trivial().named("c"))
 items = int(sys.argv[1])
 out = {"threads_before": os_threads()}
-for taken, _ in enumerate(g.map(x for x in range(items)), start=1):
+for taken, result in enumerate(g.map(x for x in range(items)), start=1):
+    if result != taken + 2:
+        raise AssertionError(f"item {taken - 1} came back as {result}")
     if taken == 10_000:
         out["rss_at_10k_kib"] = rss_kib()
         out["threads_streaming"] = os_threads()
+if taken != items:
+    raise AssertionError(f"{taken} of {items} items came back")
 out["rss_at_end_kib"] = rss_kib()
 out["threads_after"] = os_threads()
 out["graph_threads_after"] = g.threads()
@@ -241,6 +331,7 @@ def report(
     over_sleep: dict[str, Any],
     over_numpy: dict[str, Any],
     cost: dict[str, float],
+    stopping: dict[str, Any],
     mem: dict[str, Any],
     others: dict[str, dict[str, Any]],
     items: int,
@@ -266,14 +357,29 @@ def report(
         "cluster and its stages' actor pools (timed from its first item out, over the items "
         "after it: stream_peers.py); its stages are actors of a quarter CPU each.",
         "",
-        "| trivial nodes | forward, per item | g.map, per item | g.map, per item per node "
-        "| per node / forward |",
+        "| 3 trivial nodes, per item per node | loop of forward | g.map "
+        "| g.map / forward | g.map, context carry off |",
         "|---|---|---|---|---|",
-        f"| 3 nodes | {cost['forward_us_per_item']:.2f} us | {cost['map_us_per_item']:.2f} us "
+        f"| like for like: each time / items / 3 | {cost['forward_us_per_item_per_node']:.2f} us "
         f"| {cost['map_us_per_item_per_node']:.2f} us "
-        f"| {cost['map_us_per_item_per_node'] / cost['forward_us_per_item']:.2f} |",
+        f"| {cost['map_us_per_item_per_node'] / cost['forward_us_per_item_per_node']:.2f}x "
+        f"| {cost['map_no_carry_us_per_item_per_node']:.2f} us |",
         "",
-        "Target: per item per node at most 2x what forward costs for one item.",
+        "Target: g.map per item per node at most 2x a loop of forward's, per item per node too. "
+        "With carry off (an internal switch, not API) items run in whatever context their "
+        "stage's thread holds: the difference is what carrying each item's context costs.",
+        "",
+        "| stopping | figure | target |",
+        "|---|---|---|",
+        f"| TimeoutError after the deadline, a stage stuck ({stopping['deadline']['streams']} "
+        f"streams) | median {stopping['deadline']['median_ms']:.1f} ms, "
+        f"max {stopping['deadline']['max_ms']:.1f} ms | within 100 ms |",
+        f"| first stage, slow consumer: blocked / waiting "
+        f"| {stopping['slow_consumer']['blocked_ms']:.1f} / "
+        f"{stopping['slow_consumer']['waiting_ms']:.1f} ms | blocked > 2x waiting |",
+        f"| first stage, slow input: waiting / blocked "
+        f"| {stopping['slow_input']['waiting_ms']:.1f} / "
+        f"{stopping['slow_input']['blocked_ms']:.1f} ms | waiting > 2x blocked |",
         "",
     ]
     growth = mem["rss_at_end_kib"] / mem["rss_at_10k_kib"] - 1
@@ -324,6 +430,12 @@ def main() -> None:
     over_numpy = overlap(MatMul, items, repeats)
     log("streams: per-item cost")
     cost = per_item(20_000 if args.quick else 100_000, repeats)
+    log("streams: deadlines and idle time")
+    stopping = {
+        "deadline": past_deadline(3 if args.quick else 10),
+        "slow_consumer": first_stage_idle(slow_input=False),
+        "slow_input": first_stage_idle(slow_input=True),
+    }
     log("streams: memory")
     mem = memory(100_000 if args.quick else 1_000_000)
     # Ray last: its cluster's processes take a while to go, and nothing in this process is
@@ -333,7 +445,7 @@ def main() -> None:
     over_numpy["ray_data"] = peer("ray_data", "numpy", items, repeats)
     log("streams: peers, time and memory")
     others = peers(100 if args.quick else 400, repeats)
-    text = report(over_sleep, over_numpy, cost, mem, others, items)
+    text = report(over_sleep, over_numpy, cost, stopping, mem, others, items)
     print(text)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

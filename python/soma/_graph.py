@@ -267,8 +267,9 @@ class Graph:
 
         With ``micro_batches=k``, ``input`` is cut along its first axis into ``k`` slices,
         streamed through the graph with its stages overlapped (see :meth:`map`), and the
-        outputs joined back by type, or by ``join(outputs)`` (not with ``timeout``, yet); see
-        the guide's "Streams".
+        outputs joined back by type, or by ``join(outputs)``; see the guide's "Streams". Each
+        slice runs in a context copy of its own, as ``forward`` runs in one, and ``timeout``
+        bounds them all.
 
         Each branch of a wave runs start to finish on one thread, and the branches of a wave are
         launched together: the calling thread runs the first branch itself, and the graph lends
@@ -298,13 +299,15 @@ class Graph:
         not cut short by Ctrl-C beyond what Python's signal delivery does.
         """
         if micro_batches is not None:
-            if timeout is not None:
-                raise ValueError(
-                    "timeout cannot be combined with micro_batches yet\n"
-                    "hint: bound the time of the whole loop over the results of map() instead"
-                )
             return _stream.forward_in_micro_batches(
-                self, input, micro_batches, join, driver=driver, turn_limit=turn_limit, trace=trace
+                self,
+                input,
+                micro_batches,
+                join,
+                driver=driver,
+                turn_limit=turn_limit,
+                trace=trace,
+                timeout=timeout,
             )
         if self._hosts:  # Only then: a graph without hosts never reaches a transport, nor Ray.
             return _remote.forward(self, input, driver, turn_limit, trace, timeout)

@@ -187,7 +187,9 @@ def _reporter(progress: bool | Callable[[Progress], object], inputs: object) -> 
 
 # Streams not closed yet: closed when the interpreter exits, before it finalizes. After that, a
 # thread that asks for the GIL (a stage going back to its crew) is ended mid-stack by Python,
-# which aborts the process through Rust's frames.
+# which aborts the process through Rust's frames. Closed as a drop closes them: a node that
+# does not return within a second (one waiting for an event that will not come) is left on its
+# thread, rather than hold the exit forever.
 _OPEN: weakref.WeakSet[Stream] = weakref.WeakSet()
 
 
@@ -196,7 +198,7 @@ def _close_open_streams() -> None:
     for stream in list(_OPEN):
         # One being read by another thread right now refuses; nothing more can be done for it.
         with contextlib.suppress(RuntimeError):
-            stream.close()
+            stream._core.abandon()
 
 
 class Stream(Iterator[Any]):
@@ -204,7 +206,9 @@ class Stream(Iterator[Any]):
 
     Closing it — ``close()``, leaving a ``with`` block, ``break`` out of a ``for`` loop over it
     and dropping it, or the garbage collector — stops every stage before its next item and
-    gives their threads back; the graph stays usable.
+    gives their threads back; the graph stays usable. ``close()`` waits for a node already
+    running to return (Ctrl-C or the stream's ``timeout`` cuts the wait short); dropping the
+    stream waits a second at most, then leaves such a node to finish on its thread.
     """
 
     def __init__(
@@ -262,7 +266,8 @@ class Stream(Iterator[Any]):
 
     def close(self) -> None:
         """Stops the stream; returns once every stage has stopped (a node already running
-        finishes first). What was in flight is dropped."""
+        finishes first, unless Ctrl-C or the stream's ``timeout`` cuts the wait short: such a
+        node is left to finish on its thread). What was in flight is dropped."""
         self._core.close()
         self._end()
 
@@ -344,6 +349,7 @@ def stream_map(
     driver: Any = None,
     turn_limit: int = _soma.DEFAULT_TURN_LIMIT,
     trace: _soma.Trace | None = None,
+    timeout: float | None = None,
 ) -> Stream:
     """Streams ``inputs`` through the graph and returns an iterator of its results, in input
     order (``Graph.map``).
@@ -364,6 +370,18 @@ def stream_map(
     out and goes on (the records are kept in ``stream.failures``). ``progress=True`` draws a bar
     (tqdm when installed, else a line on stderr); a callable receives :class:`soma.Progress`
     events instead. ``driver``, ``turn_limit`` and ``trace`` are as in ``forward``.
+
+    Each item runs in a copy of the caller's context of its own (``contextvars``, and torch's
+    grad mode, inference mode and autocast when torch is loaded), copied when the item is read
+    and carried with it from stage to stage: a node sees what the nodes before it set for the
+    same item, as in ``forward``, and never what another item's nodes set; the caller sees
+    none of it.
+
+    ``timeout``, in seconds, bounds the whole stream, from this call to its last result (not
+    each item): once it passes, every stage stops at its next node boundary and the next
+    result asked for raises :class:`TimeoutError` naming the nodes still running, even while a
+    node never returns; such a node is left to finish on its thread, its item dropped, and the
+    graph can run again at once. Results not taken by the deadline are not handed back.
     """
     _refuse_hosts(graph)
     if on_error not in ("raise", "skip", "collect"):
@@ -385,6 +403,7 @@ def stream_map(
         driver,
         turn_limit,
         trace,
+        timeout,
     )
     return Stream(core, ordered=ordered, on_error=on_error, progress=reporter)
 
@@ -471,6 +490,7 @@ def forward_in_micro_batches(
     driver: Any,
     turn_limit: int,
     trace: _soma.Trace | None,
+    timeout: float | None,
 ) -> Any:
     """See :meth:`soma.Graph.forward`."""
     _refuse_hosts(graph)
@@ -483,6 +503,7 @@ def forward_in_micro_batches(
             driver=driver,
             turn_limit=turn_limit,
             trace=trace,
+            timeout=timeout,
         )
     )
     return (join_with or join)(outputs)

@@ -256,3 +256,27 @@ def test_torch_imported_after_a_forward_is_carried_from_the_next_forward_on() ->
         [sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=False
     )
     assert done.stdout.strip() == "ok", done.stderr
+
+
+def test_in_a_stream_each_item_carries_its_torch_state_from_stage_to_stage() -> None:
+    class SwitchOff(soma.Node):
+        def forward(self, x: int) -> list[Any]:
+            seen = torch.is_grad_enabled()
+            torch.set_grad_enabled(False)
+            return [x, seen]
+
+    class Read(soma.Node):
+        def forward(self, pair: list[Any]) -> list[Any]:
+            return [*pair, torch.is_grad_enabled(), torch.is_autocast_enabled("cpu")]
+
+    g = soma.Graph.somatize(SwitchOff().named("off") >> Read().named("read"))
+    # `off` sees the caller's state for every item, whatever the item before left on its thread;
+    # `read`, on a thread of its own, sees what `off` left for the same item, as in forward.
+    assert list(g.map(range(4))) == [[i, True, False, False] for i in range(4)]
+    assert g.forward(0) == [0, True, False, False]
+    assert torch.is_grad_enabled(), "the caller's grad mode is its own"
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert list(g.map(range(2))) == [[i, True, False, True] for i in range(2)]
+    with torch.no_grad():
+        slices = g.forward([0, 1], micro_batches=2, join=list)
+    assert slices == [[[0], False, False, False], [[1], False, False, False]]

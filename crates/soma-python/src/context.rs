@@ -20,12 +20,19 @@
 //! The same per-wave capture and per-branch entry carry a forward's device queues (CUDA's
 //! streams), when it has some (`device_queues.rs`): each branch runs on queues of its own,
 //! forked from and joined back into those the wave was reached on.
+//!
+//! A stream (`g.map`) runs each stage of an item on a thread of that stage, so a forward's way —
+//! one thread from node to node — does not carry what a node sets to the item's next node. Each
+//! item gets a copy of the caller's context as it is read instead ([`Captured::for_item`]), and
+//! every stage runs the item in it ([`Item`]): the copy, with the item's torch state, travels
+//! with the item from stage to stage as a forward's context goes from node to node. Without torch
+//! that is a context copy per item, and one entered and left per item per stage.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use pyo3::ffi;
 use pyo3::prelude::*;
-use soma_core::Captured;
+use soma_core::{Captured, ItemContext};
 
 use crate::device_queues;
 use crate::torch_state;
@@ -84,16 +91,40 @@ pub fn isolated(run: &mut dyn FnMut()) {
     });
 }
 
+/// One stream item's own context: a copy of the caller's, and torch's state as the item's nodes
+/// left it, entered around each stage of the item on that stage's thread.
+struct Item {
+    /// Entered by one thread at a time: an item is in one stage at a time.
+    context: Py<PyAny>,
+    /// torch's state for the item's next stage: the caller's at first, then what the item's
+    /// nodes left set. `None` without torch.
+    torch: Option<torch_state::Carried>,
+}
+
+impl ItemContext for Item {
+    fn enter(&mut self, run: &mut dyn FnMut()) {
+        Python::attach(|py| {
+            let context = self.context.bind(py);
+            match &mut self.torch {
+                Some(torch) => run_in(py, context, None, &mut || torch.carry(py, run)),
+                None => run_in(py, context, None, run),
+            }
+        });
+    }
+}
+
 impl Captured for Caller {
+    fn for_item(&self) -> Option<Box<dyn ItemContext>> {
+        Python::attach(|py| {
+            let context = copy_of(py, &self.context)?.unbind();
+            let torch = self.torch.as_ref().map(|torch| torch.clone_ref(py));
+            Some(Box::new(Item { context, torch }) as Box<dyn ItemContext>)
+        })
+    }
+
     fn enter(&self, run: &mut dyn FnMut()) {
         Python::attach(|py| {
-            // SAFETY: the GIL is held and `self.context` is a `contextvars.Context`;
-            // `PyContext_Copy` returns a new reference, or null with an exception set.
-            #[allow(unsafe_code)]
-            let copy = unsafe {
-                Bound::from_owned_ptr_or_err(py, ffi::PyContext_Copy(self.context.as_ptr()))
-            };
-            let copy = copy.map_err(|error| error.write_unraisable(py, None)).ok();
+            let copy = copy_of(py, &self.context);
             let in_context = |run: &mut dyn FnMut()| match &copy {
                 Some(copy) => run_in(py, copy, self.torch.as_ref(), run),
                 None => run(),
@@ -104,6 +135,16 @@ impl Captured for Caller {
             }
         });
     }
+}
+
+/// A copy of `context`, a `contextvars.Context`; `None`, the error reported, if none could be
+/// made (out of memory), as for [`copy_current`].
+fn copy_of<'py>(py: Python<'py>, context: &Py<PyAny>) -> Option<Bound<'py, PyAny>> {
+    // SAFETY: the GIL is held and `context` is a `contextvars.Context`; `PyContext_Copy`
+    // returns a new reference, or null with an exception set.
+    #[allow(unsafe_code)]
+    let copy = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyContext_Copy(context.as_ptr())) };
+    copy.map_err(|error| error.write_unraisable(py, None)).ok()
 }
 
 /// A copy of the calling thread's context; `None`, the error reported, if none could be made

@@ -4,18 +4,21 @@
 //! thread that asks for the next result, with the GIL that thread holds already, so a generator
 //! is never touched by two threads. The wait for a result gives the GIL back and polls for
 //! signals ([`SignalWatch`]), so Ctrl-C while iterating raises `KeyboardInterrupt` within a few
-//! milliseconds. `python/soma/_stream.py` turns what `__next__` answers into results, `Failed`
-//! records or raised exceptions, as the user's `on_error` asks.
+//! milliseconds; a `timeout` is a deadline for the whole stream, read by the same watch, and
+//! comes out as a `TimeoutError` naming what was still running. `python/soma/_stream.py` turns
+//! what `__next__` answers into results, `Failed` records or raised exceptions, as the user's
+//! `on_error` asks.
 
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, PoisonError, TryLockError};
+use std::time::Duration;
 
-use pyo3::exceptions::{PyException, PyRuntimeError};
+use pyo3::exceptions::{PyException, PyRuntimeError, PyTimeoutError, PyValueError};
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyIterator, PyList, PyTuple};
 use pyo3::PyTraverseError;
-use soma_core::{NodeId, OnError, Stream, StreamError, StreamSettings, Value};
+use soma_core::{NodeId, OnError, RunError, Stream, StreamError, StreamSettings, Value};
 
 use crate::convert::{to_python, wrap};
 use crate::device_queues::Scope;
@@ -52,6 +55,8 @@ struct Running {
     stream: Stream<PyInputs>,
     watch: Arc<SignalWatch>,
     raised: Arc<Mutex<Option<PyErr>>>,
+    /// The stream's time limit, for its error.
+    timeout: Option<Duration>,
 }
 
 #[pyclass(frozen, module = "soma._soma", name = "StreamCore")]
@@ -68,7 +73,7 @@ fn busy() -> PyErr {
 #[pymethods]
 impl StreamCore {
     #[new]
-    #[pyo3(signature = (graph, inputs, in_flight, ordered, stop_on_error, concurrency, driver=None, turn_limit=soma_core::DEFAULT_TURN_LIMIT, trace=None))]
+    #[pyo3(signature = (graph, inputs, in_flight, ordered, stop_on_error, concurrency, driver=None, turn_limit=soma_core::DEFAULT_TURN_LIMIT, trace=None, timeout=None))]
     #[allow(clippy::too_many_arguments)] // Python's keywords, passed on as they are.
     #[allow(clippy::fn_params_excessive_bools)]
     fn new(
@@ -82,10 +87,12 @@ impl StreamCore {
         driver: Option<&Bound<'_, PyAny>>,
         turn_limit: u32,
         trace: Option<&Bound<'_, PyTrace>>,
+        timeout: Option<f64>,
     ) -> PyResult<Self> {
+        let timeout = timeout.map(time_limit).transpose()?;
         let program = graph.get().program(py)?;
         let iterator = inputs.try_iter()?.unbind();
-        let watch = Arc::new(SignalWatch::new(None, None));
+        let watch = Arc::new(SignalWatch::new(timeout, None));
         let mut settings = StreamSettings::default()
             .with_in_flight(in_flight)
             .with_on_error(if stop_on_error {
@@ -122,6 +129,7 @@ impl StreamCore {
                 stream,
                 watch,
                 raised,
+                timeout,
             })),
         })
     }
@@ -194,6 +202,9 @@ impl StreamCore {
                     ],
                 )?))
             }
+            Ok(Some(Err(StreamError::Stopped(error)))) if running.watch.timed_out() => {
+                Err(timed_out(&error, &running.stream, running.timeout))
+            }
             Ok(Some(Err(StreamError::Stopped(error)))) => {
                 Err(run_error(py, &error, running.watch.take_raised()))
             }
@@ -220,6 +231,19 @@ impl StreamCore {
             Err(TryLockError::WouldBlock) => None,
         };
         drop(taken);
+    }
+
+    /// Stops the stream as dropping it does: waits a second at most for a node still running,
+    /// then leaves it to finish on its thread, and never looks for signals (for the exit of the
+    /// interpreter, which a stuck node must not hold, nor a Ctrl-C meant for it be taken).
+    fn abandon(&self) -> PyResult<()> {
+        let taken = match self.running.try_lock() {
+            Ok(mut running) => running.take(),
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner().take(),
+            Err(TryLockError::WouldBlock) => return Err(busy()),
+        };
+        drop(taken);
+        Ok(())
     }
 
     /// Stops the stream and gives its threads back; what was in flight is dropped.
@@ -272,4 +296,46 @@ impl StreamCore {
         dict.set_item("stages", stages)?;
         Ok(Some(dict))
     }
+}
+
+/// A `timeout` in seconds as a duration: finite and not negative.
+fn time_limit(seconds: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(seconds).map_err(|_| {
+        PyValueError::new_err(format!(
+            "timeout must be a finite number of seconds, 0 or more, not {seconds}"
+        ))
+    })
+}
+
+/// The `TimeoutError` of a stream whose time ran out, naming what was still running: each
+/// stage left running, one node, or a wave of which one or more nodes were.
+fn timed_out<I: Iterator<Item = Value>>(
+    error: &RunError,
+    stream: &Stream<I>,
+    timeout: Option<Duration>,
+) -> PyErr {
+    let limit = timeout.map_or(0.0, |t| t.as_secs_f64());
+    let named = |nodes: &[NodeId]| -> String {
+        let names: Vec<String> = nodes.iter().map(|id| format!("`{id}`")).collect();
+        match names.as_slice() {
+            [one] => one.clone(),
+            several => format!("one or more of the wave {}", several.join(", ")),
+        }
+    };
+    let still = match error {
+        RunError::Abandoned { .. } | RunError::Interrupted if !stream.left_running().is_empty() => {
+            let stages: Vec<String> = stream.left_running().iter().map(|s| named(s)).collect();
+            format!(
+                "; still running: {} (left to finish in the background, their items dropped)",
+                stages.join("; ")
+            )
+        }
+        RunError::Abandoned { .. } | RunError::Interrupted => {
+            "; every stage stopped at a node boundary".to_owned()
+        }
+        other => format!("; the stream had failed too: {other}"),
+    };
+    PyTimeoutError::new_err(format!(
+        "the stream did not finish within its timeout of {limit} s{still}\nhint: the graph can run again at once; a node that waits for something that may not come should wait with a timeout of its own"
+    ))
 }

@@ -1,5 +1,6 @@
 //! torch's per-thread state — grad mode, inference mode, autocast — carried from the thread that
-//! reached a wave into each of its branches, and put back on the branch's thread when it ends.
+//! reached a wave into each of its branches, and put back on the branch's thread when it ends;
+//! and carried by each item of a stream from one stage's thread to the next ([`Carried::carry`]).
 //!
 //! torch is never imported here: it is carried only when `sys.modules` already holds it. The
 //! usual state — inference mode off, autocast off everywhere, grad mode on or off — is read and
@@ -120,6 +121,28 @@ pub fn kept(py: Python<'_>, run: &mut dyn FnMut()) {
 }
 
 impl Carried {
+    /// The same state, for a stream item of its own.
+    pub fn clone_ref(&self, py: Python<'_>) -> Carried {
+        match self {
+            Carried::Usual { grad } => Carried::Usual { grad: *grad },
+            Carried::Other(enter) => Carried::Other(enter.clone_ref(py)),
+        }
+    }
+
+    /// Runs `run` with this state set on this thread, then keeps what `run`'s nodes left set in
+    /// its place and puts the thread's own back: how a stream item carries torch's state from
+    /// one stage's thread to the next, as a forward's nodes share their one thread's.
+    pub fn carry(&mut self, py: Python<'_>, run: &mut dyn FnMut()) {
+        let mut left = None;
+        self.run_in(py, &mut || {
+            run();
+            left = capture(py);
+        });
+        if let Some(left) = left {
+            *self = left;
+        }
+    }
+
     /// torch's functions, which read every usual state ever captured.
     fn functions(py: Python<'_>) -> &'static Functions {
         FUNCTIONS

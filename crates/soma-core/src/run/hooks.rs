@@ -1,6 +1,7 @@
 //! The hooks an embedder gives the executor: a [`Watch`] that says when to stop, and a
 //! [`Host`] that wraps each branch and each wait (an interpreter lock, say) and carries the
-//! context a wave was reached in into each of its branches ([`Captured`]).
+//! context a wave was reached in into each of its branches ([`Captured`]), and a stream's
+//! context into each of its items, from stage to stage ([`ItemContext`]).
 
 /// Asked at every node boundary whether the run should stop — how a host turns Ctrl-C or a
 /// deadline into [`crate::RunError::Interrupted`].
@@ -58,4 +59,24 @@ pub trait Captured: Send + Sync {
     /// host's hold on the thread. `run` never unwinds (the executor catches a branch's panic
     /// inside it).
     fn enter(&self, run: &mut dyn FnMut());
+
+    /// A copy of the captured context for one item of a [`crate::Stream`], of its own, to
+    /// travel with the item through the stream's stages as a run's context goes from node to
+    /// node: what a stage's nodes set in it is seen by the item's later stages, and by no other
+    /// item. Made on the stream's calling thread as the item is read, inside the host's hold on
+    /// that thread. `None`, the default, when the host carries nothing per item.
+    fn for_item(&self) -> Option<Box<dyn ItemContext>> {
+        None
+    }
+}
+
+/// One stream item's own context ([`Captured::for_item`]), entered around each stage the item
+/// goes through, on that stage's thread, inside the stage's [`Captured::enter`].
+///
+/// An item is in one stage at a time, so its context is entered by one thread at a time.
+pub trait ItemContext: Send {
+    /// Runs one stage of the item in this context, keeps what the stage's nodes changed there
+    /// for the item's next stage, and puts back what the thread had before. `run` never unwinds
+    /// (the stream catches a stage's panic inside it).
+    fn enter(&mut self, run: &mut dyn FnMut());
 }

@@ -41,10 +41,22 @@
 //! in the output. With [`OnError::Stop`] stages run no item after it and the stream ends once its
 //! error has been handed back; with [`OnError::Continue`] the others go on.
 //!
+//! # Context
+//! A run's nodes see what the nodes before them set in the host's context (a `contextvars`
+//! variable, say): they run on one thread, or in a wave whose branches each get a copy. A
+//! stream's stages run on threads of their own, so the context travels with the item instead:
+//! each item gets a copy of the caller's context as it is read ([`Captured::for_item`]), and
+//! every stage runs the item inside that copy ([`ItemContext::enter`]). What a stage's nodes set
+//! there, the item's later stages see; no other item sees it, and neither does the caller.
+//!
 //! # Closing
-//! Dropping a stream, or [`Stream::close`], tells every stage to stop before its next item, waits
-//! until their threads are back with the crew, then drops what was still in flight on the
-//! caller's thread. A stream that ends closes itself.
+//! [`Stream::close`] tells every stage to stop before its next item, waits until their threads
+//! are back with the crew, then drops what was still in flight on the caller's thread. A node
+//! already running finishes first, unless the watch says stop (Ctrl-C, a deadline): then closing
+//! waits [`STOP_GRACE`] more at most and leaves a node that has not returned to finish on its
+//! thread ([`Stream::left_running`] names it). Dropping a stream closes it too, but waits
+//! [`DROP_GRACE`] at most for such a node and never polls the watch: a drop cannot be interrupted, and a signal
+//! it took would be lost. A stream that ends closes itself.
 //!
 //! # Threads, and who touches what
 //! A stage of *n* workers holds *n* crew threads ([`crate::run::crew`]'s `lend`): a stream of
@@ -74,14 +86,13 @@ use std::any::Any;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::detach::GRACE;
 use super::error::RunError;
 use super::executor::Executor;
-use super::hooks::Captured;
+use super::hooks::{Captured, ItemContext, Watch};
 use super::lane::Lane;
 use super::table::Frame;
 use crate::model::id::NodeId;
@@ -94,6 +105,15 @@ pub const DEFAULT_IN_FLIGHT: usize = 64;
 
 /// How often a caller waiting for the next result asks the [`Watch`] whether to stop.
 const WATCH_INTERVAL: Duration = Duration::from_millis(5);
+
+/// Once the watch has asked the stream to stop (Ctrl-C, a deadline), how long closing lets the
+/// stages reach a node boundary before it stops waiting for those that have not: short, so
+/// that a deadline's error comes out within a tenth of a second of it.
+const STOP_GRACE: Duration = Duration::from_millis(50);
+
+/// How long dropping a stream waits for a node still running before it leaves the node to
+/// finish on its thread: a drop cannot be interrupted, and has nobody to hand a signal to.
+const DROP_GRACE: Duration = Duration::from_secs(1);
 
 /// What a stream does after an item fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -256,6 +276,10 @@ struct Item {
     failed: Option<RunError>,
     /// What the last stage made of it.
     result: Option<Value>,
+    /// Its own context, copied from the caller's when it was read, entered around each stage
+    /// it goes through: what a stage's nodes set there, its next stages see, and no other item
+    /// does. `None` when the host carries no context.
+    context: Option<Box<dyn ItemContext>>,
 }
 
 /// Items waiting for one stage, keyed by index. Boxed: a map's node shifts its entries as the
@@ -375,12 +399,64 @@ struct Shared {
     stop_after: AtomicU64,
     /// Whether the caller is reading an input now: a stage idle meanwhile waits for input.
     reading: AtomicBool,
+    /// Per stage, how many of its workers are running an item now: what a stream that stopped
+    /// waiting for them names.
+    busy: Box<[AtomicUsize]>,
 }
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         // Nothing that can panic runs under the lock; a poisoned state is still whole.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits until every worker has returned; with a watch, polls it, and once it says stop
+    /// waits [`STOP_GRACE`] more at most.
+    fn wait_for_workers(&self, watch: Option<&dyn Watch>) {
+        let mut stopping_since: Option<Instant> = None;
+        let mut state = self.lock();
+        while state.alive > 0 {
+            let Some(watch) = watch else {
+                state = self
+                    .out_ready
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner);
+                continue;
+            };
+            state = self
+                .out_ready
+                .wait_timeout(state, WATCH_INTERVAL)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+            if state.alive == 0 {
+                break;
+            }
+            drop(state);
+            // Out of the lock: a watch may take the host's lock to look for signals.
+            watch.poll();
+            if watch.interrupted()
+                && stopping_since.get_or_insert_with(Instant::now).elapsed() >= STOP_GRACE
+            {
+                return;
+            }
+            state = self.lock();
+        }
+    }
+
+    /// Waits until every worker has returned, or until `until`.
+    fn wait_for_workers_until(&self, until: Instant) {
+        let mut state = self.lock();
+        while state.alive > 0 {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            state = self
+                .out_ready
+                .wait_timeout(state, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
     }
 
     /// Tells every worker to stop, and the caller to look.
@@ -442,6 +518,22 @@ pub struct Stream<I: Iterator<Item = Value>> {
     succeeded: u64,
     failed: u64,
     waiting: Duration,
+    /// The caller's context, as the host captured it when the stream started: each item gets a
+    /// copy of its own as it is read ([`Captured::for_item`]).
+    captured: Option<Arc<dyn Captured>>,
+    /// The nodes of each stage still running an item when closing stopped waiting for them.
+    left_running: Vec<Vec<NodeId>>,
+}
+
+/// How long closing waits for the stages to stop.
+#[derive(Clone, Copy)]
+enum Wait {
+    /// Until every stage has stopped, polling the watch; once it says stop, [`STOP_GRACE`] more
+    /// at most.
+    ForStages,
+    /// [`DROP_GRACE`] at most, without polling the watch: a watch's poll may take a signal
+    /// meant for the caller (Ctrl-C), and a drop could not hand it on.
+    Briefly,
 }
 
 /// What the caller found when it looked at the shared state.
@@ -500,6 +592,7 @@ impl<I: Iterator<Item = Value>> Stream<I> {
             closed: AtomicBool::new(false),
             stop_after: AtomicU64::new(u64::MAX),
             reading: AtomicBool::new(false),
+            busy: (0..inboxes.len()).map(|_| AtomicUsize::new(0)).collect(),
             state: Mutex::new(State {
                 inboxes,
                 outbox: BTreeMap::new(),
@@ -546,6 +639,8 @@ impl<I: Iterator<Item = Value>> Stream<I> {
             succeeded: 0,
             failed: 0,
             waiting: Duration::ZERO,
+            captured,
+            left_running: Vec::new(),
         }
     }
 
@@ -572,11 +667,23 @@ impl<I: Iterator<Item = Value>> Stream<I> {
     /// threads are back with the crew (a node already running finishes first). What was in
     /// flight is dropped here. Closing twice does nothing.
     ///
-    /// Once the watch says stop (Ctrl-C, say), this waits a tenth of a second at most, as a
-    /// detachable run does: a node that does
-    /// not return by then (one waiting for an event that will not come) is left to finish on
-    /// its thread, which then goes back to the crew; its item is dropped.
+    /// Once the watch says stop (Ctrl-C, a deadline), this waits 50 ms more at most: a
+    /// node that does not return by then (one waiting for an event that will not come) is left
+    /// to finish on its thread, which then goes back to the crew; its item is dropped, and
+    /// [`Stream::left_running`] names it.
     pub fn close(&mut self) {
+        self.stop(Wait::ForStages);
+    }
+
+    /// The nodes of each stage that was still running an item when closing stopped waiting
+    /// for it (the watch said stop, or the stream was dropped), in plan order; empty when every
+    /// stage had stopped. A stage of several nodes (a wave) is named whole: one or more of its
+    /// nodes were running.
+    pub fn left_running(&self) -> &[Vec<NodeId>] {
+        &self.left_running
+    }
+
+    fn stop(&mut self, wait: Wait) {
         if self.finished {
             return;
         }
@@ -588,41 +695,22 @@ impl<I: Iterator<Item = Value>> Stream<I> {
         drop(state);
         let executor = &self.settings.executor;
         let watch = self.settings.executor.watch.as_deref();
-        executor.blocking(&mut || {
-            let mut stopping_since: Option<Instant> = None;
-            let mut state = shared.lock();
-            while state.alive > 0 {
-                let Some(watch) = watch else {
-                    state = shared
-                        .out_ready
-                        .wait(state)
-                        .unwrap_or_else(PoisonError::into_inner);
-                    continue;
-                };
-                state = shared
-                    .out_ready
-                    .wait_timeout(state, WATCH_INTERVAL)
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .0;
-                if state.alive == 0 {
-                    break;
-                }
-                drop(state);
-                // Out of the lock: a watch may take the host's lock to look for signals.
-                watch.poll();
-                if watch.interrupted()
-                    && stopping_since.get_or_insert_with(Instant::now).elapsed() >= GRACE
-                {
-                    return;
-                }
-                state = shared.lock();
-            }
+        executor.blocking(&mut || match wait {
+            Wait::ForStages => shared.wait_for_workers(watch),
+            Wait::Briefly => shared.wait_for_workers_until(Instant::now() + DROP_GRACE),
         });
         // Dropped out of the lock, on this thread: a value's drop may need the host. A worker
         // left running finds the stream closed and drops its item itself.
         let mut state = shared.lock();
         let inboxes = std::mem::take(&mut state.inboxes);
         let outbox = std::mem::take(&mut state.outbox);
+        self.left_running = shared
+            .busy
+            .iter()
+            .zip(&state.figures)
+            .filter(|(busy, _)| busy.load(Ordering::Relaxed) > 0)
+            .map(|(_, stage)| stage.nodes.clone())
+            .collect();
         drop(state);
         drop((inboxes, outbox, std::mem::take(&mut self.ready)));
     }
@@ -647,6 +735,10 @@ impl<I: Iterator<Item = Value>> Stream<I> {
                 table: vec![None; self.program.len()].into(),
                 failed: None,
                 result: None,
+                context: self
+                    .captured
+                    .as_ref()
+                    .and_then(|captured| captured.for_item()),
             });
             self.read += 1;
             self.in_flight += 1;
@@ -773,7 +865,13 @@ impl<I: Iterator<Item = Value>> Iterator for Stream<I> {
                 }
                 Found::Interrupted => {
                     self.close();
-                    return Some(Err(StreamError::Stopped(RunError::Interrupted)));
+                    let running: Vec<NodeId> =
+                        self.left_running.iter().flatten().cloned().collect();
+                    return Some(Err(StreamError::Stopped(if running.is_empty() {
+                        RunError::Interrupted
+                    } else {
+                        RunError::Abandoned { running }
+                    })));
                 }
                 Found::End => {
                     self.close();
@@ -813,8 +911,10 @@ impl<I: Iterator<Item = Value>> Iterator for Stream<I> {
 }
 
 impl<I: Iterator<Item = Value>> Drop for Stream<I> {
+    /// Closes the stream, waiting a second at most for a node still running, and never polling
+    /// the watch (see the module docs).
     fn drop(&mut self) {
-        self.close();
+        self.stop(Wait::Briefly);
     }
 }
 
@@ -882,9 +982,10 @@ impl Worker {
                     continue;
                 }
                 if item.failed.is_none() {
-                    let ran = panic::catch_unwind(AssertUnwindSafe(|| {
-                        self.run_item(executor, op, drops, last, &mut item);
-                    }));
+                    let busy = &self.shared.busy[self.stage];
+                    busy.fetch_add(1, Ordering::Relaxed);
+                    let ran = self.run_in_context(&mut item, executor, op, drops, last);
+                    busy.fetch_sub(1, Ordering::Relaxed);
                     if let Err(payload) = ran {
                         self.panicked(payload);
                         drop((item, std::mem::take(&mut batch)));
@@ -913,6 +1014,31 @@ impl Worker {
         self.shared.close(&mut state);
         drop(state);
         drop(later);
+    }
+
+    /// Runs this stage on `item` inside the item's own context, if it has one; a node's panic
+    /// is caught inside the context, and handed back.
+    fn run_in_context(
+        &self,
+        item: &mut Item,
+        executor: &Executor,
+        op: &Op,
+        drops: &[usize],
+        last: bool,
+    ) -> Result<(), Box<dyn Any + Send>> {
+        let mut context = item.context.take();
+        let mut ran = Ok(());
+        let mut run = || {
+            ran = panic::catch_unwind(AssertUnwindSafe(|| {
+                self.run_item(executor, op, drops, last, item);
+            }));
+        };
+        match &mut context {
+            Some(context) => context.enter(&mut run),
+            None => run(),
+        }
+        item.context = context;
+        ran
     }
 
     fn run_item(&self, executor: &Executor, op: &Op, drops: &[usize], last: bool, item: &mut Item) {
@@ -1055,5 +1181,85 @@ impl Idle {
         let held_until = read_at.map_or(to, |read_at| read_at.clamp(from, to));
         self.blocked += held_until - from;
         self.waiting += to - held_until;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! How a worker's sleep is split between waiting and blocked, on made-up instants: the rule
+    //! itself, which the figures of a real stream follow (`benches/python/stream.py` shows them
+    //! on a slow consumer and a slow input; timing has no place in a test).
+
+    use std::time::{Duration, Instant};
+
+    use super::{Idle, Sleep};
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn a_sleep_begun_with_an_item_still_to_come_is_all_waiting() {
+        let from = Instant::now();
+        let mut idle = Idle::default();
+        let sleep = Sleep {
+            from,
+            to: from + ms(30),
+            blocked: false,
+        };
+        idle.add(sleep, Some(from + ms(10)));
+        assert_eq!((idle.waiting, idle.blocked), (ms(30), ms(0)));
+    }
+
+    #[test]
+    fn a_sleep_begun_held_up_is_blocked_until_the_next_input_is_read_and_waiting_after() {
+        let from = Instant::now();
+        let mut idle = Idle::default();
+        let sleep = Sleep {
+            from,
+            to: from + ms(30),
+            blocked: true,
+        };
+        idle.add(sleep, Some(from + ms(20)));
+        assert_eq!((idle.waiting, idle.blocked), (ms(10), ms(20)));
+    }
+
+    #[test]
+    fn a_sleep_begun_held_up_and_ended_without_an_item_is_all_blocked() {
+        let from = Instant::now();
+        let mut idle = Idle::default();
+        let sleep = Sleep {
+            from,
+            to: from + ms(30),
+            blocked: true,
+        };
+        idle.add(sleep, None);
+        assert_eq!((idle.waiting, idle.blocked), (ms(0), ms(30)));
+    }
+
+    #[test]
+    fn an_input_read_outside_the_sleep_is_taken_as_its_nearest_end() {
+        let before = Instant::now();
+        let from = before + ms(50);
+        let after = from + ms(80);
+        let mut idle = Idle::default();
+        idle.add(
+            Sleep {
+                from,
+                to: from + ms(30),
+                blocked: true,
+            },
+            Some(before),
+        );
+        assert_eq!((idle.waiting, idle.blocked), (ms(30), ms(0)));
+        idle.add(
+            Sleep {
+                from,
+                to: from + ms(30),
+                blocked: true,
+            },
+            Some(after),
+        );
+        assert_eq!((idle.waiting, idle.blocked), (ms(30), ms(30)));
     }
 }

@@ -10,12 +10,12 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 use soma_core::{
-    compile, node_arc, Catalog, Executor, Expr, Node, NodeError, OnError, Program, Stream,
-    StreamError, StreamSettings, Value, Watch,
+    compile, node_arc, Captured, Catalog, Executor, Expr, Host, ItemContext, Node, NodeError,
+    NodeId, OnError, Program, Stream, StreamError, StreamSettings, Value, Watch,
 };
 
 use crate::random_graphs::random_dag;
-use crate::support::{catalog_of, n, plain, Gate, Rendezvous, Trace};
+use crate::support::{catalog_of, n, plain, Gate, Rendezvous, Trace, DEADLINE};
 
 fn int(value: &Value) -> i64 {
     value.as_int().expect("an int")
@@ -451,13 +451,18 @@ fn once_the_watch_says_stop_a_node_that_does_not_return_is_left_behind() {
         Ok(x)
     }));
     let settings = StreamSettings::default().with_executor(Executor::new().with_watch(flag));
-    let out: Vec<_> = Stream::start(Arc::clone(&program), ints(0..10), settings).collect();
-    assert!(matches!(
-        out.last(),
-        Some(Err(StreamError::Stopped(soma_core::RunError::Interrupted)))
-    ));
-    // The stream ended while its node was still waiting: it did not wait for the node.
+    let mut stream = Stream::start(Arc::clone(&program), ints(0..10), settings);
+    let out: Vec<_> = stream.by_ref().collect();
+    // The stream ended while its node was still waiting: it did not wait for the node, and
+    // names it.
     assert!(!returned.load(Ordering::SeqCst));
+    match out.last() {
+        Some(Err(StreamError::Stopped(soma_core::RunError::Abandoned { running }))) => {
+            assert_eq!(running, &[NodeId::from("a")]);
+        }
+        other => panic!("ended with {other:?}"),
+    }
+    assert_eq!(stream.left_running(), &[vec![NodeId::from("a")]]);
     gate.open();
     assert_eq!(
         all(Stream::start(
@@ -522,49 +527,6 @@ fn figures_count_items_and_name_each_stages_nodes() {
         .collect();
     assert_eq!(nodes, vec![vec!["a"], vec!["b", "c"]]);
     assert!(figures.stages.iter().all(|stage| stage.items == 50));
-}
-
-/// The first stage's figures after streaming 30 items through two trivial stages, two in
-/// flight at most, with `slow_input` or a slow consumer taking 3 ms an item.
-fn first_stage_after(slow_input: bool) -> soma_core::StageFigures {
-    let pause = std::time::Duration::from_millis(3);
-    let inputs = (0..30).map(move |i| {
-        if slow_input {
-            std::thread::sleep(pause);
-        }
-        Value::Int(i)
-    });
-    let program = program_of(f("a", Ok) >> f("b", Ok));
-    let mut stream = Stream::start(program, inputs, StreamSettings::default().with_in_flight(2));
-    for item in stream.by_ref() {
-        item.unwrap();
-        if !slow_input {
-            std::thread::sleep(pause);
-        }
-    }
-    stream.figures().stages.swap_remove(0)
-}
-
-#[test]
-fn a_stage_held_up_by_a_slow_consumer_counts_that_time_as_blocked() {
-    let first = first_stage_after(false);
-    assert!(
-        first.blocked > first.waiting * 2,
-        "blocked {:?}, waiting {:?}",
-        first.blocked,
-        first.waiting
-    );
-}
-
-#[test]
-fn a_stage_held_up_by_a_slow_input_counts_that_time_as_waiting() {
-    let first = first_stage_after(true);
-    assert!(
-        first.waiting > first.blocked * 2,
-        "blocked {:?}, waiting {:?}",
-        first.blocked,
-        first.waiting
-    );
 }
 
 fn config() -> Config {
@@ -645,4 +607,122 @@ fn a_one_node_graph_streams_too() {
         .map(|item| item.unwrap().1)
         .collect();
     assert_eq!(out.len(), 3);
+}
+
+#[test]
+fn dropping_a_stream_does_not_wait_for_a_node_that_never_returns() {
+    let (reached, release) = (Gate::new(), Gate::new());
+    let (reached_in, release_in) = (Arc::clone(&reached), Arc::clone(&release));
+    let program = program_of(
+        f("a", Ok)
+            >> f("stuck", move |x| {
+                if x == 1 {
+                    reached_in.open();
+                    release_in.wait();
+                }
+                Ok(x)
+            }),
+    );
+    let mut stream = Stream::start(Arc::clone(&program), ints(0..10), StreamSettings::default());
+    assert_eq!(int(&stream.next().unwrap().unwrap().1), 0);
+    assert!(reached.wait(), "`stuck` never got item 1");
+    // Dropped on a thread of its own, so that a drop that waited for `stuck` fails this test
+    // at the deadline instead of hanging it.
+    let (dropped, done) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(stream);
+        dropped.send(()).unwrap();
+    });
+    let outcome = done.recv_timeout(DEADLINE);
+    release.open();
+    assert!(
+        outcome.is_ok(),
+        "the drop waited for the node that never returns"
+    );
+    assert_eq!(
+        all(Stream::start(
+            program,
+            ints(5..7),
+            StreamSettings::default()
+        )),
+        vec![(0, 5), (1, 6)]
+    );
+}
+
+thread_local! {
+    /// The context a [`Carrying`] host carries: one number per thread.
+    static CONTEXT: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// A host that carries [`CONTEXT`] into each stage, and each item's own from stage to stage.
+struct Carrying;
+
+impl Host for Carrying {
+    fn branch(&self, run: &mut dyn FnMut()) {
+        run();
+    }
+
+    fn blocking(&self, run: &mut (dyn FnMut() + Send)) {
+        run();
+    }
+
+    fn capture(&self) -> Option<Box<dyn Captured>> {
+        Some(Box::new(Snapshot(CONTEXT.with(std::cell::Cell::get))))
+    }
+}
+
+struct Snapshot(u32);
+
+impl Captured for Snapshot {
+    fn enter(&self, run: &mut dyn FnMut()) {
+        let had = CONTEXT.with(|context| context.replace(self.0));
+        run();
+        CONTEXT.with(|context| context.set(had));
+    }
+
+    fn for_item(&self) -> Option<Box<dyn ItemContext>> {
+        Some(Box::new(Snapshot(self.0)))
+    }
+}
+
+impl ItemContext for Snapshot {
+    fn enter(&mut self, run: &mut dyn FnMut()) {
+        let had = CONTEXT.with(|context| context.replace(self.0));
+        run();
+        self.0 = CONTEXT.with(|context| context.replace(had));
+    }
+}
+
+#[test]
+fn each_item_carries_its_own_context_from_stage_to_stage() {
+    // `set` sees the caller's context for every item, whatever the item before it set on the
+    // same thread; `read`, on a thread of its own, sees what `set` set for the same item.
+    let program = program_of(
+        node_arc(
+            "set",
+            Arc::new(plain(|_, x: &Value| {
+                let seen =
+                    CONTEXT.with(|context| context.replace(1000 + u32::try_from(int(x)).unwrap()));
+                Ok(Value::Int(i64::from(seen)))
+            })),
+        ) >> node_arc(
+            "read",
+            Arc::new(plain(|_, seen: &Value| {
+                let now = CONTEXT.with(std::cell::Cell::get);
+                Ok(Value::Int(int(seen) * 10_000 + i64::from(now)))
+            })),
+        ),
+    );
+    CONTEXT.with(|context| context.set(7));
+    let settings = StreamSettings::default()
+        .with_in_flight(4)
+        .with_executor(Executor::new().with_host(Arc::new(Carrying)));
+    let out: Vec<i64> = all(Stream::start(program, (0..40).map(Value::Int), settings))
+        .into_iter()
+        .map(|(_, value)| value)
+        .collect();
+    let expected: Vec<i64> = (0..40).map(|i| 7 * 10_000 + 1000 + i).collect();
+    assert_eq!(out, expected);
+    // The caller's own context is its own.
+    assert_eq!(CONTEXT.with(std::cell::Cell::get), 7);
 }
