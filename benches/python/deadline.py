@@ -169,7 +169,7 @@ def lateness(repeat: int) -> list[list[str]]:
             [
                 place,
                 f"{timeout:g} s",
-                f"{min(run['late'] for run in runs) * 1e3:.0f}–{worst * 1e3:.0f} ms",
+                f"{min(run['late'] for run in runs) * 1e3:.0f} to {worst * 1e3:.0f} ms",
                 str(max(run["threads"] for run in runs)),
                 f"≤ {LATE_BOUND_S * 1e3:.0f} ms: {'met' if worst <= LATE_BOUND_S else 'MISSED'}",
             ]
@@ -204,8 +204,8 @@ def main() -> None:
         ),
         "",
         "How long after its deadline `forward` raises `TimeoutError` with a node that never "
-        "returns, in a fresh process per run (min–max of the runs), and the threads the "
-        "process started for the run:",
+        "returns, in a fresh process per run (the fastest and slowest of the runs), and the "
+        "threads the process started for the run:",
         "",
         *table(
             ["the stuck node is", "timeout", "late by", "threads started", "target"],

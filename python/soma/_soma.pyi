@@ -17,6 +17,7 @@ __all__ = [
     "StopFlag",
     "StreamCore",
     "Trace",
+    "_at_exit",
     "_carry_context",
     "_thread_in_reserve",
     "distribute",
@@ -26,6 +27,10 @@ __all__ = [
 
 DEFAULT_TURN_LIMIT: int
 MAX_NESTED_FORWARDS: int
+
+def _at_exit() -> None:
+    """The hook run at interpreter exit: Soma's threads stop entering the interpreter, and the
+    exit waits a quarter of a second at most for those inside (registered on import; not API)."""
 
 def _carry_context(on: bool) -> bool:
     """Switches context carry off or on for every run (the benchmark's switch, not API);
