@@ -154,6 +154,10 @@ struct Offer {
     len: usize,
     /// Branches not finished yet, claimed or not: the wave's owner waits for zero.
     unfinished: AtomicUsize,
+    /// Set by a crew thread once it has left the offer's host (given back the GIL, say) after
+    /// running the offer's branches: what the owner of a hand-off waits for, briefly, before it
+    /// asks for the host again, instead of queueing behind the thread that still holds it.
+    host_left: AtomicBool,
     /// Whether the offer is in the crew's queue; changed only under the crew's lock, so
     /// `Relaxed` is enough. Lets the owner skip looking for an offer a crew thread removed.
     queued: AtomicBool,
@@ -371,6 +375,15 @@ impl Crew {
             }
         }
         drop(guard);
+        // The task is done, but its thread may still hold the host it ran in: asking for the
+        // host now would put this thread to sleep until that one lets go, and waking it costs
+        // more than the few instructions between the two. So look a moment for it to go.
+        if host.is_some() {
+            let start = Instant::now();
+            while !offer.host_left.load(Ordering::Acquire) && start.elapsed() < STAY_AWAKE {
+                std::hint::spin_loop();
+            }
+        }
         let outcome = (work.into_inner().outcomes.into_vec().pop()).expect("one task, one outcome");
         Some(
             outcome
@@ -482,6 +495,7 @@ impl Offer {
             next: AtomicUsize::new(claimed),
             len,
             unfinished: AtomicUsize::new(len),
+            host_left: AtomicBool::new(false),
             queued: AtomicBool::new(false),
             latch: Latch {
                 state: Mutex::default(),
@@ -802,7 +816,11 @@ impl Pool {
         };
         match &offer.host {
             // An offer claimed out already costs no trip through the host.
-            Some(host) if !offer.exhausted() => host.branch(&mut run),
+            Some(host) if !offer.exhausted() => {
+                host.branch(&mut run);
+                // `Release`: whoever sees it may take the host at once.
+                offer.host_left.store(true, Ordering::Release);
+            }
             Some(_) => {}
             None => run(),
         }
