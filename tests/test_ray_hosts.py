@@ -605,7 +605,7 @@ def printed(error: BaseException) -> str:
     return "".join(traceback.format_exception(error))
 
 
-def test_a_node_of_a_module_the_host_cannot_import_is_a_remote_error_naming_node_class_module_and_fix(
+def test_a_node_whose_module_a_host_cannot_import_is_a_remote_error_naming_class_module_and_fix(
     cluster: RayHosts, tmp_path: Path
 ) -> None:
     module = module_only_here(tmp_path, FAR)
@@ -763,7 +763,7 @@ class RaiseLocked(soma.Node):
         (RaiseLocked, "Locked: held", "TypeError: cannot pickle '_thread.lock' object"),
     ],
 )
-def test_an_exception_that_cannot_be_pickled_on_the_host_arrives_as_a_remote_error_with_its_type_and_message(
+def test_an_exception_that_does_not_pickle_on_a_host_is_a_remote_error_with_its_type_and_message(
     cluster: RayHosts, node: type[soma.Node], raised: str, why: str
 ) -> None:
     g = soma.Graph.somatize(Add(1).named("a") >> node().named("fail").at("one"))
@@ -820,7 +820,7 @@ finally:
 """
 
 
-def test_a_node_stuck_forever_on_a_host_ends_its_run_at_the_deadline_naming_it_and_the_next_run_works(
+def test_a_node_stuck_on_a_host_ends_its_run_at_the_deadline_naming_it_and_the_next_run_works(
     cluster: RayHosts,
 ) -> None:
     # A driver of its own, whose stuck threads on the host end with it; the child's deadline

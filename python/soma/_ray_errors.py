@@ -69,7 +69,9 @@ def why_not_pickled(value: Any) -> str | None:
     return None
 
 
-def _error(message: str, hint: str, host: str, pieces: list[Slice], node: str | None) -> RemoteError:
+def _error(
+    message: str, hint: str, host: str, pieces: list[Slice], node: str | None
+) -> RemoteError:
     error = RemoteError(f"{message}\nhint: {hint}")
     error.host = host
     error.slice = [name for piece in pieces for name in piece.names()]
@@ -234,7 +236,7 @@ def returns_not_read(host: str, piece: Slice, text: str) -> RemoteError:
     hint = (
         _PICKLE_HINT
         if module is None
-        else f"make `{module}` importable here too, or return values of classes this process imports"
+        else f"make `{module}` importable here too, or return values this process can unpickle"
     )
     return _error(
         f"the value returned by {_named(returned)} on host `{host}` cannot be unpickled here: "
@@ -255,8 +257,10 @@ def exception_not_sent(raised: BaseException, host: str, nodes: list[str]) -> Re
     notes = getattr(raised, "__notes__", None) or []
     named = [found.group(1) for note in notes if (found := _NODE_NOTE.match(note))]
     node = named[-1] if named else None
-    where = f"node `{node}`" if node is not None else "the slice of " + ", ".join(
-        f"`{n}`" for n in nodes
+    where = (
+        f"node `{node}`"
+        if node is not None
+        else "the slice of " + ", ".join(f"`{n}`" for n in nodes)
     )
     error = RemoteError(
         f"{where} raised `{class_of(raised)}: {plain(str(raised))}` on host `{host}`, an "
