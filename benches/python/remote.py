@@ -22,6 +22,11 @@ that computed something else is no figure.
    most the bare call's plus 20 MB, a tenth of the array, in each process). Object-store pages
    a process touches count in its resident memory, so each side shows one copy of the array.
 
+4. **A deadline on a host.** ``forward(1, timeout=0.2)`` of a graph whose slice on a host is
+   stuck forever (``threading.Event().wait()``): how long past its deadline the
+   ``TimeoutError`` comes out, median and worst of the runs (target: within 100 ms). Each run
+   leaves a thread stuck on the host's actor; they end with the cluster.
+
 ``--quick`` runs a tenth of the repeats, for a look rather than a figure.
 """
 
@@ -31,6 +36,7 @@ import argparse
 import os
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -87,6 +93,45 @@ class Nap(soma.Node):
 class Total(soma.Node):
     def forward(self, x: Any) -> float:
         return float(x.sum())
+
+
+class Stuck(soma.Node):
+    """Waits forever on its first call with a true input: only a deadline ends its run."""
+
+    def forward(self, x: int) -> int:
+        if x:
+            threading.Event().wait()
+        return x
+
+
+#: The deadline of the fourth target, its runs, and how far past it the error may come.
+STUCK_TIMEOUT_S = 0.2
+STUCK_RUNS = 8
+OVERSHOOT_TARGET_S = 0.1
+
+
+def deadline_overshoot(host: str) -> list[str]:
+    """The row of the fourth target: how long past its deadline a run stuck on ``host`` ends."""
+    stuck = soma.Graph.somatize(Inc().named("here") >> Stuck().named("stuck").at(host))
+    checked(stuck.forward(-1), 0)  # The host's actor started and its slice loaded.
+    past = []
+    for _ in range(STUCK_RUNS):
+        start = time.perf_counter()
+        try:
+            stuck.forward(1, timeout=STUCK_TIMEOUT_S)
+        except TimeoutError as error:
+            past.append(time.perf_counter() - start - STUCK_TIMEOUT_S)
+            checked("still running: `stuck` on host" in str(error), True)
+        else:
+            raise AssertionError("a run stuck on a host returned")
+    worst = max(past)
+    return [
+        f"node stuck on a host, timeout={STUCK_TIMEOUT_S} s",
+        f"TimeoutError {statistics.median(past) * 1e3:.1f} ms past it (median), "
+        f"{worst * 1e3:.1f} ms (worst of {STUCK_RUNS})",
+        "",
+        f"target ≤ {OVERSHOOT_TARGET_S * 1e3:.0f} ms: " + met(worst <= OVERSHOOT_TARGET_S),
+    ]
 
 
 class Pid(soma.Node):
@@ -269,6 +314,7 @@ def main() -> None:
             ]
         )
         rows.append(no_second_copy(bare, "one"))
+        rows.append(deadline_overshoot("two"))
     finally:
         soma.remote.use(None)
         ray.shutdown()
