@@ -797,6 +797,15 @@ class Pass(soma.Node):
     def forward(self, x):
         return x
 
+class SlowToArrive(soma.Node):
+    # Takes far longer to unpickle on the host than the test waits.
+    def forward(self, x):
+        return x
+
+    def __setstate__(self, state):
+        time.sleep(40)
+        self.__dict__.update(state)
+
 ray.init(address={address!r}, log_to_driver=False)
 try:
     shapes = {{
@@ -815,6 +824,13 @@ try:
         except TimeoutError as error:
             print(shape, "|", str(error).splitlines()[0], flush=True)
         print(shape, "| next", g.forward(0) is not None, flush=True)
+    # The first run of a graph sends the host its nodes: that trip keeps the deadline too.
+    g = soma.Graph.somatize(Pass().named("here") >> SlowToArrive().named("slow").at("two"))
+    try:
+        g.forward(1, timeout=0.5)
+        print("sending", "returned", flush=True)
+    except TimeoutError as error:
+        print("sending", "|", str(error).splitlines()[0], flush=True)
 finally:
     ray.shutdown()
 """
@@ -823,8 +839,8 @@ finally:
 def test_a_node_stuck_on_a_host_ends_its_run_at_the_deadline_naming_it_and_the_next_run_works(
     cluster: RayHosts,
 ) -> None:
-    # A driver of its own, whose stuck threads on the host end with it; the child's deadline
-    # fails the test should the run hang.
+    # A driver of its own, whose stuck threads on the hosts end with it; the child's deadline
+    # fails the test should a run hang.
     child = run_script(STUCK_SCRIPT.format(address=ray.get_runtime_context().gcs_address))
     assert child.returncode == 0, child.stderr
     said = (
@@ -833,4 +849,8 @@ def test_a_node_stuck_on_a_host_ends_its_run_at_the_deadline_naming_it_and_the_n
     )
     shapes = ["only", "last", "first", "beside a local branch", "before a local branch"]
     expected = [line for shape in shapes for line in (f"{shape} | {said}", f"{shape} | next True")]
+    expected.append(
+        "sending | forward did not finish within its timeout of 0.5 s; still running: `slow` "
+        "on host `two`, its nodes still on their way there"
+    )
     assert child.stdout.splitlines() == expected, child.stderr

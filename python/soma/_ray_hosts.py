@@ -148,8 +148,13 @@ class _RayHost:
         self.actor = actor
         self._loaded: dict[str, dict[int, Slice]] = {}
 
-    def load(self, key: str, slices: list[Slice]) -> None:
+    def load(self, key: str, slices: list[Slice], timeout: float | None = None) -> None:
         ray = self._hosts.ray
+        limit = (
+            self._hosts.start_timeout
+            if timeout is None
+            else min(timeout, self._hosts.start_timeout)
+        )
         try:
             ref = self.actor.load.remote(key, slices)
         except Exception as failed:  # Pickling the slices' nodes, here.
@@ -157,7 +162,7 @@ class _RayHost:
                 _ray_errors.cause_of(failed)
             )
         try:
-            ray.get(ref, timeout=self._hosts.start_timeout)
+            ray.get(ref, timeout=limit)
         except ray.exceptions.RayTaskError as failed:  # Unpickling them, there.
             raise _ray_errors.nodes_not_read(self.name, slices, str(failed)) from _traceback(
                 failed, self.name
@@ -171,7 +176,7 @@ class _RayHost:
             raise remote_error(
                 self.name,
                 slices[0],
-                f"did not take its slices within {self._hosts.start_timeout} s",
+                f"did not take its slices within {limit:.3g} s",
                 "a host's actor starts on first use; give it longer with "
                 "`soma.remote.use(soma.remote.RayHosts(start_timeout=...))`",
             ) from None

@@ -62,8 +62,10 @@ class Slice:
 class RemoteHost(Protocol):
     """One host, as a transport serves it."""
 
-    def load(self, key: str, slices: list[Slice]) -> None:
-        """Keeps ``slices`` under ``key`` (one graph's) on the host, replacing what was there."""
+    def load(self, key: str, slices: list[Slice], timeout: float | None = None) -> None:
+        """Keeps ``slices`` under ``key`` (one graph's) on the host, replacing what was there;
+        a host that has not taken them within ``timeout`` seconds (the transport's own limit if
+        ``None``) is a :class:`soma.RemoteError`."""
 
     def run(
         self,

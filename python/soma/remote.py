@@ -101,6 +101,16 @@ class _Run:
         """Seconds until the run's deadline, if it has one."""
         return None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
 
+    def ran_out(self, piece: Slice, state: str) -> TimeoutError:
+        """The run's ``TimeoutError``, its time having run out while ``piece`` was ``state``
+        on its host; kept as the one to raise (see :func:`forward`)."""
+        self.timed_out = TimeoutError(
+            f"forward did not finish within its timeout of {self.timeout} s; still running: "
+            f"{piece.listed()} on host `{piece.host}`, {state}\nhint: the graph can run again "
+            "at once"
+        )
+        return self.timed_out
+
     def cancel_wait(self) -> float:
         """Seconds a cancel may wait for its host to confirm: :data:`CANCEL_WAIT`, and never
         past the run's deadline by more than :data:`DEADLINE_GRACE`."""
@@ -248,7 +258,12 @@ class Distributed:
             with self._loading:
                 if self._hosts.get(piece.host) is not host:
                     slices = [other for other in self.slices if other.host == piece.host]
-                    host.load(self.key, slices)
+                    try:
+                        host.load(self.key, slices, run.time_left())
+                    except RemoteError as failed:
+                        if run.time_left() != 0.0:
+                            raise
+                        raise run.ran_out(piece, "its nodes still on their way there") from failed
                     self._hosts[piece.host] = host
         token = run.begin(host, index)
         if token is None:  # A branch that started as the run was given up: its result is dropped.
@@ -267,11 +282,7 @@ class Distributed:
             if isinstance(failed, RemoteError) and run.time_left() == 0.0:
                 # The run's own time ran out while the host worked: a timeout, as for a local
                 # node.
-                raised = run.timed_out = TimeoutError(
-                    f"forward did not finish within its timeout of {run.timeout} s; still "
-                    f"running: {piece.listed()} on host `{piece.host}`, stopped there at its "
-                    "next node boundary\nhint: the graph can run again at once"
-                )
+                raised = run.ran_out(piece, "stopped there at its next node boundary")
                 raised.__cause__ = failed
             # A failed slice fails the run: the slices of later branches stop on their hosts
             # now, rather than run to their end while the engine waits for them. (A slice
