@@ -731,6 +731,47 @@ def test_a_value_that_cannot_be_pickled_on_the_host_to_come_back_is_a_remote_err
     assert list(g.forward(1)) == [2, 2, 2]
 
 
+def test_a_slice_whose_returned_values_do_not_pickle_together_names_every_node_it_returns(
+    cluster: RayHosts,
+) -> None:
+    # Ray pickles a slice's returns in one go: which of them failed, it does not say.
+    g = soma.Graph.somatize((Add(1).named("a") | Generate().named("gen")).at("two"))
+    with pytest.raises(soma.RemoteError) as raised:
+        g.forward(1)
+    assert str(raised.value).startswith(
+        f"one of the values returned by `a` (class `{__name__}.Add`), `gen` (class "
+        f"`{__name__}.Generate`) on host `two` cannot be pickled to come back: "
+    ), str(raised.value)
+
+
+class HostOnly(soma.Node):
+    """Returns an instance of a class of a module that exists on the host alone, made there."""
+
+    def forward(self, x: int) -> Any:
+        import types
+
+        module = sys.modules.get("made_on_the_host")
+        if module is None:
+            module = sys.modules["made_on_the_host"] = types.ModuleType("made_on_the_host")
+            module.Thing = type("Thing", (), {"__module__": "made_on_the_host"})  # type: ignore[attr-defined]
+        return module.Thing()
+
+
+def test_a_value_returned_on_a_host_that_cannot_be_unpickled_here_is_a_remote_error_naming_it(
+    cluster: RayHosts,
+) -> None:
+    g = soma.Graph.somatize(HostOnly().named("made").at("one"))
+    with pytest.raises(soma.RemoteError) as raised:
+        g.forward(1)
+    assert str(raised.value).startswith(
+        f"the value returned by `made` (class `{__name__}.HostOnly`) on host `one` cannot be "
+        "unpickled here: ModuleNotFoundError: No module named 'made_on_the_host'\nhint: make "
+        "`made_on_the_host` importable here too"
+    ), str(raised.value)
+    assert (raised.value.host, raised.value.node) == ("one", "made")
+    assert ANSI not in printed(raised.value)
+
+
 class TwoArguments(Exception):
     def __init__(self, what: str, why: str) -> None:
         super().__init__(f"{what}: {why}")

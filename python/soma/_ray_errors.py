@@ -51,6 +51,14 @@ def plain(text: str) -> str:
     return _COLOURS.sub("", text)
 
 
+def said(error: BaseException) -> str:
+    """``str(error)``, uncoloured, or what its class is when even that fails."""
+    try:
+        return plain(str(error))
+    except Exception:
+        return f"<a {class_of(error)} whose str() raised>"
+
+
 def class_of(value: Any) -> str:
     """``value``'s class, as ``module.Name``."""
     kind = type(value)
@@ -65,7 +73,7 @@ def why_not_pickled(value: Any) -> str | None:
     try:
         pickle.loads(ray.cloudpickle.dumps(value))
     except Exception as failed:
-        return f"{type(failed).__name__}: {plain(str(failed))}"
+        return f"{type(failed).__name__}: {said(failed)}"
     return None
 
 
@@ -126,7 +134,8 @@ def _value_of(read: str, value: Any) -> str:
 def _reason(failed: BaseException) -> str:
     """What pickle said, under Ray's wrapping of it."""
     inner = failed.__cause__ or failed
-    return f"{type(inner).__name__}: {plain(str(inner)).splitlines()[0]}"
+    lines = said(inner).splitlines()
+    return f"{type(inner).__name__}: {lines[0] if lines else ''}"
 
 
 def missing_module(text: str) -> str | None:
@@ -137,15 +146,18 @@ def missing_module(text: str) -> str | None:
 
 def _needs(value: Any, module: str) -> bool:
     """Whether pickling ``value`` refers to ``module``: its class is from there, or something it
-    holds is."""
+    holds is (its pickle names the module, or one inside it, as a string of its own)."""
     if class_of(value).startswith(module + "."):
         return True
     import ray
 
     try:
-        return module.encode() in ray.cloudpickle.dumps(value)
+        pickled = ray.cloudpickle.dumps(value)
     except Exception:
         return False
+    name = module.encode()
+    # A name pickled as a short string: its opcode and length, then the name itself.
+    return b"\x8c" + bytes([len(name)]) + name in pickled or name + b"." in pickled
 
 
 def nodes_not_read(host: str, pieces: list[Slice], text: str) -> RemoteError:
@@ -221,7 +233,7 @@ def returns_not_sent(host: str, piece: Slice, failed: BaseException) -> RemoteEr
     which = "the value returned by" if len(returned) == 1 else "one of the values returned by"
     return _error(
         f"{which} {_named(returned)} on host `{host}` cannot be pickled to come back: "
-        f"{type(failed).__name__}: {plain(str(failed))}",
+        f"{type(failed).__name__}: {said(failed)}",
         _PICKLE_HINT,
         host,
         [piece],
@@ -263,7 +275,7 @@ def exception_not_sent(raised: BaseException, host: str, nodes: list[str]) -> Re
         else "the slice of " + ", ".join(f"`{n}`" for n in nodes)
     )
     error = RemoteError(
-        f"{where} raised `{class_of(raised)}: {plain(str(raised))}` on host `{host}`, an "
+        f"{where} raised `{class_of(raised)}: {said(raised)}` on host `{host}`, an "
         f"exception that cannot be pickled to come back here ({why})\nhint: {_EXCEPTION_HINT}"
     )
     error.host = host

@@ -279,7 +279,8 @@ def _as_raised(
     ours = isinstance(cause, SomaError) or any(
         note.startswith("raised in soma node ") for note in notes or []
     )
-    if not ours:  # Raised outside the slice's run: by Ray, pickling what it returned.
+    if not ours and "pickle" in remote.traceback:
+        # Raised outside the slice's run: by Ray, pickling what it returned.
         return _ray_errors.returns_not_sent(host, piece, cause), remote
     # The engine on the host named the node; say where that was, in the same note.
     named = [at for at, note in enumerate(notes or []) if note.startswith("raised in soma node ")]
