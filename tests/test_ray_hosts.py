@@ -476,7 +476,7 @@ try:
     g = soma.Graph.somatize(Announce() >> Sleep().at("one"))
     assert g.forward(0) == 0  # The host's actor started and its slice loaded.
     try:
-        g.forward(1)
+        g.forward(1, timeout={timeout})
     except KeyboardInterrupt:
         print("interrupted", flush=True)
 finally:
@@ -485,13 +485,14 @@ print("shut down", flush=True)
 """
 
 
+@pytest.mark.parametrize("timeout", [None, 30.0])
 def test_ctrl_c_during_a_run_with_a_slice_on_a_host_stops_it_and_ray_shuts_down(
-    cluster: RayHosts,
+    cluster: RayHosts, timeout: float | None
 ) -> None:
     # A driver of its own on the session's cluster, in a child process: Ctrl-C is sent to the
-    # child alone, and its actors end with it.
+    # child alone, and its actors end with it. With a deadline far off, Ctrl-C still wins.
     address = ray.get_runtime_context().gcs_address
-    child = interrupt_script(CTRL_C_SCRIPT.format(address=address), "started")
+    child = interrupt_script(CTRL_C_SCRIPT.format(address=address, timeout=timeout), "started")
     assert child.returncode == 0, child.stderr
     assert child.stdout.split() == ["interrupted", "shut", "down"], child.stderr
 
