@@ -626,6 +626,20 @@ def test_a_node_whose_module_a_host_cannot_import_is_a_remote_error_naming_class
     assert g.forward(1) == 3
 
 
+def test_a_node_holding_an_object_of_a_module_the_host_cannot_import_is_the_one_named(
+    cluster: RayHosts, tmp_path: Path
+) -> None:
+    module = module_only_here(tmp_path, FAR)
+    g = soma.Graph.somatize((Add(1).named("plain") >> Add(module.Far()).named("holder")).at("one"))
+    with pytest.raises(soma.RemoteError) as raised:
+        g.forward(1)
+    assert str(raised.value).startswith(
+        f"host `one` cannot import module `{module.__name__}`, which node `holder` (class "
+        f"`{__name__}.Add`) needs\nhint: "
+    ), str(raised.value)
+    assert (raised.value.node, raised.value.slice) == ("holder", ["plain", "holder"])
+
+
 def test_a_value_of_a_module_the_host_cannot_import_is_a_remote_error_naming_it(
     cluster: RayHosts, tmp_path: Path
 ) -> None:

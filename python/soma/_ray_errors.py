@@ -27,7 +27,7 @@ _NO_MODULE = re.compile(r"No module named '([^']+)'")
 _NODE_NOTE = re.compile(r"raised in soma node `([^`]+)`")
 
 #: How to make a module importable on a host, the ways Soma supports.
-IMPORT_HINT = (
+_IMPORT_HINT = (
     "make `{module}` importable on host `{host}`: install it there as a package, or send it "
     "to every host with Ray's runtime_env before the first run: "
     '`ray.init(runtime_env={{"py_modules": ["{path}"]}})` (or `{{"working_dir": "."}}` for the '
@@ -133,7 +133,7 @@ def _value_of(read: str, value: Any) -> str:
 
 def _reason(failed: BaseException) -> str:
     """What pickle said, under Ray's wrapping of it."""
-    inner = failed.__cause__ or failed
+    inner = cause_of(failed)
     lines = said(inner).splitlines()
     return f"{type(inner).__name__}: {lines[0] if lines else ''}"
 
@@ -144,11 +144,15 @@ def missing_module(text: str) -> str | None:
     return None if found is None else found.group(1)
 
 
-def _needs(value: Any, module: str) -> bool:
-    """Whether pickling ``value`` refers to ``module``: its class is from there, or something it
-    holds is (its pickle names the module, or one inside it, as a string of its own)."""
-    if class_of(value).startswith(module + "."):
-        return True
+def _needing(values: list[tuple[str, Any]], module: str) -> list[tuple[str, Any]]:
+    """Those of ``values`` (named) that need ``module``: those of a class from there; else
+    those holding something that is (the slower test, so only when no class is); else all."""
+    by_class = [pair for pair in values if class_of(pair[1]).startswith(module + ".")]
+    return by_class or [pair for pair in values if _holds(pair[1], module)] or values
+
+
+def _holds(value: Any, module: str) -> bool:
+    """Whether ``value``'s pickle names ``module``, or one inside it, as a string of its own."""
     import ray
 
     try:
@@ -172,7 +176,7 @@ def nodes_not_read(host: str, pieces: list[Slice], text: str) -> RemoteError:
             pieces,
             None,
         )
-    needing = [pair for pair in nodes if _needs(pair[1], module)] or nodes
+    needing = _needing(nodes, module)
     return _error(
         f"host `{host}` cannot import module `{module}`, which node"
         f"{'s' if len(needing) > 1 else ''} {_named(needing)} need"
@@ -196,10 +200,10 @@ def values_not_read(host: str, piece: Slice, inputs: dict[str, Any], text: str) 
             [piece],
             None,
         )
-    needing = [read for read, value in inputs.items() if _needs(value, module)] or list(inputs)
+    needing = _needing(list(inputs.items()), module)
     return _error(
         f"host `{host}` cannot import module `{module}`, which "
-        + ", ".join(_value_of(read, inputs[read]) for read in needing)
+        + ", ".join(_value_of(read, value) for read, value in needing)
         + f" sent to the slice of {piece.listed()} needs",
         _import_hint(module, host),
         host,
@@ -212,7 +216,7 @@ def _import_hint(module: str, host: str) -> str:
     root = sys.modules.get(module.partition(".")[0])
     paths = list(getattr(root, "__path__", None) or [])
     path = paths[0] if paths else getattr(root, "__file__", None)
-    return IMPORT_HINT.format(
+    return _IMPORT_HINT.format(
         module=module, host=host, path=path or f"<the folder or .py file of `{module}`>"
     )
 
@@ -244,6 +248,7 @@ def returns_not_sent(host: str, piece: Slice, failed: BaseException) -> RemoteEr
 def returns_not_read(host: str, piece: Slice, text: str) -> RemoteError:
     """What ``piece`` returned on ``host`` could not be unpickled here."""
     returned = [pair for pair in piece.nodes if pair[0] in piece.returns]
+    which = "the value returned by" if len(returned) == 1 else "one of the values returned by"
     module = missing_module(text)
     hint = (
         _PICKLE_HINT
@@ -251,8 +256,7 @@ def returns_not_read(host: str, piece: Slice, text: str) -> RemoteError:
         else f"make `{module}` importable here too, or return values this process can unpickle"
     )
     return _error(
-        f"the value returned by {_named(returned)} on host `{host}` cannot be unpickled here: "
-        f"{_last_line(text)}",
+        f"{which} {_named(returned)} on host `{host}` cannot be unpickled here: {_last_line(text)}",
         hint,
         host,
         [piece],
