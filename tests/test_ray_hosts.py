@@ -787,6 +787,35 @@ def test_a_value_returned_on_a_host_that_cannot_be_unpickled_here_is_a_remote_er
     assert ANSI not in printed(raised.value)
 
 
+class RaiseHostOnly(soma.Node):
+    """Raises an exception of a class of a module that exists on the host alone, made there."""
+
+    def forward(self, x: int) -> Any:
+        import types
+
+        module = sys.modules.get("raised_on_the_host")
+        if module is None:
+            module = sys.modules["raised_on_the_host"] = types.ModuleType("raised_on_the_host")
+            module.Oops = type("Oops", (Exception,), {"__module__": "raised_on_the_host"})  # type: ignore[attr-defined]
+        raise module.Oops(f"no {x}")
+
+
+def test_an_exception_raised_on_a_host_that_cannot_be_unpickled_here_is_a_remote_error_naming_it(
+    cluster: RayHosts,
+) -> None:
+    g = soma.Graph.somatize(RaiseHostOnly().named("oops").at("one"))
+    with pytest.raises(soma.RemoteError) as raised:
+        g.forward(1)
+    assert str(raised.value).startswith(
+        "node `oops` raised `raised_on_the_host.Oops: no 1` on host `one`, an exception that "
+        "cannot be unpickled here\nhint: make the exception's class importable here too"
+    ), str(raised.value)
+    assert (raised.value.host, raised.value.node) == ("one", "oops")
+    # The host's traceback, the node's own frame in it.
+    assert "raise module.Oops" in str(raised.value.__cause__)
+    assert ANSI not in printed(raised.value)
+
+
 class TwoArguments(Exception):
     def __init__(self, what: str, why: str) -> None:
         super().__init__(f"{what}: {why}")

@@ -288,6 +288,25 @@ def exception_not_sent(raised: BaseException, host: str, nodes: list[str]) -> Re
     return error
 
 
+def exception_not_read(host: str, piece: Slice, text: str) -> RemoteError:
+    """An exception raised in ``piece`` on ``host`` travelled but could not be unpickled here;
+    Ray's ``text`` is what the host printed of it (its traceback, its last line, its notes)."""
+    lines = [line for line in plain(text).rstrip().splitlines() if line.strip()]
+    named = [found.group(1) for line in lines if (found := _NODE_NOTE.match(line))]
+    while lines and _NODE_NOTE.match(lines[-1]):
+        lines.pop()
+    node = named[-1] if named else None
+    where = f"node `{node}`" if node is not None else f"the slice of {piece.listed()}"
+    return _error(
+        f"{where} raised `{lines[-1] if lines else '?'}` on host `{host}`, an exception that "
+        "cannot be unpickled here",
+        "make the exception's class importable here too, and " + _EXCEPTION_HINT,
+        host,
+        [piece],
+        node,
+    )
+
+
 def other(host: str, piece: Slice, failed: BaseException) -> RemoteError:
     """Any other failure of Ray's, about ``piece`` on ``host``, in its own words, uncoloured."""
     return _error(

@@ -216,6 +216,11 @@ class _RayHost:
             raise remote_error(
                 self.name, piece, f"did not finish its slice within {limit:.3g} s", _TIMEOUT_HINT
             ) from None
+        except ray.exceptions.UnserializableException as failed:  # An exception, here.
+            text = getattr(failed, "_original_stack_trace", str(failed))
+            raise _ray_errors.exception_not_read(self.name, piece, text) from RemoteTraceback(
+                self.name, _ray_errors.plain(text).rstrip()
+            )
         except ray.exceptions.RaySystemError as failed:  # Unpickling what came back, here.
             raise _ray_errors.returns_not_read(self.name, piece, str(failed)) from _traceback(
                 failed, self.name
