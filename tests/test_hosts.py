@@ -2,7 +2,8 @@
 written (the innermost ``.at`` wins); the plan stays what it was, and ``distributed_plan`` cuts
 it into one ``Remote`` slice per largest subtree on one host; each slice is sent only what it
 reads and sends back only what later steps read. A graph without hosts never imports Ray, and
-without Ray a graph with hosts says how to install it.
+without Ray a graph with hosts says how to install it. A deadline met while a slice is out names
+the slice's nodes and host, not the stand-in that waits for it here.
 
 The runs on a real Ray cluster are in ``test_ray_hosts.py``.
 """
@@ -183,3 +184,60 @@ def test_without_ray_a_graph_with_hosts_says_how_to_install_it() -> None:
     assert child.returncode == 0, child.stderr
     assert "Soma runs them on Ray, which is not installed" in child.stdout
     assert "pip install 'soma[ray]'" in child.stdout
+
+
+def test_a_timeout_met_while_a_slice_is_out_names_the_slices_nodes_and_host() -> None:
+    # A transport that does not keep the run's deadline itself: the engine's own deadline ends
+    # the run while the slice's stand-in still waits, and the error names what the stand-in
+    # stands for. In a child, with a deadline: a run that hangs fails the test.
+    child = run_child(
+        """
+        import threading, time
+        import soma
+        from soma.remote import SliceRunner
+
+        started = threading.Event()
+
+        class LateHost:
+            def load(self, key, slices, timeout=None):
+                self.runners = {piece.index: SliceRunner(piece) for piece in slices}
+
+            def run(self, key, index, inputs, timeout, token, traced):
+                started.set()
+                time.sleep(2.0)  # Past the run's deadline, whatever it was told.
+                return self.runners[index].run(inputs)
+
+            def cancel(self, tokens, wait=5.0):
+                pass
+
+            def unload(self, key):
+                pass
+
+        class Hosts:
+            def __init__(self):
+                self.one = LateHost()
+
+            def host(self, name):
+                return self.one
+
+        class AfterTheSliceLeft(soma.Node):
+            def forward(self, x):
+                assert started.wait(20)
+                return x
+
+        class Far(soma.Node):
+            def forward(self, x):
+                return x
+
+        soma.remote.use(Hosts())
+        g = soma.Graph.somatize(AfterTheSliceLeft().named("here") | Far().named("far").at("one"))
+        try:
+            g.forward(1, timeout=0.5)
+        except TimeoutError as error:
+            print(str(error).splitlines()[0])
+        """
+    )
+    assert child.returncode == 0, child.stderr
+    said = child.stdout.strip()
+    assert "still running: `far` on host `one`" in said, said
+    assert "one#" not in said, said

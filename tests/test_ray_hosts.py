@@ -4,16 +4,22 @@ host runs in a process of that host's Ray node; results equal the local run, on 
 on random placements; branches on two hosts run at the same time; a node's exception comes out
 as itself, noted with node and host; a killed host, a host that does not answer in time and a
 host not in the cluster are ``soma.RemoteError``s naming the host, and the next run works;
-Ctrl-C stops a run whose slice is running on a host (a child process, its own Ray driver).
+Ctrl-C stops a run whose slice is running on a host (a child process, its own Ray driver), and
+so does a deadline, by its time; what a host cannot run — a node of a module it cannot import, a
+node, a value or an exception that does not pickle — is a ``soma.RemoteError`` naming the host,
+the node, its class and the fix.
 
 Kept small for CI (two cores): three Ray nodes of one CPU each, started once.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
+import threading
 import time
 import traceback
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +29,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import soma
-from conftest import interrupt_script
+from conftest import interrupt_script, run_script
 from soma.remote import RayHosts, resource_of
 
 ray = pytest.importorskip("ray")
@@ -167,14 +173,15 @@ def test_results_equal_the_local_run_on_the_oracle_graphs(
     cluster: RayHosts, placement: str
 ) -> None:
     for g in oracle_graphs():
-        expected = g.forward(1)
+        # The same graph without hosts, on two inputs: the second run with hosts shows the
+        # host's slices did not keep anything of the first.
+        expected = [g.forward(1), g.forward(2)]
         for at, node in enumerate(g.nodes()):
             if placement == "every node" or (placement == "one node" and at == 1):
                 g.place_at(node, "one")
             elif placement == "alternating":
                 g.place_at(node, HOSTS[at % 2])
-        assert g.forward(1) == expected, repr(g.distributed_plan())
-        assert g.forward(2) == g.forward(2)
+        assert [g.forward(1), g.forward(2)] == expected, repr(g.distributed_plan())
 
 
 @settings(max_examples=6, deadline=None)
@@ -381,10 +388,12 @@ def wait_until(check: Any) -> bool:
 
 
 def steps_after_the_gate_opens(cluster: RayHosts, folder: Path) -> list[str]:
-    """Opens the gate, waits for host ``one`` to have no slice running, and names the steps
-    that ran."""
-    (folder / "open").touch()
+    """Waits for the cancels sent to host ``one`` to reach it (a run with a deadline does not
+    wait for them past it), opens the gate, waits for the host to have no slice running, and
+    names the steps that ran."""
     actor = cluster.host("one").actor  # type: ignore[attr-defined]
+    assert wait_until(lambda: ray.get(actor.unstopped.remote(), timeout=DEADLINE) == 0)
+    (folder / "open").touch()
     assert wait_until(lambda: ray.get(actor.running.remote(), timeout=DEADLINE) == 0)
     return sorted(path.name for path in folder.glob("ran-*"))
 
@@ -467,7 +476,7 @@ try:
     g = soma.Graph.somatize(Announce() >> Sleep().at("one"))
     assert g.forward(0) == 0  # The host's actor started and its slice loaded.
     try:
-        g.forward(1)
+        g.forward(1, timeout={timeout})
     except KeyboardInterrupt:
         print("interrupted", flush=True)
 finally:
@@ -476,13 +485,14 @@ print("shut down", flush=True)
 """
 
 
+@pytest.mark.parametrize("timeout", [None, 30.0])
 def test_ctrl_c_during_a_run_with_a_slice_on_a_host_stops_it_and_ray_shuts_down(
-    cluster: RayHosts,
+    cluster: RayHosts, timeout: float | None
 ) -> None:
     # A driver of its own on the session's cluster, in a child process: Ctrl-C is sent to the
-    # child alone, and its actors end with it.
+    # child alone, and its actors end with it. With a deadline far off, Ctrl-C still wins.
     address = ray.get_runtime_context().gcs_address
-    child = interrupt_script(CTRL_C_SCRIPT.format(address=address), "started")
+    child = interrupt_script(CTRL_C_SCRIPT.format(address=address, timeout=timeout), "started")
     assert child.returncode == 0, child.stderr
     assert child.stdout.split() == ["interrupted", "shut", "down"], child.stderr
 
@@ -563,3 +573,369 @@ def test_ctrl_c_stops_a_slice_running_on_a_host_at_its_next_node_boundary_and_th
     child = interrupt_script(script, "started")
     assert child.returncode == 0, child.stderr
     assert child.stdout.split() == ["interrupted", "steps", "0", "next", "10"], child.stderr
+
+
+# What a host cannot run: each is a RemoteError naming host, node(s), class and fix, in plain
+# text, and the graph runs again once the cause is gone.
+
+ANSI = "\x1b["
+
+
+def module_only_here(folder: Path, source: str) -> Any:
+    """A module written to ``folder`` and imported here, under a name of its own: the hosts'
+    workers cannot import it (``folder`` is on no path of theirs)."""
+    name = f"only_here_{uuid.uuid4().hex[:8]}"
+    (folder / f"{name}.py").write_text(source)
+    sys.path.insert(0, str(folder))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(folder))
+
+
+FAR = """
+import soma
+
+class Far(soma.Node):
+    def forward(self, x):
+        return x + 1
+"""
+
+
+def printed(error: BaseException) -> str:
+    return "".join(traceback.format_exception(error))
+
+
+def test_a_node_whose_module_a_host_cannot_import_is_a_remote_error_naming_class_module_and_fix(
+    cluster: RayHosts, tmp_path: Path
+) -> None:
+    module = module_only_here(tmp_path, FAR)
+    g = soma.Graph.somatize(Add(1).named("a") >> module.Far().named("far").at("one"))
+    with pytest.raises(soma.RemoteError) as raised:
+        g.forward(1)
+    error = raised.value
+    assert (error.host, error.node, error.slice) == ("one", "far", ["far"])
+    message = str(error)
+    assert message.startswith(
+        f"host `one` cannot import module `{module.__name__}`, which node `far` "
+        f"(class `{module.__name__}.Far`) needs\nhint: "
+    ), message
+    assert f'ray.init(runtime_env={{"py_modules": ["{module.__file__}"]}})' in message
+    assert ANSI not in printed(error)
+    g.place_at("far", None)
+    assert g.forward(1) == 3
+
+
+def test_a_node_holding_an_object_of_a_module_the_host_cannot_import_is_the_one_named(
+    cluster: RayHosts, tmp_path: Path
+) -> None:
+    module = module_only_here(tmp_path, FAR)
+    g = soma.Graph.somatize((Add(1).named("plain") >> Add(module.Far()).named("holder")).at("one"))
+    with pytest.raises(soma.RemoteError) as raised:
+        g.forward(1)
+    assert str(raised.value).startswith(
+        f"host `one` cannot import module `{module.__name__}`, which node `holder` (class "
+        f"`{__name__}.Add`) needs\nhint: "
+    ), str(raised.value)
+    assert (raised.value.node, raised.value.slice) == ("holder", ["plain", "holder"])
+
+
+def test_a_value_of_a_module_the_host_cannot_import_is_a_remote_error_naming_it(
+    cluster: RayHosts, tmp_path: Path
+) -> None:
+    module = module_only_here(tmp_path, FAR)
+    g = soma.Graph.somatize(Where().named("where").at("one"))
+    with pytest.raises(soma.RemoteError) as raised:
+        g.forward(module.Far())
+    message = str(raised.value)
+    assert message.startswith(
+        f"host `one` cannot import module `{module.__name__}`, which the graph's input (a "
+        f"`{module.__name__}.Far`) sent to the slice of `where` needs\nhint: "
+    ), message
+    assert raised.value.host == "one"
+    assert ANSI not in printed(raised.value)
+    assert g.forward(1)[0] == 1
+
+
+RUNTIME_ENV_SCRIPT = """
+import importlib, sys
+import ray
+import soma
+
+sys.path.insert(0, {folder!r})
+module = importlib.import_module({name!r})
+sys.path.remove({folder!r})
+ray.init(address={address!r}, log_to_driver=False, runtime_env={{"py_modules": [module.__file__]}})
+try:
+    print(soma.Graph.somatize(module.Far().at("one")).forward(1), flush=True)
+finally:
+    ray.shutdown()
+"""
+
+
+def test_a_module_sent_with_rays_runtime_env_is_imported_on_the_host(
+    cluster: RayHosts, tmp_path: Path
+) -> None:
+    # What the hint says, as a program does it: its own driver, with the job's runtime_env.
+    module = module_only_here(tmp_path, FAR)
+    address = ray.get_runtime_context().gcs_address
+    child = run_script(
+        RUNTIME_ENV_SCRIPT.format(folder=str(tmp_path), name=module.__name__, address=address)
+    )
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.split() == ["2"], child.stderr
+
+
+class HoldsLock(soma.Node):
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def forward(self, x: int) -> int:
+        return x
+
+
+def test_a_node_that_cannot_be_pickled_is_a_remote_error_naming_node_and_class(
+    cluster: RayHosts,
+) -> None:
+    g = soma.Graph.somatize(Add(1).named("a").at("one") >> HoldsLock().named("holder").at("one"))
+    with pytest.raises(soma.RemoteError) as raised:
+        g.forward(1)
+    assert str(raised.value).startswith(
+        f"node `holder` (class `{__name__}.HoldsLock`) cannot be pickled to be sent to host "
+        "`one`: TypeError: cannot pickle '_thread.lock' object\nhint: "
+    ), str(raised.value)
+    assert (raised.value.host, raised.value.node) == ("one", "holder")
+    assert ANSI not in printed(raised.value)
+    g.place_at("holder", None)
+    assert g.forward(1) == 2
+
+
+def test_an_input_that_cannot_be_pickled_is_a_remote_error_naming_the_value_and_the_slice(
+    cluster: RayHosts,
+) -> None:
+    g = soma.Graph.somatize(Where().named("where").at("one"))
+    with pytest.raises(soma.RemoteError) as raised:
+        g.forward(threading.Lock())
+    assert str(raised.value).startswith(
+        "the graph's input (a `_thread.lock`), read by the slice of `where` on host `one`, "
+        "cannot be pickled to be sent there: TypeError: cannot pickle '_thread.lock' object\n"
+        "hint: "
+    ), str(raised.value)
+    assert ANSI not in printed(raised.value)
+    assert g.forward(1)[0] == 1
+
+
+class Generate(soma.Node):
+    def forward(self, x: int) -> Any:
+        return (x for _ in range(3))
+
+
+def test_a_value_that_cannot_be_pickled_on_the_host_to_come_back_is_a_remote_error_naming_its_node(
+    cluster: RayHosts,
+) -> None:
+    g = soma.Graph.somatize(Add(1).named("a") >> Generate().named("gen").at("two"))
+    with pytest.raises(soma.RemoteError) as raised:
+        g.forward(1)
+    assert str(raised.value).startswith(
+        f"the value returned by `gen` (class `{__name__}.Generate`) on host `two` cannot be "
+        "pickled to come back: TypeError: cannot pickle 'generator' object\nhint: "
+    ), str(raised.value)
+    assert (raised.value.host, raised.value.node) == ("two", "gen")
+    assert ANSI not in printed(raised.value)
+    g.place_at("gen", None)
+    assert list(g.forward(1)) == [2, 2, 2]
+
+
+def test_a_slice_whose_returned_values_do_not_pickle_together_names_every_node_it_returns(
+    cluster: RayHosts,
+) -> None:
+    # Ray pickles a slice's returns in one go: which of them failed, it does not say.
+    g = soma.Graph.somatize((Add(1).named("a") | Generate().named("gen")).at("two"))
+    with pytest.raises(soma.RemoteError) as raised:
+        g.forward(1)
+    assert str(raised.value).startswith(
+        f"one of the values returned by `a` (class `{__name__}.Add`), `gen` (class "
+        f"`{__name__}.Generate`) on host `two` cannot be pickled to come back: "
+    ), str(raised.value)
+
+
+class HostOnly(soma.Node):
+    """Returns an instance of a class of a module that exists on the host alone, made there."""
+
+    def forward(self, x: int) -> Any:
+        import types
+
+        module = sys.modules.get("made_on_the_host")
+        if module is None:
+            module = sys.modules["made_on_the_host"] = types.ModuleType("made_on_the_host")
+            module.Thing = type("Thing", (), {"__module__": "made_on_the_host"})  # type: ignore[attr-defined]
+        return module.Thing()
+
+
+def test_a_value_returned_on_a_host_that_cannot_be_unpickled_here_is_a_remote_error_naming_it(
+    cluster: RayHosts,
+) -> None:
+    g = soma.Graph.somatize(HostOnly().named("made").at("one"))
+    with pytest.raises(soma.RemoteError) as raised:
+        g.forward(1)
+    assert str(raised.value).startswith(
+        f"the value returned by `made` (class `{__name__}.HostOnly`) on host `one` cannot be "
+        "unpickled here: ModuleNotFoundError: No module named 'made_on_the_host'\nhint: make "
+        "`made_on_the_host` importable here too"
+    ), str(raised.value)
+    assert (raised.value.host, raised.value.node) == ("one", "made")
+    assert ANSI not in printed(raised.value)
+
+
+class RaiseHostOnly(soma.Node):
+    """Raises an exception of a class of a module that exists on the host alone, made there."""
+
+    def forward(self, x: int) -> Any:
+        import types
+
+        module = sys.modules.get("raised_on_the_host")
+        if module is None:
+            module = sys.modules["raised_on_the_host"] = types.ModuleType("raised_on_the_host")
+            module.Oops = type("Oops", (Exception,), {"__module__": "raised_on_the_host"})  # type: ignore[attr-defined]
+        raise module.Oops(f"no {x}")
+
+
+def test_an_exception_raised_on_a_host_that_cannot_be_unpickled_here_is_a_remote_error_naming_it(
+    cluster: RayHosts,
+) -> None:
+    g = soma.Graph.somatize(RaiseHostOnly().named("oops").at("one"))
+    with pytest.raises(soma.RemoteError) as raised:
+        g.forward(1)
+    assert str(raised.value).startswith(
+        "node `oops` raised `raised_on_the_host.Oops: no 1` on host `one`, an exception that "
+        "cannot be unpickled here\nhint: make the exception's class importable here too"
+    ), str(raised.value)
+    assert (raised.value.host, raised.value.node) == ("one", "oops")
+    # The host's traceback, the node's own frame in it.
+    assert "raise module.Oops" in str(raised.value.__cause__)
+    assert ANSI not in printed(raised.value)
+
+
+class TwoArguments(Exception):
+    def __init__(self, what: str, why: str) -> None:
+        super().__init__(f"{what}: {why}")
+
+
+class Locked(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
+class RaiseTwoArguments(soma.Node):
+    def forward(self, x: int) -> int:
+        raise TwoArguments("bad", "input")
+
+
+class RaiseLocked(soma.Node):
+    def forward(self, x: int) -> int:
+        raise Locked("held")
+
+
+@pytest.mark.parametrize(
+    ("node", "raised", "why"),
+    [
+        (
+            RaiseTwoArguments,
+            "TwoArguments: bad: input",
+            "TypeError: TwoArguments.__init__() missing 1 required positional argument: 'why'",
+        ),
+        (RaiseLocked, "Locked: held", "TypeError: cannot pickle '_thread.lock' object"),
+    ],
+)
+def test_an_exception_that_does_not_pickle_on_a_host_is_a_remote_error_with_its_type_and_message(
+    cluster: RayHosts, node: type[soma.Node], raised: str, why: str
+) -> None:
+    g = soma.Graph.somatize(Add(1).named("a") >> node().named("fail").at("one"))
+    with pytest.raises(soma.RemoteError) as caught:
+        g.forward(1)
+    assert str(caught.value) == (
+        f"node `fail` raised `{__name__}.{raised}` on host `one`, an exception that cannot be "
+        f"pickled to come back here ({why})\nhint: let the exception pickle: pass every "
+        "argument of its `__init__` on to `super().__init__(...)` (or give it a `__reduce__`), "
+        "and keep locks, files and connections out of its attributes"
+    )
+    assert (caught.value.host, caught.value.node) == ("one", "fail")
+    # The host's traceback, the node's own frame in it, printed above the error.
+    assert isinstance(caught.value.__cause__, soma.errors.RemoteTraceback)
+    assert "raise " in str(caught.value.__cause__)
+    assert ANSI not in printed(caught.value)
+
+
+STUCK_SCRIPT = """
+import threading, time
+import ray
+import soma
+
+class Stuck(soma.Node):
+    def forward(self, x):
+        if x:
+            threading.Event().wait()  # Forever: only the deadline ends this run.
+        return x
+
+class Pass(soma.Node):
+    def forward(self, x):
+        return x
+
+class SlowToArrive(soma.Node):
+    # Takes far longer to unpickle on the host than the test waits.
+    def forward(self, x):
+        return x
+
+    def __setstate__(self, state):
+        time.sleep(40)
+        self.__dict__.update(state)
+
+ray.init(address={address!r}, log_to_driver=False)
+try:
+    shapes = {{
+        "only": Stuck().named("stuck").at("one"),
+        "last": Pass().named("here") >> Stuck().named("stuck").at("one"),
+        "first": Stuck().named("stuck").at("one") >> Pass().named("after"),
+        "beside a local branch": Pass().named("here") | Stuck().named("stuck").at("one"),
+        "before a local branch": Stuck().named("stuck").at("one") | Pass().named("here"),
+    }}
+    for shape, expr in shapes.items():
+        g = soma.Graph.somatize(expr)
+        g.forward(0)  # The host's actor started and its slice loaded.
+        try:
+            g.forward(1, timeout=0.5)
+            print(shape, "returned", flush=True)
+        except TimeoutError as error:
+            print(shape, "|", str(error).splitlines()[0], flush=True)
+        print(shape, "| next", g.forward(0) is not None, flush=True)
+    # The first run of a graph sends the host its nodes: that trip keeps the deadline too.
+    g = soma.Graph.somatize(Pass().named("here") >> SlowToArrive().named("slow").at("two"))
+    try:
+        g.forward(1, timeout=0.5)
+        print("sending", "returned", flush=True)
+    except TimeoutError as error:
+        print("sending", "|", str(error).splitlines()[0], flush=True)
+finally:
+    ray.shutdown()
+"""
+
+
+def test_a_node_stuck_on_a_host_ends_its_run_at_the_deadline_naming_it_and_the_next_run_works(
+    cluster: RayHosts,
+) -> None:
+    # A driver of its own, whose stuck threads on the hosts end with it; the child's deadline
+    # fails the test should a run hang.
+    child = run_script(STUCK_SCRIPT.format(address=ray.get_runtime_context().gcs_address))
+    assert child.returncode == 0, child.stderr
+    said = (
+        "forward did not finish within its timeout of 0.5 s; still running: `stuck` on host "
+        "`one`, stopped there at its next node boundary"
+    )
+    shapes = ["only", "last", "first", "beside a local branch", "before a local branch"]
+    expected = [line for shape in shapes for line in (f"{shape} | {said}", f"{shape} | next True")]
+    expected.append(
+        "sending | forward did not finish within its timeout of 0.5 s; still running: `slow` "
+        "on host `two`, its nodes still on their way there"
+    )
+    assert child.stdout.splitlines() == expected, child.stderr

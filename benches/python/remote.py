@@ -4,7 +4,9 @@
 
 Starts a local cluster (a head, and a Ray node per host offering ``soma-host:<name>``), prints
 a markdown table (and writes it to PATH), and shuts the cluster down. Timings only, never
-assertions; the targets of the hosts issue are stated beside each figure:
+assertions on time; the targets of the hosts issue are stated beside each figure. Every timed
+call's result is checked against the expected one, outside the timed region: a figure of a run
+that computed something else is no figure.
 
 1. **Round trip.** A slice of one trivial node (median of ``forward``) against a bare call of a
    Ray actor method with the same payload (target: at most 1.5x). A slice of 100 trivial nodes
@@ -20,6 +22,11 @@ assertions; the targets of the hosts issue are stated beside each figure:
    most the bare call's plus 20 MB, a tenth of the array, in each process). Object-store pages
    a process touches count in its resident memory, so each side shows one copy of the array.
 
+4. **A deadline on a host.** ``forward(1, timeout=0.2)`` of a graph whose slice on a host is
+   stuck forever (``threading.Event().wait()``): how long past its deadline the
+   ``TimeoutError`` comes out, median and worst of the runs (target: within 100 ms). Each run
+   leaves a thread stuck on the host's actor; they end with the cluster.
+
 ``--quick`` runs a tenth of the repeats, for a look rather than a figure.
 """
 
@@ -29,6 +36,7 @@ import argparse
 import os
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -52,13 +60,22 @@ def met(target: bool) -> str:
     return "yes" if target else "**no**"
 
 
-def median_s(run: Callable[[], object], repeat: int) -> float:
-    run()  # Warm: actors started, slices loaded, code paths taken once.
+def checked(out: object, expected: object) -> None:
+    """Stops the benchmark if a timed call computed something other than ``expected``."""
+    if out != expected:
+        raise AssertionError(f"a timed call returned {out!r}, where {expected!r} was expected")
+
+
+def median_s(run: Callable[[], object], repeat: int, expected: object) -> float:
+    """The median seconds of ``run()``, each result checked against ``expected`` once its
+    time is taken."""
+    checked(run(), expected)  # Warm: actors started, slices loaded, code paths taken once.
     samples = []
     for _ in range(repeat):
         start = time.perf_counter()
-        run()
+        out = run()
         samples.append(time.perf_counter() - start)
+        checked(out, expected)
     return statistics.median(samples)
 
 
@@ -76,6 +93,45 @@ class Nap(soma.Node):
 class Total(soma.Node):
     def forward(self, x: Any) -> float:
         return float(x.sum())
+
+
+class Stuck(soma.Node):
+    """Waits forever on its first call with a true input: only a deadline ends its run."""
+
+    def forward(self, x: int) -> int:
+        if x:
+            threading.Event().wait()
+        return x
+
+
+#: The deadline of the fourth target, its runs, and how far past it the error may come.
+STUCK_TIMEOUT_S = 0.2
+STUCK_RUNS = 8
+OVERSHOOT_TARGET_S = 0.1
+
+
+def deadline_overshoot(host: str) -> list[str]:
+    """The row of the fourth target: how long past its deadline a run stuck on ``host`` ends."""
+    stuck = soma.Graph.somatize(Inc().named("here") >> Stuck().named("stuck").at(host))
+    checked(stuck.forward(-1), 0)  # The host's actor started and its slice loaded.
+    past = []
+    for _ in range(STUCK_RUNS):
+        start = time.perf_counter()
+        try:
+            stuck.forward(1, timeout=STUCK_TIMEOUT_S)
+        except TimeoutError as error:
+            past.append(time.perf_counter() - start - STUCK_TIMEOUT_S)
+            checked("still running: `stuck` on host" in str(error), True)
+        else:
+            raise AssertionError("a run stuck on a host returned")
+    worst = max(past)
+    return [
+        f"node stuck on a host, timeout={STUCK_TIMEOUT_S} s",
+        f"TimeoutError {statistics.median(past) * 1e3:.1f} ms past it (median), "
+        f"{worst * 1e3:.1f} ms (worst of {STUCK_RUNS})",
+        "",
+        f"target ≤ {OVERSHOOT_TARGET_S * 1e3:.0f} ms: " + met(worst <= OVERSHOOT_TARGET_S),
+    ]
 
 
 class Pid(soma.Node):
@@ -112,12 +168,12 @@ def status_kib(pid: int, field: str) -> int:
 
 def peak_growth_mb(pids: list[int], run: Callable[[], object]) -> list[float]:
     """How far each process's peak resident memory rose above its resident memory while
-    ``run()`` ran, in MB."""
+    ``run()`` ran, in MB; ``run()`` returns whether it computed what it should."""
     before = []
     for pid in pids:
         Path(f"/proc/{pid}/clear_refs").write_text("5")  # The peak, back to what is resident.
         before.append(status_kib(pid, "VmRSS"))
-    run()
+    checked(run(), True)
     return [(status_kib(pid, "VmHWM") - kib) / 1024 for pid, kib in zip(pids, before, strict=True)]
 
 
@@ -156,7 +212,8 @@ def chain(length: int, host: str) -> soma.Graph:
 
 
 def compiled_chain(length: int, repeat: int) -> float | None:
-    """Ray's compiled graph of the same chain on one actor, per run; None if it does not run."""
+    """Ray's compiled graph of the same chain on one actor, per run; None if it does not
+    compile or run (a wrong result is no such case: it stops the benchmark)."""
     try:
         from ray.dag import InputNode
 
@@ -167,9 +224,11 @@ def compiled_chain(length: int, repeat: int) -> float | None:
                 dag = actor.call.bind(dag)
         compiled = dag.experimental_compile()
         try:
-            return median_s(lambda: ray.get(compiled.execute(0)), repeat)
+            return median_s(lambda: ray.get(compiled.execute(0)), repeat, length)
         finally:
             compiled.teardown()
+    except AssertionError:
+        raise
     except Exception as failure:  # Reported as not run, with why.
         log(f"Ray's compiled graph did not run: {type(failure).__name__}: {failure}")
         return None
@@ -193,8 +252,8 @@ def main() -> None:
 
         one = chain(1, "one")
         bare = Bare.options(resources={resource_of("one"): 0.001}).remote()  # type: ignore[attr-defined]
-        slice_s = median_s(lambda: one.forward(0), args.repeat)
-        bare_s = median_s(lambda: ray.get(bare.call.remote(0)), args.repeat)
+        slice_s = median_s(lambda: one.forward(0), args.repeat, 1)
+        bare_s = median_s(lambda: ray.get(bare.call.remote(0)), args.repeat, 1)
         rows.append(
             [
                 "slice of 1 trivial node",
@@ -208,10 +267,12 @@ def main() -> None:
         local = chain(100, "one")
         for node in local.nodes():
             local.place_at(node, None)
-        hundred_s = median_s(lambda: hundred.forward(0), args.repeat // 4)
-        local_s = median_s(lambda: local.forward(0), args.repeat)
+        hundred_s = median_s(lambda: hundred.forward(0), args.repeat // 4, 100)
+        local_s = median_s(lambda: local.forward(0), args.repeat, 100)
         calls_s = median_s(
-            lambda: [ray.get(bare.call.remote(0)) for _ in range(100)], max(args.repeat // 20, 3)
+            lambda: [ray.get(bare.call.remote(0)) for _ in range(100)],
+            max(args.repeat // 20, 3),
+            [1] * 100,
         )
         rows.append(
             [
@@ -242,8 +303,8 @@ def main() -> None:
 
         apart = soma.Graph.somatize(Nap().named("left").at("one") | Nap().named("right").at("two"))
         series = soma.Graph.somatize((Nap().named("left") >> Nap().named("right")).at("one"))
-        apart_s = median_s(lambda: apart.forward(0), 10)
-        series_s = median_s(lambda: series.forward(0), 10)
+        apart_s = median_s(lambda: apart.forward(0), 10, {"left": 0, "right": 0})
+        series_s = median_s(lambda: series.forward(0), 10, 0)
         rows.append(
             [
                 "2 branches of 100 ms on 2 hosts",
@@ -253,6 +314,7 @@ def main() -> None:
             ]
         )
         rows.append(no_second_copy(bare, "one"))
+        rows.append(deadline_overshoot("two"))
     finally:
         soma.remote.use(None)
         ray.shutdown()

@@ -18,13 +18,21 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import re
 import threading
 from typing import Any
 
-from soma._slices import CANCEL_WAIT, RemoteHost, Shipped, Slice, SliceRunner, remote_error
+from soma import _ray_errors
+from soma._slices import (
+    CANCEL_WAIT,
+    DEADLINE_GRACE,
+    RemoteHost,
+    Shipped,
+    Slice,
+    SliceRunner,
+    remote_error,
+)
 from soma._soma import StopFlag
-from soma.errors import RemoteTraceback
+from soma.errors import RemoteError, RemoteTraceback, SomaError
 
 #: The Ray rule: the Ray node(s) of host ``name`` offer the custom resource
 #: ``soma-host:<name>`` (``ray start --resources='{"soma-host:gpu-box": 1}'``).
@@ -87,8 +95,16 @@ class _HostActor:
             if token in self._early:  # Cancelled on its way here.
                 del self._early[token]
                 stop.set()
+        runner = self.slices[key][index]
         try:
-            return self.slices[key][index].run(inputs, stop, traced)
+            return runner.run(inputs, stop, traced)
+        except BaseException as raised:
+            # Ray would send an exception that does not pickle back as its own serialization
+            # error: what comes back instead says what the node raised.
+            stand_in = _ray_errors.exception_not_sent(raised, self.host, runner.nodes)
+            if stand_in is None:
+                raise
+            raise stand_in from raised
         finally:
             with self._lock:
                 del self._running[token]
@@ -109,6 +125,11 @@ class _HostActor:
         with self._lock:
             return len(self._running)
 
+    def unstopped(self) -> int:
+        """The slice runs in progress here that no cancel has reached."""
+        with self._lock:
+            return sum(not stop.is_set for stop in self._running.values())
+
     def unload(self, key: str) -> None:
         self.slices.pop(key, None)
 
@@ -127,10 +148,25 @@ class _RayHost:
         self.actor = actor
         self._loaded: dict[str, dict[int, Slice]] = {}
 
-    def load(self, key: str, slices: list[Slice]) -> None:
+    def load(self, key: str, slices: list[Slice], timeout: float | None = None) -> None:
         ray = self._hosts.ray
+        limit = (
+            self._hosts.start_timeout
+            if timeout is None
+            else min(timeout, self._hosts.start_timeout)
+        )
         try:
-            ray.get(self.actor.load.remote(key, slices), timeout=self._hosts.start_timeout)
+            ref = self.actor.load.remote(key, slices)
+        except Exception as failed:  # Pickling the slices' nodes, here.
+            raise _ray_errors.nodes_not_sent(self.name, slices, failed) from (
+                _ray_errors.cause_of(failed)
+            )
+        try:
+            ray.get(ref, timeout=limit)
+        except ray.exceptions.RayTaskError as failed:  # Unpickling them, there.
+            raise _ray_errors.nodes_not_read(self.name, slices, str(failed)) from _traceback(
+                failed, self.name
+            )
         except ray.exceptions.RayActorError:
             self._hosts.forget(self)
             raise remote_error(
@@ -140,7 +176,7 @@ class _RayHost:
             raise remote_error(
                 self.name,
                 slices[0],
-                f"did not take its slices within {self._hosts.start_timeout} s",
+                f"did not take its slices within {limit:.3g} s",
                 "a host's actor starts on first use; give it longer with "
                 "`soma.remote.use(soma.remote.RayHosts(start_timeout=...))`",
             ) from None
@@ -158,11 +194,16 @@ class _RayHost:
         ray = self._hosts.ray
         piece = self._loaded[key][index]
         limit = self._hosts.timeout if timeout is None else timeout
-        ref = self.actor.run.remote(key, index, inputs, token, traced)
+        try:
+            ref = self.actor.run.remote(key, index, inputs, token, traced)
+        except Exception as failed:  # Pickling the values the slice reads, here.
+            raise _ray_errors.values_not_sent(self.name, piece, inputs, failed) from (
+                _ray_errors.cause_of(failed)
+            )
         try:
             out: tuple[dict[str, Any], list[Shipped]] = ray.get(ref, timeout=limit)
         except ray.exceptions.RayTaskError as failed:
-            raised, remote = _as_raised(failed, self.name)
+            raised, remote = _as_raised(failed, self.name, piece, inputs)
             raise raised from remote
         except ray.exceptions.RayActorError:
             self._hosts.forget(self)
@@ -170,18 +211,30 @@ class _RayHost:
                 self.name, piece, "died while running its slice", _DIED_HINT
             ) from None
         except ray.exceptions.GetTimeoutError:
-            self.cancel([token])
+            # The run's own deadline passed (when it has one): it is kept to a tenth of a second.
+            self.cancel([token], CANCEL_WAIT if timeout is None else DEADLINE_GRACE)
             raise remote_error(
                 self.name, piece, f"did not finish its slice within {limit:.3g} s", _TIMEOUT_HINT
             ) from None
+        except ray.exceptions.UnserializableException as failed:  # An exception, here.
+            text = getattr(failed, "_original_stack_trace", str(failed))
+            raise _ray_errors.exception_not_read(self.name, piece, text) from RemoteTraceback(
+                self.name, _ray_errors.plain(text).rstrip()
+            )
+        except ray.exceptions.RaySystemError as failed:  # Unpickling what came back, here.
+            raise _ray_errors.returns_not_read(self.name, piece, str(failed)) from _traceback(
+                failed, self.name
+            )
+        except ray.exceptions.RayError as failed:  # Anything else of Ray's, in its own words.
+            raise _ray_errors.other(self.name, piece, failed) from _traceback(failed, self.name)
         except BaseException:  # Ctrl-C while waiting here: the slice stops there too.
             self.cancel([token])
             raise
         return out
 
-    def cancel(self, tokens: list[str]) -> None:
+    def cancel(self, tokens: list[str], wait: float = CANCEL_WAIT) -> None:
         ray = self._hosts.ray
-        wait = min(self._hosts.timeout, CANCEL_WAIT)
+        wait = min(self._hosts.timeout, wait)
         # Anything but an answer means the host is gone or swamped: nothing more to do here.
         with contextlib.suppress(Exception):
             ray.get(
@@ -204,26 +257,43 @@ _DIED_HINT = (
 _TIMEOUT_HINT = "pass a larger `timeout=` to forward, or to `soma.remote.RayHosts(timeout=...)`"
 
 
-# The terminal colours Ray puts in what it prints: a note is read anywhere.
-_COLOURS = re.compile(r"\x1b\[[0-9;]*m")
+def _traceback(failed: Any, host: str) -> RemoteTraceback:
+    """What Ray printed for ``failed``: the task, and the traceback on the host, uncoloured."""
+    return RemoteTraceback(host, _ray_errors.plain(str(failed)).rstrip())
 
 
-def _as_raised(failed: Any, host: str) -> tuple[BaseException, RemoteTraceback | None]:
-    """The node's own exception out of Ray's wrapper, noted with its host, and the remote
-    traceback to raise it from; Ray's wrapper itself, and no traceback of its own, when the
-    exception could not travel."""
+def _as_raised(
+    failed: Any, host: str, piece: Slice, inputs: dict[str, Any]
+) -> tuple[BaseException, RemoteTraceback]:
+    """What a failed run of ``piece`` on ``host`` raises here, and the remote traceback to
+    raise it from: the node's own exception out of Ray's wrapper, noted with its host; a
+    :class:`soma.RemoteError` when it was Ray that failed on the host, reading the values sent
+    or pickling the values returned."""
+    import ray
+
+    remote = _traceback(failed, host)
     cause = getattr(failed, "cause", None)
-    if not isinstance(cause, BaseException):
-        return failed, None
+    if not isinstance(cause, BaseException) or isinstance(cause, ray.exceptions.RaySystemError):
+        # Ray could not unpickle the values sent, there.
+        return _ray_errors.values_not_read(host, piece, inputs, str(failed)), remote
+    if isinstance(cause, ray.exceptions.RayError):
+        return _ray_errors.other(host, piece, cause), remote
+    if isinstance(cause, RemoteError):  # The host's own: it says where already.
+        return cause, remote
     notes = getattr(cause, "__notes__", None)
+    ours = isinstance(cause, SomaError) or any(
+        note.startswith("raised in soma node ") for note in notes or []
+    )
+    if not ours and "pickle" in remote.traceback:
+        # Raised outside the slice's run: by Ray, pickling what it returned.
+        return _ray_errors.returns_not_sent(host, piece, cause), remote
     # The engine on the host named the node; say where that was, in the same note.
     named = [at for at, note in enumerate(notes or []) if note.startswith("raised in soma node ")]
     if notes and named:
         notes[named[-1]] += f" on host `{host}`"
     else:
         cause.add_note(f"raised on host `{host}`")
-    # What Ray prints for the failure: the task, and the traceback on the host.
-    return cause, RemoteTraceback(host, _COLOURS.sub("", str(failed)).rstrip())
+    return cause, remote
 
 
 class RayHosts:
@@ -235,6 +305,10 @@ class RayHosts:
     environment variable, or a running local cluster, or a new one). ``timeout`` bounds each
     trip to a host, in seconds, when ``forward`` is given none; ``start_timeout`` bounds
     starting a host's actor and sending it a graph's slices (a busy node may take seconds).
+    A host imports the modules its nodes are defined in through Ray's job: a program whose
+    modules are not installed on the hosts sends them with
+    ``ray.init(runtime_env={"py_modules": [...]})`` (or ``{"working_dir": "."}``) before its
+    first run, which Soma then uses as it is.
     """
 
     def __init__(

@@ -26,6 +26,10 @@ Shipped = tuple[str, float, float, int, list[int], int, str | None, str | None]
 #: the run, must not wait for it.
 CANCEL_WAIT = 5.0
 
+#: Seconds past a run's deadline that its cancels may still wait for their hosts to confirm: a
+#: deadline is kept to within a tenth of a second, so a run with one waits no longer than this.
+DEADLINE_GRACE = 0.05
+
 
 @dataclasses.dataclass(frozen=True)
 class Slice:
@@ -58,8 +62,10 @@ class Slice:
 class RemoteHost(Protocol):
     """One host, as a transport serves it."""
 
-    def load(self, key: str, slices: list[Slice]) -> None:
-        """Keeps ``slices`` under ``key`` (one graph's) on the host, replacing what was there."""
+    def load(self, key: str, slices: list[Slice], timeout: float | None = None) -> None:
+        """Keeps ``slices`` under ``key`` (one graph's) on the host, replacing what was there;
+        a host that has not taken them within ``timeout`` seconds (the transport's own limit if
+        ``None``) is a :class:`soma.RemoteError`."""
 
     def run(
         self,
@@ -77,11 +83,11 @@ class RemoteHost(Protocol):
         when the wait here ends without an answer (no answer in time, Ctrl-C) the host cancels
         it itself."""
 
-    def cancel(self, tokens: list[str]) -> None:
+    def cancel(self, tokens: list[str], wait: float = CANCEL_WAIT) -> None:
         """Stops the slice runs named ``tokens`` on the host at their next node boundary (a node
         running there finishes its call, nothing after it runs); one not started yet stops
-        before its first node. Waits for the host to confirm only so long
-        (:data:`CANCEL_WAIT`); never raises."""
+        before its first node. Waits for the host to confirm ``wait`` seconds at most (the
+        cancel goes out either way); never raises."""
 
     def unload(self, key: str) -> None:
         """Forgets ``key``'s slices; never raises."""
@@ -132,7 +138,9 @@ class SliceRunner:
         for node, inputs in piece.steps:
             for source in inputs or (INPUT,):
                 graph.edge(sources.get(source, source), node)
-        self._nodes = {node for node, _ in piece.nodes}
+        #: The slice's nodes, in plan order: what an error on the host names.
+        self.nodes = piece.names()
+        self._nodes = set(self.nodes)
         self._taps: dict[str, str] = {}
         for node in piece.returns:
             tap = fresh_id(f"{node}(out)", taken)

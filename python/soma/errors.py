@@ -105,8 +105,10 @@ class CancelledError(RunError):
 
 
 class RemoteError(RunError):
-    """A host could not run its slice: it is not in the cluster, its process died, or it did
-    not answer in time (``.host``, ``.slice``: the slice's nodes, in plan order)."""
+    """A host could not run its slice: it is not in the cluster, its process died, it did not
+    answer in time, or a node, a value or an exception could not travel to or from it (a module
+    it cannot import, something that does not pickle). ``.host``; ``.slice``: the slice's
+    nodes, in plan order; ``.node``: the node to look at."""
 
     host: str | None = None
     slice: list[str] | None = None

@@ -25,7 +25,17 @@ import weakref
 from typing import Any
 
 from soma._ray_hosts import RESOURCE_PREFIX, RayHosts, resource_of
-from soma._slices import INPUT, PassThrough, RemoteHost, Slice, SliceRunner, Transport, fresh_id
+from soma._slices import (
+    CANCEL_WAIT,
+    DEADLINE_GRACE,
+    INPUT,
+    PassThrough,
+    RemoteHost,
+    Slice,
+    SliceRunner,
+    Transport,
+    fresh_id,
+)
 from soma.errors import CancelledError, RemoteError
 
 # A `soma.Graph` is written `Any` here: `soma._graph` imports this module, and the layout
@@ -84,10 +94,29 @@ class _Run:
         #: ``forward`` raises when the error it meets first is only a slice cancelled for it.
         self.failure: BaseException | None = None
         self._failed_at: int | None = None
+        #: The ``TimeoutError`` of a slice whose wait ended with the run's deadline, if one did.
+        self.timed_out: TimeoutError | None = None
 
     def time_left(self) -> float | None:
         """Seconds until the run's deadline, if it has one."""
         return None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
+
+    def ran_out(self, piece: Slice, state: str) -> TimeoutError:
+        """The run's ``TimeoutError``, its time having run out while ``piece`` was ``state``
+        on its host; kept as the one to raise (see :func:`forward`)."""
+        self.timed_out = TimeoutError(
+            f"forward did not finish within its timeout of {self.timeout} s; still running: "
+            f"{piece.listed()} on host `{piece.host}`, {state}\nhint: the graph can run again "
+            "at once"
+        )
+        return self.timed_out
+
+    def cancel_wait(self) -> float:
+        """Seconds a cancel may wait for its host to confirm: :data:`CANCEL_WAIT`, and never
+        past the run's deadline by more than :data:`DEADLINE_GRACE`."""
+        if self.deadline is None:
+            return CANCEL_WAIT
+        return min(CANCEL_WAIT, max(self.deadline + DEADLINE_GRACE - time.monotonic(), 0.0))
 
     def begin(self, host: RemoteHost, index: int) -> str | None:
         """A token for a run of slice ``index`` about to start on ``host``; ``None`` once that
@@ -128,7 +157,7 @@ class _Run:
                 host, _ = self._in_flight.pop(token)
                 by_host.setdefault(id(host), (host, []))[1].append(token)
         for host, tokens in by_host.values():
-            host.cancel(tokens)
+            host.cancel(tokens, self.cancel_wait())
 
 
 #: The run in progress, seen by its slices on the threads of its branches (each runs in a copy
@@ -229,7 +258,12 @@ class Distributed:
             with self._loading:
                 if self._hosts.get(piece.host) is not host:
                     slices = [other for other in self.slices if other.host == piece.host]
-                    host.load(self.key, slices)
+                    try:
+                        host.load(self.key, slices, run.time_left())
+                    except RemoteError as failed:
+                        if run.time_left() != 0.0:
+                            raise
+                        raise run.ran_out(piece, "its nodes still on their way there") from failed
                     self._hosts[piece.host] = host
         token = run.begin(host, index)
         if token is None:  # A branch that started as the run was given up: its result is dropped.
@@ -248,11 +282,7 @@ class Distributed:
             if isinstance(failed, RemoteError) and run.time_left() == 0.0:
                 # The run's own time ran out while the host worked: a timeout, as for a local
                 # node.
-                raised = TimeoutError(
-                    f"forward did not finish within its timeout of {run.timeout} s; the slice "
-                    f"of {piece.listed()} on host `{piece.host}` was stopped there at its next "
-                    "node boundary\nhint: the graph can run again at once"
-                )
+                raised = run.ran_out(piece, "stopped there at its next node boundary")
                 raised.__cause__ = failed
             # A failed slice fails the run: the slices of later branches stop on their hosts
             # now, rather than run to their end while the engine waits for them. (A slice
@@ -353,9 +383,24 @@ def forward(
             # stopped at a node boundary, it has no error of its own, and the other's wins.
             raise run.failure from run.failure.__cause__
         _drop_stand_in_note(raised, distributed.slice_ids)
+        if isinstance(raised, TimeoutError):
+            ours = run.timed_out
+            if ours is not None and raised is not ours and str(ours) in str(raised):
+                # The engine's deadline met a slice's: the slice's says it all, once.
+                raise ours from ours.__cause__
+            _name_slices(raised, distributed)
         raise
     finally:
         _current.reset(token)
+
+
+def _name_slices(raised: TimeoutError, distributed: Distributed) -> None:
+    """Names the nodes of each slice the engine's ``TimeoutError`` names by its stand-in."""
+    message = str(raised)
+    for piece, stand_in in zip(distributed.slices, distributed.slice_ids, strict=True):
+        message = message.replace(f"`{stand_in}`", f"{piece.listed()} on host `{piece.host}`")
+    if message != str(raised):
+        raised.args = (message,)
 
 
 def _drop_stand_in_note(raised: BaseException, slice_ids: list[str]) -> None:
