@@ -307,19 +307,7 @@ impl Crew {
         if len > 1 {
             self.pool.withdraw(&offer);
         }
-        if !offer.finished() {
-            let until_done = |timeout: Option<Duration>| offer.latch.wait(&offer, timeout);
-            let gave_up = wait(&until_done);
-            if let (true, Some(detached)) = (gave_up, detached) {
-                let remains = &detached.remains();
-                offer.leave(remains);
-                work.leave(remains);
-                std::mem::forget(guard);
-                return None;
-            }
-        }
-        drop(guard);
-        let work = work.into_inner();
+        let work = joined_or_left(&offer, work, guard, detached, wait)?;
         Some(
             work.outcomes
                 .into_vec()
@@ -363,18 +351,7 @@ impl Crew {
         if let Err(refused) = self.pool.offer(&offer) {
             offer.refuse_unclaimed(&refused);
         }
-        if !offer.finished() {
-            let until_done = |timeout: Option<Duration>| offer.latch.wait(&offer, timeout);
-            let gave_up = wait(&until_done);
-            if let (true, Some(detached)) = (gave_up, detached) {
-                let remains = &detached.remains();
-                offer.leave(remains);
-                work.leave(remains);
-                std::mem::forget(guard);
-                return None;
-            }
-        }
-        drop(guard);
+        let work = joined_or_left(&offer, work, guard, detached, wait)?;
         // The task is done, but its thread may still hold the host it ran in: asking for the
         // host now would put this thread to sleep until that one lets go, and waking it costs
         // more than the few instructions between the two. So look a moment for it to go.
@@ -384,7 +361,7 @@ impl Crew {
                 std::hint::spin_loop();
             }
         }
-        let outcome = (work.into_inner().outcomes.into_vec().pop()).expect("one task, one outcome");
+        let outcome = (work.outcomes.into_vec().pop()).expect("one task, one outcome");
         Some(
             outcome
                 .into_inner()
@@ -431,6 +408,32 @@ impl Drop for Crew {
         // Idle threads wake and end; none is joined, so dropping never waits on a thread.
         self.pool.wake.notify_all();
     }
+}
+
+/// The end of an owner's wait for `offer`, whose `guard` it holds: the work back, every
+/// outcome in it, once every branch has finished; or `None` at once when `wait` gave up in a
+/// `detached` run, the work and the offer then left to the run's remains for the branches still
+/// running. `wait` is called only if a branch is unfinished; see [`Crew::run`].
+fn joined_or_left<F: Send, T: Send>(
+    offer: &Arc<Offer>,
+    work: Kept<Work<F, T>>,
+    guard: Joined<'_>,
+    detached: Option<&Detached>,
+    wait: impl FnOnce(&(dyn Fn(Option<Duration>) -> bool + Sync)) -> bool,
+) -> Option<Work<F, T>> {
+    if !offer.finished() {
+        let until_done = |timeout: Option<Duration>| offer.latch.wait(offer, timeout);
+        let gave_up = wait(&until_done);
+        if let (true, Some(detached)) = (gave_up, detached) {
+            let remains = &detached.remains();
+            offer.leave(remains);
+            work.leave(remains);
+            std::mem::forget(guard);
+            return None;
+        }
+    }
+    drop(guard);
+    Some(work.into_inner())
 }
 
 /// Waits, when dropped, until every branch of the offer has finished.

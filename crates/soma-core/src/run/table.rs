@@ -19,6 +19,16 @@ pub(super) struct Frame<'t> {
 }
 
 impl Frame<'_> {
+    /// The same window on the table, borrowed anew: for a frame handed to another thread while
+    /// this one waits for it.
+    pub(super) fn reborrow(&mut self) -> Frame<'_> {
+        Frame {
+            base: self.base,
+            own: &mut *self.own,
+            shared: self.shared,
+        }
+    }
+
     pub(super) fn read(&self, slot: usize) -> Option<&Value> {
         if let Some(cell) = slot.checked_sub(self.base).and_then(|at| self.own.get(at)) {
             return cell.as_ref();

@@ -172,11 +172,7 @@ impl Executor {
     ) -> Result<(), Halt> {
         // The deeper thread borrows the frame itself: kept on the heap, like a wave's locals,
         // in case this thread is the caller and stops waiting.
-        let mut kept = Kept::new(Frame {
-            base: frame.base,
-            own: &mut *frame.own,
-            shared: frame.shared,
-        });
+        let mut kept = Kept::new(frame.reborrow());
         let deeper_frame = kept.get_mut();
         let meeting = Arc::new(Deeper {
             done: AtomicBool::new(false),
@@ -285,11 +281,7 @@ impl Executor {
         // What the lent thread borrows from this frame, kept on the heap in case the caller
         // stops waiting, as a wave's locals are.
         let mut kept = Kept::new((
-            Frame {
-                base: frame.base,
-                own: &mut *frame.own,
-                shared: frame.shared,
-            },
+            frame.reborrow(),
             self.host.as_ref().and_then(|host| host.capture()),
         ));
         let (lent_frame, captured) = kept.get_mut();
