@@ -12,7 +12,8 @@ module imports the DSL and the DSL never needs to know what a node is.
 
 from __future__ import annotations
 
-from typing import Any
+from collections import deque
+from typing import Any, NamedTuple
 
 from soma import _soma
 
@@ -36,21 +37,25 @@ class Composable:
 
 
 class Expr:
-    """Nodes, edges (as index pairs), heads and terminals of an expression."""
+    """Nodes, edges (as index pairs), heads and terminals of an expression.
 
-    __slots__ = ("edges", "heads", "nodes", "terminals")
+    An expression is kept as the tree its operators wrote — a node, or two expressions in series
+    or side by side — so ``e >> k`` and ``e | k`` cost the same however large ``e`` is, and a
+    chain built by a loop costs time linear in its length. ``nodes``, ``edges``, ``heads`` and
+    ``terminals`` are read off that tree on first use, by a walk with a stack of its own rather
+    than by recursion, so an expression nested 100,000 deep reads as well as a flat one.
+    """
 
-    def __init__(
-        self,
-        nodes: tuple[Any, ...],
-        edges: tuple[tuple[int, int], ...],
-        heads: tuple[int, ...],
-        terminals: tuple[int, ...],
-    ) -> None:
-        self.nodes = nodes
-        self.edges = edges
-        self.heads = heads
-        self.terminals = terminals
+    __slots__ = ("_flat", "_left", "_node", "_right", "_series")
+
+    def __init__(self, node: object, left: Expr | None, right: Expr | None, series: bool) -> None:
+        # One of: a node (`left` and `right` None), or `left` and `right` in series or side by
+        # side. Built by `of`, `>>` and `|`, never by hand.
+        self._node = node
+        self._left = left
+        self._right = right
+        self._series = series
+        self._flat: _Flat | None = None
 
     @staticmethod
     def of(item: object, operator: str) -> Expr:
@@ -58,7 +63,7 @@ class Expr:
         if isinstance(item, Expr):
             return item
         if isinstance(item, Composable):
-            return Expr((item,), (), (0,), (0,))
+            return Expr(item, None, None, False)
         refuse_class(item, verb="compose", where=f" in `{operator}`")
         raise TypeError(
             f"cannot compose an object of type `{type(item).__name__}` with `{operator}`: "
@@ -67,17 +72,43 @@ class Expr:
             "with Graph.node() and connect it with Graph.edge()"
         )
 
+    @property
+    def nodes(self) -> tuple[Any, ...]:
+        """The nodes, in the order they are written."""
+        return self._flattened().nodes
+
+    @property
+    def edges(self) -> tuple[tuple[int, int], ...]:
+        """The edges, as pairs of indices into ``nodes``: those of ``a``, then those of ``b``,
+        then, for ``a >> b``, every terminal of ``a`` to every head of ``b``."""
+        return self._flattened().edges
+
+    @property
+    def heads(self) -> tuple[int, ...]:
+        """The indices of the nodes that receive the expression's input."""
+        return self._flattened().heads
+
+    @property
+    def terminals(self) -> tuple[int, ...]:
+        """The indices of the nodes whose outputs are the expression's output."""
+        return self._flattened().terminals
+
+    def _flattened(self) -> _Flat:
+        if self._flat is None:
+            self._flat = _flatten(self)
+        return self._flat
+
     def __rshift__(self, other: object) -> Expr:
-        return _series(self, Expr.of(other, ">>"))
+        return Expr(None, self, Expr.of(other, ">>"), True)
 
     def __rrshift__(self, other: object) -> Expr:
-        return _series(Expr.of(other, ">>"), self)
+        return Expr(None, Expr.of(other, ">>"), self, True)
 
     def __or__(self, other: object) -> Expr:
-        return _parallel(self, Expr.of(other, "|"))
+        return Expr(None, self, Expr.of(other, "|"), False)
 
     def __ror__(self, other: object) -> Expr:
-        return _parallel(Expr.of(other, "|"), self)
+        return Expr(None, Expr.of(other, "|"), self, False)
 
     def on(self, device: str) -> Expr:
         """Places every node of the expression on ``device`` that is not placed already (by its
@@ -104,29 +135,74 @@ class Expr:
         return f"Expr([{names}], {len(self.edges)} edges)"
 
 
-def _shifted(pairs: tuple[tuple[int, int], ...], by: int) -> tuple[tuple[int, int], ...]:
-    return tuple((a + by, b + by) for a, b in pairs)
+class _Flat(NamedTuple):
+    """An expression read off its tree."""
+
+    nodes: tuple[Any, ...]
+    edges: tuple[tuple[int, int], ...]
+    heads: tuple[int, ...]
+    terminals: tuple[int, ...]
 
 
-def _series(left: Expr, right: Expr) -> Expr:
-    by = len(left.nodes)
-    crossing = tuple((t, h + by) for t in left.terminals for h in right.heads)
-    return Expr(
-        left.nodes + right.nodes,
-        left.edges + _shifted(right.edges, by) + crossing,
-        left.heads,
-        tuple(t + by for t in right.terminals),
-    )
+# The heads or the terminals of a part of an expression: one node's index (most parts), or the
+# indices of several, in order.
+_Ends = int | deque[int]
 
 
-def _parallel(left: Expr, right: Expr) -> Expr:
-    by = len(left.nodes)
-    return Expr(
-        left.nodes + right.nodes,
-        left.edges + _shifted(right.edges, by),
-        left.heads + tuple(h + by for h in right.heads),
-        left.terminals + tuple(t + by for t in right.terminals),
-    )
+def _flatten(root: Expr) -> _Flat:
+    """``root``'s nodes, edges, heads and terminals, by one walk of its tree in the order it is
+    written, children before their parent. Each finished part leaves its heads and terminals on
+    two stacks, for its parent to take; ``to_visit`` holds the parts still to walk and, under
+    their children, a ``bool`` that says how to join them (``True``: in series)."""
+    nodes: list[Any] = []
+    edges: list[tuple[int, int]] = []
+    heads: list[_Ends] = []
+    terminals: list[_Ends] = []
+    to_visit: list[Expr | bool] = [root]
+    while to_visit:
+        item = to_visit.pop()
+        if item is True:  # In series: the heads of the left part, the terminals of the right.
+            right_heads = heads.pop()
+            right_terminals = terminals.pop()
+            left_terminals = terminals[-1]
+            terminals[-1] = right_terminals
+            if type(left_terminals) is int and type(right_heads) is int:
+                edges.append((left_terminals, right_heads))
+            else:
+                edges.extend((t, h) for t in _each(left_terminals) for h in _each(right_heads))
+        elif item is False:  # Side by side: the ends of both, left first.
+            right_heads = heads.pop()
+            heads[-1] = _joined(heads[-1], right_heads)
+            right_terminals = terminals.pop()
+            terminals[-1] = _joined(terminals[-1], right_terminals)
+        elif isinstance(item, Expr):
+            left, right = item._left, item._right
+            if left is None or right is None:  # A node.
+                at = len(nodes)
+                nodes.append(item._node)
+                heads.append(at)
+                terminals.append(at)
+            else:
+                to_visit.append(item._series)
+                to_visit.append(right)
+                to_visit.append(left)
+    return _Flat(tuple(nodes), tuple(edges), tuple(_each(heads[0])), tuple(_each(terminals[0])))
+
+
+def _each(ends: _Ends) -> deque[int] | tuple[int]:
+    return (ends,) if isinstance(ends, int) else ends
+
+
+def _joined(left: _Ends, right: _Ends) -> deque[int]:
+    """``left`` then ``right``, made by growing the longer of the two: a wide wave written
+    ``a | b | c | ...`` in either direction joins in time linear in its width."""
+    lefts = deque((left,)) if isinstance(left, int) else left
+    rights = deque((right,)) if isinstance(right, int) else right
+    if len(lefts) >= len(rights):
+        lefts.extend(rights)
+        return lefts
+    rights.extendleft(reversed(lefts))
+    return rights
 
 
 def refuse_class(obj: object, *, verb: str, call: str = "", where: str = "") -> None:

@@ -8,9 +8,11 @@ deciding once, at registration, whether ``forward`` wants a ``ctx``.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import re
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -23,13 +25,57 @@ from soma.errors import DuplicateNodeError, InvalidIdError
 _WORD_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 
 
+@functools.lru_cache(maxsize=4096)
 def snake_case(name: str) -> str:
-    """``Encoder`` -> ``encoder``, ``Other2`` -> ``other2``, ``HTTPServer`` -> ``http_server``."""
+    """``Encoder`` -> ``encoder``, ``Other2`` -> ``other2``, ``HTTPServer`` -> ``http_server``.
+
+    Kept per name: a graph of a million nodes of a few classes asks for a few names."""
     return _WORD_BOUNDARY.sub("_", name).lower()
 
 
+# Whether a class's `forward` takes a `ctx`, per function: by id, checked against a weak
+# reference to the function (an id a collected function leaves may be reused by another),
+# whose callback forgets the answer once the function is gone. `inspect.signature` costs tens
+# of µs, and a graph of a million nodes of a few classes asks the same question a million times.
+_CTX_BY_FUNCTION: dict[int, tuple[weakref.ref[types.FunctionType], bool]] = {}
+
+
 def _takes_ctx(obj: object) -> bool:
-    """Whether ``obj.forward`` accepts a second positional argument, the ``ctx``."""
+    """Whether ``obj.forward`` accepts a second positional argument, the ``ctx``.
+
+    The answer is kept for a ``forward`` that is a plain function of ``obj``'s class, read the
+    ordinary way: ``obj.forward`` is then that function bound to ``obj``, whatever ``obj`` is.
+    A ``forward`` of the instance's own (an attribute set on it), or one a class computes
+    (``__getattribute__``, a descriptor, a ``staticmethod``) is looked at every time."""
+    cls = type(obj)
+    function = getattr(cls, "forward", None)
+    if (
+        type(function) is types.FunctionType
+        and cls.__getattribute__ is _OBJECT_GETATTRIBUTE
+        and "forward" not in getattr(obj, "__dict__", ())
+    ):
+        known = _CTX_BY_FUNCTION.get(id(function))
+        if known is not None and known[0]() is function:
+            return known[1]
+        decision = _reads_ctx(obj)
+        key = id(function)
+        _CTX_BY_FUNCTION[key] = (weakref.ref(function, functools.partial(_forget, key)), decision)
+        return decision
+    return _reads_ctx(obj)
+
+
+_OBJECT_GETATTRIBUTE = object.__getattribute__
+
+
+def _forget(key: int, _: object) -> None:
+    """Forgets the answer for a function that is being collected."""
+    entry = _CTX_BY_FUNCTION.get(key)
+    if entry is not None and entry[0]() is None:  # Not a later function's answer.
+        del _CTX_BY_FUNCTION[key]
+
+
+def _reads_ctx(obj: object) -> bool:
+    """What ``_takes_ctx`` answers, found from ``obj.forward``'s signature."""
     forward = getattr(obj, "forward", None)
     if not callable(forward):
         return False
@@ -126,19 +172,30 @@ class Graph:
         ``node(obj)`` uses the id given with ``.named()``, else the snake_case of the class
         name, made unique with ``_2``, ``_3``; ``node("id", obj)`` uses ``"id"``.
         """
+        # The common case stays on the fast path: a `str` id of ASCII, an object that is no
+        # class; `_checked_id` and `refuse_class` say what is wrong otherwise.
         if obj is None:
             obj = id_or_obj
-            refuse_class(obj, verb="register", call="g.node(")
-            node_id = getattr(obj, "_soma_id", None)
-            if node_id is None:
+            if isinstance(obj, type):
+                refuse_class(obj, verb="register", call="g.node(")
+            named = getattr(obj, "_soma_id", None)
+            if named is None:
                 node_id = self._core.free_id(snake_case(type(obj).__name__))
+            elif type(named) is str and named.isascii():
+                node_id = named
             else:
-                node_id = _checked_id(node_id, "node id", "give `.named()` a `str`")
+                node_id = _checked_id(named, "node id", "give `.named()` a `str`")
         else:
-            node_id = _checked_id(id_or_obj, "node id", 'call `g.node(obj)` or `g.node("id", obj)`')
-            refuse_class(obj, verb="register", call=f"g.node({_literal(node_id)}, ")
+            if type(id_or_obj) is str and id_or_obj.isascii():
+                node_id = id_or_obj
+            else:
+                node_id = _checked_id(
+                    id_or_obj, "node id", 'call `g.node(obj)` or `g.node("id", obj)`'
+                )
+            if isinstance(obj, type):
+                refuse_class(obj, verb="register", call=f"g.node({_literal(node_id)}, ")
         native = getattr(obj, "_soma_native", None)
-        if isinstance(native, _soma.NativeNode):
+        if native is not None and isinstance(native, _soma.NativeNode):
             self._core.add_native(node_id, obj, native)
         else:
             self._core.add_python(node_id, obj, _takes_ctx(obj))

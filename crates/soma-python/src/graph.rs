@@ -11,13 +11,13 @@
 //! ([`crate::native`]). Branch threads take it for their whole branch, on the same terms; the
 //! interpreter's own switch interval lets the branches of a wave take turns.
 
-use std::collections::HashMap;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use pyo3::exceptions::{PyTimeoutError, PyTypeError, PyValueError};
 use pyo3::gc::PyVisit;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::PyTraverseError;
@@ -45,8 +45,9 @@ use crate::watch::{SignalWatch, StopFlag};
 struct State {
     graph: Graph,
     catalog: Catalog,
-    /// The registered Python objects, for `implementation(id)`.
-    objects: HashMap<NodeId, Py<PyAny>>,
+    /// The registered Python objects, for `implementation(id)`, in the graph's order: looked up
+    /// through the graph's index rather than a table of their own, one hash less per node.
+    objects: Vec<Py<PyAny>>,
     /// The Python nodes in the catalog, kept apart so that the garbage collector can be shown
     /// the references they hold (a node that keeps its own graph makes a cycle).
     python_nodes: Vec<Arc<PythonNode>>,
@@ -63,7 +64,7 @@ impl Default for State {
         State {
             graph: Graph::default(),
             catalog: Catalog::default(),
-            objects: HashMap::new(),
+            objects: Vec::new(),
             python_nodes: Vec::new(),
             compiled: None,
             idle_threads: DEFAULT_IDLE_THREADS,
@@ -96,6 +97,7 @@ impl GraphCore {
         id: &str,
         object: &Bound<'_, PyAny>,
         implementation: Arc<dyn Node>,
+        python_node: Option<Arc<PythonNode>>,
     ) -> PyResult<()> {
         let mut state = self.state();
         let id = state
@@ -103,8 +105,9 @@ impl GraphCore {
             .add_node(id)
             .map_err(|e| graph_error(py, &e))?
             .clone();
-        state.catalog.insert(id.clone(), implementation);
-        state.objects.insert(id, object.clone().unbind());
+        state.catalog.insert(id, implementation);
+        state.objects.push(object.clone().unbind());
+        state.python_nodes.extend(python_node);
         state.compiled = None;
         Ok(())
     }
@@ -191,19 +194,23 @@ impl GraphCore {
         takes_ctx: bool,
     ) -> PyResult<()> {
         let forward = object
-            .getattr("forward")
+            .getattr(intern!(py, "forward"))
             .ok()
             .filter(PyAnyMethods::is_callable);
-        if forward.is_none() {
+        let Some(forward) = forward else {
             return Err(PyTypeError::new_err(format!(
                 "an object of type `{}` cannot be a node: it has no callable `forward`\nhint: subclass soma.Node and define `forward(self, x)`",
                 object.get_type().name()?
             )));
-        }
-        let node = Arc::new(PythonNode::new(object, takes_ctx)?);
-        self.register(py, id, object, Arc::clone(&node) as Arc<dyn Node>)?;
-        self.state().python_nodes.push(node);
-        Ok(())
+        };
+        let node = Arc::new(PythonNode::new(forward, takes_ctx)?);
+        self.register(
+            py,
+            id,
+            object,
+            Arc::clone(&node) as Arc<dyn Node>,
+            Some(node),
+        )
     }
 
     /// Registers a Rust implementation under `id`; `object` is what `implementation(id)` returns.
@@ -214,7 +221,7 @@ impl GraphCore {
         object: &Bound<'_, PyAny>,
         native: &Bound<'_, NativeNode>,
     ) -> PyResult<()> {
-        self.register(py, id, object, native.get().implementation())
+        self.register(py, id, object, native.get().implementation(), None)
     }
 
     fn add_edge(&self, py: Python<'_>, source: &str, target: &str) -> PyResult<()> {
@@ -279,8 +286,8 @@ impl GraphCore {
 
     fn implementation(&self, py: Python<'_>, id: &str) -> PyResult<Py<PyAny>> {
         let state = self.state();
-        match state.objects.get(id) {
-            Some(object) => Ok(object.clone_ref(py)),
+        match state.graph.position(id) {
+            Some(at) => Ok(state.objects[at].clone_ref(py)),
             None => Err(graph_error(
                 py,
                 &soma_core::GraphError::UnknownNode { id: id.into() },
@@ -307,7 +314,7 @@ impl GraphCore {
         let Ok(state) = self.state.try_lock() else {
             return Ok(());
         };
-        for object in state.objects.values() {
+        for object in &state.objects {
             visit.call(object)?;
         }
         for node in &state.python_nodes {

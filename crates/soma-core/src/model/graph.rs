@@ -94,6 +94,10 @@ pub struct Graph {
     pred: Vec<Neighbours>,
     edges: Vec<(usize, usize)>,
     edge_set: HashSet<(usize, usize)>,
+    /// Per base of [`Graph::free_id`], the first suffix not known to be taken: `base_2` up to
+    /// it are all taken, and stay so (a graph never loses a node), so a search resumes there
+    /// and naming the n-th node of a class costs O(1), not O(n).
+    free_from: HashMap<Box<str>, usize>,
 }
 
 impl Graph {
@@ -115,6 +119,12 @@ impl Graph {
     /// Whether a node has this id.
     pub fn contains(&self, id: &str) -> bool {
         self.index.contains_key(id)
+    }
+
+    /// Where `id` stands in insertion order (0 for the first node added), if it is a node:
+    /// for tables kept beside the graph in its order.
+    pub fn position(&self, id: &str) -> Option<usize> {
+        self.index.get(id).copied()
     }
 
     /// Adds a node.
@@ -297,16 +307,23 @@ impl Graph {
     }
 
     /// `base` if it is free, else the first of `base_2`, `base_3`, … that is.
-    pub fn free_id(&self, base: &str) -> NodeId {
+    ///
+    /// # Complexity
+    /// O(1) amortized: the search for a base resumes where the last one for it stopped.
+    pub fn free_id(&mut self, base: &str) -> NodeId {
         if !self.contains(base) {
             return NodeId::from(base);
         }
-        // At most `len` ids are taken, so one of the first `len + 1` candidates is free.
-        (2..=self.len() + 2)
-            .map(|n| format!("{base}_{n}"))
-            .find(|candidate| !self.contains(candidate))
-            .map(NodeId::from)
-            .expect("one of len + 1 candidates is free")
+        let ids = &self.index;
+        let from = self.free_from.entry(base.into()).or_insert(2);
+        // At most `len` ids are taken, so the search ends within `len + 1` candidates.
+        loop {
+            let candidate = format!("{base}_{from}");
+            if !ids.contains_key(candidate.as_str()) {
+                return NodeId::from(candidate);
+            }
+            *from += 1;
+        }
     }
 
     pub(crate) fn id_at(&self, at: usize) -> &NodeId {

@@ -327,6 +327,17 @@ fn free_id_gives_x_2_then_x_3() {
 }
 
 #[test]
+fn free_id_gives_the_same_id_until_it_is_taken() {
+    let mut graph = graph(&["x", "x_2"], &[]);
+    assert_eq!(graph.free_id("x"), "x_3");
+    assert_eq!(graph.free_id("x"), "x_3");
+    graph.add_node("x_4").unwrap();
+    graph.add_node("x_3").unwrap();
+    assert_eq!(graph.free_id("x"), "x_5");
+    assert_eq!(graph.free_id("y"), "y");
+}
+
+#[test]
 fn free_id_fills_the_first_gap() {
     assert_eq!(graph(&["x", "x_3"], &[]).free_id("x"), "x_2");
 }
