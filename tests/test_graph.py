@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import pickle
 from typing import Any
 
 import pytest
@@ -334,6 +335,7 @@ ERROR_BASES: list[tuple[type, tuple[type, ...]]] = [
     (soma.TurnLimitError, (soma.RunError,)),
     (soma.DriverError, (soma.RunError,)),
     (soma.PanicError, (soma.SomaError,)),
+    (soma.NodePicklingError, (soma.SomaError, pickle.PicklingError)),
 ]
 
 

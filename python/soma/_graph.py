@@ -10,17 +10,19 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import io
+import pickle
 import re
 import types
 import weakref
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import IO, Any, NamedTuple, SupportsIndex
 
 from soma import _soma, _stream
 from soma import remote as _remote
 from soma._dsl import Expr, refuse_class
 from soma._node import Node
-from soma.errors import DuplicateNodeError, InvalidIdError
+from soma.errors import DuplicateNodeError, InvalidIdError, NodePicklingError
 
 _WORD_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 
@@ -408,22 +410,132 @@ class Graph:
         graph = type(self)()
         if memo is not None:  # Before the nodes: one of them may refer back to this graph.
             memo[id(self)] = graph
-        for node_id in self.nodes():
-            graph.node(node_id, copy_node(self.implementation(node_id)))
-        for source, target in self.edges():
-            graph.edge(source, target)
-        for node_id, device in self.devices().items():
-            graph.place(node_id, device)
-        for node_id, host in self.hosts().items():
-            graph.place_at(node_id, host)
-        graph.idle_threads = self.idle_threads
+        graph._fill(
+            ((node_id, copy_node(self.implementation(node_id))) for node_id in self.nodes()),
+            self._settings(),
+        )
         return graph
+
+    def _settings(self) -> _Settings:
+        """Everything a graph is, beside its nodes: edges, placements, settings. Nothing of a
+        run: no thread, no program, no connection to hosts."""
+        return _Settings(self.edges(), self.devices(), self.hosts(), self.idle_threads)
+
+    def _fill(self, nodes: Iterable[tuple[str, Any]], settings: _Settings) -> None:
+        """Makes this new, empty graph hold ``nodes`` under their ids, and ``settings``."""
+        for node_id, obj in nodes:
+            self.node(node_id, obj)
+        for source, target in settings.edges:
+            self.edge(source, target)
+        # Where each node runs is what was set on the graph, and not what the node's own `.on`
+        # or `.at` said when it was registered: `place(id, None)` may have undone it since.
+        for node_id in self.devices():
+            if node_id not in settings.devices:
+                self.place(node_id, None)
+        for node_id, device in settings.devices.items():
+            self.place(node_id, device)
+        self._hosts.clear()
+        for node_id, host in settings.hosts.items():
+            self.place_at(node_id, host)
+        self.idle_threads = settings.idle_threads
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[Any, ...]:
+        """How ``pickle`` saves a graph: its nodes under their ids, its edges, where its nodes
+        run (devices, hosts) and its ``idle_threads``; nothing of a run (threads, a program,
+        a connection to hosts). The nodes are pickled together, in a pickle of their own
+        inside this one: objects they share stay shared, and a node that refers to its graph
+        refers to the unpickled one. A node that cannot be pickled is a
+        ``soma.NodePicklingError`` naming it, its own error the cause."""
+        ids = self.nodes()
+        saved = io.BytesIO()
+        pickler = _NodePickler(saved, int(protocol), self)
+        for node_id in ids:
+            obj = self.implementation(node_id)
+            try:
+                pickler.dump(obj)
+            except Exception as failure:
+                raise _unpicklable(node_id, obj, failure) from failure
+        return (_unpickled, (type(self), ids, saved.getvalue(), self._settings()))
 
     def __repr__(self) -> str:
         nodes = self.nodes()
         edges = _counted([f"{a} -> {b}" for a, b in self.edges()], "edge")
         # A semicolon only where a list of nodes needs setting apart from what follows it.
         return f"Graph({_counted(nodes, 'node')}{'; ' if nodes else ', '}{edges})"
+
+
+class _Settings(NamedTuple):
+    """What a copy or a pickle of a graph carries beside its nodes."""
+
+    edges: list[tuple[str, str]]
+    devices: dict[str, str]
+    hosts: dict[str, str]
+    idle_threads: int
+
+
+# What stands for the graph itself among its pickled nodes.
+_THIS_GRAPH = "soma.Graph: the graph being pickled"
+
+
+class _NodePickler(pickle.Pickler):
+    """Pickles a graph's nodes, one ``dump`` each, with one memo: writes the graph itself,
+    should a node refer to it, as a reference that ``_unpickled`` resolves."""
+
+    def __init__(self, file: IO[bytes], protocol: int, graph: Graph) -> None:
+        super().__init__(file, protocol)
+        self._graph = graph
+
+    def persistent_id(self, obj: Any) -> str | None:
+        return _THIS_GRAPH if obj is self._graph else None
+
+
+class _NodeUnpickler(pickle.Unpickler):
+    """Reads what ``_NodePickler`` wrote, the graph's references resolved to ``graph``."""
+
+    def __init__(self, file: IO[bytes], graph: Graph) -> None:
+        super().__init__(file)
+        self._graph = graph
+
+    def persistent_load(self, pid: Any) -> Any:
+        if pid == _THIS_GRAPH:
+            return self._graph
+        raise pickle.UnpicklingError(f"unknown persistent id {pid!r} among a graph's nodes")
+
+
+def _unpickled(cls: type[Graph], ids: list[str], nodes: bytes, settings: _Settings) -> Graph:
+    """The graph ``Graph.__reduce_ex__`` saved. A node that cannot be loaded (its class is
+    not importable here, say) raises its own error, with a note naming the node."""
+    graph = cls()
+    loaded = _NodeUnpickler(io.BytesIO(nodes), graph)
+
+    def each() -> Iterator[tuple[str, Any]]:
+        for node_id in ids:
+            try:
+                obj = loaded.load()
+            except Exception as failure:
+                failure.add_note(
+                    f"while loading node `{node_id}` of a pickled soma.Graph\n"
+                    "hint: a node loads where its class can be imported: define it at the top "
+                    "level of a module that this process can import"
+                )
+                raise
+            yield node_id, obj
+
+    graph._fill(each(), settings)
+    return graph
+
+
+def _unpicklable(node_id: str, obj: object, failure: Exception) -> NodePicklingError:
+    cls = type(obj)
+    error = NodePicklingError(
+        f"node `{node_id}` (`{cls.__module__}.{cls.__qualname__}`) cannot be pickled: "
+        f"{type(failure).__name__}: {failure}\n"
+        "hint: a graph pickles when each of its nodes does: keep what cannot be pickled (a "
+        "lock, an open file, a thread, a lambda) out of what the node pickles, with "
+        "`__getstate__`/`__setstate__`, and define its class at the top level of a module"
+    )
+    error.node = node_id
+    return error
 
 
 def _counted(items: list[str], noun: str) -> str:

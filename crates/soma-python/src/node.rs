@@ -32,9 +32,9 @@ pub struct PythonNode {
 impl PythonNode {
     /// The node calling `forward`, the object's `forward` as registration looked it up.
     pub fn new(forward: Bound<'_, PyAny>, takes_ctx: bool) -> PyResult<Self> {
-        let py = forward.py();
         // Looked up once: importing `types` for every node cost registration about 1 µs.
         static BOUND_METHOD: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+        let py = forward.py();
         let bound_method = BOUND_METHOD.import(py, "types", "MethodType")?;
         let function = if forward.get_type().is(bound_method) {
             Some((
