@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from test_docs import blocks
+
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.py"))
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_RAY = importlib.util.find_spec("ray") is not None
@@ -61,3 +63,20 @@ def test_an_example_runs(example: Path, tmp_path: Path) -> None:
     )
     assert run.returncode == 0, f"{example.name} exited {run.returncode}:\n{run.stdout}{run.stderr}"
     assert run.stdout, f"{example.name} printed nothing"
+
+
+def test_quickstart_is_the_readme_example_and_prints_what_the_readme_shows(tmp_path: Path) -> None:
+    example = next(path for path in EXAMPLES if path.name == "quickstart.py")
+    readme = blocks(example.parent.parent / "README.md")[0]  # "An example", the README's first.
+    assert readme.prints is not None, "the README's example says what it prints"
+    assert readme.source in example.read_text(), "quickstart.py holds the README's code"
+    run = subprocess.run(
+        [sys.executable, str(example)],
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=True,
+    )
+    assert run.stdout == readme.prints

@@ -31,7 +31,7 @@ use crate::convert::{to_python, wrap};
 use crate::driver::PythonDriver;
 use crate::errors::{
     cancelled_error, compile_error, device_error, graph_error, panic_error, program_error,
-    run_error,
+    run_error, unknown_node_error,
 };
 use crate::native::NativeNode;
 use crate::node::PythonNode;
@@ -264,7 +264,7 @@ impl GraphCore {
         Ok(ids(state
             .graph
             .predecessors(id)
-            .map_err(|e| graph_error(py, &e))?))
+            .map_err(|_| unknown_node_error(py, id, &state.graph))?))
     }
 
     fn successors(&self, py: Python<'_>, id: &str) -> PyResult<Vec<String>> {
@@ -272,7 +272,7 @@ impl GraphCore {
         Ok(ids(state
             .graph
             .successors(id)
-            .map_err(|e| graph_error(py, &e))?))
+            .map_err(|_| unknown_node_error(py, id, &state.graph))?))
     }
 
     fn topological_sort(&self) -> Vec<String> {
@@ -288,10 +288,7 @@ impl GraphCore {
         let state = self.state();
         match state.graph.position(id) {
             Some(at) => Ok(state.objects[at].clone_ref(py)),
-            None => Err(graph_error(
-                py,
-                &soma_core::GraphError::UnknownNode { id: id.into() },
-            )),
+            None => Err(unknown_node_error(py, id, &state.graph)),
         }
     }
 
@@ -383,10 +380,7 @@ impl GraphCore {
             .transpose()?;
         let mut state = self.state();
         if !state.graph.contains(id) {
-            return Err(graph_error(
-                py,
-                &soma_core::GraphError::UnknownNode { id: id.into() },
-            ));
+            return Err(unknown_node_error(py, id, &state.graph));
         }
         // In place unless a plan handed out still draws the placement it was given: placing
         // every node of a large graph one by one must not copy the whole placement each time.
