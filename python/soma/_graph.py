@@ -251,10 +251,12 @@ class Graph:
     def edge(self, source: str, target: str) -> None:
         """Adds the edge ``source -> target``; refused (and nothing changes) if it would close
         a cycle, repeats an edge or names an unknown node."""
-        self._core.add_edge(
-            _checked_id(source, "edge source", _EDGE_HINT),
-            _checked_id(target, "edge target", _EDGE_HINT),
-        )
+        # The common case, two `str` ids of ASCII, goes straight to the core.
+        if not (type(source) is str and source.isascii()):
+            source = _checked_id(source, "edge source", _EDGE_HINT)
+        if not (type(target) is str and target.isascii()):
+            target = _checked_id(target, "edge target", _EDGE_HINT)
+        self._core.add_edge(source, target)
 
     def nodes(self) -> list[str]:
         """Node ids, in insertion order."""

@@ -14,8 +14,9 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::fmt;
+use std::hash::BuildHasherDefault;
 
-use crate::model::id::{IdMap, NodeId};
+use crate::model::id::{IdHasher, IdMap, NodeId};
 
 /// Why a graph refused a node or an edge. The graph is unchanged after any of these.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,7 +94,9 @@ pub struct Graph {
     succ: Vec<Neighbours>,
     pred: Vec<Neighbours>,
     edges: Vec<(usize, usize)>,
-    edge_set: HashSet<(usize, usize)>,
+    /// Every edge, to refuse one declared twice in O(1) whatever the degrees; hashed quickly,
+    /// as the ids are (two indices, no attacker's input).
+    edge_set: HashSet<(usize, usize), BuildHasherDefault<IdHasher>>,
     /// Per base of [`Graph::free_id`], the first suffix not known to be taken: `base_2` up to
     /// it are all taken, and stay so (a graph never loses a node), so a search resumes there
     /// and naming the n-th node of a class costs O(1), not O(n).
