@@ -12,6 +12,7 @@
 //! side by side in memory instead of among two small lists per node.
 
 use std::cmp::Reverse;
+use std::collections::hash_map::Entry;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::fmt;
 use std::hash::BuildHasherDefault;
@@ -139,12 +140,19 @@ impl Graph {
         if !id.is_valid() {
             return Err(GraphError::InvalidId { id });
         }
-        if self.index.contains_key(&id) {
-            return Err(GraphError::DuplicateNode { id });
-        }
         let at = self.ids.len();
-        self.index.insert(id.clone(), at);
-        self.ids.push(id);
+        // One hash of the id, for the check and the insertion both.
+        match self.index.entry(id) {
+            Entry::Occupied(taken) => {
+                return Err(GraphError::DuplicateNode {
+                    id: taken.key().clone(),
+                })
+            }
+            Entry::Vacant(free) => {
+                self.ids.push(free.key().clone());
+                free.insert(at);
+            }
+        }
         self.succ.push(Neighbours::default());
         self.pred.push(Neighbours::default());
         Ok(&self.ids[at])
