@@ -87,6 +87,9 @@ impl fmt::Display for GraphError {
 
 impl std::error::Error for GraphError {}
 
+/// Node indices to node indices, for the cycle check's searches.
+type PairMap = HashMap<usize, usize, BuildHasherDefault<IdHasher>>;
+
 /// A directed acyclic graph of node ids.
 #[derive(Clone, Default)]
 pub struct Graph {
@@ -166,7 +169,8 @@ impl Graph {
     ///
     /// # Complexity
     /// O(1) when `from` has no predecessor or `to` no successor (how chains and the DSL grow a
-    /// graph); otherwise a search from `to`, O(nodes + edges) at worst.
+    /// graph); otherwise two searches in lockstep, from `to` onwards and from `from` backwards,
+    /// which stop when the smaller of the two regions is explored: O(nodes + edges) at worst.
     pub fn add_edge(&mut self, from: &str, to: &str) -> Result<(), GraphError> {
         let a = self.require(from)?;
         let b = self.require(to)?;
@@ -190,6 +194,12 @@ impl Graph {
     }
 
     /// A path `from ->* to` along existing edges (both ends included), if there is one.
+    ///
+    /// Two searches run in lockstep, one node each in turn: forward from `from` and backward
+    /// from `to`. Either one alone decides — it finds the other's start, or it runs out and
+    /// there is no path — so the search costs about the smaller of the two regions it explores:
+    /// an edge from a small expression into a large one (`(a >> b) >> rest`) costs the small
+    /// one's size, not the whole graph's.
     fn path(&self, from: usize, to: usize) -> Option<Vec<usize>> {
         if from == to {
             return Some(vec![from]);
@@ -197,30 +207,53 @@ impl Graph {
         if self.succ[from].is_empty() || self.pred[to].is_empty() {
             return None;
         }
-        let mut parent: HashMap<usize, usize> = HashMap::new();
-        let mut stack = vec![from];
-        parent.insert(from, from);
-        while let Some(v) = stack.pop() {
+        // Forward: each node reached, and the node it was reached from.
+        let mut reached_from: PairMap = PairMap::default();
+        reached_from.insert(from, from);
+        let mut forward = vec![from];
+        // Backward: each node that reaches `to`, and the next node on its way there.
+        let mut leads_to: PairMap = PairMap::default();
+        leads_to.insert(to, to);
+        let mut backward = vec![to];
+        loop {
+            let v = forward.pop()?;
             for &w in self.succ[v].as_slice() {
                 let w = w as usize;
-                if parent.contains_key(&w) {
+                if reached_from.contains_key(&w) {
                     continue;
                 }
-                parent.insert(w, v);
+                reached_from.insert(w, v);
                 if w == to {
                     let mut path = vec![to];
                     let mut at = to;
                     while at != from {
-                        at = parent[&at];
+                        at = reached_from[&at];
                         path.push(at);
                     }
                     path.reverse();
                     return Some(path);
                 }
-                stack.push(w);
+                forward.push(w);
+            }
+            let v = backward.pop()?;
+            for &w in self.pred[v].as_slice() {
+                let w = w as usize;
+                if leads_to.contains_key(&w) {
+                    continue;
+                }
+                leads_to.insert(w, v);
+                if w == from {
+                    let mut path = vec![from];
+                    let mut at = from;
+                    while at != to {
+                        at = leads_to[&at];
+                        path.push(at);
+                    }
+                    return Some(path);
+                }
+                backward.push(w);
             }
         }
-        None
     }
 
     fn require(&self, id: &str) -> Result<usize, GraphError> {
