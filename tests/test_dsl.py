@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
+import pickle
 from typing import Any
 
 import pytest
@@ -297,3 +299,19 @@ def test_a_loop_of_chains_wired_into_one_join_connects_every_end() -> None:
     assert len(g.successors("start")) == 100
     assert len(g.predecessors("join")) == 100
     assert repr(g.plan()).startswith("Sequence([Execute(start), Wave([")
+
+
+def test_an_expression_100_000_deep_copies_and_pickles_as_what_it_reads_as() -> None:
+    expr: Any = Pass()
+    for _ in range(100_000 - 1):
+        expr = expr >> Pass()
+    for twin in (copy.copy(expr), copy.deepcopy(expr), pickle.loads(pickle.dumps(expr))):
+        assert len(twin.nodes) == 100_000
+        assert twin.edges == expr.edges
+        assert (twin.heads, twin.terminals) == (expr.heads, expr.terminals)
+    shallow = copy.copy(expr)
+    assert shallow.nodes == expr.nodes  # The very nodes.
+    joined = soma.Graph.somatize(Pass().named("first") >> shallow >> Pass().named("last"))
+    assert len(joined) == 100_002
+    assert joined.successors("first") == ["pass"]
+    assert joined.predecessors("last") == ["pass_100000"]

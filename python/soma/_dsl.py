@@ -98,6 +98,11 @@ class Expr:
             self._flat = _flatten(self)
         return self._flat
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled, copied and deep-copied as what it reads as, never as its tree: a tree
+        100,000 deep would take ``copy`` and ``pickle`` as deep into recursion."""
+        return (_read, tuple(self._flattened()))
+
     def __rshift__(self, other: object) -> Expr:
         return Expr(None, self, Expr.of(other, ">>"), True)
 
@@ -133,6 +138,23 @@ class Expr:
     def __repr__(self) -> str:
         names = ", ".join(type(n).__name__ for n in self.nodes)
         return f"Expr([{names}], {len(self.edges)} edges)"
+
+
+# The `_node` of an expression made from what another read as (see `_read`): no node of its own,
+# its `_flat` holds all of it.
+_READ = object()
+
+
+def _read(
+    nodes: tuple[Any, ...],
+    edges: tuple[tuple[int, int], ...],
+    heads: tuple[int, ...],
+    terminals: tuple[int, ...],
+) -> Expr:
+    """The expression that reads as ``nodes``, ``edges``, ``heads`` and ``terminals``."""
+    expr = Expr(_READ, None, None, False)
+    expr._flat = _Flat(nodes, edges, heads, terminals)
+    return expr
 
 
 class _Flat(NamedTuple):
@@ -177,7 +199,14 @@ def _flatten(root: Expr) -> _Flat:
             terminals[-1] = _joined(terminals[-1], right_terminals)
         elif isinstance(item, Expr):
             left, right = item._left, item._right
-            if left is None or right is None:  # A node.
+            if item._node is _READ and item._flat is not None:  # Read already: all of it.
+                by = len(nodes)
+                read = item._flat
+                nodes.extend(read.nodes)
+                edges.extend((a + by, b + by) for a, b in read.edges)
+                heads.append(deque(h + by for h in read.heads))
+                terminals.append(deque(t + by for t in read.terminals))
+            elif left is None or right is None:  # A node.
                 at = len(nodes)
                 nodes.append(item._node)
                 heads.append(at)
