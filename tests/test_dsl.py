@@ -221,6 +221,8 @@ _Read = tuple[tuple[Any, ...], tuple[tuple[int, int], ...], tuple[int, ...], tup
 def _reference(expr: Any) -> _Read:
     """What an expression reads as, by the rules the DSL states, written recursively: the oracle
     for small trees only."""
+    if not isinstance(expr, soma.Expr):  # A node, standing for itself in a tree.
+        return (expr,), (), (0,), (0,)
     if expr._left is None:
         return (expr._node,), (), (0,), (0,)
     left, right = _reference(expr._left), _reference(expr._right)

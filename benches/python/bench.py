@@ -323,6 +323,7 @@ def building_at_scale(config: Config) -> list[Building]:
                 chain_somatize_s=got.get("chain_somatize_s"),
                 wave_s=got.get("wave_s"),
                 wave_somatize_s=got.get("wave_somatize_s"),
+                plain_loop_s=got.get("plain_loop_s"),
                 load=load,
             )
         )

@@ -12,6 +12,10 @@ build is one-off work, so its best run is the figure least disturbed by anything
   ``Graph.somatize(e)`` of each (``--only-calls`` leaves these out, for the largest size); the
   nodes ``k`` are made beforehand too, so the loop times what the operators cost.
 
+- beside them, a plain Python loop that links one small object per node to the one before
+  (what ``>>`` in a loop does at the least): the interpreter's and the machine's own growth
+  from one size to the next (caches, the garbage collector), which no DSL can go below.
+
 Each build's graph is checked: its nodes, its edges, and its plan's shape at its ends.
 A fresh process for each size, so that what an earlier size left behind (a heap grown large,
 the garbage collector's generations) does not weigh on the next.
@@ -87,13 +91,37 @@ def by_operators(nodes: int, operator: str) -> tuple[float, float]:
     return written - start, done - written
 
 
+class Link:
+    """One small object per node, holding the one before: the plain loop's expression."""
+
+    __slots__ = ("before", "node")
+
+    def __init__(self, before: object, node: object) -> None:
+        self.before = before
+        self.node = node
+
+
+def plain_loop(nodes: int) -> tuple[float]:
+    """Seconds for linking ``nodes`` objects made beforehand, one small object each."""
+    objects = [K() for _ in range(nodes)]
+    start = time.perf_counter()
+    linked: object = objects[0]
+    for obj in objects[1:]:
+        linked = Link(linked, obj)
+    done = time.perf_counter()
+    assert isinstance(linked, Link)
+    return (done - start,)
+
+
 def measure(nodes: int, *, repeat: int, only_calls: bool) -> dict[str, Any]:
     node_s, edge_s = _best(repeat, lambda: by_calls(nodes))
     report: dict[str, Any] = {"nodes": nodes, "node_s": node_s, "edge_s": edge_s}
     if not only_calls:
         chain_s, chain_somatize_s = _best(repeat, lambda: by_operators(nodes, ">>"))
         wave_s, wave_somatize_s = _best(repeat, lambda: by_operators(nodes, "|"))
+        (plain_s,) = _best(repeat, lambda: plain_loop(nodes))
         report |= {
+            "plain_loop_s": plain_s,
             "chain_s": chain_s,
             "chain_somatize_s": chain_somatize_s,
             "wave_s": wave_s,

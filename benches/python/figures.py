@@ -121,6 +121,8 @@ class Building:
     chain_somatize_s: float | None
     wave_s: float | None
     wave_somatize_s: float | None
+    # A plain Python loop linking one small object per node: the interpreter's own growth.
+    plain_loop_s: float | None
     load: OtherLoad
 
     def per_call_us(self, figure: float) -> float:

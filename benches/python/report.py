@@ -165,6 +165,7 @@ def building_table(sizes: list[Building]) -> list[str]:
             "its `somatize`",
             "`\\|` loop",  # escaped: a bare `|` would end the cell
             "its `somatize`",
+            "plain loop",
         ],
         [
             [
@@ -175,6 +176,7 @@ def building_table(sizes: list[Building]) -> list[str]:
                 total(s.chain_somatize_s),
                 total(s.wave_s),
                 total(s.wave_somatize_s),
+                total(s.plain_loop_s),
             ]
             for s in sizes
         ],
@@ -446,7 +448,9 @@ def write(figures: Figures, targets: list[Target]) -> str:
         "Per size, each figure the best of three fresh builds of trivial Python nodes, their "
         "objects made beforehand: a chain added with `g.node(id, obj)`, then its edges with "
         "`g.edge(a, b)`; the chain written `e = e >> k` in a loop, and a wave written "
-        "`e = e \\| k`, each then turned into a graph with `soma.Graph.somatize(e)`. The largest "
+        "`e = e \\| k`, each then turned into a graph with `soma.Graph.somatize(e)`; and a plain "
+        "loop linking one small object per node to the one before (what `>>` in a loop does at "
+        "the least: the interpreter's and the machine's own growth with size). The largest "
         "size times `node()`/`edge()` alone.",
         "",
         *(

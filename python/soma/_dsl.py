@@ -12,8 +12,9 @@ module imports the DSL and the DSL never needs to know what a node is.
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
-from typing import Any, NamedTuple
+from typing import Any, Union
 
 from soma import _soma
 
@@ -24,16 +25,28 @@ class Composable:
     __slots__ = ()
 
     def __rshift__(self, other: object) -> Expr:
-        return Expr.of(self, ">>") >> other
+        return Expr(None, self, _part(other, ">>"), True)
 
     def __rrshift__(self, other: object) -> Expr:
-        return Expr.of(other, ">>") >> self
+        return Expr(None, _part(other, ">>"), self, True)
 
     def __or__(self, other: object) -> Expr:
-        return Expr.of(self, "|") | other
+        return Expr(None, self, _part(other, "|"), False)
 
     def __ror__(self, other: object) -> Expr:
-        return Expr.of(other, "|") | self
+        return Expr(None, _part(other, "|"), self, False)
+
+
+# A part of an expression's tree: an expression, or a node standing for itself (one object
+# fewer per node than an expression around it, for the garbage collector to walk).
+_Part = Union["Expr", Composable]
+
+
+def _part(item: object, operator: str) -> _Part:
+    """``item`` as a part of an expression; a ``TypeError`` that says what to do else."""
+    if isinstance(item, (Expr, Composable)):
+        return item
+    return Expr.of(item, operator)  # Raises, saying why.
 
 
 class Expr:
@@ -48,7 +61,7 @@ class Expr:
 
     __slots__ = ("_flat", "_left", "_node", "_right", "_series")
 
-    def __init__(self, node: object, left: Expr | None, right: Expr | None, series: bool) -> None:
+    def __init__(self, node: object, left: _Part | None, right: _Part | None, series: bool) -> None:
         # One of: a node (`left` and `right` None), or `left` and `right` in series or side by
         # side. Built by `of`, `>>` and `|`, never by hand.
         self._node = node
@@ -101,19 +114,20 @@ class Expr:
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled, copied and deep-copied as what it reads as, never as its tree: a tree
         100,000 deep would take ``copy`` and ``pickle`` as deep into recursion."""
-        return (_read, tuple(self._flattened()))
+        flat = self._flattened()
+        return (_read, (flat.nodes, flat.edges, flat.heads, flat.terminals))
 
     def __rshift__(self, other: object) -> Expr:
-        return Expr(None, self, Expr.of(other, ">>"), True)
+        return Expr(None, self, _part(other, ">>"), True)
 
     def __rrshift__(self, other: object) -> Expr:
-        return Expr(None, Expr.of(other, ">>"), self, True)
+        return Expr(None, _part(other, ">>"), self, True)
 
     def __or__(self, other: object) -> Expr:
-        return Expr(None, self, Expr.of(other, "|"), False)
+        return Expr(None, self, _part(other, "|"), False)
 
     def __ror__(self, other: object) -> Expr:
-        return Expr(None, Expr.of(other, "|"), self, False)
+        return Expr(None, _part(other, "|"), self, False)
 
     def on(self, device: str) -> Expr:
         """Places every node of the expression on ``device`` that is not placed already (by its
@@ -153,17 +167,43 @@ def _read(
 ) -> Expr:
     """The expression that reads as ``nodes``, ``edges``, ``heads`` and ``terminals``."""
     expr = Expr(_READ, None, None, False)
-    expr._flat = _Flat(nodes, edges, heads, terminals)
+    expr._flat = _Flat(
+        nodes,
+        array("q", (a for a, _ in edges)),
+        array("q", (b for _, b in edges)),
+        heads,
+        terminals,
+    )
     return expr
 
 
-class _Flat(NamedTuple):
-    """An expression read off its tree."""
+class _Flat:
+    """An expression read off its tree. Its edges are kept as two arrays of plain numbers, the
+    sources and the targets, rather than a pair object each: as many fewer objects for the
+    garbage collector to walk while a large graph is built. ``edges`` pairs them on demand."""
 
-    nodes: tuple[Any, ...]
-    edges: tuple[tuple[int, int], ...]
-    heads: tuple[int, ...]
-    terminals: tuple[int, ...]
+    __slots__ = ("_edges", "heads", "nodes", "sources", "targets", "terminals")
+
+    def __init__(
+        self,
+        nodes: tuple[Any, ...],
+        sources: array[int],
+        targets: array[int],
+        heads: tuple[int, ...],
+        terminals: tuple[int, ...],
+    ) -> None:
+        self.nodes = nodes
+        self.sources = sources
+        self.targets = targets
+        self.heads = heads
+        self.terminals = terminals
+        self._edges: tuple[tuple[int, int], ...] | None = None
+
+    @property
+    def edges(self) -> tuple[tuple[int, int], ...]:
+        if self._edges is None:
+            self._edges = tuple(zip(self.sources, self.targets, strict=True))
+        return self._edges
 
 
 # The heads or the terminals of a part of an expression: one node's index (most parts), or the
@@ -177,10 +217,11 @@ def _flatten(root: Expr) -> _Flat:
     two stacks, for its parent to take; ``to_visit`` holds the parts still to walk and, under
     their children, a ``bool`` that says how to join them (``True``: in series)."""
     nodes: list[Any] = []
-    edges: list[tuple[int, int]] = []
+    sources: array[int] = array("q")
+    targets: array[int] = array("q")
     heads: list[_Ends] = []
     terminals: list[_Ends] = []
-    to_visit: list[Expr | bool] = [root]
+    to_visit: list[_Part | bool] = [root]
     while to_visit:
         item = to_visit.pop()
         if item is True:  # In series: the heads of the left part, the terminals of the right.
@@ -189,33 +230,38 @@ def _flatten(root: Expr) -> _Flat:
             left_terminals = terminals[-1]
             terminals[-1] = right_terminals
             if type(left_terminals) is int and type(right_heads) is int:
-                edges.append((left_terminals, right_heads))
+                sources.append(left_terminals)
+                targets.append(right_heads)
             else:
-                edges.extend((t, h) for t in _each(left_terminals) for h in _each(right_heads))
+                for t in _each(left_terminals):
+                    for h in _each(right_heads):
+                        sources.append(t)
+                        targets.append(h)
         elif item is False:  # Side by side: the ends of both, left first.
             right_heads = heads.pop()
             heads[-1] = _joined(heads[-1], right_heads)
             right_terminals = terminals.pop()
             terminals[-1] = _joined(terminals[-1], right_terminals)
-        elif isinstance(item, Expr):
-            left, right = item._left, item._right
-            if item._node is _READ and item._flat is not None:  # Read already: all of it.
-                by = len(nodes)
-                read = item._flat
-                nodes.extend(read.nodes)
-                edges.extend((a + by, b + by) for a, b in read.edges)
-                heads.append(deque(h + by for h in read.heads))
-                terminals.append(deque(t + by for t in read.terminals))
-            elif left is None or right is None:  # A node.
-                at = len(nodes)
-                nodes.append(item._node)
-                heads.append(at)
-                terminals.append(at)
-            else:
-                to_visit.append(item._series)
-                to_visit.append(right)
-                to_visit.append(left)
-    return _Flat(tuple(nodes), tuple(edges), tuple(_each(heads[0])), tuple(_each(terminals[0])))
+        elif not isinstance(item, Expr):  # A node, standing for itself.
+            heads.append(len(nodes))
+            terminals.append(len(nodes))
+            nodes.append(item)
+        elif item._left is not None and item._right is not None:
+            to_visit.append(item._series)
+            to_visit.append(item._right)
+            to_visit.append(item._left)
+        elif item._node is _READ and item._flat is not None:  # Read already: all of it.
+            by, read = len(nodes), item._flat
+            nodes.extend(read.nodes)
+            sources.extend(a + by for a in read.sources)
+            targets.extend(b + by for b in read.targets)
+            heads.append(deque(h + by for h in read.heads))
+            terminals.append(deque(t + by for t in read.terminals))
+        else:  # An expression of one node.
+            heads.append(len(nodes))
+            terminals.append(len(nodes))
+            nodes.append(item._node)
+    return _Flat(tuple(nodes), sources, targets, tuple(_each(heads[0])), tuple(_each(terminals[0])))
 
 
 def _each(ends: _Ends) -> deque[int] | tuple[int]:

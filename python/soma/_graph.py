@@ -150,9 +150,9 @@ class Graph:
                 "hint: compose instances: "
                 f"`soma.Graph.somatize({' | '.join(f'{c.__name__}()' for c in expr.__args__)})`"
             )
-        expr = Expr.of(expr, ">>")
+        flat = Expr.of(expr, ">>")._flattened()
         seen: dict[int, int] = {}
-        for at, obj in enumerate(expr.nodes):
+        for at, obj in enumerate(flat.nodes):
             if id(obj) in seen:
                 name = obj._soma_id or snake_case(type(obj).__name__)
                 error = DuplicateNodeError(
@@ -163,9 +163,10 @@ class Graph:
                 raise error
             seen[id(obj)] = at
         graph = cls()
-        ids = [graph.node(obj) for obj in expr.nodes]
-        for source, target in expr.edges:
-            graph.edge(ids[source], ids[target])
+        ids = [graph.node(obj) for obj in flat.nodes]
+        edge = graph.edge
+        for source, target in zip(flat.sources, flat.targets, strict=True):
+            edge(ids[source], ids[target])
         return graph
 
     def node(self, id_or_obj: str | object, obj: object = None, /) -> str:
