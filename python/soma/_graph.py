@@ -1,8 +1,9 @@
 """``soma.Graph``: build a graph, look at its plan, run it.
 
 Topology, implementations and the cached plan live in the Rust core (``_soma.GraphCore``);
-this class adds what is naturally Python: ids derived from class names, reading the DSL, and
-deciding once, at registration, whether ``forward`` wants a ``ctx``.
+this class adds what is naturally Python: ids derived from class names, reading the DSL,
+deciding at registration (once per class) whether ``forward`` wants a ``ctx``, and copying and
+pickling a graph as its nodes, edges, placements and settings.
 """
 
 from __future__ import annotations
