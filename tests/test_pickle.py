@@ -203,3 +203,33 @@ def test_a_graph_pickled_here_runs_in_a_spawned_process() -> None:
         for pid, result in (from_bytes.get(10 * DEADLINE), as_argument.get(10 * DEADLINE)):
             assert pid != os.getpid()
             assert result == expected
+
+
+class Reports(soma.Node):
+    """Puts what it computes on a queue shared with the process that made it."""
+
+    def __init__(self, queue: Any) -> None:
+        self.queue = queue
+
+    def forward(self, x: Any) -> Any:
+        self.queue.put(x * 10)
+        return x
+
+
+def run_and_return(g: soma.Graph, x: Any) -> None:
+    g.forward(x)
+
+
+def test_a_node_holding_a_multiprocessing_queue_goes_to_a_process_with_its_graph() -> None:
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    g = soma.Graph.somatize(Pass() >> Reports(queue))
+    child = context.Process(target=run_and_return, args=(g, 4))
+    child.start()
+    try:
+        assert queue.get(timeout=10 * DEADLINE) == 40
+    finally:
+        child.join(timeout=10 * DEADLINE)
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0

@@ -2,9 +2,10 @@
 
 An :class:`Expr` reads as the nodes in declaration order, the edges between them, its heads and
 its terminals; it keeps the tree its operators wrote and reads those off it when asked, so that
-writing one costs the same at every step however large it grows. ``a >> b`` connects every terminal of ``a`` to every head of ``b``; ``a | b`` is
-a disjoint union. ``>>`` binds tighter than ``|``, as Python's operators do. The expression is
-an oracle, never the source of a plan: :meth:`soma.Graph.somatize` turns it into plain
+writing one costs the same at every step however large it grows. ``a >> b`` connects every
+terminal of ``a`` to every head of ``b``; ``a | b`` is a disjoint union. ``>>`` binds tighter
+than ``|``, as Python's operators do. The expression is an oracle, never the source of a plan:
+:meth:`soma.Graph.somatize` turns it into plain
 ``node()``/``edge()`` calls, and the plan is recovered from the graph alone.
 
 :class:`Composable` is where ``>>`` and ``|`` start: ``soma.Node`` subclasses it, so the node

@@ -452,7 +452,7 @@ class Graph:
         ``soma.NodePicklingError`` naming it, its own error the cause."""
         ids = self.nodes()
         saved = io.BytesIO()
-        pickler = _NodePickler(saved, int(protocol), self)
+        pickler = _node_pickler()(saved, int(protocol), self)
         for node_id in ids:
             obj = self.implementation(node_id)
             try:
@@ -481,16 +481,26 @@ class _Settings(NamedTuple):
 _THIS_GRAPH = "soma.Graph: the graph being pickled"
 
 
-class _NodePickler(pickle.Pickler):
-    """Pickles a graph's nodes, one ``dump`` each, with one memo: writes the graph itself,
-    should a node refer to it, as a reference that ``_unpickled`` resolves."""
+@functools.cache
+def _node_pickler() -> Callable[[IO[bytes], int, Graph], pickle.Pickler]:
+    """The pickler of a graph's nodes, made on first use: a ``multiprocessing`` pickler, so a
+    node that holds what only ``multiprocessing`` knows how to send (a queue, a connection)
+    pickles when the graph is sent to a process; imported only then, as ``multiprocessing``
+    costs an import of Soma tens of milliseconds."""
+    from multiprocessing.reduction import ForkingPickler
 
-    def __init__(self, file: IO[bytes], protocol: int, graph: Graph) -> None:
-        super().__init__(file, protocol)
-        self._graph = graph
+    class NodePickler(ForkingPickler):
+        """Pickles a graph's nodes, one ``dump`` each, with one memo: writes the graph itself,
+        should a node refer to it, as a reference that ``_unpickled`` resolves."""
 
-    def persistent_id(self, obj: Any) -> str | None:
-        return _THIS_GRAPH if obj is self._graph else None
+        def __init__(self, file: IO[bytes], protocol: int, graph: Graph) -> None:
+            super().__init__(file, protocol)
+            self._graph = graph
+
+        def persistent_id(self, obj: Any) -> str | None:
+            return _THIS_GRAPH if obj is self._graph else None
+
+    return NodePickler
 
 
 class _NodeUnpickler(pickle.Unpickler):
