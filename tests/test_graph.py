@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import itertools
 import pickle
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -421,3 +422,27 @@ def test_a_graph_change_is_reflected_in_the_next_forward() -> None:
     g.node("double", Double())
     g.edge("inc", "double")
     assert g.forward(1) == 4
+
+
+@pytest.mark.parametrize(
+    "lookup",
+    [
+        lambda g: g.place("ghost", "cpu"),
+        lambda g: g.place_at("ghost", "gpu-box"),
+        lambda g: g.implementation("ghost"),
+        lambda g: g.predecessors("ghost"),
+        lambda g: g.successors("ghost"),
+    ],
+    ids=["place", "place_at", "implementation", "predecessors", "successors"],
+)
+def test_a_lookup_of_an_unknown_id_lists_the_ids_there_are(
+    lookup: Callable[[soma.Graph], object],
+) -> None:
+    g = build(["a", "b"], [("a", "b")])
+    with pytest.raises(soma.UnknownNodeError) as refused:
+        lookup(g)
+    assert refused.value.node == "ghost"
+    assert str(refused.value) == (
+        "no node `ghost` in the graph\n"
+        "hint: name a node by the id `node()` returned; the graph has `a`, `b`"
+    )
