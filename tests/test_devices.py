@@ -93,7 +93,10 @@ def test_place_places_replaces_and_unplaces_a_node() -> None:
     assert g.devices() == {"b": "xpu:1"}
 
 
-@pytest.mark.parametrize("written", ["cuda", "gpu:0", "cuda:x", "CUDA:0", "", "cuda:-1", "xpu"])
+@pytest.mark.parametrize(
+    "written",
+    ["cuda", "gpu:0", "cuda:x", "CUDA:0", "", "cuda:-1", "xpu", "cuda:01", "cuda:+1", "cuda: 1"],
+)
 def test_a_device_that_cannot_be_read_is_refused_where_it_is_written(written: str) -> None:
     g = soma.Graph.somatize(soma.native.Identity().named("a"))
     with pytest.raises(soma.DeviceError) as placed:
@@ -104,6 +107,21 @@ def test_a_device_that_cannot_be_read_is_refused_where_it_is_written(written: st
     with pytest.raises(soma.DeviceError):
         (soma.native.Identity() | soma.native.Identity()).on(written)
     assert g.devices() == {}
+
+
+@pytest.mark.parametrize(
+    ("written", "canonical"),
+    [("cuda:01", "cuda:1"), ("cuda:+1", "cuda:1"), ("cuda: 1", "cuda:1"), ("CUDA:1", "cuda:1")],
+)
+def test_a_device_spelled_otherwise_than_torch_spells_it_is_refused_naming_both_spellings(
+    written: str, canonical: str
+) -> None:
+    with pytest.raises(soma.DeviceError) as refused:
+        soma.native.Identity().on(written)
+    assert refused.value.device == written
+    assert str(refused.value).startswith(
+        f"`{written}` is not how a device is written: torch writes it `{canonical}`\n"
+    )
 
 
 def test_a_bare_cuda_is_refused_with_a_hint_that_says_which_to_write() -> None:

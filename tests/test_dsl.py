@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import copy
+import itertools
+import pickle
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import soma
 from conftest import Add, Double, Encoder, HTTPServer, Other2, Pass, Source, build, named
@@ -204,3 +209,111 @@ def test_rust_nodes_get_auto_ids_too() -> None:
 def test_an_invalid_name_is_refused_with_invalid_id_error() -> None:
     with pytest.raises(soma.InvalidIdError):
         soma.Graph.somatize(Pass().named("has space") >> Double())
+
+
+# ---------------------------------------------------------------------------------------------
+# Expressions of any size and depth
+
+
+_Read = tuple[tuple[Any, ...], tuple[tuple[int, int], ...], tuple[int, ...], tuple[int, ...]]
+
+
+def _reference(expr: Any) -> _Read:
+    """What an expression reads as, by the rules the DSL states, written recursively: the oracle
+    for small trees only."""
+    if not isinstance(expr, soma.Expr):  # A node, standing for itself in a tree.
+        return (expr,), (), (0,), (0,)
+    if expr._left is None:
+        return (expr._node,), (), (0,), (0,)
+    left, right = _reference(expr._left), _reference(expr._right)
+    by = len(left[0])
+    edges = left[1] + tuple((a + by, b + by) for a, b in right[1])
+    if expr._series:
+        crossing = tuple((t, h + by) for t in left[3] for h in right[2])
+        return left[0] + right[0], edges + crossing, left[2], tuple(t + by for t in right[3])
+    heads = left[2] + tuple(h + by for h in right[2])
+    return left[0] + right[0], edges, heads, left[3] + tuple(t + by for t in right[3])
+
+
+@given(st.recursive(st.just("node"), lambda inner: st.tuples(st.sampled_from(">|"), inner, inner)))
+def test_an_expression_reads_as_its_rules_say_whatever_its_shape(shape: Any) -> None:
+    def made(shape: Any) -> Any:
+        if shape == "node":
+            return Pass()
+        op, left, right = shape
+        return made(left) >> made(right) if op == ">" else made(left) | made(right)
+
+    expr = soma.Expr.of(made(shape), ">>")
+    assert (expr.nodes, expr.edges, expr.heads, expr.terminals) == _reference(expr)
+
+
+def test_a_chain_built_by_a_loop_gives_the_graph_node_and_edge_give() -> None:
+    expr = Pass()
+    for _ in range(999):
+        expr = expr >> Pass()
+    from_dsl = soma.Graph.somatize(expr)
+    ids = ["pass"] + [f"pass_{n}" for n in range(2, 1001)]
+    by_hand = build(ids, list(itertools.pairwise(ids)))
+    assert from_dsl.nodes() == by_hand.nodes()
+    assert from_dsl.edges() == by_hand.edges()
+    assert from_dsl.plan() == by_hand.plan()
+
+
+def test_a_wave_built_by_a_loop_in_either_direction_lists_its_branches_in_written_order() -> None:
+    nodes = named(" ".join(f"n{i}" for i in range(1000)))
+    leftwards: Any = nodes[0]
+    for node in nodes[1:]:
+        leftwards = leftwards | node
+    rightwards: Any = nodes[-1]
+    for node in reversed(nodes[:-1]):
+        rightwards = node | rightwards
+    for expr in (leftwards, rightwards):
+        assert expr.nodes == tuple(nodes)
+        assert expr.heads == expr.terminals == tuple(range(1000))
+        assert expr.edges == ()
+
+
+@pytest.mark.parametrize("operator", [">>", "|"])
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_an_expression_nested_100_000_deep_builds_reads_and_goes_without_recursion_error(
+    operator: str, side: str
+) -> None:
+    expr: Any = Pass()
+    for _ in range(100_000 - 1):
+        node = Pass()
+        if operator == ">>":
+            expr = expr >> node if side == "left" else node >> expr
+        else:
+            expr = expr | node if side == "left" else node | expr
+    assert len(expr.nodes) == 100_000
+    assert len(expr.edges) == (100_000 - 1 if operator == ">>" else 0)
+    g = soma.Graph.somatize(expr)
+    assert len(g) == 100_000
+    del expr, g  # Freed as deep as it was built: no recursion there either.
+
+
+def test_a_loop_of_chains_wired_into_one_join_connects_every_end() -> None:
+    branches: Any = Pass().named("b0") >> Pass()
+    for n in range(1, 100):
+        branches = branches | (Pass().named(f"b{n}") >> Pass())
+    expr = Pass().named("start") >> branches >> Pass().named("join")
+    g = soma.Graph.somatize(expr)
+    assert len(g.successors("start")) == 100
+    assert len(g.predecessors("join")) == 100
+    assert repr(g.plan()).startswith("Sequence([Execute(start), Wave([")
+
+
+def test_an_expression_100_000_deep_copies_and_pickles_as_what_it_reads_as() -> None:
+    expr: Any = Pass()
+    for _ in range(100_000 - 1):
+        expr = expr >> Pass()
+    for twin in (copy.copy(expr), copy.deepcopy(expr), pickle.loads(pickle.dumps(expr))):
+        assert len(twin.nodes) == 100_000
+        assert twin.edges == expr.edges
+        assert (twin.heads, twin.terminals) == (expr.heads, expr.terminals)
+    shallow = copy.copy(expr)
+    assert shallow.nodes == expr.nodes  # The very nodes.
+    joined = soma.Graph.somatize(Pass().named("first") >> shallow >> Pass().named("last"))
+    assert len(joined) == 100_002
+    assert joined.successors("first") == ["pass"]
+    assert joined.predecessors("last") == ["pass_100000"]

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from test_docs import blocks
+
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.py"))
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_RAY = importlib.util.find_spec("ray") is not None
@@ -74,3 +76,20 @@ def test_the_awaiting_examples_driver_fails_a_run_whose_waits_do_not_overlap() -
     with pytest.raises(awaiting.NotOverlapped, match="did not overlap"):
         network.perform([("users", "ada")])
     assert network.round_trips == 0
+
+
+def test_quickstart_is_the_readme_example_and_prints_what_the_readme_shows(tmp_path: Path) -> None:
+    example = next(path for path in EXAMPLES if path.name == "quickstart.py")
+    readme = blocks(example.parent.parent / "README.md")[0]  # "An example", the README's first.
+    assert readme.prints is not None, "the README's example says what it prints"
+    assert readme.source in example.read_text(), "quickstart.py holds the README's code"
+    run = subprocess.run(
+        [sys.executable, str(example)],
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=True,
+    )
+    assert run.stdout == readme.prints

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
+import pickle
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -107,6 +110,80 @@ def test_a_duck_typed_object_with_a_callable_forward_is_a_node() -> None:
     g = soma.Graph()
     assert g.node(Duck()) == "duck"
     assert g.forward(1) == 2
+
+
+class _SaysWhetherCtx(soma.Node):
+    def forward(self, x: Any) -> Any:
+        return ("x alone", x)
+
+
+def _with_ctx(x: Any, ctx: soma.Ctx) -> Any:
+    return ("with ctx", ctx.node)
+
+
+def test_an_instance_forward_of_its_own_is_called_as_it_is_written() -> None:
+    g = soma.Graph()
+    g.node("plain", _SaysWhetherCtx())  # Its class's forward, answered once for the class.
+    own = _SaysWhetherCtx()
+    own.forward = _with_ctx  # type: ignore[method-assign]
+    g.node("own", own)
+    assert g.forward(1) == {"plain": ("x alone", 1), "own": ("with ctx", "own")}
+
+
+def test_a_forward_replaced_on_the_class_is_called_as_the_new_one_is_written() -> None:
+    class Swapped(soma.Node):
+        def forward(self, x: Any) -> Any:
+            return ("x alone", x)
+
+    first = soma.Graph()
+    first.node("n", Swapped())
+    assert first.forward(1) == ("x alone", 1)
+
+    def forward(self: Any, x: Any, ctx: soma.Ctx) -> Any:
+        return ("with ctx", ctx.node)
+
+    Swapped.forward = forward  # type: ignore[method-assign]
+    second = soma.Graph()
+    second.node("m", Swapped())
+    assert second.forward(1) == ("with ctx", "m")
+
+
+def test_classes_made_and_dropped_one_after_another_are_each_called_as_written() -> None:
+    # Each class's function is freed before the next is made, so the next may sit at the same
+    # address: an answer kept for the first must not be taken for it.
+    for n in range(40):
+        if n % 2:
+
+            class Made(soma.Node):
+                def forward(self, x: Any, ctx: soma.Ctx) -> Any:
+                    return ("with ctx", ctx.node)
+
+        else:
+
+            class Made(soma.Node):  # type: ignore[no-redef]
+                def forward(self, x: Any) -> Any:
+                    return ("x alone", x)
+
+        g = soma.Graph()
+        g.node("n", Made())
+        assert g.forward(1) == (("with ctx", "n") if n % 2 else ("x alone", 1))
+        del g, Made
+        gc.collect()
+
+
+def test_a_forward_that_a_class_computes_is_looked_at_for_each_object() -> None:
+    class Chooses:
+        def __init__(self, ctx: bool) -> None:
+            self.ctx = ctx
+
+        @property
+        def forward(self) -> Any:
+            return _with_ctx if self.ctx else (lambda x: ("x alone", x))
+
+    g = soma.Graph()
+    g.node("a", Chooses(ctx=False))
+    g.node("b", Chooses(ctx=True))
+    assert g.forward(1) == {"a": ("x alone", 1), "b": ("with ctx", "b")}
 
 
 @pytest.mark.parametrize(
@@ -259,6 +336,7 @@ ERROR_BASES: list[tuple[type, tuple[type, ...]]] = [
     (soma.TurnLimitError, (soma.RunError,)),
     (soma.DriverError, (soma.RunError,)),
     (soma.PanicError, (soma.SomaError,)),
+    (soma.NodePicklingError, (soma.SomaError, pickle.PicklingError)),
 ]
 
 
@@ -344,3 +422,27 @@ def test_a_graph_change_is_reflected_in_the_next_forward() -> None:
     g.node("double", Double())
     g.edge("inc", "double")
     assert g.forward(1) == 4
+
+
+@pytest.mark.parametrize(
+    "lookup",
+    [
+        lambda g: g.place("ghost", "cpu"),
+        lambda g: g.place_at("ghost", "gpu-box"),
+        lambda g: g.implementation("ghost"),
+        lambda g: g.predecessors("ghost"),
+        lambda g: g.successors("ghost"),
+    ],
+    ids=["place", "place_at", "implementation", "predecessors", "successors"],
+)
+def test_a_lookup_of_an_unknown_id_lists_the_ids_there_are(
+    lookup: Callable[[soma.Graph], object],
+) -> None:
+    g = build(["a", "b"], [("a", "b")])
+    with pytest.raises(soma.UnknownNodeError) as refused:
+        lookup(g)
+    assert refused.value.node == "ghost"
+    assert str(refused.value) == (
+        "no node `ghost` in the graph\n"
+        "hint: name a node by the id `node()` returned; the graph has `a`, `b`"
+    )

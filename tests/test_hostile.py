@@ -231,6 +231,18 @@ def test_a_copied_graph_is_independent_with_the_same_nodes_and_edges(
     assert "d" not in twin
 
 
+@pytest.mark.parametrize("how", [copy.copy, copy.deepcopy], ids=["copy", "deepcopy"])
+def test_a_copied_graph_keeps_a_node_unplaced_whose_own_on_was_undone(
+    how: Callable[[soma.Graph], soma.Graph],
+) -> None:
+    g = soma.Graph()
+    g.node("a", Pass().on("meta").at("gpu-box"))
+    g.place("a", None)
+    g.place_at("a", None)
+    twin = how(g)
+    assert (twin.devices(), twin.hosts()) == ({}, {})
+
+
 def test_copy_copy_of_a_graph_shares_its_node_objects() -> None:
     g, _ = graph_of_boxes()
     twin = copy.copy(g)

@@ -115,6 +115,36 @@ hint: add it with `node` before connecting it\
 """)
 
 
+def test_placing_an_unknown_node() -> None:
+    g = chain("a", "b")
+    assert story(lambda: g.place("nope", "cpu")) == snapshot("""\
+UnknownNodeError: no node `nope` in the graph
+hint: name a node by the id `node()` returned; the graph has `a`, `b`\
+""")
+
+
+def test_placing_a_node_of_an_empty_graph() -> None:
+    assert story(lambda: soma.Graph().place("nope", "cpu")) == snapshot("""\
+UnknownNodeError: no node `nope` in the graph
+hint: the graph has no node yet: `g.node(obj)` adds one and returns its id\
+""")
+
+
+def test_asking_about_an_unknown_node_of_a_large_graph() -> None:
+    g = chain(*(f"n{i}" for i in range(12)))
+    assert story(lambda: g.implementation("nope")) == snapshot("""\
+UnknownNodeError: no node `nope` in the graph
+hint: name a node by the id `node()` returned; the graph has `n0`, `n1`, `n2`, `n3`, `n4`, `n5`, `n6`, `n7` and 4 more (`g.nodes()` lists them all)\
+""")
+
+
+def test_a_device_with_a_leading_zero() -> None:
+    assert story(lambda: Pass().on("cuda:01")) == snapshot("""\
+DeviceError: `cuda:01` is not how a device is written: torch writes it `cuda:1`
+hint: write `cuda:1`: a kind in lowercase, then `:` and the index in decimal digits without a leading zero, no spaces\
+""")
+
+
 def test_invalid_id() -> None:
     assert story(lambda: soma.Graph().node("two words", Pass())) == snapshot("""\
 InvalidIdError: invalid node id `two words`

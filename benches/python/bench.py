@@ -53,6 +53,7 @@ from figures import (
     TRACE_CLEARED,
     TRACE_OFF,
     TRACE_ON,
+    Building,
     Config,
     Figures,
     Row,
@@ -295,6 +296,40 @@ def nested_at_scale(config: Config) -> list[Scale]:
     return scales
 
 
+def building_at_scale(config: Config) -> list[Building]:
+    """Building a graph at each size, each in a fresh process (see building.py)."""
+    sizes = [(nodes, False) for nodes in config.building]
+    if config.building_calls_only is not None:
+        sizes.append((config.building_calls_only, True))
+    built: list[Building] = []
+    for nodes, only_calls in sizes:
+        log(f"building graphs of {nodes:,} nodes, in a fresh process ...")
+        argv = [sys.executable, str(HERE / "building.py"), f"--nodes={nodes}"]
+        if only_calls:
+            argv.append("--only-calls")
+        with OtherLoad() as load:
+            done = subprocess.run(argv, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(
+                f"building.py --nodes={nodes} exited {done.returncode}:\n{done.stderr}"
+            )
+        got = json.loads(done.stdout.strip().splitlines()[-1])
+        built.append(
+            Building(
+                nodes=got["nodes"],
+                node_s=got["node_s"],
+                edge_s=got["edge_s"],
+                chain_s=got.get("chain_s"),
+                chain_somatize_s=got.get("chain_somatize_s"),
+                wave_s=got.get("wave_s"),
+                wave_somatize_s=got.get("wave_somatize_s"),
+                plain_loop_s=got.get("plain_loop_s"),
+                load=load,
+            )
+        )
+    return built
+
+
 def _pause() -> None:
     """The step before each call of a wave timed after a pause: long enough for every thread
     that stays awake after a wave to have gone to sleep."""
@@ -435,6 +470,7 @@ def measure(config: Config, *, quick: bool, skip_ray: bool) -> Figures:
     mem = memory(config)
 
     nested = nested_at_scale(config)
+    building = building_at_scale(config)
 
     ray_report: dict[str, Any] = {"error": "skipped with --skip-ray"}
     if not skip_ray:
@@ -465,6 +501,7 @@ def measure(config: Config, *, quick: bool, skip_ray: bool) -> Figures:
         traced=trace_t,
         memory=mem,
         nested=nested,
+        building=building,
         ray=ray_report,
         load=load,
         load_average_at_end=os.getloadavg(),

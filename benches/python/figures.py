@@ -55,10 +55,21 @@ class Config:
     leak_checkpoint: int = 1_000
     # The nested graph's sizes, in nodes: each a multiple of its block of 8.
     nested: tuple[int, ...] = (1_000, 10_000, 100_000)
+    # Building a graph (building.py): the sizes timed with node()/edge(), `>>`, `|` and
+    # somatize, then the size timed with node()/edge() alone.
+    building: tuple[int, ...] = (10_000, 100_000)
+    building_calls_only: int | None = 1_000_000
 
 
 FULL = Config(repeat=21, heavy_repeat=11, sample_s=0.05, warmup_s=0.3)
-QUICK = Config(repeat=5, heavy_repeat=3, sample_s=0.01, warmup_s=0.05, nested=(1_000, 10_000))
+QUICK = Config(
+    repeat=5,
+    heavy_repeat=3,
+    sample_s=0.01,
+    warmup_s=0.05,
+    nested=(1_000, 10_000),
+    building_calls_only=None,
+)
 
 
 @dataclass(frozen=True)
@@ -98,6 +109,28 @@ class Scale:
 
 
 @dataclass(frozen=True)
+class Building:
+    """Building a graph at one size, as building.py measured it in a process of its own: each
+    figure the best of a few fresh builds, in seconds for all ``nodes``."""
+
+    nodes: int
+    node_s: float  # `g.node(id, obj)`, once per node
+    edge_s: float  # `g.edge(a, b)`, once per edge of the chain: nodes - 1 calls
+    # `e = e >> k` and `e = e | k` in a loop, then `Graph.somatize(e)`; None where only
+    # node()/edge() were timed.
+    chain_s: float | None
+    chain_somatize_s: float | None
+    wave_s: float | None
+    wave_somatize_s: float | None
+    # A plain Python loop linking one small object per node: the interpreter's own growth.
+    plain_loop_s: float | None
+    load: OtherLoad
+
+    def per_call_us(self, figure: float) -> float:
+        return figure / self.nodes * 1e6
+
+
+@dataclass(frozen=True)
 class Figures:
     """Everything one run measured, keyed as bench.py timed it."""
 
@@ -122,6 +155,8 @@ class Figures:
     memory: dict[str, dict[str, Any]]
     # The nested graph, one Scale per size of config.nested, smallest first.
     nested: list[Scale]
+    # Building a graph, one Building per size, smallest first.
+    building: list[Building]
     # ray_peer.py's report, or {"error": why it has none}.
     ray: dict[str, Any]
     # What other processes did while each group of figures was timed.
@@ -134,6 +169,11 @@ def median(rows: list[Row], runner: str) -> float:
     timing = next(row.timing for row in rows if row.runner == runner)
     assert timing is not None
     return timing.median_s
+
+
+def building_at(sizes: list[Building], nodes: int) -> Building | None:
+    """The building figures at ``nodes``, or None where that size was not run."""
+    return next((size for size in sizes if size.nodes == nodes), None)
 
 
 def scale_at(scales: list[Scale], nodes: int) -> Scale | None:

@@ -14,6 +14,7 @@ from figures import (
     NESTED_WAVES,
     PAUSE_S,
     TRACE_OFF,
+    Building,
     Figures,
     Row,
     Scale,
@@ -147,6 +148,39 @@ def _met(met: bool | None) -> str:
     if met is None:
         return "not measured"
     return "yes" if met else "**no**"
+
+
+def building_table(sizes: list[Building]) -> list[str]:
+    """Building a graph at each size: per call, and the DSL's loops and somatize in all."""
+
+    def total(seconds: float | None) -> str:
+        return "not run" if seconds is None else _duration(seconds)
+
+    return _table(
+        [
+            "nodes",
+            "`node()` per call",
+            "`edge()` per call",
+            "`>>` loop",
+            "its `somatize`",
+            "`\\|` loop",  # escaped: a bare `|` would end the cell
+            "its `somatize`",
+            "plain loop",
+        ],
+        [
+            [
+                f"{s.nodes:,}",
+                f"{s.per_call_us(s.node_s):.2f} µs",
+                f"{s.per_call_us(s.edge_s):.2f} µs",
+                total(s.chain_s),
+                total(s.chain_somatize_s),
+                total(s.wave_s),
+                total(s.wave_somatize_s),
+                total(s.plain_loop_s),
+            ]
+            for s in sizes
+        ],
+    )
 
 
 def nested_tables(scales: list[Scale]) -> list[str]:
@@ -406,6 +440,24 @@ def write(figures: Figures, targets: list[Target]) -> str:
         *(
             _disturbed(scale.load, f"the {scale.nodes:,} nodes were measured")
             for scale in figures.nested
+        ),
+    ]
+
+    out += ["", "### Building a graph (a fresh process per size)", ""]
+    out += building_table(figures.building)
+    out += [
+        "",
+        "Per size, each figure the best of three fresh builds of trivial Python nodes, their "
+        "objects made beforehand: a chain added with `g.node(id, obj)`, then its edges with "
+        "`g.edge(a, b)`; the chain written `e = e >> k` in a loop, and a wave written "
+        "`e = e \\| k`, each then turned into a graph with `soma.Graph.somatize(e)`; and a plain "
+        "loop linking one small object per node to the one before (what `>>` in a loop does at "
+        "the least: the interpreter's and the machine's own growth with size). The largest "
+        "size times `node()`/`edge()` alone.",
+        "",
+        *(
+            _disturbed(size.load, f"the {size.nodes:,} nodes were built")
+            for size in figures.building
         ),
     ]
 

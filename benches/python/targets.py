@@ -13,8 +13,10 @@ from figures import (
     NESTED_LOOP,
     NESTED_SOMA,
     NESTED_WAVES,
+    Building,
     Figures,
     Scale,
+    building_at,
     median,
     scale_at,
 )
@@ -85,6 +87,16 @@ BOUNDS = {
     # The nested graph: the threads it holds after its forwards, at every size: its width, 4,
     # plus two.
     "threads": Bound("≤", BLOCK_WIDTH + 2, " threads"),
+    # Building a chain with `g.node(id, obj)` and `g.edge(a, b)`: per call, at every size.
+    "node_call": Bound("≤", 2, " µs"),
+    "edge_call": Bound("≤", 2, " µs"),
+    # A graph of 1,000,000 nodes built with node()/edge(): all the calls together.
+    "build_million": Bound("<", 5, " s"),
+    # `e = e >> k` or `e = e | k` in a loop, and `Graph.somatize(e)`: at 100,000 nodes over at
+    # 10,000 (linear is 10x).
+    "build_growth": Bound("≤", 12, "x"),
+    # A chain or a flat wave of 100,000 nodes written in a loop and somatized.
+    "build_dsl": Bound("<", 1, " s"),
 }
 
 
@@ -181,7 +193,7 @@ def judge(figures: Figures) -> list[Target]:
             load["fan"],
         )
     )
-    return targets + nested_targets(figures.nested)
+    return targets + nested_targets(figures.nested) + building_targets(figures.building)
 
 
 def _not_run(what: str, bound: str, why: str) -> Target:
@@ -300,6 +312,91 @@ def nested_targets(scales: list[Scale]) -> list[Target]:
                 ", ".join(f"{s.threads_held} at {s.nodes:,}" for s in scales),
                 BOUNDS["threads"],
                 BOUNDS["threads"].met(most),
+            )
+        )
+    return targets
+
+
+def building_targets(sizes: list[Building]) -> list[Target]:
+    """Building a graph: node() and edge() per call at every size, a million nodes by calls,
+    and the DSL's loops and somatize at 100,000 nodes, in time and in growth from 10,000."""
+    targets = []
+    run = ", ".join(f"{s.nodes:,}" for s in sizes) or "none"
+    for call, bound in (("node", "node_call"), ("edge", "edge_call")):
+        what = f"`g.{call}()` per call, at every size"
+        if not sizes:
+            targets.append(_not_run(what, bound, "not run"))
+            continue
+        per_call = {s.nodes: s.per_call_us(s.node_s if call == "node" else s.edge_s) for s in sizes}
+        worst = max(per_call, key=per_call.__getitem__)
+        targets.append(
+            Target(
+                what,
+                ", ".join(f"{us:.2f} µs at {nodes:,}" for nodes, us in per_call.items()),
+                BOUNDS[bound],
+                BOUNDS[bound].met(per_call[worst]),
+                next(s.load for s in sizes if s.nodes == worst),
+            )
+        )
+    million = building_at(sizes, 1_000_000)
+    what = "a graph of 1,000,000 nodes built with `node()`/`edge()`"
+    if million is None:
+        targets.append(_not_run(what, "build_million", f"not run (sizes run: {run})"))
+    else:
+        took = million.node_s + million.edge_s
+        targets.append(
+            Target(
+                what,
+                f"{took:.2f} s ({million.node_s:.2f} s nodes, {million.edge_s:.2f} s edges)",
+                BOUNDS["build_million"],
+                BOUNDS["build_million"].met(took),
+                million.load,
+            )
+        )
+    mid, large = building_at(sizes, 10_000), building_at(sizes, 100_000)
+    for name, write, somatize in (
+        ("`e = e >> k`", "chain_s", "chain_somatize_s"),
+        # Escaped: a bare `|` would end the markdown table's cell.
+        ("`e = e \\| k`", "wave_s", "wave_somatize_s"),
+    ):
+        for figure, said in ((write, f"{name} in a loop"), (somatize, f"`somatize` of {name}")):
+            what = f"{said}: 100,000 nodes / 10,000"
+            small_s = None if mid is None else getattr(mid, figure)
+            large_s = None if large is None else getattr(large, figure)
+            if small_s is None or large_s is None or large is None:
+                targets.append(_not_run(what, "build_growth", f"not run (sizes run: {run})"))
+                continue
+            growth = large_s / small_s
+            # The plain loop's own growth beside it: what more objects cost the interpreter and
+            # the machine, whoever builds them.
+            plain = (
+                ""
+                if mid is None or mid.plain_loop_s is None or large.plain_loop_s is None
+                else f" (plain loop: {large.plain_loop_s / mid.plain_loop_s:.1f}x)"
+            )
+            targets.append(
+                Target(
+                    what,
+                    f"{large_s * 1e3:.1f} / {small_s * 1e3:.2f} ms = {growth:.1f}x{plain}",
+                    BOUNDS["build_growth"],
+                    BOUNDS["build_growth"].met(growth),
+                    large.load,
+                )
+            )
+        what = f"{name} in a loop of 100,000 nodes, then `somatize`"
+        written = None if large is None else getattr(large, write)
+        somatized = None if large is None else getattr(large, somatize)
+        if written is None or somatized is None or large is None:
+            targets.append(_not_run(what, "build_dsl", f"not run (sizes run: {run})"))
+            continue
+        targets.append(
+            Target(
+                what,
+                f"{written + somatized:.2f} s ({written:.2f} s written, "
+                f"{somatized:.2f} s somatized)",
+                BOUNDS["build_dsl"],
+                BOUNDS["build_dsl"].met(written + somatized),
+                large.load,
             )
         )
     return targets

@@ -1,9 +1,11 @@
 """The DSL: ``>>`` in series, ``|`` side by side, and nothing but nodes and edges.
 
-An :class:`Expr` records the nodes in declaration order, the edges between them, its heads and
-its terminals. ``a >> b`` connects every terminal of ``a`` to every head of ``b``; ``a | b`` is
-a disjoint union. ``>>`` binds tighter than ``|``, as Python's operators do. The expression is
-an oracle, never the source of a plan: :meth:`soma.Graph.somatize` turns it into plain
+An :class:`Expr` reads as the nodes in declaration order, the edges between them, its heads and
+its terminals; it keeps the tree its operators wrote and reads those off it when asked, so that
+writing one costs the same at every step however large it grows. ``a >> b`` connects every
+terminal of ``a`` to every head of ``b``; ``a | b`` is a disjoint union. ``>>`` binds tighter
+than ``|``, as Python's operators do. The expression is an oracle, never the source of a plan:
+:meth:`soma.Graph.somatize` turns it into plain
 ``node()``/``edge()`` calls, and the plan is recovered from the graph alone.
 
 :class:`Composable` is where ``>>`` and ``|`` start: ``soma.Node`` subclasses it, so the node
@@ -12,7 +14,9 @@ module imports the DSL and the DSL never needs to know what a node is.
 
 from __future__ import annotations
 
-from typing import Any
+from array import array
+from collections import deque
+from typing import Any, Union
 
 from soma import _soma
 
@@ -23,34 +27,50 @@ class Composable:
     __slots__ = ()
 
     def __rshift__(self, other: object) -> Expr:
-        return Expr.of(self, ">>") >> other
+        return Expr(None, self, _part(other, ">>"), True)
 
     def __rrshift__(self, other: object) -> Expr:
-        return Expr.of(other, ">>") >> self
+        return Expr(None, _part(other, ">>"), self, True)
 
     def __or__(self, other: object) -> Expr:
-        return Expr.of(self, "|") | other
+        return Expr(None, self, _part(other, "|"), False)
 
     def __ror__(self, other: object) -> Expr:
-        return Expr.of(other, "|") | self
+        return Expr(None, _part(other, "|"), self, False)
+
+
+# A part of an expression's tree: an expression, or a node standing for itself (one object
+# fewer per node than an expression around it, for the garbage collector to walk).
+_Part = Union["Expr", Composable]
+
+
+def _part(item: object, operator: str) -> _Part:
+    """``item`` as a part of an expression; a ``TypeError`` that says what to do else."""
+    if isinstance(item, (Expr, Composable)):
+        return item
+    return Expr.of(item, operator)  # Raises, saying why.
 
 
 class Expr:
-    """Nodes, edges (as index pairs), heads and terminals of an expression."""
+    """Nodes, edges (as index pairs), heads and terminals of an expression.
 
-    __slots__ = ("edges", "heads", "nodes", "terminals")
+    An expression is kept as the tree its operators wrote — a node, or two expressions in series
+    or side by side — so ``e >> k`` and ``e | k`` cost the same however large ``e`` is, and a
+    chain built by a loop costs time linear in its length. ``nodes``, ``edges``, ``heads`` and
+    ``terminals`` are read off that tree on first use, by a walk with a stack of its own rather
+    than by recursion, so an expression nested 100,000 deep reads as well as a flat one.
+    """
 
-    def __init__(
-        self,
-        nodes: tuple[Any, ...],
-        edges: tuple[tuple[int, int], ...],
-        heads: tuple[int, ...],
-        terminals: tuple[int, ...],
-    ) -> None:
-        self.nodes = nodes
-        self.edges = edges
-        self.heads = heads
-        self.terminals = terminals
+    __slots__ = ("_flat", "_left", "_node", "_right", "_series")
+
+    def __init__(self, node: object, left: _Part | None, right: _Part | None, series: bool) -> None:
+        # One of: a node (`left` and `right` None), or `left` and `right` in series or side by
+        # side. Built by `of`, `>>` and `|`, never by hand.
+        self._node = node
+        self._left = left
+        self._right = right
+        self._series = series
+        self._flat: _Flat | None = None
 
     @staticmethod
     def of(item: object, operator: str) -> Expr:
@@ -58,7 +78,7 @@ class Expr:
         if isinstance(item, Expr):
             return item
         if isinstance(item, Composable):
-            return Expr((item,), (), (0,), (0,))
+            return Expr(item, None, None, False)
         refuse_class(item, verb="compose", where=f" in `{operator}`")
         raise TypeError(
             f"cannot compose an object of type `{type(item).__name__}` with `{operator}`: "
@@ -67,17 +87,49 @@ class Expr:
             "with Graph.node() and connect it with Graph.edge()"
         )
 
+    @property
+    def nodes(self) -> tuple[Any, ...]:
+        """The nodes, in the order they are written."""
+        return self._flattened().nodes
+
+    @property
+    def edges(self) -> tuple[tuple[int, int], ...]:
+        """The edges, as pairs of indices into ``nodes``: those of ``a``, then those of ``b``,
+        then, for ``a >> b``, every terminal of ``a`` to every head of ``b``."""
+        return self._flattened().edges
+
+    @property
+    def heads(self) -> tuple[int, ...]:
+        """The indices of the nodes that receive the expression's input."""
+        return self._flattened().heads
+
+    @property
+    def terminals(self) -> tuple[int, ...]:
+        """The indices of the nodes whose outputs are the expression's output."""
+        return self._flattened().terminals
+
+    def _flattened(self) -> _Flat:
+        if self._flat is None:
+            self._flat = _flatten(self)
+        return self._flat
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled, copied and deep-copied as what it reads as, never as its tree: a tree
+        100,000 deep would take ``copy`` and ``pickle`` as deep into recursion."""
+        flat = self._flattened()
+        return (_read, (flat.nodes, flat.edges, flat.heads, flat.terminals))
+
     def __rshift__(self, other: object) -> Expr:
-        return _series(self, Expr.of(other, ">>"))
+        return Expr(None, self, _part(other, ">>"), True)
 
     def __rrshift__(self, other: object) -> Expr:
-        return _series(Expr.of(other, ">>"), self)
+        return Expr(None, _part(other, ">>"), self, True)
 
     def __or__(self, other: object) -> Expr:
-        return _parallel(self, Expr.of(other, "|"))
+        return Expr(None, self, _part(other, "|"), False)
 
     def __ror__(self, other: object) -> Expr:
-        return _parallel(Expr.of(other, "|"), self)
+        return Expr(None, _part(other, "|"), self, False)
 
     def on(self, device: str) -> Expr:
         """Places every node of the expression on ``device`` that is not placed already (by its
@@ -104,29 +156,130 @@ class Expr:
         return f"Expr([{names}], {len(self.edges)} edges)"
 
 
-def _shifted(pairs: tuple[tuple[int, int], ...], by: int) -> tuple[tuple[int, int], ...]:
-    return tuple((a + by, b + by) for a, b in pairs)
+# The `_node` of an expression made from what another read as (see `_read`): no node of its own,
+# its `_flat` holds all of it.
+_READ = object()
 
 
-def _series(left: Expr, right: Expr) -> Expr:
-    by = len(left.nodes)
-    crossing = tuple((t, h + by) for t in left.terminals for h in right.heads)
-    return Expr(
-        left.nodes + right.nodes,
-        left.edges + _shifted(right.edges, by) + crossing,
-        left.heads,
-        tuple(t + by for t in right.terminals),
+def _read(
+    nodes: tuple[Any, ...],
+    edges: tuple[tuple[int, int], ...],
+    heads: tuple[int, ...],
+    terminals: tuple[int, ...],
+) -> Expr:
+    """The expression that reads as ``nodes``, ``edges``, ``heads`` and ``terminals``."""
+    expr = Expr(_READ, None, None, False)
+    expr._flat = _Flat(
+        nodes,
+        array("q", (a for a, _ in edges)),
+        array("q", (b for _, b in edges)),
+        heads,
+        terminals,
     )
+    return expr
 
 
-def _parallel(left: Expr, right: Expr) -> Expr:
-    by = len(left.nodes)
-    return Expr(
-        left.nodes + right.nodes,
-        left.edges + _shifted(right.edges, by),
-        left.heads + tuple(h + by for h in right.heads),
-        left.terminals + tuple(t + by for t in right.terminals),
-    )
+class _Flat:
+    """An expression read off its tree. Its edges are kept as two arrays of plain numbers, the
+    sources and the targets, rather than a pair object each: as many fewer objects for the
+    garbage collector to walk while a large graph is built. ``edges`` pairs them on demand."""
+
+    __slots__ = ("_edges", "heads", "nodes", "sources", "targets", "terminals")
+
+    def __init__(
+        self,
+        nodes: tuple[Any, ...],
+        sources: array[int],
+        targets: array[int],
+        heads: tuple[int, ...],
+        terminals: tuple[int, ...],
+    ) -> None:
+        self.nodes = nodes
+        self.sources = sources
+        self.targets = targets
+        self.heads = heads
+        self.terminals = terminals
+        self._edges: tuple[tuple[int, int], ...] | None = None
+
+    @property
+    def edges(self) -> tuple[tuple[int, int], ...]:
+        if self._edges is None:
+            self._edges = tuple(zip(self.sources, self.targets, strict=True))
+        return self._edges
+
+
+# The heads or the terminals of a part of an expression: one node's index (most parts), or the
+# indices of several, in order.
+_Ends = int | deque[int]
+
+
+def _flatten(root: Expr) -> _Flat:
+    """``root``'s nodes, edges, heads and terminals, by one walk of its tree in the order it is
+    written, children before their parent. Each finished part leaves its heads and terminals on
+    two stacks, for its parent to take; ``to_visit`` holds the parts still to walk and, under
+    their children, a ``bool`` that says how to join them (``True``: in series)."""
+    nodes: list[Any] = []
+    sources: array[int] = array("q")
+    targets: array[int] = array("q")
+    heads: list[_Ends] = []
+    terminals: list[_Ends] = []
+    to_visit: list[_Part | bool] = [root]
+    while to_visit:
+        item = to_visit.pop()
+        if item is True:  # In series: the heads of the left part, the terminals of the right.
+            right_heads = heads.pop()
+            right_terminals = terminals.pop()
+            left_terminals = terminals[-1]
+            terminals[-1] = right_terminals
+            if type(left_terminals) is int and type(right_heads) is int:
+                sources.append(left_terminals)
+                targets.append(right_heads)
+            else:
+                for t in _each(left_terminals):
+                    for h in _each(right_heads):
+                        sources.append(t)
+                        targets.append(h)
+        elif item is False:  # Side by side: the ends of both, left first.
+            right_heads = heads.pop()
+            heads[-1] = _joined(heads[-1], right_heads)
+            right_terminals = terminals.pop()
+            terminals[-1] = _joined(terminals[-1], right_terminals)
+        elif not isinstance(item, Expr):  # A node, standing for itself.
+            heads.append(len(nodes))
+            terminals.append(len(nodes))
+            nodes.append(item)
+        elif item._left is not None and item._right is not None:
+            to_visit.append(item._series)
+            to_visit.append(item._right)
+            to_visit.append(item._left)
+        elif item._node is _READ and item._flat is not None:  # Read already: all of it.
+            by, read = len(nodes), item._flat
+            nodes.extend(read.nodes)
+            sources.extend(a + by for a in read.sources)
+            targets.extend(b + by for b in read.targets)
+            heads.append(deque(h + by for h in read.heads))
+            terminals.append(deque(t + by for t in read.terminals))
+        else:  # An expression of one node.
+            heads.append(len(nodes))
+            terminals.append(len(nodes))
+            nodes.append(item._node)
+    return _Flat(tuple(nodes), sources, targets, tuple(_each(heads[0])), tuple(_each(terminals[0])))
+
+
+def _each(ends: _Ends) -> deque[int] | tuple[int]:
+    return (ends,) if isinstance(ends, int) else ends
+
+
+def _joined(left: _Ends, right: _Ends) -> deque[int]:
+    """``left`` then ``right``, made by growing the longer of the two: a wide wave written
+    ``a | b | c | ...`` in either direction joins in time linear in its width."""
+    lefts = deque((left,)) if isinstance(left, int) else left
+    rights = deque((right,)) if isinstance(right, int) else right
+    if len(lefts) >= len(rights):
+        lefts.extend(rights)
+        return lefts
+    rights.extendleft(reversed(lefts))
+    return rights
 
 
 def refuse_class(obj: object, *, verb: str, call: str = "", where: str = "") -> None:

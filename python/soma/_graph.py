@@ -1,35 +1,84 @@
 """``soma.Graph``: build a graph, look at its plan, run it.
 
 Topology, implementations and the cached plan live in the Rust core (``_soma.GraphCore``);
-this class adds what is naturally Python: ids derived from class names, reading the DSL, and
-deciding once, at registration, whether ``forward`` wants a ``ctx``.
+this class adds what is naturally Python: ids derived from class names, reading the DSL,
+deciding at registration (once per class) whether ``forward`` wants a ``ctx``, and copying and
+pickling a graph as its nodes, edges, placements and settings.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
+import io
+import pickle
 import re
 import types
-from collections.abc import Callable
-from typing import Any
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from typing import IO, Any, NamedTuple, SupportsIndex
 
 from soma import _soma, _stream
 from soma import remote as _remote
 from soma._dsl import Expr, refuse_class
 from soma._node import Node
-from soma.errors import DuplicateNodeError, InvalidIdError
+from soma.errors import DuplicateNodeError, InvalidIdError, NodePicklingError
 
 _WORD_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 
 
+@functools.lru_cache(maxsize=4096)
 def snake_case(name: str) -> str:
-    """``Encoder`` -> ``encoder``, ``Other2`` -> ``other2``, ``HTTPServer`` -> ``http_server``."""
+    """``Encoder`` -> ``encoder``, ``Other2`` -> ``other2``, ``HTTPServer`` -> ``http_server``.
+
+    Kept per name: a graph of a million nodes of a few classes asks for a few names."""
     return _WORD_BOUNDARY.sub("_", name).lower()
 
 
+# Whether a class's `forward` takes a `ctx`, per function: by id, checked against a weak
+# reference to the function (an id a collected function leaves may be reused by another),
+# whose callback forgets the answer once the function is gone. `inspect.signature` costs tens
+# of µs, and a graph of a million nodes of a few classes asks the same question a million times.
+_CTX_BY_FUNCTION: dict[int, tuple[weakref.ref[types.FunctionType], bool]] = {}
+
+
 def _takes_ctx(obj: object) -> bool:
-    """Whether ``obj.forward`` accepts a second positional argument, the ``ctx``."""
+    """Whether ``obj.forward`` accepts a second positional argument, the ``ctx``.
+
+    The answer is kept for a ``forward`` that is a plain function of ``obj``'s class, read the
+    ordinary way: ``obj.forward`` is then that function bound to ``obj``, whatever ``obj`` is.
+    A ``forward`` of the instance's own (an attribute set on it), or one a class computes
+    (``__getattribute__``, a descriptor, a ``staticmethod``) is looked at every time."""
+    cls = type(obj)
+    function = getattr(cls, "forward", None)
+    if (
+        type(function) is types.FunctionType
+        and cls.__getattribute__ is _OBJECT_GETATTRIBUTE
+        and "forward" not in getattr(obj, "__dict__", ())
+    ):
+        known = _CTX_BY_FUNCTION.get(id(function))
+        if known is not None and known[0]() is function:
+            return known[1]
+        decision = _reads_ctx(obj)
+        key = id(function)
+        _CTX_BY_FUNCTION[key] = (weakref.ref(function, functools.partial(_forget, key)), decision)
+        return decision
+    return _reads_ctx(obj)
+
+
+_OBJECT_GETATTRIBUTE = object.__getattribute__
+
+
+def _forget(key: int, _: object) -> None:
+    """Forgets the answer for a function that is being collected."""
+    entry = _CTX_BY_FUNCTION.get(key)
+    if entry is not None and entry[0]() is None:  # Not a later function's answer.
+        del _CTX_BY_FUNCTION[key]
+
+
+def _reads_ctx(obj: object) -> bool:
+    """What ``_takes_ctx`` answers, found from ``obj.forward``'s signature."""
     forward = getattr(obj, "forward", None)
     if not callable(forward):
         return False
@@ -102,9 +151,9 @@ class Graph:
                 "hint: compose instances: "
                 f"`soma.Graph.somatize({' | '.join(f'{c.__name__}()' for c in expr.__args__)})`"
             )
-        expr = Expr.of(expr, ">>")
+        flat = Expr.of(expr, ">>")._flattened()
         seen: dict[int, int] = {}
-        for at, obj in enumerate(expr.nodes):
+        for at, obj in enumerate(flat.nodes):
             if id(obj) in seen:
                 name = obj._soma_id or snake_case(type(obj).__name__)
                 error = DuplicateNodeError(
@@ -115,9 +164,10 @@ class Graph:
                 raise error
             seen[id(obj)] = at
         graph = cls()
-        ids = [graph.node(obj) for obj in expr.nodes]
-        for source, target in expr.edges:
-            graph.edge(ids[source], ids[target])
+        ids = [graph.node(obj) for obj in flat.nodes]
+        edge = graph.edge
+        for source, target in zip(flat.sources, flat.targets, strict=True):
+            edge(ids[source], ids[target])
         return graph
 
     def node(self, id_or_obj: str | object, obj: object = None, /) -> str:
@@ -126,19 +176,30 @@ class Graph:
         ``node(obj)`` uses the id given with ``.named()``, else the snake_case of the class
         name, made unique with ``_2``, ``_3``; ``node("id", obj)`` uses ``"id"``.
         """
+        # The common case stays on the fast path: a `str` id of ASCII, an object that is no
+        # class; `_checked_id` and `refuse_class` say what is wrong otherwise.
         if obj is None:
             obj = id_or_obj
-            refuse_class(obj, verb="register", call="g.node(")
-            node_id = getattr(obj, "_soma_id", None)
-            if node_id is None:
+            if isinstance(obj, type):
+                refuse_class(obj, verb="register", call="g.node(")
+            named = getattr(obj, "_soma_id", None)
+            if named is None:
                 node_id = self._core.free_id(snake_case(type(obj).__name__))
+            elif type(named) is str and named.isascii():
+                node_id = named
             else:
-                node_id = _checked_id(node_id, "node id", "give `.named()` a `str`")
+                node_id = _checked_id(named, "node id", "give `.named()` a `str`")
         else:
-            node_id = _checked_id(id_or_obj, "node id", 'call `g.node(obj)` or `g.node("id", obj)`')
-            refuse_class(obj, verb="register", call=f"g.node({_literal(node_id)}, ")
+            if type(id_or_obj) is str and id_or_obj.isascii():
+                node_id = id_or_obj
+            else:
+                node_id = _checked_id(
+                    id_or_obj, "node id", 'call `g.node(obj)` or `g.node("id", obj)`'
+                )
+            if isinstance(obj, type):
+                refuse_class(obj, verb="register", call=f"g.node({_literal(node_id)}, ")
         native = getattr(obj, "_soma_native", None)
-        if isinstance(native, _soma.NativeNode):
+        if native is not None and isinstance(native, _soma.NativeNode):
             self._core.add_native(node_id, obj, native)
         else:
             self._core.add_python(node_id, obj, _takes_ctx(obj))
@@ -192,10 +253,12 @@ class Graph:
     def edge(self, source: str, target: str) -> None:
         """Adds the edge ``source -> target``; refused (and nothing changes) if it would close
         a cycle, repeats an edge or names an unknown node."""
-        self._core.add_edge(
-            _checked_id(source, "edge source", _EDGE_HINT),
-            _checked_id(target, "edge target", _EDGE_HINT),
-        )
+        # The common case, two `str` ids of ASCII, goes straight to the core.
+        if not (type(source) is str and source.isascii()):
+            source = _checked_id(source, "edge source", _EDGE_HINT)
+        if not (type(target) is str and target.isascii()):
+            target = _checked_id(target, "edge target", _EDGE_HINT)
+        self._core.add_edge(source, target)
 
     def nodes(self) -> list[str]:
         """Node ids, in insertion order."""
@@ -357,22 +420,142 @@ class Graph:
         graph = type(self)()
         if memo is not None:  # Before the nodes: one of them may refer back to this graph.
             memo[id(self)] = graph
-        for node_id in self.nodes():
-            graph.node(node_id, copy_node(self.implementation(node_id)))
-        for source, target in self.edges():
-            graph.edge(source, target)
-        for node_id, device in self.devices().items():
-            graph.place(node_id, device)
-        for node_id, host in self.hosts().items():
-            graph.place_at(node_id, host)
-        graph.idle_threads = self.idle_threads
+        graph._fill(
+            ((node_id, copy_node(self.implementation(node_id))) for node_id in self.nodes()),
+            self._settings(),
+        )
         return graph
+
+    def _settings(self) -> _Settings:
+        """Everything a graph is, beside its nodes: edges, placements, settings. Nothing of a
+        run: no thread, no program, no connection to hosts."""
+        return _Settings(self.edges(), self.devices(), self.hosts(), self.idle_threads)
+
+    def _fill(self, nodes: Iterable[tuple[str, Any]], settings: _Settings) -> None:
+        """Makes this new, empty graph hold ``nodes`` under their ids, and ``settings``."""
+        for node_id, obj in nodes:
+            self.node(node_id, obj)
+        for source, target in settings.edges:
+            self.edge(source, target)
+        # Where each node runs is what was set on the graph, and not what the node's own `.on`
+        # or `.at` said when it was registered: `place(id, None)` may have undone it since.
+        for node_id in self.devices():
+            if node_id not in settings.devices:
+                self.place(node_id, None)
+        for node_id, device in settings.devices.items():
+            self.place(node_id, device)
+        self._hosts.clear()
+        for node_id, host in settings.hosts.items():
+            self.place_at(node_id, host)
+        self.idle_threads = settings.idle_threads
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[Any, ...]:
+        """How ``pickle`` saves a graph: its nodes under their ids, its edges, where its nodes
+        run (devices, hosts) and its ``idle_threads``; nothing of a run (threads, a program,
+        a connection to hosts). The nodes are pickled together, in a pickle of their own
+        inside this one: objects they share stay shared, and a node that refers to its graph
+        refers to the unpickled one. A node that cannot be pickled is a
+        ``soma.NodePicklingError`` naming it, its own error the cause."""
+        ids = self.nodes()
+        saved = io.BytesIO()
+        pickler = _node_pickler()(saved, int(protocol), self)
+        for node_id in ids:
+            obj = self.implementation(node_id)
+            try:
+                pickler.dump(obj)
+            except Exception as failure:
+                raise _unpicklable(node_id, obj, failure) from failure
+        return (_unpickled, (type(self), ids, saved.getvalue(), self._settings()))
 
     def __repr__(self) -> str:
         nodes = self.nodes()
         edges = _counted([f"{a} -> {b}" for a, b in self.edges()], "edge")
         # A semicolon only where a list of nodes needs setting apart from what follows it.
         return f"Graph({_counted(nodes, 'node')}{'; ' if nodes else ', '}{edges})"
+
+
+class _Settings(NamedTuple):
+    """What a copy or a pickle of a graph carries beside its nodes."""
+
+    edges: list[tuple[str, str]]
+    devices: dict[str, str]
+    hosts: dict[str, str]
+    idle_threads: int
+
+
+# What stands for the graph itself among its pickled nodes.
+_THIS_GRAPH = "soma.Graph: the graph being pickled"
+
+
+@functools.cache
+def _node_pickler() -> Callable[[IO[bytes], int, Graph], pickle.Pickler]:
+    """The pickler of a graph's nodes, made on first use: a ``multiprocessing`` pickler, so a
+    node that holds what only ``multiprocessing`` knows how to send (a queue, a connection)
+    pickles when the graph is sent to a process; imported only then, as ``multiprocessing``
+    costs an import of Soma tens of milliseconds."""
+    from multiprocessing.reduction import ForkingPickler
+
+    class NodePickler(ForkingPickler):
+        """Pickles a graph's nodes, one ``dump`` each, with one memo: writes the graph itself,
+        should a node refer to it, as a reference that ``_unpickled`` resolves."""
+
+        def __init__(self, file: IO[bytes], protocol: int, graph: Graph) -> None:
+            super().__init__(file, protocol)
+            self._graph = graph
+
+        def persistent_id(self, obj: Any) -> str | None:
+            return _THIS_GRAPH if obj is self._graph else None
+
+    return NodePickler
+
+
+class _NodeUnpickler(pickle.Unpickler):
+    """Reads what ``_NodePickler`` wrote, the graph's references resolved to ``graph``."""
+
+    def __init__(self, file: IO[bytes], graph: Graph) -> None:
+        super().__init__(file)
+        self._graph = graph
+
+    def persistent_load(self, pid: Any) -> Any:
+        if pid == _THIS_GRAPH:
+            return self._graph
+        raise pickle.UnpicklingError(f"unknown persistent id {pid!r} among a graph's nodes")
+
+
+def _unpickled(cls: type[Graph], ids: list[str], nodes: bytes, settings: _Settings) -> Graph:
+    """The graph ``Graph.__reduce_ex__`` saved. A node that cannot be loaded (its class is
+    not importable here, say) raises its own error, with a note naming the node."""
+    graph = cls()
+    loaded = _NodeUnpickler(io.BytesIO(nodes), graph)
+
+    def each() -> Iterator[tuple[str, Any]]:
+        for node_id in ids:
+            try:
+                obj = loaded.load()
+            except Exception as failure:
+                failure.add_note(
+                    f"while loading node `{node_id}` of a pickled soma.Graph\n"
+                    "hint: a node loads where its class can be imported: define it at the top "
+                    "level of a module that this process can import"
+                )
+                raise
+            yield node_id, obj
+
+    graph._fill(each(), settings)
+    return graph
+
+
+def _unpicklable(node_id: str, obj: object, failure: Exception) -> NodePicklingError:
+    cls = type(obj)
+    error = NodePicklingError(
+        f"node `{node_id}` (`{cls.__module__}.{cls.__qualname__}`) cannot be pickled: "
+        f"{type(failure).__name__}: {failure}\n"
+        "hint: a graph pickles when each of its nodes does: keep what cannot be pickled (a "
+        "lock, an open file, a thread, a lambda) out of what the node pickles, with "
+        "`__getstate__`/`__setstate__`, and define its class at the top level of a module"
+    )
+    error.node = node_id
+    return error
 
 
 def _counted(items: list[str], noun: str) -> str:

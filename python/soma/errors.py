@@ -7,6 +7,8 @@ raised *inside* a node is never wrapped: it comes out of ``forward`` as itself, 
 
 from __future__ import annotations
 
+import pickle
+
 
 class SomaError(Exception):
     """Base of every error Soma raises about a graph, a plan or a run."""
@@ -134,6 +136,13 @@ class PanicError(SomaError):
     node: str | None = None
 
 
+class NodePicklingError(SomaError, pickle.PicklingError):
+    """A graph could not be pickled because one of its nodes (``.node``) could not; the node's
+    own error is the ``__cause__``."""
+
+    node: str | None = None
+
+
 __all__ = [
     "CancelledError",
     "CompileError",
@@ -145,6 +154,7 @@ __all__ = [
     "GraphError",
     "HostError",
     "InvalidIdError",
+    "NodePicklingError",
     "PanicError",
     "RemoteError",
     "RemoteTraceback",

@@ -9,7 +9,9 @@ public name comes with a line in this file.
 
 from __future__ import annotations
 
+import pickle
 import tempfile
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar, assert_type
@@ -175,6 +177,7 @@ errors: list[type[soma.SomaError]] = [
     soma.ThreadError,
     soma.TurnLimitError,
     soma.PanicError,
+    soma.NodePicklingError,
     soma.DeviceError,
     soma.WrongDeviceError,
 ]
@@ -217,6 +220,13 @@ assert stopped.node == "lookup"
 panic = raised(soma.PanicError, lambda: soma.Graph.somatize(native.Panic("boom")).forward(None))
 assert_type(panic.node, str | None)
 assert panic.node == "panic"
+
+unpicklable = soma.Graph()
+unpicklable.node("lambda", types.SimpleNamespace(forward=lambda x: x))
+not_pickled = raised(soma.NodePicklingError, lambda: pickle.dumps(unpicklable))
+assert_type(not_pickled.node, str | None)
+assert not_pickled.node == "lambda"
+assert pickle.loads(pickle.dumps(soma.Graph.somatize(native.Add(1)))).forward(1) == 2
 
 # --- devices and placement --------------------------------------------------------------------
 

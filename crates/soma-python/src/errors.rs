@@ -67,10 +67,44 @@ pub fn graph_error(py: Python<'_>, error: &GraphError) -> PyErr {
     }
 }
 
+/// An id that names no node, asked about by a lookup (`place`, `implementation`, a neighbour
+/// query) rather than by an edge: the hint says how nodes are named and which ones there are,
+/// where an edge's hint says to add the node first.
+pub fn unknown_node_error(py: Python<'_>, id: &str, graph: &soma_core::Graph) -> PyErr {
+    /// How many of the graph's ids a hint lists before it counts the rest.
+    const LISTED: usize = 8;
+    let known = graph.nodes();
+    let hint = if known.is_empty() {
+        "the graph has no node yet: `g.node(obj)` adds one and returns its id".to_owned()
+    } else {
+        let listed: Vec<String> = known
+            .iter()
+            .take(LISTED)
+            .map(|n| format!("`{n}`"))
+            .collect();
+        let rest = match known.len().saturating_sub(LISTED) {
+            0 => String::new(),
+            more => format!(" and {more} more (`g.nodes()` lists them all)"),
+        };
+        format!(
+            "name a node by the id `node()` returned; the graph has {}{rest}",
+            listed.join(", ")
+        )
+    };
+    let node = pyo3::types::PyString::new(py, id).into_any();
+    soma_error(
+        py,
+        "UnknownNodeError",
+        format!("no node `{id}` in the graph\nhint: {hint}"),
+        &[("node", node)],
+    )
+}
+
 pub fn device_error(py: Python<'_>, error: &DeviceError) -> PyErr {
     let written = match error {
         DeviceError::Malformed { text }
         | DeviceError::UnknownKind { text, .. }
+        | DeviceError::Misspelled { text, .. }
         | DeviceError::NeedsIndex { text, .. } => text,
     };
     let written = pyo3::types::PyString::new(py, written).into_any();

@@ -11,13 +11,13 @@
 //! ([`crate::native`]). Branch threads take it for their whole branch, on the same terms; the
 //! interpreter's own switch interval lets the branches of a wave take turns.
 
-use std::collections::HashMap;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use pyo3::exceptions::{PyTimeoutError, PyTypeError, PyValueError};
 use pyo3::gc::PyVisit;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::PyTraverseError;
@@ -32,7 +32,7 @@ use crate::device_queues::Scope;
 use crate::driver::PythonDriver;
 use crate::errors::{
     cancelled_error, compile_error, device_error, graph_error, panic_error, program_error,
-    run_error,
+    run_error, unknown_node_error,
 };
 use crate::exit;
 use crate::native::NativeNode;
@@ -46,8 +46,9 @@ use crate::watch::{SignalWatch, StopFlag};
 struct State {
     graph: Graph,
     catalog: Catalog,
-    /// The registered Python objects, for `implementation(id)`.
-    objects: HashMap<NodeId, Py<PyAny>>,
+    /// The registered Python objects, for `implementation(id)`, in the graph's order: looked up
+    /// through the graph's index rather than a table of their own, one hash less per node.
+    objects: Vec<Py<PyAny>>,
     /// The Python nodes in the catalog, kept apart so that the garbage collector can be shown
     /// the references they hold (a node that keeps its own graph makes a cycle).
     python_nodes: Vec<Arc<PythonNode>>,
@@ -64,7 +65,7 @@ impl Default for State {
         State {
             graph: Graph::default(),
             catalog: Catalog::default(),
-            objects: HashMap::new(),
+            objects: Vec::new(),
             python_nodes: Vec::new(),
             compiled: None,
             idle_threads: DEFAULT_IDLE_THREADS,
@@ -97,6 +98,7 @@ impl GraphCore {
         id: &str,
         object: &Bound<'_, PyAny>,
         implementation: Arc<dyn Node>,
+        python_node: Option<Arc<PythonNode>>,
     ) -> PyResult<()> {
         let mut state = self.state();
         let id = state
@@ -104,8 +106,9 @@ impl GraphCore {
             .add_node(id)
             .map_err(|e| graph_error(py, &e))?
             .clone();
-        state.catalog.insert(id.clone(), implementation);
-        state.objects.insert(id, object.clone().unbind());
+        state.catalog.insert(id, implementation);
+        state.objects.push(object.clone().unbind());
+        state.python_nodes.extend(python_node);
         state.compiled = None;
         Ok(())
     }
@@ -192,19 +195,23 @@ impl GraphCore {
         takes_ctx: bool,
     ) -> PyResult<()> {
         let forward = object
-            .getattr("forward")
+            .getattr(intern!(py, "forward"))
             .ok()
             .filter(PyAnyMethods::is_callable);
-        if forward.is_none() {
+        let Some(forward) = forward else {
             return Err(PyTypeError::new_err(format!(
                 "an object of type `{}` cannot be a node: it has no callable `forward`\nhint: subclass soma.Node and define `forward(self, x)`",
                 object.get_type().name()?
             )));
-        }
-        let node = Arc::new(PythonNode::new(object, takes_ctx)?);
-        self.register(py, id, object, Arc::clone(&node) as Arc<dyn Node>)?;
-        self.state().python_nodes.push(node);
-        Ok(())
+        };
+        let node = Arc::new(PythonNode::new(forward, takes_ctx)?);
+        self.register(
+            py,
+            id,
+            object,
+            Arc::clone(&node) as Arc<dyn Node>,
+            Some(node),
+        )
     }
 
     /// Registers a Rust implementation under `id`; `object` is what `implementation(id)` returns.
@@ -215,7 +222,7 @@ impl GraphCore {
         object: &Bound<'_, PyAny>,
         native: &Bound<'_, NativeNode>,
     ) -> PyResult<()> {
-        self.register(py, id, object, native.get().implementation())
+        self.register(py, id, object, native.get().implementation(), None)
     }
 
     fn add_edge(&self, py: Python<'_>, source: &str, target: &str) -> PyResult<()> {
@@ -258,7 +265,7 @@ impl GraphCore {
         Ok(ids(state
             .graph
             .predecessors(id)
-            .map_err(|e| graph_error(py, &e))?))
+            .map_err(|_| unknown_node_error(py, id, &state.graph))?))
     }
 
     fn successors(&self, py: Python<'_>, id: &str) -> PyResult<Vec<String>> {
@@ -266,7 +273,7 @@ impl GraphCore {
         Ok(ids(state
             .graph
             .successors(id)
-            .map_err(|e| graph_error(py, &e))?))
+            .map_err(|_| unknown_node_error(py, id, &state.graph))?))
     }
 
     fn topological_sort(&self) -> Vec<String> {
@@ -280,12 +287,9 @@ impl GraphCore {
 
     fn implementation(&self, py: Python<'_>, id: &str) -> PyResult<Py<PyAny>> {
         let state = self.state();
-        match state.objects.get(id) {
-            Some(object) => Ok(object.clone_ref(py)),
-            None => Err(graph_error(
-                py,
-                &soma_core::GraphError::UnknownNode { id: id.into() },
-            )),
+        match state.graph.position(id) {
+            Some(at) => Ok(state.objects[at].clone_ref(py)),
+            None => Err(unknown_node_error(py, id, &state.graph)),
         }
     }
 
@@ -308,7 +312,7 @@ impl GraphCore {
         let Ok(state) = self.state.try_lock() else {
             return Ok(());
         };
-        for object in state.objects.values() {
+        for object in &state.objects {
             visit.call(object)?;
         }
         for node in &state.python_nodes {
@@ -377,10 +381,7 @@ impl GraphCore {
             .transpose()?;
         let mut state = self.state();
         if !state.graph.contains(id) {
-            return Err(graph_error(
-                py,
-                &soma_core::GraphError::UnknownNode { id: id.into() },
-            ));
+            return Err(unknown_node_error(py, id, &state.graph));
         }
         // In place unless a plan handed out still draws the placement it was given: placing
         // every node of a large graph one by one must not copy the whole placement each time.

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyTuple;
 use soma_core::{Ctx, Node, NodeError, NodeId, Transition, Value};
 
 use crate::convert::{holds_python, to_native, to_python, wrap};
@@ -21,8 +22,18 @@ use crate::errors::{panic_message, NodePanic};
 /// A Rust implementation, ready to be registered in a graph.
 #[pyclass(frozen, module = "soma._soma", name = "NativeNode")]
 pub struct NativeNode {
-    name: String,
+    recipe: Recipe,
     inner: Arc<dyn Node>,
+}
+
+/// Which node, and with what: what `repr` shows and what a pickle carries, since the node
+/// itself is Rust code that a pickle cannot hold.
+#[derive(Clone)]
+enum Recipe {
+    Add(i64),
+    Identity,
+    Sum,
+    Panic(String),
 }
 
 impl NativeNode {
@@ -31,10 +42,23 @@ impl NativeNode {
         Arc::new(ReadsNatively(Arc::clone(&self.inner)))
     }
 
-    fn new(name: String, inner: impl Node + 'static) -> Self {
-        NativeNode {
-            name,
-            inner: Arc::new(inner),
+    fn new(recipe: Recipe) -> Self {
+        let inner: Arc<dyn Node> = match &recipe {
+            Recipe::Add(k) => Arc::new(Add(*k)),
+            Recipe::Identity => Arc::new(Identity),
+            Recipe::Sum => Arc::new(Sum),
+            Recipe::Panic(message) => Arc::new(Panic(message.clone())),
+        };
+        NativeNode { recipe, inner }
+    }
+
+    /// The name a message gives the node: its constructor as Python spells it.
+    fn name(&self) -> String {
+        match &self.recipe {
+            Recipe::Add(k) => format!("Add({k})"),
+            Recipe::Identity => "Identity()".into(),
+            Recipe::Sum => "Sum()".into(),
+            Recipe::Panic(_) => "Panic()".into(),
         }
     }
 }
@@ -44,37 +68,52 @@ impl NativeNode {
     /// Adds `k` to an int or a float.
     #[staticmethod]
     fn add(k: i64) -> Self {
-        NativeNode::new(format!("Add({k})"), Add(k))
+        NativeNode::new(Recipe::Add(k))
     }
 
     /// Returns its input.
     #[staticmethod]
     fn identity() -> Self {
-        NativeNode::new("Identity()".into(), Identity)
+        NativeNode::new(Recipe::Identity)
     }
 
     /// Sums the numbers of a dict (a fan-in), a list, or a single number.
     #[staticmethod]
     fn sum() -> Self {
-        NativeNode::new("Sum()".into(), Sum)
+        NativeNode::new(Recipe::Sum)
     }
 
     /// Panics with `message`: a Rust bug on demand, to see that a panic surfaces as an error.
     #[staticmethod]
     fn panic(message: String) -> Self {
-        NativeNode::new("Panic()".into(), Panic(message))
+        NativeNode::new(Recipe::Panic(message))
+    }
+
+    /// How a pickle makes the node again: the constructor that made it, with its arguments.
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+        let py = slf.py();
+        let class = slf.get_type();
+        let (constructor, arguments) = match &slf.get().recipe {
+            Recipe::Add(k) => ("add", PyTuple::new(py, [*k])?),
+            Recipe::Identity => ("identity", PyTuple::empty(py)),
+            Recipe::Sum => ("sum", PyTuple::empty(py)),
+            Recipe::Panic(message) => ("panic", PyTuple::new(py, [message.as_str()])?),
+        };
+        Ok((class.getattr(constructor)?, arguments))
     }
 
     /// Runs the node once on `x`, outside any graph.
     fn forward<'py>(&self, py: Python<'py>, x: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let input = to_native(py, &wrap(x))?;
-        let id = NodeId::from(self.name.as_str());
+        let name = self.name();
+        let id = NodeId::from(name.as_str());
         let out = py.detach(|| self.inner.forward(&input, &Ctx::new(&id, 0, &[])));
         match out {
             Ok(Transition::Done(value)) => to_python(py, &value),
             Ok(Transition::Await(_)) => Err(PyRuntimeError::new_err(format!(
-                "native node `{}` awaited outside a graph\nhint: run it in a graph, with a driver: `soma.Graph.somatize(node).forward(x, driver=...)`",
-                self.name
+                "native node `{name}` awaited outside a graph\nhint: run it in a graph, with a driver: `soma.Graph.somatize(node).forward(x, driver=...)`",
             ))),
             // An exception the node chose (an `OverflowError`) comes out as itself.
             Err(error) => Err(error
@@ -99,7 +138,7 @@ impl NativeNode {
     }
 
     fn __repr__(&self) -> String {
-        format!("NativeNode({})", self.name)
+        format!("NativeNode({})", self.name())
     }
 }
 

@@ -6,8 +6,10 @@
 //! (numpy, torch, I/O, a driver's wait).
 
 use pyo3::exceptions::PyKeyboardInterrupt;
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyTuple, PyType};
 use soma_core::{Ctx, Node, NodeError, Transition, Value};
 
 use crate::convert::{to_python, wrap};
@@ -17,44 +19,53 @@ use crate::watch::note_interrupt;
 
 /// A Python object with a `forward(x)` or `forward(x, ctx)` method.
 pub struct PythonNode {
-    /// The bound method, looked up once at registration; it keeps the object alive.
-    forward: Py<PyAny>,
-    /// For a method bound the ordinary way, its function and the object it is bound to: called
-    /// as `function(object, x)`, which is what calling the bound method does, without reading
-    /// the bound method's memory on every call — a cache miss per node once a graph is larger
-    /// than the caches.
-    function: Option<(Py<PyAny>, Py<PyAny>)>,
+    callee: Callee,
     takes_ctx: bool,
 }
 
+/// What a node calls, looked up once at registration; it keeps the object alive.
+enum Callee {
+    /// A method bound the ordinary way, kept as its function and the object it is bound to and
+    /// called as `function(object, x)`, which is what calling the bound method does: without
+    /// reading the bound method's memory on every call (a cache miss per node once a graph is
+    /// larger than the caches), and without keeping a bound method per node, one more object
+    /// for the garbage collector to walk in a graph of a million nodes.
+    Method {
+        function: Py<PyAny>,
+        object: Py<PyAny>,
+    },
+    /// Any other callable: a function set on the instance, a `staticmethod`, an object with
+    /// `__call__`.
+    Other(Py<PyAny>),
+}
+
 impl PythonNode {
-    pub fn new(object: &Bound<'_, PyAny>, takes_ctx: bool) -> PyResult<Self> {
-        let py = object.py();
-        let forward = object.getattr("forward")?;
-        let bound_method = py.import("types")?.getattr("MethodType")?;
-        let function = if forward.get_type().is(&bound_method) {
-            Some((
-                forward.getattr("__func__")?.unbind(),
-                forward.getattr("__self__")?.unbind(),
-            ))
+    /// The node calling `forward`, the object's `forward` as registration looked it up.
+    pub fn new(forward: Bound<'_, PyAny>, takes_ctx: bool) -> PyResult<Self> {
+        // Looked up once: importing `types` for every node cost registration about 1 µs.
+        static BOUND_METHOD: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+        let py = forward.py();
+        let bound_method = BOUND_METHOD.import(py, "types", "MethodType")?;
+        let callee = if forward.get_type().is(bound_method) {
+            Callee::Method {
+                function: forward.getattr(intern!(py, "__func__"))?.unbind(),
+                object: forward.getattr(intern!(py, "__self__"))?.unbind(),
+            }
         } else {
-            None
+            Callee::Other(forward.unbind())
         };
-        Ok(PythonNode {
-            forward: forward.unbind(),
-            function,
-            takes_ctx,
-        })
+        Ok(PythonNode { callee, takes_ctx })
     }
 
     /// Shows the garbage collector the Python references this node holds.
     pub fn traverse(&self, visit: &pyo3::gc::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
-        visit.call(&self.forward)?;
-        if let Some((function, object)) = &self.function {
-            visit.call(function)?;
-            visit.call(object)?;
+        match &self.callee {
+            Callee::Method { function, object } => {
+                visit.call(function)?;
+                visit.call(object)
+            }
+            Callee::Other(forward) => visit.call(forward),
         }
-        Ok(())
     }
 
     fn call(&self, py: Python<'_>, input: &Value, ctx: &Ctx<'_>) -> PyResult<Transition> {
@@ -77,10 +88,6 @@ impl PythonNode {
 
     fn call_here(&self, py: Python<'_>, input: &Value, ctx: &Ctx<'_>) -> PyResult<Transition> {
         let x = to_python(py, input)?;
-        if let (Some((function, object)), false) = (&self.function, self.takes_ctx) {
-            return Ok(interpret(function.bind(py).call1((object.bind(py), x))?));
-        }
-        let forward = self.forward.bind(py);
         let out = if self.takes_ctx {
             let results = ctx
                 .results()
@@ -93,9 +100,19 @@ impl PythonNode {
                 results: PyTuple::new(py, results)?.unbind(),
                 device: ctx.device().map(|device| device.to_string()),
             };
-            forward.call1((x, ctx))?
+            match &self.callee {
+                Callee::Method { function, object } => {
+                    function.bind(py).call1((object.bind(py), x, ctx))?
+                }
+                Callee::Other(forward) => forward.bind(py).call1((x, ctx))?,
+            }
         } else {
-            forward.call1((x,))?
+            match &self.callee {
+                Callee::Method { function, object } => {
+                    function.bind(py).call1((object.bind(py), x))?
+                }
+                Callee::Other(forward) => forward.bind(py).call1((x,))?,
+            }
         };
         Ok(interpret(out))
     }
@@ -138,9 +155,9 @@ impl Node for PythonNode {
     /// The object the call passes as `self`, whose reference count the call changes first: in
     /// a graph of 100,000 nodes, waiting for it took about a third of each node's time.
     fn prefetch(&self) {
-        let object = match &self.function {
-            Some((_, object)) => object,
-            None => &self.forward,
+        let object = match &self.callee {
+            Callee::Method { object, .. } => object,
+            Callee::Other(forward) => forward,
         };
         soma_core::prefetch_line(object.as_ptr());
     }

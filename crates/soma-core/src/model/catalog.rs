@@ -3,6 +3,7 @@
 //! Kept apart from the [`crate::Graph`] so topology can be compiled and compared without
 //! implementations, and so a run can borrow the catalog, shared, from every branch's thread.
 
+use std::collections::hash_map::Entry;
 use std::fmt;
 use std::sync::Arc;
 
@@ -31,12 +32,18 @@ impl Catalog {
     /// Registers (or replaces) the implementation of `id`; returns the one it replaced.
     pub fn insert(&mut self, id: impl Into<NodeId>, node: Arc<dyn Node>) -> Option<Arc<dyn Node>> {
         let id = id.into();
-        if let Some(&at) = self.index.get(id.as_str()) {
-            return Some(std::mem::replace(&mut self.entries[at].1, node));
+        let next = self.entries.len();
+        // One hash of the id, for the lookup and the insertion both.
+        match self.index.entry(id) {
+            Entry::Occupied(known) => {
+                Some(std::mem::replace(&mut self.entries[*known.get()].1, node))
+            }
+            Entry::Vacant(free) => {
+                self.entries.push((free.key().clone(), node));
+                free.insert(next);
+                None
+            }
         }
-        self.index.insert(id.clone(), self.entries.len());
-        self.entries.push((id, node));
-        None
     }
 
     /// The implementation of `id`.

@@ -176,6 +176,16 @@ pub enum DeviceError {
         /// The kind part of it.
         kind: String,
     },
+    /// A device spelled otherwise than torch spells it, though it reads as one: a leading
+    /// zero or a sign in the index (`cuda:01`, `cuda:+1`), a space (`cuda: 1`), capitals
+    /// (`CUDA:1`). Refused rather than read: torch refuses these spellings, and one device
+    /// must have one spelling, or two placements of it would not look alike.
+    Misspelled {
+        /// What was written.
+        text: String,
+        /// The device it would be, as torch spells it.
+        canonical: Device,
+    },
     /// A kind whose devices must be told apart, without an index (`cuda`).
     NeedsIndex {
         /// What was written.
@@ -199,6 +209,10 @@ impl fmt::Display for DeviceError {
                     "`{text}` is not a device: `{kind}` is no kind of device\nhint: the kinds are `{known}`"
                 )
             }
+            DeviceError::Misspelled { text, canonical } => write!(
+                f,
+                "`{text}` is not how a device is written: torch writes it `{canonical}`\nhint: write `{canonical}`: a kind in lowercase, then `:` and the index in decimal digits without a leading zero, no spaces"
+            ),
             DeviceError::NeedsIndex { text, kind } => write!(
                 f,
                 "`{text}` does not say which {kind} device\nhint: write `{kind}:0`, `{kind}:1`, …: a bare `{kind}` means the thread's current device, and a branch runs on a thread lent to it",
@@ -215,33 +229,75 @@ impl FromStr for Device {
 
     /// Reads `kind` or `kind:index`, as torch spells them.
     fn from_str(text: &str) -> Result<Device, DeviceError> {
-        let malformed = || DeviceError::Malformed {
-            text: text.to_owned(),
-        };
-        let (kind, index) = match text.split_once(':') {
-            Some((kind, index)) => {
-                // Decimal digits only: `u32::from_str` would take a sign.
-                if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
-                    return Err(malformed());
-                }
-                (kind, Some(index.parse::<u32>().map_err(|_| malformed())?))
+        match strictly(text) {
+            Ok(device) => Ok(device),
+            Err(error @ (DeviceError::UnknownKind { .. } | DeviceError::NeedsIndex { .. })) => {
+                Err(error)
             }
-            None => (text, None),
-        };
-        if kind.is_empty() || !kind.bytes().all(|b| b.is_ascii_lowercase()) {
-            return Err(malformed());
+            Err(error @ (DeviceError::Malformed { .. } | DeviceError::Misspelled { .. })) => {
+                match loosely(text) {
+                    Some(canonical) => Err(DeviceError::Misspelled {
+                        text: text.to_owned(),
+                        canonical,
+                    }),
+                    None => Err(error),
+                }
+            }
         }
-        let Some(&kind) = DeviceKind::ALL.iter().find(|k| k.name() == kind) else {
-            return Err(DeviceError::UnknownKind {
-                text: text.to_owned(),
-                kind: kind.to_owned(),
-            });
-        };
-        Device::new(kind, index).map_err(|_| DeviceError::NeedsIndex {
-            text: text.to_owned(),
-            kind,
-        })
     }
+}
+
+/// `kind` or `kind:index` exactly as torch spells them: a lowercase kind, and an index of
+/// decimal digits without a leading zero.
+fn strictly(text: &str) -> Result<Device, DeviceError> {
+    let malformed = || DeviceError::Malformed {
+        text: text.to_owned(),
+    };
+    let (kind, index) = match text.split_once(':') {
+        Some((kind, index)) => {
+            // Decimal digits only: `u32::from_str` would take a sign, and a leading zero.
+            if index.is_empty()
+                || !index.bytes().all(|b| b.is_ascii_digit())
+                || (index.len() > 1 && index.starts_with('0'))
+            {
+                return Err(malformed());
+            }
+            (kind, Some(index.parse::<u32>().map_err(|_| malformed())?))
+        }
+        None => (text, None),
+    };
+    if kind.is_empty() || !kind.bytes().all(|b| b.is_ascii_lowercase()) {
+        return Err(malformed());
+    }
+    let Some(&kind) = DeviceKind::ALL.iter().find(|k| k.name() == kind) else {
+        return Err(DeviceError::UnknownKind {
+            text: text.to_owned(),
+            kind: kind.to_owned(),
+        });
+    };
+    Device::new(kind, index).map_err(|_| DeviceError::NeedsIndex {
+        text: text.to_owned(),
+        kind,
+    })
+}
+
+/// The device a spelling torch refuses was surely meant to be, if one: spaces, capitals, a
+/// sign or leading zeros set aside. Only ever the hint of an error, never a placement.
+fn loosely(text: &str) -> Option<Device> {
+    let text = text.trim().to_ascii_lowercase();
+    let (kind, index) = match text.split_once(':') {
+        Some((kind, index)) => {
+            let index = index.trim();
+            let digits = index.strip_prefix('+').unwrap_or(index);
+            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            (kind.trim(), Some(digits.parse::<u32>().ok()?))
+        }
+        None => (text.as_str(), None),
+    };
+    let kind = *DeviceKind::ALL.iter().find(|k| k.name() == kind)?;
+    Device::new(kind, index).ok()
 }
 
 /// Which node runs on which device: nodes not named here are unplaced.

@@ -22,6 +22,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+use std::collections::VecDeque;
 use std::ops::{BitOr, Shr};
 use std::sync::Arc;
 
@@ -35,12 +36,16 @@ use crate::model::node::Node;
 ///
 /// Nothing is checked while an expression is glued together; [`Expr::somatize`] checks ids
 /// as it adds the nodes and reports the first error, in declaration order.
+///
+/// Gluing costs the size of the smaller side (and, for `>>`, the edges it adds): the larger
+/// side's lists are kept and the smaller's added at their front or back, so a chain or a wave
+/// written in a loop, growing on either side, is built in time linear in its size.
 #[derive(Clone)]
 pub struct Expr {
-    nodes: Vec<(NodeId, Arc<dyn Node>)>,
-    edges: Vec<(NodeId, NodeId)>,
-    heads: Vec<NodeId>,
-    terminals: Vec<NodeId>,
+    nodes: VecDeque<(NodeId, Arc<dyn Node>)>,
+    edges: VecDeque<(NodeId, NodeId)>,
+    heads: VecDeque<NodeId>,
+    terminals: VecDeque<NodeId>,
 }
 
 /// A one-node expression.
@@ -52,10 +57,23 @@ pub fn node(id: impl Into<NodeId>, implementation: impl Node + 'static) -> Expr 
 pub fn node_arc(id: impl Into<NodeId>, implementation: Arc<dyn Node>) -> Expr {
     let id = id.into();
     Expr {
-        nodes: vec![(id.clone(), implementation)],
-        edges: Vec::new(),
-        heads: vec![id.clone()],
-        terminals: vec![id],
+        nodes: VecDeque::from([(id.clone(), implementation)]),
+        edges: VecDeque::new(),
+        heads: VecDeque::from([id.clone()]),
+        terminals: VecDeque::from([id]),
+    }
+}
+
+/// `first` then `then`, made by growing the longer of the two.
+fn joined<T>(mut first: VecDeque<T>, mut then: VecDeque<T>) -> VecDeque<T> {
+    if first.len() >= then.len() {
+        first.append(&mut then);
+        first
+    } else {
+        while let Some(item) = first.pop_back() {
+            then.push_front(item);
+        }
+        then
     }
 }
 
@@ -81,12 +99,6 @@ impl Expr {
         }
         Ok((graph, catalog))
     }
-
-    fn union(mut self, other: Expr) -> Expr {
-        self.nodes.extend(other.nodes);
-        self.edges.extend(other.edges);
-        self
-    }
 }
 
 impl Shr for Expr {
@@ -99,13 +111,14 @@ impl Shr for Expr {
             .iter()
             .flat_map(|t| next.heads.iter().map(move |h| (t.clone(), h.clone())))
             .collect();
-        let heads = self.heads.clone();
-        let terminals = next.terminals.clone();
-        let mut expr = self.union(next);
-        expr.edges.extend(crossing);
-        expr.heads = heads;
-        expr.terminals = terminals;
-        expr
+        let mut edges = joined(self.edges, next.edges);
+        edges.extend(crossing);
+        Expr {
+            nodes: joined(self.nodes, next.nodes),
+            edges,
+            heads: self.heads,
+            terminals: next.terminals,
+        }
     }
 }
 
@@ -114,13 +127,11 @@ impl BitOr for Expr {
 
     /// Side by side: a disjoint union.
     fn bitor(self, other: Expr) -> Expr {
-        let mut heads = self.heads.clone();
-        heads.extend(other.heads.iter().cloned());
-        let mut terminals = self.terminals.clone();
-        terminals.extend(other.terminals.iter().cloned());
-        let mut expr = self.union(other);
-        expr.heads = heads;
-        expr.terminals = terminals;
-        expr
+        Expr {
+            nodes: joined(self.nodes, other.nodes),
+            edges: joined(self.edges, other.edges),
+            heads: joined(self.heads, other.heads),
+            terminals: joined(self.terminals, other.terminals),
+        }
     }
 }

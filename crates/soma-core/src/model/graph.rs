@@ -12,10 +12,12 @@
 //! side by side in memory instead of among two small lists per node.
 
 use std::cmp::Reverse;
+use std::collections::hash_map::Entry;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::fmt;
+use std::hash::BuildHasherDefault;
 
-use crate::model::id::{IdMap, NodeId};
+use crate::model::id::{IdHasher, IdMap, NodeId};
 
 /// Why a graph refused a node or an edge. The graph is unchanged after any of these.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -85,6 +87,9 @@ impl fmt::Display for GraphError {
 
 impl std::error::Error for GraphError {}
 
+/// Node indices to node indices, for the cycle check's searches.
+type PairMap = HashMap<usize, usize, BuildHasherDefault<IdHasher>>;
+
 /// A directed acyclic graph of node ids.
 #[derive(Clone, Default)]
 pub struct Graph {
@@ -93,7 +98,13 @@ pub struct Graph {
     succ: Vec<Neighbours>,
     pred: Vec<Neighbours>,
     edges: Vec<(usize, usize)>,
-    edge_set: HashSet<(usize, usize)>,
+    /// Every edge, to refuse one declared twice in O(1) whatever the degrees; hashed quickly,
+    /// as the ids are (two indices, no attacker's input).
+    edge_set: HashSet<(usize, usize), BuildHasherDefault<IdHasher>>,
+    /// Per base of [`Graph::free_id`], the first suffix not known to be taken: `base_2` up to
+    /// it are all taken, and stay so (a graph never loses a node), so a search resumes there
+    /// and naming the n-th node of a class costs O(1), not O(n).
+    free_from: HashMap<Box<str>, usize>,
 }
 
 impl Graph {
@@ -117,6 +128,12 @@ impl Graph {
         self.index.contains_key(id)
     }
 
+    /// Where `id` stands in insertion order (0 for the first node added), if it is a node:
+    /// for tables kept beside the graph in its order.
+    pub fn position(&self, id: &str) -> Option<usize> {
+        self.index.get(id).copied()
+    }
+
     /// Adds a node.
     ///
     /// # Errors
@@ -126,12 +143,19 @@ impl Graph {
         if !id.is_valid() {
             return Err(GraphError::InvalidId { id });
         }
-        if self.index.contains_key(&id) {
-            return Err(GraphError::DuplicateNode { id });
-        }
         let at = self.ids.len();
-        self.index.insert(id.clone(), at);
-        self.ids.push(id);
+        // One hash of the id, for the check and the insertion both.
+        match self.index.entry(id) {
+            Entry::Occupied(taken) => {
+                return Err(GraphError::DuplicateNode {
+                    id: taken.key().clone(),
+                })
+            }
+            Entry::Vacant(free) => {
+                self.ids.push(free.key().clone());
+                free.insert(at);
+            }
+        }
         self.succ.push(Neighbours::default());
         self.pred.push(Neighbours::default());
         Ok(&self.ids[at])
@@ -145,7 +169,8 @@ impl Graph {
     ///
     /// # Complexity
     /// O(1) when `from` has no predecessor or `to` no successor (how chains and the DSL grow a
-    /// graph); otherwise a search from `to`, O(nodes + edges) at worst.
+    /// graph); otherwise two searches in lockstep, from `to` onwards and from `from` backwards,
+    /// which stop when the smaller of the two regions is explored: O(nodes + edges) at worst.
     pub fn add_edge(&mut self, from: &str, to: &str) -> Result<(), GraphError> {
         let a = self.require(from)?;
         let b = self.require(to)?;
@@ -169,6 +194,12 @@ impl Graph {
     }
 
     /// A path `from ->* to` along existing edges (both ends included), if there is one.
+    ///
+    /// Two searches run in lockstep, one node each in turn: forward from `from` and backward
+    /// from `to`. Either one alone decides — it finds the other's start, or it runs out and
+    /// there is no path — so the search costs about the smaller of the two regions it explores:
+    /// an edge from a small expression into a large one (`(a >> b) >> rest`) costs the small
+    /// one's size, not the whole graph's.
     fn path(&self, from: usize, to: usize) -> Option<Vec<usize>> {
         if from == to {
             return Some(vec![from]);
@@ -176,30 +207,53 @@ impl Graph {
         if self.succ[from].is_empty() || self.pred[to].is_empty() {
             return None;
         }
-        let mut parent: HashMap<usize, usize> = HashMap::new();
-        let mut stack = vec![from];
-        parent.insert(from, from);
-        while let Some(v) = stack.pop() {
+        // Forward: each node reached, and the node it was reached from.
+        let mut reached_from: PairMap = PairMap::default();
+        reached_from.insert(from, from);
+        let mut forward = vec![from];
+        // Backward: each node that reaches `to`, and the next node on its way there.
+        let mut leads_to: PairMap = PairMap::default();
+        leads_to.insert(to, to);
+        let mut backward = vec![to];
+        loop {
+            let v = forward.pop()?;
             for &w in self.succ[v].as_slice() {
                 let w = w as usize;
-                if parent.contains_key(&w) {
+                if reached_from.contains_key(&w) {
                     continue;
                 }
-                parent.insert(w, v);
+                reached_from.insert(w, v);
                 if w == to {
                     let mut path = vec![to];
                     let mut at = to;
                     while at != from {
-                        at = parent[&at];
+                        at = reached_from[&at];
                         path.push(at);
                     }
                     path.reverse();
                     return Some(path);
                 }
-                stack.push(w);
+                forward.push(w);
+            }
+            let v = backward.pop()?;
+            for &w in self.pred[v].as_slice() {
+                let w = w as usize;
+                if leads_to.contains_key(&w) {
+                    continue;
+                }
+                leads_to.insert(w, v);
+                if w == from {
+                    let mut path = vec![from];
+                    let mut at = from;
+                    while at != to {
+                        at = leads_to[&at];
+                        path.push(at);
+                    }
+                    return Some(path);
+                }
+                backward.push(w);
             }
         }
-        None
     }
 
     fn require(&self, id: &str) -> Result<usize, GraphError> {
@@ -297,16 +351,23 @@ impl Graph {
     }
 
     /// `base` if it is free, else the first of `base_2`, `base_3`, … that is.
-    pub fn free_id(&self, base: &str) -> NodeId {
+    ///
+    /// # Complexity
+    /// O(1) amortized: the search for a base resumes where the last one for it stopped.
+    pub fn free_id(&mut self, base: &str) -> NodeId {
         if !self.contains(base) {
             return NodeId::from(base);
         }
-        // At most `len` ids are taken, so one of the first `len + 1` candidates is free.
-        (2..=self.len() + 2)
-            .map(|n| format!("{base}_{n}"))
-            .find(|candidate| !self.contains(candidate))
-            .map(NodeId::from)
-            .expect("one of len + 1 candidates is free")
+        let ids = &self.index;
+        let from = self.free_from.entry(base.into()).or_insert(2);
+        // At most `len` ids are taken, so the search ends within `len + 1` candidates.
+        loop {
+            let candidate = format!("{base}_{from}");
+            if !ids.contains_key(candidate.as_str()) {
+                return NodeId::from(candidate);
+            }
+            *from += 1;
+        }
     }
 
     pub(crate) fn id_at(&self, at: usize) -> &NodeId {

@@ -128,3 +128,37 @@ fn a_wire_can_be_cloned_and_used_twice() {
     let (two, _) = expr.somatize().unwrap();
     assert_eq!(edges(&one), edges(&two));
 }
+
+#[test]
+fn a_chain_and_a_wave_grown_on_either_side_keep_their_declaration_order() {
+    let names: Vec<String> = (0..1_000).map(|i| format!("n{i}")).collect();
+    let mut appended = n(&names[0]);
+    let mut prepended = n(&names[999]);
+    let mut wave_appended = n(&names[0]);
+    let mut wave_prepended = n(&names[999]);
+    for i in 1..1_000 {
+        appended = appended >> n(&names[i]);
+        prepended = n(&names[999 - i]) >> prepended;
+        wave_appended = wave_appended | n(&names[i]);
+        wave_prepended = n(&names[999 - i]) | wave_prepended;
+    }
+    let chain: Vec<(String, String)> = names
+        .windows(2)
+        .map(|pair| (pair[0].clone(), pair[1].clone()))
+        .collect();
+    let (appended, _) = appended.somatize().unwrap();
+    let (prepended, _) = prepended.somatize().unwrap();
+    let (wave_appended, _) = wave_appended.somatize().unwrap();
+    let (wave_prepended, _) = wave_prepended.somatize().unwrap();
+    for graph in [&appended, &prepended, &wave_appended, &wave_prepended] {
+        let ids: Vec<String> = graph.nodes().iter().map(ToString::to_string).collect();
+        assert_eq!(ids, names);
+    }
+    assert_eq!(edges(&appended), chain);
+    // Grown at the front, each new edge comes last, as `a >> (b >> c)` declares it.
+    let mut backwards = chain.clone();
+    backwards.reverse();
+    assert_eq!(edges(&prepended), backwards);
+    assert!(edges(&wave_appended).is_empty() && edges(&wave_prepended).is_empty());
+    assert_eq!(wave_appended.roots().len(), 1_000);
+}

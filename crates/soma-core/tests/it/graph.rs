@@ -327,6 +327,17 @@ fn free_id_gives_x_2_then_x_3() {
 }
 
 #[test]
+fn free_id_gives_the_same_id_until_it_is_taken() {
+    let mut graph = graph(&["x", "x_2"], &[]);
+    assert_eq!(graph.free_id("x"), "x_3");
+    assert_eq!(graph.free_id("x"), "x_3");
+    graph.add_node("x_4").unwrap();
+    graph.add_node("x_3").unwrap();
+    assert_eq!(graph.free_id("x"), "x_5");
+    assert_eq!(graph.free_id("y"), "y");
+}
+
+#[test]
 fn free_id_fills_the_first_gap() {
     assert_eq!(graph(&["x", "x_3"], &[]).free_id("x"), "x_2");
 }
@@ -374,4 +385,66 @@ fn a_node_id_clones_without_copying_its_text() {
     assert!(std::sync::Arc::ptr_eq(&id.shared(), &copy.shared()));
     assert_eq!(copy.as_str(), "encoder");
     assert_eq!(format!("{id} {id:?}"), "encoder \"encoder\"");
+}
+
+/// Whether `to` can be reached from `from` along the graph's edges: the slow, obvious way.
+fn reaches(graph: &Graph, from: &str, to: &str) -> bool {
+    let mut seen = vec![from.to_owned()];
+    let mut stack = vec![from.to_owned()];
+    while let Some(at) = stack.pop() {
+        if at == to {
+            return true;
+        }
+        for next in graph.successors(&at).unwrap() {
+            if !seen.contains(&next.to_string()) {
+                seen.push(next.to_string());
+                stack.push(next.to_string());
+            }
+        }
+    }
+    false
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config {
+        cases: 256,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(0x43_59_43),
+        failure_persistence: None,
+        ..proptest::test_runner::Config::default()
+    })]
+
+    #[test]
+    fn an_edge_is_refused_exactly_when_it_closes_a_cycle_and_names_one_that_exists(
+        edges in proptest::collection::vec((0_usize..12, 0_usize..12), 0..40),
+        tried in proptest::collection::vec((0_usize..12, 0_usize..12), 1..20),
+    ) {
+        let names: Vec<String> = (0..12).map(|i| format!("n{i}")).collect();
+        let mut graph = Graph::new();
+        for name in &names {
+            graph.add_node(name.as_str()).unwrap();
+        }
+        // Forward edges only: a DAG to start from.
+        for (a, b) in edges.into_iter().filter(|(a, b)| a < b) {
+            let _ = graph.add_edge(&names[a], &names[b]);
+        }
+        for (a, b) in tried {
+            let (from, to) = (&names[a], &names[b]);
+            let closes = reaches(&graph, to, from);
+            match graph.add_edge(from, to) {
+                Err(GraphError::WouldCycle { path }) => {
+                    proptest::prop_assert!(closes);
+                    proptest::prop_assert_eq!(path.first().map(NodeId::as_str), Some(from.as_str()));
+                    proptest::prop_assert_eq!(path.get(1).map(NodeId::as_str), Some(to.as_str()));
+                    proptest::prop_assert_eq!(path.last().map(NodeId::as_str), Some(from.as_str()));
+                    for pair in path[1..].windows(2) {
+                        let next = graph.successors(pair[0].as_str()).unwrap();
+                        proptest::prop_assert!(next.contains(&&pair[1]), "{path:?}");
+                    }
+                }
+                Err(GraphError::DuplicateEdge { .. }) => proptest::prop_assert!(!closes),
+                Ok(()) => proptest::prop_assert!(!closes),
+                Err(other) => proptest::prop_assert!(false, "{other}"),
+            }
+        }
+    }
 }

@@ -33,19 +33,56 @@ fn a_malformed_device_is_refused_where_it_is_written() {
         ":0",
         "cuda:",
         "cuda:-1",
-        "cuda:+1",
         "cuda:x",
-        "CUDA:0",
         "cuda:0:1",
-        " cpu",
-        "cuda: 1",
         "cuda:99999999999",
+        "CUDA",
     ] {
         assert!(
             matches!(text.parse::<Device>(), Err(DeviceError::Malformed { .. })),
             "`{text}`"
         );
     }
+}
+
+#[test]
+fn a_device_spelled_otherwise_than_torch_spells_it_is_refused_naming_the_spelling() {
+    for (text, canonical) in [
+        ("cuda:01", "cuda:1"),
+        ("cuda:00", "cuda:0"),
+        ("cuda:+1", "cuda:1"),
+        ("cuda: 1", "cuda:1"),
+        ("cuda :1", "cuda:1"),
+        ("CUDA:1", "cuda:1"),
+        ("Cuda:1", "cuda:1"),
+        (" cpu", "cpu"),
+        ("cpu ", "cpu"),
+        ("META", "meta"),
+    ] {
+        match text.parse::<Device>() {
+            Err(DeviceError::Misspelled {
+                text: written,
+                canonical: meant,
+            }) => {
+                assert_eq!(
+                    (written.as_str(), meant.to_string().as_str()),
+                    (text, canonical)
+                );
+            }
+            other => panic!("`{text}` read as {other:?}"),
+        }
+    }
+    insta::assert_snapshot!("cuda:01".parse::<Device>().unwrap_err(), @r"
+    `cuda:01` is not how a device is written: torch writes it `cuda:1`
+    hint: write `cuda:1`: a kind in lowercase, then `:` and the index in decimal digits without a leading zero, no spaces
+    ");
+}
+
+#[test]
+fn an_index_of_zero_and_indices_with_a_zero_inside_are_read() {
+    assert_eq!(device("cuda:0").index(), Some(0));
+    assert_eq!(device("cuda:10").index(), Some(10));
+    assert_eq!(device("xpu:100").index(), Some(100));
 }
 
 #[test]
