@@ -868,7 +868,10 @@ STUCK_STAGE = textwrap.dedent(
             if x == 3 or (isinstance(x, list) and 3 in x):
                 reached.set()
                 if announce:
-                    print("stuck", flush=True)
+                    # One write, not print's two: a line another thread prints meanwhile
+                    # cannot land inside it.
+                    sys.stdout.write("stuck\n")
+                    sys.stdout.flush()
                 never.wait()
                 returned.set()
             return x
@@ -1009,7 +1012,8 @@ def test_a_script_that_ends_with_a_stream_stuck_in_a_node_still_exits() -> None:
     script = STUCK_STAGE + textwrap.dedent(
         """
         left_open = g.map(range(100))
-        print(next(left_open), flush=True)
+        sys.stdout.write(f"{next(left_open)}\n")
+        sys.stdout.flush()
         assert reached.wait(30)
         sys.exit(3)
         """
