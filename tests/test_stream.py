@@ -870,7 +870,7 @@ STUCK_STAGE = textwrap.dedent(
                 if announce:
                     # One write, not print's two: a line another thread prints meanwhile
                     # cannot land inside it.
-                    sys.stdout.write("stuck\n")
+                    sys.stdout.write("stuck\\n")
                     sys.stdout.flush()
                 never.wait()
                 returned.set()
@@ -1012,7 +1012,7 @@ def test_a_script_that_ends_with_a_stream_stuck_in_a_node_still_exits() -> None:
     script = STUCK_STAGE + textwrap.dedent(
         """
         left_open = g.map(range(100))
-        sys.stdout.write(f"{next(left_open)}\n")
+        sys.stdout.write(f"{next(left_open)}\\n")
         sys.stdout.flush()
         assert reached.wait(30)
         sys.exit(3)
