@@ -52,6 +52,7 @@ pub use run::crew::DEFAULT_IDLE_THREADS;
 pub use run::error::{ProgramError, RunError};
 pub use run::executor::{prefetch_line, Executor};
 pub use run::hooks::{Captured, Host, ItemContext, Watch};
+pub use run::policy::{Clock, Policies, Policy, Retry, RetryOn, SystemClock, JITTER, MAX_BACKOFF};
 pub use run::program::Program;
 pub use run::reserve::{keep_a_thread_in_reserve, thread_in_reserve};
 pub use run::stream::{

@@ -28,9 +28,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::model::catalog::Catalog;
+use crate::model::device::Device;
 use crate::model::driver::Driver;
 use crate::model::id::NodeId;
-use crate::model::node::{Ctx, Transition, DEFAULT_TURN_LIMIT};
+use crate::model::node::{Ctx, Node, Transition, DEFAULT_TURN_LIMIT};
 use crate::model::value::Value;
 use crate::plan::Plan;
 use crate::run::crew::Crew;
@@ -422,8 +423,11 @@ impl Executor {
     /// Runs a step's node on its input, traced when a trace was asked for.
     fn call(&self, step: &Step, input: &Value, lane: Lane<'_>) -> Result<Value, RunError> {
         let id = &lane.ids[step.slot()];
+        if let Some(policy) = step.policy.as_deref() {
+            return self.call_with_policy(policy, step, id, input, lane);
+        }
         match self.trace.as_deref() {
-            None => self.execute(step, id, input, &mut 0),
+            None => self.execute(&*step.node, step.device, id, input, &mut 0),
             Some(trace) => self.traced(trace, step, id, input, lane),
         }
     }
@@ -441,7 +445,7 @@ impl Executor {
     ) -> Result<Value, RunError> {
         let start = trace.now();
         let mut turns = 0;
-        let outcome = self.execute(step, id, input, &mut turns);
+        let outcome = self.execute(&*step.node, step.device, id, input, &mut turns);
         trace.record(Span {
             node: id.clone(),
             start,
@@ -464,10 +468,12 @@ impl Executor {
         }
     }
 
-    /// Calls one node, `node`, turn after turn until it is done; `turns` counts the calls.
-    fn execute(
+    /// Calls one node, `implementation` run as `node` placed on `device`, turn after turn until
+    /// it is done; `turns` counts the calls.
+    pub(super) fn execute(
         &self,
-        step: &Step,
+        implementation: &dyn Node,
+        device: Option<Device>,
         node: &NodeId,
         input: &Value,
         turns: &mut u32,
@@ -482,10 +488,10 @@ impl Executor {
                     limit: self.turn_limit,
                 });
             }
-            let ctx = Ctx::new(node, turn, &results).on(step.device);
+            let ctx = Ctx::new(node, turn, &results).on(device);
             *turns = turn + 1;
             let transition =
-                step.node
+                implementation
                     .forward(input, &ctx)
                     .map_err(|error| RunError::NodeFailed {
                         node: node.clone(),

@@ -8,6 +8,7 @@
 //!
 //! A [`Stream`](stream::Stream) runs a program over many items, its stages overlapped.
 
+mod attempt;
 pub(crate) mod crew;
 mod detach;
 pub(crate) mod error;
@@ -15,6 +16,7 @@ pub(crate) mod executor;
 mod fork;
 pub(crate) mod hooks;
 mod lane;
+pub(crate) mod policy;
 pub(crate) mod program;
 pub(crate) mod reserve;
 pub(crate) mod stream;

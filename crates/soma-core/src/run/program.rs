@@ -28,6 +28,8 @@ use crate::model::node::Node;
 use crate::plan::{Plan, Visit};
 use crate::run::crew::{Crew, DEFAULT_IDLE_THREADS};
 use crate::run::error::ProgramError;
+use crate::run::policy::Policies;
+use crate::run::policy::Policy;
 
 /// A plan with its implementations and inputs resolved to slots. Build it once with
 /// [`Program::new`]; run it any number of times, from any number of threads, with
@@ -81,6 +83,8 @@ pub(crate) struct Step {
     slot: u32,
     /// Where the node is placed, if it is.
     pub(crate) device: Option<Device>,
+    /// Its retries and time limit, if it has any: one pointer, `None` for nearly every step.
+    pub(crate) policy: Option<Arc<Policy>>,
 }
 
 impl Step {
@@ -138,7 +142,7 @@ impl Program {
     /// O(steps + reads · d), where d is how far apart in the plan's nesting a value's producer and
     /// readers are (1 or 2 for plans the compiler makes); no recursion, however deep the plan.
     pub fn new(plan: &Plan, catalog: &Catalog) -> Result<Program, ProgramError> {
-        Program::placed(plan, catalog, None)
+        Program::placed(plan, catalog, None, None)
     }
 
     /// Resolves `plan` against `catalog`, each step's node placed where `placement` says
@@ -155,17 +159,46 @@ impl Program {
         catalog: &Catalog,
         placement: &Placement,
     ) -> Result<Program, ProgramError> {
-        Program::placed(plan, catalog, Some(placement).filter(|p| !p.is_empty()))
+        Program::placed(
+            plan,
+            catalog,
+            Some(placement).filter(|p| !p.is_empty()),
+            None,
+        )
+    }
+
+    /// Resolves `plan` against `catalog` as [`Program::with_placement`] does, each step's node
+    /// also held to the policy `policies` gives it (retries, a time limit; see
+    /// [`crate::Policy`]).
+    ///
+    /// # Errors
+    /// As [`Program::new`].
+    ///
+    /// # Complexity
+    /// As [`Program::with_placement`], plus one lookup per step when a node has a policy.
+    pub fn resolved(
+        plan: &Plan,
+        catalog: &Catalog,
+        placement: &Placement,
+        policies: &Policies,
+    ) -> Result<Program, ProgramError> {
+        Program::placed(
+            plan,
+            catalog,
+            Some(placement).filter(|p| !p.is_empty()),
+            Some(policies).filter(|p| !p.is_empty()),
+        )
     }
 
     fn placed(
         plan: &Plan,
         catalog: &Catalog,
         placement: Option<&Placement>,
+        policies: Option<&Policies>,
     ) -> Result<Program, ProgramError> {
         let numbered = Numbering::of(plan, catalog)?;
         let decided = numbered.decide();
-        let root = numbered.build(plan, &decided, placement);
+        let root = numbered.build(plan, &decided, placement, policies);
         let mut devices: Vec<Device> = placement
             .map(|placement| {
                 numbered
@@ -570,7 +603,13 @@ impl<'p> Numbering<'p> {
     /// Each container's children go straight into a list of their exact number, which becomes
     /// the container's boxed slice without a copy: the tree is written once, into as much new
     /// memory as it takes — memory a first run touches for the first time, a page fault a page.
-    fn build(&self, plan: &Plan, decided: &Decided, placement: Option<&Placement>) -> Op {
+    fn build(
+        &self,
+        plan: &Plan,
+        decided: &Decided,
+        placement: Option<&Placement>,
+        policies: Option<&Policies>,
+    ) -> Op {
         /// What a container being built is.
         enum Container {
             /// The list the root op goes into.
@@ -625,6 +664,7 @@ impl<'p> Numbering<'p> {
                                 from,
                                 slot: to_u32(slot),
                                 device: placement.and_then(|p| p.device(id.as_str())),
+                                policy: policies.and_then(|p| p.get(id.as_str())).cloned(),
                             }));
                             slot += 1;
                         }

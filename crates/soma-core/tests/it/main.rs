@@ -11,6 +11,7 @@
 //! | `drawing` | the tree, Mermaid, DOT and SVG of plans and graphs |
 //! | `hosts` | host names read and refused where written; distribution into remote slices, drawn |
 //! | `placement` | devices read and refused where written, placement beside the plan, shown in traces and drawings |
+//! | `policies` | retries (counts, which failures, pauses, the count in the error) and time limits, each attempt a span |
 //! | `messages` | every error's message, word for word (inline snapshots) |
 //! | `context` | each branch runs in a copy of the context its wave was reached in, its changes its own |
 //! | `crew` | the threads a program lends its waves: as many as are in flight, idle ones capped, gone with the program |
@@ -41,6 +42,7 @@ mod isolation;
 mod layers;
 mod messages;
 mod placement;
+mod policies;
 mod random_graphs;
 mod streams;
 mod support;
