@@ -23,6 +23,7 @@ from soma import _soma, _stream
 from soma import remote as _remote
 from soma._dsl import Expr, refuse_class
 from soma._node import Node
+from soma._policy import RetryPolicy, checked_retry, checked_time_limit
 from soma.errors import DuplicateNodeError, InvalidIdError, NodePicklingError
 
 _WORD_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
@@ -209,7 +210,53 @@ class Graph:
         host = getattr(obj, "_soma_host", None)
         if host is not None:  # Set by `.at()`, which read it already.
             self._hosts[node_id] = host
+        retry = getattr(obj, "_soma_retry", None)
+        if retry is not None:  # Set by `.retry()`, which checked it already.
+            self._core.set_retry(node_id, *retry)
+        limit = getattr(obj, "_soma_time_limit", None)
+        if limit is not None:  # Set by `.time_limit()`, which checked it already.
+            self._core.set_time_limit(node_id, limit)
         return node_id
+
+    def retry(
+        self,
+        node_id: str,
+        times: int | None,
+        backoff: float = 0.5,
+        on: type[BaseException] | tuple[type[BaseException], ...] = (Exception,),
+    ) -> None:
+        """Retries a failing call of node ``node_id`` up to ``times`` more times, the first
+        after ``backoff`` seconds, each next pause twice the last (at most 128 s) and up to a
+        quarter longer at random, only for exceptions of the types in ``on``; ``times=None``
+        removes its retries. The error of a call that failed every attempt is the last
+        attempt's, with a note saying how many were made; each attempt is a span of the trace.
+        A pause ends at once on Ctrl-C or the run's deadline. What ``node.retry(...)`` sets
+        before the node is registered. The plan does not change."""
+        node_id = _checked_id(node_id, "node id", _LOOKUP_HINT)
+        if times is None:
+            self._core.set_retry(node_id, None)
+            return
+        self._core.set_retry(node_id, *checked_retry(times, backoff, on))
+
+    def retries(self) -> dict[str, RetryPolicy]:
+        """The nodes with retries and their ``(times, backoff, on)``, in the order the nodes
+        were added."""
+        return {node_id: RetryPolicy(*policy) for node_id, policy in self._core.retries()}
+
+    def time_limit(self, node_id: str, seconds: float | None) -> None:
+        """Fails a call of node ``node_id`` still running after ``seconds`` with a
+        ``soma.TimeLimitError`` (a ``TimeoutError``) naming it, which ``retry(on=(TimeoutError,))``
+        retries; ``None`` removes the limit. The call runs on a thread of the graph's while
+        the branch waits for it, and one past its limit is left to finish in the background,
+        its result dropped. What ``node.time_limit(...)`` sets before the node is registered.
+        The plan does not change."""
+        node_id = _checked_id(node_id, "node id", _LOOKUP_HINT)
+        limit = None if seconds is None else checked_time_limit(seconds)
+        self._core.set_time_limit(node_id, limit)
+
+    def time_limits(self) -> dict[str, float]:
+        """The nodes with a time limit and its seconds, in the order the nodes were added."""
+        return dict(self._core.time_limits())
 
     def place(self, node_id: str, device: str | None) -> None:
         """Places node ``node_id`` on ``device`` (``"cuda:1"``, ``"cpu"``, ``"meta"``, spelled as
@@ -429,7 +476,14 @@ class Graph:
     def _settings(self) -> _Settings:
         """Everything a graph is, beside its nodes: edges, placements, settings. Nothing of a
         run: no thread, no program, no connection to hosts."""
-        return _Settings(self.edges(), self.devices(), self.hosts(), self.idle_threads)
+        return _Settings(
+            self.edges(),
+            self.devices(),
+            self.hosts(),
+            self.idle_threads,
+            self.retries(),
+            self.time_limits(),
+        )
 
     def _fill(self, nodes: Iterable[tuple[str, Any]], settings: _Settings) -> None:
         """Makes this new, empty graph hold ``nodes`` under their ids, and ``settings``."""
@@ -448,6 +502,17 @@ class Graph:
         for node_id, host in settings.hosts.items():
             self.place_at(node_id, host)
         self.idle_threads = settings.idle_threads
+        # As for devices: what was set on the graph, not what the node said when registered.
+        for node_id in self.retries():
+            if node_id not in settings.retries:
+                self.retry(node_id, None)
+        for node_id, policy in settings.retries.items():
+            self.retry(node_id, *policy)
+        for node_id in self.time_limits():
+            if node_id not in settings.time_limits:
+                self.time_limit(node_id, None)
+        for node_id, seconds in settings.time_limits.items():
+            self.time_limit(node_id, seconds)
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[Any, ...]:
         """How ``pickle`` saves a graph: its nodes under their ids, its edges, where its nodes
@@ -481,6 +546,8 @@ class _Settings(NamedTuple):
     devices: dict[str, str]
     hosts: dict[str, str]
     idle_threads: int
+    retries: dict[str, RetryPolicy]
+    time_limits: dict[str, float]
 
 
 # What stands for the graph itself among its pickled nodes.

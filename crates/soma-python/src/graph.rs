@@ -20,6 +20,7 @@ use pyo3::gc::PyVisit;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
+use pyo3::types::PyTuple;
 use pyo3::PyTraverseError;
 use soma_core::{
     compile, Captured, Catalog, Device, Executor, Graph, Host, Node, NodeId, Placement, Plan,
@@ -38,6 +39,7 @@ use crate::exit;
 use crate::native::NativeNode;
 use crate::node::PythonNode;
 use crate::plan::PyPlan;
+use crate::policy::{self, Written, WrittenRetry};
 use crate::reentry::{Nested, MAX_NESTED_FORWARDS};
 use crate::thread_state;
 use crate::trace::PyTrace;
@@ -58,6 +60,8 @@ struct State {
     idle_threads: usize,
     /// Where nodes run; beside the graph, so placing one drops the program, never the plan.
     placement: Arc<Placement>,
+    /// Retries and time limits, by node; like the placement, setting one drops the program.
+    policies: Written,
 }
 
 impl Default for State {
@@ -70,6 +74,7 @@ impl Default for State {
             compiled: None,
             idle_threads: DEFAULT_IDLE_THREADS,
             placement: Arc::default(),
+            policies: Written::default(),
         }
     }
 }
@@ -128,13 +133,14 @@ impl GraphCore {
             compiled,
             idle_threads,
             placement,
+            policies,
             ..
         } = &mut *state;
         let compiled = compiled.as_mut().expect("compiled just now");
         if let Some(program) = &compiled.program {
             return Ok(Arc::clone(program));
         }
-        let program = Program::with_placement(&compiled.plan, catalog, placement)
+        let program = Program::resolved(&compiled.plan, catalog, placement, &policies.policies)
             .map_err(|e| program_error(py, &e))?;
         program.set_idle_threads(*idle_threads);
         program.set_thread_stack(thread_stack_asked(py));
@@ -394,6 +400,96 @@ impl GraphCore {
             compiled.program = None;
         }
         Ok(())
+    }
+
+    /// Retries node `id`'s failing calls `times` more times, the first after `backoff`
+    /// seconds, only for exceptions of the types in `on`; `times=None` removes its retries.
+    #[pyo3(signature = (id, times, backoff=0.5, on=None))]
+    fn set_retry(
+        &self,
+        py: Python<'_>,
+        id: &str,
+        times: Option<u32>,
+        backoff: f64,
+        on: Option<Py<PyTuple>>,
+    ) -> PyResult<()> {
+        let written = match times {
+            Some(times) => {
+                let on = on.ok_or_else(|| PyTypeError::new_err("a retry needs `on`"))?;
+                let retry = policy::retry(py, times, backoff, &on)?;
+                Some((retry, (times, backoff, on)))
+            }
+            None => None,
+        };
+        let mut state = self.state();
+        if !state.graph.contains(id) {
+            return Err(unknown_node_error(py, id, &state.graph));
+        }
+        let policies = &mut state.policies;
+        if let Some((retry, written)) = written {
+            policies.policies.set_retry(id, Some(retry));
+            policies.retries.insert(id.to_owned(), written);
+        } else {
+            policies.policies.set_retry(id, None);
+            policies.retries.remove(id);
+        }
+        if let Some(compiled) = &mut state.compiled {
+            compiled.program = None;
+        }
+        Ok(())
+    }
+
+    /// Fails node `id`'s calls that run past `seconds` with a `soma.TimeLimitError`; `None`
+    /// removes its limit.
+    fn set_time_limit(&self, py: Python<'_>, id: &str, seconds: Option<f64>) -> PyResult<()> {
+        let limit = seconds
+            .map(|seconds| {
+                Duration::try_from_secs_f64(seconds)
+                    .map_err(|e| PyValueError::new_err(e.to_string()))
+            })
+            .transpose()?;
+        let mut state = self.state();
+        if !state.graph.contains(id) {
+            return Err(unknown_node_error(py, id, &state.graph));
+        }
+        let policies = &mut state.policies;
+        policies.policies.set_time_limit(id, limit);
+        match seconds {
+            Some(seconds) => policies.time_limits.insert(id.to_owned(), seconds),
+            None => policies.time_limits.remove(id),
+        };
+        if let Some(compiled) = &mut state.compiled {
+            compiled.program = None;
+        }
+        Ok(())
+    }
+
+    /// Nodes with retries, and their `(times, backoff, on)`, in the order the nodes were added.
+    fn retries(&self, py: Python<'_>) -> Vec<(String, WrittenRetry)> {
+        let state = self.state();
+        state
+            .graph
+            .nodes()
+            .iter()
+            .filter_map(|id| {
+                let (times, backoff, on) = state.policies.retries.get(id.as_str())?;
+                Some((id.to_string(), (*times, *backoff, on.clone_ref(py))))
+            })
+            .collect()
+    }
+
+    /// Nodes with a time limit, and its seconds, in the order the nodes were added.
+    fn time_limits(&self) -> Vec<(String, f64)> {
+        let state = self.state();
+        state
+            .graph
+            .nodes()
+            .iter()
+            .filter_map(|id| {
+                let seconds = state.policies.time_limits.get(id.as_str())?;
+                Some((id.to_string(), *seconds))
+            })
+            .collect()
     }
 
     /// Placed nodes and their devices, in the order the nodes were added.

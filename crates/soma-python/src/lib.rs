@@ -17,6 +17,7 @@ mod hosts;
 mod native;
 mod node;
 mod plan;
+mod policy;
 mod protocol;
 mod reentry;
 mod stream;

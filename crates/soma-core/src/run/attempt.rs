@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 
 use super::error::RunError;
 use super::executor::Executor;
-use super::hooks::Watch;
 use super::lane::Lane;
 use super::policy::{Policy, JITTER};
 use super::program::Step;
@@ -68,14 +67,17 @@ impl Executor {
             }
             let pause = retry.pause_before(attempt);
             let pause = pause.mul_f64(1.0 + JITTER * retry.clock.jitter().clamp(0.0, 1.0));
-            let stopping =
-                || lane.cancelled() || self.watch.as_deref().is_some_and(Watch::interrupted);
+            let stopping = || lane.cancelled() || self.stopped();
             let mut waited = true;
             self.blocking(&mut || waited = retry.clock.pause(pause, &stopping));
             if !waited {
-                // A sibling's failure or the watch: the run is stopping, and this error is the
-                // truest account of why the node did not finish.
-                return Err(error);
+                // An earlier sibling failed, and its error is the one reported; or the watch
+                // stopped the run (Ctrl-C, a deadline), which is why the node did not finish.
+                return Err(if lane.cancelled() {
+                    error
+                } else {
+                    RunError::Interrupted
+                });
             }
             attempt += 1;
         }
@@ -156,6 +158,7 @@ impl Executor {
                 reason: refused.to_string(),
             });
         }
+        let detachable = lane.detached.is_some();
         let mut ended = None;
         self.blocking(&mut || {
             let mut value = outcome.value.lock().unwrap_or_else(PoisonError::into_inner);
@@ -164,7 +167,10 @@ impl Executor {
                     ended = Some(Ok(result));
                     return;
                 }
-                if self.watch.as_deref().is_some_and(Watch::interrupted) {
+                // A run its caller may leave (`forward(timeout=)`) names the nodes still running
+                // when it gives up: this one waits on as if it ran the call itself, so that it
+                // is named. A run whose caller is this thread's stops here, at Ctrl-C.
+                if !detachable && self.stopped() {
                     ended = Some(Err(RunError::Interrupted));
                     return;
                 }
@@ -188,5 +194,15 @@ impl Executor {
             Ok(Err(payload)) => panic::resume_unwind(payload),
             Err(stopped) => Err(stopped),
         }
+    }
+
+    /// Whether the watch says stop, its host's pending signals looked for first: a thread
+    /// that pauses or waits here is where a wave's wait would poll them (on the run's calling
+    /// thread; the watch ignores a poll from any other).
+    fn stopped(&self) -> bool {
+        self.watch.as_deref().is_some_and(|watch| {
+            watch.poll();
+            watch.interrupted()
+        })
     }
 }

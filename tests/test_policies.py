@@ -1,0 +1,320 @@
+"""Per-node policies: ``.retry(times, backoff, on)`` retries a failing call (how many times,
+which exceptions, the note on the last error, a span per attempt) and ``.time_limit(seconds)``
+fails a call that runs past it with ``soma.TimeLimitError`` naming the node, which a retry on
+``TimeoutError`` retries; set on a node, on an expression, or by id on the graph, carried by
+copies and pickles, and held to inside waves and under ``forward(timeout=)``.
+
+A call that runs past its limit, and a backoff pause cut short by a deadline, are run in a child
+process with a deadline of its own: a regression is a hang. The pauses' lengths (doubling, the
+128 s cap, the jitter) are checked against an injected clock in the engine's own tests
+(``crates/soma-core/tests/it/policies.rs``), not by sleeping here."""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+import textwrap
+from typing import Any
+
+import pytest
+
+import soma
+from conftest import interrupt_script, run_script
+
+
+class Flaky(soma.Node):
+    """Raises ``error`` on its first ``failures`` calls, then returns its input plus one."""
+
+    def __init__(self, failures: int, error: type[BaseException] = ConnectionError) -> None:
+        self.failures = failures
+        self.error = error
+        self.calls = 0
+
+    def forward(self, x: Any) -> Any:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise self.error(f"call {self.calls} failed")
+        return x + 1
+
+
+def test_a_failing_call_is_retried_until_it_succeeds_within_its_retries() -> None:
+    flaky = Flaky(2).retry(3, backoff=0)
+    assert soma.Graph.somatize(flaky).forward(1) == 2
+    assert flaky.calls == 3
+
+
+def test_a_call_failing_every_attempt_raises_the_last_attempts_own_exception_noting_the_count() -> (
+    None
+):
+    flaky = Flaky(100).retry(2, backoff=0)
+    with pytest.raises(ConnectionError, match="call 3 failed") as raised:
+        soma.Graph.somatize(flaky).forward(1)
+    assert flaky.calls == 3
+    assert raised.value.__notes__ == [
+        "raised in soma node `flaky`",
+        "soma node `flaky` failed on each of its 3 attempts",
+    ]
+
+
+def test_only_exceptions_of_the_listed_types_are_retried() -> None:
+    flaky = Flaky(100, error=ValueError).retry(5, backoff=0, on=(ConnectionError,))
+    with pytest.raises(ValueError, match="call 1 failed") as raised:
+        soma.Graph.somatize(flaky).forward(1)
+    assert flaky.calls == 1
+    assert raised.value.__notes__ == ["raised in soma node `flaky`"]
+
+
+def test_a_subclass_of_a_listed_type_is_retried_and_one_class_alone_may_be_given() -> None:
+    flaky = Flaky(1, error=ConnectionResetError).retry(1, backoff=0, on=OSError)
+    assert soma.Graph.somatize(flaky).forward(1) == 2
+    assert flaky.calls == 2
+
+
+def test_ctrl_c_raised_in_a_node_is_not_retried_by_default() -> None:
+    flaky = Flaky(100, error=KeyboardInterrupt).retry(5, backoff=0)
+    with pytest.raises(KeyboardInterrupt):
+        soma.Graph.somatize(flaky).forward(1)
+    assert flaky.calls == 1
+
+
+def test_an_expressions_retry_reaches_every_node_and_a_nodes_own_wins() -> None:
+    own, other = Flaky(0).retry(1, backoff=0), Flaky(0)
+    g = soma.Graph.somatize((own >> other).retry(4, backoff=0.25, on=(OSError,)))
+    assert g.retries() == {
+        "flaky": soma.RetryPolicy(1, 0.0, (Exception,)),
+        "flaky_2": soma.RetryPolicy(4, 0.25, (OSError,)),
+    }
+
+
+def test_the_graph_sets_and_removes_a_nodes_policies_by_id() -> None:
+    g = soma.Graph()
+    a = g.node(Flaky(1))
+    g.retry(a, 1, backoff=0, on=(ConnectionError,))
+    g.time_limit(a, 30)
+    assert g.retries() == {a: soma.RetryPolicy(1, 0.0, (ConnectionError,))}
+    assert g.time_limits() == {a: 30.0}
+    assert g.forward(1) == 2
+    g.retry(a, None)
+    g.time_limit(a, None)
+    assert g.retries() == {}
+    assert g.time_limits() == {}
+
+
+def test_policies_that_cannot_be_are_refused_where_written() -> None:
+    with pytest.raises(ValueError, match="at least 0"):
+        Flaky(0).retry(-1)
+    with pytest.raises(ValueError, match="backoff"):
+        Flaky(0).retry(1, backoff=float("nan"))
+    with pytest.raises(TypeError, match="exception classes"):
+        Flaky(0).retry(1, on=(ValueError, "nope"))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="above 0"):
+        Flaky(0).time_limit(0)
+    with pytest.raises(soma.UnknownNodeError, match="`nope`"):
+        soma.Graph().retry("nope", 1)
+    with pytest.raises(soma.UnknownNodeError, match="`nope`"):
+        soma.Graph().time_limit("nope", 1)
+
+
+def test_each_attempt_is_a_span_of_the_trace() -> None:
+    trace = soma.Trace()
+    soma.Graph.somatize(Flaky(2).retry(2, backoff=0)).forward(1, trace=trace)
+    spans = trace.spans
+    assert [span.node for span in spans] == ["flaky"] * 3
+    assert [span.error is not None for span in spans] == [True, True, False]
+
+
+def test_in_a_wave_the_first_declared_branchs_error_wins_over_a_retried_later_one() -> None:
+    first = Flaky(100, error=ValueError).retry(2, backoff=0)
+    second = Flaky(100, error=KeyError).retry(2, backoff=0)
+    with pytest.raises(ValueError, match="call 3 failed"):
+        soma.Graph.somatize(first | second).forward(1)
+
+
+def test_a_call_within_its_time_limit_returns_its_value_and_sees_the_context() -> None:
+    import contextvars
+
+    setting: contextvars.ContextVar[int] = contextvars.ContextVar("setting", default=0)
+
+    class Reads(soma.Node):
+        def forward(self, x: Any) -> Any:
+            return x + setting.get()
+
+    setting.set(10)
+    assert soma.Graph.somatize(Reads().time_limit(60)).forward(1) == 11
+
+
+def test_policies_travel_with_a_copy_and_a_pickle() -> None:
+    g = soma.Graph.somatize(
+        Flaky(0).retry(2, backoff=0.1, on=(ConnectionError, TimeoutError)) >> Flaky(0).time_limit(5)
+    )
+    for other in (copy.copy(g), copy.deepcopy(g), pickle.loads(pickle.dumps(g))):
+        assert other.retries() == g.retries()
+        assert other.time_limits() == g.time_limits()
+
+
+def test_a_time_limit_error_is_a_timeout_error_and_a_run_error() -> None:
+    assert issubclass(soma.TimeLimitError, TimeoutError)
+    assert issubclass(soma.TimeLimitError, soma.RunError)
+
+
+#: Runs __GRAPH__ (whose node `stuck` blocks until `release` is set, while `calls` counts its
+#: calls) and prints what came out as one JSON line; then releases the node.
+SCRIPT = textwrap.dedent(
+    """
+    import json, threading
+    import soma
+
+    release = threading.Event()
+    calls = []
+
+    class Stuck(soma.Node):
+        def __init__(self, blocks_first=10**9):
+            self.blocks_first = blocks_first
+
+        def forward(self, x):
+            calls.append(x)
+            if len(calls) <= self.blocks_first:
+                release.wait()
+            return x + 1
+
+    class Fails(soma.Node):
+        def forward(self, x):
+            raise ConnectionError("down")
+
+    g = soma.Graph.somatize(__GRAPH__)
+    try:
+        out = {"result": g.forward(1, **__FORWARD__)}
+    except BaseException as error:
+        out = {
+            "type": type(error).__name__,
+            "timeout": isinstance(error, TimeoutError),
+            "node": getattr(error, "node", None),
+            "message": str(error),
+            "notes": getattr(error, "__notes__", []),
+        }
+    out["calls"] = len(calls)
+    release.set()
+    print(json.dumps(out))
+    """
+)
+
+
+def outcome(graph: str, **forward: Any) -> dict[str, Any]:
+    script = SCRIPT.replace("__GRAPH__", graph).replace("__FORWARD__", repr(forward))
+    done = run_script(script)
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_a_call_past_its_time_limit_raises_time_limit_error_naming_the_node() -> None:
+    out = outcome('Stuck().named("stuck").time_limit(0.2)')
+    assert out["type"] == "TimeLimitError"
+    assert out["timeout"]
+    assert out["node"] == "stuck"
+    assert "`stuck` ran past its time limit of 0.2 s" in out["message"]
+
+
+def test_a_call_past_its_time_limit_mid_chain_stops_the_chain_there() -> None:
+    out = outcome('Fails().named("a").retry(0) >> Stuck().named("stuck").time_limit(0.2)')
+    assert out["type"] == "ConnectionError"
+    out = outcome('Stuck().named("stuck").time_limit(0.2) >> Stuck().named("after")')
+    assert (out["type"], out["node"], out["calls"]) == ("TimeLimitError", "stuck", 1)
+
+
+def test_a_timed_out_call_is_retried_when_timeout_error_is_listed() -> None:
+    out = outcome(
+        'Stuck(blocks_first=1).named("stuck").time_limit(0.2).retry(1, on=(TimeoutError,))'
+    )
+    assert out == {"result": 2, "calls": 2}
+
+
+def test_a_timed_out_call_failing_every_attempt_notes_the_attempts() -> None:
+    out = outcome('Stuck().named("stuck").time_limit(0.1).retry(1, backoff=0, on=(TimeoutError,))')
+    assert out["type"] == "TimeLimitError"
+    assert out["calls"] == 2
+    assert out["notes"] == ["soma node `stuck` failed on each of its 2 attempts"]
+
+
+def test_a_timed_out_call_is_not_retried_when_timeout_error_is_not_listed() -> None:
+    out = outcome('Stuck().named("stuck").time_limit(0.1).retry(3, on=(ConnectionError,))')
+    assert (out["type"], out["calls"]) == ("TimeLimitError", 1)
+
+
+def test_forward_timeout_ends_a_backoff_pause() -> None:
+    out = outcome('Fails().named("a").retry(3, backoff=3600)', timeout=0.3)
+    assert out["timeout"], out
+
+
+def test_forward_timeout_ends_a_call_whose_time_limit_is_longer() -> None:
+    out = outcome('Stuck().named("stuck").time_limit(3600)', timeout=0.3)
+    assert out["timeout"], out
+    assert "`stuck`" in out["message"]
+
+
+def test_a_time_limit_shorter_than_forward_timeout_names_the_node() -> None:
+    out = outcome('Stuck().named("stuck").time_limit(0.2)', timeout=30)
+    assert (out["type"], out["node"]) == ("TimeLimitError", "stuck")
+
+
+def test_a_node_left_past_its_time_limit_leaves_the_graph_usable() -> None:
+    script = textwrap.dedent(
+        """
+        import threading
+        import soma
+
+        release = threading.Event()
+
+        class Once(soma.Node):
+            calls = 0
+            def forward(self, x):
+                Once.calls += 1
+                if Once.calls == 1:
+                    release.wait()
+                return x + 1
+
+        g = soma.Graph.somatize(Once().time_limit(0.2))
+        try:
+            g.forward(1)
+        except soma.TimeLimitError:
+            print("timed out")
+        print(g.forward(1))
+        release.set()
+        """
+    )
+    done = run_script(script)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["timed", "out", "2"]
+
+
+def test_ctrl_c_ends_a_backoff_pause() -> None:
+    script = textwrap.dedent(
+        """
+        import threading, time
+        import soma
+
+        failed = threading.Event()
+
+        class Fails(soma.Node):
+            def forward(self, x):
+                failed.set()
+                raise ConnectionError("down")
+
+        def ready():
+            failed.wait()
+            # Not a measurement: lets the node's frame end, so that Ctrl-C lands in the pause.
+            time.sleep(0.2)
+            print("ready", flush=True)
+
+        threading.Thread(target=ready, daemon=True).start()
+        g = soma.Graph.somatize(Fails().retry(3, backoff=3600))
+        try:
+            g.forward(1)
+        except KeyboardInterrupt:
+            print("interrupted")
+        """
+    )
+    done = interrupt_script(script, "ready")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["interrupted"]
