@@ -40,12 +40,14 @@ impl Executor {
     #[inline(never)]
     pub(super) fn call_with_policy(
         &self,
-        policy: &Policy,
         step: &Step,
         id: &NodeId,
         input: &Value,
         lane: Lane<'_>,
     ) -> Result<Value, RunError> {
+        let policy: &Policy = lane.policies[step.slot()]
+            .as_deref()
+            .expect("a step marked as having a policy has one");
         let mut attempt = 0_u32;
         loop {
             let outcome = self.attempt(policy.time_limit, step, id, input, lane);

@@ -423,8 +423,8 @@ impl Executor {
     /// Runs a step's node on its input, traced when a trace was asked for.
     fn call(&self, step: &Step, input: &Value, lane: Lane<'_>) -> Result<Value, RunError> {
         let id = &lane.ids[step.slot()];
-        if let Some(policy) = step.policy.as_deref() {
-            return self.call_with_policy(policy, step, id, input, lane);
+        if step.has_policy() {
+            return self.call_with_policy(step, id, input, lane);
         }
         match self.trace.as_deref() {
             None => self.execute(&*step.node, step.device, id, input, &mut 0),
@@ -469,7 +469,9 @@ impl Executor {
     }
 
     /// Calls one node, `implementation` run as `node` placed on `device`, turn after turn until
-    /// it is done; `turns` counts the calls.
+    /// it is done; `turns` counts the calls. Inlined into every caller: the policies' callers
+    /// (see `attempt`) must not make the plain step's call to it an out-of-line one.
+    #[inline(always)]
     pub(super) fn execute(
         &self,
         implementation: &dyn Node,

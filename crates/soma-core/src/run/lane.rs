@@ -7,10 +7,12 @@
 //! it, and the wave imports the executor one way.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::thread;
 
 use super::crew::Crew;
 use super::detach::Detached;
+use super::policy::Policy;
 use super::program::Program;
 use crate::model::id::NodeId;
 
@@ -39,6 +41,8 @@ pub(super) struct Lane<'s> {
     pub(super) detached: Option<&'s Detached>,
     /// The program's node ids, by slot: a step keeps only its slot.
     pub(super) ids: &'s [NodeId],
+    /// The program's policies, by slot ([`Program::policies`]).
+    pub(super) policies: &'s [Option<Arc<Policy>>],
     /// Whether the run prefetches each next node ([`Program::prefetching`]).
     pub(super) prefetching: bool,
 }
@@ -57,6 +61,7 @@ impl<'s> Lane<'s> {
             caller: thread::current().id(),
             detached,
             ids: &program.ids,
+            policies: &program.policies,
             prefetching: program.prefetching(),
         }
     }

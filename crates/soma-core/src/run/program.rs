@@ -42,6 +42,8 @@ use crate::run::policy::Policy;
 pub struct Program {
     pub(crate) root: Op,
     pub(crate) ids: Box<[NodeId]>,
+    /// Each step's policy, by slot; empty when no node has one.
+    pub(crate) policies: Box<[Option<Arc<Policy>>]>,
     pub(crate) leaves: Box<[usize]>,
     /// The devices its steps are placed on, each once, in order: what a host prepares before a
     /// run (the device queues it forks per wave, say) without walking the steps.
@@ -83,14 +85,22 @@ pub(crate) struct Step {
     slot: u32,
     /// Where the node is placed, if it is.
     pub(crate) device: Option<Device>,
-    /// Its retries and time limit, if it has any: one pointer, `None` for nearly every step.
-    pub(crate) policy: Option<Arc<Policy>>,
 }
+
+/// The bit of [`Step::slot`] that says the step's node has a [`Policy`], in
+/// [`Program::policies`]: kept in a bit the slot does not use rather than in a field, so
+/// that a step is no larger for it and a step without one pays a bit test.
+const HAS_POLICY: u32 = 1 << 31;
 
 impl Step {
     /// Where the step writes its value, and where its id is in [`Program::ids`].
     pub(crate) fn slot(&self) -> usize {
-        self.slot as usize
+        (self.slot & !HAS_POLICY) as usize
+    }
+
+    /// Whether its node has a policy, in [`Program::policies`] at its slot.
+    pub(crate) fn has_policy(&self) -> bool {
+        self.slot & HAS_POLICY != 0
     }
 }
 
@@ -210,8 +220,17 @@ impl Program {
             .unwrap_or_default();
         devices.sort_unstable();
         devices.dedup();
+        let policies: Box<[Option<Arc<Policy>>]> = match policies {
+            Some(policies) => numbered
+                .ids
+                .iter()
+                .map(|id| policies.get(id.as_str()).cloned())
+                .collect(),
+            None => Box::new([]),
+        };
         Ok(Program {
             root,
+            policies,
             ids: numbered.ids.into_iter().cloned().collect(),
             leaves: decided.leaves.into(),
             devices: devices.into(),
@@ -285,7 +304,10 @@ struct Position {
 const NONE: u32 = u32::MAX;
 
 fn to_u32(n: usize) -> u32 {
-    u32::try_from(n).expect("fewer steps than u32::MAX")
+    u32::try_from(n)
+        .ok()
+        .filter(|&n| n < HAS_POLICY)
+        .expect("fewer steps than 2^31")
 }
 
 /// Slots by id.
@@ -659,12 +681,12 @@ impl<'p> Numbering<'p> {
                                 })),
                             };
                             let id = self.ids[slot];
+                            let policy = policies.is_some_and(|p| p.get(id.as_str()).is_some());
                             parent.children.push(Op::Execute(Step {
                                 node: Arc::clone(self.implementations[slot]),
                                 from,
-                                slot: to_u32(slot),
+                                slot: to_u32(slot) | if policy { HAS_POLICY } else { 0 },
                                 device: placement.and_then(|p| p.device(id.as_str())),
-                                policy: policies.and_then(|p| p.get(id.as_str())).cloned(),
                             }));
                             slot += 1;
                         }

@@ -358,6 +358,7 @@ impl Executor {
             caller: outer.caller,
             detached: outer.detached,
             ids: outer.ids,
+            policies: outer.policies,
             prefetching: outer.prefetching,
         };
         // Caught inside the context, so that entering it is always matched by leaving it.
