@@ -471,6 +471,7 @@ impl Executor {
     /// Calls one node, `implementation` run as `node` placed on `device`, turn after turn until
     /// it is done; `turns` counts the calls. Inlined into every caller: the policies' callers
     /// (see `attempt`) must not make the plain step's call to it an out-of-line one.
+    #[allow(clippy::inline_always)] // Measured: the chain row lost 3-4% when it was left out of line.
     #[inline(always)]
     pub(super) fn execute(
         &self,
