@@ -318,3 +318,32 @@ def test_ctrl_c_ends_a_backoff_pause() -> None:
     done = interrupt_script(script, "ready")
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["interrupted"]
+
+
+def test_a_rust_nodes_failure_is_retried_when_on_lists_run_error() -> None:
+    g = soma.Graph.somatize(soma.native.Add(1).named("add").retry(2, backoff=0))
+    with pytest.raises(soma.RunError) as raised:
+        g.forward("not a number")
+    assert raised.value.__notes__ == ["soma node `add` failed on each of its 3 attempts"]
+    g.retry("add", 2, backoff=0, on=(ValueError,))
+    with pytest.raises(soma.RunError) as raised:
+        g.forward("not a number")
+    assert not getattr(raised.value, "__notes__", [])
+
+
+def test_what_a_time_limited_node_sets_in_the_context_stays_its_own() -> None:
+    import contextvars
+
+    setting: contextvars.ContextVar[int] = contextvars.ContextVar("setting", default=0)
+
+    class Sets(soma.Node):
+        def forward(self, x: Any) -> Any:
+            setting.set(10)
+            return x
+
+    class Reads(soma.Node):
+        def forward(self, x: Any) -> Any:
+            return x + setting.get()
+
+    assert soma.Graph.somatize(Sets() >> Reads()).forward(1) == 11
+    assert soma.Graph.somatize(Sets().time_limit(60) >> Reads()).forward(1) == 1
