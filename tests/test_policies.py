@@ -347,3 +347,66 @@ def test_what_a_time_limited_node_sets_in_the_context_stays_its_own() -> None:
 
     assert soma.Graph.somatize(Sets() >> Reads()).forward(1) == 11
     assert soma.Graph.somatize(Sets().time_limit(60) >> Reads()).forward(1) == 1
+
+
+def test_policies_set_by_id_hold_for_nodes_on_a_host_and_beside_them() -> None:
+    # An in-process transport: each slice runs here, as a host would run it, from its `Slice`.
+    script = textwrap.dedent(
+        """
+        import soma
+        from soma.remote import SliceRunner
+
+        class Here:
+            def load(self, key, slices, timeout=None):
+                self.runners = {piece.index: SliceRunner(piece) for piece in slices}
+
+            def run(self, key, index, inputs, timeout, token, traced):
+                return self.runners[index].run(inputs)
+
+            def cancel(self, tokens, wait=5.0):
+                pass
+
+            def unload(self, key):
+                pass
+
+        class Hosts:
+            def __init__(self):
+                self.one = Here()
+
+            def host(self, name):
+                return self.one
+
+        class Flaky(soma.Node):
+            def __init__(self):
+                self.calls = 0
+
+            def forward(self, x):
+                self.calls += 1
+                if self.calls <= 2:
+                    raise ConnectionError("down")
+                return x + 1
+
+        soma.remote.use(Hosts())
+        far, near = Flaky().named("far").at("one"), Flaky().named("near")
+        g = soma.Graph.somatize(near >> far)
+        g.retry("far", 2, backoff=0)
+        g.retry("near", 2, backoff=0)
+        print(g.forward(1))
+        g.retry("far", None)
+        far.calls = near.calls = 0
+        try:
+            g.forward(1)
+        except ConnectionError:
+            print("far not retried")
+        """
+    )
+    done = run_script(script)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["3", "far not retried"]
+
+
+def test_a_stream_holds_its_nodes_to_their_policies() -> None:
+    flaky = Flaky(2).retry(2, backoff=0)
+    g = soma.Graph.somatize(flaky >> Flaky(0))
+    assert list(g.map([1, 2, 3])) == [3, 4, 5]
+    assert flaky.calls == 5
