@@ -38,8 +38,8 @@ class Slice:
     ``nodes`` are the slice's ``(id, implementation)`` pairs, ``steps`` its ``(node, inputs)``
     in plan order (no inputs: the graph's input), ``reads`` what it reads from outside it
     (:data:`INPUT` for the graph's input), ``returns`` the nodes whose outputs later steps read
-    or the run returns, ``devices`` the slice's placed nodes and their devices, ``retries`` and ``time_limits``
-    its nodes' policies."""
+    or the run returns, ``devices`` the slice's placed nodes and their devices, ``retries``
+    and ``time_limits`` its nodes' policies."""
 
     host: str
     index: int
