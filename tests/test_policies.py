@@ -410,3 +410,39 @@ def test_a_stream_holds_its_nodes_to_their_policies() -> None:
     g = soma.Graph.somatize(flaky >> Flaky(0))
     assert list(g.map([1, 2, 3])) == [3, 4, 5]
     assert flaky.calls == 5
+
+
+class Asks(soma.Node):
+    """Asks the driver for ``x * 10`` and returns the answer."""
+
+    def forward(self, x: Any, ctx: Any) -> Any:
+        if ctx.turn == 0:
+            return soma.Await([x])
+        return ctx.results[0]
+
+
+class FlakyDriver:
+    """Answers each request times ten, failing its first ``failures`` calls."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.calls = 0
+
+    def perform(self, requests: list[Any]) -> list[Any]:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise ConnectionError("driver down")
+        return [r * 10 for r in requests]
+
+
+def test_an_awaiting_node_is_served_by_the_driver_within_its_time_limit() -> None:
+    g = soma.Graph.somatize(Asks().time_limit(60))
+    assert g.forward(3, driver=FlakyDriver(0)) == 30
+
+
+def test_a_drivers_failure_is_not_retried_as_the_nodes_own() -> None:
+    driver = FlakyDriver(1)
+    g = soma.Graph.somatize(Asks().retry(3, backoff=0))
+    with pytest.raises(soma.DriverError):
+        g.forward(3, driver=driver)
+    assert driver.calls == 1

@@ -176,6 +176,13 @@ impl Executor {
                     ended = Some(Err(RunError::Interrupted));
                     return;
                 }
+                // An earlier sibling failed: its error is the wave's, and this call's result
+                // could not be used, so the branch stops waiting for it (as it would stop at
+                // its next node boundary) instead of holding the wave up to the limit.
+                if lane.cancelled() {
+                    ended = Some(Err(RunError::Interrupted));
+                    return;
+                }
                 let now = Instant::now();
                 if now >= deadline {
                     ended = Some(Err(RunError::TimeLimit {

@@ -385,3 +385,38 @@ fn policies_change_nothing_when_they_are_removed() {
     policies.set_time_limit("a", None);
     assert!(policies.is_empty());
 }
+
+#[test]
+fn a_later_branch_waiting_on_a_time_limited_call_stops_when_an_earlier_one_fails() {
+    // The first branch fails only once the second's call is under way, so the second is
+    // waiting on its call, not between nodes, when it learns of it.
+    let (gate, started) = (Gate::new(), Gate::new());
+    let (waits_for, opens) = (Arc::clone(&started), Arc::clone(&started));
+    let stuck_body = after(&gate);
+    let expr = node_arc(
+        "fails",
+        Arc::new(plain(move |_, _| {
+            assert!(waits_for.wait(), "the second branch's call never started");
+            Err(NodeError::new("first"))
+        })),
+    ) | node_arc(
+        "stuck",
+        Arc::new(plain(move |id, input| {
+            opens.open();
+            stuck_body(id, input)
+        })),
+    );
+    let error = within_deadline(move || {
+        run_with(
+            expr,
+            &time_limited("stuck", Duration::from_secs(3600)),
+            &Executor::new(),
+        )
+    })
+    .unwrap_err();
+    gate.open();
+    assert_eq!(
+        error.node().map(ToString::to_string).as_deref(),
+        Some("fails")
+    );
+}
