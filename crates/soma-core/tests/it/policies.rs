@@ -420,3 +420,29 @@ fn a_later_branch_waiting_on_a_time_limited_call_stops_when_an_earlier_one_fails
         Some("fails")
     );
 }
+
+#[test]
+fn a_later_branch_pausing_between_attempts_stops_when_an_earlier_one_fails() {
+    let started = Gate::new();
+    let (waits_for, opens) = (Arc::clone(&started), Arc::clone(&started));
+    let expr = node_arc(
+        "fails",
+        Arc::new(plain(move |_, _| {
+            assert!(waits_for.wait(), "the second branch never failed");
+            Err(NodeError::new("first"))
+        })),
+    ) | node_arc(
+        "flaky",
+        Arc::new(plain(move |_, _| {
+            opens.open();
+            Err(NodeError::new("again"))
+        })),
+    );
+    // An hour's pause on the machine's clock: only the earlier branch's failure can end it.
+    let policies = retrying("flaky", Retry::new(3, Duration::from_secs(3600)));
+    let error = within_deadline(move || run_with(expr, &policies, &Executor::new())).unwrap_err();
+    assert_eq!(
+        error.node().map(ToString::to_string).as_deref(),
+        Some("fails")
+    );
+}
