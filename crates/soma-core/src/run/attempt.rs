@@ -45,7 +45,7 @@ impl Executor {
         input: &Value,
         lane: Lane<'_>,
     ) -> Result<Value, RunError> {
-        let policy: &Policy = lane.policies[step.slot()]
+        let policy: &Policy = lane.program.policies[step.slot()]
             .as_deref()
             .expect("a step marked as having a policy has one");
         let mut attempt = 0_u32;

@@ -422,7 +422,7 @@ impl Executor {
 
     /// Runs a step's node on its input, traced when a trace was asked for.
     fn call(&self, step: &Step, input: &Value, lane: Lane<'_>) -> Result<Value, RunError> {
-        let id = &lane.ids[step.slot()];
+        let id = &lane.program.ids[step.slot()];
         if step.has_policy() {
             return self.call_with_policy(step, id, input, lane);
         }

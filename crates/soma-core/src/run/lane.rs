@@ -7,14 +7,11 @@
 //! it, and the wave imports the executor one way.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::thread;
 
 use super::crew::Crew;
 use super::detach::Detached;
-use super::policy::Policy;
 use super::program::Program;
-use crate::model::id::NodeId;
 
 /// How many enclosing waves a node boundary looks at for an earlier sibling's failure.
 const CANCEL_REACH: usize = 64;
@@ -39,10 +36,8 @@ pub(super) struct Lane<'s> {
     pub(super) crew: &'s Crew,
     pub(super) caller: thread::ThreadId,
     pub(super) detached: Option<&'s Detached>,
-    /// The program's node ids, by slot: a step keeps only its slot.
-    pub(super) ids: &'s [NodeId],
-    /// The program's policies, by slot ([`Program::policies`]).
-    pub(super) policies: &'s [Option<Arc<Policy>>],
+    /// The program run: its node ids by slot (a step keeps only its slot), and its policies.
+    pub(super) program: &'s Program,
     /// Whether the run prefetches each next node ([`Program::prefetching`]).
     pub(super) prefetching: bool,
 }
@@ -60,8 +55,7 @@ impl<'s> Lane<'s> {
             crew,
             caller: thread::current().id(),
             detached,
-            ids: &program.ids,
-            policies: &program.policies,
+            program,
             prefetching: program.prefetching(),
         }
     }

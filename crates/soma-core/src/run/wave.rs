@@ -357,8 +357,7 @@ impl Executor {
             crew: outer.crew,
             caller: outer.caller,
             detached: outer.detached,
-            ids: outer.ids,
-            policies: outer.policies,
+            program: outer.program,
             prefetching: outer.prefetching,
         };
         // Caught inside the context, so that entering it is always matched by leaving it.
