@@ -446,3 +446,26 @@ def test_a_drivers_failure_is_not_retried_as_the_nodes_own() -> None:
     with pytest.raises(soma.DriverError):
         g.forward(3, driver=driver)
     assert driver.calls == 1
+
+
+def test_a_call_left_past_its_time_limit_does_not_hold_the_interpreter_at_exit() -> None:
+    script = textwrap.dedent(
+        """
+        import threading
+        import soma
+
+        class Never(soma.Node):
+            def forward(self, x):
+                threading.Event().wait()  # never set: the call is still running at exit
+                return x
+
+        g = soma.Graph.somatize(Never().named("never").time_limit(0.1))
+        try:
+            g.forward(1)
+        except soma.TimeLimitError as error:
+            print(error.node)
+        """
+    )
+    done = run_script(script)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["never"]
