@@ -18,9 +18,12 @@ import textwrap
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import soma
 from conftest import interrupt_script, run_script
+from test_properties import Dag, dags, expected_run
 
 
 class Flaky(soma.Node):
@@ -469,3 +472,40 @@ def test_a_call_left_past_its_time_limit_does_not_hold_the_interpreter_at_exit()
     done = run_script(script)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["never"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Over random graphs: retries change what a run computes in no way but the calls it makes.
+
+
+class FlakyTraced(soma.Node):
+    """Fails its first ``failures`` calls, then answers as ``test_properties.Traced`` does."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.calls = 0
+
+    def forward(self, x: Any, ctx: Any) -> Any:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise ConnectionError(f"{ctx.node}: call {self.calls}")
+        if isinstance(x, dict):
+            return (ctx.node, list(x.items()))
+        return (ctx.node, x)
+
+
+@given(dag=dags(max_nodes=8), data=st.data())
+def test_a_graph_of_flaky_nodes_with_enough_retries_computes_what_the_graph_says(
+    dag: Dag, data: st.DataObject
+) -> None:
+    g = soma.Graph()
+    for node in dag.nodes:
+        failures = data.draw(st.integers(min_value=0, max_value=3), label=node)
+        retries = data.draw(st.integers(min_value=failures, max_value=4), label=f"{node} retries")
+        g.node(node, FlakyTraced(failures).retry(retries, backoff=0))
+    for src, dst in dag.edges:
+        g.edge(src, dst)
+    assert g.forward(0) == expected_run(dag, 0)
+    for node in dag.nodes:
+        flaky = g.implementation(node)
+        assert flaky.calls == flaky.failures + 1, node
