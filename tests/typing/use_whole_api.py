@@ -364,3 +364,13 @@ assert_type(remote_traceback.host, str)
 assert "gpu-box" in str(remote_traceback)
 assert_type(soma.remote.resource_of("gpu-box"), str)
 assert soma.remote.RESOURCE_PREFIX == "soma-host:"
+
+# Retries and time limits: on a node, on an expression, by id; the error of a call that overran.
+policied = soma.Graph.somatize(Where().named("p1").retry(2, backoff=0.0) >> Where().named("p2"))
+policied.time_limit("p2", 30.0)
+retries = policied.retries()
+assert_type(retries, dict[str, soma.RetryPolicy])
+assert retries["p1"] == soma.RetryPolicy(2, 0.0, (Exception,))
+assert_type(policied.time_limits(), dict[str, float])
+assert issubclass(soma.TimeLimitError, TimeoutError)
+assert_type(soma.TimeLimitError("late").limit, float | None)
