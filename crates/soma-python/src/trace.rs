@@ -203,6 +203,8 @@ impl PyTrace {
                 error,
                 device: device.and_then(|device| device.parse::<Device>().ok()),
                 host: None,
+                // A host runs its slice uncached.
+                cached: false,
             });
         }
         self.trace.adopt(adopted, &host, at);

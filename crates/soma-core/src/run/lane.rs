@@ -11,6 +11,7 @@ use std::thread;
 
 use super::crew::Crew;
 use super::detach::Detached;
+use super::keys::RunKeys;
 use super::program::Program;
 use crate::model::id::NodeId;
 
@@ -41,6 +42,8 @@ pub(super) struct Lane<'s> {
     pub(super) ids: &'s [NodeId],
     /// Whether the run prefetches each next node ([`Program::prefetching`]).
     pub(super) prefetching: bool,
+    /// The run's cache and the identities of its values, when it runs with a cache.
+    pub(super) keys: Option<&'s RunKeys>,
 }
 
 impl<'s> Lane<'s> {
@@ -49,6 +52,7 @@ impl<'s> Lane<'s> {
         crew: &'s Crew,
         program: &'s Program,
         detached: Option<&'s Detached>,
+        keys: Option<&'s RunKeys>,
     ) -> Self {
         Lane {
             wave: None,
@@ -58,6 +62,7 @@ impl<'s> Lane<'s> {
             detached,
             ids: &program.ids,
             prefetching: program.prefetching(),
+            keys,
         }
     }
 

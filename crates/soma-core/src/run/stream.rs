@@ -1047,7 +1047,7 @@ impl Worker {
             own: &mut item.table,
             shared: None,
         };
-        let lane = Lane::root(&self.program.crew, &self.program, None);
+        let lane = Lane::root(&self.program.crew, &self.program, None, None);
         match executor.walk(op, &item.input, &mut frame, lane) {
             Ok(()) if !last => {
                 for &slot in drops {

@@ -367,6 +367,7 @@ impl Executor {
             detached: outer.detached,
             ids: outer.ids,
             prefetching: outer.prefetching,
+            keys: outer.keys,
         };
         // Caught inside the context, so that entering it is always matched by leaving it.
         let mut result = None;

@@ -1,0 +1,133 @@
+//! `NodeCache`: what the executor asks before running a node, so that a run computes only what
+//! changed since the last one.
+//!
+//! A node's key chains, Merkle-fashion, from what can change its output: its own fingerprint
+//! (its code and state, as the cache reads them), then the identity of each value it reads, in
+//! the order it declares them — the run's input by the digest of its content, a predecessor's
+//! output by that predecessor's key. A hit therefore costs no hashing of large outputs, and a
+//! node whose inputs all hit is keyed, and found, without any of them being computed again. A
+//! node kept out (no fingerprint) always runs, and what reads it is keyed on the digest of its
+//! fresh output; so is what reads a node whose key could not be made. A value without a digest
+//! (an `Opaque` one, to [`Key::of_value`]) leaves its readers unkeyed: they run, uncached.
+//!
+//! Each output is filed as soon as its node returns, so a run that fails part way keeps what it
+//! completed, and the next run calls only the failed node and what comes after it.
+//!
+//! The store is behind the trait: [`MemoryCache`] keeps entries in a map; an embedder files
+//! them wherever it likes (a folder, Redis, S3) by implementing [`NodeCache`].
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use crate::model::id::NodeId;
+use crate::model::key::Key;
+use crate::model::node::Node;
+use crate::model::value::Value;
+
+/// Where the executor looks a node's output up before running it, and files it after.
+///
+/// Called from whichever thread runs the node, several at once in a wave: an implementation
+/// synchronises its own store. None of its methods can fail the run: a store that cannot read
+/// an entry answers a miss, one that cannot write drops the entry.
+pub trait NodeCache: Send + Sync {
+    /// The digest of what `node`'s output depends on besides its inputs — its code, its state —
+    /// or `None` to keep it out of the cache: it then always runs, and what reads it is keyed
+    /// on the digest of its fresh output. Asked once per run for each node that runs or hits.
+    fn fingerprint(&self, id: &NodeId, node: &dyn Node) -> Option<Key>;
+
+    /// The digest of `value`'s content: of the run's input, and of the output of a node that
+    /// ran without a key. `None` when the value cannot be read (its readers then run
+    /// uncached). By default [`Key::of_value`].
+    fn digest(&self, value: &Value) -> Option<Key> {
+        Key::of_value(value)
+    }
+
+    /// The output filed under `key` for `id`, or `None`. A store that cannot read an entry
+    /// whole (truncated, corrupted, gone) answers `None`: the node runs again.
+    fn get(&self, id: &NodeId, key: &Key) -> Option<Value>;
+
+    /// Files `value`, `id`'s output, under `key`; `took` is how long computing it took (what a
+    /// later hit saves).
+    fn put(&self, id: &NodeId, key: &Key, value: &Value, took: Duration);
+}
+
+/// Fingerprints a node by its id: what a [`MemoryCache`] asks to know whether a node changed.
+type Fingerprints = dyn Fn(&NodeId) -> Option<Key> + Send + Sync;
+
+/// A [`NodeCache`] in memory: entries in a map, for as long as it lives. Fingerprints come from
+/// a function of the node's id, since the engine cannot read a node's code: an embedder
+/// changes what it answers for a node when that node changes.
+pub struct MemoryCache {
+    fingerprints: Box<Fingerprints>,
+    entries: Mutex<HashMap<Key, Value>>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+impl MemoryCache {
+    /// An empty cache that fingerprints nodes with `fingerprints` (`None` keeps one out).
+    pub fn new(fingerprints: impl Fn(&NodeId) -> Option<Key> + Send + Sync + 'static) -> Self {
+        MemoryCache {
+            fingerprints: Box::new(fingerprints),
+            entries: Mutex::new(HashMap::new()),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        }
+    }
+
+    /// Lookups that found an entry, since the cache was made.
+    pub fn hits(&self) -> u64 {
+        self.hits.load(Ordering::Relaxed)
+    }
+
+    /// Lookups that found none, since the cache was made.
+    pub fn misses(&self) -> u64 {
+        self.misses.load(Ordering::Relaxed)
+    }
+
+    /// How many entries it holds.
+    pub fn len(&self) -> usize {
+        self.entries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// Whether it holds no entry.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl NodeCache for MemoryCache {
+    fn fingerprint(&self, id: &NodeId, _node: &dyn Node) -> Option<Key> {
+        (self.fingerprints)(id)
+    }
+
+    fn get(&self, _id: &NodeId, key: &Key) -> Option<Value> {
+        // A node that panicked while another held the lock left the map whole: entries are
+        // inserted in one call.
+        let found = self
+            .entries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .cloned();
+        let counter = if found.is_some() {
+            &self.hits
+        } else {
+            &self.misses
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        found
+    }
+
+    fn put(&self, _id: &NodeId, key: &Key, value: &Value, _took: Duration) {
+        self.entries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(*key, value.clone());
+    }
+}
