@@ -14,7 +14,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from soma import _soma, _stream
+from soma import _cache, _soma, _stream
 from soma import remote as _remote
 from soma._dsl import Expr, refuse_class
 from soma._node import Node
@@ -261,9 +261,17 @@ class Graph:
         timeout: float | None = None,
         micro_batches: int | None = None,
         join: Callable[[list[Any]], Any] | None = None,
+        cache: _cache.Cache | None = None,
     ) -> Any:
         """Runs the graph on ``input`` and returns the leaf's output (a dict keyed by leaf id
         when there are several).
+
+        With ``cache``, a :class:`soma.Cache`, a node whose key is in the cache is not called:
+        its output is read from there, and each output a node computes is kept there as soon as
+        the node returns, so a run that fails keeps what it completed. A node's key covers its
+        class's source, its state (attributes, arrays and tensors by content), and what it
+        reads: the graph's input by content, a predecessor's output by that predecessor's key.
+        A class with ``cacheable = False`` always runs. See the guide's "Running again".
 
         With ``micro_batches=k``, ``input`` is cut along its first axis into ``k`` slices,
         streamed through the graph with its stages overlapped (see :meth:`map`), and the
@@ -298,6 +306,11 @@ class Graph:
         can run again right away. Without a timeout, a node running on the calling thread is
         not cut short by Ctrl-C beyond what Python's signal delivery does.
         """
+        if cache is not None and (micro_batches is not None or self._hosts):
+            raise ValueError(
+                "`cache=` is not supported with micro_batches or with nodes on hosts yet\n"
+                "hint: run without micro_batches, and with every node in this process"
+            )
         if micro_batches is not None:
             return _stream.forward_in_micro_batches(
                 self,
@@ -311,7 +324,8 @@ class Graph:
             )
         if self._hosts:  # Only then: a graph without hosts never reaches a transport, nor Ray.
             return _remote.forward(self, input, driver, turn_limit, trace, timeout)
-        return self._core.forward(input, driver, turn_limit, trace, timeout)
+        run_cache = None if cache is None else cache._run(self)
+        return self._core.forward(input, driver, turn_limit, trace, timeout, cache=run_cache)
 
     map = _stream.stream_map
 

@@ -27,6 +27,7 @@ use soma_core::{
 };
 
 use crate::context;
+use crate::cache::PythonCache;
 use crate::convert::{to_python, wrap};
 use crate::device_queues::Scope;
 use crate::driver::PythonDriver;
@@ -410,7 +411,7 @@ impl GraphCore {
     }
 
     /// Runs the graph on `input`.
-    #[pyo3(signature = (input, driver=None, turn_limit=soma_core::DEFAULT_TURN_LIMIT, trace=None, timeout=None, stop=None))]
+    #[pyo3(signature = (input, driver=None, turn_limit=soma_core::DEFAULT_TURN_LIMIT, trace=None, timeout=None, stop=None, cache=None))]
     #[allow(clippy::too_many_arguments)] // `forward`'s own keywords, each passed through.
     fn forward<'py>(
         &self,
@@ -421,12 +422,16 @@ impl GraphCore {
         trace: Option<&Bound<'py, PyTrace>>,
         timeout: Option<f64>,
         stop: Option<&Bound<'py, StopFlag>>,
+        cache: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let nested = Nested::enter()?;
         let timeout = timeout.map(time_limit).transpose()?;
         let program = self.program(py)?;
         let watch = Arc::new(SignalWatch::new(timeout, stop.map(Bound::get)));
-        let executor = executor_for(nested.depth(), &watch, driver, turn_limit, trace)?;
+        let mut executor = executor_for(nested.depth(), &watch, driver, turn_limit, trace)?;
+        if let Some(cache) = cache {
+            executor = executor.with_cache(Arc::new(PythonCache::new(cache)));
+        }
         let input = wrap(input);
         // The whole run in a copy of the caller's context, as each branch is in a copy of its
         // wave's: what the nodes set never reaches the caller, with or without a wave.

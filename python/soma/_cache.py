@@ -1,0 +1,250 @@
+"""``soma.Cache``: outputs kept from one run to the next, so that a rerun computes only what
+changed.
+
+The engine decides what to look up (see the guide's "Running again"): it asks, for each node,
+its fingerprint (here: :func:`soma._fingerprint.fingerprint`), chains it with the keys of what
+the node reads, and looks the key up before calling the node. This module keeps the entries:
+in memory, or in a folder that several processes share.
+
+A folder entry is written to a temporary file in the same folder and renamed into place, so a
+process killed mid-write leaves a stray temporary file, never half an entry; each entry carries
+the BLAKE3 digest of its payload, so one truncated or corrupted since is detected when read,
+counted, and computed again, never returned. A folder that cannot be written (full, read-only)
+makes the run go on uncached, with one warning per cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import struct
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from soma import _fingerprint, _soma
+
+if TYPE_CHECKING:
+    from soma._graph import Graph
+
+
+class CacheWarning(UserWarning):
+    """A cache could not do something and the run went on without it: a node whose state has
+    no key ran uncached, an output that does not pickle was not kept, a folder could not be
+    written."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheStats:
+    """What a :class:`Cache` did since it was made: lookups that found an entry (``hits``) and
+    that did not (``misses``, a corrupted entry among them, also counted in ``corrupted``),
+    bytes read from and written to its store, and ``seconds_saved``, the time the nodes that
+    hit had taken to compute their outputs."""
+
+    hits: int = 0
+    misses: int = 0
+    corrupted: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    seconds_saved: float = 0.0
+
+
+# An entry: this mark, the digest of the payload, its length, the seconds computing it took,
+# then the payload (the output, pickled).
+_MAGIC = b"SOMA-CACHE-1\n"
+_HEADER = struct.Struct("<32sQd")
+
+
+def _entry(payload: bytes, seconds: float) -> bytes:
+    return _MAGIC + _HEADER.pack(_soma.blake3(payload), len(payload), seconds) + payload
+
+
+def _read_entry(data: bytes) -> tuple[bytes, float] | None:
+    """The payload and compute time of an entry, or ``None`` if it is not whole and intact."""
+    start = len(_MAGIC) + _HEADER.size
+    if len(data) < start or not data.startswith(_MAGIC):
+        return None
+    checksum, length, seconds = _HEADER.unpack_from(data, len(_MAGIC))
+    payload = data[start:]
+    if len(payload) != length or _soma.blake3(payload) != checksum:
+        return None
+    return payload, seconds
+
+
+class Cache:
+    """Outputs of nodes, kept by key: ``g.forward(x, cache=c)`` calls only the nodes whose key
+    is not in ``c``.
+
+    ``Cache()`` keeps entries in this process's memory for as long as it lives; ``Cache(path)``
+    keeps them as files in the folder ``path`` (made if missing), shared by every thread and
+    process that opens it. Outputs are stored pickled, and an entry is read back unpickled: a
+    node reading a hit gets a copy, never an object another run holds. A cache folder is
+    trusted like code: unpickling an entry can run what whoever wrote it put there.
+    """
+
+    __slots__ = ("_entries", "_lock", "_path", "_stats", "_warned")
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self._path = None if path is None else Path(path)
+        if self._path is not None:
+            self._path.mkdir(parents=True, exist_ok=True)
+        self._entries: dict[bytes, tuple[bytes, float]] = {}
+        self._lock = threading.Lock()
+        self._stats = CacheStats()
+        self._warned: set[str] = set()
+
+    @property
+    def path(self) -> Path | None:
+        """The folder entries are kept in; ``None`` for a cache in memory."""
+        return self._path
+
+    def stats(self) -> CacheStats:
+        """What the cache did since it was made."""
+        with self._lock:
+            return self._stats
+
+    def __len__(self) -> int:
+        """How many entries it holds (in its folder, for a folder cache)."""
+        if self._path is None:
+            with self._lock:
+                return len(self._entries)
+        return sum(1 for _ in self._path.glob("*/*.entry"))
+
+    def __repr__(self) -> str:
+        where = "memory" if self._path is None else str(self._path)
+        return f"soma.Cache({where})"
+
+    def _count(self, **more: float) -> None:
+        with self._lock:
+            counts = dataclasses.asdict(self._stats)
+            for name, amount in more.items():
+                counts[name] += amount
+            self._stats = CacheStats(**counts)
+
+    def _warn_once(self, topic: str, message: str) -> None:
+        with self._lock:
+            if topic in self._warned:
+                return
+            self._warned.add(topic)
+        warnings.warn(message, CacheWarning, stacklevel=2)
+
+    def _file(self, key: bytes) -> Path:
+        assert self._path is not None
+        name = key.hex()
+        return self._path / name[:2] / f"{name}.entry"
+
+    def _load(self, key: bytes) -> tuple[bool, Any]:
+        """The output filed under ``key``: ``(True, output)``, or ``(False, None)``."""
+        if self._path is None:
+            with self._lock:
+                found = self._entries.get(key)
+            if found is None:
+                self._count(misses=1)
+                return False, None
+            payload, seconds = found
+        else:
+            try:
+                data = self._file(key).read_bytes()
+            except OSError:  # Missing, or unreadable: either way, not there.
+                self._count(misses=1)
+                return False, None
+            read = _read_entry(data)
+            if read is None:
+                self._count(misses=1, corrupted=1)
+                return False, None
+            payload, seconds = read
+        try:
+            output = pickle.loads(payload)
+        except Exception:  # Its class has gone, say: the node computes it again.
+            self._count(misses=1, corrupted=1)
+            return False, None
+        self._count(hits=1, bytes_read=len(payload), seconds_saved=seconds)
+        return True, output
+
+    def _store(self, node_id: str, key: bytes, output: object, seconds: float) -> None:
+        """Files ``output`` under ``key``; what cannot be kept is warned about, not raised."""
+        try:
+            payload = pickle.dumps(output, protocol=5)
+        except Exception as error:
+            self._warn_once(
+                f"pickle:{node_id}",
+                f"the output of node `{node_id}` is not kept in the cache: it does not pickle "
+                f"({type(error).__name__}: {error})\n"
+                "hint: return a value that pickles, or set `cacheable = False` on the class",
+            )
+            return
+        if self._path is None:
+            with self._lock:
+                self._entries[key] = (payload, seconds)
+            self._count(bytes_written=len(payload))
+            return
+        final = self._file(key)
+        temporary = None
+        try:
+            final.parent.mkdir(exist_ok=True)
+            handle, temporary = tempfile.mkstemp(dir=final.parent, prefix=".", suffix=".tmp")
+            with os.fdopen(handle, "wb") as file:
+                file.write(_entry(payload, seconds))
+            os.replace(temporary, final)
+        except OSError as error:
+            if temporary is not None:
+                with_no_error(os.unlink, temporary)
+            self._warn_once(
+                "write",
+                f"the cache folder `{self._path}` cannot be written ({error.strerror or error}):"
+                " the run goes on, and what it computes is not kept\n"
+                "hint: free space there, or give the cache a folder it can write",
+            )
+            return
+        self._count(bytes_written=len(payload))
+
+    def _run(self, graph: Graph) -> _RunCache:
+        return _RunCache(self, graph)
+
+
+def with_no_error(call: Any, *args: Any) -> None:
+    """Calls ``call(*args)``, ignoring an ``OSError``: for cleaning up after one."""
+    try:
+        call(*args)
+    except OSError:
+        pass
+
+
+class _RunCache:
+    """The cache as one forward's engine asks it (see ``crates/soma-python/src/cache.rs``)."""
+
+    __slots__ = ("_cache", "_graph")
+
+    def __init__(self, cache: Cache, graph: Graph) -> None:
+        self._cache = cache
+        self._graph = graph
+
+    def fingerprint(self, node_id: str) -> bytes | None:
+        node = self._graph.implementation(node_id)
+        if getattr(node, "cacheable", True) is False:
+            return None
+        try:
+            return _fingerprint.fingerprint(node)
+        except _fingerprint.Unkeyable as unkeyable:
+            self._cache._warn_once(
+                f"state:{node_id}",
+                f"node `{node_id}` runs uncached: the `{unkeyable.kind}` in its state, at "
+                f"`{unkeyable.where}`, cannot be digested\n"
+                "hint: set `cacheable = False` on its class to say so and silence this",
+            )
+            return None
+
+    def digest(self, value: object) -> bytes | None:
+        try:
+            return _fingerprint.digest(value)
+        except _fingerprint.Unkeyable:
+            return None
+
+    def get(self, node_id: str, key: bytes) -> tuple[bool, Any]:
+        return self._cache._load(key)
+
+    def put(self, node_id: str, key: bytes, output: object, seconds: float) -> None:
+        self._cache._store(node_id, key, output, seconds)
