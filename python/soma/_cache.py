@@ -15,6 +15,7 @@ makes the run go on uncached, with one warning per cache.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pickle
@@ -191,7 +192,8 @@ class Cache:
             os.replace(temporary, final)
         except OSError as error:
             if temporary is not None:
-                with_no_error(os.unlink, temporary)
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary)
             self._warn_once(
                 "write",
                 f"the cache folder `{self._path}` cannot be written ({error.strerror or error}):"
@@ -203,14 +205,6 @@ class Cache:
 
     def _run(self, graph: Graph) -> _RunCache:
         return _RunCache(self, graph)
-
-
-def with_no_error(call: Any, *args: Any) -> None:
-    """Calls ``call(*args)``, ignoring an ``OSError``: for cleaning up after one."""
-    try:
-        call(*args)
-    except OSError:
-        pass
 
 
 class _RunCache:

@@ -108,7 +108,11 @@ def fingerprint(node: object) -> bytes:
     native = getattr(node, "_soma_native", None)
     if native is not None:  # A Rust node: what it was made with is in its description.
         hasher.update(_text(b"R", repr(native)))
-    _feed(hasher, _state(node))
+    state = _state(node)
+    hasher.update(_length(len(state)))
+    for name, attribute in sorted(state.items()):
+        hasher.update(_text(b"", name))
+        _feed(hasher, attribute, f".{name}")
     return hasher.digest()
 
 
@@ -166,9 +170,9 @@ def _torch_tensor(hasher: _soma.Hasher, tensor: Any, where: str) -> None:
     hasher.update(flat.view(torch.uint8).numpy())
 
 
-def _feed(hasher: _soma.Hasher, value: object) -> None:
+def _feed(hasher: _soma.Hasher, root: object, where: str = "") -> None:
     # Each entry: a value and where it lies, or raw bytes to feed as they are.
-    pending: list[Any] = [(value, "")]
+    pending: list[Any] = [(root, where)]
     # Containers met so far, by identity, with the order they were met in; held, so that no
     # id is reused while the walk lasts.
     seen: dict[int, tuple[int, object]] = {}
@@ -177,7 +181,8 @@ def _feed(hasher: _soma.Hasher, value: object) -> None:
         if isinstance(item, bytes):
             hasher.update(item)
             continue
-        value, where = item
+        value: Any = item[0]
+        where = item[1]
         kind = type(value)
         scalar = _SCALARS.get(kind)
         if scalar is not None:

@@ -1,0 +1,491 @@
+"""Running again with ``soma.Cache``: a rerun calls only the nodes whose code, state or input
+changed and what comes after them; a failed run keeps what it completed; a folder cache is
+shared by processes, and an entry that is not whole is computed again, never returned."""
+
+from __future__ import annotations
+
+import errno
+import importlib
+import subprocess
+import sys
+import textwrap
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import soma
+from conftest import SUBPROCESS_DEADLINE
+from soma import _fingerprint
+
+# Which nodes were called, in order: outside every node's state, so that recording a call
+# changes no fingerprint.
+CALLS: list[str] = []
+
+
+class Scale(soma.Node):
+    def __init__(self, k: float) -> None:
+        self.k = k
+
+    def forward(self, x: Any) -> Any:
+        CALLS.append(self._soma_id or "scale")
+        return x * self.k
+
+
+class Shift(soma.Node):
+    def __init__(self, by: float) -> None:
+        self.by = by
+
+    def forward(self, x: Any) -> Any:
+        CALLS.append(self._soma_id or "shift")
+        return x + self.by
+
+
+class Weighted(soma.Node):
+    def __init__(self, weights: np.ndarray[Any, Any]) -> None:
+        self.weights = weights
+
+    def forward(self, x: Any) -> Any:
+        CALLS.append(self._soma_id or "weighted")
+        return float(np.dot(self.weights, x))
+
+
+class Join(soma.Node):
+    def forward(self, x: dict[str, Any]) -> Any:
+        CALLS.append(self._soma_id or "join")
+        return sorted(x.items())
+
+
+class Breakable(soma.Node):
+    def __init__(self, broken: bool) -> None:
+        self.broken = broken
+
+    def forward(self, x: Any) -> Any:
+        CALLS.append(self._soma_id or "breakable")
+        if self.broken:
+            raise ValueError("broken")
+        return x + 1
+
+
+class Clock(soma.Node):
+    """Kept out: what it returns is set from outside, as a clock's would change."""
+
+    cacheable = False
+    reading = 0
+
+    def forward(self, x: Any) -> Any:
+        CALLS.append(self._soma_id or "clock")
+        return Clock.reading
+
+
+class Locked(soma.Node):
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def forward(self, x: Any) -> Any:
+        CALLS.append(self._soma_id or "locked")
+        return x
+
+
+class Lazy(soma.Node):
+    def forward(self, x: Any) -> Any:
+        CALLS.append(self._soma_id or "lazy")
+        return (i for i in range(x))
+
+
+def calls(graph: soma.Graph, x: Any, cache: soma.Cache, **options: Any) -> tuple[Any, list[str]]:
+    """The result of a cached forward, and the nodes it called."""
+    CALLS.clear()
+    result = graph.forward(x, cache=cache, **options)
+    return result, list(CALLS)
+
+
+def chain() -> soma.Graph:
+    return soma.Graph.somatize(Scale(2).named("a") >> Shift(1).named("b") >> Scale(10).named("c"))
+
+
+@pytest.fixture(params=["memory", "folder"])
+def cache(request: pytest.FixtureRequest, tmp_path: Path) -> soma.Cache:
+    return soma.Cache() if request.param == "memory" else soma.Cache(tmp_path / "cache")
+
+
+# ---------------------------------------------------------------------------------------------
+# Hits
+
+
+def test_a_rerun_calls_no_node_and_returns_what_the_first_run_returned(cache: soma.Cache) -> None:
+    g = chain()
+    assert calls(g, 3, cache) == (70, ["a", "b", "c"])
+    assert calls(g, 3, cache) == (70, [])
+    stats = cache.stats()
+    assert (stats.hits, stats.misses) == (3, 3)
+    assert stats.bytes_written > 0
+    assert stats.bytes_read == stats.bytes_written
+    assert stats.seconds_saved > 0
+
+
+def test_a_graph_built_again_from_equal_nodes_hits(cache: soma.Cache) -> None:
+    calls(chain(), 3, cache)
+    assert calls(chain(), 3, cache) == (70, [])
+
+
+def test_another_input_calls_every_node_and_both_stay_kept(cache: soma.Cache) -> None:
+    g = chain()
+    calls(g, 3, cache)
+    assert calls(g, 4, cache) == (90, ["a", "b", "c"])
+    assert calls(g, 3, cache)[1] == []
+
+
+def test_an_input_array_is_keyed_by_its_content(cache: soma.Cache) -> None:
+    g = chain()
+    x = np.arange(6.0)
+    calls(g, x, cache)
+    assert calls(g, x.copy(), cache)[1] == []
+    x[0] = 100.0
+    result, called = calls(g, x, cache)
+    assert called == ["a", "b", "c"]
+    assert result[0] == (200.0 + 1) * 10
+
+
+def test_a_hit_is_a_copy_a_caller_may_change_freely(cache: soma.Cache) -> None:
+    g = soma.Graph.somatize(Scale(1).named("a"))
+    first = calls(g, np.zeros(3), cache)[0]
+    first[0] = 5.0
+    assert calls(g, np.zeros(3), cache)[0].tolist() == [0.0, 0.0, 0.0]
+
+
+# ---------------------------------------------------------------------------------------------
+# What invalidates
+
+
+def test_changing_an_attribute_calls_that_node_and_what_follows_and_nothing_before(
+    cache: soma.Cache,
+) -> None:
+    b = Shift(1).named("b")
+    g = soma.Graph.somatize(Scale(2).named("a") >> b >> Scale(10).named("c"))
+    calls(g, 3, cache)
+    b.by = 2
+    assert calls(g, 3, cache) == (80, ["b", "c"])
+
+
+def test_changing_a_weight_array_in_place_calls_the_node_again(cache: soma.Cache) -> None:
+    weights = np.ones(3)
+    g = soma.Graph.somatize(Weighted(weights).named("w") >> Shift(0).named("after"))
+    calls(g, np.ones(3), cache)
+    weights[1] = 3.0  # As an optimizer step would.
+    assert calls(g, np.ones(3), cache) == (5.0, ["w", "after"])
+
+
+_NODES_V1 = """
+import soma
+
+CALLS = []
+
+
+class Load(soma.Node):
+    def forward(self, x):
+        CALLS.append("load")
+        return x + 1
+
+
+class Clean(soma.Node):
+    def scrub(self, x):
+        return x * 2
+
+    def forward(self, x):
+        CALLS.append("clean")
+        return self.scrub(x)
+
+
+class Total(soma.Node):
+    def forward(self, x):
+        CALLS.append("total")
+        return x + 1000
+"""
+
+
+def _import_nodes(folder: Path, source: str) -> Any:
+    (folder / "edited_nodes.py").write_text(source)
+    sys.modules.pop("edited_nodes", None)
+    importlib.invalidate_caches()
+    sys.path.insert(0, str(folder))
+    try:
+        return importlib.import_module("edited_nodes")
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop("edited_nodes", None)
+
+
+def test_editing_a_helper_method_calls_that_node_and_what_follows(
+    cache: soma.Cache, tmp_path: Path
+) -> None:
+    results = []
+    for source in (_NODES_V1, _NODES_V1.replace("return x * 2", "return x * 3")):
+        nodes = _import_nodes(tmp_path, source)
+        g = soma.Graph.somatize(nodes.Load() >> nodes.Clean() >> nodes.Total())
+        results.append((g.forward(1, cache=cache), list(nodes.CALLS)))
+    assert results == [(1004, ["load", "clean", "total"]), (1006, ["clean", "total"])]
+
+
+def test_a_class_with_the_same_source_in_another_module_is_another_class(
+    cache: soma.Cache, tmp_path: Path
+) -> None:
+    first = _import_nodes(tmp_path, _NODES_V1)
+    soma.Graph.somatize(first.Load()).forward(1, cache=cache)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "other_nodes.py").write_text(_NODES_V1)
+    sys.path.insert(0, str(tmp_path / "other"))
+    try:
+        other = importlib.import_module("other_nodes")
+    finally:
+        sys.path.remove(str(tmp_path / "other"))
+        sys.modules.pop("other_nodes", None)
+    soma.Graph.somatize(other.Load()).forward(1, cache=cache)
+    assert other.CALLS == ["load"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Waves, failures, nodes kept out
+
+
+def test_a_wave_calls_its_changed_branch_and_the_join_and_not_its_unchanged_branch(
+    cache: soma.Cache,
+) -> None:
+    right = Shift(1).named("right")
+    g = soma.Graph.somatize(
+        Scale(2).named("source") >> (Scale(3).named("left") | right) >> Join().named("join")
+    )
+    calls(g, 1, cache)
+    right.by = 5
+    assert calls(g, 1, cache) == ([("left", 6), ("right", 7)], ["right", "join"])
+
+
+def test_a_failed_run_keeps_what_it_completed_and_the_next_calls_only_the_fixed_node_and_after(
+    cache: soma.Cache,
+) -> None:
+    broken = Breakable(broken=True).named("k")
+    g = soma.Graph.somatize(Scale(2).named("a") >> broken >> Shift(1).named("after"))
+    with pytest.raises(ValueError, match="broken"):
+        calls(g, 1, cache)
+    broken.broken = False  # The fix.
+    assert calls(g, 1, cache) == (4, ["k", "after"])
+
+
+def test_a_node_kept_out_always_runs_and_its_readers_hit_while_its_output_is_the_same(
+    cache: soma.Cache,
+) -> None:
+    g = soma.Graph.somatize(Clock().named("clock") >> Shift(1).named("after"))
+    Clock.reading = 7
+    calls(g, 0, cache)
+    assert calls(g, 0, cache) == (8, ["clock"])
+    Clock.reading = 9
+    assert calls(g, 0, cache) == (10, ["clock", "after"])
+
+
+def test_a_node_whose_state_has_no_digest_runs_uncached_with_one_warning_naming_it(
+    cache: soma.Cache,
+) -> None:
+    g = soma.Graph.somatize(Locked().named("locked") >> Shift(1).named("after"))
+    with pytest.warns(soma.CacheWarning, match=r"node `locked` runs uncached.*`\.lock`"):
+        calls(g, 1, cache)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert calls(g, 1, cache) == (2, ["locked"])
+
+
+def test_an_output_that_does_not_pickle_is_not_kept_and_the_warning_names_its_node(
+    cache: soma.Cache,
+) -> None:
+    g = soma.Graph.somatize(Lazy().named("lazy"))
+    with pytest.warns(soma.CacheWarning, match="output of node `lazy`.*does not pickle"):
+        calls(g, 3, cache)
+    assert calls(g, 3, cache)[1] == ["lazy"]
+
+
+def test_a_traced_rerun_marks_each_hit_cached(cache: soma.Cache) -> None:
+    b = Shift(1).named("b")
+    g = soma.Graph.somatize(Scale(2).named("a") >> b)
+    calls(g, 1, cache)
+    b.by = 3
+    trace = soma.Trace()
+    g.forward(1, cache=cache, trace=trace)
+    assert [(span.node, span.cached, span.turns) for span in trace.spans] == [
+        ("a", True, 0),
+        ("b", False, 1),
+    ]
+
+
+def test_a_cached_run_with_a_timeout_returns_what_one_without_returns(cache: soma.Cache) -> None:
+    g = chain()
+    assert g.forward(3, cache=cache, timeout=30.0) == 70
+    assert calls(g, 3, cache, timeout=30.0) == (70, [])
+
+
+def test_a_cache_with_micro_batches_is_refused_with_a_hint() -> None:
+    with pytest.raises(ValueError, match=r"micro_batches.*\nhint: "):
+        chain().forward([1, 2], micro_batches=2, cache=soma.Cache())
+
+
+# ---------------------------------------------------------------------------------------------
+# The folder: whole entries, shared by processes
+
+
+def _entries(cache: soma.Cache) -> list[Path]:
+    assert cache.path is not None
+    return sorted(cache.path.glob("*/*.entry"))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "one byte flipped", "emptied"])
+def test_a_damaged_entry_is_counted_and_computed_again_never_returned(
+    tmp_path: Path, damage: str
+) -> None:
+    cache = soma.Cache(tmp_path)
+    g = chain()
+    calls(g, 3, cache)
+    for entry in _entries(cache):
+        data = entry.read_bytes()
+        if damage == "truncated":
+            data = data[:-3]
+        elif damage == "one byte flipped":
+            data = data[:-1] + bytes([data[-1] ^ 1])
+        else:
+            data = b""
+        entry.write_bytes(data)
+    assert calls(g, 3, cache) == (70, ["a", "b", "c"])
+    assert cache.stats().corrupted == 3
+    # Computed again, each entry is whole again.
+    assert calls(g, 3, cache) == (70, [])
+
+
+def test_a_folder_that_cannot_be_written_runs_uncached_with_one_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = soma.Cache(tmp_path)
+
+    def full_disk(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("soma._cache.tempfile.mkstemp", full_disk)
+    with pytest.warns(soma.CacheWarning, match="cannot be written.*No space left") as caught:
+        assert calls(chain(), 3, cache) == (70, ["a", "b", "c"])
+    assert len(caught) == 1
+    assert _entries(cache) == []
+
+
+def test_a_temporary_file_left_by_a_killed_writer_is_not_an_entry(tmp_path: Path) -> None:
+    cache = soma.Cache(tmp_path)
+    g = chain()
+    calls(g, 3, cache)
+    for entry in _entries(cache):
+        # What a writer killed mid-write leaves: a temporary beside the entry, never the entry.
+        (entry.parent / f".{entry.name}.tmp").write_bytes(entry.read_bytes()[:10])
+        entry.unlink()
+    assert calls(g, 3, cache) == (70, ["a", "b", "c"])
+    assert cache.stats().corrupted == 0
+
+
+_SHARED_SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+import soma
+import test_cache as t
+
+cache = soma.Cache({folder!r})
+g = t.chain()
+print(g.forward(3, cache=cache), ",".join(t.CALLS))
+"""
+
+
+def test_two_processes_at_once_share_one_folder_and_a_third_finds_every_entry(
+    tmp_path: Path,
+) -> None:
+    script = _SHARED_SCRIPT.format(tests=str(Path(__file__).parent), folder=str(tmp_path))
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", script],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    for child in children:
+        out, err = child.communicate(timeout=SUBPROCESS_DEADLINE)
+        assert child.returncode == 0, err
+        assert out.split()[0] == "70"
+    third = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_DEADLINE,
+        check=True,
+    )
+    assert third.stdout.split() == ["70"]  # Nothing called.
+
+
+# ---------------------------------------------------------------------------------------------
+# Digests
+
+
+def test_a_dict_digest_does_not_depend_on_insertion_order() -> None:
+    assert _fingerprint.digest({"a": 1, "b": [2.0]}) == _fingerprint.digest({"b": [2.0], "a": 1})
+
+
+def test_digests_tell_apart_what_is_different() -> None:
+    different = [1, 1.0, True, "1", b"1", [1], (1,), {1}, {"1": 1}, None, np.int64(1)]
+    digests = {_fingerprint.digest(value) for value in different}
+    assert len(digests) == len(different)
+
+
+def test_an_array_is_digested_by_dtype_shape_and_bytes() -> None:
+    x = np.arange(6.0)
+    assert _fingerprint.digest(x) == _fingerprint.digest(x.copy())
+    assert _fingerprint.digest(x) != _fingerprint.digest(x.astype(np.float32))
+    assert _fingerprint.digest(x) != _fingerprint.digest(x.reshape(2, 3))
+    # A strided view is digested as the values it shows.
+    assert _fingerprint.digest(x[::2]) == _fingerprint.digest(np.array([0.0, 2.0, 4.0]))
+
+
+def test_a_value_nested_deeper_than_the_recursion_limit_and_one_holding_itself_have_digests() -> (
+    None
+):
+    deep: list[Any] = []
+    for _ in range(sys.getrecursionlimit() * 2):
+        deep = [deep]
+    loop: list[Any] = [1]
+    loop.append(loop)
+    assert len(_fingerprint.digest(deep)) == 32
+    assert _fingerprint.digest(loop) != _fingerprint.digest([1, [1]])
+
+
+def test_digests_are_the_same_in_another_process_with_another_hash_seed() -> None:
+    value = {"b": {3, 1, 2}, "a": ("x", 1.5), "c": frozenset({"p", "q"})}
+    script = textwrap.dedent(f"""
+        from soma import _fingerprint
+        print(_fingerprint.digest({value!r}).hex())
+    """)
+    there = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_DEADLINE,
+        check=True,
+        env={"PYTHONHASHSEED": "12345", "PATH": ""},
+    )
+    assert there.stdout.strip() == _fingerprint.digest(value).hex()
+
+
+def test_blake3_reads_an_array_in_place_as_its_bytes() -> None:
+    x = np.arange(1000.0)
+    assert soma._soma.blake3(x) == soma._soma.blake3(x.tobytes())
+    with pytest.raises(BufferError, match="not C-contiguous"):
+        soma._soma.blake3(x[::2])
+
+
+def test_blake3_gives_the_published_digest_of_the_empty_input() -> None:
+    assert soma._soma.blake3(b"").hex() == (
+        "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
+    )
