@@ -6,6 +6,10 @@
 //! launched together and each run start to finish on one thread, lent from a pool that holds
 //! about as many threads as branches are in flight at once.
 //!
+//! With a [`NodeCache`] ([`Executor::with_cache`]), a run computes only what changed since the
+//! last: a node whose [`Key`] — chained from its fingerprint and its inputs' keys — is in the
+//! cache is not called.
+//!
 //! A [`Stream`] runs a program over many items, its stages overlapped: each node on one item at
 //! a time and in order, different nodes on different items at once, in bounded memory.
 //!
