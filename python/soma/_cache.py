@@ -94,7 +94,8 @@ class Cache:
             self._path.mkdir(parents=True, exist_ok=True)
         self._entries: dict[bytes, tuple[bytes, float]] = {}
         self._lock = threading.Lock()
-        self._stats = CacheStats()
+        # Counted as they come, with no object made per count: `stats()` makes one.
+        self._stats: dict[str, float] = dataclasses.asdict(CacheStats())
         self._warned: set[str] = set()
 
     @property
@@ -105,7 +106,15 @@ class Cache:
     def stats(self) -> CacheStats:
         """What the cache did since it was made."""
         with self._lock:
-            return self._stats
+            counts = dict(self._stats)
+        return CacheStats(
+            hits=int(counts["hits"]),
+            misses=int(counts["misses"]),
+            corrupted=int(counts["corrupted"]),
+            bytes_read=int(counts["bytes_read"]),
+            bytes_written=int(counts["bytes_written"]),
+            seconds_saved=counts["seconds_saved"],
+        )
 
     def __len__(self) -> int:
         """How many entries it holds (in its folder, for a folder cache)."""
@@ -120,10 +129,8 @@ class Cache:
 
     def _count(self, **more: float) -> None:
         with self._lock:
-            counts = dataclasses.asdict(self._stats)
             for name, amount in more.items():
-                counts[name] += amount
-            self._stats = CacheStats(**counts)
+                self._stats[name] += amount
 
     def _warn_once(self, topic: str, message: str) -> None:
         with self._lock:
