@@ -324,9 +324,28 @@ def test_a_cached_run_with_a_timeout_returns_what_one_without_returns(cache: som
     assert calls(g, 3, cache, timeout=30.0) == (70, [])
 
 
-def test_a_cache_with_micro_batches_is_refused_with_a_hint() -> None:
-    with pytest.raises(ValueError, match=r"micro_batches.*\nhint: "):
-        chain().forward([1, 2], micro_batches=2, cache=soma.Cache())
+def test_a_stream_looks_each_item_up_on_its_own_and_calls_only_the_new_items(
+    cache: soma.Cache,
+) -> None:
+    g = chain()
+    CALLS.clear()
+    assert list(g.map([1, 2], cache=cache)) == [30, 50]
+    assert len(CALLS) == 6
+    CALLS.clear()
+    assert list(g.map([1, 2, 3], cache=cache)) == [30, 50, 70]
+    assert CALLS == ["a", "b", "c"]
+    # An item is keyed as `forward` keys it: a forward of item 3 calls nothing.
+    assert calls(g, 3, cache) == (70, [])
+
+
+def test_micro_batches_look_each_slice_up_on_its_own(cache: soma.Cache) -> None:
+    g = chain()
+    x = np.arange(4.0)
+    first = g.forward(x, micro_batches=2, cache=cache)
+    CALLS.clear()
+    again = g.forward(x, micro_batches=2, cache=cache)
+    assert CALLS == []
+    assert again.tolist() == first.tolist() == ((x * 2 + 1) * 10).tolist()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -271,7 +271,9 @@ class Graph:
         the node returns, so a run that fails keeps what it completed. A node's key covers its
         class's source, its state (attributes, arrays and tensors by content), and what it
         reads: the graph's input by content, a predecessor's output by that predecessor's key.
-        A class with ``cacheable = False`` always runs. See the guide's "Running again".
+        A class with ``cacheable = False`` always runs. With ``micro_batches`` each slice is
+        looked up on its own. A graph with nodes on hosts refuses a cache for now. See the
+        guide's "Running again".
 
         With ``micro_batches=k``, ``input`` is cut along its first axis into ``k`` slices,
         streamed through the graph with its stages overlapped (see :meth:`map`), and the
@@ -306,10 +308,10 @@ class Graph:
         can run again right away. Without a timeout, a node running on the calling thread is
         not cut short by Ctrl-C beyond what Python's signal delivery does.
         """
-        if cache is not None and (micro_batches is not None or self._hosts):
+        if cache is not None and self._hosts:
             raise ValueError(
-                "`cache=` is not supported with micro_batches or with nodes on hosts yet\n"
-                "hint: run without micro_batches, and with every node in this process"
+                "`cache=` is not supported with nodes on hosts yet\n"
+                "hint: run with every node in this process, or without a cache"
             )
         if micro_batches is not None:
             return _stream.forward_in_micro_batches(
@@ -321,6 +323,7 @@ class Graph:
                 turn_limit=turn_limit,
                 trace=trace,
                 timeout=timeout,
+                cache=cache,
             )
         if self._hosts:  # Only then: a graph without hosts never reaches a transport, nor Ray.
             return _remote.forward(self, input, driver, turn_limit, trace, timeout)

@@ -251,6 +251,7 @@ class StreamCore:
         turn_limit: int = ...,
         trace: Trace | None = None,
         timeout: float | None = None,
+        cache: Any = None,
     ) -> StreamCore: ...
     # `(index, value, None)`, or `(index, None, (exception, node, input))` for a failed item.
     def __next__(self) -> tuple[int, Any, tuple[BaseException, str | None, Any] | None] | None: ...

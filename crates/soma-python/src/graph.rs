@@ -26,8 +26,8 @@ use soma_core::{
     Program, RunError, DEFAULT_IDLE_THREADS,
 };
 
-use crate::context;
 use crate::cache::PythonCache;
+use crate::context;
 use crate::convert::{to_python, wrap};
 use crate::device_queues::Scope;
 use crate::driver::PythonDriver;

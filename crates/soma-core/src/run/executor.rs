@@ -310,7 +310,7 @@ impl Executor {
     }
 
     /// The identities a run of `program` keys its values by, when it runs with a cache.
-    fn run_keys(&self, program: &Program) -> Option<RunKeys> {
+    pub(super) fn run_keys(&self, program: &Program) -> Option<RunKeys> {
         let cache = self.cache.as_ref()?;
         Some(RunKeys::new(Arc::clone(cache), program.len()))
     }

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use proptest::prelude::*;
 use soma_core::{
-    compile, Ctx, Executor, Graph, Key, MemoryCache, Node, NodeError, Program, Trace as Spans,
-    Transition, Value,
+    compile, Ctx, Executor, Graph, Key, MemoryCache, Node, NodeError, Program, Stream,
+    StreamSettings, Trace as Spans, Transition, Value,
 };
 
 use crate::random_graphs::random_dag;
@@ -394,4 +394,27 @@ fn a_broken_node_is_called_again_however_often_it_failed() {
     }
     assert_eq!(bench.log.starts("b"), 2);
     assert_eq!(bench.log.starts("a"), 1);
+}
+
+#[test]
+fn a_stream_with_a_cache_keys_each_item_on_its_own_input_and_calls_only_the_new_ones() {
+    let bench = Bench::new(&chain(&["a", "b"]));
+    let stream = |inputs: Vec<i64>| {
+        let before = bench.log.entries().len();
+        let settings = StreamSettings::default().with_executor(bench.executor());
+        let results: Vec<Value> = Stream::start(
+            Arc::clone(&bench.program),
+            inputs.into_iter().map(Value::Int),
+            settings,
+        )
+        .map(|item| item.unwrap().1)
+        .collect();
+        (results, bench.called_since(before).len())
+    };
+    let (first, calls) = stream(vec![1, 2]);
+    assert_eq!(calls, 4);
+    let (again, calls) = stream(vec![1, 2, 3]);
+    assert_eq!(calls, 2, "only item 3's two nodes are called");
+    assert_eq!(again[..2], first[..]);
+    assert_eq!(again[2], Value::text("b0(a0(3))"));
 }
