@@ -124,7 +124,9 @@ def hits(quick: bool) -> str:
     timings = compare(contenders, repeat=repeat, sample_s=0.2, warmup_s=0.05)
     targets = {"from memory": "≤ 10 µs", "from a folder": "≤ 100 µs", "uncached": ""}
     for name, timing in timings.items():
-        rows.append([f"100-node chain, {name}", f"{timing.median_s / 100 * 1e6:.2f}", targets[name]])
+        rows.append(
+            [f"100-node chain, {name}", f"{timing.median_s / 100 * 1e6:.2f}", targets[name]]
+        )
     if joblib is not None:
         memory_dir = joblib.Memory(tempfile.mkdtemp(), verbose=0)
 
@@ -182,7 +184,11 @@ def edits(quick: bool) -> str:
     tail = soma.Graph.somatize(chain_of([Slow(i) for i in range(changed)]))
     alone = best_of(lambda: tail.forward(0), 1)
     rows = [
-        [f"soma, {length}-node chain, node {middle} edited", f"{rerun:.3f}", f"{rerun / alone:.2f}x"]
+        [
+            f"soma, {length}-node chain, node {middle} edited",
+            f"{rerun:.3f}",
+            f"{rerun / alone:.2f}x",
+        ]
     ]
     if joblib is not None:
         store = joblib.Memory(tempfile.mkdtemp(), verbose=0)

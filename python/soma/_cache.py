@@ -24,12 +24,9 @@ import tempfile
 import threading
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from soma import _fingerprint, _soma
-
-if TYPE_CHECKING:
-    from soma._graph import Graph
 
 
 class CacheWarning(UserWarning):
@@ -210,21 +207,21 @@ class Cache:
             return
         self._count(bytes_written=len(payload))
 
-    def _run(self, graph: Graph) -> _RunCache:
-        return _RunCache(self, graph)
+    def _run(self, core: _soma.GraphCore) -> _RunCache:
+        return _RunCache(self, core)
 
 
 class _RunCache:
     """The cache as one forward's engine asks it (see ``crates/soma-python/src/cache.rs``)."""
 
-    __slots__ = ("_cache", "_graph")
+    __slots__ = ("_cache", "_core")
 
-    def __init__(self, cache: Cache, graph: Graph) -> None:
+    def __init__(self, cache: Cache, core: _soma.GraphCore) -> None:
         self._cache = cache
-        self._graph = graph
+        self._core = core
 
     def fingerprint(self, node_id: str) -> bytes | None:
-        node = self._graph.implementation(node_id)
+        node = self._core.implementation(node_id)
         if getattr(node, "cacheable", True) is False:
             return None
         try:

@@ -327,7 +327,7 @@ class Graph:
             )
         if self._hosts:  # Only then: a graph without hosts never reaches a transport, nor Ray.
             return _remote.forward(self, input, driver, turn_limit, trace, timeout)
-        run_cache = None if cache is None else cache._run(self)
+        run_cache = None if cache is None else cache._run(self._core)
         return self._core.forward(input, driver, turn_limit, trace, timeout, cache=run_cache)
 
     map = _stream.stream_map

@@ -410,7 +410,7 @@ def stream_map(
         turn_limit,
         trace,
         timeout,
-        cache=None if cache is None else cache._run(graph),
+        cache=None if cache is None else cache._run(graph._core),
     )
     return Stream(core, ordered=ordered, on_error=on_error, progress=reporter)
 

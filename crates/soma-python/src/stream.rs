@@ -20,10 +20,10 @@ use pyo3::types::{PyDict, PyIterator, PyList, PyTuple};
 use pyo3::PyTraverseError;
 use soma_core::{NodeId, OnError, RunError, Stream, StreamError, StreamSettings, Value};
 
+use crate::cache::PythonCache;
 use crate::convert::{to_python, wrap};
 use crate::device_queues::Scope;
 use crate::errors::{panic_error, run_error};
-use crate::cache::PythonCache;
 use crate::graph::{executor_for, GraphCore};
 use crate::reentry;
 use crate::trace::PyTrace;
