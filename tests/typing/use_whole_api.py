@@ -354,3 +354,22 @@ assert_type(remote_traceback.host, str)
 assert "gpu-box" in str(remote_traceback)
 assert_type(soma.remote.resource_of("gpu-box"), str)
 assert soma.remote.RESOURCE_PREFIX == "soma-host:"
+
+# Running again: a cache, its stats, a warning class, and the trace's mark of a hit.
+kept = soma.Cache()
+assert kept.path is None
+chained = soma.Graph.somatize(Where().named("w1") >> Where().named("w2"))
+cache_trace = soma.Trace()
+assert chained.forward(1, cache=kept) == chained.forward(1, cache=kept, trace=cache_trace)
+assert_type(cache_trace.spans[0].cached, bool)
+assert all(span.cached for span in cache_trace.spans)
+stats: soma.CacheStats = kept.stats()
+assert_type(stats.hits, int)
+assert_type(stats.seconds_saved, float)
+assert (stats.hits, stats.misses) == (2, 2)
+assert issubclass(soma.CacheWarning, UserWarning)
+with tempfile.TemporaryDirectory() as folder:
+    on_disk = soma.Cache(folder)
+    assert_type(on_disk.path, Path | None)
+    assert list(chained.map([1, 2], cache=on_disk)) == [chained.forward(1), chained.forward(2)]
+    assert len(on_disk) == 4
