@@ -508,3 +508,118 @@ def test_blake3_gives_the_published_digest_of_the_empty_input() -> None:
     assert soma._soma.blake3(b"").hex() == (
         "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
     )
+
+
+_KILLED_WRITER = """
+import os
+import sys
+import threading
+
+sys.path.insert(0, {tests!r})
+import soma
+import soma._cache
+import test_cache as t
+
+real_fdopen = os.fdopen
+
+
+class Stalled:
+    # Writes the first half of an entry, says so, and never writes the rest.
+    def __init__(self, file):
+        self.file = file
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def write(self, data):
+        self.file.write(data[: len(data) // 2])
+        self.file.flush()
+        print("writing", flush=True)
+        threading.Event().wait()
+
+
+soma._cache.os.fdopen = lambda fd, mode: Stalled(real_fdopen(fd, mode))
+t.chain().forward(3, cache=soma.Cache({folder!r}))
+"""
+
+
+def test_a_writer_killed_mid_write_leaves_no_entry_and_the_next_run_computes_it(
+    tmp_path: Path,
+) -> None:
+    script = _KILLED_WRITER.format(tests=str(Path(__file__).parent), folder=str(tmp_path))
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    killer = threading.Timer(SUBPROCESS_DEADLINE, child.kill)
+    killer.start()
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "writing"
+        child.kill()  # SIGKILL: no handler, no cleanup
+        child.communicate()
+    finally:
+        killer.cancel()
+    cache = soma.Cache(tmp_path)
+    assert _entries(cache) == []
+    assert len(list(tmp_path.glob("*/.*.tmp"))) == 1  # what the killed writer left
+    assert calls(chain(), 3, cache) == (70, ["a", "b", "c"])
+    assert cache.stats().corrupted == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# A size bound
+
+
+class Blob(soma.Node):
+    """Outputs 1,000 bytes more than it read."""
+
+    def forward(self, x: bytes) -> bytes:
+        CALLS.append(self._soma_id or "blob")
+        return x + b"x" * 1000
+
+
+@pytest.fixture(params=["memory", "folder"])
+def bounded(request: pytest.FixtureRequest, tmp_path: Path) -> soma.Cache:
+    """A cache with room for two of `Blob`'s entries and not three."""
+    if request.param == "memory":
+        return soma.Cache(max_bytes=2_500)
+    return soma.Cache(tmp_path / "cache", max_bytes=2_500)
+
+
+def test_max_bytes_evicts_the_least_recently_used_entry_first(bounded: soma.Cache) -> None:
+    g = soma.Graph.somatize(Blob().named("blob"))
+    for x in (b"1", b"2", b"3"):
+        calls(g, x, bounded)
+    assert bounded.stats().evicted == 1
+    assert len(bounded) == 2
+    assert calls(g, b"3", bounded)[1] == []
+    assert calls(g, b"2", bounded)[1] == []
+    assert calls(g, b"1", bounded)[1] == ["blob"]
+
+
+def test_a_hit_counts_as_a_use_so_an_entry_read_often_outlives_newer_ones(
+    bounded: soma.Cache,
+) -> None:
+    g = soma.Graph.somatize(Blob().named("blob"))
+    calls(g, b"often", bounded)
+    calls(g, b"once", bounded)
+    calls(g, b"often", bounded)  # used again: now the most recent
+    calls(g, b"newer", bounded)  # over the bound: the least recently used goes
+    assert calls(g, b"often", bounded)[1] == []
+    assert calls(g, b"once", bounded)[1] == ["blob"]
+
+
+def test_an_entry_larger_than_the_bound_is_not_kept(tmp_path: Path) -> None:
+    for cache in (soma.Cache(max_bytes=500), soma.Cache(tmp_path, max_bytes=500)):
+        g = soma.Graph.somatize(Blob().named("big"))
+        calls(g, b"", cache)
+        assert len(cache) == 0
+        assert calls(g, b"", cache)[1] == ["big"]
+
+
+def test_max_bytes_must_be_a_count_of_bytes() -> None:
+    with pytest.raises(ValueError, match="max_bytes must be an int of at least 0, not -1"):
+        soma.Cache(max_bytes=-1)

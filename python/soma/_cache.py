@@ -22,6 +22,7 @@ import pickle
 import struct
 import tempfile
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -39,8 +40,9 @@ class CacheWarning(UserWarning):
 class CacheStats:
     """What a :class:`Cache` did since it was made: lookups that found an entry (``hits``) and
     that did not (``misses``, a corrupted entry among them, also counted in ``corrupted``),
-    bytes read from and written to its store, and ``seconds_saved``, the time the nodes that
-    hit had taken to compute their outputs."""
+    bytes read from and written to its store, ``seconds_saved``, the time the nodes that hit
+    had taken to compute their outputs, and ``evicted``, the entries it removed to stay within
+    ``max_bytes``."""
 
     hits: int = 0
     misses: int = 0
@@ -48,6 +50,7 @@ class CacheStats:
     bytes_read: int = 0
     bytes_written: int = 0
     seconds_saved: float = 0.0
+    evicted: int = 0
 
 
 # An entry: this mark, the digest of the payload, its length, the seconds computing it took,
@@ -78,18 +81,46 @@ class Cache:
 
     ``Cache()`` keeps entries in this process's memory for as long as it lives; ``Cache(path)``
     keeps them as files in the folder ``path`` (made if missing), shared by every thread and
-    process that opens it. Outputs are stored pickled, and an entry is read back unpickled: a
+    process that opens it. With ``max_bytes``, the entries least recently used are removed
+    once they hold more than that (a folder's down to nine tenths of it, so that not every
+    entry written scans the folder); an entry larger than the bound is not kept. Outputs are
+    stored pickled, and an entry is read back unpickled: a
     node reading a hit gets a copy, never an object another run holds. A cache folder is
     trusted like code: unpickling an entry can run what whoever wrote it put there.
     """
 
-    __slots__ = ("_entries", "_lock", "_path", "_stats", "_warned")
+    __slots__ = (
+        "_clock",
+        "_entries",
+        "_held",
+        "_lock",
+        "_max_bytes",
+        "_path",
+        "_stats",
+        "_warned",
+    )
 
-    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str] | None = None, *, max_bytes: int | None = None
+    ) -> None:
+        if max_bytes is not None and (
+            not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 0
+        ):
+            raise ValueError(f"max_bytes must be an int of at least 0, not {max_bytes!r}")
         self._path = None if path is None else Path(path)
         if self._path is not None:
             self._path.mkdir(parents=True, exist_ok=True)
+        self._max_bytes = max_bytes
+        # In memory: entries in the order of their last use, the oldest first.
         self._entries: dict[bytes, tuple[bytes, float]] = {}
+        # The bytes the entries hold: counted in memory; for a folder, what it held when last
+        # scanned plus what this process wrote since.
+        self._held = 0
+        # The last modification time this process gave a file, in ns: each next one later, so
+        # that the order of use survives a coarse clock.
+        self._clock = 0
+        if self._path is not None and max_bytes is not None:
+            self._held = sum(size for _, size, _ in self._files())
         self._lock = threading.Lock()
         # Counted as they come, with no object made per count: `stats()` makes one.
         self._stats: dict[str, float] = dataclasses.asdict(CacheStats())
@@ -111,6 +142,7 @@ class Cache:
             bytes_read=int(counts["bytes_read"]),
             bytes_written=int(counts["bytes_written"]),
             seconds_saved=counts["seconds_saved"],
+            evicted=int(counts["evicted"]),
         )
 
     def __len__(self) -> int:
@@ -145,14 +177,19 @@ class Cache:
         """The output filed under ``key``: ``(True, output)``, or ``(False, None)``."""
         if self._path is None:
             with self._lock:
-                found = self._entries.get(key)
+                found = self._entries.pop(key, None)
+                if found is not None:  # Used now: the newest.
+                    self._entries[key] = found
             if found is None:
                 self._count(misses=1)
                 return False, None
             payload, seconds = found
         else:
+            file = self._file(key)
             try:
-                data = self._file(key).read_bytes()
+                data = file.read_bytes()
+                if self._max_bytes is not None:
+                    self._touch(file)
             except OSError:  # Missing, or unreadable: either way, not there.
                 self._count(misses=1)
                 return False, None
@@ -183,16 +220,23 @@ class Cache:
             return
         if self._path is None:
             with self._lock:
+                old = self._entries.pop(key, None)
+                self._held -= 0 if old is None else len(old[0])
                 self._entries[key] = (payload, seconds)
-            self._count(bytes_written=len(payload))
+                self._held += len(payload)
+                evicted = self._evict_in_memory()
+            self._count(bytes_written=len(payload), evicted=evicted)
             return
         final = self._file(key)
         temporary = None
         try:
             final.parent.mkdir(exist_ok=True)
             handle, temporary = tempfile.mkstemp(dir=final.parent, prefix=".", suffix=".tmp")
+            entry = _entry(payload, seconds)
             with os.fdopen(handle, "wb") as file:
-                file.write(_entry(payload, seconds))
+                file.write(entry)
+            if self._max_bytes is not None:
+                self._touch(temporary)
             os.replace(temporary, final)
         except OSError as error:
             if temporary is not None:
@@ -206,6 +250,58 @@ class Cache:
             )
             return
         self._count(bytes_written=len(payload))
+        if self._max_bytes is not None:
+            with self._lock:
+                self._held += len(entry)
+                over = self._held > self._max_bytes
+            if over:
+                self._count(evicted=self._evict_in_folder())
+
+    def _evict_in_memory(self) -> int:
+        """Drops the least recently used entries until the rest fit; under the lock."""
+        evicted = 0
+        while self._max_bytes is not None and self._held > self._max_bytes and self._entries:
+            oldest = next(iter(self._entries))
+            self._held -= len(self._entries.pop(oldest)[0])
+            evicted += 1
+        return evicted
+
+    def _touch(self, file: str | Path) -> None:
+        """Marks ``file`` used now, later than any file this process marked before."""
+        with self._lock:
+            self._clock = max(time.time_ns(), self._clock + 1)
+            now = self._clock
+        with contextlib.suppress(OSError):
+            os.utime(file, ns=(now, now))
+
+    def _files(self) -> list[tuple[int, int, Path]]:
+        """The folder's entries as (last use in ns, size, path)."""
+        assert self._path is not None
+        found = []
+        for file in self._path.glob("*/*.entry"):
+            with contextlib.suppress(OSError):  # Removed meanwhile by another process.
+                status = file.stat()
+                found.append((status.st_mtime_ns, status.st_size, file))
+        return found
+
+    def _evict_in_folder(self) -> int:
+        """Removes the least recently used entries until the rest hold nine tenths of the
+        bound at most; returns how many it removed."""
+        assert self._max_bytes is not None
+        files = sorted(self._files())
+        held = sum(size for _, size, _ in files)
+        target = self._max_bytes * 9 // 10
+        evicted = 0
+        for _, size, file in files:
+            if held <= target:
+                break
+            with contextlib.suppress(OSError):
+                file.unlink()
+                evicted += 1
+            held -= size
+        with self._lock:
+            self._held = held
+        return evicted
 
     def _run(self, core: _soma.GraphCore) -> _RunCache:
         return _RunCache(self, core)
