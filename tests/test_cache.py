@@ -623,3 +623,45 @@ def test_an_entry_larger_than_the_bound_is_not_kept(tmp_path: Path) -> None:
 def test_max_bytes_must_be_a_count_of_bytes() -> None:
     with pytest.raises(ValueError, match="max_bytes must be an int of at least 0, not -1"):
         soma.Cache(max_bytes=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# python -m soma.cache
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "soma.cache", *args],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_DEADLINE,
+    )
+
+
+def test_the_command_lists_a_folders_entries_and_marks_a_damaged_one(tmp_path: Path) -> None:
+    cache = soma.Cache(tmp_path)
+    calls(chain(), 3, cache)
+    damaged = _entries(cache)[0]
+    damaged.write_bytes(damaged.read_bytes()[:-1])
+    shown = _cli(str(tmp_path))
+    assert shown.returncode == 0, shown.stderr
+    head, *rows = shown.stdout.splitlines()
+    assert head.startswith(f"{tmp_path}: 3 entries, ")
+    assert len(rows) == 3
+    assert sum("damaged" in row for row in rows) == 1
+    assert sum("computed in" in row for row in rows) == 2
+
+
+def test_the_command_clears_a_folder_and_the_next_run_computes_everything(tmp_path: Path) -> None:
+    cache = soma.Cache(tmp_path)
+    calls(chain(), 3, cache)
+    cleared = _cli(str(tmp_path), "--clear")
+    assert cleared.stdout.strip() == f"{tmp_path}: removed 3 files"
+    assert _entries(cache) == []
+    assert calls(chain(), 3, cache)[1] == ["a", "b", "c"]
+
+
+def test_the_command_says_when_there_is_no_folder(tmp_path: Path) -> None:
+    missing = _cli(str(tmp_path / "nope"))
+    assert missing.returncode == 1
+    assert "no cache folder at" in missing.stderr
