@@ -33,11 +33,17 @@ impl RunKeys {
         }
     }
 
-    /// The key of `step`'s node, fingerprinted `fingerprint`, on what it reads: `None` when one
-    /// of its inputs has no identity. The run's input is digested once, by its first root.
+    /// The key of `step`'s node, fingerprinted `fingerprint`, placed where it is, on what it
+    /// reads: `None` when one of its inputs has no identity. The run's input is digested once, by its first root.
     pub(crate) fn key_of(&self, fingerprint: &Key, step: &Step, input: &Value) -> Option<Key> {
         let mut hasher = blake3::Hasher::new_derive_key(NODE_CONTEXT);
         hasher.update(fingerprint.as_bytes());
+        // Where it runs is part of what it computes: an output made on `cuda:1` is not the
+        // output of the same node moved to `cuda:0`.
+        match step.device {
+            None => hasher.update(b"nowhere"),
+            Some(device) => hasher.update(format!("on {device}").as_bytes()),
+        };
         let read = |read: &Read| self.outputs[read.slot()].get().copied().flatten();
         match &step.from {
             Reads::Input => {

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use proptest::prelude::*;
 use soma_core::{
-    compile, Ctx, Executor, Graph, Key, MemoryCache, Node, NodeError, Program, Stream,
-    StreamSettings, Trace as Spans, Transition, Value,
+    compile, Ctx, Device, Executor, Graph, Key, MemoryCache, Node, NodeError, Placement, Program,
+    Stream, StreamSettings, Trace as Spans, Transition, Value,
 };
 
 use crate::random_graphs::random_dag;
@@ -417,4 +417,35 @@ fn a_stream_with_a_cache_keys_each_item_on_its_own_input_and_calls_only_the_new_
     assert_eq!(calls, 2, "only item 3's two nodes are called");
     assert_eq!(again[..2], first[..]);
     assert_eq!(again[2], Value::text("b0(a0(3))"));
+}
+
+#[test]
+fn a_node_moved_to_another_device_is_called_again_and_moved_back_hits() {
+    let graph = chain(&["a", "b"]);
+    let bench = Bench::new(&graph);
+    let catalog = {
+        let node: Arc<dyn Node> = Arc::new(Versioned {
+            versions: Arc::clone(&bench.versions),
+            log: Arc::clone(&bench.log),
+            broken: Arc::clone(&bench.broken),
+        });
+        catalog_of(&graph, &node)
+    };
+    let plan = compile(&graph, &catalog).unwrap();
+    let on = |device: &str| {
+        let mut placement = Placement::new();
+        placement.place("b", device.parse::<Device>().unwrap());
+        Program::with_placement(&plan, &catalog, &placement).unwrap()
+    };
+    let run = |program: &Program| {
+        let before = bench.log.entries().len();
+        bench
+            .executor()
+            .run_program(program, Value::Int(1))
+            .unwrap();
+        bench.called_since(before)
+    };
+    assert_eq!(run(&on("cuda:1")), names(&["a", "b"]));
+    assert_eq!(run(&on("cuda:0")), names(&["b"]));
+    assert_eq!(run(&on("cuda:1")), Vec::<String>::new());
 }
