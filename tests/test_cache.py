@@ -665,3 +665,41 @@ def test_the_command_says_when_there_is_no_folder(tmp_path: Path) -> None:
     missing = _cli(str(tmp_path / "nope"))
     assert missing.returncode == 1
     assert "no cache folder at" in missing.stderr
+
+
+def test_a_class_without_source_is_fingerprinted_by_its_compiled_code() -> None:
+    def made(body: str) -> object:
+        scope: dict[str, Any] = {"soma": soma}
+        exec(f"class Typed(soma.Node):\n    def forward(self, x):\n        return {body}", scope)
+        return scope["Typed"]()
+
+    assert _fingerprint.fingerprint(made("x + 1")) == _fingerprint.fingerprint(made("x + 1"))
+    assert _fingerprint.fingerprint(made("x + 1")) != _fingerprint.fingerprint(made("x + 2"))
+
+
+class Asks(soma.Node):
+    def forward(self, x: Any, ctx: soma.Ctx) -> Any:
+        CALLS.append("asks")
+        if ctx.turn == 0:
+            return soma.Await([x])
+        return ctx.results[0]
+
+
+class Counting:
+    def __init__(self) -> None:
+        self.performed = 0
+
+    def perform(self, requests: list[Any]) -> list[Any]:
+        self.performed += 1
+        return [request * 100 for request in requests]
+
+
+def test_a_node_that_awaited_is_kept_with_its_final_output_and_the_driver_is_not_asked_again(
+    cache: soma.Cache,
+) -> None:
+    g = soma.Graph.somatize(Asks().named("asks") >> Shift(1).named("after"))
+    driver = Counting()
+    assert g.forward(2, driver=driver, cache=cache) == 201
+    CALLS.clear()
+    assert g.forward(2, driver=driver, cache=cache) == 201
+    assert (CALLS, driver.performed) == ([], 1)

@@ -69,7 +69,9 @@ def digest(value: object) -> bytes:
     Raises :class:`Unkeyable` for what has no content to read.
     """
     hasher = _soma.Hasher()
-    _feed(hasher, value)
+    out = bytearray()
+    _feed(hasher, value, "", out)
+    hasher.update(out)
     return hasher.digest()
 
 
@@ -79,18 +81,17 @@ def class_digest(cls: type) -> bytes:
     known = _CLASS_DIGESTS.get(cls)
     if known is not None:
         return known
-    hasher = _soma.Hasher()
-    hasher.update(_text(b"C", f"{cls.__module__}.{cls.__qualname__}"))
+    out = bytearray(_text(b"C", f"{cls.__module__}.{cls.__qualname__}"))
     try:
-        hasher.update(_text(b"S", inspect.getsource(cls)))
+        out += _text(b"S", inspect.getsource(cls))
     except (OSError, TypeError):  # Defined in a REPL or by `exec`: no file to read.
         for name, member in sorted(vars(cls).items()):
             function = getattr(member, "__func__", member)
             code = getattr(function, "__code__", None)
             if isinstance(code, types.CodeType):
-                hasher.update(_text(b"M", name))
-                _feed_code(hasher, code)
-    known = hasher.digest()
+                out += _text(b"M", name)
+                _feed_code(out, code)
+    known = _soma.blake3(bytes(out))
     _CLASS_DIGESTS[cls] = known
     return known
 
@@ -102,75 +103,103 @@ def fingerprint(node: object) -> bytes:
     Raises :class:`Unkeyable` when its state cannot be read, naming the attribute.
     """
     hasher = _soma.Hasher()
-    for cls in type(node).__mro__:
-        if cls.__module__ not in _BASES:
-            hasher.update(class_digest(cls))
+    code, _ = _class_parts(type(node))
+    out = bytearray(code)
     native = getattr(node, "_soma_native", None)
     if native is not None:  # A Rust node: what it was made with is in its description.
-        hasher.update(_text(b"R", repr(native)))
+        out += _text(b"R", repr(native))
     state = _state(node)
-    hasher.update(_length(len(state)))
+    out += _length(len(state))
     for name, attribute in sorted(state.items()):
-        hasher.update(_text(b"", name))
-        _feed(hasher, attribute, f".{name}")
+        out += _text(b"", name)
+        _feed(hasher, attribute, f".{name}", out)
+    hasher.update(out)
     return hasher.digest()
 
 
 # Modules of the bases every node has, whose code is not the node's.
 _BASES = frozenset({"builtins", "abc", "soma._node", "soma._dsl"})
 
+# By class, read once: the digests of the code of its MRO, and the names of its slots.
+_CLASS_PARTS: weakref.WeakKeyDictionary[type, tuple[bytes, tuple[str, ...]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _class_parts(cls: type) -> tuple[bytes, tuple[str, ...]]:
+    known = _CLASS_PARTS.get(cls)
+    if known is not None:
+        return known
+    code = b"".join(class_digest(c) for c in cls.__mro__ if c.__module__ not in _BASES)
+    slots: list[str] = []
+    for c in cls.__mro__:
+        declared = c.__dict__.get("__slots__", ())
+        for name in [declared] if isinstance(declared, str) else declared:
+            if name not in ("__dict__", "__weakref__"):
+                slots.append(name)
+    known = (code, tuple(slots))
+    _CLASS_PARTS[cls] = known
+    return known
+
 
 def _state(obj: object) -> dict[str, object]:
     """An object's attributes: its ``__dict__`` and its ``__slots__``, Soma's own left out."""
-    state: dict[str, object] = {}
-    for cls in type(obj).__mro__:
-        slots = cls.__dict__.get("__slots__", ())
-        for name in [slots] if isinstance(slots, str) else slots:
-            if name not in ("__dict__", "__weakref__") and hasattr(obj, name):
-                state[name] = getattr(obj, name)
+    _, slots = _class_parts(type(obj))
+    state: dict[str, object] = {name: getattr(obj, name) for name in slots if hasattr(obj, name)}
     state.update(getattr(obj, "__dict__", {}))
     return {name: value for name, value in state.items() if not name.startswith("_soma_")}
 
 
-def _feed_code(hasher: _soma.Hasher, code: types.CodeType) -> None:
+def _feed_code(out: bytearray, code: types.CodeType) -> None:
     """Compiled code, its constants and nested functions included, without its line numbers."""
     pending = [code]
     while pending:
         code = pending.pop()
-        hasher.update(code.co_code)
-        hasher.update(_text(b"n", " ".join(code.co_names)))
+        out += _length(len(code.co_code)) + code.co_code
+        out += _text(b"n", " ".join(code.co_names))
         for constant in code.co_consts:
             if isinstance(constant, types.CodeType):
                 pending.append(constant)
             else:
-                hasher.update(_text(b"k", repr(constant)))
+                out += _text(b"k", repr(constant))
 
 
-def _numpy_array(hasher: _soma.Hasher, array: Any, where: str, pending: list[Any]) -> None:
+def _flush(hasher: _soma.Hasher, out: bytearray) -> None:
+    hasher.update(out)
+    out.clear()
+
+
+def _numpy_array(
+    hasher: _soma.Hasher, array: Any, where: str, pending: list[Any], out: bytearray
+) -> None:
     numpy = sys.modules["numpy"]
     if array.dtype.hasobject:  # Pointers, not content: walked as the nested lists they hold.
-        hasher.update(b"A" + _text(b"d", array.dtype.str) + _text(b"h", repr(array.shape)))
+        out += b"A" + _text(b"d", array.dtype.str) + _text(b"h", repr(array.shape))
         pending.append((array.tolist(), where))
         return
-    hasher.update(b"a" + _text(b"d", array.dtype.str) + _text(b"h", repr(array.shape)))
+    out += b"a" + _text(b"d", array.dtype.str) + _text(b"h", repr(array.shape))
+    _flush(hasher, out)
     hasher.update(numpy.ascontiguousarray(array).reshape(-1).view(numpy.uint8))
 
 
-def _torch_tensor(hasher: _soma.Hasher, tensor: Any, where: str) -> None:
+def _torch_tensor(hasher: _soma.Hasher, tensor: Any, where: str, out: bytearray) -> None:
     torch = sys.modules["torch"]
     if tensor.layout is not torch.strided:
         raise Unkeyable(f"{tensor.layout} tensor", where)
-    hasher.update(
+    out += (
         b"t"
         + _text(b"d", str(tensor.dtype))
         + _text(b"h", repr(tuple(tensor.shape)))
         + _text(b"v", tensor.device.type)
     )
+    _flush(hasher, out)
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)
     hasher.update(flat.view(torch.uint8).numpy())
 
 
-def _feed(hasher: _soma.Hasher, root: object, where: str = "") -> None:
+def _feed(hasher: _soma.Hasher, root: object, where: str, out: bytearray) -> None:
+    """Feeds ``root`` into ``out``, bytes to be hashed; a buffer (an array's, a tensor's) goes
+    straight to ``hasher``, after ``out`` is flushed into it, so it is never copied."""
     # Each entry: a value and where it lies, or raw bytes to feed as they are.
     pending: list[Any] = [(root, where)]
     # Containers met so far, by identity, with the order they were met in; held, so that no
@@ -179,61 +208,60 @@ def _feed(hasher: _soma.Hasher, root: object, where: str = "") -> None:
     while pending:
         item = pending.pop()
         if isinstance(item, bytes):
-            hasher.update(item)
+            out += item
             continue
         value: Any = item[0]
         where = item[1]
         kind = type(value)
         scalar = _SCALARS.get(kind)
         if scalar is not None:
-            hasher.update(scalar(value))
+            out += scalar(value)
             continue
         if kind is tuple:
-            hasher.update(b"(" + _length(len(value)))
+            out += b"(" + _length(len(value))
             pending.extend((v, f"{where}[{i}]") for i, v in reversed(list(enumerate(value))))
             continue
         if kind is bytearray or kind is memoryview:
-            hasher.update(b"B")
-            hasher.update(bytes(value))
+            out += b"B" + _length(len(value)) + bytes(value)
             continue
         mark = seen.get(id(value))
         if mark is not None:
-            hasher.update(b"@" + _length(mark[0]))
+            out += b"@" + _length(mark[0])
             continue
         seen[id(value)] = (len(seen), value)
         if kind is list:
-            hasher.update(b"[" + _length(len(value)))
+            out += b"[" + _length(len(value))
             pending.extend((v, f"{where}[{i}]") for i, v in reversed(list(enumerate(value))))
         elif isinstance(value, dict):
             # In the order of the keys' own digests: the same whatever order they were set in.
-            hasher.update(_text(b"{", _qualified(kind)) + _length(len(value)))
+            out += _text(b"{", _qualified(kind)) + _length(len(value))
             entries = sorted(((digest(k), k, v) for k, v in value.items()), key=_first)
             for key_digest, key, item_value in reversed(entries):
                 pending.append((item_value, f"{where}[{key!r}]"))
                 pending.append(key_digest)
         elif isinstance(value, (set, frozenset)):
             members = sorted(digest(member) for member in value)
-            hasher.update(_text(b"<", _qualified(kind)) + _length(len(members)))
-            hasher.update(b"".join(members))
+            out += _text(b"<", _qualified(kind)) + _length(len(members))
+            out += b"".join(members)
         elif _is(value, "numpy", "ndarray"):
-            _numpy_array(hasher, value, where, pending)
+            _numpy_array(hasher, value, where, pending, out)
         elif _is(value, "numpy", "generic"):
-            hasher.update(_text(b"g", value.dtype.str) + value.tobytes())
+            out += _text(b"g", value.dtype.str) + value.tobytes()
         elif _is(value, "torch", "Tensor"):
-            _torch_tensor(hasher, value, where)
+            _torch_tensor(hasher, value, where, out)
         elif isinstance(value, type):
-            hasher.update(b"c" + class_digest(value))
+            out += b"c" + class_digest(value)
         elif isinstance(value, (types.FunctionType, types.MethodType)):
             function = getattr(value, "__func__", value)
-            hasher.update(_text(b"F", _qualified(function)))
-            _feed_code(hasher, function.__code__)
+            out += _text(b"F", _qualified(function))
+            _feed_code(out, function.__code__)
             if isinstance(value, types.MethodType):
                 pending.append((value.__self__, f"{where}.__self__"))
         elif isinstance(value, (types.BuiltinFunctionType, types.ModuleType)):
-            hasher.update(_text(b"R", _qualified(value)))
+            out += _text(b"R", _qualified(value))
         elif hasattr(value, "__dict__") or hasattr(type(value), "__slots__"):
             state = _state(value)
-            hasher.update(_text(b"o", _qualified(kind)) + _length(len(state)))
+            out += _text(b"o", _qualified(kind)) + _length(len(state))
             for name, attribute in sorted(state.items(), reverse=True):
                 pending.append((attribute, f"{where}.{name}"))
                 pending.append(_text(b"", name))
@@ -246,7 +274,7 @@ def _feed(hasher: _soma.Hasher, root: object, where: str = "") -> None:
                 raise Unkeyable(_qualified(kind), where) from None
             if not isinstance(reduced, tuple):
                 raise Unkeyable(_qualified(kind), where)
-            hasher.update(_text(b"r", _qualified(kind)))
+            out += _text(b"r", _qualified(kind))
             # Its list and dict items come as iterators: read them into lists.
             parts = [list(p) if hasattr(p, "__next__") else p for p in reduced[1:]]
             pending.append((tuple(parts), where))
