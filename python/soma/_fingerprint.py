@@ -118,7 +118,7 @@ def fingerprint(node: object) -> bytes:
 
 
 # Modules of the bases every node has, whose code is not the node's.
-_BASES = frozenset({"builtins", "abc", "soma._node", "soma._dsl"})
+_BASES = frozenset({"abc", "soma._node", "soma._dsl"})
 
 # By class, read once: the digests of the code of its MRO, and the names of its slots.
 _CLASS_PARTS: weakref.WeakKeyDictionary[type, tuple[bytes, tuple[str, ...]]] = (
@@ -130,7 +130,9 @@ def _class_parts(cls: type) -> tuple[bytes, tuple[str, ...]]:
     known = _CLASS_PARTS.get(cls)
     if known is not None:
         return known
-    code = b"".join(class_digest(c) for c in cls.__mro__ if c.__module__ not in _BASES)
+    code = b"".join(
+        class_digest(c) for c in cls.__mro__ if c is not object and c.__module__ not in _BASES
+    )
     slots: list[str] = []
     for c in cls.__mro__:
         declared = c.__dict__.get("__slots__", ())
