@@ -16,10 +16,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import soma
 from conftest import SUBPROCESS_DEADLINE
 from soma import _fingerprint
+from test_properties import Dag, dags
 
 # Which nodes were called, in order: outside every node's state, so that recording a call
 # changes no fingerprint.
@@ -703,3 +706,56 @@ def test_a_node_that_awaited_is_kept_with_its_final_output_and_the_driver_is_not
     CALLS.clear()
     assert g.forward(2, driver=driver, cache=cache) == 201
     assert (CALLS, driver.performed) == ([], 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Random graphs, random edits
+
+
+class Versioned(soma.Node):
+    """Returns its id and version around what it read: a stale hit would show in the result."""
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+
+    def forward(self, x: Any, ctx: soma.Ctx) -> Any:
+        CALLS.append(ctx.node)
+        if isinstance(x, dict):
+            x = sorted(x.items())
+        return (ctx.node, self.version, x)
+
+
+def _downstream(dag: Dag, edited: set[str]) -> list[str]:
+    reached: set[str] = set()
+    pending = list(edited)
+    while pending:
+        node = pending.pop()
+        if node not in reached:
+            reached.add(node)
+            pending.extend(dag.successors(node))
+    return sorted(reached)
+
+
+@settings(max_examples=60)
+@given(dag=dags(max_nodes=8), picks=st.lists(st.integers(min_value=0), max_size=3))
+def test_a_cached_rerun_after_random_edits_equals_an_uncached_run_and_calls_what_they_reach(
+    dag: Dag, picks: list[int]
+) -> None:
+    if not dag.nodes:
+        return
+    nodes = {node: Versioned(0) for node in dag.nodes}
+    g = soma.Graph()
+    for node in dag.nodes:
+        g.node(node, nodes[node])
+    for source, target in dag.edges:
+        g.edge(source, target)
+    cache = soma.Cache()
+    g.forward(1, cache=cache)
+    edited = {dag.nodes[pick % len(dag.nodes)] for pick in picks}
+    for node in edited:
+        nodes[node].version += 1
+    CALLS.clear()
+    cached = g.forward(1, cache=cache)
+    called = sorted(CALLS)
+    assert cached == g.forward(1)
+    assert called == _downstream(dag, edited)

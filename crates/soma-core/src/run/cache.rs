@@ -2,7 +2,8 @@
 //! changed since the last one.
 //!
 //! A node's key chains, Merkle-fashion, from what can change its output: its own fingerprint
-//! (its code and state, as the cache reads them), then the identity of each value it reads, in
+//! (its code and state, as the cache reads them), its id and the device it is placed on (both of
+//! which it can read from its `Ctx`), then the identity of each value it reads, in
 //! the order it declares them — the run's input by the digest of its content, a predecessor's
 //! output by that predecessor's key. A hit therefore costs no hashing of large outputs, and a
 //! node whose inputs all hit is keyed, and found, without any of them being computed again. A

@@ -464,7 +464,7 @@ impl Executor {
         let key = keys
             .cache
             .fingerprint(id, &*step.node)
-            .and_then(|fingerprint| keys.key_of(&fingerprint, step, input));
+            .and_then(|fingerprint| keys.key_of(id, &fingerprint, step, input));
         if let Some(key) = key {
             if let Some(value) = keys.cache.get(id, &key) {
                 self.skip(step, id, frame, lane);

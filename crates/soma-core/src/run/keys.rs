@@ -8,6 +8,7 @@
 
 use std::sync::{Arc, OnceLock};
 
+use crate::model::id::NodeId;
 use crate::model::key::Key;
 use crate::model::value::Value;
 use crate::run::cache::NodeCache;
@@ -33,11 +34,22 @@ impl RunKeys {
         }
     }
 
-    /// The key of `step`'s node, fingerprinted `fingerprint`, placed where it is, on what it
-    /// reads: `None` when one of its inputs has no identity. The run's input is digested once, by its first root.
-    pub(crate) fn key_of(&self, fingerprint: &Key, step: &Step, input: &Value) -> Option<Key> {
+    /// The key of `step`'s node `id`, fingerprinted `fingerprint`, placed where it is, on what
+    /// it reads: `None` when one of its inputs has no identity. The run's input is digested once, by its first root.
+    pub(crate) fn key_of(
+        &self,
+        id: &NodeId,
+        fingerprint: &Key,
+        step: &Step,
+        input: &Value,
+    ) -> Option<Key> {
         let mut hasher = blake3::Hasher::new_derive_key(NODE_CONTEXT);
         hasher.update(fingerprint.as_bytes());
+        // Its id, which a node may read (`Ctx::node`): two nodes alike in code and state, on
+        // the same input, may still compute different outputs.
+        let name = id.as_str().as_bytes();
+        hasher.update(&(name.len() as u64).to_le_bytes());
+        hasher.update(name);
         // Where it runs is part of what it computes: an output made on `cuda:1` is not the
         // output of the same node moved to `cuda:0`.
         match step.device {

@@ -449,3 +449,23 @@ fn a_node_moved_to_another_device_is_called_again_and_moved_back_hits() {
     assert_eq!(run(&on("cuda:0")), names(&["b"]));
     assert_eq!(run(&on("cuda:1")), Vec::<String>::new());
 }
+
+#[test]
+fn two_nodes_alike_in_fingerprint_on_the_same_input_keep_entries_of_their_own() {
+    // `Versioned` outputs its own id: alike in code and state, the two compute different values.
+    let graph = graph(&["left", "right"], &[]);
+    let bench = Bench::new(&graph);
+    let alike = Arc::new(MemoryCache::new(|_| Some(Key::of_bytes(b"the same code"))));
+    let executor = Executor::new().with_cache(Arc::clone(&alike) as _);
+    let first = executor.run_program(&bench.program, Value::Int(1)).unwrap();
+    let again = executor.run_program(&bench.program, Value::Int(1)).unwrap();
+    assert_eq!(again, first);
+    assert_eq!(
+        again,
+        Value::map([
+            ("left", Value::text("left0(1)")),
+            ("right", Value::text("right0(1)"))
+        ])
+    );
+    assert_eq!(alike.len(), 2);
+}
