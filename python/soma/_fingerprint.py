@@ -5,7 +5,8 @@ A digest must be the same in every process and on every machine that holds the s
 so nothing here reads an ``id()``, a ``hash()`` (salted per process for ``str``) or an order
 Python does not fix: a dict's entries and a set's members are fed in the order of their own
 digests. Values are fed as a prefix-free encoding (a tag per kind, every length before what it
-counts), numpy arrays and torch tensors by their bytes, read in place by the Rust hasher.
+counts), numpy arrays and torch tensors by the BLAKE3 digest of their bytes, read in place by
+the Rust hasher (on several threads for a large one).
 
 A node's fingerprint is its class's source (each class of its MRO that has one, so editing
 ``forward`` or a helper method changes it; compiled code where the source cannot be read) and
@@ -68,11 +69,9 @@ def digest(value: object) -> bytes:
 
     Raises :class:`Unkeyable` for what has no content to read.
     """
-    hasher = _soma.Hasher()
     out = bytearray()
-    _feed(hasher, value, "", out)
-    hasher.update(out)
-    return hasher.digest()
+    _feed(value, "", out)
+    return _soma.blake3(out)
 
 
 def class_digest(cls: type) -> bytes:
@@ -102,7 +101,6 @@ def fingerprint(node: object) -> bytes:
 
     Raises :class:`Unkeyable` when its state cannot be read, naming the attribute.
     """
-    hasher = _soma.Hasher()
     code, _ = _class_parts(type(node))
     out = bytearray(code)
     native = getattr(node, "_soma_native", None)
@@ -112,9 +110,8 @@ def fingerprint(node: object) -> bytes:
     out += _length(len(state))
     for name, attribute in sorted(state.items()):
         out += _text(b"", name)
-        _feed(hasher, attribute, f".{name}", out)
-    hasher.update(out)
-    return hasher.digest()
+        _feed(attribute, f".{name}", out)
+    return _soma.blake3(out)
 
 
 # Modules of the bases every node has, whose code is not the node's.
@@ -166,25 +163,18 @@ def _feed_code(out: bytearray, code: types.CodeType) -> None:
                 out += _text(b"k", repr(constant))
 
 
-def _flush(hasher: _soma.Hasher, out: bytearray) -> None:
-    hasher.update(out)
-    out.clear()
-
-
-def _numpy_array(
-    hasher: _soma.Hasher, array: Any, where: str, pending: list[Any], out: bytearray
-) -> None:
+def _numpy_array(array: Any, where: str, pending: list[Any], out: bytearray) -> None:
     numpy = sys.modules["numpy"]
     if array.dtype.hasobject:  # Pointers, not content: walked as the nested lists they hold.
         out += b"A" + _text(b"d", array.dtype.str) + _text(b"h", repr(array.shape))
         pending.append((array.tolist(), where))
         return
     out += b"a" + _text(b"d", array.dtype.str) + _text(b"h", repr(array.shape))
-    _flush(hasher, out)
-    hasher.update(numpy.ascontiguousarray(array).reshape(-1).view(numpy.uint8))
+    # Its own digest, made on several threads when it is large, stands for its bytes.
+    out += _soma.blake3(numpy.ascontiguousarray(array).reshape(-1).view(numpy.uint8))
 
 
-def _torch_tensor(hasher: _soma.Hasher, tensor: Any, where: str, out: bytearray) -> None:
+def _torch_tensor(tensor: Any, where: str, out: bytearray) -> None:
     torch = sys.modules["torch"]
     if tensor.layout is not torch.strided:
         raise Unkeyable(f"{tensor.layout} tensor", where)
@@ -194,14 +184,13 @@ def _torch_tensor(hasher: _soma.Hasher, tensor: Any, where: str, out: bytearray)
         + _text(b"h", repr(tuple(tensor.shape)))
         + _text(b"v", tensor.device.type)
     )
-    _flush(hasher, out)
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-    hasher.update(flat.view(torch.uint8).numpy())
+    out += _soma.blake3(flat.view(torch.uint8).numpy())
 
 
-def _feed(hasher: _soma.Hasher, root: object, where: str, out: bytearray) -> None:
-    """Feeds ``root`` into ``out``, bytes to be hashed; a buffer (an array's, a tensor's) goes
-    straight to ``hasher``, after ``out`` is flushed into it, so it is never copied."""
+def _feed(root: object, where: str, out: bytearray) -> None:
+    """Writes ``root``'s encoding into ``out``, the bytes to be hashed; a buffer (an array's, a
+    tensor's) is written as its own BLAKE3 digest, made where it lies, so it is never copied."""
     # Each entry: a value and where it lies, or raw bytes to feed as they are.
     pending: list[Any] = [(root, where)]
     # Containers met so far, by identity, with the order they were met in; held, so that no
@@ -246,11 +235,11 @@ def _feed(hasher: _soma.Hasher, root: object, where: str, out: bytearray) -> Non
             out += _text(b"<", _qualified(kind)) + _length(len(members))
             out += b"".join(members)
         elif _is(value, "numpy", "ndarray"):
-            _numpy_array(hasher, value, where, pending, out)
+            _numpy_array(value, where, pending, out)
         elif _is(value, "numpy", "generic"):
             out += _text(b"g", value.dtype.str) + value.tobytes()
         elif _is(value, "torch", "Tensor"):
-            _torch_tensor(hasher, value, where, out)
+            _torch_tensor(value, where, out)
         elif isinstance(value, type):
             out += b"c" + class_digest(value)
         elif isinstance(value, (types.FunctionType, types.MethodType)):
