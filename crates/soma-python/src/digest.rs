@@ -152,9 +152,13 @@ fn both<T: Send>(left: impl FnOnce() -> T + Send, right: impl FnOnce() -> T) -> 
 
 /// The BLAKE3 digest of `input`, its subtrees on up to [`MOST_THREADS`] threads.
 fn digest_of(input: &[u8]) -> [u8; 32] {
+    if input.len() < SPLIT_FROM_BYTES {
+        return *::blake3::hash(input).as_bytes();
+    }
+    // Asked only here: it reads the process's CPU quota from files, tens of microseconds.
     let threads = thread::available_parallelism().map_or(1, usize::from);
     let spare = threads.min(MOST_THREADS) - 1;
-    if spare == 0 || input.len() < SPLIT_FROM_BYTES {
+    if spare == 0 {
         return *::blake3::hash(input).as_bytes();
     }
     let (left, right) = split(input);
