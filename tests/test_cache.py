@@ -768,3 +768,18 @@ def test_blake3_of_a_large_buffer_split_between_threads_is_the_digest_fed_piece_
         for start in range(0, size, 1 << 20):
             hasher.update(data[start : start + (1 << 20)])
         assert soma._soma.blake3(data) == hasher.digest()
+
+
+def test_a_cache_that_is_not_a_soma_cache_is_refused_with_a_hint() -> None:
+    with pytest.raises(TypeError, match=r"cache is a soma.Cache, not .* `dict`\nhint: "):
+        chain().forward(1, cache={})  # type: ignore[arg-type]
+
+
+def test_rust_nodes_are_keyed_on_what_they_were_made_with(cache: soma.Cache) -> None:
+    first = soma.Graph.somatize(soma.native.Add(1).named("x") >> soma.native.Add(2).named("y"))
+    assert first.forward(1, cache=cache) == 4
+    assert first.forward(1, cache=cache) == 4
+    assert cache.stats().hits == 2
+    changed = soma.Graph.somatize(soma.native.Add(5).named("x") >> soma.native.Add(2).named("y"))
+    assert changed.forward(1, cache=cache) == 8
+    assert cache.stats().hits == 2

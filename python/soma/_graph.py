@@ -308,6 +308,11 @@ class Graph:
         can run again right away. Without a timeout, a node running on the calling thread is
         not cut short by Ctrl-C beyond what Python's signal delivery does.
         """
+        if cache is not None and not isinstance(cache, _cache.Cache):
+            raise TypeError(
+                f"cache is a soma.Cache, not an object of type `{type(cache).__name__}`\n"
+                "hint: pass `soma.Cache()` (in memory) or `soma.Cache(path)` (a folder)"
+            )
         if cache is not None and self._hosts:
             raise ValueError(
                 "`cache=` is not supported with nodes on hosts yet\n"

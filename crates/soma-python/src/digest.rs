@@ -10,8 +10,7 @@ use std::sync::{Mutex, PoisonError};
 use std::thread;
 
 use ::blake3::hazmat::{
-    left_subtree_len, merge_subtrees_non_root, merge_subtrees_root, ChainingValue, HasherExt,
-    Mode,
+    left_subtree_len, merge_subtrees_non_root, merge_subtrees_root, ChainingValue, HasherExt, Mode,
 };
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::PyBufferError;
