@@ -13,7 +13,6 @@ import torch
 import soma
 from soma import _fingerprint
 
-
 # Calls of `Linear.forward`: outside its state, so that counting them changes no key.
 CALLS: list[int] = []
 
