@@ -783,3 +783,30 @@ def test_rust_nodes_are_keyed_on_what_they_were_made_with(cache: soma.Cache) -> 
     changed = soma.Graph.somatize(soma.native.Add(5).named("x") >> soma.native.Add(2).named("y"))
     assert changed.forward(1, cache=cache) == 8
     assert cache.stats().hits == 2
+
+
+def test_threads_sharing_one_folder_cache_at_once_all_get_the_right_results(
+    tmp_path: Path,
+) -> None:
+    cache = soma.Cache(tmp_path)
+    start = threading.Barrier(8)
+    results: list[Any] = []
+    lock = threading.Lock()
+
+    def run(x: int) -> None:
+        start.wait(timeout=SUBPROCESS_DEADLINE)
+        for _ in range(5):
+            result = chain().forward(x % 3, cache=cache)
+            with lock:
+                results.append((x % 3, result))
+
+    threads = [threading.Thread(target=run, args=(x,)) for x in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=SUBPROCESS_DEADLINE)
+    assert not any(thread.is_alive() for thread in threads)
+    assert sorted(set(results)) == [(0, 10), (1, 30), (2, 50)]
+    assert len(results) == 40
+    assert cache.stats().corrupted == 0
+    assert len(_entries(cache)) == 9
