@@ -810,3 +810,13 @@ def test_threads_sharing_one_folder_cache_at_once_all_get_the_right_results(
     assert len(results) == 40
     assert cache.stats().corrupted == 0
     assert len(_entries(cache)) == 9
+
+
+def test_a_node_changed_to_compute_the_same_output_leaves_what_follows_it_hitting(
+    cache: soma.Cache,
+) -> None:
+    b = Shift(1).named("b")
+    g = soma.Graph.somatize(Scale(2).named("a") >> b >> Scale(10).named("c"))
+    calls(g, 3, cache)
+    b.note = "an attribute forward does not read"  # type: ignore[attr-defined]
+    assert calls(g, 3, cache) == (70, ["b"])

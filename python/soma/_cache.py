@@ -53,26 +53,45 @@ class CacheStats:
     evicted: int = 0
 
 
-# An entry: this mark, the digest of the payload, its length, the seconds computing it took,
-# then the payload (the output, pickled).
-_MAGIC = b"SOMA-CACHE-1\n"
-_HEADER = struct.Struct("<32sQd")
+# An entry: this mark, the checksum (BLAKE3) of all that follows it, then the payload's length,
+# the seconds computing it took, whether it has a content digest and that digest (zeros when
+# not), then the payload (the output, pickled).
+_MAGIC = b"SOMA-CACHE-2\n"
+_CHECKSUM = 32
+_HEADER = struct.Struct("<Qd?32s")
 
 
-def _entry(payload: bytes, seconds: float) -> bytes:
-    return _MAGIC + _HEADER.pack(_soma.blake3(payload), len(payload), seconds) + payload
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    payload: bytes
+    seconds: float
+    # What the nodes that read this output are keyed on (see `NodeCache::digest`).
+    digest: bytes | None
 
 
-def _read_entry(data: bytes) -> tuple[bytes, float] | None:
-    """The payload and compute time of an entry, or ``None`` if it is not whole and intact."""
-    start = len(_MAGIC) + _HEADER.size
-    if len(data) < start or not data.startswith(_MAGIC):
+def _entry(entry: _Entry) -> bytes:
+    body = (
+        _HEADER.pack(
+            len(entry.payload), entry.seconds, entry.digest is not None, entry.digest or b""
+        )
+        + entry.payload
+    )
+    return _MAGIC + _soma.blake3(body) + body
+
+
+def _read_entry(data: bytes) -> _Entry | None:
+    """The entry in ``data``, or ``None`` if it is not whole and intact."""
+    start = len(_MAGIC) + _CHECKSUM
+    if len(data) < start + _HEADER.size or not data.startswith(_MAGIC):
         return None
-    checksum, length, seconds = _HEADER.unpack_from(data, len(_MAGIC))
-    payload = data[start:]
-    if len(payload) != length or _soma.blake3(payload) != checksum:
+    body = memoryview(data)[start:]
+    if _soma.blake3(body) != data[len(_MAGIC) : start]:
         return None
-    return payload, seconds
+    length, seconds, has_digest, digest = _HEADER.unpack_from(body)
+    payload = bytes(body[_HEADER.size :])
+    if len(payload) != length:
+        return None
+    return _Entry(payload, seconds, digest if has_digest else None)
 
 
 class Cache:
@@ -112,7 +131,7 @@ class Cache:
             self._path.mkdir(parents=True, exist_ok=True)
         self._max_bytes = max_bytes
         # In memory: entries in the order of their last use, the oldest first.
-        self._entries: dict[bytes, tuple[bytes, float]] = {}
+        self._entries: dict[bytes, _Entry] = {}
         # The bytes the entries hold: counted in memory; for a folder, what it held when last
         # scanned plus what this process wrote since.
         self._held = 0
@@ -173,8 +192,9 @@ class Cache:
         name = key.hex()
         return self._path / name[:2] / f"{name}.entry"
 
-    def _load(self, key: bytes) -> tuple[bool, Any]:
-        """The output filed under ``key``: ``(True, output)``, or ``(False, None)``."""
+    def _load(self, key: bytes) -> tuple[bool, Any, bytes | None]:
+        """The output filed under ``key`` and its digest: ``(True, output, digest)``, or
+        ``(False, None, None)``."""
         if self._path is None:
             with self._lock:
                 found = self._entries.pop(key, None)
@@ -182,8 +202,7 @@ class Cache:
                     self._entries[key] = found
             if found is None:
                 self._count(misses=1)
-                return False, None
-            payload, seconds = found
+                return False, None, None
         else:
             file = self._file(key)
             try:
@@ -192,22 +211,24 @@ class Cache:
                     self._touch(file)
             except OSError:  # Missing, or unreadable: either way, not there.
                 self._count(misses=1)
-                return False, None
-            read = _read_entry(data)
-            if read is None:
+                return False, None, None
+            found = _read_entry(data)
+            if found is None:
                 self._count(misses=1, corrupted=1)
-                return False, None
-            payload, seconds = read
+                return False, None, None
         try:
-            output = pickle.loads(payload)
+            output = pickle.loads(found.payload)
         except Exception:  # Its class has gone, say: the node computes it again.
             self._count(misses=1, corrupted=1)
-            return False, None
-        self._count(hits=1, bytes_read=len(payload), seconds_saved=seconds)
-        return True, output
+            return False, None, None
+        self._count(hits=1, bytes_read=len(found.payload), seconds_saved=found.seconds)
+        return True, output, found.digest
 
-    def _store(self, node_id: str, key: bytes, output: object, seconds: float) -> None:
-        """Files ``output`` under ``key``; what cannot be kept is warned about, not raised."""
+    def _store(
+        self, node_id: str, key: bytes, output: object, digest: bytes | None, seconds: float
+    ) -> None:
+        """Files ``output``, with its ``digest``, under ``key``; what cannot be kept is warned
+        about, not raised."""
         try:
             payload = pickle.dumps(output, protocol=5)
         except Exception as error:
@@ -218,11 +239,12 @@ class Cache:
                 "hint: return a value that pickles, or set `cacheable = False` on the class",
             )
             return
+        entry = _Entry(payload, seconds, digest)
         if self._path is None:
             with self._lock:
                 old = self._entries.pop(key, None)
-                self._held -= 0 if old is None else len(old[0])
-                self._entries[key] = (payload, seconds)
+                self._held -= 0 if old is None else len(old.payload)
+                self._entries[key] = entry
                 self._held += len(payload)
                 evicted = self._evict_in_memory()
             self._count(bytes_written=len(payload), evicted=evicted)
@@ -232,9 +254,9 @@ class Cache:
         try:
             final.parent.mkdir(exist_ok=True)
             handle, temporary = tempfile.mkstemp(dir=final.parent, prefix=".", suffix=".tmp")
-            entry = _entry(payload, seconds)
+            data = _entry(entry)
             with os.fdopen(handle, "wb") as file:
-                file.write(entry)
+                file.write(data)
             if self._max_bytes is not None:
                 self._touch(temporary)
             os.replace(temporary, final)
@@ -252,7 +274,7 @@ class Cache:
         self._count(bytes_written=len(payload))
         if self._max_bytes is not None:
             with self._lock:
-                self._held += len(entry)
+                self._held += len(data)
                 over = self._held > self._max_bytes
             if over:
                 self._count(evicted=self._evict_in_folder())
@@ -262,7 +284,7 @@ class Cache:
         evicted = 0
         while self._max_bytes is not None and self._held > self._max_bytes and self._entries:
             oldest = next(iter(self._entries))
-            self._held -= len(self._entries.pop(oldest)[0])
+            self._held -= len(self._entries.pop(oldest).payload)
             evicted += 1
         return evicted
 
@@ -337,8 +359,10 @@ class _RunCache:
         except _fingerprint.Unkeyable:
             return None
 
-    def get(self, node_id: str, key: bytes) -> tuple[bool, Any]:
+    def get(self, node_id: str, key: bytes) -> tuple[bool, Any, bytes | None]:
         return self._cache._load(key)
 
-    def put(self, node_id: str, key: bytes, output: object, seconds: float) -> None:
-        self._cache._store(node_id, key, output, seconds)
+    def put(
+        self, node_id: str, key: bytes, output: object, digest: bytes | None, seconds: float
+    ) -> None:
+        self._cache._store(node_id, key, output, digest, seconds)

@@ -270,7 +270,8 @@ class Graph:
         its output is read from there, and each output a node computes is kept there as soon as
         the node returns, so a run that fails keeps what it completed. A node's key covers its
         class's source, its state (attributes, arrays and tensors by content), and what it
-        reads: the graph's input by content, a predecessor's output by that predecessor's key.
+        reads: the graph's input and each predecessor's output by content (an output's digest
+        is taken once, when it is computed, and kept beside it).
         A class with ``cacheable = False`` always runs. With ``micro_batches`` each slice is
         looked up on its own. A graph with nodes on hosts refuses a cache for now. See the
         guide's "Running again".

@@ -41,7 +41,7 @@ def listing(folder: Path) -> str:
     lines = [f"{folder}: {len(rows)} entries, {_size(total)}"]
     for used, key, size, read in rows:
         when = datetime.datetime.fromtimestamp(used).strftime("%Y-%m-%d %H:%M:%S")
-        what = "damaged" if read is None else f"computed in {read[1]:.3f} s"
+        what = "damaged" if read is None else f"computed in {read.seconds:.3f} s"
         lines.append(f"  {key[:16]}  {_size(size):>9}  used {when}  {what}")
     return "\n".join(lines)
 

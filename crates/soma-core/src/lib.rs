@@ -53,7 +53,7 @@ pub use model::node::{Ctx, Node, NodeError, Transition, DEFAULT_TURN_LIMIT};
 pub use model::value::Value;
 pub use observe::devices::{GraphWithDevices, WithDevices};
 pub use plan::Plan;
-pub use run::cache::{MemoryCache, NodeCache};
+pub use run::cache::{Entry, MemoryCache, NodeCache};
 pub use run::crew::DEFAULT_IDLE_THREADS;
 pub use run::error::{ProgramError, RunError};
 pub use run::executor::{prefetch_line, Executor};

@@ -2,8 +2,8 @@
 //! fingerprints nodes, digests values and keeps the entries (`soma/_cache.py`).
 //!
 //! The Python side is one object per forward with four methods: `fingerprint(id)` and
-//! `digest(value)` answering 32 bytes or `None`, `get(id, key)` answering `(found, value)`,
-//! and `put(id, key, value, seconds)`. None of them may fail the run: the Python side turns
+//! `digest(value)` answering 32 bytes or `None`, `get(id, key)` answering `(found, value,
+//! digest)`, and `put(id, key, value, digest, seconds)`. None of them may fail the run: the Python side turns
 //! what it cannot do into a miss, with a warning; anything it still raises is reported as
 //! unraisable and read as a miss here, except Ctrl-C, which stops the run as in a node.
 
@@ -12,7 +12,7 @@ use std::time::Duration;
 use pyo3::exceptions::PyKeyboardInterrupt;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use soma_core::{Key, Node, NodeCache, NodeId, Value};
+use soma_core::{Entry, Key, Node, NodeCache, NodeId, Value};
 
 use crate::convert::{to_python, wrap};
 use crate::watch::note_interrupt;
@@ -50,6 +50,9 @@ impl PythonCache {
     }
 }
 
+/// What the Python side's `get` answers: found, the output, its digest (or `None`).
+type Answer<'py> = (bool, Bound<'py, PyAny>, Bound<'py, PyAny>);
+
 /// 32 bytes as a key; anything else (`None`) as none.
 fn key_of(answer: Option<Bound<'_, PyAny>>) -> Option<Key> {
     let answer = answer?;
@@ -69,22 +72,29 @@ impl NodeCache for PythonCache {
         })
     }
 
-    fn get(&self, id: &NodeId, key: &Key) -> Option<Value> {
+    fn get(&self, id: &NodeId, key: &Key) -> Option<Entry> {
         Python::attach(|py| {
             let key = PyBytes::new(py, key.as_bytes());
             let answer = self.ask(py, "get", (id.as_str(), key))?;
-            let (found, value): (bool, Bound<'_, PyAny>) = answer.extract().ok()?;
-            found.then(|| wrap(value))
+            let (found, value, digest): Answer<'_> = answer.extract().ok()?;
+            found.then(|| Entry {
+                value: wrap(value),
+                digest: key_of(Some(digest)),
+            })
         })
     }
 
-    fn put(&self, id: &NodeId, key: &Key, value: &Value, took: Duration) {
+    fn put(&self, id: &NodeId, key: &Key, entry: &Entry, took: Duration) {
         Python::attach(|py| {
-            let Ok(value) = to_python(py, value) else {
+            let Ok(value) = to_python(py, &entry.value) else {
                 return;
             };
             let key = PyBytes::new(py, key.as_bytes());
-            self.ask(py, "put", (id.as_str(), key, value, took.as_secs_f64()));
+            let digest = entry
+                .digest
+                .map(|digest| PyBytes::new(py, digest.as_bytes()));
+            let seconds = took.as_secs_f64();
+            self.ask(py, "put", (id.as_str(), key, value, digest, seconds));
         });
     }
 }

@@ -3,13 +3,16 @@
 //!
 //! A node's key chains, Merkle-fashion, from what can change its output: its own fingerprint
 //! (its code and state, as the cache reads them), its id and the device it is placed on (both of
-//! which it can read from its `Ctx`), then the identity of each value it reads, in
-//! the order it declares them — the run's input by the digest of its content, a predecessor's
-//! output by that predecessor's key. A hit therefore costs no hashing of large outputs, and a
-//! node whose inputs all hit is keyed, and found, without any of them being computed again. A
-//! node kept out (no fingerprint) always runs, and what reads it is keyed on the digest of its
-//! fresh output; so is what reads a node whose key could not be made. A value without a digest
-//! (an `Opaque` one, to [`Key::of_value`]) leaves its readers unkeyed: they run, uncached.
+//! which it can read from its `Ctx`), then the identity of each value it reads, in the order it
+//! declares them: the digest of its content. The digest of an output is taken once, when its
+//! node computes it, and kept in the entry beside it ([`Entry`]), as Bazel's action cache keeps
+//! an output's digest: a hit therefore costs no hashing of large outputs, a node whose inputs
+//! all hit is keyed, and found, without any of them being computed again — and a node that
+//! reruns (edited) but computes the same output as before leaves what reads it hitting ("early
+//! cutoff"). A node kept out (no fingerprint) always runs, and what reads it is keyed on the
+//! digest of its fresh output. An output without a digest (an `Opaque` one, to
+//! [`Key::of_value`]) is identified by its node's key instead; the run's input without a digest
+//! leaves the roots unkeyed: they run, uncached.
 //!
 //! Each output is filed as soon as its node returns, so a run that fails part way keeps what it
 //! completed, and the next run calls only the failed node and what comes after it.
@@ -27,6 +30,16 @@ use crate::model::key::Key;
 use crate::model::node::Node;
 use crate::model::value::Value;
 
+/// What a cache keeps under a key: a node's output, and the digest of its content when it has
+/// one ([`NodeCache::digest`]), which the nodes that read it are keyed on.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    /// The output.
+    pub value: Value,
+    /// The digest of its content, taken when it was computed; `None` when it has none.
+    pub digest: Option<Key>,
+}
+
 /// Where the executor looks a node's output up before running it, and files it after.
 ///
 /// Called from whichever thread runs the node, several at once in a wave: an implementation
@@ -38,20 +51,19 @@ pub trait NodeCache: Send + Sync {
     /// on the digest of its fresh output. Asked once per run for each node that runs or hits.
     fn fingerprint(&self, id: &NodeId, node: &dyn Node) -> Option<Key>;
 
-    /// The digest of `value`'s content: of the run's input, and of the output of a node that
-    /// ran without a key. `None` when the value cannot be read (its readers then run
-    /// uncached). By default [`Key::of_value`].
+    /// The digest of `value`'s content: of the run's input, and of each output a node
+    /// computes. `None` when the value cannot be read. By default [`Key::of_value`].
     fn digest(&self, value: &Value) -> Option<Key> {
         Key::of_value(value)
     }
 
-    /// The output filed under `key` for `id`, or `None`. A store that cannot read an entry
+    /// The entry filed under `key` for `id`, or `None`. A store that cannot read an entry
     /// whole (truncated, corrupted, gone) answers `None`: the node runs again.
-    fn get(&self, id: &NodeId, key: &Key) -> Option<Value>;
+    fn get(&self, id: &NodeId, key: &Key) -> Option<Entry>;
 
-    /// Files `value`, `id`'s output, under `key`; `took` is how long computing it took (what a
+    /// Files `entry`, `id`'s output, under `key`; `took` is how long computing it took (what a
     /// later hit saves).
-    fn put(&self, id: &NodeId, key: &Key, value: &Value, took: Duration);
+    fn put(&self, id: &NodeId, key: &Key, entry: &Entry, took: Duration);
 }
 
 /// Fingerprints a node by its id: what a [`MemoryCache`] asks to know whether a node changed.
@@ -62,7 +74,7 @@ type Fingerprints = dyn Fn(&NodeId) -> Option<Key> + Send + Sync;
 /// changes what it answers for a node when that node changes.
 pub struct MemoryCache {
     fingerprints: Box<Fingerprints>,
-    entries: Mutex<HashMap<Key, Value>>,
+    entries: Mutex<HashMap<Key, Entry>>,
     hits: AtomicU64,
     misses: AtomicU64,
 }
@@ -107,7 +119,7 @@ impl NodeCache for MemoryCache {
         (self.fingerprints)(id)
     }
 
-    fn get(&self, _id: &NodeId, key: &Key) -> Option<Value> {
+    fn get(&self, _id: &NodeId, key: &Key) -> Option<Entry> {
         // A node that panicked while another held the lock left the map whole: entries are
         // inserted in one call.
         let found = self
@@ -125,10 +137,10 @@ impl NodeCache for MemoryCache {
         found
     }
 
-    fn put(&self, _id: &NodeId, key: &Key, value: &Value, _took: Duration) {
+    fn put(&self, _id: &NodeId, key: &Key, entry: &Entry, _took: Duration) {
         self.entries
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(*key, value.clone());
+            .insert(*key, entry.clone());
     }
 }

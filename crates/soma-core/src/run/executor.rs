@@ -18,7 +18,7 @@
 //! branch has been joined — ahead of any branch's error, even an earlier-declared one: a panic
 //! is a bug, and reporting an ordinary error in its place would swallow it.
 
-use super::cache::NodeCache;
+use super::cache::{Entry, NodeCache};
 use super::detach::{Detached, Kept, Remains};
 use super::error::RunError;
 use super::hooks::{Host, Watch};
@@ -448,7 +448,8 @@ impl Executor {
 
     /// A step of a run with a cache: its output from the cache when its key is there (the
     /// values it would have taken are dropped unread), otherwise from its node, filed under its
-    /// key. Either way the identity of its output is recorded for the steps that read it.
+    /// key with its digest. Either way the identity of its output — its digest, or its key
+    /// where it has none — is recorded for the steps that read it.
     // Kept out of line: a run without a cache should not carry its code through every step.
     #[cold]
     #[inline(never)]
@@ -466,22 +467,25 @@ impl Executor {
             .fingerprint(id, &*step.node)
             .and_then(|fingerprint| keys.key_of(id, &fingerprint, step, input));
         if let Some(key) = key {
-            if let Some(value) = keys.cache.get(id, &key) {
+            if let Some(entry) = keys.cache.get(id, &key) {
                 self.skip(step, id, frame, lane);
-                keys.settle(step.slot(), Some(key));
-                return Ok(value);
+                keys.settle(step.slot(), Some(entry.digest.unwrap_or(key)));
+                return Ok(entry.value);
             }
         }
         let started = Instant::now();
         let value = self.gather_and_call(step, input, frame, lane)?;
-        match key {
-            Some(key) => {
-                keys.cache.put(id, &key, &value, started.elapsed());
-                keys.settle(step.slot(), Some(key));
-            }
-            // Kept out, or reading a value without identity: its readers key on its content.
-            None => keys.settle(step.slot(), keys.cache.digest(&value)),
+        let took = started.elapsed();
+        // Readers are keyed on its content, so that an output computed again the same leaves
+        // them hitting; on its key where it has no digest.
+        let digest = keys.cache.digest(&value);
+        if let Some(key) = key {
+            let entry = Entry { value, digest };
+            keys.cache.put(id, &key, &entry, took);
+            keys.settle(step.slot(), digest.or(Some(key)));
+            return Ok(entry.value);
         }
+        keys.settle(step.slot(), digest);
         Ok(value)
     }
 

@@ -1,6 +1,6 @@
-//! `RunKeys`: the identity of each value one cached run produced, by slot — the key its
-//! node's output was filed under, or the digest of its content — from which each next node's
-//! key is chained (see [`crate::run::cache`]).
+//! `RunKeys`: the identity of each value one cached run produced, by slot — the digest of its
+//! content, or the key its node's output was filed under where it has none — from which each
+//! next node's key is chained (see [`crate::run::cache`]).
 //!
 //! Each slot is written once, by the step that owns it, and read by the steps after it, in its
 //! branch or after its wave joined: a `OnceLock` per slot needs no lock and no ordering

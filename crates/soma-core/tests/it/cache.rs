@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use proptest::prelude::*;
 use soma_core::{
-    compile, Ctx, Device, Executor, Graph, Key, MemoryCache, Node, NodeError, Placement, Program,
-    Stream, StreamSettings, Trace as Spans, Transition, Value,
+    compile, Ctx, Device, Entry, Executor, Graph, Key, MemoryCache, Node, NodeError, Placement,
+    Program, Stream, StreamSettings, Trace as Spans, Transition, Value,
 };
 
 use crate::random_graphs::random_dag;
@@ -322,11 +322,11 @@ impl soma_core::NodeCache for Unreadable {
         Some(Key::of_bytes(id.as_str().as_bytes()))
     }
 
-    fn get(&self, _id: &soma_core::NodeId, _key: &Key) -> Option<Value> {
+    fn get(&self, _id: &soma_core::NodeId, _key: &Key) -> Option<Entry> {
         None
     }
 
-    fn put(&self, _: &soma_core::NodeId, _: &Key, _: &Value, _: std::time::Duration) {}
+    fn put(&self, _: &soma_core::NodeId, _: &Key, _: &Entry, _: std::time::Duration) {}
 }
 
 #[test]
@@ -468,4 +468,35 @@ fn two_nodes_alike_in_fingerprint_on_the_same_input_keep_entries_of_their_own() 
         ])
     );
     assert_eq!(alike.len(), 2);
+}
+
+#[test]
+fn a_node_edited_to_compute_the_same_output_leaves_what_reads_it_hitting() {
+    // Early cutoff: `b` is edited (its fingerprint changes) but still outputs what it did.
+    let graph = chain(&["a", "b", "c"]);
+    let log = Log::new();
+    let node: Arc<dyn Node> = Arc::new(crate::support::logged(&log, |id, x| Ok(traced(id, x))));
+    let catalog = catalog_of(&graph, &node);
+    let program = Program::new(&compile(&graph, &catalog).unwrap(), &catalog).unwrap();
+    let edits = Arc::new(Versions::default());
+    let cache = {
+        let edits = Arc::clone(&edits);
+        Arc::new(MemoryCache::new(move |id| {
+            Some(Key::of_bytes(
+                format!("{id}@{}", edits.of(id.as_str())).as_bytes(),
+            ))
+        }))
+    };
+    let executor = Executor::new().with_cache(cache);
+    let first = executor.run_program(&program, Value::Int(1)).unwrap();
+    edits.edit("b");
+    let before = log.entries().len();
+    let again = executor.run_program(&program, Value::Int(1)).unwrap();
+    let called: Vec<String> = log.entries()[before..]
+        .iter()
+        .filter(|entry| entry.phase == Phase::Start)
+        .map(|entry| entry.node.clone())
+        .collect();
+    assert_eq!(called, names(&["b"]));
+    assert_eq!(again, first);
 }
