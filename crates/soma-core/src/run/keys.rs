@@ -35,7 +35,8 @@ impl RunKeys {
     }
 
     /// The key of `step`'s node `id`, fingerprinted `fingerprint`, placed where it is, on what
-    /// it reads: `None` when one of its inputs has no identity. The run's input is digested once, by its first root.
+    /// it reads: `None` when one of its inputs has no identity. The run's input is digested
+    /// once, by its first root.
     pub(crate) fn key_of(
         &self,
         id: &NodeId,
