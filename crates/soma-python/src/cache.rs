@@ -4,8 +4,9 @@
 //! The Python side is one object per forward with four methods: `fingerprint(id)` and
 //! `digest(value)` answering 32 bytes or `None`, `get(id, key)` answering `(found, value,
 //! digest)`, and `put(id, key, value, digest, seconds)`. None of them may fail the run: the
-//! Python side turns what it cannot do into a miss, with a warning; anything it still raises is reported as
-//! unraisable and read as a miss here, except Ctrl-C, which stops the run as in a node.
+//! Python side turns what it cannot do into a miss, with a warning; anything it still raises is
+//! reported as unraisable and read as a miss here, except Ctrl-C, which stops the run as in a
+//! node.
 
 use std::time::Duration;
 
