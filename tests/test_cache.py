@@ -820,3 +820,30 @@ def test_a_node_changed_to_compute_the_same_output_leaves_what_follows_it_hittin
     calls(g, 3, cache)
     b.note = "an attribute forward does not read"  # type: ignore[attr-defined]
     assert calls(g, 3, cache) == (70, ["b"])
+
+
+def test_would_hit_says_which_nodes_a_forward_would_find_without_running_or_counting(
+    cache: soma.Cache,
+) -> None:
+    b = Shift(1).named("b")
+    g = soma.Graph.somatize(Scale(2).named("a") >> b >> Scale(10).named("c"))
+    CALLS.clear()
+    assert cache.would_hit(g, 3) == {"a": False, "b": False, "c": False}
+    calls(g, 3, cache)
+    before = cache.stats()
+    CALLS.clear()
+    assert cache.would_hit(g, 3) == {"a": True, "b": True, "c": True}
+    assert cache.would_hit(g, 4) == {"a": False, "b": False, "c": False}
+    b.by = 2
+    assert cache.would_hit(g, 3) == {"a": True, "b": False, "c": False}
+    assert CALLS == []
+    assert cache.stats() == before
+
+
+def test_would_hit_counts_a_damaged_entry_as_missing(tmp_path: Path) -> None:
+    cache = soma.Cache(tmp_path)
+    g = soma.Graph.somatize(Scale(2).named("a"))
+    calls(g, 3, cache)
+    (entry,) = _entries(cache)
+    entry.write_bytes(entry.read_bytes()[:-1])
+    assert cache.would_hit(g, 3) == {"a": False}

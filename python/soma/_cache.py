@@ -25,9 +25,12 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from soma import _fingerprint, _soma
+
+if TYPE_CHECKING:
+    from soma._graph import Graph
 
 
 class CacheWarning(UserWarning):
@@ -224,6 +227,28 @@ class Cache:
         self._count(hits=1, bytes_read=len(found.payload), seconds_saved=found.seconds)
         return True, output, found.digest
 
+    def _peek(self, key: bytes) -> tuple[bool, bytes | None]:
+        """Whether a whole entry is filed under ``key``, and its digest; counts nothing and
+        reads no output."""
+        if self._path is None:
+            with self._lock:
+                found = self._entries.get(key)
+        else:
+            try:
+                found = _read_entry(self._file(key).read_bytes())
+            except OSError:
+                found = None
+        return (False, None) if found is None else (True, found.digest)
+
+    def would_hit(self, graph: Graph, input: Any = None) -> dict[str, bool]:
+        """For each node of ``graph``, in plan order, whether ``graph.forward(input,
+        cache=self)`` would find its output here, without running a node or reading an output.
+
+        A node after one that would run counts as running too, though it may yet hit: what it
+        reads is not computed yet.
+        """
+        return dict(graph._core.would_hit(input, self._run(graph._core)))
+
     def _store(
         self, node_id: str, key: bytes, output: object, digest: bytes | None, seconds: float
     ) -> None:
@@ -361,6 +386,9 @@ class _RunCache:
 
     def get(self, node_id: str, key: bytes) -> tuple[bool, Any, bytes | None]:
         return self._cache._load(key)
+
+    def peek(self, node_id: str, key: bytes) -> tuple[bool, bytes | None]:
+        return self._cache._peek(key)
 
     def put(
         self, node_id: str, key: bytes, output: object, digest: bytes | None, seconds: float

@@ -367,6 +367,8 @@ stats: soma.CacheStats = kept.stats()
 assert_type(stats.hits, int)
 assert_type(stats.seconds_saved, float)
 assert (stats.hits, stats.misses) == (2, 2)
+assert_type(kept.would_hit(chained, 1), dict[str, bool])
+assert kept.would_hit(chained, 1) == {"w1": True, "w2": True}
 assert issubclass(soma.CacheWarning, UserWarning)
 with tempfile.TemporaryDirectory() as folder:
     on_disk = soma.Cache(folder)

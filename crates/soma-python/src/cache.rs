@@ -1,9 +1,10 @@
 //! A Python run cache as the engine's `NodeCache`: the engine chains the keys, Python
 //! fingerprints nodes, digests values and keeps the entries (`soma/_cache.py`).
 //!
-//! The Python side is one object per forward with four methods: `fingerprint(id)` and
+//! The Python side is one object per forward with five methods: `fingerprint(id)` and
 //! `digest(value)` answering 32 bytes or `None`, `get(id, key)` answering `(found, value,
-//! digest)`, and `put(id, key, value, digest, seconds)`. None of them may fail the run: the
+//! digest)`, `peek(id, key)` answering `(found, digest)`, and `put(id, key, value, digest,
+//! seconds)`. None of them may fail the run: the
 //! Python side turns what it cannot do into a miss, with a warning; anything it still raises is
 //! reported as unraisable and read as a miss here, except Ctrl-C, which stops the run as in a
 //! node.
@@ -82,6 +83,15 @@ impl NodeCache for PythonCache {
                 value: wrap(value),
                 digest: key_of(Some(digest)),
             })
+        })
+    }
+
+    fn peek(&self, id: &NodeId, key: &Key) -> Option<Option<Key>> {
+        Python::attach(|py| {
+            let key = PyBytes::new(py, key.as_bytes());
+            let answer = self.ask(py, "peek", (id.as_str(), key))?;
+            let (found, digest): (bool, Bound<'_, PyAny>) = answer.extract().ok()?;
+            found.then(|| key_of(Some(digest)))
         })
     }
 

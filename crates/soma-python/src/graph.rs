@@ -410,6 +410,23 @@ impl GraphCore {
             .collect()
     }
 
+    /// For each node, in plan order, whether a forward on `input` with `cache` (a run cache of
+    /// `soma/_cache.py`) would find its output there; no node runs.
+    fn would_hit(
+        &self,
+        py: Python<'_>,
+        input: Bound<'_, PyAny>,
+        cache: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<(String, bool)>> {
+        let program = self.program(py)?;
+        let executor = Executor::new().with_cache(Arc::new(PythonCache::new(cache)));
+        let found = executor.would_hit(&program, &wrap(input));
+        Ok(found
+            .into_iter()
+            .map(|(id, hit)| (id.to_string(), hit))
+            .collect())
+    }
+
     /// Runs the graph on `input`.
     #[pyo3(signature = (input, driver=None, turn_limit=soma_core::DEFAULT_TURN_LIMIT, trace=None, timeout=None, stop=None, cache=None))]
     #[allow(clippy::too_many_arguments)] // `forward`'s own keywords, each passed through.

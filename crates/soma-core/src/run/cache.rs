@@ -64,6 +64,15 @@ pub trait NodeCache: Send + Sync {
     /// Files `entry`, `id`'s output, under `key`; `took` is how long computing it took (what a
     /// later hit saves).
     fn put(&self, id: &NodeId, key: &Key, entry: &Entry, took: Duration);
+
+    /// Whether an entry is filed under `key` for `id`, and if so its digest: `Some(digest)`
+    /// for one that would be read whole, `None` for none — what
+    /// [`Executor::would_hit`](crate::Executor::would_hit) asks, and no lookup counted. By
+    /// default [`NodeCache::get`]'s answer, the output dropped; a store that can read an
+    /// entry's digest without its output says so here.
+    fn peek(&self, id: &NodeId, key: &Key) -> Option<Option<Key>> {
+        self.get(id, key).map(|entry| entry.digest)
+    }
 }
 
 /// Fingerprints a node by its id: what a [`MemoryCache`] asks to know whether a node changed.
@@ -135,6 +144,11 @@ impl NodeCache for MemoryCache {
         };
         counter.fetch_add(1, Ordering::Relaxed);
         found
+    }
+
+    fn peek(&self, _id: &NodeId, key: &Key) -> Option<Option<Key>> {
+        let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        entries.get(key).map(|entry| entry.digest)
     }
 
     fn put(&self, _id: &NodeId, key: &Key, entry: &Entry, _took: Duration) {

@@ -18,6 +18,7 @@ mod fork;
 pub(crate) mod hooks;
 mod keys;
 mod lane;
+mod lookahead;
 pub(crate) mod program;
 pub(crate) mod reserve;
 pub(crate) mod stream;

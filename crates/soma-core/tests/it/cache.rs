@@ -500,3 +500,37 @@ fn a_node_edited_to_compute_the_same_output_leaves_what_reads_it_hitting() {
     assert_eq!(called, names(&["b"]));
     assert_eq!(again, first);
 }
+
+#[test]
+fn would_hit_says_which_nodes_a_run_would_find_without_calling_any() {
+    let bench = Bench::new(&chain(&["a", "b", "c"]));
+    let ask = |input: i64| {
+        let before = bench.log.entries().len();
+        let answer: Vec<(String, bool)> = bench
+            .executor()
+            .would_hit(&bench.program, &Value::Int(input))
+            .into_iter()
+            .map(|(id, hit)| (id.to_string(), hit))
+            .collect();
+        assert_eq!(bench.called_since(before), Vec::<String>::new());
+        answer
+    };
+    let all = |hit: bool| vec![("a".into(), hit), ("b".into(), hit), ("c".into(), hit)];
+    assert_eq!(ask(1), all(false));
+    bench.run(Value::Int(1));
+    assert_eq!(ask(1), all(true));
+    assert_eq!(ask(2), all(false));
+    bench.versions.edit("b");
+    assert_eq!(
+        ask(1),
+        vec![("a".into(), true), ("b".into(), false), ("c".into(), false)]
+    );
+    assert_eq!(
+        (bench.cache.hits(), bench.cache.misses()),
+        (0, 3),
+        "no lookup counted"
+    );
+    assert!(Executor::new()
+        .would_hit(&bench.program, &Value::Int(1))
+        .is_empty());
+}
