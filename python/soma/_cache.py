@@ -25,12 +25,17 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from soma import _fingerprint, _soma
 
-if TYPE_CHECKING:
-    from soma._graph import Graph
+
+class _Graph(Protocol):
+    """What the cache reads of a ``soma.Graph`` (named so, not imported: the graph's module
+    imports this one)."""
+
+    @property
+    def _core(self) -> _soma.GraphCore: ...
 
 
 class CacheWarning(UserWarning):
@@ -240,7 +245,7 @@ class Cache:
                 found = None
         return (False, None) if found is None else (True, found.digest)
 
-    def would_hit(self, graph: Graph, input: Any = None) -> dict[str, bool]:
+    def would_hit(self, graph: _Graph, input: Any = None) -> dict[str, bool]:
         """For each node of ``graph``, in plan order, whether ``graph.forward(input,
         cache=self)`` would find its output here, without running a node or reading an output.
 
