@@ -12,6 +12,7 @@ Sequence([Execute(a), Wave([Execute(b), Execute(c)])])
 """
 
 from soma import devices, native, remote
+from soma._cache import Cache, CacheStats, CacheWarning
 from soma._dsl import Expr
 from soma._graph import Graph
 from soma._node import Node
@@ -45,6 +46,9 @@ __all__ = [
     "DEFAULT_TURN_LIMIT",
     "MAX_NESTED_FORWARDS",
     "Await",
+    "Cache",
+    "CacheStats",
+    "CacheWarning",
     "CancelledError",
     "CompileError",
     "Ctx",

@@ -19,7 +19,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any, NamedTuple, SupportsIndex
 
-from soma import _soma, _stream
+from soma import _cache, _soma, _stream
 from soma import remote as _remote
 from soma._dsl import Expr, refuse_class
 from soma._node import Node
@@ -371,9 +371,20 @@ class Graph:
         timeout: float | None = None,
         micro_batches: int | None = None,
         join: Callable[[list[Any]], Any] | None = None,
+        cache: _cache.Cache | None = None,
     ) -> Any:
         """Runs the graph on ``input`` and returns the leaf's output (a dict keyed by leaf id
         when there are several).
+
+        With ``cache``, a :class:`soma.Cache`, a node whose key is in the cache is not called:
+        its output is read from there, and each output a node computes is kept there as soon as
+        the node returns, so a run that fails keeps what it completed. A node's key covers its
+        class's source, its state (attributes, arrays and tensors by content), and what it
+        reads: the graph's input and each predecessor's output by content (an output's digest
+        is taken once, when it is computed, and kept beside it).
+        A class with ``cacheable = False`` always runs. With ``micro_batches`` each slice is
+        looked up on its own. A graph with nodes on hosts refuses a cache for now. See the
+        guide's "Running again".
 
         With ``micro_batches=k``, ``input`` is cut along its first axis into ``k`` slices,
         streamed through the graph with its stages overlapped (see :meth:`map`), and the
@@ -408,6 +419,16 @@ class Graph:
         can run again right away. Without a timeout, a node running on the calling thread is
         not cut short by Ctrl-C beyond what Python's signal delivery does.
         """
+        if cache is not None and not isinstance(cache, _cache.Cache):
+            raise TypeError(
+                f"cache is a soma.Cache, not an object of type `{type(cache).__name__}`\n"
+                "hint: pass `soma.Cache()` (in memory) or `soma.Cache(path)` (a folder)"
+            )
+        if cache is not None and self._hosts:
+            raise ValueError(
+                "`cache=` is not supported with nodes on hosts yet\n"
+                "hint: run with every node in this process, or without a cache"
+            )
         if micro_batches is not None:
             return _stream.forward_in_micro_batches(
                 self,
@@ -418,10 +439,12 @@ class Graph:
                 turn_limit=turn_limit,
                 trace=trace,
                 timeout=timeout,
+                cache=cache,
             )
         if self._hosts:  # Only then: a graph without hosts never reaches a transport, nor Ray.
             return _remote.forward(self, input, driver, turn_limit, trace, timeout)
-        return self._core.forward(input, driver, turn_limit, trace, timeout)
+        run_cache = None if cache is None else cache._run(self._core)
+        return self._core.forward(input, driver, turn_limit, trace, timeout, cache=run_cache)
 
     map = _stream.stream_map
 

@@ -27,6 +27,7 @@ use soma_core::{
     Program, RunError, DEFAULT_IDLE_THREADS,
 };
 
+use crate::cache::PythonCache;
 use crate::context;
 use crate::convert::{to_python, wrap};
 use crate::device_queues::Scope;
@@ -506,8 +507,25 @@ impl GraphCore {
             .collect()
     }
 
+    /// For each node, in plan order, whether a forward on `input` with `cache` (a run cache of
+    /// `soma/_cache.py`) would find its output there; no node runs.
+    fn would_hit(
+        &self,
+        py: Python<'_>,
+        input: Bound<'_, PyAny>,
+        cache: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<(String, bool)>> {
+        let program = self.program(py)?;
+        let executor = Executor::new().with_cache(Arc::new(PythonCache::new(cache)));
+        let found = executor.would_hit(&program, &wrap(input));
+        Ok(found
+            .into_iter()
+            .map(|(id, hit)| (id.to_string(), hit))
+            .collect())
+    }
+
     /// Runs the graph on `input`.
-    #[pyo3(signature = (input, driver=None, turn_limit=soma_core::DEFAULT_TURN_LIMIT, trace=None, timeout=None, stop=None))]
+    #[pyo3(signature = (input, driver=None, turn_limit=soma_core::DEFAULT_TURN_LIMIT, trace=None, timeout=None, stop=None, cache=None))]
     #[allow(clippy::too_many_arguments)] // `forward`'s own keywords, each passed through.
     fn forward<'py>(
         &self,
@@ -518,12 +536,16 @@ impl GraphCore {
         trace: Option<&Bound<'py, PyTrace>>,
         timeout: Option<f64>,
         stop: Option<&Bound<'py, StopFlag>>,
+        cache: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let nested = Nested::enter()?;
         let timeout = timeout.map(time_limit).transpose()?;
         let program = self.program(py)?;
         let watch = Arc::new(SignalWatch::new(timeout, stop.map(Bound::get)));
-        let executor = executor_for(nested.depth(), &watch, driver, turn_limit, trace)?;
+        let mut executor = executor_for(nested.depth(), &watch, driver, turn_limit, trace)?;
+        if let Some(cache) = cache {
+            executor = executor.with_cache(Arc::new(PythonCache::new(cache)));
+        }
         let input = wrap(input);
         // The whole run in a copy of the caller's context, as each branch is in a copy of its
         // wave's: what the nodes set never reaches the caller, with or without a wave.

@@ -11,6 +11,7 @@ use std::thread;
 
 use super::crew::Crew;
 use super::detach::Detached;
+use super::keys::RunKeys;
 use super::program::Program;
 
 /// How many enclosing waves a node boundary looks at for an earlier sibling's failure.
@@ -40,6 +41,8 @@ pub(super) struct Lane<'s> {
     pub(super) program: &'s Program,
     /// Whether the run prefetches each next node ([`Program::prefetching`]).
     pub(super) prefetching: bool,
+    /// The run's cache and the identities of its values, when it runs with a cache.
+    pub(super) keys: Option<&'s RunKeys>,
 }
 
 impl<'s> Lane<'s> {
@@ -48,6 +51,7 @@ impl<'s> Lane<'s> {
         crew: &'s Crew,
         program: &'s Program,
         detached: Option<&'s Detached>,
+        keys: Option<&'s RunKeys>,
     ) -> Self {
         Lane {
             wave: None,
@@ -57,6 +61,7 @@ impl<'s> Lane<'s> {
             detached,
             program,
             prefetching: program.prefetching(),
+            keys,
         }
     }
 

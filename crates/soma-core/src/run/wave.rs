@@ -359,6 +359,7 @@ impl Executor {
             detached: outer.detached,
             program: outer.program,
             prefetching: outer.prefetching,
+            keys: outer.keys,
         };
         // Caught inside the context, so that entering it is always matched by leaving it.
         let mut result = None;

@@ -2,6 +2,7 @@
 //!
 //! | module | asks about |
 //! |---|---|
+//! | `cache` | a rerun calls only what changed: keys of code, input and predecessors; resume; waves |
 //! | `graph` | construction, refusals that change nothing, queries and their orders |
 //! | `values` | O(1) clones, identity of `Opaque`, maps; deep values drop, compare, print on a small stack |
 //! | `execution` | what each node reads, what a run returns, who is blamed, the watch |
@@ -26,6 +27,7 @@
 // What `random_graphs` builds; it is shared with a unit test, where its crate differs.
 use soma_core::Graph;
 
+mod cache;
 mod context;
 mod crew;
 mod decomposition;
