@@ -111,6 +111,7 @@ impl Executor {
             error: outcome.as_ref().err().map(ToString::to_string),
             device: step.device,
             host: None,
+            cached: false,
         });
         outcome
     }

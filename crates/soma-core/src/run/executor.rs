@@ -462,7 +462,7 @@ impl Executor {
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
     ) -> Result<Value, Halt> {
-        let id = &lane.ids[step.slot()];
+        let id = &lane.program.ids[step.slot()];
         let key = keys
             .cache
             .fingerprint(id, &*step.node)
