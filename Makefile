@@ -74,6 +74,8 @@ bench: setup $(VENV)/.bench-peers
 	$(PY) benches/python/bench.py --out target/bench-python.md
 	$(PY) benches/python/stream.py --out target/bench-stream.md
 	$(PY) benches/python/deadline.py --out target/bench-deadline.md
+	$(PY) benches/python/policies.py --out target/bench-policies.md
+	$(PY) benches/python/cache.py --out target/bench-cache.md
 	$(PY) benches/python/remote.py --out target/bench-remote.md \
 		|| echo "remote: the hosts benchmark needs Ray on a local cluster; not run"
 

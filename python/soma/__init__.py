@@ -12,9 +12,11 @@ Sequence([Execute(a), Wave([Execute(b), Execute(c)])])
 """
 
 from soma import devices, native, remote
+from soma._cache import Cache, CacheStats, CacheWarning
 from soma._dsl import Expr
 from soma._graph import Graph
 from soma._node import Node
+from soma._policy import RetryPolicy
 from soma._soma import DEFAULT_TURN_LIMIT, MAX_NESTED_FORWARDS, Await, Ctx, Done, Plan, Span, Trace
 from soma._stream import Failed, Progress, StageFigures, Stream, StreamFigures
 from soma.errors import (
@@ -34,6 +36,7 @@ from soma.errors import (
     RunError,
     SomaError,
     ThreadError,
+    TimeLimitError,
     TurnLimitError,
     UnknownNodeError,
     WrongDeviceError,
@@ -43,6 +46,9 @@ __all__ = [
     "DEFAULT_TURN_LIMIT",
     "MAX_NESTED_FORWARDS",
     "Await",
+    "Cache",
+    "CacheStats",
+    "CacheWarning",
     "CancelledError",
     "CompileError",
     "Ctx",
@@ -64,6 +70,7 @@ __all__ = [
     "Plan",
     "Progress",
     "RemoteError",
+    "RetryPolicy",
     "RunError",
     "SomaError",
     "Span",
@@ -71,6 +78,7 @@ __all__ = [
     "Stream",
     "StreamFigures",
     "ThreadError",
+    "TimeLimitError",
     "Trace",
     "TurnLimitError",
     "UnknownNodeError",

@@ -19,6 +19,7 @@ from collections import deque
 from typing import Any, Union
 
 from soma import _soma
+from soma._policy import checked_retry, checked_time_limit
 
 
 class Composable:
@@ -149,6 +150,30 @@ class Expr:
         for node in self.nodes:
             if getattr(node, "_soma_host", None) is None:
                 node._soma_host = host
+        return self
+
+    def retry(
+        self,
+        times: int,
+        backoff: float = 0.5,
+        on: type[BaseException] | tuple[type[BaseException], ...] = (Exception,),
+    ) -> Expr:
+        """Gives every node of the expression that has none yet (by its own ``.retry``, or an
+        inner expression's) these retries: see ``soma.Node.retry``. Each node is retried on its
+        own; the expression is not run again as a whole."""
+        policy = checked_retry(times, backoff, on)
+        for node in self.nodes:
+            if getattr(node, "_soma_retry", None) is None:
+                node._soma_retry = policy
+        return self
+
+    def time_limit(self, seconds: float) -> Expr:
+        """Gives every node of the expression that has none yet this time limit per call: see
+        ``soma.Node.time_limit``. The limit is each node's, not the expression's as a whole."""
+        limit = checked_time_limit(seconds)
+        for node in self.nodes:
+            if getattr(node, "_soma_time_limit", None) is None:
+                node._soma_time_limit = limit
         return self
 
     def __repr__(self) -> str:

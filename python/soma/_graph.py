@@ -19,10 +19,11 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any, NamedTuple, SupportsIndex
 
-from soma import _soma, _stream
+from soma import _cache, _soma, _stream
 from soma import remote as _remote
 from soma._dsl import Expr, refuse_class
 from soma._node import Node
+from soma._policy import RetryPolicy, checked_retry, checked_time_limit
 from soma.errors import DuplicateNodeError, InvalidIdError, NodePicklingError
 
 _WORD_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
@@ -209,7 +210,53 @@ class Graph:
         host = getattr(obj, "_soma_host", None)
         if host is not None:  # Set by `.at()`, which read it already.
             self._hosts[node_id] = host
+        retry = getattr(obj, "_soma_retry", None)
+        if retry is not None:  # Set by `.retry()`, which checked it already.
+            self._core.set_retry(node_id, *retry)
+        limit = getattr(obj, "_soma_time_limit", None)
+        if limit is not None:  # Set by `.time_limit()`, which checked it already.
+            self._core.set_time_limit(node_id, limit)
         return node_id
+
+    def retry(
+        self,
+        node_id: str,
+        times: int | None,
+        backoff: float = 0.5,
+        on: type[BaseException] | tuple[type[BaseException], ...] = (Exception,),
+    ) -> None:
+        """Retries a failing call of node ``node_id`` up to ``times`` more times, the first
+        after ``backoff`` seconds, each next pause twice the last (at most 128 s) and up to a
+        quarter longer at random, only for exceptions of the types in ``on``; ``times=None``
+        removes its retries. The error of a call that failed every attempt is the last
+        attempt's, with a note saying how many were made; each attempt is a span of the trace.
+        A pause ends at once on Ctrl-C or the run's deadline. What ``node.retry(...)`` sets
+        before the node is registered. The plan does not change."""
+        node_id = _checked_id(node_id, "node id", _LOOKUP_HINT)
+        if times is None:
+            self._core.set_retry(node_id, None)
+            return
+        self._core.set_retry(node_id, *checked_retry(times, backoff, on))
+
+    def retries(self) -> dict[str, RetryPolicy]:
+        """The nodes with retries and their ``(times, backoff, on)``, in the order the nodes
+        were added."""
+        return {node_id: RetryPolicy(*policy) for node_id, policy in self._core.retries()}
+
+    def time_limit(self, node_id: str, seconds: float | None) -> None:
+        """Fails a call of node ``node_id`` still running after ``seconds`` with a
+        ``soma.TimeLimitError`` (a ``TimeoutError``) naming it, which ``retry(on=(TimeoutError,))``
+        retries; ``None`` removes the limit. The call runs on a thread of the graph's while
+        the branch waits for it, and one past its limit is left to finish in the background,
+        its result dropped. What ``node.time_limit(...)`` sets before the node is registered.
+        The plan does not change."""
+        node_id = _checked_id(node_id, "node id", _LOOKUP_HINT)
+        limit = None if seconds is None else checked_time_limit(seconds)
+        self._core.set_time_limit(node_id, limit)
+
+    def time_limits(self) -> dict[str, float]:
+        """The nodes with a time limit and its seconds, in the order the nodes were added."""
+        return dict(self._core.time_limits())
 
     def place(self, node_id: str, device: str | None) -> None:
         """Places node ``node_id`` on ``device`` (``"cuda:1"``, ``"cpu"``, ``"meta"``, spelled as
@@ -324,9 +371,20 @@ class Graph:
         timeout: float | None = None,
         micro_batches: int | None = None,
         join: Callable[[list[Any]], Any] | None = None,
+        cache: _cache.Cache | None = None,
     ) -> Any:
         """Runs the graph on ``input`` and returns the leaf's output (a dict keyed by leaf id
         when there are several).
+
+        With ``cache``, a :class:`soma.Cache`, a node whose key is in the cache is not called:
+        its output is read from there, and each output a node computes is kept there as soon as
+        the node returns, so a run that fails keeps what it completed. A node's key covers its
+        class's source, its state (attributes, arrays and tensors by content), and what it
+        reads: the graph's input and each predecessor's output by content (an output's digest
+        is taken once, when it is computed, and kept beside it).
+        A class with ``cacheable = False`` always runs. With ``micro_batches`` each slice is
+        looked up on its own. A graph with nodes on hosts refuses a cache for now. See the
+        guide's "Running again".
 
         With ``micro_batches=k``, ``input`` is cut along its first axis into ``k`` slices,
         streamed through the graph with its stages overlapped (see :meth:`map`), and the
@@ -361,6 +419,16 @@ class Graph:
         can run again right away. Without a timeout, a node running on the calling thread is
         not cut short by Ctrl-C beyond what Python's signal delivery does.
         """
+        if cache is not None and not isinstance(cache, _cache.Cache):
+            raise TypeError(
+                f"cache is a soma.Cache, not an object of type `{type(cache).__name__}`\n"
+                "hint: pass `soma.Cache()` (in memory) or `soma.Cache(path)` (a folder)"
+            )
+        if cache is not None and self._hosts:
+            raise ValueError(
+                "`cache=` is not supported with nodes on hosts yet\n"
+                "hint: run with every node in this process, or without a cache"
+            )
         if micro_batches is not None:
             return _stream.forward_in_micro_batches(
                 self,
@@ -371,10 +439,12 @@ class Graph:
                 turn_limit=turn_limit,
                 trace=trace,
                 timeout=timeout,
+                cache=cache,
             )
         if self._hosts:  # Only then: a graph without hosts never reaches a transport, nor Ray.
             return _remote.forward(self, input, driver, turn_limit, trace, timeout)
-        return self._core.forward(input, driver, turn_limit, trace, timeout)
+        run_cache = None if cache is None else cache._run(self._core)
+        return self._core.forward(input, driver, turn_limit, trace, timeout, cache=run_cache)
 
     map = _stream.stream_map
 
@@ -429,7 +499,14 @@ class Graph:
     def _settings(self) -> _Settings:
         """Everything a graph is, beside its nodes: edges, placements, settings. Nothing of a
         run: no thread, no program, no connection to hosts."""
-        return _Settings(self.edges(), self.devices(), self.hosts(), self.idle_threads)
+        return _Settings(
+            self.edges(),
+            self.devices(),
+            self.hosts(),
+            self.idle_threads,
+            self.retries(),
+            self.time_limits(),
+        )
 
     def _fill(self, nodes: Iterable[tuple[str, Any]], settings: _Settings) -> None:
         """Makes this new, empty graph hold ``nodes`` under their ids, and ``settings``."""
@@ -448,6 +525,17 @@ class Graph:
         for node_id, host in settings.hosts.items():
             self.place_at(node_id, host)
         self.idle_threads = settings.idle_threads
+        # As for devices: what was set on the graph, not what the node said when registered.
+        for node_id in self.retries():
+            if node_id not in settings.retries:
+                self.retry(node_id, None)
+        for node_id, policy in settings.retries.items():
+            self.retry(node_id, *policy)
+        for node_id in self.time_limits():
+            if node_id not in settings.time_limits:
+                self.time_limit(node_id, None)
+        for node_id, seconds in settings.time_limits.items():
+            self.time_limit(node_id, seconds)
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[Any, ...]:
         """How ``pickle`` saves a graph: its nodes under their ids, its edges, where its nodes
@@ -481,6 +569,8 @@ class _Settings(NamedTuple):
     devices: dict[str, str]
     hosts: dict[str, str]
     idle_threads: int
+    retries: dict[str, RetryPolicy]
+    time_limits: dict[str, float]
 
 
 # What stands for the graph itself among its pickled nodes.

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from soma import _soma
 from soma._dsl import Composable
+from soma._policy import RetryPolicy, checked_retry, checked_time_limit
 
 
 class Node(Composable, abc.ABC):
@@ -21,6 +22,8 @@ class Node(Composable, abc.ABC):
     _soma_id: str | None = None
     _soma_device: str | None = None
     _soma_host: str | None = None
+    _soma_retry: RetryPolicy | None = None
+    _soma_time_limit: float | None = None
     _soma_concurrency: int = 1
 
     if TYPE_CHECKING:
@@ -59,4 +62,26 @@ class Node(Composable, abc.ABC):
         ``soma.HostError`` here. The node's own ``.at`` wins over an expression's around it.
         """
         self._soma_host = _soma.parse_host(host)
+        return self
+
+    def retry(
+        self,
+        times: int,
+        backoff: float = 0.5,
+        on: type[BaseException] | tuple[type[BaseException], ...] = (Exception,),
+    ) -> Self:
+        """Retries a failing call of this node up to ``times`` more times, the first after
+        ``backoff`` seconds, each next pause doubled (at most 128 s, up to a quarter longer at
+        random), only for exceptions of the types in ``on``; the error of the last attempt
+        notes how many were made. As ``Graph.retry`` once it is registered; the node's own
+        ``.retry`` wins over an expression's around it."""
+        self._soma_retry = checked_retry(times, backoff, on)
+        return self
+
+    def time_limit(self, seconds: float) -> Self:
+        """Fails a call of this node still running after ``seconds`` with a
+        ``soma.TimeLimitError`` (a ``TimeoutError``) naming it; the call is left to finish in
+        the background. As ``Graph.time_limit`` once it is registered; the node's own
+        ``.time_limit`` wins over an expression's around it."""
+        self._soma_time_limit = checked_time_limit(seconds)
         return self

@@ -38,7 +38,8 @@ class Slice:
     ``nodes`` are the slice's ``(id, implementation)`` pairs, ``steps`` its ``(node, inputs)``
     in plan order (no inputs: the graph's input), ``reads`` what it reads from outside it
     (:data:`INPUT` for the graph's input), ``returns`` the nodes whose outputs later steps read
-    or the run returns, ``devices`` the slice's placed nodes and their devices."""
+    or the run returns, ``devices`` the slice's placed nodes and their devices, ``retries``
+    and ``time_limits`` its nodes' policies."""
 
     host: str
     index: int
@@ -47,6 +48,10 @@ class Slice:
     reads: tuple[str, ...]
     returns: tuple[str, ...]
     devices: tuple[tuple[str, str], ...] = ()
+    #: The slice's nodes with retries, and their ``(times, backoff, on)``.
+    retries: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    #: The slice's nodes with a time limit, and its seconds.
+    time_limits: tuple[tuple[str, float], ...] = ()
     #: The graph class the host runs the slice with: ``soma.Graph``, or a subclass of it.
     engine: type[Any] = object
 
@@ -135,6 +140,14 @@ class SliceRunner:
         graph._hosts.clear()  # Here is where they run: no host is remote to itself.
         for node, device in piece.devices:
             graph.place(node, device)
+        # What the graph held, not what each node said: `retry(id, None)` may have undone it.
+        for node, _ in piece.nodes:
+            graph.retry(node, None)
+            graph.time_limit(node, None)
+        for node, (times, backoff, on) in piece.retries:
+            graph.retry(node, times, backoff, on)
+        for node, seconds in piece.time_limits:
+            graph.time_limit(node, seconds)
         for node, inputs in piece.steps:
             for source in inputs or (INPUT,):
                 graph.edge(sources.get(source, source), node)

@@ -11,6 +11,7 @@ __all__ = [
     "Ctx",
     "Done",
     "GraphCore",
+    "Hasher",
     "NativeNode",
     "Plan",
     "Span",
@@ -20,6 +21,7 @@ __all__ = [
     "_at_exit",
     "_carry_context",
     "_thread_in_reserve",
+    "blake3",
     "distribute",
     "parse_device",
     "parse_host",
@@ -27,6 +29,20 @@ __all__ = [
 
 DEFAULT_TURN_LIMIT: int
 MAX_NESTED_FORWARDS: int
+
+def blake3(data: bytes | memoryview | Any) -> bytes:
+    """The 32-byte BLAKE3 digest of ``data``: bytes or any C-contiguous buffer (a numpy
+    array), read in place; a large one with the GIL released."""
+
+@final
+class Hasher:
+    """An incremental BLAKE3 hash: ``update`` with bytes or buffers, then ``digest``."""
+
+    def __init__(self) -> None: ...
+    def update(self, data: bytes | memoryview | Any) -> None:
+        """Feeds ``data``: bytes, or any C-contiguous buffer, read in place."""
+    def digest(self) -> bytes:
+        """The 32-byte digest of everything fed so far."""
 
 def _at_exit() -> None:
     """The hook run at interpreter exit: Soma's threads stop entering the interpreter, and the
@@ -132,6 +148,18 @@ class GraphCore:
     def plan(self) -> Plan: ...
     def place(self, id: str, device: str | None) -> None: ...
     def devices(self) -> list[tuple[str, str]]: ...
+    def set_retry(
+        self,
+        id: str,
+        times: int | None,
+        backoff: float = 0.5,
+        on: tuple[type[BaseException], ...] | None = None,
+    ) -> None: ...
+    def set_time_limit(self, id: str, seconds: float | None) -> None: ...
+    def retries(
+        self,
+    ) -> list[tuple[str, tuple[int, float, tuple[type[BaseException], ...]]]]: ...
+    def time_limits(self) -> list[tuple[str, float]]: ...
     def to_svg(self) -> str: ...
     def threads(self) -> int: ...
     @property
@@ -139,6 +167,7 @@ class GraphCore:
     @idle_threads.setter
     def idle_threads(self, limit: int) -> None: ...
     def _refuse_next_threads(self, count: int) -> None: ...
+    def would_hit(self, input: Any, cache: Any) -> list[tuple[str, bool]]: ...
     def forward(
         self,
         input: Any,
@@ -147,6 +176,7 @@ class GraphCore:
         trace: Trace | None = None,
         timeout: float | None = None,
         stop: StopFlag | None = None,
+        cache: Any = None,
     ) -> Any: ...
     def __len__(self) -> int: ...
     def __contains__(self, id: str, /) -> bool: ...
@@ -175,6 +205,8 @@ class Span:
     def device(self) -> str | None: ...
     @property
     def host(self) -> str | None: ...
+    @property
+    def cached(self) -> bool: ...
     def __copy__(self) -> Self: ...
     def __deepcopy__(self, memo: Any, /) -> Self: ...
 
@@ -233,6 +265,7 @@ class StreamCore:
         turn_limit: int = ...,
         trace: Trace | None = None,
         timeout: float | None = None,
+        cache: Any = None,
     ) -> StreamCore: ...
     # `(index, value, None)`, or `(index, None, (exception, node, input))` for a failed item.
     def __next__(self) -> tuple[int, Any, tuple[BaseException, str | None, Any] | None] | None: ...

@@ -24,6 +24,8 @@ from soma import _soma
 if TYPE_CHECKING:
     from types import TracebackType
 
+    from soma._cache import Cache
+
 DEFAULT_IN_FLIGHT = 64
 """How many items a stream holds at once unless told otherwise."""
 
@@ -350,6 +352,7 @@ def stream_map(
     turn_limit: int = _soma.DEFAULT_TURN_LIMIT,
     trace: _soma.Trace | None = None,
     timeout: float | None = None,
+    cache: Cache | None = None,
 ) -> Stream:
     """Streams ``inputs`` through the graph and returns an iterator of its results, in input
     order (``Graph.map``).
@@ -382,6 +385,9 @@ def stream_map(
     result asked for raises :class:`TimeoutError` naming the nodes still running, even while a
     node never returns; such a node is left to finish on its thread, its item dropped, and the
     graph can run again at once. Results not taken by the deadline are not handed back.
+
+    With ``cache``, a :class:`soma.Cache`, each item is looked up as ``forward(item,
+    cache=cache)`` would look it up: keyed on its own content, its hits not called.
     """
     _refuse_hosts(graph)
     if on_error not in ("raise", "skip", "collect"):
@@ -404,6 +410,7 @@ def stream_map(
         turn_limit,
         trace,
         timeout,
+        cache=None if cache is None else cache._run(graph._core),
     )
     return Stream(core, ordered=ordered, on_error=on_error, progress=reporter)
 
@@ -491,6 +498,7 @@ def forward_in_micro_batches(
     turn_limit: int,
     trace: _soma.Trace | None,
     timeout: float | None,
+    cache: Cache | None = None,
 ) -> Any:
     """See :meth:`soma.Graph.forward`."""
     _refuse_hosts(graph)
@@ -504,6 +512,7 @@ def forward_in_micro_batches(
             turn_limit=turn_limit,
             trace=trace,
             timeout=timeout,
+            cache=cache,
         )
     )
     return (join_with or join)(outputs)

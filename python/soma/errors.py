@@ -77,6 +77,14 @@ class TurnLimitError(RunError):
     limit: int | None = None
 
 
+class TimeLimitError(RunError, TimeoutError):
+    """A call of node ``.node`` ran past its time limit (``.limit``, in seconds), set with
+    ``.time_limit(seconds)``; the call goes on in the background and its result is dropped.
+    A ``TimeoutError``, so ``.retry(on=(TimeoutError,))`` retries it."""
+
+    limit: float | None = None
+
+
 class DriverError(RunError):
     """A node awaited and the driver could not serve it (``.node``).
 
@@ -160,6 +168,7 @@ __all__ = [
     "RemoteTraceback",
     "RunError",
     "SomaError",
+    "TimeLimitError",
     "TurnLimitError",
     "UnknownNodeError",
     "WrongDeviceError",

@@ -211,6 +211,7 @@ class Distributed:
         ]
         local = type(graph)()
         devices = graph.devices()
+        retries, time_limits = graph.retries(), graph.time_limits()
         added: set[int] = set()
         for node in graph.nodes():
             index = slice_of.get(node)
@@ -218,6 +219,12 @@ class Distributed:
                 local.node(node, graph.implementation(node))
                 if node in devices:
                     local.place(node, devices[node])
+                # What the graph holds, not what the node said: `retry(id, None)` may undo it.
+                if node in retries:
+                    local.retry(node, *retries[node])
+                else:
+                    local.retry(node, None)
+                local.time_limit(node, time_limits.get(node))
                 continue
             if index not in added:
                 added.add(index)
@@ -310,6 +317,8 @@ def _fingerprint(graph: Graph) -> tuple[Any, ...]:
         len(graph.edges()),
         tuple(graph.hosts().items()),
         tuple(graph.devices().items()),
+        tuple(graph.retries().items()),
+        tuple(graph.time_limits().items()),
     )
 
 
@@ -327,6 +336,7 @@ def _slices(graph: Graph) -> list[Slice]:
             stack.extend(reversed(at.children))
     leaves = set(graph.leaves())
     devices = graph.devices()
+    retries, time_limits = graph.retries(), graph.time_limits()
     slices = []
     for index, (host, inner) in enumerate(found):
         steps: list[tuple[str, tuple[str, ...]]] = []
@@ -353,6 +363,8 @@ def _slices(graph: Graph) -> list[Slice]:
                 reads=tuple(s for s in reads if s not in inside),
                 returns=tuple(returns),
                 devices=tuple((n, devices[n]) for n, _ in steps if n in devices),
+                retries=tuple((n, tuple(retries[n])) for n, _ in steps if n in retries),
+                time_limits=tuple((n, time_limits[n]) for n, _ in steps if n in time_limits),
                 engine=type(graph),
             )
         )

@@ -364,3 +364,35 @@ assert_type(remote_traceback.host, str)
 assert "gpu-box" in str(remote_traceback)
 assert_type(soma.remote.resource_of("gpu-box"), str)
 assert soma.remote.RESOURCE_PREFIX == "soma-host:"
+
+# Retries and time limits: on a node, on an expression, by id; the error of a call that overran.
+policied = soma.Graph.somatize(Where().named("p1").retry(2, backoff=0.0) >> Where().named("p2"))
+policied.time_limit("p2", 30.0)
+retries = policied.retries()
+assert_type(retries, dict[str, soma.RetryPolicy])
+assert retries["p1"] == soma.RetryPolicy(2, 0.0, (Exception,))
+assert_type(policied.time_limits(), dict[str, float])
+assert issubclass(soma.TimeLimitError, TimeoutError)
+assert_type(soma.TimeLimitError("late").limit, float | None)
+
+# Running again: a cache, its stats, a warning class, and the trace's mark of a hit.
+kept = soma.Cache()
+assert kept.path is None
+chained = soma.Graph.somatize(Where().named("w1") >> Where().named("w2"))
+cache_trace = soma.Trace()
+assert chained.forward(1, cache=kept) == chained.forward(1, cache=kept, trace=cache_trace)
+assert_type(cache_trace.spans[0].cached, bool)
+assert all(span.cached for span in cache_trace.spans)
+stats: soma.CacheStats = kept.stats()
+assert_type(stats.hits, int)
+assert_type(stats.seconds_saved, float)
+assert (stats.hits, stats.misses) == (2, 2)
+assert_type(kept.would_hit(chained, 1), dict[str, bool])
+assert kept.would_hit(chained, 1) == {"w1": True, "w2": True}
+assert issubclass(soma.CacheWarning, UserWarning)
+with tempfile.TemporaryDirectory() as folder:
+    on_disk = soma.Cache(folder)
+    assert_type(on_disk.path, Path | None)
+    assert list(chained.map([1, 2], cache=on_disk)) == [chained.forward(1), chained.forward(2)]
+    # `w1` runs on each item; `w2` reads the same output of it (`None`) for both: one entry.
+    assert len(on_disk) == 3

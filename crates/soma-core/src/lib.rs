@@ -6,6 +6,10 @@
 //! launched together and each run start to finish on one thread, lent from a pool that holds
 //! about as many threads as branches are in flight at once.
 //!
+//! With a [`NodeCache`] ([`Executor::with_cache`]), a run computes only what changed since the
+//! last: a node whose [`Key`] — chained from its fingerprint and its inputs' keys — is in the
+//! cache is not called.
+//!
 //! A [`Stream`] runs a program over many items, its stages overlapped: each node on one item at
 //! a time and in order, different nodes on different items at once, in bounded memory.
 //!
@@ -44,14 +48,17 @@ pub use model::expr::{node, node_arc, Expr};
 pub use model::graph::{Graph, GraphError};
 pub use model::host::{HostError, HostName, HostPlacement, HOST_NAME_LIMIT};
 pub use model::id::NodeId;
+pub use model::key::Key;
 pub use model::node::{Ctx, Node, NodeError, Transition, DEFAULT_TURN_LIMIT};
 pub use model::value::Value;
 pub use observe::devices::{GraphWithDevices, WithDevices};
 pub use plan::Plan;
+pub use run::cache::{Entry, MemoryCache, NodeCache};
 pub use run::crew::DEFAULT_IDLE_THREADS;
 pub use run::error::{ProgramError, RunError};
 pub use run::executor::{prefetch_line, Executor};
 pub use run::hooks::{Captured, Host, ItemContext, Watch};
+pub use run::policy::{Clock, Policies, Policy, Retry, RetryOn, SystemClock, JITTER, MAX_BACKOFF};
 pub use run::program::Program;
 pub use run::reserve::{keep_a_thread_in_reserve, thread_in_reserve};
 pub use run::stream::{

@@ -205,6 +205,30 @@ pub fn run_error(py: Python<'_>, error: &RunError, interrupt: Option<PyErr>) -> 
                 &[("node", node), ("limit", limit)],
             )
         }
+        RunError::TimeLimit { node, limit } => {
+            let limit = limit
+                .as_secs_f64()
+                .into_pyobject(py)
+                .map_or_else(|_| none(py), Bound::into_any);
+            soma_error(
+                py,
+                "TimeLimitError",
+                message,
+                &[("node", text(py, node)), ("limit", limit)],
+            )
+        }
+        // The last attempt's error, as it would have been raised alone, noting the attempts.
+        RunError::Retried { attempts, last } => {
+            let raised = run_error(py, last, interrupt);
+            let node = last
+                .node()
+                .map_or_else(String::new, |node| format!(" `{node}`"));
+            noted(
+                py,
+                raised,
+                format!("soma node{node} failed on each of its {attempts} attempts"),
+            )
+        }
         RunError::Invalid(error) => program_error(py, error),
         RunError::NoThread { .. } => soma_error(py, "ThreadError", message, &[]),
         RunError::Interrupted => interrupt.unwrap_or_else(|| PyKeyboardInterrupt::new_err(message)),

@@ -20,12 +20,14 @@ use pyo3::gc::PyVisit;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
+use pyo3::types::PyTuple;
 use pyo3::PyTraverseError;
 use soma_core::{
     compile, Captured, Catalog, Device, Executor, Graph, Host, Node, NodeId, Placement, Plan,
     Program, RunError, DEFAULT_IDLE_THREADS,
 };
 
+use crate::cache::PythonCache;
 use crate::context;
 use crate::convert::{to_python, wrap};
 use crate::device_queues::Scope;
@@ -38,6 +40,7 @@ use crate::exit;
 use crate::native::NativeNode;
 use crate::node::PythonNode;
 use crate::plan::PyPlan;
+use crate::policy::{self, Written, WrittenRetry};
 use crate::reentry::{Nested, MAX_NESTED_FORWARDS};
 use crate::thread_state;
 use crate::trace::PyTrace;
@@ -58,6 +61,8 @@ struct State {
     idle_threads: usize,
     /// Where nodes run; beside the graph, so placing one drops the program, never the plan.
     placement: Arc<Placement>,
+    /// Retries and time limits, by node; like the placement, setting one drops the program.
+    policies: Written,
 }
 
 impl Default for State {
@@ -70,6 +75,7 @@ impl Default for State {
             compiled: None,
             idle_threads: DEFAULT_IDLE_THREADS,
             placement: Arc::default(),
+            policies: Written::default(),
         }
     }
 }
@@ -128,13 +134,14 @@ impl GraphCore {
             compiled,
             idle_threads,
             placement,
+            policies,
             ..
         } = &mut *state;
         let compiled = compiled.as_mut().expect("compiled just now");
         if let Some(program) = &compiled.program {
             return Ok(Arc::clone(program));
         }
-        let program = Program::with_placement(&compiled.plan, catalog, placement)
+        let program = Program::resolved(&compiled.plan, catalog, placement, &policies.policies)
             .map_err(|e| program_error(py, &e))?;
         program.set_idle_threads(*idle_threads);
         program.set_thread_stack(thread_stack_asked(py));
@@ -396,6 +403,96 @@ impl GraphCore {
         Ok(())
     }
 
+    /// Retries node `id`'s failing calls `times` more times, the first after `backoff`
+    /// seconds, only for exceptions of the types in `on`; `times=None` removes its retries.
+    #[pyo3(signature = (id, times, backoff=0.5, on=None))]
+    fn set_retry(
+        &self,
+        py: Python<'_>,
+        id: &str,
+        times: Option<u32>,
+        backoff: f64,
+        on: Option<Py<PyTuple>>,
+    ) -> PyResult<()> {
+        let written = match times {
+            Some(times) => {
+                let on = on.ok_or_else(|| PyTypeError::new_err("a retry needs `on`"))?;
+                let retry = policy::retry(py, times, backoff, &on)?;
+                Some((retry, (times, backoff, on)))
+            }
+            None => None,
+        };
+        let mut state = self.state();
+        if !state.graph.contains(id) {
+            return Err(unknown_node_error(py, id, &state.graph));
+        }
+        let policies = &mut state.policies;
+        if let Some((retry, written)) = written {
+            policies.policies.set_retry(id, Some(retry));
+            policies.retries.insert(id.to_owned(), written);
+        } else {
+            policies.policies.set_retry(id, None);
+            policies.retries.remove(id);
+        }
+        if let Some(compiled) = &mut state.compiled {
+            compiled.program = None;
+        }
+        Ok(())
+    }
+
+    /// Fails node `id`'s calls that run past `seconds` with a `soma.TimeLimitError`; `None`
+    /// removes its limit.
+    fn set_time_limit(&self, py: Python<'_>, id: &str, seconds: Option<f64>) -> PyResult<()> {
+        let limit = seconds
+            .map(|seconds| {
+                Duration::try_from_secs_f64(seconds)
+                    .map_err(|e| PyValueError::new_err(e.to_string()))
+            })
+            .transpose()?;
+        let mut state = self.state();
+        if !state.graph.contains(id) {
+            return Err(unknown_node_error(py, id, &state.graph));
+        }
+        let policies = &mut state.policies;
+        policies.policies.set_time_limit(id, limit);
+        match seconds {
+            Some(seconds) => policies.time_limits.insert(id.to_owned(), seconds),
+            None => policies.time_limits.remove(id),
+        };
+        if let Some(compiled) = &mut state.compiled {
+            compiled.program = None;
+        }
+        Ok(())
+    }
+
+    /// Nodes with retries, and their `(times, backoff, on)`, in the order the nodes were added.
+    fn retries(&self, py: Python<'_>) -> Vec<(String, WrittenRetry)> {
+        let state = self.state();
+        state
+            .graph
+            .nodes()
+            .iter()
+            .filter_map(|id| {
+                let (times, backoff, on) = state.policies.retries.get(id.as_str())?;
+                Some((id.to_string(), (*times, *backoff, on.clone_ref(py))))
+            })
+            .collect()
+    }
+
+    /// Nodes with a time limit, and its seconds, in the order the nodes were added.
+    fn time_limits(&self) -> Vec<(String, f64)> {
+        let state = self.state();
+        state
+            .graph
+            .nodes()
+            .iter()
+            .filter_map(|id| {
+                let seconds = state.policies.time_limits.get(id.as_str())?;
+                Some((id.to_string(), *seconds))
+            })
+            .collect()
+    }
+
     /// Placed nodes and their devices, in the order the nodes were added.
     fn devices(&self) -> Vec<(String, String)> {
         let state = self.state();
@@ -410,8 +507,25 @@ impl GraphCore {
             .collect()
     }
 
+    /// For each node, in plan order, whether a forward on `input` with `cache` (a run cache of
+    /// `soma/_cache.py`) would find its output there; no node runs.
+    fn would_hit(
+        &self,
+        py: Python<'_>,
+        input: Bound<'_, PyAny>,
+        cache: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<(String, bool)>> {
+        let program = self.program(py)?;
+        let executor = Executor::new().with_cache(Arc::new(PythonCache::new(cache)));
+        let found = executor.would_hit(&program, &wrap(input));
+        Ok(found
+            .into_iter()
+            .map(|(id, hit)| (id.to_string(), hit))
+            .collect())
+    }
+
     /// Runs the graph on `input`.
-    #[pyo3(signature = (input, driver=None, turn_limit=soma_core::DEFAULT_TURN_LIMIT, trace=None, timeout=None, stop=None))]
+    #[pyo3(signature = (input, driver=None, turn_limit=soma_core::DEFAULT_TURN_LIMIT, trace=None, timeout=None, stop=None, cache=None))]
     #[allow(clippy::too_many_arguments)] // `forward`'s own keywords, each passed through.
     fn forward<'py>(
         &self,
@@ -422,12 +536,16 @@ impl GraphCore {
         trace: Option<&Bound<'py, PyTrace>>,
         timeout: Option<f64>,
         stop: Option<&Bound<'py, StopFlag>>,
+        cache: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let nested = Nested::enter()?;
         let timeout = timeout.map(time_limit).transpose()?;
         let program = self.program(py)?;
         let watch = Arc::new(SignalWatch::new(timeout, stop.map(Bound::get)));
-        let executor = executor_for(nested.depth(), &watch, driver, turn_limit, trace)?;
+        let mut executor = executor_for(nested.depth(), &watch, driver, turn_limit, trace)?;
+        if let Some(cache) = cache {
+            executor = executor.with_cache(Arc::new(PythonCache::new(cache)));
+        }
         let input = wrap(input);
         // The whole run in a copy of the caller's context, as each branch is in a copy of its
         // wave's: what the nodes set never reaches the caller, with or without a wave.

@@ -5,10 +5,12 @@
 //! core. The public Python API (`soma.Graph`, the DSL, the exception hierarchy) is written in
 //! Python on top of this module.
 
+mod cache;
 mod context;
 mod convert;
 mod device;
 mod device_queues;
+mod digest;
 mod driver;
 mod errors;
 mod exit;
@@ -17,6 +19,7 @@ mod hosts;
 mod native;
 mod node;
 mod plan;
+mod policy;
 mod protocol;
 mod reentry;
 mod stream;
@@ -48,6 +51,8 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<stream::StreamCore>()?;
     module.add_class::<trace::PySpan>()?;
     module.add_class::<watch::StopFlag>()?;
+    module.add_class::<digest::Hasher>()?;
+    module.add_function(wrap_pyfunction!(digest::blake3, module)?)?;
     module.add("DEFAULT_TURN_LIMIT", soma_core::DEFAULT_TURN_LIMIT)?;
     module.add("MAX_NESTED_FORWARDS", reentry::MAX_NESTED_FORWARDS)?;
     module.add_function(wrap_pyfunction!(context::_carry_context, module)?)?;

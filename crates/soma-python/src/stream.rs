@@ -20,6 +20,7 @@ use pyo3::types::{PyDict, PyIterator, PyList, PyTuple};
 use pyo3::PyTraverseError;
 use soma_core::{NodeId, OnError, RunError, Stream, StreamError, StreamSettings, Value};
 
+use crate::cache::PythonCache;
 use crate::convert::{to_python, wrap};
 use crate::device_queues::Scope;
 use crate::errors::{panic_error, run_error};
@@ -73,7 +74,7 @@ fn busy() -> PyErr {
 #[pymethods]
 impl StreamCore {
     #[new]
-    #[pyo3(signature = (graph, inputs, in_flight, ordered, stop_on_error, concurrency, driver=None, turn_limit=soma_core::DEFAULT_TURN_LIMIT, trace=None, timeout=None))]
+    #[pyo3(signature = (graph, inputs, in_flight, ordered, stop_on_error, concurrency, driver=None, turn_limit=soma_core::DEFAULT_TURN_LIMIT, trace=None, timeout=None, cache=None))]
     #[allow(clippy::too_many_arguments)] // Python's keywords, passed on as they are.
     #[allow(clippy::fn_params_excessive_bools)]
     fn new(
@@ -88,11 +89,17 @@ impl StreamCore {
         turn_limit: u32,
         trace: Option<&Bound<'_, PyTrace>>,
         timeout: Option<f64>,
+        cache: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let timeout = timeout.map(time_limit).transpose()?;
         let program = graph.get().program(py)?;
         let iterator = inputs.try_iter()?.unbind();
         let watch = Arc::new(SignalWatch::new(timeout, None));
+        let mut executor = executor_for(reentry::depth(), &watch, driver, turn_limit, trace)?;
+        if let Some(cache) = cache {
+            // Each item a run of its own, keyed on its own input.
+            executor = executor.with_cache(Arc::new(PythonCache::new(cache)));
+        }
         let mut settings = StreamSettings::default()
             .with_in_flight(in_flight)
             .with_on_error(if stop_on_error {
@@ -101,13 +108,7 @@ impl StreamCore {
                 OnError::Continue
             })
             // Its stages run at the depth of the run that opened it, as a wave's branches do.
-            .with_executor(executor_for(
-                reentry::depth(),
-                &watch,
-                driver,
-                turn_limit,
-                trace,
-            )?);
+            .with_executor(executor);
         if !ordered {
             settings = settings.unordered();
         }

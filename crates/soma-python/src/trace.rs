@@ -34,6 +34,8 @@ pub struct PySpan {
     device: Option<String>,
     /// The host it ran on, for a node of a slice that ran on one.
     host: Option<String>,
+    /// Whether its output came from the run's cache: the node was not called.
+    cached: bool,
 }
 
 /// A span as it travels from a host back to the caller: node, start, end, thread, branch path,
@@ -61,6 +63,7 @@ impl From<&Span> for PySpan {
             error: span.error.clone(),
             device: span.device.map(|device| device.to_string()),
             host: span.host.as_ref().map(ToString::to_string),
+            cached: span.cached,
         }
     }
 }
@@ -203,6 +206,8 @@ impl PyTrace {
                 error,
                 device: device.and_then(|device| device.parse::<Device>().ok()),
                 host: None,
+                // A host runs its slice uncached.
+                cached: false,
             });
         }
         self.trace.adopt(adopted, &host, at);

@@ -227,14 +227,14 @@ impl PartialEq for Value {
 
 /// One step of a walk over a value, depth first: a value entered (under its key, inside a
 /// map), or a list or map left once all its items were.
-enum Visit<'v> {
+pub(crate) enum Visit<'v> {
     Enter(Option<&'v str>, &'v Value),
     Leave(&'v Value),
 }
 
 impl Value {
     /// Every value inside this one, depth first, as `Enter` and `Leave` steps, from a stack.
-    fn visits(&self) -> impl Iterator<Item = Visit<'_>> {
+    pub(crate) fn visits(&self) -> impl Iterator<Item = Visit<'_>> {
         let mut stack = vec![Visit::Enter(None, self)];
         std::iter::from_fn(move || {
             let next = stack.pop()?;

@@ -55,6 +55,22 @@ pub enum RunError {
         /// What the operating system said.
         reason: String,
     },
+    /// A node's call ran past its [time limit](crate::Policy::time_limit); its thread was
+    /// left to finish it, its result dropped.
+    TimeLimit {
+        /// The node.
+        node: NodeId,
+        /// The limit in force.
+        limit: std::time::Duration,
+    },
+    /// A node's call failed on every attempt its [`crate::Retry`] allowed: `last` is the last
+    /// attempt's error.
+    Retried {
+        /// Attempts made, the first included.
+        attempts: u32,
+        /// The last attempt's error.
+        last: Box<RunError>,
+    },
     /// The [`crate::Watch`] asked the run to stop.
     Interrupted,
     /// The run finished, but past its [deadline](crate::Watch::deadline): its result is dropped,
@@ -82,7 +98,9 @@ impl RunError {
             | RunError::NoDriver { node }
             | RunError::DriverFailed { node, .. }
             | RunError::WrongResultCount { node, .. }
-            | RunError::TurnLimit { node, .. } => Some(node),
+            | RunError::TurnLimit { node, .. }
+            | RunError::TimeLimit { node, .. } => Some(node),
+            RunError::Retried { last, .. } => last.node(),
             RunError::Invalid(error) => Some(error.node()),
         }
     }
@@ -114,6 +132,14 @@ impl fmt::Display for RunError {
                 f,
                 "node `{node}` was still awaiting after {limit} turns\nhint: make it finish, or raise the turn limit"
             ),
+            RunError::TimeLimit { node, limit } => write!(
+                f,
+                "node `{node}` ran past its time limit of {} s\nhint: its call goes on in the background and its result is dropped; raise the limit, or let `.retry(on=(TimeoutError,))` try it again",
+                limit.as_secs_f64()
+            ),
+            RunError::Retried { attempts, last } => {
+                write!(f, "{last}\n(failed on each of {attempts} attempts)")
+            }
             RunError::Invalid(error) => error.fmt(f),
             RunError::NoThread { reason } => write!(
                 f,
@@ -148,7 +174,9 @@ impl std::error::Error for RunError {
         match self {
             RunError::NodeFailed { error, .. } => Some(error),
             RunError::DriverFailed { error, .. } => Some(error),
+            RunError::Retried { last, .. } => Some(&**last),
             RunError::NoDriver { .. }
+            | RunError::TimeLimit { .. }
             | RunError::WrongResultCount { .. }
             | RunError::TurnLimit { .. }
             | RunError::Invalid(_)

@@ -18,9 +18,11 @@
 //! branch has been joined — ahead of any branch's error, even an earlier-declared one: a panic
 //! is a bug, and reporting an ordinary error in its place would swallow it.
 
+use super::cache::{Entry, NodeCache};
 use super::detach::{Detached, Kept, Remains};
 use super::error::RunError;
 use super::hooks::{Host, Watch};
+use super::keys::RunKeys;
 use super::lane::Lane;
 use super::table::Frame;
 use super::trace::{thread_number, Span, Trace};
@@ -28,18 +30,20 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::model::catalog::Catalog;
+use crate::model::device::Device;
 use crate::model::driver::Driver;
 use crate::model::id::NodeId;
-use crate::model::node::{Ctx, Transition, DEFAULT_TURN_LIMIT};
+use crate::model::node::{Ctx, Node, Transition, DEFAULT_TURN_LIMIT};
 use crate::model::value::Value;
 use crate::plan::Plan;
 use crate::run::crew::Crew;
 use crate::run::program::{Op, Program, Read, Reads, Step};
 
-/// Runs plans, with an optional driver, watch and host.
+/// Runs plans, with an optional driver, watch, host, trace and cache.
 #[derive(Clone)]
 pub struct Executor {
     pub(super) driver: Option<Arc<dyn Driver>>,
+    pub(super) cache: Option<Arc<dyn NodeCache>>,
     pub(super) watch: Option<Arc<dyn Watch>>,
     pub(super) host: Option<Arc<dyn Host>>,
     pub(super) trace: Option<Arc<Trace>>,
@@ -52,6 +56,7 @@ struct RunParts {
     program: Arc<Program>,
     input: Value,
     detached: Detached,
+    keys: Option<RunKeys>,
 }
 
 /// Why a branch stopped: its own error, because an earlier-declared sibling failed, or because
@@ -130,6 +135,7 @@ impl Executor {
     pub fn new() -> Self {
         Executor {
             driver: None,
+            cache: None,
             watch: None,
             host: None,
             trace: None,
@@ -163,6 +169,16 @@ impl Executor {
     #[must_use]
     pub fn with_trace(mut self, trace: Arc<Trace>) -> Self {
         self.trace = Some(trace);
+        self
+    }
+
+    /// Asks `cache` before running each node, and files each output a node computed in it:
+    /// a node whose key is there is not called (see [`NodeCache`] for what a key covers). Each
+    /// output is filed as soon as its node returns, so a run that fails keeps what it
+    /// completed. Without a cache a run costs what it did.
+    #[must_use]
+    pub fn with_cache(mut self, cache: Arc<dyn NodeCache>) -> Self {
+        self.cache = Some(cache);
         self
     }
 
@@ -236,6 +252,7 @@ impl Executor {
             program: Arc::clone(program),
             input,
             detached: Detached::new(program.len(), Arc::downgrade(&remains)),
+            keys: self.run_keys(program),
         });
         let mut table = Kept::new(vec![None; program.len()]);
         let RunParts {
@@ -243,13 +260,14 @@ impl Executor {
             program,
             input,
             detached,
+            keys,
         } = parts.get();
         let mut frame = Frame {
             base: 0,
             own: table.get_mut(),
             shared: None,
         };
-        let lane = Lane::root(&program.crew, program, Some(detached));
+        let lane = Lane::root(&program.crew, program, Some(detached), keys.as_ref());
         let deadline = executor.watch.as_deref().and_then(Watch::deadline);
         let walked = match deadline {
             // No node may run on the caller's thread: it could not be left behind.
@@ -282,13 +300,20 @@ impl Executor {
             own: &mut table,
             shared: None,
         };
+        let keys = self.run_keys(program);
         let walked = self.walk(
             &program.root,
             &input,
             &mut frame,
-            Lane::root(crew, program, None),
+            Lane::root(crew, program, None, keys.as_ref()),
         );
         Self::finish(program, walked, &mut table, || input)
+    }
+
+    /// The identities a run of `program` keys its values by, when it runs with a cache.
+    pub(super) fn run_keys(&self, program: &Program) -> Option<RunKeys> {
+        let cache = self.cache.as_ref()?;
+        Some(RunKeys::new(Arc::clone(cache), program.len()))
     }
 
     /// The run's result, from the outcome of its walk and the table it filled; `input` is the
@@ -374,7 +399,10 @@ impl Executor {
         if let Some(run) = lane.detached {
             run.set_running(step.slot(), true);
         }
-        let value = self.gather_and_call(step, input, frame, lane);
+        let value = match lane.keys {
+            None => self.gather_and_call(step, input, frame, lane),
+            Some(keys) => self.through_cache(keys, step, input, frame, lane),
+        };
         if let Some(run) = lane.detached {
             run.set_running(step.slot(), false);
         }
@@ -419,11 +447,88 @@ impl Executor {
         Ok(value)
     }
 
+    /// A step of a run with a cache: its output from the cache when its key is there (the
+    /// values it would have taken are dropped unread), otherwise from its node, filed under its
+    /// key with its digest. Either way the identity of its output — its digest, or its key
+    /// where it has none — is recorded for the steps that read it.
+    // Kept out of line: a run without a cache should not carry its code through every step.
+    #[cold]
+    #[inline(never)]
+    fn through_cache(
+        &self,
+        keys: &RunKeys,
+        step: &Step,
+        input: &Value,
+        frame: &mut Frame<'_>,
+        lane: Lane<'_>,
+    ) -> Result<Value, Halt> {
+        let id = &lane.program.ids[step.slot()];
+        let key = keys
+            .cache
+            .fingerprint(id, &*step.node)
+            .and_then(|fingerprint| keys.key_of(id, &fingerprint, step, input));
+        if let Some(key) = key {
+            if let Some(entry) = keys.cache.get(id, &key) {
+                self.skip(step, id, frame, lane);
+                keys.settle(step.slot(), Some(entry.digest.unwrap_or(key)));
+                return Ok(entry.value);
+            }
+        }
+        let started = Instant::now();
+        let value = self.gather_and_call(step, input, frame, lane)?;
+        let took = started.elapsed();
+        // Readers are keyed on its content, so that an output computed again the same leaves
+        // them hitting; on its key where it has no digest.
+        let digest = keys.cache.digest(&value);
+        if let Some(key) = key {
+            let entry = Entry { value, digest };
+            keys.cache.put(id, &key, &entry, took);
+            keys.settle(step.slot(), digest.or(Some(key)));
+            return Ok(entry.value);
+        }
+        keys.settle(step.slot(), digest);
+        Ok(value)
+    }
+
+    /// What a step found in the cache leaves undone: it drops the values it would have taken
+    /// (their last reader in the branch, it would have dropped them after its call) and marks
+    /// its span cached in the trace.
+    fn skip(&self, step: &Step, id: &NodeId, frame: &mut Frame<'_>, lane: Lane<'_>) {
+        let mut drop_taken = |read: &Read| {
+            if read.take {
+                drop(frame.take(read.slot()));
+            }
+        };
+        match &step.from {
+            Reads::Input => {}
+            Reads::One(one) => drop_taken(one),
+            Reads::Many(many) => many.reads.iter().for_each(|(_, read)| drop_taken(read)),
+        }
+        if let Some(trace) = self.trace.as_deref() {
+            let now = trace.now();
+            trace.record(Span {
+                node: id.clone(),
+                start: now,
+                end: now,
+                thread: thread_number(),
+                branch: lane.path(),
+                turns: 0,
+                error: None,
+                device: step.device,
+                host: None,
+                cached: true,
+            });
+        }
+    }
+
     /// Runs a step's node on its input, traced when a trace was asked for.
     fn call(&self, step: &Step, input: &Value, lane: Lane<'_>) -> Result<Value, RunError> {
-        let id = &lane.ids[step.slot()];
+        let id = &lane.program.ids[step.slot()];
+        if step.has_policy() {
+            return self.call_with_policy(step, id, input, lane);
+        }
         match self.trace.as_deref() {
-            None => self.execute(step, id, input, &mut 0),
+            None => self.execute(&*step.node, step.device, id, input, &mut 0),
             Some(trace) => self.traced(trace, step, id, input, lane),
         }
     }
@@ -441,7 +546,7 @@ impl Executor {
     ) -> Result<Value, RunError> {
         let start = trace.now();
         let mut turns = 0;
-        let outcome = self.execute(step, id, input, &mut turns);
+        let outcome = self.execute(&*step.node, step.device, id, input, &mut turns);
         trace.record(Span {
             node: id.clone(),
             start,
@@ -452,6 +557,7 @@ impl Executor {
             error: outcome.as_ref().err().map(ToString::to_string),
             device: step.device,
             host: None,
+            cached: false,
         });
         outcome
     }
@@ -464,10 +570,17 @@ impl Executor {
         }
     }
 
-    /// Calls one node, `node`, turn after turn until it is done; `turns` counts the calls.
-    fn execute(
+    /// Calls one node, `implementation` run as `node` placed on `device`, turn after turn until
+    /// it is done; `turns` counts the calls.
+    // Inlined into every caller, so that the policies' callers (see `attempt`) do not make the
+    // plain step's call an out-of-line one: measured on a shared machine, not isolated from the
+    // step's own change, the chain row ran a few percent slower with the choice left open.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    pub(super) fn execute(
         &self,
-        step: &Step,
+        implementation: &dyn Node,
+        device: Option<Device>,
         node: &NodeId,
         input: &Value,
         turns: &mut u32,
@@ -482,10 +595,10 @@ impl Executor {
                     limit: self.turn_limit,
                 });
             }
-            let ctx = Ctx::new(node, turn, &results).on(step.device);
+            let ctx = Ctx::new(node, turn, &results).on(device);
             *turns = turn + 1;
             let transition =
-                step.node
+                implementation
                     .forward(input, &ctx)
                     .map_err(|error| RunError::NodeFailed {
                         node: node.clone(),

@@ -11,8 +11,8 @@ use std::thread;
 
 use super::crew::Crew;
 use super::detach::Detached;
+use super::keys::RunKeys;
 use super::program::Program;
-use crate::model::id::NodeId;
 
 /// How many enclosing waves a node boundary looks at for an earlier sibling's failure.
 const CANCEL_REACH: usize = 64;
@@ -37,10 +37,12 @@ pub(super) struct Lane<'s> {
     pub(super) crew: &'s Crew,
     pub(super) caller: thread::ThreadId,
     pub(super) detached: Option<&'s Detached>,
-    /// The program's node ids, by slot: a step keeps only its slot.
-    pub(super) ids: &'s [NodeId],
+    /// The program run: its node ids by slot (a step keeps only its slot), and its policies.
+    pub(super) program: &'s Program,
     /// Whether the run prefetches each next node ([`Program::prefetching`]).
     pub(super) prefetching: bool,
+    /// The run's cache and the identities of its values, when it runs with a cache.
+    pub(super) keys: Option<&'s RunKeys>,
 }
 
 impl<'s> Lane<'s> {
@@ -49,6 +51,7 @@ impl<'s> Lane<'s> {
         crew: &'s Crew,
         program: &'s Program,
         detached: Option<&'s Detached>,
+        keys: Option<&'s RunKeys>,
     ) -> Self {
         Lane {
             wave: None,
@@ -56,8 +59,9 @@ impl<'s> Lane<'s> {
             crew,
             caller: thread::current().id(),
             detached,
-            ids: &program.ids,
+            program,
             prefetching: program.prefetching(),
+            keys,
         }
     }
 

@@ -4,17 +4,23 @@
 //!
 //! The executor is where an embedder plugs in: a [`Driver`](crate::Driver) serves nodes that
 //! await, a [`Watch`](hooks::Watch) says when to stop, a [`Host`](hooks::Host) wraps each
-//! branch and each wait (an interpreter lock, say), a [`Trace`](trace::Trace) records spans.
+//! branch and each wait (an interpreter lock, say), a [`Trace`](trace::Trace) records spans, a [`NodeCache`](cache::NodeCache) serves outputs
+//! already computed.
 //!
 //! A [`Stream`](stream::Stream) runs a program over many items, its stages overlapped.
 
+mod attempt;
+pub(crate) mod cache;
 pub(crate) mod crew;
 mod detach;
 pub(crate) mod error;
 pub(crate) mod executor;
 mod fork;
 pub(crate) mod hooks;
+mod keys;
 mod lane;
+mod lookahead;
+pub(crate) mod policy;
 pub(crate) mod program;
 pub(crate) mod reserve;
 pub(crate) mod stream;

@@ -28,6 +28,8 @@ use crate::model::node::Node;
 use crate::plan::{Plan, Visit};
 use crate::run::crew::{Crew, DEFAULT_IDLE_THREADS};
 use crate::run::error::ProgramError;
+use crate::run::policy::Policies;
+use crate::run::policy::Policy;
 
 /// A plan with its implementations and inputs resolved to slots. Build it once with
 /// [`Program::new`]; run it any number of times, from any number of threads, with
@@ -40,6 +42,8 @@ use crate::run::error::ProgramError;
 pub struct Program {
     pub(crate) root: Op,
     pub(crate) ids: Box<[NodeId]>,
+    /// Each step's policy, by slot; empty when no node has one.
+    pub(crate) policies: Box<[Option<Arc<Policy>>]>,
     pub(crate) leaves: Box<[usize]>,
     /// The devices its steps are placed on, each once, in order: what a host prepares before a
     /// run (the device queues it forks per wave, say) without walking the steps.
@@ -83,10 +87,20 @@ pub(crate) struct Step {
     pub(crate) device: Option<Device>,
 }
 
+/// The bit of [`Step::slot`] that says the step's node has a [`Policy`], in
+/// [`Program::policies`]: kept in a bit the slot does not use rather than in a field, so
+/// that a step is no larger for it and a step without one pays a bit test.
+const HAS_POLICY: u32 = 1 << 31;
+
 impl Step {
     /// Where the step writes its value, and where its id is in [`Program::ids`].
     pub(crate) fn slot(&self) -> usize {
-        self.slot as usize
+        (self.slot & !HAS_POLICY) as usize
+    }
+
+    /// Whether its node has a policy, in [`Program::policies`] at its slot.
+    pub(crate) fn has_policy(&self) -> bool {
+        self.slot & HAS_POLICY != 0
     }
 }
 
@@ -138,7 +152,7 @@ impl Program {
     /// O(steps + reads · d), where d is how far apart in the plan's nesting a value's producer and
     /// readers are (1 or 2 for plans the compiler makes); no recursion, however deep the plan.
     pub fn new(plan: &Plan, catalog: &Catalog) -> Result<Program, ProgramError> {
-        Program::placed(plan, catalog, None)
+        Program::placed(plan, catalog, None, None)
     }
 
     /// Resolves `plan` against `catalog`, each step's node placed where `placement` says
@@ -155,17 +169,46 @@ impl Program {
         catalog: &Catalog,
         placement: &Placement,
     ) -> Result<Program, ProgramError> {
-        Program::placed(plan, catalog, Some(placement).filter(|p| !p.is_empty()))
+        Program::placed(
+            plan,
+            catalog,
+            Some(placement).filter(|p| !p.is_empty()),
+            None,
+        )
+    }
+
+    /// Resolves `plan` against `catalog` as [`Program::with_placement`] does, each step's node
+    /// also held to the policy `policies` gives it (retries, a time limit; see
+    /// [`crate::Policy`]).
+    ///
+    /// # Errors
+    /// As [`Program::new`].
+    ///
+    /// # Complexity
+    /// As [`Program::with_placement`], plus one lookup per step when a node has a policy.
+    pub fn resolved(
+        plan: &Plan,
+        catalog: &Catalog,
+        placement: &Placement,
+        policies: &Policies,
+    ) -> Result<Program, ProgramError> {
+        Program::placed(
+            plan,
+            catalog,
+            Some(placement).filter(|p| !p.is_empty()),
+            Some(policies).filter(|p| !p.is_empty()),
+        )
     }
 
     fn placed(
         plan: &Plan,
         catalog: &Catalog,
         placement: Option<&Placement>,
+        policies: Option<&Policies>,
     ) -> Result<Program, ProgramError> {
         let numbered = Numbering::of(plan, catalog)?;
         let decided = numbered.decide();
-        let root = numbered.build(plan, &decided, placement);
+        let root = numbered.build(plan, &decided, placement, policies);
         let mut devices: Vec<Device> = placement
             .map(|placement| {
                 numbered
@@ -177,8 +220,17 @@ impl Program {
             .unwrap_or_default();
         devices.sort_unstable();
         devices.dedup();
+        let policies: Box<[Option<Arc<Policy>>]> = match policies {
+            Some(policies) => numbered
+                .ids
+                .iter()
+                .map(|id| policies.get(id.as_str()).cloned())
+                .collect(),
+            None => Box::new([]),
+        };
         Ok(Program {
             root,
+            policies,
             ids: numbered.ids.into_iter().cloned().collect(),
             leaves: decided.leaves.into(),
             devices: devices.into(),
@@ -252,7 +304,10 @@ struct Position {
 const NONE: u32 = u32::MAX;
 
 fn to_u32(n: usize) -> u32 {
-    u32::try_from(n).expect("fewer steps than u32::MAX")
+    u32::try_from(n)
+        .ok()
+        .filter(|&n| n < HAS_POLICY)
+        .expect("fewer steps than 2^31")
 }
 
 /// Slots by id.
@@ -570,7 +625,13 @@ impl<'p> Numbering<'p> {
     /// Each container's children go straight into a list of their exact number, which becomes
     /// the container's boxed slice without a copy: the tree is written once, into as much new
     /// memory as it takes — memory a first run touches for the first time, a page fault a page.
-    fn build(&self, plan: &Plan, decided: &Decided, placement: Option<&Placement>) -> Op {
+    fn build(
+        &self,
+        plan: &Plan,
+        decided: &Decided,
+        placement: Option<&Placement>,
+        policies: Option<&Policies>,
+    ) -> Op {
         /// What a container being built is.
         enum Container {
             /// The list the root op goes into.
@@ -620,10 +681,11 @@ impl<'p> Numbering<'p> {
                                 })),
                             };
                             let id = self.ids[slot];
+                            let policy = policies.is_some_and(|p| p.get(id.as_str()).is_some());
                             parent.children.push(Op::Execute(Step {
                                 node: Arc::clone(self.implementations[slot]),
                                 from,
-                                slot: to_u32(slot),
+                                slot: to_u32(slot) | if policy { HAS_POLICY } else { 0 },
                                 device: placement.and_then(|p| p.device(id.as_str())),
                             }));
                             slot += 1;

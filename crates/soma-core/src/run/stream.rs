@@ -93,6 +93,7 @@ use std::time::{Duration, Instant};
 use super::error::RunError;
 use super::executor::Executor;
 use super::hooks::{Captured, ItemContext, Watch};
+use super::keys::RunKeys;
 use super::lane::Lane;
 use super::table::Frame;
 use crate::model::id::NodeId;
@@ -280,6 +281,9 @@ struct Item {
     /// it goes through: what a stage's nodes set there, its next stages see, and no other item
     /// does. `None` when the host carries no context.
     context: Option<Box<dyn ItemContext>>,
+    /// The identities of its values, when the stream runs with a cache: each item is a run of
+    /// its own, keyed on its own input.
+    keys: Option<RunKeys>,
 }
 
 /// Items waiting for one stage, keyed by index. Boxed: a map's node shifts its entries as the
@@ -739,6 +743,7 @@ impl<I: Iterator<Item = Value>> Stream<I> {
                     .captured
                     .as_ref()
                     .and_then(|captured| captured.for_item()),
+                keys: self.settings.executor.run_keys(&self.program),
             });
             self.read += 1;
             self.in_flight += 1;
@@ -1047,7 +1052,7 @@ impl Worker {
             own: &mut item.table,
             shared: None,
         };
-        let lane = Lane::root(&self.program.crew, &self.program, None);
+        let lane = Lane::root(&self.program.crew, &self.program, None, item.keys.as_ref());
         match executor.walk(op, &item.input, &mut frame, lane) {
             Ok(()) if !last => {
                 for &slot in drops {

@@ -44,6 +44,9 @@ pub struct Span {
     pub device: Option<Device>,
     /// The host it ran on, if not this process: a span of a remote slice ([`Trace::adopt`]).
     pub host: Option<HostName>,
+    /// Whether its output came from the run's cache ([`crate::Executor::with_cache`]): the
+    /// node was not called, and `turns` is 0.
+    pub cached: bool,
 }
 
 impl Span {

@@ -357,8 +357,9 @@ impl Executor {
             crew: outer.crew,
             caller: outer.caller,
             detached: outer.detached,
-            ids: outer.ids,
+            program: outer.program,
             prefetching: outer.prefetching,
+            keys: outer.keys,
         };
         // Caught inside the context, so that entering it is always matched by leaving it.
         let mut result = None;

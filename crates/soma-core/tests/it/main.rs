@@ -2,6 +2,7 @@
 //!
 //! | module | asks about |
 //! |---|---|
+//! | `cache` | a rerun calls only what changed: keys of code, input and predecessors; resume; waves |
 //! | `graph` | construction, refusals that change nothing, queries and their orders |
 //! | `values` | O(1) clones, identity of `Opaque`, maps; deep values drop, compare, print on a small stack |
 //! | `execution` | what each node reads, what a run returns, who is blamed, the watch |
@@ -11,6 +12,7 @@
 //! | `drawing` | the tree, Mermaid, DOT and SVG of plans and graphs |
 //! | `hosts` | host names read and refused where written; distribution into remote slices, drawn |
 //! | `placement` | devices read and refused where written, placement beside the plan, shown in traces and drawings |
+//! | `policies` | retries (counts, which failures, pauses, the count in the error) and time limits, each attempt a span |
 //! | `messages` | every error's message, word for word (inline snapshots) |
 //! | `context` | each branch runs in a copy of the context its wave was reached in, its changes its own |
 //! | `crew` | the threads a program lends its waves: as many as are in flight, idle ones capped, gone with the program |
@@ -25,6 +27,7 @@
 // What `random_graphs` builds; it is shared with a unit test, where its crate differs.
 use soma_core::Graph;
 
+mod cache;
 mod context;
 mod crew;
 mod decomposition;
@@ -41,6 +44,7 @@ mod isolation;
 mod layers;
 mod messages;
 mod placement;
+mod policies;
 mod random_graphs;
 mod streams;
 mod support;

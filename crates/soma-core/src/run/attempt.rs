@@ -1,0 +1,218 @@
+//! The executor's side of a node's [`Policy`]: each attempt of a call traced as a span of its
+//! own, retried as the policy's [`crate::Retry`] says after a pause that a Ctrl-C or a deadline
+//! ends, and held to its time limit.
+//!
+//! A time-limited call runs on a thread lent by the program's crew while the branch's thread
+//! waits with the limit as its deadline, the host's hold (the GIL) given up meanwhile, as
+//! `forward(timeout=)` runs a whole plan ([`crate::Executor::run_detachable`]). What the call
+//! reads is owned by it — the node, its input and its id are reference-counted, the context it
+//! runs in is a copy captured for it — so a call left to finish borrows nothing that can go
+//! away under it. What such a call sets in that context is its own: the nodes after it do not
+//! see it.
+
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::error::RunError;
+use super::executor::Executor;
+use super::lane::Lane;
+use super::policy::{Policy, JITTER};
+use super::program::Step;
+use super::trace::{thread_number, Span};
+use crate::model::id::NodeId;
+use crate::model::value::Value;
+
+/// How often a time-limited wait asks the watch whether to stop.
+const WATCH_INTERVAL: Duration = Duration::from_millis(5);
+
+/// Where a time-limited call leaves its outcome for the branch that waits for it.
+struct Outcome {
+    value: Mutex<Option<thread::Result<Result<Value, RunError>>>>,
+    done: Condvar,
+}
+
+impl Executor {
+    /// Calls a step's node under its policy: each attempt traced as a span of its own, retried
+    /// as the policy says, each attempt within the time limit.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn call_with_policy(
+        &self,
+        step: &Step,
+        id: &NodeId,
+        input: &Value,
+        lane: Lane<'_>,
+    ) -> Result<Value, RunError> {
+        let policy: &Policy = lane.program.policies[step.slot()]
+            .as_deref()
+            .expect("a step marked as having a policy has one");
+        let mut attempt = 0_u32;
+        loop {
+            let outcome = self.attempt(policy.time_limit, step, id, input, lane);
+            let error = match outcome {
+                Ok(value) => return Ok(value),
+                Err(error) => error,
+            };
+            let Some(retry) = policy.retry.as_ref() else {
+                return Err(error);
+            };
+            if !(retry.on)(&error) {
+                return Err(error);
+            }
+            if attempt >= retry.times() {
+                return Err(RunError::Retried {
+                    attempts: attempt + 1,
+                    last: Box::new(error),
+                });
+            }
+            let pause = retry.pause_before(attempt);
+            let pause = pause.mul_f64(1.0 + JITTER * retry.clock.jitter().clamp(0.0, 1.0));
+            let stopping = || lane.cancelled() || self.stopped();
+            let mut waited = true;
+            self.blocking(&mut || waited = retry.clock.pause(pause, &stopping));
+            if !waited {
+                // An earlier sibling failed, and its error is the one reported; or the watch
+                // stopped the run (Ctrl-C, a deadline), which is why the node did not finish.
+                return Err(if lane.cancelled() {
+                    error
+                } else {
+                    RunError::Interrupted
+                });
+            }
+            attempt += 1;
+        }
+    }
+
+    /// One attempt, traced when a trace was asked for.
+    fn attempt(
+        &self,
+        limit: Option<Duration>,
+        step: &Step,
+        id: &NodeId,
+        input: &Value,
+        lane: Lane<'_>,
+    ) -> Result<Value, RunError> {
+        let Some(trace) = self.trace.as_deref() else {
+            let mut turns = 0;
+            return self.within(limit, step, id, input, lane, &mut turns);
+        };
+        let start = trace.now();
+        let mut turns = 0;
+        let outcome = self.within(limit, step, id, input, lane, &mut turns);
+        trace.record(Span {
+            node: id.clone(),
+            start,
+            end: trace.now(),
+            thread: thread_number(),
+            branch: lane.path(),
+            turns,
+            error: outcome.as_ref().err().map(ToString::to_string),
+            device: step.device,
+            host: None,
+            cached: false,
+        });
+        outcome
+    }
+
+    /// One call, on a lent thread and within `limit` when there is one.
+    fn within(
+        &self,
+        limit: Option<Duration>,
+        step: &Step,
+        id: &NodeId,
+        input: &Value,
+        lane: Lane<'_>,
+        turns: &mut u32,
+    ) -> Result<Value, RunError> {
+        let Some(limit) = limit else {
+            return self.execute(&*step.node, step.device, id, input, turns);
+        };
+        let deadline = Instant::now() + limit;
+        let outcome = Arc::new(Outcome {
+            value: Mutex::new(None),
+            done: Condvar::new(),
+        });
+        let task = {
+            let (executor, node, device) = (self.clone(), Arc::clone(&step.node), step.device);
+            let (id, input, outcome) = (id.clone(), input.clone(), Arc::clone(&outcome));
+            let captured = self.host.as_ref().and_then(|host| host.capture());
+            move || {
+                let mut result = None;
+                let mut call = || {
+                    let mut turns = 0;
+                    result = Some(panic::catch_unwind(AssertUnwindSafe(|| {
+                        executor.execute(&*node, device, &id, &input, &mut turns)
+                    })));
+                };
+                match &captured {
+                    Some(captured) => captured.enter(&mut call),
+                    None => call(),
+                }
+                let mut value = outcome.value.lock().unwrap_or_else(PoisonError::into_inner);
+                *value = result;
+                outcome.done.notify_all();
+            }
+        };
+        *turns = 1;
+        if let Err(refused) = lane.crew.lend(vec![task], self.host.as_ref()) {
+            return Err(RunError::NoThread {
+                reason: refused.to_string(),
+            });
+        }
+        let detachable = lane.detached.is_some();
+        let mut ended = None;
+        self.blocking(&mut || {
+            let mut value = outcome.value.lock().unwrap_or_else(PoisonError::into_inner);
+            loop {
+                if let Some(result) = value.take() {
+                    ended = Some(Ok(result));
+                    return;
+                }
+                // A run its caller may leave (`forward(timeout=)`) names the nodes still running
+                // when it gives up: this one waits on as if it ran the call itself, so that it
+                // is named. A run whose caller is this thread's stops here, at Ctrl-C.
+                if !detachable && self.stopped() {
+                    ended = Some(Err(RunError::Interrupted));
+                    return;
+                }
+                // An earlier sibling failed: its error is the wave's, and this call's result
+                // could not be used, so the branch stops waiting for it (as it would stop at
+                // its next node boundary) instead of holding the wave up to the limit.
+                if lane.cancelled() {
+                    ended = Some(Err(RunError::Interrupted));
+                    return;
+                }
+                let now = Instant::now();
+                if now >= deadline {
+                    ended = Some(Err(RunError::TimeLimit {
+                        node: id.clone(),
+                        limit,
+                    }));
+                    return;
+                }
+                value = outcome
+                    .done
+                    .wait_timeout(value, (deadline - now).min(WATCH_INTERVAL))
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+            }
+        });
+        match ended.expect("the host ran the wait") {
+            Ok(Ok(result)) => result,
+            Ok(Err(payload)) => panic::resume_unwind(payload),
+            Err(stopped) => Err(stopped),
+        }
+    }
+
+    /// Whether the watch says stop, its host's pending signals looked for first: a thread
+    /// that pauses or waits here is where a wave's wait would poll them (on the run's calling
+    /// thread; the watch ignores a poll from any other).
+    fn stopped(&self) -> bool {
+        self.watch.as_deref().is_some_and(|watch| {
+            watch.poll();
+            watch.interrupted()
+        })
+    }
+}

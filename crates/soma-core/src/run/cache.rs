@@ -1,0 +1,160 @@
+//! `NodeCache`: what the executor asks before running a node, so that a run computes only what
+//! changed since the last one.
+//!
+//! A node's key chains, Merkle-fashion, from what can change its output: its own fingerprint
+//! (its code and state, as the cache reads them), its id and the device it is placed on (both of
+//! which it can read from its `Ctx`), then the identity of each value it reads, in the order it
+//! declares them: the digest of its content. The digest of an output is taken once, when its
+//! node computes it, and kept in the entry beside it ([`Entry`]), as Bazel's action cache keeps
+//! an output's digest: a hit therefore costs no hashing of large outputs, a node whose inputs
+//! all hit is keyed, and found, without any of them being computed again — and a node that
+//! reruns (edited) but computes the same output as before leaves what reads it hitting ("early
+//! cutoff"). A node kept out (no fingerprint) always runs, and what reads it is keyed on the
+//! digest of its fresh output. An output without a digest (an `Opaque` one, to
+//! [`Key::of_value`]) is identified by its node's key instead; the run's input without a digest
+//! leaves the roots unkeyed: they run, uncached.
+//!
+//! Each output is filed as soon as its node returns, so a run that fails part way keeps what it
+//! completed, and the next run calls only the failed node and what comes after it.
+//!
+//! The store is behind the trait: [`MemoryCache`] keeps entries in a map; an embedder files
+//! them wherever it likes (a folder, Redis, S3) by implementing [`NodeCache`].
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use crate::model::id::NodeId;
+use crate::model::key::Key;
+use crate::model::node::Node;
+use crate::model::value::Value;
+
+/// What a cache keeps under a key: a node's output, and the digest of its content when it has
+/// one ([`NodeCache::digest`]), which the nodes that read it are keyed on.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    /// The output.
+    pub value: Value,
+    /// The digest of its content, taken when it was computed; `None` when it has none.
+    pub digest: Option<Key>,
+}
+
+/// Where the executor looks a node's output up before running it, and files it after.
+///
+/// Called from whichever thread runs the node, several at once in a wave: an implementation
+/// synchronises its own store. None of its methods can fail the run: a store that cannot read
+/// an entry answers a miss, one that cannot write drops the entry.
+pub trait NodeCache: Send + Sync {
+    /// The digest of what `node`'s output depends on besides its inputs — its code, its state —
+    /// or `None` to keep it out of the cache: it then always runs, and what reads it is keyed
+    /// on the digest of its fresh output. Asked once per run for each node that runs or hits.
+    fn fingerprint(&self, id: &NodeId, node: &dyn Node) -> Option<Key>;
+
+    /// The digest of `value`'s content: of the run's input, and of each output a node
+    /// computes. `None` when the value cannot be read. By default [`Key::of_value`].
+    fn digest(&self, value: &Value) -> Option<Key> {
+        Key::of_value(value)
+    }
+
+    /// The entry filed under `key` for `id`, or `None`. A store that cannot read an entry
+    /// whole (truncated, corrupted, gone) answers `None`: the node runs again.
+    fn get(&self, id: &NodeId, key: &Key) -> Option<Entry>;
+
+    /// Files `entry`, `id`'s output, under `key`; `took` is how long computing it took (what a
+    /// later hit saves).
+    fn put(&self, id: &NodeId, key: &Key, entry: &Entry, took: Duration);
+
+    /// Whether an entry is filed under `key` for `id`, and if so its digest: `Some(digest)`
+    /// for one that would be read whole, `None` for none — what
+    /// [`Executor::would_hit`](crate::Executor::would_hit) asks, and no lookup counted. By
+    /// default [`NodeCache::get`]'s answer, the output dropped; a store that can read an
+    /// entry's digest without its output says so here.
+    fn peek(&self, id: &NodeId, key: &Key) -> Option<Option<Key>> {
+        self.get(id, key).map(|entry| entry.digest)
+    }
+}
+
+/// Fingerprints a node by its id: what a [`MemoryCache`] asks to know whether a node changed.
+type Fingerprints = dyn Fn(&NodeId) -> Option<Key> + Send + Sync;
+
+/// A [`NodeCache`] in memory: entries in a map, for as long as it lives. Fingerprints come from
+/// a function of the node's id, since the engine cannot read a node's code: an embedder
+/// changes what it answers for a node when that node changes.
+pub struct MemoryCache {
+    fingerprints: Box<Fingerprints>,
+    entries: Mutex<HashMap<Key, Entry>>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+impl MemoryCache {
+    /// An empty cache that fingerprints nodes with `fingerprints` (`None` keeps one out).
+    pub fn new(fingerprints: impl Fn(&NodeId) -> Option<Key> + Send + Sync + 'static) -> Self {
+        MemoryCache {
+            fingerprints: Box::new(fingerprints),
+            entries: Mutex::new(HashMap::new()),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        }
+    }
+
+    /// Lookups that found an entry, since the cache was made.
+    pub fn hits(&self) -> u64 {
+        self.hits.load(Ordering::Relaxed)
+    }
+
+    /// Lookups that found none, since the cache was made.
+    pub fn misses(&self) -> u64 {
+        self.misses.load(Ordering::Relaxed)
+    }
+
+    /// How many entries it holds.
+    pub fn len(&self) -> usize {
+        self.entries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// Whether it holds no entry.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl NodeCache for MemoryCache {
+    fn fingerprint(&self, id: &NodeId, _node: &dyn Node) -> Option<Key> {
+        (self.fingerprints)(id)
+    }
+
+    fn get(&self, _id: &NodeId, key: &Key) -> Option<Entry> {
+        // A node that panicked while another held the lock left the map whole: entries are
+        // inserted in one call.
+        let found = self
+            .entries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .cloned();
+        let counter = if found.is_some() {
+            &self.hits
+        } else {
+            &self.misses
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        found
+    }
+
+    fn peek(&self, _id: &NodeId, key: &Key) -> Option<Option<Key>> {
+        let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        entries.get(key).map(|entry| entry.digest)
+    }
+
+    fn put(&self, _id: &NodeId, key: &Key, entry: &Entry, _took: Duration) {
+        self.entries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(*key, entry.clone());
+    }
+}

@@ -1,0 +1,93 @@
+//! `RunKeys`: the identity of each value one cached run produced, by slot — the digest of its
+//! content, or the key its node's output was filed under where it has none — from which each
+//! next node's key is chained (see [`crate::run::cache`]).
+//!
+//! Each slot is written once, by the step that owns it, and read by the steps after it, in its
+//! branch or after its wave joined: a `OnceLock` per slot needs no lock and no ordering
+//! beyond what the table of values already has.
+
+use std::sync::{Arc, OnceLock};
+
+use crate::model::id::NodeId;
+use crate::model::key::Key;
+use crate::model::value::Value;
+use crate::run::cache::NodeCache;
+use crate::run::program::{Read, Reads, Step};
+
+/// Derivation context of a node's key: no key of another kind can equal one.
+const NODE_CONTEXT: &str = "soma 2026-12 node key v1";
+
+/// The identities of one run's values, and the cache they are keyed for.
+pub(crate) struct RunKeys {
+    pub(crate) cache: Arc<dyn NodeCache>,
+    input: OnceLock<Option<Key>>,
+    outputs: Box<[OnceLock<Option<Key>>]>,
+}
+
+impl RunKeys {
+    /// Identities for a run of `slots` steps, none known yet.
+    pub(crate) fn new(cache: Arc<dyn NodeCache>, slots: usize) -> Self {
+        RunKeys {
+            cache,
+            input: OnceLock::new(),
+            outputs: (0..slots).map(|_| OnceLock::new()).collect(),
+        }
+    }
+
+    /// The key of `step`'s node `id`, fingerprinted `fingerprint`, placed where it is, on what
+    /// it reads: `None` when one of its inputs has no identity. The run's input is digested
+    /// once, by its first root.
+    pub(crate) fn key_of(
+        &self,
+        id: &NodeId,
+        fingerprint: &Key,
+        step: &Step,
+        input: &Value,
+    ) -> Option<Key> {
+        let mut hasher = blake3::Hasher::new_derive_key(NODE_CONTEXT);
+        hasher.update(fingerprint.as_bytes());
+        // Its id, which a node may read (`Ctx::node`): two nodes alike in code and state, on
+        // the same input, may still compute different outputs.
+        let name = id.as_str().as_bytes();
+        hasher.update(&(name.len() as u64).to_le_bytes());
+        hasher.update(name);
+        // Where it runs is part of what it computes: an output made on `cuda:1` is not the
+        // output of the same node moved to `cuda:0`.
+        match step.device {
+            None => hasher.update(b"nowhere"),
+            Some(device) => hasher.update(format!("on {device}").as_bytes()),
+        };
+        let read = |read: &Read| self.outputs[read.slot()].get().copied().flatten();
+        match &step.from {
+            Reads::Input => {
+                let digest = self
+                    .input
+                    .get_or_init(|| self.cache.digest(input))
+                    .as_ref()?;
+                hasher.update(b"input");
+                hasher.update(digest.as_bytes());
+            }
+            Reads::One(one) => {
+                hasher.update(b"one");
+                hasher.update(read(one)?.as_bytes());
+            }
+            Reads::Many(joined) => {
+                hasher.update(b"many");
+                hasher.update(&(joined.reads.len() as u64).to_le_bytes());
+                for (source, one) in &joined.reads {
+                    let name = source.as_str().as_bytes();
+                    hasher.update(&(name.len() as u64).to_le_bytes());
+                    hasher.update(name);
+                    hasher.update(read(one)?.as_bytes());
+                }
+            }
+        }
+        Some(Key::from_bytes(*hasher.finalize().as_bytes()))
+    }
+
+    /// Records the identity of the value in `slot`, once its step is done.
+    pub(crate) fn settle(&self, slot: usize, identity: Option<Key>) {
+        // A slot is written only by its own step, once a run.
+        let _ = self.outputs[slot].set(identity);
+    }
+}

@@ -1,0 +1,79 @@
+//! A node's policies as Python sets them: `.retry(times, backoff, on)` and `.time_limit(s)`
+//! become the core's [`Retry`] and time limit, and are kept as they were written so that a
+//! copy or a pickle of the graph carries them.
+//!
+//! Which failures a retry retries is decided here, by the Python exception's type: a node's
+//! own exception is retried when it is an instance of one of `on`; a time limit when
+//! `soma.TimeLimitError` (a `TimeoutError`) is a subclass of one of them; a Rust node's
+//! failure, which reaches Python as a `soma.RunError`, when that is. A driver's failure, an
+//! interrupt or a deadline is never retried.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyTuple, PyType};
+use soma_core::{Policies, Retry, RunError};
+
+/// A retry as `.retry()` wrote it: `times`, `backoff` in seconds, the exception types.
+pub type WrittenRetry = (u32, f64, Py<PyTuple>);
+
+/// What Python asked of each node, as written, beside the core's policies.
+#[derive(Default)]
+pub struct Written {
+    /// `times`, `backoff` in seconds and the exception types, by node.
+    pub retries: HashMap<String, WrittenRetry>,
+    /// Seconds, by node.
+    pub time_limits: HashMap<String, f64>,
+    /// The core's policies, made from the two above.
+    pub policies: Policies,
+}
+
+/// Whether `class` is a subclass of one of `on`.
+fn caught_by(py: Python<'_>, class: &Bound<'_, PyType>, on: &Py<PyTuple>) -> PyResult<bool> {
+    for caught in on.bind(py).iter() {
+        if class.is_subclass(&caught)? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// The core's retry for `times` more attempts, pausing `backoff` seconds first, on `on`.
+pub fn retry(py: Python<'_>, times: u32, backoff: f64, on: &Py<PyTuple>) -> PyResult<Retry> {
+    let errors = py.import("soma.errors")?;
+    let time_limit = errors.getattr("TimeLimitError")?.cast_into::<PyType>()?;
+    let run_error = errors.getattr("RunError")?.cast_into::<PyType>()?;
+    let retries_time_limits = caught_by(py, &time_limit, on)?;
+    let retries_rust_failures = caught_by(py, &run_error, on)?;
+    let on = on.clone_ref(py);
+    let backoff = Duration::try_from_secs_f64(backoff)
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+    Ok(
+        Retry::new(times, backoff).only(Arc::new(move |error| match error {
+            RunError::NodeFailed { error, .. } => {
+                match error.cause().and_then(|c| c.downcast_ref::<PyErr>()) {
+                    Some(raised) => Python::attach(|py| {
+                        raised
+                            .value(py)
+                            .is_instance(on.bind(py).as_any())
+                            .unwrap_or(false)
+                    }),
+                    None => retries_rust_failures,
+                }
+            }
+            RunError::TimeLimit { .. } => retries_time_limits,
+            RunError::NoDriver { .. }
+            | RunError::DriverFailed { .. }
+            | RunError::WrongResultCount { .. }
+            | RunError::TurnLimit { .. }
+            | RunError::Retried { .. }
+            | RunError::Invalid(_)
+            | RunError::NoThread { .. }
+            | RunError::Interrupted
+            | RunError::PastDeadline
+            | RunError::Abandoned { .. } => false,
+        })),
+    )
+}

@@ -1,0 +1,401 @@
+"""``soma.Cache``: outputs kept from one run to the next, so that a rerun computes only what
+changed.
+
+The engine decides what to look up (see the guide's "Running again"): it asks, for each node,
+its fingerprint (here: :func:`soma._fingerprint.fingerprint`), chains it with the keys of what
+the node reads, and looks the key up before calling the node. This module keeps the entries:
+in memory, or in a folder that several processes share.
+
+A folder entry is written to a temporary file in the same folder and renamed into place, so a
+process killed mid-write leaves a stray temporary file, never half an entry; each entry carries
+the BLAKE3 digest of its payload, so one truncated or corrupted since is detected when read,
+counted, and computed again, never returned. A folder that cannot be written (full, read-only)
+makes the run go on uncached, with one warning per cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import pickle
+import struct
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Protocol
+
+from soma import _fingerprint, _soma
+
+
+class _Graph(Protocol):
+    """What the cache reads of a ``soma.Graph`` (named so, not imported: the graph's module
+    imports this one)."""
+
+    @property
+    def _core(self) -> _soma.GraphCore: ...
+
+
+class CacheWarning(UserWarning):
+    """A cache could not do something and the run went on without it: a node whose state has
+    no key ran uncached, an output that does not pickle was not kept, a folder could not be
+    written."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheStats:
+    """What a :class:`Cache` did since it was made: lookups that found an entry (``hits``) and
+    that did not (``misses``, a corrupted entry among them, also counted in ``corrupted``),
+    bytes read from and written to its store, ``seconds_saved``, the time the nodes that hit
+    had taken to compute their outputs, and ``evicted``, the entries it removed to stay within
+    ``max_bytes``."""
+
+    hits: int = 0
+    misses: int = 0
+    corrupted: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    seconds_saved: float = 0.0
+    evicted: int = 0
+
+
+# An entry: this mark, the checksum (BLAKE3) of all that follows it, then the payload's length,
+# the seconds computing it took, whether it has a content digest and that digest (zeros when
+# not), then the payload (the output, pickled).
+_MAGIC = b"SOMA-CACHE-2\n"
+_CHECKSUM = 32
+_HEADER = struct.Struct("<Qd?32s")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    payload: bytes
+    seconds: float
+    # What the nodes that read this output are keyed on (see `NodeCache::digest`).
+    digest: bytes | None
+
+
+def _entry(entry: _Entry) -> bytes:
+    body = (
+        _HEADER.pack(
+            len(entry.payload), entry.seconds, entry.digest is not None, entry.digest or b""
+        )
+        + entry.payload
+    )
+    return _MAGIC + _soma.blake3(body) + body
+
+
+def _read_entry(data: bytes) -> _Entry | None:
+    """The entry in ``data``, or ``None`` if it is not whole and intact."""
+    start = len(_MAGIC) + _CHECKSUM
+    if len(data) < start + _HEADER.size or not data.startswith(_MAGIC):
+        return None
+    body = memoryview(data)[start:]
+    if _soma.blake3(body) != data[len(_MAGIC) : start]:
+        return None
+    length, seconds, has_digest, digest = _HEADER.unpack_from(body)
+    payload = bytes(body[_HEADER.size :])
+    if len(payload) != length:
+        return None
+    return _Entry(payload, seconds, digest if has_digest else None)
+
+
+class Cache:
+    """Outputs of nodes, kept by key: ``g.forward(x, cache=c)`` calls only the nodes whose key
+    is not in ``c``.
+
+    ``Cache()`` keeps entries in this process's memory for as long as it lives; ``Cache(path)``
+    keeps them as files in the folder ``path`` (made if missing), shared by every thread and
+    process that opens it. With ``max_bytes``, the entries least recently used are removed
+    once they hold more than that (a folder's down to nine tenths of it, so that not every
+    entry written scans the folder); an entry larger than the bound is not kept. Outputs are
+    stored pickled, and an entry is read back unpickled: a
+    node reading a hit gets a copy, never an object another run holds. A cache folder is
+    trusted like code: unpickling an entry can run what whoever wrote it put there.
+    """
+
+    __slots__ = (
+        "_clock",
+        "_entries",
+        "_held",
+        "_lock",
+        "_max_bytes",
+        "_path",
+        "_stats",
+        "_warned",
+    )
+
+    def __init__(
+        self, path: str | os.PathLike[str] | None = None, *, max_bytes: int | None = None
+    ) -> None:
+        if max_bytes is not None and (
+            not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 0
+        ):
+            raise ValueError(f"max_bytes must be an int of at least 0, not {max_bytes!r}")
+        self._path = None if path is None else Path(path)
+        if self._path is not None:
+            self._path.mkdir(parents=True, exist_ok=True)
+        self._max_bytes = max_bytes
+        # In memory: entries in the order of their last use, the oldest first.
+        self._entries: dict[bytes, _Entry] = {}
+        # The bytes the entries hold: counted in memory; for a folder, what it held when last
+        # scanned plus what this process wrote since.
+        self._held = 0
+        # The last modification time this process gave a file, in ns: each next one later, so
+        # that the order of use survives a coarse clock.
+        self._clock = 0
+        if self._path is not None and max_bytes is not None:
+            self._held = sum(size for _, size, _ in self._files())
+        self._lock = threading.Lock()
+        # Counted as they come, with no object made per count: `stats()` makes one.
+        self._stats: dict[str, float] = dataclasses.asdict(CacheStats())
+        self._warned: set[str] = set()
+
+    @property
+    def path(self) -> Path | None:
+        """The folder entries are kept in; ``None`` for a cache in memory."""
+        return self._path
+
+    def stats(self) -> CacheStats:
+        """What the cache did since it was made."""
+        with self._lock:
+            counts = dict(self._stats)
+        return CacheStats(
+            hits=int(counts["hits"]),
+            misses=int(counts["misses"]),
+            corrupted=int(counts["corrupted"]),
+            bytes_read=int(counts["bytes_read"]),
+            bytes_written=int(counts["bytes_written"]),
+            seconds_saved=counts["seconds_saved"],
+            evicted=int(counts["evicted"]),
+        )
+
+    def __len__(self) -> int:
+        """How many entries it holds (in its folder, for a folder cache)."""
+        if self._path is None:
+            with self._lock:
+                return len(self._entries)
+        return sum(1 for _ in self._path.glob("*/*.entry"))
+
+    def __repr__(self) -> str:
+        where = "memory" if self._path is None else str(self._path)
+        return f"soma.Cache({where})"
+
+    def _count(self, **more: float) -> None:
+        with self._lock:
+            for name, amount in more.items():
+                self._stats[name] += amount
+
+    def _warn_once(self, topic: str, message: str) -> None:
+        with self._lock:
+            if topic in self._warned:
+                return
+            self._warned.add(topic)
+        warnings.warn(message, CacheWarning, stacklevel=2)
+
+    def _file(self, key: bytes) -> Path:
+        assert self._path is not None
+        name = key.hex()
+        return self._path / name[:2] / f"{name}.entry"
+
+    def _load(self, key: bytes) -> tuple[bool, Any, bytes | None]:
+        """The output filed under ``key`` and its digest: ``(True, output, digest)``, or
+        ``(False, None, None)``."""
+        if self._path is None:
+            with self._lock:
+                found = self._entries.pop(key, None)
+                if found is not None:  # Used now: the newest.
+                    self._entries[key] = found
+            if found is None:
+                self._count(misses=1)
+                return False, None, None
+        else:
+            file = self._file(key)
+            try:
+                data = file.read_bytes()
+                if self._max_bytes is not None:
+                    self._touch(file)
+            except OSError:  # Missing, or unreadable: either way, not there.
+                self._count(misses=1)
+                return False, None, None
+            found = _read_entry(data)
+            if found is None:
+                self._count(misses=1, corrupted=1)
+                return False, None, None
+        try:
+            output = pickle.loads(found.payload)
+        except Exception:  # Its class has gone, say: the node computes it again.
+            self._count(misses=1, corrupted=1)
+            return False, None, None
+        self._count(hits=1, bytes_read=len(found.payload), seconds_saved=found.seconds)
+        return True, output, found.digest
+
+    def _peek(self, key: bytes) -> tuple[bool, bytes | None]:
+        """Whether a whole entry is filed under ``key``, and its digest; counts nothing and
+        reads no output."""
+        if self._path is None:
+            with self._lock:
+                found = self._entries.get(key)
+        else:
+            try:
+                found = _read_entry(self._file(key).read_bytes())
+            except OSError:
+                found = None
+        return (False, None) if found is None else (True, found.digest)
+
+    def would_hit(self, graph: _Graph, input: Any = None) -> dict[str, bool]:
+        """For each node of ``graph``, in plan order, whether ``graph.forward(input,
+        cache=self)`` would find its output here, without running a node or reading an output.
+
+        A node after one that would run counts as running too, though it may yet hit: what it
+        reads is not computed yet.
+        """
+        return dict(graph._core.would_hit(input, self._run(graph._core)))
+
+    def _store(
+        self, node_id: str, key: bytes, output: object, digest: bytes | None, seconds: float
+    ) -> None:
+        """Files ``output``, with its ``digest``, under ``key``; what cannot be kept is warned
+        about, not raised."""
+        try:
+            payload = pickle.dumps(output, protocol=5)
+        except Exception as error:
+            self._warn_once(
+                f"pickle:{node_id}",
+                f"the output of node `{node_id}` is not kept in the cache: it does not pickle "
+                f"({type(error).__name__}: {error})\n"
+                "hint: return a value that pickles, or set `cacheable = False` on the class",
+            )
+            return
+        entry = _Entry(payload, seconds, digest)
+        if self._path is None:
+            with self._lock:
+                old = self._entries.pop(key, None)
+                self._held -= 0 if old is None else len(old.payload)
+                self._entries[key] = entry
+                self._held += len(payload)
+                evicted = self._evict_in_memory()
+            self._count(bytes_written=len(payload), evicted=evicted)
+            return
+        final = self._file(key)
+        temporary = None
+        try:
+            final.parent.mkdir(exist_ok=True)
+            handle, temporary = tempfile.mkstemp(dir=final.parent, prefix=".", suffix=".tmp")
+            data = _entry(entry)
+            with os.fdopen(handle, "wb") as file:
+                file.write(data)
+            if self._max_bytes is not None:
+                self._touch(temporary)
+            os.replace(temporary, final)
+        except OSError as error:
+            if temporary is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary)
+            self._warn_once(
+                "write",
+                f"the cache folder `{self._path}` cannot be written ({error.strerror or error}):"
+                " the run goes on, and what it computes is not kept\n"
+                "hint: free space there, or give the cache a folder it can write",
+            )
+            return
+        self._count(bytes_written=len(payload))
+        if self._max_bytes is not None:
+            with self._lock:
+                self._held += len(data)
+                over = self._held > self._max_bytes
+            if over:
+                self._count(evicted=self._evict_in_folder())
+
+    def _evict_in_memory(self) -> int:
+        """Drops the least recently used entries until the rest fit; under the lock."""
+        evicted = 0
+        while self._max_bytes is not None and self._held > self._max_bytes and self._entries:
+            oldest = next(iter(self._entries))
+            self._held -= len(self._entries.pop(oldest).payload)
+            evicted += 1
+        return evicted
+
+    def _touch(self, file: str | Path) -> None:
+        """Marks ``file`` used now, later than any file this process marked before."""
+        with self._lock:
+            self._clock = max(time.time_ns(), self._clock + 1)
+            now = self._clock
+        with contextlib.suppress(OSError):
+            os.utime(file, ns=(now, now))
+
+    def _files(self) -> list[tuple[int, int, Path]]:
+        """The folder's entries as (last use in ns, size, path)."""
+        assert self._path is not None
+        found = []
+        for file in self._path.glob("*/*.entry"):
+            with contextlib.suppress(OSError):  # Removed meanwhile by another process.
+                status = file.stat()
+                found.append((status.st_mtime_ns, status.st_size, file))
+        return found
+
+    def _evict_in_folder(self) -> int:
+        """Removes the least recently used entries until the rest hold nine tenths of the
+        bound at most; returns how many it removed."""
+        assert self._max_bytes is not None
+        files = sorted(self._files())
+        held = sum(size for _, size, _ in files)
+        target = self._max_bytes * 9 // 10
+        evicted = 0
+        for _, size, file in files:
+            if held <= target:
+                break
+            with contextlib.suppress(OSError):
+                file.unlink()
+                evicted += 1
+            held -= size
+        with self._lock:
+            self._held = held
+        return evicted
+
+    def _run(self, core: _soma.GraphCore) -> _RunCache:
+        return _RunCache(self, core)
+
+
+class _RunCache:
+    """The cache as one forward's engine asks it (see ``crates/soma-python/src/cache.rs``)."""
+
+    __slots__ = ("_cache", "_core")
+
+    def __init__(self, cache: Cache, core: _soma.GraphCore) -> None:
+        self._cache = cache
+        self._core = core
+
+    def fingerprint(self, node_id: str) -> bytes | None:
+        node = self._core.implementation(node_id)
+        if getattr(node, "cacheable", True) is False:
+            return None
+        try:
+            return _fingerprint.fingerprint(node)
+        except _fingerprint.Unkeyable as unkeyable:
+            self._cache._warn_once(
+                f"state:{node_id}",
+                f"node `{node_id}` runs uncached: the `{unkeyable.kind}` in its state, at "
+                f"`{unkeyable.where}`, cannot be digested\n"
+                "hint: set `cacheable = False` on its class to say so and silence this",
+            )
+            return None
+
+    def digest(self, value: object) -> bytes | None:
+        try:
+            return _fingerprint.digest(value)
+        except _fingerprint.Unkeyable:
+            return None
+
+    def get(self, node_id: str, key: bytes) -> tuple[bool, Any, bytes | None]:
+        return self._cache._load(key)
+
+    def peek(self, node_id: str, key: bytes) -> tuple[bool, bytes | None]:
+        return self._cache._peek(key)
+
+    def put(
+        self, node_id: str, key: bytes, output: object, digest: bytes | None, seconds: float
+    ) -> None:
+        self._cache._store(node_id, key, output, digest, seconds)

@@ -1,0 +1,77 @@
+"""``python -m soma.cache PATH``: what a cache folder holds, and clearing it.
+
+    python -m soma.cache PATH           # its entries, newest use first, and their total size
+    python -m soma.cache PATH --clear   # removes every entry, and what killed writers left
+
+Reads the folder as :class:`soma.Cache` writes it; an entry that is not whole is listed as
+damaged (a run computes it again anyway). Clearing while other processes use the folder is
+safe: they miss and compute again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import sys
+from pathlib import Path
+
+from soma._cache import _read_entry
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def listing(folder: Path) -> str:
+    """The folder's entries, newest use first, under a line with their count and size."""
+    rows = []
+    total = 0
+    for file in folder.glob("*/*.entry"):
+        with contextlib.suppress(OSError):  # Removed meanwhile by another process.
+            status = file.stat()
+            read = _read_entry(file.read_bytes())
+            total += status.st_size
+            rows.append((status.st_mtime, file.stem, status.st_size, read))
+    rows.sort(reverse=True)
+    lines = [f"{folder}: {len(rows)} entries, {_size(total)}"]
+    for used, key, size, read in rows:
+        when = datetime.datetime.fromtimestamp(used).strftime("%Y-%m-%d %H:%M:%S")
+        what = "damaged" if read is None else f"computed in {read.seconds:.3f} s"
+        lines.append(f"  {key[:16]}  {_size(size):>9}  used {when}  {what}")
+    return "\n".join(lines)
+
+
+def clear(folder: Path) -> int:
+    """Removes every entry and stray temporary file; returns how many files it removed."""
+    removed = 0
+    for pattern in ("*/*.entry", "*/.*.tmp"):
+        for file in folder.glob(pattern):
+            with contextlib.suppress(OSError):
+                file.unlink()
+                removed += 1
+    return removed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m soma.cache", description=__doc__)
+    parser.add_argument("path", type=Path, help="a folder given to soma.Cache(path)")
+    parser.add_argument("--clear", action="store_true", help="remove every entry")
+    options = parser.parse_args(argv)
+    folder: Path = options.path
+    if not folder.is_dir():
+        print(f"no cache folder at `{folder}`", file=sys.stderr)
+        return 1
+    if options.clear:
+        print(f"{folder}: removed {clear(folder)} files")
+    else:
+        print(listing(folder))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,849 @@
+"""Running again with ``soma.Cache``: a rerun calls only the nodes whose code, state or input
+changed and what comes after them; a failed run keeps what it completed; a folder cache is
+shared by processes, and an entry that is not whole is computed again, never returned."""
+
+from __future__ import annotations
+
+import errno
+import importlib
+import subprocess
+import sys
+import textwrap
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import soma
+from conftest import SUBPROCESS_DEADLINE
+from soma import _fingerprint
+from test_properties import Dag, dags
+
+# Which nodes were called, in order: outside every node's state, so that recording a call
+# changes no fingerprint.
+CALLS: list[str] = []
+
+
+class Scale(soma.Node):
+    def __init__(self, k: float) -> None:
+        self.k = k
+
+    def forward(self, x: Any) -> Any:
+        CALLS.append(self._soma_id or "scale")
+        return x * self.k
+
+
+class Shift(soma.Node):
+    def __init__(self, by: float) -> None:
+        self.by = by
+
+    def forward(self, x: Any) -> Any:
+        CALLS.append(self._soma_id or "shift")
+        return x + self.by
+
+
+class Weighted(soma.Node):
+    def __init__(self, weights: np.ndarray[Any, Any]) -> None:
+        self.weights = weights
+
+    def forward(self, x: Any) -> Any:
+        CALLS.append(self._soma_id or "weighted")
+        return float(np.dot(self.weights, x))
+
+
+class Join(soma.Node):
+    def forward(self, x: dict[str, Any]) -> Any:
+        CALLS.append(self._soma_id or "join")
+        return sorted(x.items())
+
+
+class Breakable(soma.Node):
+    def __init__(self, broken: bool) -> None:
+        self.broken = broken
+
+    def forward(self, x: Any) -> Any:
+        CALLS.append(self._soma_id or "breakable")
+        if self.broken:
+            raise ValueError("broken")
+        return x + 1
+
+
+class Clock(soma.Node):
+    """Kept out: what it returns is set from outside, as a clock's would change."""
+
+    cacheable = False
+    reading = 0
+
+    def forward(self, x: Any) -> Any:
+        CALLS.append(self._soma_id or "clock")
+        return Clock.reading
+
+
+class Locked(soma.Node):
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def forward(self, x: Any) -> Any:
+        CALLS.append(self._soma_id or "locked")
+        return x
+
+
+class Lazy(soma.Node):
+    def forward(self, x: Any) -> Any:
+        CALLS.append(self._soma_id or "lazy")
+        return (i for i in range(x))
+
+
+def calls(graph: soma.Graph, x: Any, cache: soma.Cache, **options: Any) -> tuple[Any, list[str]]:
+    """The result of a cached forward, and the nodes it called."""
+    CALLS.clear()
+    result = graph.forward(x, cache=cache, **options)
+    return result, list(CALLS)
+
+
+def chain() -> soma.Graph:
+    return soma.Graph.somatize(Scale(2).named("a") >> Shift(1).named("b") >> Scale(10).named("c"))
+
+
+@pytest.fixture(params=["memory", "folder"])
+def cache(request: pytest.FixtureRequest, tmp_path: Path) -> soma.Cache:
+    return soma.Cache() if request.param == "memory" else soma.Cache(tmp_path / "cache")
+
+
+# ---------------------------------------------------------------------------------------------
+# Hits
+
+
+def test_a_rerun_calls_no_node_and_returns_what_the_first_run_returned(cache: soma.Cache) -> None:
+    g = chain()
+    assert calls(g, 3, cache) == (70, ["a", "b", "c"])
+    assert calls(g, 3, cache) == (70, [])
+    stats = cache.stats()
+    assert (stats.hits, stats.misses) == (3, 3)
+    assert stats.bytes_written > 0
+    assert stats.bytes_read == stats.bytes_written
+    assert stats.seconds_saved > 0
+
+
+def test_a_graph_built_again_from_equal_nodes_hits(cache: soma.Cache) -> None:
+    calls(chain(), 3, cache)
+    assert calls(chain(), 3, cache) == (70, [])
+
+
+def test_another_input_calls_every_node_and_both_stay_kept(cache: soma.Cache) -> None:
+    g = chain()
+    calls(g, 3, cache)
+    assert calls(g, 4, cache) == (90, ["a", "b", "c"])
+    assert calls(g, 3, cache)[1] == []
+
+
+def test_an_input_array_is_keyed_by_its_content(cache: soma.Cache) -> None:
+    g = chain()
+    x = np.arange(6.0)
+    calls(g, x, cache)
+    assert calls(g, x.copy(), cache)[1] == []
+    x[0] = 100.0
+    result, called = calls(g, x, cache)
+    assert called == ["a", "b", "c"]
+    assert result[0] == (200.0 + 1) * 10
+
+
+def test_a_hit_is_a_copy_a_caller_may_change_freely(cache: soma.Cache) -> None:
+    g = soma.Graph.somatize(Scale(1).named("a"))
+    first = calls(g, np.zeros(3), cache)[0]
+    first[0] = 5.0
+    assert calls(g, np.zeros(3), cache)[0].tolist() == [0.0, 0.0, 0.0]
+
+
+# ---------------------------------------------------------------------------------------------
+# What invalidates
+
+
+def test_changing_an_attribute_calls_that_node_and_what_follows_and_nothing_before(
+    cache: soma.Cache,
+) -> None:
+    b = Shift(1).named("b")
+    g = soma.Graph.somatize(Scale(2).named("a") >> b >> Scale(10).named("c"))
+    calls(g, 3, cache)
+    b.by = 2
+    assert calls(g, 3, cache) == (80, ["b", "c"])
+
+
+def test_changing_a_weight_array_in_place_calls_the_node_again(cache: soma.Cache) -> None:
+    weights = np.ones(3)
+    g = soma.Graph.somatize(Weighted(weights).named("w") >> Shift(0).named("after"))
+    calls(g, np.ones(3), cache)
+    weights[1] = 3.0  # As an optimizer step would.
+    assert calls(g, np.ones(3), cache) == (5.0, ["w", "after"])
+
+
+_NODES_V1 = """
+import soma
+
+CALLS = []
+
+
+class Load(soma.Node):
+    def forward(self, x):
+        CALLS.append("load")
+        return x + 1
+
+
+class Clean(soma.Node):
+    def scrub(self, x):
+        return x * 2
+
+    def forward(self, x):
+        CALLS.append("clean")
+        return self.scrub(x)
+
+
+class Total(soma.Node):
+    def forward(self, x):
+        CALLS.append("total")
+        return x + 1000
+"""
+
+
+def _import_nodes(folder: Path, source: str) -> Any:
+    (folder / "edited_nodes.py").write_text(source)
+    sys.modules.pop("edited_nodes", None)
+    importlib.invalidate_caches()
+    sys.path.insert(0, str(folder))
+    try:
+        return importlib.import_module("edited_nodes")
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop("edited_nodes", None)
+
+
+def test_editing_a_helper_method_calls_that_node_and_what_follows(
+    cache: soma.Cache, tmp_path: Path
+) -> None:
+    results = []
+    for source in (_NODES_V1, _NODES_V1.replace("return x * 2", "return x * 3")):
+        nodes = _import_nodes(tmp_path, source)
+        g = soma.Graph.somatize(nodes.Load() >> nodes.Clean() >> nodes.Total())
+        results.append((g.forward(1, cache=cache), list(nodes.CALLS)))
+    assert results == [(1004, ["load", "clean", "total"]), (1006, ["clean", "total"])]
+
+
+def test_a_class_with_the_same_source_in_another_module_is_another_class(
+    cache: soma.Cache, tmp_path: Path
+) -> None:
+    first = _import_nodes(tmp_path, _NODES_V1)
+    soma.Graph.somatize(first.Load()).forward(1, cache=cache)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "other_nodes.py").write_text(_NODES_V1)
+    sys.path.insert(0, str(tmp_path / "other"))
+    try:
+        other = importlib.import_module("other_nodes")
+    finally:
+        sys.path.remove(str(tmp_path / "other"))
+        sys.modules.pop("other_nodes", None)
+    soma.Graph.somatize(other.Load()).forward(1, cache=cache)
+    assert other.CALLS == ["load"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Waves, failures, nodes kept out
+
+
+def test_a_wave_calls_its_changed_branch_and_the_join_and_not_its_unchanged_branch(
+    cache: soma.Cache,
+) -> None:
+    right = Shift(1).named("right")
+    g = soma.Graph.somatize(
+        Scale(2).named("source") >> (Scale(3).named("left") | right) >> Join().named("join")
+    )
+    calls(g, 1, cache)
+    right.by = 5
+    assert calls(g, 1, cache) == ([("left", 6), ("right", 7)], ["right", "join"])
+
+
+def test_a_failed_run_keeps_what_it_completed_and_the_next_calls_only_the_fixed_node_and_after(
+    cache: soma.Cache,
+) -> None:
+    broken = Breakable(broken=True).named("k")
+    g = soma.Graph.somatize(Scale(2).named("a") >> broken >> Shift(1).named("after"))
+    with pytest.raises(ValueError, match="broken"):
+        calls(g, 1, cache)
+    broken.broken = False  # The fix.
+    assert calls(g, 1, cache) == (4, ["k", "after"])
+
+
+def test_a_node_kept_out_always_runs_and_its_readers_hit_while_its_output_is_the_same(
+    cache: soma.Cache,
+) -> None:
+    g = soma.Graph.somatize(Clock().named("clock") >> Shift(1).named("after"))
+    Clock.reading = 7
+    calls(g, 0, cache)
+    assert calls(g, 0, cache) == (8, ["clock"])
+    Clock.reading = 9
+    assert calls(g, 0, cache) == (10, ["clock", "after"])
+
+
+def test_a_node_whose_state_has_no_digest_runs_uncached_with_one_warning_naming_it(
+    cache: soma.Cache,
+) -> None:
+    g = soma.Graph.somatize(Locked().named("locked") >> Shift(1).named("after"))
+    with pytest.warns(soma.CacheWarning, match=r"node `locked` runs uncached.*`\.lock`"):
+        calls(g, 1, cache)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert calls(g, 1, cache) == (2, ["locked"])
+
+
+def test_an_output_that_does_not_pickle_is_not_kept_and_the_warning_names_its_node(
+    cache: soma.Cache,
+) -> None:
+    g = soma.Graph.somatize(Lazy().named("lazy"))
+    with pytest.warns(soma.CacheWarning, match="output of node `lazy`.*does not pickle"):
+        calls(g, 3, cache)
+    assert calls(g, 3, cache)[1] == ["lazy"]
+
+
+def test_a_traced_rerun_marks_each_hit_cached(cache: soma.Cache) -> None:
+    b = Shift(1).named("b")
+    g = soma.Graph.somatize(Scale(2).named("a") >> b)
+    calls(g, 1, cache)
+    b.by = 3
+    trace = soma.Trace()
+    g.forward(1, cache=cache, trace=trace)
+    assert [(span.node, span.cached, span.turns) for span in trace.spans] == [
+        ("a", True, 0),
+        ("b", False, 1),
+    ]
+
+
+def test_a_cached_run_with_a_timeout_returns_what_one_without_returns(cache: soma.Cache) -> None:
+    g = chain()
+    assert g.forward(3, cache=cache, timeout=30.0) == 70
+    assert calls(g, 3, cache, timeout=30.0) == (70, [])
+
+
+def test_a_stream_looks_each_item_up_on_its_own_and_calls_only_the_new_items(
+    cache: soma.Cache,
+) -> None:
+    g = chain()
+    CALLS.clear()
+    assert list(g.map([1, 2], cache=cache)) == [30, 50]
+    assert len(CALLS) == 6
+    CALLS.clear()
+    assert list(g.map([1, 2, 3], cache=cache)) == [30, 50, 70]
+    assert CALLS == ["a", "b", "c"]
+    # An item is keyed as `forward` keys it: a forward of item 3 calls nothing.
+    assert calls(g, 3, cache) == (70, [])
+
+
+def test_micro_batches_look_each_slice_up_on_its_own(cache: soma.Cache) -> None:
+    g = chain()
+    x = np.arange(4.0)
+    first = g.forward(x, micro_batches=2, cache=cache)
+    CALLS.clear()
+    again = g.forward(x, micro_batches=2, cache=cache)
+    assert CALLS == []
+    assert again.tolist() == first.tolist() == ((x * 2 + 1) * 10).tolist()
+
+
+# ---------------------------------------------------------------------------------------------
+# The folder: whole entries, shared by processes
+
+
+def _entries(cache: soma.Cache) -> list[Path]:
+    assert cache.path is not None
+    return sorted(cache.path.glob("*/*.entry"))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "one byte flipped", "emptied"])
+def test_a_damaged_entry_is_counted_and_computed_again_never_returned(
+    tmp_path: Path, damage: str
+) -> None:
+    cache = soma.Cache(tmp_path)
+    g = chain()
+    calls(g, 3, cache)
+    for entry in _entries(cache):
+        data = entry.read_bytes()
+        if damage == "truncated":
+            data = data[:-3]
+        elif damage == "one byte flipped":
+            data = data[:-1] + bytes([data[-1] ^ 1])
+        else:
+            data = b""
+        entry.write_bytes(data)
+    assert calls(g, 3, cache) == (70, ["a", "b", "c"])
+    assert cache.stats().corrupted == 3
+    # Computed again, each entry is whole again.
+    assert calls(g, 3, cache) == (70, [])
+
+
+def test_a_folder_that_cannot_be_written_runs_uncached_with_one_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = soma.Cache(tmp_path)
+
+    def full_disk(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("soma._cache.tempfile.mkstemp", full_disk)
+    with pytest.warns(soma.CacheWarning, match="cannot be written.*No space left") as caught:
+        assert calls(chain(), 3, cache) == (70, ["a", "b", "c"])
+    assert len(caught) == 1
+    assert _entries(cache) == []
+
+
+def test_a_temporary_file_left_by_a_killed_writer_is_not_an_entry(tmp_path: Path) -> None:
+    cache = soma.Cache(tmp_path)
+    g = chain()
+    calls(g, 3, cache)
+    for entry in _entries(cache):
+        # What a writer killed mid-write leaves: a temporary beside the entry, never the entry.
+        (entry.parent / f".{entry.name}.tmp").write_bytes(entry.read_bytes()[:10])
+        entry.unlink()
+    assert calls(g, 3, cache) == (70, ["a", "b", "c"])
+    assert cache.stats().corrupted == 0
+
+
+_SHARED_SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+import soma
+import test_cache as t
+
+cache = soma.Cache({folder!r})
+g = t.chain()
+print(g.forward(3, cache=cache), ",".join(t.CALLS))
+"""
+
+
+def test_two_processes_at_once_share_one_folder_and_a_third_finds_every_entry(
+    tmp_path: Path,
+) -> None:
+    script = _SHARED_SCRIPT.format(tests=str(Path(__file__).parent), folder=str(tmp_path))
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", script],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    for child in children:
+        out, err = child.communicate(timeout=SUBPROCESS_DEADLINE)
+        assert child.returncode == 0, err
+        assert out.split()[0] == "70"
+    third = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_DEADLINE,
+        check=True,
+    )
+    assert third.stdout.split() == ["70"]  # Nothing called.
+
+
+# ---------------------------------------------------------------------------------------------
+# Digests
+
+
+def test_a_dict_digest_does_not_depend_on_insertion_order() -> None:
+    assert _fingerprint.digest({"a": 1, "b": [2.0]}) == _fingerprint.digest({"b": [2.0], "a": 1})
+
+
+def test_digests_tell_apart_what_is_different() -> None:
+    different = [1, 1.0, True, "1", b"1", [1], (1,), {1}, {"1": 1}, None, np.int64(1)]
+    digests = {_fingerprint.digest(value) for value in different}
+    assert len(digests) == len(different)
+
+
+def test_an_array_is_digested_by_dtype_shape_and_bytes() -> None:
+    x = np.arange(6.0)
+    assert _fingerprint.digest(x) == _fingerprint.digest(x.copy())
+    assert _fingerprint.digest(x) != _fingerprint.digest(x.astype(np.float32))
+    assert _fingerprint.digest(x) != _fingerprint.digest(x.reshape(2, 3))
+    # A strided view is digested as the values it shows.
+    assert _fingerprint.digest(x[::2]) == _fingerprint.digest(np.array([0.0, 2.0, 4.0]))
+
+
+def test_a_value_nested_deeper_than_the_recursion_limit_and_one_holding_itself_have_digests() -> (
+    None
+):
+    deep: list[Any] = []
+    for _ in range(sys.getrecursionlimit() * 2):
+        deep = [deep]
+    loop: list[Any] = [1]
+    loop.append(loop)
+    assert len(_fingerprint.digest(deep)) == 32
+    assert _fingerprint.digest(loop) != _fingerprint.digest([1, [1]])
+
+
+def test_digests_are_the_same_in_another_process_with_another_hash_seed() -> None:
+    value = {"b": {3, 1, 2}, "a": ("x", 1.5), "c": frozenset({"p", "q"})}
+    script = textwrap.dedent(f"""
+        from soma import _fingerprint
+        print(_fingerprint.digest({value!r}).hex())
+    """)
+    there = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_DEADLINE,
+        check=True,
+        env={"PYTHONHASHSEED": "12345", "PATH": ""},
+    )
+    assert there.stdout.strip() == _fingerprint.digest(value).hex()
+
+
+def test_blake3_reads_an_array_in_place_as_its_bytes() -> None:
+    x = np.arange(1000.0)
+    assert soma._soma.blake3(x) == soma._soma.blake3(x.tobytes())
+    with pytest.raises(BufferError, match="not C-contiguous"):
+        soma._soma.blake3(x[::2])
+
+
+def test_blake3_gives_the_published_digest_of_the_empty_input() -> None:
+    assert soma._soma.blake3(b"").hex() == (
+        "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
+    )
+
+
+_KILLED_WRITER = """
+import os
+import sys
+import threading
+
+sys.path.insert(0, {tests!r})
+import soma
+import soma._cache
+import test_cache as t
+
+real_fdopen = os.fdopen
+
+
+class Stalled:
+    # Writes the first half of an entry, says so, and never writes the rest.
+    def __init__(self, file):
+        self.file = file
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def write(self, data):
+        self.file.write(data[: len(data) // 2])
+        self.file.flush()
+        print("writing", flush=True)
+        threading.Event().wait()
+
+
+soma._cache.os.fdopen = lambda fd, mode: Stalled(real_fdopen(fd, mode))
+t.chain().forward(3, cache=soma.Cache({folder!r}))
+"""
+
+
+def test_a_writer_killed_mid_write_leaves_no_entry_and_the_next_run_computes_it(
+    tmp_path: Path,
+) -> None:
+    script = _KILLED_WRITER.format(tests=str(Path(__file__).parent), folder=str(tmp_path))
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    killer = threading.Timer(SUBPROCESS_DEADLINE, child.kill)
+    killer.start()
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "writing"
+        child.kill()  # SIGKILL: no handler, no cleanup
+        child.communicate()
+    finally:
+        killer.cancel()
+    cache = soma.Cache(tmp_path)
+    assert _entries(cache) == []
+    assert len(list(tmp_path.glob("*/.*.tmp"))) == 1  # what the killed writer left
+    assert calls(chain(), 3, cache) == (70, ["a", "b", "c"])
+    assert cache.stats().corrupted == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# A size bound
+
+
+class Blob(soma.Node):
+    """Outputs 1,000 bytes more than it read."""
+
+    def forward(self, x: bytes) -> bytes:
+        CALLS.append(self._soma_id or "blob")
+        return x + b"x" * 1000
+
+
+@pytest.fixture(params=["memory", "folder"])
+def bounded(request: pytest.FixtureRequest, tmp_path: Path) -> soma.Cache:
+    """A cache with room for two of `Blob`'s entries and not three."""
+    if request.param == "memory":
+        return soma.Cache(max_bytes=2_500)
+    return soma.Cache(tmp_path / "cache", max_bytes=2_500)
+
+
+def test_max_bytes_evicts_the_least_recently_used_entry_first(bounded: soma.Cache) -> None:
+    g = soma.Graph.somatize(Blob().named("blob"))
+    for x in (b"1", b"2", b"3"):
+        calls(g, x, bounded)
+    assert bounded.stats().evicted == 1
+    assert len(bounded) == 2
+    assert calls(g, b"3", bounded)[1] == []
+    assert calls(g, b"2", bounded)[1] == []
+    assert calls(g, b"1", bounded)[1] == ["blob"]
+
+
+def test_a_hit_counts_as_a_use_so_an_entry_read_often_outlives_newer_ones(
+    bounded: soma.Cache,
+) -> None:
+    g = soma.Graph.somatize(Blob().named("blob"))
+    calls(g, b"often", bounded)
+    calls(g, b"once", bounded)
+    calls(g, b"often", bounded)  # used again: now the most recent
+    calls(g, b"newer", bounded)  # over the bound: the least recently used goes
+    assert calls(g, b"often", bounded)[1] == []
+    assert calls(g, b"once", bounded)[1] == ["blob"]
+
+
+def test_an_entry_larger_than_the_bound_is_not_kept(tmp_path: Path) -> None:
+    for cache in (soma.Cache(max_bytes=500), soma.Cache(tmp_path, max_bytes=500)):
+        g = soma.Graph.somatize(Blob().named("big"))
+        calls(g, b"", cache)
+        assert len(cache) == 0
+        assert calls(g, b"", cache)[1] == ["big"]
+
+
+def test_max_bytes_must_be_a_count_of_bytes() -> None:
+    with pytest.raises(ValueError, match="max_bytes must be an int of at least 0, not -1"):
+        soma.Cache(max_bytes=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# python -m soma.cache
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "soma.cache", *args],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_DEADLINE,
+    )
+
+
+def test_the_command_lists_a_folders_entries_and_marks_a_damaged_one(tmp_path: Path) -> None:
+    cache = soma.Cache(tmp_path)
+    calls(chain(), 3, cache)
+    damaged = _entries(cache)[0]
+    damaged.write_bytes(damaged.read_bytes()[:-1])
+    shown = _cli(str(tmp_path))
+    assert shown.returncode == 0, shown.stderr
+    head, *rows = shown.stdout.splitlines()
+    assert head.startswith(f"{tmp_path}: 3 entries, ")
+    assert len(rows) == 3
+    assert sum("damaged" in row for row in rows) == 1
+    assert sum("computed in" in row for row in rows) == 2
+
+
+def test_the_command_clears_a_folder_and_the_next_run_computes_everything(tmp_path: Path) -> None:
+    cache = soma.Cache(tmp_path)
+    calls(chain(), 3, cache)
+    cleared = _cli(str(tmp_path), "--clear")
+    assert cleared.stdout.strip() == f"{tmp_path}: removed 3 files"
+    assert _entries(cache) == []
+    assert calls(chain(), 3, cache)[1] == ["a", "b", "c"]
+
+
+def test_the_command_says_when_there_is_no_folder(tmp_path: Path) -> None:
+    missing = _cli(str(tmp_path / "nope"))
+    assert missing.returncode == 1
+    assert "no cache folder at" in missing.stderr
+
+
+def test_a_class_without_source_is_fingerprinted_by_its_compiled_code() -> None:
+    def made(body: str) -> object:
+        scope: dict[str, Any] = {"soma": soma}
+        exec(f"class Typed(soma.Node):\n    def forward(self, x):\n        return {body}", scope)
+        return scope["Typed"]()
+
+    assert _fingerprint.fingerprint(made("x + 1")) == _fingerprint.fingerprint(made("x + 1"))
+    assert _fingerprint.fingerprint(made("x + 1")) != _fingerprint.fingerprint(made("x + 2"))
+
+
+class Asks(soma.Node):
+    def forward(self, x: Any, ctx: soma.Ctx) -> Any:
+        CALLS.append("asks")
+        if ctx.turn == 0:
+            return soma.Await([x])
+        return ctx.results[0]
+
+
+class Counting:
+    def __init__(self) -> None:
+        self.performed = 0
+
+    def perform(self, requests: list[Any]) -> list[Any]:
+        self.performed += 1
+        return [request * 100 for request in requests]
+
+
+def test_a_node_that_awaited_is_kept_with_its_final_output_and_the_driver_is_not_asked_again(
+    cache: soma.Cache,
+) -> None:
+    g = soma.Graph.somatize(Asks().named("asks") >> Shift(1).named("after"))
+    driver = Counting()
+    assert g.forward(2, driver=driver, cache=cache) == 201
+    CALLS.clear()
+    assert g.forward(2, driver=driver, cache=cache) == 201
+    assert (CALLS, driver.performed) == ([], 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Random graphs, random edits
+
+
+class Versioned(soma.Node):
+    """Returns its id and version around what it read: a stale hit would show in the result."""
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+
+    def forward(self, x: Any, ctx: soma.Ctx) -> Any:
+        CALLS.append(ctx.node)
+        if isinstance(x, dict):
+            x = sorted(x.items())
+        return (ctx.node, self.version, x)
+
+
+def _downstream(dag: Dag, edited: set[str]) -> list[str]:
+    reached: set[str] = set()
+    pending = list(edited)
+    while pending:
+        node = pending.pop()
+        if node not in reached:
+            reached.add(node)
+            pending.extend(dag.successors(node))
+    return sorted(reached)
+
+
+@settings(max_examples=60)
+@given(dag=dags(max_nodes=8), picks=st.lists(st.integers(min_value=0), max_size=3))
+def test_a_cached_rerun_after_random_edits_equals_an_uncached_run_and_calls_what_they_reach(
+    dag: Dag, picks: list[int]
+) -> None:
+    if not dag.nodes:
+        return
+    nodes = {node: Versioned(0) for node in dag.nodes}
+    g = soma.Graph()
+    for node in dag.nodes:
+        g.node(node, nodes[node])
+    for source, target in dag.edges:
+        g.edge(source, target)
+    cache = soma.Cache()
+    g.forward(1, cache=cache)
+    edited = {dag.nodes[pick % len(dag.nodes)] for pick in picks}
+    for node in edited:
+        nodes[node].version += 1
+    CALLS.clear()
+    cached = g.forward(1, cache=cache)
+    called = sorted(CALLS)
+    assert cached == g.forward(1)
+    assert called == _downstream(dag, edited)
+
+
+def test_blake3_of_a_large_buffer_split_between_threads_is_the_digest_fed_piece_by_piece() -> None:
+    for size in (8 << 20, (40 << 20) + 12_345):
+        data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+        hasher = soma._soma.Hasher()
+        for start in range(0, size, 1 << 20):
+            hasher.update(data[start : start + (1 << 20)])
+        assert soma._soma.blake3(data) == hasher.digest()
+
+
+def test_a_cache_that_is_not_a_soma_cache_is_refused_with_a_hint() -> None:
+    with pytest.raises(TypeError, match=r"cache is a soma.Cache, not .* `dict`\nhint: "):
+        chain().forward(1, cache={})  # type: ignore[arg-type]
+
+
+def test_rust_nodes_are_keyed_on_what_they_were_made_with(cache: soma.Cache) -> None:
+    first = soma.Graph.somatize(soma.native.Add(1).named("x") >> soma.native.Add(2).named("y"))
+    assert first.forward(1, cache=cache) == 4
+    assert first.forward(1, cache=cache) == 4
+    assert cache.stats().hits == 2
+    changed = soma.Graph.somatize(soma.native.Add(5).named("x") >> soma.native.Add(2).named("y"))
+    assert changed.forward(1, cache=cache) == 8
+    assert cache.stats().hits == 2
+
+
+def test_threads_sharing_one_folder_cache_at_once_all_get_the_right_results(
+    tmp_path: Path,
+) -> None:
+    cache = soma.Cache(tmp_path)
+    start = threading.Barrier(8)
+    results: list[Any] = []
+    lock = threading.Lock()
+
+    def run(x: int) -> None:
+        start.wait(timeout=SUBPROCESS_DEADLINE)
+        for _ in range(5):
+            result = chain().forward(x % 3, cache=cache)
+            with lock:
+                results.append((x % 3, result))
+
+    threads = [threading.Thread(target=run, args=(x,)) for x in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=SUBPROCESS_DEADLINE)
+    assert not any(thread.is_alive() for thread in threads)
+    assert sorted(set(results)) == [(0, 10), (1, 30), (2, 50)]
+    assert len(results) == 40
+    assert cache.stats().corrupted == 0
+    assert len(_entries(cache)) == 9
+
+
+def test_a_node_changed_to_compute_the_same_output_leaves_what_follows_it_hitting(
+    cache: soma.Cache,
+) -> None:
+    b = Shift(1).named("b")
+    g = soma.Graph.somatize(Scale(2).named("a") >> b >> Scale(10).named("c"))
+    calls(g, 3, cache)
+    b.note = "an attribute forward does not read"  # type: ignore[attr-defined]
+    assert calls(g, 3, cache) == (70, ["b"])
+
+
+def test_would_hit_says_which_nodes_a_forward_would_find_without_running_or_counting(
+    cache: soma.Cache,
+) -> None:
+    b = Shift(1).named("b")
+    g = soma.Graph.somatize(Scale(2).named("a") >> b >> Scale(10).named("c"))
+    CALLS.clear()
+    assert cache.would_hit(g, 3) == {"a": False, "b": False, "c": False}
+    calls(g, 3, cache)
+    before = cache.stats()
+    CALLS.clear()
+    assert cache.would_hit(g, 3) == {"a": True, "b": True, "c": True}
+    assert cache.would_hit(g, 4) == {"a": False, "b": False, "c": False}
+    b.by = 2
+    assert cache.would_hit(g, 3) == {"a": True, "b": False, "c": False}
+    assert CALLS == []
+    assert cache.stats() == before
+
+
+def test_would_hit_counts_a_damaged_entry_as_missing(tmp_path: Path) -> None:
+    cache = soma.Cache(tmp_path)
+    g = soma.Graph.somatize(Scale(2).named("a"))
+    calls(g, 3, cache)
+    (entry,) = _entries(cache)
+    entry.write_bytes(entry.read_bytes()[:-1])
+    assert cache.would_hit(g, 3) == {"a": False}
