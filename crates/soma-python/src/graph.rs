@@ -468,43 +468,26 @@ impl GraphCore {
     /// Nodes with retries, and their `(times, backoff, on)`, in the order the nodes were added.
     fn retries(&self, py: Python<'_>) -> Vec<(String, WrittenRetry)> {
         let state = self.state();
-        state
-            .graph
-            .nodes()
-            .iter()
-            .filter_map(|id| {
-                let (times, backoff, on) = state.policies.retries.get(id.as_str())?;
-                Some((id.to_string(), (*times, *backoff, on.clone_ref(py))))
-            })
-            .collect()
+        in_node_order(&state, |id| {
+            let (times, backoff, on) = state.policies.retries.get(id.as_str())?;
+            Some((*times, *backoff, on.clone_ref(py)))
+        })
     }
 
     /// Nodes with a time limit, and its seconds, in the order the nodes were added.
     fn time_limits(&self) -> Vec<(String, f64)> {
         let state = self.state();
-        state
-            .graph
-            .nodes()
-            .iter()
-            .filter_map(|id| {
-                let seconds = state.policies.time_limits.get(id.as_str())?;
-                Some((id.to_string(), *seconds))
-            })
-            .collect()
+        in_node_order(&state, |id| {
+            state.policies.time_limits.get(id.as_str()).copied()
+        })
     }
 
     /// Placed nodes and their devices, in the order the nodes were added.
     fn devices(&self) -> Vec<(String, String)> {
         let state = self.state();
-        state
-            .graph
-            .nodes()
-            .iter()
-            .filter_map(|id| {
-                let device = state.placement.device(id.as_str())?;
-                Some((id.to_string(), device.to_string()))
-            })
-            .collect()
+        in_node_order(&state, |id| {
+            state.placement.device(id.as_str()).map(|d| d.to_string())
+        })
     }
 
     /// For each node, in plan order, whether a forward on `input` with `cache` (a run cache of
@@ -615,6 +598,17 @@ fn timed_out(error: &RunError, timeout: Option<Duration>) -> PyErr {
     PyTimeoutError::new_err(format!(
         "forward did not finish within its timeout of {limit} s{still}\nhint: the graph can run again at once; a node that waits for something that may not come should wait with a timeout of its own"
     ))
+}
+
+/// What `pick` says of each node that it says something of, by id, in the order the nodes were
+/// added: the listings of what is set per node (devices, retries, time limits).
+fn in_node_order<T>(state: &State, pick: impl Fn(&NodeId) -> Option<T>) -> Vec<(String, T)> {
+    state
+        .graph
+        .nodes()
+        .iter()
+        .filter_map(|id| Some((id.to_string(), pick(id)?)))
+        .collect()
 }
 
 /// The `soma.CancelledError` of a run whose stop flag was set, naming what was still running.

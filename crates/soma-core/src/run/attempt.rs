@@ -20,7 +20,6 @@ use super::executor::Executor;
 use super::lane::Lane;
 use super::policy::{Policy, JITTER};
 use super::program::Step;
-use super::trace::{thread_number, Span};
 use crate::model::id::NodeId;
 use crate::model::value::Value;
 
@@ -98,22 +97,9 @@ impl Executor {
             let mut turns = 0;
             return self.within(limit, step, id, input, lane, &mut turns);
         };
-        let start = trace.now();
-        let mut turns = 0;
-        let outcome = self.within(limit, step, id, input, lane, &mut turns);
-        trace.record(Span {
-            node: id.clone(),
-            start,
-            end: trace.now(),
-            thread: thread_number(),
-            branch: lane.path(),
-            turns,
-            error: outcome.as_ref().err().map(ToString::to_string),
-            device: step.device,
-            host: None,
-            cached: false,
-        });
-        outcome
+        Self::spanned(trace, step, id, lane, |turns| {
+            self.within(limit, step, id, input, lane, turns)
+        })
     }
 
     /// One call, on a lent thread and within `limit` when there is one.

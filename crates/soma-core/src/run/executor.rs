@@ -544,9 +544,23 @@ impl Executor {
         input: &Value,
         lane: Lane<'_>,
     ) -> Result<Value, RunError> {
+        Self::spanned(trace, step, id, lane, |turns| {
+            self.execute(&*step.node, step.device, id, input, turns)
+        })
+    }
+
+    /// Makes `call` — one call of `step`'s node, which counts its turns — and records its span
+    /// in `trace`: from the call to its return, on this thread, in `lane`'s branch.
+    pub(super) fn spanned(
+        trace: &Trace,
+        step: &Step,
+        id: &NodeId,
+        lane: Lane<'_>,
+        call: impl FnOnce(&mut u32) -> Result<Value, RunError>,
+    ) -> Result<Value, RunError> {
         let start = trace.now();
         let mut turns = 0;
-        let outcome = self.execute(&*step.node, step.device, id, input, &mut turns);
+        let outcome = call(&mut turns);
         trace.record(Span {
             node: id.clone(),
             start,
