@@ -13,26 +13,12 @@ A graph with no policy runs the path it ran before policies existed: its row is 
 from __future__ import annotations
 
 import argparse
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import soma
+from deadline import Pass, log, pass_through, table
 from timing import compare
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-class Pass(soma.Node):
-    def forward(self, x: Any) -> Any:
-        return x
-
-
-def pass_through(x: Any) -> Any:
-    return x
 
 
 def chain() -> soma.Expr:
@@ -83,9 +69,7 @@ def main() -> None:
         "A forward of a chain of 3 trivial Python nodes (medians of interleaved samples), and "
         "what each policy adds a node when the call succeeds in time:",
         "",
-        "| chain of 3 | forward | per node |",
-        "|---|---|---|",
-        *("| " + " | ".join(row) + " |" for row in rows(5 if args.quick else 15)),
+        *table(["chain of 3", "forward", "per node"], rows(5 if args.quick else 15)),
         "",
     ]
     text = "\n".join(lines)
