@@ -409,15 +409,15 @@ class Graph:
 
         ``timeout``, in seconds, bounds the whole run: when it passes, every branch stops at its
         next node boundary and ``forward`` raises :class:`TimeoutError` naming the nodes still
-        running. With a timeout no node runs on the calling thread — the plan runs on lent
-        threads while the caller waits — so ``forward`` returns at the deadline, plus the grace
-        below, wherever the slow node stands, and a run that ends past its deadline raises :class:`TimeoutError`
-        rather than return a late result. Ctrl-C stops a run the same way and raises
-        :class:`KeyboardInterrupt`. Either way, a node that does not return within a twentieth of
-        a second — it waits for an event that will not come, say — is left to finish in the
-        background on its thread, its result dropped, and ``forward`` returns at once; the graph
-        can run again right away. Without a timeout, a node running on the calling thread is
-        not cut short by Ctrl-C beyond what Python's signal delivery does.
+        running. With a timeout no node runs on the calling thread — the plan runs on lent threads
+        while the caller waits — so ``forward`` returns at the deadline, plus the grace below,
+        wherever the slow node stands, and a run that ends past its deadline raises
+        :class:`TimeoutError` rather than return a late result. Ctrl-C stops a run the same way and
+        raises :class:`KeyboardInterrupt`. Either way, a node that does not return within a
+        twentieth of a second — it waits for an event that will not come, say — is left to finish in
+        the background on its thread, its result dropped, and ``forward`` returns at once; the graph
+        can run again right away. Without a timeout, a node running on the calling thread is not cut
+        short by Ctrl-C beyond what Python's signal delivery does.
         """
         if cache is not None and not isinstance(cache, _cache.Cache):
             raise TypeError(
