@@ -21,10 +21,14 @@ from typing import IO, Any, NamedTuple, SupportsIndex
 
 from soma import _cache, _soma, _stream
 from soma import remote as _remote
+from soma._decide import Each, Loop, Switch
 from soma._dsl import Expr, refuse_class
 from soma._node import Node
 from soma._policy import RetryPolicy, checked_retry, checked_time_limit
 from soma.errors import DuplicateNodeError, InvalidIdError, NodePicklingError
+
+# The steps that decide as they run, each registered with its sub-graphs.
+_DECISIONS = frozenset((Each, Switch, Loop))
 
 _WORD_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 
@@ -202,6 +206,10 @@ class Graph:
         native = getattr(obj, "_soma_native", None)
         if native is not None and isinstance(native, _soma.NativeNode):
             self._core.add_native(node_id, obj, native)
+        elif type(obj) in _DECISIONS:
+            # It registers itself with its sub-graphs, which take its settings.
+            obj._register(self, node_id)
+            return node_id
         else:
             self._core.add_python(node_id, obj, _takes_ctx(obj))
         device = getattr(obj, "_soma_device", None)

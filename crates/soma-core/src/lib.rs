@@ -40,7 +40,10 @@ mod observe;
 mod plan;
 mod run;
 
-pub use compile::{compile, decompose, distribute, CompileError};
+pub use compile::{
+    compile, compile_decided, decompose, distribute, CompileError, Decision, Decisions,
+    MAX_DECISION_DEPTH,
+};
 pub use model::catalog::Catalog;
 pub use model::device::{Device, DeviceError, DeviceKind, Placement};
 pub use model::driver::{Driver, DriverError};
@@ -50,6 +53,7 @@ pub use model::host::{HostError, HostName, HostPlacement, HOST_NAME_LIMIT};
 pub use model::id::NodeId;
 pub use model::key::Key;
 pub use model::node::{Ctx, Node, NodeError, Transition, DEFAULT_TURN_LIMIT};
+pub use model::reading::{NativeReading, Reading};
 pub use model::value::Value;
 pub use observe::devices::{GraphWithDevices, WithDevices};
 pub use plan::Plan;

@@ -23,7 +23,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::PyTuple;
 use pyo3::PyTraverseError;
 use soma_core::{
-    compile, Captured, Catalog, Device, Executor, Graph, Host, Node, NodeId, Placement, Plan,
+    compile_decided, Captured, Catalog, Decision, Decisions, Reading, Device, Executor, Graph, Host, Node, NodeId, Placement, Plan,
     Program, RunError, DEFAULT_IDLE_THREADS,
 };
 
@@ -40,6 +40,7 @@ use crate::exit;
 use crate::native::NativeNode;
 use crate::node::PythonNode;
 use crate::plan::PyPlan;
+use crate::reading::PythonReading;
 use crate::policy::{self, Written, WrittenRetry};
 use crate::reentry::{Nested, MAX_NESTED_FORWARDS};
 use crate::thread_state;
@@ -63,6 +64,11 @@ struct State {
     placement: Arc<Placement>,
     /// Retries and time limits, by node; like the placement, setting one drops the program.
     policies: Written,
+    /// The `each`, `switch` and `loop` steps and the sub-graphs they run, whose nodes are in
+    /// the catalog under ids namespaced by the step's (`chunks/clean`).
+    decisions: Decisions,
+    /// The graphs those sub-graphs were copied from, kept for the Python objects they hold.
+    bodies: Vec<Py<GraphCore>>,
 }
 
 impl Default for State {
@@ -76,6 +82,8 @@ impl Default for State {
             idle_threads: DEFAULT_IDLE_THREADS,
             placement: Arc::default(),
             policies: Written::default(),
+            decisions: Decisions::default(),
+            bodies: Vec::new(),
         }
     }
 }
@@ -119,6 +127,128 @@ impl GraphCore {
         Ok(())
     }
 
+    /// Copies `body` into this graph's catalog, placement, policies and decisions, every id
+    /// namespaced under `step`'s (`step/id`), and returns its topology so namespaced: the
+    /// sub-graph a decision step runs.
+    fn embed(&self, py: Python<'_>, step: &str, body: &Bound<'_, GraphCore>) -> PyResult<Graph> {
+        if std::ptr::eq(self, body.get()) {
+            return Err(PyValueError::new_err(
+                "a graph cannot run itself as a step of its own",
+            ));
+        }
+        let inner = body.get().state();
+        let named = |id: &str| format!("{step}/{id}");
+        let mut graph = Graph::new();
+        for id in inner.graph.nodes() {
+            graph
+                .add_node(named(id.as_str()))
+                .map_err(|e| graph_error(py, &e))?;
+        }
+        for (source, target) in inner.graph.edges() {
+            graph
+                .add_edge(&named(source.as_str()), &named(target.as_str()))
+                .map_err(|e| graph_error(py, &e))?;
+        }
+        let mut state = self.state();
+        for id in inner.graph.nodes() {
+            let implementation = inner
+                .catalog
+                .get(id.as_str())
+                .expect("every node of a graph has its implementation");
+            state
+                .catalog
+                .insert(named(id.as_str()), Arc::clone(implementation));
+            if let Some(device) = inner.placement.device(id.as_str()) {
+                Arc::make_mut(&mut state.placement).place(named(id.as_str()), device);
+            }
+        }
+        for (id, (times, backoff, on)) in &inner.policies.retries {
+            let retry = policy::retry(py, *times, *backoff, on)?;
+            state.policies.policies.set_retry(&named(id), Some(retry));
+            state
+                .policies
+                .retries
+                .insert(named(id), (*times, *backoff, on.clone_ref(py)));
+        }
+        for (id, seconds) in &inner.policies.time_limits {
+            let limit = Duration::try_from_secs_f64(*seconds)
+                .map_err(|e| PyValueError::new_err(e.to_string()))?;
+            state.policies.policies.set_time_limit(&named(id), Some(limit));
+            state.policies.time_limits.insert(named(id), *seconds);
+        }
+        for (id, decision) in inner.decisions.iter() {
+            let renamed = |graph: &Graph| -> PyResult<Graph> {
+                let mut copy = Graph::new();
+                for node in graph.nodes() {
+                    copy.add_node(named(node.as_str()))
+                        .map_err(|e| graph_error(py, &e))?;
+                }
+                for (source, target) in graph.edges() {
+                    copy.add_edge(&named(source.as_str()), &named(target.as_str()))
+                        .map_err(|e| graph_error(py, &e))?;
+                }
+                Ok(copy)
+            };
+            let decision = match decision {
+                Decision::Map { body, in_flight } => Decision::Map {
+                    body: renamed(body)?,
+                    in_flight: *in_flight,
+                },
+                Decision::Loop {
+                    body,
+                    max_iterations,
+                } => Decision::Loop {
+                    body: renamed(body)?,
+                    max_iterations: *max_iterations,
+                },
+                Decision::Switch { cases } => Decision::Switch {
+                    cases: cases
+                        .iter()
+                        .map(|(key, case)| Ok((key.clone(), renamed(case)?)))
+                        .collect::<PyResult<_>>()?,
+                },
+            };
+            state.decisions.insert(named(id), decision);
+        }
+        state
+            .python_nodes
+            .extend(inner.python_nodes.iter().cloned());
+        drop(inner);
+        state.bodies.push(body.clone().unbind());
+        state.compiled = None;
+        Ok(graph)
+    }
+
+    /// Registers `object` under `id` as a decision step whose node is `object`'s `forward`
+    /// (the selector of a `switch`, the predicate of a `loop`), running `bodies`.
+    fn add_decision(
+        &self,
+        py: Python<'_>,
+        id: &str,
+        object: &Bound<'_, PyAny>,
+        bodies: &[(String, Bound<'_, GraphCore>)],
+        decide: impl FnOnce(Vec<(String, Graph)>) -> Decision,
+    ) -> PyResult<()> {
+        if self.state().graph.contains(id) {
+            // Refused before anything is copied, as `add_python` would refuse it.
+            self.add_python(py, id, object, false)?;
+        }
+        let mut graphs = Vec::with_capacity(bodies.len());
+        for (key, body) in bodies {
+            // A switch's cases are namespaced by key too: two may hold a node of one name.
+            let prefix = if key.is_empty() {
+                id.to_owned()
+            } else {
+                format!("{id}/{key}")
+            };
+            graphs.push((key.clone(), self.embed(py, &prefix, body)?));
+        }
+        // Its `forward` reads `ctx`, for the step's id in what it raises.
+        self.add_python(py, id, object, true)?;
+        self.state().decisions.insert(id, decide(graphs));
+        Ok(())
+    }
+
     /// The plan, compiled on first use after a change.
     fn compiled_plan(&self, py: Python<'_>) -> PyResult<Arc<Plan>> {
         let mut state = self.state();
@@ -152,7 +282,8 @@ impl GraphCore {
 
     fn compiled<'s>(py: Python<'_>, state: &'s mut State) -> PyResult<&'s mut Compiled> {
         if state.compiled.is_none() {
-            let plan = compile(&state.graph, &state.catalog).map_err(|e| compile_error(py, &e))?;
+            let plan = compile_decided(&state.graph, &state.catalog, &state.decisions)
+                .map_err(|e| compile_error(py, &e))?;
             state.compiled = Some(Compiled {
                 plan: Arc::new(plan),
                 program: None,
@@ -219,6 +350,55 @@ impl GraphCore {
             Arc::clone(&node) as Arc<dyn Node>,
             Some(node),
         )
+    }
+
+    /// Registers `object` under `id` as an `each` step: `body` runs on every item of the list
+    /// the step reads, at most `in_flight` at once.
+    #[pyo3(signature = (id, object, body, in_flight=None))]
+    fn add_each(
+        &self,
+        py: Python<'_>,
+        id: &str,
+        object: &Bound<'_, PyAny>,
+        body: Bound<'_, GraphCore>,
+        in_flight: Option<usize>,
+    ) -> PyResult<()> {
+        self.add_decision(py, id, object, &[(String::new(), body)], |mut graphs| {
+            Decision::Map {
+                body: graphs.pop().expect("one body").1,
+                in_flight,
+            }
+        })
+    }
+
+    /// Registers `object` under `id` as a `switch` step: `object.forward` returns the key of
+    /// the case to run, one of `cases`.
+    fn add_switch(
+        &self,
+        py: Python<'_>,
+        id: &str,
+        object: &Bound<'_, PyAny>,
+        cases: Vec<(String, Bound<'_, GraphCore>)>,
+    ) -> PyResult<()> {
+        self.add_decision(py, id, object, &cases, |cases| Decision::Switch { cases })
+    }
+
+    /// Registers `object` under `id` as a `loop` step: `body` runs until `object.forward` of
+    /// its output is true, at most `max_iterations` times.
+    fn add_loop(
+        &self,
+        py: Python<'_>,
+        id: &str,
+        object: &Bound<'_, PyAny>,
+        body: Bound<'_, GraphCore>,
+        max_iterations: u32,
+    ) -> PyResult<()> {
+        self.add_decision(py, id, object, &[(String::new(), body)], |mut graphs| {
+            Decision::Loop {
+                body: graphs.pop().expect("one body").1,
+                max_iterations,
+            }
+        })
     }
 
     /// Registers a Rust implementation under `id`; `object` is what `implementation(id)` returns.
@@ -324,6 +504,9 @@ impl GraphCore {
         }
         for node in &state.python_nodes {
             node.traverse(&visit)?;
+        }
+        for body in &state.bodies {
+            visit.call(body)?;
         }
         Ok(())
     }
@@ -572,7 +755,8 @@ pub(crate) fn executor_for(
     let mut executor = Executor::new()
         .with_turn_limit(turn_limit)
         .with_watch(Arc::clone(watch) as Arc<dyn soma_core::Watch>)
-        .with_host(interpreter_at(depth));
+        .with_host(interpreter_at(depth))
+        .with_reading(python_reading());
     if let Some(driver) = driver {
         executor = executor.with_driver(Arc::new(PythonDriver::new(driver)?));
     }
@@ -580,6 +764,12 @@ pub(crate) fn executor_for(
         executor = executor.with_trace(Arc::clone(&trace.get().trace));
     }
     Ok(executor)
+}
+
+/// The one reading of Python values every executor shares.
+fn python_reading() -> Arc<dyn Reading> {
+    static READING: OnceLock<Arc<dyn Reading>> = OnceLock::new();
+    Arc::clone(READING.get_or_init(|| Arc::new(PythonReading)))
 }
 
 /// A `timeout` in seconds as a duration: finite and not negative.

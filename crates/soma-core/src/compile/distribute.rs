@@ -77,9 +77,16 @@ pub fn distribute(plan: &Plan, hosts: &HostPlacement) -> Plan {
     }
     // The subtrees finished whose parent is not: a parent's are the last of them.
     let mut done: Vec<(Plan, Lives<'_>)> = Vec::new();
-    for visit in plan.visits() {
+    for visit in plan.own_visits() {
         match visit {
             Visit::Enter(Plan::Empty) => done.push((Plan::Empty, Lives::Anywhere)),
+            // What a decision runs, it runs here, with the step: the front refuses a host
+            // inside one, naming the node.
+            Visit::Enter(
+                decision @ (Plan::Map { .. } | Plan::Switch { .. } | Plan::Loop { .. }),
+            ) => {
+                done.push((decision.clone(), Lives::Split));
+            }
             Visit::Enter(Plan::Execute { node, from }) => {
                 let lives = hosts.host(node.as_str()).map_or(Lives::Split, Lives::On);
                 let step = Plan::Execute {
@@ -90,7 +97,14 @@ pub fn distribute(plan: &Plan, hosts: &HostPlacement) -> Plan {
             }
             // A slice already there is cut again from `hosts`: its subtree stands for it.
             Visit::Enter(Plan::Sequence(_) | Plan::Wave(_) | Plan::Remote { .. })
-            | Visit::Leave(Plan::Empty | Plan::Execute { .. } | Plan::Remote { .. }) => {}
+            | Visit::Leave(
+                Plan::Empty
+                | Plan::Execute { .. }
+                | Plan::Remote { .. }
+                | Plan::Map { .. }
+                | Plan::Switch { .. }
+                | Plan::Loop { .. },
+            ) => {}
             Visit::Leave(Plan::Sequence(children)) => {
                 let parts = done.split_off(done.len() - children.len());
                 done.push(sequence(parts));

@@ -18,4 +18,5 @@ pub(crate) mod host;
 pub(crate) mod id;
 pub(crate) mod key;
 pub(crate) mod node;
+pub(crate) mod reading;
 pub(crate) mod value;

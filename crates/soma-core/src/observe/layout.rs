@@ -122,20 +122,32 @@ fn measure<'p>(plan: &'p Plan, framed: bool, devices: Option<&Devices>) -> Vec<B
     let mut blocks: Vec<Block<'_>> = Vec::new();
     // The blocks of the plans left whose parent is not: a parent's are the last of them.
     let mut done: Vec<usize> = Vec::new();
-    for visit in plan.visits() {
+    // A `Map`, `Switch` or `Loop` is one box here, what it runs left to the other drawings.
+    for visit in plan.own_visits() {
         let block = match visit {
             Visit::Enter(Plan::Empty) => Block {
                 width: 0,
                 height: 0,
                 shape: Shape::Blank,
             },
-            Visit::Enter(Plan::Execute { node, .. }) => Block {
+            Visit::Enter(
+                Plan::Execute { node, .. }
+                | Plan::Map { node, .. }
+                | Plan::Switch { node, .. }
+                | Plan::Loop { node, .. },
+            ) => Block {
                 width: node_width(&node_label(node, devices)),
                 height: NODE_HEIGHT,
                 shape: Shape::Node(node),
             },
             Visit::Enter(Plan::Sequence(_) | Plan::Wave(_) | Plan::Remote { .. })
-            | Visit::Leave(Plan::Empty | Plan::Execute { .. }) => continue,
+            | Visit::Leave(
+                Plan::Empty
+                | Plan::Execute { .. }
+                | Plan::Map { .. }
+                | Plan::Switch { .. }
+                | Plan::Loop { .. },
+            ) => continue,
             Visit::Leave(Plan::Remote { host, .. }) => {
                 let inner = *done.last().expect("the slice was measured before");
                 if !framed {
@@ -258,7 +270,7 @@ fn topological_columns(plan: &Plan) -> Vec<Vec<usize>> {
     let mut out = Vec::new();
     let mut open: Vec<Around> = Vec::new();
     let mut step = 0;
-    for visit in plan.visits() {
+    for visit in plan.own_visits() {
         match visit {
             Visit::Enter(entered) => {
                 if let Some(parent) = open.last_mut().filter(|parent| parent.sequence) {
@@ -266,7 +278,10 @@ fn topological_columns(plan: &Plan) -> Vec<Vec<usize>> {
                 }
                 match entered {
                     Plan::Empty => {}
-                    Plan::Execute { from, .. } => {
+                    Plan::Execute { from, .. }
+                    | Plan::Map { from, .. }
+                    | Plan::Switch { from, .. }
+                    | Plan::Loop { from, .. } => {
                         for source in from {
                             if let Some(runs) = runs.get(source) {
                                 record_read(&mut open, runs, step);
@@ -296,7 +311,13 @@ fn topological_columns(plan: &Plan) -> Vec<Vec<usize>> {
             Visit::Leave(Plan::Wave(_) | Plan::Remote { .. }) => {
                 open.pop();
             }
-            Visit::Leave(Plan::Empty | Plan::Execute { .. }) => {}
+            Visit::Leave(
+                Plan::Empty
+                | Plan::Execute { .. }
+                | Plan::Map { .. }
+                | Plan::Switch { .. }
+                | Plan::Loop { .. },
+            ) => {}
         }
     }
     out

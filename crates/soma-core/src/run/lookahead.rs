@@ -46,6 +46,8 @@ fn steps(root: &Op) -> Vec<&Step> {
             Op::Execute(step) => found.push(step),
             Op::Sequence { steps, .. } => pending.extend(steps.iter().rev()),
             Op::Wave { branches, .. } => pending.extend(branches.iter().rev()),
+            // Never read from the cache: what they run is not in their key.
+            Op::Map(_) | Op::Switch(_) | Op::Loop(_) => {}
         }
     }
     found

@@ -74,6 +74,34 @@ pub(crate) enum Op {
         /// Branch `i` owns slots `bounds[i]..bounds[i + 1]`.
         bounds: Box<[usize]>,
     },
+    /// A [`Plan::Map`]: boxed, so that an op is no larger for it.
+    Map(Box<MapOp>),
+    /// A [`Plan::Switch`].
+    Switch(Box<SwitchOp>),
+    /// A [`Plan::Loop`].
+    Loop(Box<LoopOp>),
+}
+
+/// A `Map` step: where it reads and writes, and the program each item runs, with a table of
+/// its own.
+pub(crate) struct MapOp {
+    pub(crate) step: Step,
+    pub(crate) body: Program,
+    pub(crate) in_flight: Option<usize>,
+}
+
+/// A `Switch` step: its node is the selector; one program per case.
+pub(crate) struct SwitchOp {
+    pub(crate) step: Step,
+    pub(crate) keys: Box<[String]>,
+    pub(crate) cases: Box<[Program]>,
+}
+
+/// A `Loop` step: its node is the predicate; the program each iteration runs.
+pub(crate) struct LoopOp {
+    pub(crate) step: Step,
+    pub(crate) body: Program,
+    pub(crate) max_iterations: u32,
 }
 
 /// A step keeps what running it needs and nothing more — its id is the program's, by slot — so
@@ -152,7 +180,7 @@ impl Program {
     /// O(steps + reads · d), where d is how far apart in the plan's nesting a value's producer and
     /// readers are (1 or 2 for plans the compiler makes); no recursion, however deep the plan.
     pub fn new(plan: &Plan, catalog: &Catalog) -> Result<Program, ProgramError> {
-        Program::placed(plan, catalog, None, None)
+        Program::placed(plan, catalog, None, None, 0)
     }
 
     /// Resolves `plan` against `catalog`, each step's node placed where `placement` says
@@ -174,6 +202,7 @@ impl Program {
             catalog,
             Some(placement).filter(|p| !p.is_empty()),
             None,
+            0,
         )
     }
 
@@ -197,18 +226,22 @@ impl Program {
             catalog,
             Some(placement).filter(|p| !p.is_empty()),
             Some(policies).filter(|p| !p.is_empty()),
+            0,
         )
     }
 
+    /// `depth`: how many `Map`, `Switch` and `Loop` steps hold this plan, each resolved into a
+    /// program of its own here, bounded by [`crate::MAX_DECISION_DEPTH`].
     fn placed(
         plan: &Plan,
         catalog: &Catalog,
         placement: Option<&Placement>,
         policies: Option<&Policies>,
+        depth: usize,
     ) -> Result<Program, ProgramError> {
         let numbered = Numbering::of(plan, catalog)?;
         let decided = numbered.decide();
-        let root = numbered.build(plan, &decided, placement, policies);
+        let root = numbered.build(plan, &decided, placement, policies, depth)?;
         let mut devices: Vec<Device> = placement
             .map(|placement| {
                 numbered
@@ -360,6 +393,8 @@ impl<'p> Slots<'p> {
 /// and where each step and each sequence sits. It borrows the plan's ids and the catalog's
 /// implementations: each is cloned once, into the program, not once per pass.
 struct Numbering<'p> {
+    /// Where the sub-programs of decision steps find their implementations too.
+    catalog: &'p Catalog,
     ids: Vec<&'p NodeId>,
     implementations: Vec<&'p Arc<dyn Node>>,
     /// Where each slot's step sits.
@@ -398,6 +433,7 @@ impl<'p> Numbering<'p> {
         // once, the tables never move while they grow.
         let steps = catalog.len();
         let mut numbering = Numbering {
+            catalog,
             ids: Vec::with_capacity(steps),
             implementations: Vec::with_capacity(steps),
             positions: Vec::with_capacity(steps),
@@ -414,7 +450,8 @@ impl<'p> Numbering<'p> {
         // of the sibling branches before this one, which run at the same time and so cannot be
         // read. Ranges nest, so they are sorted by start and disjoint.
         let mut hidden: Vec<(usize, usize)> = Vec::new();
-        for visit in plan.visits() {
+        // A decision's sub-plans run with tables of their own: resolved apart, in `build`.
+        for visit in plan.own_visits() {
             match visit {
                 Visit::Enter(entered) => {
                     let position = match open.last() {
@@ -432,7 +469,10 @@ impl<'p> Numbering<'p> {
                     }
                     match entered {
                         Plan::Empty => {}
-                        Plan::Execute { node, from } => {
+                        Plan::Execute { node, from }
+                        | Plan::Map { node, from, .. }
+                        | Plan::Switch { node, from, .. }
+                        | Plan::Loop { node, from, .. } => {
                             numbering.execute(
                                 catalog,
                                 &mut slots,
@@ -474,8 +514,13 @@ impl<'p> Numbering<'p> {
                         Plan::Sequence(_) | Plan::Wave(_) => {
                             open.pop();
                         }
-                        // Refused when entered.
-                        Plan::Remote { .. } | Plan::Empty | Plan::Execute { .. } => {}
+                        // Refused when entered, or without children of this table.
+                        Plan::Remote { .. }
+                        | Plan::Empty
+                        | Plan::Execute { .. }
+                        | Plan::Map { .. }
+                        | Plan::Switch { .. }
+                        | Plan::Loop { .. } => {}
                     }
                     match open.last_mut() {
                         Some(Open {
@@ -631,7 +676,8 @@ impl<'p> Numbering<'p> {
         decided: &Decided,
         placement: Option<&Placement>,
         policies: Option<&Policies>,
-    ) -> Op {
+        depth: usize,
+    ) -> Result<Op, ProgramError> {
         /// What a container being built is.
         enum Container {
             /// The list the root op goes into.
@@ -651,16 +697,29 @@ impl<'p> Numbering<'p> {
             container: Container::Root,
         }];
         let (mut slot, mut read, mut sequences) = (0_usize, 0_usize, 0_u32);
-        for visit in plan.visits() {
+        let inner =
+            |plan: &Plan| Program::placed(plan, self.catalog, placement, policies, depth + 1);
+        for visit in plan.own_visits() {
             match visit {
                 Visit::Enter(entered) => {
                     let parent = open.last_mut().expect("the root stays open");
                     if let Container::Wave(bounds) = &mut parent.container {
                         bounds.push(slot);
                     }
+                    if let (Some((node, _)), true) = (
+                        entered
+                            .step()
+                            .filter(|_| !matches!(entered, Plan::Execute { .. })),
+                        depth >= crate::MAX_DECISION_DEPTH,
+                    ) {
+                        return Err(ProgramError::TooDeep { node: node.clone() });
+                    }
                     match entered {
                         Plan::Empty => parent.children.push(Op::Empty),
-                        Plan::Execute { from, .. } => {
+                        Plan::Execute { from, .. }
+                        | Plan::Map { from, .. }
+                        | Plan::Switch { from, .. }
+                        | Plan::Loop { from, .. } => {
                             let mut next = || {
                                 let (_, read_slot) = self.reads[read];
                                 let take = decided.takes[read];
@@ -682,12 +741,42 @@ impl<'p> Numbering<'p> {
                             };
                             let id = self.ids[slot];
                             let policy = policies.is_some_and(|p| p.get(id.as_str()).is_some());
-                            parent.children.push(Op::Execute(Step {
+                            let step = Step {
                                 node: Arc::clone(self.implementations[slot]),
                                 from,
                                 slot: to_u32(slot) | if policy { HAS_POLICY } else { 0 },
                                 device: placement.and_then(|p| p.device(id.as_str())),
-                            }));
+                            };
+                            parent.children.push(match entered {
+                                Plan::Map {
+                                    body, in_flight, ..
+                                } => Op::Map(Box::new(MapOp {
+                                    step,
+                                    body: inner(body)?,
+                                    in_flight: *in_flight,
+                                })),
+                                Plan::Switch { keys, cases, .. } => {
+                                    Op::Switch(Box::new(SwitchOp {
+                                        step,
+                                        keys: keys.clone().into(),
+                                        cases: cases.iter().map(inner).collect::<Result<_, _>>()?,
+                                    }))
+                                }
+                                Plan::Loop {
+                                    body,
+                                    max_iterations,
+                                    ..
+                                } => Op::Loop(Box::new(LoopOp {
+                                    step,
+                                    body: inner(body)?,
+                                    max_iterations: *max_iterations,
+                                })),
+                                Plan::Execute { .. }
+                                | Plan::Empty
+                                | Plan::Sequence(_)
+                                | Plan::Wave(_)
+                                | Plan::Remote { .. } => Op::Execute(step),
+                            });
                             slot += 1;
                         }
                         Plan::Sequence(children) => {
@@ -704,7 +793,14 @@ impl<'p> Numbering<'p> {
                         Plan::Remote { .. } => unreachable!("`Numbering::of` refuses a slice"),
                     }
                 }
-                Visit::Leave(Plan::Empty | Plan::Execute { .. } | Plan::Remote { .. }) => {}
+                Visit::Leave(
+                    Plan::Empty
+                    | Plan::Execute { .. }
+                    | Plan::Remote { .. }
+                    | Plan::Map { .. }
+                    | Plan::Switch { .. }
+                    | Plan::Loop { .. },
+                ) => {}
                 Visit::Leave(Plan::Sequence(_) | Plan::Wave(_)) => {
                     let built = open.pop().expect("entered before");
                     // Exactly as many as the plan has children: no copy, no spare room.
@@ -731,7 +827,7 @@ impl<'p> Numbering<'p> {
             }
         }
         let mut root = open.pop().expect("the root stays open").children;
-        root.pop().expect("the root was built")
+        Ok(root.pop().expect("the root was built"))
     }
 }
 
@@ -775,7 +871,8 @@ impl Drop for Op {
             } => {
                 stack.extend(Vec::from(std::mem::take(children)));
             }
-            Op::Empty | Op::Execute(_) => {}
+            // A sub-program drops its own ops the same way; decisions nest a bounded depth.
+            Op::Empty | Op::Execute(_) | Op::Map(_) | Op::Switch(_) | Op::Loop(_) => {}
         };
         take(self, &mut stack);
         while let Some(mut op) = stack.pop() {
