@@ -150,11 +150,8 @@ impl GraphCore {
                 .map_err(|e| graph_error(py, &e))?;
         }
         let mut state = self.state();
-        for id in inner.graph.nodes() {
-            let implementation = inner
-                .catalog
-                .get(id.as_str())
-                .expect("every node of a graph has its implementation");
+        // Its whole catalog: its own nodes' and those of the decisions it holds in turn.
+        for (id, implementation) in inner.catalog.iter() {
             state
                 .catalog
                 .insert(named(id.as_str()), Arc::clone(implementation));
@@ -570,7 +567,8 @@ impl GraphCore {
             .map(|text| text.parse::<Device>().map_err(|e| device_error(py, &e)))
             .transpose()?;
         let mut state = self.state();
-        if !state.graph.contains(id) {
+        // A node inside a decision step is in the catalog only (`chunks/clean`).
+        if !state.catalog.contains(id) {
             return Err(unknown_node_error(py, id, &state.graph));
         }
         // In place unless a plan handed out still draws the placement it was given: placing
@@ -606,7 +604,8 @@ impl GraphCore {
             None => None,
         };
         let mut state = self.state();
-        if !state.graph.contains(id) {
+        // A node inside a decision step is in the catalog only (`chunks/clean`).
+        if !state.catalog.contains(id) {
             return Err(unknown_node_error(py, id, &state.graph));
         }
         let policies = &mut state.policies;
@@ -633,7 +632,8 @@ impl GraphCore {
             })
             .transpose()?;
         let mut state = self.state();
-        if !state.graph.contains(id) {
+        // A node inside a decision step is in the catalog only (`chunks/clean`).
+        if !state.catalog.contains(id) {
             return Err(unknown_node_error(py, id, &state.graph));
         }
         let policies = &mut state.policies;
@@ -792,12 +792,14 @@ fn timed_out(error: &RunError, timeout: Option<Duration>) -> PyErr {
 
 /// What `pick` says of each node that it says something of, by id, in the order the nodes were
 /// added: the listings of what is set per node (devices, retries, time limits).
+///
+/// Read through the catalog, whose order is the graph's, so that the nodes inside `each`,
+/// `switch` and `loop` steps are listed too (`chunks/clean`), each before its step.
 fn in_node_order<T>(state: &State, pick: impl Fn(&NodeId) -> Option<T>) -> Vec<(String, T)> {
     state
-        .graph
-        .nodes()
+        .catalog
         .iter()
-        .filter_map(|id| Some((id.to_string(), pick(id)?)))
+        .filter_map(|(id, _)| Some((id.to_string(), pick(id)?)))
         .collect()
 }
 
