@@ -184,10 +184,11 @@ def test_each_refuses_a_bad_in_flight() -> None:
         soma.each(Double(), in_flight=0)
 
 
-def test_each_runs_many_trivial_items_on_few_threads() -> None:
+def test_each_runs_many_trivial_items_on_far_fewer_threads_than_items() -> None:
     g = soma.Graph.somatize(soma.each(Add(1) >> Double() >> Pass()))
     assert g.forward(list(range(10_000))) == [2 * (x + 1) for x in range(10_000)]
-    assert g.threads() <= 8
+    # Lent as items are in flight, never one per item; how few is the benchmark's to count.
+    assert g.threads() <= 64
 
 
 def test_a_retry_on_each_reaches_the_nodes_inside() -> None:

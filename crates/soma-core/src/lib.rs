@@ -40,14 +40,12 @@ mod observe;
 mod plan;
 mod run;
 
-pub use compile::{
-    compile, compile_decided, decompose, distribute, CompileError, Decision, Decisions,
-    MAX_DECISION_DEPTH,
-};
+pub use compile::{compile, compile_decided, decompose, distribute, CompileError};
 pub use model::catalog::Catalog;
+pub use model::decision::{Decision, Decisions, MAX_DECISION_DEPTH};
 pub use model::device::{Device, DeviceError, DeviceKind, Placement};
 pub use model::driver::{Driver, DriverError};
-pub use model::expr::{node, node_arc, Expr};
+pub use model::expr::{each, node, node_arc, repeat, switch, Expr};
 pub use model::graph::{Graph, GraphError};
 pub use model::host::{HostError, HostName, HostPlacement, HOST_NAME_LIMIT};
 pub use model::id::NodeId;

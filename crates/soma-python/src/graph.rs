@@ -23,8 +23,8 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::PyTuple;
 use pyo3::PyTraverseError;
 use soma_core::{
-    compile_decided, Captured, Catalog, Decision, Decisions, Reading, Device, Executor, Graph, Host, Node, NodeId, Placement, Plan,
-    Program, RunError, DEFAULT_IDLE_THREADS,
+    compile_decided, Captured, Catalog, Decision, Decisions, Device, Executor, Graph, Host, Node,
+    NodeId, Placement, Plan, Program, Reading, RunError, DEFAULT_IDLE_THREADS,
 };
 
 use crate::cache::PythonCache;
@@ -40,8 +40,8 @@ use crate::exit;
 use crate::native::NativeNode;
 use crate::node::PythonNode;
 use crate::plan::PyPlan;
-use crate::reading::PythonReading;
 use crate::policy::{self, Written, WrittenRetry};
+use crate::reading::PythonReading;
 use crate::reentry::{Nested, MAX_NESTED_FORWARDS};
 use crate::thread_state;
 use crate::trace::PyTrace;
@@ -170,7 +170,10 @@ impl GraphCore {
         for (id, seconds) in &inner.policies.time_limits {
             let limit = Duration::try_from_secs_f64(*seconds)
                 .map_err(|e| PyValueError::new_err(e.to_string()))?;
-            state.policies.policies.set_time_limit(&named(id), Some(limit));
+            state
+                .policies
+                .policies
+                .set_time_limit(&named(id), Some(limit));
             state.policies.time_limits.insert(named(id), *seconds);
         }
         for (id, decision) in inner.decisions.iter() {

@@ -35,7 +35,7 @@ mod decide;
 mod distribute;
 mod reduction;
 
-pub use decide::{compile_decided, Decision, Decisions, MAX_DECISION_DEPTH};
+pub use decide::compile_decided;
 pub use distribute::distribute;
 
 use std::fmt;
@@ -53,7 +53,7 @@ pub enum CompileError {
         /// The first such node, in insertion order.
         node: NodeId,
     },
-    /// `Map`, `Switch` and `Loop` steps nest deeper than [`MAX_DECISION_DEPTH`].
+    /// `Map`, `Switch` and `Loop` steps nest deeper than [`crate::MAX_DECISION_DEPTH`].
     TooDeep {
         /// The first step nested too deep.
         node: NodeId,
@@ -69,7 +69,8 @@ impl fmt::Display for CompileError {
             ),
             CompileError::TooDeep { node } => write!(
                 f,
-                "step `{node}` is nested more than {MAX_DECISION_DEPTH} `each`/`switch`/`loop` deep\nhint: each level runs inside the one around it; flatten the inner levels into a node of their own"
+                "step `{node}` is nested more than {} `each`/`switch`/`loop` deep\nhint: each level runs inside the one around it; flatten the inner levels into a node of their own",
+                crate::MAX_DECISION_DEPTH
             ),
         }
     }
