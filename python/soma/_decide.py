@@ -16,15 +16,25 @@ expression. A step runs in this process: ``.at()`` on it, or on a node inside, i
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
-from typing import TYPE_CHECKING, Any, NoReturn, Self
+from typing import Any, NoReturn, Protocol, Self
 
+from soma import _soma
 from soma._dsl import Expr
 from soma._node import Node
 from soma.errors import HostError, RunError
 
-if TYPE_CHECKING:
-    from soma._graph import Graph
-    from soma._soma import Ctx, GraphCore
+
+class _Graph(Protocol):
+    """What a decision needs of the graph it is registered in: ``soma.Graph``, named by what
+    it does so that this module need not import the graph's, which imports this one."""
+
+    _core: _soma.GraphCore
+
+    @classmethod
+    def somatize(cls, expr: Expr | Node) -> Self: ...
+
+    def hosts(self) -> dict[str, str]: ...
+
 
 # What a sub-graph is written as: a node, an expression of nodes, or `None` for a case that
 # passes its input on as it is.
@@ -34,21 +44,19 @@ Body = Expr | Node
 class Decision(Node):
     """What ``each``, ``switch`` and ``loop`` share: sub-graphs made at registration."""
 
-    # Read by `Graph.node`: a decision registers itself, with its sub-graphs.
-    def _register(self, graph: Graph, node_id: str) -> None:
+    # Called by `Graph.node`: a decision registers itself, with its sub-graphs.
+    def _register(self, graph: _Graph, node_id: str) -> None:
         raise NotImplementedError
 
     def at(self, host: str) -> NoReturn:
         """Refused: a step that decides runs in this process, with what it runs."""
         raise _host_refused(type(self).__name__.lower(), self._soma_id or "this step")
 
-    def _graph(self, body: Body | None, step: str) -> Graph:
-        """The sub-graph of ``body``, this step's retries, time limit and device given to the
-        nodes inside that have none."""
-        from soma._graph import Graph
-
+    def _graph(self, graph: _Graph, body: Body | None, step: str) -> _soma.GraphCore:
+        """The sub-graph of ``body``, made as ``graph`` is, this step's retries, time limit and
+        device given to the nodes inside that have none."""
         if body is None:
-            return Graph()
+            return _soma.GraphCore()
         expr = Expr.of(body, step)
         if self._soma_retry is not None:
             expr.retry(*self._soma_retry)
@@ -56,12 +64,12 @@ class Decision(Node):
             expr.time_limit(self._soma_time_limit)
         if self._soma_device is not None:
             expr.on(self._soma_device)
-        graph = Graph.somatize(expr)
-        hosts = graph.hosts()
+        sub = type(graph).somatize(expr)
+        hosts = sub.hosts()
         if hosts:
             inner = next(iter(hosts))
             raise _host_refused(type(self).__name__.lower(), inner)
-        return graph
+        return sub._core
 
     def _checked(self, node_id: str) -> None:
         if self._soma_host is not None:  # Set by an `.at()` around it.
@@ -86,14 +94,14 @@ class Each(Decision):
         self._in_flight = in_flight
         Expr.of(body, "each")  # Refuses what is no node or expression, here.
 
-    def forward(self, items: Any, ctx: Ctx) -> NoReturn:
+    def forward(self, items: Any, ctx: _soma.Ctx) -> NoReturn:
         """Not called: the plan runs the body on each item itself."""
         raise RuntimeError(f"`each` step `{ctx.node}` is run by its plan, not called")
 
-    def _register(self, graph: Graph, node_id: str) -> None:
+    def _register(self, graph: _Graph, node_id: str) -> None:
         self._checked(node_id)
-        body = self._graph(self._body, "each")
-        graph._core.add_each(node_id, self, body._core, self._in_flight)
+        body = self._graph(graph, self._body, "each")
+        graph._core.add_each(node_id, self, body, self._in_flight)
 
 
 class Switch(Decision):
@@ -125,7 +133,7 @@ class Switch(Decision):
                 "hint: use keys that differ as text"
             )
 
-    def forward(self, x: Any, ctx: Ctx) -> str:
+    def forward(self, x: Any, ctx: _soma.Ctx) -> str:
         """The key of the case to run, as the plan names it; an unknown key is a
         ``soma.RunError`` naming it and the known ones."""
         key = self._selector(x)
@@ -140,10 +148,10 @@ class Switch(Decision):
             error.node = ctx.node
             raise error from None
 
-    def _register(self, graph: Graph, node_id: str) -> None:
+    def _register(self, graph: _Graph, node_id: str) -> None:
         self._checked(node_id)
         cases = [
-            (self._labels[key], self._graph(case, "switch")._core)
+            (self._labels[key], self._graph(graph, case, "switch"))
             for key, case in self._cases.items()
         ]
         graph._core.add_switch(node_id, self, cases)
@@ -173,14 +181,14 @@ class Loop(Decision):
         self._until = until
         self._max_iterations = max_iterations
 
-    def forward(self, output: Any, ctx: Ctx) -> bool:
+    def forward(self, output: Any, ctx: _soma.Ctx) -> bool:
         """Whether the body's ``output`` is done."""
         return bool(self._until(output))
 
-    def _register(self, graph: Graph, node_id: str) -> None:
+    def _register(self, graph: _Graph, node_id: str) -> None:
         self._checked(node_id)
-        body = self._graph(self._body, "loop")
-        graph._core.add_loop(node_id, self, body._core, self._max_iterations)
+        body = self._graph(graph, self._body, "loop")
+        graph._core.add_loop(node_id, self, body, self._max_iterations)
 
 
 def each(body: Body, *, in_flight: int | None = None) -> Each:

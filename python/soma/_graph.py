@@ -17,11 +17,11 @@ import re
 import types
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import IO, Any, NamedTuple, SupportsIndex
+from typing import IO, Any, NamedTuple, SupportsIndex, cast
 
 from soma import _cache, _soma, _stream
 from soma import remote as _remote
-from soma._decide import Each, Loop, Switch
+from soma._decide import Decision, Each, Loop, Switch
 from soma._dsl import Expr, refuse_class
 from soma._node import Node
 from soma._policy import RetryPolicy, checked_retry, checked_time_limit
@@ -208,7 +208,7 @@ class Graph:
             self._core.add_native(node_id, obj, native)
         elif type(obj) in _DECISIONS:
             # It registers itself with its sub-graphs, which take its settings.
-            obj._register(self, node_id)
+            cast(Decision, obj)._register(self, node_id)
             return node_id
         else:
             self._core.add_python(node_id, obj, _takes_ctx(obj))
