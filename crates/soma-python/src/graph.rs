@@ -711,7 +711,8 @@ impl GraphCore {
         let timeout = timeout.map(time_limit).transpose()?;
         let program = self.program(py)?;
         let watch = Arc::new(SignalWatch::new(timeout, stop.map(Bound::get)));
-        let mut executor = executor_for(nested.depth(), &watch, driver, turn_limit, trace)?;
+        let mut executor =
+            executor_for(&program, nested.depth(), &watch, driver, turn_limit, trace)?;
         if let Some(cache) = cache {
             executor = executor.with_cache(Arc::new(PythonCache::new(cache)));
         }
@@ -746,9 +747,11 @@ impl GraphCore {
     }
 }
 
-/// The executor of a forward or a stream: `forward`'s own arguments, the run's watch, and the
-/// interpreter as host at the run's nesting depth.
+/// The executor of a forward or a stream of `program`: `forward`'s own arguments, the run's
+/// watch, the interpreter as host at the run's nesting depth, and the reading of Python values
+/// when the program has steps that decide.
 pub(crate) fn executor_for(
+    program: &Program,
     depth: usize,
     watch: &Arc<SignalWatch>,
     driver: Option<&Bound<'_, PyAny>>,
@@ -758,8 +761,11 @@ pub(crate) fn executor_for(
     let mut executor = Executor::new()
         .with_turn_limit(turn_limit)
         .with_watch(Arc::clone(watch) as Arc<dyn soma_core::Watch>)
-        .with_host(interpreter_at(depth))
-        .with_reading(python_reading());
+        .with_host(interpreter_at(depth));
+    // Only a program that decides reads values through it: any other runs as it did.
+    if program.decides() {
+        executor = executor.with_reading(python_reading());
+    }
     if let Some(driver) = driver {
         executor = executor.with_driver(Arc::new(PythonDriver::new(driver)?));
     }

@@ -49,6 +49,9 @@ pub struct Program {
     /// run (the device queues it forks per wave, say) without walking the steps.
     devices: Box<[Device]>,
     pub(crate) crew: Crew,
+    /// Whether it has a `Map`, `Switch` or `Loop` step, which reads values through the
+    /// executor's [`crate::Reading`].
+    decides: bool,
     /// Whether a run has begun: its memory, and its nodes', may be in the caches since.
     ran: AtomicBool,
 }
@@ -268,8 +271,15 @@ impl Program {
             leaves: decided.leaves.into(),
             devices: devices.into(),
             crew: Crew::new(DEFAULT_IDLE_THREADS),
+            decides: numbered.decides,
             ran: AtomicBool::new(false),
         })
+    }
+
+    /// Whether it has a `Map`, `Switch` or `Loop` step: only such a program needs the
+    /// executor's [`crate::Reading`], so an embedder may give one only then.
+    pub fn decides(&self) -> bool {
+        self.decides
     }
 
     /// The devices its steps are placed on, each once, in order; empty when none is placed.
@@ -406,6 +416,8 @@ struct Numbering<'p> {
     reads: Vec<(u32, u32)>,
     /// Where in the catalog the next step's node is looked for first.
     next_in_catalog: usize,
+    /// Whether a `Map`, `Switch` or `Loop` step was numbered.
+    decides: bool,
 }
 
 /// A container being walked in the first pass.
@@ -441,6 +453,7 @@ impl<'p> Numbering<'p> {
             sequences: Vec::with_capacity(steps),
             reads: Vec::with_capacity(steps),
             next_in_catalog: 0,
+            decides: false,
         };
         let mut slots = Slots::default();
         // Which catalog entries a step runs already: a node run twice is refused.
@@ -482,6 +495,7 @@ impl<'p> Numbering<'p> {
                                 from,
                             )?;
                             numbering.positions.push(position);
+                            numbering.decides |= !matches!(entered, Plan::Execute { .. });
                         }
                         Plan::Sequence(_) => {
                             let depth = match position.sequence {
