@@ -1,6 +1,7 @@
 """Split a document into chunks, route each chunk by its kind, retry a flaky step.
 
-    Split >> each(switch(kind, {"heading": None, "code": Measure(), "prose": Summarize()})) >> Report
+    Split >> each(switch(kind, {"heading": None, "code": Measure(), "prose": Summarize()}))
+          >> Report
 
 `each` runs the switch on every chunk, chunks in flight together; `switch` sends a chunk to the
 case its kind names, and no other case is called for it; `Summarize` stands for a call to a

@@ -318,8 +318,12 @@ def test_switch_runs_only_the_case_its_selector_names() -> None:
 
 
 def test_switch_names_an_unknown_key_and_the_known_ones() -> None:
-    g = soma.Graph.somatize(soma.switch(lambda doc: "pdf", {"ocr": Pass(), "text": Pass()}).named("route"))
-    with pytest.raises(soma.RunError, match=r"`route` has no case for key `'pdf'`; its cases: `ocr`, `text`"):
+    g = soma.Graph.somatize(
+        soma.switch(lambda doc: "pdf", {"ocr": Pass(), "text": Pass()}).named("route")
+    )
+    with pytest.raises(
+        soma.RunError, match=r"`route` has no case for key `'pdf'`; its cases: `ocr`, `text`"
+    ):
         g.forward({})
 
 
@@ -336,7 +340,9 @@ def test_a_switch_case_of_none_passes_its_input_on() -> None:
 
 def test_switch_cases_may_hold_nodes_of_one_name() -> None:
     g = soma.Graph.somatize(
-        soma.switch(lambda x: "a" if x else "b", {"a": Double().named("n"), "b": Add(1).named("n")}).named("s")
+        soma.switch(
+            lambda x: "a" if x else "b", {"a": Double().named("n"), "b": Add(1).named("n")}
+        ).named("s")
     )
     assert (g.forward(1), g.forward(0)) == (2, 1)
     assert [c.node for c in g.plan().children] == ["s/a/n", "s/b/n"]
@@ -361,8 +367,12 @@ def test_loop_runs_its_body_until_the_predicate_says_done() -> None:
 
 
 def test_loop_past_its_bound_says_so_with_the_last_output_type() -> None:
-    g = soma.Graph.somatize(soma.loop(Double(), until=lambda y: False, max_iterations=4).named("again"))
-    with pytest.raises(soma.RunError, match=r"`again` ran its body 4 times .* the last output was a `int`") as raised:
+    g = soma.Graph.somatize(
+        soma.loop(Double(), until=lambda y: False, max_iterations=4).named("again")
+    )
+    with pytest.raises(
+        soma.RunError, match=r"`again` ran its body 4 times .* the last output was a `int`"
+    ) as raised:
         g.forward(1)
     assert raised.value.node == "again"
 
@@ -374,7 +384,9 @@ def test_loop_refuses_a_bound_below_one() -> None:
 
 def test_loop_trace_has_a_span_per_iteration() -> None:
     trace = soma.Trace()
-    g = soma.Graph.somatize(soma.loop(Double(), until=lambda y: y >= 8, max_iterations=5).named("l"))
+    g = soma.Graph.somatize(
+        soma.loop(Double(), until=lambda y: y >= 8, max_iterations=5).named("l")
+    )
     assert g.forward(1, trace=trace) == 8
     names = [span.node for span in trace.spans]
     assert [n for n in names if n.startswith("l[")] == ["l[0]", "l[1]", "l[2]"]
@@ -382,10 +394,13 @@ def test_loop_trace_has_a_span_per_iteration() -> None:
 
 
 def test_decisions_compose_with_each_other() -> None:
-    route = soma.switch(lambda x: "even" if x % 2 == 0 else "odd", {
-        "even": Double(),
-        "odd": soma.loop(Add(3), until=lambda y: y > 10, max_iterations=10),
-    })
+    route = soma.switch(
+        lambda x: "even" if x % 2 == 0 else "odd",
+        {
+            "even": Double(),
+            "odd": soma.loop(Add(3), until=lambda y: y > 10, max_iterations=10),
+        },
+    )
     g = soma.Graph.somatize(Split() >> soma.each(route))
     assert g.forward(4) == [0, 13, 4, 12]
 
@@ -397,7 +412,9 @@ def test_decisions_compose_with_each_other() -> None:
 def test_every_drawing_shows_each_switch_and_loop_with_what_they_run() -> None:
     g = soma.Graph.somatize(
         Split()
-        >> soma.each(soma.switch(lambda x: "a", {"a": Double(), "b": Add(1)}).named("route")).named("chunks")
+        >> soma.each(soma.switch(lambda x: "a", {"a": Double(), "b": Add(1)}).named("route")).named(
+            "chunks"
+        )
     )
     mermaid, dot, svg = g.to_mermaid(), g.to_dot(), g.to_svg()
     for label in ("each chunks", "switch chunks/route (a | b)", "chunks/route/a/double"):

@@ -107,7 +107,9 @@ class Each(Decision):
 class Switch(Decision):
     """``soma.switch(selector, cases)``: the case ``selector(input)`` names, on that input."""
 
-    def __init__(self, selector: Callable[[Any], Hashable], cases: Mapping[Any, Body | None]) -> None:
+    def __init__(
+        self, selector: Callable[[Any], Hashable], cases: Mapping[Any, Body | None]
+    ) -> None:
         if not callable(selector):
             raise TypeError(
                 f"switch's selector is a callable of the input, not an object of type "
@@ -129,8 +131,7 @@ class Switch(Decision):
         }
         if len(set(self._labels.values())) != len(self._labels):
             raise ValueError(
-                "two of switch's keys read the same in the plan\n"
-                "hint: use keys that differ as text"
+                "two of switch's keys read the same in the plan\nhint: use keys that differ as text"
             )
 
     def forward(self, x: Any, ctx: _soma.Ctx) -> str:
@@ -164,8 +165,9 @@ class Loop(Decision):
     def __init__(self, body: Body, until: Callable[[Any], object], max_iterations: int) -> None:
         if not callable(until):
             raise TypeError(
-                f"loop's `until` is a callable of the body's output, not an object of type "
-                f"`{type(until).__name__}`\nhint: `soma.loop(Ask(), until=parses, max_iterations=5)`"
+                "loop's `until` is a callable of the body's output, not an object of type "
+                f"`{type(until).__name__}`\n"
+                "hint: `soma.loop(Ask(), until=parses, max_iterations=5)`"
             )
         if (
             not isinstance(max_iterations, int)

@@ -325,7 +325,7 @@ impl Plan {
                 cases: children, ..
             } => stack.append(children),
             Plan::Remote { inner: body, .. } | Plan::Map { body, .. } | Plan::Loop { body, .. } => {
-                stack.push(std::mem::replace(&mut **body, Plan::Empty))
+                stack.push(std::mem::replace(&mut **body, Plan::Empty));
             }
             Plan::Empty | Plan::Execute { .. } => {}
         }
@@ -466,82 +466,58 @@ impl PartialEq for Plan {
                     }
                     pairs.push((inner, other_inner));
                 }
-                (
-                    Plan::Map {
-                        node,
-                        from,
-                        in_flight,
-                        body,
-                    },
-                    Plan::Map {
-                        node: other_node,
-                        from: other_from,
-                        in_flight: other_in_flight,
-                        body: other_body,
-                    },
-                ) => {
-                    if node != other_node || from != other_from || in_flight != other_in_flight {
+                (Plan::Map { .. } | Plan::Switch { .. } | Plan::Loop { .. }, _) => {
+                    let (plan, other) = pair;
+                    if !same_decision(plan, other) {
                         return false;
                     }
-                    pairs.push((body, other_body));
-                }
-                (
-                    Plan::Loop {
-                        node,
-                        from,
-                        max_iterations,
-                        body,
-                    },
-                    Plan::Loop {
-                        node: other_node,
-                        from: other_from,
-                        max_iterations: other_max,
-                        body: other_body,
-                    },
-                ) => {
-                    if node != other_node || from != other_from || max_iterations != other_max {
-                        return false;
-                    }
-                    pairs.push((body, other_body));
-                }
-                (
-                    Plan::Switch {
-                        node,
-                        from,
-                        keys,
-                        cases,
-                    },
-                    Plan::Switch {
-                        node: other_node,
-                        from: other_from,
-                        keys: other_keys,
-                        cases: other_cases,
-                    },
-                ) => {
-                    if node != other_node
-                        || from != other_from
-                        || keys != other_keys
-                        || cases.len() != other_cases.len()
-                    {
-                        return false;
-                    }
-                    pairs.extend(cases.iter().zip(other_cases).rev());
+                    pairs.extend(plan.children().iter().zip(other.children()).rev());
                 }
                 (
                     Plan::Empty
                     | Plan::Execute { .. }
                     | Plan::Sequence(_)
                     | Plan::Wave(_)
-                    | Plan::Remote { .. }
-                    | Plan::Map { .. }
-                    | Plan::Switch { .. }
-                    | Plan::Loop { .. },
+                    | Plan::Remote { .. },
                     _,
                 ) => return false,
             }
         }
         true
     }
+}
+
+/// Whether `plan` and `other` are the same `Map`, `Switch` or `Loop` step, children aside: the
+/// same variant, node, inputs and bound or keys, and as many children.
+fn same_decision(plan: &Plan, other: &Plan) -> bool {
+    let fields = match (plan, other) {
+        (
+            Plan::Map { in_flight, .. },
+            Plan::Map {
+                in_flight: theirs, ..
+            },
+        ) => in_flight == theirs,
+        (
+            Plan::Loop { max_iterations, .. },
+            Plan::Loop {
+                max_iterations: theirs,
+                ..
+            },
+        ) => max_iterations == theirs,
+        (Plan::Switch { keys, .. }, Plan::Switch { keys: theirs, .. }) => keys == theirs,
+        (
+            Plan::Empty
+            | Plan::Execute { .. }
+            | Plan::Sequence(_)
+            | Plan::Wave(_)
+            | Plan::Remote { .. }
+            | Plan::Map { .. }
+            | Plan::Switch { .. }
+            | Plan::Loop { .. },
+            _,
+        ) => false,
+    };
+    fields && plan.step() == other.step() && plan.children().len() == other.children().len()
 }
 
 impl Eq for Plan {}
@@ -688,53 +664,10 @@ impl Plan {
                             inline = true;
                             level += 1;
                         }
-                        Plan::Map {
-                            node,
-                            from,
-                            in_flight,
-                            ..
-                        } => {
-                            f.write_str("Map {\n")?;
-                            field(f, level + 1, "node", node)?;
-                            field(f, level + 1, "from", from)?;
-                            field(f, level + 1, "in_flight", in_flight)?;
-                            pad(f, level + 1)?;
-                            f.write_str("body: ")?;
-                            inline = true;
-                            level += 1;
-                        }
-                        Plan::Loop {
-                            node,
-                            from,
-                            max_iterations,
-                            ..
-                        } => {
-                            f.write_str("Loop {\n")?;
-                            field(f, level + 1, "node", node)?;
-                            field(f, level + 1, "from", from)?;
-                            field(f, level + 1, "max_iterations", max_iterations)?;
-                            pad(f, level + 1)?;
-                            f.write_str("body: ")?;
-                            inline = true;
-                            level += 1;
-                        }
-                        Plan::Switch {
-                            node,
-                            from,
-                            keys,
-                            cases,
-                        } => {
-                            f.write_str("Switch {\n")?;
-                            field(f, level + 1, "node", node)?;
-                            field(f, level + 1, "from", from)?;
-                            field(f, level + 1, "keys", keys)?;
-                            pad(f, level + 1)?;
-                            f.write_str(if cases.is_empty() {
-                                "cases: []"
-                            } else {
-                                "cases: [\n"
-                            })?;
-                            level += 2;
+                        Plan::Map { .. } | Plan::Switch { .. } | Plan::Loop { .. } => {
+                            let (body_inline, deeper) = plan.debug_pretty_open(f, level)?;
+                            inline = body_inline;
+                            level += deeper;
                         }
                     }
                 }
@@ -775,6 +708,47 @@ impl Plan {
             }
         }
         Ok(())
+    }
+}
+
+impl Plan {
+    /// `{:#?}`'s opening of a `Map`, `Switch` or `Loop` at `level`: its name and fields up to
+    /// its children. Returns whether its one child follows on the same line (a `body: `), and
+    /// how many levels deeper its children are.
+    fn debug_pretty_open(
+        &self,
+        f: &mut fmt::Formatter<'_>,
+        level: usize,
+    ) -> Result<(bool, usize), fmt::Error> {
+        writeln!(f, "{} {{", self.kind())?;
+        if let Some((node, from)) = self.step() {
+            field(f, level + 1, "node", node)?;
+            field(f, level + 1, "from", &from.to_vec())?;
+        }
+        match self {
+            Plan::Map { in_flight, .. } => field(f, level + 1, "in_flight", in_flight)?,
+            Plan::Loop { max_iterations, .. } => {
+                field(f, level + 1, "max_iterations", max_iterations)?;
+            }
+            Plan::Switch { keys, cases, .. } => {
+                field(f, level + 1, "keys", keys)?;
+                f.write_str(&"    ".repeat(level + 1))?;
+                f.write_str(if cases.is_empty() {
+                    "cases: []"
+                } else {
+                    "cases: [\n"
+                })?;
+                return Ok((false, 2));
+            }
+            Plan::Empty
+            | Plan::Execute { .. }
+            | Plan::Sequence(_)
+            | Plan::Wave(_)
+            | Plan::Remote { .. } => {}
+        }
+        f.write_str(&"    ".repeat(level + 1))?;
+        f.write_str("body: ")?;
+        Ok((true, 1))
     }
 }
 

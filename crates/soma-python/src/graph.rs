@@ -226,7 +226,7 @@ impl GraphCore {
         py: Python<'_>,
         id: &str,
         object: &Bound<'_, PyAny>,
-        bodies: &[(String, Bound<'_, GraphCore>)],
+        bodies: Vec<(String, Bound<'_, GraphCore>)>,
         decide: impl FnOnce(Vec<(String, Graph)>) -> Decision,
     ) -> PyResult<()> {
         if self.state().graph.contains(id) {
@@ -241,7 +241,8 @@ impl GraphCore {
             } else {
                 format!("{id}/{key}")
             };
-            graphs.push((key.clone(), self.embed(py, &prefix, body)?));
+            let graph = self.embed(py, &prefix, &body)?;
+            graphs.push((key, graph));
         }
         // Its `forward` reads `ctx`, for the step's id in what it raises.
         self.add_python(py, id, object, true)?;
@@ -363,7 +364,7 @@ impl GraphCore {
         body: Bound<'_, GraphCore>,
         in_flight: Option<usize>,
     ) -> PyResult<()> {
-        self.add_decision(py, id, object, &[(String::new(), body)], |mut graphs| {
+        self.add_decision(py, id, object, vec![(String::new(), body)], |mut graphs| {
             Decision::Map {
                 body: graphs.pop().expect("one body").1,
                 in_flight,
@@ -380,7 +381,7 @@ impl GraphCore {
         object: &Bound<'_, PyAny>,
         cases: Vec<(String, Bound<'_, GraphCore>)>,
     ) -> PyResult<()> {
-        self.add_decision(py, id, object, &cases, |cases| Decision::Switch { cases })
+        self.add_decision(py, id, object, cases, |cases| Decision::Switch { cases })
     }
 
     /// Registers `object` under `id` as a `loop` step: `body` runs until `object.forward` of
@@ -393,7 +394,7 @@ impl GraphCore {
         body: Bound<'_, GraphCore>,
         max_iterations: u32,
     ) -> PyResult<()> {
-        self.add_decision(py, id, object, &[(String::new(), body)], |mut graphs| {
+        self.add_decision(py, id, object, vec![(String::new(), body)], |mut graphs| {
             Decision::Loop {
                 body: graphs.pop().expect("one body").1,
                 max_iterations,

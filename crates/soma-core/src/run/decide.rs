@@ -36,7 +36,7 @@ struct MapLocals<'s> {
     state: WaveState,
     /// The next item no lane has taken, when lanes take items one after another.
     next: AtomicUsize,
-    results: Box<[Mutex<Option<Result<Value, Halt>>>]>,
+    results: Box<[Slot]>,
     lane: Lane<'s>,
     captured: Option<Box<dyn Captured>>,
 }
@@ -88,7 +88,6 @@ impl Executor {
     /// and writes what it returns as the step's value. A decision is never looked up in a
     /// cache (what it runs is not in its key); its output's digest is what readers key on.
     fn decided(
-        &self,
         step: &Step,
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
@@ -172,7 +171,7 @@ impl Executor {
     ) -> Result<(), Halt> {
         let read = self.decision_input(&op.step, input, frame, lane)?;
         let id = &lane.program.ids[op.step.slot()];
-        self.decided(&op.step, frame, lane, || {
+        Self::decided(&op.step, frame, lane, || {
             let items = self
                 .reading()
                 .items(&read)
@@ -352,7 +351,7 @@ impl Executor {
     ) -> Result<(), Halt> {
         let read = self.decision_input(&op.step, input, frame, lane)?;
         let id = &lane.program.ids[op.step.slot()];
-        self.decided(&op.step, frame, lane, || {
+        Self::decided(&op.step, frame, lane, || {
             let chosen = self.call(&op.step, &read, lane)?;
             let unknown = |key: String| RunError::UnknownCase {
                 node: id.clone(),
@@ -384,7 +383,7 @@ impl Executor {
     ) -> Result<(), Halt> {
         let read = self.decision_input(&op.step, input, frame, lane)?;
         let id = &lane.program.ids[op.step.slot()];
-        self.decided(&op.step, frame, lane, || {
+        Self::decided(&op.step, frame, lane, || {
             let mut current = read;
             for iteration in 0..op.max_iterations {
                 let output = self.part(

@@ -42,12 +42,11 @@ fn steps(root: &Op) -> Vec<&Step> {
     let mut pending = vec![root];
     while let Some(op) = pending.pop() {
         match op {
-            Op::Empty => {}
             Op::Execute(step) => found.push(step),
             Op::Sequence { steps, .. } => pending.extend(steps.iter().rev()),
             Op::Wave { branches, .. } => pending.extend(branches.iter().rev()),
-            // Never read from the cache: what they run is not in their key.
-            Op::Map(_) | Op::Switch(_) | Op::Loop(_) => {}
+            // A decision is never read from the cache: what it runs is not in its key.
+            Op::Empty | Op::Map(_) | Op::Switch(_) | Op::Loop(_) => {}
         }
     }
     found

@@ -429,6 +429,16 @@ struct Open {
     wave_start: Option<usize>,
 }
 
+/// What the second pass resolves each step with, besides the numbering.
+#[derive(Clone, Copy)]
+struct Resolved<'r> {
+    decided: &'r Decided,
+    placement: Option<&'r Placement>,
+    policies: Option<&'r Policies>,
+    /// How many decision steps hold the plan being resolved.
+    depth: usize,
+}
+
 /// What the program decides once every read is known.
 struct Decided {
     /// By read (plan order): whether it takes the value instead of cloning it.
@@ -514,13 +524,7 @@ impl<'p> Numbering<'p> {
                             sequence: None,
                             wave_start: Some(numbering.ids.len()),
                         }),
-                        Plan::Remote { host, inner } => {
-                            let first = inner.steps().first().map(|&(node, _)| node.clone());
-                            return Err(ProgramError::RemoteSlice {
-                                node: first.unwrap_or_else(|| NodeId::new("(empty slice)")),
-                                host: host.clone(),
-                            });
-                        }
+                        Plan::Remote { host, inner } => return Err(remote_refused(host, inner)),
                     }
                 }
                 Visit::Leave(left) => {
@@ -679,6 +683,83 @@ impl<'p> Numbering<'p> {
         decided
     }
 
+    /// The op of the step `entered` (an `Execute`, `Map`, `Switch` or `Loop`) in `slot`, reading
+    /// `from` through the reads numbered from `*read` on; a decision's sub-plans each resolved
+    /// into a program of its own.
+    fn step_op(
+        &self,
+        entered: &Plan,
+        from: &[NodeId],
+        slot: usize,
+        read: &mut usize,
+        resolved: &Resolved<'_>,
+    ) -> Result<Op, ProgramError> {
+        let Resolved {
+            decided,
+            placement,
+            policies,
+            depth,
+        } = *resolved;
+        let mut next = || {
+            let (_, read_slot) = self.reads[*read];
+            let take = decided.takes[*read];
+            *read += 1;
+            Read {
+                slot: read_slot,
+                take,
+            }
+        };
+        let from = match from {
+            [] => Reads::Input,
+            [_] => Reads::One(next()),
+            many => Reads::Many(Box::new(Joined {
+                reads: many.iter().map(|source| (source.clone(), next())).collect(),
+            })),
+        };
+        let id = self.ids[slot];
+        let policy = policies.is_some_and(|p| p.get(id.as_str()).is_some());
+        let step = Step {
+            node: Arc::clone(self.implementations[slot]),
+            from,
+            slot: to_u32(slot) | if policy { HAS_POLICY } else { 0 },
+            device: placement.and_then(|p| p.device(id.as_str())),
+        };
+        let inner = |plan: &Plan| {
+            if depth >= crate::MAX_DECISION_DEPTH {
+                return Err(ProgramError::TooDeep { node: id.clone() });
+            }
+            Program::placed(plan, self.catalog, placement, policies, depth + 1)
+        };
+        Ok(match entered {
+            Plan::Map {
+                body, in_flight, ..
+            } => Op::Map(Box::new(MapOp {
+                step,
+                body: inner(body)?,
+                in_flight: *in_flight,
+            })),
+            Plan::Switch { keys, cases, .. } => Op::Switch(Box::new(SwitchOp {
+                step,
+                keys: keys.clone().into(),
+                cases: cases.iter().map(inner).collect::<Result<_, _>>()?,
+            })),
+            Plan::Loop {
+                body,
+                max_iterations,
+                ..
+            } => Op::Loop(Box::new(LoopOp {
+                step,
+                body: inner(body)?,
+                max_iterations: *max_iterations,
+            })),
+            Plan::Execute { .. }
+            | Plan::Empty
+            | Plan::Sequence(_)
+            | Plan::Wave(_)
+            | Plan::Remote { .. } => Op::Execute(step),
+        })
+    }
+
     /// The second pass: the tree of ops, built bottom up on an explicit stack.
     ///
     /// Each container's children go straight into a list of their exact number, which becomes
@@ -711,8 +792,12 @@ impl<'p> Numbering<'p> {
             container: Container::Root,
         }];
         let (mut slot, mut read, mut sequences) = (0_usize, 0_usize, 0_u32);
-        let inner =
-            |plan: &Plan| Program::placed(plan, self.catalog, placement, policies, depth + 1);
+        let resolved = Resolved {
+            decided,
+            placement,
+            policies,
+            depth,
+        };
         for visit in plan.own_visits() {
             match visit {
                 Visit::Enter(entered) => {
@@ -720,77 +805,14 @@ impl<'p> Numbering<'p> {
                     if let Container::Wave(bounds) = &mut parent.container {
                         bounds.push(slot);
                     }
-                    if let (Some((node, _)), true) = (
-                        entered
-                            .step()
-                            .filter(|_| !matches!(entered, Plan::Execute { .. })),
-                        depth >= crate::MAX_DECISION_DEPTH,
-                    ) {
-                        return Err(ProgramError::TooDeep { node: node.clone() });
-                    }
                     match entered {
                         Plan::Empty => parent.children.push(Op::Empty),
                         Plan::Execute { from, .. }
                         | Plan::Map { from, .. }
                         | Plan::Switch { from, .. }
                         | Plan::Loop { from, .. } => {
-                            let mut next = || {
-                                let (_, read_slot) = self.reads[read];
-                                let take = decided.takes[read];
-                                read += 1;
-                                Read {
-                                    slot: read_slot,
-                                    take,
-                                }
-                            };
-                            let from = match &**from {
-                                [] => Reads::Input,
-                                [_] => Reads::One(next()),
-                                many => Reads::Many(Box::new(Joined {
-                                    reads: many
-                                        .iter()
-                                        .map(|source| (source.clone(), next()))
-                                        .collect(),
-                                })),
-                            };
-                            let id = self.ids[slot];
-                            let policy = policies.is_some_and(|p| p.get(id.as_str()).is_some());
-                            let step = Step {
-                                node: Arc::clone(self.implementations[slot]),
-                                from,
-                                slot: to_u32(slot) | if policy { HAS_POLICY } else { 0 },
-                                device: placement.and_then(|p| p.device(id.as_str())),
-                            };
-                            parent.children.push(match entered {
-                                Plan::Map {
-                                    body, in_flight, ..
-                                } => Op::Map(Box::new(MapOp {
-                                    step,
-                                    body: inner(body)?,
-                                    in_flight: *in_flight,
-                                })),
-                                Plan::Switch { keys, cases, .. } => {
-                                    Op::Switch(Box::new(SwitchOp {
-                                        step,
-                                        keys: keys.clone().into(),
-                                        cases: cases.iter().map(inner).collect::<Result<_, _>>()?,
-                                    }))
-                                }
-                                Plan::Loop {
-                                    body,
-                                    max_iterations,
-                                    ..
-                                } => Op::Loop(Box::new(LoopOp {
-                                    step,
-                                    body: inner(body)?,
-                                    max_iterations: *max_iterations,
-                                })),
-                                Plan::Execute { .. }
-                                | Plan::Empty
-                                | Plan::Sequence(_)
-                                | Plan::Wave(_)
-                                | Plan::Remote { .. } => Op::Execute(step),
-                            });
+                            let op = self.step_op(entered, from, slot, &mut read, &resolved)?;
+                            parent.children.push(op);
                             slot += 1;
                         }
                         Plan::Sequence(children) => {
@@ -842,6 +864,15 @@ impl<'p> Numbering<'p> {
         }
         let mut root = open.pop().expect("the root stays open").children;
         Ok(root.pop().expect("the root was built"))
+    }
+}
+
+/// The refusal of a remote slice: a program runs every step in this process.
+fn remote_refused(host: &crate::model::host::HostName, inner: &Plan) -> ProgramError {
+    let first = inner.steps().first().map(|&(node, _)| node.clone());
+    ProgramError::RemoteSlice {
+        node: first.unwrap_or_else(|| NodeId::new("(empty slice)")),
+        host: host.clone(),
     }
 }
 

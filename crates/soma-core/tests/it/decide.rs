@@ -70,7 +70,7 @@ fn the_first_failing_item_by_index_is_the_error_of_a_map() {
     );
     let error = run(each("m", body, None).unwrap(), ints(&[0, 1, 2, 3])).unwrap_err();
     assert!(error.to_string().contains("item one"), "{error}");
-    assert_eq!(error.node().map(|n| n.as_str()), Some("m/f"));
+    assert_eq!(error.node().map(soma_core::NodeId::as_str), Some("m/f"));
 }
 
 #[test]
