@@ -179,6 +179,22 @@ def test_each_refuses_text_naming_the_step_and_the_type() -> None:
     assert raised.value.node == "chunks"
 
 
+def test_each_refuses_bytes_and_mappings_too() -> None:
+    g = soma.Graph.somatize(soma.each(Double()).named("chunks"))
+    for value, kind in ((b"ab", "bytes"), ({"a": 1}, "dict"), (3, "int")):
+        with pytest.raises(soma.RunError, match=f"read a `{kind}`, not a list of items"):
+            g.forward(value)
+
+
+def test_steps_nested_past_32_deep_are_refused_naming_the_step() -> None:
+    body: Any = Double()
+    for level in range(33):
+        body = soma.each(body).named(f"m{level}")
+    g = soma.Graph.somatize(body)
+    with pytest.raises(soma.CompileError, match=r"is nested more than 32 `each`/`switch`/`loop`"):
+        g.plan()
+
+
 def test_each_refuses_a_bad_in_flight() -> None:
     with pytest.raises(ValueError, match="in_flight"):
         soma.each(Double(), in_flight=0)
