@@ -432,8 +432,11 @@ def test_every_drawing_shows_each_switch_and_loop_with_what_they_run() -> None:
             "chunks"
         )
     )
-    mermaid, dot, svg = g.to_mermaid(), g.to_dot(), g.to_svg()
+    mermaid, dot, svg = g.to_mermaid(), g.to_dot(), g.plan().to_svg()
     for label in ("each chunks", "switch chunks/route (a | b)", "chunks/route/a/double"):
         assert label in mermaid, mermaid
         assert label in dot, dot
-    assert "chunks" in svg
+        assert label in svg, svg
+    assert svg.count('<g class="decision">') == 2
+    # The graph's own drawing has no frames: the step is a box there.
+    assert "chunks" in g.to_svg()

@@ -159,3 +159,31 @@ fn decisions_nested_past_the_bound_are_refused_when_compiled() {
     let refused = compile_decided(&graph, &catalog, &decisions).unwrap_err();
     assert!(matches!(refused, CompileError::TooDeep { .. }), "{refused}");
 }
+
+#[test]
+fn every_drawing_of_a_plan_frames_a_decision_around_what_it_runs() {
+    let selector = plain(|_: &str, _: &Value| Ok(Value::text("a")));
+    let route = switch(
+        "route",
+        selector,
+        vec![
+            ("a".to_owned(), node("x", plain(add(1)))),
+            ("b".to_owned(), node("y", plain(add(2)))),
+        ],
+    )
+    .unwrap();
+    let (graph, catalog, decisions) = each("chunks", route, None)
+        .unwrap()
+        .somatize_decided()
+        .unwrap();
+    let plan = compile_decided(&graph, &catalog, &decisions).unwrap();
+    assert_eq!(
+        plan.to_string(),
+        "Map chunks <- (input), each item:\n└── Switch chunks/route <- (input), the case it names:\n    ├── case a: chunks/route/a/x <- (input)\n    └── case b: chunks/route/b/y <- (input)"
+    );
+    for drawing in [plan.to_mermaid(), plan.to_dot(), plan.to_svg()] {
+        for label in ["each chunks", "switch chunks/route (a | b)", "chunks/route/b/y"] {
+            assert!(drawing.contains(label), "{label} not in {drawing}");
+        }
+    }
+}
