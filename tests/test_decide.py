@@ -222,6 +222,16 @@ def test_a_retry_on_each_reaches_the_nodes_inside() -> None:
     assert sorted(attempts) == [5, 5, 6, 6]
 
 
+def test_nodes_inside_a_step_take_settings_by_their_namespaced_id() -> None:
+    g = soma.Graph.somatize(soma.each(Double().on("cpu")).named("items"))
+    g.time_limit("items/double", 5.0)
+    g.retry("items/double", 1, backoff=0.0)
+    assert g.time_limits() == {"items/double": 5.0}
+    assert g.retries() == {"items/double": soma.RetryPolicy(1, 0.0, (Exception,))}
+    assert g.devices() == {"items/double": "cpu"}
+    assert g.forward([1, 2]) == [2, 4]
+
+
 def test_each_trace_has_a_span_per_item_and_per_node_inside() -> None:
     trace = soma.Trace()
     g = soma.Graph.somatize(soma.each(Double()).named("items"))
