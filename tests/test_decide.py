@@ -296,6 +296,29 @@ def test_ctrl_c_stops_an_each_whose_items_hang() -> None:
     assert "KeyboardInterrupt" in done.stderr, done.stderr
 
 
+def test_ctrl_c_leaves_a_wave_inside_an_item_whose_branch_hangs() -> None:
+    # Item 0 runs on the caller's thread, and so does the first branch of its wave; the other
+    # branch hangs on a crew thread. The caller stops waiting for it, as for any wave.
+    script = textwrap.dedent(
+        f"""
+        import threading, soma
+        started = threading.Barrier(2, timeout={DEADLINE})
+        never = threading.Event()
+        class Hang(soma.Node):
+            def forward(self, x):
+                if started.wait() == 0:
+                    print("ready", flush=True)
+                never.wait(120)
+                return x
+        g = soma.Graph.somatize(soma.each(Hang() | Hang()))
+        g.forward([1])
+        """
+    )
+    done = interrupt_script(script, "ready")
+    assert done.returncode != 0
+    assert "KeyboardInterrupt" in done.stderr, done.stderr
+
+
 # A random body: a node, two in series, or two side by side joined by a sum.
 @dataclass(frozen=True)
 class Body:

@@ -93,11 +93,11 @@ impl Executor {
         lane: Lane<'_>,
         decide: impl FnOnce() -> Result<Value, Halt>,
     ) -> Result<(), Halt> {
-        if let Some(run) = lane.detached {
+        if let Some(run) = lane.marks {
             run.set_running(step.slot(), true);
         }
         let value = decide();
-        if let Some(run) = lane.detached {
+        if let Some(run) = lane.marks {
             run.set_running(step.slot(), false);
         }
         let value = value?;
@@ -110,24 +110,42 @@ impl Executor {
 
     /// Runs `body` on `input` with a table of its own, along `lane` (its place in the waves
     /// and items around it), and returns what a run of it returns.
+    ///
+    /// The table and the input are kept on the heap: when the run's caller gives up waiting
+    /// for a wave inside (Ctrl-C, on the caller's thread), its branches still running borrow
+    /// them, and they are left to the run's remains with the rest.
     fn run_body(&self, body: &Program, input: &Value, lane: Lane<'_>) -> Result<Value, Halt> {
-        let mut table: Vec<Option<Value>> = vec![None; body.len()];
+        let mut kept = Kept::new((input.clone(), vec![None; body.len()]));
+        let (input, table) = kept.get_mut();
+        let input = &*input;
         let mut frame = Frame {
             base: 0,
-            own: &mut table,
+            own: table,
             shared: None,
         };
-        // Only the outer program's steps are marked running, and a sub-program's are not
-        // keyed in the cache.
+        // A sub-program's steps are not marked running (its step is) nor keyed in the cache.
         let inner = Lane {
             program: body,
-            detached: None,
+            marks: None,
             keys: None,
             prefetching: false,
             ..lane
         };
-        self.walk(&body.root, input, &mut frame, inner)?;
-        Ok(Executor::result(body, &mut table, || input.clone()))
+        match self.walk(&body.root, input, &mut frame, inner) {
+            Ok(()) => {
+                let (input, table) = kept.get_mut();
+                Ok(Executor::result(body, table, || input.clone()))
+            }
+            Err(Halt::Abandoned) => {
+                let remains = lane
+                    .detached
+                    .expect("only a detachable run is given up")
+                    .remains();
+                kept.leave(&remains);
+                Err(Halt::Abandoned)
+            }
+            Err(halt) => Err(halt),
+        }
     }
 
     /// Runs `part` — an item, a case, an iteration of step `id` — and records its span, named

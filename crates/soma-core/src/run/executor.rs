@@ -420,14 +420,14 @@ impl Executor {
         if self.watch.as_deref().is_some_and(Watch::interrupted) {
             return Err(Halt::Failed(RunError::Interrupted));
         }
-        if let Some(run) = lane.detached {
+        if let Some(run) = lane.marks {
             run.set_running(step.slot(), true);
         }
         let value = match lane.keys {
             None => self.gather_and_call(step, input, frame, lane),
             Some(keys) => self.through_cache(keys, step, input, frame, lane),
         };
-        if let Some(run) = lane.detached {
+        if let Some(run) = lane.marks {
             run.set_running(step.slot(), false);
         }
         *frame.cell(step.slot()) = Some(value?);

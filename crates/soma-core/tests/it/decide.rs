@@ -182,7 +182,11 @@ fn every_drawing_of_a_plan_frames_a_decision_around_what_it_runs() {
         "Map chunks <- (input), each item:\n└── Switch chunks/route <- (input), the case it names:\n    ├── case a: chunks/route/a/x <- (input)\n    └── case b: chunks/route/b/y <- (input)"
     );
     for drawing in [plan.to_mermaid(), plan.to_dot(), plan.to_svg()] {
-        for label in ["each chunks", "switch chunks/route (a | b)", "chunks/route/b/y"] {
+        for label in [
+            "each chunks",
+            "switch chunks/route (a | b)",
+            "chunks/route/b/y",
+        ] {
             assert!(drawing.contains(label), "{label} not in {drawing}");
         }
     }
