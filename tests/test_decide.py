@@ -7,6 +7,7 @@ tested in a child process with a deadline of its own.
 
 from __future__ import annotations
 
+import contextvars
 import textwrap
 import threading
 from dataclasses import dataclass
@@ -230,6 +231,60 @@ def test_nodes_inside_a_step_take_settings_by_their_namespaced_id() -> None:
     assert g.retries() == {"items/double": soma.RetryPolicy(1, 0.0, (Exception,))}
     assert g.devices() == {"items/double": "cpu"}
     assert g.forward([1, 2]) == [2, 4]
+
+
+def test_on_written_on_a_step_places_the_nodes_inside_that_have_no_device() -> None:
+    g = soma.Graph.somatize(
+        soma.each(Double().named("free") >> Double().named("own").on("meta")).on("cpu")
+    )
+    assert g.devices() == {"each/free": "cpu", "each/own": "meta"}
+
+
+def test_a_node_inside_each_may_await_the_runs_driver() -> None:
+    class Ask(soma.Node):
+        def forward(self, x: int, ctx: soma.Ctx) -> Any:
+            if ctx.turn == 0:
+                return soma.Await([x])
+            return ctx.results[0]
+
+    class Driver:
+        def perform(self, requests: list[int]) -> list[int]:
+            return [10 * r for r in requests]
+
+    g = soma.Graph.somatize(soma.each(Ask()))
+    assert g.forward([1, 2, 3], driver=Driver()) == [10, 20, 30]
+
+
+def test_each_item_runs_in_a_copy_of_the_context_of_its_own() -> None:
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+
+    def set_and_read(x: int) -> tuple[int, str]:
+        before = var.get()
+        var.set(f"item {x}")
+        return x, before
+
+    token = var.set("caller")
+    try:
+        g = soma.Graph.somatize(soma.each(Fn(set_and_read)) >> Fn(lambda xs: (xs, var.get())))
+        # Each item saw the caller's value, not another item's; what they set stayed theirs.
+        assert g.forward([1, 2]) == ([(1, "caller"), (2, "caller")], "caller")
+        assert var.get() == "caller"
+    finally:
+        var.reset(token)
+
+
+def test_a_stream_runs_an_each_step_as_a_stage() -> None:
+    g = soma.Graph.somatize(Pass() >> soma.each(Double()))
+    assert list(g.map([[1, 2], [3]])) == [[2, 4], [6]]
+
+
+def test_with_a_cache_an_each_step_runs_again_and_the_node_after_it_hits() -> None:
+    inside, after = Calls(), Calls()
+    g = soma.Graph.somatize(soma.each(inside) >> Fn(lambda xs: after.forward(sum(xs))))
+    cache = soma.Cache()
+    assert g.forward([1, 2], cache=cache) == g.forward([1, 2], cache=cache) == 3
+    assert inside.calls == 4  # Never read from the cache: what it runs is not in its key.
+    assert after.calls == 1  # Keyed on the step's output, the same both times.
 
 
 def test_each_trace_has_a_span_per_item_and_per_node_inside() -> None:
