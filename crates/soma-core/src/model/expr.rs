@@ -181,6 +181,13 @@ impl Expr {
         self.nodes.iter().map(|(id, _)| id)
     }
 
+    /// The ids of the nodes inside its decision steps, namespaced (`chunks/clean`): in the
+    /// catalog, not the graph. What a policy is set by ([`crate::Policies::set_retry`]), as for
+    /// the nodes of [`Expr::ids`].
+    pub fn inner_ids(&self) -> impl Iterator<Item = &NodeId> {
+        self.inner.iter().map(|(id, _)| id)
+    }
+
     /// Builds the graph and the catalog this expression describes. An expression with
     /// decision steps ([`each`], [`switch`], [`repeat`]) needs [`Expr::somatize_decided`], which
     /// keeps what they run.

@@ -3,10 +3,11 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use soma_core::{
-    compile_decided, each, node, repeat, switch, CompileError, Executor, Expr, NodeError, Program,
-    RunError, Value, MAX_DECISION_DEPTH,
+    compile_decided, each, node, repeat, switch, CompileError, Executor, Expr, NodeError,
+    Placement, Policies, Program, Retry, RunError, Value, MAX_DECISION_DEPTH,
 };
 
 use crate::support::{meet, plain, Rendezvous};
@@ -127,6 +128,29 @@ fn an_unknown_case_names_its_key_and_the_known_ones() {
         error.to_string(),
         "`switch` step `route` has no case for key `pdf`; its cases: `ocr`, `text`\nhint: make the selector return one of these keys, or add a case for it"
     );
+}
+
+#[test]
+fn a_retry_reaches_a_node_inside_a_map_by_its_namespaced_id() {
+    let failed = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&failed);
+    let flaky = plain(move |_: &str, x: &Value| {
+        if count.fetch_add(1, Ordering::SeqCst) == 0 {
+            return Err(NodeError::new("dropped"));
+        }
+        Ok(x.clone())
+    });
+    let expr = each("m", node("flaky", flaky), None).unwrap();
+    let inner: Vec<String> = expr.inner_ids().map(ToString::to_string).collect();
+    assert_eq!(inner, ["m/flaky"]);
+    let (graph, catalog, decisions) = expr.somatize_decided().unwrap();
+    let plan = compile_decided(&graph, &catalog, &decisions).unwrap();
+    let mut policies = Policies::default();
+    policies.set_retry("m/flaky", Some(Retry::new(1, Duration::ZERO)));
+    let program = Program::resolved(&plan, &catalog, &Placement::new(), &policies).unwrap();
+    let out = Executor::new().run_program(&program, ints(&[7])).unwrap();
+    assert_eq!(out, ints(&[7]));
+    assert_eq!(failed.load(Ordering::SeqCst), 2);
 }
 
 #[test]
