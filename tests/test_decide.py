@@ -180,6 +180,14 @@ def test_each_refuses_text_naming_the_step_and_the_type() -> None:
     assert raised.value.node == "chunks"
 
 
+def test_a_panic_in_an_item_is_a_panic_error_and_the_graph_runs_again() -> None:
+    route = soma.switch(lambda x: "bad" if x else "good", {"bad": soma.native.Panic("bug")})
+    g = soma.Graph.somatize(soma.each(soma.switch(bool, {True: route, False: None})))
+    with pytest.raises(soma.PanicError, match="bug"):
+        g.forward([0, 1, 0])
+    assert g.forward([0, 0]) == [0, 0]
+
+
 def test_each_refuses_bytes_and_mappings_too() -> None:
     g = soma.Graph.somatize(soma.each(Double()).named("chunks"))
     for value, kind in ((b"ab", "bytes"), ({"a": 1}, "dict"), (3, "int")):
@@ -426,7 +434,7 @@ def test_switch_names_an_unknown_key_and_the_known_ones() -> None:
         soma.switch(lambda doc: "pdf", {"ocr": Pass(), "text": Pass()}).named("route")
     )
     with pytest.raises(
-        soma.RunError, match=r"`route` has no case for key `'pdf'`; its cases: `ocr`, `text`"
+        soma.RunError, match=r"`route` has no case for key `'pdf'`; its cases: `'ocr'`, `'text'`"
     ):
         g.forward({})
 

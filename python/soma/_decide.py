@@ -141,7 +141,8 @@ class Switch(Decision):
         try:
             return self._labels[key]
         except (KeyError, TypeError):
-            known = ", ".join(f"`{label}`" for label in self._labels.values())
+            # As written, by `repr`: a key `False` and a case `"False"` read apart.
+            known = ", ".join(f"`{known!r}`" for known in self._labels)
             error = RunError(
                 f"`switch` step `{ctx.node}` has no case for key `{key!r}`; its cases: {known}\n"
                 "hint: make the selector return one of these keys, or add a case for it"
