@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
-from soma._soma import StopFlag, Trace
+from soma._soma import DEFAULT_TURN_LIMIT, Plan, StopFlag, Trace
 from soma.errors import RemoteError
 
 #: The key under which a slice receives the graph's own input, for the steps that read it.
@@ -163,17 +163,60 @@ class SliceRunner:
         self.graph = graph
 
     def run(
-        self, inputs: dict[str, Any], stop: StopFlag | None = None, traced: bool = False
+        self,
+        inputs: dict[str, Any],
+        stop: StopFlag | None = None,
+        traced: bool = False,
+        driver: Any = None,
+        turn_limit: int = DEFAULT_TURN_LIMIT,
     ) -> tuple[dict[str, Any], list[Shipped]]:
         """The slice's returns, by node id, run on ``inputs``, and its nodes' spans if
         ``traced``; once ``stop`` is set, the run stops at its next node boundary with a
-        :class:`soma.CancelledError`."""
+        :class:`soma.CancelledError`. ``driver`` serves its awaiting nodes."""
         trace = Trace() if traced else None
-        out = self.graph._core.forward(inputs, trace=trace, stop=stop)
+        out = self.graph._core.forward(
+            inputs, driver=driver, turn_limit=turn_limit, trace=trace, stop=stop
+        )
         spans = [] if trace is None else trace._ship(self._nodes)
         if len(self._taps) == 1:
             return {node: out for node in self._taps.values()}, spans
         return {self._taps[tap]: value for tap, value in out.items()}, spans
+
+
+def cut(graph: Any, host: str, index: int, inner: Plan) -> Slice:
+    """Slice ``index`` of ``graph`` (a ``soma.Graph``): the subtree ``inner`` of its plan, to run
+    on ``host``, reading what it needs from the steps before it and returning what the steps
+    after it (or the run) read."""
+    steps: list[tuple[str, tuple[str, ...]]] = []
+    stack = [inner]
+    while stack:  # Plan order, without recursion: a plan nests as deep as its graph.
+        at = stack.pop()
+        if at.kind == "Execute":
+            assert at.node is not None
+            steps.append((at.node, tuple(at.inputs)))
+        stack.extend(reversed(at.children))
+    inside = {node for node, _ in steps}
+    leaves = set(graph.leaves())
+    devices = graph.devices()
+    retries, time_limits = graph.retries(), graph.time_limits()
+    reads = list(dict.fromkeys(s for _, inputs in steps for s in inputs or (INPUT,)))
+    returns = [
+        node
+        for node, _ in steps
+        if node in leaves or any(t not in inside for t in graph.successors(node))
+    ]
+    return Slice(
+        host=host,
+        index=index,
+        nodes=tuple((node, graph.implementation(node)) for node, _ in steps),
+        steps=tuple(steps),
+        reads=tuple(s for s in reads if s not in inside),
+        returns=tuple(returns),
+        devices=tuple((n, devices[n]) for n, _ in steps if n in devices),
+        retries=tuple((n, tuple(retries[n])) for n, _ in steps if n in retries),
+        time_limits=tuple((n, time_limits[n]) for n, _ in steps if n in time_limits),
+        engine=type(graph),
+    )
 
 
 def fresh_id(base: str, taken: set[str]) -> str:

@@ -390,6 +390,12 @@ def stream_map(
     cache=cache)`` would look it up: keyed on its own content, its hits not called.
     """
     _refuse_hosts(graph)
+    if graph._async:
+        raise TypeError(
+            f"`map` runs sync nodes on threads; this graph has async nodes "
+            f"({', '.join(f'`{n}`' for n in list(graph._async)[:8])})\n"
+            "hint: from a running event loop, `async for y in g.amap(xs)`"
+        )
     if on_error not in ("raise", "skip", "collect"):
         raise ValueError(
             f"on_error must be 'raise', 'skip' or 'collect', not {on_error!r}\n"
