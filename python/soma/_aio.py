@@ -176,13 +176,13 @@ class _Stop:
 
     def __init__(self) -> None:
         self.stopped = False
-        self.children: list[_Stop] = []
+        self.children: set[_Stop] = set()
         self.flags: set[_soma.StopFlag] = set()
 
     def child(self) -> _Stop:
         child = _Stop()
         child.stopped = self.stopped
-        self.children.append(child)
+        self.children.add(child)
         return child
 
     def set(self) -> None:
@@ -298,7 +298,7 @@ async def _wave(wave: _Wave, run: _Run, stop: _Stop, path: tuple[int, ...]) -> N
         await asyncio.wait(tasks)
         raise
     finally:
-        stop.children = [child for child in stop.children if child not in stops]
+        stop.children.difference_update(stops)
     if failed < len(tasks):
         error = tasks[failed].exception()
         assert error is not None
