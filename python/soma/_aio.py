@@ -63,6 +63,8 @@ class _Call:
     retry: RetryPolicy | None
     limit: float | None
     concurrency: int
+    #: Neither retries nor a time limit: the node is awaited as it is.
+    plain: bool
 
 
 @dataclasses.dataclass(frozen=True, eq=False, slots=True)
@@ -118,15 +120,17 @@ def prepare(graph: Graph) -> Prepared:
             node = at.node
             assert node is not None
             obj = graph.implementation(node)
+            retry, limit = retries.get(node), limits.get(node)
             call = _Call(
                 node,
                 obj,
                 tuple(at.inputs),
                 graph._async[node],
                 devices.get(node),
-                retries.get(node),
-                limits.get(node),
+                retry,
+                limit,
                 getattr(obj, "_soma_concurrency", 1),
+                retry is None and limit is None,
             )
             into.append(call)
             calls.append(call)
@@ -253,11 +257,33 @@ class _Run:
 
 async def _branch(steps: list[_Step], run: _Run, stop: _Stop, path: tuple[int, ...]) -> None:
     """Runs ``steps`` one after the other, stopping at a node boundary once ``stop`` is set."""
+    # Without a trace or limits, an async node with no policy is awaited right here: the most
+    # common step, for which the layers of `_call` would cost more than the call.
+    direct = run.trace is None and run.limits is None
     for step in steps:
         if stop.stopped:
             raise _Stopped
         if type(step) is _Call:
-            run.values[step.node] = await _call(step, run, path)
+            if direct and step.plain:
+                node = step.node
+                running = run.running
+                running[node] = running.get(node, 0) + 1
+                try:
+                    x = run.read(step.inputs)
+                    if step.takes_ctx:
+                        out = await step.obj.forward(x, _soma.Ctx._for_async(node, step.device))
+                    else:
+                        out = await step.obj.forward(x)
+                except Exception as failure:
+                    failure.add_note(f"raised in soma node `{node}`")
+                    raise
+                finally:
+                    run.end((node,))
+                if type(out) is _soma.Done or type(out) is _soma.Await:
+                    out = _unwrapped(node, out)
+                run.values[node] = out
+            else:
+                run.values[step.node] = await _call(step, run, path)
         elif type(step) is _Piece:
             run.values.update(await _piece(step, run, stop, path))
         elif type(step) is _Wave:
@@ -451,6 +477,28 @@ async def _lent(step: _Piece, run: _Run, stop: _Stop, path: tuple[int, ...]) -> 
     return {node: out[tap] for tap, node in step.taps}
 
 
+def start(
+    graph: Graph,
+    input: Any,
+    *,
+    driver: Any,
+    turn_limit: int,
+    trace: _soma.Trace | None,
+    timeout: float | None,
+    limits: dict[int, asyncio.Semaphore] | None = None,
+    prepared: Prepared | None = None,
+) -> asyncio.Task[Any]:
+    """What ``Graph.aforward`` awaits: the walk, as a task of its own, so that the run has a
+    copy of the caller's context (what nodes set never reaches the caller) and cancelling the
+    caller cancels the run."""
+    if timeout is not None:
+        timeout = _checked_timeout(timeout)
+    if prepared is None:
+        prepared = graph._prepared()
+    run = _Run(graph._core, input, driver, turn_limit, trace, limits)
+    return run.loop.create_task(_walk(prepared, run, timeout))
+
+
 async def aforward(
     graph: Graph,
     input: Any,
@@ -462,15 +510,17 @@ async def aforward(
     limits: dict[int, asyncio.Semaphore] | None = None,
     prepared: Prepared | None = None,
 ) -> Any:
-    """``Graph.aforward``: runs the walk in a task of its own, so that the run has a copy of
-    the caller's context (what nodes set never reaches the caller) and cancelling the caller
-    cancels the run."""
-    if timeout is not None:
-        timeout = _checked_timeout(timeout)
-    if prepared is None:
-        prepared = graph._prepared()
-    run = _Run(graph._core, input, driver, turn_limit, trace, limits)
-    return await run.loop.create_task(_walk(prepared, run, timeout))
+    """``start``, awaited: for a caller that wants a coroutine."""
+    return await start(
+        graph,
+        input,
+        driver=driver,
+        turn_limit=turn_limit,
+        trace=trace,
+        timeout=timeout,
+        limits=limits,
+        prepared=prepared,
+    )
 
 
 def _checked_timeout(seconds: object) -> float:
@@ -485,6 +535,13 @@ def _checked_timeout(seconds: object) -> float:
 
 async def _walk(prepared: Prepared, run: _Run, timeout: float | None) -> Any:
     stop = _Stop()
+    if timeout is None:
+        try:
+            await _branch(prepared.steps, run, stop, ())
+        except asyncio.CancelledError:
+            stop.set()
+            raise
+        return _result(prepared, run)
     task = asyncio.current_task()
     assert task is not None
     late: list[str] | None = None
@@ -494,7 +551,7 @@ async def _walk(prepared: Prepared, run: _Run, timeout: float | None) -> Any:
         late = list(run.running)
         task.cancel()
 
-    handle = None if timeout is None else run.loop.call_later(timeout, deadline)
+    handle = run.loop.call_later(timeout, deadline)
     try:
         await _branch(prepared.steps, run, stop, ())
     except asyncio.CancelledError:
@@ -509,8 +566,13 @@ async def _walk(prepared: Prepared, run: _Run, timeout: float | None) -> Any:
             "not come should wait with a timeout of its own"
         ) from None
     finally:
-        if handle is not None:
-            handle.cancel()
+        handle.cancel()
+    return _result(prepared, run)
+
+
+def _result(prepared: Prepared, run: _Run) -> Any:
+    """What the run returns, as ``forward`` returns it: the leaf's output, the leaves' by id,
+    or the input of a graph without nodes."""
     values, leaves = run.values, prepared.leaves
     if len(leaves) == 1:
         return values[leaves[0]]
@@ -652,22 +714,19 @@ async def amap(
         else:
             workers = min([wanted.get(n, 1) for n in call.names if n in wanted] + [call.concurrency])
         limits[id(call)] = asyncio.Semaphore(workers)
-    loop = asyncio.get_running_loop()
     pending: deque[asyncio.Task[Any]] = deque()
 
     def launch(x: Any) -> None:
         pending.append(
-            loop.create_task(
-                aforward(
-                    graph,
-                    x,
-                    driver=driver,
-                    turn_limit=turn_limit,
-                    trace=trace,
-                    timeout=None,
-                    limits=limits,
-                    prepared=prepared,
-                )
+            start(
+                graph,
+                x,
+                driver=driver,
+                turn_limit=turn_limit,
+                trace=trace,
+                timeout=None,
+                limits=limits,
+                prepared=prepared,
             )
         )
 

@@ -498,8 +498,9 @@ class Graph:
         ``asyncio.timeout`` around it) does the same and raises ``asyncio.CancelledError``;
         the cancelled nodes' ``finally`` blocks have run by then. See the guide's "Async
         nodes"."""
-        self._refuse_for_async()
-        return await _aio.aforward(
+        if self._async:
+            self._refuse_for_async()
+        return await _aio.start(
             self, input, driver=driver, turn_limit=turn_limit, trace=trace, timeout=timeout
         )
 
