@@ -351,6 +351,34 @@ def test_branches_declared_after_a_failed_one_stop_at_their_next_node_boundary()
     assert ran == []
 
 
+def test_branches_declared_before_a_failed_one_run_on_and_their_error_is_not_lost() -> None:
+    ran: list[str] = []
+
+    async def main() -> None:
+        failed = asyncio.Event()
+
+        async def slow(x: Any) -> Any:
+            await asyncio.wait_for(failed.wait(), DEADLINE)
+            return x
+
+        async def after(x: Any) -> Any:
+            ran.append("after")
+            return x
+
+        async def fail(x: Any) -> Any:
+            failed.set()
+            raise Boom("second")
+
+        g = soma.Graph.somatize(
+            (AsyncCall(slow).named("a") >> AsyncCall(after)) | AsyncCall(fail).named("b")
+        )
+        await g.aforward(0)
+
+    with pytest.raises(Boom, match="second"):
+        run(main())
+    assert ran == ["after"]
+
+
 def test_an_async_node_returning_await_is_refused_naming_it() -> None:
     async def asks(x: Any) -> Any:
         return soma.Await([x])
@@ -427,9 +455,26 @@ def test_the_callers_context_reaches_async_and_sync_nodes_and_nodes_set_never_re
     out, after = run(main())
     assert out == ["caller", "set by a node", "set by a node"]
     assert after == "caller"
-    LABEL.set("sync caller")
-    assert g.forward([]) == ["sync caller", "set by a node", "set by a node"]
-    assert LABEL.get() == "sync caller"
+    token = LABEL.set("sync caller")
+    try:
+        assert g.forward([]) == ["sync caller", "set by a node", "set by a node"]
+        assert LABEL.get() == "sync caller"
+    finally:
+        LABEL.reset(token)
+
+
+def test_what_a_sync_node_sets_reaches_the_later_nodes_of_its_piece_only() -> None:
+    def set_label(x: Any) -> Any:
+        LABEL.set("set by a sync node")
+        return x
+
+    async def read(x: Any) -> Any:
+        return [*x, LABEL.get()]
+
+    g = soma.Graph.somatize(
+        Call(set_label) >> Call(lambda x: [*x, LABEL.get()]) >> AsyncCall(read)
+    )
+    assert run(g.aforward([])) == ["set by a sync node", "unset"]
 
 
 def test_each_branch_of_a_wave_has_a_context_of_its_own() -> None:
@@ -524,7 +569,10 @@ def test_a_trace_has_a_span_per_node_from_the_call_to_the_return() -> None:
     trace = soma.Trace()
     marks: list[float] = []
 
+    threads: list[int] = []
+
     async def steps(x: Any) -> Any:
+        threads.append(soma.Trace._thread())
         for _ in range(3):
             await asyncio.sleep(0)
         marks.append(trace._now())
@@ -538,6 +586,7 @@ def test_a_trace_has_a_span_per_node_from_the_call_to_the_return() -> None:
     assert set(spans) == {"a", "b", "c"}
     assert spans["b"].end >= marks[0] >= spans["b"].start
     assert spans["b"].branch == "0"
+    assert spans["b"].thread == threads[0]
     assert spans["c"].branch == "1"
 
 
@@ -566,6 +615,23 @@ def test_amap_lets_an_async_node_work_on_as_many_items_as_its_concurrency() -> N
         return [y async for y in g.amap(range(8))]
 
     assert run(main()) == list(range(8))
+
+
+def test_amap_runs_a_piece_of_sync_nodes_on_as_many_items_as_its_least_concurrent_node() -> None:
+    barrier = threading.Barrier(2, timeout=DEADLINE)
+
+    def meet(x: Any) -> Any:
+        barrier.wait()
+        return x
+
+    g = soma.Graph.somatize(
+        Call(meet).concurrency(2) >> Call(lambda x: x).concurrency(5) >> AsyncAdd(0)
+    )
+
+    async def main() -> list[Any]:
+        return [y async for y in g.amap(range(4))]
+
+    assert run(main()) == [0, 1, 2, 3]
 
 
 def test_amap_keeps_at_most_in_flight_items_in_flight() -> None:
@@ -619,6 +685,33 @@ def test_amap_raises_the_first_failing_items_error_at_its_position() -> None:
         run(main())
     assert got == [0, 1]
     assert raised.value.__notes__ == ["raised in soma node `f`"]
+
+
+def test_amap_cancels_the_items_after_a_failed_one() -> None:
+    cancelled: list[Any] = []
+
+    async def main() -> None:
+        started = asyncio.Event()
+
+        async def work(x: Any) -> Any:
+            if x == 0:
+                await asyncio.wait_for(started.wait(), DEADLINE)
+                raise Boom("first")
+            started.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled.append(x)
+                raise
+            return x
+
+        g = soma.Graph.somatize(AsyncCall(work).concurrency(3))
+        async for _ in g.amap(range(3)):
+            pass
+
+    with pytest.raises(Boom):
+        run(main())
+    assert sorted(cancelled) == [1, 2]
 
 
 # ---------------------------------------------------------------------------------------------
