@@ -384,7 +384,7 @@ def test_an_async_node_returning_await_is_refused_naming_it() -> None:
         return soma.Await([x])
 
     g = soma.Graph.somatize(AsyncCall(asks).named("asks"))
-    with pytest.raises(TypeError, match="async node `asks` returned soma.Await"):
+    with pytest.raises(TypeError, match=r"async node `asks` returned soma\.Await"):
         run(g.aforward(1))
 
 
@@ -471,9 +471,7 @@ def test_what_a_sync_node_sets_reaches_the_later_nodes_of_its_piece_only() -> No
     async def read(x: Any) -> Any:
         return [*x, LABEL.get()]
 
-    g = soma.Graph.somatize(
-        Call(set_label) >> Call(lambda x: [*x, LABEL.get()]) >> AsyncCall(read)
-    )
+    g = soma.Graph.somatize(Call(set_label) >> Call(lambda x: [*x, LABEL.get()]) >> AsyncCall(read))
     assert run(g.aforward([])) == ["set by a sync node", "unset"]
 
 
@@ -578,9 +576,7 @@ def test_a_trace_has_a_span_per_node_from_the_call_to_the_return() -> None:
         marks.append(trace._now())
         return x
 
-    g = soma.Graph.somatize(
-        Add(1).named("a") >> (AsyncCall(steps).named("b") | Add(1).named("c"))
-    )
+    g = soma.Graph.somatize(Add(1).named("a") >> (AsyncCall(steps).named("b") | Add(1).named("c")))
     run(g.aforward(1, trace=trace))
     spans = {span.node: span for span in trace.spans}
     assert set(spans) == {"a", "b", "c"}
@@ -794,9 +790,7 @@ HOWS = {
 
 def child_report(arrangement: str, how: str) -> dict[str, Any]:
     body = textwrap.indent(textwrap.dedent(HOWS[how]).strip(), " " * 4)
-    script = CANCEL_SCRIPT.replace("__ARRANGEMENT__", arrangement).replace(
-        "    __HOW__", body
-    )
+    script = CANCEL_SCRIPT.replace("__ARRANGEMENT__", arrangement).replace("    __HOW__", body)
     child = run_script(script)
     assert child.returncode == 0, child.stderr
     report: dict[str, Any] = json.loads(child.stdout.strip().splitlines()[-1])
@@ -885,7 +879,8 @@ def test_forward_of_async_nodes_honours_its_timeout_and_runs_again() -> None:
         """
     )
     child = run_script(script)
-    assert "timed out:" in child.stdout and "`stuck`" in child.stdout, child.stderr
+    assert "timed out:" in child.stdout, child.stderr
+    assert "`stuck`" in child.stdout
     assert "again: go" in child.stdout, child.stderr
 
 

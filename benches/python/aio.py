@@ -153,6 +153,18 @@ class _SyncPass(soma.Node):
         return x
 
 
+async def _longest_wait(done: asyncio.Event) -> float:
+    """Ticks every ``TICK_S`` until ``done``; the longest it waited beyond a tick."""
+    worst = 0.0
+    last = time.perf_counter()
+    while not done.is_set():
+        await asyncio.sleep(TICK_S)
+        now = time.perf_counter()
+        worst = max(worst, now - last - TICK_S)
+        last = now
+    return worst
+
+
 async def responsive_rows(repeat: int) -> list[list[str]]:
     g = soma.Graph.somatize(
         Hold() >> (Hold() | Hold() | Hold()) >> AsyncPass() >> Hold() >> (Hold() | Hold())
@@ -160,24 +172,12 @@ async def responsive_rows(repeat: int) -> list[list[str]]:
     await g.aforward(0)
     gaps = []
     for _ in range(repeat):
-        worst = 0.0
-        done = False
-
-        async def tick() -> None:
-            nonlocal worst
-            last = time.perf_counter()
-            while not done:
-                await asyncio.sleep(TICK_S)
-                now = time.perf_counter()
-                worst = max(worst, now - last - TICK_S)
-                last = now
-
-        ticker = asyncio.create_task(tick())
+        done = asyncio.Event()
+        ticker = asyncio.create_task(_longest_wait(done))
         await asyncio.sleep(0)
         await g.aforward(0)
-        done = True
-        await ticker
-        gaps.append(worst)
+        done.set()
+        gaps.append(await ticker)
     gap = statistics.median(gaps) * 1e3
     log(f"responsive: longest extra wait between ticks {gap:.2f} ms")
     return [

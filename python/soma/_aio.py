@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import dataclasses
 import os
@@ -263,7 +264,7 @@ async def _branch(steps: list[_Step], run: _Run, stop: _Stop, path: tuple[int, .
     for step in steps:
         if stop.stopped:
             raise _Stopped
-        if type(step) is _Call:
+        if isinstance(step, _Call):
             if direct and step.plain:
                 node = step.node
                 running = run.running
@@ -284,9 +285,9 @@ async def _branch(steps: list[_Step], run: _Run, stop: _Stop, path: tuple[int, .
                 run.values[node] = out
             else:
                 run.values[step.node] = await _call(step, run, path)
-        elif type(step) is _Piece:
+        elif isinstance(step, _Piece):
             run.values.update(await _piece(step, run, stop, path))
-        elif type(step) is _Wave:
+        elif isinstance(step, _Wave):
             await _wave(step, run, stop, path)
         else:
             assert_never(step)
@@ -456,10 +457,9 @@ async def _lent(step: _Piece, run: _Run, stop: _Stop, path: tuple[int, ...]) -> 
         except BaseException as raised:
             failure = raised
         spans = [] if own is None else own._ship(set(step.nodes))
-        try:
+        # A closed loop raises `RuntimeError`: the run it belonged to is over, nobody waits.
+        with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(settle, outcome, failure, spans)
-        except RuntimeError:
-            pass  # The loop is closed: the run it belonged to is over.
 
     stop.flags.add(flag)
     run.begin(step.names)
@@ -678,9 +678,7 @@ def kept_loop() -> asyncio.AbstractEventLoop:
     with _KEPT_LOCK:
         if _KEPT is None or _KEPT[0] != os.getpid():
             loop = asyncio.new_event_loop()
-            threading.Thread(
-                target=loop.run_forever, name="soma-event-loop", daemon=True
-            ).start()
+            threading.Thread(target=loop.run_forever, name="soma-event-loop", daemon=True).start()
             _KEPT = (os.getpid(), loop)
         return _KEPT[1]
 
@@ -712,7 +710,9 @@ async def amap(
         if isinstance(call, _Call):
             workers = wanted.get(call.node, call.concurrency)
         else:
-            workers = min([wanted.get(n, 1) for n in call.names if n in wanted] + [call.concurrency])
+            workers = min(
+                [wanted.get(n, 1) for n in call.names if n in wanted] + [call.concurrency]
+            )
         limits[id(call)] = asyncio.Semaphore(workers)
     pending: deque[asyncio.Task[Any]] = deque()
 

@@ -37,6 +37,8 @@ class Graph(Protocol):
     module)."""
 
     _core: _soma.GraphCore
+    #: The async nodes, which a stream refuses: ``amap`` runs them.
+    _async: dict[str, bool]
 
     def nodes(self) -> list[str]: ...
     def hosts(self) -> dict[str, str]: ...
