@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import copy
 import json
 import textwrap
 import threading
@@ -377,6 +378,19 @@ def test_branches_declared_before_a_failed_one_run_on_and_their_error_is_not_los
     with pytest.raises(Boom, match="second"):
         run(main())
     assert ran == ["after"]
+
+
+def test_a_thread_the_system_refuses_a_piece_is_a_thread_error_and_the_graph_runs_again() -> None:
+    g = soma.Graph.somatize(AsyncAdd(1) >> Add(1))
+    g._core._refuse_next_threads(1)
+    with pytest.raises(soma.ThreadError, match="refused a thread"):
+        run(g.aforward(1))
+    assert run(g.aforward(1)) == 3
+
+
+def test_a_copy_of_a_graph_with_async_nodes_runs_them() -> None:
+    g = soma.Graph.somatize(AsyncAdd(1) >> Add(1))
+    assert run(copy.copy(g).aforward(1)) == run(copy.deepcopy(g).aforward(1)) == 3
 
 
 def test_an_async_node_returning_await_is_refused_naming_it() -> None:
