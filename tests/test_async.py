@@ -577,6 +577,25 @@ def test_an_async_node_past_its_time_limit_is_cancelled_and_named() -> None:
     assert cancelled == ["finally ran"]
 
 
+def test_a_run_past_its_timeout_is_never_a_success_even_when_a_node_swallows_its_cancel() -> None:
+    after: list[Any] = []
+
+    async def swallows(x: Any) -> Any:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            return "swallowed"
+
+    async def later(x: Any) -> Any:
+        after.append(x)
+        return x
+
+    g = soma.Graph.somatize(AsyncCall(swallows).named("stubborn") >> AsyncCall(later))
+    with pytest.raises(TimeoutError, match="`stubborn`"):
+        run(g.aforward(0, timeout=0.05))
+    assert after == []
+
+
 def test_a_trace_has_a_span_per_node_from_the_call_to_the_return() -> None:
     trace = soma.Trace()
     marks: list[float] = []

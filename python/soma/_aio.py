@@ -549,25 +549,33 @@ async def _walk(prepared: Prepared, run: _Run, timeout: float | None) -> Any:
     def deadline() -> None:
         nonlocal late
         late = list(run.running)
+        stop.set()  # Even a node that swallows its cancellation is the last one to start.
         task.cancel()
 
     handle = run.loop.call_later(timeout, deadline)
     try:
         await _branch(prepared.steps, run, stop, ())
-    except asyncio.CancelledError:
+    except (asyncio.CancelledError, _Stopped):
         stop.set()
         if late is None:
             raise
         task.uncancel()
-        still = f"; still running: {_listed(late)} (cancelled)" if late else ""
-        raise TimeoutError(
-            f"aforward did not finish within its timeout of {timeout} s{still}\n"
-            "hint: the graph can run again at once; a node that waits for something that may "
-            "not come should wait with a timeout of its own"
-        ) from None
+        raise _timed_out(timeout, late) from None
     finally:
         handle.cancel()
+    if late is not None:  # A node swallowed its cancellation: the result is late all the same.
+        task.uncancel()
+        raise _timed_out(timeout, late)
     return _result(prepared, run)
+
+
+def _timed_out(timeout: float, late: list[str]) -> TimeoutError:
+    still = f"; still running: {_listed(late)} (cancelled)" if late else ""
+    return TimeoutError(
+        f"aforward did not finish within its timeout of {timeout} s{still}\n"
+        "hint: the graph can run again at once; a node that waits for something that may "
+        "not come should wait with a timeout of its own"
+    )
 
 
 def _result(prepared: Prepared, run: _Run) -> Any:
