@@ -30,15 +30,33 @@ import random
 import threading
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, assert_never
+from typing import Any, Protocol, assert_never
 
 from soma import _soma
 from soma._policy import RetryPolicy
-from soma._slices import INPUT, SliceRunner, cut
+from soma._slices import INPUT, Settings, SliceRunner, cut
 from soma.errors import TimeLimitError
 
-if TYPE_CHECKING:
-    from soma._graph import Graph
+
+class Graph(Protocol):
+    """What the walk needs of ``soma.Graph`` (named here, not imported: ``_graph`` imports this
+    module)."""
+
+    _core: _soma.GraphCore
+    _async: dict[str, bool]
+    _hosts: dict[str, str]
+
+    def nodes(self) -> list[str]: ...
+    def leaves(self) -> list[str]: ...
+    def successors(self, node_id: str) -> list[str]: ...
+    def plan(self) -> _soma.Plan: ...
+    def implementation(self, node_id: str) -> Any: ...
+    def devices(self) -> dict[str, str]: ...
+    def retries(self) -> dict[str, RetryPolicy]: ...
+    def time_limits(self) -> dict[str, float]: ...
+    def _prepared(self) -> Prepared: ...
+    def __contains__(self, node_id: object) -> bool: ...
+
 
 #: The host name pieces are cut for (``_soma.distribute``): never a real host, as a graph with
 #: nodes on hosts refuses async nodes.
@@ -110,7 +128,8 @@ def prepare(graph: Graph) -> Prepared:
         )
     synced = [(node, _PIECE) for node in graph.nodes() if node not in graph._async]
     plan = _soma.distribute(graph.plan(), synced)
-    devices, retries, limits = graph.devices(), graph.retries(), graph.time_limits()
+    settings = Settings.of(graph)
+    devices, retries, limits = settings.devices, settings.retries, settings.time_limits
     root: list[_Step] = []
     calls: list[_Call | _Piece] = []
     stack: list[tuple[_soma.Plan, list[_Step]]] = [(plan, root)]
@@ -136,7 +155,7 @@ def prepare(graph: Graph) -> Prepared:
             into.append(call)
             calls.append(call)
         elif kind == "Remote":
-            piece = cut(graph, _PIECE, len(calls), at.children[0])
+            piece = cut(graph, _PIECE, len(calls), at.children[0], settings)
             runner = SliceRunner(piece)
             taps = tuple(runner._taps.items())
             piece_step = _Piece(

@@ -183,10 +183,24 @@ class SliceRunner:
         return {self._taps[tap]: value for tap, value in out.items()}, spans
 
 
-def cut(graph: Any, host: str, index: int, inner: Plan) -> Slice:
-    """Slice ``index`` of ``graph`` (a ``soma.Graph``): the subtree ``inner`` of its plan, to run
-    on ``host``, reading what it needs from the steps before it and returning what the steps
-    after it (or the run) read."""
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What every slice of one graph reads of it, read once for them all."""
+
+    leaves: frozenset[str]
+    devices: dict[str, str]
+    retries: dict[str, Any]
+    time_limits: dict[str, float]
+
+    @classmethod
+    def of(cls, graph: Any) -> Settings:
+        return cls(frozenset(graph.leaves()), graph.devices(), graph.retries(), graph.time_limits())
+
+
+def cut(graph: Any, host: str, index: int, inner: Plan, settings: Settings) -> Slice:
+    """Slice ``index`` of ``graph`` (a ``soma.Graph``, whose ``settings`` these are): the subtree
+    ``inner`` of its plan, to run on ``host``, reading what it needs from the steps before it
+    and returning what the steps after it (or the run) read."""
     steps: list[tuple[str, tuple[str, ...]]] = []
     stack = [inner]
     while stack:  # Plan order, without recursion: a plan nests as deep as its graph.
@@ -196,9 +210,8 @@ def cut(graph: Any, host: str, index: int, inner: Plan) -> Slice:
             steps.append((at.node, tuple(at.inputs)))
         stack.extend(reversed(at.children))
     inside = {node for node, _ in steps}
-    leaves = set(graph.leaves())
-    devices = graph.devices()
-    retries, time_limits = graph.retries(), graph.time_limits()
+    leaves, devices = settings.leaves, settings.devices
+    retries, time_limits = settings.retries, settings.time_limits
     reads = list(dict.fromkeys(s for _, inputs in steps for s in inputs or (INPUT,)))
     returns = [
         node

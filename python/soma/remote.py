@@ -31,6 +31,7 @@ from soma._slices import (
     INPUT,
     PassThrough,
     RemoteHost,
+    Settings,
     Slice,
     SliceRunner,
     Transport,
@@ -335,7 +336,8 @@ def _slices(graph: Graph) -> list[Slice]:
             found.append((at.host, at.children[0]))
         else:
             stack.extend(reversed(at.children))
-    return [cut(graph, host, index, inner) for index, (host, inner) in enumerate(found)]
+    settings = Settings.of(graph)
+    return [cut(graph, host, index, inner, settings) for index, (host, inner) in enumerate(found)]
 
 
 def forward(
