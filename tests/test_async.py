@@ -947,3 +947,30 @@ def test_ctrl_c_stops_forward_of_async_nodes_and_cancels_them() -> None:
     child = interrupt_script(script, "started")
     assert "caught KeyboardInterrupt" in child.stdout, (child.stdout, child.stderr)
     assert "again: go ['finally']" in child.stdout, (child.stdout, child.stderr)
+
+
+def test_ctrl_c_under_asyncio_run_cancels_the_async_nodes_of_aforward() -> None:
+    script = textwrap.dedent(
+        """
+        import asyncio
+        import soma
+
+        cancelled = []
+
+        class Stuck(soma.Node):
+            async def forward(self, x):
+                print("started", flush=True)  # the parent sends Ctrl-C once it reads this
+                try:
+                    await asyncio.Event().wait()
+                finally:
+                    cancelled.append("finally")
+
+        g = soma.Graph.somatize(Stuck().named("stuck"))
+        try:
+            asyncio.run(g.aforward(0))
+        except KeyboardInterrupt:
+            print("caught KeyboardInterrupt", cancelled, flush=True)
+        """
+    )
+    child = interrupt_script(script, "started")
+    assert "caught KeyboardInterrupt ['finally']" in child.stdout, (child.stdout, child.stderr)
