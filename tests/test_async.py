@@ -19,7 +19,7 @@ import threading
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import soma
@@ -148,6 +148,50 @@ def test_forward_of_any_graph_with_async_nodes_returns_what_sync_nodes_return(
 ) -> None:
     dag, asynced = case
     assert mixed_graph(dag, asynced).forward(x) == expected_run(dag, x)
+
+
+class NodeFailed(Exception):
+    """What ``Fails`` raises: its node's id."""
+
+
+class Fails(soma.Node):
+    def forward(self, x: Any, ctx: Any) -> Any:
+        raise NodeFailed(ctx.node)
+
+
+class AsyncFails(soma.Node):
+    async def forward(self, x: Any, ctx: Any) -> Any:
+        await asyncio.sleep(0)
+        raise NodeFailed(ctx.node)
+
+
+@given(mixed_dags(), st.data())
+def test_aforward_raises_the_error_forward_raises_with_sync_nodes_on_any_graph(
+    case: tuple[Dag, frozenset[str]], data: st.DataObject
+) -> None:
+    dag, asynced = case
+    assume(dag.nodes)
+    failing = data.draw(st.sets(st.sampled_from(dag.nodes), min_size=1))
+    log = Log()
+
+    def build(mixed: bool) -> soma.Graph:
+        g = soma.Graph()
+        for node in dag.nodes:
+            is_async = mixed and node in asynced
+            if node in failing:
+                g.node(node, AsyncFails() if is_async else Fails())
+            else:
+                g.node(node, AsyncTraced(log) if is_async else Traced(log))  # type: ignore[arg-type]
+        for source, target in dag.edges:
+            g.edge(source, target)
+        return g
+
+    with pytest.raises(NodeFailed) as expected:
+        build(mixed=False).forward(0)
+    with pytest.raises(NodeFailed) as got:
+        run(build(mixed=True).aforward(0))
+    assert str(got.value) == str(expected.value)
+    assert got.value.__notes__ == expected.value.__notes__
 
 
 def test_an_async_node_composes_with_sync_nodes_and_its_plan_is_the_same() -> None:
