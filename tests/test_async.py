@@ -452,8 +452,6 @@ def test_what_async_nodes_cannot_do_yet_is_refused_where_it_is_asked() -> None:
         g.map([1])
     with pytest.raises(ValueError, match="micro_batches"):
         g.forward([1, 2], micro_batches=2)
-    with pytest.raises(ValueError, match="cache"):
-        g.forward(1, cache=soma.Cache())
     g.place_at("a", "elsewhere")
     with pytest.raises(ValueError, match="hosts"):
         run(g.aforward(1))
@@ -661,6 +659,87 @@ def test_a_trace_has_a_span_per_node_from_the_call_to_the_return() -> None:
     assert spans["b"].branch == "0"
     assert spans["b"].thread == threads[0]
     assert spans["c"].branch == "1"
+
+
+# ---------------------------------------------------------------------------------------------
+# The cache
+
+
+#: The nodes called, in order: kept out of the nodes' state, which their cache keys cover.
+CALLED: list[str] = []
+
+
+class Counted(soma.Node):
+    """Adds ``k``, noting its call in ``CALLED``."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def forward(self, x: Any, ctx: Any) -> Any:
+        CALLED.append(ctx.node)
+        return x + self.k
+
+
+class AsyncCounted(soma.Node):
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    async def forward(self, x: Any, ctx: Any) -> Any:
+        CALLED.append(ctx.node)
+        return x + self.k
+
+
+@pytest.fixture
+def calls() -> list[str]:
+    CALLED.clear()
+    return CALLED
+
+
+def counted_graph(calls: list[str]) -> soma.Graph:
+    return soma.Graph.somatize(
+        AsyncCounted(1).named("a")
+        >> Counted(2).named("s")
+        >> (AsyncCounted(3).named("b") | Counted(5).named("c"))
+    )
+
+
+def test_a_rerun_with_a_cache_calls_no_node_and_returns_the_same(calls: list[str]) -> None:
+    g = counted_graph(calls)
+    cache = soma.Cache()
+    first = run(g.aforward(1, cache=cache))
+    assert sorted(calls) == ["a", "b", "c", "s"]
+    calls.clear()
+    trace = soma.Trace()
+    assert run(g.aforward(1, cache=cache, trace=trace)) == first
+    assert calls == []
+    assert {span.node: span.cached for span in trace.spans} == dict.fromkeys("asbc", True)
+    assert g.forward(1, cache=cache) == first
+    assert calls == []
+
+
+def test_an_async_node_whose_state_changed_runs_again_and_only_what_reads_it(
+    calls: list[str],
+) -> None:
+    g = counted_graph(calls)
+    cache = soma.Cache()
+    run(g.aforward(1, cache=cache))
+    calls.clear()
+    g.implementation("a").k = 10
+    assert run(g.aforward(1, cache=cache)) == {"b": 16, "c": 18}
+    assert sorted(calls) == ["a", "b", "c", "s"]
+    calls.clear()
+    g.implementation("b").k = 4
+    assert run(g.aforward(1, cache=cache)) == {"b": 17, "c": 18}
+    assert calls == ["b"]
+
+
+def test_a_new_input_runs_every_node_again_with_a_cache(calls: list[str]) -> None:
+    g = counted_graph(calls)
+    cache = soma.Cache()
+    run(g.aforward(1, cache=cache))
+    calls.clear()
+    run(g.aforward(2, cache=cache))
+    assert sorted(calls) == ["a", "b", "c", "s"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -486,10 +486,6 @@ def test_what_a_graph_with_async_nodes_refuses() -> None:
 ValueError: `micro_batches=` is not supported with async nodes (`fetch`) yet
 hint: run the slices with `async for y in g.amap(slices)`\
 """)
-    assert story(lambda: g.forward(1, cache=soma.Cache())) == snapshot("""\
-ValueError: `cache=` is not supported with async nodes (`fetch`) yet
-hint: run without a cache, or make those nodes sync\
-""")
     assert story(lambda: g.map([1])) == snapshot("""\
 TypeError: `map` runs sync nodes on threads; this graph has async nodes (`fetch`)
 hint: from a running event loop, `async for y in g.amap(xs)`\

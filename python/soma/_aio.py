@@ -28,11 +28,13 @@ import dataclasses
 import os
 import random
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from typing import Any, Protocol, assert_never
 
 from soma import _soma
+from soma._cache import Cache
 from soma._policy import RetryPolicy
 from soma._slices import INPUT, Settings, SliceRunner, cut
 from soma.errors import TimeLimitError
@@ -220,6 +222,44 @@ class _Stop:
             todo.extend(at.children)
 
 
+class _Keys:
+    """A run's cache, as the walk asks it: an async node is keyed on its fingerprint (its
+    class's source and its state, as the engine keys a node) and the digests of what it reads,
+    each output's digest taken once, when it is computed or found. A piece is keyed by the
+    engine that runs it, on the digest of what it reads."""
+
+    __slots__ = ("asked", "cache", "digests", "input", "input_digest")
+
+    def __init__(self, cache: Cache, core: _soma.GraphCore, input: Any) -> None:
+        self.cache = cache
+        self.asked = cache._run(core)
+        self.input = input
+        self.input_digest: bytes | None = None
+        #: The digest of each output computed or found so far; `None`: it has none.
+        self.digests: dict[str, bytes | None] = {}
+
+    def key(self, step: _Call) -> bytes | None:
+        """``step``'s key, or ``None`` when it runs uncached (a class with ``cacheable =
+        False``, state that cannot be read, an input without a digest)."""
+        fingerprint = self.asked.fingerprint(step.node)
+        if fingerprint is None:
+            return None
+        parts = [b"soma.aio.key", fingerprint]
+        if not step.inputs:
+            if self.input_digest is None:
+                self.input_digest = self.asked.digest(self.input)
+            if self.input_digest is None:
+                return None
+            parts.append(self.input_digest)
+        for source in step.inputs:
+            digest = self.digests.get(source)
+            if digest is None:
+                return None
+            name = source.encode()
+            parts += [len(name).to_bytes(4, "little"), name, digest]
+        return _soma.blake3(b"".join(parts))
+
+
 class _Run:
     """One run of a prepared walk: the values computed so far, and what it was called with."""
 
@@ -227,6 +267,7 @@ class _Run:
         "core",
         "driver",
         "input",
+        "keys",
         "limits",
         "loop",
         "running",
@@ -243,8 +284,10 @@ class _Run:
         turn_limit: int,
         trace: _soma.Trace | None,
         limits: dict[int, asyncio.Semaphore] | None,
+        cache: Cache | None = None,
     ) -> None:
         self.core = core
+        self.keys = None if cache is None else _Keys(cache, core, input)
         self.input = input
         self.driver = driver
         self.turn_limit = turn_limit
@@ -277,9 +320,9 @@ class _Run:
 
 async def _branch(steps: list[_Step], run: _Run, stop: _Stop, path: tuple[int, ...]) -> None:
     """Runs ``steps`` one after the other, stopping at a node boundary once ``stop`` is set."""
-    # Without a trace or limits, an async node with no policy is awaited right here: the most
-    # common step, for which the layers of `_call` would cost more than the call.
-    direct = run.trace is None and run.limits is None
+    # Without a trace, limits or a cache, an async node with no policy is awaited right here:
+    # the most common step, for which the layers of `_call` would cost more than the call.
+    direct = run.trace is None and run.limits is None and run.keys is None
     for step in steps:
         if stop.stopped:
             raise _Stopped
@@ -355,11 +398,38 @@ async def _call(step: _Call, run: _Run, path: tuple[int, ...]) -> Any:
     """Awaits async node ``step`` on its input: with its retries and time limit, in its
     ``amap`` limit, traced; its exception keeps its type, noting the node as ``forward`` does."""
     x = run.read(step.inputs)
+    keys = run.keys
+    if keys is not None:
+        return await _cached(step, run, x, path, keys)
     limits = run.limits
     if limits is None:
         return await _attempts(step, run, x, path)
     async with limits[id(step)]:
         return await _attempts(step, run, x, path)
+
+
+async def _cached(step: _Call, run: _Run, x: Any, path: tuple[int, ...], keys: _Keys) -> Any:
+    """``_attempts``, unless the cache holds the output: then that, the node not called. What
+    the node computes is kept as soon as it returns."""
+    node = step.node
+    key = keys.key(step)
+    if key is not None:
+        hit, out, digest = keys.cache._load(key)
+        if hit:
+            keys.digests[node] = digest if digest is not None else keys.asked.digest(out)
+            trace = run.trace
+            if trace is not None:
+                now = trace._now()
+                span = (node, now, now, _soma.Trace._thread(), list(path), 0, None, step.device)
+                trace._record([span], 0.0, [], True)
+            return out
+    started = time.perf_counter()
+    out = await _attempts(step, run, x, path)
+    digest = keys.asked.digest(out)
+    keys.digests[node] = digest
+    if key is not None:
+        keys.cache._store(node, key, out, digest, time.perf_counter() - started)
+    return out
 
 
 async def _attempts(step: _Call, run: _Run, x: Any, path: tuple[int, ...]) -> Any:
@@ -454,13 +524,21 @@ async def _lent(step: _Piece, run: _Run, stop: _Stop, path: tuple[int, ...]) -> 
     future: asyncio.Future[Any] = loop.create_future()
     flag = _soma.StopFlag()
     context = contextvars.copy_context()
-    trace, driver, turn_limit = run.trace, run.driver, run.turn_limit
+    trace, driver, turn_limit, keys = run.trace, run.driver, run.turn_limit, run.keys
     at = 0.0 if trace is None else trace._now()
-    forward = step.runner.graph._core.forward
+    core = step.runner.graph._core
+    forward = core.forward
+    cache = None if keys is None else keys.cache._run(core)
+    taps = step.taps
 
     def settle(outcome: Any, failure: BaseException | None, spans: list[Any]) -> None:
-        if trace is not None and spans:
-            trace._record(spans, at, list(path))
+        if trace is not None:
+            ran = [span for span, cached in spans if not cached]
+            hits = [span for span, cached in spans if cached]
+            if ran:
+                trace._record(ran, at, list(path))
+            if hits:
+                trace._record(hits, at, list(path), True)
         if future.done():  # Cancelled: nobody waits for it any more.
             return
         if failure is None:
@@ -470,12 +548,23 @@ async def _lent(step: _Piece, run: _Run, stop: _Stop, path: tuple[int, ...]) -> 
 
     def work() -> None:
         own = None if trace is None else _soma.Trace()
-        outcome, failure = None, None
+        outcome: Any = None
+        failure: BaseException | None = None
         try:
-            outcome = context.run(forward, inputs, driver, turn_limit, own, None, flag)
+            out = context.run(forward, inputs, driver, turn_limit, own, None, flag, cache)
+            if len(taps) == 1:
+                outcome = {taps[0][1]: out}
+            else:
+                outcome = {node: out[tap] for tap, node in taps}
+            if keys is not None:  # Here, off the loop: a digest of a large array takes time.
+                digested = {node: keys.asked.digest(value) for node, value in outcome.items()}
+                outcome = (outcome, digested)
         except BaseException as raised:
             failure = raised
-        spans = [] if own is None else own._ship(set(step.nodes))
+        spans = []
+        if own is not None:  # `_ship` and `spans` list the same spans in the same order.
+            cached = [span.cached for span in own.spans if span.node in step.nodes]
+            spans = list(zip(own._ship(set(step.nodes)), cached, strict=True))
         # A closed loop raises `RuntimeError`: the run it belonged to is over, nobody waits.
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(settle, outcome, failure, spans)
@@ -491,9 +580,12 @@ async def _lent(step: _Piece, run: _Run, stop: _Stop, path: tuple[int, ...]) -> 
     finally:
         stop.flags.discard(flag)
         run.end(step.names)
-    if len(step.taps) == 1:
-        return {step.taps[0][1]: out}
-    return {node: out[tap] for tap, node in step.taps}
+    if keys is None:
+        returned: dict[str, Any] = out
+        return returned
+    returned, digested = out
+    keys.digests.update(digested)
+    return returned
 
 
 def start(
@@ -506,6 +598,7 @@ def start(
     timeout: float | None,
     limits: dict[int, asyncio.Semaphore] | None = None,
     prepared: Prepared | None = None,
+    cache: Cache | None = None,
 ) -> asyncio.Task[Any]:
     """What ``Graph.aforward`` awaits: the walk, as a task of its own, so that the run has a
     copy of the caller's context (what nodes set never reaches the caller) and cancelling the
@@ -514,7 +607,7 @@ def start(
         timeout = _checked_timeout(timeout)
     if prepared is None:
         prepared = graph._prepared()
-    run = _Run(graph._core, input, driver, turn_limit, trace, limits)
+    run = _Run(graph._core, input, driver, turn_limit, trace, limits, cache)
     return run.loop.create_task(_walk(prepared, run, timeout))
 
 
@@ -528,6 +621,7 @@ async def aforward(
     timeout: float | None,
     limits: dict[int, asyncio.Semaphore] | None = None,
     prepared: Prepared | None = None,
+    cache: Cache | None = None,
 ) -> Any:
     """``start``, awaited: for a caller that wants a coroutine."""
     return await start(
@@ -539,6 +633,7 @@ async def aforward(
         timeout=timeout,
         limits=limits,
         prepared=prepared,
+        cache=cache,
     )
 
 
@@ -630,6 +725,7 @@ def forward(
     turn_limit: int,
     trace: _soma.Trace | None,
     timeout: float | None,
+    cache: Cache | None = None,
 ) -> Any:
     """``Graph.forward`` of a graph with async nodes: ``aforward`` on the loop Soma keeps, in a
     copy of the caller's context, while the caller waits. Ctrl-C cancels the run and raises
@@ -655,6 +751,7 @@ def forward(
                 trace=trace,
                 timeout=timeout,
                 prepared=prepared,
+                cache=cache,
             ),
             context=context,
         )

@@ -440,20 +440,18 @@ class Graph:
         can run again right away. Without a timeout, a node running on the calling thread is not cut
         short by Ctrl-C beyond what Python's signal delivery does.
         """
-        if cache is not None and not isinstance(cache, _cache.Cache):
-            raise TypeError(
-                f"cache is a soma.Cache, not an object of type `{type(cache).__name__}`\n"
-                "hint: pass `soma.Cache()` (in memory) or `soma.Cache(path)` (a folder)"
-            )
-        if cache is not None and self._hosts:
-            raise ValueError(
-                "`cache=` is not supported with nodes on hosts yet\n"
-                "hint: run with every node in this process, or without a cache"
-            )
+        if cache is not None:
+            self._refuse_cache(cache)
         if self._async:  # Only then: a graph without async nodes never reaches an event loop.
-            self._refuse_for_async(micro_batches=micro_batches, cache=cache)
+            self._refuse_for_async(micro_batches=micro_batches)
             return _aio.forward(
-                self, input, driver=driver, turn_limit=turn_limit, trace=trace, timeout=timeout
+                self,
+                input,
+                driver=driver,
+                turn_limit=turn_limit,
+                trace=trace,
+                timeout=timeout,
+                cache=cache,
             )
         if micro_batches is not None:
             return _stream.forward_in_micro_batches(
@@ -480,6 +478,7 @@ class Graph:
         turn_limit: int = _soma.DEFAULT_TURN_LIMIT,
         trace: _soma.Trace | None = None,
         timeout: float | None = None,
+        cache: _cache.Cache | None = None,
     ) -> Any:
         """Runs the graph on ``input`` from a running event loop without blocking it, and
         returns what ``forward`` would.
@@ -497,11 +496,25 @@ class Graph:
         the nodes that were running. Cancelling the task that awaits ``aforward`` (or
         ``asyncio.timeout`` around it) does the same and raises ``asyncio.CancelledError``;
         the cancelled nodes' ``finally`` blocks have run by then. See the guide's "Async
-        nodes"."""
+        nodes".
+
+        With ``cache``, a :class:`soma.Cache`, an async node is keyed as ``forward`` keys a
+        node — its class's source, its state, and what it reads by content — and not awaited
+        when its key is there; each part of the plan without async nodes is keyed by the
+        engine on what it reads. The keys differ from those of a graph with no async node, so
+        the two do not share entries."""
         if self._async:
             self._refuse_for_async()
+        if cache is not None:
+            self._refuse_cache(cache)
         return await _aio.start(
-            self, input, driver=driver, turn_limit=turn_limit, trace=trace, timeout=timeout
+            self,
+            input,
+            driver=driver,
+            turn_limit=turn_limit,
+            trace=trace,
+            timeout=timeout,
+            cache=cache,
         )
 
     def amap(
@@ -533,9 +546,7 @@ class Graph:
             trace=trace,
         )
 
-    def _refuse_for_async(
-        self, *, micro_batches: int | None = None, cache: _cache.Cache | None = None
-    ) -> None:
+    def _refuse_for_async(self, *, micro_batches: int | None = None) -> None:
         """Refuses, where the call is made, what a graph with async nodes cannot do yet."""
         if not self._async:
             return
@@ -545,10 +556,18 @@ class Graph:
                 f"`micro_batches=` is not supported with async nodes ({nodes}) yet\n"
                 "hint: run the slices with `async for y in g.amap(slices)`"
             )
-        if cache is not None:
+
+    def _refuse_cache(self, cache: object) -> None:
+        """Refuses a ``cache=`` that is no :class:`soma.Cache`, or that this graph cannot use."""
+        if not isinstance(cache, _cache.Cache):
+            raise TypeError(
+                f"cache is a soma.Cache, not an object of type `{type(cache).__name__}`\n"
+                "hint: pass `soma.Cache()` (in memory) or `soma.Cache(path)` (a folder)"
+            )
+        if self._hosts:
             raise ValueError(
-                f"`cache=` is not supported with async nodes ({nodes}) yet\n"
-                "hint: run without a cache, or make those nodes sync"
+                "`cache=` is not supported with nodes on hosts yet\n"
+                "hint: run with every node in this process, or without a cache"
             )
 
     def _prepared(self) -> _aio.Prepared:

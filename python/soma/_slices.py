@@ -109,6 +109,10 @@ class Transport(Protocol):
 class _Take:
     """On a host: a slice's source, what the slice reads from ``source``."""
 
+    #: A cache keys what reads it on its output's digest: keeping the output too would only
+    #: copy what the run already holds.
+    cacheable = False
+
     def __init__(self, source: str) -> None:
         self.source = source
 
@@ -118,6 +122,9 @@ class _Take:
 
 class PassThrough:
     """Its input, as it is: a slice's output tap, the local carrier of the graph's input."""
+
+    #: Its output is its input, already kept where the cache keeps the node it taps.
+    cacheable = False
 
     def forward(self, x: Any) -> Any:
         return x

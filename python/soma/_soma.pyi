@@ -252,6 +252,7 @@ class Trace:
         spans: list[tuple[str, float, float, int, list[int], int, str | None, str | None]],
         at: float,
         prefix: list[int],
+        cached: bool = False,
     ) -> None: ...
     @staticmethod
     def _thread() -> int: ...

@@ -417,7 +417,7 @@ fetched = soma.Graph.somatize(Fetch().named("fetch") >> FetchWithCtx().named("to
 
 
 async def use_async() -> list[Any]:
-    one: Any = await fetched.aforward(1, timeout=30.0, trace=soma.Trace())
+    one: Any = await fetched.aforward(1, timeout=30.0, trace=soma.Trace(), cache=soma.Cache())
     stream: AsyncIterator[Any] = fetched.amap([1, 2], in_flight=2, concurrency={"fetch": 2})
     return [one, *[y async for y in stream]]
 

@@ -218,9 +218,11 @@ impl PyTrace {
     /// — an async node on the event loop, a piece of a plan `aforward` lent a thread — given as
     /// `_ship` gives them: each moved `at` seconds later (a piece's own trace starts when the
     /// piece does) and its branch path put after `prefix`, the branch the piece ran in. Thread
-    /// numbers are kept: they are this process's.
+    /// numbers are kept: they are this process's. `cached`: the outputs came from the run's
+    /// cache, the nodes not called.
     #[allow(clippy::needless_pass_by_value)] // PyO3 hands arguments over as owned values.
-    fn _record(&self, spans: Vec<Shipped>, at: f64, prefix: Vec<usize>) {
+    #[pyo3(signature = (spans, at, prefix, cached=false))]
+    fn _record(&self, spans: Vec<Shipped>, at: f64, prefix: Vec<usize>, cached: bool) {
         let since =
             |seconds: f64| Duration::try_from_secs_f64(seconds.max(0.0)).unwrap_or_default();
         let at = since(at);
@@ -235,7 +237,7 @@ impl PyTrace {
                 error,
                 device: device.and_then(|device| device.parse::<Device>().ok()),
                 host: None,
-                cached: false,
+                cached,
             });
         }
     }
