@@ -439,6 +439,10 @@ class Graph:
         the background on its thread, its result dropped, and ``forward`` returns at once; the graph
         can run again right away. Without a timeout, a node running on the calling thread is not cut
         short by Ctrl-C beyond what Python's signal delivery does.
+
+        A graph with async nodes (``async def forward``) runs them on one event loop Soma keeps
+        for the process, the caller waiting, as :meth:`aforward` would run them; inside a
+        running event loop it refuses with a ``RuntimeError`` pointing to :meth:`aforward`.
         """
         if cache is not None:
             self._refuse_cache(cache)
