@@ -786,6 +786,17 @@ def test_amap_runs_a_piece_of_sync_nodes_on_as_many_items_as_its_least_concurren
     assert run(main()) == [0, 1, 2, 3]
 
 
+def test_amap_takes_a_nodes_concurrency_as_asked_when_it_is_called() -> None:
+    async def main() -> list[Any]:
+        barrier = asyncio.Barrier(3)
+        g = soma.Graph.somatize(AsyncMeet(barrier).named("meet"))
+        assert [y async for y in g.amap(range(3), concurrency={"meet": 3})] == [0, 1, 2]
+        g.implementation("meet").concurrency(3)
+        return [y async for y in g.amap(range(3))]
+
+    assert run(main()) == [0, 1, 2]
+
+
 def test_amap_keeps_at_most_in_flight_items_in_flight() -> None:
     inside = 0
     most = 0

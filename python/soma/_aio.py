@@ -83,7 +83,6 @@ class _Call:
     device: str | None
     retry: RetryPolicy | None
     limit: float | None
-    concurrency: int
     #: Neither retries nor a time limit: the node is awaited as it is.
     plain: bool
 
@@ -98,7 +97,6 @@ class _Piece:
     taps: tuple[tuple[str, str], ...]
     nodes: frozenset[str]
     names: tuple[str, ...]
-    concurrency: int
 
 
 @dataclasses.dataclass(frozen=True, eq=False, slots=True)
@@ -151,7 +149,6 @@ def prepare(graph: Graph) -> Prepared:
                 devices.get(node),
                 retry,
                 limit,
-                getattr(obj, "_soma_concurrency", 1),
                 retry is None and limit is None,
             )
             into.append(call)
@@ -166,7 +163,6 @@ def prepare(graph: Graph) -> Prepared:
                 taps,
                 frozenset(runner.nodes),
                 tuple(runner.nodes),
-                min(getattr(obj, "_soma_concurrency", 1) for _, obj in piece.nodes),
             )
             into.append(piece_step)
             calls.append(piece_step)
@@ -824,20 +820,25 @@ async def amap(
         raise ValueError(f"in_flight takes an int of at least 1, not {in_flight!r}")
     prepared = graph._prepared()
     wanted = dict(concurrency or {})
-    for node, workers in wanted.items():
+    for node, count in wanted.items():
         if node not in graph:
             graph.implementation(node)  # Raises the error that names it.
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"concurrency takes an int of at least 1, not {workers!r}")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"concurrency takes an int of at least 1, not {count!r}")
+
+    def concurrency_of(node: str) -> int:
+        """A node's concurrency as asked now: by ``concurrency=``, else its own."""
+        asked = wanted.get(node)
+        return (
+            asked
+            if asked is not None
+            else getattr(graph.implementation(node), "_soma_concurrency", 1)
+        )
+
     limits: dict[int, asyncio.Semaphore] = {}
     for call in prepared.calls:
-        if isinstance(call, _Call):
-            workers = wanted.get(call.node, call.concurrency)
-        else:
-            workers = min(
-                [wanted.get(n, 1) for n in call.names if n in wanted] + [call.concurrency]
-            )
-        limits[id(call)] = asyncio.Semaphore(workers)
+        names = (call.node,) if isinstance(call, _Call) else call.names
+        limits[id(call)] = asyncio.Semaphore(min(concurrency_of(node) for node in names))
     pending: deque[asyncio.Task[Any]] = deque()
 
     def launch(x: Any) -> None:
