@@ -7,6 +7,7 @@ tested in a child process with a deadline of its own.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import textwrap
 import threading
@@ -279,6 +280,23 @@ def test_each_item_runs_in_a_copy_of_the_context_of_its_own() -> None:
         assert var.get() == "caller"
     finally:
         var.reset(token)
+
+
+class Fetch(soma.Node):
+    async def forward(self, n: int) -> list[int]:
+        await asyncio.sleep(0)
+        return list(range(n))
+
+
+def test_a_graph_with_async_nodes_runs_an_each_step_beside_them() -> None:
+    g = soma.Graph.somatize(Fetch() >> soma.each(Double() >> Add(1)))
+    assert g.forward(3) == [1, 3, 5]
+    assert asyncio.run(g.aforward(4)) == [1, 3, 5, 7]
+
+
+def test_an_async_node_inside_a_step_is_refused_naming_it() -> None:
+    with pytest.raises(TypeError, match="async node `fetch` inside a `each` step"):
+        soma.Graph.somatize(soma.each(Fetch()))
 
 
 def test_a_stream_runs_an_each_step_as_a_stage() -> None:

@@ -95,6 +95,26 @@ def test_quickstart_is_the_readme_example_and_prints_what_the_readme_shows(tmp_p
     assert run.stdout == readme.prints
 
 
+def test_the_http_fan_out_example_has_every_request_in_flight_at_once(tmp_path: Path) -> None:
+    example = next(path for path in EXAMPLES if path.name == "fan_out_http.py")
+    run = subprocess.run(
+        [sys.executable, str(example)],
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=True,
+    )
+    assert run.stdout.splitlines()[1:] == [
+        "warmest: cairo at 25 C of 8 cities",
+        "requests in flight at once: 8 of 8",
+        "day 1: warmest: cairo at 26 C of 8 cities",
+        "day 2: warmest: cairo at 27 C of 8 cities",
+        "from forward: warmest: cairo at 28 C of 8 cities",
+    ]
+
+
 CHUNKS_PRINTS = """\
 Sequence
 ├── split <- (input)

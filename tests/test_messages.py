@@ -16,6 +16,7 @@ so from Python no node can lack one. Its message is snapshotted in Rust
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import itertools
 import os
@@ -444,6 +445,77 @@ def test_copying_a_trace() -> None:
     assert story(lambda: copy.copy(soma.Trace())) == snapshot("""\
 TypeError: `copy.copy` cannot copy a `soma.Trace`: it is where runs record their spans, not a record
 hint: keep what it holds — `spans = trace.spans` (a list of immutable spans) or `trace.to_chrome()` — and pass a new `soma.Trace()` to later runs\
+""")
+
+
+# --- async nodes -------------------------------------------------------------------------------
+
+
+class AsyncPass(soma.Node):
+    async def forward(self, x: Any) -> Any:
+        return x
+
+
+class AsyncAwaits(soma.Node):
+    async def forward(self, x: Any) -> Any:
+        return soma.Await([x])
+
+
+class AsyncForever(soma.Node):
+    async def forward(self, x: Any) -> Any:
+        await asyncio.Event().wait()
+
+
+def async_graph() -> soma.Graph:
+    return soma.Graph.somatize(Pass().named("a") >> AsyncPass().named("fetch"))
+
+
+def test_forward_of_async_nodes_inside_a_running_loop() -> None:
+    async def inside() -> None:
+        async_graph().forward(1)
+
+    assert story(lambda: asyncio.run(inside())) == snapshot("""\
+RuntimeError: forward of a graph with async nodes (`fetch`) was called inside a running event loop, which it would block
+hint: `await g.aforward(x)` runs the graph on this loop without blocking it\
+""")
+
+
+def test_what_a_graph_with_async_nodes_refuses() -> None:
+    g = async_graph()
+    assert story(lambda: g.forward([1], micro_batches=1)) == snapshot("""\
+ValueError: `micro_batches=` is not supported with async nodes (`fetch`) yet
+hint: run the slices with `async for y in g.amap(slices)`\
+""")
+    assert story(lambda: g.map([1])) == snapshot("""\
+TypeError: `map` runs sync nodes on threads; this graph has async nodes (`fetch`)
+hint: from a running event loop, `async for y in g.amap(xs)`\
+""")
+    g.place_at("a", "elsewhere")
+    assert story(lambda: asyncio.run(g.aforward(1))) == snapshot("""\
+ValueError: async nodes (`fetch`) cannot run in a graph with nodes on hosts yet
+hint: run the graph with every node in this process, or make those nodes sync\
+""")
+
+
+def test_an_async_node_returns_await() -> None:
+    g = soma.Graph.somatize(AsyncAwaits().named("asks"))
+    assert story(lambda: asyncio.run(g.aforward(1))) == snapshot("""\
+TypeError: async node `asks` returned soma.Await: a driver serves sync nodes only
+hint: await the call in the node itself, or make the node sync to batch its requests with a driver\
+""")
+
+
+def test_an_async_node_past_its_time_limit_and_a_run_past_its_timeout() -> None:
+    limited = soma.Graph.somatize(AsyncForever().named("slow").time_limit(0.01))
+    assert story(lambda: asyncio.run(limited.aforward(1))) == snapshot("""\
+TimeLimitError: node `slow` ran past its time limit of 0.01 s
+hint: an async call past its limit is cancelled; raise the limit, or let `.retry(on=(TimeoutError,))` try it again
+note: raised in soma node `slow`\
+""")
+    stuck = soma.Graph.somatize(Pass().named("a") >> AsyncForever().named("stuck"))
+    assert story(lambda: asyncio.run(stuck.aforward(1, timeout=0.01))) == snapshot("""\
+TimeoutError: aforward did not finish within its timeout of 0.01 s; still running: `stuck` (cancelled)
+hint: the graph can run again at once; a node that waits for something that may not come should wait with a timeout of its own\
 """)
 
 

@@ -29,6 +29,7 @@ class _Graph(Protocol):
     it does so that this module need not import the graph's, which imports this one."""
 
     _core: _soma.GraphCore
+    _async: dict[str, bool]
 
     @classmethod
     def somatize(cls, expr: Expr | Node) -> Self: ...
@@ -65,6 +66,13 @@ class Decision(Node):
         if self._soma_device is not None:
             expr.on(self._soma_device)
         sub = type(graph).somatize(expr)
+        if sub._async:
+            kind = type(self).__name__.lower()
+            raise TypeError(
+                f"{_listed(sub._async)} inside a `{kind}` step: async nodes cannot run inside "
+                f"`each`, `switch` or `loop` yet\nhint: make the node inside sync, or put the "
+                "async work in a node of the graph around the step"
+            )
         hosts = sub.hosts()
         if hosts:
             inner = next(iter(hosts))
@@ -74,6 +82,12 @@ class Decision(Node):
     def _checked(self, node_id: str) -> None:
         if self._soma_host is not None:  # Set by an `.at()` around it.
             raise _host_refused(type(self).__name__.lower(), node_id)
+
+
+def _listed(nodes: dict[str, bool]) -> str:
+    """The async nodes named, as messages name nodes."""
+    named = ", ".join(f"`{node}`" for node in nodes)
+    return f"async node {named}" if len(nodes) == 1 else f"async nodes {named}"
 
 
 def _host_refused(kind: str, node_id: str) -> HostError:

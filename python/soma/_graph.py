@@ -16,10 +16,10 @@ import pickle
 import re
 import types
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import IO, Any, NamedTuple, SupportsIndex, cast
 
-from soma import _cache, _soma, _stream
+from soma import _aio, _cache, _soma, _stream
 from soma import remote as _remote
 from soma._decide import Decision, Each, Loop, Switch
 from soma._dsl import Expr, refuse_class
@@ -41,15 +41,17 @@ def snake_case(name: str) -> str:
     return _WORD_BOUNDARY.sub("_", name).lower()
 
 
-# Whether a class's `forward` takes a `ctx`, per function: by id, checked against a weak
-# reference to the function (an id a collected function leaves may be reused by another),
-# whose callback forgets the answer once the function is gone. `inspect.signature` costs tens
-# of µs, and a graph of a million nodes of a few classes asks the same question a million times.
-_CTX_BY_FUNCTION: dict[int, tuple[weakref.ref[types.FunctionType], bool]] = {}
+# How a class's `forward` is called, per function: whether it takes a `ctx`, and whether it is
+# a coroutine function (an async node). Kept by id, checked against a weak reference to the
+# function (an id a collected function leaves may be reused by another), whose callback forgets
+# the answer once the function is gone. `inspect.signature` costs tens of µs, and a graph of a
+# million nodes of a few classes asks the same question a million times.
+_SHAPE_BY_FUNCTION: dict[int, tuple[weakref.ref[types.FunctionType], tuple[bool, bool]]] = {}
 
 
-def _takes_ctx(obj: object) -> bool:
-    """Whether ``obj.forward`` accepts a second positional argument, the ``ctx``.
+def _forward_shape(obj: object) -> tuple[bool, bool]:
+    """Whether ``obj.forward`` accepts a second positional argument, the ``ctx``, and whether
+    it is a coroutine function (``async def``).
 
     The answer is kept for a ``forward`` that is a plain function of ``obj``'s class, read the
     ordinary way: ``obj.forward`` is then that function bound to ``obj``, whatever ``obj`` is.
@@ -62,14 +64,17 @@ def _takes_ctx(obj: object) -> bool:
         and cls.__getattribute__ is _OBJECT_GETATTRIBUTE
         and "forward" not in getattr(obj, "__dict__", ())
     ):
-        known = _CTX_BY_FUNCTION.get(id(function))
+        known = _SHAPE_BY_FUNCTION.get(id(function))
         if known is not None and known[0]() is function:
             return known[1]
-        decision = _reads_ctx(obj)
+        decision = _read_shape(obj)
         key = id(function)
-        _CTX_BY_FUNCTION[key] = (weakref.ref(function, functools.partial(_forget, key)), decision)
+        _SHAPE_BY_FUNCTION[key] = (
+            weakref.ref(function, functools.partial(_forget, key)),
+            decision,
+        )
         return decision
-    return _reads_ctx(obj)
+    return _read_shape(obj)
 
 
 _OBJECT_GETATTRIBUTE = object.__getattribute__
@@ -77,28 +82,30 @@ _OBJECT_GETATTRIBUTE = object.__getattribute__
 
 def _forget(key: int, _: object) -> None:
     """Forgets the answer for a function that is being collected."""
-    entry = _CTX_BY_FUNCTION.get(key)
+    entry = _SHAPE_BY_FUNCTION.get(key)
     if entry is not None and entry[0]() is None:  # Not a later function's answer.
-        del _CTX_BY_FUNCTION[key]
+        del _SHAPE_BY_FUNCTION[key]
 
 
-def _reads_ctx(obj: object) -> bool:
-    """What ``_takes_ctx`` answers, found from ``obj.forward``'s signature."""
+def _read_shape(obj: object) -> tuple[bool, bool]:
+    """What ``_forward_shape`` answers, found from ``obj.forward`` itself."""
     forward = getattr(obj, "forward", None)
     if not callable(forward):
-        return False
+        return False, False
+    is_async = inspect.iscoroutinefunction(forward)
     try:
         parameters = inspect.signature(forward).parameters.values()
     except (TypeError, ValueError):  # A builtin without a signature: call it with x alone.
-        return False
+        return False, is_async
     positional = [
         p
         for p in parameters
         if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     ]
-    return len(positional) >= 2 or any(
+    takes_ctx = len(positional) >= 2 or any(
         p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters
     )
+    return takes_ctx, is_async
 
 
 def _checked_id(value: object, what: str, hint: str) -> str:
@@ -138,10 +145,15 @@ _LOOKUP_HINT = "name the node by the id `node()` returned"
 class Graph:
     """A directed acyclic graph of nodes, compiled once into a plan and run with ``forward``."""
 
-    __slots__ = ("_core", "_hosts", "_remote")
+    __slots__ = ("_aio", "_async", "_core", "_hosts", "_remote")
 
     def __init__(self) -> None:
         self._core = _soma.GraphCore()
+        # The async nodes and whether each takes a `ctx`, in the order they were added: empty
+        # in a graph without one, which is all `forward` asks.
+        self._async: dict[str, bool] = {}
+        # The walk `aforward` runs (`_aio.prepare`), kept until the graph changes.
+        self._aio: _aio.Prepared | None = None
         # Host placement: beside the core's graph, read only by `_remote` (see `place_at`).
         self._hosts: dict[str, str] = {}
         self._remote: _remote.Distributed | None = None
@@ -209,9 +221,14 @@ class Graph:
         elif type(obj) in _DECISIONS:
             # It registers itself with its sub-graphs, which take its settings.
             cast(Decision, obj)._register(self, node_id)
+            self._aio = None
             return node_id
         else:
-            self._core.add_python(node_id, obj, _takes_ctx(obj))
+            takes_ctx, is_async = _forward_shape(obj)
+            self._core.add_python(node_id, obj, takes_ctx)
+            if is_async:
+                self._async[node_id] = takes_ctx
+        self._aio = None
         device = getattr(obj, "_soma_device", None)
         if device is not None:  # Set by `.on()`, which read it already.
             self._core.place(node_id, device)
@@ -241,6 +258,7 @@ class Graph:
         A pause ends at once on Ctrl-C or the run's deadline. What ``node.retry(...)`` sets
         before the node is registered. The plan does not change."""
         node_id = _checked_id(node_id, "node id", _LOOKUP_HINT)
+        self._aio = None
         if times is None:
             self._core.set_retry(node_id, None)
             return
@@ -259,6 +277,7 @@ class Graph:
         its result dropped. What ``node.time_limit(...)`` sets before the node is registered.
         The plan does not change."""
         node_id = _checked_id(node_id, "node id", _LOOKUP_HINT)
+        self._aio = None
         limit = None if seconds is None else checked_time_limit(seconds)
         self._core.set_time_limit(node_id, limit)
 
@@ -275,6 +294,7 @@ class Graph:
         A device that cannot be read is a ``soma.DeviceError``, a bare ``"cuda"`` included (it
         would mean whichever device is current on the thread a branch is lent); an unknown id
         is a ``soma.UnknownNodeError``."""
+        self._aio = None
         self._core.place(_checked_id(node_id, "node id", _LOOKUP_HINT), device)
 
     def devices(self) -> dict[str, str]:
@@ -290,6 +310,7 @@ class Graph:
         node_id = _checked_id(node_id, "node id", _LOOKUP_HINT)
         if node_id not in self:
             self._core.implementation(node_id)  # Raises the error that names it.
+        self._aio = None
         if host is None:
             self._hosts.pop(node_id, None)
         else:
@@ -314,6 +335,7 @@ class Graph:
         if not (type(target) is str and target.isascii()):
             target = _checked_id(target, "edge target", _EDGE_HINT)
         self._core.add_edge(source, target)
+        self._aio = None
 
     def nodes(self) -> list[str]:
         """Node ids, in insertion order."""
@@ -426,16 +448,23 @@ class Graph:
         the background on its thread, its result dropped, and ``forward`` returns at once; the graph
         can run again right away. Without a timeout, a node running on the calling thread is not cut
         short by Ctrl-C beyond what Python's signal delivery does.
+
+        A graph with async nodes (``async def forward``) runs them on one event loop Soma keeps
+        for the process, the caller waiting, as :meth:`aforward` would run them; inside a
+        running event loop it refuses with a ``RuntimeError`` pointing to :meth:`aforward`.
         """
-        if cache is not None and not isinstance(cache, _cache.Cache):
-            raise TypeError(
-                f"cache is a soma.Cache, not an object of type `{type(cache).__name__}`\n"
-                "hint: pass `soma.Cache()` (in memory) or `soma.Cache(path)` (a folder)"
-            )
-        if cache is not None and self._hosts:
-            raise ValueError(
-                "`cache=` is not supported with nodes on hosts yet\n"
-                "hint: run with every node in this process, or without a cache"
+        if cache is not None:
+            self._refuse_cache(cache)
+        if self._async:  # Only then: a graph without async nodes never reaches an event loop.
+            self._refuse_for_async(micro_batches=micro_batches)
+            return _aio.forward(
+                self,
+                input,
+                driver=driver,
+                turn_limit=turn_limit,
+                trace=trace,
+                timeout=timeout,
+                cache=cache,
             )
         if micro_batches is not None:
             return _stream.forward_in_micro_batches(
@@ -453,6 +482,113 @@ class Graph:
             return _remote.forward(self, input, driver, turn_limit, trace, timeout)
         run_cache = None if cache is None else cache._run(self._core)
         return self._core.forward(input, driver, turn_limit, trace, timeout, cache=run_cache)
+
+    async def aforward(
+        self,
+        input: Any = None,
+        *,
+        driver: Any = None,
+        turn_limit: int = _soma.DEFAULT_TURN_LIMIT,
+        trace: _soma.Trace | None = None,
+        timeout: float | None = None,
+        cache: _cache.Cache | None = None,
+    ) -> Any:
+        """Runs the graph on ``input`` from a running event loop without blocking it, and
+        returns what ``forward`` would.
+
+        Async nodes (``async def forward``) run as tasks on this loop; every largest part of
+        the plan without one runs on Soma's engine as ``forward`` runs it, on a thread the
+        graph lends, while the loop goes on. The branches of a wave run side by side; the
+        first declared failing branch's error wins, with the node's own exception and note;
+        branches declared after it stop at their next node boundary. The run has a copy of
+        the caller's context; what a node sets reaches the later nodes of its branch, never
+        the caller. Many calls may be in flight at once on one loop.
+
+        ``timeout``, in seconds, bounds the run: when it passes, the async nodes in flight are
+        cancelled, the rest stop at their next node boundary, and :class:`TimeoutError` names
+        the nodes that were running. Cancelling the task that awaits ``aforward`` (or
+        ``asyncio.timeout`` around it) does the same and raises ``asyncio.CancelledError``;
+        the cancelled nodes' ``finally`` blocks have run by then. See the guide's "Async
+        nodes".
+
+        With ``cache``, a :class:`soma.Cache`, an async node is keyed as ``forward`` keys a
+        node — its class's source, its state, and what it reads by content — and not awaited
+        when its key is there; each part of the plan without async nodes is keyed by the
+        engine on what it reads. The keys differ from those of a graph with no async node, so
+        the two do not share entries."""
+        if self._async:
+            self._refuse_for_async()
+        if cache is not None:
+            self._refuse_cache(cache)
+        return await _aio.start(
+            self,
+            input,
+            driver=driver,
+            turn_limit=turn_limit,
+            trace=trace,
+            timeout=timeout,
+            cache=cache,
+        )
+
+    def amap(
+        self,
+        inputs: Iterable[Any] | AsyncIterable[Any],
+        *,
+        in_flight: int = _stream.DEFAULT_IN_FLIGHT,
+        concurrency: Mapping[str, int] | None = None,
+        driver: Any = None,
+        turn_limit: int = _soma.DEFAULT_TURN_LIMIT,
+        trace: _soma.Trace | None = None,
+    ) -> AsyncIterator[Any]:
+        """Runs the graph on each of ``inputs`` (an iterable or an async iterable, read lazily)
+        from a running event loop: ``async for y in g.amap(xs)`` gives the results in input
+        order, with at most ``in_flight`` items in flight. Each node works on one item at a
+        time unless ``node.concurrency(n)`` (or ``concurrency={"node": n}``) lets it take
+        ``n``: an async node that waits on I/O wants many. A part of the plan without async
+        nodes runs on as many items at once as the least concurrent of its nodes. The first
+        failing item's exception is raised at its position, and the items after it are
+        cancelled."""
+        self._refuse_for_async()
+        return _aio.amap(
+            self,
+            inputs,
+            in_flight=in_flight,
+            concurrency=concurrency,
+            driver=driver,
+            turn_limit=turn_limit,
+            trace=trace,
+        )
+
+    def _refuse_for_async(self, *, micro_batches: int | None = None) -> None:
+        """Refuses, where the call is made, what a graph with async nodes cannot do yet."""
+        if not self._async:
+            return
+        nodes = _aio._listed(self._async)
+        if micro_batches is not None:
+            raise ValueError(
+                f"`micro_batches=` is not supported with async nodes ({nodes}) yet\n"
+                "hint: run the slices with `async for y in g.amap(slices)`"
+            )
+
+    def _refuse_cache(self, cache: object) -> None:
+        """Refuses a ``cache=`` that is no :class:`soma.Cache`, or that this graph cannot use."""
+        if not isinstance(cache, _cache.Cache):
+            raise TypeError(
+                f"cache is a soma.Cache, not an object of type `{type(cache).__name__}`\n"
+                "hint: pass `soma.Cache()` (in memory) or `soma.Cache(path)` (a folder)"
+            )
+        if self._hosts:
+            raise ValueError(
+                "`cache=` is not supported with nodes on hosts yet\n"
+                "hint: run with every node in this process, or without a cache"
+            )
+
+    def _prepared(self) -> _aio.Prepared:
+        """The walk ``aforward`` runs, prepared once per version of the graph."""
+        prepared = self._aio
+        if prepared is None:
+            prepared = self._aio = _aio.prepare(self)
+        return prepared
 
     map = _stream.stream_map
 

@@ -12,7 +12,8 @@ from soma._policy import RetryPolicy, checked_retry, checked_time_limit
 
 
 class Node(Composable, abc.ABC):
-    """A unit of work. Subclasses define ``forward(self, x)`` or ``forward(self, x, ctx)``.
+    """A unit of work. Subclasses define ``forward(self, x)`` or ``forward(self, x, ctx)``,
+    either of them ``async def`` for an async node (see :meth:`soma.Graph.aforward`).
 
     ``forward`` returns the node's output — or ``soma.Done(value)``, or ``soma.Await(requests)``
     to ask the driver, after which the node is called again with ``ctx.turn`` one higher and
@@ -27,7 +28,8 @@ class Node(Composable, abc.ABC):
     _soma_concurrency: int = 1
 
     if TYPE_CHECKING:
-        # Either signature is accepted; the graph looks at the method once, at registration.
+        # Either signature is accepted, sync or async; the graph looks at the method once, at
+        # registration.
         forward: Callable[..., Any]
     else:
 

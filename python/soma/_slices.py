@@ -11,8 +11,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
-from soma._soma import StopFlag, Trace
+from soma._soma import DEFAULT_TURN_LIMIT, Plan, StopFlag, Trace
 from soma.errors import RemoteError
+
+#: The kinds of plan steps that run sub-plans of their own, registered with their step.
+DECIDING = frozenset(("Map", "Switch", "Loop"))
 
 #: The key under which a slice receives the graph's own input, for the steps that read it.
 INPUT = "(input)"
@@ -109,6 +112,10 @@ class Transport(Protocol):
 class _Take:
     """On a host: a slice's source, what the slice reads from ``source``."""
 
+    #: A cache keys what reads it on its output's digest: keeping the output too would only
+    #: copy what the run already holds.
+    cacheable = False
+
     def __init__(self, source: str) -> None:
         self.source = source
 
@@ -118,6 +125,9 @@ class _Take:
 
 class PassThrough:
     """Its input, as it is: a slice's output tap, the local carrier of the graph's input."""
+
+    #: Its output is its input, already kept where the cache keeps the node it taps.
+    cacheable = False
 
     def forward(self, x: Any) -> Any:
         return x
@@ -163,17 +173,74 @@ class SliceRunner:
         self.graph = graph
 
     def run(
-        self, inputs: dict[str, Any], stop: StopFlag | None = None, traced: bool = False
+        self,
+        inputs: dict[str, Any],
+        stop: StopFlag | None = None,
+        traced: bool = False,
+        driver: Any = None,
+        turn_limit: int = DEFAULT_TURN_LIMIT,
     ) -> tuple[dict[str, Any], list[Shipped]]:
         """The slice's returns, by node id, run on ``inputs``, and its nodes' spans if
         ``traced``; once ``stop`` is set, the run stops at its next node boundary with a
-        :class:`soma.CancelledError`."""
+        :class:`soma.CancelledError`. ``driver`` serves its awaiting nodes."""
         trace = Trace() if traced else None
-        out = self.graph._core.forward(inputs, trace=trace, stop=stop)
+        out = self.graph._core.forward(
+            inputs, driver=driver, turn_limit=turn_limit, trace=trace, stop=stop
+        )
         spans = [] if trace is None else trace._ship(self._nodes)
         if len(self._taps) == 1:
             return {node: out for node in self._taps.values()}, spans
         return {self._taps[tap]: value for tap, value in out.items()}, spans
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What every slice of one graph reads of it, read once for them all."""
+
+    leaves: frozenset[str]
+    devices: dict[str, str]
+    retries: dict[str, Any]
+    time_limits: dict[str, float]
+
+    @classmethod
+    def of(cls, graph: Any) -> Settings:
+        return cls(frozenset(graph.leaves()), graph.devices(), graph.retries(), graph.time_limits())
+
+
+def cut(graph: Any, host: str, index: int, inner: Plan, settings: Settings) -> Slice:
+    """Slice ``index`` of ``graph`` (a ``soma.Graph``, whose ``settings`` these are): the subtree
+    ``inner`` of its plan, to run on ``host``, reading what it needs from the steps before it
+    and returning what the steps after it (or the run) read."""
+    steps: list[tuple[str, tuple[str, ...]]] = []
+    stack = [inner]
+    while stack:  # Plan order, without recursion: a plan nests as deep as its graph.
+        at = stack.pop()
+        if at.node is not None:  # A step: an `Execute`, or a `Map`, `Switch` or `Loop`.
+            steps.append((at.node, tuple(at.inputs)))
+        if at.kind in DECIDING:
+            continue  # What it runs is its own: the step is registered with it.
+        stack.extend(reversed(at.children))
+    inside = {node for node, _ in steps}
+    leaves, devices = settings.leaves, settings.devices
+    retries, time_limits = settings.retries, settings.time_limits
+    reads = list(dict.fromkeys(s for _, inputs in steps for s in inputs or (INPUT,)))
+    returns = [
+        node
+        for node, _ in steps
+        if node in leaves or any(t not in inside for t in graph.successors(node))
+    ]
+    return Slice(
+        host=host,
+        index=index,
+        nodes=tuple((node, graph.implementation(node)) for node, _ in steps),
+        steps=tuple(steps),
+        reads=tuple(s for s in reads if s not in inside),
+        returns=tuple(returns),
+        devices=tuple((n, devices[n]) for n, _ in steps if n in devices),
+        retries=tuple((n, tuple(retries[n])) for n, _ in steps if n in retries),
+        time_limits=tuple((n, time_limits[n]) for n, _ in steps if n in time_limits),
+        engine=type(graph),
+    )
 
 
 def fresh_id(base: str, taken: set[str]) -> str:

@@ -1,7 +1,7 @@
 """Stubs of the compiled glue module ``soma._soma``."""
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, NoReturn, Self, final
 
 __all__ = [
@@ -90,6 +90,8 @@ class Ctx:
     def results(self) -> list[Any]: ...
     @property
     def device(self) -> str | None: ...
+    @staticmethod
+    def _for_async(node: str, device: str | None = None) -> Ctx: ...
 
 @final
 class Plan:
@@ -176,6 +178,7 @@ class GraphCore:
     @idle_threads.setter
     def idle_threads(self, limit: int) -> None: ...
     def _refuse_next_threads(self, count: int) -> None: ...
+    def _lend(self, task: Callable[[], object]) -> None: ...
     def would_hit(self, input: Any, cache: Any) -> list[tuple[str, bool]]: ...
     def forward(
         self,
@@ -253,6 +256,15 @@ class Trace:
         host: str,
         at: float,
     ) -> None: ...
+    def _record(
+        self,
+        spans: list[tuple[str, float, float, int, list[int], int, str | None, str | None]],
+        at: float,
+        prefix: list[int],
+        cached: bool = False,
+    ) -> None: ...
+    @staticmethod
+    def _thread() -> int: ...
     # Refused with a `TypeError` that says how to keep a trace's spans.
     def __copy__(self) -> NoReturn: ...
     def __deepcopy__(self, memo: Any, /) -> NoReturn: ...

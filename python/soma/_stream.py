@@ -37,6 +37,8 @@ class Graph(Protocol):
     module)."""
 
     _core: _soma.GraphCore
+    #: The async nodes, which a stream refuses: ``amap`` runs them.
+    _async: dict[str, bool]
 
     def nodes(self) -> list[str]: ...
     def hosts(self) -> dict[str, str]: ...
@@ -390,6 +392,12 @@ def stream_map(
     cache=cache)`` would look it up: keyed on its own content, its hits not called.
     """
     _refuse_hosts(graph)
+    if graph._async:
+        raise TypeError(
+            f"`map` runs sync nodes on threads; this graph has async nodes "
+            f"({', '.join(f'`{n}`' for n in list(graph._async)[:8])})\n"
+            "hint: from a running event loop, `async for y in g.amap(xs)`"
+        )
     if on_error not in ("raise", "skip", "collect"):
         raise ValueError(
             f"on_error must be 'raise', 'skip' or 'collect', not {on_error!r}\n"

@@ -31,9 +31,11 @@ from soma._slices import (
     INPUT,
     PassThrough,
     RemoteHost,
+    Settings,
     Slice,
     SliceRunner,
     Transport,
+    cut,
     fresh_id,
 )
 from soma.errors import CancelledError, RemoteError
@@ -334,41 +336,8 @@ def _slices(graph: Graph) -> list[Slice]:
             found.append((at.host, at.children[0]))
         else:
             stack.extend(reversed(at.children))
-    leaves = set(graph.leaves())
-    devices = graph.devices()
-    retries, time_limits = graph.retries(), graph.time_limits()
-    slices = []
-    for index, (host, inner) in enumerate(found):
-        steps: list[tuple[str, tuple[str, ...]]] = []
-        stack = [inner]
-        while stack:
-            at = stack.pop()
-            if at.kind == "Execute":
-                assert at.node is not None
-                steps.append((at.node, tuple(at.inputs)))
-            stack.extend(reversed(at.children))
-        inside = {node for node, _ in steps}
-        reads = list(dict.fromkeys(s for _, inputs in steps for s in inputs or (INPUT,)))
-        returns = [
-            node
-            for node, _ in steps
-            if node in leaves or any(t not in inside for t in graph.successors(node))
-        ]
-        slices.append(
-            Slice(
-                host=host,
-                index=index,
-                nodes=tuple((node, graph.implementation(node)) for node, _ in steps),
-                steps=tuple(steps),
-                reads=tuple(s for s in reads if s not in inside),
-                returns=tuple(returns),
-                devices=tuple((n, devices[n]) for n, _ in steps if n in devices),
-                retries=tuple((n, tuple(retries[n])) for n, _ in steps if n in retries),
-                time_limits=tuple((n, time_limits[n]) for n, _ in steps if n in time_limits),
-                engine=type(graph),
-            )
-        )
-    return slices
+    settings = Settings.of(graph)
+    return [cut(graph, host, index, inner, settings) for index, (host, inner) in enumerate(found)]
 
 
 def forward(

@@ -9,10 +9,11 @@ public name comes with a line in this file.
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 import tempfile
 import types
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar, assert_type
 
@@ -409,3 +410,30 @@ assert_type(map_plan.bound, int | None)
 assert_type(map_plan.keys, list[str])
 assert soma.Graph.somatize(routed_step).forward(3) == 3
 assert soma.Graph.somatize(looped_step).forward(3) is None
+
+# Async nodes: `async def forward`, with or without `ctx`; `aforward` and `amap` from a loop,
+# `forward` from none.
+
+
+class Fetch(soma.Node):
+    async def forward(self, x: int) -> int:
+        await asyncio.sleep(0)
+        return x + 1
+
+
+class FetchWithCtx(soma.Node):
+    async def forward(self, x: int, ctx: soma.Ctx) -> str:
+        return f"{ctx.node}:{x}"
+
+
+fetched = soma.Graph.somatize(Fetch().named("fetch") >> FetchWithCtx().named("told"))
+
+
+async def use_async() -> list[Any]:
+    one: Any = await fetched.aforward(1, timeout=30.0, trace=soma.Trace(), cache=soma.Cache())
+    stream: AsyncIterator[Any] = fetched.amap([1, 2], in_flight=2, concurrency={"fetch": 2})
+    return [one, *[y async for y in stream]]
+
+
+assert asyncio.run(use_async()) == ["told:2", "told:2", "told:3"]
+assert fetched.forward(4) == "told:5"

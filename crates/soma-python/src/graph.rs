@@ -34,7 +34,7 @@ use crate::device_queues::Scope;
 use crate::driver::PythonDriver;
 use crate::errors::{
     cancelled_error, compile_error, device_error, graph_error, panic_error, program_error,
-    run_error, unknown_node_error,
+    run_error, thread_error, unknown_node_error,
 };
 use crate::exit;
 use crate::native::NativeNode;
@@ -42,7 +42,7 @@ use crate::node::PythonNode;
 use crate::plan::PyPlan;
 use crate::policy::{self, Written, WrittenRetry};
 use crate::reading::PythonReading;
-use crate::reentry::{Nested, MAX_NESTED_FORWARDS};
+use crate::reentry::{self, Nested, MAX_NESTED_FORWARDS};
 use crate::thread_state;
 use crate::trace::PyTrace;
 use crate::watch::{SignalWatch, StopFlag};
@@ -541,6 +541,32 @@ impl GraphCore {
         if let Some(program) = state.compiled.as_ref().and_then(|c| c.program.as_ref()) {
             program.set_idle_threads(limit);
         }
+    }
+
+    /// Calls `task()` on a thread the graph's program lends, without waiting for it, and
+    /// returns at once: how `aforward` runs a piece of a plan off the event loop, the task
+    /// itself telling the loop when it is done (`loop.call_soon_threadsafe`). The task holds
+    /// the GIL as any branch does; what it raises is reported as unraisable, so it should
+    /// catch its own errors. A refused thread is a `soma.ThreadError` here, the task not run.
+    fn _lend(&self, py: Python<'_>, task: Py<PyAny>) -> PyResult<()> {
+        let program = self.program(py)?;
+        let depth = reentry::depth();
+        let run = move || {
+            Python::attach(|py| {
+                if let Err(raised) = task.call0(py) {
+                    raised.write_unraisable(py, None);
+                }
+                drop(task);
+            });
+        };
+        program
+            .lend(run, Some(&interpreter_at(depth)))
+            .map_err(|refused| {
+                thread_error(
+                    py,
+                    format!("the operating system refused a thread to run a piece of the graph: {refused}\nhint: the process has too many threads; end some, or raise its limit"),
+                )
+            })
     }
 
     /// Refuses the next `count` threads the graph's program would start, as an operating

@@ -214,6 +214,40 @@ impl PyTrace {
         Ok(())
     }
 
+    /// Records spans of nodes that ran in this process outside the engine's own walk of a plan
+    /// — an async node on the event loop, a piece of a plan `aforward` lent a thread — given as
+    /// `_ship` gives them: each moved `at` seconds later (a piece's own trace starts when the
+    /// piece does) and its branch path put after `prefix`, the branch the piece ran in. Thread
+    /// numbers are kept: they are this process's. `cached`: the outputs came from the run's
+    /// cache, the nodes not called.
+    #[allow(clippy::needless_pass_by_value)] // PyO3 hands arguments over as owned values.
+    #[pyo3(signature = (spans, at, prefix, cached=false))]
+    fn _record(&self, spans: Vec<Shipped>, at: f64, prefix: Vec<usize>, cached: bool) {
+        let since =
+            |seconds: f64| Duration::try_from_secs_f64(seconds.max(0.0)).unwrap_or_default();
+        let at = since(at);
+        for (node, start, end, thread, branch, turns, error, device) in spans {
+            self.trace.record(Span {
+                node: NodeId::from(node),
+                start: at + since(start),
+                end: at + since(end),
+                thread,
+                branch: prefix.iter().copied().chain(branch).collect(),
+                turns,
+                error,
+                device: device.and_then(|device| device.parse::<Device>().ok()),
+                host: None,
+                cached,
+            });
+        }
+    }
+
+    /// The calling thread's number in traces.
+    #[staticmethod]
+    fn _thread() -> u64 {
+        soma_core::thread_number()
+    }
+
     /// Refused. A trace is where runs record, not a record: a copy would have to say whether
     /// later runs add to it, and its times count from its own creation. The spans already are
     /// immutable values, so keeping them is the copy one wants.

@@ -80,12 +80,16 @@ pub fn distribute(plan: &Plan, hosts: &HostPlacement) -> Plan {
     for visit in plan.own_visits() {
         match visit {
             Visit::Enter(Plan::Empty) => done.push((Plan::Empty, Lives::Anywhere)),
-            // What a decision runs, it runs here, with the step: the front refuses a host
-            // inside one, naming the node.
+            // What a decision runs goes with the step, wherever its own node is placed (the
+            // Python front refuses a host on it, or on a node inside, naming the node; its
+            // async walk places it whole, with the other sync steps, on the engine).
             Visit::Enter(
-                decision @ (Plan::Map { .. } | Plan::Switch { .. } | Plan::Loop { .. }),
+                decision @ (Plan::Map { node, .. }
+                | Plan::Switch { node, .. }
+                | Plan::Loop { node, .. }),
             ) => {
-                done.push((decision.clone(), Lives::Split));
+                let lives = hosts.host(node.as_str()).map_or(Lives::Split, Lives::On);
+                done.push((decision.clone(), lives));
             }
             Visit::Enter(Plan::Execute { node, from }) => {
                 let lives = hosts.host(node.as_str()).map_or(Lives::Split, Lives::On);

@@ -18,6 +18,7 @@
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
+use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -28,6 +29,7 @@ use crate::model::node::Node;
 use crate::plan::{Plan, Visit};
 use crate::run::crew::{Crew, DEFAULT_IDLE_THREADS};
 use crate::run::error::ProgramError;
+use crate::run::hooks::Host;
 use crate::run::policy::Policies;
 use crate::run::policy::Policy;
 
@@ -304,6 +306,21 @@ impl Program {
     /// Whether the program runs no step.
     pub fn is_empty(&self) -> bool {
         self.ids.is_empty()
+    }
+
+    /// Lends one thread of the program's crew to `task`, without waiting for it: the task runs
+    /// start to finish on the thread that takes it (wrapped by `host`), then gives the thread
+    /// back. For a caller that must not block while work runs — an event loop, told by the
+    /// task itself when it is done — and so adds no thread pool of its own.
+    ///
+    /// # Errors
+    /// The operating system's refusal of a thread; the task is then dropped without being run.
+    pub fn lend(
+        &self,
+        task: impl FnOnce() + Send + 'static,
+        host: Option<&Arc<dyn Host>>,
+    ) -> io::Result<()> {
+        self.crew.lend(vec![task], host)
     }
 
     /// Threads the program holds right now, busy or idle.

@@ -93,7 +93,7 @@ thread_local! {
 }
 
 /// This thread's number in traces.
-pub(crate) fn thread_number() -> u64 {
+pub fn thread_number() -> u64 {
     THREAD.with(|n| *n)
 }
 

@@ -452,3 +452,40 @@ fn a_graph_nested_a_hundred_thousand_levels_deep_runs_without_a_deep_stack() {
     // The last level is a series: one leaf, which received the input passed down every level.
     assert_eq!(outcome, Value::Int(3));
 }
+
+#[test]
+fn a_lent_thread_runs_a_task_while_its_caller_goes_on() {
+    let (_, _, program) = program_of(quick_wave(2));
+    let (done, finished) = mpsc::channel();
+    let caller = thread::current().id();
+    let (release, released) = mpsc::channel::<()>();
+    program
+        .lend(
+            move || {
+                // The caller is not waiting: it releases the task only after `lend` returned.
+                released.recv_timeout(DEADLINE).expect("the caller went on");
+                done.send(thread::current().id()).unwrap();
+            },
+            None,
+        )
+        .unwrap();
+    release.send(()).unwrap();
+    let ran_on = finished.recv_timeout(DEADLINE).expect("the task ran");
+    assert_ne!(ran_on, caller);
+    let out = Executor::new().run_program(&program, Value::Null).unwrap();
+    assert_eq!(out.as_map().map(<[_]>::len), Some(2));
+}
+
+#[test]
+fn a_lent_task_the_system_refuses_a_thread_for_is_an_error_and_is_not_run() {
+    let (_, _, program) = program_of(quick_wave(2));
+    program.refuse_next_threads(1);
+    let ran = Arc::new(Mutex::new(false));
+    let flag = Arc::clone(&ran);
+    // A new program has no idle thread: the task needs a new one, which is refused.
+    let refused = program.lend(move || *flag.lock().unwrap() = true, None);
+    assert!(refused.is_err());
+    assert!(!*ran.lock().unwrap());
+    let out = Executor::new().run_program(&program, Value::Null).unwrap();
+    assert_eq!(out.as_map().map(<[_]>::len), Some(2));
+}

@@ -1,0 +1,875 @@
+"""Async nodes on an event loop: ``aforward``, ``amap``, and ``forward`` of a graph with them.
+
+A node whose ``forward`` is a coroutine function is *async*; the graph notes it once, when the
+node is registered, so a graph without one pays nothing for this module. ``aforward`` walks the
+graph's plan on the caller's running loop: an async node is awaited there, the branches of a
+wave run as tasks side by side, and every largest subtree of the plan with no async node in it —
+a *piece* — runs on Soma's own engine as one run, on a thread the graph lends
+(``GraphCore._lend``), which tells the loop when it is done (``loop.call_soon_threadsafe``). So
+the loop never waits on a thread, a branch that awaits holds no thread, and no thread pool is
+added. The walk is prepared once per version of the graph (``Graph._aio``) and reused.
+
+``forward`` of a graph with async nodes runs ``aforward`` on one event loop Soma keeps for the
+process, on a daemon thread of its own started on first use: one loop, so what async clients
+keep between calls (connection pools) survives from one ``forward`` to the next.
+
+A plan nests as deep as its graph: the walk never recurses on it. A branch is a flat list of
+steps run by one task; a wave starts a task per branch, and a task's stack does not grow with
+the tasks it waits for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import contextvars
+import dataclasses
+import os
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
+from typing import Any, Protocol, assert_never
+
+from soma import _soma
+from soma._cache import Cache
+from soma._policy import RetryPolicy
+from soma._slices import INPUT, Settings, SliceRunner, cut
+from soma.errors import TimeLimitError
+
+
+class Graph(Protocol):
+    """What the walk needs of ``soma.Graph`` (named here, not imported: ``_graph`` imports this
+    module)."""
+
+    _core: _soma.GraphCore
+    _async: dict[str, bool]
+    _hosts: dict[str, str]
+
+    def nodes(self) -> list[str]: ...
+    def leaves(self) -> list[str]: ...
+    def successors(self, node_id: str) -> list[str]: ...
+    def plan(self) -> _soma.Plan: ...
+    def implementation(self, node_id: str) -> Any: ...
+    def devices(self) -> dict[str, str]: ...
+    def retries(self) -> dict[str, RetryPolicy]: ...
+    def time_limits(self) -> dict[str, float]: ...
+    def _prepared(self) -> Prepared: ...
+    def __contains__(self, node_id: object) -> bool: ...
+
+
+#: The host name pieces are cut for (``_soma.distribute``): never a real host, as a graph with
+#: nodes on hosts refuses async nodes.
+_PIECE = "soma-engine-piece"
+
+#: Matches the engine's retries: the longest pause, and how much longer a pause may be at random.
+_MAX_BACKOFF = 128.0
+_JITTER = 0.25
+
+#: Nodes a message about a run stopped early names, at most.
+_NAMED = 8
+
+
+@dataclasses.dataclass(frozen=True, eq=False, slots=True)
+class _Call:
+    """An async node, as the walk calls it."""
+
+    node: str
+    obj: Any
+    inputs: tuple[str, ...]
+    takes_ctx: bool
+    device: str | None
+    retry: RetryPolicy | None
+    limit: float | None
+    #: Neither retries nor a time limit: the node is awaited as it is.
+    plain: bool
+
+
+@dataclasses.dataclass(frozen=True, eq=False, slots=True)
+class _Piece:
+    """A largest subtree of the plan without async nodes, run by the engine as one run."""
+
+    runner: SliceRunner
+    reads: tuple[str, ...]
+    #: The tap of each returned node in the piece's own graph, and the node.
+    taps: tuple[tuple[str, str], ...]
+    nodes: frozenset[str]
+    names: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True, eq=False, slots=True)
+class _Wave:
+    """A wave with an async node in it: its branches, each a flat list of steps."""
+
+    branches: tuple[list[_Step], ...]
+
+
+_Step = _Call | _Piece | _Wave
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Prepared:
+    """A graph's plan as the walk runs it: built once per version of the graph."""
+
+    steps: list[_Step]
+    leaves: tuple[str, ...]
+    #: The async nodes and the pieces, for ``amap``'s limits.
+    calls: tuple[_Call | _Piece, ...]
+
+
+def prepare(graph: Graph) -> Prepared:
+    """The walk of ``graph``'s plan: its pieces cut and made ready to run."""
+    if graph._hosts:
+        raise ValueError(
+            f"async nodes ({_listed(graph._async)}) cannot run in a graph with nodes on hosts yet\n"
+            "hint: run the graph with every node in this process, or make those nodes sync"
+        )
+    synced = [(node, _PIECE) for node in graph.nodes() if node not in graph._async]
+    plan = _soma.distribute(graph.plan(), synced)
+    settings = Settings.of(graph)
+    devices, retries, limits = settings.devices, settings.retries, settings.time_limits
+    root: list[_Step] = []
+    calls: list[_Call | _Piece] = []
+    stack: list[tuple[_soma.Plan, list[_Step]]] = [(plan, root)]
+    while stack:  # Children pushed in reverse: each list fills in plan order.
+        at, into = stack.pop()
+        kind = at.kind
+        if kind == "Execute":
+            node = at.node
+            assert node is not None
+            obj = graph.implementation(node)
+            retry, limit = retries.get(node), limits.get(node)
+            call = _Call(
+                node,
+                obj,
+                tuple(at.inputs),
+                graph._async[node],
+                devices.get(node),
+                retry,
+                limit,
+                retry is None and limit is None,
+            )
+            into.append(call)
+            calls.append(call)
+        elif kind == "Remote":
+            piece = cut(graph, _PIECE, len(calls), at.children[0], settings)
+            runner = SliceRunner(piece)
+            taps = tuple(runner._taps.items())
+            piece_step = _Piece(
+                runner,
+                piece.reads,
+                taps,
+                frozenset(runner.nodes),
+                tuple(runner.nodes),
+            )
+            into.append(piece_step)
+            calls.append(piece_step)
+        elif kind == "Sequence":
+            stack.extend((child, into) for child in reversed(at.children))
+        elif kind == "Wave":
+            wave = _Wave(tuple([] for _ in at.children))
+            into.append(wave)
+            stack.extend(zip(reversed(at.children), reversed(wave.branches), strict=True))
+        elif kind == "Empty":
+            pass
+        else:  # The plan's kinds are a closed set: a new one must be handled above.
+            raise AssertionError(f"a plan step of kind {kind!r} the async walk does not know")
+    return Prepared(root, tuple(graph.leaves()), tuple(calls))
+
+
+def _listed(nodes: Iterable[str]) -> str:
+    """``nodes`` named as messages name them: a few, and how many more."""
+    names = list(nodes)
+    shown = ", ".join(f"`{n}`" for n in names[:_NAMED])
+    return shown + (f" and {len(names) - _NAMED} more" if len(names) > _NAMED else "")
+
+
+class _Stopped(Exception):
+    """A branch stopped at a node boundary: a sibling declared before it failed."""
+
+
+class _Stop:
+    """Whether a branch (and the waves inside it) must stop at its next node boundary, and the
+    stop flags of the pieces it runs now, set with it."""
+
+    __slots__ = ("children", "flags", "stopped")
+
+    def __init__(self) -> None:
+        self.stopped = False
+        self.children: set[_Stop] = set()
+        self.flags: set[_soma.StopFlag] = set()
+
+    def child(self) -> _Stop:
+        child = _Stop()
+        child.stopped = self.stopped
+        self.children.add(child)
+        return child
+
+    def set(self) -> None:
+        """Stops this branch and every branch inside it; no recursion."""
+        todo = [self]
+        while todo:
+            at = todo.pop()
+            at.stopped = True
+            for flag in at.flags:
+                flag.set()
+            todo.extend(at.children)
+
+
+class _Keys:
+    """A run's cache, as the walk asks it: an async node is keyed on its fingerprint (its
+    class's source and its state, as the engine keys a node) and the digests of what it reads,
+    each output's digest taken once, when it is computed or found. A piece is keyed by the
+    engine that runs it, on the digest of what it reads."""
+
+    __slots__ = ("asked", "cache", "digests", "input", "input_digest")
+
+    def __init__(self, cache: Cache, core: _soma.GraphCore, input: Any) -> None:
+        self.cache = cache
+        self.asked = cache._run(core)
+        self.input = input
+        self.input_digest: bytes | None = None
+        #: The digest of each output computed or found so far; `None`: it has none.
+        self.digests: dict[str, bytes | None] = {}
+
+    def key(self, step: _Call) -> bytes | None:
+        """``step``'s key, or ``None`` when it runs uncached (a class with ``cacheable =
+        False``, state that cannot be read, an input without a digest)."""
+        fingerprint = self.asked.fingerprint(step.node)
+        if fingerprint is None:
+            return None
+        parts = [b"soma.aio.key", fingerprint]
+        if not step.inputs:
+            if self.input_digest is None:
+                self.input_digest = self.asked.digest(self.input)
+            if self.input_digest is None:
+                return None
+            parts.append(self.input_digest)
+        for source in step.inputs:
+            digest = self.digests.get(source)
+            if digest is None:
+                return None
+            name = source.encode()
+            parts += [len(name).to_bytes(4, "little"), name, digest]
+        return _soma.blake3(b"".join(parts))
+
+
+class _Run:
+    """One run of a prepared walk: the values computed so far, and what it was called with."""
+
+    __slots__ = (
+        "core",
+        "driver",
+        "input",
+        "keys",
+        "limits",
+        "loop",
+        "running",
+        "trace",
+        "turn_limit",
+        "values",
+    )
+
+    def __init__(
+        self,
+        core: _soma.GraphCore,
+        input: Any,
+        driver: Any,
+        turn_limit: int,
+        trace: _soma.Trace | None,
+        limits: dict[int, asyncio.Semaphore] | None,
+        cache: Cache | None = None,
+    ) -> None:
+        self.core = core
+        self.keys = None if cache is None else _Keys(cache, core, input)
+        self.input = input
+        self.driver = driver
+        self.turn_limit = turn_limit
+        self.trace = trace
+        self.limits = limits
+        self.loop = asyncio.get_running_loop()
+        self.values: dict[str, Any] = {}
+        #: The nodes in flight now (a piece's all), for the message of a timeout.
+        self.running: dict[str, int] = {}
+
+    def read(self, inputs: tuple[str, ...]) -> Any:
+        """A step's input, as ``forward`` gives it: the graph's input, one predecessor's
+        output, or several keyed by predecessor in the order the edges were declared."""
+        if not inputs:
+            return self.input
+        if len(inputs) == 1:
+            return self.values[inputs[0]]
+        return {source: self.values[source] for source in inputs}
+
+    def begin(self, names: Iterable[str]) -> None:
+        for name in names:
+            self.running[name] = self.running.get(name, 0) + 1
+
+    def end(self, names: Iterable[str]) -> None:
+        for name in names:
+            left = self.running.pop(name) - 1
+            if left:
+                self.running[name] = left
+
+
+async def _branch(steps: list[_Step], run: _Run, stop: _Stop, path: tuple[int, ...]) -> None:
+    """Runs ``steps`` one after the other, stopping at a node boundary once ``stop`` is set."""
+    # Without a trace, limits or a cache, an async node with no policy is awaited right here:
+    # the most common step, for which the layers of `_call` would cost more than the call.
+    direct = run.trace is None and run.limits is None and run.keys is None
+    for step in steps:
+        if stop.stopped:
+            raise _Stopped
+        if isinstance(step, _Call):
+            if direct and step.plain:
+                node = step.node
+                running = run.running
+                running[node] = running.get(node, 0) + 1
+                try:
+                    x = run.read(step.inputs)
+                    if step.takes_ctx:
+                        out = await step.obj.forward(x, _soma.Ctx._for_async(node, step.device))
+                    else:
+                        out = await step.obj.forward(x)
+                except Exception as failure:
+                    failure.add_note(f"raised in soma node `{node}`")
+                    raise
+                finally:
+                    run.end((node,))
+                if type(out) is _soma.Done or type(out) is _soma.Await:
+                    out = _unwrapped(node, out)
+                run.values[node] = out
+            else:
+                run.values[step.node] = await _call(step, run, path)
+        elif isinstance(step, _Piece):
+            run.values.update(await _piece(step, run, stop, path))
+        elif isinstance(step, _Wave):
+            await _wave(step, run, stop, path)
+        else:
+            assert_never(step)
+
+
+async def _wave(wave: _Wave, run: _Run, stop: _Stop, path: tuple[int, ...]) -> None:
+    """Runs the branches of ``wave`` side by side, each a task in a copy of this one's context;
+    raises the error of the first declared branch that failed, once every branch is done.
+    Branches declared after a failed one stop at their next node boundary; those before it
+    run on, as their error would win."""
+    stops = [stop.child() for _ in wave.branches]
+    create = run.loop.create_task
+    tasks = [
+        create(_branch(steps, run, stops[i], (*path, i))) for i, steps in enumerate(wave.branches)
+    ]
+    index = {task: i for i, task in enumerate(tasks)}
+    failed = len(tasks)
+    pending: set[asyncio.Task[None]] = set(tasks)
+    try:
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                if not task.cancelled() and task.exception() is not None and index[task] < failed:
+                    failed = index[task]
+                    for later in stops[failed + 1 :]:
+                        later.set()
+    except BaseException:
+        # Cancelled (the caller, a timeout): the async nodes in flight are cancelled, the
+        # pieces stop at their next node boundary, and this waits for the branches to end, so
+        # that the nodes' `finally` blocks have run before the caller sees the cancellation.
+        for task in tasks:
+            task.cancel()
+        for branch in stops:
+            branch.set()
+        await asyncio.wait(tasks)
+        raise
+    finally:
+        stop.children.difference_update(stops)
+    if failed < len(tasks):
+        error = tasks[failed].exception()
+        assert error is not None
+        raise error
+
+
+async def _call(step: _Call, run: _Run, path: tuple[int, ...]) -> Any:
+    """Awaits async node ``step`` on its input: with its retries and time limit, in its
+    ``amap`` limit, traced; its exception keeps its type, noting the node as ``forward`` does."""
+    x = run.read(step.inputs)
+    keys = run.keys
+    if keys is not None:
+        return await _cached(step, run, x, path, keys)
+    limits = run.limits
+    if limits is None:
+        return await _attempts(step, run, x, path)
+    async with limits[id(step)]:
+        return await _attempts(step, run, x, path)
+
+
+async def _cached(step: _Call, run: _Run, x: Any, path: tuple[int, ...], keys: _Keys) -> Any:
+    """``_attempts``, unless the cache holds the output: then that, the node not called. What
+    the node computes is kept as soon as it returns."""
+    node = step.node
+    key = keys.key(step)
+    if key is not None:
+        hit, out, digest = keys.cache._load(key)
+        if hit:
+            keys.digests[node] = digest if digest is not None else keys.asked.digest(out)
+            trace = run.trace
+            if trace is not None:
+                now = trace._now()
+                span = (node, now, now, _soma.Trace._thread(), list(path), 0, None, step.device)
+                trace._record([span], 0.0, [], True)
+            return out
+    started = time.perf_counter()
+    out = await _attempts(step, run, x, path)
+    digest = keys.asked.digest(out)
+    keys.digests[node] = digest
+    if key is not None:
+        keys.cache._store(node, key, out, digest, time.perf_counter() - started)
+    return out
+
+
+async def _attempts(step: _Call, run: _Run, x: Any, path: tuple[int, ...]) -> Any:
+    node, retry = step.node, step.retry
+    forward = step.obj.forward
+    attempt = 0
+    trace = run.trace
+    running = run.running
+    running[node] = running.get(node, 0) + 1
+    try:
+        while True:
+            start = 0.0 if trace is None else trace._now()
+            error: str | None = None
+            try:
+                if step.takes_ctx:
+                    coroutine = forward(x, _soma.Ctx._for_async(node, step.device))
+                else:
+                    coroutine = forward(x)
+                if step.limit is None:
+                    out = await coroutine
+                else:
+                    out = await _limited(step, coroutine)
+                return _unwrapped(node, out)
+            except Exception as failure:
+                error = f"{type(failure).__name__}: {failure}"
+                if retry is None or attempt >= retry.times or not isinstance(failure, retry.on):
+                    if attempt:
+                        failure.add_note(
+                            f"soma node `{node}` failed on each of its {attempt + 1} attempts"
+                        )
+                    failure.add_note(f"raised in soma node `{node}`")
+                    raise
+            finally:
+                if trace is not None:
+                    span = (node, start, trace._now(), _soma.Trace._thread(), list(path), 1)
+                    trace._record([(*span, error, step.device)], 0.0, [])
+            pause = min(retry.backoff * 2**attempt, _MAX_BACKOFF)
+            await asyncio.sleep(pause * (1 + random.random() * _JITTER))
+            attempt += 1
+    finally:
+        run.end((node,))
+
+
+async def _limited(step: _Call, coroutine: Any) -> Any:
+    """Awaits ``coroutine`` for ``step.limit`` seconds at most: past it, it is cancelled and
+    the call fails with a :class:`soma.TimeLimitError` naming the node."""
+    assert step.limit is not None
+    try:
+        async with asyncio.timeout(step.limit) as limit:
+            return await coroutine
+    except TimeoutError:
+        if not limit.expired():
+            raise  # The node's own TimeoutError.
+        error = TimeLimitError(
+            f"node `{step.node}` ran past its time limit of {step.limit} s\n"
+            "hint: an async call past its limit is cancelled; raise the limit, or let "
+            "`.retry(on=(TimeoutError,))` try it again"
+        )
+        error.node = step.node
+        error.limit = step.limit
+        raise error from None
+
+
+def _unwrapped(node: str, out: Any) -> Any:
+    """What an async node returned, as its output: a ``soma.Done`` unwrapped; a
+    ``soma.Await`` refused, as an async node awaits what it needs itself."""
+    if type(out) is _soma.Done:
+        return out.value
+    if type(out) is _soma.Await:
+        raise TypeError(
+            f"async node `{node}` returned soma.Await: a driver serves sync nodes only\n"
+            "hint: await the call in the node itself, or make the node sync to batch its "
+            "requests with a driver"
+        )
+    return out
+
+
+async def _piece(step: _Piece, run: _Run, stop: _Stop, path: tuple[int, ...]) -> dict[str, Any]:
+    """Runs piece ``step`` on the engine, on a thread the graph lends, in a copy of this
+    branch's context, while the loop goes on; its returned nodes' outputs, by node."""
+    limits = run.limits
+    if limits is None:
+        return await _lent(step, run, stop, path)
+    async with limits[id(step)]:
+        return await _lent(step, run, stop, path)
+
+
+async def _lent(step: _Piece, run: _Run, stop: _Stop, path: tuple[int, ...]) -> dict[str, Any]:
+    values = run.values
+    inputs = {read: run.input if read == INPUT else values[read] for read in step.reads}
+    loop = run.loop
+    future: asyncio.Future[Any] = loop.create_future()
+    flag = _soma.StopFlag()
+    context = contextvars.copy_context()
+    trace, driver, turn_limit, keys = run.trace, run.driver, run.turn_limit, run.keys
+    at = 0.0 if trace is None else trace._now()
+    core = step.runner.graph._core
+    forward = core.forward
+    cache = None if keys is None else keys.cache._run(core)
+    taps = step.taps
+
+    def settle(outcome: Any, failure: BaseException | None, spans: list[Any]) -> None:
+        if trace is not None:
+            ran = [span for span, cached in spans if not cached]
+            hits = [span for span, cached in spans if cached]
+            if ran:
+                trace._record(ran, at, list(path))
+            if hits:
+                trace._record(hits, at, list(path), True)
+        if future.done():  # Cancelled: nobody waits for it any more.
+            return
+        if failure is None:
+            future.set_result(outcome)
+        else:
+            future.set_exception(failure)
+
+    def work() -> None:
+        own = None if trace is None else _soma.Trace()
+        outcome: Any = None
+        failure: BaseException | None = None
+        try:
+            out = context.run(forward, inputs, driver, turn_limit, own, None, flag, cache)
+            if len(taps) == 1:
+                outcome = {taps[0][1]: out}
+            else:
+                outcome = {node: out[tap] for tap, node in taps}
+            if keys is not None:  # Here, off the loop: a digest of a large array takes time.
+                digested = {node: keys.asked.digest(value) for node, value in outcome.items()}
+                outcome = (outcome, digested)
+        except BaseException as raised:
+            failure = raised
+        spans = []
+        if own is not None:  # `_ship` and `spans` list the same spans in the same order.
+            cached = [span.cached for span in own.spans if span.node in step.nodes]
+            spans = list(zip(own._ship(set(step.nodes)), cached, strict=True))
+        # A closed loop raises `RuntimeError`: the run it belonged to is over, nobody waits.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, outcome, failure, spans)
+
+    stop.flags.add(flag)
+    run.begin(step.names)
+    try:
+        run.core._lend(work)
+        out = await future
+    except asyncio.CancelledError:
+        flag.set()  # Stops the piece at its next node boundary; its result is dropped.
+        raise
+    finally:
+        stop.flags.discard(flag)
+        run.end(step.names)
+    if keys is None:
+        returned: dict[str, Any] = out
+        return returned
+    returned, digested = out
+    keys.digests.update(digested)
+    return returned
+
+
+def start(
+    graph: Graph,
+    input: Any,
+    *,
+    driver: Any,
+    turn_limit: int,
+    trace: _soma.Trace | None,
+    timeout: float | None,
+    limits: dict[int, asyncio.Semaphore] | None = None,
+    prepared: Prepared | None = None,
+    cache: Cache | None = None,
+) -> asyncio.Task[Any]:
+    """What ``Graph.aforward`` awaits: the walk, as a task of its own, so that the run has a
+    copy of the caller's context (what nodes set never reaches the caller) and cancelling the
+    caller cancels the run."""
+    if timeout is not None:
+        timeout = _checked_timeout(timeout)
+    if prepared is None:
+        prepared = graph._prepared()
+    run = _Run(graph._core, input, driver, turn_limit, trace, limits, cache)
+    return run.loop.create_task(_walk(prepared, run, timeout))
+
+
+async def aforward(
+    graph: Graph,
+    input: Any,
+    *,
+    driver: Any,
+    turn_limit: int,
+    trace: _soma.Trace | None,
+    timeout: float | None,
+    limits: dict[int, asyncio.Semaphore] | None = None,
+    prepared: Prepared | None = None,
+    cache: Cache | None = None,
+) -> Any:
+    """``start``, awaited: for a caller that wants a coroutine."""
+    return await start(
+        graph,
+        input,
+        driver=driver,
+        turn_limit=turn_limit,
+        trace=trace,
+        timeout=timeout,
+        limits=limits,
+        prepared=prepared,
+        cache=cache,
+    )
+
+
+def _checked_timeout(seconds: object) -> float:
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, (int, float))
+        or not 0 <= seconds < float("inf")
+    ):
+        raise ValueError(f"timeout must be a finite number of seconds, 0 or more, not {seconds}")
+    return float(seconds)
+
+
+async def _walk(prepared: Prepared, run: _Run, timeout: float | None) -> Any:
+    stop = _Stop()
+    if timeout is None:
+        try:
+            await _branch(prepared.steps, run, stop, ())
+        except asyncio.CancelledError:
+            stop.set()
+            raise
+        return _result(prepared, run)
+    task = asyncio.current_task()
+    assert task is not None
+    late: list[str] | None = None
+
+    def deadline() -> None:
+        nonlocal late
+        late = list(run.running)
+        stop.set()  # Even a node that swallows its cancellation is the last one to start.
+        task.cancel()
+
+    handle = run.loop.call_later(timeout, deadline)
+    try:
+        await _branch(prepared.steps, run, stop, ())
+    except (asyncio.CancelledError, _Stopped):
+        stop.set()
+        if late is None:
+            raise
+        task.uncancel()
+        raise _timed_out(timeout, late) from None
+    finally:
+        handle.cancel()
+    if late is not None:  # A node swallowed its cancellation: the result is late all the same.
+        task.uncancel()
+        raise _timed_out(timeout, late)
+    return _result(prepared, run)
+
+
+def _timed_out(timeout: float, late: list[str]) -> TimeoutError:
+    still = f"; still running: {_listed(late)} (cancelled)" if late else ""
+    return TimeoutError(
+        f"aforward did not finish within its timeout of {timeout} s{still}\n"
+        "hint: the graph can run again at once; a node that waits for something that may "
+        "not come should wait with a timeout of its own"
+    )
+
+
+def _result(prepared: Prepared, run: _Run) -> Any:
+    """What the run returns, as ``forward`` returns it: the leaf's output, the leaves' by id,
+    or the input of a graph without nodes."""
+    values, leaves = run.values, prepared.leaves
+    if len(leaves) == 1:
+        return values[leaves[0]]
+    if not leaves:
+        return run.input
+    return {leaf: values[leaf] for leaf in leaves}
+
+
+def refuse_inside_loop(graph: Graph, what: str) -> None:
+    """Refuses a blocking call on a thread whose event loop is running: it would block the
+    loop, and the graph's async nodes could never run on it."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError(
+        f"{what} of a graph with async nodes ({_listed(graph._async)}) was called inside a "
+        "running event loop, which it would block\n"
+        "hint: `await g.aforward(x)` runs the graph on this loop without blocking it"
+    )
+
+
+def forward(
+    graph: Graph,
+    input: Any,
+    *,
+    driver: Any,
+    turn_limit: int,
+    trace: _soma.Trace | None,
+    timeout: float | None,
+    cache: Cache | None = None,
+) -> Any:
+    """``Graph.forward`` of a graph with async nodes: ``aforward`` on the loop Soma keeps, in a
+    copy of the caller's context, while the caller waits. Ctrl-C cancels the run and raises
+    :class:`KeyboardInterrupt` once the cancelled nodes have ended, or after a twentieth of a
+    second, whichever is first."""
+    refuse_inside_loop(graph, "forward")
+    prepared = graph._prepared()
+    loop = kept_loop()
+    context = contextvars.copy_context()
+    done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    started: list[asyncio.Task[Any]] = []
+    abandoned: list[bool] = []
+
+    def start() -> None:
+        if abandoned:
+            return
+        task = loop.create_task(
+            aforward(
+                graph,
+                input,
+                driver=driver,
+                turn_limit=turn_limit,
+                trace=trace,
+                timeout=timeout,
+                prepared=prepared,
+                cache=cache,
+            ),
+            context=context,
+        )
+        started.append(task)
+        task.add_done_callback(lambda ended: _chain(ended, done))
+
+    loop.call_soon_threadsafe(start)
+    try:
+        concurrent.futures.wait([done])
+    except BaseException:  # Ctrl-C: the run is cancelled, as `aforward` would be.
+        abandoned.append(True)
+        loop.call_soon_threadsafe(_cancel_all, started)
+        concurrent.futures.wait([done], timeout=_GRACE)
+        raise
+    return done.result()
+
+
+#: Seconds ``forward`` waits, after Ctrl-C, for the cancelled nodes to end.
+_GRACE = 0.05
+
+
+def _cancel_all(tasks: list[asyncio.Task[Any]]) -> None:
+    for task in tasks:
+        task.cancel()
+
+
+def _chain(task: asyncio.Task[Any], done: concurrent.futures.Future[Any]) -> None:
+    if task.cancelled():
+        done.set_exception(asyncio.CancelledError())
+    elif (failure := task.exception()) is not None:
+        done.set_exception(failure)
+    else:
+        done.set_result(task.result())
+
+
+_KEPT: tuple[int, asyncio.AbstractEventLoop] | None = None
+_KEPT_LOCK = threading.Lock()
+
+
+def kept_loop() -> asyncio.AbstractEventLoop:
+    """The event loop Soma keeps for ``forward`` of graphs with async nodes: one per process,
+    running on a daemon thread started on first use (again in a child made by ``fork``, which
+    inherits the loop but not its thread)."""
+    global _KEPT
+    kept = _KEPT
+    if kept is not None and kept[0] == os.getpid():
+        return kept[1]
+    with _KEPT_LOCK:
+        if _KEPT is None or _KEPT[0] != os.getpid():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="soma-event-loop", daemon=True).start()
+            _KEPT = (os.getpid(), loop)
+        return _KEPT[1]
+
+
+async def amap(
+    graph: Graph,
+    inputs: Iterable[Any] | AsyncIterable[Any],
+    *,
+    in_flight: int,
+    concurrency: Mapping[str, int] | None,
+    driver: Any,
+    turn_limit: int,
+    trace: _soma.Trace | None,
+) -> AsyncIterator[Any]:
+    """``Graph.amap``: the results of ``inputs`` through the graph, in order, with up to
+    ``in_flight`` items in flight; each node (or piece of sync nodes) on as many items at once
+    as its concurrency allows."""
+    if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
+        raise ValueError(f"in_flight takes an int of at least 1, not {in_flight!r}")
+    prepared = graph._prepared()
+    wanted = dict(concurrency or {})
+    for node, count in wanted.items():
+        if node not in graph:
+            graph.implementation(node)  # Raises the error that names it.
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"concurrency takes an int of at least 1, not {count!r}")
+
+    def concurrency_of(node: str) -> int:
+        """A node's concurrency as asked now: by ``concurrency=``, else its own."""
+        asked = wanted.get(node)
+        return (
+            asked
+            if asked is not None
+            else getattr(graph.implementation(node), "_soma_concurrency", 1)
+        )
+
+    limits: dict[int, asyncio.Semaphore] = {}
+    for call in prepared.calls:
+        names = (call.node,) if isinstance(call, _Call) else call.names
+        limits[id(call)] = asyncio.Semaphore(min(concurrency_of(node) for node in names))
+    pending: deque[asyncio.Task[Any]] = deque()
+
+    def launch(x: Any) -> None:
+        pending.append(
+            start(
+                graph,
+                x,
+                driver=driver,
+                turn_limit=turn_limit,
+                trace=trace,
+                timeout=None,
+                limits=limits,
+                prepared=prepared,
+            )
+        )
+
+    try:
+        if isinstance(inputs, AsyncIterable):
+            async for x in inputs:
+                launch(x)
+                if len(pending) >= in_flight:
+                    yield await pending.popleft()
+        else:
+            for x in inputs:
+                launch(x)
+                if len(pending) >= in_flight:
+                    yield await pending.popleft()
+        while pending:
+            yield await pending.popleft()
+    finally:
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)

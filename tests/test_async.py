@@ -1,0 +1,1110 @@
+"""Async nodes and ``aforward``: an ``async def forward`` composes like any node, runs as a task
+on the caller's event loop (sync nodes on the graph's lent threads, the loop never waiting on
+them), and keeps every promise of ``forward``: results, first declared error with the node's own
+exception and note, contexts, retries and time limits, tracing, drivers, devices.
+
+Concurrency is shown by rendezvous with a deadline (``asyncio.Barrier``, an event set from the
+other side), never by timing. What could hang (cancellation, timeouts, Ctrl-C) runs in a child
+process with a deadline of its own, at the end of this file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import copy
+import json
+import textwrap
+import threading
+from typing import Any
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+import soma
+from conftest import DEADLINE, interrupt_script, run_script
+from test_properties import Dag, Traced, dags, expected_run
+
+# ---------------------------------------------------------------------------------------------
+# Nodes
+
+
+class AsyncTraced(soma.Node):
+    """``Traced`` (test_properties), async: logs the call, awaits the loop once, and returns
+    ``(id, input)``."""
+
+    def __init__(self, log: Any) -> None:
+        self.log = log
+
+    async def forward(self, x: Any, ctx: Any) -> Any:
+        self.log.add(ctx.node, x)
+        await asyncio.sleep(0)
+        if isinstance(x, dict):
+            return (ctx.node, list(x.items()))
+        return (ctx.node, x)
+
+
+class AsyncAdd(soma.Node):
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    async def forward(self, x: Any) -> Any:
+        await asyncio.sleep(0)
+        return x + self.k
+
+
+class Add(soma.Node):
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def forward(self, x: Any) -> Any:
+        return x + self.k
+
+
+class Total(soma.Node):
+    def forward(self, x: dict[str, Any]) -> Any:
+        return sum(x.values())
+
+
+class AsyncMeet(soma.Node):
+    """Waits at ``barrier`` (with a deadline): returns only if every party got there."""
+
+    def __init__(self, barrier: asyncio.Barrier) -> None:
+        self.barrier = barrier
+
+    async def forward(self, x: Any) -> Any:
+        await asyncio.wait_for(self.barrier.wait(), DEADLINE)
+        return x
+
+
+class AsyncCall(soma.Node):
+    """Awaits ``fn(x)``."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    async def forward(self, x: Any) -> Any:
+        return await self.fn(x)
+
+
+class Call(soma.Node):
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def forward(self, x: Any) -> Any:
+        return self.fn(x)
+
+
+def run(coroutine: Any) -> Any:
+    return asyncio.run(coroutine)
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+
+
+class Log:
+    """What each node was called with, from any thread."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def add(self, node: str, value: Any) -> None:
+        with self.lock:
+            self.calls.append((node, value))
+
+
+@st.composite
+def mixed_dags(draw: st.DrawFn) -> tuple[Dag, frozenset[str]]:
+    dag = draw(dags())
+    chosen = draw(st.sets(st.sampled_from(dag.nodes))) if dag.nodes else set()
+    return dag, frozenset(chosen)
+
+
+def mixed_graph(dag: Dag, asynced: frozenset[str]) -> soma.Graph:
+    log = Log()
+    g = soma.Graph()
+    for node in dag.nodes:
+        g.node(node, AsyncTraced(log) if node in asynced else Traced(log))  # type: ignore[arg-type]
+    for source, target in dag.edges:
+        g.edge(source, target)
+    return g
+
+
+@given(mixed_dags(), st.integers())
+def test_aforward_of_any_graph_with_any_nodes_async_returns_what_sync_nodes_return(
+    case: tuple[Dag, frozenset[str]], x: int
+) -> None:
+    dag, asynced = case
+    g = mixed_graph(dag, asynced)
+    assert run(g.aforward(x)) == expected_run(dag, x)
+
+
+@given(mixed_dags(), st.integers())
+def test_forward_of_any_graph_with_async_nodes_returns_what_sync_nodes_return(
+    case: tuple[Dag, frozenset[str]], x: int
+) -> None:
+    dag, asynced = case
+    assert mixed_graph(dag, asynced).forward(x) == expected_run(dag, x)
+
+
+class NodeFailed(Exception):
+    """What ``Fails`` raises: its node's id."""
+
+
+class Fails(soma.Node):
+    def forward(self, x: Any, ctx: Any) -> Any:
+        raise NodeFailed(ctx.node)
+
+
+class AsyncFails(soma.Node):
+    async def forward(self, x: Any, ctx: Any) -> Any:
+        await asyncio.sleep(0)
+        raise NodeFailed(ctx.node)
+
+
+@given(mixed_dags(), st.data())
+def test_aforward_raises_the_error_forward_raises_with_sync_nodes_on_any_graph(
+    case: tuple[Dag, frozenset[str]], data: st.DataObject
+) -> None:
+    dag, asynced = case
+    assume(dag.nodes)
+    failing = data.draw(st.sets(st.sampled_from(dag.nodes), min_size=1))
+    log = Log()
+
+    def build(mixed: bool) -> soma.Graph:
+        g = soma.Graph()
+        for node in dag.nodes:
+            is_async = mixed and node in asynced
+            if node in failing:
+                g.node(node, AsyncFails() if is_async else Fails())
+            else:
+                g.node(node, AsyncTraced(log) if is_async else Traced(log))  # type: ignore[arg-type]
+        for source, target in dag.edges:
+            g.edge(source, target)
+        return g
+
+    with pytest.raises(NodeFailed) as expected:
+        build(mixed=False).forward(0)
+    with pytest.raises(NodeFailed) as got:
+        run(build(mixed=True).aforward(0))
+    assert str(got.value) == str(expected.value)
+    assert got.value.__notes__ == expected.value.__notes__
+
+
+def test_an_async_node_composes_with_sync_nodes_and_its_plan_is_the_same() -> None:
+    mixed = soma.Graph.somatize(
+        Add(1).named("a") >> (AsyncAdd(10).named("b") | Add(100).named("c")) >> Total().named("d")
+    )
+    sync = soma.Graph.somatize(
+        Add(1).named("a") >> (Add(10).named("b") | Add(100).named("c")) >> Total().named("d")
+    )
+    assert mixed.plan() == sync.plan()
+    assert run(mixed.aforward(1)) == sync.forward(1) == mixed.forward(1)
+
+
+def test_aforward_of_a_graph_without_async_nodes_returns_what_forward_returns() -> None:
+    g = soma.Graph.somatize(Add(1) >> (Add(2).named("b") | Add(3).named("c")))
+    assert run(g.aforward(1)) == g.forward(1) == {"b": 4, "c": 5}
+
+
+def test_aforward_of_an_empty_graph_returns_its_input_as_forward_does() -> None:
+    assert run(soma.Graph().aforward(7)) == soma.Graph().forward(7) == 7
+
+
+def test_the_graph_notes_its_async_nodes_when_they_are_registered() -> None:
+    g = soma.Graph.somatize(Add(1).named("a") >> AsyncAdd(1).named("b"))
+    assert list(g._async) == ["b"]
+
+
+def test_a_graph_changed_after_a_run_runs_as_changed() -> None:
+    g = soma.Graph()
+    g.node("a", AsyncAdd(1))
+    assert run(g.aforward(1)) == 2
+    g.edge("a", g.node("b", Add(10)))
+    assert run(g.aforward(1)) == 12
+
+
+# ---------------------------------------------------------------------------------------------
+# Side by side, on one loop, without a thread each
+
+
+def test_the_async_branches_of_a_wave_are_in_flight_together() -> None:
+    async def main() -> Any:
+        barrier = asyncio.Barrier(3)
+        g = soma.Graph.somatize(
+            AsyncMeet(barrier).named("a") | AsyncMeet(barrier).named("b") | AsyncMeet(barrier)
+        )
+        return await g.aforward(1)
+
+    assert list(run(main()).values()) == [1, 1, 1]
+
+
+def test_a_wave_of_a_thousand_awaiting_nodes_holds_no_thread_each() -> None:
+    count = 1_000
+    seen: dict[str, int] = {}
+
+    async def main() -> Any:
+        arrived = 0
+        everyone = asyncio.Event()
+
+        async def wait(x: Any) -> Any:
+            nonlocal arrived
+            arrived += 1
+            if arrived == count:
+                seen["threads"] = threading.active_count()
+                everyone.set()
+            await asyncio.wait_for(everyone.wait(), DEADLINE)
+            return x
+
+        g = soma.Graph()
+        for i in range(count):
+            g.node(f"n{i}", AsyncCall(wait))
+        before = threading.active_count()
+        out = await g.aforward(0)
+        return before, out
+
+    before, out = run(main())
+    assert len(out) == count
+    assert seen["threads"] - before <= 4
+
+
+def test_many_aforward_calls_of_one_graph_are_in_flight_at_once_on_one_loop() -> None:
+    calls = 50
+
+    async def main() -> list[Any]:
+        barrier = asyncio.Barrier(calls)
+        g = soma.Graph.somatize(Add(1) >> AsyncMeet(barrier) >> Add(1))
+        return await asyncio.gather(*(g.aforward(i) for i in range(calls)))
+
+    assert run(main()) == [i + 2 for i in range(calls)]
+
+
+def test_the_loop_runs_on_while_a_sync_node_holds_its_thread() -> None:
+    async def main() -> Any:
+        loop = asyncio.get_running_loop()
+        released = threading.Event()
+        # The sync node waits for the loop to release it: a loop blocked on it never would.
+        g = soma.Graph.somatize(
+            Call(lambda x: x if released.wait(DEADLINE) else "the loop was blocked")
+        )
+        loop.call_soon(released.set)
+        return await g.aforward("ran")
+
+    assert run(main()) == "ran"
+
+
+def test_a_sync_piece_and_an_async_branch_of_one_wave_are_in_flight_together() -> None:
+    async def main() -> Any:
+        released = threading.Event()
+
+        async def release(x: Any) -> Any:
+            released.set()
+            return x
+
+        g = soma.Graph.somatize(
+            Call(lambda x: x if released.wait(DEADLINE) else "alone").named("sync")
+            | AsyncCall(release).named("async")
+        )
+        return await g.aforward("together")
+
+    assert run(main()) == {"sync": "together", "async": "together"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+
+
+class Boom(Exception):
+    pass
+
+
+def test_an_async_nodes_exception_keeps_its_type_and_notes_the_node_as_forward_does() -> None:
+    async def fail(x: Any) -> Any:
+        raise Boom("no")
+
+    g = soma.Graph.somatize(Add(1) >> AsyncCall(fail).named("bad"))
+    with pytest.raises(Boom, match="no") as raised:
+        run(g.aforward(1))
+    assert raised.value.__notes__ == ["raised in soma node `bad`"]
+    with pytest.raises(Boom) as again:
+        g.forward(1)
+    assert again.value.__notes__ == ["raised in soma node `bad`"]
+
+
+def test_a_sync_nodes_exception_in_aforward_is_the_one_forward_raises() -> None:
+    def fail(x: Any) -> Any:
+        raise Boom("sync")
+
+    g = soma.Graph.somatize(AsyncAdd(1) >> Call(fail).named("bad"))
+    with pytest.raises(Boom) as in_aforward:
+        run(g.aforward(1))
+    sync = soma.Graph.somatize(Add(1) >> Call(fail).named("bad"))
+    with pytest.raises(Boom) as in_forward:
+        sync.forward(1)
+    assert in_aforward.value.__notes__ == in_forward.value.__notes__
+
+
+def test_the_first_declared_failing_branch_wins_even_when_it_fails_last() -> None:
+    async def main() -> None:
+        second_failed = asyncio.Event()
+
+        async def first(x: Any) -> Any:
+            await asyncio.wait_for(second_failed.wait(), DEADLINE)
+            raise Boom("first")
+
+        async def second(x: Any) -> Any:
+            second_failed.set()
+            raise ValueError("second")
+
+        g = soma.Graph.somatize(AsyncCall(first).named("a") | AsyncCall(second).named("b"))
+        await g.aforward(0)
+
+    with pytest.raises(Boom, match="first") as raised:
+        run(main())
+    assert raised.value.__notes__ == ["raised in soma node `a`"]
+
+
+def test_branches_declared_after_a_failed_one_stop_at_their_next_node_boundary() -> None:
+    ran: list[str] = []
+
+    async def main() -> None:
+        failed = asyncio.Event()
+
+        async def fail(x: Any) -> Any:
+            failed.set()
+            raise Boom("first")
+
+        async def slow(x: Any) -> Any:
+            await asyncio.wait_for(failed.wait(), DEADLINE)
+            await asyncio.sleep(0)  # The first branch's failure is seen by its wave.
+            return x
+
+        async def after(x: Any) -> Any:
+            ran.append("after")
+            return x
+
+        g = soma.Graph.somatize(
+            AsyncCall(fail).named("a") | (AsyncCall(slow).named("b") >> AsyncCall(after))
+        )
+        await g.aforward(0)
+
+    with pytest.raises(Boom):
+        run(main())
+    assert ran == []
+
+
+def test_branches_declared_before_a_failed_one_run_on_and_their_error_is_not_lost() -> None:
+    ran: list[str] = []
+
+    async def main() -> None:
+        failed = asyncio.Event()
+
+        async def slow(x: Any) -> Any:
+            await asyncio.wait_for(failed.wait(), DEADLINE)
+            return x
+
+        async def after(x: Any) -> Any:
+            ran.append("after")
+            return x
+
+        async def fail(x: Any) -> Any:
+            failed.set()
+            raise Boom("second")
+
+        g = soma.Graph.somatize(
+            (AsyncCall(slow).named("a") >> AsyncCall(after)) | AsyncCall(fail).named("b")
+        )
+        await g.aforward(0)
+
+    with pytest.raises(Boom, match="second"):
+        run(main())
+    assert ran == ["after"]
+
+
+def test_a_thread_the_system_refuses_a_piece_is_a_thread_error_and_the_graph_runs_again() -> None:
+    g = soma.Graph.somatize(AsyncAdd(1) >> Add(1))
+    g._core._refuse_next_threads(1)
+    with pytest.raises(soma.ThreadError, match="refused a thread"):
+        run(g.aforward(1))
+    assert run(g.aforward(1)) == 3
+
+
+def test_a_copy_of_a_graph_with_async_nodes_runs_them() -> None:
+    g = soma.Graph.somatize(AsyncAdd(1) >> Add(1))
+    assert run(copy.copy(g).aforward(1)) == run(copy.deepcopy(g).aforward(1)) == 3
+
+
+def test_an_async_node_returning_await_is_refused_naming_it() -> None:
+    async def asks(x: Any) -> Any:
+        return soma.Await([x])
+
+    g = soma.Graph.somatize(AsyncCall(asks).named("asks"))
+    with pytest.raises(TypeError, match=r"async node `asks` returned soma\.Await"):
+        run(g.aforward(1))
+
+
+def test_what_async_nodes_cannot_do_yet_is_refused_where_it_is_asked() -> None:
+    g = soma.Graph.somatize(AsyncAdd(1).named("a"))
+    with pytest.raises(TypeError, match="amap"):
+        g.map([1])
+    with pytest.raises(ValueError, match="micro_batches"):
+        g.forward([1, 2], micro_batches=2)
+    g.place_at("a", "elsewhere")
+    with pytest.raises(ValueError, match="hosts"):
+        run(g.aforward(1))
+
+
+def test_forward_inside_a_running_loop_refuses_pointing_to_aforward() -> None:
+    g = soma.Graph.somatize(AsyncAdd(1).named("a"))
+
+    async def main() -> None:
+        g.forward(1)
+
+    with pytest.raises(RuntimeError, match=r"await g\.aforward\(x\)") as raised:
+        run(main())
+    assert "`a`" in str(raised.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward's kept loop
+
+
+def test_forward_runs_async_nodes_on_one_loop_kept_across_forwards() -> None:
+    loops: list[Any] = []
+
+    async def where(x: Any) -> Any:
+        loops.append(asyncio.get_running_loop())
+        return x
+
+    g = soma.Graph.somatize(AsyncCall(where))
+    assert g.forward(1) == 1
+    assert g.forward(2) == 2
+    other = soma.Graph.somatize(AsyncCall(where))
+    assert other.forward(3) == 3
+    assert loops[0] is loops[1] is loops[2]
+
+
+# ---------------------------------------------------------------------------------------------
+# Context, devices, drivers
+
+LABEL: contextvars.ContextVar[str] = contextvars.ContextVar("LABEL", default="unset")
+
+
+def test_the_callers_context_reaches_async_and_sync_nodes_and_nodes_set_never_reach_it() -> None:
+    async def read_and_set(x: Any) -> Any:
+        seen = LABEL.get()
+        LABEL.set("set by a node")
+        return [*x, seen]
+
+    g = soma.Graph.somatize(
+        AsyncCall(read_and_set) >> Call(lambda x: [*x, LABEL.get()]) >> AsyncCall(read_and_set)
+    )
+
+    async def main() -> Any:
+        LABEL.set("caller")
+        out = await g.aforward([])
+        return out, LABEL.get()
+
+    out, after = run(main())
+    assert out == ["caller", "set by a node", "set by a node"]
+    assert after == "caller"
+    token = LABEL.set("sync caller")
+    try:
+        assert g.forward([]) == ["sync caller", "set by a node", "set by a node"]
+        assert LABEL.get() == "sync caller"
+    finally:
+        LABEL.reset(token)
+
+
+def test_what_a_sync_node_sets_reaches_the_later_nodes_of_its_piece_only() -> None:
+    def set_label(x: Any) -> Any:
+        LABEL.set("set by a sync node")
+        return x
+
+    async def read(x: Any) -> Any:
+        return [*x, LABEL.get()]
+
+    g = soma.Graph.somatize(Call(set_label) >> Call(lambda x: [*x, LABEL.get()]) >> AsyncCall(read))
+    assert run(g.aforward([])) == ["set by a sync node", "unset"]
+
+
+def test_each_branch_of_a_wave_has_a_context_of_its_own() -> None:
+    async def set_then_read(x: Any) -> Any:
+        LABEL.set(x)
+        await asyncio.sleep(0)
+        return LABEL.get()
+
+    g = soma.Graph.somatize(
+        AsyncCall(set_then_read).named("a")
+        | (Call(lambda x: x + "!").named("b") >> AsyncCall(set_then_read).named("c"))
+    )
+    assert run(g.aforward("x")) == {"a": "x", "c": "x!"}
+
+
+class WithCtx(soma.Node):
+    async def forward(self, x: Any, ctx: Any) -> Any:
+        return (ctx.node, ctx.device, ctx.turn, ctx.results)
+
+
+def test_an_async_node_with_ctx_is_told_its_id_and_device() -> None:
+    g = soma.Graph.somatize(WithCtx().named("w").on("cpu"))
+    assert run(g.aforward(0)) == ("w", "cpu", 0, [])
+
+
+class Asks(soma.Node):
+    def forward(self, x: Any, ctx: Any) -> Any:
+        if ctx.turn == 0:
+            return soma.Await([x])
+        return ctx.results[0]
+
+
+class Doubling:
+    def perform(self, requests: list[Any]) -> list[Any]:
+        return [2 * r for r in requests]
+
+
+def test_a_driver_serves_the_awaiting_sync_nodes_of_a_graph_with_async_nodes() -> None:
+    g = soma.Graph.somatize(AsyncAdd(1) >> Asks() >> AsyncAdd(1))
+    assert run(g.aforward(1, driver=Doubling())) == 5
+    assert g.forward(1, driver=Doubling()) == 5
+
+
+# ---------------------------------------------------------------------------------------------
+# Retries, time limits, tracing
+
+
+def test_an_async_node_is_retried_as_a_sync_node_is() -> None:
+    attempts: list[int] = []
+
+    async def flaky(x: Any) -> Any:
+        attempts.append(x)
+        if len(attempts) < 3:
+            raise ConnectionError("flaky")
+        return x
+
+    g = soma.Graph.somatize(AsyncCall(flaky).named("f").retry(2, backoff=0))
+    assert run(g.aforward(1)) == 1
+    assert attempts == [1, 1, 1]
+
+
+def test_an_async_node_failing_every_attempt_notes_how_many_were_made() -> None:
+    async def broken(x: Any) -> Any:
+        raise ConnectionError("down")
+
+    g = soma.Graph.somatize(AsyncCall(broken).named("f").retry(1, backoff=0))
+    with pytest.raises(ConnectionError) as raised:
+        run(g.aforward(1))
+    assert raised.value.__notes__ == [
+        "soma node `f` failed on each of its 2 attempts",
+        "raised in soma node `f`",
+    ]
+
+
+def test_an_async_node_past_its_time_limit_is_cancelled_and_named() -> None:
+    cancelled: list[str] = []
+
+    async def never(x: Any) -> Any:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cancelled.append("finally ran")
+
+    g = soma.Graph.somatize(AsyncCall(never).named("slow").time_limit(0.05))
+    with pytest.raises(soma.TimeLimitError, match="`slow`") as raised:
+        run(g.aforward(1))
+    assert raised.value.node == "slow"
+    assert cancelled == ["finally ran"]
+
+
+def test_a_run_past_its_timeout_is_never_a_success_even_when_a_node_swallows_its_cancel() -> None:
+    after: list[Any] = []
+
+    async def swallows(x: Any) -> Any:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            return "swallowed"
+
+    async def later(x: Any) -> Any:
+        after.append(x)
+        return x
+
+    g = soma.Graph.somatize(AsyncCall(swallows).named("stubborn") >> AsyncCall(later))
+    with pytest.raises(TimeoutError, match="`stubborn`"):
+        run(g.aforward(0, timeout=0.05))
+    assert after == []
+
+
+def test_a_trace_has_a_span_per_node_from_the_call_to_the_return() -> None:
+    trace = soma.Trace()
+    marks: list[float] = []
+
+    threads: list[int] = []
+
+    async def steps(x: Any) -> Any:
+        threads.append(soma.Trace._thread())
+        for _ in range(3):
+            await asyncio.sleep(0)
+        marks.append(trace._now())
+        return x
+
+    g = soma.Graph.somatize(Add(1).named("a") >> (AsyncCall(steps).named("b") | Add(1).named("c")))
+    run(g.aforward(1, trace=trace))
+    spans = {span.node: span for span in trace.spans}
+    assert set(spans) == {"a", "b", "c"}
+    assert spans["b"].end >= marks[0] >= spans["b"].start
+    assert spans["b"].branch == "0"
+    assert spans["b"].thread == threads[0]
+    assert spans["c"].branch == "1"
+
+
+# ---------------------------------------------------------------------------------------------
+# The cache
+
+
+#: The nodes called, in order: kept out of the nodes' state, which their cache keys cover.
+CALLED: list[str] = []
+
+
+class Counted(soma.Node):
+    """Adds ``k``, noting its call in ``CALLED``."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def forward(self, x: Any, ctx: Any) -> Any:
+        CALLED.append(ctx.node)
+        return x + self.k
+
+
+class AsyncCounted(soma.Node):
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    async def forward(self, x: Any, ctx: Any) -> Any:
+        CALLED.append(ctx.node)
+        return x + self.k
+
+
+@pytest.fixture
+def calls() -> list[str]:
+    CALLED.clear()
+    return CALLED
+
+
+def counted_graph(calls: list[str]) -> soma.Graph:
+    return soma.Graph.somatize(
+        AsyncCounted(1).named("a")
+        >> Counted(2).named("s")
+        >> (AsyncCounted(3).named("b") | Counted(5).named("c"))
+    )
+
+
+def test_a_rerun_with_a_cache_calls_no_node_and_returns_the_same(calls: list[str]) -> None:
+    g = counted_graph(calls)
+    cache = soma.Cache()
+    first = run(g.aforward(1, cache=cache))
+    assert sorted(calls) == ["a", "b", "c", "s"]
+    calls.clear()
+    trace = soma.Trace()
+    assert run(g.aforward(1, cache=cache, trace=trace)) == first
+    assert calls == []
+    assert {span.node: span.cached for span in trace.spans} == dict.fromkeys("asbc", True)
+    assert g.forward(1, cache=cache) == first
+    assert calls == []
+
+
+def test_an_async_node_whose_state_changed_runs_again_and_only_what_reads_it(
+    calls: list[str],
+) -> None:
+    g = counted_graph(calls)
+    cache = soma.Cache()
+    run(g.aforward(1, cache=cache))
+    calls.clear()
+    g.implementation("a").k = 10
+    assert run(g.aforward(1, cache=cache)) == {"b": 16, "c": 18}
+    assert sorted(calls) == ["a", "b", "c", "s"]
+    calls.clear()
+    g.implementation("b").k = 4
+    assert run(g.aforward(1, cache=cache)) == {"b": 17, "c": 18}
+    assert calls == ["b"]
+
+
+def test_a_new_input_runs_every_node_again_with_a_cache(calls: list[str]) -> None:
+    g = counted_graph(calls)
+    cache = soma.Cache()
+    run(g.aforward(1, cache=cache))
+    calls.clear()
+    run(g.aforward(2, cache=cache))
+    assert sorted(calls) == ["a", "b", "c", "s"]
+
+
+# ---------------------------------------------------------------------------------------------
+# amap
+
+
+def test_amap_gives_the_results_in_input_order() -> None:
+    async def later_first(x: Any) -> Any:
+        for _ in range(10 - x):
+            await asyncio.sleep(0)
+        return x
+
+    g = soma.Graph.somatize(AsyncCall(later_first).concurrency(10) >> Add(100))
+
+    async def main() -> list[Any]:
+        return [y async for y in g.amap(range(10))]
+
+    assert run(main()) == [100 + i for i in range(10)]
+
+
+def test_amap_lets_an_async_node_work_on_as_many_items_as_its_concurrency() -> None:
+    async def main() -> list[Any]:
+        barrier = asyncio.Barrier(4)
+        g = soma.Graph.somatize(AsyncMeet(barrier).concurrency(4))
+        return [y async for y in g.amap(range(8))]
+
+    assert run(main()) == list(range(8))
+
+
+def test_amap_runs_a_piece_of_sync_nodes_on_as_many_items_as_its_least_concurrent_node() -> None:
+    barrier = threading.Barrier(2, timeout=DEADLINE)
+
+    def meet(x: Any) -> Any:
+        barrier.wait()
+        return x
+
+    g = soma.Graph.somatize(
+        Call(meet).concurrency(2) >> Call(lambda x: x).concurrency(5) >> AsyncAdd(0)
+    )
+
+    async def main() -> list[Any]:
+        return [y async for y in g.amap(range(4))]
+
+    assert run(main()) == [0, 1, 2, 3]
+
+
+def test_amap_takes_a_nodes_concurrency_as_asked_when_it_is_called() -> None:
+    async def main() -> list[Any]:
+        barrier = asyncio.Barrier(3)
+        g = soma.Graph.somatize(AsyncMeet(barrier).named("meet"))
+        assert [y async for y in g.amap(range(3), concurrency={"meet": 3})] == [0, 1, 2]
+        g.implementation("meet").concurrency(3)
+        return [y async for y in g.amap(range(3))]
+
+    assert run(main()) == [0, 1, 2]
+
+
+def test_amap_keeps_at_most_in_flight_items_in_flight() -> None:
+    inside = 0
+    most = 0
+
+    async def count(x: Any) -> Any:
+        nonlocal inside, most
+        inside += 1
+        most = max(most, inside)
+        await asyncio.sleep(0)
+        inside -= 1
+        return x
+
+    g = soma.Graph.somatize(AsyncCall(count).concurrency(100))
+
+    async def main() -> list[Any]:
+        return [y async for y in g.amap(range(50), in_flight=3)]
+
+    assert run(main()) == list(range(50))
+    assert 1 <= most <= 3
+
+
+def test_amap_reads_an_async_iterable() -> None:
+    async def items() -> Any:
+        for i in range(3):
+            yield i
+
+    g = soma.Graph.somatize(AsyncAdd(1))
+
+    async def main() -> list[Any]:
+        return [y async for y in g.amap(items())]
+
+    assert run(main()) == [1, 2, 3]
+
+
+def test_amap_raises_the_first_failing_items_error_at_its_position() -> None:
+    async def fail_on_two(x: Any) -> Any:
+        if x == 2:
+            raise Boom("two")
+        return x
+
+    g = soma.Graph.somatize(AsyncCall(fail_on_two).named("f"))
+    got: list[Any] = []
+
+    async def main() -> None:
+        async for y in g.amap(range(5)):
+            got.append(y)
+
+    with pytest.raises(Boom) as raised:
+        run(main())
+    assert got == [0, 1]
+    assert raised.value.__notes__ == ["raised in soma node `f`"]
+
+
+def test_amap_cancels_the_items_after_a_failed_one() -> None:
+    cancelled: list[Any] = []
+
+    async def main() -> None:
+        started = asyncio.Event()
+
+        async def work(x: Any) -> Any:
+            if x == 0:
+                await asyncio.wait_for(started.wait(), DEADLINE)
+                raise Boom("first")
+            started.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled.append(x)
+                raise
+            return x
+
+        g = soma.Graph.somatize(AsyncCall(work).concurrency(3))
+        async for _ in g.amap(range(3)):
+            pass
+
+    with pytest.raises(Boom):
+        run(main())
+    assert sorted(cancelled) == [1, 2]
+
+
+# ---------------------------------------------------------------------------------------------
+# Cancellation and timeouts, each in a child process with a deadline
+
+CANCEL_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, json, threading
+    import soma
+
+    report = {"finally": []}
+    release = threading.Event()
+
+    class Stuck(soma.Node):
+        async def forward(self, x):
+            started.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                report["finally"].append("cancelled")
+                raise
+            finally:
+                report["finally"].append("finally")
+
+    class Blocks(soma.Node):
+        def forward(self, x):
+            started_sync.set()
+            release.wait()
+            return x
+
+    class After(soma.Node):
+        def forward(self, x):
+            report.setdefault("after ran", True)
+            return x
+
+    class Pass(soma.Node):
+        async def forward(self, x):
+            return x
+
+    async def main():
+        global started
+        started = asyncio.Event()
+        g = soma.Graph.somatize(__ARRANGEMENT__)
+        __HOW__
+        report["again"] = await soma.Graph.somatize(Pass() >> Pass()).aforward("go")
+        print(json.dumps(report), flush=True)
+
+    started_sync = threading.Event()
+    asyncio.run(main())
+    release.set()
+    """
+)
+
+HOWS = {
+    "cancel": """
+        task = asyncio.create_task(g.aforward(0))
+        await asyncio.wait_for(started.wait(), 10)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            report["raised"] = "CancelledError"
+        """,
+    "asyncio.timeout": """
+        try:
+            async with asyncio.timeout(0.2):
+                await g.aforward(0)
+        except TimeoutError:
+            report["raised"] = "TimeoutError"
+        """,
+    "timeout=": """
+        try:
+            await g.aforward(0, timeout=0.2)
+        except TimeoutError as error:
+            report["raised"] = "TimeoutError"
+            report["message"] = str(error)
+        """,
+}
+
+
+def child_report(arrangement: str, how: str) -> dict[str, Any]:
+    body = textwrap.indent(textwrap.dedent(HOWS[how]).strip(), " " * 4)
+    script = CANCEL_SCRIPT.replace("__ARRANGEMENT__", arrangement).replace("    __HOW__", body)
+    child = run_script(script)
+    assert child.returncode == 0, child.stderr
+    report: dict[str, Any] = json.loads(child.stdout.strip().splitlines()[-1])
+    return report
+
+
+@pytest.mark.parametrize("how", list(HOWS))
+@pytest.mark.parametrize(
+    "arrangement",
+    [
+        "Stuck().named('stuck')",
+        "Pass() >> (Pass() | Stuck().named('stuck')) >> After()",
+        "Pass() >> (Stuck().named('stuck') | (Pass() >> (Pass() | Pass()))) >> Pass()",
+    ],
+)
+def test_cancelling_aforward_cancels_the_async_nodes_in_flight_and_the_next_run_works(
+    arrangement: str, how: str
+) -> None:
+    report = child_report(arrangement, how)
+    expected = "CancelledError" if how == "cancel" else "TimeoutError"
+    assert report["raised"] == expected
+    assert report["finally"] == ["cancelled", "finally"]
+    assert "after ran" not in report
+    assert report["again"] == "go"
+
+
+def test_a_timeout_names_the_nodes_still_running() -> None:
+    report = child_report("Pass() >> (Pass() | Stuck().named('stuck'))", "timeout=")
+    assert "`stuck`" in report["message"]
+    assert "timeout of 0.2 s" in report["message"]
+
+
+def test_aforward_returns_at_its_timeout_while_a_sync_node_holds_its_thread() -> None:
+    script = textwrap.dedent(
+        """
+        import asyncio, threading
+        import soma
+
+        release = threading.Event()
+
+        class Blocks(soma.Node):
+            def forward(self, x):
+                release.wait()
+                return x
+
+        class Pass(soma.Node):
+            async def forward(self, x):
+                return x
+
+        async def main():
+            g = soma.Graph.somatize(Pass() >> Blocks().named("blocks") >> Pass())
+            try:
+                await g.aforward(0, timeout=0.2)
+            except TimeoutError as error:
+                print("timed out:", error, flush=True)
+            release.set()
+            print("again:", await g.aforward(1), flush=True)
+
+        asyncio.run(main())
+        """
+    )
+    child = run_script(script)
+    assert "timed out:" in child.stdout, child.stderr
+    assert "`blocks`" in child.stdout
+    assert "again: 1" in child.stdout, child.stderr
+
+
+def test_forward_of_async_nodes_honours_its_timeout_and_runs_again() -> None:
+    script = textwrap.dedent(
+        """
+        import asyncio
+        import soma
+
+        class Stuck(soma.Node):
+            async def forward(self, x):
+                if x == "block":
+                    await asyncio.Event().wait()
+                return x
+
+        g = soma.Graph.somatize(Stuck().named("stuck"))
+        try:
+            g.forward("block", timeout=0.2)
+        except TimeoutError as error:
+            print("timed out:", error, flush=True)
+        print("again:", g.forward("go"), flush=True)
+        """
+    )
+    child = run_script(script)
+    assert "timed out:" in child.stdout, child.stderr
+    assert "`stuck`" in child.stdout
+    assert "again: go" in child.stdout, child.stderr
+
+
+def test_ctrl_c_stops_forward_of_async_nodes_and_cancels_them() -> None:
+    script = textwrap.dedent(
+        """
+        import asyncio, signal
+        import soma
+
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        cancelled = []
+
+        class Stuck(soma.Node):
+            async def forward(self, x):
+                if x == "block":
+                    print("started", flush=True)  # the parent sends Ctrl-C once it reads this
+                    try:
+                        await asyncio.Event().wait()
+                    finally:
+                        cancelled.append("finally")
+                return x
+
+        g = soma.Graph.somatize(Stuck().named("stuck"))
+        try:
+            g.forward("block")
+        except KeyboardInterrupt:
+            print("caught KeyboardInterrupt", flush=True)
+        print("again:", g.forward("go"), cancelled, flush=True)
+        """
+    )
+    child = interrupt_script(script, "started")
+    assert "caught KeyboardInterrupt" in child.stdout, (child.stdout, child.stderr)
+    assert "again: go ['finally']" in child.stdout, (child.stdout, child.stderr)
+
+
+def test_ctrl_c_under_asyncio_run_cancels_the_async_nodes_of_aforward() -> None:
+    script = textwrap.dedent(
+        """
+        import asyncio
+        import soma
+
+        cancelled = []
+
+        class Stuck(soma.Node):
+            async def forward(self, x):
+                print("started", flush=True)  # the parent sends Ctrl-C once it reads this
+                try:
+                    await asyncio.Event().wait()
+                finally:
+                    cancelled.append("finally")
+
+        g = soma.Graph.somatize(Stuck().named("stuck"))
+        try:
+            asyncio.run(g.aforward(0))
+        except KeyboardInterrupt:
+            print("caught KeyboardInterrupt", cancelled, flush=True)
+        """
+    )
+    child = interrupt_script(script, "started")
+    assert "caught KeyboardInterrupt ['finally']" in child.stdout, (child.stdout, child.stderr)
