@@ -847,3 +847,101 @@ def test_would_hit_counts_a_damaged_entry_as_missing(tmp_path: Path) -> None:
     (entry,) = _entries(cache)
     entry.write_bytes(entry.read_bytes()[:-1])
     assert cache.would_hit(g, 3) == {"a": False}
+
+
+class Held(soma.Node):
+    def __init__(self, held: object) -> None:
+        self.held = held
+
+    def forward(self, x: int) -> int:
+        return x
+
+
+class Slotted:
+    __slots__ = ("__weakref__", "k")
+
+    def __init__(self, k: object) -> None:
+        self.k = k
+
+    def forward(self, x: int) -> int:
+        return x
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        (1, 2),
+        (1, 1.0),  # Equal, but not the same: `==` would miss it.
+        (1, True),
+        (0.0, -0.0),
+        ("a", "b"),
+        ((1, 2), (1, 3)),
+        (frozenset({1}), frozenset({2})),
+    ],
+)
+def test_a_remembered_fingerprint_changes_when_an_attribute_is_rebound_even_to_an_equal_value(
+    before: object, after: object
+) -> None:
+    node = Held(before)
+    first = _fingerprint.fingerprint(node)
+    assert _fingerprint.fingerprint(node) == first
+    node.held = after
+    assert _fingerprint.fingerprint(node) != first
+    node.held = before
+    assert _fingerprint.fingerprint(node) == first
+
+
+def test_a_fingerprint_sees_a_value_changed_in_place_inside_a_tuple() -> None:
+    inner = [1]
+    node = Held((inner, 2))
+    first = _fingerprint.fingerprint(node)
+    inner.append(2)
+    assert _fingerprint.fingerprint(node) != first
+
+
+def test_a_remembered_fingerprint_changes_when_an_attribute_is_added_or_removed() -> None:
+    node = Held(1)
+    first = _fingerprint.fingerprint(node)
+    node.extra = 2  # type: ignore[attr-defined]
+    second = _fingerprint.fingerprint(node)
+    del node.extra  # type: ignore[attr-defined]
+    del node.held
+    third = _fingerprint.fingerprint(node)
+    assert len({first, second, third}) == 3
+
+
+def test_a_remembered_fingerprint_changes_when_the_class_is_swapped() -> None:
+    class Other(Held):
+        def forward(self, x: int) -> int:
+            return x + 1
+
+    node = Held(1)
+    first = _fingerprint.fingerprint(node)
+    node.__class__ = Other
+    assert _fingerprint.fingerprint(node) != first
+
+
+def test_a_remembered_fingerprint_of_a_node_with_slots_changes_when_a_slot_is_rebound() -> None:
+    node = Slotted(1)
+    first = _fingerprint.fingerprint(node)
+    node.k = 1.0
+    assert _fingerprint.fingerprint(node) != first
+
+
+def test_a_remembered_fingerprint_is_the_one_digested_afresh() -> None:
+    node = Held(("a", 1, None))
+    remembered = [_fingerprint.fingerprint(node) for _ in range(2)]
+    fresh = _fingerprint.fingerprint(Held(("a", 1, None)))
+    assert remembered == [fresh, fresh]
+
+
+def test_a_remembered_fingerprint_is_forgotten_with_its_node() -> None:
+    import gc
+
+    node = Held(1)
+    _fingerprint.fingerprint(node)
+    where = id(node)
+    assert where in _fingerprint._REMEMBERED
+    del node
+    gc.collect()
+    assert where not in _fingerprint._REMEMBERED
