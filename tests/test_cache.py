@@ -849,6 +849,71 @@ def test_would_hit_counts_a_damaged_entry_as_missing(tmp_path: Path) -> None:
     assert cache.would_hit(g, 3) == {"a": False}
 
 
+def _drawn_after_an_edit(cache: soma.Cache) -> tuple[soma.Graph, soma.Plan]:
+    """A three-node chain run once with ``cache``, its middle node then edited: the plan drawn
+    with what would hit (``a`` only)."""
+    b = Shift(1).named("b")
+    g = soma.Graph.somatize(Scale(2).named("a") >> b >> Scale(10).named("c"))
+    calls(g, 3, cache)
+    b.by = 2
+    return g, g.plan(cache=cache, input=3)
+
+
+def test_a_plan_asked_for_with_a_cache_lists_the_nodes_that_would_hit_and_equals_the_plan(
+    cache: soma.Cache,
+) -> None:
+    g, plan = _drawn_after_an_edit(cache)
+    before = cache.stats()
+    assert plan.cached == ["a"]
+    assert plan == g.plan()
+    assert g.plan().cached is None
+    assert g.plan(cache=cache, input=4).cached == []
+    assert cache.stats() == before
+
+
+def test_the_text_tree_of_a_plan_with_a_cache_marks_each_node_that_would_hit(
+    cache: soma.Cache,
+) -> None:
+    _, plan = _drawn_after_an_edit(cache)
+    assert str(plan) == "Sequence\n├── a <- (input) (cached)\n├── b <- a\n└── c <- b"
+
+
+def test_the_mermaid_drawing_of_a_plan_with_a_cache_labels_and_fills_each_node_that_would_hit(
+    cache: soma.Cache,
+) -> None:
+    _, plan = _drawn_after_an_edit(cache)
+    mermaid = plan.to_mermaid()
+    assert 'a["a (cached)"]' in mermaid
+    assert 'b["b"]' in mermaid
+    assert mermaid.endswith("    class a soma_cached\n")
+    assert "classDef soma_cached fill:" in mermaid
+
+
+def test_the_dot_drawing_of_a_plan_with_a_cache_labels_and_fills_each_node_that_would_hit(
+    cache: soma.Cache,
+) -> None:
+    _, plan = _drawn_after_an_edit(cache)
+    dot = plan.to_dot()
+    assert '"a" [label="a (cached)", fillcolor="#d9f2e3", color="#2f855a"];' in dot
+    assert '    "b";' in dot
+
+
+def test_the_svg_drawing_of_a_plan_with_a_cache_draws_each_node_that_would_hit_apart(
+    cache: soma.Cache,
+) -> None:
+    _, plan = _drawn_after_an_edit(cache)
+    svg = plan.to_svg()
+    assert svg.count('<g class="node cached">') == 1
+    assert ">a (cached)</text>" in svg
+    assert ">b</text>" in svg
+
+
+def test_a_plan_asked_for_with_something_else_than_a_cache_is_refused_with_a_hint() -> None:
+    g = soma.Graph.somatize(Scale(2).named("a"))
+    with pytest.raises(TypeError, match="not an object of type `dict`\nhint: "):
+        g.plan(cache={}, input=1)  # type: ignore[arg-type]
+
+
 class Held(soma.Node):
     def __init__(self, held: object) -> None:
         self.held = held

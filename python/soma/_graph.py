@@ -339,9 +339,23 @@ class Graph:
         """The object registered under ``node_id``."""
         return self._core.implementation(_checked_id(node_id, "node id", _LOOKUP_HINT))
 
-    def plan(self) -> _soma.Plan:
-        """The plan: compiled on first use, reused until the graph changes."""
-        return self._core.plan()
+    def plan(self, *, cache: _cache.Cache | None = None, input: Any = None) -> _soma.Plan:
+        """The plan: compiled on first use, reused until the graph changes.
+
+        With ``cache``, its drawings (``str``, ``to_mermaid``, ``to_dot``, ``to_svg``) mark
+        each node that ``forward(input, cache=cache)`` would find there — ``(cached)`` after its
+        id, filled green — as :meth:`soma.Cache.would_hit` says, and ``plan.cached`` lists
+        them; no node runs. The plan itself is the same either way (it compares equal).
+        """
+        if cache is None:
+            return self._core.plan()
+        if not isinstance(cache, _cache.Cache):
+            raise TypeError(
+                f"cache is a soma.Cache, not an object of type `{type(cache).__name__}`\n"
+                "hint: pass the `soma.Cache` the run would be given"
+            )
+        hits = cache.would_hit(self, input)
+        return self._core.plan([node for node, hit in hits.items() if hit])
 
     def to_svg(self) -> str:
         """The graph drawn as an SVG document by Soma itself (no graphviz): laid out with its
