@@ -195,6 +195,11 @@ class Cache:
             self._warned.add(topic)
         warnings.warn(message, CacheWarning, stacklevel=2)
 
+    def _folder(self) -> tuple[str, int | None] | None:
+        """What another process, on a host, opens this cache with: its folder and bound;
+        ``None`` for a cache in memory, which no other process can reach."""
+        return None if self._path is None else (str(self._path), self._max_bytes)
+
     def _file(self, key: bytes) -> Path:
         assert self._path is not None
         name = key.hex()

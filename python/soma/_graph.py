@@ -397,7 +397,8 @@ class Graph:
         reads: the graph's input and each predecessor's output by content (an output's digest
         is taken once, when it is computed, and kept beside it).
         A class with ``cacheable = False`` always runs. With ``micro_batches`` each slice is
-        looked up on its own. A graph with nodes on hosts refuses a cache for now. See the
+        looked up on its own. The nodes on hosts are keyed there, in the same folder for a
+        folder cache; with a cache in memory they run uncached, with one warning. See the
         guide's "Running again".
 
         With ``micro_batches=k``, ``input`` is cut along its first axis into ``k`` slices,
@@ -438,11 +439,6 @@ class Graph:
                 f"cache is a soma.Cache, not an object of type `{type(cache).__name__}`\n"
                 "hint: pass `soma.Cache()` (in memory) or `soma.Cache(path)` (a folder)"
             )
-        if cache is not None and self._hosts:
-            raise ValueError(
-                "`cache=` is not supported with nodes on hosts yet\n"
-                "hint: run with every node in this process, or without a cache"
-            )
         if micro_batches is not None:
             return _stream.forward_in_micro_batches(
                 self,
@@ -456,7 +452,7 @@ class Graph:
                 cache=cache,
             )
         if self._hosts:  # Only then: a graph without hosts never reaches a transport, nor Ray.
-            return _remote.forward(self, input, driver, turn_limit, trace, timeout)
+            return _remote.forward(self, input, driver, turn_limit, trace, timeout, cache)
         run_cache = None if cache is None else cache._run(self._core)
         return self._core.forward(input, driver, turn_limit, trace, timeout, cache=run_cache)
 
