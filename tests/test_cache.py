@@ -623,6 +623,113 @@ def test_an_entry_larger_than_the_bound_is_not_kept(tmp_path: Path) -> None:
         assert calls(g, b"", cache)[1] == ["big"]
 
 
+_BOUNDED_SCRIPT = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+import soma
+import test_cache as t
+
+folder, me = Path({folder!r}), {me!r}
+cache = soma.Cache(folder / "cache", max_bytes={bound})
+g = soma.Graph.somatize(t.Blob().named("blob"))
+# Both writers start together, so that their writes interleave.
+(folder / f"ready-{{me}}").touch()
+deadline = time.monotonic() + 20
+while len(list(folder.glob("ready-*"))) < 2:
+    assert time.monotonic() < deadline, "the other writer never came"
+    time.sleep(0.005)
+for k in range({entries}):
+    g.forward(f"{{me}}-{{k}}".encode(), cache=cache)
+print(cache.stats().evicted)
+"""
+
+
+def test_two_processes_filling_one_bounded_folder_at_once_keep_it_within_the_bound(
+    tmp_path: Path,
+) -> None:
+    bound, entries = 10_000, 40  # Each writes four times the bound, in entries of ~1.1 kB.
+    children = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                _BOUNDED_SCRIPT.format(
+                    tests=str(Path(__file__).parent),
+                    folder=str(tmp_path),
+                    me=me,
+                    bound=bound,
+                    entries=entries,
+                ),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for me in ("left", "right")
+    ]
+    evicted = 0
+    for child in children:
+        out, err = child.communicate(timeout=SUBPROCESS_DEADLINE)
+        assert child.returncode == 0, err
+        evicted += int(out)
+    held = sum(file.stat().st_size for file in (tmp_path / "cache").glob("*/*.entry"))
+    assert 0 < held <= bound
+    # What was written and is no longer there was removed by one writer or the other.
+    assert evicted == 2 * entries - len(soma.Cache(tmp_path / "cache"))
+
+
+def test_a_bounded_folder_counts_what_another_process_wrote_since_it_was_opened(
+    tmp_path: Path,
+) -> None:
+    bound = 10_000
+    cache = soma.Cache(tmp_path / "cache", max_bytes=bound)  # Opened while still empty.
+    other = _BOUNDED_SCRIPT.format(
+        tests=str(Path(__file__).parent), folder=str(tmp_path), me="other", bound=bound, entries=8
+    )
+    (tmp_path / "ready-here").touch()  # This process is the other writer of the rendezvous.
+    subprocess.run(
+        [sys.executable, "-c", other], capture_output=True, timeout=SUBPROCESS_DEADLINE, check=True
+    )
+    g = soma.Graph.somatize(Blob().named("blob"))
+    for k in range(8):  # Each fits beside what this process wrote; not beside the other's too.
+        calls(g, f"here-{k}".encode(), cache)
+    held = sum(file.stat().st_size for file in (tmp_path / "cache").glob("*/*.entry"))
+    assert held <= bound
+    assert cache.stats().evicted > 0
+
+
+def test_a_bounded_folder_counts_what_it_holds_again_after_it_was_cleared(
+    tmp_path: Path,
+) -> None:
+    from soma import cache as command
+
+    cache = soma.Cache(tmp_path, max_bytes=2_500)
+    g = soma.Graph.somatize(Blob().named("blob"))
+    calls(g, b"1", cache)
+    calls(g, b"2", cache)
+    command.clear(tmp_path)  # The count still says two entries: the next write scans.
+    for x in (b"3", b"4"):
+        calls(g, x, cache)
+    assert len(cache) == 2
+    assert cache.stats().evicted == 0
+
+
+def test_entries_written_without_the_bound_are_counted_at_a_bounded_writers_next_scan(
+    tmp_path: Path,
+) -> None:
+    g = soma.Graph.somatize(Blob().named("blob"))
+    bounded = soma.Cache(tmp_path, max_bytes=2_500)
+    calls(g, b"first", bounded)
+    for x in (b"1", b"2", b"3"):  # Past the bound, uncounted.
+        calls(g, x, soma.Cache(tmp_path))
+    calls(g, b"4", bounded)  # The count says it fits: no scan yet.
+    assert len(bounded) == 5
+    calls(g, b"5", bounded)  # Now it would not: the scan finds all six and keeps two.
+    assert len(bounded) == 2
+    assert calls(g, b"5", bounded)[1] == []
+
+
 def test_max_bytes_must_be_a_count_of_bytes() -> None:
     with pytest.raises(ValueError, match="max_bytes must be an int of at least 0, not -1"):
         soma.Cache(max_bytes=-1)
