@@ -1107,6 +1107,17 @@ def test_a_remembered_fingerprint_is_the_one_digested_afresh() -> None:
     assert remembered == [fresh, fresh]
 
 
+def test_a_node_given_a_list_is_no_longer_remembered_and_sees_the_list_change() -> None:
+    node = Held(1)
+    _fingerprint.fingerprint(node)
+    items: list[int] = []
+    node.held = items
+    first = _fingerprint.fingerprint(node)
+    assert id(node) not in _fingerprint._REMEMBERED
+    items.append(1)
+    assert _fingerprint.fingerprint(node) != first
+
+
 def test_a_remembered_fingerprint_is_forgotten_with_its_node() -> None:
     import gc
 

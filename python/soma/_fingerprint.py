@@ -124,6 +124,8 @@ def fingerprint(node: object) -> bytes:
     digest = _soma.blake3(out)
     if native is None and all(map(_unchangeable, state.values())):
         _remember(node, cls, slots, digest)
+    elif remembered is not None and remembered.node() is node:
+        del _REMEMBERED[id(node)]  # Its state can now change in place: checked no more.
     return digest
 
 
