@@ -51,7 +51,7 @@ pub use model::id::NodeId;
 pub use model::key::Key;
 pub use model::node::{Ctx, Node, NodeError, Transition, DEFAULT_TURN_LIMIT};
 pub use model::value::Value;
-pub use observe::devices::{GraphWithDevices, WithDevices};
+pub use observe::devices::{Drawing, GraphWithDevices};
 pub use plan::Plan;
 pub use run::cache::{Entry, MemoryCache, NodeCache};
 pub use run::crew::DEFAULT_IDLE_THREADS;

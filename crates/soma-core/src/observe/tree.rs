@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::model::device::Placement;
+use super::marks::Marks;
 use crate::plan::Plan;
 
 /// Writes the indented tree of `plan`, one line per step, without a final newline.
@@ -11,12 +11,8 @@ use crate::plan::Plan;
 /// level on the way into a plan's children and shrinks back on the way out, so one buffer
 /// serves the whole walk. The lists being walked wait on `open`, innermost last, each with the
 /// length `prefix` had before it: a plan nests as deep as it likes on the heap, not the stack.
-pub(super) fn write_tree(
-    plan: &Plan,
-    placement: Option<&Placement>,
-    out: &mut impl fmt::Write,
-) -> fmt::Result {
-    write_label(plan, placement, out)?;
+pub(super) fn write_tree(plan: &Plan, marks: Marks<'_>, out: &mut impl fmt::Write) -> fmt::Result {
+    write_label(plan, marks, out)?;
     let mut prefix = String::new();
     let mut open: Vec<(std::slice::Iter<'_, Plan>, usize)> = vec![(plan.children().iter(), 0)];
     while let Some((children, restore)) = open.last_mut() {
@@ -29,7 +25,7 @@ pub(super) fn write_tree(
         out.write_char('\n')?;
         out.write_str(&prefix)?;
         out.write_str(if last { "└── " } else { "├── " })?;
-        write_label(child, placement, out)?;
+        write_label(child, marks, out)?;
         if !child.children().is_empty() {
             let restore = prefix.len();
             prefix.push_str(if last { "    " } else { "│   " });
@@ -39,11 +35,7 @@ pub(super) fn write_tree(
     Ok(())
 }
 
-fn write_label(
-    plan: &Plan,
-    placement: Option<&Placement>,
-    out: &mut impl fmt::Write,
-) -> fmt::Result {
+fn write_label(plan: &Plan, marks: Marks<'_>, out: &mut impl fmt::Write) -> fmt::Result {
     match plan {
         Plan::Empty => out.write_str("Empty"),
         Plan::Execute { node, from } => {
@@ -58,10 +50,13 @@ fn write_label(
                 }
                 write!(out, "{source}")?;
             }
-            match placement.and_then(|p| p.device(node.as_str())) {
-                Some(device) => write!(out, " @ {device}"),
-                None => Ok(()),
+            if let Some(device) = marks.device(node) {
+                write!(out, " @ {device}")?;
             }
+            if marks.cached(node) {
+                out.write_str(" (cached)")?;
+            }
+            Ok(())
         }
         Plan::Sequence(_) => out.write_str("Sequence"),
         Plan::Wave(_) => out.write_str("Wave"),
@@ -84,6 +79,6 @@ impl fmt::Display for Plan {
     ///
     /// [`Plan::compact`] is the same tree on one line.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write_tree(self, None, f)
+        write_tree(self, Marks::default(), f)
     }
 }
