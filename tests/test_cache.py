@@ -623,6 +623,113 @@ def test_an_entry_larger_than_the_bound_is_not_kept(tmp_path: Path) -> None:
         assert calls(g, b"", cache)[1] == ["big"]
 
 
+_BOUNDED_SCRIPT = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+import soma
+import test_cache as t
+
+folder, me = Path({folder!r}), {me!r}
+cache = soma.Cache(folder / "cache", max_bytes={bound})
+g = soma.Graph.somatize(t.Blob().named("blob"))
+# Both writers start together, so that their writes interleave.
+(folder / f"ready-{{me}}").touch()
+deadline = time.monotonic() + 20
+while len(list(folder.glob("ready-*"))) < 2:
+    assert time.monotonic() < deadline, "the other writer never came"
+    time.sleep(0.005)
+for k in range({entries}):
+    g.forward(f"{{me}}-{{k}}".encode(), cache=cache)
+print(cache.stats().evicted)
+"""
+
+
+def test_two_processes_filling_one_bounded_folder_at_once_keep_it_within_the_bound(
+    tmp_path: Path,
+) -> None:
+    bound, entries = 10_000, 40  # Each writes four times the bound, in entries of ~1.1 kB.
+    children = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                _BOUNDED_SCRIPT.format(
+                    tests=str(Path(__file__).parent),
+                    folder=str(tmp_path),
+                    me=me,
+                    bound=bound,
+                    entries=entries,
+                ),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for me in ("left", "right")
+    ]
+    evicted = 0
+    for child in children:
+        out, err = child.communicate(timeout=SUBPROCESS_DEADLINE)
+        assert child.returncode == 0, err
+        evicted += int(out)
+    held = sum(file.stat().st_size for file in (tmp_path / "cache").glob("*/*.entry"))
+    assert 0 < held <= bound
+    # What was written and is no longer there was removed by one writer or the other.
+    assert evicted == 2 * entries - len(soma.Cache(tmp_path / "cache"))
+
+
+def test_a_bounded_folder_counts_what_another_process_wrote_since_it_was_opened(
+    tmp_path: Path,
+) -> None:
+    bound = 10_000
+    cache = soma.Cache(tmp_path / "cache", max_bytes=bound)  # Opened while still empty.
+    other = _BOUNDED_SCRIPT.format(
+        tests=str(Path(__file__).parent), folder=str(tmp_path), me="other", bound=bound, entries=8
+    )
+    (tmp_path / "ready-here").touch()  # This process is the other writer of the rendezvous.
+    subprocess.run(
+        [sys.executable, "-c", other], capture_output=True, timeout=SUBPROCESS_DEADLINE, check=True
+    )
+    g = soma.Graph.somatize(Blob().named("blob"))
+    for k in range(8):  # Each fits beside what this process wrote; not beside the other's too.
+        calls(g, f"here-{k}".encode(), cache)
+    held = sum(file.stat().st_size for file in (tmp_path / "cache").glob("*/*.entry"))
+    assert held <= bound
+    assert cache.stats().evicted > 0
+
+
+def test_a_bounded_folder_counts_what_it_holds_again_after_it_was_cleared(
+    tmp_path: Path,
+) -> None:
+    from soma import cache as command
+
+    cache = soma.Cache(tmp_path, max_bytes=2_500)
+    g = soma.Graph.somatize(Blob().named("blob"))
+    calls(g, b"1", cache)
+    calls(g, b"2", cache)
+    command.clear(tmp_path)  # The count still says two entries: the next write scans.
+    for x in (b"3", b"4"):
+        calls(g, x, cache)
+    assert len(cache) == 2
+    assert cache.stats().evicted == 0
+
+
+def test_entries_written_without_the_bound_are_counted_at_a_bounded_writers_next_scan(
+    tmp_path: Path,
+) -> None:
+    g = soma.Graph.somatize(Blob().named("blob"))
+    bounded = soma.Cache(tmp_path, max_bytes=2_500)
+    calls(g, b"first", bounded)
+    for x in (b"1", b"2", b"3"):  # Past the bound, uncounted.
+        calls(g, x, soma.Cache(tmp_path))
+    calls(g, b"4", bounded)  # The count says it fits: no scan yet.
+    assert len(bounded) == 5
+    calls(g, b"5", bounded)  # Now it would not: the scan finds all six and keeps two.
+    assert len(bounded) == 2
+    assert calls(g, b"5", bounded)[1] == []
+
+
 def test_max_bytes_must_be_a_count_of_bytes() -> None:
     with pytest.raises(ValueError, match="max_bytes must be an int of at least 0, not -1"):
         soma.Cache(max_bytes=-1)
@@ -847,3 +954,177 @@ def test_would_hit_counts_a_damaged_entry_as_missing(tmp_path: Path) -> None:
     (entry,) = _entries(cache)
     entry.write_bytes(entry.read_bytes()[:-1])
     assert cache.would_hit(g, 3) == {"a": False}
+
+
+def _drawn_after_an_edit(cache: soma.Cache) -> tuple[soma.Graph, soma.Plan]:
+    """A three-node chain run once with ``cache``, its middle node then edited: the plan drawn
+    with what would hit (``a`` only)."""
+    b = Shift(1).named("b")
+    g = soma.Graph.somatize(Scale(2).named("a") >> b >> Scale(10).named("c"))
+    calls(g, 3, cache)
+    b.by = 2
+    return g, g.plan(cache=cache, input=3)
+
+
+def test_a_plan_asked_for_with_a_cache_lists_the_nodes_that_would_hit_and_equals_the_plan(
+    cache: soma.Cache,
+) -> None:
+    g, plan = _drawn_after_an_edit(cache)
+    before = cache.stats()
+    assert plan.cached == ["a"]
+    assert plan == g.plan()
+    assert g.plan().cached is None
+    assert g.plan(cache=cache, input=4).cached == []
+    assert cache.stats() == before
+
+
+def test_the_text_tree_of_a_plan_with_a_cache_marks_each_node_that_would_hit(
+    cache: soma.Cache,
+) -> None:
+    _, plan = _drawn_after_an_edit(cache)
+    assert str(plan) == "Sequence\n├── a <- (input) (cached)\n├── b <- a\n└── c <- b"
+
+
+def test_the_mermaid_drawing_of_a_plan_with_a_cache_labels_and_fills_each_node_that_would_hit(
+    cache: soma.Cache,
+) -> None:
+    _, plan = _drawn_after_an_edit(cache)
+    mermaid = plan.to_mermaid()
+    assert 'a["a (cached)"]' in mermaid
+    assert 'b["b"]' in mermaid
+    assert mermaid.endswith("    class a soma_cached\n")
+    assert "classDef soma_cached fill:" in mermaid
+
+
+def test_the_dot_drawing_of_a_plan_with_a_cache_labels_and_fills_each_node_that_would_hit(
+    cache: soma.Cache,
+) -> None:
+    _, plan = _drawn_after_an_edit(cache)
+    dot = plan.to_dot()
+    assert '"a" [label="a (cached)", fillcolor="#d9f2e3", color="#2f855a"];' in dot
+    assert '    "b";' in dot
+
+
+def test_the_svg_drawing_of_a_plan_with_a_cache_draws_each_node_that_would_hit_apart(
+    cache: soma.Cache,
+) -> None:
+    _, plan = _drawn_after_an_edit(cache)
+    svg = plan.to_svg()
+    assert svg.count('<g class="node cached">') == 1
+    assert ">a (cached)</text>" in svg
+    assert ">b</text>" in svg
+
+
+def test_a_plan_asked_for_with_something_else_than_a_cache_is_refused_with_a_hint() -> None:
+    g = soma.Graph.somatize(Scale(2).named("a"))
+    with pytest.raises(TypeError, match="not an object of type `dict`\nhint: "):
+        g.plan(cache={}, input=1)  # type: ignore[arg-type]
+
+
+class Held(soma.Node):
+    def __init__(self, held: object) -> None:
+        self.held = held
+
+    def forward(self, x: int) -> int:
+        return x
+
+
+class Slotted:
+    __slots__ = ("__weakref__", "k")
+
+    def __init__(self, k: object) -> None:
+        self.k = k
+
+    def forward(self, x: int) -> int:
+        return x
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        (1, 2),
+        (1, 1.0),  # Equal, but not the same: `==` would miss it.
+        (1, True),
+        (0.0, -0.0),
+        ("a", "b"),
+        ((1, 2), (1, 3)),
+        (frozenset({1}), frozenset({2})),
+    ],
+)
+def test_a_remembered_fingerprint_changes_when_an_attribute_is_rebound_even_to_an_equal_value(
+    before: object, after: object
+) -> None:
+    node = Held(before)
+    first = _fingerprint.fingerprint(node)
+    assert _fingerprint.fingerprint(node) == first
+    node.held = after
+    assert _fingerprint.fingerprint(node) != first
+    node.held = before
+    assert _fingerprint.fingerprint(node) == first
+
+
+def test_a_fingerprint_sees_a_value_changed_in_place_inside_a_tuple() -> None:
+    inner = [1]
+    node = Held((inner, 2))
+    first = _fingerprint.fingerprint(node)
+    inner.append(2)
+    assert _fingerprint.fingerprint(node) != first
+
+
+def test_a_remembered_fingerprint_changes_when_an_attribute_is_added_or_removed() -> None:
+    node = Held(1)
+    first = _fingerprint.fingerprint(node)
+    node.extra = 2  # type: ignore[attr-defined]
+    second = _fingerprint.fingerprint(node)
+    del node.extra  # type: ignore[attr-defined]
+    del node.held
+    third = _fingerprint.fingerprint(node)
+    assert len({first, second, third}) == 3
+
+
+def test_a_remembered_fingerprint_changes_when_the_class_is_swapped() -> None:
+    class Other(Held):
+        def forward(self, x: int) -> int:
+            return x + 1
+
+    node = Held(1)
+    first = _fingerprint.fingerprint(node)
+    node.__class__ = Other
+    assert _fingerprint.fingerprint(node) != first
+
+
+def test_a_remembered_fingerprint_of_a_node_with_slots_changes_when_a_slot_is_rebound() -> None:
+    node = Slotted(1)
+    first = _fingerprint.fingerprint(node)
+    node.k = 1.0
+    assert _fingerprint.fingerprint(node) != first
+
+
+def test_a_remembered_fingerprint_is_the_one_digested_afresh() -> None:
+    node = Held(("a", 1, None))
+    remembered = [_fingerprint.fingerprint(node) for _ in range(2)]
+    fresh = _fingerprint.fingerprint(Held(("a", 1, None)))
+    assert remembered == [fresh, fresh]
+
+
+def test_a_node_given_a_list_is_no_longer_remembered_and_sees_the_list_change() -> None:
+    node = Held(1)
+    _fingerprint.fingerprint(node)
+    items: list[int] = []
+    node.held = items
+    first = _fingerprint.fingerprint(node)
+    assert id(node) not in _fingerprint._REMEMBERED
+    items.append(1)
+    assert _fingerprint.fingerprint(node) != first
+
+
+def test_a_remembered_fingerprint_is_forgotten_with_its_node() -> None:
+    import gc
+
+    node = Held(1)
+    _fingerprint.fingerprint(node)
+    where = id(node)
+    assert where in _fingerprint._REMEMBERED
+    del node
+    gc.collect()
+    assert where not in _fingerprint._REMEMBERED

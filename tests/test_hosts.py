@@ -13,6 +13,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import warnings
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -241,3 +244,105 @@ def test_a_timeout_met_while_a_slice_is_out_names_the_slices_nodes_and_host() ->
     said = child.stdout.strip()
     assert "still running: `far` on host `one`" in said, said
     assert "one#" not in said, said
+
+
+class _HostHere:
+    """A host in this process, whose folder cache lies at ``folder`` (``None``: where the
+    caller's does), as a host elsewhere would see a path: a transport for the cache's tests."""
+
+    def __init__(self, folder: str | None) -> None:
+        self.folder = folder
+        self.runners: dict[int, Any] = {}
+
+    def load(self, key: str, slices: list[Any], timeout: float | None = None) -> None:
+        self.runners = {piece.index: soma.remote.SliceRunner(piece) for piece in slices}
+
+    def run(
+        self,
+        key: str,
+        index: int,
+        inputs: dict[str, Any],
+        timeout: float | None,
+        token: str,
+        traced: bool,
+        cache: tuple[str, int | None] | None = None,
+    ) -> Any:
+        if cache is not None and self.folder is not None:
+            cache = (self.folder, cache[1])
+        return self.runners[index].run(inputs, None, traced, cache=cache)
+
+    def cancel(self, tokens: list[str], wait: float = 5.0) -> None:
+        pass
+
+    def unload(self, key: str) -> None:
+        pass
+
+
+class _HostsHere:
+    def __init__(self, folder: str | None = None) -> None:
+        self.one = _HostHere(folder)
+
+    def host(self, name: str) -> _HostHere:
+        return self.one
+
+
+class _Counted(soma.Node):
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def forward(self, x: int) -> int:
+        _CALLED.append(self.k)
+        return x + self.k
+
+
+_CALLED: list[int] = []
+
+
+def test_a_host_that_cannot_open_the_cache_folder_runs_its_slice_uncached_with_one_warning(
+    tmp_path: Path,
+) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    soma.remote.use(_HostsHere(str(blocked / "cache")))  # type: ignore[arg-type]
+    try:
+        g = soma.Graph.somatize(_Counted(1) >> _Counted(2).at("one"))
+        cache = soma.Cache(tmp_path / "cache")
+        _CALLED.clear()
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            results = [g.forward(0, cache=cache) for _ in range(2)]
+        assert results == [3, 3]
+        assert [type(w.message) for w in warned] == [soma.CacheWarning]
+        assert "cannot be opened on this host" in str(warned[0].message)
+        assert _CALLED == [1, 2, 2]
+    finally:
+        soma.remote.use(None)
+
+
+class _Joined(soma.Node):
+    def forward(self, xs: dict[str, int]) -> int:
+        _CALLED.append(0)
+        return sum(xs.values())
+
+
+def test_a_slice_reading_the_graphs_input_and_a_node_here_is_found_in_the_cache_on_a_rerun(
+    tmp_path: Path,
+) -> None:
+    soma.remote.use(_HostsHere())  # type: ignore[arg-type]
+    try:
+        g = soma.Graph()
+        g.node("first", _Counted(1))
+        g.node("far", _Counted(10).at("one"))  # Reads the graph's input, on the host...
+        g.node("join", _Joined().at("one"))  # ...and this, there, reads `first` from here too.
+        g.edge("first", "join")
+        g.edge("far", "join")
+        cache = soma.Cache(tmp_path / "cache")
+        _CALLED.clear()
+        assert g.forward(5, cache=cache) == 6 + 15
+        assert sorted(_CALLED) == [0, 1, 10]
+        _CALLED.clear()
+        assert g.forward(5, cache=cache) == 21
+        assert _CALLED == []
+        assert cache.stats().hits == 3
+    finally:
+        soma.remote.use(None)

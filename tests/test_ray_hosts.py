@@ -20,6 +20,7 @@ import threading
 import time
 import traceback
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -954,3 +955,114 @@ def test_a_node_stuck_on_a_host_ends_its_run_at_the_deadline_naming_it_and_the_n
         "on host `two`, its nodes still on their way there"
     )
     assert child.stdout.splitlines() == expected, child.stderr
+
+
+class Counted(soma.Node):
+    """Adds ``k``, and leaves a file ``ran-<id>`` in ``folder``: which nodes were called, seen
+    from here, wherever they ran."""
+
+    def __init__(self, folder: Path, k: int) -> None:
+        self.folder = folder
+        self.k = k
+
+    def forward(self, x: int, ctx: Any) -> int:
+        (self.folder / f"ran-{ctx.node}").touch()
+        return x + self.k
+
+
+def called(folder: Path) -> list[str]:
+    """The nodes that left a file in ``folder`` since the last call, which clears them."""
+    found = sorted(path.name.removeprefix("ran-") for path in folder.glob("ran-*"))
+    for path in folder.glob("ran-*"):
+        path.unlink()
+    return found
+
+
+def hosted_chain(folder: Path) -> tuple[soma.Graph, Counted]:
+    """``a`` on host one (reading the graph's input), ``b`` here, ``c`` on host two, ``d``
+    here; and ``c``, to edit."""
+    c = Counted(folder, 3).named("c").at("two")
+    g = soma.Graph.somatize(
+        Counted(folder, 1).named("a").at("one")
+        >> Counted(folder, 2).named("b")
+        >> c
+        >> Counted(folder, 4).named("d")
+    )
+    return g, c
+
+
+def test_a_folder_cache_keeps_the_nodes_on_hosts_there_and_a_rerun_calls_none_of_them(
+    cluster: RayHosts, tmp_path: Path
+) -> None:
+    ran = tmp_path / "ran"
+    ran.mkdir()
+    g, _ = hosted_chain(ran)
+    cache = soma.Cache(tmp_path / "cache")
+    assert g.forward(0, cache=cache) == 10
+    assert called(ran) == ["a", "b", "c", "d"]
+    trace = soma.Trace()
+    assert g.forward(0, cache=cache, trace=trace) == 10
+    assert called(ran) == []
+    # The hosts' hits are counted here, and marked in the trace on their hosts' tracks.
+    assert cache.stats().hits == 4
+    there = {(span.node, span.host, span.cached) for span in trace.spans if span.host is not None}
+    assert there == {("a", "one", True), ("c", "two", True)}
+    here = {span.node: span.cached for span in trace.spans if span.node in ("b", "d")}
+    assert here == {"b": True, "d": True}
+
+
+def test_a_rerun_with_hosts_after_an_edit_calls_the_edited_node_and_what_follows_it_only(
+    cluster: RayHosts, tmp_path: Path
+) -> None:
+    ran = tmp_path / "ran"
+    ran.mkdir()
+    g, c = hosted_chain(ran)
+    cache = soma.Cache(tmp_path / "cache")
+    g.forward(0, cache=cache)
+    called(ran)
+    c.k = 30
+    assert g.forward(0, cache=cache) == 37
+    assert called(ran) == ["c", "d"]
+    assert g.forward(1, cache=cache) == 38
+    assert called(ran) == ["a", "b", "c", "d"]
+
+
+def test_nodes_on_hosts_of_a_class_the_hosts_import_are_keyed_there_as_here(
+    cluster: RayHosts, tmp_path: Path
+) -> None:
+    # Rust nodes: their class is Soma's, which the hosts import from the same source (a class
+    # sent by value, as this module's are, is keyed by its compiled code there).
+    ran = tmp_path / "ran"
+    ran.mkdir()
+    last = Counted(ran, 4).named("d")
+    g = soma.Graph.somatize(
+        soma.native.Add(1).named("a").at("one")
+        >> Counted(ran, 2).named("b")
+        >> soma.native.Add(3).named("c").at("two")
+        >> last
+    )
+    cache = soma.Cache(tmp_path / "cache")
+    g.forward(0, cache=cache)
+    last.k = 40
+    assert cache.would_hit(g, 0) == {"a": True, "b": True, "c": True, "d": False}
+    assert g.plan(cache=cache, input=0).cached == ["a", "b", "c"]
+    trace = soma.Trace()
+    assert g.forward(0, cache=cache, trace=trace) == 46
+    there = {(span.node, span.cached) for span in trace.spans if span.host is not None}
+    assert there == {("a", True), ("c", True)}
+
+
+def test_a_cache_in_memory_runs_the_nodes_on_hosts_uncached_with_one_warning_naming_the_hosts(
+    cluster: RayHosts, tmp_path: Path
+) -> None:
+    ran = tmp_path / "ran"
+    ran.mkdir()
+    g, _ = hosted_chain(ran)
+    cache = soma.Cache()
+    with pytest.warns(soma.CacheWarning, match=r"nodes on hosts `one`, `two` run uncached"):
+        assert g.forward(0, cache=cache) == 10
+    assert called(ran) == ["a", "b", "c", "d"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert g.forward(0, cache=cache) == 10
+    assert called(ran) == ["a", "c"]

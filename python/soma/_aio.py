@@ -416,8 +416,9 @@ async def _cached(step: _Call, run: _Run, x: Any, path: tuple[int, ...], keys: _
             trace = run.trace
             if trace is not None:
                 now = trace._now()
-                span = (node, now, now, _soma.Trace._thread(), list(path), 0, None, step.device)
-                trace._record([span], 0.0, [], True)
+                thread = _soma.Trace._thread()
+                span = (node, now, now, thread, list(path), 0, None, step.device, True)
+                trace._record([span], 0.0, [])
             return out
     started = time.perf_counter()
     out = await _attempts(step, run, x, path)
@@ -461,7 +462,7 @@ async def _attempts(step: _Call, run: _Run, x: Any, path: tuple[int, ...]) -> An
             finally:
                 if trace is not None:
                     span = (node, start, trace._now(), _soma.Trace._thread(), list(path), 1)
-                    trace._record([(*span, error, step.device)], 0.0, [])
+                    trace._record([(*span, error, step.device, False)], 0.0, [])
             pause = min(retry.backoff * 2**attempt, _MAX_BACKOFF)
             await asyncio.sleep(pause * (1 + random.random() * _JITTER))
             attempt += 1
@@ -516,6 +517,7 @@ async def _piece(step: _Piece, run: _Run, stop: _Stop, path: tuple[int, ...]) ->
 async def _lent(step: _Piece, run: _Run, stop: _Stop, path: tuple[int, ...]) -> dict[str, Any]:
     values = run.values
     inputs = {read: run.input if read == INPUT else values[read] for read in step.reads}
+    argument = step.runner.argument(inputs)
     loop = run.loop
     future: asyncio.Future[Any] = loop.create_future()
     flag = _soma.StopFlag()
@@ -528,13 +530,8 @@ async def _lent(step: _Piece, run: _Run, stop: _Stop, path: tuple[int, ...]) -> 
     taps = step.taps
 
     def settle(outcome: Any, failure: BaseException | None, spans: list[Any]) -> None:
-        if trace is not None:
-            ran = [span for span, cached in spans if not cached]
-            hits = [span for span, cached in spans if cached]
-            if ran:
-                trace._record(ran, at, list(path))
-            if hits:
-                trace._record(hits, at, list(path), True)
+        if trace is not None and spans:
+            trace._record(spans, at, list(path))
         if future.done():  # Cancelled: nobody waits for it any more.
             return
         if failure is None:
@@ -547,7 +544,7 @@ async def _lent(step: _Piece, run: _Run, stop: _Stop, path: tuple[int, ...]) -> 
         outcome: Any = None
         failure: BaseException | None = None
         try:
-            out = context.run(forward, inputs, driver, turn_limit, own, None, flag, cache)
+            out = context.run(forward, argument, driver, turn_limit, own, None, flag, cache)
             if len(taps) == 1:
                 outcome = {taps[0][1]: out}
             else:
@@ -557,10 +554,7 @@ async def _lent(step: _Piece, run: _Run, stop: _Stop, path: tuple[int, ...]) -> 
                 outcome = (outcome, digested)
         except BaseException as raised:
             failure = raised
-        spans = []
-        if own is not None:  # `_ship` and `spans` list the same spans in the same order.
-            cached = [span.cached for span in own.spans if span.node in step.nodes]
-            spans = list(zip(own._ship(set(step.nodes)), cached, strict=True))
+        spans = [] if own is None else own._ship(set(step.nodes))
         # A closed loop raises `RuntimeError`: the run it belonged to is over, nobody waits.
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(settle, outcome, failure, spans)

@@ -11,6 +11,14 @@ process killed mid-write leaves a stray temporary file, never half an entry; eac
 the BLAKE3 digest of its payload, so one truncated or corrupted since is detected when read,
 counted, and computed again, never returned. A folder that cannot be written (full, read-only)
 makes the run go on uncached, with one warning per cache.
+
+A folder's size bound holds across processes: the bytes its entries hold are counted in the
+file ``.held`` beside them, and an entry is renamed into place only under an advisory lock on
+``.lock`` (``flock``), after the count says it fits — or after a scan of the folder has found
+the true size and removed the least recently used entries until it does. The count is never
+below the truth (an entry written over, or removed by ``--clear``, leaves it high, which only
+brings the next scan sooner), so once every writer is a ``soma.Cache`` with the bound, the
+folder's entries never hold more than it.
 """
 
 from __future__ import annotations
@@ -26,6 +34,11 @@ import time
 import warnings
 from pathlib import Path
 from typing import Any, Protocol
+
+try:
+    import fcntl
+except ImportError:  # Not on Windows: there the bound holds per process only.
+    fcntl = None  # type: ignore[assignment]
 
 from soma import _fingerprint, _soma
 
@@ -121,6 +134,7 @@ class Cache:
         "_entries",
         "_held",
         "_lock",
+        "_lock_between_threads",
         "_max_bytes",
         "_path",
         "_stats",
@@ -140,15 +154,13 @@ class Cache:
         self._max_bytes = max_bytes
         # In memory: entries in the order of their last use, the oldest first.
         self._entries: dict[bytes, _Entry] = {}
-        # The bytes the entries hold: counted in memory; for a folder, what it held when last
-        # scanned plus what this process wrote since.
+        # The bytes the entries in memory hold (a folder's are counted in its `.held`).
         self._held = 0
         # The last modification time this process gave a file, in ns: each next one later, so
         # that the order of use survives a coarse clock.
         self._clock = 0
-        if self._path is not None and max_bytes is not None:
-            self._held = sum(size for _, size, _ in self._files())
         self._lock = threading.Lock()
+        self._lock_between_threads = threading.Lock()
         # Counted as they come, with no object made per count: `stats()` makes one.
         self._stats: dict[str, float] = dataclasses.asdict(CacheStats())
         self._warned: set[str] = set()
@@ -195,6 +207,11 @@ class Cache:
             self._warned.add(topic)
         warnings.warn(message, CacheWarning, stacklevel=2)
 
+    def _folder(self) -> tuple[str, int | None] | None:
+        """What another process, on a host, opens this cache with: its folder and bound;
+        ``None`` for a cache in memory, which no other process can reach."""
+        return None if self._path is None else (str(self._path), self._max_bytes)
+
     def _file(self, key: bytes) -> Path:
         assert self._path is not None
         name = key.hex()
@@ -206,11 +223,10 @@ class Cache:
         if self._path is None:
             with self._lock:
                 found = self._entries.pop(key, None)
-                if found is not None:  # Used now: the newest.
-                    self._entries[key] = found
-            if found is None:
-                self._count(misses=1)
-                return False, None, None
+                if found is None:
+                    self._stats["misses"] += 1
+                    return False, None, None
+                self._entries[key] = found  # Used now: the newest.
         else:
             file = self._file(key)
             try:
@@ -229,7 +245,12 @@ class Cache:
         except Exception:  # Its class has gone, say: the node computes it again.
             self._count(misses=1, corrupted=1)
             return False, None, None
-        self._count(hits=1, bytes_read=len(found.payload), seconds_saved=found.seconds)
+        # Counted in place, not through `_count`: a hit is what a rerun is made of.
+        with self._lock:
+            stats = self._stats
+            stats["hits"] += 1
+            stats["bytes_read"] += len(found.payload)
+            stats["seconds_saved"] += found.seconds
         return True, output, found.digest
 
     def _peek(self, key: bytes) -> tuple[bool, bytes | None]:
@@ -281,15 +302,19 @@ class Cache:
             return
         final = self._file(key)
         temporary = None
+        data = _entry(entry)
+        if self._max_bytes is not None and len(data) > self._max_bytes:
+            return  # It could not fit, whatever was removed.
         try:
             final.parent.mkdir(exist_ok=True)
             handle, temporary = tempfile.mkstemp(dir=final.parent, prefix=".", suffix=".tmp")
-            data = _entry(entry)
             with os.fdopen(handle, "wb") as file:
                 file.write(data)
-            if self._max_bytes is not None:
+            if self._max_bytes is None:
+                os.replace(temporary, final)
+            else:
                 self._touch(temporary)
-            os.replace(temporary, final)
+                self._count(evicted=self._place_within_bound(temporary, final, len(data)))
         except OSError as error:
             if temporary is not None:
                 with contextlib.suppress(OSError):
@@ -302,12 +327,6 @@ class Cache:
             )
             return
         self._count(bytes_written=len(payload))
-        if self._max_bytes is not None:
-            with self._lock:
-                self._held += len(data)
-                over = self._held > self._max_bytes
-            if over:
-                self._count(evicted=self._evict_in_folder())
 
     def _evict_in_memory(self) -> int:
         """Drops the least recently used entries until the rest fit; under the lock."""
@@ -336,24 +355,74 @@ class Cache:
                 found.append((status.st_mtime_ns, status.st_size, file))
         return found
 
-    def _evict_in_folder(self) -> int:
-        """Removes the least recently used entries until the rest hold nine tenths of the
-        bound at most; returns how many it removed."""
+    @contextlib.contextmanager
+    def _folder_lock(self) -> Any:
+        """Holds the folder's advisory lock, which every process bounding it takes to change
+        what it holds; this process's threads take turns at it first (a ``flock`` is held by
+        an open file, which they would share)."""
+        assert self._path is not None
+        with self._lock_between_threads:
+            handle = os.open(self._path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                if fcntl is not None:
+                    fcntl.flock(handle, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(handle)  # Which releases the lock.
+
+    def _place_within_bound(self, temporary: str, final: Path, size: int) -> int:
+        """Renames ``temporary`` (``size`` bytes) to ``final`` under the folder's lock, once
+        the folder has room for it: removes the least recently used entries, down to nine
+        tenths of the bound with it, when the count says it would not fit. Returns how many it
+        removed."""
+        assert self._path is not None
         assert self._max_bytes is not None
+        counter = self._path / ".held"
+        with self._folder_lock():
+            try:
+                held = struct.unpack("<Q", counter.read_bytes())[0]
+            except (OSError, struct.error):  # Not made yet, or damaged: the scan says.
+                held = None
+            with contextlib.suppress(OSError):  # An entry written over frees its bytes.
+                held = None if held is None else held - final.stat().st_size
+            evicted = 0
+            if held is None or held + size > self._max_bytes:
+                held, evicted = self._evict_in_folder(self._max_bytes * 9 // 10 - size, final)
+            os.replace(temporary, final)
+            held += size
+            self._write_count(counter, held)
+        return evicted
+
+    def _write_count(self, counter: Path, held: int) -> None:
+        """Writes the count whole or not at all: a reader never sees half of it."""
+        assert self._path is not None
+        handle, temporary = tempfile.mkstemp(dir=self._path, prefix=".", suffix=".tmp")
+        try:
+            with os.fdopen(handle, "wb") as file:
+                file.write(struct.pack("<Q", max(held, 0)))
+            os.replace(temporary, counter)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+
+    def _evict_in_folder(self, target: int, keep: Path) -> tuple[int, int]:
+        """Removes the least recently used entries (``keep`` aside: it is being written
+        over) until the rest hold ``target`` bytes at most; returns what they hold and how
+        many it removed. Under the folder's lock."""
         files = sorted(self._files())
-        held = sum(size for _, size, _ in files)
-        target = self._max_bytes * 9 // 10
+        held = sum(size for _, size, file in files if file != keep)
         evicted = 0
         for _, size, file in files:
             if held <= target:
                 break
+            if file == keep:
+                continue
             with contextlib.suppress(OSError):
                 file.unlink()
                 evicted += 1
             held -= size
-        with self._lock:
-            self._held = held
-        return evicted
+        return held, evicted
 
     def _run(self, core: _soma.GraphCore) -> _RunCache:
         return _RunCache(self, core)

@@ -13,6 +13,12 @@ A node's fingerprint is its class's source (each class of its MRO that has one, 
 its state (``__dict__``, ``__slots__``), digested like any value. What cannot be read this way
 (a lock, an open file, a generator) raises :class:`Unkeyable`, naming where it was found.
 
+A node's fingerprint is remembered, by the node, only while its state is made of values that
+cannot change in place (``None``, numbers, strings, bytes, classes, and tuples and frozensets of
+those): a later run then checks that each attribute is still the very object it was (``is``),
+which is as sound as digesting it again, and costs a fraction of it. A node holding a list, an
+array or an object is digested on every run, since what it holds may have changed in place.
+
 The walk uses a stack of its own, so that a value nested deeper than Python's recursion limit
 is digested like any other; a container met twice (a cycle, or one object held in two places)
 is fed as a reference to its first place, which is the same wherever the same structure is.
@@ -101,7 +107,11 @@ def fingerprint(node: object) -> bytes:
 
     Raises :class:`Unkeyable` when its state cannot be read, naming the attribute.
     """
-    code, _ = _class_parts(type(node))
+    remembered = _REMEMBERED.get(id(node))
+    if remembered is not None and remembered.still(node):
+        return remembered.fingerprint
+    cls = type(node)
+    code, slots = _class_parts(cls)
     out = bytearray(code)
     native = getattr(node, "_soma_native", None)
     if native is not None:  # A Rust node: what it was made with is in its description.
@@ -111,7 +121,96 @@ def fingerprint(node: object) -> bytes:
     for name, attribute in sorted(state.items()):
         out += _text(b"", name)
         _feed(attribute, f".{name}", out)
-    return _soma.blake3(out)
+    digest = _soma.blake3(out)
+    if native is None and all(map(_unchangeable, state.values())):
+        _remember(node, cls, slots, digest)
+    elif remembered is not None and remembered.node() is node:
+        del _REMEMBERED[id(node)]  # Its state can now change in place: checked no more.
+    return digest
+
+
+class _Remembered:
+    """A node's fingerprint, and what its state was made of when it was taken: its class, and
+    each attribute's object (held, so that no other object can take its place unseen)."""
+
+    __slots__ = ("attributes", "cls", "fingerprint", "node", "slots")
+
+    def __init__(
+        self,
+        node: weakref.ref[Any],
+        cls: type,
+        attributes: tuple[tuple[str, object], ...] | None,
+        slots: tuple[tuple[str, object], ...],
+        fingerprint: bytes,
+    ) -> None:
+        self.node = node
+        self.cls = cls
+        self.attributes = attributes
+        self.slots = slots
+        self.fingerprint = fingerprint
+
+    def still(self, node: object) -> bool:
+        """Whether ``node`` is the node this was taken of, with every attribute the same
+        object: its fingerprint then is what it was."""
+        if self.node() is not node or type(node) is not self.cls:
+            return False
+        attributes = getattr(node, "__dict__", None)
+        if self.attributes is None:
+            if attributes is not None:
+                return False
+        elif attributes is None or len(attributes) != len(self.attributes):
+            return False
+        else:
+            for name, value in self.attributes:
+                if attributes.get(name, _ABSENT) is not value:
+                    return False
+        for name, value in self.slots:  # noqa: SIM110 (a loop reads as the check above)
+            if getattr(node, name, _ABSENT) is not value:
+                return False
+        return True
+
+
+# Fingerprints of nodes whose state cannot change in place, by the id of the node: each entry
+# holds its node weakly and leaves when the node goes (before its id can be anyone else's).
+_REMEMBERED: dict[int, _Remembered] = {}
+_ABSENT = object()
+_UNCHANGEABLE = frozenset({type(None), bool, int, float, complex, str, bytes})
+
+
+def _unchangeable(value: object) -> bool:
+    """Whether ``value`` and all it holds cannot change in place."""
+    pending = [value]
+    while pending:
+        value = pending.pop()
+        kind = type(value)
+        if kind in _UNCHANGEABLE or isinstance(value, type):
+            continue
+        if isinstance(value, (tuple, frozenset)) and (kind is tuple or kind is frozenset):
+            pending.extend(value)
+            continue
+        return False
+    return True
+
+
+def _remember(node: object, cls: type, slots: tuple[str, ...], fingerprint: bytes) -> None:
+    key = id(node)
+
+    def forget(gone: weakref.ref[Any]) -> None:
+        if (entry := _REMEMBERED.get(key)) is not None and entry.node is gone:
+            del _REMEMBERED[key]
+
+    try:
+        held = weakref.ref(node, forget)
+    except TypeError:  # Slots without `__weakref__`: it is digested on every run instead.
+        return
+    attributes = getattr(node, "__dict__", None)
+    _REMEMBERED[key] = _Remembered(
+        held,
+        cls,
+        None if attributes is None else tuple(attributes.items()),
+        tuple((name, getattr(node, name, _ABSENT)) for name in slots),
+        fingerprint,
+    )
 
 
 # Modules of the bases every node has, whose code is not the node's.

@@ -369,9 +369,23 @@ class Graph:
         """The object registered under ``node_id``."""
         return self._core.implementation(_checked_id(node_id, "node id", _LOOKUP_HINT))
 
-    def plan(self) -> _soma.Plan:
-        """The plan: compiled on first use, reused until the graph changes."""
-        return self._core.plan()
+    def plan(self, *, cache: _cache.Cache | None = None, input: Any = None) -> _soma.Plan:
+        """The plan: compiled on first use, reused until the graph changes.
+
+        With ``cache``, its drawings (``str``, ``to_mermaid``, ``to_dot``, ``to_svg``) mark
+        each node that ``forward(input, cache=cache)`` would find there — ``(cached)`` after its
+        id, filled green — as :meth:`soma.Cache.would_hit` says, and ``plan.cached`` lists
+        them; no node runs. The plan itself is the same either way (it compares equal).
+        """
+        if cache is None:
+            return self._core.plan()
+        if not isinstance(cache, _cache.Cache):
+            raise TypeError(
+                f"cache is a soma.Cache, not an object of type `{type(cache).__name__}`\n"
+                "hint: pass the `soma.Cache` the run would be given"
+            )
+        hits = cache.would_hit(self, input)
+        return self._core.plan([node for node, hit in hits.items() if hit])
 
     def to_svg(self) -> str:
         """The graph drawn as an SVG document by Soma itself (no graphviz): laid out with its
@@ -413,7 +427,8 @@ class Graph:
         reads: the graph's input and each predecessor's output by content (an output's digest
         is taken once, when it is computed, and kept beside it).
         A class with ``cacheable = False`` always runs. With ``micro_batches`` each slice is
-        looked up on its own. A graph with nodes on hosts refuses a cache for now. See the
+        looked up on its own. The nodes on hosts are keyed there, in the same folder for a
+        folder cache; with a cache in memory they run uncached, with one warning. See the
         guide's "Running again".
 
         With ``micro_batches=k``, ``input`` is cut along its first axis into ``k`` slices,
@@ -479,7 +494,7 @@ class Graph:
                 cache=cache,
             )
         if self._hosts:  # Only then: a graph without hosts never reaches a transport, nor Ray.
-            return _remote.forward(self, input, driver, turn_limit, trace, timeout)
+            return _remote.forward(self, input, driver, turn_limit, trace, timeout, cache)
         run_cache = None if cache is None else cache._run(self._core)
         return self._core.forward(input, driver, turn_limit, trace, timeout, cache=run_cache)
 
@@ -571,16 +586,11 @@ class Graph:
             )
 
     def _refuse_cache(self, cache: object) -> None:
-        """Refuses a ``cache=`` that is no :class:`soma.Cache`, or that this graph cannot use."""
+        """Refuses a ``cache=`` that is no :class:`soma.Cache`."""
         if not isinstance(cache, _cache.Cache):
             raise TypeError(
                 f"cache is a soma.Cache, not an object of type `{type(cache).__name__}`\n"
                 "hint: pass `soma.Cache()` (in memory) or `soma.Cache(path)` (a folder)"
-            )
-        if self._hosts:
-            raise ValueError(
-                "`cache=` is not supported with nodes on hosts yet\n"
-                "hint: run with every node in this process, or without a cache"
             )
 
     def _prepared(self) -> _aio.Prepared:

@@ -25,6 +25,8 @@ from soma import _ray_errors
 from soma._slices import (
     CANCEL_WAIT,
     DEADLINE_GRACE,
+    CacheCounts,
+    FolderCache,
     RemoteHost,
     Shipped,
     Slice,
@@ -87,8 +89,14 @@ class _HostActor:
         self.slices[key] = {piece.index: SliceRunner(piece) for piece in slices}
 
     def run(
-        self, key: str, index: int, inputs: dict[str, Any], token: str, traced: bool
-    ) -> tuple[dict[str, Any], list[Shipped]]:
+        self,
+        key: str,
+        index: int,
+        inputs: dict[str, Any],
+        token: str,
+        traced: bool,
+        cache: FolderCache | None = None,
+    ) -> tuple[dict[str, Any], list[Shipped], CacheCounts]:
         stop = StopFlag()
         with self._lock:
             self._running[token] = stop
@@ -97,7 +105,7 @@ class _HostActor:
                 stop.set()
         runner = self.slices[key][index]
         try:
-            return runner.run(inputs, stop, traced)
+            return runner.run(inputs, stop, traced, cache=cache)
         except BaseException as raised:
             # Ray would send an exception that does not pickle back as its own serialization
             # error: what comes back instead says what the node raised.
@@ -190,18 +198,19 @@ class _RayHost:
         timeout: float | None,
         token: str,
         traced: bool,
-    ) -> tuple[dict[str, Any], list[Shipped]]:
+        cache: FolderCache | None = None,
+    ) -> tuple[dict[str, Any], list[Shipped], CacheCounts]:
         ray = self._hosts.ray
         piece = self._loaded[key][index]
         limit = self._hosts.timeout if timeout is None else timeout
         try:
-            ref = self.actor.run.remote(key, index, inputs, token, traced)
+            ref = self.actor.run.remote(key, index, inputs, token, traced, cache)
         except Exception as failed:  # Pickling the values the slice reads, here.
             raise _ray_errors.values_not_sent(self.name, piece, inputs, failed) from (
                 _ray_errors.cause_of(failed)
             )
         try:
-            out: tuple[dict[str, Any], list[Shipped]] = ray.get(ref, timeout=limit)
+            out: tuple[dict[str, Any], list[Shipped], CacheCounts] = ray.get(ref, timeout=limit)
         except ray.exceptions.RayTaskError as failed:
             raised, remote = _as_raised(failed, self.name, piece, inputs)
             raise raised from remote

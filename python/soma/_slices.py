@@ -4,13 +4,21 @@ A :class:`Slice` is what a host needs to run one slice of a graph; a :class:`Sli
 on the host with Soma's own engine. :class:`Transport` and :class:`RemoteHost` are the narrow
 interface a transport implements (Ray's is ``soma._ray_hosts``). Nothing here imports a
 transport, or the graph: a slice carries the graph class it runs with.
+
+A run with a folder cache (``soma.Cache(path)``) sends its folder along (:class:`FolderCache`):
+the host opens the same folder — on a local Ray cluster, or any cluster sharing that path, it is
+the same folder — and its slice's nodes are keyed there as the caller would key them, so a
+rerun finds them without any of them being called, and the caller's ``would_hit`` sees them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
+import warnings
 from typing import Any, Protocol
 
+from soma._cache import Cache, CacheWarning
 from soma._soma import DEFAULT_TURN_LIMIT, Plan, StopFlag, Trace
 from soma.errors import RemoteError
 
@@ -21,8 +29,15 @@ DECIDING = frozenset(("Map", "Switch", "Loop"))
 INPUT = "(input)"
 
 #: A span as a host ships it back with its slice's result (``soma.Trace._ship``): node, start,
-#: end, thread, branch path, turns, error, device.
-Shipped = tuple[str, float, float, int, list[int], int, str | None, str | None]
+#: end, thread, branch path, turns, error, device, whether it was found in the cache.
+Shipped = tuple[str, float, float, int, list[int], int, str | None, str | None, bool]
+
+#: A folder cache as a host opens it: its path and its ``max_bytes``.
+FolderCache = tuple[str, int | None]
+
+#: What a host's cache did for one slice run: ``soma.CacheStats``'s fields, by name, to be
+#: added to the caller's.
+CacheCounts = dict[str, float]
 
 #: Seconds a cancel waits, at most, for its host to confirm: a host that does not by then has
 #: died (nothing runs there any more) or is too busy to answer, and the caller, who gave up on
@@ -83,9 +98,13 @@ class RemoteHost(Protocol):
         timeout: float | None,
         token: str,
         traced: bool,
-    ) -> tuple[dict[str, Any], list[Shipped]]:
+        cache: FolderCache | None = None,
+    ) -> tuple[dict[str, Any], list[Shipped], CacheCounts]:
         """Runs slice ``index`` of ``key`` on ``inputs`` (by source id) and returns its
-        ``returns`` by id, with its nodes' spans if ``traced`` (else none). A node's exception
+        ``returns`` by id, with its nodes' spans if ``traced`` (else none) and, with ``cache``
+        (a folder the host opens, see :class:`SliceRunner`), what its cache did there (empty
+        without). A transport that runs no cached slice may leave ``cache`` out and answer
+        the first two alone; a run with a folder cache passes it by keyword. A node's exception
         comes out as itself; a host that cannot answer within ``timeout`` seconds, or at all, is
         a :class:`soma.RemoteError`. ``token`` names this run of the slice for :meth:`cancel`;
         when the wait here ends without an answer (no answer in time, Ctrl-C) the host cancels
@@ -110,10 +129,9 @@ class Transport(Protocol):
 
 
 class _Take:
-    """On a host: a slice's source, what the slice reads from ``source``."""
+    """On a host: a slice's source, what the slice reads from ``source``; kept out of a cache,
+    which would only keep a second copy of what the caller sent."""
 
-    #: A cache keys what reads it on its output's digest: keeping the output too would only
-    #: copy what the run already holds.
     cacheable = False
 
     def __init__(self, source: str) -> None:
@@ -124,9 +142,9 @@ class _Take:
 
 
 class PassThrough:
-    """Its input, as it is: a slice's output tap, the local carrier of the graph's input."""
+    """Its input, as it is: a slice's output tap, the local carrier of the graph's input; kept
+    out of a cache, which would only keep a second copy of its input."""
 
-    #: Its output is its input, already kept where the cache keeps the node it taps.
     cacheable = False
 
     def forward(self, x: Any) -> Any:
@@ -135,13 +153,19 @@ class PassThrough:
 
 class SliceRunner:
     """A slice, ready to run on its host: a ``soma.Graph`` of its nodes, read from a root per
-    source (:data:`INPUT` included) and tapped once per returned node, built once."""
+    source (:data:`INPUT` included) and tapped once per returned node, built once.
+
+    A slice that reads the graph's input alone reads it as its own input, with no root: its
+    first nodes are then keyed in a cache exactly as in the caller's graph (on the input's
+    content), as the nodes after a root are (on the content of what they read)."""
 
     def __init__(self, piece: Slice) -> None:
         graph = piece.engine()
         taken = {node for node, _ in piece.nodes} | set(piece.reads) - {INPUT}
         sources: dict[str, str] = {}
-        for read in piece.reads:
+        #: Whether the slice's input is the graph's input itself, rather than its reads by id.
+        self._input_alone = piece.reads == (INPUT,)
+        for read in () if self._input_alone else piece.reads:
             source = fresh_id(read, taken) if read == INPUT else read
             graph.node(source, _Take(read))
             sources[read] = source
@@ -159,7 +183,7 @@ class SliceRunner:
         for node, seconds in piece.time_limits:
             graph.time_limit(node, seconds)
         for node, inputs in piece.steps:
-            for source in inputs or (INPUT,):
+            for source in inputs or (() if self._input_alone else (INPUT,)):
                 graph.edge(sources.get(source, source), node)
         #: The slice's nodes, in plan order: what an error on the host names.
         self.nodes = piece.names()
@@ -172,6 +196,11 @@ class SliceRunner:
             self._taps[tap] = node
         self.graph = graph
 
+    def argument(self, inputs: dict[str, Any]) -> Any:
+        """What the slice's graph runs on, from its ``inputs`` by source: the graph's input
+        itself when that is all the slice reads, else the inputs as they are."""
+        return inputs[INPUT] if self._input_alone else inputs
+
     def run(
         self,
         inputs: dict[str, Any],
@@ -179,18 +208,54 @@ class SliceRunner:
         traced: bool = False,
         driver: Any = None,
         turn_limit: int = DEFAULT_TURN_LIMIT,
-    ) -> tuple[dict[str, Any], list[Shipped]]:
-        """The slice's returns, by node id, run on ``inputs``, and its nodes' spans if
-        ``traced``; once ``stop`` is set, the run stops at its next node boundary with a
-        :class:`soma.CancelledError`. ``driver`` serves its awaiting nodes."""
+        cache: FolderCache | None = None,
+    ) -> tuple[dict[str, Any], list[Shipped], CacheCounts]:
+        """The slice's returns, by node id, run on ``inputs``, its nodes' spans if ``traced``,
+        and what ``cache``, a folder opened here, did (empty without one); once ``stop`` is
+        set, the run stops at its next node boundary with a :class:`soma.CancelledError`.
+        ``driver`` serves its awaiting nodes."""
         trace = Trace() if traced else None
+        # Opened for this run alone, so that its counts are this run's.
+        opened = None if cache is None else _open(cache)
         out = self.graph._core.forward(
-            inputs, driver=driver, turn_limit=turn_limit, trace=trace, stop=stop
+            self.argument(inputs),
+            driver=driver,
+            turn_limit=turn_limit,
+            trace=trace,
+            stop=stop,
+            cache=None if opened is None else opened._run(self.graph._core),
         )
         spans = [] if trace is None else trace._ship(self._nodes)
+        counts = {} if opened is None else dataclasses.asdict(opened.stats())
         if len(self._taps) == 1:
-            return {node: out for node in self._taps.values()}, spans
-        return {self._taps[tap]: value for tap, value in out.items()}, spans
+            return {node: out for node in self._taps.values()}, spans, counts
+        return {self._taps[tap]: value for tap, value in out.items()}, spans, counts
+
+
+# The folders a host could not open, each warned about once.
+_unopened: set[str] = set()
+_unopened_lock = threading.Lock()
+
+
+def _open(folder: FolderCache) -> Cache | None:
+    """The caller's folder cache, opened here; ``None``, with one warning per folder, where
+    this host cannot make or reach it: its slices then run uncached, as they would without."""
+    path, max_bytes = folder
+    try:
+        return Cache(path, max_bytes=max_bytes)
+    except OSError as error:
+        with _unopened_lock:
+            first = path not in _unopened
+            _unopened.add(path)
+        if first:
+            warnings.warn(
+                f"the cache folder `{path}` cannot be opened on this host "
+                f"({error.strerror or error}): the slices run here uncached\n"
+                "hint: give the run a folder at a path every host shares",
+                CacheWarning,
+                stacklevel=2,
+            )
+        return None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -49,7 +49,7 @@ def listing(folder: Path) -> str:
 def clear(folder: Path) -> int:
     """Removes every entry and stray temporary file; returns how many files it removed."""
     removed = 0
-    for pattern in ("*/*.entry", "*/.*.tmp"):
+    for pattern in ("*/*.entry", "*/.*.tmp", ".*.tmp"):
         for file in folder.glob(pattern):
             with contextlib.suppress(OSError):
                 file.unlink()

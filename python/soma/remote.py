@@ -10,6 +10,11 @@ among them, run at the same time. On the host, a slice runs on Soma's engine too
 (:class:`SliceRunner`: a ``soma.Graph`` of the slice's nodes). A run that is given up (Ctrl-C,
 its timeout, a failed slice) cancels its slices still running on hosts (:class:`_Run`).
 
+With a cache, the local graph runs with it, its stand-ins kept out (they stand for nodes keyed
+where they run); a folder cache is sent to each slice, whose host opens the same folder and
+keys the slice's nodes there, and what it did there is added to the cache's counts here. A
+cache in memory cannot be reached from a host: the slices run uncached, with one warning.
+
 What a host *is* stays behind :class:`Transport` and :class:`RemoteHost`: the Ray one
 (:class:`RayHosts`) is the default, and imports Ray only when it first serves a host; a graph
 without hosts never reaches a transport, so it never imports or starts Ray.
@@ -24,11 +29,14 @@ import uuid
 import weakref
 from typing import Any
 
+from soma import _fingerprint
+from soma._cache import Cache
 from soma._ray_hosts import RESOURCE_PREFIX, RayHosts, resource_of
 from soma._slices import (
     CANCEL_WAIT,
     DEADLINE_GRACE,
     INPUT,
+    FolderCache,
     PassThrough,
     RemoteHost,
     Settings,
@@ -82,8 +90,11 @@ class _Run:
     the slice runs in flight on hosts, to cancel there once the run is given up — by the caller
     (Ctrl-C, its timeout, an error here) or by a slice's failure."""
 
-    def __init__(self, timeout: float | None, trace: Any) -> None:
+    def __init__(self, timeout: float | None, trace: Any, cache: Cache | None = None) -> None:
         self.timeout = timeout
+        #: The run's cache, which counts what hosts did in the folder it sent them, if any.
+        self.cache = cache
+        self.folder: FolderCache | None = None if cache is None else cache._folder()
         #: The run's ``soma.Trace``, if it has one: its slices' spans join it.
         self.trace = trace
         self.deadline = None if timeout is None else time.monotonic() + timeout
@@ -168,7 +179,10 @@ _current: contextvars.ContextVar[_Run] = contextvars.ContextVar("soma_remote_run
 
 
 class _SliceCall:
-    """Locally: a slice, as one node. Sends what the slice reads, returns what it returns."""
+    """Locally: a slice, as one node. Sends what the slice reads, returns what it returns.
+    Kept out of a cache: it stands for nodes that are keyed on their host."""
+
+    cacheable = False
 
     def __init__(self, owner: Distributed, index: int, carrier: str | None) -> None:
         self._owner = weakref.ref(owner)  # The local graph holds this node; no cycle.
@@ -187,7 +201,10 @@ class _SliceCall:
 
 
 class _Pick:
-    """Locally: a remote node's output, under its own id, out of its slice's returns."""
+    """Locally: a remote node's output, under its own id, out of its slice's returns. Kept out
+    of a cache, which would keep a second copy of what the host keeps."""
+
+    cacheable = False
 
     def __init__(self, node: str) -> None:
         self.node = node
@@ -200,9 +217,11 @@ class Distributed:
     """A graph with hosts, rewritten for running: its slices, and the local graph that runs
     each as one node. Valid while the graph's nodes, edges, hosts and devices stay."""
 
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, states: tuple[bytes | None, ...] | None = None) -> None:
         self.key = uuid.uuid4().hex
-        self.fingerprint = _fingerprint(graph)
+        self.fingerprint = _graph_fingerprint(graph)
+        #: The fingerprints of the nodes on hosts when they were sent, for a run with a cache.
+        self.states = states
         self.slices = _slices(graph)
         slice_of = {node: piece.index for piece in self.slices for node in piece.names()}
         taken = set(graph.nodes())
@@ -281,9 +300,11 @@ class Distributed:
             )
         trace = run.trace
         sent = 0.0 if trace is None else trace._now()
+        # Only with a folder to send: a transport that runs no cached slice need not know.
+        folder = {} if run.folder is None else {"cache": run.folder}
         try:
-            out, spans = host.run(
-                self.key, index, inputs, run.time_left(), token, traced=trace is not None
+            out, spans, *counted = host.run(
+                self.key, index, inputs, run.time_left(), token, traced=trace is not None, **folder
             )
         except BaseException as failed:
             run.end(token)
@@ -304,6 +325,8 @@ class Distributed:
         run.end(token)
         if trace is not None:
             trace._adopt(spans, piece.host, sent)
+        if run.cache is not None and counted and counted[0]:
+            run.cache._count(**counted[0])
         return out
 
 
@@ -312,7 +335,7 @@ def _unload(hosts: dict[str, RemoteHost], key: str) -> None:
         host.unload(key)
 
 
-def _fingerprint(graph: Graph) -> tuple[Any, ...]:
+def _graph_fingerprint(graph: Graph) -> tuple[Any, ...]:
     # Nodes and edges are only ever added: their counts say whether either changed.
     return (
         len(graph),
@@ -322,6 +345,18 @@ def _fingerprint(graph: Graph) -> tuple[Any, ...]:
         tuple(graph.retries().items()),
         tuple(graph.time_limits().items()),
     )
+
+
+def _host_states(graph: Graph) -> tuple[bytes | None, ...]:
+    """The fingerprint of each node on a host (``None`` for one whose state has none), in the
+    order of the graph's nodes: what a cached run compares with what was sent."""
+    states: list[bytes | None] = []
+    for node in graph.hosts():
+        try:
+            states.append(_fingerprint.fingerprint(graph.implementation(node)))
+        except _fingerprint.Unkeyable:
+            states.append(None)
+    return tuple(states)
 
 
 def _slices(graph: Graph) -> list[Slice]:
@@ -347,15 +382,39 @@ def forward(
     turn_limit: int,
     trace: Any,
     timeout: float | None,
+    cache: Cache | None = None,
 ) -> Any:
     """``graph.forward`` for a graph with hosts: its slices run on them, the rest here."""
     distributed = graph._remote
-    if distributed is None or distributed.fingerprint != _fingerprint(graph):
-        distributed = graph._remote = Distributed(graph)
-    run = _Run(timeout, trace)
+    # With a cache, a node on a host edited here since it was sent is sent again: the host keys
+    # it, and runs it, as it is now. (What a run costs without one is left as it was.)
+    states = None if cache is None else _host_states(graph)
+    if (
+        distributed is None
+        or distributed.fingerprint != _graph_fingerprint(graph)
+        or (states is not None and distributed.states != states)
+    ):
+        distributed = graph._remote = Distributed(graph, states)
+    run = _Run(timeout, trace, cache)
+    if cache is not None and run.folder is None:
+        hosts = ", ".join(f"`{host}`" for host in dict.fromkeys(p.host for p in distributed.slices))
+        cache._warn_once(
+            "hosts",
+            f"the nodes on hosts {hosts} run uncached: a cache in memory cannot be reached from "
+            "another host\nhint: give the run a folder cache, `soma.Cache(path)`, at a path "
+            "the hosts share",
+        )
+    local = distributed.local._core
     token = _current.set(run)
     try:
-        return distributed.local._core.forward(input, driver, turn_limit, trace, timeout)
+        return local.forward(
+            input,
+            driver,
+            turn_limit,
+            trace,
+            timeout,
+            cache=None if cache is None else cache._run(local),
+        )
     except BaseException as raised:
         # The run is given up: its slices still running on hosts stop there too.
         run.abandon()

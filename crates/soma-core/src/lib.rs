@@ -53,7 +53,7 @@ pub use model::key::Key;
 pub use model::node::{Ctx, Node, NodeError, Transition, DEFAULT_TURN_LIMIT};
 pub use model::reading::{NativeReading, Reading};
 pub use model::value::Value;
-pub use observe::devices::{GraphWithDevices, WithDevices};
+pub use observe::devices::{Drawing, GraphWithDevices};
 pub use plan::Plan;
 pub use run::cache::{Entry, MemoryCache, NodeCache};
 pub use run::crew::DEFAULT_IDLE_THREADS;

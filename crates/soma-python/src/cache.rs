@@ -12,8 +12,9 @@
 use std::time::Duration;
 
 use pyo3::exceptions::PyKeyboardInterrupt;
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyString};
 use soma_core::{Entry, Key, Node, NodeCache, NodeId, Value};
 
 use crate::convert::{to_python, wrap};
@@ -31,11 +32,12 @@ impl PythonCache {
         }
     }
 
-    /// Calls `method` on the run cache; what it raises is reported and read as `None`.
+    /// Calls `method` (interned: a hit asks twice per node) on the run cache; what it raises is
+    /// reported and read as `None`.
     fn ask<'py>(
         &self,
         py: Python<'py>,
-        method: &str,
+        method: &Bound<'py, PyString>,
         args: impl pyo3::call::PyCallArgs<'py>,
     ) -> Option<Bound<'py, PyAny>> {
         match self.run.bind(py).call_method1(method, args) {
@@ -64,20 +66,20 @@ fn key_of(answer: Option<Bound<'_, PyAny>>) -> Option<Key> {
 
 impl NodeCache for PythonCache {
     fn fingerprint(&self, id: &NodeId, _node: &dyn Node) -> Option<Key> {
-        Python::attach(|py| key_of(self.ask(py, "fingerprint", (id.as_str(),))))
+        Python::attach(|py| key_of(self.ask(py, intern!(py, "fingerprint"), (id.as_str(),))))
     }
 
     fn digest(&self, value: &Value) -> Option<Key> {
         Python::attach(|py| {
             let value = to_python(py, value).ok()?;
-            key_of(self.ask(py, "digest", (value,)))
+            key_of(self.ask(py, intern!(py, "digest"), (value,)))
         })
     }
 
     fn get(&self, id: &NodeId, key: &Key) -> Option<Entry> {
         Python::attach(|py| {
             let key = PyBytes::new(py, key.as_bytes());
-            let answer = self.ask(py, "get", (id.as_str(), key))?;
+            let answer = self.ask(py, intern!(py, "get"), (id.as_str(), key))?;
             let (found, value, digest): Answer<'_> = answer.extract().ok()?;
             found.then(|| Entry {
                 value: wrap(value),
@@ -89,7 +91,7 @@ impl NodeCache for PythonCache {
     fn peek(&self, id: &NodeId, key: &Key) -> Option<Option<Key>> {
         Python::attach(|py| {
             let key = PyBytes::new(py, key.as_bytes());
-            let answer = self.ask(py, "peek", (id.as_str(), key))?;
+            let answer = self.ask(py, intern!(py, "peek"), (id.as_str(), key))?;
             let (found, digest): (bool, Bound<'_, PyAny>) = answer.extract().ok()?;
             found.then(|| key_of(Some(digest)))
         })
@@ -105,7 +107,11 @@ impl NodeCache for PythonCache {
                 .digest
                 .map(|digest| PyBytes::new(py, digest.as_bytes()));
             let seconds = took.as_secs_f64();
-            self.ask(py, "put", (id.as_str(), key, value, digest, seconds));
+            self.ask(
+                py,
+                intern!(py, "put"),
+                (id.as_str(), key, value, digest, seconds),
+            );
         });
     }
 }

@@ -583,10 +583,16 @@ impl GraphCore {
         state.graph.with_devices(&state.placement).to_svg()
     }
 
-    /// The plan, compiled on first use after a change, drawn with the nodes' devices.
-    fn plan(&self, py: Python<'_>) -> PyResult<PyPlan> {
+    /// The plan, compiled on first use after a change, drawn with the nodes' devices, and
+    /// with `cached` (node ids) marked as nodes a run would find in a cache when given.
+    #[pyo3(signature = (cached=None))]
+    fn plan(&self, py: Python<'_>, cached: Option<Vec<String>>) -> PyResult<PyPlan> {
         let plan = self.compiled_plan(py)?;
-        Ok(PyPlan::new(plan, Arc::clone(&self.state().placement)))
+        let plan = PyPlan::new(plan, Arc::clone(&self.state().placement));
+        Ok(match cached {
+            Some(cached) => plan.with_cached(cached.into_iter().map(NodeId::new).collect()),
+            None => plan,
+        })
     }
 
     /// Places node `id` on `device` (torch's spelling), replacing where it was; `None`

@@ -3,11 +3,12 @@
 //! A `Plan` and every plan its `children` return share one immutable tree: asking a graph for
 //! its cached plan, or a plan for its children, copies nothing, whatever the tree's size.
 
+use std::collections::HashSet;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
 use pyo3::prelude::*;
-use soma_core::{Placement, Plan};
+use soma_core::{Drawing, NodeId, Placement, Plan};
 
 #[pyclass(frozen, module = "soma", name = "Plan")]
 pub struct PyPlan {
@@ -17,6 +18,9 @@ pub struct PyPlan {
     at: NonNull<Plan>,
     /// Where the graph's nodes were placed when the plan was asked for: drawn, never compared.
     placement: Arc<Placement>,
+    /// The nodes a run would find in the cache the plan was asked for with: drawn, never
+    /// compared.
+    cached: Option<Arc<HashSet<NodeId>>>,
 }
 
 // SAFETY: `at` points into the tree `root` owns; a `Plan` has no interior mutability and `root`
@@ -36,6 +40,22 @@ impl PyPlan {
             root,
             at,
             placement,
+            cached: None,
+        }
+    }
+
+    /// The same plan, drawn with `cached`, the nodes a run would find in a cache.
+    pub fn with_cached(mut self, cached: HashSet<NodeId>) -> Self {
+        self.cached = Some(Arc::new(cached));
+        self
+    }
+
+    /// The plan with what is drawn beside it: its nodes' devices, and which would hit.
+    fn drawing(&self) -> Drawing<'_> {
+        let drawing = self.plan().with_devices(&self.placement);
+        match &self.cached {
+            Some(cached) => drawing.with_cached(cached),
+            None => drawing,
         }
     }
 
@@ -78,6 +98,7 @@ impl PyPlan {
                 root: Arc::clone(&self.root),
                 at: NonNull::from(child),
                 placement: Arc::clone(&self.placement),
+                cached: self.cached.clone(),
             })
             .collect()
     }
@@ -144,28 +165,45 @@ impl PyPlan {
         self.plan().compact()
     }
 
-    /// The indented tree, one line per step; an `Execute` line is `node <- inputs`, and
-    /// `@ device` after it for a placed node.
+    /// The indented tree, one line per step; an `Execute` line is `node <- inputs`, then
+    /// `@ device` for a placed node and `(cached)` for one a run would find in the cache.
     fn __str__(&self) -> String {
-        self.plan().with_devices(&self.placement).to_string()
+        self.drawing().to_string()
     }
 
     /// The plan as a Mermaid `flowchart LR`, a `subgraph` per wave; a placed node's label
-    /// says its device.
+    /// says its device, and one a run would find in the cache says `(cached)`, filled apart.
     fn to_mermaid(&self) -> String {
-        self.plan().with_devices(&self.placement).to_mermaid()
+        self.drawing().to_mermaid()
     }
 
     /// The plan as a graphviz `digraph` with `rankdir=LR`, a `cluster` per wave; a placed
-    /// node's label says its device.
+    /// node's label says its device, and one a run would find in the cache says `(cached)`,
+    /// filled apart.
     fn to_dot(&self) -> String {
-        self.plan().with_devices(&self.placement).to_dot()
+        self.drawing().to_dot()
     }
 
     /// The plan drawn as an SVG document by Soma itself: waves framed, branches stacked; a
-    /// placed node's box says its device.
+    /// placed node's box says its device, and one a run would find in the cache says
+    /// `(cached)`, filled apart.
     fn to_svg(&self) -> String {
-        self.plan().with_devices(&self.placement).to_svg()
+        self.drawing().to_svg()
+    }
+
+    /// The nodes a run would find in the cache this plan was asked for with, in plan order;
+    /// `None` for a plan asked for without a cache.
+    #[getter]
+    fn cached(&self) -> Option<Vec<&str>> {
+        let cached = self.cached.as_ref()?;
+        Some(
+            self.plan()
+                .steps()
+                .into_iter()
+                .filter(|(node, _)| cached.contains(*node))
+                .map(|(node, _)| node.as_str())
+                .collect(),
+        )
     }
 
     /// What a notebook shows: [`PyPlan::to_svg`].

@@ -39,7 +39,8 @@ pub struct PySpan {
 }
 
 /// A span as it travels from a host back to the caller: node, start, end, thread, branch path,
-/// turns, error, device. Plain values, so any transport can carry it.
+/// turns, error, device, whether it was found in a cache. Plain values, so any transport can
+/// carry it.
 type Shipped = (
     String,
     f64,
@@ -49,6 +50,7 @@ type Shipped = (
     u32,
     Option<String>,
     Option<String>,
+    bool,
 );
 
 impl From<&Span> for PySpan {
@@ -181,6 +183,7 @@ impl PyTrace {
                     span.turns,
                     span.error,
                     span.device.map(|device| device.to_string()),
+                    span.cached,
                 )
             })
             .collect()
@@ -195,7 +198,7 @@ impl PyTrace {
             |seconds: f64| Duration::try_from_secs_f64(seconds.max(0.0)).unwrap_or_default();
         let at = since(at);
         let mut adopted = Vec::with_capacity(spans.len());
-        for (node, start, end, thread, branch, turns, error, device) in spans {
+        for (node, start, end, thread, branch, turns, error, device, cached) in spans {
             adopted.push(Span {
                 node: NodeId::from(node),
                 start: since(start),
@@ -206,8 +209,8 @@ impl PyTrace {
                 error,
                 device: device.and_then(|device| device.parse::<Device>().ok()),
                 host: None,
-                // A host runs its slice uncached.
-                cached: false,
+                // Found in the folder cache the host opened (see `soma/_slices.py`).
+                cached,
             });
         }
         self.trace.adopt(adopted, &host, at);
@@ -216,17 +219,16 @@ impl PyTrace {
 
     /// Records spans of nodes that ran in this process outside the engine's own walk of a plan
     /// — an async node on the event loop, a piece of a plan `aforward` lent a thread — given as
-    /// `_ship` gives them: each moved `at` seconds later (a piece's own trace starts when the
-    /// piece does) and its branch path put after `prefix`, the branch the piece ran in. Thread
-    /// numbers are kept: they are this process's. `cached`: the outputs came from the run's
-    /// cache, the nodes not called.
+    /// `_ship` gives them (a span found in the run's cache says so itself): each moved `at`
+    /// seconds later (a piece's own trace starts when the piece does) and its branch path put
+    /// after `prefix`, the branch the piece ran in. Thread numbers are kept: they are this
+    /// process's.
     #[allow(clippy::needless_pass_by_value)] // PyO3 hands arguments over as owned values.
-    #[pyo3(signature = (spans, at, prefix, cached=false))]
-    fn _record(&self, spans: Vec<Shipped>, at: f64, prefix: Vec<usize>, cached: bool) {
+    fn _record(&self, spans: Vec<Shipped>, at: f64, prefix: Vec<usize>) {
         let since =
             |seconds: f64| Duration::try_from_secs_f64(seconds.max(0.0)).unwrap_or_default();
         let at = since(at);
-        for (node, start, end, thread, branch, turns, error, device) in spans {
+        for (node, start, end, thread, branch, turns, error, device, cached) in spans {
             self.trace.record(Span {
                 node: NodeId::from(node),
                 start: at + since(start),

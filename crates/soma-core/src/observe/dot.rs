@@ -2,8 +2,8 @@
 
 use std::fmt::Write as _;
 
-use super::svg::{HOST_STROKE, NODE_FILL, NODE_STROKE, WAVE_STROKE};
-use crate::model::device::Placement;
+use super::marks::Marks;
+use super::svg::{CACHED_FILL, CACHED_STROKE, HOST_STROKE, NODE_FILL, NODE_STROKE, WAVE_STROKE};
 use crate::plan::{decision_label, Plan, Visit};
 
 /// A DOT id: always quoted, so any node id is one, with `"` and `\` escaped.
@@ -21,14 +21,14 @@ fn dot_id(id: &str, out: &mut String) {
 /// `digraph` with `rankdir=LR`: every node, a `cluster` per wave and per remote slice (labelled
 /// `host <name>`; graphviz frames those), then
 /// an edge for every input of every step, in step order.
-pub(super) fn plan_dot(plan: &Plan, placement: Option<&Placement>) -> String {
+pub(super) fn plan_dot(plan: &Plan, marks: Marks<'_>) -> String {
     let mut out = String::from("digraph plan {\n");
     out.push_str("    rankdir=LR;\n");
     let _ = writeln!(
         out,
         "    node [shape=box, style=\"rounded,filled\", fillcolor=\"{NODE_FILL}\", color=\"{NODE_STROKE}\", fontname=\"monospace\"];"
     );
-    dot_nodes(plan, placement, &mut out);
+    dot_nodes(plan, marks, &mut out);
     for (node, from) in plan.all_steps() {
         for source in from {
             out.push_str("    ");
@@ -44,7 +44,7 @@ pub(super) fn plan_dot(plan: &Plan, placement: Option<&Placement>) -> String {
 
 /// Every node, and a cluster around each wave's, indented by how many waves enclose it; one
 /// walk, with no recursion, however deep the plan.
-fn dot_nodes(plan: &Plan, placement: Option<&Placement>, out: &mut String) {
+fn dot_nodes(plan: &Plan, marks: Marks<'_>, out: &mut String) {
     let mut depth = 1;
     let mut waves = 0;
     let mut hosts = 0;
@@ -54,9 +54,16 @@ fn dot_nodes(plan: &Plan, placement: Option<&Placement>, out: &mut String) {
             Visit::Enter(Plan::Execute { node, .. }) => {
                 out.extend(std::iter::repeat_n("    ", depth));
                 dot_id(node.as_str(), out);
-                if let Some(device) = placement.and_then(|p| p.device(node.as_str())) {
+                let cached = marks.cached(node);
+                if cached || marks.device(node).is_some() {
                     out.push_str(" [label=");
-                    dot_id(&format!("{node} @ {device}"), out);
+                    dot_id(&marks.label(node), out);
+                    if cached {
+                        let _ = write!(
+                            out,
+                            ", fillcolor=\"{CACHED_FILL}\", color=\"{CACHED_STROKE}\""
+                        );
+                    }
                     out.push(']');
                 }
                 out.push_str(";\n");
@@ -98,7 +105,9 @@ fn dot_nodes(plan: &Plan, placement: Option<&Placement>, out: &mut String) {
                 let _ = writeln!(out, "; style=\"dotted,rounded\"; color=\"{WAVE_STROKE}\";");
                 out.extend(std::iter::repeat_n("    ", depth + 1));
                 dot_id(node.as_str(), out);
-                out.push_str(" [shape=diamond];\n");
+                out.push_str(" [shape=diamond, label=");
+                dot_id(&marks.label(node), out);
+                out.push_str("];\n");
                 depth += 1;
             }
             Visit::Leave(
@@ -122,6 +131,6 @@ impl Plan {
     /// The plan as a graphviz `digraph` with `rankdir=LR`: a node per step, a `cluster` per
     /// wave, an edge for every input. Every id is quoted.
     pub fn to_dot(&self) -> String {
-        plan_dot(self, None)
+        plan_dot(self, Marks::default())
     }
 }

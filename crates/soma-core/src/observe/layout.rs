@@ -25,15 +25,14 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
+use super::marks::Marks;
 use super::svg::{
-    svg_open, xml, ARC_LEVELS, ARC_STEP, BASELINE, CHAR_WIDTH, COLUMN_GAP, CORNER, EDGE, FRAME_END,
-    FRAME_SIDE, HEAD, HOST_STROKE, HOST_TEXT, MARGIN, MUTED, NODE_FILL, NODE_HEIGHT,
-    NODE_MIN_WIDTH, NODE_PADDING, NODE_STROKE, ORDER_STROKE, ORDER_TEXT, ROW_GAP, TEXT,
-    WAVE_STROKE, WAVE_TEXT,
+    svg_open, xml, ARC_LEVELS, ARC_STEP, BASELINE, CACHED_FILL, CACHED_STROKE, CHAR_WIDTH,
+    COLUMN_GAP, CORNER, EDGE, FRAME_END, FRAME_SIDE, HEAD, HOST_STROKE, HOST_TEXT, MARGIN, MUTED,
+    NODE_FILL, NODE_HEIGHT, NODE_MIN_WIDTH, NODE_PADDING, NODE_STROKE, ORDER_STROKE, ORDER_TEXT,
+    ROW_GAP, TEXT, WAVE_STROKE, WAVE_TEXT,
 };
 use crate::compile::decompose;
-// Named apart from this module's own placement, of boxes on a page.
-use crate::model::device::Placement as Devices;
 use crate::model::graph::Graph;
 use crate::model::host::HostName;
 use crate::model::id::NodeId;
@@ -99,14 +98,6 @@ fn int(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-/// What a node's box says: its id, and `@ device` when it is placed.
-fn node_label(id: &NodeId, devices: Option<&Devices>) -> String {
-    match devices.and_then(|devices| devices.device(id.as_str())) {
-        Some(device) => format!("{id} @ {device}"),
-        None => id.to_string(),
-    }
-}
-
 fn node_width(label: &str) -> i64 {
     // A character that takes three or four bytes in UTF-8 is likely wide (CJK, emoji): count it
     // twice, so its box is too wide rather than too narrow.
@@ -124,9 +115,9 @@ fn spaced(sizes: impl Iterator<Item = i64>, gap: i64) -> i64 {
 }
 
 /// Measures every plan of the tree, children before parents; `framed` says whether frames are
-/// drawn (a plan) or not (a graph), `devices` whether boxes say where their nodes are placed.
+/// drawn (a plan) or not (a graph), `marks` what boxes say besides their node's id.
 /// The root's block is the last.
-fn measure<'p>(plan: &'p Plan, framed: bool, devices: Option<&Devices>) -> Vec<Block<'p>> {
+fn measure<'p>(plan: &'p Plan, framed: bool, marks: Marks<'_>) -> Vec<Block<'p>> {
     let mut columns_of = topological_columns(plan).into_iter();
     let mut blocks: Vec<Block<'_>> = Vec::new();
     // The blocks of the plans left whose parent is not: a parent's are the last of them.
@@ -139,7 +130,7 @@ fn measure<'p>(plan: &'p Plan, framed: bool, devices: Option<&Devices>) -> Vec<B
                 shape: Shape::Blank,
             },
             Visit::Enter(Plan::Execute { node, .. }) => Block {
-                width: node_width(&node_label(node, devices)),
+                width: node_width(&marks.label(node)),
                 height: NODE_HEIGHT,
                 shape: Shape::Node(node),
             },
@@ -158,7 +149,7 @@ fn measure<'p>(plan: &'p Plan, framed: bool, devices: Option<&Devices>) -> Vec<B
                 | Plan::Loop { node, .. }),
             ) => {
                 let parts = done.split_off(done.len() - decision.children().len());
-                let step_width = node_width(&node_label(node, devices));
+                let step_width = node_width(&marks.label(node));
                 let inner_width = parts.iter().map(|&p| blocks[p].width).max().unwrap_or(0);
                 let inner_height = spaced(parts.iter().map(|&p| blocks[p].height), ROW_GAP);
                 Block {
@@ -593,9 +584,9 @@ fn svg<'p>(
     plan: &'p Plan,
     framed: bool,
     edges: impl Iterator<Item = (&'p NodeId, &'p NodeId)>,
-    devices: Option<&Devices>,
+    marks: Marks<'_>,
 ) -> String {
-    let blocks = measure(plan, framed, devices);
+    let blocks = measure(plan, framed, marks);
     let root = blocks.len() - 1;
     let block = &blocks[root];
     if block.width == 0 {
@@ -657,10 +648,14 @@ fn svg<'p>(
     }
     // Boxes last, over the arrows, so an arrow that crosses a box passes behind it.
     for placed in &placement.boxes {
-        out.push_str("<g class=\"node\"><rect x=\"");
+        let (class, fill, stroke) = if marks.cached(placed.id) {
+            ("node cached", CACHED_FILL, CACHED_STROKE)
+        } else {
+            ("node", NODE_FILL, NODE_STROKE)
+        };
         let _ = write!(
             out,
-            "{}\" y=\"{}\" width=\"{}\" height=\"{NODE_HEIGHT}\" rx=\"6\" fill=\"{NODE_FILL}\" stroke=\"{NODE_STROKE}\" stroke-width=\"1.2\"/>",
+            "<g class=\"{class}\"><rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{NODE_HEIGHT}\" rx=\"6\" fill=\"{fill}\" stroke=\"{stroke}\" stroke-width=\"1.2\"/>",
             placed.x, placed.y, placed.width
         );
         let _ = write!(
@@ -669,7 +664,7 @@ fn svg<'p>(
             placed.x + placed.width / 2,
             placed.middle() + BASELINE
         );
-        xml(&node_label(placed.id, devices), &mut out);
+        xml(&marks.label(placed.id), &mut out);
         out.push_str("</text></g>\n");
     }
     out.push_str("</svg>\n");
@@ -726,20 +721,19 @@ fn edge(source: &NodeId, target: &NodeId, from: &Placed<'_>, to: &Placed<'_>, ou
     );
 }
 
-/// The SVG of a plan, frames drawn, each placed node's box saying its device when `devices` are
-/// given: see [`Plan::to_svg`].
-/// A graph drawn as [`Graph::to_svg`] draws it, each placed node's box saying `id @ device`
-/// when `devices` is given.
-pub(super) fn graph_svg(graph: &Graph, devices: Option<&Devices>) -> String {
-    svg(&decompose(graph), false, graph.edges(), devices)
+/// A graph drawn as [`Graph::to_svg`] draws it, each box saying what its node's `marks` say.
+pub(super) fn graph_svg(graph: &Graph, marks: Marks<'_>) -> String {
+    svg(&decompose(graph), false, graph.edges(), marks)
 }
 
-pub(super) fn plan_svg(plan: &Plan, devices: Option<&Devices>) -> String {
+/// The SVG of a plan, frames drawn, each box saying what its node's `marks` say: see
+/// [`Plan::to_svg`].
+pub(super) fn plan_svg(plan: &Plan, marks: Marks<'_>) -> String {
     let steps = plan.all_steps();
     let edges = steps
         .iter()
         .flat_map(|&(node, from)| from.iter().map(move |source| (source, node)));
-    svg(plan, true, edges, devices)
+    svg(plan, true, edges, marks)
 }
 
 impl Plan {
@@ -749,7 +743,7 @@ impl Plan {
     /// and an arrow for every input. Deterministic; no graphviz involved.
     /// [`Graph::to_svg`] draws a graph, without the frames.
     pub fn to_svg(&self) -> String {
-        plan_svg(self, None)
+        plan_svg(self, Marks::default())
     }
 }
 
@@ -773,7 +767,7 @@ impl Graph {
     /// # Ok::<(), soma_core::GraphError>(())
     /// ```
     pub fn to_svg(&self) -> String {
-        graph_svg(self, None)
+        graph_svg(self, Marks::default())
     }
 
     /// The graph as Mermaid text: the drawing of its plan (a subgraph per wave), as

@@ -3,7 +3,8 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use crate::model::device::Placement;
+use super::marks::Marks;
+use super::svg::{CACHED_FILL, CACHED_STROKE};
 use crate::plan::{decision_label, Plan, Visit};
 
 /// Mermaid names for node ids: the id itself when Mermaid reads it as a plain name, otherwise
@@ -70,20 +71,33 @@ fn mermaid_label(id: &str, out: &mut String) {
 }
 
 /// `flowchart LR`: every node with its id as label, a subgraph per wave and per remote slice
-/// (labelled with its host), then an arrow for
-/// every input of every step, in step order.
-pub(super) fn plan_mermaid(plan: &Plan, placement: Option<&Placement>) -> String {
+/// (labelled with its host), then an arrow for every input of every step, in step order, and
+/// last, when some node would be found in a cache, the class that fills those apart.
+pub(super) fn plan_mermaid(plan: &Plan, marks: Marks<'_>) -> String {
     let mut names = MermaidNames {
         names: HashMap::new(),
     };
     let mut out = String::from("flowchart LR\n");
-    mermaid_nodes(plan, placement, &mut names, &mut out);
+    mermaid_nodes(plan, marks, &mut names, &mut out);
     for (node, from) in plan.all_steps() {
         for source in from {
             let source = names.name(source.as_str()).to_owned();
             let target = names.name(node.as_str());
             let _ = writeln!(out, "    {source} --> {target}");
         }
+    }
+    let cached: Vec<String> = plan
+        .steps()
+        .into_iter()
+        .filter(|(node, _)| marks.cached(node))
+        .map(|(node, _)| names.name(node.as_str()).to_owned())
+        .collect();
+    if !cached.is_empty() {
+        let _ = writeln!(
+            out,
+            "    classDef soma_cached fill:{CACHED_FILL},stroke:{CACHED_STROKE}"
+        );
+        let _ = writeln!(out, "    class {} soma_cached", cached.join(","));
     }
     out
 }
@@ -92,7 +106,7 @@ pub(super) fn plan_mermaid(plan: &Plan, placement: Option<&Placement>) -> String
 /// walk, with no recursion, however deep the plan.
 fn mermaid_nodes<'p>(
     plan: &'p Plan,
-    placement: Option<&Placement>,
+    marks: Marks<'_>,
     names: &mut MermaidNames<'p>,
     out: &mut String,
 ) {
@@ -106,10 +120,7 @@ fn mermaid_nodes<'p>(
                 out.extend(std::iter::repeat_n("    ", depth));
                 out.push_str(names.name(node.as_str()));
                 out.push('[');
-                match placement.and_then(|p| p.device(node.as_str())) {
-                    Some(device) => mermaid_label(&format!("{node} @ {device}"), out),
-                    None => mermaid_label(node.as_str(), out),
-                }
+                mermaid_label(&marks.label(node), out);
                 out.push_str("]\n");
             }
             Visit::Enter(Plan::Wave(_)) => {
@@ -141,7 +152,7 @@ fn mermaid_nodes<'p>(
                 out.extend(std::iter::repeat_n("    ", depth + 1));
                 out.push_str(names.name(node.as_str()));
                 out.push('{');
-                mermaid_label(node.as_str(), out);
+                mermaid_label(&marks.label(node), out);
                 out.push_str("}\n");
                 depth += 1;
             }
@@ -167,6 +178,6 @@ impl Plan {
     /// `subgraph` per wave, an arrow for every input. Ids Mermaid cannot read as names are
     /// renamed `soma_n<k>` and keep their id as label.
     pub fn to_mermaid(&self) -> String {
-        plan_mermaid(self, None)
+        plan_mermaid(self, Marks::default())
     }
 }

@@ -8,6 +8,7 @@
 pub(crate) mod devices;
 mod dot;
 mod layout;
+mod marks;
 mod mermaid;
 mod svg;
 mod timeline;

@@ -20,6 +20,9 @@ pub(super) const ORDER_TEXT: &str = "#6b6b6b";
 pub(super) const MUTED: &str = "#888888";
 /// A timeline's gridlines: fainter than anything drawn on them.
 pub(super) const GRID: &str = "#e3e3e3";
+/// A node a run would find in a cache: green, as what needs no work.
+pub(super) const CACHED_FILL: &str = "#d9f2e3";
+pub(super) const CACHED_STROKE: &str = "#2f855a";
 /// A span that ended in an error.
 pub(super) const FAILED_FILL: &str = "#f4b4b4";
 

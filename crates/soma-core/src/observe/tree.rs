@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::model::device::Placement;
+use super::marks::Marks;
 use crate::plan::Plan;
 
 /// Writes the indented tree of `plan`, one line per step, without a final newline.
@@ -11,12 +11,8 @@ use crate::plan::Plan;
 /// level on the way into a plan's children and shrinks back on the way out, so one buffer
 /// serves the whole walk. The lists being walked wait on `open`, innermost last, each with the
 /// length `prefix` had before it: a plan nests as deep as it likes on the heap, not the stack.
-pub(super) fn write_tree(
-    plan: &Plan,
-    placement: Option<&Placement>,
-    out: &mut impl fmt::Write,
-) -> fmt::Result {
-    write_label(plan, placement, out)?;
+pub(super) fn write_tree(plan: &Plan, marks: Marks<'_>, out: &mut impl fmt::Write) -> fmt::Result {
+    write_label(plan, marks, out)?;
     let mut prefix = String::new();
     // Each list being walked, with the keys of its plans when it is a `Switch`'s cases.
     let mut open: Vec<(
@@ -37,7 +33,7 @@ pub(super) fn write_tree(
         if let Some(key) = keys.next() {
             write!(out, "case {key}: ")?;
         }
-        write_label(child, placement, out)?;
+        write_label(child, marks, out)?;
         if !child.children().is_empty() {
             let restore = prefix.len();
             prefix.push_str(if last { "    " } else { "│   " });
@@ -81,19 +77,18 @@ fn write_step(
     Ok(())
 }
 
-fn write_label(
-    plan: &Plan,
-    placement: Option<&Placement>,
-    out: &mut impl fmt::Write,
-) -> fmt::Result {
+fn write_label(plan: &Plan, marks: Marks<'_>, out: &mut impl fmt::Write) -> fmt::Result {
     match plan {
         Plan::Empty => out.write_str("Empty"),
         Plan::Execute { node, from } => {
             write_step(node.as_str(), from, out)?;
-            match placement.and_then(|p| p.device(node.as_str())) {
-                Some(device) => write!(out, " @ {device}"),
-                None => Ok(()),
+            if let Some(device) = marks.device(node) {
+                write!(out, " @ {device}")?;
             }
+            if marks.cached(node) {
+                out.write_str(" (cached)")?;
+            }
+            Ok(())
         }
         Plan::Sequence(_) => out.write_str("Sequence"),
         Plan::Wave(_) => out.write_str("Wave"),
@@ -144,6 +139,6 @@ impl fmt::Display for Plan {
     ///
     /// [`Plan::compact`] is the same tree on one line.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write_tree(self, None, f)
+        write_tree(self, Marks::default(), f)
     }
 }

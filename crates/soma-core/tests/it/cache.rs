@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use proptest::prelude::*;
 use soma_core::{
-    compile, Ctx, Device, Entry, Executor, Graph, Key, MemoryCache, Node, NodeError, Placement,
-    Program, Stream, StreamSettings, Trace as Spans, Transition, Value,
+    compile, Ctx, Device, Entry, Executor, Graph, Key, MemoryCache, Node, NodeError, NodeId,
+    Placement, Plan, Program, Stream, StreamSettings, Trace as Spans, Transition, Value,
 };
 
 use crate::random_graphs::random_dag;
@@ -50,6 +50,7 @@ impl Node for Versioned {
 
 /// A graph with a cache, its nodes' versions and a log of their calls.
 struct Bench {
+    plan: Plan,
     program: Arc<Program>,
     versions: Arc<Versions>,
     log: Arc<Log>,
@@ -79,8 +80,10 @@ impl Bench {
                     .then(|| Key::of_bytes(format!("{id}@{}", versions.of(id)).as_bytes()))
             }))
         };
+        let plan = compile(graph, &catalog).unwrap();
         Bench {
-            program: Arc::new(Program::new(&compile(graph, &catalog).unwrap(), &catalog).unwrap()),
+            program: Arc::new(Program::new(&plan, &catalog).unwrap()),
+            plan,
             versions,
             log,
             broken,
@@ -533,4 +536,54 @@ fn would_hit_says_which_nodes_a_run_would_find_without_calling_any() {
     assert!(Executor::new()
         .would_hit(&bench.program, &Value::Int(1))
         .is_empty());
+}
+
+#[test]
+fn each_drawing_of_a_plan_marks_the_nodes_a_run_would_find_in_the_cache_and_only_those() {
+    let bench = Bench::new(&chain(&["a", "b", "c"]));
+    bench.run(Value::Int(1));
+    bench.versions.edit("b");
+    let cached: HashSet<NodeId> = bench
+        .executor()
+        .would_hit(&bench.program, &Value::Int(1))
+        .into_iter()
+        .filter_map(|(id, hit)| hit.then_some(id))
+        .collect();
+    let drawing = bench.plan.with_cached(&cached);
+    insta::assert_snapshot!(drawing, @r"
+    Sequence
+    ├── a <- (input) (cached)
+    ├── b <- a
+    └── c <- b
+    ");
+    let mermaid = drawing.to_mermaid();
+    assert!(mermaid.contains("a[\"a (cached)\"]"), "{mermaid}");
+    assert!(mermaid.contains("b[\"b\"]"), "{mermaid}");
+    assert!(mermaid.ends_with("    class a soma_cached\n"), "{mermaid}");
+    let dot = drawing.to_dot();
+    assert!(
+        dot.contains("\"a\" [label=\"a (cached)\", fillcolor=\"#d9f2e3\", color=\"#2f855a\"];"),
+        "{dot}"
+    );
+    assert!(dot.contains("    \"b\";"), "{dot}");
+    let svg = drawing.to_svg();
+    assert_eq!(svg.matches("<g class=\"node cached\">").count(), 1, "{svg}");
+    assert!(svg.contains(">a (cached)</text>"), "{svg}");
+    assert!(svg.contains(">b</text>"), "{svg}");
+    // With its devices too, a node says both; with nothing cached, the plan's own drawings.
+    let mut placement = Placement::new();
+    placement.place("a", "cuda:1".parse::<Device>().unwrap());
+    let both = bench.plan.with_devices(&placement).with_cached(&cached);
+    assert!(both.to_string().contains("a <- (input) @ cuda:1 (cached)"));
+    let none = HashSet::new();
+    assert_eq!(
+        bench.plan.with_cached(&none).to_string(),
+        bench.plan.to_string()
+    );
+    assert_eq!(
+        bench.plan.with_cached(&none).to_mermaid(),
+        bench.plan.to_mermaid()
+    );
+    assert_eq!(bench.plan.with_cached(&none).to_dot(), bench.plan.to_dot());
+    assert_eq!(bench.plan.with_cached(&none).to_svg(), bench.plan.to_svg());
 }
