@@ -180,6 +180,10 @@ impl Executor {
         outcome
     }
 
+    // Kept out of line: a run without decisions should not carry their code through
+    // every step of its walk.
+    #[cold]
+    #[inline(never)]
     pub(super) fn map(
         &self,
         op: &MapOp,
@@ -360,6 +364,10 @@ impl Executor {
         }
     }
 
+    // Kept out of line: a run without decisions should not carry their code through
+    // every step of its walk.
+    #[cold]
+    #[inline(never)]
     pub(super) fn switch(
         &self,
         op: &SwitchOp,
@@ -392,6 +400,10 @@ impl Executor {
         })
     }
 
+    // Kept out of line: a run without decisions should not carry their code through
+    // every step of its walk.
+    #[cold]
+    #[inline(never)]
     pub(super) fn repeat(
         &self,
         op: &LoopOp,
