@@ -93,12 +93,12 @@ impl Executor {
         lane: Lane<'_>,
         decide: impl FnOnce() -> Result<Value, Halt>,
     ) -> Result<(), Halt> {
-        if let Some(run) = lane.marks {
-            run.set_running(step.slot(), true);
+        if let Some(run) = lane.detached {
+            run.set_running(lane.program, step.slot(), true);
         }
         let value = decide();
-        if let Some(run) = lane.marks {
-            run.set_running(step.slot(), false);
+        if let Some(run) = lane.detached {
+            run.set_running(lane.program, step.slot(), false);
         }
         let value = value?;
         if let Some(keys) = lane.keys {
@@ -123,10 +123,10 @@ impl Executor {
             own: table,
             shared: None,
         };
-        // A sub-program's steps are not marked running (its step is) nor keyed in the cache.
+        // A sub-program's steps are not marked running (its step is: see
+        // `Detached::set_running`) nor keyed in the cache.
         let inner = Lane {
             program: body,
-            marks: None,
             keys: None,
             prefetching: false,
             ..lane

@@ -262,7 +262,7 @@ impl Executor {
             executor: self.clone(),
             program: Arc::clone(program),
             input,
-            detached: Detached::new(program.len(), Arc::downgrade(&remains)),
+            detached: Detached::new(&**program, program.len(), Arc::downgrade(&remains)),
             keys: self.run_keys(program),
         });
         let mut table = Kept::new(vec![None; program.len()]);
@@ -420,15 +420,15 @@ impl Executor {
         if self.watch.as_deref().is_some_and(Watch::interrupted) {
             return Err(Halt::Failed(RunError::Interrupted));
         }
-        if let Some(run) = lane.marks {
-            run.set_running(step.slot(), true);
+        if let Some(run) = lane.detached {
+            run.set_running(lane.program, step.slot(), true);
         }
         let value = match lane.keys {
             None => self.gather_and_call(step, input, frame, lane),
             Some(keys) => self.through_cache(keys, step, input, frame, lane),
         };
-        if let Some(run) = lane.marks {
-            run.set_running(step.slot(), false);
+        if let Some(run) = lane.detached {
+            run.set_running(lane.program, step.slot(), false);
         }
         *frame.cell(step.slot()) = Some(value?);
         Ok(())

@@ -37,11 +37,6 @@ pub(super) struct Lane<'s> {
     pub(super) crew: &'s Crew,
     pub(super) caller: thread::ThreadId,
     pub(super) detached: Option<&'s Detached>,
-    /// Where the steps walked along this lane are marked running, for the error of a run its
-    /// caller left: the run's bookkeeping for the program it was started with; none inside a
-    /// `Map`, `Switch` or `Loop` step's sub-program, whose slots are its own (the step itself
-    /// is marked).
-    pub(super) marks: Option<&'s Detached>,
     /// The program run: its node ids by slot (a step keeps only its slot), and its policies.
     pub(super) program: &'s Program,
     /// Whether the run prefetches each next node ([`Program::prefetching`]).
@@ -64,7 +59,6 @@ impl<'s> Lane<'s> {
             crew,
             caller: thread::current().id(),
             detached,
-            marks: detached,
             program,
             prefetching: program.prefetching(),
             keys,

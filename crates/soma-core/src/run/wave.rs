@@ -357,7 +357,6 @@ impl Executor {
             crew: outer.crew,
             caller: outer.caller,
             detached: outer.detached,
-            marks: outer.marks,
             program: outer.program,
             prefetching: outer.prefetching,
             keys: outer.keys,
