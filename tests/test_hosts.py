@@ -417,18 +417,13 @@ def test_a_node_on_a_host_edited_between_runs_runs_there_as_it_is_now(
     assert hosts_here.hosts["two"].loads == [[["b"]]]
 
 
-def test_a_rerun_of_an_unchanged_graph_sends_its_hosts_nothing() -> None:
-    hosts = _HostsHere()
-    soma.remote.use(hosts)  # type: ignore[arg-type]
-    try:
-        g = soma.Graph.somatize(
-            Holds([1, 2]).named("far").at("one") >> Holds(np.ones(3)).named("farther").at("two")
-        )
-        assert [g.forward(0) for _ in range(3)] == [6, 6, 6]
-        assert hosts.hosts["one"].loads == [[["far"]]]
-        assert hosts.hosts["two"].loads == [[["farther"]]]
-    finally:
-        soma.remote.use(None)
+def test_a_rerun_of_an_unchanged_graph_sends_its_hosts_nothing(hosts_here: _HostsHere) -> None:
+    g = soma.Graph.somatize(
+        Holds([1, 2]).named("far").at("one") >> Holds(np.ones(3)).named("farther").at("two")
+    )
+    assert [g.forward(0) for _ in range(3)] == [6, 6, 6]
+    assert hosts_here.hosts["one"].loads == [[["far"]]]
+    assert hosts_here.hosts["two"].loads == [[["farther"]]]
 
 
 def test_of_two_slices_on_one_host_only_the_one_whose_node_changed_is_sent_again(
