@@ -23,7 +23,8 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import soma
-from conftest import DEADLINE, interrupt_script, run_script
+from conftest import DEADLINE, interrupt_script, registered, run_script
+from test_devices import OnDevice, Recorder
 from test_properties import Dag, Traced, dags, expected_run
 
 # ---------------------------------------------------------------------------------------------
@@ -552,6 +553,138 @@ class WithCtx(soma.Node):
 def test_an_async_node_with_ctx_is_told_its_id_and_device() -> None:
     g = soma.Graph.somatize(WithCtx().named("w").on("cpu"))
     assert run(g.aforward(0)) == ("w", "cpu", 0, [])
+
+
+class SeesDevice(soma.Node):
+    """Records the current cuda device of its thread at each of its steps; between steps, meets
+    the other parties at ``barrier`` (with a deadline), so every party takes a step of each
+    round before any takes the next: the steps interleave on the loop."""
+
+    def __init__(self, backend: Recorder, barrier: asyncio.Barrier, rounds: int) -> None:
+        self.backend = backend
+        self.barrier = barrier
+        self.rounds = rounds
+
+    async def forward(self, x: Any) -> Any:
+        seen = []
+        for _ in range(self.rounds):
+            seen.append(self.backend.current("cuda"))
+            async with asyncio.timeout(DEADLINE):
+                await self.barrier.wait()
+        seen.append(self.backend.current("cuda"))
+        return seen
+
+
+def test_interleaved_async_nodes_on_two_devices_each_see_their_own_at_every_step() -> None:
+    rounds = 4
+    with registered(Recorder()) as backend:
+
+        async def main() -> tuple[Any, list[str | None], str | None]:
+            barrier = asyncio.Barrier(4)
+            g = soma.Graph.somatize(
+                SeesDevice(backend, barrier, rounds).named("a").on("cuda:1")
+                | SeesDevice(backend, barrier, rounds).named("b").on("cuda:2")
+                | SeesDevice(backend, barrier, rounds).named("c")
+            )
+            between: list[str | None] = []  # What the loop's other tasks see between the steps.
+
+            async def watch() -> None:
+                for _ in range(rounds):
+                    between.append(backend.current("cuda"))
+                    async with asyncio.timeout(DEADLINE):
+                        await barrier.wait()
+
+            out, _ = await asyncio.gather(g.aforward(None), watch())
+            return out, between, backend.current("cuda")
+
+        out, between, after = run(main())
+    assert out == {
+        "a": ["cuda:1"] * (rounds + 1),
+        "b": ["cuda:2"] * (rounds + 1),
+        "c": ["cuda:0"] * (rounds + 1),
+    }
+    assert between == ["cuda:0"] * rounds
+    assert after == "cuda:0"
+
+
+def test_forward_makes_a_placed_async_nodes_device_current_at_every_step() -> None:
+    with registered(Recorder()) as backend:
+        g = soma.Graph.somatize(
+            SeesDevice(backend, asyncio.Barrier(1), 3).named("a").on("xpu:1")
+            >> SeesDevice(backend, asyncio.Barrier(1), 3).named("b").on("cuda:3")
+        )
+        assert g.forward(None) == ["cuda:3"] * 4
+        assert "xpu:1" in [device for _, device in backend.sets]
+
+
+class Cleans(soma.Node):
+    """Waits for ever; its ``finally`` records the current cuda device."""
+
+    def __init__(self, backend: Recorder, seen: list[str | None]) -> None:
+        self.backend = backend
+        self.seen = seen
+
+    async def forward(self, x: Any) -> Any:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self.seen.append(self.backend.current("cuda"))
+
+
+def test_a_cancelled_placed_async_node_runs_its_finally_on_its_device_and_puts_it_back() -> None:
+    seen: list[str | None] = []
+    with registered(Recorder()) as backend:
+        g = soma.Graph.somatize(Cleans(backend, seen).named("a").on("cuda:1"))
+        with pytest.raises(TimeoutError, match="`a`"):
+            run(g.aforward(None, timeout=0))
+        assert seen == ["cuda:1"]
+        assert backend.current("cuda") == "cuda:0"
+
+
+def test_a_placed_async_node_that_raises_puts_its_device_back() -> None:
+    async def fails(x: Any) -> Any:
+        raise KeyError(x)
+
+    with registered(Recorder()) as backend:
+        g = soma.Graph.somatize(AsyncCall(fails).named("a").on("cuda:1"))
+        with pytest.raises(KeyError):
+            run(g.aforward(1))
+        assert backend.current("cuda") == "cuda:0"
+        assert [device for _, device in backend.sets] == ["cuda:1", "cuda:0"]
+
+
+@pytest.mark.parametrize(
+    "value", [OnDevice("cpu"), (OnDevice("cuda:1"), OnDevice("cpu")), {"x": OnDevice("cpu")}]
+)
+def test_a_placed_async_nodes_output_on_another_device_fails_as_a_sync_nodes_does(
+    value: Any,
+) -> None:
+    async def gives(x: Any) -> Any:
+        return value
+
+    def raised(g: soma.Graph) -> soma.WrongDeviceError:
+        with pytest.raises(soma.WrongDeviceError) as failed:
+            g.forward(None)
+        return failed.value
+
+    expected = raised(soma.Graph.somatize(Call(lambda x: value).named("head").on("cuda:1")))
+    error = raised(soma.Graph.somatize(AsyncCall(gives).named("head").on("cuda:1")))
+    assert (error.node, error.declared, error.found) == ("head", "cuda:1", "cpu")
+    assert str(error) == str(expected)
+    assert error.__notes__ == expected.__notes__
+
+
+@pytest.mark.parametrize(
+    ("placed", "value"), [("cuda:1", OnDevice("cuda:1")), ("cuda:1", 3), ("mps", OnDevice("mps:0"))]
+)
+def test_a_placed_async_nodes_output_on_its_device_or_saying_nothing_passes(
+    placed: str, value: Any
+) -> None:
+    async def gives(x: Any) -> Any:
+        return value
+
+    g = soma.Graph.somatize(AsyncCall(gives).named("head").on(placed))
+    assert run(g.aforward(None)) is value
 
 
 class Asks(soma.Node):

@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from typing import Any, Protocol, assert_never
 
-from soma import _soma
+from soma import _soma, devices
 from soma._cache import Cache
 from soma._policy import RetryPolicy
 from soma._slices import INPUT, Settings, SliceRunner, cut
@@ -83,7 +83,7 @@ class _Call:
     device: str | None
     retry: RetryPolicy | None
     limit: float | None
-    #: Neither retries nor a time limit: the node is awaited as it is.
+    #: Neither retries, a time limit nor a device: the node is awaited as it is.
     plain: bool
 
 
@@ -149,7 +149,7 @@ def prepare(graph: Graph) -> Prepared:
                 devices.get(node),
                 retry,
                 limit,
-                retry is None and limit is None,
+                retry is None and limit is None and node not in devices,
             )
             into.append(call)
             calls.append(call)
@@ -440,15 +440,20 @@ async def _attempts(step: _Call, run: _Run, x: Any, path: tuple[int, ...]) -> An
             start = 0.0 if trace is None else trace._now()
             error: str | None = None
             try:
+                device = step.device
                 if step.takes_ctx:
-                    coroutine = forward(x, _soma.Ctx._for_async(node, step.device))
+                    coroutine = forward(x, _soma.Ctx._for_async(node, device))
                 else:
                     coroutine = forward(x)
+                if device is not None:
+                    coroutine = _OnDevice(coroutine, device)
                 if step.limit is None:
-                    out = await coroutine
+                    out = _unwrapped(node, await coroutine)
                 else:
-                    out = await _limited(step, coroutine)
-                return _unwrapped(node, out)
+                    out = _unwrapped(node, await _limited(step, coroutine))
+                if device is not None:
+                    _soma._check_device(node, device, out)
+                return out
             except Exception as failure:
                 error = f"{type(failure).__name__}: {failure}"
                 if retry is None or attempt >= retry.times or not isinstance(failure, retry.on):
@@ -467,6 +472,47 @@ async def _attempts(step: _Call, run: _Run, x: Any, path: tuple[int, ...]) -> An
             attempt += 1
     finally:
         run.end((node,))
+
+
+class _OnDevice:
+    """A placed async node's coroutine, driven one step at a time with its device current on
+    the loop's thread around each step (``soma.devices._enter``) and the device current before
+    put back after it. Tasks interleave on the loop between steps, never inside one, so each
+    node sees its own device at every step, and whatever else runs on the loop sees the
+    thread's own."""
+
+    __slots__ = ("coroutine", "device")
+
+    def __init__(self, coroutine: Any, device: str) -> None:
+        self.coroutine = coroutine
+        self.device = device
+
+    def __await__(self) -> Any:
+        coroutine, device = self.coroutine, self.device
+        sent: Any = None
+        thrown: BaseException | None = None
+        while True:
+            restore = devices._enter(device)
+            try:
+                yielded = coroutine.send(sent) if thrown is None else coroutine.throw(thrown)
+            except StopIteration as returned:
+                return returned.value
+            finally:
+                thrown = None
+                if restore is not None:
+                    restore()
+            try:
+                sent = yield yielded
+            except GeneratorExit:  # Closed unfinished: the node's `finally` runs on its device.
+                restore = devices._enter(device)
+                try:
+                    coroutine.close()
+                finally:
+                    if restore is not None:
+                        restore()
+                raise
+            except BaseException as raised:  # Cancelled, mostly: passed on to the node.
+                sent, thrown = None, raised
 
 
 async def _limited(step: _Call, coroutine: Any) -> Any:
