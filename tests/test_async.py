@@ -16,6 +16,7 @@ import copy
 import json
 import textwrap
 import threading
+import weakref
 from typing import Any
 
 import pytest
@@ -312,6 +313,100 @@ def test_a_sync_piece_and_an_async_branch_of_one_wave_are_in_flight_together() -
         return await g.aforward("together")
 
     assert run(main()) == {"sync": "together", "async": "together"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory
+
+
+class Value:
+    """An output a test can watch with a weak reference."""
+
+
+class Makes(soma.Node):
+    """Returns a fresh :class:`Value`, and keeps a weak reference to it in ``refs``."""
+
+    def __init__(self, refs: list[weakref.ref[Value]]) -> None:
+        self.refs = refs
+
+    async def forward(self, x: Any) -> Any:
+        value = Value()
+        self.refs.append(weakref.ref(value))
+        return value
+
+
+class Signals(soma.Node):
+    """Sets ``done`` and passes its input on."""
+
+    def __init__(self, done: asyncio.Event) -> None:
+        self.done = done
+
+    async def forward(self, x: Any) -> Any:
+        self.done.set()
+        return x
+
+
+class AwaitsThenLooks(soma.Node):
+    """Waits (with a deadline) for ``done``, then answers whether the value behind ``refs[0]``
+    is still alive."""
+
+    def __init__(self, done: asyncio.Event, refs: list[weakref.ref[Value]]) -> None:
+        self.done = done
+        self.refs = refs
+
+    async def forward(self, x: Any) -> Any:
+        async with asyncio.timeout(DEADLINE):
+            await self.done.wait()
+        return self.refs[0]() is not None
+
+
+def watched_graph(reader: soma.Node, *, late_reader: bool) -> tuple[soma.Graph, Any]:
+    """``make`` >> ``use`` (``reader``) >> ``signal`` beside ``look``, which waits for
+    ``signal`` and answers whether ``make``'s output is alive; with ``late_reader``, ``late``
+    reads ``make``'s output again after ``look``."""
+    refs: list[weakref.ref[Value]] = []
+    done = asyncio.Event()
+    g = soma.Graph()
+    g.node("make", Makes(refs))
+    g.node("use", reader)
+    g.node("signal", Signals(done))
+    g.node("look", AwaitsThenLooks(done, refs))
+    g.edge("make", "use")
+    g.edge("use", "signal")
+    if late_reader:
+        g.node("late", Call(lambda x: x["look"]))
+        g.edge("make", "late")
+        g.edge("look", "late")
+    return g, refs
+
+
+@pytest.mark.parametrize(
+    "reader",
+    [AsyncCall(lambda x: asyncio.sleep(0, "used")), Call(lambda x: "used")],
+    ids=["async", "sync"],
+)
+def test_an_output_is_dropped_once_its_last_reader_has_run_while_the_run_goes_on(
+    reader: soma.Node,
+) -> None:
+    g, refs = watched_graph(reader, late_reader=False)
+    assert run(g.aforward(None)) == {"signal": "used", "look": False}
+    assert len(refs) == 1
+
+
+def test_an_output_is_kept_while_a_reader_is_still_to_read_it() -> None:
+    g, refs = watched_graph(AsyncCall(lambda x: asyncio.sleep(0, "used")), late_reader=True)
+    assert run(g.aforward(None)) == {"signal": "used", "late": True}
+    assert refs[0]() is None  # The run is over: nothing holds it.
+
+
+def test_amap_drops_each_items_outputs_after_their_last_reader() -> None:
+    g, refs = watched_graph(AsyncCall(lambda x: asyncio.sleep(0, "used")), late_reader=False)
+
+    async def main() -> list[Any]:
+        return [y async for y in g.amap(range(1))]
+
+    assert run(main()) == [{"signal": "used", "look": False}]
+    assert len(refs) == 1
 
 
 # ---------------------------------------------------------------------------------------------

@@ -93,6 +93,8 @@ class _Piece:
 
     runner: SliceRunner
     reads: tuple[str, ...]
+    #: The outputs of other steps it reads (``reads`` without the graph's input).
+    sources: tuple[str, ...]
     #: The tap of each returned node in the piece's own graph, and the node.
     taps: tuple[tuple[str, str], ...]
     nodes: frozenset[str]
@@ -117,6 +119,9 @@ class Prepared:
     leaves: tuple[str, ...]
     #: The async nodes and the pieces, for ``amap``'s limits.
     calls: tuple[_Call | _Piece, ...]
+    #: How many steps read each output: a run drops an output once that many have read it, as
+    #: the engine drops a value after its last reader. A leaf is read by none: the run's result.
+    readers: dict[str, int]
 
 
 def prepare(graph: Graph) -> Prepared:
@@ -160,6 +165,7 @@ def prepare(graph: Graph) -> Prepared:
             piece_step = _Piece(
                 runner,
                 piece.reads,
+                tuple(read for read in piece.reads if read != INPUT),
                 taps,
                 frozenset(runner.nodes),
                 tuple(runner.nodes),
@@ -176,7 +182,11 @@ def prepare(graph: Graph) -> Prepared:
             pass
         else:  # The plan's kinds are a closed set: a new one must be handled above.
             raise AssertionError(f"a plan step of kind {kind!r} the async walk does not know")
-    return Prepared(root, tuple(graph.leaves()), tuple(calls))
+    readers: dict[str, int] = {}
+    for step in calls:
+        for source in step.inputs if isinstance(step, _Call) else step.sources:
+            readers[source] = readers.get(source, 0) + 1
+    return Prepared(root, tuple(graph.leaves()), tuple(calls), readers)
 
 
 def _listed(nodes: Iterable[str]) -> str:
@@ -264,6 +274,7 @@ class _Run:
         "driver",
         "input",
         "keys",
+        "left",
         "limits",
         "loop",
         "running",
@@ -280,6 +291,7 @@ class _Run:
         turn_limit: int,
         trace: _soma.Trace | None,
         limits: dict[int, asyncio.Semaphore] | None,
+        readers: dict[str, int],
         cache: Cache | None = None,
     ) -> None:
         self.core = core
@@ -291,17 +303,31 @@ class _Run:
         self.limits = limits
         self.loop = asyncio.get_running_loop()
         self.values: dict[str, Any] = {}
+        #: How many steps are still to read each output.
+        self.left = dict(readers)
         #: The nodes in flight now (a piece's all), for the message of a timeout.
         self.running: dict[str, int] = {}
 
     def read(self, inputs: tuple[str, ...]) -> Any:
         """A step's input, as ``forward`` gives it: the graph's input, one predecessor's
-        output, or several keyed by predecessor in the order the edges were declared."""
+        output, or several keyed by predecessor in the order the edges were declared. Each
+        output read for the last time is dropped from the run: the step holds it from here."""
         if not inputs:
             return self.input
-        if len(inputs) == 1:
-            return self.values[inputs[0]]
-        return {source: self.values[source] for source in inputs}
+        values = self.values
+        x = values[inputs[0]] if len(inputs) == 1 else {s: values[s] for s in inputs}
+        self.release(inputs)
+        return x
+
+    def release(self, sources: tuple[str, ...]) -> None:
+        """Notes that a step has read ``sources``: those it was the last to read are dropped."""
+        left, values = self.left, self.values
+        for source in sources:
+            count = left[source] - 1
+            if count:
+                left[source] = count
+            else:
+                del values[source]
 
     def begin(self, names: Iterable[str]) -> None:
         for name in names:
@@ -341,6 +367,8 @@ async def _branch(steps: list[_Step], run: _Run, stop: _Stop, path: tuple[int, .
                 if type(out) is _soma.Done or type(out) is _soma.Await:
                     out = _unwrapped(node, out)
                 run.values[node] = out
+                # Held here no longer: an output lives in the run until its last reader only.
+                x = out = None
             else:
                 run.values[step.node] = await _call(step, run, path)
         elif isinstance(step, _Piece):
@@ -561,7 +589,10 @@ async def _piece(step: _Piece, run: _Run, stop: _Stop, path: tuple[int, ...]) ->
 
 async def _lent(step: _Piece, run: _Run, stop: _Stop, path: tuple[int, ...]) -> dict[str, Any]:
     values = run.values
-    inputs = {read: run.input if read == INPUT else values[read] for read in step.reads}
+    # Handed over, not kept: the lent thread may hold `work` a while after it has run, and an
+    # input read for the last time must go when the piece is done with it.
+    handed = [{read: run.input if read == INPUT else values[read] for read in step.reads}]
+    run.release(step.sources)
     loop = run.loop
     future: asyncio.Future[Any] = loop.create_future()
     flag = _soma.StopFlag()
@@ -593,7 +624,7 @@ async def _lent(step: _Piece, run: _Run, stop: _Stop, path: tuple[int, ...]) -> 
         outcome: Any = None
         failure: BaseException | None = None
         try:
-            out = context.run(forward, inputs, driver, turn_limit, own, None, flag, cache)
+            out = context.run(forward, handed.pop(), driver, turn_limit, own, None, flag, cache)
             if len(taps) == 1:
                 outcome = {taps[0][1]: out}
             else:
@@ -649,7 +680,7 @@ def start(
         timeout = _checked_timeout(timeout)
     if prepared is None:
         prepared = graph._prepared()
-    run = _Run(graph._core, input, driver, turn_limit, trace, limits, cache)
+    run = _Run(graph._core, input, driver, turn_limit, trace, limits, prepared.readers, cache)
     return run.loop.create_task(_walk(prepared, run, timeout))
 
 
