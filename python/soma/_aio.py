@@ -293,6 +293,7 @@ class _Run:
         limits: dict[int, asyncio.Semaphore] | None,
         readers: dict[str, int],
         cache: Cache | None = None,
+        running: dict[str, int] | None = None,
     ) -> None:
         self.core = core
         self.keys = None if cache is None else _Keys(cache, core, input)
@@ -305,8 +306,9 @@ class _Run:
         self.values: dict[str, Any] = {}
         #: How many steps are still to read each output.
         self.left = dict(readers)
-        #: The nodes in flight now (a piece's all), for the message of a timeout.
-        self.running: dict[str, int] = {}
+        #: The nodes in flight now (a piece's all), for the message of a timeout; shared by the
+        #: runs of a stream, whose timeout names them all.
+        self.running: dict[str, int] = {} if running is None else running
 
     def read(self, inputs: tuple[str, ...]) -> Any:
         """A step's input, as ``forward`` gives it: the graph's input, one predecessor's
@@ -672,6 +674,7 @@ def start(
     limits: dict[int, asyncio.Semaphore] | None = None,
     prepared: Prepared | None = None,
     cache: Cache | None = None,
+    running: dict[str, int] | None = None,
 ) -> asyncio.Task[Any]:
     """What ``Graph.aforward`` awaits: the walk, as a task of its own, so that the run has a
     copy of the caller's context (what nodes set never reaches the caller) and cancelling the
@@ -680,7 +683,9 @@ def start(
         timeout = _checked_timeout(timeout)
     if prepared is None:
         prepared = graph._prepared()
-    run = _Run(graph._core, input, driver, turn_limit, trace, limits, prepared.readers, cache)
+    run = _Run(
+        graph._core, input, driver, turn_limit, trace, limits, prepared.readers, cache, running
+    )
     return run.loop.create_task(_walk(prepared, run, timeout))
 
 
@@ -880,22 +885,16 @@ def kept_loop() -> asyncio.AbstractEventLoop:
         return _KEPT[1]
 
 
-async def amap(
-    graph: Graph,
-    inputs: Iterable[Any] | AsyncIterable[Any],
-    *,
-    in_flight: int,
-    concurrency: Mapping[str, int] | None,
-    driver: Any,
-    turn_limit: int,
-    trace: _soma.Trace | None,
-) -> AsyncIterator[Any]:
-    """``Graph.amap``: the results of ``inputs`` through the graph, in order, with up to
-    ``in_flight`` items in flight; each node (or piece of sync nodes) on as many items at once
-    as its concurrency allows."""
-    if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
-        raise ValueError(f"in_flight takes an int of at least 1, not {in_flight!r}")
-    prepared = graph._prepared()
+def checked_timeout(seconds: float | None) -> float | None:
+    """``timeout=`` as given, checked: ``None``, or a finite number of seconds, 0 or more."""
+    return None if seconds is None else _checked_timeout(seconds)
+
+
+def limits_for(
+    graph: Graph, prepared: Prepared, concurrency: Mapping[str, int] | None
+) -> dict[int, asyncio.Semaphore]:
+    """A stream's limit on each async node and piece of ``prepared``: a node's concurrency as
+    asked now, by ``concurrency=``, else its own; a piece's, its least concurrent node's."""
     wanted = dict(concurrency or {})
     for node, count in wanted.items():
         if node not in graph:
@@ -904,7 +903,6 @@ async def amap(
             raise ValueError(f"concurrency takes an int of at least 1, not {count!r}")
 
     def concurrency_of(node: str) -> int:
-        """A node's concurrency as asked now: by ``concurrency=``, else its own."""
         asked = wanted.get(node)
         return (
             asked
@@ -916,7 +914,43 @@ async def amap(
     for call in prepared.calls:
         names = (call.node,) if isinstance(call, _Call) else call.names
         limits[id(call)] = asyncio.Semaphore(min(concurrency_of(node) for node in names))
+    return limits
+
+
+def stream_timed_out(timeout: float, late: Iterable[str]) -> TimeoutError:
+    """The error of a stream of a graph with async nodes past its ``timeout``."""
+    names = list(late)
+    still = f"; still running: {_listed(names)} (cancelled)" if names else ""
+    return TimeoutError(
+        f"the stream did not finish within its timeout of {timeout:g} s{still}\n"
+        "hint: the graph can run again at once; a node that waits for something that may "
+        "not come should wait with a timeout of its own"
+    )
+
+
+async def amap(
+    graph: Graph,
+    inputs: Iterable[Any] | AsyncIterable[Any],
+    *,
+    in_flight: int,
+    concurrency: Mapping[str, int] | None,
+    driver: Any,
+    turn_limit: int,
+    trace: _soma.Trace | None,
+    timeout: float | None = None,
+    deadline: float | None = None,
+    cache: Cache | None = None,
+) -> AsyncIterator[Any]:
+    """``Graph.amap``: the results of ``inputs`` through the graph, in order, with up to
+    ``in_flight`` items in flight; each node (or piece of sync nodes) on as many items at once
+    as its concurrency allows. Past ``deadline`` (``time.monotonic()``, ``timeout`` seconds
+    after the call), the items in flight are cancelled and :class:`TimeoutError` raised."""
+    if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
+        raise ValueError(f"in_flight takes an int of at least 1, not {in_flight!r}")
+    prepared = graph._prepared()
+    limits = limits_for(graph, prepared, concurrency)
     pending: deque[asyncio.Task[Any]] = deque()
+    running: dict[str, int] = {}
 
     def launch(x: Any) -> None:
         pending.append(
@@ -929,22 +963,60 @@ async def amap(
                 timeout=None,
                 limits=limits,
                 prepared=prepared,
+                cache=cache,
+                running=running,
             )
         )
 
+    def late() -> TimeoutError:
+        assert timeout is not None
+        return stream_timed_out(timeout, running)
+
+    async def taken() -> Any:
+        """The first pending item's result, unless the deadline passes first; the item stays
+        pending until then, so that it is cancelled with the rest if it fails or is late."""
+        task = pending[0]
+        if deadline is None:
+            out = await task
+        else:
+            left = deadline - time.monotonic()
+            if left > 0:
+                await asyncio.wait((task,), timeout=left)
+            if not task.done() or time.monotonic() > deadline:
+                raise late()
+            out = task.result()
+        pending.popleft()
+        return out
+
+    async def read(source: AsyncIterator[Any]) -> Any:
+        """The next input of ``source``, unless the deadline passes first."""
+        if deadline is None:
+            return await anext(source)
+        try:
+            return await asyncio.wait_for(anext(source), max(deadline - time.monotonic(), 0))
+        except TimeoutError:
+            raise late() from None
+
     try:
         if isinstance(inputs, AsyncIterable):
-            async for x in inputs:
+            source = aiter(inputs)
+            while True:
+                try:
+                    x = await read(source)
+                except StopAsyncIteration:
+                    break
                 launch(x)
                 if len(pending) >= in_flight:
-                    yield await pending.popleft()
+                    yield await taken()
         else:
             for x in inputs:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise late()
                 launch(x)
                 if len(pending) >= in_flight:
-                    yield await pending.popleft()
+                    yield await taken()
         while pending:
-            yield await pending.popleft()
+            yield await taken()
     finally:
         for task in pending:
             task.cancel()
