@@ -1243,6 +1243,27 @@ def test_closing_a_stream_of_async_nodes_cancels_its_items_in_flight() -> None:
     assert list(g.map([0])) == [1]
 
 
+def test_a_stream_of_async_nodes_dropped_with_items_in_flight_cancels_them() -> None:
+    started = threading.Barrier(2, timeout=DEADLINE)  # Item 1 in flight, and the test.
+    ended = threading.Event()
+
+    async def waits(x: Any) -> Any:
+        if x == 0:
+            return x
+        try:
+            await asyncio.to_thread(started.wait)
+            await asyncio.Event().wait()
+        finally:
+            ended.set()
+
+    g = soma.Graph.somatize(AsyncCall(waits).concurrency(2) >> Add(1))
+    stream = g.map(range(2))
+    assert next(stream) == 1
+    started.wait()
+    del stream
+    assert ended.wait(DEADLINE)
+
+
 def test_map_of_async_nodes_reads_its_inputs_lazily_at_most_in_flight_ahead() -> None:
     read: list[int] = []
 

@@ -9,6 +9,10 @@ not, failures raised, collected or skipped, progress drawn. The engine's stream 
 stages on threads; here an async node waits on the loop without a thread, so an item is one task
 walking the whole plan, and the items in flight overlap there (``amap``'s limits: each node on as
 many items at once as its concurrency allows).
+
+What runs on the loop is held by :class:`_Flight`, never by the core: the tasks' callbacks keep
+it alive, so a stream dropped with items in flight is still collected, and its drop cancels
+them. A Ctrl-C anywhere in ``__next__`` ends the stream the same way.
 """
 
 from __future__ import annotations
@@ -69,22 +73,18 @@ class LoopStreamCore:
         # From this call, as the engine's stream counts it.
         self._deadline = None if timeout is None else time.monotonic() + timeout
         self._graph = graph
-        self._prepared = graph._prepared()
-        self._limits = _aio.limits_for(graph, self._prepared, concurrency)
+        prepared = graph._prepared()
+        limits = _aio.limits_for(graph, prepared, concurrency)
         self._loop = _aio.kept_loop()
+        self._flight = _Flight(graph, prepared, limits, (driver, turn_limit, trace, cache))
         self._inputs: Iterator[Any] | None = iter(inputs)
         self._in_flight = in_flight
         self._ordered = ordered
         self._stop_on_error = stop_on_error
-        self._run = (driver, turn_limit, trace, cache)
         self._pending: deque[_Item] = deque()
         self._reading = threading.Lock()
         self._read = self._succeeded = self._failed = 0
         self._waiting = 0.0
-        # Touched on the loop's thread only.
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._running: dict[str, int] = {}
-        self._stopped = False
         self._ended = False
 
     # -- the caller's side -------------------------------------------------------------------
@@ -101,12 +101,15 @@ class LoopStreamCore:
         if self._ended:
             return None
         _aio.refuse_inside_loop(self._graph, "a stream")
-        self._check_deadline()
         try:
-            self._fill()
-        except BaseException:  # The inputs raised: the stream ends with their error.
+            return self._step()
+        except BaseException:  # The inputs raised, a deadline passed, Ctrl-C: the stream ends.
             self._stop(_GRACE)
             raise
+
+    def _step(self) -> tuple[int, Any, tuple[BaseException, str | None, Any] | None] | None:
+        self._check_deadline()
+        self._fill()
         if not self._pending:
             self._end()
             return None
@@ -134,7 +137,9 @@ class LoopStreamCore:
             self._read += 1
             self._pending.append(item)
             # Each item in a copy of the caller's context of its own, copied when it is read.
-            self._loop.call_soon_threadsafe(self._launch, item, context=contextvars.copy_context())
+            self._loop.call_soon_threadsafe(
+                self._flight.launch, item, context=contextvars.copy_context()
+            )
 
     def _wait(self) -> _Item:
         """The next item to come out: the first in order, or the first done."""
@@ -146,9 +151,6 @@ class LoopStreamCore:
             concurrent.futures.wait(
                 waits, timeout=left, return_when=concurrent.futures.FIRST_COMPLETED
             )
-        except BaseException:  # Ctrl-C: the items in flight are cancelled, as in `forward`.
-            self._stop(_GRACE)
-            raise
         finally:
             self._waiting += time.monotonic() - began
         self._check_deadline()
@@ -188,8 +190,12 @@ class LoopStreamCore:
         }
 
     def __del__(self) -> None:
-        if not self._ended:
-            self.abandon()
+        """Dropped unfinished: its items in flight cancelled, and given a moment to end (none
+        when dropped on the loop's own thread, which they need)."""
+        if self._ended:
+            return
+        on_loop = threading.get_ident() == self._flight.thread
+        self._stop(0.0 if on_loop else _GRACE)
 
     def _end(self) -> None:
         self._ended = True
@@ -205,7 +211,7 @@ class LoopStreamCore:
         late: concurrent.futures.Future[list[str]] = concurrent.futures.Future()
         ended: concurrent.futures.Future[None] = concurrent.futures.Future()
         try:
-            self._loop.call_soon_threadsafe(self._cancel, late, ended)
+            self._loop.call_soon_threadsafe(self._flight.cancel, late, ended)
         except RuntimeError:  # The loop is closed: nothing runs on it any more.
             return []
         if wait == 0:  # Abandoned, maybe by the collector on the loop's own thread.
@@ -217,34 +223,55 @@ class LoopStreamCore:
             return []
         return names
 
-    # -- the loop's side ---------------------------------------------------------------------
 
-    def _launch(self, item: _Item) -> None:
-        if self._stopped:
+class _Flight:
+    """A stream's items in flight on the loop: launched, settled and cancelled there, on the
+    loop's thread only."""
+
+    def __init__(
+        self,
+        graph: _aio.Graph,
+        prepared: _aio.Prepared,
+        limits: dict[int, asyncio.Semaphore],
+        run: tuple[Any, int, _soma.Trace | None, Cache | None],
+    ) -> None:
+        self.graph = graph
+        self.prepared = prepared
+        self.limits = limits
+        self.run = run
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.running: dict[str, int] = {}
+        self.stopped = False
+        #: The loop's thread, once it has launched an item.
+        self.thread: int | None = None
+
+    def launch(self, item: _Item) -> None:
+        self.thread = threading.get_ident()
+        if self.stopped:
             item.done.cancel()
             return
-        driver, turn_limit, trace, cache = self._run
+        driver, turn_limit, trace, cache = self.run
         try:
             task = _aio.start(
-                self._graph,
+                self.graph,
                 item.input,
                 driver=driver,
                 turn_limit=turn_limit,
                 trace=trace,
                 timeout=None,
-                limits=self._limits,
-                prepared=self._prepared,
+                limits=self.limits,
+                prepared=self.prepared,
                 cache=cache,
-                running=self._running,
+                running=self.running,
             )
         except BaseException as failure:
             item.done.set_exception(failure)
             return
-        self._tasks.add(task)
-        task.add_done_callback(lambda task: self._settle(task, item))
+        self.tasks.add(task)
+        task.add_done_callback(lambda task: self.settle(task, item))
 
-    def _settle(self, task: asyncio.Task[Any], item: _Item) -> None:
-        self._tasks.discard(task)
+    def settle(self, task: asyncio.Task[Any], item: _Item) -> None:
+        self.tasks.discard(task)
         if item.done.done():
             return
         if task.cancelled():
@@ -254,12 +281,14 @@ class LoopStreamCore:
         else:
             item.done.set_result(task.result())
 
-    def _cancel(
+    def cancel(
         self, late: concurrent.futures.Future[list[str]], ended: concurrent.futures.Future[None]
     ) -> None:
-        self._stopped = True
-        late.set_result(list(self._running))
-        tasks = list(self._tasks)
+        """Cancels every item in flight, and every one launched from now on; ``late``: the
+        nodes that were running; ``ended``: set once the cancelled items have ended."""
+        self.stopped = True
+        late.set_result(list(self.running))
+        tasks = list(self.tasks)
         for task in tasks:
             task.cancel()
         if not tasks:
