@@ -1116,6 +1116,18 @@ def test_amap_with_a_cache_calls_no_node_for_items_seen_before(calls: list[str])
     assert sorted(calls) == ["a", "b", "c", "s"]  # Item 3's: the only one not seen before.
 
 
+def test_map_of_async_nodes_with_a_cache_calls_no_node_for_items_seen_before(
+    calls: list[str],
+) -> None:
+    g = counted_graph(calls)
+    cache = soma.Cache()
+    first = list(g.map([1, 2], cache=cache))
+    assert sorted(calls) == sorted(["a", "s", "b", "c"] * 2)
+    calls.clear()
+    assert list(g.map([2, 1], cache=cache)) == first[::-1]
+    assert calls == []
+
+
 def test_amap_refuses_a_timeout_that_is_no_number_of_seconds_where_it_is_called() -> None:
     g = soma.Graph.somatize(AsyncAdd(1))
     with pytest.raises(ValueError, match="timeout"):
