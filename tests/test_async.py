@@ -16,6 +16,7 @@ import copy
 import json
 import textwrap
 import threading
+import weakref
 from typing import Any
 
 import pytest
@@ -23,7 +24,8 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import soma
-from conftest import DEADLINE, interrupt_script, run_script
+from conftest import DEADLINE, interrupt_script, registered, run_script
+from test_devices import OnDevice, Recorder
 from test_properties import Dag, Traced, dags, expected_run
 
 # ---------------------------------------------------------------------------------------------
@@ -314,6 +316,100 @@ def test_a_sync_piece_and_an_async_branch_of_one_wave_are_in_flight_together() -
 
 
 # ---------------------------------------------------------------------------------------------
+# Memory
+
+
+class Value:
+    """An output a test can watch with a weak reference."""
+
+
+class Makes(soma.Node):
+    """Returns a fresh :class:`Value`, and keeps a weak reference to it in ``refs``."""
+
+    def __init__(self, refs: list[weakref.ref[Value]]) -> None:
+        self.refs = refs
+
+    async def forward(self, x: Any) -> Any:
+        value = Value()
+        self.refs.append(weakref.ref(value))
+        return value
+
+
+class Signals(soma.Node):
+    """Sets ``done`` and passes its input on."""
+
+    def __init__(self, done: asyncio.Event) -> None:
+        self.done = done
+
+    async def forward(self, x: Any) -> Any:
+        self.done.set()
+        return x
+
+
+class AwaitsThenLooks(soma.Node):
+    """Waits (with a deadline) for ``done``, then answers whether the value behind ``refs[0]``
+    is still alive."""
+
+    def __init__(self, done: asyncio.Event, refs: list[weakref.ref[Value]]) -> None:
+        self.done = done
+        self.refs = refs
+
+    async def forward(self, x: Any) -> Any:
+        async with asyncio.timeout(DEADLINE):
+            await self.done.wait()
+        return self.refs[0]() is not None
+
+
+def watched_graph(reader: soma.Node, *, late_reader: bool) -> tuple[soma.Graph, Any]:
+    """``make`` >> ``use`` (``reader``) >> ``signal`` beside ``look``, which waits for
+    ``signal`` and answers whether ``make``'s output is alive; with ``late_reader``, ``late``
+    reads ``make``'s output again after ``look``."""
+    refs: list[weakref.ref[Value]] = []
+    done = asyncio.Event()
+    g = soma.Graph()
+    g.node("make", Makes(refs))
+    g.node("use", reader)
+    g.node("signal", Signals(done))
+    g.node("look", AwaitsThenLooks(done, refs))
+    g.edge("make", "use")
+    g.edge("use", "signal")
+    if late_reader:
+        g.node("late", Call(lambda x: x["look"]))
+        g.edge("make", "late")
+        g.edge("look", "late")
+    return g, refs
+
+
+@pytest.mark.parametrize(
+    "reader",
+    [AsyncCall(lambda x: asyncio.sleep(0, "used")), Call(lambda x: "used")],
+    ids=["async", "sync"],
+)
+def test_an_output_is_dropped_once_its_last_reader_has_run_while_the_run_goes_on(
+    reader: soma.Node,
+) -> None:
+    g, refs = watched_graph(reader, late_reader=False)
+    assert run(g.aforward(None)) == {"signal": "used", "look": False}
+    assert len(refs) == 1
+
+
+def test_an_output_is_kept_while_a_reader_is_still_to_read_it() -> None:
+    g, refs = watched_graph(AsyncCall(lambda x: asyncio.sleep(0, "used")), late_reader=True)
+    assert run(g.aforward(None)) == {"signal": "used", "late": True}
+    assert refs[0]() is None  # The run is over: nothing holds it.
+
+
+def test_amap_drops_each_items_outputs_after_their_last_reader() -> None:
+    g, refs = watched_graph(AsyncCall(lambda x: asyncio.sleep(0, "used")), late_reader=False)
+
+    async def main() -> list[Any]:
+        return [y async for y in g.amap(range(1))]
+
+    assert run(main()) == [{"signal": "used", "look": False}]
+    assert len(refs) == 1
+
+
+# ---------------------------------------------------------------------------------------------
 # Errors
 
 
@@ -446,12 +542,8 @@ def test_an_async_node_returning_await_is_refused_naming_it() -> None:
         run(g.aforward(1))
 
 
-def test_what_async_nodes_cannot_do_yet_is_refused_where_it_is_asked() -> None:
+def test_async_nodes_in_a_graph_with_nodes_on_hosts_are_refused_where_it_runs() -> None:
     g = soma.Graph.somatize(AsyncAdd(1).named("a"))
-    with pytest.raises(TypeError, match="amap"):
-        g.map([1])
-    with pytest.raises(ValueError, match="micro_batches"):
-        g.forward([1, 2], micro_batches=2)
     g.place_at("a", "elsewhere")
     with pytest.raises(ValueError, match="hosts"):
         run(g.aforward(1))
@@ -552,6 +644,138 @@ class WithCtx(soma.Node):
 def test_an_async_node_with_ctx_is_told_its_id_and_device() -> None:
     g = soma.Graph.somatize(WithCtx().named("w").on("cpu"))
     assert run(g.aforward(0)) == ("w", "cpu", 0, [])
+
+
+class SeesDevice(soma.Node):
+    """Records the current cuda device of its thread at each of its steps; between steps, meets
+    the other parties at ``barrier`` (with a deadline), so every party takes a step of each
+    round before any takes the next: the steps interleave on the loop."""
+
+    def __init__(self, backend: Recorder, barrier: asyncio.Barrier, rounds: int) -> None:
+        self.backend = backend
+        self.barrier = barrier
+        self.rounds = rounds
+
+    async def forward(self, x: Any) -> Any:
+        seen = []
+        for _ in range(self.rounds):
+            seen.append(self.backend.current("cuda"))
+            async with asyncio.timeout(DEADLINE):
+                await self.barrier.wait()
+        seen.append(self.backend.current("cuda"))
+        return seen
+
+
+def test_interleaved_async_nodes_on_two_devices_each_see_their_own_at_every_step() -> None:
+    rounds = 4
+    with registered(Recorder()) as backend:
+
+        async def main() -> tuple[Any, list[str | None], str | None]:
+            barrier = asyncio.Barrier(4)
+            g = soma.Graph.somatize(
+                SeesDevice(backend, barrier, rounds).named("a").on("cuda:1")
+                | SeesDevice(backend, barrier, rounds).named("b").on("cuda:2")
+                | SeesDevice(backend, barrier, rounds).named("c")
+            )
+            between: list[str | None] = []  # What the loop's other tasks see between the steps.
+
+            async def watch() -> None:
+                for _ in range(rounds):
+                    between.append(backend.current("cuda"))
+                    async with asyncio.timeout(DEADLINE):
+                        await barrier.wait()
+
+            out, _ = await asyncio.gather(g.aforward(None), watch())
+            return out, between, backend.current("cuda")
+
+        out, between, after = run(main())
+    assert out == {
+        "a": ["cuda:1"] * (rounds + 1),
+        "b": ["cuda:2"] * (rounds + 1),
+        "c": ["cuda:0"] * (rounds + 1),
+    }
+    assert between == ["cuda:0"] * rounds
+    assert after == "cuda:0"
+
+
+def test_forward_makes_a_placed_async_nodes_device_current_at_every_step() -> None:
+    with registered(Recorder()) as backend:
+        g = soma.Graph.somatize(
+            SeesDevice(backend, asyncio.Barrier(1), 3).named("a").on("xpu:1")
+            >> SeesDevice(backend, asyncio.Barrier(1), 3).named("b").on("cuda:3")
+        )
+        assert g.forward(None) == ["cuda:3"] * 4
+        assert "xpu:1" in [device for _, device in backend.sets]
+
+
+class Cleans(soma.Node):
+    """Waits for ever; its ``finally`` records the current cuda device."""
+
+    def __init__(self, backend: Recorder, seen: list[str | None]) -> None:
+        self.backend = backend
+        self.seen = seen
+
+    async def forward(self, x: Any) -> Any:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self.seen.append(self.backend.current("cuda"))
+
+
+def test_a_cancelled_placed_async_node_runs_its_finally_on_its_device_and_puts_it_back() -> None:
+    seen: list[str | None] = []
+    with registered(Recorder()) as backend:
+        g = soma.Graph.somatize(Cleans(backend, seen).named("a").on("cuda:1"))
+        with pytest.raises(TimeoutError, match="`a`"):
+            run(g.aforward(None, timeout=0))
+        assert seen == ["cuda:1"]
+        assert backend.current("cuda") == "cuda:0"
+
+
+def test_a_placed_async_node_that_raises_puts_its_device_back() -> None:
+    async def fails(x: Any) -> Any:
+        raise KeyError(x)
+
+    with registered(Recorder()) as backend:
+        g = soma.Graph.somatize(AsyncCall(fails).named("a").on("cuda:1"))
+        with pytest.raises(KeyError):
+            run(g.aforward(1))
+        assert backend.current("cuda") == "cuda:0"
+        assert [device for _, device in backend.sets] == ["cuda:1", "cuda:0"]
+
+
+@pytest.mark.parametrize(
+    "value", [OnDevice("cpu"), (OnDevice("cuda:1"), OnDevice("cpu")), {"x": OnDevice("cpu")}]
+)
+def test_a_placed_async_nodes_output_on_another_device_fails_as_a_sync_nodes_does(
+    value: Any,
+) -> None:
+    async def gives(x: Any) -> Any:
+        return value
+
+    def raised(g: soma.Graph) -> soma.WrongDeviceError:
+        with pytest.raises(soma.WrongDeviceError) as failed:
+            g.forward(None)
+        return failed.value
+
+    expected = raised(soma.Graph.somatize(Call(lambda x: value).named("head").on("cuda:1")))
+    error = raised(soma.Graph.somatize(AsyncCall(gives).named("head").on("cuda:1")))
+    assert (error.node, error.declared, error.found) == ("head", "cuda:1", "cpu")
+    assert str(error) == str(expected)
+    assert error.__notes__ == expected.__notes__
+
+
+@pytest.mark.parametrize(
+    ("placed", "value"), [("cuda:1", OnDevice("cuda:1")), ("cuda:1", 3), ("mps", OnDevice("mps:0"))]
+)
+def test_a_placed_async_nodes_output_on_its_device_or_saying_nothing_passes(
+    placed: str, value: Any
+) -> None:
+    async def gives(x: Any) -> Any:
+        return value
+
+    g = soma.Graph.somatize(AsyncCall(gives).named("head").on(placed))
+    assert run(g.aforward(None)) is value
 
 
 class Asks(soma.Node):
@@ -877,6 +1101,216 @@ def test_amap_cancels_the_items_after_a_failed_one() -> None:
     assert sorted(cancelled) == [1, 2]
 
 
+def test_amap_with_a_cache_calls_no_node_for_items_seen_before(calls: list[str]) -> None:
+    g = counted_graph(calls)
+    cache = soma.Cache()
+
+    async def main(xs: list[int]) -> list[Any]:
+        return [y async for y in g.amap(xs, cache=cache)]
+
+    first = run(main([1, 2]))
+    assert sorted(calls) == sorted(["a", "s", "b", "c"] * 2)
+    third = g.forward(3)
+    calls.clear()
+    assert run(main([2, 1, 3])) == [first[1], first[0], third]
+    assert sorted(calls) == ["a", "b", "c", "s"]  # Item 3's: the only one not seen before.
+
+
+def test_map_of_async_nodes_with_a_cache_calls_no_node_for_items_seen_before(
+    calls: list[str],
+) -> None:
+    g = counted_graph(calls)
+    cache = soma.Cache()
+    first = list(g.map([1, 2], cache=cache))
+    assert sorted(calls) == sorted(["a", "s", "b", "c"] * 2)
+    calls.clear()
+    assert list(g.map([2, 1], cache=cache)) == first[::-1]
+    assert calls == []
+
+
+def test_amap_refuses_a_timeout_that_is_no_number_of_seconds_where_it_is_called() -> None:
+    g = soma.Graph.somatize(AsyncAdd(1))
+    with pytest.raises(ValueError, match="timeout"):
+        g.amap([1], timeout=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# g.map and micro-batches, through forward's kept loop
+
+
+class FailsOn(soma.Node):
+    """Adds 1, awaiting the loop; raises :class:`Boom` on ``bad``."""
+
+    def __init__(self, bad: int) -> None:
+        self.bad = bad
+
+    async def forward(self, x: Any) -> Any:
+        await asyncio.sleep(0)
+        if x == self.bad:
+            raise Boom(str(x))
+        return x + 1
+
+
+def test_map_of_a_graph_with_async_nodes_gives_what_forward_gives_in_input_order() -> None:
+    async def later_first(x: Any) -> Any:
+        for _ in range(10 - x):
+            await asyncio.sleep(0)
+        return x
+
+    g = soma.Graph.somatize(AsyncCall(later_first).concurrency(10) >> Add(100) >> AsyncAdd(1))
+    assert list(g.map(range(10))) == [g.forward(i) for i in range(10)]
+    assert sorted(g.map(range(10), ordered=False)) == [(i, 101 + i) for i in range(10)]
+
+
+def test_map_of_async_nodes_raises_the_first_failing_items_error_at_its_position() -> None:
+    g = soma.Graph.somatize(FailsOn(2).named("f") >> Add(10))
+    stream = g.map(range(5))
+    assert [next(stream), next(stream)] == [11, 12]
+    with pytest.raises(Boom) as raised:
+        next(stream)
+    assert raised.value.__notes__ == ["raised in soma node `f`"]
+    assert list(stream) == []
+
+
+def test_map_of_async_nodes_collects_or_skips_failed_items_naming_the_node() -> None:
+    g = soma.Graph.somatize(FailsOn(2).named("f") >> Add(10))
+    collected = list(g.map(range(4), on_error="collect"))
+    failed = collected[2]
+    assert isinstance(failed, soma.Failed)
+    assert (failed.index, failed.input, failed.node) == (2, 2, "f")
+    assert isinstance(failed.exception, Boom)
+    assert [collected[i] for i in (0, 1, 3)] == [11, 12, 14]
+    stream = g.map(range(4), on_error="skip")
+    assert list(stream) == [11, 12, 14]
+    assert [(f.index, f.node) for f in stream.failures] == [(2, "f")]
+
+
+def test_map_lets_an_async_node_work_on_as_many_items_as_its_concurrency() -> None:
+    barrier = asyncio.Barrier(4)  # Bound to the kept loop when first waited on, there.
+    g = soma.Graph.somatize(AsyncMeet(barrier).concurrency(4))
+    assert list(g.map(range(4))) == [0, 1, 2, 3]
+
+
+def test_each_item_of_map_runs_in_a_copy_of_the_callers_context_of_its_own() -> None:
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+
+    async def read_then_set(x: Any) -> Any:
+        seen = var.get()
+        var.set(f"item {x}")
+        return seen
+
+    g = soma.Graph.somatize(AsyncCall(read_then_set) >> AsyncCall(lambda x: asyncio.sleep(0, x)))
+    token = var.set("caller")
+    try:
+        assert list(g.map(range(3))) == ["caller"] * 3
+        assert var.get() == "caller"
+    finally:
+        var.reset(token)
+
+
+def test_forward_in_micro_batches_runs_async_nodes_and_joins_the_slices() -> None:
+    async def doubled(x: Any) -> Any:
+        await asyncio.sleep(0)
+        return [2 * v for v in x]
+
+    g = soma.Graph.somatize(AsyncCall(doubled) >> Call(lambda x: [v + 1 for v in x]))
+    assert g.forward([1, 2, 3, 4, 5], micro_batches=2) == [3, 5, 7, 9, 11]
+    assert g.forward([1, 2], micro_batches=2, join=lambda outs: outs) == [[3], [5]]
+
+
+def test_map_of_async_nodes_inside_a_running_loop_refuses_pointing_to_aforward() -> None:
+    g = soma.Graph.somatize(AsyncAdd(1).named("a"))
+
+    async def in_map() -> None:
+        g.map([1])
+
+    async def in_micro_batches() -> None:
+        g.forward([1, 2], micro_batches=2)
+
+    for main in (in_map, in_micro_batches):
+        with pytest.raises(RuntimeError, match=r"await g\.aforward\(x\)"):
+            run(main())
+
+
+def test_closing_a_stream_of_async_nodes_cancels_its_items_in_flight() -> None:
+    started = threading.Barrier(3, timeout=DEADLINE)  # Items 1 and 2 in flight, and the test.
+    ended: list[Any] = []
+
+    async def waits(x: Any) -> Any:
+        if x == 0:
+            return x
+        try:
+            await asyncio.to_thread(started.wait)
+            await asyncio.Event().wait()
+        finally:
+            ended.append(x)
+
+    g = soma.Graph.somatize(AsyncCall(waits).concurrency(3).named("w") >> Add(1))
+    stream = g.map(range(3))
+    assert next(stream) == 1
+    started.wait()
+    stream.close()
+    assert sorted(ended) == [1, 2]
+    assert list(stream) == []
+    assert list(g.map([0])) == [1]
+
+
+def test_a_stream_of_async_nodes_dropped_with_items_in_flight_cancels_them() -> None:
+    started = threading.Barrier(2, timeout=DEADLINE)  # Item 1 in flight, and the test.
+    ended = threading.Event()
+
+    async def waits(x: Any) -> Any:
+        if x == 0:
+            return x
+        try:
+            await asyncio.to_thread(started.wait)
+            await asyncio.Event().wait()
+        finally:
+            ended.set()
+
+    g = soma.Graph.somatize(AsyncCall(waits).concurrency(2) >> Add(1))
+    stream = g.map(range(2))
+    assert next(stream) == 1
+    started.wait()
+    del stream
+    assert ended.wait(DEADLINE)
+
+
+def test_map_of_async_nodes_reads_its_inputs_lazily_at_most_in_flight_ahead() -> None:
+    read: list[int] = []
+
+    def inputs() -> Any:
+        for i in range(10):
+            read.append(i)
+            yield i
+
+    stream = soma.Graph.somatize(AsyncAdd(1)).map(inputs(), in_flight=2)
+    assert read == []
+    assert next(stream) == 1
+    assert read == [0, 1]
+    assert next(stream) == 2
+    assert read == [0, 1, 2]
+    assert list(stream) == list(range(3, 11))
+
+
+def test_map_of_async_nodes_reports_progress_to_a_callable() -> None:
+    events: list[soma.Progress] = []
+    g = soma.Graph.somatize(AsyncAdd(1))
+    assert list(g.map(range(5), progress=events.append)) == [1, 2, 3, 4, 5]
+    assert events[-1].done
+    assert (events[-1].read, events[-1].succeeded, events[-1].failed) == (5, 5, 0)
+
+
+def test_the_figures_of_a_stream_of_async_nodes_count_its_items() -> None:
+    g = soma.Graph.somatize(FailsOn(1) >> Add(1))
+    stream = g.map(range(3), on_error="skip")
+    assert list(stream) == [2, 4]
+    figures = stream.figures()
+    assert figures is not None
+    assert (figures.read, figures.succeeded, figures.failed, figures.in_flight) == (3, 2, 1, 0)
+    assert figures.stages == []
+
+
 # ---------------------------------------------------------------------------------------------
 # Cancellation and timeouts, each in a child process with a deadline
 
@@ -1051,7 +1485,10 @@ def test_forward_of_async_nodes_honours_its_timeout_and_runs_again() -> None:
     assert "again: go" in child.stdout, child.stderr
 
 
-def test_ctrl_c_stops_forward_of_async_nodes_and_cancels_them() -> None:
+@pytest.mark.parametrize(
+    "call", ['g.forward("block")', 'list(g.map(["go", "block"]))', 'list(g.map(["block"]))']
+)
+def test_ctrl_c_stops_forward_or_map_of_async_nodes_and_cancels_them(call: str) -> None:
     script = textwrap.dedent(
         """
         import asyncio, signal
@@ -1072,13 +1509,13 @@ def test_ctrl_c_stops_forward_of_async_nodes_and_cancels_them() -> None:
 
         g = soma.Graph.somatize(Stuck().named("stuck"))
         try:
-            g.forward("block")
+            __CALL__
         except KeyboardInterrupt:
             print("caught KeyboardInterrupt", flush=True)
         print("again:", g.forward("go"), cancelled, flush=True)
         """
     )
-    child = interrupt_script(script, "started")
+    child = interrupt_script(script.replace("__CALL__", call), "started")
     assert "caught KeyboardInterrupt" in child.stdout, (child.stdout, child.stderr)
     assert "again: go ['finally']" in child.stdout, (child.stdout, child.stderr)
 
@@ -1108,3 +1545,72 @@ def test_ctrl_c_under_asyncio_run_cancels_the_async_nodes_of_aforward() -> None:
     )
     child = interrupt_script(script, "started")
     assert "caught KeyboardInterrupt ['finally']" in child.stdout, (child.stdout, child.stderr)
+
+
+STREAM_TIMEOUTS = textwrap.dedent(
+    """
+    import asyncio
+    import soma
+
+    class Add(soma.Node):
+        async def forward(self, x):
+            await asyncio.sleep(0)
+            return x + 1
+
+    class Stuck(soma.Node):
+        \"\"\"Passes items below 3 on; waits for ever on the others, until cancelled.\"\"\"
+
+        async def forward(self, x):
+            values = x if isinstance(x, list) else [x]
+            if max(values) >= 3:
+                try:
+                    await asyncio.Event().wait()
+                finally:
+                    print("cancelled", x, flush=True)
+            return x
+
+    g = soma.Graph.somatize(Add().named("a") >> Stuck().named("b") >> Add().named("c"))
+    taken = []
+    try:
+        for y in g.map(range(100), timeout=1.0):
+            taken.append(y)
+    except TimeoutError as error:
+        print("map timed out after", taken, "|", str(error).splitlines()[0], flush=True)
+    print("map again", list(g.map([0, 1], timeout=30)), flush=True)
+
+    rows = soma.Graph.somatize(Stuck().named("rows"))
+    try:
+        rows.forward([0, 1, 2, 3], micro_batches=2, timeout=1.0)
+    except TimeoutError as error:
+        print("micro-batches timed out |", str(error).splitlines()[0], flush=True)
+    print("micro-batches again", rows.forward([0, 1], micro_batches=2, timeout=30), flush=True)
+
+    async def main():
+        taken = []
+        try:
+            async for y in g.amap(range(100), timeout=1.0):
+                taken.append(y)
+        except TimeoutError as error:
+            print("amap timed out after", taken, "|", str(error).splitlines()[0], flush=True)
+        print("amap again", [y async for y in g.amap([0, 1], timeout=30)], flush=True)
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_map_micro_batches_and_amap_of_async_nodes_past_their_timeout_cancel_and_run_again() -> (
+    None
+):
+    child = run_script(STREAM_TIMEOUTS)
+    assert child.returncode == 0, child.stderr
+    out = child.stdout
+    late = "within its timeout of 1 s; still running:"
+    assert f"map timed out after [2, 3] | the stream did not finish {late} `b` (cancelled)" in out
+    assert "map again [2, 3]" in out
+    assert f"micro-batches timed out | the stream did not finish {late} `rows` (cancelled)" in out
+    assert "micro-batches again [0, 1]" in out
+    assert f"amap timed out after [2, 3] | the stream did not finish {late} `b` (cancelled)" in out
+    assert "amap again [2, 3]" in out
+    assert out.count("cancelled 3") == 2  # `b` on item 2, in map and in amap.
+    assert "cancelled [2, 3]" in out

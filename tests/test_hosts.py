@@ -10,13 +10,16 @@ The runs on a real Ray cluster are in ``test_ray_hosts.py``.
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 import sys
 import textwrap
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import soma
@@ -247,15 +250,26 @@ def test_a_timeout_met_while_a_slice_is_out_names_the_slices_nodes_and_host() ->
 
 
 class _HostHere:
-    """A host in this process, whose folder cache lies at ``folder`` (``None``: where the
-    caller's does), as a host elsewhere would see a path: a transport for the cache's tests."""
+    """A host in this process, as a host elsewhere would be: it keeps copies of the slices it is
+    sent (pickled and unpickled), counts what it is sent (``loads``: the node ids of each slice
+    sent, by load), and finds its folder cache at ``folder`` (``None``: where the caller's is),
+    as a host elsewhere would see a path."""
 
     def __init__(self, folder: str | None) -> None:
         self.folder = folder
-        self.runners: dict[int, Any] = {}
+        self.runners: dict[tuple[str, int], Any] = {}
+        self.loads: list[list[list[str]]] = []
+        #: Loads to refuse, as a host that did not take them in time would.
+        self.refuse = 0
 
     def load(self, key: str, slices: list[Any], timeout: float | None = None) -> None:
-        self.runners = {piece.index: soma.remote.SliceRunner(piece) for piece in slices}
+        if self.refuse:
+            self.refuse -= 1
+            raise soma.RemoteError("host `one` did not take its slices in time")
+        copies = pickle.loads(pickle.dumps(slices))
+        for piece in copies:
+            self.runners[key, piece.index] = soma.remote.SliceRunner(piece)
+        self.loads.append([piece.names() for piece in slices])
 
     def run(
         self,
@@ -269,7 +283,7 @@ class _HostHere:
     ) -> Any:
         if cache is not None and self.folder is not None:
             cache = (self.folder, cache[1])
-        return self.runners[index].run(inputs, None, traced, cache=cache)
+        return self.runners[key, index].run(inputs, None, traced, cache=cache)
 
     def cancel(self, tokens: list[str], wait: float = 5.0) -> None:
         pass
@@ -280,10 +294,22 @@ class _HostHere:
 
 class _HostsHere:
     def __init__(self, folder: str | None = None) -> None:
-        self.one = _HostHere(folder)
+        self.folder = folder
+        self.hosts: dict[str, _HostHere] = {}
 
     def host(self, name: str) -> _HostHere:
-        return self.one
+        return self.hosts.setdefault(name, _HostHere(self.folder))
+
+
+@pytest.fixture
+def hosts_here() -> Iterator[_HostsHere]:
+    """Hosts in this process, each keeping copies of what it is sent, as the transport."""
+    hosts = _HostsHere()
+    soma.remote.use(hosts)  # type: ignore[arg-type]
+    try:
+        yield hosts
+    finally:
+        soma.remote.use(None)
 
 
 class _Counted(soma.Node):
@@ -346,3 +372,92 @@ def test_a_slice_reading_the_graphs_input_and_a_node_here_is_found_in_the_cache_
         assert cache.stats().hits == 3
     finally:
         soma.remote.use(None)
+
+
+class Holds(soma.Node):
+    """Adds what it holds: a number, or the sum of a list or an array."""
+
+    def __init__(self, held: Any) -> None:
+        self.held = held
+
+    def forward(self, x: int) -> int:
+        return x + int(np.sum(self.held))
+
+
+def _rebind(node: Holds) -> None:
+    node.held = 5
+
+
+def _set_second(node: Holds) -> None:
+    node.held[1] = 4
+
+
+#: By name: what the node holds first (made afresh for each test), and the edit.
+EDITS: dict[str, tuple[Callable[[], Any], Callable[[Holds], None]]] = {
+    "an attribute rebound": (lambda: 1, _rebind),
+    "a list mutated in place": (lambda: [1, 0], _set_second),
+    "a numpy array changed in place": (lambda: np.array([1, 0]), _set_second),
+}
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["without a cache", "with a folder cache"])
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_a_node_on_a_host_edited_between_runs_runs_there_as_it_is_now(
+    hosts_here: _HostsHere, tmp_path: Path, edit: str, cached: bool
+) -> None:
+    held, change = EDITS[edit]
+    far = Holds(held()).named("far").at("one")
+    g = soma.Graph.somatize(Add(0).named("a") >> far >> Add(100).named("b").at("two"))
+    cache = soma.Cache(tmp_path / "cache") if cached else None
+    assert g.forward(10, cache=cache) == 111
+    change(far)
+    assert g.forward(10, cache=cache) == 115
+    # The edited node's slice went again, alone: the other host's was never sent twice.
+    assert hosts_here.hosts["one"].loads == [[["far"]], [["far"]]]
+    assert hosts_here.hosts["two"].loads == [[["b"]]]
+
+
+def test_a_rerun_of_an_unchanged_graph_sends_its_hosts_nothing(hosts_here: _HostsHere) -> None:
+    g = soma.Graph.somatize(
+        Holds([1, 2]).named("far").at("one") >> Holds(np.ones(3)).named("farther").at("two")
+    )
+    assert [g.forward(0) for _ in range(3)] == [6, 6, 6]
+    assert hosts_here.hosts["one"].loads == [[["far"]]]
+    assert hosts_here.hosts["two"].loads == [[["farther"]]]
+
+
+def test_of_two_slices_on_one_host_only_the_one_whose_node_changed_is_sent_again(
+    hosts_here: _HostsHere,
+) -> None:
+    first = Holds([1]).named("first").at("one")
+    g = soma.Graph.somatize(first >> Add(0).named("here") >> Holds(2).named("second").at("one"))
+    assert g.forward(0) == 3
+    first.held.append(10)
+    assert g.forward(0) == 13
+    assert hosts_here.hosts["one"].loads == [[["first"], ["second"]], [["first"]]]
+
+
+def test_a_node_whose_state_cannot_be_fingerprinted_is_sent_again_before_every_run(
+    hosts_here: _HostsHere,
+) -> None:
+    # `...` pickles, but has no content a digest can read: no edit of the node could be seen.
+    odd = Holds(1).named("odd").at("one")
+    odd.marker = ...
+    g = soma.Graph.somatize(odd >> Holds(2).named("plain").at("two"))
+    assert [g.forward(0) for _ in range(3)] == [3, 3, 3]
+    assert hosts_here.hosts["one"].loads == [[["odd"]]] * 3
+    assert hosts_here.hosts["two"].loads == [[["plain"]]]
+
+
+def test_a_slice_that_could_not_be_sent_again_is_sent_on_the_next_run(
+    hosts_here: _HostsHere,
+) -> None:
+    far = Holds(1).named("far").at("one")
+    g = soma.Graph.somatize(far)
+    assert g.forward(0) == 1
+    far.held = 2
+    hosts_here.hosts["one"].refuse = 1
+    with pytest.raises(soma.RemoteError, match="did not take its slices"):
+        g.forward(0)
+    assert g.forward(0) == 2
+    assert hosts_here.hosts["one"].loads == [[["far"]], [["far"]]]

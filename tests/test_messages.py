@@ -482,13 +482,13 @@ hint: `await g.aforward(x)` runs the graph on this loop without blocking it\
 
 def test_what_a_graph_with_async_nodes_refuses() -> None:
     g = async_graph()
-    assert story(lambda: g.forward([1], micro_batches=1)) == snapshot("""\
-ValueError: `micro_batches=` is not supported with async nodes (`fetch`) yet
-hint: run the slices with `async for y in g.amap(slices)`\
-""")
-    assert story(lambda: g.map([1])) == snapshot("""\
-TypeError: `map` runs sync nodes on threads; this graph has async nodes (`fetch`)
-hint: from a running event loop, `async for y in g.amap(xs)`\
+
+    async def map_inside() -> None:
+        g.map([1])
+
+    assert story(lambda: asyncio.run(map_inside())) == snapshot("""\
+RuntimeError: map of a graph with async nodes (`fetch`) was called inside a running event loop, which it would block
+hint: `await g.aforward(x)` runs the graph on this loop without blocking it\
 """)
     g.place_at("a", "elsewhere")
     assert story(lambda: asyncio.run(g.aforward(1))) == snapshot("""\
@@ -515,6 +515,10 @@ note: raised in soma node `slow`\
     stuck = soma.Graph.somatize(Pass().named("a") >> AsyncForever().named("stuck"))
     assert story(lambda: asyncio.run(stuck.aforward(1, timeout=0.01))) == snapshot("""\
 TimeoutError: aforward did not finish within its timeout of 0.01 s; still running: `stuck` (cancelled)
+hint: the graph can run again at once; a node that waits for something that may not come should wait with a timeout of its own\
+""")
+    assert story(lambda: list(stuck.map([1], timeout=0.01))) == snapshot("""\
+TimeoutError: the stream did not finish within its timeout of 0.01 s; still running: `stuck` (cancelled)
 hint: the graph can run again at once; a node that waits for something that may not come should wait with a timeout of its own\
 """)
 

@@ -21,10 +21,11 @@ import time
 import traceback
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -1066,3 +1067,98 @@ def test_a_cache_in_memory_runs_the_nodes_on_hosts_uncached_with_one_warning_nam
         warnings.simplefilter("error")
         assert g.forward(0, cache=cache) == 10
     assert called(ran) == ["a", "c"]
+
+
+class CountedHost:
+    """A host of the cluster's transport, counting what it is sent: the node ids of each slice,
+    by load."""
+
+    def __init__(self, host: Any) -> None:
+        self.host = host
+        self.loads: list[list[list[str]]] = []
+
+    def load(self, key: str, slices: list[Any], timeout: float | None = None) -> None:
+        self.host.load(key, slices, timeout)
+        self.loads.append([piece.names() for piece in slices])
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        return self.host.run(*args, **kwargs)
+
+    def cancel(self, tokens: list[str], wait: float = 5.0) -> None:
+        self.host.cancel(tokens, wait)
+
+    def unload(self, key: str) -> None:
+        self.host.unload(key)
+
+
+class CountedHosts:
+    """The cluster's transport, each host counting what it is sent (:class:`CountedHost`)."""
+
+    def __init__(self, hosts: RayHosts) -> None:
+        self.hosts = hosts
+        self.counted: dict[str, CountedHost] = {}
+
+    def host(self, name: str) -> CountedHost:
+        real = self.hosts.host(name)
+        counted = self.counted.get(name)
+        if counted is None or counted.host is not real:  # The same object while the host lives.
+            counted = self.counted[name] = CountedHost(real)
+        return counted
+
+    def loads(self, name: str) -> list[list[list[str]]]:
+        return self.counted[name].loads
+
+
+@pytest.fixture
+def counted(cluster: RayHosts) -> Iterator[CountedHosts]:
+    hosts = CountedHosts(cluster)
+    soma.remote.use(hosts)  # type: ignore[arg-type]
+    try:
+        yield hosts
+    finally:
+        soma.remote.use(cluster)
+
+
+class Holds(soma.Node):
+    """Adds what it holds: a number, or the sum of a list or an array."""
+
+    def __init__(self, held: Any) -> None:
+        self.held = held
+
+    def forward(self, x: int) -> int:
+        return x + int(np.sum(self.held))
+
+
+def rebind(node: Holds) -> None:
+    node.held = 5
+
+
+def set_second(node: Holds) -> None:
+    node.held[1] = 4
+
+
+#: By name: what the node holds first (made afresh for each test), and the edit.
+EDITS: dict[str, tuple[Callable[[], Any], Callable[[Holds], None]]] = {
+    "an attribute rebound": (lambda: 1, rebind),
+    "a list mutated in place": (lambda: [1, 0], set_second),
+    "a numpy array changed in place": (lambda: np.array([1, 0]), set_second),
+}
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["without a cache", "with a folder cache"])
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_a_node_on_a_host_edited_between_runs_runs_there_as_it_is_now(
+    counted: CountedHosts, tmp_path: Path, edit: str, cached: bool
+) -> None:
+    held, change = EDITS[edit]
+    far = Holds(held()).named("far").at("one")
+    g = soma.Graph.somatize(Add(0).named("a") >> far >> Add(100).named("b").at("two"))
+    cache = soma.Cache(tmp_path / "cache") if cached else None
+    assert g.forward(10, cache=cache) == 111
+    assert g.forward(10, cache=cache) == 111
+    change(far)
+    assert g.forward(10, cache=cache) == 115
+    # Sent at the first run, not at the second, and again after the edit, alone: the other
+    # host's slice was sent once.
+    assert counted.loads("one") == [[["far"]], [["far"]]]
+    assert counted.loads("two") == [[["b"]]]

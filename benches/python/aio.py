@@ -19,18 +19,26 @@ is a row that says so. The rows are issue 23's targets:
 Each figure is the median of interleaved repeats (a Soma run, then its floor). That ``forward``
 of a graph without async nodes is as fast as before is the chain and trivial-wave rows of
 ``bench.py``.
+
+A second table sets LangGraph (``benches/python/requirements.txt`` pins it; ``make bench``
+installs it) beside Soma and ``asyncio.gather`` on target 1's shape: a ``Send`` fan-out of 1,000
+and of 10,000 nodes each awaiting ``asyncio.sleep(0.1)`` (Soma: a wave of as many async nodes),
+and a chain of 100 trivial async nodes, per node (the floor: the same awaits by hand, each
+through ``asyncio.gather``). Without LangGraph its column says "not run".
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
+import operator
 import statistics
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 import soma
 from deadline import log, table
@@ -270,6 +278,149 @@ def _forward_per_call(g: soma.Graph, number: int) -> float:
     return result[0]
 
 
+# ---------------------------------------------------------------------------------------------
+# LangGraph beside Soma
+
+FAN_OUTS = (1_000, 10_000)
+CHAIN = 100
+
+
+class AsyncIncrement(soma.Node):
+    async def forward(self, x: int) -> int:
+        return x + 1
+
+
+class _Fan(TypedDict):
+    n: int
+    done: Annotated[int, operator.add]
+
+
+class _Chain(TypedDict):
+    x: int
+
+
+def langgraph_graphs() -> tuple[Any, Any] | str:
+    """LangGraph's fan-out and chain, compiled; or why it cannot run."""
+    try:
+        from langgraph.graph import END, START, StateGraph
+        from langgraph.types import Send
+    except ImportError:
+        return "not run: langgraph is not installed (`make bench` installs it)"
+
+    async def sleeper(state: dict[str, Any]) -> dict[str, int]:
+        await asyncio.sleep(SLEEP_S)
+        return {"done": 1}
+
+    def fan(state: _Fan) -> list[Any]:
+        return [Send("sleeper", {"i": i}) for i in range(state["n"])]
+
+    fan_out = StateGraph(_Fan)
+    fan_out.add_node("sleeper", sleeper)
+    fan_out.add_conditional_edges(START, fan, ["sleeper"])
+    fan_out.add_edge("sleeper", END)
+
+    async def increment(state: _Chain) -> dict[str, int]:
+        return {"x": state["x"] + 1}
+
+    chain = StateGraph(_Chain)
+    before = START
+    for i in range(CHAIN):
+        chain.add_node(f"n{i}", increment)
+        chain.add_edge(before, f"n{i}")
+        before = f"n{i}"
+    chain.add_edge(before, END)
+    return fan_out.compile(), chain.compile()
+
+
+async def peer_rows(repeat: int) -> tuple[str, list[list[str]]]:
+    """The peer table's header for LangGraph, and its rows."""
+    graphs = langgraph_graphs()
+    fan_out: Any = None
+    chain: Any = None
+    if isinstance(graphs, str):
+        peer, why = "LangGraph", graphs
+    else:
+        peer, why = f"LangGraph {importlib.metadata.version('langgraph')}", ""
+        fan_out, chain = graphs
+    rows = []
+    for width in FAN_OUTS:
+        g = wave_graph(width)
+        await g.aforward(0)
+        # LangGraph's 10,000 take seconds each: fewer repeats of the widest.
+        times = max(1, repeat // 3) if width > 1_000 else repeat
+        soma_s, peer_s, gather_s = [], [], []
+        for _ in range(times):
+            soma_s.append(await elapsed(lambda g=g: g.aforward(0)))
+            if not why:
+                peer_s.append(
+                    await elapsed(lambda width=width: fan_out.ainvoke({"n": width, "done": 0}))
+                )
+            gather_s.append(
+                await elapsed(
+                    lambda width=width: asyncio.gather(
+                        *(asyncio.sleep(SLEEP_S) for _ in range(width))
+                    )
+                )
+            )
+        ours, floor = statistics.median(soma_s), statistics.median(gather_s)
+        theirs = statistics.median(peer_s) if peer_s else None
+        log(f"fan-out {width}: soma {ours:.3f} s, {peer} {theirs}, gather {floor:.3f} s")
+        rows.append(
+            [
+                f"1. fan-out of {width:,} async sleeps of {SLEEP_S} s",
+                f"{ours:.3f} s",
+                why or f"{theirs:.3f} s",
+                f"{floor:.3f} s",
+                "" if theirs is None else f"{theirs / ours:.1f}x",
+            ]
+        )
+    g = soma.Graph.somatize(_chain_expr())
+    await g.aforward(0)
+    nodes = [AsyncIncrement() for _ in range(CHAIN)]
+
+    async def gathered(x: int) -> int:
+        for node in nodes:
+            (x,) = await asyncio.gather(node.forward(x))
+        return x
+
+    number = 50
+    contenders: dict[str, Callable[[], Awaitable[Any]]] = {
+        "soma": lambda: g.aforward(0),
+        "gather": lambda: gathered(0),
+    }
+    if not why:
+        contenders["peer"] = lambda: chain.ainvoke({"x": 0}, {"recursion_limit": CHAIN + 10})
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    for name, run in contenders.items():  # Warm-up, and the same answer from each.
+        out = await run()
+        assert (out["x"] if isinstance(out, dict) else out) == CHAIN, (name, out)
+    for _ in range(repeat):
+        for name, run in contenders.items():
+            start = time.perf_counter()
+            for _ in range(number):
+                await run()
+            samples[name].append((time.perf_counter() - start) / number / CHAIN)
+    us = {name: statistics.median(times) * 1e6 for name, times in samples.items()}
+    log("chain per node: " + ", ".join(f"{name} {value:.2f} µs" for name, value in us.items()))
+    rows.append(
+        [
+            f"chain of {CHAIN} trivial async nodes, per node",
+            f"{us['soma']:.2f} µs",
+            why or f"{us['peer']:.1f} µs",
+            f"gather-style {us['gather']:.2f} µs",
+            "" if why else f"{us['peer'] / us['soma']:.1f}x",
+        ]
+    )
+    return peer, rows
+
+
+def _chain_expr() -> Any:
+    expr: Any = AsyncIncrement()
+    for _ in range(CHAIN - 1):
+        expr = expr >> AsyncIncrement()
+    return expr
+
+
 async def rows(repeat: int) -> list[list[str]]:
     return [
         *(await wave_rows(repeat)),
@@ -285,13 +436,21 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="also write the table here")
     args = parser.parse_args()
     repeat = 3 if args.quick else 7
+    ours = asyncio.run(rows(repeat))
+    # After Soma's own rows: LangGraph's 10,000-node runs leave the collector much to walk.
+    peer, peers = asyncio.run(peer_rows(repeat))
     lines = [
         "## Async nodes",
         "",
         "`aforward` on one event loop (medians of interleaved repeats), beside `asyncio.gather` "
         "of the same awaits or the same awaits written by hand:",
         "",
-        *table(["row", "Soma", "floor", "ratio", "target"], asyncio.run(rows(repeat))),
+        *table(["row", "Soma", "floor", "ratio", "target"], ours),
+        "",
+        f"Beside {peer}, on an event loop of their own (medians of interleaved repeats; "
+        "LangGraph's fan-out is a `Send` per node, Soma's a wave of async nodes):",
+        "",
+        *table(["row", "Soma", peer, "asyncio.gather", f"{peer} / Soma"], peers),
         "",
     ]
     text = "\n".join(lines)

@@ -22,7 +22,14 @@ that computed something else is no figure.
    most the bare call's plus 20 MB, a tenth of the array, in each process). Object-store pages
    a process touches count in its resident memory, so each side shows one copy of the array.
 
-4. **A deadline on a host.** ``forward(1, timeout=0.2)`` of a graph whose slice on a host is
+4. **The edit check.** Before each run of a slice, its nodes' fingerprints are compared with
+   those they had when it was sent (a node edited since is sent again): what that check costs a
+   run whose slice is unchanged (median, timed inside each run, nothing sent), for a slice of 5
+   nodes holding numbers (fingerprints remembered: target, at most 5% of the bare actor call),
+   of 5 nodes each holding a list of 100 numbers, and of one node holding an 8 MB numpy array
+   (both digested on every run: figures, no target).
+
+5. **A deadline on a host.** ``forward(1, timeout=0.2)`` of a graph whose slice on a host is
    stuck forever (``threading.Event().wait()``): how long past its deadline the
    ``TimeoutError`` comes out, median and worst of the runs (target: within 100 ms). Each run
    leaves a thread stuck on the host's actor; they end with the cluster.
@@ -104,14 +111,14 @@ class Stuck(soma.Node):
         return x
 
 
-#: The deadline of the fourth target, its runs, and how far past it the error may come.
+#: The deadline of the fifth target, its runs, and how far past it the error may come.
 STUCK_TIMEOUT_S = 0.2
 STUCK_RUNS = 8
 OVERSHOOT_TARGET_S = 0.1
 
 
 def deadline_overshoot(host: str) -> list[str]:
-    """The row of the fourth target: how long past its deadline a run stuck on ``host`` ends."""
+    """The row of the fifth target: how long past its deadline a run stuck on ``host`` ends."""
     stuck = soma.Graph.somatize(Inc().named("here") >> Stuck().named("stuck").at(host))
     checked(stuck.forward(-1), 0)  # The host's actor started and its slice loaded.
     past = []
@@ -131,6 +138,87 @@ def deadline_overshoot(host: str) -> list[str]:
         f"{worst * 1e3:.1f} ms (worst of {STUCK_RUNS})",
         "",
         f"target ≤ {OVERSHOOT_TARGET_S * 1e3:.0f} ms: " + met(worst <= OVERSHOOT_TARGET_S),
+    ]
+
+
+class Scale(soma.Node):
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def forward(self, x: int) -> int:
+        return x * self.k
+
+
+class Listed(soma.Node):
+    def __init__(self) -> None:
+        self.xs = list(range(100))
+
+    def forward(self, x: int) -> int:
+        return x + len(self.xs)
+
+
+class Weighed(soma.Node):
+    def __init__(self) -> None:
+        self.w = np.ones(2**20)  # 8 MB of float64.
+
+    def forward(self, x: int) -> int:
+        return x + int(self.w[0])
+
+
+#: The check's share of a bare round trip, at most, for a slice of a few nodes holding numbers.
+CHECK_SHARE = 0.05
+
+
+def edit_check(nodes: list[soma.Node], host: str, repeat: int) -> float:
+    """The median seconds of the check made before each run of the one slice of ``nodes`` on
+    ``host``, timed inside ``repeat`` runs of it, once the slice was sent and nothing changed
+    since (so nothing is sent): as a run pays it, between two round trips."""
+    expr: Any = nodes[0]
+    for node in nodes[1:]:
+        expr = expr >> node
+    g = soma.Graph.somatize(expr.at(host))
+    expected = g.forward(0)  # Sent, and its fingerprints taken.
+    distributed = g._remote
+    assert distributed is not None
+    send = distributed._send
+    samples: list[float] = []
+
+    def timed(*args: Any) -> None:
+        start = time.perf_counter()
+        send(*args)
+        samples.append(time.perf_counter() - start)
+
+    distributed._send = timed  # type: ignore[method-assign]
+    for _ in range(repeat):
+        checked(g.forward(0), expected)
+    return statistics.median(samples)
+
+
+def edit_check_rows(bare_s: float, repeat: int) -> list[list[str]]:
+    """The rows of the fourth target: the edit check, against the bare round trip."""
+    numbers_s = edit_check([Scale(2) for _ in range(5)], "one", repeat)
+    listed_s = edit_check([Listed() for _ in range(5)], "one", repeat)
+    array_s = edit_check([Weighed()], "one", repeat)
+    return [
+        [
+            "edit check, slice of 5 nodes holding numbers",
+            f"{numbers_s * 1e6:.1f} µs",
+            f"bare actor call {bare_s * 1e6:.0f} µs",
+            f"{numbers_s / bare_s:.1%} of it (target ≤ {CHECK_SHARE:.0%}): "
+            + met(numbers_s <= CHECK_SHARE * bare_s),
+        ],
+        [
+            "edit check, 5 nodes holding a list of 100 numbers",
+            f"{listed_s * 1e6:.0f} µs",
+            "",
+            f"{listed_s / bare_s:.1%} of the bare call",
+        ],
+        [
+            "edit check, a node holding an 8 MB array",
+            f"{array_s * 1e6:.0f} µs",
+            "",
+            f"{array_s / bare_s:.1%} of the bare call",
+        ],
     ]
 
 
@@ -314,6 +402,7 @@ def main() -> None:
             ]
         )
         rows.append(no_second_copy(bare, "one"))
+        rows.extend(edit_check_rows(bare_s, args.repeat))
         rows.append(deadline_overshoot("two"))
     finally:
         soma.remote.use(None)

@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from typing import Any, Protocol, assert_never
 
-from soma import _soma
+from soma import _soma, devices
 from soma._cache import Cache
 from soma._policy import RetryPolicy
 from soma._slices import INPUT, Settings, SliceRunner, cut
@@ -83,7 +83,7 @@ class _Call:
     device: str | None
     retry: RetryPolicy | None
     limit: float | None
-    #: Neither retries nor a time limit: the node is awaited as it is.
+    #: Neither retries, a time limit nor a device: the node is awaited as it is.
     plain: bool
 
 
@@ -93,6 +93,8 @@ class _Piece:
 
     runner: SliceRunner
     reads: tuple[str, ...]
+    #: The outputs of other steps it reads (``reads`` without the graph's input).
+    sources: tuple[str, ...]
     #: The tap of each returned node in the piece's own graph, and the node.
     taps: tuple[tuple[str, str], ...]
     nodes: frozenset[str]
@@ -117,6 +119,9 @@ class Prepared:
     leaves: tuple[str, ...]
     #: The async nodes and the pieces, for ``amap``'s limits.
     calls: tuple[_Call | _Piece, ...]
+    #: How many steps read each output: a run drops an output once that many have read it, as
+    #: the engine drops a value after its last reader. A leaf is read by none: the run's result.
+    readers: dict[str, int]
 
 
 def prepare(graph: Graph) -> Prepared:
@@ -149,7 +154,7 @@ def prepare(graph: Graph) -> Prepared:
                 devices.get(node),
                 retry,
                 limit,
-                retry is None and limit is None,
+                retry is None and limit is None and node not in devices,
             )
             into.append(call)
             calls.append(call)
@@ -160,6 +165,7 @@ def prepare(graph: Graph) -> Prepared:
             piece_step = _Piece(
                 runner,
                 piece.reads,
+                tuple(read for read in piece.reads if read != INPUT),
                 taps,
                 frozenset(runner.nodes),
                 tuple(runner.nodes),
@@ -176,7 +182,11 @@ def prepare(graph: Graph) -> Prepared:
             pass
         else:  # The plan's kinds are a closed set: a new one must be handled above.
             raise AssertionError(f"a plan step of kind {kind!r} the async walk does not know")
-    return Prepared(root, tuple(graph.leaves()), tuple(calls))
+    readers: dict[str, int] = {}
+    for step in calls:
+        for source in step.inputs if isinstance(step, _Call) else step.sources:
+            readers[source] = readers.get(source, 0) + 1
+    return Prepared(root, tuple(graph.leaves()), tuple(calls), readers)
 
 
 def _listed(nodes: Iterable[str]) -> str:
@@ -264,6 +274,7 @@ class _Run:
         "driver",
         "input",
         "keys",
+        "left",
         "limits",
         "loop",
         "running",
@@ -280,7 +291,9 @@ class _Run:
         turn_limit: int,
         trace: _soma.Trace | None,
         limits: dict[int, asyncio.Semaphore] | None,
+        readers: dict[str, int],
         cache: Cache | None = None,
+        running: dict[str, int] | None = None,
     ) -> None:
         self.core = core
         self.keys = None if cache is None else _Keys(cache, core, input)
@@ -291,17 +304,32 @@ class _Run:
         self.limits = limits
         self.loop = asyncio.get_running_loop()
         self.values: dict[str, Any] = {}
-        #: The nodes in flight now (a piece's all), for the message of a timeout.
-        self.running: dict[str, int] = {}
+        #: How many steps are still to read each output.
+        self.left = dict(readers)
+        #: The nodes in flight now (a piece's all), for the message of a timeout; shared by the
+        #: runs of a stream, whose timeout names them all.
+        self.running: dict[str, int] = {} if running is None else running
 
     def read(self, inputs: tuple[str, ...]) -> Any:
         """A step's input, as ``forward`` gives it: the graph's input, one predecessor's
-        output, or several keyed by predecessor in the order the edges were declared."""
+        output, or several keyed by predecessor in the order the edges were declared. Each
+        output read for the last time is dropped from the run: the step holds it from here."""
         if not inputs:
             return self.input
-        if len(inputs) == 1:
-            return self.values[inputs[0]]
-        return {source: self.values[source] for source in inputs}
+        values = self.values
+        x = values[inputs[0]] if len(inputs) == 1 else {s: values[s] for s in inputs}
+        self.release(inputs)
+        return x
+
+    def release(self, sources: tuple[str, ...]) -> None:
+        """Notes that a step has read ``sources``: those it was the last to read are dropped."""
+        left, values = self.left, self.values
+        for source in sources:
+            count = left[source] - 1
+            if count:
+                left[source] = count
+            else:
+                del values[source]
 
     def begin(self, names: Iterable[str]) -> None:
         for name in names:
@@ -341,6 +369,8 @@ async def _branch(steps: list[_Step], run: _Run, stop: _Stop, path: tuple[int, .
                 if type(out) is _soma.Done or type(out) is _soma.Await:
                     out = _unwrapped(node, out)
                 run.values[node] = out
+                # Held here no longer: an output lives in the run until its last reader only.
+                x = out = None
             else:
                 run.values[step.node] = await _call(step, run, path)
         elif isinstance(step, _Piece):
@@ -441,15 +471,20 @@ async def _attempts(step: _Call, run: _Run, x: Any, path: tuple[int, ...]) -> An
             start = 0.0 if trace is None else trace._now()
             error: str | None = None
             try:
+                device = step.device
                 if step.takes_ctx:
-                    coroutine = forward(x, _soma.Ctx._for_async(node, step.device))
+                    coroutine = forward(x, _soma.Ctx._for_async(node, device))
                 else:
                     coroutine = forward(x)
+                if device is not None:
+                    coroutine = _OnDevice(coroutine, device)
                 if step.limit is None:
-                    out = await coroutine
+                    out = _unwrapped(node, await coroutine)
                 else:
-                    out = await _limited(step, coroutine)
-                return _unwrapped(node, out)
+                    out = _unwrapped(node, await _limited(step, coroutine))
+                if device is not None:
+                    _soma._check_device(node, device, out)
+                return out
             except Exception as failure:
                 error = f"{type(failure).__name__}: {failure}"
                 if retry is None or attempt >= retry.times or not isinstance(failure, retry.on):
@@ -468,6 +503,47 @@ async def _attempts(step: _Call, run: _Run, x: Any, path: tuple[int, ...]) -> An
             attempt += 1
     finally:
         run.end((node,))
+
+
+class _OnDevice:
+    """A placed async node's coroutine, driven one step at a time with its device current on
+    the loop's thread around each step (``soma.devices._enter``) and the device current before
+    put back after it. Tasks interleave on the loop between steps, never inside one, so each
+    node sees its own device at every step, and whatever else runs on the loop sees the
+    thread's own."""
+
+    __slots__ = ("coroutine", "device")
+
+    def __init__(self, coroutine: Any, device: str) -> None:
+        self.coroutine = coroutine
+        self.device = device
+
+    def __await__(self) -> Any:
+        coroutine, device = self.coroutine, self.device
+        sent: Any = None
+        thrown: BaseException | None = None
+        while True:
+            restore = devices._enter(device)
+            try:
+                yielded = coroutine.send(sent) if thrown is None else coroutine.throw(thrown)
+            except StopIteration as returned:
+                return returned.value
+            finally:
+                thrown = None
+                if restore is not None:
+                    restore()
+            try:
+                sent = yield yielded
+            except GeneratorExit:  # Closed unfinished: the node's `finally` runs on its device.
+                restore = devices._enter(device)
+                try:
+                    coroutine.close()
+                finally:
+                    if restore is not None:
+                        restore()
+                raise
+            except BaseException as raised:  # Cancelled, mostly: passed on to the node.
+                sent, thrown = None, raised
 
 
 async def _limited(step: _Call, coroutine: Any) -> Any:
@@ -516,8 +592,12 @@ async def _piece(step: _Piece, run: _Run, stop: _Stop, path: tuple[int, ...]) ->
 
 async def _lent(step: _Piece, run: _Run, stop: _Stop, path: tuple[int, ...]) -> dict[str, Any]:
     values = run.values
+    # Handed over, not kept: the lent thread may hold `work` a while after it has run, and an
+    # input read for the last time must go when the piece is done with it.
     inputs = {read: run.input if read == INPUT else values[read] for read in step.reads}
-    argument = step.runner.argument(inputs)
+    handed = [step.runner.argument(inputs)]
+    del inputs
+    run.release(step.sources)
     loop = run.loop
     future: asyncio.Future[Any] = loop.create_future()
     flag = _soma.StopFlag()
@@ -544,7 +624,7 @@ async def _lent(step: _Piece, run: _Run, stop: _Stop, path: tuple[int, ...]) -> 
         outcome: Any = None
         failure: BaseException | None = None
         try:
-            out = context.run(forward, argument, driver, turn_limit, own, None, flag, cache)
+            out = context.run(forward, handed.pop(), driver, turn_limit, own, None, flag, cache)
             if len(taps) == 1:
                 outcome = {taps[0][1]: out}
             else:
@@ -589,6 +669,7 @@ def start(
     limits: dict[int, asyncio.Semaphore] | None = None,
     prepared: Prepared | None = None,
     cache: Cache | None = None,
+    running: dict[str, int] | None = None,
 ) -> asyncio.Task[Any]:
     """What ``Graph.aforward`` awaits: the walk, as a task of its own, so that the run has a
     copy of the caller's context (what nodes set never reaches the caller) and cancelling the
@@ -597,7 +678,9 @@ def start(
         timeout = _checked_timeout(timeout)
     if prepared is None:
         prepared = graph._prepared()
-    run = _Run(graph._core, input, driver, turn_limit, trace, limits, cache)
+    run = _Run(
+        graph._core, input, driver, turn_limit, trace, limits, prepared.readers, cache, running
+    )
     return run.loop.create_task(_walk(prepared, run, timeout))
 
 
@@ -797,22 +880,16 @@ def kept_loop() -> asyncio.AbstractEventLoop:
         return _KEPT[1]
 
 
-async def amap(
-    graph: Graph,
-    inputs: Iterable[Any] | AsyncIterable[Any],
-    *,
-    in_flight: int,
-    concurrency: Mapping[str, int] | None,
-    driver: Any,
-    turn_limit: int,
-    trace: _soma.Trace | None,
-) -> AsyncIterator[Any]:
-    """``Graph.amap``: the results of ``inputs`` through the graph, in order, with up to
-    ``in_flight`` items in flight; each node (or piece of sync nodes) on as many items at once
-    as its concurrency allows."""
-    if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
-        raise ValueError(f"in_flight takes an int of at least 1, not {in_flight!r}")
-    prepared = graph._prepared()
+def checked_timeout(seconds: float | None) -> float | None:
+    """``timeout=`` as given, checked: ``None``, or a finite number of seconds, 0 or more."""
+    return None if seconds is None else _checked_timeout(seconds)
+
+
+def limits_for(
+    graph: Graph, prepared: Prepared, concurrency: Mapping[str, int] | None
+) -> dict[int, asyncio.Semaphore]:
+    """A stream's limit on each async node and piece of ``prepared``: a node's concurrency as
+    asked now, by ``concurrency=``, else its own; a piece's, its least concurrent node's."""
     wanted = dict(concurrency or {})
     for node, count in wanted.items():
         if node not in graph:
@@ -821,7 +898,6 @@ async def amap(
             raise ValueError(f"concurrency takes an int of at least 1, not {count!r}")
 
     def concurrency_of(node: str) -> int:
-        """A node's concurrency as asked now: by ``concurrency=``, else its own."""
         asked = wanted.get(node)
         return (
             asked
@@ -833,7 +909,43 @@ async def amap(
     for call in prepared.calls:
         names = (call.node,) if isinstance(call, _Call) else call.names
         limits[id(call)] = asyncio.Semaphore(min(concurrency_of(node) for node in names))
+    return limits
+
+
+def stream_timed_out(timeout: float, late: Iterable[str]) -> TimeoutError:
+    """The error of a stream of a graph with async nodes past its ``timeout``."""
+    names = list(late)
+    still = f"; still running: {_listed(names)} (cancelled)" if names else ""
+    return TimeoutError(
+        f"the stream did not finish within its timeout of {timeout:g} s{still}\n"
+        "hint: the graph can run again at once; a node that waits for something that may "
+        "not come should wait with a timeout of its own"
+    )
+
+
+async def amap(
+    graph: Graph,
+    inputs: Iterable[Any] | AsyncIterable[Any],
+    *,
+    in_flight: int,
+    concurrency: Mapping[str, int] | None,
+    driver: Any,
+    turn_limit: int,
+    trace: _soma.Trace | None,
+    timeout: float | None = None,
+    deadline: float | None = None,
+    cache: Cache | None = None,
+) -> AsyncIterator[Any]:
+    """``Graph.amap``: the results of ``inputs`` through the graph, in order, with up to
+    ``in_flight`` items in flight; each node (or piece of sync nodes) on as many items at once
+    as its concurrency allows. Past ``deadline`` (``time.monotonic()``, ``timeout`` seconds
+    after the call), the items in flight are cancelled and :class:`TimeoutError` raised."""
+    if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
+        raise ValueError(f"in_flight takes an int of at least 1, not {in_flight!r}")
+    prepared = graph._prepared()
+    limits = limits_for(graph, prepared, concurrency)
     pending: deque[asyncio.Task[Any]] = deque()
+    running: dict[str, int] = {}
 
     def launch(x: Any) -> None:
         pending.append(
@@ -846,22 +958,60 @@ async def amap(
                 timeout=None,
                 limits=limits,
                 prepared=prepared,
+                cache=cache,
+                running=running,
             )
         )
 
+    def late() -> TimeoutError:
+        assert timeout is not None
+        return stream_timed_out(timeout, running)
+
+    async def taken() -> Any:
+        """The first pending item's result, unless the deadline passes first; the item stays
+        pending until then, so that it is cancelled with the rest if it fails or is late."""
+        task = pending[0]
+        if deadline is None:
+            out = await task
+        else:
+            left = deadline - time.monotonic()
+            if left > 0:
+                await asyncio.wait((task,), timeout=left)
+            if not task.done() or time.monotonic() > deadline:
+                raise late()
+            out = task.result()
+        pending.popleft()
+        return out
+
+    async def read(source: AsyncIterator[Any]) -> Any:
+        """The next input of ``source``, unless the deadline passes first."""
+        if deadline is None:
+            return await anext(source)
+        try:
+            return await asyncio.wait_for(anext(source), max(deadline - time.monotonic(), 0))
+        except TimeoutError:
+            raise late() from None
+
     try:
         if isinstance(inputs, AsyncIterable):
-            async for x in inputs:
+            source = aiter(inputs)
+            while True:
+                try:
+                    x = await read(source)
+                except StopAsyncIteration:
+                    break
                 launch(x)
                 if len(pending) >= in_flight:
-                    yield await pending.popleft()
+                    yield await taken()
         else:
             for x in inputs:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise late()
                 launch(x)
                 if len(pending) >= in_flight:
-                    yield await pending.popleft()
+                    yield await taken()
         while pending:
-            yield await pending.popleft()
+            yield await taken()
     finally:
         for task in pending:
             task.cancel()

@@ -14,6 +14,7 @@ import inspect
 import io
 import pickle
 import re
+import time
 import types
 import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping
@@ -465,13 +466,14 @@ class Graph:
         short by Ctrl-C beyond what Python's signal delivery does.
 
         A graph with async nodes (``async def forward``) runs them on one event loop Soma keeps
-        for the process, the caller waiting, as :meth:`aforward` would run them; inside a
+        for the process, the caller waiting, as :meth:`aforward` would run them — with
+        ``micro_batches``, each slice as a task there, as :meth:`map` runs an item; inside a
         running event loop it refuses with a ``RuntimeError`` pointing to :meth:`aforward`.
         """
         if cache is not None:
             self._refuse_cache(cache)
-        if self._async:  # Only then: a graph without async nodes never reaches an event loop.
-            self._refuse_for_async(micro_batches=micro_batches)
+        if self._async and micro_batches is None:
+            # Only then: a graph without async nodes never reaches an event loop.
             return _aio.forward(
                 self,
                 input,
@@ -531,8 +533,6 @@ class Graph:
         when its key is there; each part of the plan without async nodes is keyed by the
         engine on what it reads. The keys differ from those of a graph with no async node, so
         the two do not share entries."""
-        if self._async:
-            self._refuse_for_async()
         if cache is not None:
             self._refuse_cache(cache)
         return await _aio.start(
@@ -554,6 +554,8 @@ class Graph:
         driver: Any = None,
         turn_limit: int = _soma.DEFAULT_TURN_LIMIT,
         trace: _soma.Trace | None = None,
+        timeout: float | None = None,
+        cache: _cache.Cache | None = None,
     ) -> AsyncIterator[Any]:
         """Runs the graph on each of ``inputs`` (an iterable or an async iterable, read lazily)
         from a running event loop: ``async for y in g.amap(xs)`` gives the results in input
@@ -562,8 +564,16 @@ class Graph:
         ``n``: an async node that waits on I/O wants many. A part of the plan without async
         nodes runs on as many items at once as the least concurrent of its nodes. The first
         failing item's exception is raised at its position, and the items after it are
-        cancelled."""
-        self._refuse_for_async()
+        cancelled.
+
+        ``timeout``, in seconds, bounds the whole stream, from this call to its last result,
+        as in :meth:`map`: once it passes, the items in flight are cancelled and the next result
+        asked for raises :class:`TimeoutError` naming the nodes that were running. With
+        ``cache``, a :class:`soma.Cache`, each item is looked up as ``aforward(item,
+        cache=cache)`` would look it up."""
+        timeout = _aio.checked_timeout(timeout)
+        if cache is not None:
+            self._refuse_cache(cache)
         return _aio.amap(
             self,
             inputs,
@@ -572,18 +582,10 @@ class Graph:
             driver=driver,
             turn_limit=turn_limit,
             trace=trace,
+            timeout=timeout,
+            deadline=None if timeout is None else time.monotonic() + timeout,
+            cache=cache,
         )
-
-    def _refuse_for_async(self, *, micro_batches: int | None = None) -> None:
-        """Refuses, where the call is made, what a graph with async nodes cannot do yet."""
-        if not self._async:
-            return
-        nodes = _aio._listed(self._async)
-        if micro_batches is not None:
-            raise ValueError(
-                f"`micro_batches=` is not supported with async nodes ({nodes}) yet\n"
-                "hint: run the slices with `async for y in g.amap(slices)`"
-            )
 
     def _refuse_cache(self, cache: object) -> None:
         """Refuses a ``cache=`` that is no :class:`soma.Cache`."""

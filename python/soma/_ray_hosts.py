@@ -4,12 +4,13 @@ The rule that maps a host to Ray is one: host ``gpu-box`` is whatever Ray node o
 custom resource ``soma-host:gpu-box`` (start it with
 ``ray start --resources='{"soma-host:gpu-box": 1}'``). Each host gets one actor, placed by
 asking for a sliver of that resource, and holding the slices of every graph that uses the host
-(sent once per graph, not per call); it runs them with Soma's own engine, several at once
-(a threaded actor), so two slices for one host never queue behind each other. Each run of a
-slice has a token and, there, a stop flag: a cancel, on a thread of its own (the ``control``
-concurrency group), sets it, and the slice stops at its next node boundary. Values travel
-through Ray's object store: numpy arrays are read without a copy on the same node (the
-arguments go out of band, so the host's array is a read-only view of the store).
+(sent at a graph's first run, and a slice again once its nodes changed here, not per call); it
+runs them with Soma's own engine, several at once (a threaded actor), so two slices for one
+host never queue behind each other. Each run of a slice has a token and, there, a stop flag:
+a cancel, on a thread of its own (the ``control`` concurrency group), sets it, and the slice
+stops at its next node boundary. Values travel through Ray's object store: numpy arrays are
+read without a copy on the same node (the arguments go out of band, so the host's array is a
+read-only view of the store).
 
 This is the only module that imports Ray, and only when a graph with hosts runs.
 """
@@ -86,7 +87,9 @@ class _HostActor:
         self._early: collections.OrderedDict[str, None] = collections.OrderedDict()
 
     def load(self, key: str, slices: list[Slice]) -> None:
-        self.slices[key] = {piece.index: SliceRunner(piece) for piece in slices}
+        runners = {piece.index: SliceRunner(piece) for piece in slices}
+        # Built first: a run of the slice's old copy, under way meanwhile, holds its own runner.
+        self.slices.setdefault(key, {}).update(runners)
 
     def run(
         self,
@@ -188,7 +191,7 @@ class _RayHost:
                 "a host's actor starts on first use; give it longer with "
                 "`soma.remote.use(soma.remote.RayHosts(start_timeout=...))`",
             ) from None
-        self._loaded[key] = {piece.index: piece for piece in slices}
+        self._loaded.setdefault(key, {}).update((piece.index, piece) for piece in slices)
 
     def run(
         self,

@@ -51,7 +51,8 @@ DEADLINE_GRACE = 0.05
 
 @dataclasses.dataclass(frozen=True)
 class Slice:
-    """One remote slice: what a host needs to run it, sent once per graph.
+    """One remote slice: what a host needs to run it, sent at a graph's first run, and again
+    whenever one of its nodes changed since.
 
     ``nodes`` are the slice's ``(id, implementation)`` pairs, ``steps`` its ``(node, inputs)``
     in plan order (no inputs: the graph's input), ``reads`` what it reads from outside it
@@ -86,9 +87,10 @@ class RemoteHost(Protocol):
     """One host, as a transport serves it."""
 
     def load(self, key: str, slices: list[Slice], timeout: float | None = None) -> None:
-        """Keeps ``slices`` under ``key`` (one graph's) on the host, replacing what was there;
-        a host that has not taken them within ``timeout`` seconds (the transport's own limit if
-        ``None``) is a :class:`soma.RemoteError`."""
+        """Keeps ``slices`` under ``key`` (one graph's) on the host, each replacing the slice
+        of its index there, if any, and leaving the others of ``key`` as they are (a slice whose
+        nodes changed is sent again alone); a host that has not taken them within ``timeout``
+        seconds (the transport's own limit if ``None``) is a :class:`soma.RemoteError`."""
 
     def run(
         self,

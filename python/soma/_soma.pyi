@@ -20,6 +20,7 @@ __all__ = [
     "Trace",
     "_at_exit",
     "_carry_context",
+    "_check_device",
     "_thread_in_reserve",
     "blake3",
     "distribute",
@@ -55,6 +56,11 @@ def _carry_context(on: bool) -> bool:
 def _thread_in_reserve() -> bool:
     """Whether a thread waits in the process's reserve, filled first if it was taken (for
     tests that count the process's threads; not API)."""
+
+def _check_device(node: str, device: str, out: object) -> None:
+    """Raises the ``soma.WrongDeviceError`` a placed sync node's output would, if ``out`` (or an
+    item of it, one level deep) says it lives elsewhere than ``device`` (for ``soma._aio``; not
+    API)."""
 
 def parse_device(text: str) -> str: ...
 def parse_host(text: str) -> str: ...

@@ -4,7 +4,8 @@ The engine (``soma._soma.StreamCore``, on ``soma_core::Stream``) runs the stages
 order and the bound, and reads the inputs lazily; this module says what comes out: results,
 ``(index, result)`` pairs, :class:`Failed` records or raised exceptions, as ``ordered`` and
 ``on_error`` ask, and draws progress. Micro-batches are a stream of slices of one batch, joined
-back by type.
+back by type. A graph with async nodes streams on an event loop instead, through
+``soma._aio_stream``, whose core answers as the engine's does.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Siz
 from typing import TYPE_CHECKING, Any, Literal, Protocol, Self
 
 from soma import _soma
+from soma._aio_stream import LoopStreamCore
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -37,7 +39,7 @@ class Graph(Protocol):
     module)."""
 
     _core: _soma.GraphCore
-    #: The async nodes, which a stream refuses: ``amap`` runs them.
+    #: The async nodes: a graph with some streams through the loop Soma keeps.
     _async: dict[str, bool]
 
     def nodes(self) -> list[str]: ...
@@ -217,7 +219,7 @@ class Stream(Iterator[Any]):
 
     def __init__(
         self,
-        core: _soma.StreamCore,
+        core: _soma.StreamCore | LoopStreamCore,
         *,
         ordered: bool,
         on_error: OnError,
@@ -390,14 +392,13 @@ def stream_map(
 
     With ``cache``, a :class:`soma.Cache`, each item is looked up as ``forward(item,
     cache=cache)`` would look it up: keyed on its own content, its hits not called.
+
+    A graph with async nodes streams each item as ``aforward`` runs it, as a task on the event
+    loop ``forward`` uses (``soma._aio_stream``), with no stages: the items in flight overlap on
+    the loop, those cut short are cancelled, and :meth:`Stream.figures` lists no stage. Inside
+    a running event loop it refuses, pointing to ``aforward``.
     """
     _refuse_hosts(graph)
-    if graph._async:
-        raise TypeError(
-            f"`map` runs sync nodes on threads; this graph has async nodes "
-            f"({', '.join(f'`{n}`' for n in list(graph._async)[:8])})\n"
-            "hint: from a running event loop, `async for y in g.amap(xs)`"
-        )
     if on_error not in ("raise", "skip", "collect"):
         raise ValueError(
             f"on_error must be 'raise', 'skip' or 'collect', not {on_error!r}\n"
@@ -407,6 +408,22 @@ def stream_map(
     if not isinstance(in_flight, int) or isinstance(in_flight, bool) or in_flight < 1:
         raise ValueError(f"in_flight must be an int of at least 1, not {in_flight!r}")
     reporter = _reporter(progress, inputs)
+    if graph._async:  # Only then: a graph without async nodes never reaches an event loop.
+        _concurrency(graph, concurrency)  # Checked as for any graph.
+        loop_core = LoopStreamCore(
+            graph,  # type: ignore[arg-type]  # A soma.Graph; this module's protocol names less.
+            inputs,
+            in_flight,
+            ordered,
+            on_error == "raise",
+            concurrency,
+            driver,
+            turn_limit,
+            trace,
+            timeout,
+            cache,
+        )
+        return Stream(loop_core, ordered=ordered, on_error=on_error, progress=reporter)
     core = _soma.StreamCore(
         graph._core,
         inputs,

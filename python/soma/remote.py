@@ -10,6 +10,11 @@ among them, run at the same time. On the host, a slice runs on Soma's engine too
 (:class:`SliceRunner`: a ``soma.Graph`` of the slice's nodes). A run that is given up (Ctrl-C,
 its timeout, a failed slice) cancels its slices still running on hosts (:class:`_Run`).
 
+A host keeps copies of its slices' nodes, so a node edited here must be sent again: before each
+run of a slice, its nodes' fingerprints (``soma._fingerprint``: code and state, remembered for a
+node whose state cannot change in place) are compared with those they had when it was sent, and
+the slice alone is sent again if one differs (:meth:`Distributed._send`).
+
 With a cache, the local graph runs with it, its stand-ins kept out (they stand for nodes keyed
 where they run); a folder cache is sent to each slice, whose host opens the same folder and
 keys the slice's nodes there, and what it did there is added to the cache's counts here. A
@@ -217,11 +222,9 @@ class Distributed:
     """A graph with hosts, rewritten for running: its slices, and the local graph that runs
     each as one node. Valid while the graph's nodes, edges, hosts and devices stay."""
 
-    def __init__(self, graph: Graph, states: tuple[bytes | None, ...] | None = None) -> None:
+    def __init__(self, graph: Graph) -> None:
         self.key = uuid.uuid4().hex
         self.fingerprint = _graph_fingerprint(graph)
-        #: The fingerprints of the nodes on hosts when they were sent, for a run with a cache.
-        self.states = states
         self.slices = _slices(graph)
         slice_of = {node: piece.index for piece in self.slices for node in piece.names()}
         taken = set(graph.nodes())
@@ -272,27 +275,48 @@ class Distributed:
                 if read != INPUT:
                     local.edge(read, call)
         self.local = local
+        #: By host name: the host that holds this graph's slices there.
         self._hosts: dict[str, RemoteHost] = {}
-        # Two branches' slices for one host, run first at the same time, load it once.
-        self._loading = threading.Lock()
+        #: By slice index: the state of its nodes when it was last sent (see :func:`_state`).
+        self._sent: dict[int, tuple[bytes, ...] | None] = {}
+        # By host: two runs of its slices at the same time send it what it lacks once; the
+        # slices of two hosts are sent at the same time.
+        self._sending = {piece.host: threading.Lock() for piece in self.slices}
         weakref.finalize(self, _unload, self._hosts, self.key)
 
+    def _send(self, piece: Slice, host: RemoteHost, run: _Run) -> None:
+        """Sends ``host`` what it lacks to run ``piece`` as its nodes are now: every slice of
+        this graph for a host that has none of them (first run, or a host that came back), else
+        ``piece`` alone if a node of it changed since it was sent; nothing otherwise."""
+        # Taken before the nodes are pickled: an edit made meanwhile is sent again next run.
+        state = _state(piece)
+        held = self._hosts.get(piece.host) is host
+        if held and state is not None and self._sent.get(piece.index) == state:
+            return  # The common case: one fingerprint per node, no lock, nothing sent.
+        with self._sending[piece.host]:
+            if self._hosts.get(piece.host) is not host:
+                slices = [other for other in self.slices if other.host == piece.host]
+                states = {other.index: _state(other) for other in slices if other is not piece}
+                states[piece.index] = state
+            elif state is None or self._sent.get(piece.index) != state:
+                slices, states = [piece], {piece.index: state}
+            else:
+                return  # Sent by a run of the same slice meanwhile.
+            try:
+                host.load(self.key, slices, run.time_left())
+            except RemoteError as failed:
+                if run.time_left() != 0.0:
+                    raise
+                raise run.ran_out(piece, "its nodes still on their way there") from failed
+            self._hosts[piece.host] = host
+            self._sent.update(states)
+
     def run(self, index: int, inputs: dict[str, Any], run: _Run) -> dict[str, Any]:
-        """Slice ``index`` on its host, loading this graph's slices there first if that host
-        has not got them (first run, or a host that came back)."""
+        """Slice ``index`` on its host, sending the host first what it lacks to run the slice
+        as its nodes are now (see :meth:`_send`)."""
         piece = self.slices[index]
         host = transport().host(piece.host)
-        if self._hosts.get(piece.host) is not host:
-            with self._loading:
-                if self._hosts.get(piece.host) is not host:
-                    slices = [other for other in self.slices if other.host == piece.host]
-                    try:
-                        host.load(self.key, slices, run.time_left())
-                    except RemoteError as failed:
-                        if run.time_left() != 0.0:
-                            raise
-                        raise run.ran_out(piece, "its nodes still on their way there") from failed
-                    self._hosts[piece.host] = host
+        self._send(piece, host, run)
         token = run.begin(host, index)
         if token is None:  # A branch that started as the run was given up: its result is dropped.
             raise CancelledError(
@@ -347,16 +371,16 @@ def _graph_fingerprint(graph: Graph) -> tuple[Any, ...]:
     )
 
 
-def _host_states(graph: Graph) -> tuple[bytes | None, ...]:
-    """The fingerprint of each node on a host (``None`` for one whose state has none), in the
-    order of the graph's nodes: what a cached run compares with what was sent."""
-    states: list[bytes | None] = []
-    for node in graph.hosts():
-        try:
-            states.append(_fingerprint.fingerprint(graph.implementation(node)))
-        except _fingerprint.Unkeyable:
-            states.append(None)
-    return tuple(states)
+def _state(piece: Slice) -> tuple[bytes, ...] | None:
+    """The fingerprint of each of ``piece``'s nodes (their code and state, see
+    :mod:`soma._fingerprint`): what a run compares with what was sent. ``None`` when one cannot
+    be taken: such a slice is sent again before every run, since no edit to it could be seen."""
+    try:
+        return tuple(_fingerprint.fingerprint(node) for _, node in piece.nodes)
+    # Not only `Unkeyable`: what a node holds may fail to be read in its own way (a tensor on
+    # `meta` has no bytes), and a run must not fail for a check it can do without.
+    except Exception:
+        return None
 
 
 def _slices(graph: Graph) -> list[Slice]:
@@ -386,15 +410,8 @@ def forward(
 ) -> Any:
     """``graph.forward`` for a graph with hosts: its slices run on them, the rest here."""
     distributed = graph._remote
-    # With a cache, a node on a host edited here since it was sent is sent again: the host keys
-    # it, and runs it, as it is now. (What a run costs without one is left as it was.)
-    states = None if cache is None else _host_states(graph)
-    if (
-        distributed is None
-        or distributed.fingerprint != _graph_fingerprint(graph)
-        or (states is not None and distributed.states != states)
-    ):
-        distributed = graph._remote = Distributed(graph, states)
+    if distributed is None or distributed.fingerprint != _graph_fingerprint(graph):
+        distributed = graph._remote = Distributed(graph)
     run = _Run(timeout, trace, cache)
     if cache is not None and run.folder is None:
         hosts = ", ".join(f"`{host}`" for host in dict.fromkeys(p.host for p in distributed.slices))

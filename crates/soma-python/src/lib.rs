@@ -59,6 +59,7 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(context::_carry_context, module)?)?;
     module.add_function(wrap_pyfunction!(_thread_in_reserve, module)?)?;
     module.add_function(wrap_pyfunction!(device::parse_device, module)?)?;
+    module.add_function(wrap_pyfunction!(device::_check_device, module)?)?;
     module.add_function(wrap_pyfunction!(hosts::parse_host, module)?)?;
     module.add_function(wrap_pyfunction!(hosts::distribute, module)?)?;
     exit::register(module)?;
