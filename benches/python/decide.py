@@ -8,7 +8,9 @@ result is checked once, untimed. The rows, each against its target (issue 24):
 - ``each`` over 10,000 items of a chain of 3 trivial Python nodes, per item, beside a forward of
   that chain (target: at most 2x), and the threads the graph held after it (target: at most 8);
 - ``each`` over 1,000 items of a node sleeping 10 ms with ``in_flight=100``, beside the bound of
-  10 rounds of 10 ms (target: at most 1.2x) and ``ThreadPoolExecutor(100).map`` of the same sleep;
+  10 rounds of 10 ms (target: at most 1.2x), ``ThreadPoolExecutor(100).map`` of the same sleep,
+  and LangGraph's ``Send`` to 1,000 sync nodes sleeping 10 ms with ``max_concurrency=100``
+  (installed by ``make bench`` from requirements.txt; its row says "not run" without it);
 - a ``switch`` step, and one ``loop`` iteration, beside a chain of the same nodes (the selector
   or the predicate as a node of its own): what the step costs beyond them (target: 2 µs).
 """
@@ -17,10 +19,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.metadata
+import operator
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 import soma
 from deadline import Pass, log, table
@@ -56,6 +60,33 @@ class Done(soma.Node):
 
     def forward(self, x: Any) -> bool:
         return True
+
+
+class _Fan(TypedDict):
+    n: int
+    done: Annotated[int, operator.add]
+
+
+def langgraph_fan_out() -> Any:
+    """LangGraph's ``Send`` to a sync node sleeping 10 ms, once per item; or why it cannot run."""
+    try:
+        from langgraph.graph import END, START, StateGraph
+        from langgraph.types import Send
+    except ImportError:
+        return "not run: langgraph is not installed (`make bench` installs it)"
+
+    def sleeper(state: dict[str, Any]) -> dict[str, int]:
+        time.sleep(SLEEP_S)
+        return {"done": 1}
+
+    def fan(state: _Fan) -> list[Any]:
+        return [Send("sleeper", {"i": i}) for i in range(state["n"])]
+
+    fan_out = StateGraph(_Fan)
+    fan_out.add_node("sleeper", sleeper)
+    fan_out.add_conditional_edges(START, fan, ["sleeper"])
+    fan_out.add_edge("sleeper", END)
+    return fan_out.compile()
 
 
 def chain() -> soma.Expr:
@@ -96,15 +127,16 @@ def sleepers_rows(repeat: int) -> list[list[str]]:
     mapped = soma.Graph.somatize(soma.each(Sleep(), in_flight=IN_FLIGHT))
     items = list(range(SLEEPERS))
     pool = ThreadPoolExecutor(IN_FLIGHT)
-    timings = compare(
-        {
-            "each": lambda: mapped.forward(items),
-            "pool": lambda: list(pool.map(sleep, items)),
-        },
-        repeat=repeat,
-        sample_s=0.05,
-        warmup_s=0.0,
-    )
+    contenders = {
+        "each": lambda: mapped.forward(items),
+        "pool": lambda: list(pool.map(sleep, items)),
+    }
+    peer = langgraph_fan_out()
+    if not isinstance(peer, str):
+        limit = {"max_concurrency": IN_FLIGHT}
+        assert peer.invoke({"n": 10, "done": 0}, config=limit)["done"] == 10
+        contenders["langgraph"] = lambda: peer.invoke({"n": SLEEPERS, "done": 0}, config=limit)
+    timings = compare(contenders, repeat=repeat, sample_s=0.05, warmup_s=0.0)
     pool.shutdown()
     bound = SLEEPERS / IN_FLIGHT * SLEEP_S
     each_s, pool_s = timings["each"].median_s, timings["pool"].median_s
@@ -122,6 +154,22 @@ def sleepers_rows(repeat: int) -> list[list[str]]:
             f"bound {bound * 1e3:.0f} ms",
             f"{pool_s / bound:.2f}x",
         ],
+        langgraph_row(peer, timings, bound),
+    ]
+
+
+def langgraph_row(peer: Any, timings: dict[str, Any], bound: float) -> list[str]:
+    """LangGraph's row of the sleepers, or the row that says why it did not run."""
+    label = f"LangGraph `Send` to {SLEEPERS:,} sync sleeping nodes, max_concurrency={IN_FLIGHT}"
+    if isinstance(peer, str):
+        return [label, peer, "", ""]
+    seconds = timings["langgraph"].median_s
+    log(f"sleepers: langgraph {seconds:.3f} s")
+    return [
+        f"{label} ({importlib.metadata.version('langgraph')})",
+        f"{seconds * 1e3:.1f} ms",
+        f"bound {bound * 1e3:.0f} ms",
+        f"{seconds / bound:.2f}x",
     ]
 
 
