@@ -76,6 +76,7 @@ bench: setup $(VENV)/.bench-peers
 	$(PY) benches/python/deadline.py --out target/bench-deadline.md
 	$(PY) benches/python/policies.py --out target/bench-policies.md
 	$(PY) benches/python/cache.py --out target/bench-cache.md
+	$(PY) benches/python/decide.py --out target/bench-decide.md
 	$(PY) benches/python/aio.py --out target/bench-aio.md
 	$(PY) benches/python/remote.py --out target/bench-remote.md \
 		|| echo "remote: the hosts benchmark needs Ray on a local cluster; not run"

@@ -113,3 +113,36 @@ def test_the_http_fan_out_example_has_every_request_in_flight_at_once(tmp_path: 
         "day 2: warmest: cairo at 27 C of 8 cities",
         "from forward: warmest: cairo at 28 C of 8 cities",
     ]
+
+
+CHUNKS_PRINTS = """\
+Sequence
+├── split <- (input)
+├── Map chunks <- split, each item:
+│   └── Switch chunks/route <- (input), the case it names:
+│       ├── case heading: Empty
+│       ├── case code: chunks/route/code/measure <- (input)
+│       └── case prose: chunks/route/prose/summarize <- (input)
+└── report <- chunks
+1. # Soma
+2. prose: Soma runs a graph ...
+3. code, 2 lines
+4. prose: A step can decide ...
+summarize: 4 attempts, 2 retried
+"""
+
+
+def test_the_chunks_example_routes_each_chunk_by_kind_and_retries_the_flaky_step(
+    tmp_path: Path,
+) -> None:
+    example = next(path for path in EXAMPLES if path.name == "chunks.py")
+    run = subprocess.run(
+        [sys.executable, str(example)],
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=True,
+    )
+    assert run.stdout == CHUNKS_PRINTS

@@ -198,6 +198,21 @@ def test_results_equal_the_local_run_on_random_placements(
     assert g.forward(5) == expected, repr(g.distributed_plan())
 
 
+class Split(soma.Node):
+    def forward(self, n: int) -> list[int]:
+        return list(range(n))
+
+
+def test_an_each_step_runs_here_between_slices_on_hosts(cluster: RayHosts) -> None:
+    g = soma.Graph.somatize(
+        Add(1).named("before").at("one") >> Split() >> soma.each(Add(10)).named("items")
+    )
+    expected = [10, 11, 12]
+    assert g.forward(2) == expected
+    g.place_at("split", "two")
+    assert g.forward(2) == expected, repr(g.distributed_plan())
+
+
 def test_branches_of_a_wave_on_two_hosts_run_at_the_same_time(
     cluster: RayHosts, tmp_path: Path
 ) -> None:

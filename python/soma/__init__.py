@@ -13,6 +13,7 @@ Sequence([Execute(a), Wave([Execute(b), Execute(c)])])
 
 from soma import devices, native, remote
 from soma._cache import Cache, CacheStats, CacheWarning
+from soma._decide import Each, Loop, Switch, each, loop, switch
 from soma._dsl import Expr
 from soma._graph import Graph
 from soma._node import Node
@@ -58,12 +59,14 @@ __all__ = [
     "DriverError",
     "DuplicateEdgeError",
     "DuplicateNodeError",
+    "Each",
     "Expr",
     "Failed",
     "Graph",
     "GraphError",
     "HostError",
     "InvalidIdError",
+    "Loop",
     "Node",
     "NodePicklingError",
     "PanicError",
@@ -77,6 +80,7 @@ __all__ = [
     "StageFigures",
     "Stream",
     "StreamFigures",
+    "Switch",
     "ThreadError",
     "TimeLimitError",
     "Trace",
@@ -84,6 +88,9 @@ __all__ = [
     "UnknownNodeError",
     "WrongDeviceError",
     "devices",
+    "each",
+    "loop",
     "native",
     "remote",
+    "switch",
 ]

@@ -18,14 +18,18 @@ import time
 import types
 import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping
-from typing import IO, Any, NamedTuple, SupportsIndex
+from typing import IO, Any, NamedTuple, SupportsIndex, cast
 
 from soma import _aio, _cache, _soma, _stream
 from soma import remote as _remote
+from soma._decide import Decision, Each, Loop, Switch
 from soma._dsl import Expr, refuse_class
 from soma._node import Node
 from soma._policy import RetryPolicy, checked_retry, checked_time_limit
 from soma.errors import DuplicateNodeError, InvalidIdError, NodePicklingError
+
+# The steps that decide as they run, each registered with its sub-graphs.
+_DECISIONS = frozenset((Each, Switch, Loop))
 
 _WORD_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 
@@ -215,6 +219,11 @@ class Graph:
         native = getattr(obj, "_soma_native", None)
         if native is not None and isinstance(native, _soma.NativeNode):
             self._core.add_native(node_id, obj, native)
+        elif type(obj) in _DECISIONS:
+            # It registers itself with its sub-graphs, which take its settings.
+            cast(Decision, obj)._register(self, node_id)
+            self._aio = None
+            return node_id
         else:
             takes_ctx, is_async = _forward_shape(obj)
             self._core.add_python(node_id, obj, takes_ctx)

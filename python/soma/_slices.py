@@ -22,6 +22,9 @@ from soma._cache import Cache, CacheWarning
 from soma._soma import DEFAULT_TURN_LIMIT, Plan, StopFlag, Trace
 from soma.errors import RemoteError
 
+#: The kinds of plan steps that run sub-plans of their own, registered with their step.
+DECIDING = frozenset(("Map", "Switch", "Loop"))
+
 #: The key under which a slice receives the graph's own input, for the steps that read it.
 INPUT = "(input)"
 
@@ -279,9 +282,10 @@ def cut(graph: Any, host: str, index: int, inner: Plan, settings: Settings) -> S
     stack = [inner]
     while stack:  # Plan order, without recursion: a plan nests as deep as its graph.
         at = stack.pop()
-        if at.kind == "Execute":
-            assert at.node is not None
+        if at.node is not None:  # A step: an `Execute`, or a `Map`, `Switch` or `Loop`.
             steps.append((at.node, tuple(at.inputs)))
+        if at.kind in DECIDING:
+            continue  # What it runs is its own: the step is registered with it.
         stack.extend(reversed(at.children))
     inside = {node for node, _ in steps}
     leaves, devices = settings.leaves, settings.devices

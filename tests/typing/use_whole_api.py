@@ -398,6 +398,19 @@ with tempfile.TemporaryDirectory() as folder:
     # `w1` runs on each item; `w2` reads the same output of it (`None`) for both: one entry.
     assert len(on_disk) == 3
 
+# Graphs that decide as they run: each item, one case, a body until done.
+mapped_step: soma.Each = soma.each(Where().named("item"), in_flight=2).named("items")
+routed_step: soma.Switch = soma.switch(lambda n: "small" if n < 10 else "big", {"small": None})
+looped_step: soma.Loop = soma.loop(Where(), until=lambda out: out is None, max_iterations=3)
+deciding = soma.Graph.somatize(Source() >> mapped_step)
+assert deciding.forward(3) == [None, None, None]
+map_plan = deciding.plan().children[1]
+assert (map_plan.kind, map_plan.bound, map_plan.keys) == ("Map", 2, [])
+assert_type(map_plan.bound, int | None)
+assert_type(map_plan.keys, list[str])
+assert soma.Graph.somatize(routed_step).forward(3) == 3
+assert soma.Graph.somatize(looped_step).forward(3) is None
+
 # Async nodes: `async def forward`, with or without `ctx`; `aforward` and `amap` from a loop,
 # `forward` from none.
 

@@ -43,6 +43,44 @@ pub enum Plan {
         /// The slice: a subtree every step of which is placed on `host`.
         inner: Box<Plan>,
     },
+    /// Run `body` on every item of the list the step reads, items in flight together (at most
+    /// `in_flight` at once, as many as the crew lends when `None`), each item's run a branch
+    /// with a table of its own; the step's value is the list of results in input order. The
+    /// body's ids are namespaced under `node` (`node/inner`).
+    Map {
+        /// The step: where its value is written, and what the graph calls it.
+        node: NodeId,
+        /// Its predecessors, as for `Execute`.
+        from: Vec<NodeId>,
+        /// How many items run at once at most; `None` leaves it to the crew.
+        in_flight: Option<usize>,
+        /// What runs on each item.
+        body: Box<Plan>,
+    },
+    /// Call `node` (the selector) on what the step reads; it returns one of `keys`, and only the
+    /// case of that key runs, on that same input: the step's value is the case's result.
+    Switch {
+        /// The step, whose implementation is the selector.
+        node: NodeId,
+        /// Its predecessors, as for `Execute`.
+        from: Vec<NodeId>,
+        /// The cases' keys, in the order the cases were given.
+        keys: Vec<String>,
+        /// The cases, one per key, in the same order.
+        cases: Vec<Plan>,
+    },
+    /// Run `body` on what the step reads, then on its own output, until `node` (the predicate)
+    /// says the output is done; more than `max_iterations` runs of the body is an error.
+    Loop {
+        /// The step, whose implementation is the predicate.
+        node: NodeId,
+        /// Its predecessors, as for `Execute`.
+        from: Vec<NodeId>,
+        /// How many times the body may run at most.
+        max_iterations: u32,
+        /// What runs each iteration.
+        body: Box<Plan>,
+    },
 }
 
 /// One step of [`Plan::visits`].
@@ -54,14 +92,18 @@ pub(crate) enum Visit<'p> {
 }
 
 impl Plan {
-    /// The `Execute` steps, depth first, in the order a sequential run would take them.
+    /// The steps that write a value of the run's table — `Execute`, and the `Map`, `Switch` and
+    /// `Loop` steps themselves, not what runs inside them — depth first, in the order a sequential run would take them.
     pub fn steps(&self) -> Vec<(&NodeId, &[NodeId])> {
         let mut out = Vec::new();
         let mut stack = vec![self];
         while let Some(plan) = stack.pop() {
             match plan {
                 Plan::Empty => {}
-                Plan::Execute { node, from } => out.push((node, from.as_slice())),
+                Plan::Execute { node, from }
+                | Plan::Map { node, from, .. }
+                | Plan::Switch { node, from, .. }
+                | Plan::Loop { node, from, .. } => out.push((node, from.as_slice())),
                 Plan::Sequence(children) | Plan::Wave(children) => {
                     stack.extend(children.iter().rev());
                 }
@@ -69,6 +111,17 @@ impl Plan {
             }
         }
         out
+    }
+
+    /// Every step of the tree, those inside the sub-plans of `Map`, `Switch` and `Loop` too,
+    /// each decision before what it runs: what a drawing draws an edge for.
+    pub fn all_steps(&self) -> Vec<(&NodeId, &[NodeId])> {
+        self.visits()
+            .filter_map(|visit| match visit {
+                Visit::Enter(plan) => plan.step(),
+                Visit::Leave(_) => None,
+            })
+            .collect()
     }
 
     /// The nodes whose output no step reads — what a run returns — in step order.
@@ -82,7 +135,8 @@ impl Plan {
             .collect()
     }
 
-    /// The plan's variant name: `"Empty"`, `"Execute"`, `"Sequence"`, `"Wave"` or `"Remote"`.
+    /// The plan's variant name: `"Empty"`, `"Execute"`, `"Sequence"`, `"Wave"`, `"Remote"`,
+    /// `"Map"`, `"Switch"` or `"Loop"`.
     pub fn kind(&self) -> &'static str {
         match self {
             Plan::Empty => "Empty",
@@ -90,16 +144,51 @@ impl Plan {
             Plan::Sequence(_) => "Sequence",
             Plan::Wave(_) => "Wave",
             Plan::Remote { .. } => "Remote",
+            Plan::Map { .. } => "Map",
+            Plan::Switch { .. } => "Switch",
+            Plan::Loop { .. } => "Loop",
         }
     }
 
-    /// The steps of a `Sequence`, the branches of a `Wave`, the slice of a `Remote`; none
-    /// otherwise.
+    /// The steps of a `Sequence`, the branches of a `Wave`, the slice of a `Remote`, the body
+    /// of a `Map` or a `Loop`, the cases of a `Switch`; none otherwise.
     pub fn children(&self) -> &[Plan] {
+        match self {
+            Plan::Sequence(children)
+            | Plan::Wave(children)
+            | Plan::Switch {
+                cases: children, ..
+            } => children,
+            Plan::Remote { inner, .. } => std::slice::from_ref(inner),
+            Plan::Map { body, .. } | Plan::Loop { body, .. } => std::slice::from_ref(body),
+            Plan::Empty | Plan::Execute { .. } => &[],
+        }
+    }
+
+    /// The children that are part of this plan's own run — a `Sequence`'s steps, a `Wave`'s
+    /// branches, a `Remote`'s slice — and not the sub-plans a `Map`, `Switch` or `Loop` runs
+    /// with tables of their own.
+    pub(crate) fn own_children(&self) -> &[Plan] {
         match self {
             Plan::Sequence(children) | Plan::Wave(children) => children,
             Plan::Remote { inner, .. } => std::slice::from_ref(inner),
-            Plan::Empty | Plan::Execute { .. } => &[],
+            Plan::Empty
+            | Plan::Execute { .. }
+            | Plan::Map { .. }
+            | Plan::Switch { .. }
+            | Plan::Loop { .. } => &[],
+        }
+    }
+
+    /// The step of a `Execute`, `Map`, `Switch` or `Loop` (its node and what it reads); none
+    /// otherwise.
+    pub fn step(&self) -> Option<(&NodeId, &[NodeId])> {
+        match self {
+            Plan::Execute { node, from }
+            | Plan::Map { node, from, .. }
+            | Plan::Switch { node, from, .. }
+            | Plan::Loop { node, from, .. } => Some((node, from)),
+            Plan::Empty | Plan::Sequence(_) | Plan::Wave(_) | Plan::Remote { .. } => None,
         }
     }
 
@@ -107,7 +196,13 @@ impl Plan {
     pub fn host(&self) -> Option<&HostName> {
         match self {
             Plan::Remote { host, .. } => Some(host),
-            Plan::Empty | Plan::Execute { .. } | Plan::Sequence(_) | Plan::Wave(_) => None,
+            Plan::Empty
+            | Plan::Execute { .. }
+            | Plan::Sequence(_)
+            | Plan::Wave(_)
+            | Plan::Map { .. }
+            | Plan::Switch { .. }
+            | Plan::Loop { .. } => None,
         }
     }
 
@@ -115,12 +210,22 @@ impl Plan {
     /// from a stack on the heap: the walk that passes over a whole tree take instead of
     /// recursing per level.
     pub(crate) fn visits(&self) -> impl Iterator<Item = Visit<'_>> {
+        self.walk(Plan::children)
+    }
+
+    /// As [`Plan::visits`], without going into the sub-plans of a `Map`, `Switch` or `Loop`:
+    /// the walk of one table's steps.
+    pub(crate) fn own_visits(&self) -> impl Iterator<Item = Visit<'_>> {
+        self.walk(Plan::own_children)
+    }
+
+    fn walk(&self, children: fn(&Plan) -> &[Plan]) -> impl Iterator<Item = Visit<'_>> {
         let mut stack = vec![Visit::Enter(self)];
         std::iter::from_fn(move || {
             let next = stack.pop()?;
             if let Visit::Enter(entered) = next {
                 stack.push(Visit::Leave(entered));
-                stack.extend(entered.children().iter().rev().map(Visit::Enter));
+                stack.extend(children(entered).iter().rev().map(Visit::Enter));
             }
             Some(next)
         })
@@ -175,9 +280,27 @@ impl Plan {
                             out.push('(');
                             first = true;
                         }
+                        Plan::Map { node, .. }
+                        | Plan::Switch { node, .. }
+                        | Plan::Loop { node, .. } => {
+                            out.push_str(plan.kind());
+                            out.push('(');
+                            if with_ids {
+                                out.push_str(node.as_str());
+                                out.push_str(", ");
+                            }
+                            out.push('[');
+                            first = true;
+                        }
                     }
                 }
-                Visit::Leave(Plan::Sequence(_) | Plan::Wave(_)) => {
+                Visit::Leave(
+                    Plan::Sequence(_)
+                    | Plan::Wave(_)
+                    | Plan::Map { .. }
+                    | Plan::Switch { .. }
+                    | Plan::Loop { .. },
+                ) => {
                     out.push_str("])");
                     first = false;
                 }
@@ -196,8 +319,14 @@ impl Plan {
     /// becomes `Empty`), for the drop that walks instead of recursing.
     fn take_children(&mut self, stack: &mut Vec<Plan>) {
         match self {
-            Plan::Sequence(children) | Plan::Wave(children) => stack.append(children),
-            Plan::Remote { inner, .. } => stack.push(std::mem::replace(&mut **inner, Plan::Empty)),
+            Plan::Sequence(children)
+            | Plan::Wave(children)
+            | Plan::Switch {
+                cases: children, ..
+            } => stack.append(children),
+            Plan::Remote { inner: body, .. } | Plan::Map { body, .. } | Plan::Loop { body, .. } => {
+                stack.push(std::mem::replace(&mut **body, Plan::Empty));
+            }
             Plan::Empty | Plan::Execute { .. } => {}
         }
     }
@@ -228,7 +357,14 @@ impl Clone for Plan {
                     node: node.clone(),
                     from: from.clone(),
                 }),
-                Visit::Enter(Plan::Sequence(_) | Plan::Wave(_) | Plan::Remote { .. })
+                Visit::Enter(
+                    Plan::Sequence(_)
+                    | Plan::Wave(_)
+                    | Plan::Remote { .. }
+                    | Plan::Map { .. }
+                    | Plan::Switch { .. }
+                    | Plan::Loop { .. },
+                )
                 | Visit::Leave(Plan::Empty | Plan::Execute { .. }) => {}
                 Visit::Leave(Plan::Sequence(children)) => {
                     let children = done.split_off(done.len() - children.len());
@@ -243,6 +379,48 @@ impl Clone for Plan {
                     done.push(Plan::Remote {
                         host: host.clone(),
                         inner: Box::new(inner),
+                    });
+                }
+                Visit::Leave(Plan::Map {
+                    node,
+                    from,
+                    in_flight,
+                    ..
+                }) => {
+                    let body = done.pop().expect("the body was copied before");
+                    done.push(Plan::Map {
+                        node: node.clone(),
+                        from: from.clone(),
+                        in_flight: *in_flight,
+                        body: Box::new(body),
+                    });
+                }
+                Visit::Leave(Plan::Loop {
+                    node,
+                    from,
+                    max_iterations,
+                    ..
+                }) => {
+                    let body = done.pop().expect("the body was copied before");
+                    done.push(Plan::Loop {
+                        node: node.clone(),
+                        from: from.clone(),
+                        max_iterations: *max_iterations,
+                        body: Box::new(body),
+                    });
+                }
+                Visit::Leave(Plan::Switch {
+                    node,
+                    from,
+                    keys,
+                    cases,
+                }) => {
+                    let cases = done.split_off(done.len() - cases.len());
+                    done.push(Plan::Switch {
+                        node: node.clone(),
+                        from: from.clone(),
+                        keys: keys.clone(),
+                        cases,
                     });
                 }
             }
@@ -288,6 +466,13 @@ impl PartialEq for Plan {
                     }
                     pairs.push((inner, other_inner));
                 }
+                (Plan::Map { .. } | Plan::Switch { .. } | Plan::Loop { .. }, _) => {
+                    let (plan, other) = pair;
+                    if !same_decision(plan, other) {
+                        return false;
+                    }
+                    pairs.extend(plan.children().iter().zip(other.children()).rev());
+                }
                 (
                     Plan::Empty
                     | Plan::Execute { .. }
@@ -300,6 +485,39 @@ impl PartialEq for Plan {
         }
         true
     }
+}
+
+/// Whether `plan` and `other` are the same `Map`, `Switch` or `Loop` step, children aside: the
+/// same variant, node, inputs and bound or keys, and as many children.
+fn same_decision(plan: &Plan, other: &Plan) -> bool {
+    let fields = match (plan, other) {
+        (
+            Plan::Map { in_flight, .. },
+            Plan::Map {
+                in_flight: theirs, ..
+            },
+        ) => in_flight == theirs,
+        (
+            Plan::Loop { max_iterations, .. },
+            Plan::Loop {
+                max_iterations: theirs,
+                ..
+            },
+        ) => max_iterations == theirs,
+        (Plan::Switch { keys, .. }, Plan::Switch { keys: theirs, .. }) => keys == theirs,
+        (
+            Plan::Empty
+            | Plan::Execute { .. }
+            | Plan::Sequence(_)
+            | Plan::Wave(_)
+            | Plan::Remote { .. }
+            | Plan::Map { .. }
+            | Plan::Switch { .. }
+            | Plan::Loop { .. },
+            _,
+        ) => false,
+    };
+    fields && plan.step() == other.step() && plan.children().len() == other.children().len()
 }
 
 impl Eq for Plan {}
@@ -340,13 +558,50 @@ impl Plan {
                             write!(f, "Remote {{ host: {host:?}, inner: ")?;
                             first = true;
                         }
+                        Plan::Map {
+                            node,
+                            from,
+                            in_flight,
+                            ..
+                        } => {
+                            write!(
+                                f,
+                                "Map {{ node: {node:?}, from: {from:?}, in_flight: {in_flight:?}, body: "
+                            )?;
+                            first = true;
+                        }
+                        Plan::Loop {
+                            node,
+                            from,
+                            max_iterations,
+                            ..
+                        } => {
+                            write!(
+                                f,
+                                "Loop {{ node: {node:?}, from: {from:?}, max_iterations: {max_iterations:?}, body: "
+                            )?;
+                            first = true;
+                        }
+                        Plan::Switch {
+                            node, from, keys, ..
+                        } => {
+                            write!(
+                                f,
+                                "Switch {{ node: {node:?}, from: {from:?}, keys: {keys:?}, cases: ["
+                            )?;
+                            first = true;
+                        }
                     }
                 }
                 Visit::Leave(Plan::Sequence(_) | Plan::Wave(_)) => {
                     f.write_str("])")?;
                     first = false;
                 }
-                Visit::Leave(Plan::Remote { .. }) => {
+                Visit::Leave(Plan::Switch { .. }) => {
+                    f.write_str("] }")?;
+                    first = false;
+                }
+                Visit::Leave(Plan::Remote { .. } | Plan::Map { .. } | Plan::Loop { .. }) => {
                     f.write_str(" }")?;
                     first = false;
                 }
@@ -409,6 +664,11 @@ impl Plan {
                             inline = true;
                             level += 1;
                         }
+                        Plan::Map { .. } | Plan::Switch { .. } | Plan::Loop { .. } => {
+                            let (body_inline, deeper) = plan.debug_pretty_open(f, level)?;
+                            inline = body_inline;
+                            level += deeper;
+                        }
                     }
                 }
                 Visit::Leave(plan) => {
@@ -423,7 +683,17 @@ impl Plan {
                             pad(f, level)?;
                             f.write_str(")")?;
                         }
-                        Plan::Remote { .. } => {
+                        Plan::Switch { cases, .. } => {
+                            level -= 2;
+                            if !cases.is_empty() {
+                                pad(f, level + 1)?;
+                                f.write_str("]")?;
+                            }
+                            f.write_str(",\n")?;
+                            pad(f, level)?;
+                            f.write_str("}")?;
+                        }
+                        Plan::Remote { .. } | Plan::Map { .. } | Plan::Loop { .. } => {
                             level -= 1;
                             pad(f, level)?;
                             f.write_str("}")?;
@@ -439,6 +709,81 @@ impl Plan {
         }
         Ok(())
     }
+}
+
+impl Plan {
+    /// `{:#?}`'s opening of a `Map`, `Switch` or `Loop` at `level`: its name and fields up to
+    /// its children. Returns whether its one child follows on the same line (a `body: `), and
+    /// how many levels deeper its children are.
+    fn debug_pretty_open(
+        &self,
+        f: &mut fmt::Formatter<'_>,
+        level: usize,
+    ) -> Result<(bool, usize), fmt::Error> {
+        writeln!(f, "{} {{", self.kind())?;
+        if let Some((node, from)) = self.step() {
+            field(f, level + 1, "node", node)?;
+            field(f, level + 1, "from", &from.to_vec())?;
+        }
+        match self {
+            Plan::Map { in_flight, .. } => field(f, level + 1, "in_flight", in_flight)?,
+            Plan::Loop { max_iterations, .. } => {
+                field(f, level + 1, "max_iterations", max_iterations)?;
+            }
+            Plan::Switch { keys, cases, .. } => {
+                field(f, level + 1, "keys", keys)?;
+                f.write_str(&"    ".repeat(level + 1))?;
+                f.write_str(if cases.is_empty() {
+                    "cases: []"
+                } else {
+                    "cases: [\n"
+                })?;
+                return Ok((false, 2));
+            }
+            Plan::Empty
+            | Plan::Execute { .. }
+            | Plan::Sequence(_)
+            | Plan::Wave(_)
+            | Plan::Remote { .. } => {}
+        }
+        f.write_str(&"    ".repeat(level + 1))?;
+        f.write_str("body: ")?;
+        Ok((true, 1))
+    }
+}
+
+/// What a drawing calls a `Map`, `Switch` or `Loop` step's frame: `each chunks`,
+/// `switch route (ocr | text)`, `loop refine (8 at most)`; the node's id for any other plan.
+pub(crate) fn decision_label(plan: &Plan, node: &str) -> String {
+    match plan {
+        Plan::Map {
+            in_flight: Some(limit),
+            ..
+        } => format!("each {node} ({limit} in flight)"),
+        Plan::Map {
+            in_flight: None, ..
+        } => format!("each {node}"),
+        Plan::Switch { keys, .. } => format!("switch {node} ({})", keys.join(" | ")),
+        Plan::Loop { max_iterations, .. } => format!("loop {node} ({max_iterations} at most)"),
+        Plan::Empty
+        | Plan::Execute { .. }
+        | Plan::Sequence(_)
+        | Plan::Wave(_)
+        | Plan::Remote { .. } => node.to_owned(),
+    }
+}
+
+/// Writes `name: value,` as a field of a `{:#?}` at `level`: the value printed by its own
+/// pretty `Debug`, its later lines indented to the field's level.
+fn field(
+    f: &mut fmt::Formatter<'_>,
+    level: usize,
+    name: &str,
+    value: &dyn fmt::Debug,
+) -> fmt::Result {
+    let margin = "    ".repeat(level);
+    let written = format!("{value:#?}").replace('\n', &format!("\n{margin}"));
+    writeln!(f, "{margin}{name}: {written},")
 }
 
 #[cfg(test)]
@@ -457,10 +802,34 @@ mod tests {
     )]
     enum Derived {
         Empty,
-        Execute { node: NodeId, from: Vec<NodeId> },
+        Execute {
+            node: NodeId,
+            from: Vec<NodeId>,
+        },
         Sequence(Vec<Derived>),
         Wave(Vec<Derived>),
-        Remote { host: HostName, inner: Box<Derived> },
+        Remote {
+            host: HostName,
+            inner: Box<Derived>,
+        },
+        Map {
+            node: NodeId,
+            from: Vec<NodeId>,
+            in_flight: Option<usize>,
+            body: Box<Derived>,
+        },
+        Switch {
+            node: NodeId,
+            from: Vec<NodeId>,
+            keys: Vec<String>,
+            cases: Vec<Derived>,
+        },
+        Loop {
+            node: NodeId,
+            from: Vec<NodeId>,
+            max_iterations: u32,
+            body: Box<Derived>,
+        },
     }
 
     fn derived(plan: &Plan) -> Derived {
@@ -475,6 +844,39 @@ mod tests {
             Plan::Remote { host, inner } => Derived::Remote {
                 host: host.clone(),
                 inner: Box::new(derived(inner)),
+            },
+            Plan::Map {
+                node,
+                from,
+                in_flight,
+                body,
+            } => Derived::Map {
+                node: node.clone(),
+                from: from.clone(),
+                in_flight: *in_flight,
+                body: Box::new(derived(body)),
+            },
+            Plan::Switch {
+                node,
+                from,
+                keys,
+                cases,
+            } => Derived::Switch {
+                node: node.clone(),
+                from: from.clone(),
+                keys: keys.clone(),
+                cases: cases.iter().map(derived).collect(),
+            },
+            Plan::Loop {
+                node,
+                from,
+                max_iterations,
+                body,
+            } => Derived::Loop {
+                node: node.clone(),
+                from: from.clone(),
+                max_iterations: *max_iterations,
+                body: Box::new(derived(body)),
             },
         }
     }
@@ -511,6 +913,43 @@ mod tests {
                 ),
                 remote("other", Plan::Wave(Vec::new())),
             ]),
+            Plan::Map {
+                node: "m".into(),
+                from: vec!["a".into()],
+                in_flight: Some(3),
+                body: Box::new(Plan::Sequence(vec![
+                    execute("m/a", &[]),
+                    execute("m/b", &["m/a"]),
+                ])),
+            },
+            Plan::Sequence(vec![
+                execute("a", &[]),
+                Plan::Switch {
+                    node: "s".into(),
+                    from: vec!["a".into()],
+                    keys: vec!["x".into(), "y".into()],
+                    cases: vec![
+                        execute("s/x", &[]),
+                        Plan::Loop {
+                            node: "s/y".into(),
+                            from: Vec::new(),
+                            max_iterations: 4,
+                            body: Box::new(Plan::Map {
+                                node: "s/y/m".into(),
+                                from: Vec::new(),
+                                in_flight: None,
+                                body: Box::new(Plan::Empty),
+                            }),
+                        },
+                    ],
+                },
+            ]),
+            Plan::Switch {
+                node: "s".into(),
+                from: Vec::new(),
+                keys: Vec::new(),
+                cases: Vec::new(),
+            },
         ]
     }
 

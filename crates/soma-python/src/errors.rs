@@ -122,12 +122,14 @@ pub fn host_error(py: Python<'_>, error: &HostError) -> PyErr {
 
 pub fn compile_error(py: Python<'_>, error: &CompileError) -> PyErr {
     match error {
-        CompileError::MissingImplementation { node } => soma_error(
-            py,
-            "CompileError",
-            error.to_string(),
-            &[("node", text(py, node))],
-        ),
+        CompileError::MissingImplementation { node } | CompileError::TooDeep { node } => {
+            soma_error(
+                py,
+                "CompileError",
+                error.to_string(),
+                &[("node", text(py, node))],
+            )
+        }
     }
 }
 
@@ -191,6 +193,11 @@ pub fn run_error(py: Python<'_>, error: &RunError, interrupt: Option<PyErr>) -> 
         },
         RunError::NoDriver { node } | RunError::WrongResultCount { node, .. } => {
             soma_error(py, "DriverError", message, &[("node", text(py, node))])
+        }
+        RunError::NotAList { node, .. }
+        | RunError::UnknownCase { node, .. }
+        | RunError::LoopLimit { node, .. } => {
+            soma_error(py, "RunError", message, &[("node", text(py, node))])
         }
         // A limit of 0 names no node (`RunError::node`): none was called, none awaited.
         RunError::TurnLimit { limit, .. } => {

@@ -23,8 +23,8 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::PyTuple;
 use pyo3::PyTraverseError;
 use soma_core::{
-    compile, Captured, Catalog, Device, Executor, Graph, Host, Node, NodeId, Placement, Plan,
-    Program, RunError, DEFAULT_IDLE_THREADS,
+    compile_decided, Captured, Catalog, Decision, Decisions, Device, Executor, Graph, Host, Node,
+    NodeId, Placement, Plan, Program, Reading, RunError, DEFAULT_IDLE_THREADS,
 };
 
 use crate::cache::PythonCache;
@@ -41,6 +41,7 @@ use crate::native::NativeNode;
 use crate::node::PythonNode;
 use crate::plan::PyPlan;
 use crate::policy::{self, Written, WrittenRetry};
+use crate::reading::PythonReading;
 use crate::reentry::{self, Nested, MAX_NESTED_FORWARDS};
 use crate::thread_state;
 use crate::trace::PyTrace;
@@ -63,6 +64,11 @@ struct State {
     placement: Arc<Placement>,
     /// Retries and time limits, by node; like the placement, setting one drops the program.
     policies: Written,
+    /// The `each`, `switch` and `loop` steps and the sub-graphs they run, whose nodes are in
+    /// the catalog under ids namespaced by the step's (`chunks/clean`).
+    decisions: Decisions,
+    /// The graphs those sub-graphs were copied from, kept for the Python objects they hold.
+    bodies: Vec<Py<GraphCore>>,
 }
 
 impl Default for State {
@@ -76,6 +82,8 @@ impl Default for State {
             idle_threads: DEFAULT_IDLE_THREADS,
             placement: Arc::default(),
             policies: Written::default(),
+            decisions: Decisions::default(),
+            bodies: Vec::new(),
         }
     }
 }
@@ -119,6 +127,129 @@ impl GraphCore {
         Ok(())
     }
 
+    /// Copies `body` into this graph's catalog, placement, policies and decisions, every id
+    /// namespaced under `step`'s (`step/id`), and returns its topology so namespaced: the
+    /// sub-graph a decision step runs.
+    fn embed(&self, py: Python<'_>, step: &str, body: &Bound<'_, GraphCore>) -> PyResult<Graph> {
+        if std::ptr::eq(self, body.get()) {
+            return Err(PyValueError::new_err(
+                "a graph cannot run itself as a step of its own",
+            ));
+        }
+        let inner = body.get().state();
+        let named = |id: &str| format!("{step}/{id}");
+        let mut graph = Graph::new();
+        for id in inner.graph.nodes() {
+            graph
+                .add_node(named(id.as_str()))
+                .map_err(|e| graph_error(py, &e))?;
+        }
+        for (source, target) in inner.graph.edges() {
+            graph
+                .add_edge(&named(source.as_str()), &named(target.as_str()))
+                .map_err(|e| graph_error(py, &e))?;
+        }
+        let mut state = self.state();
+        // Its whole catalog: its own nodes' and those of the decisions it holds in turn.
+        for (id, implementation) in inner.catalog.iter() {
+            state
+                .catalog
+                .insert(named(id.as_str()), Arc::clone(implementation));
+            if let Some(device) = inner.placement.device(id.as_str()) {
+                Arc::make_mut(&mut state.placement).place(named(id.as_str()), device);
+            }
+        }
+        for (id, (times, backoff, on)) in &inner.policies.retries {
+            let retry = policy::retry(py, *times, *backoff, on)?;
+            state.policies.policies.set_retry(&named(id), Some(retry));
+            state
+                .policies
+                .retries
+                .insert(named(id), (*times, *backoff, on.clone_ref(py)));
+        }
+        for (id, seconds) in &inner.policies.time_limits {
+            let limit = Duration::try_from_secs_f64(*seconds)
+                .map_err(|e| PyValueError::new_err(e.to_string()))?;
+            state
+                .policies
+                .policies
+                .set_time_limit(&named(id), Some(limit));
+            state.policies.time_limits.insert(named(id), *seconds);
+        }
+        for (id, decision) in inner.decisions.iter() {
+            let renamed = |graph: &Graph| -> PyResult<Graph> {
+                let mut copy = Graph::new();
+                for node in graph.nodes() {
+                    copy.add_node(named(node.as_str()))
+                        .map_err(|e| graph_error(py, &e))?;
+                }
+                for (source, target) in graph.edges() {
+                    copy.add_edge(&named(source.as_str()), &named(target.as_str()))
+                        .map_err(|e| graph_error(py, &e))?;
+                }
+                Ok(copy)
+            };
+            let decision = match decision {
+                Decision::Map { body, in_flight } => Decision::Map {
+                    body: renamed(body)?,
+                    in_flight: *in_flight,
+                },
+                Decision::Loop {
+                    body,
+                    max_iterations,
+                } => Decision::Loop {
+                    body: renamed(body)?,
+                    max_iterations: *max_iterations,
+                },
+                Decision::Switch { cases } => Decision::Switch {
+                    cases: cases
+                        .iter()
+                        .map(|(key, case)| Ok((key.clone(), renamed(case)?)))
+                        .collect::<PyResult<_>>()?,
+                },
+            };
+            state.decisions.insert(named(id), decision);
+        }
+        state
+            .python_nodes
+            .extend(inner.python_nodes.iter().cloned());
+        drop(inner);
+        state.bodies.push(body.clone().unbind());
+        state.compiled = None;
+        Ok(graph)
+    }
+
+    /// Registers `object` under `id` as a decision step whose node is `object`'s `forward`
+    /// (the selector of a `switch`, the predicate of a `loop`), running `bodies`.
+    fn add_decision(
+        &self,
+        py: Python<'_>,
+        id: &str,
+        object: &Bound<'_, PyAny>,
+        bodies: Vec<(String, Bound<'_, GraphCore>)>,
+        decide: impl FnOnce(Vec<(String, Graph)>) -> Decision,
+    ) -> PyResult<()> {
+        if self.state().graph.contains(id) {
+            // Refused before anything is copied, as `add_python` would refuse it.
+            self.add_python(py, id, object, false)?;
+        }
+        let mut graphs = Vec::with_capacity(bodies.len());
+        for (key, body) in bodies {
+            // A switch's cases are namespaced by key too: two may hold a node of one name.
+            let prefix = if key.is_empty() {
+                id.to_owned()
+            } else {
+                format!("{id}/{key}")
+            };
+            let graph = self.embed(py, &prefix, &body)?;
+            graphs.push((key, graph));
+        }
+        // Its `forward` reads `ctx`, for the step's id in what it raises.
+        self.add_python(py, id, object, true)?;
+        self.state().decisions.insert(id, decide(graphs));
+        Ok(())
+    }
+
     /// The plan, compiled on first use after a change.
     fn compiled_plan(&self, py: Python<'_>) -> PyResult<Arc<Plan>> {
         let mut state = self.state();
@@ -152,7 +283,8 @@ impl GraphCore {
 
     fn compiled<'s>(py: Python<'_>, state: &'s mut State) -> PyResult<&'s mut Compiled> {
         if state.compiled.is_none() {
-            let plan = compile(&state.graph, &state.catalog).map_err(|e| compile_error(py, &e))?;
+            let plan = compile_decided(&state.graph, &state.catalog, &state.decisions)
+                .map_err(|e| compile_error(py, &e))?;
             state.compiled = Some(Compiled {
                 plan: Arc::new(plan),
                 program: None,
@@ -219,6 +351,55 @@ impl GraphCore {
             Arc::clone(&node) as Arc<dyn Node>,
             Some(node),
         )
+    }
+
+    /// Registers `object` under `id` as an `each` step: `body` runs on every item of the list
+    /// the step reads, at most `in_flight` at once.
+    #[pyo3(signature = (id, object, body, in_flight=None))]
+    fn add_each(
+        &self,
+        py: Python<'_>,
+        id: &str,
+        object: &Bound<'_, PyAny>,
+        body: Bound<'_, GraphCore>,
+        in_flight: Option<usize>,
+    ) -> PyResult<()> {
+        self.add_decision(py, id, object, vec![(String::new(), body)], |mut graphs| {
+            Decision::Map {
+                body: graphs.pop().expect("one body").1,
+                in_flight,
+            }
+        })
+    }
+
+    /// Registers `object` under `id` as a `switch` step: `object.forward` returns the key of
+    /// the case to run, one of `cases`.
+    fn add_switch(
+        &self,
+        py: Python<'_>,
+        id: &str,
+        object: &Bound<'_, PyAny>,
+        cases: Vec<(String, Bound<'_, GraphCore>)>,
+    ) -> PyResult<()> {
+        self.add_decision(py, id, object, cases, |cases| Decision::Switch { cases })
+    }
+
+    /// Registers `object` under `id` as a `loop` step: `body` runs until `object.forward` of
+    /// its output is true, at most `max_iterations` times.
+    fn add_loop(
+        &self,
+        py: Python<'_>,
+        id: &str,
+        object: &Bound<'_, PyAny>,
+        body: Bound<'_, GraphCore>,
+        max_iterations: u32,
+    ) -> PyResult<()> {
+        self.add_decision(py, id, object, vec![(String::new(), body)], |mut graphs| {
+            Decision::Loop {
+                body: graphs.pop().expect("one body").1,
+                max_iterations,
+            }
+        })
     }
 
     /// Registers a Rust implementation under `id`; `object` is what `implementation(id)` returns.
@@ -325,6 +506,9 @@ impl GraphCore {
         for node in &state.python_nodes {
             node.traverse(&visit)?;
         }
+        for body in &state.bodies {
+            visit.call(body)?;
+        }
         Ok(())
     }
 
@@ -419,7 +603,8 @@ impl GraphCore {
             .map(|text| text.parse::<Device>().map_err(|e| device_error(py, &e)))
             .transpose()?;
         let mut state = self.state();
-        if !state.graph.contains(id) {
+        // A node inside a decision step is in the catalog only (`chunks/clean`).
+        if !state.catalog.contains(id) {
             return Err(unknown_node_error(py, id, &state.graph));
         }
         // In place unless a plan handed out still draws the placement it was given: placing
@@ -455,7 +640,8 @@ impl GraphCore {
             None => None,
         };
         let mut state = self.state();
-        if !state.graph.contains(id) {
+        // A node inside a decision step is in the catalog only (`chunks/clean`).
+        if !state.catalog.contains(id) {
             return Err(unknown_node_error(py, id, &state.graph));
         }
         let policies = &mut state.policies;
@@ -482,7 +668,8 @@ impl GraphCore {
             })
             .transpose()?;
         let mut state = self.state();
-        if !state.graph.contains(id) {
+        // A node inside a decision step is in the catalog only (`chunks/clean`).
+        if !state.catalog.contains(id) {
             return Err(unknown_node_error(py, id, &state.graph));
         }
         let policies = &mut state.policies;
@@ -557,7 +744,8 @@ impl GraphCore {
         let timeout = timeout.map(time_limit).transpose()?;
         let program = self.program(py)?;
         let watch = Arc::new(SignalWatch::new(timeout, stop.map(Bound::get)));
-        let mut executor = executor_for(nested.depth(), &watch, driver, turn_limit, trace)?;
+        let mut executor =
+            executor_for(&program, nested.depth(), &watch, driver, turn_limit, trace)?;
         if let Some(cache) = cache {
             executor = executor.with_cache(Arc::new(PythonCache::new(cache)));
         }
@@ -592,9 +780,11 @@ impl GraphCore {
     }
 }
 
-/// The executor of a forward or a stream: `forward`'s own arguments, the run's watch, and the
-/// interpreter as host at the run's nesting depth.
+/// The executor of a forward or a stream of `program`: `forward`'s own arguments, the run's
+/// watch, the interpreter as host at the run's nesting depth, and the reading of Python values
+/// when the program has steps that decide.
 pub(crate) fn executor_for(
+    program: &Program,
     depth: usize,
     watch: &Arc<SignalWatch>,
     driver: Option<&Bound<'_, PyAny>>,
@@ -605,6 +795,10 @@ pub(crate) fn executor_for(
         .with_turn_limit(turn_limit)
         .with_watch(Arc::clone(watch) as Arc<dyn soma_core::Watch>)
         .with_host(interpreter_at(depth));
+    // Only a program that decides reads values through it: any other runs as it did.
+    if program.decides() {
+        executor = executor.with_reading(python_reading());
+    }
     if let Some(driver) = driver {
         executor = executor.with_driver(Arc::new(PythonDriver::new(driver)?));
     }
@@ -612,6 +806,12 @@ pub(crate) fn executor_for(
         executor = executor.with_trace(Arc::clone(&trace.get().trace));
     }
     Ok(executor)
+}
+
+/// The one reading of Python values every executor shares.
+fn python_reading() -> Arc<dyn Reading> {
+    static READING: OnceLock<Arc<dyn Reading>> = OnceLock::new();
+    Arc::clone(READING.get_or_init(|| Arc::new(PythonReading)))
 }
 
 /// A `timeout` in seconds as a duration: finite and not negative.
@@ -634,12 +834,14 @@ fn timed_out(error: &RunError, timeout: Option<Duration>) -> PyErr {
 
 /// What `pick` says of each node that it says something of, by id, in the order the nodes were
 /// added: the listings of what is set per node (devices, retries, time limits).
+///
+/// Read through the catalog, whose order is the graph's, so that the nodes inside `each`,
+/// `switch` and `loop` steps are listed too (`chunks/clean`), each before its step.
 fn in_node_order<T>(state: &State, pick: impl Fn(&NodeId) -> Option<T>) -> Vec<(String, T)> {
     state
-        .graph
-        .nodes()
+        .catalog
         .iter()
-        .filter_map(|id| Some((id.to_string(), pick(id)?)))
+        .filter_map(|(id, _)| Some((id.to_string(), pick(id)?)))
         .collect()
 }
 

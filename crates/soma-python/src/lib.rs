@@ -21,6 +21,7 @@ mod node;
 mod plan;
 mod policy;
 mod protocol;
+mod reading;
 mod reentry;
 mod stream;
 mod thread_state;

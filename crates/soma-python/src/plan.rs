@@ -80,14 +80,15 @@ impl PyPlan {
 
 #[pymethods]
 impl PyPlan {
-    /// `"Empty"`, `"Execute"`, `"Sequence"`, `"Wave"` or `"Remote"`.
+    /// `"Empty"`, `"Execute"`, `"Sequence"`, `"Wave"`, `"Remote"`, `"Map"`, `"Switch"` or
+    /// `"Loop"`.
     #[getter]
     fn kind(&self) -> &'static str {
         self.plan().kind()
     }
 
-    /// The steps of a `Sequence`, the branches of a `Wave`, the one slice of a `Remote`; empty
-    /// otherwise.
+    /// The steps of a `Sequence`, the branches of a `Wave`, the one slice of a `Remote`, the
+    /// body of a `Map` or `Loop`, the cases of a `Switch`; empty otherwise.
     #[getter]
     fn children(&self) -> Vec<PyPlan> {
         self.plan()
@@ -108,21 +109,49 @@ impl PyPlan {
         self.plan().host().map(soma_core::HostName::as_str)
     }
 
-    /// The node an `Execute` runs; `None` otherwise.
+    /// The node an `Execute` runs, or a `Map`, `Switch` or `Loop` step is; `None` otherwise.
     #[getter]
     fn node(&self) -> Option<&str> {
+        self.plan().step().map(|(node, _)| node.as_str())
+    }
+
+    /// Where an `Execute`, `Map`, `Switch` or `Loop` step reads from, in edge-declaration
+    /// order; empty means the graph's input.
+    #[getter]
+    fn inputs(&self) -> Vec<&str> {
+        self.plan().step().map_or_else(Vec::new, |(_, from)| {
+            from.iter().map(soma_core::NodeId::as_str).collect()
+        })
+    }
+
+    /// The keys of a `Switch`'s cases, in the order of `children`; empty otherwise.
+    #[getter]
+    fn keys(&self) -> Vec<&str> {
         match self.plan() {
-            Plan::Execute { node, .. } => Some(node.as_str()),
-            Plan::Empty | Plan::Sequence(_) | Plan::Wave(_) | Plan::Remote { .. } => None,
+            Plan::Switch { keys, .. } => keys.iter().map(String::as_str).collect(),
+            Plan::Empty
+            | Plan::Execute { .. }
+            | Plan::Sequence(_)
+            | Plan::Wave(_)
+            | Plan::Remote { .. }
+            | Plan::Map { .. }
+            | Plan::Loop { .. } => Vec::new(),
         }
     }
 
-    /// Where an `Execute` reads from, in edge-declaration order; empty means the graph's input.
+    /// How many items of a `Map` run at once at most (`None`: as many as the crew lends), or
+    /// how many iterations a `Loop` may run; `None` for any other plan.
     #[getter]
-    fn inputs(&self) -> Vec<&str> {
+    fn bound(&self) -> Option<usize> {
         match self.plan() {
-            Plan::Execute { from, .. } => from.iter().map(soma_core::NodeId::as_str).collect(),
-            Plan::Empty | Plan::Sequence(_) | Plan::Wave(_) | Plan::Remote { .. } => Vec::new(),
+            Plan::Map { in_flight, .. } => *in_flight,
+            Plan::Loop { max_iterations, .. } => usize::try_from(*max_iterations).ok(),
+            Plan::Empty
+            | Plan::Execute { .. }
+            | Plan::Sequence(_)
+            | Plan::Wave(_)
+            | Plan::Remote { .. }
+            | Plan::Switch { .. } => None,
         }
     }
 

@@ -71,6 +71,9 @@ pub fn retry(py: Python<'_>, times: u32, backoff: f64, on: &Py<PyTuple>) -> PyRe
             | RunError::Retried { .. }
             | RunError::Invalid(_)
             | RunError::NoThread { .. }
+            | RunError::NotAList { .. }
+            | RunError::UnknownCase { .. }
+            | RunError::LoopLimit { .. }
             | RunError::Interrupted
             | RunError::PastDeadline
             | RunError::Abandoned { .. } => false,

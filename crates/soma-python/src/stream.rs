@@ -95,7 +95,14 @@ impl StreamCore {
         let program = graph.get().program(py)?;
         let iterator = inputs.try_iter()?.unbind();
         let watch = Arc::new(SignalWatch::new(timeout, None));
-        let mut executor = executor_for(reentry::depth(), &watch, driver, turn_limit, trace)?;
+        let mut executor = executor_for(
+            &program,
+            reentry::depth(),
+            &watch,
+            driver,
+            turn_limit,
+            trace,
+        )?;
         if let Some(cache) = cache {
             // Each item a run of its own, keyed on its own input.
             executor = executor.with_cache(Arc::new(PythonCache::new(cache)));

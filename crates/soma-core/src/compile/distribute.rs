@@ -77,9 +77,20 @@ pub fn distribute(plan: &Plan, hosts: &HostPlacement) -> Plan {
     }
     // The subtrees finished whose parent is not: a parent's are the last of them.
     let mut done: Vec<(Plan, Lives<'_>)> = Vec::new();
-    for visit in plan.visits() {
+    for visit in plan.own_visits() {
         match visit {
             Visit::Enter(Plan::Empty) => done.push((Plan::Empty, Lives::Anywhere)),
+            // What a decision runs goes with the step, wherever its own node is placed (the
+            // Python front refuses a host on it, or on a node inside, naming the node; its
+            // async walk places it whole, with the other sync steps, on the engine).
+            Visit::Enter(
+                decision @ (Plan::Map { node, .. }
+                | Plan::Switch { node, .. }
+                | Plan::Loop { node, .. }),
+            ) => {
+                let lives = hosts.host(node.as_str()).map_or(Lives::Split, Lives::On);
+                done.push((decision.clone(), lives));
+            }
             Visit::Enter(Plan::Execute { node, from }) => {
                 let lives = hosts.host(node.as_str()).map_or(Lives::Split, Lives::On);
                 let step = Plan::Execute {
@@ -90,7 +101,14 @@ pub fn distribute(plan: &Plan, hosts: &HostPlacement) -> Plan {
             }
             // A slice already there is cut again from `hosts`: its subtree stands for it.
             Visit::Enter(Plan::Sequence(_) | Plan::Wave(_) | Plan::Remote { .. })
-            | Visit::Leave(Plan::Empty | Plan::Execute { .. } | Plan::Remote { .. }) => {}
+            | Visit::Leave(
+                Plan::Empty
+                | Plan::Execute { .. }
+                | Plan::Remote { .. }
+                | Plan::Map { .. }
+                | Plan::Switch { .. }
+                | Plan::Loop { .. },
+            ) => {}
             Visit::Leave(Plan::Sequence(children)) => {
                 let parts = done.split_off(done.len() - children.len());
                 done.push(sequence(parts));

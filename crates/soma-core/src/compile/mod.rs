@@ -31,9 +31,11 @@
 //! sets still being split, like the trees still being built, wait on a stack on the heap, so
 //! however deep a graph nests, compiling it needs no more thread stack than a flat one.
 
+mod decide;
 mod distribute;
 mod reduction;
 
+pub use decide::compile_decided;
 pub use distribute::distribute;
 
 use std::fmt;
@@ -51,6 +53,11 @@ pub enum CompileError {
         /// The first such node, in insertion order.
         node: NodeId,
     },
+    /// `Map`, `Switch` and `Loop` steps nest deeper than [`crate::MAX_DECISION_DEPTH`].
+    TooDeep {
+        /// The first step nested too deep.
+        node: NodeId,
+    },
 }
 
 impl fmt::Display for CompileError {
@@ -59,6 +66,11 @@ impl fmt::Display for CompileError {
             CompileError::MissingImplementation { node } => write!(
                 f,
                 "node `{node}` has no implementation\nhint: register one for `{node}` in the catalog before compiling"
+            ),
+            CompileError::TooDeep { node } => write!(
+                f,
+                "step `{node}` is nested more than {} `each`/`switch`/`loop` deep\nhint: each level runs inside the one around it; flatten the inner levels into a node of their own",
+                crate::MAX_DECISION_DEPTH
             ),
         }
     }

@@ -589,7 +589,10 @@ mod tests {
     ) -> (Vec<String>, Vec<String>) {
         match plan {
             Plan::Empty => (Vec::new(), Vec::new()),
-            Plan::Execute { node, .. } => (vec![node.to_string()], vec![node.to_string()]),
+            Plan::Execute { node, .. }
+            | Plan::Map { node, .. }
+            | Plan::Switch { node, .. }
+            | Plan::Loop { node, .. } => (vec![node.to_string()], vec![node.to_string()]),
             Plan::Sequence(steps) => {
                 let ends: Vec<_> = steps
                     .iter()

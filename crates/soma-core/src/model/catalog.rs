@@ -56,6 +56,11 @@ impl Catalog {
         self.index.contains_key(id)
     }
 
+    /// Every id and its implementation, in the order the ids were first registered.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&NodeId, &Arc<dyn Node>)> {
+        self.entries.iter().map(|(id, node)| (id, node))
+    }
+
     /// Number of implementations.
     pub fn len(&self) -> usize {
         self.entries.len()

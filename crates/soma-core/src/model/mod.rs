@@ -9,6 +9,7 @@
 //! knows about plans, threads or drawing: every later stage reads the model, never the reverse.
 
 pub(crate) mod catalog;
+pub(crate) mod decision;
 pub(crate) mod device;
 pub(crate) mod driver;
 pub(crate) mod expr;
@@ -18,4 +19,5 @@ pub(crate) mod host;
 pub(crate) mod id;
 pub(crate) mod key;
 pub(crate) mod node;
+pub(crate) mod reading;
 pub(crate) mod value;

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use super::marks::Marks;
 use super::svg::{CACHED_FILL, CACHED_STROKE, HOST_STROKE, NODE_FILL, NODE_STROKE, WAVE_STROKE};
-use crate::plan::{Plan, Visit};
+use crate::plan::{decision_label, Plan, Visit};
 
 /// A DOT id: always quoted, so any node id is one, with `"` and `\` escaped.
 fn dot_id(id: &str, out: &mut String) {
@@ -29,7 +29,7 @@ pub(super) fn plan_dot(plan: &Plan, marks: Marks<'_>) -> String {
         "    node [shape=box, style=\"rounded,filled\", fillcolor=\"{NODE_FILL}\", color=\"{NODE_STROKE}\", fontname=\"monospace\"];"
     );
     dot_nodes(plan, marks, &mut out);
-    for (node, from) in plan.steps() {
+    for (node, from) in plan.all_steps() {
         for source in from {
             out.push_str("    ");
             dot_id(source.as_str(), &mut out);
@@ -48,6 +48,7 @@ fn dot_nodes(plan: &Plan, marks: Marks<'_>, out: &mut String) {
     let mut depth = 1;
     let mut waves = 0;
     let mut hosts = 0;
+    let mut decisions = 0;
     for visit in plan.visits() {
         match visit {
             Visit::Enter(Plan::Execute { node, .. }) => {
@@ -88,7 +89,34 @@ fn dot_nodes(plan: &Plan, marks: Marks<'_>, out: &mut String) {
                 let _ = writeln!(out, "; style=\"bold,rounded\"; color=\"{HOST_STROKE}\";");
                 depth += 1;
             }
-            Visit::Leave(Plan::Wave(_) | Plan::Remote { .. }) => {
+            Visit::Enter(
+                decision @ (Plan::Map { node, .. }
+                | Plan::Switch { node, .. }
+                | Plan::Loop { node, .. }),
+            ) => {
+                // A frame around the step and what it runs, as a wave's: the step a node of
+                // its own, for the edges into and out of it.
+                out.extend(std::iter::repeat_n("    ", depth));
+                let _ = writeln!(out, "subgraph cluster_decision_{decisions} {{");
+                decisions += 1;
+                out.extend(std::iter::repeat_n("    ", depth + 1));
+                out.push_str("label=");
+                dot_id(&decision_label(decision, node.as_str()), out);
+                let _ = writeln!(out, "; style=\"dotted,rounded\"; color=\"{WAVE_STROKE}\";");
+                out.extend(std::iter::repeat_n("    ", depth + 1));
+                dot_id(node.as_str(), out);
+                out.push_str(" [shape=diamond, label=");
+                dot_id(&marks.label(node), out);
+                out.push_str("];\n");
+                depth += 1;
+            }
+            Visit::Leave(
+                Plan::Wave(_)
+                | Plan::Remote { .. }
+                | Plan::Map { .. }
+                | Plan::Switch { .. }
+                | Plan::Loop { .. },
+            ) => {
                 depth -= 1;
                 out.extend(std::iter::repeat_n("    ", depth));
                 out.push_str("}\n");

@@ -36,10 +36,9 @@ use crate::compile::decompose;
 use crate::model::graph::Graph;
 use crate::model::host::HostName;
 use crate::model::id::NodeId;
-use crate::plan::{Plan, Visit};
+use crate::plan::{decision_label, Plan, Visit};
 
 /// What a frame marks.
-#[derive(Clone, Copy)]
 enum Framing<'p> {
     /// A wave: its branches run at the same time.
     Wave,
@@ -47,6 +46,8 @@ enum Framing<'p> {
     InOrder,
     /// A remote slice: what it holds runs on this host, in one trip.
     Host(&'p HostName),
+    /// A `Map`, `Switch` or `Loop` step and what it runs: `each chunks`, say.
+    Decision(String),
 }
 
 /// A subtree measured: its size, and how its parts sit inside it. The blocks of a drawing live
@@ -75,6 +76,14 @@ enum Shape<'p> {
     Host {
         inner: usize,
         host: &'p HostName,
+    },
+    /// A `Map`, `Switch` or `Loop` step, framed with what it is: its own box on the left, its
+    /// sub-plans stacked on the right (a switch's cases in order).
+    Decision {
+        node: &'p NodeId,
+        step_width: i64,
+        parts: Vec<usize>,
+        label: String,
     },
 }
 
@@ -125,8 +134,35 @@ fn measure<'p>(plan: &'p Plan, framed: bool, marks: Marks<'_>) -> Vec<Block<'p>>
                 height: NODE_HEIGHT,
                 shape: Shape::Node(node),
             },
-            Visit::Enter(Plan::Sequence(_) | Plan::Wave(_) | Plan::Remote { .. })
+            Visit::Enter(
+                Plan::Sequence(_)
+                | Plan::Wave(_)
+                | Plan::Remote { .. }
+                | Plan::Map { .. }
+                | Plan::Switch { .. }
+                | Plan::Loop { .. },
+            )
             | Visit::Leave(Plan::Empty | Plan::Execute { .. }) => continue,
+            Visit::Leave(
+                decision @ (Plan::Map { node, .. }
+                | Plan::Switch { node, .. }
+                | Plan::Loop { node, .. }),
+            ) => {
+                let parts = done.split_off(done.len() - decision.children().len());
+                let step_width = node_width(&marks.label(node));
+                let inner_width = parts.iter().map(|&p| blocks[p].width).max().unwrap_or(0);
+                let inner_height = spaced(parts.iter().map(|&p| blocks[p].height), ROW_GAP);
+                Block {
+                    width: 2 * FRAME_SIDE + step_width + COLUMN_GAP + inner_width,
+                    height: inner_height.max(NODE_HEIGHT) + 2 * FRAME_END,
+                    shape: Shape::Decision {
+                        node,
+                        step_width,
+                        parts,
+                        label: decision_label(decision, node.as_str()),
+                    },
+                }
+            }
             Visit::Leave(Plan::Remote { host, .. }) => {
                 let inner = *done.last().expect("the slice was measured before");
                 if !framed {
@@ -243,7 +279,7 @@ fn sequence_block<'p>(
 fn topological_columns(plan: &Plan) -> Vec<Vec<usize>> {
     // Where each id runs, by step number, in increasing order.
     let mut runs: HashMap<&NodeId, Vec<usize>> = HashMap::new();
-    for (at, (node, _)) in plan.steps().into_iter().enumerate() {
+    for (at, (node, _)) in plan.all_steps().into_iter().enumerate() {
         runs.entry(node).or_default().push(at);
     }
     let mut out = Vec::new();
@@ -265,6 +301,24 @@ fn topological_columns(plan: &Plan) -> Vec<Vec<usize>> {
                         }
                         step += 1;
                     }
+                    // What a decision runs is drawn apart from the sequence around it, as a
+                    // wave's branches are: its sub-plans hold columns of their own.
+                    Plan::Map { from, .. }
+                    | Plan::Switch { from, .. }
+                    | Plan::Loop { from, .. } => {
+                        for source in from {
+                            if let Some(runs) = runs.get(source) {
+                                record_read(&mut open, runs, step);
+                            }
+                        }
+                        step += 1;
+                        open.push(Around {
+                            start: step,
+                            sequence: false,
+                            starts: Vec::new(),
+                            reads: Vec::new(),
+                        });
+                    }
                     // A slice is, for columns, a one-branch wave: it holds no columns itself.
                     Plan::Sequence(_) | Plan::Wave(_) | Plan::Remote { .. } => open.push(Around {
                         start: step,
@@ -284,7 +338,13 @@ fn topological_columns(plan: &Plan) -> Vec<Vec<usize>> {
                 }
                 out.push(ranks);
             }
-            Visit::Leave(Plan::Wave(_) | Plan::Remote { .. }) => {
+            Visit::Leave(
+                Plan::Wave(_)
+                | Plan::Remote { .. }
+                | Plan::Map { .. }
+                | Plan::Switch { .. }
+                | Plan::Loop { .. },
+            ) => {
                 open.pop();
             }
             Visit::Leave(Plan::Empty | Plan::Execute { .. }) => {}
@@ -441,6 +501,20 @@ fn place<'p>(blocks: &[Block<'p>], root: usize, x: i64, y: i64, out: &mut Placem
                     top += blocks[branch].height + ROW_GAP;
                 }
             }
+            Shape::Decision {
+                node,
+                step_width,
+                parts,
+                label,
+            } => {
+                let step = Placed {
+                    id: node,
+                    x: x + FRAME_SIDE,
+                    y: y + (block.height - NODE_HEIGHT) / 2,
+                    width: *step_width,
+                };
+                place_decision(blocks, block, step, parts, label, &mut tasks, out);
+            }
             Shape::Host { inner, host } => {
                 // Before the slice, as a wave's frame comes before what it holds.
                 out.frames.push(Frame {
@@ -454,6 +528,38 @@ fn place<'p>(blocks: &[Block<'p>], root: usize, x: i64, y: i64, out: &mut Placem
             }
         }
         tasks[first_task..].reverse();
+    }
+}
+
+/// Places a decision's frame (`label`, the size of `block`) and its own box, `step`, and queues
+/// its sub-plans, `parts`, stacked to the right of that box.
+fn place_decision<'p>(
+    blocks: &[Block<'p>],
+    block: &Block<'p>,
+    step: Placed<'p>,
+    parts: &[usize],
+    label: &str,
+    tasks: &mut Vec<Task<'p>>,
+    out: &mut Placement<'p>,
+) {
+    let (x, y) = (
+        step.x - FRAME_SIDE,
+        step.y - (block.height - NODE_HEIGHT) / 2,
+    );
+    // Before what it holds, as a wave's frame.
+    out.frames.push(Frame {
+        framing: Framing::Decision(label.to_owned()),
+        x,
+        y,
+        width: block.width,
+        height: block.height,
+    });
+    let left = step.x + step.width + COLUMN_GAP;
+    out.boxes.push(step);
+    let mut top = y + FRAME_END;
+    for &part in parts {
+        tasks.push(Task::Place(part, left, top));
+        top += blocks[part].height + ROW_GAP;
     }
 }
 
@@ -493,13 +599,20 @@ fn svg<'p>(
     svg_open(width, height, &mut out);
     for frame in &placement.frames {
         let host_label;
-        let (class, stroke, dashes, text, label) = match frame.framing {
+        let (class, stroke, dashes, text, label) = match &frame.framing {
             Framing::Wave => ("wave", WAVE_STROKE, "5 3", WAVE_TEXT, "wave"),
             Framing::InOrder => ("in-order", ORDER_STROKE, "2 3", ORDER_TEXT, "in order"),
             Framing::Host(host) => {
                 host_label = format!("host {host}");
                 ("host", HOST_STROKE, "none", HOST_TEXT, host_label.as_str())
             }
+            Framing::Decision(label) => (
+                "decision",
+                ORDER_STROKE,
+                "6 2 1 2",
+                ORDER_TEXT,
+                label.as_str(),
+            ),
         };
         let _ = writeln!(
             out,
@@ -518,7 +631,7 @@ fn svg<'p>(
             frame.x + 8,
             frame.y + 13,
             text,
-            label,
+            escaped(label),
         );
     }
     let at: HashMap<&str, &Placed<'_>> = placement
@@ -555,6 +668,13 @@ fn svg<'p>(
         out.push_str("</text></g>\n");
     }
     out.push_str("</svg>\n");
+    out
+}
+
+/// `text` escaped for XML, for a frame's label, which may hold a node's id.
+fn escaped(text: &str) -> String {
+    let mut out = String::new();
+    xml(text, &mut out);
     out
 }
 
@@ -609,7 +729,7 @@ pub(super) fn graph_svg(graph: &Graph, marks: Marks<'_>) -> String {
 /// The SVG of a plan, frames drawn, each box saying what its node's `marks` say: see
 /// [`Plan::to_svg`].
 pub(super) fn plan_svg(plan: &Plan, marks: Marks<'_>) -> String {
-    let steps = plan.steps();
+    let steps = plan.all_steps();
     let edges = steps
         .iter()
         .flat_map(|&(node, from)| from.iter().map(move |source| (source, node)));

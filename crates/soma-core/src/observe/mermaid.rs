@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use super::marks::Marks;
 use super::svg::{CACHED_FILL, CACHED_STROKE};
-use crate::plan::{Plan, Visit};
+use crate::plan::{decision_label, Plan, Visit};
 
 /// Mermaid names for node ids: the id itself when Mermaid reads it as a plain name, otherwise
 /// `soma_n<k>`. Ids in the reserved `soma_` prefix are renamed too, so the two never collide.
@@ -79,7 +79,7 @@ pub(super) fn plan_mermaid(plan: &Plan, marks: Marks<'_>) -> String {
     };
     let mut out = String::from("flowchart LR\n");
     mermaid_nodes(plan, marks, &mut names, &mut out);
-    for (node, from) in plan.steps() {
+    for (node, from) in plan.all_steps() {
         for source in from {
             let source = names.name(source.as_str()).to_owned();
             let target = names.name(node.as_str());
@@ -113,6 +113,7 @@ fn mermaid_nodes<'p>(
     let mut depth = 1;
     let mut waves = 0;
     let mut hosts = 0;
+    let mut decisions = 0;
     for visit in plan.visits() {
         match visit {
             Visit::Enter(Plan::Execute { node, .. }) => {
@@ -136,7 +137,32 @@ fn mermaid_nodes<'p>(
                 hosts += 1;
                 depth += 1;
             }
-            Visit::Leave(Plan::Wave(_) | Plan::Remote { .. }) => {
+            Visit::Enter(
+                decision @ (Plan::Map { node, .. }
+                | Plan::Switch { node, .. }
+                | Plan::Loop { node, .. }),
+            ) => {
+                // A frame around the step and what it runs, as a wave's: the step a node of
+                // its own, for the arrows into and out of it.
+                out.extend(std::iter::repeat_n("    ", depth));
+                let _ = write!(out, "subgraph soma_decision_{decisions} [");
+                mermaid_label(&decision_label(decision, node.as_str()), out);
+                out.push_str("]\n");
+                decisions += 1;
+                out.extend(std::iter::repeat_n("    ", depth + 1));
+                out.push_str(names.name(node.as_str()));
+                out.push('{');
+                mermaid_label(&marks.label(node), out);
+                out.push_str("}\n");
+                depth += 1;
+            }
+            Visit::Leave(
+                Plan::Wave(_)
+                | Plan::Remote { .. }
+                | Plan::Map { .. }
+                | Plan::Switch { .. }
+                | Plan::Loop { .. },
+            ) => {
                 depth -= 1;
                 out.extend(std::iter::repeat_n("    ", depth));
                 out.push_str("end\n");

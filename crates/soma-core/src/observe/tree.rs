@@ -14,8 +14,13 @@ use crate::plan::Plan;
 pub(super) fn write_tree(plan: &Plan, marks: Marks<'_>, out: &mut impl fmt::Write) -> fmt::Result {
     write_label(plan, marks, out)?;
     let mut prefix = String::new();
-    let mut open: Vec<(std::slice::Iter<'_, Plan>, usize)> = vec![(plan.children().iter(), 0)];
-    while let Some((children, restore)) = open.last_mut() {
+    // Each list being walked, with the keys of its plans when it is a `Switch`'s cases.
+    let mut open: Vec<(
+        std::slice::Iter<'_, Plan>,
+        usize,
+        std::slice::Iter<'_, String>,
+    )> = vec![(plan.children().iter(), 0, case_keys(plan))];
+    while let Some((children, restore, keys)) = open.last_mut() {
         let Some(child) = children.next() else {
             prefix.truncate(*restore);
             open.pop();
@@ -25,12 +30,49 @@ pub(super) fn write_tree(plan: &Plan, marks: Marks<'_>, out: &mut impl fmt::Writ
         out.write_char('\n')?;
         out.write_str(&prefix)?;
         out.write_str(if last { "└── " } else { "├── " })?;
+        if let Some(key) = keys.next() {
+            write!(out, "case {key}: ")?;
+        }
         write_label(child, marks, out)?;
         if !child.children().is_empty() {
             let restore = prefix.len();
             prefix.push_str(if last { "    " } else { "│   " });
-            open.push((child.children().iter(), restore));
+            open.push((child.children().iter(), restore, case_keys(child)));
         }
+    }
+    Ok(())
+}
+
+/// The keys of a `Switch`'s cases, in order; none for any other plan.
+fn case_keys(plan: &Plan) -> std::slice::Iter<'_, String> {
+    match plan {
+        Plan::Switch { keys, .. } => keys.iter(),
+        Plan::Empty
+        | Plan::Execute { .. }
+        | Plan::Sequence(_)
+        | Plan::Wave(_)
+        | Plan::Remote { .. }
+        | Plan::Map { .. }
+        | Plan::Loop { .. } => [].iter(),
+    }
+}
+
+/// `node <- inputs`, or `node <- (input)` for a step that reads the graph's input.
+fn write_step(
+    node: &str,
+    from: &[crate::model::id::NodeId],
+    out: &mut impl fmt::Write,
+) -> fmt::Result {
+    write!(out, "{node} <- ")?;
+    if from.is_empty() {
+        // In parentheses, to read as a note rather than as the id of a node.
+        out.write_str("(input)")?;
+    }
+    for (i, source) in from.iter().enumerate() {
+        if i > 0 {
+            out.write_str(", ")?;
+        }
+        write!(out, "{source}")?;
     }
     Ok(())
 }
@@ -39,17 +81,7 @@ fn write_label(plan: &Plan, marks: Marks<'_>, out: &mut impl fmt::Write) -> fmt:
     match plan {
         Plan::Empty => out.write_str("Empty"),
         Plan::Execute { node, from } => {
-            write!(out, "{node} <- ")?;
-            if from.is_empty() {
-                // In parentheses, to read as a note rather than as the id of a node.
-                out.write_str("(input)")?;
-            }
-            for (i, source) in from.iter().enumerate() {
-                if i > 0 {
-                    out.write_str(", ")?;
-                }
-                write!(out, "{source}")?;
-            }
+            write_step(node.as_str(), from, out)?;
             if let Some(device) = marks.device(node) {
                 write!(out, " @ {device}")?;
             }
@@ -61,6 +93,34 @@ fn write_label(plan: &Plan, marks: Marks<'_>, out: &mut impl fmt::Write) -> fmt:
         Plan::Sequence(_) => out.write_str("Sequence"),
         Plan::Wave(_) => out.write_str("Wave"),
         Plan::Remote { host, .. } => write!(out, "Remote on {host}"),
+        Plan::Map {
+            node,
+            from,
+            in_flight,
+            ..
+        } => {
+            out.write_str("Map ")?;
+            write_step(node.as_str(), from, out)?;
+            match in_flight {
+                Some(limit) => write!(out, ", each item: ({limit} in flight at most)"),
+                None => out.write_str(", each item:"),
+            }
+        }
+        Plan::Switch { node, from, .. } => {
+            out.write_str("Switch ")?;
+            write_step(node.as_str(), from, out)?;
+            out.write_str(", the case it names:")
+        }
+        Plan::Loop {
+            node,
+            from,
+            max_iterations,
+            ..
+        } => {
+            out.write_str("Loop ")?;
+            write_step(node.as_str(), from, out)?;
+            write!(out, ", until done ({max_iterations} at most):")
+        }
     }
 }
 

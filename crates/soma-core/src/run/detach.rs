@@ -25,6 +25,11 @@ use crate::model::id::NodeId;
 /// enough for nodes of a few milliseconds to reach their boundary and stop cleanly.
 pub(super) const GRACE: Duration = Duration::from_millis(50);
 
+/// Where `value` lives, for comparing by identity.
+fn address<P>(value: &P) -> usize {
+    std::ptr::from_ref(value) as usize
+}
+
 /// One detachable run's bookkeeping, shared by all its branches.
 pub(super) struct Detached {
     /// What the caller left behind when it gave up, freed when the last wave it left finishes.
@@ -32,6 +37,10 @@ pub(super) struct Detached {
     remains: Weak<Remains>,
     /// Per step slot, whether its node is running: what a deadline's error names.
     running: Box<[AtomicBool]>,
+    /// Where the program whose steps `running` is about lives, compared by identity: the
+    /// sub-programs of its `Map`, `Switch` and `Loop` steps number slots of their own, and
+    /// their steps are not marked (the step that runs them is).
+    program_at: usize,
     /// When the caller first saw the watch ask to stop while it waited.
     stop_seen: Mutex<Option<Instant>>,
     /// Set once the caller gave up: every wave it is still inside gives up at once.
@@ -39,19 +48,25 @@ pub(super) struct Detached {
 }
 
 impl Detached {
-    pub(super) fn new(slots: usize, remains: Weak<Remains>) -> Self {
+    /// The bookkeeping of a run of `program`, which has `slots` steps. Generic over what a
+    /// program is, so that this module need not import the program's, which imports the crew,
+    /// which imports this one.
+    pub(super) fn new<P>(program: &P, slots: usize, remains: Weak<Remains>) -> Self {
         Detached {
             remains,
             running: (0..slots).map(|_| AtomicBool::new(false)).collect(),
+            program_at: address(program),
             stop_seen: Mutex::new(None),
             given_up: AtomicBool::new(false),
         }
     }
 
-    /// Marks the node of `slot` as running or not. `Relaxed`: the list it feeds is a report
-    /// read after the fact, never a decision.
-    pub(super) fn set_running(&self, slot: usize, running: bool) {
-        self.running[slot].store(running, Ordering::Relaxed);
+    /// Marks the node of `slot` of `program` as running or not, if `program` is the run's
+    /// own. `Relaxed`: the list it feeds is a report read after the fact, never a decision.
+    pub(super) fn set_running<P>(&self, program: &P, slot: usize, running: bool) {
+        if address(program) == self.program_at {
+            self.running[slot].store(running, Ordering::Relaxed);
+        }
     }
 
     /// The ids of the nodes running now, in slot order.

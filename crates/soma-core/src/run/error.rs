@@ -71,6 +71,31 @@ pub enum RunError {
         /// The last attempt's error.
         last: Box<RunError>,
     },
+    /// What a `Map` step read is not a list of items ([`crate::Reading::items`]).
+    NotAList {
+        /// The `Map` step.
+        node: NodeId,
+        /// The type of what it read.
+        found: String,
+    },
+    /// A `Switch` step's selector returned a key no case has.
+    UnknownCase {
+        /// The `Switch` step.
+        node: NodeId,
+        /// The key, as it reads.
+        key: String,
+        /// The keys of its cases, in order.
+        known: Vec<String>,
+    },
+    /// A `Loop` step's body ran `max_iterations` times and its predicate still said not done.
+    LoopLimit {
+        /// The `Loop` step.
+        node: NodeId,
+        /// The bound.
+        max_iterations: u32,
+        /// The type of the body's last output.
+        last: String,
+    },
     /// The [`crate::Watch`] asked the run to stop.
     Interrupted,
     /// The run finished, but past its [deadline](crate::Watch::deadline): its result is dropped,
@@ -99,7 +124,10 @@ impl RunError {
             | RunError::DriverFailed { node, .. }
             | RunError::WrongResultCount { node, .. }
             | RunError::TurnLimit { node, .. }
-            | RunError::TimeLimit { node, .. } => Some(node),
+            | RunError::TimeLimit { node, .. }
+            | RunError::NotAList { node, .. }
+            | RunError::UnknownCase { node, .. }
+            | RunError::LoopLimit { node, .. } => Some(node),
             RunError::Retried { last, .. } => last.node(),
             RunError::Invalid(error) => Some(error.node()),
         }
@@ -145,6 +173,26 @@ impl fmt::Display for RunError {
                 f,
                 "the operating system refused a thread for a branch of a wave: {reason}\nhint: too many threads in this process (see `ulimit -u` and /proc/sys/kernel/threads-max); the graph stays usable, so the run can be tried again"
             ),
+            RunError::NotAList { node, found } => write!(
+                f,
+                "`each` step `{node}` read a `{found}`, not a list of items\nhint: the step before it returns the items, a list (any sized sequence); wrap a single item in one"
+            ),
+            RunError::UnknownCase { node, key, known } => {
+                write!(f, "`switch` step `{node}` has no case for key `{key}`; its cases: ")?;
+                for (at, known) in known.iter().enumerate() {
+                    let comma = if at == 0 { "" } else { ", " };
+                    write!(f, "{comma}`{known}`")?;
+                }
+                f.write_str("\nhint: make the selector return one of these keys, or add a case for it")
+            }
+            RunError::LoopLimit {
+                node,
+                max_iterations,
+                last,
+            } => write!(
+                f,
+                "`loop` step `{node}` ran its body {max_iterations} times and `until` still said not done; the last output was a `{last}`\nhint: raise `max_iterations`, or check that `until` can become true"
+            ),
             RunError::Interrupted => f.write_str(
                 "the run was interrupted\nhint: its watch asked it to stop (Ctrl-C, a deadline); every branch stopped at a node boundary, and the run can be started again"
             ),
@@ -181,6 +229,9 @@ impl std::error::Error for RunError {
             | RunError::TurnLimit { .. }
             | RunError::Invalid(_)
             | RunError::NoThread { .. }
+            | RunError::NotAList { .. }
+            | RunError::UnknownCase { .. }
+            | RunError::LoopLimit { .. }
             | RunError::Interrupted
             | RunError::PastDeadline
             | RunError::Abandoned { .. } => None,
@@ -218,6 +269,12 @@ pub enum ProgramError {
         /// Where the slice runs.
         host: HostName,
     },
+    /// `Map`, `Switch` and `Loop` steps nest inside one another deeper than
+    /// [`crate::MAX_DECISION_DEPTH`].
+    TooDeep {
+        /// The first step nested too deep.
+        node: NodeId,
+    },
 }
 
 impl ProgramError {
@@ -227,7 +284,8 @@ impl ProgramError {
             ProgramError::NotInCatalog { node }
             | ProgramError::MissingInput { node, .. }
             | ProgramError::StepTwice { node }
-            | ProgramError::RemoteSlice { node, .. } => node,
+            | ProgramError::RemoteSlice { node, .. }
+            | ProgramError::TooDeep { node } => node,
         }
     }
 }
@@ -250,6 +308,11 @@ impl fmt::Display for ProgramError {
             ProgramError::RemoteSlice { node, host } => write!(
                 f,
                 "node `{node}` is in a slice for host `{host}`, and a program runs every step in this process\nhint: resolve the plan `compile` made, before `distribute`; a transport (Soma's Python front runs slices on Ray) runs distributed plans"
+            ),
+            ProgramError::TooDeep { node } => write!(
+                f,
+                "step `{node}` is nested more than {} `each`/`switch`/`loop` deep\nhint: each level runs inside the one around it; flatten the inner levels into a node of their own",
+                crate::MAX_DECISION_DEPTH
             ),
         }
     }

@@ -34,6 +34,7 @@ use crate::model::device::Device;
 use crate::model::driver::Driver;
 use crate::model::id::NodeId;
 use crate::model::node::{Ctx, Node, Transition, DEFAULT_TURN_LIMIT};
+use crate::model::reading::Reading;
 use crate::model::value::Value;
 use crate::plan::Plan;
 use crate::run::crew::Crew;
@@ -47,6 +48,7 @@ pub struct Executor {
     pub(super) watch: Option<Arc<dyn Watch>>,
     pub(super) host: Option<Arc<dyn Host>>,
     pub(super) trace: Option<Arc<Trace>>,
+    pub(super) reading: Option<Arc<dyn Reading>>,
     pub(super) turn_limit: u32,
 }
 
@@ -94,7 +96,7 @@ fn first_step(mut op: &Op) -> Option<&Step> {
             | Op::Wave {
                 branches: children, ..
             } => children.first()?,
-            Op::Empty => return None,
+            Op::Empty | Op::Map(_) | Op::Switch(_) | Op::Loop(_) => return None,
         };
     }
     None
@@ -139,8 +141,17 @@ impl Executor {
             watch: None,
             host: None,
             trace: None,
+            reading: None,
             turn_limit: DEFAULT_TURN_LIMIT,
         }
+    }
+
+    /// Reads the values `Map`, `Switch` and `Loop` steps act on with `reading` instead of as the
+    /// engine's own values ([`crate::NativeReading`]).
+    #[must_use]
+    pub fn with_reading(mut self, reading: Arc<dyn Reading>) -> Self {
+        self.reading = Some(reading);
+        self
     }
 
     /// Serves awaiting nodes with `driver`, shared by every branch at once.
@@ -251,7 +262,7 @@ impl Executor {
             executor: self.clone(),
             program: Arc::clone(program),
             input,
-            detached: Detached::new(program.len(), Arc::downgrade(&remains)),
+            detached: Detached::new(&**program, program.len(), Arc::downgrade(&remains)),
             keys: self.run_keys(program),
         });
         let mut table = Kept::new(vec![None; program.len()]);
@@ -336,6 +347,16 @@ impl Executor {
                 unreachable!("only a detachable run is given up, and it reports that itself")
             }
         }
+        Ok(Self::result(program, table, input))
+    }
+
+    /// What a run that succeeded returns, from the table it filled: its one leaf's value, or
+    /// its leaves' keyed by id; `input` when it has no leaf.
+    pub(super) fn result(
+        program: &Program,
+        table: &mut [Option<Value>],
+        input: impl FnOnce() -> Value,
+    ) -> Value {
         // A leaf has no reader, so nothing took or dropped its value.
         let mut take = |slot: usize| {
             table[slot]
@@ -343,14 +364,14 @@ impl Executor {
                 .expect("a run that succeeded wrote every leaf")
         };
         match &*program.leaves {
-            [] => Ok(input()),
-            [one] => Ok(take(*one)),
+            [] => input(),
+            [one] => take(*one),
             many => {
                 let pairs = many
                     .iter()
                     .map(|&slot| (program.ids[slot].shared(), take(slot)))
                     .collect::<Vec<_>>();
-                Ok(Value::Map(pairs.into()))
+                Value::Map(pairs.into())
             }
         }
     }
@@ -380,6 +401,9 @@ impl Executor {
                 Ok(())
             }
             Op::Wave { branches, bounds } => self.wave(branches, bounds, input, frame, lane),
+            Op::Map(map) => self.map(map, input, frame, lane),
+            Op::Switch(switch) => self.switch(switch, input, frame, lane),
+            Op::Loop(repeat) => self.repeat(repeat, input, frame, lane),
         }
     }
 
@@ -397,14 +421,14 @@ impl Executor {
             return Err(Halt::Failed(RunError::Interrupted));
         }
         if let Some(run) = lane.detached {
-            run.set_running(step.slot(), true);
+            run.set_running(lane.program, step.slot(), true);
         }
         let value = match lane.keys {
             None => self.gather_and_call(step, input, frame, lane),
             Some(keys) => self.through_cache(keys, step, input, frame, lane),
         };
         if let Some(run) = lane.detached {
-            run.set_running(step.slot(), false);
+            run.set_running(lane.program, step.slot(), false);
         }
         *frame.cell(step.slot()) = Some(value?);
         Ok(())
@@ -522,7 +546,12 @@ impl Executor {
     }
 
     /// Runs a step's node on its input, traced when a trace was asked for.
-    fn call(&self, step: &Step, input: &Value, lane: Lane<'_>) -> Result<Value, RunError> {
+    pub(super) fn call(
+        &self,
+        step: &Step,
+        input: &Value,
+        lane: Lane<'_>,
+    ) -> Result<Value, RunError> {
         let id = &lane.program.ids[step.slot()];
         if step.has_policy() {
             return self.call_with_policy(step, id, input, lane);

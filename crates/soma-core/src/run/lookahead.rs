@@ -42,10 +42,11 @@ fn steps(root: &Op) -> Vec<&Step> {
     let mut pending = vec![root];
     while let Some(op) = pending.pop() {
         match op {
-            Op::Empty => {}
             Op::Execute(step) => found.push(step),
             Op::Sequence { steps, .. } => pending.extend(steps.iter().rev()),
             Op::Wave { branches, .. } => pending.extend(branches.iter().rev()),
+            // A decision is never read from the cache: what it runs is not in its key.
+            Op::Empty | Op::Map(_) | Op::Switch(_) | Op::Loop(_) => {}
         }
     }
     found

@@ -12,6 +12,7 @@
 mod attempt;
 pub(crate) mod cache;
 pub(crate) mod crew;
+mod decide;
 mod detach;
 pub(crate) mod error;
 pub(crate) mod executor;

@@ -51,6 +51,9 @@ pub struct Program {
     /// run (the device queues it forks per wave, say) without walking the steps.
     devices: Box<[Device]>,
     pub(crate) crew: Crew,
+    /// Whether it has a `Map`, `Switch` or `Loop` step, which reads values through the
+    /// executor's [`crate::Reading`].
+    decides: bool,
     /// Whether a run has begun: its memory, and its nodes', may be in the caches since.
     ran: AtomicBool,
 }
@@ -76,6 +79,34 @@ pub(crate) enum Op {
         /// Branch `i` owns slots `bounds[i]..bounds[i + 1]`.
         bounds: Box<[usize]>,
     },
+    /// A [`Plan::Map`]: boxed, so that an op is no larger for it.
+    Map(Box<MapOp>),
+    /// A [`Plan::Switch`].
+    Switch(Box<SwitchOp>),
+    /// A [`Plan::Loop`].
+    Loop(Box<LoopOp>),
+}
+
+/// A `Map` step: where it reads and writes, and the program each item runs, with a table of
+/// its own.
+pub(crate) struct MapOp {
+    pub(crate) step: Step,
+    pub(crate) body: Program,
+    pub(crate) in_flight: Option<usize>,
+}
+
+/// A `Switch` step: its node is the selector; one program per case.
+pub(crate) struct SwitchOp {
+    pub(crate) step: Step,
+    pub(crate) keys: Box<[String]>,
+    pub(crate) cases: Box<[Program]>,
+}
+
+/// A `Loop` step: its node is the predicate; the program each iteration runs.
+pub(crate) struct LoopOp {
+    pub(crate) step: Step,
+    pub(crate) body: Program,
+    pub(crate) max_iterations: u32,
 }
 
 /// A step keeps what running it needs and nothing more — its id is the program's, by slot — so
@@ -154,7 +185,7 @@ impl Program {
     /// O(steps + reads · d), where d is how far apart in the plan's nesting a value's producer and
     /// readers are (1 or 2 for plans the compiler makes); no recursion, however deep the plan.
     pub fn new(plan: &Plan, catalog: &Catalog) -> Result<Program, ProgramError> {
-        Program::placed(plan, catalog, None, None)
+        Program::placed(plan, catalog, None, None, 0)
     }
 
     /// Resolves `plan` against `catalog`, each step's node placed where `placement` says
@@ -176,6 +207,7 @@ impl Program {
             catalog,
             Some(placement).filter(|p| !p.is_empty()),
             None,
+            0,
         )
     }
 
@@ -199,18 +231,22 @@ impl Program {
             catalog,
             Some(placement).filter(|p| !p.is_empty()),
             Some(policies).filter(|p| !p.is_empty()),
+            0,
         )
     }
 
+    /// `depth`: how many `Map`, `Switch` and `Loop` steps hold this plan, each resolved into a
+    /// program of its own here, bounded by [`crate::MAX_DECISION_DEPTH`].
     fn placed(
         plan: &Plan,
         catalog: &Catalog,
         placement: Option<&Placement>,
         policies: Option<&Policies>,
+        depth: usize,
     ) -> Result<Program, ProgramError> {
         let numbered = Numbering::of(plan, catalog)?;
         let decided = numbered.decide();
-        let root = numbered.build(plan, &decided, placement, policies);
+        let root = numbered.build(plan, &decided, placement, policies, depth)?;
         let mut devices: Vec<Device> = placement
             .map(|placement| {
                 numbered
@@ -237,8 +273,15 @@ impl Program {
             leaves: decided.leaves.into(),
             devices: devices.into(),
             crew: Crew::new(DEFAULT_IDLE_THREADS),
+            decides: numbered.decides,
             ran: AtomicBool::new(false),
         })
+    }
+
+    /// Whether it has a `Map`, `Switch` or `Loop` step: only such a program needs the
+    /// executor's [`crate::Reading`], so an embedder may give one only then.
+    pub fn decides(&self) -> bool {
+        self.decides
     }
 
     /// The devices its steps are placed on, each once, in order; empty when none is placed.
@@ -377,6 +420,8 @@ impl<'p> Slots<'p> {
 /// and where each step and each sequence sits. It borrows the plan's ids and the catalog's
 /// implementations: each is cloned once, into the program, not once per pass.
 struct Numbering<'p> {
+    /// Where the sub-programs of decision steps find their implementations too.
+    catalog: &'p Catalog,
     ids: Vec<&'p NodeId>,
     implementations: Vec<&'p Arc<dyn Node>>,
     /// Where each slot's step sits.
@@ -388,6 +433,8 @@ struct Numbering<'p> {
     reads: Vec<(u32, u32)>,
     /// Where in the catalog the next step's node is looked for first.
     next_in_catalog: usize,
+    /// Whether a `Map`, `Switch` or `Loop` step was numbered.
+    decides: bool,
 }
 
 /// A container being walked in the first pass.
@@ -397,6 +444,16 @@ struct Open {
     sequence: Option<(u32, u32)>,
     /// For a wave: the first slot of its first branch.
     wave_start: Option<usize>,
+}
+
+/// What the second pass resolves each step with, besides the numbering.
+#[derive(Clone, Copy)]
+struct Resolved<'r> {
+    decided: &'r Decided,
+    placement: Option<&'r Placement>,
+    policies: Option<&'r Policies>,
+    /// How many decision steps hold the plan being resolved.
+    depth: usize,
 }
 
 /// What the program decides once every read is known.
@@ -415,6 +472,7 @@ impl<'p> Numbering<'p> {
         // once, the tables never move while they grow.
         let steps = catalog.len();
         let mut numbering = Numbering {
+            catalog,
             ids: Vec::with_capacity(steps),
             implementations: Vec::with_capacity(steps),
             positions: Vec::with_capacity(steps),
@@ -422,6 +480,7 @@ impl<'p> Numbering<'p> {
             sequences: Vec::with_capacity(steps),
             reads: Vec::with_capacity(steps),
             next_in_catalog: 0,
+            decides: false,
         };
         let mut slots = Slots::default();
         // Which catalog entries a step runs already: a node run twice is refused.
@@ -431,7 +490,8 @@ impl<'p> Numbering<'p> {
         // of the sibling branches before this one, which run at the same time and so cannot be
         // read. Ranges nest, so they are sorted by start and disjoint.
         let mut hidden: Vec<(usize, usize)> = Vec::new();
-        for visit in plan.visits() {
+        // A decision's sub-plans run with tables of their own: resolved apart, in `build`.
+        for visit in plan.own_visits() {
             match visit {
                 Visit::Enter(entered) => {
                     let position = match open.last() {
@@ -449,7 +509,10 @@ impl<'p> Numbering<'p> {
                     }
                     match entered {
                         Plan::Empty => {}
-                        Plan::Execute { node, from } => {
+                        Plan::Execute { node, from }
+                        | Plan::Map { node, from, .. }
+                        | Plan::Switch { node, from, .. }
+                        | Plan::Loop { node, from, .. } => {
                             numbering.execute(
                                 catalog,
                                 &mut slots,
@@ -459,6 +522,7 @@ impl<'p> Numbering<'p> {
                                 from,
                             )?;
                             numbering.positions.push(position);
+                            numbering.decides |= !matches!(entered, Plan::Execute { .. });
                         }
                         Plan::Sequence(_) => {
                             let depth = match position.sequence {
@@ -477,13 +541,7 @@ impl<'p> Numbering<'p> {
                             sequence: None,
                             wave_start: Some(numbering.ids.len()),
                         }),
-                        Plan::Remote { host, inner } => {
-                            let first = inner.steps().first().map(|&(node, _)| node.clone());
-                            return Err(ProgramError::RemoteSlice {
-                                node: first.unwrap_or_else(|| NodeId::new("(empty slice)")),
-                                host: host.clone(),
-                            });
-                        }
+                        Plan::Remote { host, inner } => return Err(remote_refused(host, inner)),
                     }
                 }
                 Visit::Leave(left) => {
@@ -491,8 +549,13 @@ impl<'p> Numbering<'p> {
                         Plan::Sequence(_) | Plan::Wave(_) => {
                             open.pop();
                         }
-                        // Refused when entered.
-                        Plan::Remote { .. } | Plan::Empty | Plan::Execute { .. } => {}
+                        // Refused when entered, or without children of this table.
+                        Plan::Remote { .. }
+                        | Plan::Empty
+                        | Plan::Execute { .. }
+                        | Plan::Map { .. }
+                        | Plan::Switch { .. }
+                        | Plan::Loop { .. } => {}
                     }
                     match open.last_mut() {
                         Some(Open {
@@ -637,6 +700,83 @@ impl<'p> Numbering<'p> {
         decided
     }
 
+    /// The op of the step `entered` (an `Execute`, `Map`, `Switch` or `Loop`) in `slot`, reading
+    /// `from` through the reads numbered from `*read` on; a decision's sub-plans each resolved
+    /// into a program of its own.
+    fn step_op(
+        &self,
+        entered: &Plan,
+        from: &[NodeId],
+        slot: usize,
+        read: &mut usize,
+        resolved: &Resolved<'_>,
+    ) -> Result<Op, ProgramError> {
+        let Resolved {
+            decided,
+            placement,
+            policies,
+            depth,
+        } = *resolved;
+        let mut next = || {
+            let (_, read_slot) = self.reads[*read];
+            let take = decided.takes[*read];
+            *read += 1;
+            Read {
+                slot: read_slot,
+                take,
+            }
+        };
+        let from = match from {
+            [] => Reads::Input,
+            [_] => Reads::One(next()),
+            many => Reads::Many(Box::new(Joined {
+                reads: many.iter().map(|source| (source.clone(), next())).collect(),
+            })),
+        };
+        let id = self.ids[slot];
+        let policy = policies.is_some_and(|p| p.get(id.as_str()).is_some());
+        let step = Step {
+            node: Arc::clone(self.implementations[slot]),
+            from,
+            slot: to_u32(slot) | if policy { HAS_POLICY } else { 0 },
+            device: placement.and_then(|p| p.device(id.as_str())),
+        };
+        let inner = |plan: &Plan| {
+            if depth >= crate::MAX_DECISION_DEPTH {
+                return Err(ProgramError::TooDeep { node: id.clone() });
+            }
+            Program::placed(plan, self.catalog, placement, policies, depth + 1)
+        };
+        Ok(match entered {
+            Plan::Map {
+                body, in_flight, ..
+            } => Op::Map(Box::new(MapOp {
+                step,
+                body: inner(body)?,
+                in_flight: *in_flight,
+            })),
+            Plan::Switch { keys, cases, .. } => Op::Switch(Box::new(SwitchOp {
+                step,
+                keys: keys.clone().into(),
+                cases: cases.iter().map(inner).collect::<Result<_, _>>()?,
+            })),
+            Plan::Loop {
+                body,
+                max_iterations,
+                ..
+            } => Op::Loop(Box::new(LoopOp {
+                step,
+                body: inner(body)?,
+                max_iterations: *max_iterations,
+            })),
+            Plan::Execute { .. }
+            | Plan::Empty
+            | Plan::Sequence(_)
+            | Plan::Wave(_)
+            | Plan::Remote { .. } => Op::Execute(step),
+        })
+    }
+
     /// The second pass: the tree of ops, built bottom up on an explicit stack.
     ///
     /// Each container's children go straight into a list of their exact number, which becomes
@@ -648,7 +788,8 @@ impl<'p> Numbering<'p> {
         decided: &Decided,
         placement: Option<&Placement>,
         policies: Option<&Policies>,
-    ) -> Op {
+        depth: usize,
+    ) -> Result<Op, ProgramError> {
         /// What a container being built is.
         enum Container {
             /// The list the root op goes into.
@@ -668,7 +809,13 @@ impl<'p> Numbering<'p> {
             container: Container::Root,
         }];
         let (mut slot, mut read, mut sequences) = (0_usize, 0_usize, 0_u32);
-        for visit in plan.visits() {
+        let resolved = Resolved {
+            decided,
+            placement,
+            policies,
+            depth,
+        };
+        for visit in plan.own_visits() {
             match visit {
                 Visit::Enter(entered) => {
                     let parent = open.last_mut().expect("the root stays open");
@@ -677,34 +824,12 @@ impl<'p> Numbering<'p> {
                     }
                     match entered {
                         Plan::Empty => parent.children.push(Op::Empty),
-                        Plan::Execute { from, .. } => {
-                            let mut next = || {
-                                let (_, read_slot) = self.reads[read];
-                                let take = decided.takes[read];
-                                read += 1;
-                                Read {
-                                    slot: read_slot,
-                                    take,
-                                }
-                            };
-                            let from = match &**from {
-                                [] => Reads::Input,
-                                [_] => Reads::One(next()),
-                                many => Reads::Many(Box::new(Joined {
-                                    reads: many
-                                        .iter()
-                                        .map(|source| (source.clone(), next()))
-                                        .collect(),
-                                })),
-                            };
-                            let id = self.ids[slot];
-                            let policy = policies.is_some_and(|p| p.get(id.as_str()).is_some());
-                            parent.children.push(Op::Execute(Step {
-                                node: Arc::clone(self.implementations[slot]),
-                                from,
-                                slot: to_u32(slot) | if policy { HAS_POLICY } else { 0 },
-                                device: placement.and_then(|p| p.device(id.as_str())),
-                            }));
+                        Plan::Execute { from, .. }
+                        | Plan::Map { from, .. }
+                        | Plan::Switch { from, .. }
+                        | Plan::Loop { from, .. } => {
+                            let op = self.step_op(entered, from, slot, &mut read, &resolved)?;
+                            parent.children.push(op);
                             slot += 1;
                         }
                         Plan::Sequence(children) => {
@@ -721,7 +846,14 @@ impl<'p> Numbering<'p> {
                         Plan::Remote { .. } => unreachable!("`Numbering::of` refuses a slice"),
                     }
                 }
-                Visit::Leave(Plan::Empty | Plan::Execute { .. } | Plan::Remote { .. }) => {}
+                Visit::Leave(
+                    Plan::Empty
+                    | Plan::Execute { .. }
+                    | Plan::Remote { .. }
+                    | Plan::Map { .. }
+                    | Plan::Switch { .. }
+                    | Plan::Loop { .. },
+                ) => {}
                 Visit::Leave(Plan::Sequence(_) | Plan::Wave(_)) => {
                     let built = open.pop().expect("entered before");
                     // Exactly as many as the plan has children: no copy, no spare room.
@@ -748,7 +880,16 @@ impl<'p> Numbering<'p> {
             }
         }
         let mut root = open.pop().expect("the root stays open").children;
-        root.pop().expect("the root was built")
+        Ok(root.pop().expect("the root was built"))
+    }
+}
+
+/// The refusal of a remote slice: a program runs every step in this process.
+fn remote_refused(host: &crate::model::host::HostName, inner: &Plan) -> ProgramError {
+    let first = inner.steps().first().map(|&(node, _)| node.clone());
+    ProgramError::RemoteSlice {
+        node: first.unwrap_or_else(|| NodeId::new("(empty slice)")),
+        host: host.clone(),
     }
 }
 
@@ -792,7 +933,8 @@ impl Drop for Op {
             } => {
                 stack.extend(Vec::from(std::mem::take(children)));
             }
-            Op::Empty | Op::Execute(_) => {}
+            // A sub-program drops its own ops the same way; decisions nest a bounded depth.
+            Op::Empty | Op::Execute(_) | Op::Map(_) | Op::Switch(_) | Op::Loop(_) => {}
         };
         take(self, &mut stack);
         while let Some(mut op) = stack.pop() {

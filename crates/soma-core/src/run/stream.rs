@@ -483,7 +483,12 @@ fn stages(program: &Program) -> Vec<(&Op, &[usize])> {
             .enumerate()
             .map(|(at, step)| (step, drop_after.get(at).map_or(&[][..], |d| &**d)))
             .collect(),
-        whole @ (Op::Empty | Op::Execute(_) | Op::Wave { .. }) => vec![(whole, &[][..])],
+        whole @ (Op::Empty
+        | Op::Execute(_)
+        | Op::Wave { .. }
+        | Op::Map(_)
+        | Op::Switch(_)
+        | Op::Loop(_)) => vec![(whole, &[][..])],
     }
 }
 
@@ -495,6 +500,9 @@ fn nodes_of(op: &Op, ids: &[NodeId]) -> Vec<(usize, NodeId)> {
         match op {
             Op::Empty => {}
             Op::Execute(step) => found.push((step.slot(), ids[step.slot()].clone())),
+            Op::Map(op) => found.push((op.step.slot(), ids[op.step.slot()].clone())),
+            Op::Switch(op) => found.push((op.step.slot(), ids[op.step.slot()].clone())),
+            Op::Loop(op) => found.push((op.step.slot(), ids[op.step.slot()].clone())),
             Op::Sequence { steps, .. } => pending.extend(steps.iter()),
             Op::Wave { branches, .. } => pending.extend(branches.iter()),
         }

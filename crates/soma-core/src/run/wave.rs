@@ -386,7 +386,7 @@ impl Executor {
     /// Returns whether it gave up instead: only the caller of a detachable run does, once the
     /// watch has asked the run to stop and branches are still running after
     /// [`GRACE`](super::detach::GRACE).
-    fn wait(
+    pub(super) fn wait(
         &self,
         lane: &Lane<'_>,
         until_done: &(dyn Fn(Option<Duration>) -> bool + Sync),
@@ -434,7 +434,7 @@ fn settle(outcomes: Vec<thread::Result<Result<(), Halt>>>) -> Result<(), Halt> {
 
 /// What a branch that did not return left in its outcome: the failure of a branch that never got
 /// a thread, or else a panic, re-raised here.
-fn refused_or_raised(payload: Box<dyn Any + Send>) -> Halt {
+pub(super) fn refused_or_raised(payload: Box<dyn Any + Send>) -> Halt {
     match payload.downcast::<Refused>() {
         Ok(refused) => Halt::Failed(RunError::NoThread { reason: refused.0 }),
         Err(payload) => panic::resume_unwind(payload),

@@ -25,7 +25,11 @@ fn locate(plan: &Plan) -> Vec<(String, Path)> {
     fn walk(plan: &Plan, at: &mut Path, out: &mut Vec<(String, Path)>) {
         match plan {
             Plan::Empty => {}
-            Plan::Execute { node, .. } => out.push((node.to_string(), at.clone())),
+            // A decision's sub-plans run on tables of their own: the step stands for them.
+            Plan::Execute { node, .. }
+            | Plan::Map { node, .. }
+            | Plan::Switch { node, .. }
+            | Plan::Loop { node, .. } => out.push((node.to_string(), at.clone())),
             Plan::Sequence(children) | Plan::Wave(children) => {
                 for (i, child) in children.iter().enumerate() {
                     at.push((plan.kind(), i));
@@ -107,7 +111,11 @@ fn declares_exactly_its_predecessors(graph: &Graph, plan: &Plan) -> Result<(), S
 
 fn branches_share_no_node(plan: &Plan) -> Result<(), String> {
     match plan {
-        Plan::Empty | Plan::Execute { .. } => Ok(()),
+        Plan::Empty
+        | Plan::Execute { .. }
+        | Plan::Map { .. }
+        | Plan::Switch { .. }
+        | Plan::Loop { .. } => Ok(()),
         Plan::Sequence(children) => children.iter().try_for_each(branches_share_no_node),
         Plan::Remote { inner, .. } => branches_share_no_node(inner),
         Plan::Wave(branches) => {
@@ -513,7 +521,11 @@ proptest! {
 /// only with a part that has no series-parallel tree, since a series cut joins them all.
 fn has_a_walk(plan: &Plan) -> bool {
     match plan {
-        Plan::Empty | Plan::Execute { .. } => false,
+        Plan::Empty
+        | Plan::Execute { .. }
+        | Plan::Map { .. }
+        | Plan::Switch { .. }
+        | Plan::Loop { .. } => false,
         Plan::Wave(branches) => branches.iter().any(has_a_walk),
         Plan::Remote { inner, .. } => has_a_walk(inner),
         Plan::Sequence(steps) => {

@@ -15,6 +15,7 @@
 //! | `policies` | retries (counts, which failures, pauses, the count in the error) and time limits, each attempt a span |
 //! | `messages` | every error's message, word for word (inline snapshots) |
 //! | `context` | each branch runs in a copy of the context its wave was reached in, its changes its own |
+//! | `decide` | `each`, `switch` and `repeat`: their plans, results, items at once, which error wins, bounds |
 //! | `crew` | the threads a program lends its waves: as many as are in flight, idle ones capped, gone with the program |
 //! | `layers` | the stages import one way: model, plan, compile, run, observe; the modules of a stage too |
 //! | `isolation` | a branch's thread is its own; a million-node chain needs no deep stack |
@@ -30,6 +31,7 @@ use soma_core::Graph;
 mod cache;
 mod context;
 mod crew;
+mod decide;
 mod decomposition;
 mod depth;
 mod detach;

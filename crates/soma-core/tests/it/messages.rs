@@ -286,3 +286,59 @@ fn turn_limit_of_zero() {
     hint: the turn limit is the number of calls each node gets; pass at least 1, or leave it out for the default of 64
     ");
 }
+
+// --- Steps that decide as they run -------------------------------------------------------------
+
+/// Runs `expr`, whose steps may decide, on `input`, and returns the error it stops with.
+fn decided_error(expr: soma_core::Expr, input: Value) -> String {
+    let (graph, catalog, decisions) = expr.somatize_decided().unwrap();
+    let plan = soma_core::compile_decided(&graph, &catalog, &decisions).unwrap();
+    Executor::new()
+        .run(&plan, &catalog, input)
+        .unwrap_err()
+        .to_string()
+}
+
+#[test]
+fn not_a_list() {
+    let expr = soma_core::each("chunks", n("clean"), None).unwrap();
+    insta::assert_snapshot!(decided_error(expr, Value::Int(3)), @r"
+    `each` step `chunks` read a `Int`, not a list of items
+    hint: the step before it returns the items, a list (any sized sequence); wrap a single item in one
+    ");
+}
+
+#[test]
+fn unknown_case() {
+    let selector = crate::support::plain(|_: &str, _: &Value| Ok(Value::text("pdf")));
+    let cases = vec![("ocr".to_owned(), n("a")), ("text".to_owned(), n("b"))];
+    let expr = soma_core::switch("route", selector, cases).unwrap();
+    insta::assert_snapshot!(decided_error(expr, Value::Null), @r"
+    `switch` step `route` has no case for key `pdf`; its cases: `ocr`, `text`
+    hint: make the selector return one of these keys, or add a case for it
+    ");
+}
+
+#[test]
+fn loop_limit() {
+    let never = crate::support::plain(|_: &str, _: &Value| Ok(Value::Bool(false)));
+    let expr = soma_core::repeat("again", n("ask"), never, 2).unwrap();
+    insta::assert_snapshot!(decided_error(expr, Value::Null), @r"
+    `loop` step `again` ran its body 2 times and `until` still said not done; the last output was a `Text`
+    hint: raise `max_iterations`, or check that `until` can become true
+    ");
+}
+
+#[test]
+fn decisions_too_deep() {
+    let mut expr = n("leaf");
+    for level in 0..=soma_core::MAX_DECISION_DEPTH {
+        expr = soma_core::each(format!("m{level}"), expr, None).unwrap();
+    }
+    let (graph, catalog, decisions) = expr.somatize_decided().unwrap();
+    let refused = soma_core::compile_decided(&graph, &catalog, &decisions).unwrap_err();
+    insta::assert_snapshot!(refused.to_string(), @r"
+    step `m32/m31/m30/m29/m28/m27/m26/m25/m24/m23/m22/m21/m20/m19/m18/m17/m16/m15/m14/m13/m12/m11/m10/m9/m8/m7/m6/m5/m4/m3/m2/m1/m0` is nested more than 32 `each`/`switch`/`loop` deep
+    hint: each level runs inside the one around it; flatten the inner levels into a node of their own
+    ");
+}

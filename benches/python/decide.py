@@ -1,0 +1,247 @@
+"""Steps that decide as they run: what ``each``, ``switch`` and ``loop`` cost beyond their nodes.
+
+    .venv/bin/python benches/python/decide.py [--quick] [--out PATH]
+
+Prints a markdown table (and writes it to PATH). Timings only, never assertions; each graph's
+result is checked once, untimed. The rows, each against its target (issue 24):
+
+- ``each`` over 10,000 items of a chain of 3 trivial Python nodes, per item, beside a forward of
+  that chain (target: at most 2x), and the threads the graph held after it (target: at most 8);
+- ``each`` over 1,000 items of a node sleeping 10 ms with ``in_flight=100``, beside the bound of
+  10 rounds of 10 ms (target: at most 1.2x), ``ThreadPoolExecutor(100).map`` of the same sleep,
+  and LangGraph's ``Send`` to 1,000 sync nodes sleeping 10 ms with ``max_concurrency=100``
+  (installed by ``make bench`` from requirements.txt; its row says "not run" without it);
+- a ``switch`` step, and one ``loop`` iteration, beside a chain of the same nodes (the selector
+  or the predicate as a node of its own): what the step costs beyond them (target: 2 µs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import operator
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+import soma
+from deadline import Pass, log, table
+from timing import compare
+
+ITEMS = 10_000
+SLEEPERS = 1_000
+SLEEP_S = 0.010
+IN_FLIGHT = 100
+ITERATIONS = 10
+
+
+class Sleep(soma.Node):
+    def forward(self, x: Any) -> Any:
+        time.sleep(SLEEP_S)
+        return x
+
+
+def sleep(x: Any) -> Any:
+    time.sleep(SLEEP_S)
+    return x
+
+
+class Select(soma.Node):
+    """What a switch's selector does, as a node of a chain."""
+
+    def forward(self, x: Any) -> str:
+        return "a"
+
+
+class Done(soma.Node):
+    """What a loop's predicate does, as a node of a chain."""
+
+    def forward(self, x: Any) -> bool:
+        return True
+
+
+class _Fan(TypedDict):
+    n: int
+    done: Annotated[int, operator.add]
+
+
+def langgraph_fan_out() -> Any:
+    """LangGraph's ``Send`` to a sync node sleeping 10 ms, once per item; or why it cannot run."""
+    try:
+        from langgraph.graph import END, START, StateGraph
+        from langgraph.types import Send
+    except ImportError:
+        return "not run: langgraph is not installed (`make bench` installs it)"
+
+    def sleeper(state: dict[str, Any]) -> dict[str, int]:
+        time.sleep(SLEEP_S)
+        return {"done": 1}
+
+    def fan(state: _Fan) -> list[Any]:
+        return [Send("sleeper", {"i": i}) for i in range(state["n"])]
+
+    fan_out = StateGraph(_Fan)
+    fan_out.add_node("sleeper", sleeper)
+    fan_out.add_conditional_edges(START, fan, ["sleeper"])
+    fan_out.add_edge("sleeper", END)
+    return fan_out.compile()
+
+
+def chain() -> soma.Expr:
+    return Pass() >> Pass() >> Pass()
+
+
+def items_rows(repeat: int) -> list[list[str]]:
+    body = soma.Graph.somatize(chain())
+    mapped = soma.Graph.somatize(soma.each(chain()))
+    items = list(range(ITEMS))
+    assert mapped.forward(items) == items  # Checked, not timed.
+    timings = compare(
+        {"body": lambda: body.forward(1), "each": lambda: mapped.forward(items)},
+        repeat=repeat,
+        sample_s=0.2,
+        warmup_s=0.1,
+    )
+    forward_us = timings["body"].median_s * 1e6
+    item_us = timings["each"].median_s * 1e6 / ITEMS
+    log(f"each: {item_us:.2f} µs an item, forward {forward_us:.2f} µs, {mapped.threads()} threads")
+    return [
+        [
+            f"`each` over {ITEMS:,} items, chain of 3 each",
+            f"{item_us:.2f} µs an item",
+            f"forward of the chain: {forward_us:.2f} µs",
+            f"{item_us / forward_us:.2f}x (target ≤ 2x)",
+        ],
+        [
+            "threads the graph held after it",
+            f"{mapped.threads()}",
+            "",
+            "target ≤ 8",
+        ],
+    ]
+
+
+def sleepers_rows(repeat: int) -> list[list[str]]:
+    mapped = soma.Graph.somatize(soma.each(Sleep(), in_flight=IN_FLIGHT))
+    items = list(range(SLEEPERS))
+    pool = ThreadPoolExecutor(IN_FLIGHT)
+    contenders = {
+        "each": lambda: mapped.forward(items),
+        "pool": lambda: list(pool.map(sleep, items)),
+    }
+    peer = langgraph_fan_out()
+    if not isinstance(peer, str):
+        limit = {"max_concurrency": IN_FLIGHT}
+        assert peer.invoke({"n": 10, "done": 0}, config=limit)["done"] == 10
+        contenders["langgraph"] = lambda: peer.invoke({"n": SLEEPERS, "done": 0}, config=limit)
+    timings = compare(contenders, repeat=repeat, sample_s=0.05, warmup_s=0.0)
+    pool.shutdown()
+    bound = SLEEPERS / IN_FLIGHT * SLEEP_S
+    each_s, pool_s = timings["each"].median_s, timings["pool"].median_s
+    log(f"sleepers: each {each_s:.3f} s, pool {pool_s:.3f} s, bound {bound:.3f} s")
+    return [
+        [
+            f"`each` over {SLEEPERS:,} items sleeping 10 ms, in_flight={IN_FLIGHT}",
+            f"{each_s * 1e3:.1f} ms",
+            f"bound {bound * 1e3:.0f} ms",
+            f"{each_s / bound:.2f}x (target ≤ 1.2x)",
+        ],
+        [
+            f"`ThreadPoolExecutor({IN_FLIGHT}).map` of the sleep",
+            f"{pool_s * 1e3:.1f} ms",
+            f"bound {bound * 1e3:.0f} ms",
+            f"{pool_s / bound:.2f}x",
+        ],
+        langgraph_row(peer, timings, bound),
+    ]
+
+
+def langgraph_row(peer: Any, timings: dict[str, Any], bound: float) -> list[str]:
+    """LangGraph's row of the sleepers, or the row that says why it did not run."""
+    label = f"LangGraph `Send` to {SLEEPERS:,} sync sleeping nodes, max_concurrency={IN_FLIGHT}"
+    if isinstance(peer, str):
+        return [label, peer, "", ""]
+    seconds = timings["langgraph"].median_s
+    log(f"sleepers: langgraph {seconds:.3f} s")
+    return [
+        f"{label} ({importlib.metadata.version('langgraph')})",
+        f"{seconds * 1e3:.1f} ms",
+        f"bound {bound * 1e3:.0f} ms",
+        f"{seconds / bound:.2f}x",
+    ]
+
+
+def step_rows(repeat: int) -> list[list[str]]:
+    switched = soma.Graph.somatize(soma.switch(lambda x: "a", {"a": Pass()}))
+    by_hand = soma.Graph.somatize(Select() >> Pass())
+    looped = soma.Graph.somatize(
+        soma.loop(Pass(), until=lambda x: False, max_iterations=ITERATIONS)
+    )
+    unrolled = Pass() >> Done()
+    for _ in range(ITERATIONS - 1):
+        unrolled = unrolled >> Pass() >> Done()
+    chained = soma.Graph.somatize(unrolled)
+
+    def loop_once() -> None:
+        # Runs all its iterations, then fails at its bound, as it is told to.
+        with contextlib.suppress(soma.RunError):
+            looped.forward(1)
+
+    assert switched.forward(1) == 1
+    timings = compare(
+        {
+            "switch": lambda: switched.forward(1),
+            "select": lambda: by_hand.forward(1),
+            "loop": loop_once,
+            "chain": lambda: chained.forward(1),
+        },
+        repeat=repeat,
+        sample_s=0.05,
+        warmup_s=0.05,
+    )
+    us = {name: timing.median_s * 1e6 for name, timing in timings.items()}
+    switch_step = us["switch"] - us["select"]
+    iteration = (us["loop"] - us["chain"]) / ITERATIONS
+    log(f"switch step {switch_step:.2f} µs, loop iteration {iteration:.2f} µs")
+    return [
+        [
+            "a `switch` step (selector and one case of 1 node)",
+            f"{us['switch']:.2f} µs",
+            f"the 2 nodes chained: {us['select']:.2f} µs",
+            f"{switch_step:+.2f} µs a step (target ≤ 2 µs)",
+        ],
+        [
+            f"a `loop` of {ITERATIONS} iterations (body 1 node, predicate)",
+            f"{us['loop']:.2f} µs",
+            f"the {2 * ITERATIONS} nodes chained: {us['chain']:.2f} µs",
+            f"{iteration:+.2f} µs an iteration (target ≤ 2 µs)",
+        ],
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats")
+    parser.add_argument("--out", type=Path, help="also write the table here")
+    args = parser.parse_args()
+    repeat = 3 if args.quick else 9
+    rows = [*items_rows(repeat), *sleepers_rows(repeat), *step_rows(repeat)]
+    lines = [
+        "## Steps that decide as they run",
+        "",
+        "Medians of interleaved samples; each row beside what it is measured against:",
+        "",
+        *table(["what", "time", "beside", "ratio"], rows),
+        "",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

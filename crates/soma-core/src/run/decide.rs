@@ -1,0 +1,439 @@
+//! The steps that decide as they run: a `Map` runs its body on every item of a list, items in
+//! flight together; a `Switch` runs the one case its selector names; a `Loop` runs its body
+//! until its predicate says done.
+//!
+//! Each holds sub-programs with tables of their own: an item, a case or an iteration runs as a
+//! whole run of its program would, inside the step, along a lane that keeps the step's place
+//! (so a failure of an earlier-declared branch stops it at a node boundary, and a Ctrl-C or a
+//! deadline at the next one). A `Map`'s items are the branches of a wave whose width is the
+//! list's: offered to the crew at once, each run start to finish on the thread that took it,
+//! in a copy of the context the step was reached in; with `in_flight`, that many lanes take
+//! the items one after another instead. The error of the first failing item by index is the
+//! step's, as the first declared branch's is a wave's: later items stop at their next node
+//! boundary, earlier ones run on.
+
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use super::detach::Kept;
+use super::error::RunError;
+use super::executor::{Executor, Halt};
+use super::hooks::{Captured, Watch};
+use super::lane::{Lane, WaveState};
+use super::program::{LoopOp, MapOp, Program, Read, Reads, Step, SwitchOp};
+use super::table::Frame;
+use super::trace::{thread_number, Span};
+use super::wave::refused_or_raised;
+use crate::model::id::NodeId;
+use crate::model::reading::{NativeReading, Reading};
+use crate::model::value::Value;
+
+/// What a `Map` lends its items from the frame of the thread that reached it, kept on the heap
+/// ([`Kept`]) in case that thread is the run's caller and stops waiting.
+struct MapLocals<'s> {
+    items: Vec<Value>,
+    state: WaveState,
+    /// The next item no lane has taken, when lanes take items one after another.
+    next: AtomicUsize,
+    results: Box<[Slot]>,
+    lane: Lane<'s>,
+    captured: Option<Box<dyn Captured>>,
+}
+
+/// One item's result, written by the thread that ran it.
+type Slot = Mutex<Option<Result<Value, Halt>>>;
+
+impl Executor {
+    fn reading(&self) -> &dyn Reading {
+        self.reading.as_deref().unwrap_or(&NativeReading)
+    }
+
+    /// What a decision step reads, once it may start: the checks a step makes before its node.
+    fn decision_input(
+        &self,
+        step: &Step,
+        input: &Value,
+        frame: &mut Frame<'_>,
+        lane: Lane<'_>,
+    ) -> Result<Value, Halt> {
+        if lane.cancelled() {
+            return Err(Halt::Cancelled);
+        }
+        if self.watch.as_deref().is_some_and(Watch::interrupted) {
+            return Err(Halt::Failed(RunError::Interrupted));
+        }
+        let mut fetch = |read: &Read| {
+            let value = if read.take {
+                frame.take(read.slot())
+            } else {
+                frame.read(read.slot()).cloned()
+            };
+            value.expect("a resolved program reads only values it can see")
+        };
+        Ok(match &step.from {
+            Reads::Input => input.clone(),
+            Reads::One(one) => fetch(one),
+            Reads::Many(many) => Value::Map(
+                many.reads
+                    .iter()
+                    .map(|(source, read)| (source.shared(), fetch(read)))
+                    .collect::<Vec<_>>()
+                    .into(),
+            ),
+        })
+    }
+
+    /// Runs `decide` as `step`'s work, marked running meanwhile for a run its caller may leave,
+    /// and writes what it returns as the step's value. A decision is never looked up in a
+    /// cache (what it runs is not in its key); its output's digest is what readers key on.
+    fn decided(
+        step: &Step,
+        frame: &mut Frame<'_>,
+        lane: Lane<'_>,
+        decide: impl FnOnce() -> Result<Value, Halt>,
+    ) -> Result<(), Halt> {
+        if let Some(run) = lane.detached {
+            run.set_running(lane.program, step.slot(), true);
+        }
+        let value = decide();
+        if let Some(run) = lane.detached {
+            run.set_running(lane.program, step.slot(), false);
+        }
+        let value = value?;
+        if let Some(keys) = lane.keys {
+            keys.settle(step.slot(), keys.cache.digest(&value));
+        }
+        *frame.cell(step.slot()) = Some(value);
+        Ok(())
+    }
+
+    /// Runs `body` on `input` with a table of its own, along `lane` (its place in the waves
+    /// and items around it), and returns what a run of it returns.
+    ///
+    /// The table and the input are kept on the heap: when the run's caller gives up waiting
+    /// for a wave inside (Ctrl-C, on the caller's thread), its branches still running borrow
+    /// them, and they are left to the run's remains with the rest.
+    fn run_body(&self, body: &Program, input: &Value, lane: Lane<'_>) -> Result<Value, Halt> {
+        let mut kept = Kept::new((input.clone(), vec![None; body.len()]));
+        let (input, table) = kept.get_mut();
+        let input = &*input;
+        let mut frame = Frame {
+            base: 0,
+            own: table,
+            shared: None,
+        };
+        // A sub-program's steps are not marked running (its step is: see
+        // `Detached::set_running`) nor keyed in the cache.
+        let inner = Lane {
+            program: body,
+            keys: None,
+            prefetching: false,
+            ..lane
+        };
+        match self.walk(&body.root, input, &mut frame, inner) {
+            Ok(()) => {
+                let (input, table) = kept.get_mut();
+                Ok(Executor::result(body, table, || input.clone()))
+            }
+            Err(Halt::Abandoned) => {
+                let remains = lane
+                    .detached
+                    .expect("only a detachable run is given up")
+                    .remains();
+                kept.leave(&remains);
+                Err(Halt::Abandoned)
+            }
+            Err(halt) => Err(halt),
+        }
+    }
+
+    /// Runs `part` — an item, a case, an iteration of step `id` — and records its span, named
+    /// `id[which]`, when the run is traced.
+    fn part(
+        &self,
+        id: &NodeId,
+        which: impl FnOnce() -> String,
+        lane: &Lane<'_>,
+        part: impl FnOnce() -> Result<Value, Halt>,
+    ) -> Result<Value, Halt> {
+        let Some(trace) = self.trace.as_deref() else {
+            return part();
+        };
+        let start = trace.now();
+        let outcome = part();
+        trace.record(Span {
+            node: NodeId::new(format!("{id}[{}]", which())),
+            start,
+            end: trace.now(),
+            thread: thread_number(),
+            branch: lane.path(),
+            turns: 0,
+            error: match &outcome {
+                Err(Halt::Failed(error)) => Some(error.to_string()),
+                Ok(_) | Err(Halt::Cancelled | Halt::Abandoned) => None,
+            },
+            device: None,
+            host: None,
+            cached: false,
+        });
+        outcome
+    }
+
+    // Kept out of line: a run without decisions should not carry their code through
+    // every step of its walk.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn map(
+        &self,
+        op: &MapOp,
+        input: &Value,
+        frame: &mut Frame<'_>,
+        lane: Lane<'_>,
+    ) -> Result<(), Halt> {
+        let read = self.decision_input(&op.step, input, frame, lane)?;
+        let id = &lane.program.ids[op.step.slot()];
+        Self::decided(&op.step, frame, lane, || {
+            let items = self
+                .reading()
+                .items(&read)
+                .map_err(|found| RunError::NotAList {
+                    node: id.clone(),
+                    found,
+                })?;
+            drop(read);
+            let results = self.each_item(op, id, items, lane)?;
+            Ok(self.reading().collect(results))
+        })
+    }
+
+    /// Runs `op`'s body on every item, as the branches of one wave; the results in order, or
+    /// the first failing item's error by index.
+    fn each_item(
+        &self,
+        op: &MapOp,
+        id: &NodeId,
+        items: Vec<Value>,
+        lane: Lane<'_>,
+    ) -> Result<Vec<Value>, Halt> {
+        let count = items.len();
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        let lanes = op.in_flight.unwrap_or(count).clamp(1, count);
+        let locals = Kept::new(MapLocals {
+            items,
+            state: WaveState {
+                first_failed: AtomicUsize::new(usize::MAX),
+            },
+            next: AtomicUsize::new(0),
+            results: (0..count).map(|_| Mutex::new(None)).collect(),
+            lane,
+            captured: self.host.as_ref().and_then(|host| host.capture()),
+        });
+        let MapLocals {
+            items,
+            state,
+            next,
+            results,
+            lane,
+            captured,
+        } = locals.get();
+        let captured = captured.as_deref();
+        // One branch per item, as a wave of that width; or, bounded, `lanes` branches that
+        // take the items one after another, so that no more than that many are in flight.
+        let one_each = lanes == count;
+        let tasks: Vec<_> = (0..lanes)
+            .map(|first| {
+                move || {
+                    if one_each {
+                        self.item(
+                            op,
+                            id,
+                            first,
+                            &items[first],
+                            state,
+                            lane,
+                            captured,
+                            &results[first],
+                        );
+                        return;
+                    }
+                    loop {
+                        let index = next.fetch_add(1, Ordering::Relaxed);
+                        if index >= count || state.first_failed.load(Ordering::Acquire) < index {
+                            break;
+                        }
+                        self.item(
+                            op,
+                            id,
+                            index,
+                            &items[index],
+                            state,
+                            lane,
+                            captured,
+                            &results[index],
+                        );
+                    }
+                }
+            })
+            .collect();
+        let outcomes = lane
+            .crew
+            .run(tasks, self.host.as_ref(), lane.detached, |until_done| {
+                let mut gave_up = false;
+                self.blocking(&mut || gave_up = self.wait(lane, until_done));
+                gave_up
+            });
+        let Some(outcomes) = outcomes else {
+            let remains = lane
+                .detached
+                .expect("only a detachable run is given up")
+                .remains();
+            locals.leave(&remains);
+            return Err(Halt::Abandoned);
+        };
+        // A panic is re-raised here, ahead of any item's error, as a wave's is.
+        let refused = outcomes
+            .into_iter()
+            .filter_map(Result::err)
+            .map(refused_or_raised)
+            .next();
+        let MapLocals { results, .. } = locals.into_inner();
+        let mut values = Vec::with_capacity(count);
+        let mut halted = None;
+        for result in results.into_vec() {
+            match result.into_inner().unwrap_or_else(PoisonError::into_inner) {
+                Some(Ok(value)) => values.push(value),
+                Some(Err(Halt::Failed(error))) => return Err(Halt::Failed(error)),
+                Some(Err(other)) => {
+                    halted.get_or_insert(other);
+                }
+                // Never started: a lane stopped after an earlier item failed, or never got a
+                // thread.
+                None => {}
+            }
+        }
+        match refused.or(halted) {
+            Some(halt) => Err(halt),
+            None => Ok(values),
+        }
+    }
+
+    /// Runs item `index` as a branch: in a copy of the context the step was reached in, and on
+    /// failure telling the later items to stop.
+    #[allow(clippy::too_many_arguments)] // The item, where it stands, and what it runs in.
+    fn item(
+        &self,
+        op: &MapOp,
+        id: &NodeId,
+        index: usize,
+        item: &Value,
+        state: &WaveState,
+        outer: &Lane<'_>,
+        captured: Option<&dyn Captured>,
+        result: &Slot,
+    ) {
+        let lane = Lane {
+            wave: Some((state, index)),
+            parent: Some(outer),
+            ..*outer
+        };
+        let mut outcome = None;
+        let mut walk = || {
+            outcome = Some(panic::catch_unwind(AssertUnwindSafe(|| {
+                self.part(
+                    id,
+                    || index.to_string(),
+                    &lane,
+                    || self.run_body(&op.body, item, lane),
+                )
+            })));
+        };
+        match captured {
+            Some(captured) => captured.enter(&mut walk),
+            None => walk(),
+        }
+        let outcome = outcome.expect("the context ran the item");
+        if !matches!(outcome, Ok(Ok(_) | Err(Halt::Cancelled))) {
+            state.first_failed.fetch_min(index, Ordering::AcqRel);
+        }
+        match outcome {
+            Ok(done) => *result.lock().unwrap_or_else(PoisonError::into_inner) = Some(done),
+            Err(payload) => panic::resume_unwind(payload),
+        }
+    }
+
+    // Kept out of line: a run without decisions should not carry their code through
+    // every step of its walk.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn switch(
+        &self,
+        op: &SwitchOp,
+        input: &Value,
+        frame: &mut Frame<'_>,
+        lane: Lane<'_>,
+    ) -> Result<(), Halt> {
+        let read = self.decision_input(&op.step, input, frame, lane)?;
+        let id = &lane.program.ids[op.step.slot()];
+        Self::decided(&op.step, frame, lane, || {
+            let chosen = self.call(&op.step, &read, lane)?;
+            let unknown = |key: String| RunError::UnknownCase {
+                node: id.clone(),
+                key,
+                known: op.keys.to_vec(),
+            };
+            let key = self
+                .reading()
+                .key(&chosen)
+                .map_err(|found| unknown(format!("a {found}")))?;
+            let Some(at) = op.keys.iter().position(|known| *known == key) else {
+                return Err(unknown(key).into());
+            };
+            self.part(
+                id,
+                || key.clone(),
+                &lane,
+                || self.run_body(&op.cases[at], &read, lane),
+            )
+        })
+    }
+
+    // Kept out of line: a run without decisions should not carry their code through
+    // every step of its walk.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn repeat(
+        &self,
+        op: &LoopOp,
+        input: &Value,
+        frame: &mut Frame<'_>,
+        lane: Lane<'_>,
+    ) -> Result<(), Halt> {
+        let read = self.decision_input(&op.step, input, frame, lane)?;
+        let id = &lane.program.ids[op.step.slot()];
+        Self::decided(&op.step, frame, lane, || {
+            let mut current = read;
+            for iteration in 0..op.max_iterations {
+                let output = self.part(
+                    id,
+                    || iteration.to_string(),
+                    &lane,
+                    || self.run_body(&op.body, &current, lane),
+                )?;
+                let verdict = self.call(&op.step, &output, lane)?;
+                if self.reading().done(&verdict) {
+                    return Ok(output);
+                }
+                current = output;
+            }
+            Err(RunError::LoopLimit {
+                node: id.clone(),
+                max_iterations: op.max_iterations,
+                last: self.reading().type_name(&current),
+            }
+            .into())
+        })
+    }
+}

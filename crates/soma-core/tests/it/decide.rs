@@ -1,0 +1,217 @@
+//! Steps that decide as they run, built with the Rust builder: `each` (a `Map`), `switch` and
+//! `repeat` (a `Loop`) — their plans, what they compute, what runs at once, which error wins.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use soma_core::{
+    compile_decided, each, node, repeat, switch, CompileError, Executor, Expr, NodeError,
+    Placement, Policies, Program, Retry, RunError, Value, MAX_DECISION_DEPTH,
+};
+
+use crate::support::{meet, plain, Rendezvous};
+
+fn add(k: i64) -> impl Fn(&str, &Value) -> Result<Value, NodeError> + Send + Sync + 'static {
+    move |_, x| {
+        x.as_int()
+            .map(|x| Value::Int(x + k))
+            .ok_or_else(|| NodeError::new("not an int"))
+    }
+}
+
+fn ints(values: &[i64]) -> Value {
+    Value::list(values.iter().map(|&x| Value::Int(x)))
+}
+
+/// Compiles and runs `expr` on `input`.
+fn run(expr: Expr, input: Value) -> Result<Value, RunError> {
+    let (graph, catalog, decisions) = expr.somatize_decided().unwrap();
+    let plan = compile_decided(&graph, &catalog, &decisions).unwrap();
+    Executor::new().run(&plan, &catalog, input)
+}
+
+#[test]
+fn a_map_runs_its_body_on_every_item_and_keeps_their_order() {
+    let body = node("a", plain(add(1))) >> node("b", plain(add(10)));
+    let out = run(each("m", body, None).unwrap(), ints(&[1, 2, 3])).unwrap();
+    assert_eq!(out, ints(&[12, 13, 14]));
+}
+
+#[test]
+fn a_map_is_a_plan_step_holding_its_body_with_namespaced_ids() {
+    let body = node("a", plain(add(1))) >> node("b", plain(add(10)));
+    let expr = node("split", plain(add(0))) >> each("m", body, Some(4)).unwrap();
+    let (graph, catalog, decisions) = expr.somatize_decided().unwrap();
+    let plan = compile_decided(&graph, &catalog, &decisions).unwrap();
+    assert_eq!(
+        plan.compact(),
+        "Sequence([Execute(split), Map(m, [Sequence([Execute(m/a), Execute(m/b)])])])"
+    );
+    assert_eq!(plan.children()[1].kind(), "Map");
+}
+
+#[test]
+fn the_items_of_a_map_are_in_flight_together() {
+    let rendezvous = Rendezvous::new(3);
+    let body = node("meet", plain(meet(&rendezvous)));
+    let out = run(each("m", body, None).unwrap(), ints(&[1, 2, 3])).unwrap();
+    assert_eq!(out.as_list().map(<[Value]>::len), Some(3));
+}
+
+#[test]
+fn the_first_failing_item_by_index_is_the_error_of_a_map() {
+    let body = node(
+        "f",
+        plain(|_: &str, x: &Value| match x.as_int() {
+            Some(1) => Err(NodeError::new("item one")),
+            Some(3) => Err(NodeError::new("item three")),
+            _ => Ok(x.clone()),
+        }),
+    );
+    let error = run(each("m", body, None).unwrap(), ints(&[0, 1, 2, 3])).unwrap_err();
+    assert!(error.to_string().contains("item one"), "{error}");
+    assert_eq!(error.node().map(soma_core::NodeId::as_str), Some("m/f"));
+}
+
+#[test]
+fn a_map_of_ten_thousand_trivial_items_lends_far_fewer_threads_than_items() {
+    let body = node("a", plain(add(1))) >> node("b", plain(add(1))) >> node("c", plain(add(1)));
+    let (graph, catalog, decisions) = each("m", body, None).unwrap().somatize_decided().unwrap();
+    let plan = compile_decided(&graph, &catalog, &decisions).unwrap();
+    let program = Program::new(&plan, &catalog).unwrap();
+    let items: Vec<i64> = (0..10_000).collect();
+    let out = Executor::new().run_program(&program, ints(&items)).unwrap();
+    assert_eq!(out.as_list().unwrap()[9_999], Value::Int(10_002));
+    // Lent as items are in flight, not one per item; how few depends on the machine's load
+    // (the benchmark counts them), so the bound here is only far below the items'.
+    assert!(program.threads() <= 64, "{} threads", program.threads());
+}
+
+#[test]
+fn a_switch_runs_only_the_case_its_selector_names() {
+    let called = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&called);
+    let other = plain(move |_: &str, x: &Value| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        Ok(x.clone())
+    });
+    let selector = plain(|_: &str, x: &Value| {
+        Ok(Value::text(if x.as_int() > Some(0) {
+            "up"
+        } else {
+            "down"
+        }))
+    });
+    let expr = switch(
+        "s",
+        selector,
+        vec![
+            ("up".to_owned(), node("n", plain(add(100)))),
+            ("down".to_owned(), node("n", other)),
+        ],
+    )
+    .unwrap();
+    assert_eq!(run(expr, Value::Int(5)).unwrap(), Value::Int(105));
+    assert_eq!(called.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn an_unknown_case_names_its_key_and_the_known_ones() {
+    let selector = plain(|_: &str, _: &Value| Ok(Value::text("pdf")));
+    let cases = vec![
+        ("ocr".to_owned(), node("a", plain(add(0)))),
+        ("text".to_owned(), node("b", plain(add(0)))),
+    ];
+    let error = run(switch("route", selector, cases).unwrap(), Value::Int(0)).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "`switch` step `route` has no case for key `pdf`; its cases: `ocr`, `text`\nhint: make the selector return one of these keys, or add a case for it"
+    );
+}
+
+#[test]
+fn a_retry_reaches_a_node_inside_a_map_by_its_namespaced_id() {
+    let failed = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&failed);
+    let flaky = plain(move |_: &str, x: &Value| {
+        if count.fetch_add(1, Ordering::SeqCst) == 0 {
+            return Err(NodeError::new("dropped"));
+        }
+        Ok(x.clone())
+    });
+    let expr = each("m", node("flaky", flaky), None).unwrap();
+    let inner: Vec<String> = expr.inner_ids().map(ToString::to_string).collect();
+    assert_eq!(inner, ["m/flaky"]);
+    let (graph, catalog, decisions) = expr.somatize_decided().unwrap();
+    let plan = compile_decided(&graph, &catalog, &decisions).unwrap();
+    let mut policies = Policies::default();
+    policies.set_retry("m/flaky", Some(Retry::new(1, Duration::ZERO)));
+    let program = Program::resolved(&plan, &catalog, &Placement::new(), &policies).unwrap();
+    let out = Executor::new().run_program(&program, ints(&[7])).unwrap();
+    assert_eq!(out, ints(&[7]));
+    assert_eq!(failed.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn a_loop_runs_its_body_until_its_predicate_says_done() {
+    let done = plain(|_: &str, x: &Value| Ok(Value::Bool(x.as_int() >= Some(10))));
+    let expr = repeat("l", node("step", plain(add(3))), done, 100).unwrap();
+    assert_eq!(run(expr, Value::Int(0)).unwrap(), Value::Int(12));
+}
+
+#[test]
+fn a_loop_past_its_bound_names_it_and_the_last_output_type() {
+    let never = plain(|_: &str, _: &Value| Ok(Value::Bool(false)));
+    let expr = repeat("l", node("step", plain(add(1))), never, 3).unwrap();
+    let error = run(expr, Value::Int(0)).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .starts_with("`loop` step `l` ran its body 3 times and `until` still said not done; the last output was a `Int`"),
+        "{error}"
+    );
+}
+
+#[test]
+fn decisions_nested_past_the_bound_are_refused_when_compiled() {
+    let mut expr = node("leaf", plain(add(1)));
+    for level in 0..=MAX_DECISION_DEPTH {
+        expr = each(format!("m{level}"), expr, None).unwrap();
+    }
+    let (graph, catalog, decisions) = expr.somatize_decided().unwrap();
+    let refused = compile_decided(&graph, &catalog, &decisions).unwrap_err();
+    assert!(matches!(refused, CompileError::TooDeep { .. }), "{refused}");
+}
+
+#[test]
+fn every_drawing_of_a_plan_frames_a_decision_around_what_it_runs() {
+    let selector = plain(|_: &str, _: &Value| Ok(Value::text("a")));
+    let route = switch(
+        "route",
+        selector,
+        vec![
+            ("a".to_owned(), node("x", plain(add(1)))),
+            ("b".to_owned(), node("y", plain(add(2)))),
+        ],
+    )
+    .unwrap();
+    let (graph, catalog, decisions) = each("chunks", route, None)
+        .unwrap()
+        .somatize_decided()
+        .unwrap();
+    let plan = compile_decided(&graph, &catalog, &decisions).unwrap();
+    assert_eq!(
+        plan.to_string(),
+        "Map chunks <- (input), each item:\n└── Switch chunks/route <- (input), the case it names:\n    ├── case a: chunks/route/a/x <- (input)\n    └── case b: chunks/route/b/y <- (input)"
+    );
+    for drawing in [plan.to_mermaid(), plan.to_dot(), plan.to_svg()] {
+        for label in [
+            "each chunks",
+            "switch chunks/route (a | b)",
+            "chunks/route/b/y",
+        ] {
+            assert!(drawing.contains(label), "{label} not in {drawing}");
+        }
+    }
+}

@@ -1,0 +1,242 @@
+"""``soma.each``, ``soma.switch`` and ``soma.loop``: steps that decide as the graph runs.
+
+Each is one node of the graph around it — composed with ``>>`` and ``|``, named with
+``.named()`` — that runs sub-graphs of its own: ``each`` its body on every item of a list, items
+in flight together; ``switch`` the one case its selector names; ``loop`` its body until a
+predicate says done. The plan shows them as ``Map``, ``Switch`` and ``Loop`` steps holding their
+sub-plans; the nodes inside get ids namespaced under the step's (``chunks/clean``), which
+traces, errors and ``Graph.retries()`` use.
+
+A sub-graph is made from its expression when the step is registered in a graph, so that
+``.retry()``, ``.time_limit()`` and ``.on()`` written on the step — or on an expression around
+it — reach the nodes inside that have none of their own, as they reach the nodes of an
+expression. A step runs in this process: ``.at()`` on it, or on a node inside, is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, NoReturn, Protocol, Self
+
+from soma import _soma
+from soma._dsl import Expr
+from soma._node import Node
+from soma.errors import HostError, RunError
+
+
+class _Graph(Protocol):
+    """What a decision needs of the graph it is registered in: ``soma.Graph``, named by what
+    it does so that this module need not import the graph's, which imports this one."""
+
+    _core: _soma.GraphCore
+    _async: dict[str, bool]
+
+    @classmethod
+    def somatize(cls, expr: Expr | Node) -> Self: ...
+
+    def hosts(self) -> dict[str, str]: ...
+
+
+# What a sub-graph is written as: a node, an expression of nodes, or `None` for a case that
+# passes its input on as it is.
+Body = Expr | Node
+
+
+class Decision(Node):
+    """What ``each``, ``switch`` and ``loop`` share: sub-graphs made at registration."""
+
+    # Called by `Graph.node`: a decision registers itself, with its sub-graphs.
+    def _register(self, graph: _Graph, node_id: str) -> None:
+        raise NotImplementedError
+
+    def at(self, host: str) -> NoReturn:
+        """Refused: a step that decides runs in this process, with what it runs."""
+        raise _host_refused(type(self).__name__.lower(), self._soma_id or "this step")
+
+    def _graph(self, graph: _Graph, body: Body | None, step: str) -> _soma.GraphCore:
+        """The sub-graph of ``body``, made as ``graph`` is, this step's retries, time limit and
+        device given to the nodes inside that have none."""
+        if body is None:
+            return _soma.GraphCore()
+        expr = Expr.of(body, step)
+        if self._soma_retry is not None:
+            expr.retry(*self._soma_retry)
+        if self._soma_time_limit is not None:
+            expr.time_limit(self._soma_time_limit)
+        if self._soma_device is not None:
+            expr.on(self._soma_device)
+        sub = type(graph).somatize(expr)
+        if sub._async:
+            kind = type(self).__name__.lower()
+            raise TypeError(
+                f"{_listed(sub._async)} inside a `{kind}` step: async nodes cannot run inside "
+                f"`each`, `switch` or `loop` yet\nhint: make the node inside sync, or put the "
+                "async work in a node of the graph around the step"
+            )
+        hosts = sub.hosts()
+        if hosts:
+            inner = next(iter(hosts))
+            raise _host_refused(type(self).__name__.lower(), inner)
+        return sub._core
+
+    def _checked(self, node_id: str) -> None:
+        if self._soma_host is not None:  # Set by an `.at()` around it.
+            raise _host_refused(type(self).__name__.lower(), node_id)
+
+
+def _listed(nodes: dict[str, bool]) -> str:
+    """The async nodes named, as messages name nodes."""
+    named = ", ".join(f"`{node}`" for node in nodes)
+    return f"async node {named}" if len(nodes) == 1 else f"async nodes {named}"
+
+
+def _host_refused(kind: str, node_id: str) -> HostError:
+    error = HostError(
+        f"`{node_id}` is in a `{kind}` step, which runs in this process: it cannot be placed "
+        "on a host\nhint: place the whole graph's other nodes with `.at()`, and keep `each`, "
+        "`switch` and `loop` steps, and what they run, here"
+    )
+    error.host = None
+    return error
+
+
+class Each(Decision):
+    """``soma.each(body)``: ``body`` on every item of the list the step reads."""
+
+    def __init__(self, body: Body, in_flight: int | None) -> None:
+        self._body = body
+        self._in_flight = in_flight
+        Expr.of(body, "each")  # Refuses what is no node or expression, here.
+
+    def forward(self, items: Any, ctx: _soma.Ctx) -> NoReturn:
+        """Not called: the plan runs the body on each item itself."""
+        raise RuntimeError(f"`each` step `{ctx.node}` is run by its plan, not called")
+
+    def _register(self, graph: _Graph, node_id: str) -> None:
+        self._checked(node_id)
+        body = self._graph(graph, self._body, "each")
+        graph._core.add_each(node_id, self, body, self._in_flight)
+
+
+class Switch(Decision):
+    """``soma.switch(selector, cases)``: the case ``selector(input)`` names, on that input."""
+
+    def __init__(
+        self, selector: Callable[[Any], Hashable], cases: Mapping[Any, Body | None]
+    ) -> None:
+        if not callable(selector):
+            raise TypeError(
+                f"switch's selector is a callable of the input, not an object of type "
+                f"`{type(selector).__name__}`\nhint: `soma.switch(lambda doc: doc.kind, {{...}})`"
+            )
+        if not isinstance(cases, Mapping) or not cases:
+            raise TypeError(
+                "switch's cases are a non-empty dict from key to expression\n"
+                'hint: `soma.switch(kind, {"ocr": Ocr() >> Parse(), "text": Parse()})`'
+            )
+        self._selector = selector
+        self._cases = dict(cases)
+        for case in self._cases.values():
+            if case is not None:
+                Expr.of(case, "switch")
+        # Each key's name in the plan: a `str` as it is, anything else as its `repr`.
+        self._labels: dict[Any, str] = {
+            key: key if isinstance(key, str) else repr(key) for key in self._cases
+        }
+        if len(set(self._labels.values())) != len(self._labels):
+            raise ValueError(
+                "two of switch's keys read the same in the plan\nhint: use keys that differ as text"
+            )
+
+    def forward(self, x: Any, ctx: _soma.Ctx) -> str:
+        """The key of the case to run, as the plan names it; an unknown key is a
+        ``soma.RunError`` naming it and the known ones."""
+        key = self._selector(x)
+        try:
+            return self._labels[key]
+        except (KeyError, TypeError):
+            # As written, by `repr`: a key `False` and a case `"False"` read apart.
+            known = ", ".join(f"`{known!r}`" for known in self._labels)
+            error = RunError(
+                f"`switch` step `{ctx.node}` has no case for key `{key!r}`; its cases: {known}\n"
+                "hint: make the selector return one of these keys, or add a case for it"
+            )
+            error.node = ctx.node
+            raise error from None
+
+    def _register(self, graph: _Graph, node_id: str) -> None:
+        self._checked(node_id)
+        cases = [
+            (self._labels[key], self._graph(graph, case, "switch"))
+            for key, case in self._cases.items()
+        ]
+        graph._core.add_switch(node_id, self, cases)
+
+
+class Loop(Decision):
+    """``soma.loop(body, until=..., max_iterations=...)``: ``body`` on its own output until
+    ``until`` of it is true."""
+
+    def __init__(self, body: Body, until: Callable[[Any], object], max_iterations: int) -> None:
+        if not callable(until):
+            raise TypeError(
+                "loop's `until` is a callable of the body's output, not an object of type "
+                f"`{type(until).__name__}`\n"
+                "hint: `soma.loop(Ask(), until=parses, max_iterations=5)`"
+            )
+        if (
+            not isinstance(max_iterations, int)
+            or isinstance(max_iterations, bool)
+            or not 1 <= max_iterations < 2**32
+        ):
+            raise ValueError(
+                f"loop's max_iterations is an int of at least 1, not {max_iterations!r}\n"
+                "hint: the body runs at most that many times"
+            )
+        Expr.of(body, "loop")
+        self._body = body
+        self._until = until
+        self._max_iterations = max_iterations
+
+    def forward(self, output: Any, ctx: _soma.Ctx) -> bool:
+        """Whether the body's ``output`` is done."""
+        return bool(self._until(output))
+
+    def _register(self, graph: _Graph, node_id: str) -> None:
+        self._checked(node_id)
+        body = self._graph(graph, self._body, "loop")
+        graph._core.add_loop(node_id, self, body, self._max_iterations)
+
+
+def each(body: Body, *, in_flight: int | None = None) -> Each:
+    """A step that runs ``body`` — a node or an expression — on every item of the list (any
+    sized sequence but text, bytes and mappings) it reads, and returns their results as a list
+    in input order.
+
+    The items are in flight together, each item's run a branch of its own (a thread lent to
+    it start to finish, a copy of the context, a table of values of its own), at most
+    ``in_flight`` at once when given. The error of the first failing item *by index* is the
+    step's: later items stop at their next node boundary, earlier ones run on, as the branches
+    of a wave do. ``each`` nests inside ``each`` at any depth (up to 32 steps that decide)."""
+    if in_flight is not None and (
+        not isinstance(in_flight, int) or isinstance(in_flight, bool) or in_flight < 1
+    ):
+        raise ValueError(
+            f"each's in_flight is an int of at least 1, or None, not {in_flight!r}\n"
+            "hint: None lets every item be in flight at once"
+        )
+    return Each(body, in_flight)
+
+
+def switch(selector: Callable[[Any], Hashable], cases: Mapping[Any, Body | None]) -> Switch:
+    """A step that calls ``selector`` on its input and runs only the case it names, on that
+    same input; the other cases are not called at all. A case of ``None`` passes the input on.
+    A key no case has is a ``soma.RunError`` naming it and the known ones."""
+    return Switch(selector, cases)
+
+
+def loop(body: Body, *, until: Callable[[Any], object], max_iterations: int) -> Loop:
+    """A step that runs ``body`` on its input, then on its own output, until ``until(output)``
+    is true, and returns that output. A body that ran ``max_iterations`` times without is a
+    ``soma.RunError`` saying so, with the last output's type."""
+    return Loop(body, until, max_iterations)
