@@ -45,6 +45,9 @@ Body = Expr | Node
 class Decision(Node):
     """What ``each``, ``switch`` and ``loop`` share: sub-graphs made at registration."""
 
+    # Its sub-graphs, made before the registration that uses them (see `_cores`).
+    _soma_prebuilt: tuple[type, list[_soma.GraphCore]] | None = None
+
     # Called by `Graph.node`: a decision registers itself, with its sub-graphs.
     def _register(self, graph: _Graph, node_id: str) -> None:
         raise NotImplementedError
@@ -53,21 +56,66 @@ class Decision(Node):
         """Refused: a step that decides runs in this process, with what it runs."""
         raise _host_refused(type(self).__name__.lower(), self._soma_id or "this step")
 
-    def _graph(self, graph: _Graph, body: Body | None, step: str) -> _soma.GraphCore:
-        """The sub-graph of ``body``, made as ``graph`` is, this step's retries, time limit and
-        device given to the nodes inside that have none."""
-        if body is None:
-            return _soma.GraphCore()
-        expr = Expr.of(body, step)
+    # What its sub-graphs are written as, in order (a switch's in the order of its cases), and
+    # what kind of step it is, as messages name it.
+    def _bodies(self) -> list[Body | None]:
+        raise NotImplementedError
+
+    _kind = "step"
+
+    def _cores(self, graph: _Graph) -> list[_soma.GraphCore]:
+        """Its sub-graphs, made as ``graph`` is.
+
+        A sub-graph is made by registering its nodes, and a step among them makes its own in
+        turn: made that way, a nesting a thousand steps deep would recurse a thousand times.
+        So the steps nested in this one are found first, with a stack of their own, and their
+        sub-graphs made innermost first, each kept on its step for the registration that
+        follows, which then goes one level down only.
+        """
+        prebuilt = self._soma_prebuilt
+        self.__dict__.pop("_soma_prebuilt", None)
+        if prebuilt is not None and prebuilt[0] is type(graph):
+            return prebuilt[1]
+        # Outermost first, each step's retries, time limit and device given to what it runs
+        # before what that runs is looked into, as registering them would.
+        found: list[Decision] = []
+        stack: list[Decision] = [self]
+        while stack:
+            step = stack.pop()
+            found.append(step)
+            for body in step._bodies():
+                if body is not None:
+                    nodes = step._expr(body)._flattened().nodes
+                    stack.extend(node for node in nodes if isinstance(node, Decision))
+        try:
+            for step in reversed(found[1:]):
+                cores = [step._graph(graph, body) for body in step._bodies()]
+                step._soma_prebuilt = (type(graph), cores)
+            return [self._graph(graph, body) for body in self._bodies()]
+        finally:
+            # What a failure left made is not kept for a later registration.
+            for step in found:
+                step.__dict__.pop("_soma_prebuilt", None)
+
+    def _expr(self, body: Body) -> Expr:
+        """``body`` as an expression, this step's retries, time limit and device given to the
+        nodes inside that have none."""
+        expr = Expr.of(body, self._kind)
         if self._soma_retry is not None:
             expr.retry(*self._soma_retry)
         if self._soma_time_limit is not None:
             expr.time_limit(self._soma_time_limit)
         if self._soma_device is not None:
             expr.on(self._soma_device)
-        sub = type(graph).somatize(expr)
+        return expr
+
+    def _graph(self, graph: _Graph, body: Body | None) -> _soma.GraphCore:
+        """The sub-graph of ``body``, made as ``graph`` is (see ``_expr``)."""
+        if body is None:
+            return _soma.GraphCore()
+        sub = type(graph).somatize(self._expr(body))
         if sub._async:
-            kind = type(self).__name__.lower()
+            kind = self._kind
             raise TypeError(
                 f"{_listed(sub._async)} inside a `{kind}` step: async nodes cannot run inside "
                 f"`each`, `switch` or `loop` yet\nhint: make the node inside sync, or put the "
@@ -76,7 +124,7 @@ class Decision(Node):
         hosts = sub.hosts()
         if hosts:
             inner = next(iter(hosts))
-            raise _host_refused(type(self).__name__.lower(), inner)
+            raise _host_refused(self._kind, inner)
         return sub._core
 
     def _checked(self, node_id: str) -> None:
@@ -112,9 +160,14 @@ class Each(Decision):
         """Not called: the plan runs the body on each item itself."""
         raise RuntimeError(f"`each` step `{ctx.node}` is run by its plan, not called")
 
+    _kind = "each"
+
+    def _bodies(self) -> list[Body | None]:
+        return [self._body]
+
     def _register(self, graph: _Graph, node_id: str) -> None:
         self._checked(node_id)
-        body = self._graph(graph, self._body, "each")
+        [body] = self._cores(graph)
         graph._core.add_each(node_id, self, body, self._in_flight)
 
 
@@ -164,12 +217,15 @@ class Switch(Decision):
             error.node = ctx.node
             raise error from None
 
+    _kind = "switch"
+
+    def _bodies(self) -> list[Body | None]:
+        return list(self._cases.values())
+
     def _register(self, graph: _Graph, node_id: str) -> None:
         self._checked(node_id)
-        cases = [
-            (self._labels[key], self._graph(graph, case, "switch"))
-            for key, case in self._cases.items()
-        ]
+        labels = [self._labels[key] for key in self._cases]
+        cases = list(zip(labels, self._cores(graph), strict=True))
         graph._core.add_switch(node_id, self, cases)
 
 
@@ -202,9 +258,14 @@ class Loop(Decision):
         """Whether the body's ``output`` is done."""
         return bool(self._until(output))
 
+    _kind = "loop"
+
+    def _bodies(self) -> list[Body | None]:
+        return [self._body]
+
     def _register(self, graph: _Graph, node_id: str) -> None:
         self._checked(node_id)
-        body = self._graph(graph, self._body, "loop")
+        [body] = self._cores(graph)
         graph._core.add_loop(node_id, self, body, self._max_iterations)
 
 

@@ -191,6 +191,16 @@ impl Executor {
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
     ) -> Result<(), Halt> {
+        self.decision_level(frame, lane, &|frame| self.map_here(op, input, frame, lane))
+    }
+
+    fn map_here(
+        &self,
+        op: &MapOp,
+        input: &Value,
+        frame: &mut Frame<'_>,
+        lane: Lane<'_>,
+    ) -> Result<(), Halt> {
         let read = self.decision_input(&op.step, input, frame, lane)?;
         let id = &lane.program.ids[op.step.slot()];
         Self::decided(&op.step, frame, lane, || {
@@ -375,6 +385,18 @@ impl Executor {
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
     ) -> Result<(), Halt> {
+        self.decision_level(frame, lane, &|frame| {
+            self.switch_here(op, input, frame, lane)
+        })
+    }
+
+    fn switch_here(
+        &self,
+        op: &SwitchOp,
+        input: &Value,
+        frame: &mut Frame<'_>,
+        lane: Lane<'_>,
+    ) -> Result<(), Halt> {
         let read = self.decision_input(&op.step, input, frame, lane)?;
         let id = &lane.program.ids[op.step.slot()];
         Self::decided(&op.step, frame, lane, || {
@@ -405,6 +427,18 @@ impl Executor {
     #[cold]
     #[inline(never)]
     pub(super) fn repeat(
+        &self,
+        op: &LoopOp,
+        input: &Value,
+        frame: &mut Frame<'_>,
+        lane: Lane<'_>,
+    ) -> Result<(), Halt> {
+        self.decision_level(frame, lane, &|frame| {
+            self.repeat_here(op, input, frame, lane)
+        })
+    }
+
+    fn repeat_here(
         &self,
         op: &LoopOp,
         input: &Value,
