@@ -318,3 +318,33 @@ fn every_drawing_of_a_plan_frames_a_decision_around_what_it_runs() {
         }
     }
 }
+
+#[test]
+fn with_a_cache_a_map_rerun_calls_its_body_only_for_the_items_it_has_not_seen() {
+    use soma_core::{Key, MemoryCache};
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let body = node(
+        "a",
+        plain(move |_: &str, x: &Value| {
+            counted.fetch_add(1, Ordering::Relaxed);
+            add(1)("a", x)
+        }),
+    );
+    let (graph, catalog, decisions) = each("m", body, None).unwrap().somatize_decided().unwrap();
+    let plan = compile_decided(&graph, &catalog, &decisions).unwrap();
+    let program = Program::new(&plan, &catalog).unwrap();
+    let cache = Arc::new(MemoryCache::new(|_| Some(Key::of_bytes(b"unchanged"))));
+    let executor = Executor::new().with_cache(cache.clone());
+    assert_eq!(
+        executor.run_program(&program, ints(&[1, 2, 3])).unwrap(),
+        ints(&[2, 3, 4])
+    );
+    assert_eq!(calls.swap(0, Ordering::Relaxed), 3);
+    assert_eq!(
+        executor.run_program(&program, ints(&[1, 20, 3])).unwrap(),
+        ints(&[2, 21, 4])
+    );
+    assert_eq!(calls.swap(0, Ordering::Relaxed), 1);
+    assert_eq!((cache.hits(), cache.misses()), (2, 4));
+}
