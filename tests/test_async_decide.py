@@ -135,19 +135,24 @@ shapes = st.recursive(
 
 
 @given(body=shapes, x=st.integers(-20, 20))
-def test_steps_with_async_and_sync_nodes_inside_give_the_all_sync_results(body: Body, x: int) -> None:
+def test_steps_with_async_and_sync_nodes_inside_give_the_all_sync_results(
+    body: Body, x: int
+) -> None:
     sync = soma.Graph.somatize(Split() >> soma.each(Pass() >> body.build(sync=True)))
     mixed = soma.Graph.somatize(Split() >> soma.each(Pass() >> body.build(sync=False)))
     n = abs(x) % 5
+    expected = outcome(lambda: sync.forward(n))
+    assert outcome(lambda: asyncio.run(mixed.aforward(n))) == expected
+    assert outcome(lambda: mixed.forward(n)) == expected
+
+
+def outcome(run: Any) -> Any:
+    """What ``run()`` returns, or the text of the ``soma.RunError`` it raises (a loop past its
+    bound), so that the two ways compare either way."""
     try:
-        expected: Any = sync.forward(n)
-    except soma.RunError as error:  # A loop past its bound: the same error, both ways.
-        with pytest.raises(soma.RunError) as raised:
-            asyncio.run(mixed.aforward(n))
-        assert str(raised.value) == str(error)
-        return
-    assert asyncio.run(mixed.aforward(n)) == expected
-    assert mixed.forward(n) == expected
+        return run()
+    except soma.RunError as error:
+        return ("RunError", str(error))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,10 +279,8 @@ def test_each_of_async_items_has_a_span_per_item_and_per_node_inside() -> None:
     g = soma.Graph.somatize(soma.each(AsyncDouble() >> Add(1)).named("items"))
     assert g.forward([1, 2], trace=trace) == [3, 5]
     names = sorted(span.node for span in trace.spans)
-    assert names == ["items/add", "items/add", "items/async_double", "items/async_double"] + [
-        "items[0]",
-        "items[1]",
-    ]
+    inside = ["items/add", "items/add", "items/async_double", "items/async_double"]
+    assert names == [*inside, "items[0]", "items[1]"]
 
 
 def test_amap_and_map_run_each_steps_of_async_items() -> None:
@@ -444,3 +447,30 @@ def test_a_timeout_names_the_async_nodes_still_running_inside_a_step() -> None:
     done = run_script(script)
     assert done.returncode == 0, done.stderr
     assert "still running: `each/loop/hang` (cancelled)" in done.stdout
+
+
+def test_in_amap_a_step_takes_as_many_items_at_once_as_its_concurrency() -> None:
+    meet = Meeting(2)  # Both items' steps must be in flight together to meet.
+    g = soma.Graph.somatize(Pass() >> soma.each(meet).named("items").concurrency(2))
+
+    async def streamed() -> list[Any]:
+        return [y async for y in g.amap([[1], [2]], in_flight=2)]
+
+    assert asyncio.run(streamed()) == [[1], [2]]
+
+
+def test_settings_by_namespaced_id_reach_a_sync_step_beside_async_nodes() -> None:
+    attempts: list[int] = []
+
+    class Flaky(soma.Node):
+        def forward(self, x: int) -> int:
+            attempts.append(x)
+            if attempts.count(x) < 2:
+                raise ConnectionError("dropped")
+            return x
+
+    # The step has no async node inside: a piece of the engine's runs it, registered again.
+    g = soma.Graph.somatize(Calls() >> soma.each(Flaky()).named("items"))
+    g.retry("items/flaky", 1, backoff=0.0)
+    assert asyncio.run(g.aforward([5])) == [5]
+    assert attempts == [5, 5]

@@ -194,14 +194,10 @@ def _fill(
     of its steps that decide with an async node inside."""
     holders = _holders(graph._async)
     synced = [
-        (node, _PIECE)
-        for node in graph.nodes()
-        if node not in graph._async and node not in holders
+        (node, _PIECE) for node in graph.nodes() if node not in graph._async and node not in holders
     ]
     plan = _soma.distribute(graph.plan(), synced)
-    settings = Settings(
-        frozenset(prepared.leaves), given.devices, given.retries, given.time_limits
-    )
+    settings = Settings(frozenset(prepared.leaves), given.devices, given.retries, given.time_limits)
     devices, retries, limits = settings.devices, settings.retries, settings.time_limits
     calls = prepared.calls
     stack: list[tuple[_soma.Plan, list[_Step]]] = [(plan, prepared.steps)]
@@ -628,6 +624,15 @@ async def _map(step: _Map, run: _Run, stop: _Stop, path: tuple[int, ...]) -> lis
     bound = count if step.bound is None else min(step.bound, count)
     create = run.loop.create_task
     body = step.body
+    # The most common body, one async node with no policy, untraced: each item awaits it
+    # right in its task, as `_branch` would, without a walk of its own. No boundary follows
+    # the node, so the item needs no stop of its own either: cancelling it is what stops it.
+    only = body.steps[0] if len(body.steps) == 1 else None
+    plain = (
+        only
+        if isinstance(only, _Call) and only.plain and run.trace is None and run.keys is None
+        else None
+    )
     tasks: list[asyncio.Task[Any]] = []
     stops: list[_Stop] = []
     index: dict[asyncio.Task[Any], int] = {}
@@ -637,12 +642,15 @@ async def _map(step: _Map, run: _Run, stop: _Stop, path: tuple[int, ...]) -> lis
     failed = count
     try:
         while True:
-            while len(tasks) < min(failed, count) and len(pending) < bound:
+            while len(tasks) < min(failed, count) and len(pending) < bound and not stop.stopped:
                 at = len(tasks)
-                child = stop.child()
-                task = create(_item(step, items[at], at, run, child, (*path, at)))
+                if plain is not None:
+                    task = create(_plain_item(plain, items[at], run))
+                else:
+                    child = stop.child()
+                    task = create(_item(step, items[at], at, run, child, (*path, at)))
+                    stops.append(child)
                 items[at] = None  # Held by its task from here.
-                stops.append(child)
                 tasks.append(task)
                 index[task] = at
                 pending.add(task)
@@ -652,7 +660,7 @@ async def _map(step: _Map, run: _Run, stop: _Stop, path: tuple[int, ...]) -> lis
             for task in done:
                 if not task.cancelled() and task.exception() is not None and index[task] < failed:
                     failed = index[task]
-                    for later in stops[failed + 1 :]:
+                    for later in stops[failed + 1 :]:  # Empty for plain items.
                         later.set()
                     for later_task in tasks[failed + 1 :]:
                         later_task.cancel()
@@ -671,12 +679,32 @@ async def _map(step: _Map, run: _Run, stop: _Stop, path: tuple[int, ...]) -> lis
         error = tasks[failed].exception()
         assert error is not None
         raise error
+    if len(tasks) < count:  # Stopped at this boundary: the items not started never start.
+        raise _Stopped
     return [task.result() for task in tasks]
 
 
-async def _item(
-    step: _Map, x: Any, at: int, run: _Run, stop: _Stop, path: tuple[int, ...]
-) -> Any:
+async def _plain_item(call: _Call, x: Any, run: _Run) -> Any:
+    """An item whose body is plain async node ``call``, awaited as ``_branch`` awaits one."""
+    node = call.node
+    running = run.running
+    running[node] = running.get(node, 0) + 1
+    try:
+        if call.takes_ctx:
+            out = await call.obj.forward(x, _soma.Ctx._for_async(node, call.device))
+        else:
+            out = await call.obj.forward(x)
+    except Exception as failure:
+        failure.add_note(f"raised in soma node `{node}`")
+        raise
+    finally:
+        run.end((node,))
+    if type(out) is _soma.Done or type(out) is _soma.Await:
+        out = _unwrapped(node, out)
+    return out
+
+
+async def _item(step: _Map, x: Any, at: int, run: _Run, stop: _Stop, path: tuple[int, ...]) -> Any:
     """Item ``at`` of ``step``: its body's walk, with values of its own; a span ``node[at]``."""
     body = step.body
     inner = run.inner(x, body)

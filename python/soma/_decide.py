@@ -177,9 +177,8 @@ class Switch(Decision):
 
     def _register(self, graph: _Graph, node_id: str) -> None:
         self._checked(node_id)
-        cases = [
-            (label, self._graph(graph, case, prefix)) for label, prefix, case in self._bodies(node_id)
-        ]
+        bodies = self._bodies(node_id)
+        cases = [(label, self._graph(graph, case, prefix)) for label, prefix, case in bodies]
         graph._core.add_switch(node_id, self, cases)
 
     def _bodies(self, node_id: str) -> list[tuple[str, str, Body | None]]:
