@@ -474,3 +474,20 @@ def test_settings_by_namespaced_id_reach_a_sync_step_beside_async_nodes() -> Non
     g.retry("items/flaky", 1, backoff=0.0)
     assert asyncio.run(g.aforward([5])) == [5]
     assert attempts == [5, 5]
+
+
+def test_a_switch_selector_and_a_loop_predicate_beside_async_nodes_run_on_the_loop() -> None:
+    seen: list[int] = []
+
+    def selector(x: int) -> str:
+        seen.append(threading.get_ident())
+        return "a"
+
+    def until(y: int) -> bool:
+        seen.append(threading.get_ident())
+        return True
+
+    body = soma.switch(selector, {"a": AsyncAdd(1)})
+    g = soma.Graph.somatize(soma.loop(body, until=until, max_iterations=2))
+    assert asyncio.run(g.aforward(1)) == 2
+    assert seen == [threading.get_ident()] * 2  # asyncio.run's loop runs on this thread.
