@@ -11,6 +11,11 @@ A sub-graph is made from its expression when the step is registered in a graph, 
 ``.retry()``, ``.time_limit()`` and ``.on()`` written on the step — or on an expression around
 it — reach the nodes inside that have none of their own, as they reach the nodes of an
 expression. A step runs in this process: ``.at()`` on it, or on a node inside, is refused.
+
+A step with an async node inside — at any depth — notes that node in the graph around it by its
+namespaced id, as if it were the graph's own: the graph then runs on an event loop, and its
+async walk (``soma._aio``) walks the step there, items as tasks, rather than handing it to the
+engine whole.
 """
 
 from __future__ import annotations
@@ -53,11 +58,12 @@ class Decision(Node):
         """Refused: a step that decides runs in this process, with what it runs."""
         raise _host_refused(type(self).__name__.lower(), self._soma_id or "this step")
 
-    def _graph(self, graph: _Graph, body: Body | None, step: str) -> _soma.GraphCore:
-        """The sub-graph of ``body``, made as ``graph`` is, this step's retries, time limit and
-        device given to the nodes inside that have none."""
+    def _sub(self, graph: type[_Graph], body: Body | None, step: str) -> _Graph | None:
+        """The sub-graph of ``body`` (``None`` for a case that passes its input on), made as a
+        graph of type ``graph`` is, this step's retries, time limit and device given to the
+        nodes inside that have none. Its ids are its own, not yet namespaced."""
         if body is None:
-            return _soma.GraphCore()
+            return None
         expr = Expr.of(body, step)
         if self._soma_retry is not None:
             expr.retry(*self._soma_retry)
@@ -65,29 +71,31 @@ class Decision(Node):
             expr.time_limit(self._soma_time_limit)
         if self._soma_device is not None:
             expr.on(self._soma_device)
-        sub = type(graph).somatize(expr)
-        if sub._async:
-            kind = type(self).__name__.lower()
-            raise TypeError(
-                f"{_listed(sub._async)} inside a `{kind}` step: async nodes cannot run inside "
-                f"`each`, `switch` or `loop` yet\nhint: make the node inside sync, or put the "
-                "async work in a node of the graph around the step"
-            )
+        return graph.somatize(expr)
+
+    def _graph(self, graph: _Graph, body: Body | None, prefix: str) -> _soma.GraphCore:
+        """The sub-graph of ``body``, to embed under ``prefix`` in ``graph``: its async nodes
+        are noted in ``graph`` by their namespaced ids, so that ``graph`` runs them on an event
+        loop (``soma._aio`` walks the step there)."""
+        sub = self._sub(type(graph), body, type(self).__name__.lower())
+        if sub is None:
+            return _soma.GraphCore()
         hosts = sub.hosts()
         if hosts:
             inner = next(iter(hosts))
             raise _host_refused(type(self).__name__.lower(), inner)
+        for inner, takes_ctx in sub._async.items():
+            graph._async[f"{prefix}/{inner}"] = takes_ctx
         return sub._core
+
+    def _bodies(self, node_id: str) -> list[tuple[str, str, Body | None]]:
+        """What the step runs, registered as ``node_id``: each sub-graph's key (a switch's
+        case, as the plan names it; empty otherwise), the prefix of its ids, and its body."""
+        raise NotImplementedError
 
     def _checked(self, node_id: str) -> None:
         if self._soma_host is not None:  # Set by an `.at()` around it.
             raise _host_refused(type(self).__name__.lower(), node_id)
-
-
-def _listed(nodes: dict[str, bool]) -> str:
-    """The async nodes named, as messages name nodes."""
-    named = ", ".join(f"`{node}`" for node in nodes)
-    return f"async node {named}" if len(nodes) == 1 else f"async nodes {named}"
 
 
 def _host_refused(kind: str, node_id: str) -> HostError:
@@ -114,8 +122,11 @@ class Each(Decision):
 
     def _register(self, graph: _Graph, node_id: str) -> None:
         self._checked(node_id)
-        body = self._graph(graph, self._body, "each")
+        body = self._graph(graph, self._body, node_id)
         graph._core.add_each(node_id, self, body, self._in_flight)
+
+    def _bodies(self, node_id: str) -> list[tuple[str, str, Body | None]]:
+        return [("", node_id, self._body)]
 
 
 class Switch(Decision):
@@ -166,11 +177,15 @@ class Switch(Decision):
 
     def _register(self, graph: _Graph, node_id: str) -> None:
         self._checked(node_id)
-        cases = [
-            (self._labels[key], self._graph(graph, case, "switch"))
-            for key, case in self._cases.items()
-        ]
+        bodies = self._bodies(node_id)
+        cases = [(label, self._graph(graph, case, prefix)) for label, prefix, case in bodies]
         graph._core.add_switch(node_id, self, cases)
+
+    def _bodies(self, node_id: str) -> list[tuple[str, str, Body | None]]:
+        # A case's ids are namespaced by its key too: two cases may hold a node of one name.
+        return [
+            (label, f"{node_id}/{label}", self._cases[key]) for key, label in self._labels.items()
+        ]
 
 
 class Loop(Decision):
@@ -204,8 +219,11 @@ class Loop(Decision):
 
     def _register(self, graph: _Graph, node_id: str) -> None:
         self._checked(node_id)
-        body = self._graph(graph, self._body, "loop")
+        body = self._graph(graph, self._body, node_id)
         graph._core.add_loop(node_id, self, body, self._max_iterations)
+
+    def _bodies(self, node_id: str) -> list[tuple[str, str, Body | None]]:
+        return [("", node_id, self._body)]
 
 
 def each(body: Body, *, in_flight: int | None = None) -> Each:
