@@ -296,20 +296,23 @@ def reserve_settled() -> None:
         time.sleep(0.005)
 
 
-def run_script(script: str) -> subprocess.CompletedProcess[str]:
+def run_script(
+    script: str, deadline: float = SUBPROCESS_DEADLINE
+) -> subprocess.CompletedProcess[str]:
     """Runs ``script`` in a fresh interpreter, capturing what it prints; a child still running
-    at ``SUBPROCESS_DEADLINE`` fails the test rather than stalling the suite."""
+    at ``deadline`` (``SUBPROCESS_DEADLINE`` unless a child has more to do) fails the test
+    rather than stalling the suite."""
     try:
         return subprocess.run(
             [sys.executable, "-c", script],
             capture_output=True,
             text=True,
-            timeout=SUBPROCESS_DEADLINE,
+            timeout=deadline,
             check=False,
         )
     except subprocess.TimeoutExpired as hung:
         # Shared by the GIL, fork and exit tests: the likeliest hang differs, so name none.
-        pytest.fail(f"the child hung past {SUBPROCESS_DEADLINE}s\n{hung}")
+        pytest.fail(f"the child hung past {deadline}s\n{hung}")
 
 
 def merged(out: dict[str, Any]) -> dict[str, Any]:

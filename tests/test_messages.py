@@ -497,6 +497,44 @@ hint: run the graph with every node in this process, or make those nodes sync\
 """)
 
 
+def test_what_a_step_with_an_async_node_inside_says() -> None:
+    class Fails(soma.Node):
+        async def forward(self, x: Any) -> Any:
+            raise ValueError(f"item {x} failed")
+
+    inside = soma.Graph.somatize(soma.each(AsyncPass()).named("chunks"))
+
+    async def forward_inside() -> None:
+        inside.forward([1])
+
+    assert story(lambda: asyncio.run(forward_inside())) == snapshot("""\
+RuntimeError: forward of a graph with async nodes (`chunks/async_pass`) was called inside a running event loop, which it would block
+hint: `await g.aforward(x)` runs the graph on this loop without blocking it\
+""")
+    assert story(lambda: asyncio.run(inside.aforward("text"))) == snapshot("""\
+RunError: `each` step `chunks` read a `str`, not a list of items
+hint: the step before it returns the items, a list (any sized sequence); wrap a single item in one\
+""")
+    failing = soma.Graph.somatize(soma.each(Fails()).named("chunks"))
+    assert story(lambda: asyncio.run(failing.aforward([1, 2]))) == snapshot("""\
+ValueError: item 1 failed
+note: raised in soma node `chunks/fails`\
+""")
+    route = soma.Graph.somatize(soma.switch(str, {"a": AsyncPass()}).named("route"))
+    assert story(lambda: asyncio.run(route.aforward("b"))) == snapshot("""\
+RunError: `switch` step `route` has no case for key `'b'`; its cases: `'a'`
+hint: make the selector return one of these keys, or add a case for it
+note: raised in soma node `route`\
+""")
+    again = soma.Graph.somatize(
+        soma.loop(AsyncPass(), until=lambda y: False, max_iterations=3).named("again")
+    )
+    assert story(lambda: asyncio.run(again.aforward({}))) == snapshot("""\
+RunError: `loop` step `again` ran its body 3 times and `until` still said not done; the last output was a `dict`
+hint: raise `max_iterations`, or check that `until` can become true\
+""")
+
+
 def test_an_async_node_returns_await() -> None:
     g = soma.Graph.somatize(AsyncAwaits().named("asks"))
     assert story(lambda: asyncio.run(g.aforward(1))) == snapshot("""\

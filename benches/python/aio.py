@@ -6,7 +6,8 @@ Prints a markdown table (and writes it to PATH). Timings only, never assertions:
 is a row that says so. The rows are issue 23's targets:
 
 1. a wave of 10,000 async nodes each awaiting ``asyncio.sleep(0.1)``, against ``asyncio.gather``
-   of the same coroutines (the floor), and the process's threads it added (at most 4);
+   of the same coroutines (the floor), and the process's threads it added (at most 4); and
+   the same 10,000 sleeps as the items of one ``soma.each`` step of an async node (row 1b);
 2. 1,000 ``aforward`` calls in flight on one loop, each of a 3-node graph with one async sleep of
    50 ms (at most 0.25 s in all);
 3. the loop's longest wait between ticks of a 1 ms ticker while ``aforward`` runs sync nodes that
@@ -113,6 +114,43 @@ async def wave_rows(repeat: int) -> list[list[str]]:
     return [
         [
             f"1. wave of {WAVE:,} async sleeps of {SLEEP_S} s",
+            f"{ours:.3f} s",
+            f"gather {floor:.3f} s",
+            f"{ratio:.2f}x, threads +{max(added)}",
+            f"≤ 1.5x, threads ≤ +4: {'met' if ratio <= 1.5 and max(added) <= 4 else 'MISSED'}",
+        ]
+    ]
+
+
+async def each_rows(repeat: int) -> list[list[str]]:
+    """Target 1's shape through one step: ``soma.each`` of an async node over 10,000 items."""
+    g = soma.Graph.somatize(soma.each(Sleep(SLEEP_S)))
+    items = list(range(WAVE))
+    await g.aforward([0])  # Prepared once per version of the graph: not timed.
+    soma_s, gather_s, added = [], [], []
+    for _ in range(repeat):
+        before = threading.active_count()
+        most = before
+
+        async def watch() -> None:
+            nonlocal most
+            while True:
+                most = max(most, threading.active_count())
+                await asyncio.sleep(SLEEP_S / 4)
+
+        watcher = asyncio.create_task(watch())
+        soma_s.append(await elapsed(lambda: g.aforward(items)))
+        watcher.cancel()
+        added.append(most - before)
+        gather_s.append(
+            await elapsed(lambda: asyncio.gather(*(asyncio.sleep(SLEEP_S) for _ in range(WAVE))))
+        )
+    ours, floor = statistics.median(soma_s), statistics.median(gather_s)
+    log(f"each: soma {ours:.3f} s, gather {floor:.3f} s, threads +{max(added)}")
+    ratio = ours / floor
+    return [
+        [
+            f"1b. each over {WAVE:,} items of an async sleep of {SLEEP_S} s",
             f"{ours:.3f} s",
             f"gather {floor:.3f} s",
             f"{ratio:.2f}x, threads +{max(added)}",
@@ -424,6 +462,7 @@ def _chain_expr() -> Any:
 async def rows(repeat: int) -> list[list[str]]:
     return [
         *(await wave_rows(repeat)),
+        *(await each_rows(repeat)),
         *(await calls_rows(repeat)),
         *(await responsive_rows(repeat)),
         *(await overhead_rows(repeat)),

@@ -9,8 +9,10 @@ result is checked once, untimed. The rows, each against its target (issue 24):
   that chain (target: at most 2x), and the threads the graph held after it (target: at most 8);
 - ``each`` over 1,000 items of a node sleeping 10 ms with ``in_flight=100``, beside the bound of
   10 rounds of 10 ms (target: at most 1.2x), ``ThreadPoolExecutor(100).map`` of the same sleep,
-  and LangGraph's ``Send`` to 1,000 sync nodes sleeping 10 ms with ``max_concurrency=100``
-  (installed by ``make bench`` from requirements.txt; its row says "not run" without it);
+  LangGraph's ``Send`` to 1,000 sync nodes sleeping 10 ms with ``max_concurrency=100``, and
+  Hamilton's ``Parallelizable``/``Collect`` over the same sleep with its multithreading executor
+  at 100 tasks (both installed by ``make bench`` from requirements.txt; a row says "not run"
+  without its peer);
 - a ``switch`` step, and one ``loop`` iteration, beside a chain of the same nodes (the selector
   or the predicate as a node of its own): what the step costs beyond them (target: 2 µs).
 """
@@ -21,7 +23,10 @@ import argparse
 import contextlib
 import importlib.metadata
 import operator
+import os
+import sys
 import time
+import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
@@ -89,6 +94,50 @@ def langgraph_fan_out() -> Any:
     return fan_out.compile()
 
 
+def hamilton_fan_out() -> Any:
+    """Hamilton's ``Parallelizable``/``Collect`` of a function sleeping 10 ms, run by its
+    multithreading executor at ``IN_FLIGHT`` tasks: a driver whose ``execute`` gives the count
+    of items done; or why it cannot run."""
+    os.environ.setdefault("HAMILTON_TELEMETRY_ENABLED", "false")  # Nothing leaves the machine.
+    try:
+        from hamilton import driver
+        from hamilton.execution import executors
+        from hamilton.htypes import Collect, Parallelizable
+    except ImportError:
+        return "not run: hamilton is not installed (`make bench` installs it)"
+
+    # Hamilton reads its functions off a module: one made here, holding the three.
+    module = types.ModuleType("soma_bench_hamilton")
+
+    def item(n: int) -> Parallelizable[int]:
+        yield from range(n)
+
+    def slept(item: int) -> int:
+        time.sleep(SLEEP_S)
+        return item
+
+    def total(slept: Collect[int]) -> int:
+        return len(list(slept))
+
+    # Hamilton reads types from annotations, which this file's `from __future__ import
+    # annotations` leaves as text it cannot resolve here: given as the types themselves.
+    item.__annotations__ = {"n": int, "return": Parallelizable[int]}
+    slept.__annotations__ = {"item": int, "return": int}
+    total.__annotations__ = {"slept": Collect[int], "return": int}
+    for function in (item, slept, total):
+        function.__module__ = module.__name__
+        setattr(module, function.__name__, function)
+    sys.modules[module.__name__] = module
+    return (
+        driver.Builder()
+        .with_modules(module)
+        .enable_dynamic_execution(allow_experimental_mode=True)
+        .with_local_executor(executors.SynchronousLocalTaskExecutor())
+        .with_remote_executor(executors.MultiThreadingExecutor(max_tasks=IN_FLIGHT))
+        .build()
+    )
+
+
 def chain() -> soma.Expr:
     return Pass() >> Pass() >> Pass()
 
@@ -136,6 +185,10 @@ def sleepers_rows(repeat: int) -> list[list[str]]:
         limit = {"max_concurrency": IN_FLIGHT}
         assert peer.invoke({"n": 10, "done": 0}, config=limit)["done"] == 10
         contenders["langgraph"] = lambda: peer.invoke({"n": SLEEPERS, "done": 0}, config=limit)
+    hamilton = hamilton_fan_out()
+    if not isinstance(hamilton, str):
+        assert hamilton.execute(["total"], inputs={"n": 10})["total"] == 10
+        contenders["hamilton"] = lambda: hamilton.execute(["total"], inputs={"n": SLEEPERS})
     timings = compare(contenders, repeat=repeat, sample_s=0.05, warmup_s=0.0)
     pool.shutdown()
     bound = SLEEPERS / IN_FLIGHT * SLEEP_S
@@ -155,6 +208,25 @@ def sleepers_rows(repeat: int) -> list[list[str]]:
             f"{pool_s / bound:.2f}x",
         ],
         langgraph_row(peer, timings, bound),
+        hamilton_row(hamilton, timings, bound),
+    ]
+
+
+def hamilton_row(peer: Any, timings: dict[str, Any], bound: float) -> list[str]:
+    """Hamilton's row of the sleepers, or the row that says why it did not run."""
+    label = (
+        f"Hamilton `Parallelizable`/`Collect` over {SLEEPERS:,} sleeping items, "
+        f"multithreading executor at {IN_FLIGHT} tasks"
+    )
+    if isinstance(peer, str):
+        return [label, peer, "", ""]
+    seconds = timings["hamilton"].median_s
+    log(f"sleepers: hamilton {seconds:.3f} s")
+    return [
+        f"{label} ({importlib.metadata.version('sf-hamilton')})",
+        f"{seconds * 1e3:.1f} ms",
+        f"bound {bound * 1e3:.0f} ms",
+        f"{seconds / bound:.2f}x",
     ]
 
 

@@ -13,9 +13,16 @@ added. The walk is prepared once per version of the graph (``Graph._aio``) and r
 process, on a daemon thread of its own started on first use: one loop, so what async clients
 keep between calls (connection pools) survives from one ``forward`` to the next.
 
+A ``Map``, ``Switch`` or ``Loop`` step with an async node inside is walked here too, its
+sub-plans prepared as walks of their own (sub-graphs namespaced as the engine names them): a
+``Map``'s items run as tasks, as a wave's branches do; a ``Switch``'s case and a ``Loop``'s
+iterations run in the task that reached the step, in its context, as the engine runs them in
+the step's. A step with no async node inside stays in a piece, run by the engine whole.
+
 A plan nests as deep as its graph: the walk never recurses on it. A branch is a flat list of
-steps run by one task; a wave starts a task per branch, and a task's stack does not grow with
-the tasks it waits for.
+steps run by one task; a wave or a ``Map`` starts a task per branch or item, a task's stack
+does not grow with the tasks it waits for, and the cases and iterations a task runs are parts
+on a stack of its own (``_inline``). Preparing the walk takes the sub-graphs off a list.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from soma import _soma, devices
 from soma._cache import Cache
 from soma._policy import RetryPolicy
 from soma._slices import INPUT, Settings, SliceRunner, cut
-from soma.errors import TimeLimitError
+from soma.errors import RunError, TimeLimitError
 
 
 class Graph(Protocol):
@@ -48,6 +55,10 @@ class Graph(Protocol):
     _async: dict[str, bool]
     _hosts: dict[str, str]
 
+    def __init__(self) -> None: ...
+    def node(self, id_or_obj: str | object, obj: object = None, /) -> str: ...
+    def edge(self, source: str, target: str) -> None: ...
+    def edges(self) -> list[tuple[str, str]]: ...
     def nodes(self) -> list[str]: ...
     def leaves(self) -> list[str]: ...
     def successors(self, node_id: str) -> list[str]: ...
@@ -108,7 +119,40 @@ class _Wave:
     branches: tuple[list[_Step], ...]
 
 
-_Step = _Call | _Piece | _Wave
+@dataclasses.dataclass(frozen=True, eq=False, slots=True)
+class _Map:
+    """A ``Map`` step with an async node inside: its body, a walk of its own, on every item."""
+
+    node: str
+    inputs: tuple[str, ...]
+    body: Prepared
+    #: The most items in flight at once; ``None``: all of them.
+    bound: int | None
+
+
+@dataclasses.dataclass(frozen=True, eq=False, slots=True)
+class _Switch:
+    """A ``Switch`` step with an async node inside: the step's object names the case to run."""
+
+    node: str
+    inputs: tuple[str, ...]
+    obj: Any
+    cases: dict[str, Prepared]
+
+
+@dataclasses.dataclass(frozen=True, eq=False, slots=True)
+class _Loop:
+    """A ``Loop`` step with an async node inside: its body, until the step's object says done."""
+
+    node: str
+    inputs: tuple[str, ...]
+    obj: Any
+    body: Prepared
+    max_iterations: int
+
+
+_Decided = _Map | _Switch | _Loop
+_Step = _Call | _Piece | _Wave | _Decided
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -117,27 +161,46 @@ class Prepared:
 
     steps: list[_Step]
     leaves: tuple[str, ...]
-    #: The async nodes and the pieces, for ``amap``'s limits.
-    calls: tuple[_Call | _Piece, ...]
+    #: The async nodes, the pieces and the steps that decide, for ``amap``'s limits.
+    calls: list[_Call | _Piece | _Decided]
     #: How many steps read each output: a run drops an output once that many have read it, as
     #: the engine drops a value after its last reader. A leaf is read by none: the run's result.
     readers: dict[str, int]
 
 
 def prepare(graph: Graph) -> Prepared:
-    """The walk of ``graph``'s plan: its pieces cut and made ready to run."""
+    """The walk of ``graph``'s plan: its pieces cut and made ready to run, and the sub-plans of
+    the steps that decide with an async node inside prepared as walks of their own."""
     if graph._hosts:
         raise ValueError(
             f"async nodes ({_listed(graph._async)}) cannot run in a graph with nodes on hosts yet\n"
             "hint: run the graph with every node in this process, or make those nodes sync"
         )
-    synced = [(node, _PIECE) for node in graph.nodes() if node not in graph._async]
-    plan = _soma.distribute(graph.plan(), synced)
+    # The settings of the nodes inside steps are the graph's, by namespaced id: what
+    # `g.retry("chunks/embed", ...)` set after the step was registered holds in the walk too.
     settings = Settings.of(graph)
+    top = Prepared([], tuple(graph.leaves()), [], {})
+    todo: list[tuple[Graph, Prepared]] = [(graph, top)]
+    while todo:  # A sub-graph's walk is prepared once its step's is: no recursion.
+        at, into = todo.pop()
+        _fill(at, into, settings, todo)
+    return top
+
+
+def _fill(
+    graph: Graph, prepared: Prepared, given: Settings, todo: list[tuple[Graph, Prepared]]
+) -> None:
+    """Fills ``prepared`` with the walk of ``graph``'s plan, adding to ``todo`` the sub-graphs
+    of its steps that decide with an async node inside."""
+    holders = _holders(graph._async)
+    synced = [
+        (node, _PIECE) for node in graph.nodes() if node not in graph._async and node not in holders
+    ]
+    plan = _soma.distribute(graph.plan(), synced)
+    settings = Settings(frozenset(prepared.leaves), given.devices, given.retries, given.time_limits)
     devices, retries, limits = settings.devices, settings.retries, settings.time_limits
-    root: list[_Step] = []
-    calls: list[_Call | _Piece] = []
-    stack: list[tuple[_soma.Plan, list[_Step]]] = [(plan, root)]
+    calls = prepared.calls
+    stack: list[tuple[_soma.Plan, list[_Step]]] = [(plan, prepared.steps)]
     while stack:  # Children pushed in reverse: each list fills in plan order.
         at, into = stack.pop()
         kind = at.kind
@@ -178,15 +241,67 @@ def prepare(graph: Graph) -> Prepared:
             wave = _Wave(tuple([] for _ in at.children))
             into.append(wave)
             stack.extend(zip(reversed(at.children), reversed(wave.branches), strict=True))
+        elif kind == "Map" or kind == "Switch" or kind == "Loop":
+            decided = _decided(graph, at, todo)
+            into.append(decided)
+            calls.append(decided)
         elif kind == "Empty":
             pass
         else:  # The plan's kinds are a closed set: a new one must be handled above.
             raise AssertionError(f"a plan step of kind {kind!r} the async walk does not know")
-    readers: dict[str, int] = {}
+    readers = prepared.readers
     for step in calls:
-        for source in step.inputs if isinstance(step, _Call) else step.sources:
+        for source in step.sources if isinstance(step, _Piece) else step.inputs:
             readers[source] = readers.get(source, 0) + 1
-    return Prepared(root, tuple(graph.leaves()), tuple(calls), readers)
+
+
+def _holders(async_nodes: Iterable[str]) -> set[str]:
+    """The steps that hold the async nodes ``async_nodes`` (by namespaced id), at any depth:
+    ``chunks`` and ``chunks/inner`` for ``chunks/inner/embed``."""
+    holders: set[str] = set()
+    for node in async_nodes:
+        at = node.rfind("/")
+        while at > 0:
+            node = node[:at]
+            holders.add(node)
+            at = node.rfind("/")
+    return holders
+
+
+def _decided(graph: Graph, at: _soma.Plan, todo: list[tuple[Graph, Prepared]]) -> _Decided:
+    """Step ``at`` (a ``Map``, ``Switch`` or ``Loop`` holding an async node), its sub-graphs
+    made with the ids the engine gives them and put on ``todo`` to be prepared."""
+    node = at.node
+    assert node is not None
+    obj = graph.implementation(node)
+    walks: dict[str, Prepared] = {}
+    for key, prefix, body in obj._bodies(node):
+        sub = _namespaced(type(graph), prefix, obj._sub(type(graph), body, at.kind.lower()))
+        walk = Prepared([], tuple(sub.leaves()), [], {})
+        todo.append((sub, walk))
+        walks[key] = walk
+    inputs = tuple(at.inputs)
+    kind = at.kind
+    if kind == "Map":
+        return _Map(node, inputs, walks[""], at.bound)
+    if kind == "Loop":
+        assert at.bound is not None
+        return _Loop(node, inputs, obj, walks[""], at.bound)
+    return _Switch(node, inputs, obj, walks)
+
+
+def _namespaced(kind: type[Graph], prefix: str, sub: Graph | None) -> Graph:
+    """``sub`` again, its ids under ``prefix`` as the engine embeds them (``chunks/embed``):
+    what the walk's traces, errors and settings name. A step inside registers itself again, its
+    own sub-graphs namespaced under its new id."""
+    graph = kind()
+    if sub is None:
+        return graph
+    for node in sub.nodes():
+        graph.node(f"{prefix}/{node}", sub.implementation(node))
+    for source, target in sub.edges():
+        graph.edge(f"{prefix}/{source}", f"{prefix}/{target}")
+    return graph
 
 
 def _listed(nodes: Iterable[str]) -> str:
@@ -321,6 +436,20 @@ class _Run:
         self.release(inputs)
         return x
 
+    def inner(self, input: Any, body: Prepared) -> _Run:
+        """A run of ``body`` — an item, a case or an iteration of a step that decides — on
+        ``input``, with values of its own, in this run: its driver, trace and nodes in flight.
+        Not held to ``amap``'s limits, as the engine runs what a step runs: the step itself
+        is. Not looked up in the cache either, for now: the engine keys the nodes inside a step
+        it runs, this walk does not (the guide's limits say so)."""
+        run = _Run.__new__(_Run)
+        run.core, run.keys, run.input = self.core, None, input
+        run.driver, run.turn_limit, run.trace = self.driver, self.turn_limit, self.trace
+        run.limits, run.loop, run.running = None, self.loop, self.running
+        run.values = {}
+        run.left = dict(body.readers)
+        return run
+
     def release(self, sources: tuple[str, ...]) -> None:
         """Notes that a step has read ``sources``: those it was the last to read are dropped."""
         left, values = self.left, self.values
@@ -377,6 +506,8 @@ async def _branch(steps: list[_Step], run: _Run, stop: _Stop, path: tuple[int, .
             run.values.update(await _piece(step, run, stop, path))
         elif isinstance(step, _Wave):
             await _wave(step, run, stop, path)
+        elif isinstance(step, (_Map, _Switch, _Loop)):
+            await _decision(step, run, stop, path)
         else:
             assert_never(step)
 
@@ -418,6 +549,278 @@ async def _wave(wave: _Wave, run: _Run, stop: _Stop, path: tuple[int, ...]) -> N
         error = tasks[failed].exception()
         assert error is not None
         raise error
+
+
+async def _decision(step: _Decided, run: _Run, stop: _Stop, path: tuple[int, ...]) -> None:
+    """Runs step ``step``, in its ``amap`` limit: a ``Map``'s items as tasks, a ``Switch`` or a
+    ``Loop`` in this task."""
+    limits = run.limits
+    if limits is None:
+        await _decide(step, run, stop, path)
+        return
+    async with limits[id(step)]:
+        await _decide(step, run, stop, path)
+
+
+async def _decide(step: _Decided, run: _Run, stop: _Stop, path: tuple[int, ...]) -> None:
+    if isinstance(step, _Map):
+        _settle(step, run, await _map(step, run, stop, path))
+    else:
+        await _inline(step, run, stop, path)
+
+
+def _settle(step: _Decided, run: _Run, out: Any) -> None:
+    """Writes ``out`` as ``step``'s output; with a cache, its digest is what readers key on (a
+    step is never looked up itself: what it runs is not in its key)."""
+    run.values[step.node] = out
+    keys = run.keys
+    if keys is not None:
+        keys.digests[step.node] = keys.asked.digest(out)
+
+
+def _items(step: _Map, x: Any) -> list[Any]:
+    """What ``step`` reads, as its items: any sized sequence but text, bytes and mappings,
+    refused as the engine refuses them."""
+    if isinstance(x, (str, bytes, bytearray)) or hasattr(x, "keys") or not hasattr(x, "__len__"):
+        raise _not_a_list(step.node, x)
+    try:
+        return list(x)
+    except TypeError:
+        raise _not_a_list(step.node, x) from None
+
+
+def _not_a_list(node: str, x: Any) -> RunError:
+    error = RunError(
+        f"`each` step `{node}` read a `{type(x).__qualname__}`, not a list of items\n"
+        "hint: the step before it returns the items, a list (any sized sequence); wrap a single "
+        "item in one"
+    )
+    error.node = node
+    return error
+
+
+def _part_span(
+    run: _Run, name: str, start: float, path: tuple[int, ...], failure: BaseException | None
+) -> None:
+    """Records the span of an item, a case or an iteration, named as the engine names it."""
+    trace = run.trace
+    if trace is None:
+        return
+    error = None
+    if failure is not None and not isinstance(failure, (asyncio.CancelledError, _Stopped)):
+        error = f"{type(failure).__name__}: {failure}"
+    span = (name, start, trace._now(), _soma.Trace._thread(), list(path), 0, error, None, False)
+    trace._record([span], 0.0, [])
+
+
+async def _map(step: _Map, run: _Run, stop: _Stop, path: tuple[int, ...]) -> list[Any]:
+    """Runs ``step``'s body on each item, each a task in a copy of this one's context, at most
+    ``step.bound`` at once; their results in input order, or the error of the first failing
+    item by index: the items after it stop at their next node boundary (those not started never
+    start, their async nodes in flight are cancelled), the items before it run on."""
+    items = _items(step, run.read(step.inputs))
+    count = len(items)
+    if not count:
+        return []
+    bound = count if step.bound is None else min(step.bound, count)
+    create = run.loop.create_task
+    body = step.body
+    # The most common body, one async node with no policy, untraced: each item awaits it
+    # right in its task, as `_branch` would, without a walk of its own. No boundary follows
+    # the node, so the item needs no stop of its own either: cancelling it is what stops it.
+    only = body.steps[0] if len(body.steps) == 1 else None
+    plain = (
+        only
+        if isinstance(only, _Call) and only.plain and run.trace is None and run.keys is None
+        else None
+    )
+    tasks: list[asyncio.Task[Any]] = []
+    stops: list[_Stop] = []
+    index: dict[asyncio.Task[Any], int] = {}
+    pending: set[asyncio.Task[Any]] = set()
+    # All at once, only a failure wakes this; bounded, each item done starts the next.
+    until = asyncio.FIRST_EXCEPTION if bound == count else asyncio.FIRST_COMPLETED
+    failed = count
+    try:
+        while True:
+            while len(tasks) < min(failed, count) and len(pending) < bound and not stop.stopped:
+                at = len(tasks)
+                if plain is not None:
+                    task = create(_plain_item(plain, items[at], run))
+                else:
+                    child = stop.child()
+                    task = create(_item(step, items[at], at, run, child, (*path, at)))
+                    stops.append(child)
+                items[at] = None  # Held by its task from here.
+                tasks.append(task)
+                index[task] = at
+                pending.add(task)
+            if not pending:
+                break
+            done, pending = await asyncio.wait(pending, return_when=until)
+            for task in done:
+                if not task.cancelled() and task.exception() is not None and index[task] < failed:
+                    failed = index[task]
+                    for later in stops[failed + 1 :]:  # Empty for plain items.
+                        later.set()
+                    for later_task in tasks[failed + 1 :]:
+                        later_task.cancel()
+    except BaseException:
+        # Cancelled: as a wave is, the items in flight are cancelled and awaited.
+        for task in tasks:
+            task.cancel()
+        for item in stops:
+            item.set()
+        if tasks:
+            await asyncio.wait(tasks)
+        raise
+    finally:
+        stop.children.difference_update(stops)
+    if failed < count:
+        error = tasks[failed].exception()
+        assert error is not None
+        raise error
+    if len(tasks) < count:  # Stopped at this boundary: the items not started never start.
+        raise _Stopped
+    return [task.result() for task in tasks]
+
+
+async def _plain_item(call: _Call, x: Any, run: _Run) -> Any:
+    """An item whose body is plain async node ``call``, awaited as ``_branch`` awaits one."""
+    node = call.node
+    running = run.running
+    running[node] = running.get(node, 0) + 1
+    try:
+        if call.takes_ctx:
+            out = await call.obj.forward(x, _soma.Ctx._for_async(node, call.device))
+        else:
+            out = await call.obj.forward(x)
+    except Exception as failure:
+        failure.add_note(f"raised in soma node `{node}`")
+        raise
+    finally:
+        run.end((node,))
+    if type(out) is _soma.Done or type(out) is _soma.Await:
+        out = _unwrapped(node, out)
+    return out
+
+
+async def _item(step: _Map, x: Any, at: int, run: _Run, stop: _Stop, path: tuple[int, ...]) -> Any:
+    """Item ``at`` of ``step``: its body's walk, with values of its own; a span ``node[at]``."""
+    body = step.body
+    inner = run.inner(x, body)
+    del x
+    start = 0.0 if run.trace is None else run.trace._now()
+    try:
+        await _branch(body.steps, inner, stop, path)
+    except BaseException as failure:
+        _part_span(run, f"{step.node}[{at}]", start, path, failure)
+        raise
+    _part_span(run, f"{step.node}[{at}]", start, path, None)
+    return _result(body, inner)
+
+
+class _Part:
+    """A case or an iteration in flight in ``_inline``: the steps of its walk left to run."""
+
+    __slots__ = ("iteration", "label", "outer", "run", "start", "step", "steps", "walk")
+
+    def __init__(
+        self, step: _Switch | _Loop, outer: _Run, walk: Prepared, x: Any, label: str, at: int
+    ) -> None:
+        self.step = step
+        self.outer = outer
+        self.walk = walk
+        self.run = outer.inner(x, walk)
+        self.steps = iter(walk.steps)
+        self.label = label
+        self.iteration = at
+        trace = outer.trace
+        self.start = 0.0 if trace is None else trace._now()
+
+
+def _ask(step: _Switch | _Loop, x: Any, run: _Run, path: tuple[int, ...]) -> Any:
+    """The step's own node on ``x`` — a switch's selector, a loop's predicate — called on the
+    loop, as quick as the callable it wraps; a span of the step's id, as the engine's."""
+    node = step.node
+    trace = run.trace
+    start = 0.0 if trace is None else trace._now()
+    error = None
+    try:
+        return step.obj.forward(x, _soma.Ctx._for_async(node, None))
+    except Exception as failure:
+        error = f"{type(failure).__name__}: {failure}"
+        failure.add_note(f"raised in soma node `{node}`")
+        raise
+    finally:
+        if trace is not None:
+            span = (node, start, trace._now(), _soma.Trace._thread(), list(path), 1, error)
+            trace._record([(*span, None, False)], 0.0, [])
+
+
+async def _inline(first: _Switch | _Loop, run: _Run, stop: _Stop, path: tuple[int, ...]) -> None:
+    """Runs ``first`` in this task, in its context, as the engine runs a case or an iteration
+    in the step's: the parts in flight — its case or iteration, and those of the switches and
+    loops inside — are a stack, so a step nested in another adds a part, never a frame."""
+    parts: list[_Part] = []
+
+    def enter(step: _Switch | _Loop, outer: _Run) -> None:
+        x = outer.read(step.inputs)
+        if isinstance(step, _Switch):
+            label = _ask(step, x, outer, path)
+            parts.append(_Part(step, outer, step.cases[label], x, label, 0))
+        else:
+            parts.append(_Part(step, outer, step.body, x, "0", 0))
+
+    try:
+        enter(first, run)
+        while parts:
+            part = parts[-1]
+            inner = part.run
+            step = next(part.steps, None)
+            if step is None:
+                parts.pop()
+                owner = part.step
+                out = _result(part.walk, inner)
+                _part_span(part.outer, f"{owner.node}[{part.label}]", part.start, path, None)
+                if isinstance(owner, _Loop) and not _ask(owner, out, part.outer, path):
+                    at = part.iteration + 1
+                    if at >= owner.max_iterations:
+                        raise _loop_limit(owner, out)
+                    parts.append(_Part(owner, part.outer, owner.body, out, str(at), at))
+                    continue
+                _settle(owner, part.outer, out)
+                continue
+            if stop.stopped:
+                raise _Stopped
+            if isinstance(step, _Call):
+                inner.values[step.node] = await _call(step, inner, path)
+            elif isinstance(step, _Piece):
+                inner.values.update(await _piece(step, inner, stop, path))
+            elif isinstance(step, _Wave):
+                await _wave(step, inner, stop, path)
+            elif isinstance(step, _Map):
+                _settle(step, inner, await _map(step, inner, stop, path))
+            elif isinstance(step, (_Switch, _Loop)):
+                enter(step, inner)
+            else:
+                assert_never(step)
+    except BaseException as failure:
+        while parts:
+            part = parts.pop()
+            name = f"{part.step.node}[{part.label}]"
+            _part_span(part.outer, name, part.start, path, failure)
+        raise
+
+
+def _loop_limit(step: _Loop, last: Any) -> RunError:
+    error = RunError(
+        f"`loop` step `{step.node}` ran its body {step.max_iterations} times and `until` still "
+        f"said not done; the last output was a `{type(last).__qualname__}`\n"
+        "hint: raise `max_iterations`, or check that `until` can become true"
+    )
+    error.node = step.node
+    return error
 
 
 async def _call(step: _Call, run: _Run, path: tuple[int, ...]) -> Any:
@@ -888,8 +1291,9 @@ def checked_timeout(seconds: float | None) -> float | None:
 def limits_for(
     graph: Graph, prepared: Prepared, concurrency: Mapping[str, int] | None
 ) -> dict[int, asyncio.Semaphore]:
-    """A stream's limit on each async node and piece of ``prepared``: a node's concurrency as
-    asked now, by ``concurrency=``, else its own; a piece's, its least concurrent node's."""
+    """A stream's limit on each async node, step that decides and piece of ``prepared``: a
+    node's or step's concurrency as asked now, by ``concurrency=``, else its own; a piece's, its
+    least concurrent node's."""
     wanted = dict(concurrency or {})
     for node, count in wanted.items():
         if node not in graph:
@@ -907,7 +1311,9 @@ def limits_for(
 
     limits: dict[int, asyncio.Semaphore] = {}
     for call in prepared.calls:
-        names = (call.node,) if isinstance(call, _Call) else call.names
+        # A step that decides is limited as a node, as it is a stage of `g.map`: what it
+        # runs is not.
+        names = call.names if isinstance(call, _Piece) else (call.node,)
         limits[id(call)] = asyncio.Semaphore(min(concurrency_of(node) for node in names))
     return limits
 

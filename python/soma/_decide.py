@@ -11,6 +11,11 @@ A sub-graph is made from its expression when the step is registered in a graph, 
 ``.retry()``, ``.time_limit()`` and ``.on()`` written on the step — or on an expression around
 it — reach the nodes inside that have none of their own, as they reach the nodes of an
 expression. A step runs in this process: ``.at()`` on it, or on a node inside, is refused.
+
+A step with an async node inside — at any depth — notes that node in the graph around it by its
+namespaced id, as if it were the graph's own: the graph then runs on an event loop, and its
+async walk (``soma._aio``) walks the step there, items as tasks, rather than handing it to the
+engine whole.
 """
 
 from __future__ import annotations
@@ -42,11 +47,15 @@ class _Graph(Protocol):
 Body = Expr | Node
 
 
+# A sub-graph made for a step: its core, and its async nodes by its own ids.
+_Made = tuple[_soma.GraphCore, dict[str, bool]]
+
+
 class Decision(Node):
     """What ``each``, ``switch`` and ``loop`` share: sub-graphs made at registration."""
 
-    # Its sub-graphs, made before the registration that uses them (see `_cores`).
-    _soma_prebuilt: tuple[type, list[_soma.GraphCore]] | None = None
+    # Its sub-graphs, made before the registration that uses them (see `_graphs`).
+    _soma_prebuilt: tuple[type, list[_Made]] | None = None
 
     # Called by `Graph.node`: a decision registers itself, with its sub-graphs.
     def _register(self, graph: _Graph, node_id: str) -> None:
@@ -56,51 +65,10 @@ class Decision(Node):
         """Refused: a step that decides runs in this process, with what it runs."""
         raise _host_refused(type(self).__name__.lower(), self._soma_id or "this step")
 
-    # What its sub-graphs are written as, in order (a switch's in the order of its cases), and
-    # what kind of step it is, as messages name it.
-    def _bodies(self) -> list[Body | None]:
-        raise NotImplementedError
-
-    _kind = "step"
-
-    def _cores(self, graph: _Graph) -> list[_soma.GraphCore]:
-        """Its sub-graphs, made as ``graph`` is.
-
-        A sub-graph is made by registering its nodes, and a step among them makes its own in
-        turn: made that way, a nesting a thousand steps deep would recurse a thousand times.
-        So the steps nested in this one are found first, with a stack of their own, and their
-        sub-graphs made innermost first, each kept on its step for the registration that
-        follows, which then goes one level down only.
-        """
-        prebuilt = self._soma_prebuilt
-        self.__dict__.pop("_soma_prebuilt", None)
-        if prebuilt is not None and prebuilt[0] is type(graph):
-            return prebuilt[1]
-        # Outermost first, each step's retries, time limit and device given to what it runs
-        # before what that runs is looked into, as registering them would.
-        found: list[Decision] = []
-        stack: list[Decision] = [self]
-        while stack:
-            step = stack.pop()
-            found.append(step)
-            for body in step._bodies():
-                if body is not None:
-                    nodes = step._expr(body)._flattened().nodes
-                    stack.extend(node for node in nodes if isinstance(node, Decision))
-        try:
-            for step in reversed(found[1:]):
-                cores = [step._graph(graph, body) for body in step._bodies()]
-                step._soma_prebuilt = (type(graph), cores)
-            return [self._graph(graph, body) for body in self._bodies()]
-        finally:
-            # What a failure left made is not kept for a later registration.
-            for step in found:
-                step.__dict__.pop("_soma_prebuilt", None)
-
-    def _expr(self, body: Body) -> Expr:
+    def _expr(self, body: Body, step: str) -> Expr:
         """``body`` as an expression, this step's retries, time limit and device given to the
         nodes inside that have none."""
-        expr = Expr.of(body, self._kind)
+        expr = Expr.of(body, step)
         if self._soma_retry is not None:
             expr.retry(*self._soma_retry)
         if self._soma_time_limit is not None:
@@ -109,33 +77,85 @@ class Decision(Node):
             expr.on(self._soma_device)
         return expr
 
-    def _graph(self, graph: _Graph, body: Body | None) -> _soma.GraphCore:
-        """The sub-graph of ``body``, made as ``graph`` is (see ``_expr``)."""
+    def _sub(self, graph: type[_Graph], body: Body | None, step: str) -> _Graph | None:
+        """The sub-graph of ``body`` (``None`` for a case that passes its input on), made as a
+        graph of type ``graph`` is (see ``_expr``). Its ids are its own, not yet namespaced."""
         if body is None:
-            return _soma.GraphCore()
-        sub = type(graph).somatize(self._expr(body))
-        if sub._async:
-            kind = self._kind
-            raise TypeError(
-                f"{_listed(sub._async)} inside a `{kind}` step: async nodes cannot run inside "
-                f"`each`, `switch` or `loop` yet\nhint: make the node inside sync, or put the "
-                "async work in a node of the graph around the step"
-            )
+            return None
+        return graph.somatize(self._expr(body, step))
+
+    def _made(self, graph: type[_Graph], body: Body | None) -> _Made:
+        """The sub-graph of ``body``, made as a graph of type ``graph`` is, and its async nodes
+        by its own ids."""
+        kind = type(self).__name__.lower()
+        sub = self._sub(graph, body, kind)
+        if sub is None:
+            return _soma.GraphCore(), {}
         hosts = sub.hosts()
         if hosts:
             inner = next(iter(hosts))
-            raise _host_refused(self._kind, inner)
-        return sub._core
+            raise _host_refused(kind, inner)
+        return sub._core, sub._async
+
+    def _graphs(self, graph: _Graph, node_id: str) -> list[tuple[str, _soma.GraphCore]]:
+        """Its sub-graphs, to embed in ``graph`` under the prefixes of ``node_id``, each with
+        its key: their async nodes are noted in ``graph`` by their namespaced ids, so that
+        ``graph`` runs them on an event loop (``soma._aio`` walks the step there).
+
+        A sub-graph is made by registering its nodes, and a step among them makes its own in
+        turn: made that way, a nesting a thousand steps deep would recurse a thousand times.
+        So the steps nested in this one are found first, with a stack of their own, and their
+        sub-graphs made innermost first, each kept on its step for the registration that
+        follows, which then goes one level down only.
+        """
+        bodies = self._bodies(node_id)
+        prebuilt = self._soma_prebuilt
+        self.__dict__.pop("_soma_prebuilt", None)
+        if prebuilt is not None and prebuilt[0] is type(graph):
+            made = prebuilt[1]
+        else:
+            made = self._made_innermost_first(type(graph), [body for _, _, body in bodies])
+        graphs = []
+        for (key, prefix, _), (core, async_nodes) in zip(bodies, made, strict=True):
+            for inner, takes_ctx in async_nodes.items():
+                graph._async[f"{prefix}/{inner}"] = takes_ctx
+            graphs.append((key, core))
+        return graphs
+
+    def _made_innermost_first(self, graph: type[_Graph], bodies: list[Body | None]) -> list[_Made]:
+        """What ``_made`` makes of ``bodies``, the steps nested in them made first (see
+        ``_graphs``)."""
+        # Outermost first, each step's retries, time limit and device given to what it runs
+        # before what that runs is looked into, as registering them would.
+        found: list[Decision] = []
+        stack: list[tuple[Decision, list[Body | None]]] = [(self, bodies)]
+        while stack:
+            step, held = stack.pop()
+            found.append(step)
+            kind = type(step).__name__.lower()
+            for body in held:
+                if body is not None:
+                    for node in step._expr(body, kind)._flattened().nodes:
+                        if isinstance(node, Decision):
+                            stack.append((node, [inner for _, _, inner in node._bodies("")]))
+        try:
+            for step in reversed(found[1:]):
+                made = [step._made(graph, inner) for _, _, inner in step._bodies("")]
+                step._soma_prebuilt = (graph, made)
+            return [self._made(graph, body) for body in bodies]
+        finally:
+            # What a failure left made is not kept for a later registration.
+            for step in found:
+                step.__dict__.pop("_soma_prebuilt", None)
+
+    def _bodies(self, node_id: str) -> list[tuple[str, str, Body | None]]:
+        """What the step runs, registered as ``node_id``: each sub-graph's key (a switch's
+        case, as the plan names it; empty otherwise), the prefix of its ids, and its body."""
+        raise NotImplementedError
 
     def _checked(self, node_id: str) -> None:
         if self._soma_host is not None:  # Set by an `.at()` around it.
             raise _host_refused(type(self).__name__.lower(), node_id)
-
-
-def _listed(nodes: dict[str, bool]) -> str:
-    """The async nodes named, as messages name nodes."""
-    named = ", ".join(f"`{node}`" for node in nodes)
-    return f"async node {named}" if len(nodes) == 1 else f"async nodes {named}"
 
 
 def _host_refused(kind: str, node_id: str) -> HostError:
@@ -160,15 +180,13 @@ class Each(Decision):
         """Not called: the plan runs the body on each item itself."""
         raise RuntimeError(f"`each` step `{ctx.node}` is run by its plan, not called")
 
-    _kind = "each"
-
-    def _bodies(self) -> list[Body | None]:
-        return [self._body]
-
     def _register(self, graph: _Graph, node_id: str) -> None:
         self._checked(node_id)
-        [body] = self._cores(graph)
+        [(_, body)] = self._graphs(graph, node_id)
         graph._core.add_each(node_id, self, body, self._in_flight)
+
+    def _bodies(self, node_id: str) -> list[tuple[str, str, Body | None]]:
+        return [("", node_id, self._body)]
 
 
 class Switch(Decision):
@@ -217,16 +235,15 @@ class Switch(Decision):
             error.node = ctx.node
             raise error from None
 
-    _kind = "switch"
-
-    def _bodies(self) -> list[Body | None]:
-        return list(self._cases.values())
-
     def _register(self, graph: _Graph, node_id: str) -> None:
         self._checked(node_id)
-        labels = [self._labels[key] for key in self._cases]
-        cases = list(zip(labels, self._cores(graph), strict=True))
-        graph._core.add_switch(node_id, self, cases)
+        graph._core.add_switch(node_id, self, self._graphs(graph, node_id))
+
+    def _bodies(self, node_id: str) -> list[tuple[str, str, Body | None]]:
+        # A case's ids are namespaced by its key too: two cases may hold a node of one name.
+        return [
+            (label, f"{node_id}/{label}", self._cases[key]) for key, label in self._labels.items()
+        ]
 
 
 class Loop(Decision):
@@ -258,15 +275,13 @@ class Loop(Decision):
         """Whether the body's ``output`` is done."""
         return bool(self._until(output))
 
-    _kind = "loop"
-
-    def _bodies(self) -> list[Body | None]:
-        return [self._body]
-
     def _register(self, graph: _Graph, node_id: str) -> None:
         self._checked(node_id)
-        [body] = self._cores(graph)
+        [(_, body)] = self._graphs(graph, node_id)
         graph._core.add_loop(node_id, self, body, self._max_iterations)
+
+    def _bodies(self, node_id: str) -> list[tuple[str, str, Body | None]]:
+        return [("", node_id, self._body)]
 
 
 def each(body: Body, *, in_flight: int | None = None) -> Each:

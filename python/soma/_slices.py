@@ -177,8 +177,10 @@ class SliceRunner:
         for node, device in piece.devices:
             graph.place(node, device)
         # What the graph held, not what each node said: `retry(id, None)` may have undone it.
-        for node, _ in piece.nodes:
+        # The nodes inside a step that decides included, which it registered again just now.
+        for node in graph.retries():
             graph.retry(node, None)
+        for node in graph.time_limits():
             graph.time_limit(node, None)
         for node, (times, backoff, on) in piece.retries:
             graph.retry(node, times, backoff, on)
@@ -288,6 +290,13 @@ def cut(graph: Any, host: str, index: int, inner: Plan, settings: Settings) -> S
             continue  # What it runs is its own: the step is registered with it.
         stack.extend(reversed(at.children))
     inside = {node for node, _ in steps}
+    # The nodes inside its steps that decide, by namespaced id: the step registers them again
+    # on the host, and what the graph set on them since must go along.
+    prefixes = tuple(f"{node}/" for node, _ in steps)
+
+    def owned(node: str) -> bool:
+        return node in inside or node.startswith(prefixes)
+
     leaves, devices = settings.leaves, settings.devices
     retries, time_limits = settings.retries, settings.time_limits
     reads = list(dict.fromkeys(s for _, inputs in steps for s in inputs or (INPUT,)))
@@ -303,9 +312,9 @@ def cut(graph: Any, host: str, index: int, inner: Plan, settings: Settings) -> S
         steps=tuple(steps),
         reads=tuple(s for s in reads if s not in inside),
         returns=tuple(returns),
-        devices=tuple((n, devices[n]) for n, _ in steps if n in devices),
-        retries=tuple((n, tuple(retries[n])) for n, _ in steps if n in retries),
-        time_limits=tuple((n, time_limits[n]) for n, _ in steps if n in time_limits),
+        devices=tuple((n, d) for n, d in devices.items() if owned(n)),
+        retries=tuple((n, tuple(r)) for n, r in retries.items() if owned(n)),
+        time_limits=tuple((n, t) for n, t in time_limits.items() if owned(n)),
         engine=type(graph),
     )
 

@@ -52,6 +52,7 @@ pub use model::host::{HostError, HostName, HostPlacement, HOST_NAME_LIMIT};
 pub use model::id::NodeId;
 pub use model::key::Key;
 pub use model::node::{Ctx, Node, NodeError, Transition, DEFAULT_TURN_LIMIT};
+pub use model::policy::{AttemptError, RetryFilter, RetryPolicy, WrittenPolicies, WrittenPolicy};
 pub use model::reading::{NativeReading, Reading};
 pub use model::value::Value;
 pub use observe::devices::{Drawing, GraphWithDevices};

@@ -22,15 +22,17 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::ops::{BitOr, Shr};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::model::catalog::Catalog;
 use crate::model::decision::{Decision, Decisions};
 use crate::model::graph::{Graph, GraphError};
 use crate::model::id::NodeId;
 use crate::model::node::{Ctx, Node, NodeError, Transition};
+use crate::model::policy::{RetryPolicy, WrittenPolicies};
 use crate::model::value::Value;
 
 /// A piece of graph under construction: its nodes, its edges, its heads and its terminals.
@@ -42,6 +44,9 @@ use crate::model::value::Value;
 /// Gluing costs the size of the smaller side (and, for `>>`, the edges it adds): the larger
 /// side's lists are kept and the smaller's added at their front or back, so a chain or a wave
 /// written in a loop, growing on either side, is built in time linear in its size.
+///
+/// What [`Expr::retry`] and [`Expr::time_limit`] write travels with it, as plain data, and
+/// comes back from [`Expr::somatize_with_policies`] for the run stage.
 #[derive(Clone)]
 pub struct Expr {
     nodes: VecDeque<(NodeId, Arc<dyn Node>)>,
@@ -53,6 +58,8 @@ pub struct Expr {
     inner: Vec<(NodeId, Arc<dyn Node>)>,
     /// Its decision steps ([`each`], [`switch`], [`repeat`]) and theirs, by namespaced id.
     decisions: Vec<(String, Decision)>,
+    /// What [`Expr::retry`] and [`Expr::time_limit`] wrote, by (namespaced) id.
+    policies: WrittenPolicies,
 }
 
 /// A one-node expression.
@@ -70,6 +77,7 @@ pub fn node_arc(id: impl Into<NodeId>, implementation: Arc<dyn Node>) -> Expr {
         terminals: VecDeque::from([id]),
         inner: Vec::new(),
         decisions: Vec::new(),
+        policies: WrittenPolicies::new(),
     }
 }
 
@@ -190,7 +198,8 @@ impl Expr {
 
     /// Builds the graph and the catalog this expression describes. An expression with
     /// decision steps ([`each`], [`switch`], [`repeat`]) needs [`Expr::somatize_decided`], which
-    /// keeps what they run.
+    /// keeps what they run, and one with policies ([`Expr::retry`], [`Expr::time_limit`])
+    /// needs [`Expr::somatize_with_policies`], which keeps them: here they are dropped.
     ///
     /// # Errors
     /// The first [`GraphError`] in declaration order: an invalid id, or an id used twice.
@@ -200,11 +209,25 @@ impl Expr {
     }
 
     /// Builds the graph, the catalog and the decision steps this expression describes, for
-    /// [`crate::compile_decided`].
+    /// [`crate::compile_decided`]. Its policies are dropped: see
+    /// [`Expr::somatize_with_policies`].
     ///
     /// # Errors
     /// As [`Expr::somatize`].
     pub fn somatize_decided(self) -> Result<(Graph, Catalog, Decisions), GraphError> {
+        self.somatize_with_policies()
+            .map(|(graph, catalog, decisions, _)| (graph, catalog, decisions))
+    }
+
+    /// Builds the graph, the catalog, the decision steps and the policies this expression
+    /// describes: the policies by node id, the nodes inside decision steps by their namespaced
+    /// ids, for the run stage's `Policies::from(&written)` and [`crate::Program::resolved`].
+    ///
+    /// # Errors
+    /// As [`Expr::somatize`].
+    pub fn somatize_with_policies(
+        self,
+    ) -> Result<(Graph, Catalog, Decisions, WrittenPolicies), GraphError> {
         let mut graph = Graph::new();
         let mut catalog = Catalog::new();
         for (id, implementation) in self.inner {
@@ -221,14 +244,139 @@ impl Expr {
         for (id, decision) in self.decisions {
             decisions.insert(id, decision);
         }
-        Ok((graph, catalog, decisions))
+        Ok((graph, catalog, decisions, self.policies))
+    }
+
+    /// Retries a failing call of every node of the expression that has no retries yet — the
+    /// nodes inside its decision steps too — up to `times` more times, the first pause
+    /// `backoff`, each next twice the last (at most [`crate::MAX_BACKOFF`]) and up to
+    /// [`crate::JITTER`] longer at random; every node error and time limit is retried (see
+    /// [`Expr::retry_with`] to choose which). Each node is retried on its own: the expression
+    /// is not run again as a whole. Retries written first — on a node, or on an inner
+    /// expression — win, as Python's `.retry()` on an expression; a decision step's own node
+    /// (a [`switch`]'s selector, a [`repeat`]'s predicate) is given none, as in Python.
+    ///
+    /// The run's error after every attempt failed is `RunError::Retried`, with the count and
+    /// the last attempt's error; each attempt is a span of the trace.
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicU32, Ordering};
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    ///
+    /// use soma_core::{compile_decided, node, Executor, NodeError, Placement, Policies, Program, Value};
+    ///
+    /// let calls = Arc::new(AtomicU32::new(0));
+    /// let counted = Arc::clone(&calls);
+    /// let flaky = move |x: &Value| -> Result<Value, NodeError> {
+    ///     match counted.fetch_add(1, Ordering::SeqCst) {
+    ///         0 | 1 => Err(NodeError::new("connection refused")),
+    ///         _ => Ok(x.clone()),
+    ///     }
+    /// };
+    /// let expr = node("fetch", flaky).retry(3, Duration::from_millis(1));
+    /// let (graph, catalog, decisions, written) = expr.somatize_with_policies()?;
+    /// let plan = compile_decided(&graph, &catalog, &decisions)?;
+    /// let policies = Policies::from(&written);
+    /// let program = Program::resolved(&plan, &catalog, &Placement::new(), &policies)?;
+    /// assert_eq!(Executor::new().run_program(&program, Value::Int(7))?, Value::Int(7));
+    /// assert_eq!(calls.load(Ordering::SeqCst), 3);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn retry(self, times: u32, backoff: Duration) -> Expr {
+        self.retry_with(&RetryPolicy::new(times, backoff))
+    }
+
+    /// As [`Expr::retry`], with the retries `policy` says: which failed attempts it retries is
+    /// its [`RetryPolicy::on`] filter.
+    ///
+    /// ```
+    /// use std::io;
+    /// use std::time::Duration;
+    ///
+    /// use soma_core::{node, AttemptError, NodeError, RetryPolicy, Value};
+    ///
+    /// let fetch = |_: &Value| -> Result<Value, NodeError> {
+    ///     Err(NodeError::from_cause(io::Error::from(io::ErrorKind::ConnectionRefused)))
+    /// };
+    /// // Retries what the network said, and a call that overran; not a bug of the node's.
+    /// let passing = RetryPolicy::new(3, Duration::from_millis(500)).on(|failed| match failed {
+    ///     AttemptError::Node(error) => error.cause().is_some_and(|cause| cause.is::<io::Error>()),
+    ///     AttemptError::TimeLimit(_) => true,
+    /// });
+    /// let expr = node("fetch", fetch)
+    ///     .time_limit(Duration::from_secs(2))
+    ///     .retry_with(&passing);
+    /// let (_, _, _, written) = expr.somatize_with_policies()?;
+    /// let policy = written.get("fetch").unwrap();
+    /// assert_eq!(policy.retry.as_ref().map(RetryPolicy::times), Some(3));
+    /// assert_eq!(policy.time_limit, Some(Duration::from_secs(2)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn retry_with(mut self, policy: &RetryPolicy) -> Expr {
+        for id in self.called_ids() {
+            self.policies.retry_unless_set(&id, policy);
+        }
+        self
+    }
+
+    /// Holds every call of every node of the expression that has no time limit yet — the
+    /// nodes inside its decision steps too — to `limit`: a call still running after it fails
+    /// with `RunError::TimeLimit` naming the node, its thread left to finish it in the
+    /// background, its result dropped. The limit is each node's, not the expression's as a
+    /// whole; one written first wins, and a decision step's own node is given none, as for
+    /// [`Expr::retry`]. With [`Expr::retry`], a call that overran is tried again.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// use soma_core::{each, node, NodeError, Value};
+    ///
+    /// let same = |x: &Value| -> Result<Value, NodeError> { Ok(x.clone()) };
+    /// let body = node("clean", same) >> node("embed", same).time_limit(Duration::from_secs(5));
+    /// let expr = (node("split", same) >> each("chunks", body, None)?).time_limit(Duration::from_secs(1));
+    /// let (_, _, _, written) = expr.somatize_with_policies()?;
+    /// let limit = |id: &str| written.get(id).and_then(|policy| policy.time_limit);
+    /// assert_eq!(limit("split"), Some(Duration::from_secs(1)));
+    /// assert_eq!(limit("chunks/clean"), Some(Duration::from_secs(1)));
+    /// assert_eq!(limit("chunks/embed"), Some(Duration::from_secs(5)));
+    /// assert_eq!(limit("chunks"), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Panics
+    /// On a `limit` of zero, which no call could meet.
+    #[must_use]
+    pub fn time_limit(mut self, limit: Duration) -> Expr {
+        assert!(
+            !limit.is_zero(),
+            "a time limit of zero fails every call\nhint: give a limit above zero"
+        );
+        for id in self.called_ids() {
+            self.policies.limit_unless_set(&id, limit);
+        }
+        self
+    }
+
+    /// The ids of the nodes a run calls as they are — every node of the graph and inside its
+    /// decision steps, but the decision steps' own — which a policy reaches.
+    fn called_ids(&self) -> Vec<NodeId> {
+        let steps: HashSet<&str> = self.decisions.iter().map(|(id, _)| id.as_str()).collect();
+        self.ids()
+            .chain(self.inner_ids())
+            .filter(|id| !steps.contains(id.as_str()))
+            .cloned()
+            .collect()
     }
 
     /// Takes `body` in as what a decision step of this expression runs, every id namespaced
     /// under `prefix`: its implementations and decisions are kept here, its graph returned.
     fn embed(&mut self, prefix: &str, body: Expr) -> Result<Graph, GraphError> {
-        let (graph, catalog, decisions) = body.somatize_decided()?;
+        let (graph, catalog, decisions, policies) = body.somatize_with_policies()?;
         let named = |id: &str| format!("{prefix}/{id}");
+        let policies = std::mem::take(&mut self.policies).joined(policies.renamed(named));
         let renamed = |graph: &Graph| -> Result<Graph, GraphError> {
             let mut copy = Graph::new();
             for id in graph.nodes() {
@@ -265,6 +413,7 @@ impl Expr {
             };
             self.decisions.push((named(id), decision));
         }
+        self.policies = policies;
         renamed(&graph)
     }
 }
@@ -288,6 +437,7 @@ impl Shr for Expr {
             terminals: next.terminals,
             inner: longer_first(self.inner, next.inner),
             decisions: longer_first(self.decisions, next.decisions),
+            policies: self.policies.joined(next.policies),
         }
     }
 }
@@ -304,6 +454,7 @@ impl BitOr for Expr {
             terminals: joined(self.terminals, other.terminals),
             inner: longer_first(self.inner, other.inner),
             decisions: longer_first(self.decisions, other.decisions),
+            policies: self.policies.joined(other.policies),
         }
     }
 }

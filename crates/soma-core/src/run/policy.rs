@@ -14,6 +14,10 @@
 //! Ctrl-C or a deadline ends them at once; the pausing goes through a [`Clock`], which a test
 //! replaces to see every pause without sleeping through it. The values live here; the executor
 //! applies them in its `attempt` module.
+//!
+//! What the Rust builder writes on an expression (`expr.retry(..)`, `expr.time_limit(..)`) is
+//! model data, [`WrittenPolicies`]; `Policies::from(&written)` makes the policies of this stage
+//! from it, each [`RetryPolicy`]'s filter asked about the failures a retry may retry.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -23,6 +27,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::error::RunError;
+use crate::model::policy::{AttemptError, RetryPolicy, WrittenPolicies};
 
 /// How often a pause asks whether to stop.
 const PAUSE_SLICE: Duration = Duration::from_millis(5);
@@ -139,6 +144,40 @@ impl Retry {
     }
 }
 
+impl From<&RetryPolicy> for Retry {
+    /// The retries a [`RetryPolicy`] wrote: its filter asked about a node's error and a time
+    /// limit, the failures a retry may retry; any other failure is never retried.
+    fn from(written: &RetryPolicy) -> Retry {
+        let filter = written.clone();
+        Retry::new(written.times(), written.backoff()).only(Arc::new(move |error| {
+            retried_as(error).is_some_and(|failed| filter.retries(failed))
+        }))
+    }
+}
+
+/// A failure as a [`RetryPolicy`]'s filter sees it, if it is one a retry may retry: a node's
+/// own error or its time limit. A driver's failure, a refused thread, a stop are not the
+/// node's passing trouble.
+fn retried_as(error: &RunError) -> Option<AttemptError<'_>> {
+    match error {
+        RunError::NodeFailed { error, .. } => Some(AttemptError::Node(error)),
+        RunError::TimeLimit { limit, .. } => Some(AttemptError::TimeLimit(*limit)),
+        RunError::NoDriver { .. }
+        | RunError::DriverFailed { .. }
+        | RunError::WrongResultCount { .. }
+        | RunError::TurnLimit { .. }
+        | RunError::Invalid(_)
+        | RunError::NoThread { .. }
+        | RunError::Retried { .. }
+        | RunError::NotAList { .. }
+        | RunError::UnknownCase { .. }
+        | RunError::LoopLimit { .. }
+        | RunError::Interrupted
+        | RunError::PastDeadline
+        | RunError::Abandoned { .. } => None,
+    }
+}
+
 impl fmt::Debug for Retry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Retry")
@@ -203,5 +242,36 @@ impl Policies {
     /// Whether no node has a policy.
     pub fn is_empty(&self) -> bool {
         self.by_node.is_empty()
+    }
+
+    /// The same policies, every retry pausing with `clock`: how a test sees the pauses of
+    /// retries written on an expression ([`Retry::with_clock`] for one).
+    #[must_use]
+    pub fn with_clock(self, clock: &Arc<dyn Clock>) -> Policies {
+        let by_node = self
+            .by_node
+            .into_iter()
+            .map(|(node, policy)| {
+                let mut policy = Policy::clone(&policy);
+                policy.retry = policy
+                    .retry
+                    .map(|retry| retry.with_clock(Arc::clone(clock)));
+                (node, Arc::new(policy))
+            })
+            .collect();
+        Policies { by_node }
+    }
+}
+
+impl From<&WrittenPolicies> for Policies {
+    /// The policies written on an expression ([`crate::Expr::somatize_with_policies`]), each
+    /// node's retries and time limit as written.
+    fn from(written: &WrittenPolicies) -> Policies {
+        let mut policies = Policies::default();
+        for (node, policy) in written.iter() {
+            policies.set_retry(node.as_str(), policy.retry.as_ref().map(Retry::from));
+            policies.set_time_limit(node.as_str(), policy.time_limit);
+        }
+        policies
     }
 }

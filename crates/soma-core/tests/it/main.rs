@@ -24,6 +24,7 @@
 //! | `tracing` | spans per node, their thread and branch, the Chrome trace, summary, timeline |
 //! | `streams` | items through a program, stages overlapped, order, bounds, errors, early close |
 //! | `waves` | branches really at once, one thread each, failures and panics |
+//! | `written_policies` | `.retry()` and `.time_limit()` of the Rust builder: counts, filters, pauses, limits, innermost wins, inside decision steps |
 
 // What `random_graphs` builds; it is shared with a unit test, where its crate differs.
 use soma_core::Graph;
@@ -53,3 +54,4 @@ mod support;
 mod tracing;
 mod values;
 mod waves;
+mod written_policies;

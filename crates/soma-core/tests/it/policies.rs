@@ -16,20 +16,20 @@ use soma_core::{
 use crate::support::{after, plain, trace, Gate, DEADLINE};
 
 /// A clock that pauses not at all and records each pause asked of it, with a fixed jitter.
-struct Recorded {
+pub(crate) struct Recorded {
     pauses: Mutex<Vec<Duration>>,
     jitter: f64,
 }
 
 impl Recorded {
-    fn new(jitter: f64) -> Arc<Self> {
+    pub(crate) fn new(jitter: f64) -> Arc<Self> {
         Arc::new(Recorded {
             pauses: Mutex::new(Vec::new()),
             jitter,
         })
     }
 
-    fn pauses(&self) -> Vec<Duration> {
+    pub(crate) fn pauses(&self) -> Vec<Duration> {
         self.pauses.lock().unwrap().clone()
     }
 }
@@ -80,7 +80,7 @@ fn retrying(node: &str, retry: Retry) -> Policies {
 }
 
 /// Runs `work` on a thread of its own and waits for it until [`DEADLINE`]: a hang fails.
-fn within_deadline<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+pub(crate) fn within_deadline<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
     let (sender, receiver) = mpsc::channel();
     thread::spawn(move || {
         let _ = sender.send(work());
