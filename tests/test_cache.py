@@ -1128,3 +1128,106 @@ def test_a_remembered_fingerprint_is_forgotten_with_its_node() -> None:
     del node
     gc.collect()
     assert where not in _fingerprint._REMEMBERED
+
+
+# ---------------------------------------------------------------------------------------------
+# Inside `each`, `switch` and `loop`
+
+# Items a `Flaky` node fails on: outside its state, so that mending it changes no fingerprint.
+FAILING: set[int] = set()
+
+
+class Flaky(soma.Node):
+    def forward(self, x: int) -> int:
+        CALLS.append(f"flaky {x}")
+        if x in FAILING:
+            raise ValueError(f"item {x}")
+        return x + 1
+
+
+def kind(x: int) -> str:
+    """Whether `x` is even, its call recorded."""
+    CALLS.append("kind")
+    return "even" if x % 2 == 0 else "odd"
+
+
+def test_an_each_rerun_with_one_item_changed_calls_its_body_for_that_item_only(
+    cache: soma.Cache,
+) -> None:
+    body = Scale(2).named("a") >> Shift(1).named("b")
+    g = soma.Graph.somatize(soma.each(body, in_flight=1).named("m"))
+    assert calls(g, [1, 2, 3], cache) == ([3, 5, 7], ["a", "b"] * 3)
+    assert calls(g, [1, 20, 3], cache) == ([3, 41, 7], ["a", "b"])
+    assert calls(g, [1, 20, 3], cache) == ([3, 41, 7], [])
+
+
+def test_a_switch_rerun_calls_neither_its_selector_nor_its_case(cache: soma.Cache) -> None:
+    route = soma.switch(
+        lambda x: "even" if x % 2 == 0 else "odd",
+        {"even": Scale(2).named("half"), "odd": Shift(1).named("up")},
+    ).named("route")
+    g = soma.Graph.somatize(Shift(0).named("first") >> route)
+    assert calls(g, 4, cache) == (8, ["first", "half"])
+    assert calls(g, 4, cache) == (8, [])
+    # Another input runs the other case, and only it.
+    assert calls(g, 5, cache) == (6, ["first", "up"])
+
+
+def test_a_loop_rerun_calls_neither_its_body_nor_its_predicate(cache: soma.Cache) -> None:
+    seen: list[int] = []
+
+    def done(x: int) -> bool:
+        seen.append(x)
+        return x >= 8
+
+    g = soma.Graph.somatize(soma.loop(Scale(2).named("twice"), until=done, max_iterations=10))
+    assert calls(g, 1, cache) == (8, ["twice"] * 3)
+    assert seen == [2, 4, 8]
+    assert calls(g, 1, cache) == (8, [])
+    assert seen == [2, 4, 8]
+    # From 2 the loop meets iterations it ran before: found, not computed.
+    assert calls(g, 2, cache) == (8, [])
+
+
+def test_a_selector_is_looked_up_as_any_node_is(cache: soma.Cache) -> None:
+    g = soma.Graph.somatize(
+        soma.switch(kind, {"even": Scale(2).named("half"), "odd": Shift(1).named("up")})
+    )
+    assert calls(g, 4, cache) == (8, ["kind", "half"])
+    assert calls(g, 4, cache) == (8, [])
+
+
+def test_hits_inside_steps_are_counted_in_the_stats(cache: soma.Cache) -> None:
+    g = soma.Graph.somatize(soma.each(Scale(2).named("a") >> Shift(1).named("b")))
+    g.forward([1, 2], cache=cache)
+    assert (cache.stats().hits, cache.stats().misses) == (0, 4)
+    g.forward([1, 2], cache=cache)
+    assert (cache.stats().hits, cache.stats().misses) == (4, 4)
+
+
+def test_a_traced_rerun_marks_the_hits_inside_an_each_cached(cache: soma.Cache) -> None:
+    g = soma.Graph.somatize(soma.each(Scale(2).named("a")).named("m"))
+    g.forward([1], cache=cache)
+    trace = soma.Trace()
+    g.forward([1], cache=cache, trace=trace)
+    spans = {span.node: span for span in trace.spans}
+    assert spans["m/a"].cached
+    assert spans["m/a"].turns == 0
+    assert not spans["m[0]"].cached
+
+
+def test_an_each_that_failed_at_an_item_resumes_from_that_item(cache: soma.Cache) -> None:
+    g = soma.Graph.somatize(soma.each(Flaky(), in_flight=1))
+    FAILING.add(7)
+    try:
+        with pytest.raises(ValueError, match="item 7"):
+            calls(g, list(range(10)), cache)
+        # One item at a time: the items after the failing one never started.
+        called = list(CALLS)
+        assert called == [f"flaky {x}" for x in range(8)]
+    finally:
+        FAILING.clear()
+    assert calls(g, list(range(10)), cache) == (
+        list(range(1, 11)),
+        ["flaky 7", "flaky 8", "flaky 9"],
+    )

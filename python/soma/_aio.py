@@ -439,8 +439,9 @@ class _Run:
     def inner(self, input: Any, body: Prepared) -> _Run:
         """A run of ``body`` — an item, a case or an iteration of a step that decides — on
         ``input``, with values of its own, in this run: its driver, trace and nodes in flight.
-        Neither looked up in the cache nor held to ``amap``'s limits, as the engine runs what a
-        step runs: the step itself is."""
+        Not held to ``amap``'s limits, as the engine runs what a step runs: the step itself
+        is. Not looked up in the cache either, for now: the engine keys the nodes inside a step
+        it runs, this walk does not (the guide's limits say so)."""
         run = _Run.__new__(_Run)
         run.core, run.keys, run.input = self.core, None, input
         run.driver, run.turn_limit, run.trace = self.driver, self.turn_limit, self.trace

@@ -47,8 +47,15 @@ class _Graph(Protocol):
 Body = Expr | Node
 
 
+# A sub-graph made for a step: its core, and its async nodes by its own ids.
+_Made = tuple[_soma.GraphCore, dict[str, bool]]
+
+
 class Decision(Node):
     """What ``each``, ``switch`` and ``loop`` share: sub-graphs made at registration."""
+
+    # Its sub-graphs, made before the registration that uses them (see `_graphs`).
+    _soma_prebuilt: tuple[type, list[_Made]] | None = None
 
     # Called by `Graph.node`: a decision registers itself, with its sub-graphs.
     def _register(self, graph: _Graph, node_id: str) -> None:
@@ -58,12 +65,9 @@ class Decision(Node):
         """Refused: a step that decides runs in this process, with what it runs."""
         raise _host_refused(type(self).__name__.lower(), self._soma_id or "this step")
 
-    def _sub(self, graph: type[_Graph], body: Body | None, step: str) -> _Graph | None:
-        """The sub-graph of ``body`` (``None`` for a case that passes its input on), made as a
-        graph of type ``graph`` is, this step's retries, time limit and device given to the
-        nodes inside that have none. Its ids are its own, not yet namespaced."""
-        if body is None:
-            return None
+    def _expr(self, body: Body, step: str) -> Expr:
+        """``body`` as an expression, this step's retries, time limit and device given to the
+        nodes inside that have none."""
         expr = Expr.of(body, step)
         if self._soma_retry is not None:
             expr.retry(*self._soma_retry)
@@ -71,22 +75,78 @@ class Decision(Node):
             expr.time_limit(self._soma_time_limit)
         if self._soma_device is not None:
             expr.on(self._soma_device)
-        return graph.somatize(expr)
+        return expr
 
-    def _graph(self, graph: _Graph, body: Body | None, prefix: str) -> _soma.GraphCore:
-        """The sub-graph of ``body``, to embed under ``prefix`` in ``graph``: its async nodes
-        are noted in ``graph`` by their namespaced ids, so that ``graph`` runs them on an event
-        loop (``soma._aio`` walks the step there)."""
-        sub = self._sub(type(graph), body, type(self).__name__.lower())
+    def _sub(self, graph: type[_Graph], body: Body | None, step: str) -> _Graph | None:
+        """The sub-graph of ``body`` (``None`` for a case that passes its input on), made as a
+        graph of type ``graph`` is (see ``_expr``). Its ids are its own, not yet namespaced."""
+        if body is None:
+            return None
+        return graph.somatize(self._expr(body, step))
+
+    def _made(self, graph: type[_Graph], body: Body | None) -> _Made:
+        """The sub-graph of ``body``, made as a graph of type ``graph`` is, and its async nodes
+        by its own ids."""
+        kind = type(self).__name__.lower()
+        sub = self._sub(graph, body, kind)
         if sub is None:
-            return _soma.GraphCore()
+            return _soma.GraphCore(), {}
         hosts = sub.hosts()
         if hosts:
             inner = next(iter(hosts))
-            raise _host_refused(type(self).__name__.lower(), inner)
-        for inner, takes_ctx in sub._async.items():
-            graph._async[f"{prefix}/{inner}"] = takes_ctx
-        return sub._core
+            raise _host_refused(kind, inner)
+        return sub._core, sub._async
+
+    def _graphs(self, graph: _Graph, node_id: str) -> list[tuple[str, _soma.GraphCore]]:
+        """Its sub-graphs, to embed in ``graph`` under the prefixes of ``node_id``, each with
+        its key: their async nodes are noted in ``graph`` by their namespaced ids, so that
+        ``graph`` runs them on an event loop (``soma._aio`` walks the step there).
+
+        A sub-graph is made by registering its nodes, and a step among them makes its own in
+        turn: made that way, a nesting a thousand steps deep would recurse a thousand times.
+        So the steps nested in this one are found first, with a stack of their own, and their
+        sub-graphs made innermost first, each kept on its step for the registration that
+        follows, which then goes one level down only.
+        """
+        bodies = self._bodies(node_id)
+        prebuilt = self._soma_prebuilt
+        self.__dict__.pop("_soma_prebuilt", None)
+        if prebuilt is not None and prebuilt[0] is type(graph):
+            made = prebuilt[1]
+        else:
+            made = self._made_innermost_first(type(graph), [body for _, _, body in bodies])
+        graphs = []
+        for (key, prefix, _), (core, async_nodes) in zip(bodies, made, strict=True):
+            for inner, takes_ctx in async_nodes.items():
+                graph._async[f"{prefix}/{inner}"] = takes_ctx
+            graphs.append((key, core))
+        return graphs
+
+    def _made_innermost_first(self, graph: type[_Graph], bodies: list[Body | None]) -> list[_Made]:
+        """What ``_made`` makes of ``bodies``, the steps nested in them made first (see
+        ``_graphs``)."""
+        # Outermost first, each step's retries, time limit and device given to what it runs
+        # before what that runs is looked into, as registering them would.
+        found: list[Decision] = []
+        stack: list[tuple[Decision, list[Body | None]]] = [(self, bodies)]
+        while stack:
+            step, held = stack.pop()
+            found.append(step)
+            kind = type(step).__name__.lower()
+            for body in held:
+                if body is not None:
+                    for node in step._expr(body, kind)._flattened().nodes:
+                        if isinstance(node, Decision):
+                            stack.append((node, [inner for _, _, inner in node._bodies("")]))
+        try:
+            for step in reversed(found[1:]):
+                made = [step._made(graph, inner) for _, _, inner in step._bodies("")]
+                step._soma_prebuilt = (graph, made)
+            return [self._made(graph, body) for body in bodies]
+        finally:
+            # What a failure left made is not kept for a later registration.
+            for step in found:
+                step.__dict__.pop("_soma_prebuilt", None)
 
     def _bodies(self, node_id: str) -> list[tuple[str, str, Body | None]]:
         """What the step runs, registered as ``node_id``: each sub-graph's key (a switch's
@@ -122,7 +182,7 @@ class Each(Decision):
 
     def _register(self, graph: _Graph, node_id: str) -> None:
         self._checked(node_id)
-        body = self._graph(graph, self._body, node_id)
+        [(_, body)] = self._graphs(graph, node_id)
         graph._core.add_each(node_id, self, body, self._in_flight)
 
     def _bodies(self, node_id: str) -> list[tuple[str, str, Body | None]]:
@@ -177,9 +237,7 @@ class Switch(Decision):
 
     def _register(self, graph: _Graph, node_id: str) -> None:
         self._checked(node_id)
-        bodies = self._bodies(node_id)
-        cases = [(label, self._graph(graph, case, prefix)) for label, prefix, case in bodies]
-        graph._core.add_switch(node_id, self, cases)
+        graph._core.add_switch(node_id, self, self._graphs(graph, node_id))
 
     def _bodies(self, node_id: str) -> list[tuple[str, str, Body | None]]:
         # A case's ids are namespaced by its key too: two cases may hold a node of one name.
@@ -219,7 +277,7 @@ class Loop(Decision):
 
     def _register(self, graph: _Graph, node_id: str) -> None:
         self._checked(node_id)
-        body = self._graph(graph, self._body, node_id)
+        [(_, body)] = self._graphs(graph, node_id)
         graph._core.add_loop(node_id, self, body, self._max_iterations)
 
     def _bodies(self, node_id: str) -> list[tuple[str, str, Body | None]]:

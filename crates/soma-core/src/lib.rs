@@ -36,13 +36,14 @@
 
 mod compile;
 mod model;
+mod nesting;
 mod observe;
 mod plan;
 mod run;
 
 pub use compile::{compile, compile_decided, decompose, distribute, CompileError};
 pub use model::catalog::Catalog;
-pub use model::decision::{Decision, Decisions, MAX_DECISION_DEPTH};
+pub use model::decision::{Decision, Decisions};
 pub use model::device::{Device, DeviceError, DeviceKind, Placement};
 pub use model::driver::{Driver, DriverError};
 pub use model::expr::{each, node, node_arc, repeat, switch, Expr};

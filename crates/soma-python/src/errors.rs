@@ -122,14 +122,12 @@ pub fn host_error(py: Python<'_>, error: &HostError) -> PyErr {
 
 pub fn compile_error(py: Python<'_>, error: &CompileError) -> PyErr {
     match error {
-        CompileError::MissingImplementation { node } | CompileError::TooDeep { node } => {
-            soma_error(
-                py,
-                "CompileError",
-                error.to_string(),
-                &[("node", text(py, node))],
-            )
-        }
+        CompileError::MissingImplementation { node } => soma_error(
+            py,
+            "CompileError",
+            error.to_string(),
+            &[("node", text(py, node))],
+        ),
     }
 }
 

@@ -67,8 +67,10 @@ struct State {
     /// The `each`, `switch` and `loop` steps and the sub-graphs they run, whose nodes are in
     /// the catalog under ids namespaced by the step's (`chunks/clean`).
     decisions: Decisions,
-    /// The graphs those sub-graphs were copied from, kept for the Python objects they hold.
-    bodies: Vec<Py<GraphCore>>,
+    /// The graphs those sub-graphs were copied from, each with the prefix its ids were
+    /// namespaced under: kept for the Python objects they hold, which a node inside is found
+    /// by ([`GraphCore::implementation`]).
+    bodies: Vec<(String, Py<GraphCore>)>,
 }
 
 impl Default for State {
@@ -214,7 +216,7 @@ impl GraphCore {
             .python_nodes
             .extend(inner.python_nodes.iter().cloned());
         drop(inner);
-        state.bodies.push(body.clone().unbind());
+        state.bodies.push((step.to_owned(), body.clone().unbind()));
         state.compiled = None;
         Ok(graph)
     }
@@ -473,11 +475,35 @@ impl GraphCore {
             .collect()
     }
 
+    /// The Python object of node `id`: of this graph, or inside one of its decision steps
+    /// (`chunks/clean`), found in the graph the step's sub-graph was copied from, level by
+    /// level without recursion however deep steps nest.
     fn implementation(&self, py: Python<'_>, id: &str) -> PyResult<Py<PyAny>> {
-        let state = self.state();
-        match state.graph.position(id) {
-            Some(at) => Ok(state.objects[at].clone_ref(py)),
-            None => Err(unknown_node_error(py, id, &state.graph)),
+        let mut within: Option<Py<GraphCore>> = None;
+        let mut rest = id;
+        loop {
+            let core = within.as_ref().map_or(self, |body| body.get());
+            let state = core.state();
+            if let Some(at) = state.graph.position(rest) {
+                return Ok(state.objects[at].clone_ref(py));
+            }
+            // The longest prefix: a step `a` and a node `a/b` of the same graph both prefix
+            // `a/b/c`.
+            let inside = state
+                .bodies
+                .iter()
+                .filter_map(|(prefix, body)| {
+                    let inner = rest.strip_prefix(prefix.as_str())?.strip_prefix('/')?;
+                    Some((inner.len(), body))
+                })
+                .min_by_key(|&(len, _)| len)
+                .map(|(len, body)| (len, body.clone_ref(py)));
+            drop(state);
+            let Some((len, body)) = inside else {
+                return Err(unknown_node_error(py, id, &self.state().graph));
+            };
+            rest = &rest[rest.len() - len..];
+            within = Some(body);
         }
     }
 
@@ -506,7 +532,7 @@ impl GraphCore {
         for node in &state.python_nodes {
             node.traverse(&visit)?;
         }
-        for body in &state.bodies {
+        for (_, body) in &state.bodies {
             visit.call(body)?;
         }
         Ok(())

@@ -5,13 +5,14 @@
 //! before. What it runs are graphs of their own ([`Decision`]), kept beside the graph as a
 //! placement is, whose node ids are namespaced under the step's (`chunks/clean`) and whose
 //! implementations sit in the same catalog ([`Decisions`]); each is compiled into the sub-plan the step holds.
-//! A decision inside a decision is compiled the same way, down to [`MAX_DECISION_DEPTH`]
-//! levels: the nesting is the user's, so it is bounded rather than recursed into without end.
+//! A decision inside a decision is compiled the same way, at any depth: every few levels the
+//! next is compiled on a fresh stack ([`crate::nesting`]), so no stack grows with the nesting.
 
 use crate::compile::{compile, CompileError};
 use crate::model::catalog::Catalog;
-use crate::model::decision::{Decision, Decisions, MAX_DECISION_DEPTH};
+use crate::model::decision::{Decision, Decisions};
 use crate::model::graph::Graph;
+use crate::nesting::nested;
 use crate::plan::{Plan, Visit};
 
 /// Compiles `graph` as [`compile`] does, each node that `decisions` names becoming the
@@ -19,7 +20,7 @@ use crate::plan::{Plan, Visit};
 ///
 /// # Errors
 /// [`CompileError::MissingImplementation`] for a node of the graph or of a sub-graph without
-/// an implementation; [`CompileError::TooDeep`] past [`MAX_DECISION_DEPTH`] levels.
+/// an implementation.
 ///
 /// # Complexity
 /// That of [`compile`] over the graph and every sub-graph.
@@ -46,6 +47,11 @@ fn compiled_at(
     {
         return Ok(plan);
     }
+    let inner = |sub: &Graph| {
+        nested(depth + 1, || {
+            compiled_at(sub, catalog, decisions, depth + 1)
+        })
+    };
     // Rebuilt bottom up, as `Plan::clone` does, each decision node made its step.
     let mut done: Vec<Plan> = Vec::new();
     for visit in plan.visits() {
@@ -56,11 +62,8 @@ fn compiled_at(
                 let node = node.clone();
                 let step = match decisions.get(node.as_str()) {
                     None => Plan::Execute { node, from },
-                    Some(_) if depth >= MAX_DECISION_DEPTH => {
-                        return Err(CompileError::TooDeep { node });
-                    }
                     Some(Decision::Map { body, in_flight }) => Plan::Map {
-                        body: Box::new(compiled_at(body, catalog, decisions, depth + 1)?),
+                        body: Box::new(inner(body)?),
                         node,
                         from,
                         in_flight: *in_flight,
@@ -69,7 +72,7 @@ fn compiled_at(
                         body,
                         max_iterations,
                     }) => Plan::Loop {
-                        body: Box::new(compiled_at(body, catalog, decisions, depth + 1)?),
+                        body: Box::new(inner(body)?),
                         node,
                         from,
                         max_iterations: *max_iterations,
@@ -79,7 +82,7 @@ fn compiled_at(
                         let mut plans = Vec::with_capacity(cases.len());
                         for (key, case) in cases {
                             keys.push(key.clone());
-                            plans.push(compiled_at(case, catalog, decisions, depth + 1)?);
+                            plans.push(inner(case)?);
                         }
                         Plan::Switch {
                             node,

@@ -53,11 +53,6 @@ pub enum CompileError {
         /// The first such node, in insertion order.
         node: NodeId,
     },
-    /// `Map`, `Switch` and `Loop` steps nest deeper than [`crate::MAX_DECISION_DEPTH`].
-    TooDeep {
-        /// The first step nested too deep.
-        node: NodeId,
-    },
 }
 
 impl fmt::Display for CompileError {
@@ -66,11 +61,6 @@ impl fmt::Display for CompileError {
             CompileError::MissingImplementation { node } => write!(
                 f,
                 "node `{node}` has no implementation\nhint: register one for `{node}` in the catalog before compiling"
-            ),
-            CompileError::TooDeep { node } => write!(
-                f,
-                "step `{node}` is nested more than {} `each`/`switch`/`loop` deep\nhint: each level runs inside the one around it; flatten the inner levels into a node of their own",
-                crate::MAX_DECISION_DEPTH
             ),
         }
     }

@@ -9,10 +9,6 @@ use std::collections::HashMap;
 
 use crate::model::graph::Graph;
 
-/// How many `Map`, `Switch` and `Loop` steps may nest inside one another: the nesting is the
-/// user's, so compiling and resolving it, which go one level into another, are bounded.
-pub const MAX_DECISION_DEPTH: usize = 32;
-
 /// What a decision step runs: its sub-graphs, their node ids namespaced under the step's.
 #[derive(Clone)]
 pub enum Decision {

@@ -14,18 +14,23 @@
 
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use super::cache::Entry;
 
 use super::detach::Kept;
 use super::error::RunError;
 use super::executor::{Executor, Halt};
 use super::hooks::{Captured, Watch};
+use super::keys::RunKeys;
 use super::lane::{Lane, WaveState};
 use super::program::{LoopOp, MapOp, Program, Read, Reads, Step, SwitchOp};
 use super::table::Frame;
 use super::trace::{thread_number, Span};
 use super::wave::refused_or_raised;
 use crate::model::id::NodeId;
+use crate::model::key::Key;
 use crate::model::reading::{NativeReading, Reading};
 use crate::model::value::Value;
 
@@ -85,8 +90,9 @@ impl Executor {
     }
 
     /// Runs `decide` as `step`'s work, marked running meanwhile for a run its caller may leave,
-    /// and writes what it returns as the step's value. A decision is never looked up in a
-    /// cache (what it runs is not in its key); its output's digest is what readers key on.
+    /// and writes what it returns as the step's value. A decision as a whole is never looked
+    /// up in a cache (what it runs is not in its key): the nodes it runs are, each on what it
+    /// reads ([`Executor::run_body`]), and its output's digest is what readers key on.
     fn decided(
         step: &Step,
         frame: &mut Frame<'_>,
@@ -111,29 +117,37 @@ impl Executor {
     /// Runs `body` on `input` with a table of its own, along `lane` (its place in the waves
     /// and items around it), and returns what a run of it returns.
     ///
-    /// The table and the input are kept on the heap: when the run's caller gives up waiting
-    /// for a wave inside (Ctrl-C, on the caller's thread), its branches still running borrow
-    /// them, and they are left to the run's remains with the rest.
+    /// With a cache, its nodes are keyed and looked up as a run's are, with identities of
+    /// their own, its roots keyed on `input`'s digest: an item, a case's input or an
+    /// iteration's seen before finds what its nodes computed then, and a run that failed at
+    /// one item kept what the others' nodes completed.
+    ///
+    /// The table, the input and the identities are kept on the heap: when the run's caller
+    /// gives up waiting for a wave inside (Ctrl-C, on the caller's thread), its branches still
+    /// running borrow them, and they are left to the run's remains with the rest.
     fn run_body(&self, body: &Program, input: &Value, lane: Lane<'_>) -> Result<Value, Halt> {
-        let mut kept = Kept::new((input.clone(), vec![None; body.len()]));
-        let (input, table) = kept.get_mut();
-        let input = &*input;
+        let keys = lane
+            .keys
+            .map(|outer| RunKeys::new(Arc::clone(&outer.cache), body.len()));
+        let mut kept = Kept::new((input.clone(), vec![None; body.len()], keys));
+        let (input, table, keys) = kept.get_mut();
+        let (input, keys) = (&*input, keys.as_ref());
         let mut frame = Frame {
             base: 0,
             own: table,
             shared: None,
         };
         // A sub-program's steps are not marked running (its step is: see
-        // `Detached::set_running`) nor keyed in the cache.
+        // `Detached::set_running`).
         let inner = Lane {
             program: body,
-            keys: None,
+            keys,
             prefetching: false,
             ..lane
         };
         match self.walk(&body.root, input, &mut frame, inner) {
             Ok(()) => {
-                let (input, table) = kept.get_mut();
+                let (input, table, _) = kept.get_mut();
                 Ok(Executor::result(body, table, || input.clone()))
             }
             Err(Halt::Abandoned) => {
@@ -146,6 +160,39 @@ impl Executor {
             }
             Err(halt) => Err(halt),
         }
+    }
+
+    /// Calls `step`'s own node — a switch's selector, a loop's predicate — on `value`; with a
+    /// cache, through it as any node is, under the key `key` makes (from the run's identities,
+    /// the node's id and its fingerprint), its span marked cached when found.
+    fn decision_call(
+        &self,
+        step: &Step,
+        value: &Value,
+        lane: Lane<'_>,
+        key: impl FnOnce(&RunKeys, &NodeId, &Key) -> Option<Key>,
+    ) -> Result<Value, RunError> {
+        let Some(keys) = lane.keys else {
+            return self.call(step, value, lane);
+        };
+        let id = &lane.program.ids[step.slot()];
+        let key = keys
+            .cache
+            .fingerprint(id, &*step.node)
+            .and_then(|fingerprint| key(keys, id, &fingerprint));
+        let Some(key) = key else {
+            return self.call(step, value, lane);
+        };
+        if let Some(entry) = keys.cache.get(id, &key) {
+            self.mark_cached(step, id, lane);
+            return Ok(entry.value);
+        }
+        let started = Instant::now();
+        let value = self.call(step, value, lane)?;
+        let digest = keys.cache.digest(&value);
+        let entry = Entry { value, digest };
+        keys.cache.put(id, &key, &entry, started.elapsed());
+        Ok(entry.value)
     }
 
     /// Runs `part` — an item, a case, an iteration of step `id` — and records its span, named
@@ -185,6 +232,16 @@ impl Executor {
     #[cold]
     #[inline(never)]
     pub(super) fn map(
+        &self,
+        op: &MapOp,
+        input: &Value,
+        frame: &mut Frame<'_>,
+        lane: Lane<'_>,
+    ) -> Result<(), Halt> {
+        self.decision_level(frame, lane, &|frame| self.map_here(op, input, frame, lane))
+    }
+
+    fn map_here(
         &self,
         op: &MapOp,
         input: &Value,
@@ -375,10 +432,24 @@ impl Executor {
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
     ) -> Result<(), Halt> {
+        self.decision_level(frame, lane, &|frame| {
+            self.switch_here(op, input, frame, lane)
+        })
+    }
+
+    fn switch_here(
+        &self,
+        op: &SwitchOp,
+        input: &Value,
+        frame: &mut Frame<'_>,
+        lane: Lane<'_>,
+    ) -> Result<(), Halt> {
         let read = self.decision_input(&op.step, input, frame, lane)?;
         let id = &lane.program.ids[op.step.slot()];
         Self::decided(&op.step, frame, lane, || {
-            let chosen = self.call(&op.step, &read, lane)?;
+            let chosen = self.decision_call(&op.step, &read, lane, |keys, id, fingerprint| {
+                keys.key_of(id, fingerprint, &op.step, input)
+            })?;
             let unknown = |key: String| RunError::UnknownCase {
                 node: id.clone(),
                 key,
@@ -411,6 +482,18 @@ impl Executor {
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
     ) -> Result<(), Halt> {
+        self.decision_level(frame, lane, &|frame| {
+            self.repeat_here(op, input, frame, lane)
+        })
+    }
+
+    fn repeat_here(
+        &self,
+        op: &LoopOp,
+        input: &Value,
+        frame: &mut Frame<'_>,
+        lane: Lane<'_>,
+    ) -> Result<(), Halt> {
         let read = self.decision_input(&op.step, input, frame, lane)?;
         let id = &lane.program.ids[op.step.slot()];
         Self::decided(&op.step, frame, lane, || {
@@ -422,7 +505,10 @@ impl Executor {
                     &lane,
                     || self.run_body(&op.body, &current, lane),
                 )?;
-                let verdict = self.call(&op.step, &output, lane)?;
+                let verdict =
+                    self.decision_call(&op.step, &output, lane, |keys, id, fingerprint| {
+                        keys.key_on(id, fingerprint, &op.step, &output)
+                    })?;
                 if self.reading().done(&verdict) {
                     return Ok(output);
                 }

@@ -269,12 +269,6 @@ pub enum ProgramError {
         /// Where the slice runs.
         host: HostName,
     },
-    /// `Map`, `Switch` and `Loop` steps nest inside one another deeper than
-    /// [`crate::MAX_DECISION_DEPTH`].
-    TooDeep {
-        /// The first step nested too deep.
-        node: NodeId,
-    },
 }
 
 impl ProgramError {
@@ -284,8 +278,7 @@ impl ProgramError {
             ProgramError::NotInCatalog { node }
             | ProgramError::MissingInput { node, .. }
             | ProgramError::StepTwice { node }
-            | ProgramError::RemoteSlice { node, .. }
-            | ProgramError::TooDeep { node } => node,
+            | ProgramError::RemoteSlice { node, .. } => node,
         }
     }
 }
@@ -308,11 +301,6 @@ impl fmt::Display for ProgramError {
             ProgramError::RemoteSlice { node, host } => write!(
                 f,
                 "node `{node}` is in a slice for host `{host}`, and a program runs every step in this process\nhint: resolve the plan `compile` made, before `distribute`; a transport (Soma's Python front runs slices on Ray) runs distributed plans"
-            ),
-            ProgramError::TooDeep { node } => write!(
-                f,
-                "step `{node}` is nested more than {} `each`/`switch`/`loop` deep\nhint: each level runs inside the one around it; flatten the inner levels into a node of their own",
-                crate::MAX_DECISION_DEPTH
             ),
         }
     }

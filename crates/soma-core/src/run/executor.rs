@@ -528,6 +528,12 @@ impl Executor {
             Reads::One(one) => drop_taken(one),
             Reads::Many(many) => many.reads.iter().for_each(|(_, read)| drop_taken(read)),
         }
+        self.mark_cached(step, id, lane);
+    }
+
+    /// Records, when the run is traced, that `step`'s node `id` was found in the cache: a span
+    /// marked cached, of no length.
+    pub(super) fn mark_cached(&self, step: &Step, id: &NodeId, lane: Lane<'_>) {
         if let Some(trace) = self.trace.as_deref() {
             let now = trace.now();
             trace.record(Span {

@@ -85,6 +85,32 @@ impl RunKeys {
         Some(Key::from_bytes(*hasher.finalize().as_bytes()))
     }
 
+    /// The key of `step`'s node `id`, fingerprinted `fingerprint`, called on `value` rather than
+    /// on what the step reads: a loop's predicate on an iteration's output. `None` when
+    /// `value` has no digest.
+    pub(crate) fn key_on(
+        &self,
+        id: &NodeId,
+        fingerprint: &Key,
+        step: &Step,
+        value: &Value,
+    ) -> Option<Key> {
+        let digest = self.cache.digest(value)?;
+        let mut hasher = blake3::Hasher::new_derive_key(NODE_CONTEXT);
+        hasher.update(fingerprint.as_bytes());
+        let name = id.as_str().as_bytes();
+        hasher.update(&(name.len() as u64).to_le_bytes());
+        hasher.update(name);
+        match step.device {
+            None => hasher.update(b"nowhere"),
+            Some(device) => hasher.update(format!("on {device}").as_bytes()),
+        };
+        // Apart from any key `key_of` makes: what it reads is no step's value.
+        hasher.update(b"on a value");
+        hasher.update(digest.as_bytes());
+        Some(Key::from_bytes(*hasher.finalize().as_bytes()))
+    }
+
     /// Records the identity of the value in `slot`, once its step is done.
     pub(crate) fn settle(&self, slot: usize, identity: Option<Key>) {
         // A slot is written only by its own step, once a run.

@@ -26,6 +26,7 @@ use crate::model::catalog::Catalog;
 use crate::model::device::{Device, Placement};
 use crate::model::id::{IdHasher, NodeId};
 use crate::model::node::Node;
+use crate::nesting::nested;
 use crate::plan::{Plan, Visit};
 use crate::run::crew::{Crew, DEFAULT_IDLE_THREADS};
 use crate::run::error::ProgramError;
@@ -236,7 +237,7 @@ impl Program {
     }
 
     /// `depth`: how many `Map`, `Switch` and `Loop` steps hold this plan, each resolved into a
-    /// program of its own here, bounded by [`crate::MAX_DECISION_DEPTH`].
+    /// program of its own here, every few levels on a fresh stack ([`crate::nesting`]).
     fn placed(
         plan: &Plan,
         catalog: &Catalog,
@@ -741,11 +742,11 @@ impl<'p> Numbering<'p> {
             slot: to_u32(slot) | if policy { HAS_POLICY } else { 0 },
             device: placement.and_then(|p| p.device(id.as_str())),
         };
+        let catalog = self.catalog;
         let inner = |plan: &Plan| {
-            if depth >= crate::MAX_DECISION_DEPTH {
-                return Err(ProgramError::TooDeep { node: id.clone() });
-            }
-            Program::placed(plan, self.catalog, placement, policies, depth + 1)
+            nested(depth + 1, || {
+                Program::placed(plan, catalog, placement, policies, depth + 1)
+            })
         };
         Ok(match entered {
             Plan::Map {
@@ -933,8 +934,17 @@ impl Drop for Op {
             } => {
                 stack.extend(Vec::from(std::mem::take(children)));
             }
-            // A sub-program drops its own ops the same way; decisions nest a bounded depth.
-            Op::Empty | Op::Execute(_) | Op::Map(_) | Op::Switch(_) | Op::Loop(_) => {}
+            // A sub-program's ops are taken out too, so that steps nested in steps drop in the
+            // same loop however deep they nest.
+            Op::Map(map) => stack.push(std::mem::replace(&mut map.body.root, Op::Empty)),
+            Op::Loop(repeat) => stack.push(std::mem::replace(&mut repeat.body.root, Op::Empty)),
+            Op::Switch(switch) => stack.extend(
+                switch
+                    .cases
+                    .iter_mut()
+                    .map(|case| std::mem::replace(&mut case.root, Op::Empty)),
+            ),
+            Op::Empty | Op::Execute(_) => {}
         };
         take(self, &mut stack);
         while let Some(mut op) = stack.pop() {

@@ -42,13 +42,31 @@ const FRESH_STACK: usize = 256 << 20;
 /// that a graph nested a hundred thousand levels deep uses a handful of them.
 const WAVES_PER_FRESH_STACK: u32 = 16_384;
 
-/// Counts a wave left, on return or unwind.
-struct Nested;
+/// How many waves a `Map`, `Switch` or `Loop` step counts for, one inside another: an item, a
+/// case or an iteration runs through more frames than a branch does (the step, its item, the
+/// run of its sub-program), about as many as this many waves take in a debug build.
+const WAVES_PER_DECISION: u32 = 16;
+
+/// Counts the levels it stands for left, on return or unwind.
+struct Nested(u32);
+
+impl Nested {
+    /// `levels` more levels entered on this thread.
+    fn enter(levels: u32) -> Nested {
+        NESTED.with(|nested| nested.set(nested.get() + levels));
+        Nested(levels)
+    }
+}
 
 impl Drop for Nested {
     fn drop(&mut self) {
-        NESTED.with(|nested| nested.set(nested.get() - 1));
+        NESTED.with(|nested| nested.set(nested.get() - self.0));
     }
+}
+
+/// Whether `levels` more fit on this thread's stack before the walk moves to a fresh one.
+fn fits(levels: u32) -> bool {
+    NESTED.with(Cell::get) + levels <= ROOM.with(Cell::get)
 }
 
 /// How often a thread waiting on a wave asks the [`crate::Watch`] whether to stop.
@@ -85,11 +103,12 @@ impl Executor {
         if let [only] = branches {
             return self.walk(only, input, frame, lane);
         }
-        if NESTED.with(Cell::get) >= ROOM.with(Cell::get) {
-            return self.wave_on_a_fresh_stack(branches, bounds, input, frame, lane);
+        if !fits(1) {
+            return self.on_a_fresh_stack(frame, lane, &|frame| {
+                self.wave(branches, bounds, input, frame, lane)
+            });
         }
-        NESTED.with(|nested| nested.set(nested.get() + 1));
-        let _out = Nested;
+        let _out = Nested::enter(1);
         // Split the table: everything before the wave becomes read-only for its branches, and
         // the wave's range is cut into one disjoint mutable part per branch.
         let (lo, hi) = (bounds[0], bounds[bounds.len() - 1]);
@@ -153,8 +172,26 @@ impl Executor {
         settle(outcomes)
     }
 
-    /// Runs the wave on a thread of its own, started for it with a stack of its own, while this
-    /// thread waits (polling the watch if it started the run, the host's lock given up).
+    /// Runs a `Map`, `Switch` or `Loop` step — `decide`, on `frame` — here, or on a fresh
+    /// stack when this one holds as many levels as it has room for: an item, a case or an
+    /// iteration runs inline, as a wave's first branch does, so steps nested in steps add
+    /// frames to one stack as waves nested in waves do, and hop the same way.
+    pub(super) fn decision_level(
+        &self,
+        frame: &mut Frame<'_>,
+        lane: Lane<'_>,
+        decide: &(dyn Fn(&mut Frame<'_>) -> Result<(), Halt> + Sync),
+    ) -> Result<(), Halt> {
+        if !fits(WAVES_PER_DECISION) {
+            return self.on_a_fresh_stack(frame, lane, decide);
+        }
+        let _out = Nested::enter(WAVES_PER_DECISION);
+        decide(frame)
+    }
+
+    /// Runs `walk` — a wave, or a step that decides — on a thread of its own, started for it
+    /// with a stack of its own, while this thread waits (polling the watch if it started the
+    /// run, the host's lock given up).
     ///
     /// A wave's first branch runs inline, so every level of waves nested in one another adds
     /// frames to one stack; a graph nested a hundred thousand levels deep would overflow any
@@ -162,13 +199,11 @@ impl Executor {
     /// moves to a fresh stack instead: a deep graph costs one short-lived, waiting thread per
     /// that many levels, and no stack grows with depth. The deeper thread reaches the wave in
     /// the context this thread reached it in, captured here and owned by that thread.
-    fn wave_on_a_fresh_stack(
+    fn on_a_fresh_stack(
         &self,
-        branches: &[Op],
-        bounds: &[usize],
-        input: &Value,
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
+        walk: &(dyn Fn(&mut Frame<'_>) -> Result<(), Halt> + Sync),
     ) -> Result<(), Halt> {
         // The deeper thread borrows the frame itself: kept on the heap, like a wave's locals,
         // in case this thread is the caller and stops waiting.
@@ -198,9 +233,7 @@ impl Executor {
         let deeper = move || {
             ROOM.with(|room| room.set(WAVES_PER_FRESH_STACK));
             let mut wave = || {
-                let outcome = panic::catch_unwind(AssertUnwindSafe(|| {
-                    self.wave(branches, bounds, input, deeper_frame, lane)
-                }));
+                let outcome = panic::catch_unwind(AssertUnwindSafe(|| walk(deeper_frame)));
                 *theirs
                     .outcome
                     .lock()

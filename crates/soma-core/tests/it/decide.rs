@@ -6,11 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use soma_core::{
-    compile_decided, each, node, repeat, switch, CompileError, Executor, Expr, NodeError,
-    Placement, Policies, Program, Retry, RunError, Value, MAX_DECISION_DEPTH,
+    compile_decided, distribute, each, node, repeat, switch, Catalog, Decision, Decisions,
+    Executor, Expr, Graph, HostPlacement, NodeError, Placement, Policies, Program, Retry, RunError,
+    Value,
 };
 
-use crate::support::{meet, plain, Rendezvous};
+use crate::support::{meet, on_a_small_stack, plain, Rendezvous};
 
 fn add(k: i64) -> impl Fn(&str, &Value) -> Result<Value, NodeError> + Send + Sync + 'static {
     move |_, x| {
@@ -173,15 +174,117 @@ fn a_loop_past_its_bound_names_it_and_the_last_output_type() {
     );
 }
 
-#[test]
-fn decisions_nested_past_the_bound_are_refused_when_compiled() {
-    let mut expr = node("leaf", plain(add(1)));
-    for level in 0..=MAX_DECISION_DEPTH {
-        expr = each(format!("m{level}"), expr, None).unwrap();
+/// How deep the deep nestings below go: far past what one stack would take of them.
+const DEEP: usize = 1_000;
+
+/// `depth` steps nested one inside another around a node adding 1: `each` inside `each` when
+/// `mixed` is false; else `each`, `switch` and `loop` in turn (a switch whose other case adds
+/// nothing, a loop done after one iteration). Returns its graph, catalog and decisions, an
+/// input, and what it computes from it.
+///
+/// Made as `each`, `switch` and `repeat` would make it, outermost first: gluing expressions
+/// renames every id inside once per level around it, which a thousand levels make slow.
+fn nested_steps(depth: usize, mixed: bool) -> (Graph, Catalog, Decisions, Value, Value) {
+    let one = |id: &str| {
+        let mut graph = Graph::new();
+        graph.add_node(id.to_owned()).unwrap();
+        graph
+    };
+    let (mut catalog, mut decisions) = (Catalog::new(), Decisions::new());
+    let (mut input, mut output) = (Value::Int(1), Value::Int(2));
+    let mut step = String::from(if mixed {
+        ["m", "s", "l"][(depth - 1) % 3]
+    } else {
+        "m"
+    });
+    let graph = one(&step);
+    for level in (0..depth).rev() {
+        let kind = if mixed { level % 3 } else { 0 };
+        let inner = match kind {
+            1 => format!("{step}/on/"),
+            _ => format!("{step}/"),
+        };
+        let inner = if level == 0 {
+            format!("{inner}leaf")
+        } else {
+            let next = if mixed { (level - 1) % 3 } else { 0 };
+            format!("{inner}{}", ["m", "s", "l"][next])
+        };
+        match kind {
+            1 => {
+                let selector = plain(|_: &str, _: &Value| Ok(Value::text("on")));
+                catalog.insert(step.clone(), Arc::new(selector));
+                let same = format!("{step}/off/same");
+                catalog.insert(same.clone(), Arc::new(plain(add(0))));
+                let cases = vec![
+                    ("on".to_owned(), one(&inner)),
+                    ("off".to_owned(), one(&same)),
+                ];
+                decisions.insert(step.clone(), Decision::Switch { cases });
+            }
+            2 => {
+                let done = plain(|_: &str, _: &Value| Ok(Value::Bool(true)));
+                catalog.insert(step.clone(), Arc::new(done));
+                let body = one(&inner);
+                let max_iterations = 2;
+                decisions.insert(
+                    step.clone(),
+                    Decision::Loop {
+                        body,
+                        max_iterations,
+                    },
+                );
+            }
+            _ => {
+                catalog.insert(step.clone(), Arc::new(plain(add(0))));
+                input = Value::list([input]);
+                output = Value::list([output]);
+                let body = one(&inner);
+                decisions.insert(
+                    step.clone(),
+                    Decision::Map {
+                        body,
+                        in_flight: None,
+                    },
+                );
+            }
+        }
+        step = inner;
     }
-    let (graph, catalog, decisions) = expr.somatize_decided().unwrap();
-    let refused = compile_decided(&graph, &catalog, &decisions).unwrap_err();
-    assert!(matches!(refused, CompileError::TooDeep { .. }), "{refused}");
+    catalog.insert(step, Arc::new(plain(add(1))));
+    (graph, catalog, decisions, input, output)
+}
+
+#[test]
+fn steps_nested_a_thousand_deep_compile_draw_and_run_on_a_small_stack() {
+    for mixed in [false, true] {
+        let (got, expected) = on_a_small_stack(move || {
+            let (graph, catalog, decisions, input, expected) = nested_steps(DEEP, mixed);
+            let plan = compile_decided(&graph, &catalog, &decisions).unwrap();
+            // Every step, the deepest too, in every drawing.
+            assert_eq!(plan.all_steps().len(), catalog.len());
+            let deepest = plan.all_steps().into_iter().map(|(node, _)| node.as_str());
+            let deepest = deepest.max_by_key(|node| node.len()).unwrap();
+            assert!(deepest.ends_with("/leaf"), "{deepest}");
+            for drawing in [
+                plan.to_string(),
+                plan.to_mermaid(),
+                plan.to_dot(),
+                plan.to_svg(),
+            ] {
+                assert!(drawing.contains(deepest));
+            }
+            let copy = plan.clone();
+            assert!(copy == plan);
+            let _ = format!("{copy:?}{copy:#?}");
+            assert!(distribute(&plan, &HostPlacement::new()) == plan);
+            let program = Program::new(&plan, &catalog).unwrap();
+            let got = Executor::new().run_program(&program, input);
+            drop((program, copy, plan, graph, catalog, decisions));
+            (got, expected)
+        });
+        assert_eq!(got.unwrap(), expected, "mixed: {mixed}");
+    }
 }
 
 #[test]
@@ -214,4 +317,34 @@ fn every_drawing_of_a_plan_frames_a_decision_around_what_it_runs() {
             assert!(drawing.contains(label), "{label} not in {drawing}");
         }
     }
+}
+
+#[test]
+fn with_a_cache_a_map_rerun_calls_its_body_only_for_the_items_it_has_not_seen() {
+    use soma_core::{Key, MemoryCache};
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let body = node(
+        "a",
+        plain(move |_: &str, x: &Value| {
+            counted.fetch_add(1, Ordering::Relaxed);
+            add(1)("a", x)
+        }),
+    );
+    let (graph, catalog, decisions) = each("m", body, None).unwrap().somatize_decided().unwrap();
+    let plan = compile_decided(&graph, &catalog, &decisions).unwrap();
+    let program = Program::new(&plan, &catalog).unwrap();
+    let cache = Arc::new(MemoryCache::new(|_| Some(Key::of_bytes(b"unchanged"))));
+    let executor = Executor::new().with_cache(cache.clone());
+    assert_eq!(
+        executor.run_program(&program, ints(&[1, 2, 3])).unwrap(),
+        ints(&[2, 3, 4])
+    );
+    assert_eq!(calls.swap(0, Ordering::Relaxed), 3);
+    assert_eq!(
+        executor.run_program(&program, ints(&[1, 20, 3])).unwrap(),
+        ints(&[2, 21, 4])
+    );
+    assert_eq!(calls.swap(0, Ordering::Relaxed), 1);
+    assert_eq!((cache.hits(), cache.misses()), (2, 4));
 }

@@ -328,17 +328,3 @@ fn loop_limit() {
     hint: raise `max_iterations`, or check that `until` can become true
     ");
 }
-
-#[test]
-fn decisions_too_deep() {
-    let mut expr = n("leaf");
-    for level in 0..=soma_core::MAX_DECISION_DEPTH {
-        expr = soma_core::each(format!("m{level}"), expr, None).unwrap();
-    }
-    let (graph, catalog, decisions) = expr.somatize_decided().unwrap();
-    let refused = soma_core::compile_decided(&graph, &catalog, &decisions).unwrap_err();
-    insta::assert_snapshot!(refused.to_string(), @r"
-    step `m32/m31/m30/m29/m28/m27/m26/m25/m24/m23/m22/m21/m20/m19/m18/m17/m16/m15/m14/m13/m12/m11/m10/m9/m8/m7/m6/m5/m4/m3/m2/m1/m0` is nested more than 32 `each`/`switch`/`loop` deep
-    hint: each level runs inside the one around it; flatten the inner levels into a node of their own
-    ");
-}
