@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import soma
-from deadline import log, table
+from deadline import log, publish, table
 
 SLEEP_S = 0.1
 WAVE = 10_000
@@ -492,11 +492,7 @@ def main() -> None:
         *table(["row", "Soma", peer, "asyncio.gather", f"{peer} / Soma"], peers),
         "",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -178,6 +178,16 @@ def lateness(repeat: int) -> list[list[str]]:
     return rows
 
 
+def publish(lines: list[str], out: Path | None) -> None:
+    """Prints a benchmark's markdown, and writes it to ``out`` when one is given (``--out``):
+    the file ``make bench`` gathers into BENCHMARKS.md."""
+    text = "\n".join(lines)
+    print(text)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+
+
 def table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [
         "| " + " | ".join(header) + " |",
@@ -213,11 +223,7 @@ def main() -> None:
         ),
         "",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":

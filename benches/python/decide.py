@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import soma
-from deadline import Pass, log, table
+from deadline import Pass, log, publish, table
 from timing import compare
 
 ITEMS = 10_000
@@ -308,11 +308,7 @@ def main() -> None:
         *table(["what", "time", "beside", "ratio"], rows),
         "",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":

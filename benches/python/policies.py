@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import soma
-from deadline import Pass, log, pass_through, table
+from deadline import Pass, log, pass_through, publish, table
 from timing import compare
 
 
@@ -72,11 +72,7 @@ def main() -> None:
         *table(["chain of 3", "forward", "per node"], rows(5 if args.quick else 15)),
         "",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":
