@@ -475,6 +475,8 @@ async def _branch(steps: list[_Step], run: _Run, stop: _Stop, path: tuple[int, .
     """Runs ``steps`` one after the other, stopping at a node boundary once ``stop`` is set."""
     # Without a trace, limits or a cache, an async node with no policy is awaited right here:
     # the most common step, for which the layers of `_call` would cost more than the call.
+    # `_plain_item` awaits an item the same way; calling it here would add a coroutine a node,
+    # a tenth more on a chain of trivial async nodes, so the lines are written in both.
     direct = run.trace is None and run.limits is None and run.keys is None
     for step in steps:
         if stop.stopped:
