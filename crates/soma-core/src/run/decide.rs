@@ -25,7 +25,7 @@ use super::executor::{Executor, Halt};
 use super::hooks::{Captured, Watch};
 use super::keys::RunKeys;
 use super::lane::{Lane, WaveState};
-use super::program::{LoopOp, MapOp, Program, Read, Reads, Step, SwitchOp};
+use super::program::{LoopOp, MapOp, Program, Reads, Step, SwitchOp};
 use super::table::Frame;
 use super::trace::{thread_number, Span};
 use super::wave::refused_or_raised;
@@ -68,21 +68,13 @@ impl Executor {
         if self.watch.as_deref().is_some_and(Watch::interrupted) {
             return Err(Halt::Failed(RunError::Interrupted));
         }
-        let mut fetch = |read: &Read| {
-            let value = if read.take {
-                frame.take(read.slot())
-            } else {
-                frame.read(read.slot()).cloned()
-            };
-            value.expect("a resolved program reads only values it can see")
-        };
         Ok(match &step.from {
             Reads::Input => input.clone(),
-            Reads::One(one) => fetch(one),
+            Reads::One(one) => frame.gather(*one),
             Reads::Many(many) => Value::Map(
                 many.reads
                     .iter()
-                    .map(|(source, read)| (source.shared(), fetch(read)))
+                    .map(|(source, read)| (source.shared(), frame.gather(*read)))
                     .collect::<Vec<_>>()
                     .into(),
             ),

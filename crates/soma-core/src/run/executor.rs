@@ -442,28 +442,18 @@ impl Executor {
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
     ) -> Result<Value, Halt> {
-        let fetch = |frame: &mut Frame<'_>, read: &Read| {
-            let value = if read.take {
-                frame.take(read.slot())
-            } else {
-                frame.read(read.slot()).cloned()
-            };
-            // `Program::new` let this read through only if an earlier step it can see writes
-            // the cell, and only its last reader takes it.
-            value.expect("a resolved program reads only values it can see")
-        };
         // Each arm drops what it gathered as soon as the node is done with it.
         let value = match &step.from {
             Reads::Input => self.call(step, input, lane)?,
             Reads::One(one) => {
-                let read = fetch(frame, one);
+                let read = frame.gather(*one);
                 self.call(step, &read, lane)?
             }
             Reads::Many(many) => {
                 let pairs = many
                     .reads
                     .iter()
-                    .map(|(source, read)| (source.shared(), fetch(frame, read)))
+                    .map(|(source, read)| (source.shared(), frame.gather(*read)))
                     .collect::<Vec<_>>();
                 self.call(step, &Value::Map(pairs.into()), lane)?
             }

@@ -2,6 +2,7 @@
 //! ancestors produced before its wave started shared and read-only.
 
 use crate::model::value::Value;
+use crate::run::program::Read;
 
 /// The part of the table a branch may only read: what its ancestors had produced when the
 /// wave started, one segment per enclosing wave.
@@ -55,6 +56,22 @@ impl Frame<'_> {
             Some(cell) => cell.take(),
             None => self.read(slot).cloned(),
         }
+    }
+
+    /// What a step reads through `read`: taken out when the step is its last reader, cloned
+    /// otherwise.
+    ///
+    /// # Panics
+    /// When the cell is empty: `Program::new` lets a read through only if an earlier step it
+    /// can see writes the cell, and only its last reader takes it.
+    #[inline]
+    pub(super) fn gather(&mut self, read: Read) -> Value {
+        let value = if read.take {
+            self.take(read.slot())
+        } else {
+            self.read(read.slot()).cloned()
+        };
+        value.expect("a resolved program reads only values it can see")
     }
 
     pub(super) fn cell(&mut self, slot: usize) -> &mut Option<Value> {
