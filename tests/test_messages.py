@@ -108,6 +108,14 @@ hint: give the new node another id, or let Soma derive one\
 """)
 
 
+def test_a_node_named_as_one_inside_a_step() -> None:
+    g = soma.Graph.somatize(soma.each(Pass().named("x")).named("a"))
+    assert story(lambda: g.node("a/x", Pass())) == snapshot("""\
+DuplicateNodeError: a node `a/x` is already in the graph, or inside one of its steps
+hint: the nodes inside a step are named `step/node`: give the node, or the step, another id\
+""")
+
+
 def test_unknown_node() -> None:
     g = chain("a")
     assert story(lambda: g.edge("a", "ghost")) == snapshot("""\

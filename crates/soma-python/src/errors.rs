@@ -32,6 +32,21 @@ fn soma_error(
     build().unwrap_or_else(|failure| failure)
 }
 
+/// A `DuplicateNodeError` for `id`, the name both of a node inside a step (`each`, `switch`,
+/// `loop`: the step's id and the inner node's, joined by `/`) and of another node. Refused
+/// rather than let the two share one implementation.
+pub fn taken_inside_a_step(py: Python<'_>, id: &str) -> PyErr {
+    soma_error(
+        py,
+        "DuplicateNodeError",
+        format!(
+            "a node `{id}` is already in the graph, or inside one of its steps\nhint: the nodes \
+             inside a step are named `step/node`: give the node, or the step, another id"
+        ),
+        &[("node", pyo3::types::PyString::new(py, id).into_any())],
+    )
+}
+
 fn text<'py>(py: Python<'py>, id: &NodeId) -> Bound<'py, PyAny> {
     pyo3::types::PyString::new(py, id.as_str()).into_any()
 }

@@ -34,7 +34,7 @@ use crate::device_queues::Scope;
 use crate::driver::PythonDriver;
 use crate::errors::{
     cancelled_error, compile_error, device_error, graph_error, panic_error, program_error,
-    run_error, thread_error, unknown_node_error,
+    run_error, taken_inside_a_step, thread_error, unknown_node_error,
 };
 use crate::exit;
 use crate::native::NativeNode;
@@ -117,6 +117,10 @@ impl GraphCore {
         python_node: Option<Arc<PythonNode>>,
     ) -> PyResult<()> {
         let mut state = self.state();
+        // Only a step's nodes are in the catalog and not in the graph.
+        if !state.graph.contains(id) && state.catalog.contains(id) {
+            return Err(taken_inside_a_step(py, id));
+        }
         let id = state
             .graph
             .add_node(id)
@@ -152,6 +156,16 @@ impl GraphCore {
                 .map_err(|e| graph_error(py, &e))?;
         }
         let mut state = self.state();
+        // Refused before anything is copied: a node of this graph, or of a step of it, already
+        // holds one of the names the body's nodes take here.
+        if let Some(taken) = inner
+            .catalog
+            .iter()
+            .map(|(id, _)| named(id.as_str()))
+            .find(|id| state.catalog.contains(id) || state.graph.contains(id))
+        {
+            return Err(taken_inside_a_step(py, &taken));
+        }
         // Its whole catalog: its own nodes' and those of the decisions it holds in turn.
         for (id, implementation) in inner.catalog.iter() {
             state

@@ -230,12 +230,19 @@ impl Expr {
     ) -> Result<(Graph, Catalog, Decisions, WrittenPolicies), GraphError> {
         let mut graph = Graph::new();
         let mut catalog = Catalog::new();
+        // A node inside a step is named `step/node`: one the expression names so too, or
+        // another step's node of that name, would share its implementation.
+        let mut file = |id: NodeId, implementation| match catalog.insert(id.clone(), implementation)
+        {
+            Some(_) => Err(GraphError::DuplicateNode { id }),
+            None => Ok(()),
+        };
         for (id, implementation) in self.inner {
-            catalog.insert(id, implementation);
+            file(id, implementation)?;
         }
         for (id, implementation) in self.nodes {
             graph.add_node(id.clone())?;
-            catalog.insert(id, implementation);
+            file(id, implementation)?;
         }
         for (from, to) in &self.edges {
             graph.add_edge(from.as_str(), to.as_str())?;

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use soma_core::{
     compile_decided, distribute, each, node, repeat, switch, Catalog, Decision, Decisions,
-    Executor, Expr, Graph, HostPlacement, NodeError, Placement, Policies, Program, Retry, RunError,
-    Value,
+    Executor, Expr, Graph, GraphError, HostPlacement, NodeError, Placement, Policies, Program,
+    Retry, RunError, Value,
 };
 
 use crate::support::{meet, on_a_small_stack, plain, Rendezvous};
@@ -50,6 +50,22 @@ fn a_map_is_a_plan_step_holding_its_body_with_namespaced_ids() {
         "Sequence([Execute(split), Map(m, [Sequence([Execute(m/a), Execute(m/b)])])])"
     );
     assert_eq!(plan.children()[1].kind(), "Map");
+}
+
+#[test]
+fn a_node_named_as_a_node_inside_a_step_is_refused_whichever_is_written_first() {
+    let step = || each("m", node("a", plain(add(1))), None).unwrap();
+    let after = step() >> node("m/a", plain(add(100)));
+    let before = node("m/a", plain(add(100))) >> step();
+    for expr in [after, before] {
+        match expr.somatize_decided() {
+            Err(GraphError::DuplicateNode { id }) => assert_eq!(id.as_str(), "m/a"),
+            other => panic!(
+                "expected `m/a` refused as a duplicate, got {:?}",
+                other.map(|_| ())
+            ),
+        }
+    }
 }
 
 #[test]
