@@ -620,9 +620,7 @@ def test_a_node_named_as_a_node_inside_a_step_is_refused_and_the_graph_is_unchan
     assert g.forward([1, 2]) == [2, 3]
 
 
-def test_a_step_whose_inner_node_takes_a_taken_name_is_refused_and_the_graph_is_unchanged() -> (
-    None
-):
+def test_a_step_whose_inner_node_takes_a_taken_name_is_refused_and_nothing_changes() -> None:
     g = soma.Graph()
     g.node("a/x", Add(100))
     with pytest.raises(soma.DuplicateNodeError, match="`a/x` is already in the graph") as raised:
