@@ -117,9 +117,9 @@ impl GraphCore {
         python_node: Option<Arc<PythonNode>>,
     ) -> PyResult<()> {
         let mut state = self.state();
-        // Only a step's nodes are in the catalog and not in the graph (asked in that order: a
-        // new id is in neither, and one lookup tells).
-        if state.catalog.contains(id) && !state.graph.contains(id) {
+        // Only a step's nodes are in the catalog and not in the graph, and their ids hold a `/`:
+        // an id without one is not looked up (a lookup in a large catalog misses the caches).
+        if id.contains('/') && state.catalog.contains(id) && !state.graph.contains(id) {
             return Err(taken_inside_a_step(py, id));
         }
         let id = state
