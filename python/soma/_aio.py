@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from typing import Any, Protocol, assert_never
 
-from soma import _soma, devices
+from soma import _loop, _soma, devices
 from soma._cache import Cache
 from soma._policy import RetryPolicy
 from soma._slices import INPUT, Settings, SliceRunner, cut
@@ -1265,24 +1265,7 @@ def _chain(task: asyncio.Task[Any], done: concurrent.futures.Future[Any]) -> Non
         done.set_result(task.result())
 
 
-_KEPT: tuple[int, asyncio.AbstractEventLoop] | None = None
-_KEPT_LOCK = threading.Lock()
-
-
-def kept_loop() -> asyncio.AbstractEventLoop:
-    """The event loop Soma keeps for ``forward`` of graphs with async nodes: one per process,
-    running on a daemon thread started on first use (again in a child made by ``fork``, which
-    inherits the loop but not its thread)."""
-    global _KEPT
-    kept = _KEPT
-    if kept is not None and kept[0] == os.getpid():
-        return kept[1]
-    with _KEPT_LOCK:
-        if _KEPT is None or _KEPT[0] != os.getpid():
-            loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="soma-event-loop", daemon=True).start()
-            _KEPT = (os.getpid(), loop)
-        return _KEPT[1]
+kept_loop = _loop.kept_loop
 
 
 def checked_timeout(seconds: float | None) -> float | None:

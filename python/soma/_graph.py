@@ -226,7 +226,7 @@ class Graph:
             return node_id
         else:
             takes_ctx, is_async = _forward_shape(obj)
-            self._core.add_python(node_id, obj, takes_ctx)
+            self._core.add_python(node_id, obj, takes_ctx, is_async)
             if is_async:
                 self._async[node_id] = takes_ctx
         self._aio = None
@@ -472,17 +472,6 @@ class Graph:
         """
         if cache is not None:
             self._refuse_cache(cache)
-        if self._async and micro_batches is None:
-            # Only then: a graph without async nodes never reaches an event loop.
-            return _aio.forward(
-                self,
-                input,
-                driver=driver,
-                turn_limit=turn_limit,
-                trace=trace,
-                timeout=timeout,
-                cache=cache,
-            )
         if micro_batches is not None:
             return _stream.forward_in_micro_batches(
                 self,
@@ -535,15 +524,8 @@ class Graph:
         the two do not share entries."""
         if cache is not None:
             self._refuse_cache(cache)
-        return await _aio.start(
-            self,
-            input,
-            driver=driver,
-            turn_limit=turn_limit,
-            trace=trace,
-            timeout=timeout,
-            cache=cache,
-        )
+        run_cache = None if cache is None else cache._run(self._core)
+        return await self._core.aforward(input, driver, turn_limit, trace, timeout, cache=run_cache)
 
     def amap(
         self,

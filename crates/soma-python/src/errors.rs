@@ -250,11 +250,16 @@ pub fn run_error(py: Python<'_>, error: &RunError, interrupt: Option<PyErr>) -> 
             )
         }
         RunError::Invalid(error) => program_error(py, error),
-        RunError::NoThread { .. } => soma_error(py, "ThreadError", message, &[]),
+        RunError::NoThread { .. } | RunError::NoTask { .. } => {
+            soma_error(py, "ThreadError", message, &[])
+        }
+        RunError::NeedsLoop { node } => {
+            soma_error(py, "RunError", message, &[("node", text(py, node))])
+        }
         RunError::Interrupted => interrupt.unwrap_or_else(|| PyKeyboardInterrupt::new_err(message)),
         RunError::PastDeadline => PyTimeoutError::new_err(message),
         // Ctrl-C, with branches left running: the user's interrupt, noting what was left.
-        RunError::Abandoned { .. } => match interrupt {
+        RunError::Abandoned { .. } | RunError::Cancelled { .. } => match interrupt {
             Some(raised) => noted(py, raised, message),
             None => PyKeyboardInterrupt::new_err(message),
         },

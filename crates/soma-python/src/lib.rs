@@ -5,6 +5,7 @@
 //! core. The public Python API (`soma.Graph`, the DSL, the exception hierarchy) is written in
 //! Python on top of this module.
 
+mod aio;
 mod cache;
 mod context;
 mod convert;
@@ -52,6 +53,7 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<stream::StreamCore>()?;
     module.add_class::<trace::PySpan>()?;
     module.add_class::<watch::StopFlag>()?;
+    module.add_class::<aio::Stepper>()?;
     module.add_class::<digest::Hasher>()?;
     module.add_function(wrap_pyfunction!(digest::blake3, module)?)?;
     module.add("DEFAULT_TURN_LIMIT", soma_core::DEFAULT_TURN_LIMIT)?;

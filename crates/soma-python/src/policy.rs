@@ -71,11 +71,14 @@ pub fn retry(py: Python<'_>, times: u32, backoff: f64, on: &Py<PyTuple>) -> PyRe
             | RunError::Retried { .. }
             | RunError::Invalid(_)
             | RunError::NoThread { .. }
+            | RunError::NoTask { .. }
+            | RunError::NeedsLoop { .. }
             | RunError::NotAList { .. }
             | RunError::UnknownCase { .. }
             | RunError::LoopLimit { .. }
             | RunError::Interrupted
             | RunError::PastDeadline
+            | RunError::Cancelled { .. }
             | RunError::Abandoned { .. } => false,
         })),
     )
