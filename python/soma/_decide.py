@@ -13,9 +13,8 @@ it — reach the nodes inside that have none of their own, as they reach the nod
 expression. A step runs in this process: ``.at()`` on it, or on a node inside, is refused.
 
 A step with an async node inside — at any depth — notes that node in the graph around it by its
-namespaced id, as if it were the graph's own: the graph then runs on an event loop, and its
-async walk (``soma._aio``) walks the step there, items as tasks, rather than handing it to the
-engine whole.
+namespaced id, as if it were the graph's own: the graph then runs on an event loop, where the
+engine walks the step, its items as tasks of their own.
 """
 
 from __future__ import annotations
@@ -100,7 +99,7 @@ class Decision(Node):
     def _graphs(self, graph: _Graph, node_id: str) -> list[tuple[str, _soma.GraphCore]]:
         """Its sub-graphs, to embed in ``graph`` under the prefixes of ``node_id``, each with
         its key: their async nodes are noted in ``graph`` by their namespaced ids, so that
-        ``graph`` runs them on an event loop (``soma._aio`` walks the step there).
+        ``graph`` runs on an event loop.
 
         A sub-graph is made by registering its nodes, and a step among them makes its own in
         turn: made that way, a nesting a thousand steps deep would recurse a thousand times.

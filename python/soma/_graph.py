@@ -20,7 +20,7 @@ import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import IO, Any, NamedTuple, SupportsIndex, cast
 
-from soma import _aio, _cache, _soma, _stream
+from soma import _cache, _soma, _stream
 from soma import remote as _remote
 from soma._decide import Decision, Each, Loop, Switch
 from soma._dsl import Expr, refuse_class
@@ -146,15 +146,13 @@ _LOOKUP_HINT = "name the node by the id `node()` returned"
 class Graph:
     """A directed acyclic graph of nodes, compiled once into a plan and run with ``forward``."""
 
-    __slots__ = ("_aio", "_async", "_core", "_hosts", "_remote")
+    __slots__ = ("_async", "_core", "_hosts", "_remote")
 
     def __init__(self) -> None:
         self._core = _soma.GraphCore()
         # The async nodes and whether each takes a `ctx`, in the order they were added: empty
         # in a graph without one, which is all `forward` asks.
         self._async: dict[str, bool] = {}
-        # The walk `aforward` runs (`_aio.prepare`), kept until the graph changes.
-        self._aio: _aio.Prepared | None = None
         # Host placement: beside the core's graph, read only by `_remote` (see `place_at`).
         self._hosts: dict[str, str] = {}
         self._remote: _remote.Distributed | None = None
@@ -222,14 +220,12 @@ class Graph:
         elif type(obj) in _DECISIONS:
             # It registers itself with its sub-graphs, which take its settings.
             cast(Decision, obj)._register(self, node_id)
-            self._aio = None
             return node_id
         else:
             takes_ctx, is_async = _forward_shape(obj)
             self._core.add_python(node_id, obj, takes_ctx, is_async)
             if is_async:
                 self._async[node_id] = takes_ctx
-        self._aio = None
         device = getattr(obj, "_soma_device", None)
         if device is not None:  # Set by `.on()`, which read it already.
             self._core.place(node_id, device)
@@ -259,7 +255,6 @@ class Graph:
         A pause ends at once on Ctrl-C or the run's deadline. What ``node.retry(...)`` sets
         before the node is registered. The plan does not change."""
         node_id = _checked_id(node_id, "node id", _LOOKUP_HINT)
-        self._aio = None
         if times is None:
             self._core.set_retry(node_id, None)
             return
@@ -278,7 +273,6 @@ class Graph:
         its result dropped. What ``node.time_limit(...)`` sets before the node is registered.
         The plan does not change."""
         node_id = _checked_id(node_id, "node id", _LOOKUP_HINT)
-        self._aio = None
         limit = None if seconds is None else checked_time_limit(seconds)
         self._core.set_time_limit(node_id, limit)
 
@@ -295,7 +289,6 @@ class Graph:
         A device that cannot be read is a ``soma.DeviceError``, a bare ``"cuda"`` included (it
         would mean whichever device is current on the thread a branch is lent); an unknown id
         is a ``soma.UnknownNodeError``."""
-        self._aio = None
         self._core.place(_checked_id(node_id, "node id", _LOOKUP_HINT), device)
 
     def devices(self) -> dict[str, str]:
@@ -311,7 +304,6 @@ class Graph:
         node_id = _checked_id(node_id, "node id", _LOOKUP_HINT)
         if node_id not in self:
             self._core.implementation(node_id)  # Raises the error that names it.
-        self._aio = None
         if host is None:
             self._hosts.pop(node_id, None)
         else:
@@ -336,7 +328,6 @@ class Graph:
         if not (type(target) is str and target.isascii()):
             target = _checked_id(target, "edge target", _EDGE_HINT)
         self._core.add_edge(source, target)
-        self._aio = None
 
     def nodes(self) -> list[str]:
         """Node ids, in insertion order."""
@@ -553,19 +544,21 @@ class Graph:
         asked for raises :class:`TimeoutError` naming the nodes that were running. With
         ``cache``, a :class:`soma.Cache`, each item is looked up as ``aforward(item,
         cache=cache)`` would look it up."""
-        timeout = _aio.checked_timeout(timeout)
+        if timeout is not None:
+            _soma.checked_timeout(timeout)
+        if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
+            raise ValueError(f"in_flight takes an int of at least 1, not {in_flight!r}")
         if cache is not None:
             self._refuse_cache(cache)
-        return _aio.amap(
+        return _stream.stream_amap(
             self,
             inputs,
             in_flight=in_flight,
-            concurrency=concurrency,
+            concurrency=_stream.concurrency_of(self, concurrency),
             driver=driver,
             turn_limit=turn_limit,
             trace=trace,
             timeout=timeout,
-            deadline=None if timeout is None else time.monotonic() + timeout,
             cache=cache,
         )
 
@@ -576,13 +569,6 @@ class Graph:
                 f"cache is a soma.Cache, not an object of type `{type(cache).__name__}`\n"
                 "hint: pass `soma.Cache()` (in memory) or `soma.Cache(path)` (a folder)"
             )
-
-    def _prepared(self) -> _aio.Prepared:
-        """The walk ``aforward`` runs, prepared once per version of the graph."""
-        prepared = self._aio
-        if prepared is None:
-            prepared = self._aio = _aio.prepare(self)
-        return prepared
 
     map = _stream.stream_map
 

@@ -102,3 +102,10 @@ def kept_loop() -> asyncio.AbstractEventLoop:
             threading.Thread(target=loop.run_forever, name="soma-event-loop", daemon=True).start()
             _KEPT = (os.getpid(), loop)
         return _KEPT[1]
+
+
+def set_unless_done(future: asyncio.Future[None]) -> None:
+    """Sets ``future``'s result unless it is done: a timer's wake-up of a waiter that may have
+    been woken already."""
+    if not future.done():
+        future.set_result(None)

@@ -20,7 +20,6 @@ __all__ = [
     "Trace",
     "_at_exit",
     "_carry_context",
-    "_check_device",
     "_thread_in_reserve",
     "blake3",
     "distribute",
@@ -57,15 +56,6 @@ def _thread_in_reserve() -> bool:
     """Whether a thread waits in the process's reserve, filled first if it was taken (for
     tests that count the process's threads; not API)."""
 
-def _check_device(node: str, device: str, out: object) -> None:
-    """Raises the ``soma.WrongDeviceError`` a placed sync node's output would, if ``out`` (or an
-    item of it, one level deep) says it lives elsewhere than ``device`` (for ``soma._aio``; not
-    API)."""
-
-def parse_device(text: str) -> str: ...
-def parse_host(text: str) -> str: ...
-def distribute(plan: Plan, hosts: list[tuple[str, str]]) -> Plan: ...
-
 @final
 class Await:
     """Asks the driver; the node is called again with the answers in ``ctx.results``."""
@@ -96,8 +86,6 @@ class Ctx:
     def results(self) -> list[Any]: ...
     @property
     def device(self) -> str | None: ...
-    @staticmethod
-    def _for_async(node: str, device: str | None = None) -> Ctx: ...
 
 @final
 class Plan:
@@ -186,7 +174,6 @@ class GraphCore:
     @idle_threads.setter
     def idle_threads(self, limit: int) -> None: ...
     def _refuse_next_threads(self, count: int) -> None: ...
-    def _lend(self, task: Callable[[], object]) -> None: ...
     def would_hit(self, input: Any, cache: Any) -> list[tuple[str, bool]]: ...
     def forward(
         self,

@@ -57,7 +57,7 @@ pub use model::reading::{NativeReading, Reading};
 pub use model::value::Value;
 pub use observe::devices::{Drawing, GraphWithDevices};
 pub use plan::Plan;
-pub use run::aio::{Settled, Task};
+pub use run::aio::{Flow, FlowSettings, ItemOutcome, Settled, Task};
 pub use run::cache::{Entry, MemoryCache, NodeCache};
 pub use run::crew::DEFAULT_IDLE_THREADS;
 pub use run::error::{ProgramError, RunError};

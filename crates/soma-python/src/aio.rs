@@ -180,7 +180,7 @@ impl Drain {
 /// stepper yielded one, tells it to step again at once.
 ///
 /// No Python runs while its lock is held: a crew thread waking the task holds the GIL.
-struct Wake {
+pub(crate) struct Wake {
     mailbox: Arc<Mailbox>,
     state: Mutex<WakeState>,
 }
@@ -191,7 +191,7 @@ struct WakeState {
 }
 
 impl Wake {
-    fn new(mailbox: Arc<Mailbox>) -> Arc<Self> {
+    pub(crate) fn new(mailbox: Arc<Mailbox>) -> Arc<Self> {
         Arc::new(Wake {
             mailbox,
             state: Mutex::new(WakeState {
@@ -206,7 +206,7 @@ impl Wake {
     }
 
     /// Before a poll: no waiter yet, no wake-up seen.
-    fn rearm(&self) {
+    pub(crate) fn rearm(&self) {
         let old = {
             let mut state = self.lock();
             state.woken = false;
@@ -220,7 +220,7 @@ impl Wake {
     ///
     /// The `Wait` is made with the lock let go: making it runs Python, which may hand the GIL
     /// to a crew thread that wakes this very task, and would wait for the lock holding the GIL.
-    fn arm(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+    pub(crate) fn arm(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
         if std::mem::take(&mut self.lock().woken) {
             return Ok(None);
         }
@@ -587,6 +587,16 @@ impl LoopTasks {
         Arc::new(LoopTasks {
             mailbox: Mailbox::new(event_loop),
         })
+    }
+
+    /// Where this loop's wake-ups meet, for a waiter of its own on the loop (a stream's reader).
+    pub(crate) fn mailbox(&self) -> &Arc<Mailbox> {
+        &self.mailbox
+    }
+
+    /// The loop.
+    pub(crate) fn loop_object(&self) -> &Py<PyAny> {
+        &self.mailbox.event_loop
     }
 
     fn event_loop<'py>(&self, py: Python<'py>) -> &Bound<'py, PyAny> {

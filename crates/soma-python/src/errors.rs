@@ -271,11 +271,6 @@ pub fn cancelled_error(py: Python<'_>, message: String) -> PyErr {
     soma_error(py, "CancelledError", message, &[])
 }
 
-/// A `soma.ThreadError`: the operating system refused a thread.
-pub fn thread_error(py: Python<'_>, message: String) -> PyErr {
-    soma_error(py, "ThreadError", message, &[])
-}
-
 /// A panic that escaped a Rust node, carried on with the id of that node so that the Python
 /// error can name it ([`crate::native`] catches the panic and re-raises it as this payload).
 pub struct NodePanic {

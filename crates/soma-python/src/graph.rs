@@ -35,7 +35,7 @@ use crate::device_queues::Scope;
 use crate::driver::PythonDriver;
 use crate::errors::{
     cancelled_error, compile_error, device_error, graph_error, panic_error, program_error,
-    run_error, taken_inside_a_step, thread_error, unknown_node_error,
+    run_error, taken_inside_a_step, unknown_node_error,
 };
 use crate::exit;
 use crate::native::NativeNode;
@@ -590,32 +590,6 @@ impl GraphCore {
         }
     }
 
-    /// Calls `task()` on a thread the graph's program lends, without waiting for it, and
-    /// returns at once: how `aforward` runs a piece of a plan off the event loop, the task
-    /// itself telling the loop when it is done (`loop.call_soon_threadsafe`). The task holds
-    /// the GIL as any branch does; what it raises is reported as unraisable, so it should
-    /// catch its own errors. A refused thread is a `soma.ThreadError` here, the task not run.
-    fn _lend(&self, py: Python<'_>, task: Py<PyAny>) -> PyResult<()> {
-        let program = self.program(py)?;
-        let depth = reentry::depth();
-        let run = move || {
-            Python::attach(|py| {
-                if let Err(raised) = task.call0(py) {
-                    raised.write_unraisable(py, None);
-                }
-                drop(task);
-            });
-        };
-        program
-            .lend(run, Some(&interpreter_at(depth)))
-            .map_err(|refused| {
-                thread_error(
-                    py,
-                    format!("the operating system refused a thread to run a piece of the graph: {refused}\nhint: the process has too many threads; end some, or raise its limit"),
-                )
-            })
-    }
-
     /// Refuses the next `count` threads the graph's program would start, as an operating
     /// system out of threads would: for tests of that path.
     fn _refuse_next_threads(&self, py: Python<'_>, count: usize) -> PyResult<()> {
@@ -890,6 +864,21 @@ fn forward_outcome<'py>(
     }
 }
 
+/// Refuses `what` (`forward`, a stream) of `program`, which has async nodes, on a thread whose
+/// event loop is running: it would block the loop, and the nodes could never run on it.
+pub(crate) fn refuse_inside_loop(py: Python<'_>, what: &str, program: &Program) -> PyResult<()> {
+    if aio::running_loop(py)?.is_none() {
+        return Ok(());
+    }
+    let node = program
+        .first_async()
+        .map(|node| node.to_string())
+        .unwrap_or_default();
+    Err(PyRuntimeError::new_err(format!(
+        "{what} of a graph with async nodes (`{node}`) was called inside a running event loop, which it would block\nhint: `await g.aforward(x)` runs the graph on this loop without blocking it"
+    )))
+}
+
 /// Whether `function` is a coroutine function (`async def`).
 fn is_coroutine_function(py: Python<'_>, function: &Bound<'_, PyAny>) -> PyResult<bool> {
     static CHECK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
@@ -920,15 +909,7 @@ fn forward_on_loop<'py>(
     watch: &Arc<SignalWatch>,
     timeout: Option<Duration>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    if aio::running_loop(py)?.is_some() {
-        let node = program
-            .first_async()
-            .map(|node| node.to_string())
-            .unwrap_or_default();
-        return Err(PyRuntimeError::new_err(format!(
-            "forward of a graph with async nodes (`{node}`) was called inside a running event loop, which it would block\nhint: `await g.aforward(x)` runs the graph on this loop without blocking it"
-        )));
-    }
+    refuse_inside_loop(py, "forward", program)?;
     let event_loop = py
         .import("soma._loop")?
         .getattr(intern!(py, "kept_loop"))?
@@ -1042,8 +1023,25 @@ fn python_reading() -> Arc<dyn Reading> {
     Arc::clone(READING.get_or_init(|| Arc::new(PythonReading)))
 }
 
+/// Checks a `timeout=` given where it is given (`amap`'s, before its first item): a finite
+/// number of seconds, 0 or more, as every run's timeout is.
+#[pyfunction]
+pub fn checked_timeout(seconds: &Bound<'_, PyAny>) -> PyResult<f64> {
+    let refused = || {
+        PyValueError::new_err(format!(
+            "timeout must be a finite number of seconds, 0 or more, not {seconds}"
+        ))
+    };
+    if seconds.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(refused());
+    }
+    let value: f64 = seconds.extract().map_err(|_| refused())?;
+    time_limit(value)?;
+    Ok(value)
+}
+
 /// A `timeout` in seconds as a duration: finite and not negative.
-fn time_limit(seconds: f64) -> PyResult<Duration> {
+pub(crate) fn time_limit(seconds: f64) -> PyResult<Duration> {
     Duration::try_from_secs_f64(seconds).map_err(|_| {
         PyValueError::new_err(format!(
             "timeout must be a finite number of seconds, 0 or more, not {seconds}"

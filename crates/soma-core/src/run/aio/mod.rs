@@ -19,6 +19,8 @@
 //! spawned. A run's outcome is kept in its [`Settled`], for a caller on the loop (who polled
 //! the task to its end) or on another thread (who waits on it, with a deadline of its own).
 
+mod flow;
+mod limits;
 mod place;
 mod task;
 mod walk;
@@ -27,6 +29,8 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
+pub use self::flow::{Flow, FlowSettings, ItemOutcome};
+use self::limits::Limits;
 pub(crate) use self::place::Branch as AioBranch;
 use self::place::{Branch, Place, Run, Table, Window};
 use self::task::CatchUnwind;
@@ -45,12 +49,25 @@ pub struct Settled {
     outcome: Mutex<Option<thread::Result<Result<Value, RunError>>>>,
     done: Condvar,
     run: Arc<Run>,
+    /// Told once the outcome is in, after it is: a [`Flow`]'s reader.
+    on_settle: Mutex<Option<OnSettle>>,
 }
+
+/// What a [`Settled`] tells once the run's outcome is in.
+type OnSettle = Box<dyn FnOnce() + Send>;
 
 impl Settled {
     fn settle(&self, outcome: thread::Result<Result<Value, RunError>>) {
         *self.outcome.lock().unwrap_or_else(PoisonError::into_inner) = Some(outcome);
         self.done.notify_all();
+        let told = self
+            .on_settle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(tell) = told {
+            tell();
+        }
     }
 
     /// The run's outcome, once its task is done: `Err` holds a node's panic, to re-raise.
@@ -105,7 +122,20 @@ impl Executor {
         input: Value,
         tasks: Arc<dyn Tasks>,
     ) -> (Task, Arc<Settled>) {
-        let run = Arc::new(Run::new(self.clone(), tasks, Arc::clone(program)));
+        self.start_run(program, input, tasks, None, None)
+    }
+
+    /// [`Executor::start`], its steps held to a stream's `limits`, telling `on_settle` once
+    /// its outcome is in.
+    pub(crate) fn start_run(
+        &self,
+        program: &Arc<Program>,
+        input: Value,
+        tasks: Arc<dyn Tasks>,
+        limits: Option<Arc<Limits>>,
+        on_settle: Option<OnSettle>,
+    ) -> (Task, Arc<Settled>) {
+        let run = Arc::new(Run::new(self.clone(), tasks, Arc::clone(program), limits));
         let keys = self.run_keys(program);
         let place = Place {
             run: Arc::clone(&run),
@@ -118,6 +148,7 @@ impl Executor {
             outcome: Mutex::new(None),
             done: Condvar::new(),
             run,
+            on_settle: Mutex::new(on_settle),
         });
         let branch = Arc::clone(&place.branch);
         let theirs = Arc::clone(&settled);

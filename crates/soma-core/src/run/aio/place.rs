@@ -18,6 +18,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use super::limits::Limits;
 use crate::model::value::Value;
 use crate::run::detach::{Detached, Remains};
 use crate::run::executor::Executor;
@@ -44,10 +45,18 @@ pub(crate) struct Run {
     /// piece is the run's caller), so its remains are never used.
     pub(crate) detached: Detached,
     _remains: Arc<Remains>,
+    /// How many items of its stream each of the program's steps works on at once, when the
+    /// run is an item of a [`crate::Flow`].
+    pub(crate) limits: Option<Arc<Limits>>,
 }
 
 impl Run {
-    pub(crate) fn new(executor: Executor, tasks: Arc<dyn Tasks>, program: Arc<Program>) -> Self {
+    pub(crate) fn new(
+        executor: Executor,
+        tasks: Arc<dyn Tasks>,
+        program: Arc<Program>,
+        limits: Option<Arc<Limits>>,
+    ) -> Self {
         let remains = Arc::new(Remains::new());
         let detached = Detached::new(&*program, program.len(), Arc::downgrade(&remains));
         Run {
@@ -56,6 +65,7 @@ impl Run {
             program,
             detached,
             _remains: remains,
+            limits,
         }
     }
 }
@@ -280,4 +290,13 @@ pub(crate) struct Place {
     pub(crate) window: Arc<Window>,
     pub(crate) branch: Arc<Branch>,
     pub(crate) depth: u32,
+}
+
+impl Place {
+    /// The stream's limits on this place's steps: a run's own steps are limited, what a step
+    /// that decides runs inside is not (it is no stage of the stream).
+    pub(crate) fn limits(&self) -> Option<&Limits> {
+        let limits = self.run.limits.as_deref()?;
+        std::ptr::eq(self.table.program(), &*self.run.program).then_some(limits)
+    }
 }

@@ -27,6 +27,7 @@ use std::task::Poll;
 use std::thread;
 use std::time::Instant;
 
+use super::limits::slots_of;
 use super::place::{Branch, Place, Table, Window};
 use super::task::{CatchUnwind, Join, Lent, Outcome, Task};
 use crate::model::id::NodeId;
@@ -125,7 +126,7 @@ impl Place {
 fn walk<'p>(place: &'p Place, op: &'p Op) -> Walking<'p> {
     Box::pin(async move {
         if !op.is_async() {
-            return lend(place, Work::Op(At::of(op))).await;
+            return piece(place, Work::Op(At::of(op))).await;
         }
         match op {
             Op::Empty => Ok(()),
@@ -144,7 +145,7 @@ fn walk<'p>(place: &'p Place, op: &'p Op) -> Walking<'p> {
                         done.end
                     } else {
                         let end = at + steps[at..].iter().take_while(|op| !op.is_async()).count();
-                        lend(
+                        piece(
                             place,
                             Work::Steps {
                                 steps: At::of(&**steps),
@@ -207,7 +208,17 @@ enum Work {
 
 /// Runs `work` on a thread of the program's crew, walked by the sync walk in a copy of this
 /// task's context (captured here, on the loop's thread), and waits for it without a thread.
-async fn lend(place: &Place, work: Work) -> Result<(), Halt> {
+async fn piece(place: &Place, work: Work) -> Result<(), Halt> {
+    let piece = place.limits().and_then(|limits| {
+        limits.piece(match &work {
+            Work::Op(op) => slots_of(std::slice::from_ref(op.get(place))),
+            Work::Steps { steps, range, .. } => slots_of(&steps.get(place)[range.clone()]),
+        })
+    });
+    let _permit = match &piece {
+        Some(permits) => Some(permits.acquire().await),
+        None => None,
+    };
     let latch = Lent::new();
     let executor = place.executor();
     let job = {
@@ -266,6 +277,10 @@ async fn lend(place: &Place, work: Work) -> Result<(), Halt> {
 
 /// An async node's step: the sync walk's step, its call awaited.
 async fn node(place: &Place, step: &Step) -> Result<(), Halt> {
+    let _permit = match place.limits() {
+        Some(limits) => Some(limits.step(step.slot()).acquire().await),
+        None => None,
+    };
     place.boundary()?;
     let caller = thread::current().id();
     let lane = place.lane(caller);
@@ -492,6 +507,10 @@ async fn decided(
     step: &Step,
     decide: impl Future<Output = Result<Value, Halt>>,
 ) -> Result<(), Halt> {
+    let _permit = match place.limits() {
+        Some(limits) => Some(limits.step(step.slot()).acquire().await),
+        None => None,
+    };
     let caller = thread::current().id();
     let lane = place.lane(caller);
     if let Some(run) = lane.detached {
