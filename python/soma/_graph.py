@@ -14,7 +14,6 @@ import inspect
 import io
 import pickle
 import re
-import time
 import types
 import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping
@@ -515,6 +514,8 @@ class Graph:
         the two do not share entries."""
         if cache is not None:
             self._refuse_cache(cache)
+        if self._hosts:  # Only then: a graph without hosts never reaches a transport, nor Ray.
+            return await _remote.aforward(self, input, driver, turn_limit, trace, timeout, cache)
         run_cache = None if cache is None else cache._run(self._core)
         return await self._core.aforward(input, driver, turn_limit, trace, timeout, cache=run_cache)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections.abc
+import contextlib
 import contextvars
 import os
 import threading
@@ -62,7 +63,7 @@ class Started:
         with self._lock:
             if self._cancelled:  # Given up before it began: it never begins.
                 return
-            self._task = self._loop.create_task(stepper)  # type: ignore[arg-type]
+            self._task = self._loop.create_task(stepper)
 
     def cancel(self) -> None:
         """Cancels the run's task on the loop, from any thread."""
@@ -71,10 +72,8 @@ class Started:
             task = self._task
         if task is not None:
             # A closed loop refuses: nothing of the run is left to cancel.
-            try:
+            with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(task.cancel)
-            except RuntimeError:
-                pass
 
 
 def start(loop: asyncio.AbstractEventLoop, stepper: _soma.Stepper) -> Started:

@@ -250,13 +250,9 @@ impl std::task::Wake for Wake {
     fn wake_by_ref(self: &Arc<Self>) {
         let waiter = {
             let mut state = self.lock();
-            match state.waiter.take() {
-                Some(waiter) => Some(waiter),
-                None => {
-                    state.woken = true;
-                    None
-                }
-            }
+            let waiter = state.waiter.take();
+            state.woken = waiter.is_none();
+            waiter
         };
         if let Some(waiter) = waiter {
             self.mailbox.post(waiter);
@@ -376,7 +372,7 @@ impl Stepper {
         };
         let polled = stepping.task.poll(&mut Context::from_waker(&waker));
         if let Some(entered) = entered {
-            leave(py, entered)?;
+            leave(py, &entered)?;
         }
         INTERRUPTS.with(|armed| *armed.borrow_mut() = outer);
         RESUME.with(|resume| resume.borrow_mut().take());
@@ -498,7 +494,7 @@ fn enter<'py>(py: Python<'py>, context: &Bound<'py, PyAny>) -> PyResult<Bound<'p
 }
 
 /// Leaves `context`, entered by [`enter`] on this thread.
-fn leave(py: Python<'_>, context: Bound<'_, PyAny>) -> PyResult<()> {
+fn leave(py: Python<'_>, context: &Bound<'_, PyAny>) -> PyResult<()> {
     // SAFETY: the GIL is held and this thread entered `context`; every context a node entered
     // since it has left again, so it is the current one.
     #[allow(unsafe_code)]

@@ -209,7 +209,8 @@ pub fn run_error(py: Python<'_>, error: &RunError, interrupt: Option<PyErr>) -> 
         }
         RunError::NotAList { node, .. }
         | RunError::UnknownCase { node, .. }
-        | RunError::LoopLimit { node, .. } => {
+        | RunError::LoopLimit { node, .. }
+        | RunError::NeedsLoop { node } => {
             soma_error(py, "RunError", message, &[("node", text(py, node))])
         }
         // A limit of 0 names no node (`RunError::node`): none was called, none awaited.
@@ -252,9 +253,6 @@ pub fn run_error(py: Python<'_>, error: &RunError, interrupt: Option<PyErr>) -> 
         RunError::Invalid(error) => program_error(py, error),
         RunError::NoThread { .. } | RunError::NoTask { .. } => {
             soma_error(py, "ThreadError", message, &[])
-        }
-        RunError::NeedsLoop { node } => {
-            soma_error(py, "RunError", message, &[("node", text(py, node))])
         }
         RunError::Interrupted => interrupt.unwrap_or_else(|| PyKeyboardInterrupt::new_err(message)),
         RunError::PastDeadline => PyTimeoutError::new_err(message),

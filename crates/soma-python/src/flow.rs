@@ -118,7 +118,7 @@ impl FlowCore {
                 PyRuntimeError::new_err("amap was iterated with no running event loop")
             })?
         } else {
-            refuse_inside_loop(py, "a stream", &program)?;
+            refuse_inside_loop(py, "map", &program)?;
             py.import("soma._loop")?
                 .getattr(intern!(py, "kept_loop"))?
                 .call0()?
@@ -518,6 +518,8 @@ impl FlowNext {
         })
     }
 
+    /// Closed before its end: nothing to let go of (the stream ends with its reader).
+    #[allow(clippy::unused_self)] // The coroutine protocol's method, on the instance.
     fn close(&self) {}
 }
 

@@ -1106,8 +1106,9 @@ pub(crate) fn left_behind(error: &RunError) -> String {
         RunError::Cancelled { running } if !running.is_empty() => {
             format!("; still running: {} (cancelled)", named_left_behind(running))
         }
-        RunError::Cancelled { .. } => "; every branch stopped at a node boundary".to_owned(),
-        RunError::Interrupted => "; every branch stopped at a node boundary".to_owned(),
+        RunError::Cancelled { .. } | RunError::Interrupted => {
+            "; every branch stopped at a node boundary".to_owned()
+        }
         RunError::PastDeadline => {
             "; it finished after it, so its result was dropped (a deadline is never reported as met)"
                 .to_owned()

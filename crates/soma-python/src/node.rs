@@ -327,8 +327,8 @@ enum Step<'py> {
 
 /// Runs `step` with `device` current, putting back what was current after, whether it returned
 /// or raised; the node's own error first.
-fn within_device<'py, T>(
-    py: Python<'py>,
+fn within_device<T>(
+    py: Python<'_>,
     device: Option<Device>,
     step: impl FnOnce() -> PyResult<T>,
 ) -> PyResult<T> {
@@ -375,7 +375,7 @@ fn send_or_throw<'py>(
     // reference in `result` for a return or a yield, and sets an exception for an error.
     #[allow(unsafe_code)]
     let sent =
-        unsafe { pyo3::ffi::PyIter_Send(iterator.as_ptr(), pyo3::ffi::Py_None(), &mut result) };
+        unsafe { pyo3::ffi::PyIter_Send(iterator.as_ptr(), pyo3::ffi::Py_None(), &raw mut result) };
     match sent {
         pyo3::ffi::PySendResult::PYGEN_RETURN => {
             // SAFETY: a new reference, per `PyIter_Send`'s contract.

@@ -58,7 +58,7 @@ impl Executor {
         let mut attempt = 0_u32;
         loop {
             let outcome = self.attempt(policy.time_limit, step, id, input, lane);
-            let (pause, error) = match self.next_attempt(policy, attempt, outcome) {
+            let (pause, error) = match Self::next_attempt(policy, attempt, outcome) {
                 Next::Done(outcome) => return outcome,
                 Next::Pause(pause, error) => (pause, error),
             };
@@ -77,7 +77,6 @@ impl Executor {
     /// call's outcome, or pause this long and try again — for a failure its retry retries
     /// (`on`), while attempts are left, after a backoff that doubles each time, with jitter.
     pub(super) fn next_attempt(
-        &self,
         policy: &Policy,
         attempt: u32,
         outcome: Result<Value, RunError>,

@@ -185,12 +185,17 @@ impl Executor {
         }
         let started = Instant::now();
         let value = self.call(step, value, lane)?;
-        Ok(self.file_decision(keys, id, &key, value, started.elapsed()))
+        Ok(Self::file_decision(
+            keys,
+            id,
+            &key,
+            value,
+            started.elapsed(),
+        ))
     }
 
     /// Files what a selector or predicate `id` answered, `value` in `took`, under `key`.
     pub(super) fn file_decision(
-        &self,
         keys: &RunKeys,
         id: &NodeId,
         key: &Key,

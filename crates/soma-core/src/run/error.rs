@@ -184,7 +184,7 @@ impl fmt::Display for RunError {
             ),
             RunError::TimeLimit { node, limit } => write!(
                 f,
-                "node `{node}` ran past its time limit of {} s\nhint: its call goes on in the background and its result is dropped; raise the limit, or let `.retry(on=(TimeoutError,))` try it again",
+                "node `{node}` ran past its time limit of {} s\nhint: a sync call goes on in the background, its result dropped, and an async one is cancelled; raise the limit, or let `.retry(on=(TimeoutError,))` try it again",
                 limit.as_secs_f64()
             ),
             RunError::Retried { attempts, last } => {

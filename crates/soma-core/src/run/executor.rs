@@ -327,14 +327,14 @@ impl Executor {
 
     /// Refuses a program with an async node: only [`Executor::start`] has a loop to await it.
     pub(super) fn refuse_async(program: &Program) -> Result<(), RunError> {
-        match program.is_async() {
-            false => Ok(()),
-            true => Err(RunError::NeedsLoop {
-                node: program
-                    .first_async()
-                    .expect("an async program has an async node"),
-            }),
+        if !program.is_async() {
+            return Ok(());
         }
+        Err(RunError::NeedsLoop {
+            node: program
+                .first_async()
+                .expect("an async program has an async node"),
+        })
     }
 
     /// The identities a run of `program` keys its values by, when it runs with a cache.
@@ -543,7 +543,7 @@ impl Executor {
         let started = Instant::now();
         let value = self.gather_and_call(step, input, frame, lane)?;
         let id = &lane.program.ids[step.slot()];
-        Ok(self.file(keys, step, id, key, value, started.elapsed()))
+        Ok(Self::file(keys, step, id, key, value, started.elapsed()))
     }
 
     /// Looks `step` up in the run's cache: `Ok` with its output when its key is there (the
@@ -576,7 +576,6 @@ impl Executor {
     /// settles the identity readers key on: its digest, so that an output computed again the
     /// same leaves them hitting; its key where it has no digest.
     pub(super) fn file(
-        &self,
         keys: &RunKeys,
         step: &Step,
         id: &NodeId,

@@ -355,7 +355,7 @@ impl Program {
                     return Some(program.ids[switch.step.slot()].clone());
                 }
                 Op::Switch(switch) => {
-                    pending.extend(switch.cases.iter().rev().map(|case| (case, &case.root)))
+                    pending.extend(switch.cases.iter().rev().map(|case| (case, &case.root)));
                 }
                 Op::Loop(repeat) if repeat.step.is_async() => {
                     return Some(program.ids[repeat.step.slot()].clone());

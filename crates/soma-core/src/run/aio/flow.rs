@@ -286,14 +286,12 @@ impl Flow {
     pub fn wait_cancelled(&self, timeout: Duration) -> bool {
         let deadline = std::time::Instant::now().checked_add(timeout);
         let cancelled = std::mem::take(&mut self.lock().cancelled);
-        cancelled.iter().all(|settled| match deadline {
-            Some(deadline) => {
-                settled.wait(deadline.saturating_duration_since(std::time::Instant::now()))
+        cancelled.iter().all(|settled| {
+            if let Some(deadline) = deadline {
+                return settled.wait(deadline.saturating_duration_since(std::time::Instant::now()));
             }
-            None => {
-                while !settled.wait(Duration::from_secs(1)) {}
-                true
-            }
+            while !settled.wait(Duration::from_secs(1)) {}
+            true
         })
     }
 

@@ -85,15 +85,14 @@ impl Future for Acquiring {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Permit> {
         let permits = Arc::clone(&self.permits);
         let mut state = permits.lock();
-        let ticket = match self.ticket {
-            Some(ticket) => ticket,
-            None => {
-                let ticket = state.next_ticket;
-                state.next_ticket += 1;
-                state.waiting.push_back((ticket, cx.waker().clone()));
-                self.ticket = Some(ticket);
-                ticket
-            }
+        let ticket = if let Some(ticket) = self.ticket {
+            ticket
+        } else {
+            let ticket = state.next_ticket;
+            state.next_ticket += 1;
+            state.waiting.push_back((ticket, cx.waker().clone()));
+            self.ticket = Some(ticket);
+            ticket
         };
         let first = state.waiting.front().is_some_and(|(at, _)| *at == ticket);
         if first && state.free > 0 {
@@ -113,7 +112,7 @@ impl Future for Acquiring {
             });
         }
         if let Some(entry) = state.waiting.iter_mut().find(|(at, _)| *at == ticket) {
-            entry.1 = cx.waker().clone();
+            entry.1.clone_from(cx.waker());
         }
         Poll::Pending
     }

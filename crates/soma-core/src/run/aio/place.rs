@@ -88,6 +88,7 @@ pub(crate) struct Table {
 // every holder of the table also holds.
 #[allow(unsafe_code)]
 unsafe impl Send for Table {}
+// SAFETY: as for `Send`: shared between tasks, the cells are touched only through windows.
 #[allow(unsafe_code)]
 unsafe impl Sync for Table {}
 
@@ -297,6 +298,6 @@ impl Place {
     /// that decides runs inside is not (it is no stage of the stream).
     pub(crate) fn limits(&self) -> Option<&Limits> {
         let limits = self.run.limits.as_deref()?;
-        std::ptr::eq(self.table.program(), &*self.run.program).then_some(limits)
+        std::ptr::eq(self.table.program(), Arc::as_ptr(&self.run.program)).then_some(limits)
     }
 }

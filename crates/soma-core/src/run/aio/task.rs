@@ -135,16 +135,15 @@ impl Join {
         let mut state = self.lock();
         state.spawned[index] = None;
         state.outcomes[index] = Some(outcome);
-        self.one_less(state);
+        Self::one_less(state);
     }
 
-    /// Child `index` will never start: an earlier one failed, or the parent was cancelled.
+    /// A child will never start: an earlier one failed, or the parent was cancelled.
     pub(crate) fn skip(&self) {
-        let state = self.lock();
-        self.one_less(state);
+        Self::one_less(self.lock());
     }
 
-    fn one_less(&self, mut state: std::sync::MutexGuard<'_, JoinState>) {
+    fn one_less(mut state: std::sync::MutexGuard<'_, JoinState>) {
         state.left -= 1;
         let waker = state.waker.take();
         drop(state);

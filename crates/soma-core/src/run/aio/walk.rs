@@ -40,6 +40,7 @@ use crate::run::hooks::Watch;
 use crate::run::keys::RunKeys;
 use crate::run::lane::{Lane, WaveState};
 use crate::run::program::{LoopOp, MapOp, Op, Program, Step, SwitchOp};
+use crate::run::trace::Trace;
 use crate::run::wave::settle;
 
 /// How many cases and iterations nest inline in one task before the next runs as a task of its
@@ -61,6 +62,7 @@ impl<T: ?Sized> Copy for At<T> {}
 // SAFETY: a program is `Sync`, and an `At` is only followed while its run's program is alive.
 #[allow(unsafe_code)]
 unsafe impl<T: Sync + ?Sized> Send for At<T> {}
+// SAFETY: as for `Send`: an `At` only reads what it points to.
 #[allow(unsafe_code)]
 unsafe impl<T: Sync + ?Sized> Sync for At<T> {}
 
@@ -70,7 +72,7 @@ impl<T: ?Sized> At<T> {
     }
 
     /// The part; `_place` is the proof that the run is alive while it is used.
-    fn get<'p>(self, _place: &'p Place) -> &'p T {
+    fn get(self, _place: &Place) -> &T {
         // SAFETY: see the type's header; `_place` holds the run, and with it the program.
         #[allow(unsafe_code)]
         unsafe {
@@ -328,7 +330,14 @@ async fn cached(place: &Place, keys: &RunKeys, step: &Step, id: &NodeId) -> Resu
     let started = Instant::now();
     let input = gathered(place, step);
     let value = call(place, step, id, &input).await?;
-    Ok(executor.file(keys, step, id, key, value, started.elapsed()))
+    Ok(Executor::file(
+        keys,
+        step,
+        id,
+        key,
+        value,
+        started.elapsed(),
+    ))
 }
 
 /// Calls an async node's step on `input`: under its policy when it has one, traced when the
@@ -418,7 +427,7 @@ async fn with_policy(
     let mut tried = 0_u32;
     loop {
         let outcome = attempt(place, policy.time_limit, step, id, input).await;
-        let (pause, error) = match executor.next_attempt(policy, tried, outcome) {
+        let (pause, error) = match Executor::next_attempt(policy, tried, outcome) {
             Next::Done(outcome) => return outcome,
             Next::Pause(pause, error) => (pause, error),
         };
@@ -584,6 +593,9 @@ async fn run_body(place: &Place, body: &Program, input: Value) -> Result<Value, 
     }))
 }
 
+/// An item's result, once its task has one.
+type ItemResult = Mutex<Option<Result<Value, Halt>>>;
+
 /// A `Map` step with an async node inside: its items as tasks, at most `in_flight` at once, as
 /// the sync walk's items are branches; settled as the sync walk settles them
 /// ([`Executor::settle_items`]). A failing item cancels the tasks of the items after it, and
@@ -603,8 +615,7 @@ async fn each(place: &Place, op: &MapOp) -> Result<Value, Halt> {
         first_failed: AtomicUsize::new(usize::MAX),
     });
     let join = Join::new(count);
-    let results: Arc<[Mutex<Option<Result<Value, Halt>>>]> =
-        (0..count).map(|_| Mutex::new(None)).collect();
+    let results: Arc<[ItemResult]> = (0..count).map(|_| Mutex::new(None)).collect();
     let (body, id_at) = (At::of(&op.body), At::of(id));
     let mut items = items.into_iter();
     let start = |index: usize, item: Value| {
@@ -620,7 +631,7 @@ async fn each(place: &Place, op: &MapOp) -> Result<Value, Halt> {
         spawn(place, &join, index, child, move |child| {
             Box::pin(async move {
                 let executor = child.executor();
-                let start = executor.trace.as_deref().map(|trace| trace.now());
+                let start = executor.trace.as_deref().map(Trace::now);
                 let outcome = run_body(child, body.get(child), item).await;
                 if let (Some(trace), Some(start)) = (executor.trace.as_deref(), start) {
                     let id = id_at.get(child);
@@ -675,7 +686,7 @@ async fn choose(place: &Place, op: &SwitchOp) -> Result<Value, Halt> {
     let id = &place.table.program().ids[op.step.slot()];
     let chosen = ask(place, &op.step, &read, Asked::Input).await?;
     let (at, key) = executor.case_of(op, id, &chosen)?;
-    let start = executor.trace.as_deref().map(|trace| trace.now());
+    let start = executor.trace.as_deref().map(Trace::now);
     let outcome = run_body(place, &op.cases[at], read).await;
     if let (Some(trace), Some(start)) = (executor.trace.as_deref(), start) {
         Executor::record_part(trace, id, &key, place.branch.path(), start, &outcome);
@@ -690,7 +701,7 @@ async fn repeat_body(place: &Place, op: &LoopOp) -> Result<Value, Halt> {
     let executor = place.executor();
     let id = &place.table.program().ids[op.step.slot()];
     for iteration in 0..op.max_iterations {
-        let start = executor.trace.as_deref().map(|trace| trace.now());
+        let start = executor.trace.as_deref().map(Trace::now);
         let outcome = run_body(place, &op.body, current).await;
         if let (Some(trace), Some(start)) = (executor.trace.as_deref(), start) {
             Executor::record_part(
@@ -749,7 +760,7 @@ async fn ask(place: &Place, step: &Step, value: &Value, asked: Asked) -> Result<
     let started = Instant::now();
     let value = call(place, step, id, value).await?;
     Ok(match keyed {
-        Some((keys, key)) => executor.file_decision(keys, id, &key, value, started.elapsed()),
+        Some((keys, key)) => Executor::file_decision(keys, id, &key, value, started.elapsed()),
         None => value,
     })
 }
