@@ -21,14 +21,14 @@ from typing import IO, Any, NamedTuple, SupportsIndex, cast
 
 from soma import _cache, _soma, _stream
 from soma import remote as _remote
-from soma._decide import Decision, Each, Loop, Switch
+from soma._decide import AsyncLoop, AsyncSwitch, Decision, Each, Loop, Switch
 from soma._dsl import Expr, refuse_class
 from soma._node import Node
 from soma._policy import RetryPolicy, checked_retry, checked_time_limit
 from soma.errors import DuplicateNodeError, InvalidIdError, NodePicklingError
 
 # The steps that decide as they run, each registered with its sub-graphs.
-_DECISIONS = frozenset((Each, Switch, Loop))
+_DECISIONS = frozenset((Each, Switch, Loop, AsyncSwitch, AsyncLoop))
 
 _WORD_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 

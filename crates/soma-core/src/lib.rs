@@ -53,7 +53,7 @@ pub use model::id::NodeId;
 pub use model::key::Key;
 pub use model::node::{Call, Ctx, Node, NodeError, Transition, DEFAULT_TURN_LIMIT};
 pub use model::policy::{AttemptError, RetryFilter, RetryPolicy, WrittenPolicies, WrittenPolicy};
-pub use model::reading::{NativeReading, Reading};
+pub use model::reading::{NativeReading, NotItems, Reading};
 pub use model::value::Value;
 pub use observe::devices::{Drawing, GraphWithDevices};
 pub use plan::Plan;

@@ -141,10 +141,12 @@ impl Executor {
         lane: Lane<'_>,
         turns: &mut u32,
     ) -> Result<Value, RunError> {
-        let Some(limit) = limit else {
+        // A limit too far off to be a point in time is no limit worth counting.
+        let Some((limit, deadline)) =
+            limit.and_then(|limit| Some((limit, Instant::now().checked_add(limit)?)))
+        else {
             return self.execute(&*step.node, step.device, id, input, turns);
         };
-        let deadline = Instant::now() + limit;
         let outcome = Arc::new(Outcome {
             value: Mutex::new(None),
             done: Condvar::new(),

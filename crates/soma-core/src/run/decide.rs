@@ -31,7 +31,7 @@ use super::trace::{thread_number, Span, Trace};
 use super::wave::refused_or_raised;
 use crate::model::id::NodeId;
 use crate::model::key::Key;
-use crate::model::reading::{NativeReading, Reading};
+use crate::model::reading::{NativeReading, NotItems, Reading};
 use crate::model::value::Value;
 
 /// What a `Map` lends its items from the frame of the thread that reached it, kept on the heap
@@ -381,14 +381,19 @@ impl Executor {
         )
     }
 
-    /// What a `Map` step read, as its items: a list, or [`RunError::NotAList`] naming the step.
+    /// What a `Map` step read, as its items: a list; or [`RunError::NotAList`] naming the
+    /// step, or the step's failure with the error that reading its items raised.
     pub(super) fn items_of(&self, id: &NodeId, read: &Value) -> Result<Vec<Value>, RunError> {
-        self.reading()
-            .items(read)
-            .map_err(|found| RunError::NotAList {
+        self.reading().items(read).map_err(|not| match not {
+            NotItems::NotAList(found) => RunError::NotAList {
                 node: id.clone(),
                 found,
-            })
+            },
+            NotItems::Failed(error) => RunError::NodeFailed {
+                node: id.clone(),
+                error,
+            },
+        })
     }
 
     /// A `Map`'s outcome from its items' results by index (`None` for an item never started:
