@@ -60,10 +60,14 @@ impl RunKeys {
         let read = |read: &Read| self.outputs[read.slot()].get().copied().flatten();
         match &step.from {
             Reads::Input => {
-                let digest = self
-                    .input
-                    .get_or_init(|| self.cache.digest(input))
-                    .as_ref()?;
+                // Taken outside the cell's lock: the digest may call into the embedder (Python,
+                // which lets go of its lock to wait), and a branch that waited on this cell
+                // holding that lock would wait for ever. Two branches may both take it; the
+                // first kept wins, and it is the same.
+                if self.input.get().is_none() {
+                    let _ = self.input.set(self.cache.digest(input));
+                }
+                let digest = self.input.get().expect("set just now").as_ref()?;
                 hasher.update(b"input");
                 hasher.update(digest.as_bytes());
             }
