@@ -41,6 +41,7 @@ use soma_core::{Interrupt, Pause, RunError, Settled, Spawned, Task, Tasks};
 
 use crate::convert::to_python;
 use crate::errors::{panic_error, run_error};
+use crate::exit;
 use crate::watch::SignalWatch;
 
 thread_local! {
@@ -350,6 +351,10 @@ impl Stepper {
     }
 
     fn step(&self, py: Python<'_>, incoming: Option<PyErr>) -> PyResult<Py<PyAny>> {
+        // Counted inside the interpreter, as a crew thread's branch is, so that the exit waits
+        // for a step in progress, and a loop thread that steps once the exit has begun parks
+        // rather than enter an interpreter that is shutting down (`exit.rs`).
+        let _inside = exit::enter();
         let mut state = self.lock();
         let Some(stepping) = state.as_mut() else {
             return Err(PyStopIteration::new_err((py.None(),)));
