@@ -542,13 +542,6 @@ def test_an_async_node_returning_await_is_refused_naming_it() -> None:
         run(g.aforward(1))
 
 
-def test_async_nodes_in_a_graph_with_nodes_on_hosts_are_refused_where_it_runs() -> None:
-    g = soma.Graph.somatize(AsyncAdd(1).named("a"))
-    g.place_at("a", "elsewhere")
-    with pytest.raises(ValueError, match="hosts"):
-        run(g.aforward(1))
-
-
 def test_forward_inside_a_running_loop_refuses_pointing_to_aforward() -> None:
     g = soma.Graph.somatize(AsyncAdd(1).named("a"))
 

@@ -2,6 +2,7 @@
 //!
 //! | module | asks about |
 //! |---|---|
+//! | `aio` | runs with async nodes walked by the engine: results, what is in flight, errors, threads, depth, refusals |
 //! | `cache` | a rerun calls only what changed: keys of code, input and predecessors; resume; waves |
 //! | `graph` | construction, refusals that change nothing, queries and their orders |
 //! | `values` | O(1) clones, identity of `Opaque`, maps; deep values drop, compare, print on a small stack |
@@ -29,6 +30,7 @@
 // What `random_graphs` builds; it is shared with a unit test, where its crate differs.
 use soma_core::Graph;
 
+mod aio;
 mod cache;
 mod context;
 mod crew;

@@ -1,0 +1,536 @@
+//! Runs with async nodes, walked by the engine itself ([`Executor::start`]): on a small loop of
+//! this file's own (one thread polling tasks, wake-ups from any thread), what a run computes,
+//! what is in flight at once, which error wins, what a waiting branch holds, how deep a plan
+//! may nest, and what the sync entry points say of such a program.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use soma_core::{
+    compile_decided, each, node, node_arc, Call, Ctx, Executor, Expr, Interrupt, MemoryCache, Node,
+    NodeError, Pause, Program, RunError, Settled, Spawned, Task, Tasks, Transition, Value,
+};
+
+use crate::support::plain;
+
+/// How long a rendezvous waits for its parties before it gives up and fails the test.
+const DEADLINE: Duration = Duration::from_secs(5);
+
+// ---------------------------------------------------------------------------------------------
+// A loop: tasks polled on one thread, woken from any
+
+/// One task of the test loop, and whether it is queued to be polled.
+struct Slot {
+    task: Mutex<Option<Task>>,
+    queued: AtomicBool,
+    tasks: Arc<Queue>,
+}
+
+/// The tasks ready to be polled.
+#[derive(Default)]
+struct Queue {
+    ready: Mutex<VecDeque<Arc<Slot>>>,
+    woken: Condvar,
+}
+
+impl Queue {
+    fn push(&self, slot: Arc<Slot>) {
+        if !slot.queued.swap(true, Ordering::AcqRel) {
+            self.ready.lock().unwrap().push_back(slot);
+            self.woken.notify_all();
+        }
+    }
+}
+
+impl Wake for Slot {
+    fn wake(self: Arc<Self>) {
+        let queue = Arc::clone(&self.tasks);
+        queue.push(self);
+    }
+}
+
+/// The engine's loop side for the test loop.
+struct TestLoop {
+    queue: Arc<Queue>,
+    /// Tasks spawned so far, the run's own included.
+    spawned: AtomicUsize,
+}
+
+struct SpawnedSlot(Arc<Slot>);
+
+impl Spawned for SpawnedSlot {
+    fn cancel(&self) {
+        if let Some(task) = self.0.task.lock().unwrap().as_ref() {
+            task.cancel();
+        }
+        let queue = Arc::clone(&self.0.tasks);
+        queue.push(Arc::clone(&self.0));
+    }
+}
+
+/// A flag set, and a task woken, from another thread after a while.
+struct Timer {
+    fired: Arc<AtomicBool>,
+}
+
+impl Interrupt for Timer {
+    fn fired(&self) -> bool {
+        self.fired.load(Ordering::Acquire)
+    }
+}
+
+impl TestLoop {
+    fn new() -> Arc<Self> {
+        Arc::new(TestLoop {
+            queue: Arc::default(),
+            spawned: AtomicUsize::new(0),
+        })
+    }
+
+    fn add(&self, task: Task) -> Arc<Slot> {
+        self.spawned.fetch_add(1, Ordering::Relaxed);
+        let slot = Arc::new(Slot {
+            task: Mutex::new(Some(task)),
+            queued: AtomicBool::new(false),
+            tasks: Arc::clone(&self.queue),
+        });
+        self.queue.push(Arc::clone(&slot));
+        slot
+    }
+
+    /// Polls tasks on this thread until `settled` is done.
+    fn run_until(&self, settled: &Settled) {
+        let deadline = Instant::now() + 4 * DEADLINE;
+        while !settled.is_done() {
+            assert!(Instant::now() < deadline, "the run did not end");
+            let slot = {
+                let mut ready = self.queue.ready.lock().unwrap();
+                if ready.is_empty() {
+                    ready = self
+                        .queue
+                        .woken
+                        .wait_timeout(ready, Duration::from_millis(10))
+                        .unwrap()
+                        .0;
+                }
+                ready.pop_front()
+            };
+            let Some(slot) = slot else { continue };
+            slot.queued.store(false, Ordering::Release);
+            let waker = Waker::from(Arc::clone(&slot));
+            let mut task = slot.task.lock().unwrap();
+            if let Some(running) = task.as_mut() {
+                if running.poll(&mut Context::from_waker(&waker)).is_ready() {
+                    *task = None;
+                }
+            }
+        }
+    }
+}
+
+/// The loop side the engine is given: the test loop, shared.
+struct LoopSide(Arc<TestLoop>);
+
+impl Tasks for LoopSide {
+    fn spawn(&self, task: Task) -> Result<Box<dyn Spawned>, String> {
+        Ok(Box::new(SpawnedSlot(self.0.add(task))))
+    }
+
+    fn sleep(&self, pause: Duration) -> Pause {
+        Box::pin(Sleep {
+            until: Instant::now() + pause,
+            started: false,
+        })
+    }
+
+    fn interrupt_after(&self, limit: Duration) -> Box<dyn Interrupt> {
+        let fired = Arc::new(AtomicBool::new(false));
+        let theirs = Arc::clone(&fired);
+        thread::spawn(move || {
+            thread::sleep(limit);
+            theirs.store(true, Ordering::Release);
+        });
+        Box::new(Timer { fired })
+    }
+}
+
+/// A pause: a thread wakes the task when it is over.
+struct Sleep {
+    until: Instant,
+    started: bool,
+}
+
+impl Future for Sleep {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if Instant::now() >= self.until {
+            return Poll::Ready(());
+        }
+        if !self.started {
+            self.started = true;
+            let (waker, until) = (cx.waker().clone(), self.until);
+            thread::spawn(move || {
+                thread::sleep(until.saturating_duration_since(Instant::now()));
+                waker.wake();
+            });
+        }
+        Poll::Pending
+    }
+}
+
+/// Runs `program` on `input` on a test loop: its outcome, and the loop.
+fn run_async(program: &Arc<Program>, input: Value) -> (Result<Value, RunError>, Arc<TestLoop>) {
+    run_with(&Executor::new(), program, input)
+}
+
+fn run_with(
+    executor: &Executor,
+    program: &Arc<Program>,
+    input: Value,
+) -> (Result<Value, RunError>, Arc<TestLoop>) {
+    let test_loop = TestLoop::new();
+    let (task, settled) = executor.start(
+        program,
+        input,
+        Arc::new(LoopSide(Arc::clone(&test_loop))) as Arc<dyn Tasks>,
+    );
+    test_loop.add(task);
+    test_loop.run_until(&settled);
+    let outcome = settled
+        .take()
+        .expect("settled")
+        .unwrap_or_else(|payload| std::panic::resume_unwind(payload));
+    (outcome, test_loop)
+}
+
+fn program_of(expr: Expr) -> Arc<Program> {
+    let (graph, catalog, decisions) = expr.somatize_decided().unwrap();
+    let plan = compile_decided(&graph, &catalog, &decisions).unwrap();
+    Arc::new(Program::new(&plan, &catalog).unwrap())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Async nodes
+
+/// An async node: its call a future made by `call` from its input.
+struct Async<F>(F);
+
+impl<F, C> Node for Async<F>
+where
+    F: Fn(&Value) -> C + Send + Sync,
+    C: Future<Output = Result<Value, NodeError>> + Send + 'static,
+{
+    fn forward(&self, _: &Value, _: &Ctx<'_>) -> Result<Transition, NodeError> {
+        Err(NodeError::new("an async node is started, never forwarded"))
+    }
+
+    fn is_async(&self) -> bool {
+        true
+    }
+
+    fn start(&self, input: &Value, _: &Ctx<'_>) -> Call {
+        Box::pin((self.0)(input))
+    }
+}
+
+fn async_node<F, C>(id: &str, call: F) -> Expr
+where
+    F: Fn(&Value) -> C + Send + Sync + 'static,
+    C: Future<Output = Result<Value, NodeError>> + Send + 'static,
+{
+    node_arc(id, Arc::new(Async(call)))
+}
+
+/// Adds `k`, after waiting once for the loop to come back to it.
+fn add_later(id: &str, k: i64) -> Expr {
+    async_node(id, move |x| {
+        let x = x.as_int().unwrap_or(0);
+        async move {
+            YieldOnce(false).await;
+            Ok(Value::Int(x + k))
+        }
+    })
+}
+
+/// Pending once, waking itself: an await that gives the loop back.
+struct YieldOnce(bool);
+
+impl Future for YieldOnce {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            return Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+/// Where async parties meet: each waits, without a thread, until all have come.
+struct Meeting {
+    parties: usize,
+    state: Mutex<(usize, Vec<Waker>)>,
+}
+
+impl Meeting {
+    fn new(parties: usize) -> Arc<Self> {
+        Arc::new(Meeting {
+            parties,
+            state: Mutex::new((0, Vec::new())),
+        })
+    }
+
+    /// Arrives; ready once every party has, or `Err` at the deadline.
+    fn meet(self: &Arc<Self>) -> impl Future<Output = Result<(), NodeError>> + Send + 'static {
+        let meeting = Arc::clone(self);
+        let deadline = Instant::now() + DEADLINE;
+        let mut arrived = false;
+        std::future::poll_fn(move |cx| {
+            let mut state = meeting.state.lock().unwrap();
+            if !arrived {
+                arrived = true;
+                state.0 += 1;
+                if state.0 == meeting.parties {
+                    for waker in state.1.drain(..) {
+                        waker.wake();
+                    }
+                }
+            }
+            if state.0 >= meeting.parties {
+                return Poll::Ready(Ok(()));
+            }
+            if Instant::now() >= deadline {
+                return Poll::Ready(Err(NodeError::new("the others never came")));
+            }
+            state.1.push(cx.waker().clone());
+            // Looked at again now and then, for the deadline.
+            let waker = cx.waker().clone();
+            thread::spawn(move || {
+                thread::sleep(Duration::from_millis(50));
+                waker.wake();
+            });
+            Poll::Pending
+        })
+    }
+}
+
+fn meets(id: &str, meeting: &Arc<Meeting>) -> Expr {
+    let meeting = Arc::clone(meeting);
+    async_node(id, move |x| {
+        let (x, met) = (x.clone(), meeting.meet());
+        async move {
+            met.await?;
+            Ok(x)
+        }
+    })
+}
+
+fn add(k: i64) -> impl Fn(&Value) -> Result<Value, NodeError> + Send + Sync + 'static {
+    move |x| {
+        x.as_int()
+            .map(|x| Value::Int(x + k))
+            .ok_or_else(|| NodeError::new("not an int"))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The questionnaire
+
+#[test]
+fn a_chain_of_async_and_sync_nodes_computes_what_the_same_chain_all_sync_computes() {
+    let mixed = add_later("a", 1) >> node("b", add(10)) >> add_later("c", 100);
+    let sync = node("a", add(1)) >> node("b", add(10)) >> node("c", add(100));
+    let (out, _) = run_async(&program_of(mixed), Value::Int(0));
+    let expected = Executor::new()
+        .run_program(&program_of(sync), Value::Int(0))
+        .unwrap();
+    assert_eq!(out.unwrap(), expected);
+}
+
+#[test]
+fn the_async_branches_of_a_wave_are_in_flight_together() {
+    let meeting = Meeting::new(3);
+    let expr = meets("a", &meeting) | meets("b", &meeting) | meets("c", &meeting);
+    let (out, _) = run_async(&program_of(expr), Value::Int(7));
+    let out = out.unwrap();
+    let map = out.as_map().unwrap();
+    assert_eq!(map.len(), 3);
+}
+
+#[test]
+fn a_wave_of_a_thousand_waiting_async_nodes_holds_no_thread() {
+    let meeting = Meeting::new(1000);
+    let mut expr = meets("n0", &meeting);
+    for i in 1..1000 {
+        expr = expr | meets(&format!("n{i}"), &meeting);
+    }
+    let program = program_of(expr);
+    let (out, test_loop) = run_async(&program, Value::Int(1));
+    assert_eq!(out.unwrap().as_map().unwrap().len(), 1000);
+    // Each branch was a task, none a thread: the crew never started one.
+    assert_eq!(program.threads(), 0);
+    assert_eq!(test_loop.spawned.load(Ordering::Relaxed), 1001);
+}
+
+#[test]
+fn a_sync_piece_runs_on_a_lent_thread_while_an_async_branch_waits_beside_it() {
+    let meeting = Meeting::new(1);
+    let loop_thread = thread::current().id();
+    let off_the_loop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::clone(&off_the_loop);
+    let sync = node("s", move |x: &Value| {
+        seen.store(thread::current().id() != loop_thread, Ordering::Release);
+        Ok(x.clone())
+    });
+    let (out, _) = run_async(&program_of(meets("a", &meeting) | sync), Value::Int(1));
+    assert_eq!(out.unwrap().as_map().unwrap().len(), 2);
+    assert!(
+        off_the_loop.load(Ordering::Acquire),
+        "a sync node ran on the loop's thread"
+    );
+}
+
+#[test]
+fn the_first_declared_failing_branch_wins_and_a_later_one_stops_at_its_next_boundary() {
+    let failing = |id: &str, message: &'static str| {
+        async_node(id, move |_| async move {
+            for _ in 0..3 {
+                YieldOnce(false).await;
+            }
+            Err(NodeError::new(message))
+        })
+    };
+    let ran_after = Arc::new(AtomicBool::new(false));
+    let seen = Arc::clone(&ran_after);
+    let after = node("after", move |x: &Value| {
+        seen.store(true, Ordering::Release);
+        Ok(x.clone())
+    });
+    // The third branch waits past the first's failure, then reaches a boundary.
+    let slow = async_node("slow", |x| {
+        let x = x.clone();
+        async move {
+            for _ in 0..50 {
+                YieldOnce(false).await;
+            }
+            Ok(x)
+        }
+    });
+    let expr = failing("first", "first") | failing("second", "second") | (slow >> after);
+    let (out, _) = run_async(&program_of(expr), Value::Int(0));
+    match out {
+        Err(RunError::NodeFailed { node, .. }) => assert_eq!(node.as_str(), "first"),
+        other => panic!("expected the first branch's failure, got {other:?}"),
+    }
+    assert!(
+        !ran_after.load(Ordering::Acquire),
+        "a branch ran on after an earlier one failed"
+    );
+}
+
+#[test]
+fn a_panic_in_an_async_node_is_re_raised_after_the_wave_joins() {
+    let panics = async_node("p", |_| async {
+        YieldOnce(false).await;
+        panic!("a bug");
+    });
+    let expr = panics | add_later("fine", 1);
+    let program = program_of(expr);
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run_async(&program, Value::Int(0))
+    }));
+    assert!(outcome.is_err(), "the panic was swallowed");
+}
+
+#[test]
+fn an_async_node_is_looked_up_in_the_cache_as_a_sync_node_is() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let expr = async_node("a", move |x| {
+        counted.fetch_add(1, Ordering::Relaxed);
+        let x = x.as_int().unwrap_or(0);
+        async move { Ok(Value::Int(x + 1)) }
+    }) >> node("b", add(1));
+    let program = program_of(expr);
+    let cache = Arc::new(MemoryCache::new(|id| {
+        Some(soma_core::Key::of_value(&Value::text(id.as_str())).unwrap())
+    }));
+    let executor = Executor::new().with_cache(cache.clone());
+    for _ in 0..2 {
+        let (out, _) = run_with(&executor, &program, Value::Int(1));
+        assert_eq!(out.unwrap(), Value::Int(3));
+    }
+    assert_eq!(calls.load(Ordering::Relaxed), 1);
+    assert_eq!(cache.hits(), 2);
+}
+
+#[test]
+fn each_item_of_an_async_body_is_a_task_and_the_results_keep_their_order() {
+    let expr = each("m", add_later("a", 1), Some(3)).unwrap();
+    let items = Value::list((0..10).map(Value::Int));
+    let (out, _) = run_async(&program_of(expr), items);
+    assert_eq!(out.unwrap(), Value::list((1..11).map(Value::Int)));
+}
+
+#[test]
+fn steps_nested_deeper_than_a_task_nests_inline_run_without_recursing_deeper() {
+    // Each level an `each` of one item around the next: the innermost holds the async node.
+    let mut expr = add_later("leaf", 1);
+    for level in 0..200 {
+        expr = each(format!("l{level}"), expr, None).unwrap();
+    }
+    let mut input = Value::Int(0);
+    let mut expected = Value::Int(1);
+    for _ in 0..200 {
+        input = Value::list([input]);
+        expected = Value::list([expected]);
+    }
+    let program = program_of(expr);
+    let out = crate::support::on_a_small_stack(move || run_async(&program, input).0);
+    assert_eq!(out.unwrap(), expected);
+}
+
+#[test]
+fn the_sync_entry_points_refuse_a_program_with_an_async_node_naming_it() {
+    let program = program_of(node("a", add(1)) >> add_later("late", 1));
+    match Executor::new().run_program(&program, Value::Int(0)) {
+        Err(RunError::NeedsLoop { node }) => assert_eq!(node.as_str(), "late"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert!(program.is_async());
+    assert!(!program_of(node("a", add(1))).is_async());
+}
+
+#[test]
+fn a_cancelled_run_stops_its_branches_and_ends() {
+    let expr = async_node("never", |_| std::future::pending()) | add_later("other", 1);
+    let program = program_of(expr);
+    let test_loop = TestLoop::new();
+    let (task, settled) = Executor::new().start(
+        &program,
+        Value::Int(0),
+        Arc::new(LoopSide(Arc::clone(&test_loop))) as Arc<dyn Tasks>,
+    );
+    task.cancel();
+    test_loop.add(task);
+    test_loop.run_until(&settled);
+    match settled.take().unwrap().unwrap() {
+        Err(RunError::Interrupted) => {}
+        other => panic!("expected the run stopped, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_plain_closure_node_is_not_async() {
+    let program = program_of(node("a", plain(|_: &str, x: &Value| Ok(x.clone()))));
+    assert!(!program.is_async());
+}
