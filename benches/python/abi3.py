@@ -53,6 +53,12 @@ def child() -> None:
     print(json.dumps({"module": built, **{name: t.median_s for name, t in timings.items()}}))
 
 
+def spread(values: list[float]) -> float:
+    """Half the interquartile range of ``values``, as a fraction of their median."""
+    quartiles = statistics.quantiles(values, n=4)
+    return (quartiles[2] - quartiles[0]) / 2 / statistics.median(values)
+
+
 def timed_by(python: str) -> dict[str, Any]:
     done = subprocess.run(
         [python, __file__, "--child"],
@@ -94,10 +100,16 @@ def main() -> None:
     ]
     for row in ROWS:
         medians = {name: statistics.median(run[row] for run in rounds[name]) for name in builds}
-        cells = " | ".join(f"{medians[name] * 1e6:,.1f} µs" for name in builds)
+        cells = " | ".join(
+            f"{medians[name] * 1e6:,.1f} µs ± {spread([run[row] for run in rounds[name]]):.0%}"
+            for name in builds
+        )
         lines.append(f"| {row} | {cells} | {medians['abi3'] / medians['own ABI']:.3f} |")
     lines.append("")
-    lines.append(f"Medians of {args.rounds} rounds, each the median of 5 interleaved samples.")
+    lines.append(
+        f"Medians of {args.rounds} rounds, each the median of 5 interleaved samples; ± half the "
+        "interquartile range of the rounds, as a fraction of the median."
+    )
     table = "\n".join(lines)
     print(table)
     if args.out:
