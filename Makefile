@@ -9,7 +9,8 @@ PY := $(BIN)/python
 RUST_SOURCES := $(shell find crates -name '*.rs' -o -name Cargo.toml) Cargo.toml Cargo.lock pyproject.toml
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: setup build demo test lint test-rust test-python test-torch fmt clean bench soak
+.PHONY: setup build demo test lint test-rust test-python test-wheel test-py313 test-torch wheel fmt \
+	clean bench soak
 
 setup: $(VENV)/.tools build
 
@@ -22,6 +23,9 @@ $(VENV)/.tools: constraints.txt
 build: $(VENV)/.built
 
 $(VENV)/.built: $(VENV)/.tools $(RUST_SOURCES)
+	# A module built for another ABI (`_soma.cpython-311-….so` beside `_soma.abi3.so`) would be
+	# imported first and run stale code: only the one built now stays.
+	rm -f python/soma/_soma.*.so
 	VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/maturin develop --release --quiet
 	touch $@
 
@@ -44,7 +48,43 @@ test-rust:
 test-python: setup
 	$(BIN)/pytest
 
-test: lint test-rust test-python
+test: lint test-rust test-python test-wheel
+
+# What a user installs: one wheel for every CPython from 3.11 on (abi3), and the sdist that
+# `pip install` builds from where no wheel fits (it needs Rust). Rebuilt when a source changes.
+PACKAGE_SOURCES := $(RUST_SOURCES) README.md $(shell find python/soma -name '*.py' -o -name '*.pyi' -o -name py.typed)
+wheel: dist/.built
+
+dist/.built: $(VENV)/.tools $(PACKAGE_SOURCES)
+	rm -rf dist
+	$(BIN)/maturin build --release --quiet --out dist
+	$(BIN)/maturin sdist --out dist
+	touch $@
+
+# The wheel installed into a fresh venv outside the checkout, then the quickstart and one run of
+# each feature from there (tests/installed/).
+test-wheel: wheel setup
+	SOMA_WHEELS=$(abspath dist) $(BIN)/pytest tests/installed
+
+# The whole suite on CPython 3.13, which Debian bookworm does not package: built once from
+# Debian's source package into a cache folder outside the checkout (.ci/cpython-from-debian.sh;
+# about ten minutes on two cores), with the same wheel installed as a user would.
+CPYTHON_CACHE ?= $(HOME)/.cache/soma/cpython
+VENV313 := .venv-3.13
+
+test-py313: wheel $(VENV313)/.tools
+	$(VENV313)/bin/python -m pip install --quiet --force-reinstall --no-deps --no-index dist/*.whl
+	SOMA_WHEELS=$(abspath dist) $(VENV313)/bin/pytest
+
+$(CPYTHON_CACHE)/3.13/.built:
+	.ci/cpython-from-debian.sh 3.13 $(CPYTHON_CACHE) >/dev/null
+
+$(VENV313)/.tools: constraints.txt $(CPYTHON_CACHE)/3.13/.built
+	rm -rf $(VENV313)
+	$(CPYTHON_CACHE)/3.13/install/bin/python3.13 -m venv $(VENV313)
+	$(VENV313)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV313)/bin/python -m pip install --quiet -r constraints.txt -c constraints.txt
+	touch $@
 
 # torch is a few GB installed, so `setup` leaves it out and `make test` leaves its tests out.
 # This installs it into .venv (pinned in tests/with_torch/requirements.txt: the ordinary wheel
@@ -89,4 +129,4 @@ $(VENV)/.bench-peers: $(VENV)/.tools benches/python/requirements.txt benches/pyt
 	touch $@
 
 clean:
-	rm -rf $(VENV) target
+	rm -rf $(VENV) $(VENV313) target dist

@@ -8,7 +8,7 @@ host to Ray) — runs the graph, checks the result against the same graph run he
 distributed plan, which Ray node ran each placed node and the spans the hosts traced, and shuts
 the cluster down. On a real cluster, start each machine's node with
 `ray start --resources='{"soma-host:<name>": 1}'` instead, and connect with
-`ray.init(address="auto")`. Needs Ray: `pip install 'soma[ray]'`.
+`ray.init(address="auto")`. Needs Ray: `pip install 'soma-graph[ray]'`.
 """
 
 import numpy as np

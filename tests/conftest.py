@@ -28,6 +28,10 @@ import soma
 # with SOMA_TORCH_TESTS=1; every other run leaves them out, torch installed or not. (Not named
 # `torch`: this folder is on `sys.path`, where a folder of that name would pass for torch.)
 collect_ignore = [] if os.environ.get("SOMA_TORCH_TESTS") else ["with_torch"]
+# tests/installed/ installs the wheel `make wheel` built into a fresh venv: `make test-wheel`
+# (part of `make test`) and `make test-py313` build it and name its folder in SOMA_WHEELS.
+if not os.environ.get("SOMA_WHEELS"):
+    collect_ignore.append("installed")
 
 # Seconds a rendezvous waits for the other side before it declares the run sequential.
 DEADLINE = 5.0

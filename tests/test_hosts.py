@@ -189,7 +189,7 @@ def test_without_ray_a_graph_with_hosts_says_how_to_install_it() -> None:
     )
     assert child.returncode == 0, child.stderr
     assert "Soma runs them on Ray, which is not installed" in child.stdout
-    assert "pip install 'soma[ray]'" in child.stdout
+    assert "pip install 'soma-graph[ray]'" in child.stdout
 
 
 def test_a_timeout_met_while_a_slice_is_out_names_the_slices_nodes_and_host() -> None:

@@ -50,7 +50,7 @@ def resource_of(host: str) -> str:
 #: The slices a host's actor may run at once.
 MAX_CONCURRENCY = 64
 
-_INSTALL_HINT = "install Ray with `pip install 'soma[ray]'` (or `pip install ray`)"
+_INSTALL_HINT = "install Ray with `pip install 'soma-graph[ray]'` (or `pip install ray`)"
 
 
 def _import_ray() -> Any:

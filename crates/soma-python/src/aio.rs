@@ -491,7 +491,7 @@ fn enter<'py>(py: Python<'py>, context: &Bound<'py, PyAny>) -> PyResult<Bound<'p
     // SAFETY: the GIL is held and `context` is a `contextvars.Context`, entered by no thread
     // (a stepper's steps never overlap, and its context is its own).
     #[allow(unsafe_code)]
-    let entered = unsafe { pyo3::ffi::PyContext_Enter(context.as_ptr()) };
+    let entered = unsafe { crate::context::contextvars_c::PyContext_Enter(context.as_ptr()) };
     if entered != 0 {
         return Err(PyErr::fetch(py));
     }
@@ -503,7 +503,7 @@ fn leave(py: Python<'_>, context: &Bound<'_, PyAny>) -> PyResult<()> {
     // SAFETY: the GIL is held and this thread entered `context`; every context a node entered
     // since it has left again, so it is the current one.
     #[allow(unsafe_code)]
-    let left = unsafe { pyo3::ffi::PyContext_Exit(context.as_ptr()) };
+    let left = unsafe { crate::context::contextvars_c::PyContext_Exit(context.as_ptr()) };
     if left != 0 {
         return Err(PyErr::fetch(py));
     }
@@ -642,8 +642,9 @@ impl LoopTasks {
         // SAFETY: the GIL is held; `PyContext_CopyCurrent` returns a new reference, or null with
         // an exception set.
         #[allow(unsafe_code)]
-        let context =
-            unsafe { Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyContext_CopyCurrent()) }?;
+        let context = unsafe {
+            Bound::from_owned_ptr_or_err(py, crate::context::contextvars_c::PyContext_CopyCurrent())
+        }?;
         Ok(Stepper::new(
             task,
             Arc::clone(&self.mailbox),

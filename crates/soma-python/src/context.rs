@@ -30,7 +30,6 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use pyo3::ffi;
 use pyo3::prelude::*;
 use soma_core::{Captured, ItemContext};
 
@@ -137,13 +136,34 @@ impl Captured for Caller {
     }
 }
 
+/// The four calls of the interpreter's `contextvars` C API that carrying a context needs,
+/// declared here because they are not in the limited API an abi3 wheel is built against
+/// (`pyo3::ffi` leaves them out there). Every Python from 3.7 on exports them with these
+/// signatures (`Include/cpython/context.h`, 3.14's too), and the Python calls that would stand in
+/// for them (`copy_context()`, `Context.run`) cost a Python call each per branch; an interpreter
+/// that lacked one would refuse to import the module (an undefined symbol), never run it wrongly.
+pub(crate) mod contextvars_c {
+    use std::os::raw::c_int;
+
+    use pyo3::ffi::PyObject;
+
+    extern "C" {
+        pub(crate) fn PyContext_Copy(context: *mut PyObject) -> *mut PyObject;
+        pub(crate) fn PyContext_CopyCurrent() -> *mut PyObject;
+        pub(crate) fn PyContext_Enter(context: *mut PyObject) -> c_int;
+        pub(crate) fn PyContext_Exit(context: *mut PyObject) -> c_int;
+    }
+}
+
 /// A copy of `context`, a `contextvars.Context`; `None`, the error reported, if none could be
 /// made (out of memory), as for [`copy_current`].
 fn copy_of<'py>(py: Python<'py>, context: &Py<PyAny>) -> Option<Bound<'py, PyAny>> {
     // SAFETY: the GIL is held and `context` is a `contextvars.Context`; `PyContext_Copy`
     // returns a new reference, or null with an exception set.
     #[allow(unsafe_code)]
-    let copy = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyContext_Copy(context.as_ptr())) };
+    let copy = unsafe {
+        Bound::from_owned_ptr_or_err(py, contextvars_c::PyContext_Copy(context.as_ptr()))
+    };
     copy.map_err(|error| error.write_unraisable(py, None)).ok()
 }
 
@@ -154,7 +174,8 @@ fn copy_current(py: Python<'_>) -> Option<Bound<'_, PyAny>> {
     // SAFETY: the GIL is held; `PyContext_CopyCurrent` returns a new reference, or null with an
     // exception set.
     #[allow(unsafe_code)]
-    let context = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyContext_CopyCurrent()) };
+    let context =
+        unsafe { Bound::from_owned_ptr_or_err(py, contextvars_c::PyContext_CopyCurrent()) };
     context
         .map_err(|error| error.write_unraisable(py, None))
         .ok()
@@ -172,7 +193,7 @@ fn run_in(
     // SAFETY: the GIL is held; `context` is a context nobody has entered (the caller's promise),
     // so entering it succeeds.
     #[allow(unsafe_code)]
-    let entered = unsafe { ffi::PyContext_Enter(context.as_ptr()) } == 0;
+    let entered = unsafe { contextvars_c::PyContext_Enter(context.as_ptr()) } == 0;
     if !entered {
         PyErr::fetch(py).write_unraisable(py, None);
     }
@@ -184,7 +205,7 @@ fn run_in(
         // SAFETY: the GIL is held and this thread entered `context` above; every context a node
         // entered since (`Context.run`) it has left again, so `context` is the current one.
         #[allow(unsafe_code)]
-        if unsafe { ffi::PyContext_Exit(context.as_ptr()) } != 0 {
+        if unsafe { contextvars_c::PyContext_Exit(context.as_ptr()) } != 0 {
             PyErr::fetch(py).write_unraisable(py, None);
         }
     }

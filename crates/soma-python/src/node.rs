@@ -22,6 +22,48 @@ use crate::device;
 use crate::protocol::{Await, Done, PyCtx};
 use crate::watch::note_interrupt;
 
+/// `callable(arg, ...)`, its arguments handed over as an array (the interpreter's vectorcall):
+/// what `call1` does with an interpreter's own ABI. Under the stable ABI (abi3, which the wheel is
+/// built for) `call1` builds a tuple of them on every call instead, which cost a chain of trivial
+/// nodes about a fifth of its time (`benches/python/abi3.py`).
+macro_rules! call {
+    ($callable:expr, $($arg:expr),+) => {{
+        let callable: &Bound<'_, PyAny> = $callable;
+        let args = [$($arg.as_ptr()),+];
+        // SAFETY: the GIL is held (a `Bound` is proof of it); each argument is a `Bound` borrowed
+        // at the call site, alive until the call returns, and `args` holds exactly `args.len()`
+        // of them, with no keyword names. It returns a new reference, or null with an exception
+        // set, which is what `from_owned_ptr_or_err` takes.
+        #[allow(unsafe_code)]
+        unsafe {
+            let out = vectorcall::PyObject_Vectorcall(
+                callable.as_ptr(),
+                args.as_ptr(),
+                args.len(),
+                std::ptr::null_mut(),
+            );
+            Bound::from_owned_ptr_or_err(callable.py(), out)
+        }
+    }};
+}
+
+/// The interpreter's vectorcall, declared here because the limited API an abi3-py311 build sees
+/// has it only from 3.12 on (`pyo3::ffi` leaves it out). Python 3.11 exports the same function
+/// with the same signature (`Include/cpython/abstract.h`), and 3.12 made it part of the stable
+/// ABI.
+mod vectorcall {
+    use pyo3::ffi::PyObject;
+
+    extern "C" {
+        pub(super) fn PyObject_Vectorcall(
+            callable: *mut PyObject,
+            args: *const *mut PyObject,
+            nargsf: usize,
+            kwnames: *mut PyObject,
+        ) -> *mut PyObject;
+    }
+}
+
 /// A Python object with a `forward(x)` or `forward(x, ctx)` method; `async def forward` makes
 /// it an async node, whose calls are coroutines the engine steps on the loop ([`Coroutine`]).
 pub struct PythonNode {
@@ -123,18 +165,19 @@ impl PythonNode {
                 results: PyTuple::new(py, results)?.unbind(),
                 device: ctx.device().map(|device| device.to_string()),
             };
+            let ctx = Bound::new(py, ctx)?;
             match &self.callee {
                 Callee::Method { function, object } => {
-                    function.bind(py).call1((object.bind(py), x, ctx))
+                    call!(function.bind(py), object.bind(py), x, ctx)
                 }
-                Callee::Other(forward) => forward.bind(py).call1((x, ctx)),
+                Callee::Other(forward) => call!(forward.bind(py), x, ctx),
             }
         } else {
             match &self.callee {
                 Callee::Method { function, object } => {
-                    function.bind(py).call1((object.bind(py), x))
+                    call!(function.bind(py), object.bind(py), x)
                 }
-                Callee::Other(forward) => forward.bind(py).call1((x,)),
+                Callee::Other(forward) => call!(forward.bind(py), x),
             }
         }
     }
@@ -346,10 +389,12 @@ fn within_device<T>(
 /// The iterator to step for what `forward` returned: the coroutine itself, or the iterator of
 /// any other awaitable's `__await__`.
 fn awaited<'py>(py: Python<'py>, started: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-    // SAFETY: the GIL is held; `PyCoro_CheckExact` reads the object's type.
-    #[allow(unsafe_code)]
-    let is_coroutine = unsafe { pyo3::ffi::PyCoro_CheckExact(started.as_ptr()) } != 0;
-    if is_coroutine {
+    // Looked up once; told by the exact type, as the stable ABI has no `PyCoro_CheckExact`.
+    static COROUTINE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    if started
+        .get_type()
+        .is(COROUTINE.import(py, "types", "CoroutineType")?)
+    {
         return Ok(started.clone());
     }
     started.call_method0(intern!(py, "__await__"))
