@@ -4,6 +4,9 @@ Each block is executed in a fresh namespace, compiled under its file's name and 
 line, so a failure's traceback points into the Markdown itself (`docs/guide.md:123`). A block
 followed by a paragraph saying `prints` and a ```text block must print exactly that text.
 
+A block that imports torch runs where torch is installed (``make test-torch`` installs it, and
+runs those blocks itself, in ``tests/with_torch/test_torch_docs.py``), and is skipped elsewhere.
+
 Every fence is read strictly first: a block opens with a labelled fence (```python, ```text)
 and closes with a bare one. A stray fence would otherwise pair with the next one and turn prose
 into a block and a ```python block into prose, which then runs nowhere without a word.
@@ -11,6 +14,7 @@ into a block and a ```python block into prose, which then runs nowhere without a
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,6 +99,19 @@ def blocks(path: Path) -> list[Block]:
 
 
 BLOCKS = [block for path in DOCUMENTS for block in blocks(path)]
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+
+
+def needs_torch(block: Block) -> bool:
+    return "\nimport torch\n" in f"\n{block.source}"
+
+
+def runnable(block: Block) -> object:
+    """The block, skipped where it needs torch and torch is not installed."""
+    mark = pytest.mark.skipif(
+        needs_torch(block) and not HAS_TORCH, reason="needs torch: `make test-torch` installs it"
+    )
+    return pytest.param(block, id=block.where, marks=[mark])
 
 
 @pytest.mark.parametrize("path", DOCUMENTS, ids=lambda path: str(path.relative_to(ROOT)))
@@ -132,13 +149,23 @@ def test_the_documents_have_python_blocks() -> None:
     assert {"README.md", "guide.md"} <= documents, documents
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=lambda block: block.where)
+@pytest.mark.parametrize("block", [runnable(block) for block in BLOCKS])
 def test_a_python_block_runs(
     block: Block,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:
+    run_block(block, capsys, monkeypatch, tmp_path)
+
+
+def run_block(
+    block: Block,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """Runs ``block`` in a fresh namespace from ``tmp_path``, and checks what it prints."""
     monkeypatch.chdir(tmp_path)  # Whatever a block writes lands outside the repository.
     # Padded to its line and compiled under the file's name: tracebacks point into the Markdown.
     code = compile("\n" * (block.line - 1) + block.source, str(block.path), "exec")
