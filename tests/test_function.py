@@ -250,6 +250,11 @@ def test_a_lambda_in_an_expression_is_a_node_named_lambda() -> None:
     assert g.forward(1) == 8
 
 
+def test_two_plain_functions_alone_are_pythons_to_refuse() -> None:
+    with pytest.raises(TypeError):
+        increment >> increment  # type: ignore[operator]
+
+
 def test_g_node_registers_a_plain_function_as_a_node() -> None:
     g = soma.Graph()
     first = g.node(increment)

@@ -301,7 +301,11 @@ def _add(parent: Any, name: str, module: Any, node_id: str) -> None:
     """Registers ``module`` under ``name``, or says why a name cannot be one."""
     if "." in name or (hasattr(parent, name) and name not in parent._modules):
         what = "its id" if name == node_id else f"its attribute or key `{name}`"
-        reason = "holds a `.`" if "." in name else f"is taken by `{type(parent).__name__}`"
+        reason = (
+            "holds a `.`"
+            if "." in name
+            else f"names an attribute every `{type(parent).__name__}` has already"
+        )
         error = ModuleError(
             f"node `{node_id}` holds a torch module, and {what} cannot name it in a module: it "
             f"{reason}\nhint: give the node another id with `.named(...)`"

@@ -167,6 +167,28 @@ def test_a_function_node_of_a_modules_method_registers_the_module() -> None:
     assert m.step is layer
 
 
+def test_a_function_node_of_a_callable_object_registers_the_modules_it_holds() -> None:
+    class Scorer:
+        def __init__(self) -> None:
+            self.net = nn.Linear(3, 1)
+
+        def __call__(self, x: torch.Tensor) -> torch.Tensor:
+            return self.net(x)
+
+    scorer = Scorer()
+    m = soma.Graph.somatize(soma.node(scorer)).module()
+    assert [name for name, _ in m.named_parameters()] == ["scorer.net.weight", "scorer.net.bias"]
+    assert m.scorer.net is scorer.net
+
+
+def test_its_forward_takes_the_graphs_keywords() -> None:
+    g, _, _, _ = two_branches()
+    trace = soma.Trace()
+    out = g.module()(torch.randn(4, 8), trace=trace, timeout=60.0)
+    assert out.shape == (4, 4)
+    assert sorted(span.node for span in trace.spans) == ["encoder", "join", "left", "right"]
+
+
 def test_the_nodes_inside_each_switch_and_loop_are_registered_by_their_ids() -> None:
     g = soma.Graph.somatize(
         soma.each(nn.Linear(2, 2)).named("items")
@@ -220,6 +242,29 @@ def test_to_a_device_keeps_a_placed_node_on_its_own_and_says_so() -> None:
         m.to("meta")
     assert m.free.weight.device.type == "meta"
     assert m.pinned.weight.device.type == "cpu"
+
+
+def test_cuda_and_cpu_go_through_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    m = soma.Graph.somatize(soma.node(nn.Linear(2, 2))).module()
+    asked: list[object] = []
+    monkeypatch.setattr(type(m), "to", lambda self, *args: asked.append(args) or self)
+    assert m.cuda() is m
+    m.cuda(1)
+    m.cpu()
+    assert asked == [("cuda",), (torch.device("cuda", 1),), ("cpu",)]
+
+
+def test_a_placed_module_node_moves_the_tensors_of_a_dict_it_receives() -> None:
+    class Sum(nn.Module):
+        def forward(self, parts: dict[str, torch.Tensor]) -> torch.Tensor:
+            return parts["a"] + parts["b"]
+
+    class Make(soma.Node):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+    g = soma.Graph.somatize((Make().named("a") | Make().named("b")) >> soma.node(Sum()).on("meta"))
+    assert g.forward(torch.ones(2)).device.type == "meta"
 
 
 def test_to_the_device_a_node_is_placed_on_says_nothing() -> None:
@@ -293,7 +338,9 @@ def test_a_node_id_holding_a_dot_is_a_module_error_naming_it() -> None:
 
 def test_a_node_id_that_nn_module_takes_is_a_module_error_naming_it() -> None:
     g = soma.Graph.somatize(soma.node(nn.Linear(2, 2)).named("forward"))
-    with pytest.raises(soma.ModuleError, match="is taken by `GraphModule`"):
+    with pytest.raises(
+        soma.ModuleError, match="names an attribute every `GraphModule` has already"
+    ):
         g.module()
 
 
@@ -338,6 +385,13 @@ def test_missing_and_unexpected_keys_name_their_nodes_unless_not_strict() -> Non
     result = m.load_state_dict(saved, strict=False)
     assert result.missing_keys == ["encoder.0.bias"]
     assert result.unexpected_keys == ["extra.weight"]
+
+
+def test_a_size_that_differs_is_refused_even_when_not_strict() -> None:
+    saved = two_branches()[0].module().state_dict()
+    saved["right.bias"] = torch.zeros(5)
+    with pytest.raises(soma.StateDictError, match=r"`right\.bias` is \(5,\) in the state_dict"):
+        two_branches()[0].module().load_state_dict(saved, strict=False)
 
 
 def test_a_state_dict_saved_in_one_process_loads_in_another(tmp_path: Path) -> None:
