@@ -49,6 +49,8 @@ class _Graph(Protocol):
     """What the module needs of ``soma.Graph``, named by what it does so that this module need
     not import the graph's, which imports this one."""
 
+    _hosts: dict[str, str]
+
     def plan(self) -> _soma.Plan: ...
 
     def implementation(self, node_id: str) -> Any: ...
@@ -154,7 +156,14 @@ def _made() -> tuple[type[GraphModule], type[NodeModules]]:
             cache: Any = None,
         ) -> Any:
             """Runs the graph on ``input``, as ``g.forward(input, ...)`` with the same
-            keywords: ``micro_batches=k`` runs the slices of a batch through it, overlapped."""
+            keywords: ``micro_batches=k`` runs the slices of a batch through it, overlapped.
+
+            With grad mode on, a node on a host whose modules have parameters to train is a
+            ``soma.ModuleError``: what a host returns comes back without autograd's record, so
+            ``backward`` could not reach them, and they would silently not train."""
+            hosts = self._soma_graph._hosts
+            if hosts and torch.is_grad_enabled():
+                _refuse_trained_on_hosts(self, hosts)
             return self._soma_graph.forward(
                 input,
                 driver=driver,
@@ -230,6 +239,21 @@ def _made() -> tuple[type[GraphModule], type[NodeModules]]:
         cls.__module__ = __name__
         cls.__qualname__ = cls.__name__
     return GraphModule, NodeModules
+
+
+def _refuse_trained_on_hosts(module: Any, hosts: dict[str, str]) -> None:
+    """Refuses a run with grad mode on that would send modules to train to a host."""
+    for node_id, host in hosts.items():
+        held = module._modules.get(node_id)
+        if held is not None and any(p.requires_grad for p in held.parameters()):
+            error = ModuleError(
+                f"node `{node_id}` runs on host `{host}`, and its modules have parameters to "
+                "train: what a host returns comes back without autograd's record, so backward "
+                "would not reach them\nhint: run it under `torch.no_grad()` to infer, or keep "
+                f"the nodes you train here: `g.place_at({node_id!r}, None)`"
+            )
+            error.node = node_id
+            raise error
 
 
 def _remade(graph: _Graph, training: bool) -> GraphModule:

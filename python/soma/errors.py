@@ -154,7 +154,8 @@ class NodePicklingError(SomaError, pickle.PicklingError):
 class ModuleError(SomaError, ValueError):
     """``g.module()`` could not register a node's torch module (``.node``): its id, or the
     attribute that holds it, cannot name a submodule (it holds a ``.``, or is taken by
-    ``nn.Module`` itself, such as ``forward`` or ``training``)."""
+    ``nn.Module`` itself, such as ``forward`` or ``training``); or its ``forward``, with grad
+    mode on, would run modules to train on a host, where backward cannot reach them."""
 
     node: str | None = None
 

@@ -82,6 +82,14 @@ hint: keep the module under a name without a `.`\
 """)
 
 
+def test_a_module_to_train_on_a_host() -> None:
+    g = soma.Graph.somatize(soma.node(nn.Linear(2, 2)).named("remote").at("gpu-box"))
+    assert story(lambda: g.module()(torch.ones(1, 2))) == snapshot("""\
+ModuleError: node `remote` runs on host `gpu-box`, and its modules have parameters to train: what a host returns comes back without autograd's record, so backward would not reach them
+hint: run it under `torch.no_grad()` to infer, or keep the nodes you train here: `g.place_at('remote', None)`\
+""")
+
+
 def test_a_placed_node_kept_on_its_device() -> None:
     g = soma.Graph.somatize(soma.node(nn.Linear(2, 2)).named("pinned").on("cpu"))
     with warnings.catch_warnings(record=True) as caught:

@@ -329,6 +329,14 @@ def test_a_deep_copy_registers_the_copied_graphs_own_modules() -> None:
     )
 
 
+def test_training_a_module_on_a_host_is_a_module_error_naming_it() -> None:
+    g, _, _, _ = two_branches()
+    g.place_at("left", "gpu-box")
+    with pytest.raises(soma.ModuleError, match="node `left` runs on host `gpu-box`") as raised:
+        g.module()(torch.randn(2, 8))
+    assert raised.value.node == "left"
+
+
 def test_a_node_id_holding_a_dot_is_a_module_error_naming_it() -> None:
     g = soma.Graph.somatize(soma.node(nn.Linear(2, 2)).named("enc.v2"))
     with pytest.raises(soma.ModuleError, match=r"node `enc\.v2` holds a torch module") as raised:
