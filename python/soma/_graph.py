@@ -115,6 +115,11 @@ def _read_shape(obj: object) -> tuple[bool, bool]:
     return takes_ctx, is_async
 
 
+# What an object that is no soma.Node reads as its `_soma_id`: every node has one, `None` unless
+# `.named()` set it, so that the common case tells the two apart with the read it makes anyway.
+_NOT_SOMAS = object()
+
+
 def _registered(obj: object) -> object:
     """What ``Graph.node`` registers for ``obj``, which is no ``soma.Node``: a node of it for a
     function or a torch module, else ``obj`` itself (which the core refuses if it has no
@@ -217,9 +222,10 @@ class Graph:
             obj = id_or_obj
             if isinstance(obj, type):
                 refuse_class(obj, verb="register", call="g.node(")
-            if not isinstance(obj, Composable):
+            named = getattr(obj, "_soma_id", _NOT_SOMAS)
+            if named is _NOT_SOMAS:  # No soma.Node: a function, a module, an object of its own.
                 obj = _registered(obj)
-            named = getattr(obj, "_soma_id", None)
+                named = getattr(obj, "_soma_id", None)
             if named is None:
                 node_id = self._core.free_id(snake_case(type(obj).__name__))
             elif type(named) is str and named.isascii():
