@@ -792,6 +792,15 @@ def _node_pickler() -> Callable[[IO[bytes], int, Graph], pickle.Pickler]:
         def __init__(self, file: IO[bytes], protocol: int, graph: Graph) -> None:
             super().__init__(file, protocol)
             self._graph = graph
+            # torch registers with this pickler reductions that send a tensor as a handle to
+            # shared memory, valid only while this process lives; a graph's pickle may be a
+            # checkpoint loaded after it has exited, so a tensor pickles by value, as torch
+            # pickles it anywhere else.
+            self.dispatch_table = {
+                cls: reduce
+                for cls, reduce in self.dispatch_table.items()
+                if not getattr(reduce, "__module__", "").startswith("torch.multiprocessing")
+            }
 
         def persistent_id(self, obj: Any) -> str | None:
             return _THIS_GRAPH if obj is self._graph else None

@@ -449,6 +449,47 @@ def test_a_state_dict_saved_in_one_process_loads_in_another(tmp_path: Path) -> N
     )
 
 
+def test_a_whole_model_saved_by_a_process_that_exited_loads_in_another(tmp_path: Path) -> None:
+    # A graph's nodes pickle with multiprocessing's pickler, where torch registers a tensor's
+    # reduction to shared memory, valid only while the process that pickled it lives.
+    (tmp_path / "saved_model.py").write_text(
+        "import soma, torch\n"
+        "from torch import nn\n\n\n"
+        "def build():\n"
+        "    torch.manual_seed(0)\n"
+        "    return soma.Graph.somatize(soma.node(nn.Linear(3, 4)) >> nn.Tanh()).module()\n"
+    )
+    model, graph = tmp_path / "model.pt", tmp_path / "graph.pickle"
+    save = (
+        "import pickle, torch, saved_model\n"
+        "m = saved_model.build()\n"
+        f"torch.save(m, {str(model)!r})\n"
+        f"open({str(graph)!r}, 'wb').write(pickle.dumps(m._soma_graph))\n"
+    )
+    load = (
+        "import pickle, torch, saved_model\n"
+        f"m = torch.load({str(model)!r}, weights_only=False)\n"
+        f"g = pickle.loads(open({str(graph)!r}, 'rb').read())\n"
+        "x = torch.ones(2, 3)\n"
+        "expected = saved_model.build()(x)\n"
+        "torch.testing.assert_close(m(x), expected)\n"
+        "torch.testing.assert_close(g.forward(x), expected)\n"
+        "assert m.linear is m._soma_graph.implementation('linear').module\n"
+        "print('loaded')\n"
+    )
+    for script in (save, load):
+        run = subprocess.run(
+            [sys.executable, "-c", script],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert run.returncode == 0, run.stderr
+    assert run.stdout == "loaded\n"
+
+
 def test_torch_is_not_imported_by_import_soma_nor_by_building_without_it() -> None:
     run = subprocess.run(
         [
