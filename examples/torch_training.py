@@ -89,8 +89,9 @@ def train(weights: Path) -> float:
             print(f"step {step + 1:>2}: training loss {loss.item():.3f}")
     loss, accuracy = evaluate(model)
     print(f"held out, after training: loss {loss:.4f}, accuracy {accuracy:.0%}")
-    torch.save(model.state_dict(), weights)
-    print(f"saved {len(model.state_dict())} tensors: {', '.join(list(model.state_dict())[:3])}, ...")
+    state = model.state_dict()
+    torch.save(state, weights)
+    print(f"saved {len(state)} tensors: {', '.join(list(state)[:3])}, ...")
     return loss
 
 
