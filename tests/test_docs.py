@@ -4,8 +4,9 @@ Each block is executed in a fresh namespace, compiled under its file's name and 
 line, so a failure's traceback points into the Markdown itself (`docs/guide.md:123`). A block
 followed by a paragraph saying `prints` and a ```text block must print exactly that text.
 
-A block that imports torch runs where torch is installed (``make test-torch`` installs it, and
-runs those blocks itself, in ``tests/with_torch/test_torch_docs.py``), and is skipped elsewhere.
+A block that imports torch is run by ``make test-torch`` (``tests/with_torch/test_torch_docs.py``),
+which installs torch, and skipped here: run in this process, it would leave torch loaded for the
+tests after it, which expect what a process without torch does.
 
 Every fence is read strictly first: a block opens with a labelled fence (```python, ```text)
 and closes with a bare one. A stray fence would otherwise pair with the next one and turn prose
@@ -14,7 +15,6 @@ into a block and a ```python block into prose, which then runs nowhere without a
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,7 +99,6 @@ def blocks(path: Path) -> list[Block]:
 
 
 BLOCKS = [block for path in DOCUMENTS for block in blocks(path)]
-HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
 def needs_torch(block: Block) -> bool:
@@ -107,10 +106,8 @@ def needs_torch(block: Block) -> bool:
 
 
 def runnable(block: Block) -> object:
-    """The block, skipped where it needs torch and torch is not installed."""
-    mark = pytest.mark.skipif(
-        needs_torch(block) and not HAS_TORCH, reason="needs torch: `make test-torch` installs it"
-    )
+    """The block, skipped if it needs torch: ``make test-torch`` runs it."""
+    mark = pytest.mark.skipif(needs_torch(block), reason="needs torch: `make test-torch` runs it")
     return pytest.param(block, id=block.where, marks=[mark])
 
 

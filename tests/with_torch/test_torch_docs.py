@@ -1,8 +1,8 @@
 """With torch: the guide's blocks that import torch run, and the training example trains,
 saves, and evaluates in a fresh process what the trainer evaluated.
 
-``tests/test_docs.py`` and ``tests/test_examples.py`` run them too where torch is installed;
-here ``make test-torch`` runs them whatever else is installed.
+``tests/test_docs.py`` leaves these blocks to this file, and ``tests/test_examples.py`` runs
+the example too where torch is installed.
 
 Run by ``make test-torch``, which installs torch; left out of ``make test``.
 """
