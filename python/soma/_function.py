@@ -97,11 +97,13 @@ class NodeFunction(Generic[P, R]):
                 "hint: decorate a `def` with `@soma.node`, or subclass soma.Node"
             )
         self.__wrapped__ = function
-        name = _name_of(function)
+        inner = _unwrapped(function)
+        name = getattr(inner, "__name__", None)
+        name = name if isinstance(name, str) and name else type(inner).__name__
         self.__name__ = name
-        self.__qualname__ = getattr(function, "__qualname__", name)
-        self.__module__ = getattr(function, "__module__", None) or type(function).__module__
-        self.__doc__ = getattr(function, "__doc__", None)
+        self.__qualname__ = getattr(inner, "__qualname__", name)
+        self.__module__ = getattr(inner, "__module__", None) or type(inner).__module__
+        self.__doc__ = getattr(inner, "__doc__", None)
         forward, shape = _calling(function, name)
         self._node_class = cast(
             type[FunctionNode],
@@ -183,13 +185,12 @@ class NodeFunction(Generic[P, R]):
         return f"soma.node({self.__wrapped__!r})"
 
 
-def _name_of(function: Callable[..., Any]) -> str:
-    """What a function's nodes are named after: its name, a partial's function's, or a
-    callable object's class's."""
+def _unwrapped(function: Callable[..., Any]) -> Any:
+    """What a function's nodes are named after (its name, else its class's for a callable
+    object): the function itself, or the one a partial binds."""
     while isinstance(function, functools.partial):
         function = function.func
-    name = getattr(function, "__name__", None)
-    return name if isinstance(name, str) and name else type(function).__name__
+    return function
 
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
