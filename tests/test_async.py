@@ -726,8 +726,10 @@ def test_a_cancelled_placed_async_node_runs_its_finally_on_its_device_and_puts_i
     seen: list[str | None] = []
     with registered(Recorder()) as backend:
         g = soma.Graph.somatize(Cleans(backend, seen).named("a").on("cuda:1"))
+        # A positive timeout: at 0 the deadline has passed at the run's first node boundary,
+        # where the engine stops a run before any node starts, sync or async.
         with pytest.raises(TimeoutError, match="`a`"):
-            run(g.aforward(None, timeout=0))
+            run(g.aforward(None, timeout=0.05))
         assert seen == ["cuda:1"]
         assert backend.current("cuda") == "cuda:0"
 
@@ -821,9 +823,10 @@ def test_an_async_node_failing_every_attempt_notes_how_many_were_made() -> None:
     g = soma.Graph.somatize(AsyncCall(broken).named("f").retry(1, backoff=0))
     with pytest.raises(ConnectionError) as raised:
         run(g.aforward(1))
+    # The same notes, in the same order, as a sync node's (test_policies).
     assert raised.value.__notes__ == [
-        "soma node `f` failed on each of its 2 attempts",
         "raised in soma node `f`",
+        "soma node `f` failed on each of its 2 attempts",
     ]
 
 

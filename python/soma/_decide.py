@@ -13,13 +13,13 @@ it — reach the nodes inside that have none of their own, as they reach the nod
 expression. A step runs in this process: ``.at()`` on it, or on a node inside, is refused.
 
 A step with an async node inside — at any depth — notes that node in the graph around it by its
-namespaced id, as if it were the graph's own: the graph then runs on an event loop, and its
-async walk (``soma._aio``) walks the step there, items as tasks, rather than handing it to the
-engine whole.
+namespaced id, as if it were the graph's own: the graph then runs on an event loop, where the
+engine walks the step, its items as tasks of their own.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, NoReturn, Protocol, Self
 
@@ -100,7 +100,7 @@ class Decision(Node):
     def _graphs(self, graph: _Graph, node_id: str) -> list[tuple[str, _soma.GraphCore]]:
         """Its sub-graphs, to embed in ``graph`` under the prefixes of ``node_id``, each with
         its key: their async nodes are noted in ``graph`` by their namespaced ids, so that
-        ``graph`` runs them on an event loop (``soma._aio`` walks the step there).
+        ``graph`` runs on an event loop.
 
         A sub-graph is made by registering its nodes, and a step among them makes its own in
         turn: made that way, a nesting a thousand steps deep would recurse a thousand times.
@@ -222,7 +222,10 @@ class Switch(Decision):
     def forward(self, x: Any, ctx: _soma.Ctx) -> str:
         """The key of the case to run, as the plan names it; an unknown key is a
         ``soma.RunError`` naming it and the known ones."""
-        key = self._selector(x)
+        return self._label(self._selector(x), ctx)
+
+    def _label(self, key: Any, ctx: _soma.Ctx) -> str:
+        """The label of the case ``key`` names, as the plan names it."""
         try:
             return self._labels[key]
         except (KeyError, TypeError):
@@ -275,6 +278,7 @@ class Loop(Decision):
         """Whether the body's ``output`` is done."""
         return bool(self._until(output))
 
+
     def _register(self, graph: _Graph, node_id: str) -> None:
         self._checked(node_id)
         [(_, body)] = self._graphs(graph, node_id)
@@ -282,6 +286,31 @@ class Loop(Decision):
 
     def _bodies(self, node_id: str) -> list[tuple[str, str, Body | None]]:
         return [("", node_id, self._body)]
+
+
+
+class AsyncSwitch(Switch):
+    """``soma.switch`` with an async selector: the step's node is async, awaited where the
+    engine awaits an async node's call."""
+
+    async def forward(self, x: Any, ctx: _soma.Ctx) -> str:  # type: ignore[override]
+        return self._label(await self._selector(x), ctx)
+
+
+class AsyncLoop(Loop):
+    """``soma.loop`` with an async ``until``: the step's node is async, awaited where the
+    engine awaits an async node's call."""
+
+    async def forward(self, output: Any, ctx: _soma.Ctx) -> bool:  # type: ignore[override]
+        return bool(await self._until(output))
+
+
+def _is_async(function: Callable[..., object]) -> bool:
+    """Whether calling ``function`` makes a coroutine: an ``async def`` function or method, or
+    an object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
+        getattr(type(function), "__call__", None)
+    )
 
 
 def each(body: Body, *, in_flight: int | None = None) -> Each:
@@ -307,12 +336,18 @@ def each(body: Body, *, in_flight: int | None = None) -> Each:
 def switch(selector: Callable[[Any], Hashable], cases: Mapping[Any, Body | None]) -> Switch:
     """A step that calls ``selector`` on its input and runs only the case it names, on that
     same input; the other cases are not called at all. A case of ``None`` passes the input on.
-    A key no case has is a ``soma.RunError`` naming it and the known ones."""
+    A key no case has is a ``soma.RunError`` naming it and the known ones. An async selector
+    (``async def``) is awaited, as an async node is."""
+    if _is_async(selector):
+        return AsyncSwitch(selector, cases)
     return Switch(selector, cases)
 
 
 def loop(body: Body, *, until: Callable[[Any], object], max_iterations: int) -> Loop:
     """A step that runs ``body`` on its input, then on its own output, until ``until(output)``
     is true, and returns that output. A body that ran ``max_iterations`` times without is a
-    ``soma.RunError`` saying so, with the last output's type."""
+    ``soma.RunError`` saying so, with the last output's type. An async ``until`` is awaited, as
+    an async node is."""
+    if _is_async(until):
+        return AsyncLoop(body, until, max_iterations)
     return Loop(body, until, max_iterations)

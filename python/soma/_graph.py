@@ -14,15 +14,14 @@ import inspect
 import io
 import pickle
 import re
-import time
 import types
 import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import IO, Any, NamedTuple, SupportsIndex, cast
 
-from soma import _aio, _cache, _module, _soma, _stream
+from soma import _cache, _module, _soma, _stream
 from soma import remote as _remote
-from soma._decide import Decision, Each, Loop, Switch
+from soma._decide import AsyncLoop, AsyncSwitch, Decision, Each, Loop, Switch
 from soma._dsl import Composable, Expr, refuse_class
 from soma._function import as_node
 from soma._node import Node
@@ -30,7 +29,7 @@ from soma._policy import RetryPolicy, checked_retry, checked_time_limit
 from soma.errors import DuplicateNodeError, InvalidIdError, NodePicklingError
 
 # The steps that decide as they run, each registered with its sub-graphs.
-_DECISIONS = frozenset((Each, Switch, Loop))
+_DECISIONS = frozenset((Each, Switch, Loop, AsyncSwitch, AsyncLoop))
 
 _WORD_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 
@@ -165,15 +164,13 @@ _LOOKUP_HINT = "name the node by the id `node()` returned"
 class Graph:
     """A directed acyclic graph of nodes, compiled once into a plan and run with ``forward``."""
 
-    __slots__ = ("_aio", "_async", "_core", "_hosts", "_remote")
+    __slots__ = ("_async", "_core", "_hosts", "_remote")
 
     def __init__(self) -> None:
         self._core = _soma.GraphCore()
         # The async nodes and whether each takes a `ctx`, in the order they were added: empty
         # in a graph without one, which is all `forward` asks.
         self._async: dict[str, bool] = {}
-        # The walk `aforward` runs (`_aio.prepare`), kept until the graph changes.
-        self._aio: _aio.Prepared | None = None
         # Host placement: beside the core's graph, read only by `_remote` (see `place_at`).
         self._hosts: dict[str, str] = {}
         self._remote: _remote.Distributed | None = None
@@ -249,14 +246,12 @@ class Graph:
         elif type(obj) in _DECISIONS:
             # It registers itself with its sub-graphs, which take its settings.
             cast(Decision, obj)._register(self, node_id)
-            self._aio = None
             return node_id
         else:
             takes_ctx, is_async = _forward_shape(obj)
-            self._core.add_python(node_id, obj, takes_ctx)
+            self._core.add_python(node_id, obj, takes_ctx, is_async)
             if is_async:
                 self._async[node_id] = takes_ctx
-        self._aio = None
         device = getattr(obj, "_soma_device", None)
         if device is not None:  # Set by `.on()`, which read it already.
             self._core.place(node_id, device)
@@ -286,7 +281,6 @@ class Graph:
         A pause ends at once on Ctrl-C or the run's deadline. What ``node.retry(...)`` sets
         before the node is registered. The plan does not change."""
         node_id = _checked_id(node_id, "node id", _LOOKUP_HINT)
-        self._aio = None
         if times is None:
             self._core.set_retry(node_id, None)
             return
@@ -305,7 +299,6 @@ class Graph:
         its result dropped. What ``node.time_limit(...)`` sets before the node is registered.
         The plan does not change."""
         node_id = _checked_id(node_id, "node id", _LOOKUP_HINT)
-        self._aio = None
         limit = None if seconds is None else checked_time_limit(seconds)
         self._core.set_time_limit(node_id, limit)
 
@@ -322,7 +315,6 @@ class Graph:
         A device that cannot be read is a ``soma.DeviceError``, a bare ``"cuda"`` included (it
         would mean whichever device is current on the thread a branch is lent); an unknown id
         is a ``soma.UnknownNodeError``."""
-        self._aio = None
         self._core.place(_checked_id(node_id, "node id", _LOOKUP_HINT), device)
 
     def devices(self) -> dict[str, str]:
@@ -338,7 +330,6 @@ class Graph:
         node_id = _checked_id(node_id, "node id", _LOOKUP_HINT)
         if node_id not in self:
             self._core.implementation(node_id)  # Raises the error that names it.
-        self._aio = None
         if host is None:
             self._hosts.pop(node_id, None)
         else:
@@ -363,7 +354,6 @@ class Graph:
         if not (type(target) is str and target.isascii()):
             target = _checked_id(target, "edge target", _EDGE_HINT)
         self._core.add_edge(source, target)
-        self._aio = None
 
     def nodes(self) -> list[str]:
         """Node ids, in insertion order."""
@@ -516,17 +506,6 @@ class Graph:
         """
         if cache is not None:
             self._refuse_cache(cache)
-        if self._async and micro_batches is None:
-            # Only then: a graph without async nodes never reaches an event loop.
-            return _aio.forward(
-                self,
-                input,
-                driver=driver,
-                turn_limit=turn_limit,
-                trace=trace,
-                timeout=timeout,
-                cache=cache,
-            )
         if micro_batches is not None:
             return _stream.forward_in_micro_batches(
                 self,
@@ -579,15 +558,10 @@ class Graph:
         the two do not share entries."""
         if cache is not None:
             self._refuse_cache(cache)
-        return await _aio.start(
-            self,
-            input,
-            driver=driver,
-            turn_limit=turn_limit,
-            trace=trace,
-            timeout=timeout,
-            cache=cache,
-        )
+        if self._hosts:  # Only then: a graph without hosts never reaches a transport, nor Ray.
+            return await _remote.aforward(self, input, driver, turn_limit, trace, timeout, cache)
+        run_cache = None if cache is None else cache._run(self._core)
+        return await self._core.aforward(input, driver, turn_limit, trace, timeout, cache=run_cache)
 
     def amap(
         self,
@@ -615,19 +589,21 @@ class Graph:
         asked for raises :class:`TimeoutError` naming the nodes that were running. With
         ``cache``, a :class:`soma.Cache`, each item is looked up as ``aforward(item,
         cache=cache)`` would look it up."""
-        timeout = _aio.checked_timeout(timeout)
+        if timeout is not None:
+            _soma.checked_timeout(timeout)
+        if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
+            raise ValueError(f"in_flight takes an int of at least 1, not {in_flight!r}")
         if cache is not None:
             self._refuse_cache(cache)
-        return _aio.amap(
+        return _stream.stream_amap(
             self,
             inputs,
             in_flight=in_flight,
-            concurrency=concurrency,
+            concurrency=_stream.concurrency_of(self, concurrency),
             driver=driver,
             turn_limit=turn_limit,
             trace=trace,
             timeout=timeout,
-            deadline=None if timeout is None else time.monotonic() + timeout,
             cache=cache,
         )
 
@@ -638,13 +614,6 @@ class Graph:
                 f"cache is a soma.Cache, not an object of type `{type(cache).__name__}`\n"
                 "hint: pass `soma.Cache()` (in memory) or `soma.Cache(path)` (a folder)"
             )
-
-    def _prepared(self) -> _aio.Prepared:
-        """The walk ``aforward`` runs, prepared once per version of the graph."""
-        prepared = self._aio
-        if prepared is None:
-            prepared = self._aio = _aio.prepare(self)
-        return prepared
 
     map = _stream.stream_map
 

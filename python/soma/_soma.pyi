@@ -1,7 +1,7 @@
 """Stubs of the compiled glue module ``soma._soma``."""
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Generator, Iterable
 from typing import Any, NoReturn, Self, final
 
 __all__ = [
@@ -10,19 +10,22 @@ __all__ = [
     "Await",
     "Ctx",
     "Done",
+    "FlowCore",
+    "FlowNext",
     "GraphCore",
     "Hasher",
     "NativeNode",
     "Plan",
     "Span",
+    "Stepper",
     "StopFlag",
     "StreamCore",
     "Trace",
     "_at_exit",
     "_carry_context",
-    "_check_device",
     "_thread_in_reserve",
     "blake3",
+    "checked_timeout",
     "distribute",
     "parse_device",
     "parse_host",
@@ -57,10 +60,9 @@ def _thread_in_reserve() -> bool:
     """Whether a thread waits in the process's reserve, filled first if it was taken (for
     tests that count the process's threads; not API)."""
 
-def _check_device(node: str, device: str, out: object) -> None:
-    """Raises the ``soma.WrongDeviceError`` a placed sync node's output would, if ``out`` (or an
-    item of it, one level deep) says it lives elsewhere than ``device`` (for ``soma._aio``; not
-    API)."""
+def checked_timeout(seconds: object) -> float:
+    """``seconds`` if it is a timeout every run accepts: a finite number of seconds, 0 or more;
+    otherwise the ``ValueError`` that says so."""
 
 def parse_device(text: str) -> str: ...
 def parse_host(text: str) -> str: ...
@@ -96,8 +98,6 @@ class Ctx:
     def results(self) -> list[Any]: ...
     @property
     def device(self) -> str | None: ...
-    @staticmethod
-    def _for_async(node: str, device: str | None = None) -> Ctx: ...
 
 @final
 class Plan:
@@ -147,7 +147,9 @@ class NativeNode:
 @final
 class GraphCore:
     def __init__(self) -> None: ...
-    def add_python(self, id: str, object: object, takes_ctx: bool) -> None: ...
+    def add_python(
+        self, id: str, object: object, takes_ctx: bool, is_async: bool = False
+    ) -> None: ...
     def add_native(self, id: str, object: object, native: NativeNode) -> None: ...
     def add_each(
         self, id: str, object: object, body: GraphCore, in_flight: int | None = None
@@ -186,8 +188,16 @@ class GraphCore:
     @idle_threads.setter
     def idle_threads(self, limit: int) -> None: ...
     def _refuse_next_threads(self, count: int) -> None: ...
-    def _lend(self, task: Callable[[], object]) -> None: ...
     def would_hit(self, input: Any, cache: Any) -> list[tuple[str, bool]]: ...
+    def aforward(
+        self,
+        input: Any,
+        driver: Any = None,
+        turn_limit: int = ...,
+        trace: Trace | None = None,
+        timeout: float | None = None,
+        cache: Any = None,
+    ) -> Stepper: ...
     def forward(
         self,
         input: Any,
@@ -275,6 +285,60 @@ class Trace:
     # Refused with a `TypeError` that says how to keep a trace's spans.
     def __copy__(self) -> NoReturn: ...
     def __deepcopy__(self, memo: Any, /) -> NoReturn: ...
+
+@final
+class Stepper:
+    """One of the engine's tasks, driven by an asyncio task: a coroutine in all but type
+    (``soma._loop`` registers it as one)."""
+
+    def __await__(self) -> Generator[Any, None, Any]: ...
+    def __iter__(self) -> Stepper: ...
+    def __next__(self) -> Any: ...
+    def send(self, _value: Any) -> Any: ...
+    def throw(self, kind: Any, value: Any = None, _traceback: Any = None) -> Any: ...
+    def close(self) -> None: ...
+
+@final
+class FlowCore:
+    """A stream of a graph with async nodes, each item a run of its own on an event loop: the
+    engine behind ``map`` and ``amap`` of such a graph."""
+
+    def __new__(
+        cls,
+        graph: GraphCore,
+        inputs: Iterable[Any] | None,
+        in_flight: int,
+        ordered: bool,
+        stop_on_error: bool,
+        concurrency: list[tuple[str, int]],
+        driver: Any = None,
+        turn_limit: int = ...,
+        trace: Trace | None = None,
+        timeout: float | None = None,
+        cache: Any = None,
+        on_running_loop: bool = False,
+    ) -> FlowCore: ...
+    # `(index, value, None)`, or `(index, None, (exception, node, input))` for a failed item.
+    def __next__(self) -> tuple[int, Any, tuple[BaseException, str | None, Any] | None] | None: ...
+    def has_room(self) -> bool: ...
+    def start(self, input: Any) -> None: ...
+    def next(self, inputs_done: bool) -> FlowNext: ...
+    def stopped(self) -> FlowNext: ...
+    def time_left(self) -> float | None: ...
+    def timed_out(self) -> TimeoutError: ...
+    def close(self) -> None: ...
+    def abandon(self) -> None: ...
+    def figures(self) -> dict[str, Any] | None: ...
+
+@final
+class FlowNext:
+    """What ``amap`` awaits of its ``FlowCore``: the next item, or the end of those it cancelled."""
+
+    def __await__(self) -> Generator[Any, None, Any]: ...
+    def __next__(self) -> Any: ...
+    def send(self, _value: Any) -> Any: ...
+    def throw(self, kind: Any, value: Any = None, _traceback: Any = None) -> Any: ...
+    def close(self) -> None: ...
 
 @final
 class StreamCore:

@@ -4,12 +4,14 @@ The engine (``soma._soma.StreamCore``, on ``soma_core::Stream``) runs the stages
 order and the bound, and reads the inputs lazily; this module says what comes out: results,
 ``(index, result)`` pairs, :class:`Failed` records or raised exceptions, as ``ordered`` and
 ``on_error`` ask, and draws progress. Micro-batches are a stream of slices of one batch, joined
-back by type. A graph with async nodes streams on an event loop instead, through
-``soma._aio_stream``, whose core answers as the engine's does.
+back by type. A graph with async nodes streams through the engine's ``Flow`` instead
+(``soma._soma.FlowCore``): each item a run of its own on the event loop Soma keeps, its core
+answering as ``StreamCore`` does.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import dataclasses
@@ -17,11 +19,19 @@ import importlib
 import sys
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+    Sized,
+)
 from typing import TYPE_CHECKING, Any, Literal, Protocol, Self
 
 from soma import _soma
-from soma._aio_stream import LoopStreamCore
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -219,7 +229,7 @@ class Stream(Iterator[Any]):
 
     def __init__(
         self,
-        core: _soma.StreamCore | LoopStreamCore,
+        core: _soma.StreamCore | _soma.FlowCore,
         *,
         ordered: bool,
         on_error: OnError,
@@ -324,7 +334,9 @@ class Stream(Iterator[Any]):
         )
 
 
-def _concurrency(graph: Graph, asked: Mapping[str, int] | None) -> list[tuple[str, int]]:
+def concurrency_of(graph: Graph, asked: Mapping[str, int] | None) -> list[tuple[str, int]]:
+    """How many items each node of ``graph`` works on at once in a stream: its own
+    ``.concurrency()``, or what ``asked`` says, checked; the nodes that take one."""
     workers: dict[str, int] = {}
     for node_id in graph.nodes():
         chosen = getattr(graph.implementation(node_id), "_soma_concurrency", 1)
@@ -394,7 +406,7 @@ def stream_map(
     cache=cache)`` would look it up: keyed on its own content, its hits not called.
 
     A graph with async nodes streams each item as ``aforward`` runs it, as a task on the event
-    loop ``forward`` uses (``soma._aio_stream``), with no stages: the items in flight overlap on
+    loop ``forward`` uses (the engine's ``Flow``), with no stages: the items in flight overlap on
     the loop, those cut short are cancelled, and :meth:`Stream.figures` lists no stage. Inside
     a running event loop it refuses, pointing to ``aforward``.
     """
@@ -409,28 +421,27 @@ def stream_map(
         raise ValueError(f"in_flight must be an int of at least 1, not {in_flight!r}")
     reporter = _reporter(progress, inputs)
     if graph._async:  # Only then: a graph without async nodes never reaches an event loop.
-        _concurrency(graph, concurrency)  # Checked as for any graph.
-        loop_core = LoopStreamCore(
-            graph,  # type: ignore[arg-type]  # A soma.Graph; this module's protocol names less.
+        flow = _soma.FlowCore(
+            graph._core,
             inputs,
             in_flight,
             ordered,
             on_error == "raise",
-            concurrency,
+            concurrency_of(graph, concurrency),
             driver,
             turn_limit,
             trace,
             timeout,
-            cache,
+            cache=None if cache is None else cache._run(graph._core),
         )
-        return Stream(loop_core, ordered=ordered, on_error=on_error, progress=reporter)
+        return Stream(flow, ordered=ordered, on_error=on_error, progress=reporter)
     core = _soma.StreamCore(
         graph._core,
         inputs,
         in_flight,
         ordered,
         on_error == "raise",
-        _concurrency(graph, concurrency),
+        concurrency_of(graph, concurrency),
         driver,
         turn_limit,
         trace,
@@ -541,3 +552,69 @@ def forward_in_micro_batches(
         )
     )
     return (join_with or join)(outputs)
+
+
+async def stream_amap(
+    graph: Graph,
+    inputs: Iterable[Any] | AsyncIterable[Any],
+    *,
+    in_flight: int,
+    concurrency: list[tuple[str, int]],
+    driver: Any,
+    turn_limit: int,
+    trace: _soma.Trace | None,
+    timeout: float | None,
+    cache: Cache | None,
+) -> AsyncIterator[Any]:
+    """``Graph.amap``: the engine's ``Flow`` on the running loop, as ``map``'s is on the loop
+    Soma keeps; this coroutine only reads the inputs — an async iterable among them, which only
+    Python can read — while the flow has room, and hands the results back in order. The first
+    failing item's exception is raised at its position; leaving early (an error, a ``break``, a
+    cancellation) cancels the items in flight and waits for them to end."""
+    flow = _soma.FlowCore(
+        graph._core,
+        None,
+        in_flight,
+        True,
+        True,
+        concurrency,
+        driver,
+        turn_limit,
+        trace,
+        timeout,
+        cache=None if cache is None else cache._run(graph._core),
+        on_running_loop=True,
+    )
+    source: Iterator[Any] | AsyncIterator[Any] = (
+        aiter(inputs) if isinstance(inputs, AsyncIterable) else iter(inputs)
+    )
+    read_all = False
+    finished = False
+    try:
+        while True:
+            while not read_all and flow.has_room():
+                try:
+                    if isinstance(source, AsyncIterator):
+                        left = flow.time_left()
+                        x = await (
+                            anext(source) if left is None else asyncio.wait_for(anext(source), left)
+                        )
+                    else:
+                        x = next(source)
+                except (StopIteration, StopAsyncIteration):
+                    read_all = True
+                    break
+                except TimeoutError:
+                    raise flow.timed_out() from None
+                flow.start(x)
+            out = await flow.next(read_all)
+            if out is None:
+                finished = True
+                return
+            _, value, failure = out
+            if failure is not None:
+                raise failure[0]
+            yield value
+    finally:
+        if not finished:
+            await flow.stopped()

@@ -399,16 +399,8 @@ def _slices(graph: Graph) -> list[Slice]:
     return [cut(graph, host, index, inner, settings) for index, (host, inner) in enumerate(found)]
 
 
-def forward(
-    graph: Graph,
-    input: Any,
-    driver: Any,
-    turn_limit: int,
-    trace: Any,
-    timeout: float | None,
-    cache: Cache | None = None,
-) -> Any:
-    """``graph.forward`` for a graph with hosts: its slices run on them, the rest here."""
+def _started(graph: Graph, timeout: float | None, trace: Any, cache: Cache | None) -> _Run:
+    """A run of ``graph``'s slices, with their graph made again if ``graph`` changed."""
     distributed = graph._remote
     if distributed is None or distributed.fingerprint != _graph_fingerprint(graph):
         distributed = graph._remote = Distributed(graph)
@@ -421,6 +413,39 @@ def forward(
             "another host\nhint: give the run a folder cache, `soma.Cache(path)`, at a path "
             "the hosts share",
         )
+    return run
+
+
+def _given_up(raised: BaseException, run: _Run, distributed: Distributed) -> BaseException:
+    """What a run of a graph with hosts raises when the local graph raised ``raised``: the run
+    is given up, and its slices still running on hosts stop there too."""
+    run.abandon()
+    if isinstance(raised, CancelledError) and run.failure is not None:
+        # The branch whose error won was only stopped for another's: as a local branch
+        # stopped at a node boundary, it has no error of its own, and the other's wins.
+        return run.failure
+    _drop_stand_in_note(raised, distributed.slice_ids)
+    if isinstance(raised, TimeoutError):
+        ours = run.timed_out
+        if ours is not None and raised is not ours and str(ours) in str(raised):
+            # The engine's deadline met a slice's: the slice's says it all, once.
+            return ours
+        _name_slices(raised, distributed)
+    return raised
+
+
+def forward(
+    graph: Graph,
+    input: Any,
+    driver: Any,
+    turn_limit: int,
+    trace: Any,
+    timeout: float | None,
+    cache: Cache | None = None,
+) -> Any:
+    """``graph.forward`` for a graph with hosts: its slices run on them, the rest here."""
+    run = _started(graph, timeout, trace, cache)
+    distributed = graph._remote
     local = distributed.local._core
     token = _current.set(run)
     try:
@@ -433,20 +458,44 @@ def forward(
             cache=None if cache is None else cache._run(local),
         )
     except BaseException as raised:
-        # The run is given up: its slices still running on hosts stop there too.
-        run.abandon()
-        if isinstance(raised, CancelledError) and run.failure is not None:
-            # The branch whose error won was only stopped for another's: as a local branch
-            # stopped at a node boundary, it has no error of its own, and the other's wins.
-            raise run.failure from run.failure.__cause__
-        _drop_stand_in_note(raised, distributed.slice_ids)
-        if isinstance(raised, TimeoutError):
-            ours = run.timed_out
-            if ours is not None and raised is not ours and str(ours) in str(raised):
-                # The engine's deadline met a slice's: the slice's says it all, once.
-                raise ours from ours.__cause__
-            _name_slices(raised, distributed)
-        raise
+        raised_instead = _given_up(raised, run, distributed)
+        if raised_instead is raised:
+            raise
+        raise raised_instead from raised_instead.__cause__
+    finally:
+        _current.reset(token)
+
+
+async def aforward(
+    graph: Graph,
+    input: Any,
+    driver: Any,
+    turn_limit: int,
+    trace: Any,
+    timeout: float | None,
+    cache: Cache | None = None,
+) -> Any:
+    """``graph.aforward`` for a graph with hosts: as :func:`forward`, the local graph awaited
+    on the running loop, its slices' stand-ins sync nodes that wait for their hosts on lent
+    threads."""
+    run = _started(graph, timeout, trace, cache)
+    distributed = graph._remote
+    local = distributed.local._core
+    token = _current.set(run)
+    try:
+        return await local.aforward(
+            input,
+            driver,
+            turn_limit,
+            trace,
+            timeout,
+            cache=None if cache is None else cache._run(local),
+        )
+    except BaseException as raised:
+        raised_instead = _given_up(raised, run, distributed)
+        if raised_instead is raised:
+            raise
+        raise raised_instead from raised_instead.__cause__
     finally:
         _current.reset(token)
 

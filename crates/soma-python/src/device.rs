@@ -110,19 +110,3 @@ pub fn parse_device(py: Python<'_>, text: &str) -> PyResult<String> {
         .map(|device| device.to_string())
         .map_err(|e| crate::errors::device_error(py, &e))
 }
-
-/// `soma._soma._check_device`: the check a placed sync node's output gets, for the output of a
-/// placed async node, which runs outside the engine (`soma._aio`); `device` as `parse_device`
-/// reads it.
-#[pyfunction]
-pub fn _check_device(
-    py: Python<'_>,
-    node: &str,
-    device: &str,
-    out: &Bound<'_, PyAny>,
-) -> PyResult<()> {
-    let declared = device
-        .parse::<Device>()
-        .map_err(|e| crate::errors::device_error(py, &e))?;
-    check(py, node, declared, out)
-}

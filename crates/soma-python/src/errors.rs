@@ -209,7 +209,8 @@ pub fn run_error(py: Python<'_>, error: &RunError, interrupt: Option<PyErr>) -> 
         }
         RunError::NotAList { node, .. }
         | RunError::UnknownCase { node, .. }
-        | RunError::LoopLimit { node, .. } => {
+        | RunError::LoopLimit { node, .. }
+        | RunError::NeedsLoop { node } => {
             soma_error(py, "RunError", message, &[("node", text(py, node))])
         }
         // A limit of 0 names no node (`RunError::node`): none was called, none awaited.
@@ -250,11 +251,13 @@ pub fn run_error(py: Python<'_>, error: &RunError, interrupt: Option<PyErr>) -> 
             )
         }
         RunError::Invalid(error) => program_error(py, error),
-        RunError::NoThread { .. } => soma_error(py, "ThreadError", message, &[]),
+        RunError::NoThread { .. } | RunError::NoTask { .. } => {
+            soma_error(py, "ThreadError", message, &[])
+        }
         RunError::Interrupted => interrupt.unwrap_or_else(|| PyKeyboardInterrupt::new_err(message)),
         RunError::PastDeadline => PyTimeoutError::new_err(message),
         // Ctrl-C, with branches left running: the user's interrupt, noting what was left.
-        RunError::Abandoned { .. } => match interrupt {
+        RunError::Abandoned { .. } | RunError::Cancelled { .. } => match interrupt {
             Some(raised) => noted(py, raised, message),
             None => PyKeyboardInterrupt::new_err(message),
         },
@@ -264,11 +267,6 @@ pub fn run_error(py: Python<'_>, error: &RunError, interrupt: Option<PyErr>) -> 
 /// A `soma.CancelledError`: a run stopped by its stop flag (`forward(stop=…)`).
 pub fn cancelled_error(py: Python<'_>, message: String) -> PyErr {
     soma_error(py, "CancelledError", message, &[])
-}
-
-/// A `soma.ThreadError`: the operating system refused a thread.
-pub fn thread_error(py: Python<'_>, message: String) -> PyErr {
-    soma_error(py, "ThreadError", message, &[])
 }
 
 /// A panic that escaped a Rust node, carried on with the id of that node so that the Python

@@ -15,7 +15,7 @@ use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
-use pyo3::exceptions::{PyTimeoutError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyTypeError, PyValueError};
 use pyo3::gc::PyVisit;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -24,9 +24,10 @@ use pyo3::types::PyTuple;
 use pyo3::PyTraverseError;
 use soma_core::{
     compile_decided, Captured, Catalog, Decision, Decisions, Device, Executor, Graph, Host, Node,
-    NodeId, Placement, Plan, Program, Reading, RunError, DEFAULT_IDLE_THREADS,
+    NodeId, Placement, Plan, Program, Reading, RunError, Watch, DEFAULT_IDLE_THREADS,
 };
 
+use crate::aio::{self, Stepper};
 use crate::cache::PythonCache;
 use crate::context;
 use crate::convert::{to_python, wrap};
@@ -34,7 +35,7 @@ use crate::device_queues::Scope;
 use crate::driver::PythonDriver;
 use crate::errors::{
     cancelled_error, compile_error, device_error, graph_error, panic_error, program_error,
-    run_error, taken_inside_a_step, thread_error, unknown_node_error,
+    run_error, taken_inside_a_step, unknown_node_error,
 };
 use crate::exit;
 use crate::native::NativeNode;
@@ -248,7 +249,7 @@ impl GraphCore {
     ) -> PyResult<()> {
         if self.state().graph.contains(id) {
             // Refused before anything is copied, as `add_python` would refuse it.
-            self.add_python(py, id, object, false)?;
+            self.add_python(py, id, object, false, false)?;
         }
         let mut graphs = Vec::with_capacity(bodies.len());
         for (key, body) in bodies {
@@ -261,8 +262,10 @@ impl GraphCore {
             let graph = self.embed(py, &prefix, &body)?;
             graphs.push((key, graph));
         }
-        // Its `forward` reads `ctx`, for the step's id in what it raises.
-        self.add_python(py, id, object, true)?;
+        // Its `forward` reads `ctx`, for the step's id in what it raises; an async selector
+        // or predicate makes it async.
+        let is_async = is_coroutine_function(py, &object.getattr(intern!(py, "forward"))?)?;
+        self.add_python(py, id, object, true, is_async)?;
         self.state().decisions.insert(id, decide(graphs));
         Ok(())
     }
@@ -342,13 +345,16 @@ impl GraphCore {
         }
     }
 
-    /// Registers a Python object with a callable `forward` under `id`.
+    /// Registers a Python object with a callable `forward` under `id`; an async node when
+    /// `forward` is a coroutine function (`is_async`).
+    #[pyo3(signature = (id, object, takes_ctx, is_async=false))]
     fn add_python(
         &self,
         py: Python<'_>,
         id: &str,
         object: &Bound<'_, PyAny>,
         takes_ctx: bool,
+        is_async: bool,
     ) -> PyResult<()> {
         let forward = object
             .getattr(intern!(py, "forward"))
@@ -360,7 +366,7 @@ impl GraphCore {
                 object.get_type().name()?
             )));
         };
-        let node = Arc::new(PythonNode::new(forward, takes_ctx)?);
+        let node = Arc::new(PythonNode::new(forward, takes_ctx, is_async)?);
         self.register(
             py,
             id,
@@ -584,32 +590,6 @@ impl GraphCore {
         }
     }
 
-    /// Calls `task()` on a thread the graph's program lends, without waiting for it, and
-    /// returns at once: how `aforward` runs a piece of a plan off the event loop, the task
-    /// itself telling the loop when it is done (`loop.call_soon_threadsafe`). The task holds
-    /// the GIL as any branch does; what it raises is reported as unraisable, so it should
-    /// catch its own errors. A refused thread is a `soma.ThreadError` here, the task not run.
-    fn _lend(&self, py: Python<'_>, task: Py<PyAny>) -> PyResult<()> {
-        let program = self.program(py)?;
-        let depth = reentry::depth();
-        let run = move || {
-            Python::attach(|py| {
-                if let Err(raised) = task.call0(py) {
-                    raised.write_unraisable(py, None);
-                }
-                drop(task);
-            });
-        };
-        program
-            .lend(run, Some(&interpreter_at(depth)))
-            .map_err(|refused| {
-                thread_error(
-                    py,
-                    format!("the operating system refused a thread to run a piece of the graph: {refused}\nhint: the process has too many threads; end some, or raise its limit"),
-                )
-            })
-    }
-
     /// Refuses the next `count` threads the graph's program would start, as an operating
     /// system out of threads would: for tests of that path.
     fn _refuse_next_threads(&self, py: Python<'_>, count: usize) -> PyResult<()> {
@@ -791,6 +771,9 @@ impl GraphCore {
             executor = executor.with_cache(Arc::new(PythonCache::new(cache)));
         }
         let input = wrap(input);
+        if program.is_async() {
+            return forward_on_loop(py, &program, &executor, input, &watch, timeout);
+        }
         // The whole run in a copy of the caller's context, as each branch is in a copy of its
         // wave's: what the nodes set never reaches the caller, with or without a wave.
         let (mut input, mut outcome) = (Some(input), None);
@@ -803,21 +786,206 @@ impl GraphCore {
         let queues = Scope::for_forward(py, program.devices());
         context::isolated(&mut run);
         drop(queues);
-        match outcome.expect("the context ran the graph") {
-            Ok(Ok(value)) => to_python(py, &value),
-            Ok(Err(error)) if watch.timed_out() || matches!(error, RunError::PastDeadline) => {
-                Err(timed_out(&error, timeout))
-            }
-            // A node's own error, met before the flag was seen, is the run's, as it would be
-            // without the flag.
-            Ok(Err(error @ (RunError::Interrupted | RunError::Abandoned { .. })))
-                if watch.cancelled() =>
-            {
-                Err(cancelled(py, &error))
-            }
-            Ok(Err(error)) => Err(run_error(py, &error, watch.take_raised())),
-            Err(payload) => Err(panic_error(py, &*payload)),
+        forward_outcome(
+            py,
+            outcome.expect("the context ran the graph"),
+            &watch,
+            timeout,
+        )
+    }
+
+    /// Runs the graph on `input` from a running event loop: the awaitable `aforward` awaits,
+    /// the run walked by the engine in the caller's task, its async nodes' coroutines stepped
+    /// there, its branches tasks of their own on this loop.
+    #[pyo3(signature = (input, driver=None, turn_limit=soma_core::DEFAULT_TURN_LIMIT, trace=None, timeout=None, cache=None))]
+    #[allow(clippy::too_many_arguments)] // `aforward`'s own keywords, each passed through.
+    fn aforward<'py>(
+        &self,
+        py: Python<'py>,
+        input: Bound<'py, PyAny>,
+        driver: Option<&Bound<'py, PyAny>>,
+        turn_limit: u32,
+        trace: Option<&Bound<'py, PyTrace>>,
+        timeout: Option<f64>,
+        cache: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Stepper> {
+        let timeout = timeout.map(time_limit).transpose()?;
+        let Some(event_loop) = aio::running_loop(py)? else {
+            return Err(PyRuntimeError::new_err(
+                "aforward was called with no running event loop\nhint: `await g.aforward(x)` inside a coroutine, or call `g.forward(x)`",
+            ));
+        };
+        let program = self.program(py)?;
+        let watch = Arc::new(SignalWatch::new(timeout, None));
+        let mut executor = executor_for(
+            &program,
+            reentry::depth(),
+            &watch,
+            driver,
+            turn_limit,
+            trace,
+        )?;
+        if let Some(cache) = cache {
+            executor = executor.with_cache(Arc::new(PythonCache::new(cache)));
         }
+        let tasks = aio::LoopTasks::new(event_loop.unbind());
+        let (task, settled) = executor.start(
+            &program,
+            wrap(input),
+            Arc::clone(&tasks) as Arc<dyn soma_core::Tasks>,
+        );
+        tasks.root(py, task, settled, watch, timeout)
+    }
+}
+
+/// What `forward` returns or raises for a run's `outcome`: its result, or its error — a
+/// `TimeoutError` past its timeout, a `soma.CancelledError` when its stop flag stopped it, a
+/// node's own exception — or a `soma.PanicError`.
+fn forward_outcome<'py>(
+    py: Python<'py>,
+    outcome: std::thread::Result<Result<soma_core::Value, RunError>>,
+    watch: &SignalWatch,
+    timeout: Option<Duration>,
+) -> PyResult<Bound<'py, PyAny>> {
+    match outcome {
+        Ok(Ok(value)) => to_python(py, &value),
+        Ok(Err(error)) if watch.timed_out() || matches!(error, RunError::PastDeadline) => {
+            Err(timed_out(&error, timeout))
+        }
+        // A node's own error, met before the flag was seen, is the run's, as it would be
+        // without the flag.
+        Ok(Err(
+            error @ (RunError::Interrupted
+            | RunError::Abandoned { .. }
+            | RunError::Cancelled { .. }),
+        )) if watch.cancelled() => Err(cancelled(py, &error)),
+        Ok(Err(error)) => Err(run_error(py, &error, watch.take_raised())),
+        Err(payload) => Err(panic_error(py, &*payload)),
+    }
+}
+
+/// Refuses `what` (`forward`, a stream) of `program`, which has async nodes, on a thread whose
+/// event loop is running: it would block the loop, and the nodes could never run on it.
+pub(crate) fn refuse_inside_loop(py: Python<'_>, what: &str, program: &Program) -> PyResult<()> {
+    if aio::running_loop(py)?.is_none() {
+        return Ok(());
+    }
+    let node = program
+        .first_async()
+        .map(|node| node.to_string())
+        .unwrap_or_default();
+    Err(PyRuntimeError::new_err(format!(
+        "{what} of a graph with async nodes (`{node}`) was called inside a running event loop, which it would block\nhint: `await g.aforward(x)` runs the graph on this loop without blocking it"
+    )))
+}
+
+/// Whether `function` is a coroutine function (`async def`).
+fn is_coroutine_function(py: Python<'_>, function: &Bound<'_, PyAny>) -> PyResult<bool> {
+    static CHECK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    CHECK
+        .import(py, "inspect", "iscoroutinefunction")?
+        .call1((function,))?
+        .is_truthy()
+}
+
+/// How often a caller waiting for a run on the kept loop looks for signals and its deadline.
+const WAIT_SLICE: Duration = Duration::from_millis(5);
+
+/// How long the caller lets a run it stopped reach its node boundaries before it stops
+/// waiting for the nodes that do not, as a sync run's caller does.
+const STOP_GRACE: Duration = Duration::from_millis(50);
+
+/// `forward` of a graph with async nodes: the run started as a task on the event loop Soma
+/// keeps for the process (`soma._loop.kept_loop`), in a copy of the caller's context, while the
+/// caller waits on the run's outcome — never on the loop — a few milliseconds at a time,
+/// looking for Ctrl-C and its deadline between. Stopped (Ctrl-C, the deadline, the stop flag),
+/// the run is cancelled; what has not stopped after a short grace is left to finish, its
+/// result dropped, and `forward` raises at once, whatever a node does on the loop.
+fn forward_on_loop<'py>(
+    py: Python<'py>,
+    program: &Arc<Program>,
+    executor: &Executor,
+    input: soma_core::Value,
+    watch: &Arc<SignalWatch>,
+    timeout: Option<Duration>,
+) -> PyResult<Bound<'py, PyAny>> {
+    refuse_inside_loop(py, "forward", program)?;
+    let event_loop = py
+        .import("soma._loop")?
+        .getattr(intern!(py, "kept_loop"))?
+        .call0()?;
+    let tasks = aio::LoopTasks::new(event_loop.clone().unbind());
+    let (task, settled) = executor.start(
+        program,
+        input,
+        Arc::clone(&tasks) as Arc<dyn soma_core::Tasks>,
+    );
+    let started = py
+        .import("soma._loop")?
+        .getattr(intern!(py, "start"))?
+        .call1((&event_loop, tasks.background(task)))?;
+    // When the watch stopped the run, and what was running then.
+    let mut stopped: Option<(std::time::Instant, Vec<NodeId>)> = None;
+    loop {
+        if py.detach(|| settled.wait(WAIT_SLICE)) {
+            break;
+        }
+        watch.poll();
+        if !watch.interrupted() {
+            continue;
+        }
+        let (since, running) = stopped.get_or_insert_with(|| {
+            // Stopped: the run's tasks are cancelled, their async nodes' calls interrupted.
+            let running = settled.running();
+            let _ = started.call_method0(intern!(py, "cancel"));
+            (std::time::Instant::now(), running)
+        });
+        if since.elapsed() >= STOP_GRACE {
+            let error = RunError::Cancelled {
+                running: std::mem::take(running),
+            };
+            return forward_outcome(py, Ok(Err(error)), watch, timeout);
+        }
+    }
+    let outcome = settled.take().expect("a run that is done has settled");
+    let outcome = match (stopped, outcome) {
+        // What a run stopped by its watch ends with is the stop's doing — a node's own
+        // `CancelledError` among it — unless a node failed for a reason of its own.
+        (Some((_, running)), Ok(Err(error))) if stopped_by_cancel(py, &error) => {
+            Ok(Err(RunError::Cancelled { running }))
+        }
+        (_, outcome) => outcome,
+    };
+    forward_outcome(py, outcome, watch, timeout)
+}
+
+/// Whether `error` is what cancelling a run leaves: its branches stopped at a boundary, or an
+/// async node's call ended by the `CancelledError` thrown into it.
+fn stopped_by_cancel(py: Python<'_>, error: &RunError) -> bool {
+    match error {
+        RunError::Interrupted | RunError::Cancelled { .. } | RunError::Abandoned { .. } => true,
+        RunError::NodeFailed { error, .. } => error
+            .cause()
+            .and_then(|cause| cause.downcast_ref::<PyErr>())
+            .is_some_and(|raised| {
+                py.import("asyncio")
+                    .and_then(|asyncio| asyncio.getattr("CancelledError"))
+                    .is_ok_and(|cancelled| raised.is_instance(py, &cancelled))
+            }),
+        RunError::Retried { last, .. } => stopped_by_cancel(py, last),
+        RunError::NoDriver { .. }
+        | RunError::DriverFailed { .. }
+        | RunError::WrongResultCount { .. }
+        | RunError::TurnLimit { .. }
+        | RunError::Invalid(_)
+        | RunError::NoThread { .. }
+        | RunError::NoTask { .. }
+        | RunError::TimeLimit { .. }
+        | RunError::NotAList { .. }
+        | RunError::UnknownCase { .. }
+        | RunError::LoopLimit { .. }
+        | RunError::NeedsLoop { .. }
+        | RunError::PastDeadline => false,
     }
 }
 
@@ -855,8 +1023,25 @@ fn python_reading() -> Arc<dyn Reading> {
     Arc::clone(READING.get_or_init(|| Arc::new(PythonReading)))
 }
 
+/// Checks a `timeout=` given where it is given (`amap`'s, before its first item): a finite
+/// number of seconds, 0 or more, as every run's timeout is.
+#[pyfunction]
+pub fn checked_timeout(seconds: &Bound<'_, PyAny>) -> PyResult<f64> {
+    let refused = || {
+        PyValueError::new_err(format!(
+            "timeout must be a finite number of seconds, 0 or more, not {seconds}"
+        ))
+    };
+    if seconds.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(refused());
+    }
+    let value: f64 = seconds.extract().map_err(|_| refused())?;
+    time_limit(value)?;
+    Ok(value)
+}
+
 /// A `timeout` in seconds as a duration: finite and not negative.
-fn time_limit(seconds: f64) -> PyResult<Duration> {
+pub(crate) fn time_limit(seconds: f64) -> PyResult<Duration> {
     Duration::try_from_secs_f64(seconds).map_err(|_| {
         PyValueError::new_err(format!(
             "timeout must be a finite number of seconds, 0 or more, not {seconds}"
@@ -895,28 +1080,35 @@ fn cancelled(py: Python<'_>, error: &RunError) -> PyErr {
 /// How many of the nodes a stopped run left running its message names.
 const NAMED_LEFT_BEHIND: usize = 8;
 
+/// The nodes a stopped run left running, as its message names them: a wave of thousands of
+/// stuck branches names a few and counts the rest, so the message stays one readable line.
+fn named_left_behind(running: &[NodeId]) -> String {
+    let mut names: Vec<String> = running
+        .iter()
+        .take(NAMED_LEFT_BEHIND)
+        .map(|id| format!("`{id}`"))
+        .collect();
+    if running.len() > NAMED_LEFT_BEHIND {
+        names.push(format!("and {} more", running.len() - NAMED_LEFT_BEHIND));
+    }
+    names.join(", ")
+}
+
 /// What a run stopped early (its time ran out, its stop flag was set) left behind, as the
 /// end of its message.
-fn left_behind(error: &RunError) -> String {
+pub(crate) fn left_behind(error: &RunError) -> String {
     match error {
-        RunError::Abandoned { running } if !running.is_empty() => {
-            // A wave of thousands of stuck branches names a few and counts the rest: the
-            // message stays one readable line.
-            let mut names: Vec<String> = running
-                .iter()
-                .take(NAMED_LEFT_BEHIND)
-                .map(|id| format!("`{id}`"))
-                .collect();
-            if running.len() > NAMED_LEFT_BEHIND {
-                names.push(format!("and {} more", running.len() - NAMED_LEFT_BEHIND));
-            }
-            format!(
-                "; still running: {} (left to finish in the background, their results dropped)",
-                names.join(", ")
-            )
-        }
+        RunError::Abandoned { running } if !running.is_empty() => format!(
+            "; still running: {} (left to finish in the background, their results dropped)",
+            named_left_behind(running)
+        ),
         RunError::Abandoned { .. } => "; branches were left to finish in the background".to_owned(),
-        RunError::Interrupted => "; every branch stopped at a node boundary".to_owned(),
+        RunError::Cancelled { running } if !running.is_empty() => {
+            format!("; still running: {} (cancelled)", named_left_behind(running))
+        }
+        RunError::Cancelled { .. } | RunError::Interrupted => {
+            "; every branch stopped at a node boundary".to_owned()
+        }
         RunError::PastDeadline => {
             "; it finished after it, so its result was dropped (a deadline is never reported as met)"
                 .to_owned()

@@ -5,6 +5,7 @@
 //! core. The public Python API (`soma.Graph`, the DSL, the exception hierarchy) is written in
 //! Python on top of this module.
 
+mod aio;
 mod cache;
 mod context;
 mod convert;
@@ -14,6 +15,7 @@ mod digest;
 mod driver;
 mod errors;
 mod exit;
+mod flow;
 mod graph;
 mod hosts;
 mod native;
@@ -52,6 +54,9 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<stream::StreamCore>()?;
     module.add_class::<trace::PySpan>()?;
     module.add_class::<watch::StopFlag>()?;
+    module.add_class::<aio::Stepper>()?;
+    module.add_class::<flow::FlowCore>()?;
+    module.add_class::<flow::FlowNext>()?;
     module.add_class::<digest::Hasher>()?;
     module.add_function(wrap_pyfunction!(digest::blake3, module)?)?;
     module.add("DEFAULT_TURN_LIMIT", soma_core::DEFAULT_TURN_LIMIT)?;
@@ -59,9 +64,9 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(context::_carry_context, module)?)?;
     module.add_function(wrap_pyfunction!(_thread_in_reserve, module)?)?;
     module.add_function(wrap_pyfunction!(device::parse_device, module)?)?;
-    module.add_function(wrap_pyfunction!(device::_check_device, module)?)?;
     module.add_function(wrap_pyfunction!(hosts::parse_host, module)?)?;
     module.add_function(wrap_pyfunction!(hosts::distribute, module)?)?;
+    module.add_function(wrap_pyfunction!(graph::checked_timeout, module)?)?;
     exit::register(module)?;
     // Off any run's path, what the first forward of the first graph would otherwise do in the
     // middle of its run: start a thread for its first wave (`soma_core::keep_a_thread_in_reserve`;

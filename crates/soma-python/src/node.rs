@@ -5,22 +5,29 @@
 //! branches of a wave take turns at the GIL and really overlap wherever a node's work releases it
 //! (numpy, torch, I/O, a driver's wait).
 
-use pyo3::exceptions::PyKeyboardInterrupt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use pyo3::exceptions::{PyKeyboardInterrupt, PyStopIteration, PyTypeError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyTuple, PyType};
-use soma_core::{Ctx, Node, NodeError, Transition, Value};
+use soma_core::{Call, Ctx, Device, Node, NodeError, NodeId, Transition, Value};
 
+use crate::aio;
 use crate::convert::{to_python, wrap};
 use crate::device;
 use crate::protocol::{Await, Done, PyCtx};
 use crate::watch::note_interrupt;
 
-/// A Python object with a `forward(x)` or `forward(x, ctx)` method.
+/// A Python object with a `forward(x)` or `forward(x, ctx)` method; `async def forward` makes
+/// it an async node, whose calls are coroutines the engine steps on the loop ([`Coroutine`]).
 pub struct PythonNode {
     callee: Callee,
     takes_ctx: bool,
+    is_async: bool,
 }
 
 /// What a node calls, looked up once at registration; it keeps the object alive.
@@ -40,8 +47,9 @@ enum Callee {
 }
 
 impl PythonNode {
-    /// The node calling `forward`, the object's `forward` as registration looked it up.
-    pub fn new(forward: Bound<'_, PyAny>, takes_ctx: bool) -> PyResult<Self> {
+    /// The node calling `forward`, the object's `forward` as registration looked it up; an
+    /// async node when `forward` is a coroutine function.
+    pub fn new(forward: Bound<'_, PyAny>, takes_ctx: bool, is_async: bool) -> PyResult<Self> {
         // Looked up once: importing `types` for every node cost registration about 1 µs.
         static BOUND_METHOD: PyOnceLock<Py<PyType>> = PyOnceLock::new();
         let py = forward.py();
@@ -54,7 +62,11 @@ impl PythonNode {
         } else {
             Callee::Other(forward.unbind())
         };
-        Ok(PythonNode { callee, takes_ctx })
+        Ok(PythonNode {
+            callee,
+            takes_ctx,
+            is_async,
+        })
     }
 
     /// Shows the garbage collector the Python references this node holds.
@@ -87,8 +99,19 @@ impl PythonNode {
     }
 
     fn call_here(&self, py: Python<'_>, input: &Value, ctx: &Ctx<'_>) -> PyResult<Transition> {
+        Ok(interpret(self.invoke(py, input, ctx)?))
+    }
+
+    /// Calls `forward` on `input`, with `ctx` when it takes one: its return value, which for an
+    /// async node is its coroutine.
+    fn invoke<'py>(
+        &self,
+        py: Python<'py>,
+        input: &Value,
+        ctx: &Ctx<'_>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let x = to_python(py, input)?;
-        let out = if self.takes_ctx {
+        if self.takes_ctx {
             let results = ctx
                 .results()
                 .iter()
@@ -102,19 +125,18 @@ impl PythonNode {
             };
             match &self.callee {
                 Callee::Method { function, object } => {
-                    function.bind(py).call1((object.bind(py), x, ctx))?
+                    function.bind(py).call1((object.bind(py), x, ctx))
                 }
-                Callee::Other(forward) => forward.bind(py).call1((x, ctx))?,
+                Callee::Other(forward) => forward.bind(py).call1((x, ctx)),
             }
         } else {
             match &self.callee {
                 Callee::Method { function, object } => {
-                    function.bind(py).call1((object.bind(py), x))?
+                    function.bind(py).call1((object.bind(py), x))
                 }
-                Callee::Other(forward) => forward.bind(py).call1((x,))?,
+                Callee::Other(forward) => forward.bind(py).call1((x,)),
             }
-        };
-        Ok(interpret(out))
+        }
     }
 }
 
@@ -152,6 +174,22 @@ impl Node for PythonNode {
         .map_err(NodeError::from_cause)
     }
 
+    fn is_async(&self) -> bool {
+        self.is_async
+    }
+
+    /// The node's coroutine, made on its first poll, inside the task that awaits it.
+    fn start(&self, input: &Value, ctx: &Ctx<'_>) -> Call {
+        Box::pin(Coroutine {
+            node: self.clone_callee(),
+            state: Stepped::Unstarted {
+                input: input.clone(),
+                node: ctx.node().clone(),
+                device: ctx.device(),
+            },
+        })
+    }
+
     /// The object the call passes as `self`, whose reference count the call changes first: in
     /// a graph of 100,000 nodes, waiting for it took about a third of each node's time.
     fn prefetch(&self) {
@@ -161,4 +199,202 @@ impl Node for PythonNode {
         };
         soma_core::prefetch_line(object.as_ptr());
     }
+}
+
+impl PythonNode {
+    /// A node calling the same `forward`, for a call that must own what it calls.
+    fn clone_callee(&self) -> PythonNode {
+        Python::attach(|py| PythonNode {
+            callee: match &self.callee {
+                Callee::Method { function, object } => Callee::Method {
+                    function: function.clone_ref(py),
+                    object: object.clone_ref(py),
+                },
+                Callee::Other(forward) => Callee::Other(forward.clone_ref(py)),
+            },
+            takes_ctx: self.takes_ctx,
+            is_async: self.is_async,
+        })
+    }
+}
+
+/// One call of an async node: its coroutine, stepped on each poll from inside the asyncio task
+/// that drives the branch ([`crate::aio`]), with the node's device current around each step.
+/// What the coroutine yields is handed to that task to wait on; what the task throws in — its
+/// cancellation — is thrown on into the coroutine.
+struct Coroutine {
+    node: PythonNode,
+    state: Stepped,
+}
+
+enum Stepped {
+    /// Not called yet: `forward` is called on the first poll, in the task that awaits it.
+    Unstarted {
+        input: Value,
+        node: NodeId,
+        device: Option<Device>,
+    },
+    /// Its coroutine (or the iterator of the awaitable `forward` returned), between steps.
+    Running {
+        iterator: Py<PyAny>,
+        node: NodeId,
+        device: Option<Device>,
+    },
+    Done,
+}
+
+impl Future for Coroutine {
+    type Output = Result<Value, NodeError>;
+
+    fn poll(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        Python::attach(|py| {
+            let outcome = this.step(py);
+            match outcome {
+                Ok(None) => Poll::Pending,
+                Ok(Some(value)) => {
+                    this.state = Stepped::Done;
+                    Poll::Ready(Ok(value))
+                }
+                Err(raised) => {
+                    this.state = Stepped::Done;
+                    Poll::Ready(Err(NodeError::from_cause(raised)))
+                }
+            }
+        })
+    }
+}
+
+impl Coroutine {
+    /// One step: `Some` output once the coroutine returned, `None` while it waits (what it
+    /// yielded handed to the task), or what it raised.
+    fn step(&mut self, py: Python<'_>) -> PyResult<Option<Value>> {
+        let state = std::mem::replace(&mut self.state, Stepped::Done);
+        let (node, device) = match &state {
+            Stepped::Done => unreachable!("a finished call is not polled again"),
+            Stepped::Running { node, device, .. } | Stepped::Unstarted { node, device, .. } => {
+                (node.clone(), *device)
+            }
+        };
+        let resumed = aio::resumed_with();
+        // One step with the device current: the first also calls `forward`.
+        let (iterator, stepped) = within_device(py, device, || {
+            let iterator = match state {
+                Stepped::Done => unreachable!("a finished call is not polled again"),
+                Stepped::Running { iterator, .. } => iterator.into_bound(py),
+                Stepped::Unstarted { input, .. } => {
+                    let ctx = Ctx::new(&node, 0, &[]).on(device);
+                    awaited(py, &self.node.invoke(py, &input, &ctx)?)?
+                }
+            };
+            let stepped = send_or_throw(py, &iterator, resumed)?;
+            Ok((iterator, stepped))
+        })?;
+        match stepped {
+            Step::Yielded(future) => {
+                aio::yielded(future.unbind());
+                self.state = Stepped::Running {
+                    iterator: iterator.unbind(),
+                    node,
+                    device,
+                };
+                Ok(None)
+            }
+            Step::Returned(out) => {
+                if out.is_exact_instance_of::<Await>() {
+                    return Err(PyTypeError::new_err(format!(
+                        "async node `{node}` returned soma.Await: a driver serves sync nodes only\nhint: await the call in the node itself, or make the node sync to batch its requests with a driver"
+                    )));
+                }
+                let out = match out.cast_exact::<Done>() {
+                    Ok(done) => done.get().value.bind(py).clone(),
+                    Err(_) => out,
+                };
+                if let Some(placed) = device {
+                    device::check(py, node.as_str(), placed, &out)?;
+                }
+                Ok(Some(wrap(out)))
+            }
+        }
+    }
+}
+
+/// What one step of a coroutine did.
+enum Step<'py> {
+    Yielded(Bound<'py, PyAny>),
+    Returned(Bound<'py, PyAny>),
+}
+
+/// Runs `step` with `device` current, putting back what was current after, whether it returned
+/// or raised; the node's own error first.
+fn within_device<T>(
+    py: Python<'_>,
+    device: Option<Device>,
+    step: impl FnOnce() -> PyResult<T>,
+) -> PyResult<T> {
+    let Some(placed) = device else {
+        return step();
+    };
+    let restore = device::enter(py, placed)?;
+    let out = step();
+    let restored = restore.map(|restore| restore.call0()).transpose();
+    let out = out?;
+    restored?;
+    Ok(out)
+}
+
+/// The iterator to step for what `forward` returned: the coroutine itself, or the iterator of
+/// any other awaitable's `__await__`.
+fn awaited<'py>(py: Python<'py>, started: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: the GIL is held; `PyCoro_CheckExact` reads the object's type.
+    #[allow(unsafe_code)]
+    let is_coroutine = unsafe { pyo3::ffi::PyCoro_CheckExact(started.as_ptr()) } != 0;
+    if is_coroutine {
+        return Ok(started.clone());
+    }
+    started.call_method0(intern!(py, "__await__"))
+}
+
+/// Sends `None` into `iterator`, or throws `resumed` into it.
+fn send_or_throw<'py>(
+    py: Python<'py>,
+    iterator: &Bound<'py, PyAny>,
+    resumed: Option<PyErr>,
+) -> PyResult<Step<'py>> {
+    if let Some(error) = resumed {
+        return match iterator.call_method1(intern!(py, "throw"), (error.into_value(py),)) {
+            Ok(yielded) => Ok(Step::Yielded(yielded)),
+            Err(raised) if raised.is_instance_of::<PyStopIteration>(py) => {
+                Ok(Step::Returned(stop_value(py, &raised)))
+            }
+            Err(raised) => Err(raised),
+        };
+    }
+    let mut result: *mut pyo3::ffi::PyObject = std::ptr::null_mut();
+    // SAFETY: the GIL is held; `iterator` is a live object; `PyIter_Send` stores a new
+    // reference in `result` for a return or a yield, and sets an exception for an error.
+    #[allow(unsafe_code)]
+    let sent =
+        unsafe { pyo3::ffi::PyIter_Send(iterator.as_ptr(), pyo3::ffi::Py_None(), &raw mut result) };
+    match sent {
+        pyo3::ffi::PySendResult::PYGEN_RETURN => {
+            // SAFETY: a new reference, per `PyIter_Send`'s contract.
+            #[allow(unsafe_code)]
+            Ok(Step::Returned(unsafe { Bound::from_owned_ptr(py, result) }))
+        }
+        pyo3::ffi::PySendResult::PYGEN_NEXT => {
+            // SAFETY: as above.
+            #[allow(unsafe_code)]
+            Ok(Step::Yielded(unsafe { Bound::from_owned_ptr(py, result) }))
+        }
+        pyo3::ffi::PySendResult::PYGEN_ERROR => Err(PyErr::fetch(py)),
+    }
+}
+
+/// The value a `StopIteration` carries.
+fn stop_value<'py>(py: Python<'py>, raised: &PyErr) -> Bound<'py, PyAny> {
+    raised
+        .value(py)
+        .getattr(intern!(py, "value"))
+        .unwrap_or_else(|_| py.None().into_bound(py))
 }

@@ -12,9 +12,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use pyo3::exceptions::PyKeyboardInterrupt;
 use pyo3::prelude::*;
 use pyo3::types::{PyTuple, PyType};
 use soma_core::{Policies, Retry, RunError};
+
+use crate::watch::forget_interrupt;
 
 /// A retry as `.retry()` wrote it: `times`, `backoff` in seconds, the exception types.
 pub type WrittenRetry = (u32, f64, Py<PyTuple>);
@@ -48,17 +51,24 @@ pub fn retry(py: Python<'_>, times: u32, backoff: f64, on: &Py<PyTuple>) -> PyRe
     let retries_time_limits = caught_by(py, &time_limit, on)?;
     let retries_rust_failures = caught_by(py, &run_error, on)?;
     let on = on.clone_ref(py);
-    let backoff = Duration::try_from_secs_f64(backoff)
+    // A first pause past the longest pause is the longest pause: pauses never exceed it.
+    let backoff = Duration::try_from_secs_f64(backoff.min(soma_core::MAX_BACKOFF.as_secs_f64()))
         .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
     Ok(
         Retry::new(times, backoff).only(Arc::new(move |error| match error {
             RunError::NodeFailed { error, .. } => {
                 match error.cause().and_then(|c| c.downcast_ref::<PyErr>()) {
                     Some(raised) => Python::attach(|py| {
-                        raised
+                        let retried = raised
                             .value(py)
                             .is_instance(on.bind(py).as_any())
-                            .unwrap_or(false)
+                            .unwrap_or(false);
+                        // Listed, a node's `KeyboardInterrupt` is a failure to retry, not the
+                        // Ctrl-C that stops the run.
+                        if retried && raised.is_instance_of::<PyKeyboardInterrupt>(py) {
+                            forget_interrupt();
+                        }
+                        retried
                     }),
                     None => retries_rust_failures,
                 }
@@ -71,11 +81,14 @@ pub fn retry(py: Python<'_>, times: u32, backoff: f64, on: &Py<PyTuple>) -> PyRe
             | RunError::Retried { .. }
             | RunError::Invalid(_)
             | RunError::NoThread { .. }
+            | RunError::NoTask { .. }
+            | RunError::NeedsLoop { .. }
             | RunError::NotAList { .. }
             | RunError::UnknownCase { .. }
             | RunError::LoopLimit { .. }
             | RunError::Interrupted
             | RunError::PastDeadline
+            | RunError::Cancelled { .. }
             | RunError::Abandoned { .. } => false,
         })),
     )

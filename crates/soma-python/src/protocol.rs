@@ -87,19 +87,6 @@ impl PyCtx {
         PyList::new(py, self.results.bind(py).iter())
     }
 
-    /// The `ctx` of an async node's call: turn 0, no results (an async node awaits what it
-    /// needs itself rather than asking a driver), and the device it is placed on.
-    #[staticmethod]
-    #[pyo3(signature = (node, device=None))]
-    fn _for_async(py: Python<'_>, node: String, device: Option<String>) -> Self {
-        PyCtx {
-            node,
-            turn: 0,
-            results: PyTuple::empty(py).unbind(),
-            device,
-        }
-    }
-
     fn __repr__(&self) -> String {
         format!("Ctx(node={:?}, turn={})", self.node, self.turn)
     }

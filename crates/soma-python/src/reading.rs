@@ -5,9 +5,10 @@
 //! is given this reading ([`soma_core::Executor::with_reading`]). Every call is made on a
 //! thread that runs a step, which holds the interpreter already: attaching costs a check.
 
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyList, PyString};
-use soma_core::{Reading, Value};
+use soma_core::{NodeError, NotItems, Reading, Value};
 
 use crate::convert::{to_python, wrap};
 
@@ -23,9 +24,11 @@ fn type_of(object: &Bound<'_, PyAny>) -> String {
 }
 
 impl Reading for PythonReading {
-    fn items(&self, value: &Value) -> Result<Vec<Value>, String> {
+    fn items(&self, value: &Value) -> Result<Vec<Value>, NotItems> {
+        // What reading the items raised is the step's failure, the exception as itself.
+        let failed = |raised: PyErr| NotItems::Failed(NodeError::from_cause(raised));
         Python::attach(|py| {
-            let object = to_python(py, value).map_err(|e| e.to_string())?;
+            let object = to_python(py, value).map_err(failed)?;
             // Text and bytes are sequences of characters and bytes, which is never what a
             // list of items to map over is meant to be; a mapping iterates over its keys only.
             let refused = object.is_instance_of::<PyString>()
@@ -34,12 +37,19 @@ impl Reading for PythonReading {
                 || object.hasattr("keys").unwrap_or(false)
                 || !object.hasattr("__len__").unwrap_or(false);
             if refused {
-                return Err(type_of(&object));
+                return Err(NotItems::NotAList(type_of(&object)));
             }
-            let iterator = object.try_iter().map_err(|_| type_of(&object))?;
-            let mut items = Vec::with_capacity(object.len().unwrap_or(0));
+            // Not iterable is no list; an iterable that raises something else is a failure.
+            let iterator = object.try_iter().map_err(|raised| {
+                if raised.is_instance_of::<PyTypeError>(py) {
+                    NotItems::NotAList(type_of(&object))
+                } else {
+                    failed(raised)
+                }
+            })?;
+            let mut items = Vec::with_capacity(object.len().map_err(failed)?);
             for item in iterator {
-                items.push(wrap(item.map_err(|e| e.to_string())?));
+                items.push(wrap(item.map_err(failed)?));
             }
             Ok(items)
         })

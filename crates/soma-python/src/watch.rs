@@ -52,7 +52,8 @@ impl SignalWatch {
             caller: this_thread(),
             stopped: AtomicBool::new(false),
             raised: Mutex::new(None),
-            deadline: timeout.map(|timeout| Instant::now() + timeout),
+            // A timeout too far off to be a point in time is no deadline worth counting.
+            deadline: timeout.and_then(|timeout| Instant::now().checked_add(timeout)),
             timed_out: AtomicBool::new(false),
             stop: stop.map(|flag| Arc::clone(&flag.set)),
             cancelled: AtomicBool::new(false),
@@ -134,6 +135,12 @@ thread_local! {
 /// thread, where signals are handled, that is Ctrl-C, and the run's watch stops the run.
 pub fn note_interrupt() {
     INTERRUPTED_IN_NODE.with(|seen| seen.set(true));
+}
+
+/// Forgets that a node on this thread raised `KeyboardInterrupt`: its retry lists it, so the
+/// node raised it as a failure to try again, and the run goes on.
+pub fn forget_interrupt() {
+    INTERRUPTED_IN_NODE.with(|seen| seen.set(false));
 }
 
 /// A number that differs between threads alive at the same time.

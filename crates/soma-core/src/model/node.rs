@@ -6,6 +6,14 @@
 //!
 //! `Send + Sync` is required because the branches of a wave borrow the catalog, and so every
 //! node in it, from several threads at once.
+//!
+//! An *async* node ([`Node::is_async`]) is called differently: [`Node::start`] returns its call
+//! as a future ([`Call`]), which the run's task polls on the embedder's event loop
+//! ([`crate::Tasks`]) until it is done. A branch waiting on one holds no thread: where it stands
+//! in the plan is kept in the future that walks it (see `run/aio`).
+
+use std::future::Future;
+use std::pin::Pin;
 
 use crate::model::device::Device;
 use crate::model::id::NodeId;
@@ -79,6 +87,10 @@ crate::model::failure::failure! {
     NodeError
 }
 
+/// An async node's call in flight ([`Node::start`]): polled by the task of the branch that
+/// made it, on the embedder's event loop, until it gives the node's output or its error.
+pub type Call = Pin<Box<dyn Future<Output = Result<Value, NodeError>> + Send>>;
+
 /// One executable unit.
 pub trait Node: Send + Sync {
     /// Computes this node's output from its input, or asks the driver for something.
@@ -97,6 +109,28 @@ pub trait Node: Send + Sync {
     /// memory arrives while this node runs, instead of being waited for when it is called. A
     /// hint only: it must not block or fail; the default does nothing.
     fn prefetch(&self) {}
+
+    /// Whether the node is async: its calls are made with [`Node::start`] and awaited by its
+    /// branch's task on the embedder's event loop, never with [`Node::forward`] on a thread.
+    /// Asked once, when a program is resolved; `false`, the default, for a node that computes.
+    fn is_async(&self) -> bool {
+        false
+    }
+
+    /// Starts a call of an async node on `input`: the future the branch's task polls until the
+    /// node is done. Polled only on the thread of the embedder's loop, inside a task it drives
+    /// ([`crate::Tasks`]). The default makes the call with [`Node::forward`] at once, for a node
+    /// that says it is async without having a call of its own; an `Await` is refused there, as
+    /// an async node waits for what it needs itself.
+    fn start(&self, input: &Value, ctx: &Ctx<'_>) -> Call {
+        let outcome = self.forward(input, ctx).and_then(|transition| match transition {
+            Transition::Done(value) => Ok(value),
+            Transition::Await(_) => Err(NodeError::new(
+                "an async node awaits what it needs itself: it cannot return an `Await` for a driver",
+            )),
+        });
+        Box::pin(std::future::ready(outcome))
+    }
 }
 
 impl<F> Node for F

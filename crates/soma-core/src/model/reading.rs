@@ -6,7 +6,18 @@
 //! those directly ([`NativeReading`]); an embedder whose values are opaque to the engine (a
 //! Python object) gives the executor a reading of its own ([`crate::Executor::with_reading`]).
 
+use crate::model::node::NodeError;
 use crate::model::value::Value;
+
+/// Why a `Map` step's input gave no items.
+#[derive(Debug)]
+pub enum NotItems {
+    /// It is no list of items: the type it is, as a person would name it.
+    NotAList(String),
+    /// Reading its items failed (a lazy dataset's `OSError`, a Ctrl-C): the error, which the
+    /// step's failure carries untouched.
+    Failed(NodeError),
+}
 
 /// How a decision reads a value; see the module docs. Each method that can fail returns the
 /// type of what it was given, as a person would name it, for the error that names the step.
@@ -14,8 +25,9 @@ pub trait Reading: Send + Sync {
     /// The items of a `Map` step's input, in order.
     ///
     /// # Errors
-    /// The type of `value` when it is no list of items.
-    fn items(&self, value: &Value) -> Result<Vec<Value>, String>;
+    /// [`NotItems::NotAList`] when `value` is no list of items; [`NotItems::Failed`] when
+    /// reading them failed.
+    fn items(&self, value: &Value) -> Result<Vec<Value>, NotItems>;
     /// A `Map` step's output: its items' results, in input order.
     fn collect(&self, results: Vec<Value>) -> Value;
     /// The case key a `Switch` step's selector returned.
@@ -33,10 +45,10 @@ pub trait Reading: Send + Sync {
 pub struct NativeReading;
 
 impl Reading for NativeReading {
-    fn items(&self, value: &Value) -> Result<Vec<Value>, String> {
+    fn items(&self, value: &Value) -> Result<Vec<Value>, NotItems> {
         match value {
             Value::List(items) => Ok(items.to_vec()),
-            other => Err(self.type_name(other)),
+            other => Err(NotItems::NotAList(self.type_name(other))),
         }
     }
 

@@ -26,6 +26,14 @@ use crate::model::value::Value;
 /// How often a time-limited wait asks the watch whether to stop.
 const WATCH_INTERVAL: Duration = Duration::from_millis(5);
 
+/// What to do after an attempt of a call under a policy.
+pub(super) enum Next {
+    /// The call is done: this is its outcome.
+    Done(Result<Value, RunError>),
+    /// Pause this long, then try again; the error is the call's if the pause is cut short.
+    Pause(Duration, RunError),
+}
+
 /// Where a time-limited call leaves its outcome for the branch that waits for it.
 struct Outcome {
     value: Mutex<Option<thread::Result<Result<Value, RunError>>>>,
@@ -50,37 +58,58 @@ impl Executor {
         let mut attempt = 0_u32;
         loop {
             let outcome = self.attempt(policy.time_limit, step, id, input, lane);
-            let error = match outcome {
-                Ok(value) => return Ok(value),
-                Err(error) => error,
+            let (pause, error) = match Self::next_attempt(policy, attempt, outcome) {
+                Next::Done(outcome) => return outcome,
+                Next::Pause(pause, error) => (pause, error),
             };
-            let Some(retry) = policy.retry.as_ref() else {
-                return Err(error);
-            };
-            if !(retry.on)(&error) {
-                return Err(error);
-            }
-            if attempt >= retry.times() {
-                return Err(RunError::Retried {
-                    attempts: attempt + 1,
-                    last: Box::new(error),
-                });
-            }
-            let pause = retry.pause_before(attempt);
-            let pause = pause.mul_f64(1.0 + JITTER * retry.clock.jitter().clamp(0.0, 1.0));
+            let retry = policy.retry.as_ref().expect("only a retry pauses");
             let stopping = || lane.cancelled() || self.stopped();
             let mut waited = true;
             self.blocking(&mut || waited = retry.clock.pause(pause, &stopping));
             if !waited {
-                // An earlier sibling failed, and its error is the one reported; or the watch
-                // stopped the run (Ctrl-C, a deadline), which is why the node did not finish.
-                return Err(if lane.cancelled() {
-                    error
-                } else {
-                    RunError::Interrupted
-                });
+                return Err(Self::stopped_pausing(lane.cancelled(), error));
             }
             attempt += 1;
+        }
+    }
+
+    /// What a policy says after attempt `attempt` (from 0) ended with `outcome`: that is the
+    /// call's outcome, or pause this long and try again — for a failure its retry retries
+    /// (`on`), while attempts are left, after a backoff that doubles each time, with jitter.
+    pub(super) fn next_attempt(
+        policy: &Policy,
+        attempt: u32,
+        outcome: Result<Value, RunError>,
+    ) -> Next {
+        let error = match outcome {
+            Ok(value) => return Next::Done(Ok(value)),
+            Err(error) => error,
+        };
+        let Some(retry) = policy.retry.as_ref() else {
+            return Next::Done(Err(error));
+        };
+        if !(retry.on)(&error) {
+            return Next::Done(Err(error));
+        }
+        if attempt >= retry.times() {
+            return Next::Done(Err(RunError::Retried {
+                attempts: attempt + 1,
+                last: Box::new(error),
+            }));
+        }
+        let pause = retry.pause_before(attempt);
+        let pause = pause.mul_f64(1.0 + JITTER * retry.clock.jitter().clamp(0.0, 1.0));
+        Next::Pause(pause, error)
+    }
+
+    /// The error of a call whose retry's pause was ended early: its own, when an earlier
+    /// sibling failed (`cancelled`), whose error is the one reported; otherwise the watch
+    /// stopped the run (Ctrl-C, a deadline), which is why the node did not finish.
+    pub(super) fn stopped_pausing(cancelled: bool, error: RunError) -> RunError {
+        if cancelled {
+            error
+        } else {
+            RunError::Interrupted
         }
     }
 
@@ -112,10 +141,12 @@ impl Executor {
         lane: Lane<'_>,
         turns: &mut u32,
     ) -> Result<Value, RunError> {
-        let Some(limit) = limit else {
+        // A limit too far off to be a point in time is no limit worth counting.
+        let Some((limit, deadline)) =
+            limit.and_then(|limit| Some((limit, Instant::now().checked_add(limit)?)))
+        else {
             return self.execute(&*step.node, step.device, id, input, turns);
         };
-        let deadline = Instant::now() + limit;
         let outcome = Arc::new(Outcome {
             value: Mutex::new(None),
             done: Condvar::new(),
@@ -195,7 +226,7 @@ impl Executor {
     /// Whether the watch says stop, its host's pending signals looked for first: a thread
     /// that pauses or waits here is where a wave's wait would poll them (on the run's calling
     /// thread; the watch ignores a poll from any other).
-    fn stopped(&self) -> bool {
+    pub(super) fn stopped(&self) -> bool {
         self.watch.as_deref().is_some_and(|watch| {
             watch.poll();
             watch.interrupted()

@@ -597,7 +597,7 @@ impl Latch {
             thread::yield_now();
         }
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let deadline = timeout.map(|timeout| Instant::now() + timeout);
+        let deadline = timeout.and_then(|timeout| Instant::now().checked_add(timeout));
         while !state.done {
             state.asleep = true;
             state = match deadline {

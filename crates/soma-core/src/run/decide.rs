@@ -25,13 +25,13 @@ use super::executor::{Executor, Halt};
 use super::hooks::{Captured, Watch};
 use super::keys::RunKeys;
 use super::lane::{Lane, WaveState};
-use super::program::{LoopOp, MapOp, Program, Reads, Step, SwitchOp};
+use super::program::{LoopOp, MapOp, Program, Step, SwitchOp};
 use super::table::Frame;
-use super::trace::{thread_number, Span};
+use super::trace::{thread_number, Span, Trace};
 use super::wave::refused_or_raised;
 use crate::model::id::NodeId;
 use crate::model::key::Key;
-use crate::model::reading::{NativeReading, Reading};
+use crate::model::reading::{NativeReading, NotItems, Reading};
 use crate::model::value::Value;
 
 /// What a `Map` lends its items from the frame of the thread that reached it, kept on the heap
@@ -50,12 +50,12 @@ struct MapLocals<'s> {
 type Slot = Mutex<Option<Result<Value, Halt>>>;
 
 impl Executor {
-    fn reading(&self) -> &dyn Reading {
+    pub(super) fn reading(&self) -> &dyn Reading {
         self.reading.as_deref().unwrap_or(&NativeReading)
     }
 
     /// What a decision step reads, once it may start: the checks a step makes before its node.
-    fn decision_input(
+    pub(super) fn decision_input(
         &self,
         step: &Step,
         input: &Value,
@@ -68,17 +68,7 @@ impl Executor {
         if self.watch.as_deref().is_some_and(Watch::interrupted) {
             return Err(Halt::Failed(RunError::Interrupted));
         }
-        Ok(match &step.from {
-            Reads::Input => input.clone(),
-            Reads::One(one) => frame.gather(*one),
-            Reads::Many(many) => Value::Map(
-                many.reads
-                    .iter()
-                    .map(|(source, read)| (source.shared(), frame.gather(*read)))
-                    .collect::<Vec<_>>()
-                    .into(),
-            ),
-        })
+        Ok(Executor::gather(step, input, frame))
     }
 
     /// Runs `decide` as `step`'s work, marked running meanwhile for a run its caller may leave,
@@ -92,18 +82,32 @@ impl Executor {
         decide: impl FnOnce() -> Result<Value, Halt>,
     ) -> Result<(), Halt> {
         if let Some(run) = lane.detached {
-            run.set_running(lane.program, step.slot(), true);
+            run.set_running(
+                lane.program,
+                step.slot(),
+                &lane.program.ids[step.slot()],
+                true,
+            );
         }
         let value = decide();
         if let Some(run) = lane.detached {
-            run.set_running(lane.program, step.slot(), false);
+            run.set_running(
+                lane.program,
+                step.slot(),
+                &lane.program.ids[step.slot()],
+                false,
+            );
         }
-        let value = value?;
+        Self::write_decided(step, value?, frame, lane);
+        Ok(())
+    }
+
+    /// Writes `value` as a decision step's output, its digest what readers key on.
+    pub(super) fn write_decided(step: &Step, value: Value, frame: &mut Frame<'_>, lane: Lane<'_>) {
         if let Some(keys) = lane.keys {
             keys.settle(step.slot(), keys.cache.digest(&value));
         }
         *frame.cell(step.slot()) = Some(value);
-        Ok(())
     }
 
     /// Runs `body` on `input` with a table of its own, along `lane` (its place in the waves
@@ -157,7 +161,7 @@ impl Executor {
     /// Calls `step`'s own node — a switch's selector, a loop's predicate — on `value`; with a
     /// cache, through it as any node is, under the key `key` makes (from the run's identities,
     /// the node's id and its fingerprint), its span marked cached when found.
-    fn decision_call(
+    pub(super) fn decision_call(
         &self,
         step: &Step,
         value: &Value,
@@ -181,10 +185,27 @@ impl Executor {
         }
         let started = Instant::now();
         let value = self.call(step, value, lane)?;
+        Ok(Self::file_decision(
+            keys,
+            id,
+            &key,
+            value,
+            started.elapsed(),
+        ))
+    }
+
+    /// Files what a selector or predicate `id` answered, `value` in `took`, under `key`.
+    pub(super) fn file_decision(
+        keys: &RunKeys,
+        id: &NodeId,
+        key: &Key,
+        value: Value,
+        took: std::time::Duration,
+    ) -> Value {
         let digest = keys.cache.digest(&value);
         let entry = Entry { value, digest };
-        keys.cache.put(id, &key, &entry, started.elapsed());
-        Ok(entry.value)
+        keys.cache.put(id, key, &entry, took);
+        entry.value
     }
 
     /// Runs `part` — an item, a case, an iteration of step `id` — and records its span, named
@@ -201,14 +222,28 @@ impl Executor {
         };
         let start = trace.now();
         let outcome = part();
+        Self::record_part(trace, id, &which(), lane.path(), start, &outcome);
+        outcome
+    }
+
+    /// Records the span of an item, a case or an iteration `which` of step `id`, named
+    /// `id[which]`, from `start` to now, in the branch at `path`.
+    pub(super) fn record_part(
+        trace: &Trace,
+        id: &NodeId,
+        which: &str,
+        path: Vec<usize>,
+        start: std::time::Duration,
+        outcome: &Result<Value, Halt>,
+    ) {
         trace.record(Span {
-            node: NodeId::new(format!("{id}[{}]", which())),
+            node: NodeId::new(format!("{id}[{which}]")),
             start,
             end: trace.now(),
             thread: thread_number(),
-            branch: lane.path(),
+            branch: path,
             turns: 0,
-            error: match &outcome {
+            error: match outcome {
                 Err(Halt::Failed(error)) => Some(error.to_string()),
                 Ok(_) | Err(Halt::Cancelled | Halt::Abandoned) => None,
             },
@@ -216,7 +251,6 @@ impl Executor {
             host: None,
             cached: false,
         });
-        outcome
     }
 
     // Kept out of line: a run without decisions should not carry their code through
@@ -243,13 +277,7 @@ impl Executor {
         let read = self.decision_input(&op.step, input, frame, lane)?;
         let id = &lane.program.ids[op.step.slot()];
         Self::decided(&op.step, frame, lane, || {
-            let items = self
-                .reading()
-                .items(&read)
-                .map_err(|found| RunError::NotAList {
-                    node: id.clone(),
-                    found,
-                })?;
+            let items = self.items_of(id, &read)?;
             drop(read);
             let results = self.each_item(op, id, items, lane)?;
             Ok(self.reading().collect(results))
@@ -342,24 +370,50 @@ impl Executor {
             locals.leave(&remains);
             return Err(Halt::Abandoned);
         };
-        // A panic is re-raised here, ahead of any item's error, as a wave's is.
-        let refused = outcomes
-            .into_iter()
-            .filter_map(Result::err)
-            .map(refused_or_raised)
-            .next();
+        let panicked = outcomes.into_iter().filter_map(Result::err).collect();
         let MapLocals { results, .. } = locals.into_inner();
-        let mut values = Vec::with_capacity(count);
+        Self::settle_items(
+            panicked,
+            results
+                .into_vec()
+                .into_iter()
+                .map(|result| result.into_inner().unwrap_or_else(PoisonError::into_inner)),
+        )
+    }
+
+    /// What a `Map` step read, as its items: a list; or [`RunError::NotAList`] naming the
+    /// step, or the step's failure with the error that reading its items raised.
+    pub(super) fn items_of(&self, id: &NodeId, read: &Value) -> Result<Vec<Value>, RunError> {
+        self.reading().items(read).map_err(|not| match not {
+            NotItems::NotAList(found) => RunError::NotAList {
+                node: id.clone(),
+                found,
+            },
+            NotItems::Failed(error) => RunError::NodeFailed {
+                node: id.clone(),
+                error,
+            },
+        })
+    }
+
+    /// A `Map`'s outcome from its items' results by index (`None` for an item never started:
+    /// one after a failure, or without a thread) and the panics its work raised: a panic is
+    /// re-raised first, ahead of any item's error, as a wave's is; then the first failing
+    /// item's error by index; then why an item stopped; else the values in order.
+    pub(super) fn settle_items(
+        panicked: Vec<Box<dyn std::any::Any + Send>>,
+        results: impl Iterator<Item = Option<Result<Value, Halt>>>,
+    ) -> Result<Vec<Value>, Halt> {
+        let refused = panicked.into_iter().map(refused_or_raised).next();
+        let mut values = Vec::new();
         let mut halted = None;
-        for result in results.into_vec() {
-            match result.into_inner().unwrap_or_else(PoisonError::into_inner) {
+        for result in results {
+            match result {
                 Some(Ok(value)) => values.push(value),
                 Some(Err(Halt::Failed(error))) => return Err(Halt::Failed(error)),
                 Some(Err(other)) => {
                     halted.get_or_insert(other);
                 }
-                // Never started: a lane stopped after an earlier item failed, or never got a
-                // thread.
                 None => {}
             }
         }
@@ -442,18 +496,7 @@ impl Executor {
             let chosen = self.decision_call(&op.step, &read, lane, |keys, id, fingerprint| {
                 keys.key_of(id, fingerprint, &op.step, input)
             })?;
-            let unknown = |key: String| RunError::UnknownCase {
-                node: id.clone(),
-                key,
-                known: op.keys.to_vec(),
-            };
-            let key = self
-                .reading()
-                .key(&chosen)
-                .map_err(|found| unknown(format!("a {found}")))?;
-            let Some(at) = op.keys.iter().position(|known| *known == key) else {
-                return Err(unknown(key).into());
-            };
+            let (at, key) = self.case_of(op, id, &chosen)?;
             self.part(
                 id,
                 || key.clone(),
@@ -461,6 +504,39 @@ impl Executor {
                 || self.run_body(&op.cases[at], &read, lane),
             )
         })
+    }
+
+    /// The case a switch's selector chose, by index, and its key; [`RunError::UnknownCase`]
+    /// naming the step when no case has it.
+    pub(super) fn case_of(
+        &self,
+        op: &SwitchOp,
+        id: &NodeId,
+        chosen: &Value,
+    ) -> Result<(usize, String), RunError> {
+        let unknown = |key: String| RunError::UnknownCase {
+            node: id.clone(),
+            key,
+            known: op.keys.to_vec(),
+        };
+        let key = self
+            .reading()
+            .key(chosen)
+            .map_err(|found| unknown(format!("a {found}")))?;
+        match op.keys.iter().position(|known| *known == key) {
+            Some(at) => Ok((at, key)),
+            None => Err(unknown(key)),
+        }
+    }
+
+    /// The error of a loop whose predicate never said done: its bound and what its body last
+    /// returned.
+    pub(super) fn loop_limit(&self, op: &LoopOp, id: &NodeId, last: &Value) -> RunError {
+        RunError::LoopLimit {
+            node: id.clone(),
+            max_iterations: op.max_iterations,
+            last: self.reading().type_name(last),
+        }
     }
 
     // Kept out of line: a run without decisions should not carry their code through
@@ -506,12 +582,7 @@ impl Executor {
                 }
                 current = output;
             }
-            Err(RunError::LoopLimit {
-                node: id.clone(),
-                max_iterations: op.max_iterations,
-                last: self.reading().type_name(&current),
-            }
-            .into())
+            Err(self.loop_limit(op, id, &current).into())
         })
     }
 }

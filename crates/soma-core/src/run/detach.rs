@@ -37,6 +37,9 @@ pub(super) struct Detached {
     remains: Weak<Remains>,
     /// Per step slot, whether its node is running: what a deadline's error names.
     running: Box<[AtomicBool]>,
+    /// The nodes running inside the run's `Map`, `Switch` and `Loop` steps, by their
+    /// namespaced ids (`chunks/embed`), once for each call in flight.
+    inside: Mutex<Vec<NodeId>>,
     /// Where the program whose steps `running` is about lives, compared by identity: the
     /// sub-programs of its `Map`, `Switch` and `Loop` steps number slots of their own, and
     /// their steps are not marked (the step that runs them is).
@@ -55,28 +58,63 @@ impl Detached {
         Detached {
             remains,
             running: (0..slots).map(|_| AtomicBool::new(false)).collect(),
+            inside: Mutex::new(Vec::new()),
             program_at: address(program),
             stop_seen: Mutex::new(None),
             given_up: AtomicBool::new(false),
         }
     }
 
-    /// Marks the node of `slot` of `program` as running or not, if `program` is the run's
-    /// own. `Relaxed`: the list it feeds is a report read after the fact, never a decision.
-    pub(super) fn set_running<P>(&self, program: &P, slot: usize, running: bool) {
+    /// Marks node `id`, in `slot` of `program`, as running or not: by its slot when `program`
+    /// is the run's own (`Relaxed`: the list it feeds is a report read after the fact, never a
+    /// decision), by its id when it is a sub-program's.
+    pub(super) fn set_running<P>(&self, program: &P, slot: usize, id: &NodeId, running: bool) {
         if address(program) == self.program_at {
             self.running[slot].store(running, Ordering::Relaxed);
+            return;
+        }
+        let mut inside = self.inside.lock().unwrap_or_else(PoisonError::into_inner);
+        if running {
+            inside.push(id.clone());
+        } else if let Some(at) = inside.iter().position(|running| running == id) {
+            inside.swap_remove(at);
         }
     }
 
-    /// The ids of the nodes running now, in slot order.
+    /// The ids of the nodes running now, innermost: the run's own in slot order, a step that
+    /// decides replaced by the nodes running inside it (each once, in the order they began).
     pub(super) fn running(&self, ids: &[NodeId]) -> Vec<NodeId> {
-        self.running
-            .iter()
-            .zip(ids)
-            .filter(|(running, _)| running.load(Ordering::Relaxed))
-            .map(|(_, id)| id.clone())
-            .collect()
+        let mut inside = self
+            .inside
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let mut seen = std::collections::HashSet::new();
+        inside.retain(|id| seen.insert(id.clone()));
+        let mut found: Vec<NodeId> = Vec::new();
+        for (running, id) in self.running.iter().zip(ids) {
+            if !running.load(Ordering::Relaxed) {
+                continue;
+            }
+            if !holds_inner(&inside, id) {
+                found.push(id.clone());
+                continue;
+            }
+            // Innermost: the nodes under this step that hold no running node themselves.
+            found.extend(
+                inside
+                    .iter()
+                    .filter(|inner| {
+                        inner
+                            .as_str()
+                            .strip_prefix(id.as_str())
+                            .is_some_and(|rest| rest.starts_with('/'))
+                    })
+                    .filter(|inner| !holds_inner(&inside, inner))
+                    .cloned(),
+            );
+        }
+        found
     }
 
     /// Asked by the waiting caller between polls of `watch`: whether to stop waiting. Yes once
@@ -256,4 +294,13 @@ impl<T> Drop for Kept<T> {
         #[allow(unsafe_code)]
         drop(unsafe { Box::from_raw(self.at) });
     }
+}
+
+/// Whether some node in `inside` runs inside step `step` (its id under `step/`).
+fn holds_inner(inside: &[NodeId], step: &NodeId) -> bool {
+    inside.iter().any(|id| {
+        id.as_str()
+            .strip_prefix(step.as_str())
+            .is_some_and(|rest| rest.starts_with('/'))
+    })
 }

@@ -96,11 +96,30 @@ pub enum RunError {
         /// The type of the body's last output.
         last: String,
     },
+    /// The event loop refused a task that a branch of an async run needed
+    /// ([`crate::Tasks::spawn`]); the branches that had one ran on.
+    NoTask {
+        /// What the loop said.
+        reason: String,
+    },
+    /// The program has an async node, and was run without an event loop to await it on: such
+    /// a program runs through [`crate::Executor::start`].
+    NeedsLoop {
+        /// Its first async node, in plan order.
+        node: NodeId,
+    },
     /// The [`crate::Watch`] asked the run to stop.
     Interrupted,
     /// The run finished, but past its [deadline](crate::Watch::deadline): its result is dropped,
     /// since a deadline is never reported as met when it was not.
     PastDeadline,
+    /// A run with async nodes ([`crate::Executor::start`]) was cancelled — by its caller, Ctrl-C
+    /// or its deadline — and its caller stopped waiting: its async nodes' calls were cancelled,
+    /// and its sync nodes still running finish in the background.
+    Cancelled {
+        /// The nodes that were still running, innermost, in program order.
+        running: Vec<NodeId>,
+    },
     /// The [`crate::Watch`] asked the run to stop, and its caller stopped waiting for the nodes
     /// still running ([`crate::Executor::run_detachable`]); they finish in the background.
     Abandoned {
@@ -116,8 +135,10 @@ impl RunError {
             // A limit of 0 stops the run before any node is called: no node is to blame.
             RunError::TurnLimit { limit: 0, .. }
             | RunError::NoThread { .. }
+            | RunError::NoTask { .. }
             | RunError::Interrupted
             | RunError::PastDeadline
+            | RunError::Cancelled { .. }
             | RunError::Abandoned { .. } => None,
             RunError::NodeFailed { node, .. }
             | RunError::NoDriver { node }
@@ -127,7 +148,8 @@ impl RunError {
             | RunError::TimeLimit { node, .. }
             | RunError::NotAList { node, .. }
             | RunError::UnknownCase { node, .. }
-            | RunError::LoopLimit { node, .. } => Some(node),
+            | RunError::LoopLimit { node, .. }
+            | RunError::NeedsLoop { node } => Some(node),
             RunError::Retried { last, .. } => last.node(),
             RunError::Invalid(error) => Some(error.node()),
         }
@@ -162,7 +184,7 @@ impl fmt::Display for RunError {
             ),
             RunError::TimeLimit { node, limit } => write!(
                 f,
-                "node `{node}` ran past its time limit of {} s\nhint: its call goes on in the background and its result is dropped; raise the limit, or let `.retry(on=(TimeoutError,))` try it again",
+                "node `{node}` ran past its time limit of {} s\nhint: a sync call goes on in the background, its result dropped, and an async one is cancelled; raise the limit, or let `.retry(on=(TimeoutError,))` try it again",
                 limit.as_secs_f64()
             ),
             RunError::Retried { attempts, last } => {
@@ -193,12 +215,32 @@ impl fmt::Display for RunError {
                 f,
                 "`loop` step `{node}` ran its body {max_iterations} times and `until` still said not done; the last output was a `{last}`\nhint: raise `max_iterations`, or check that `until` can become true"
             ),
+            RunError::NoTask { reason } => write!(
+                f,
+                "the event loop refused a task a branch needed: {reason}\nhint: keep the loop running until the run is done"
+            ),
+            RunError::NeedsLoop { node } => write!(
+                f,
+                "node `{node}` is async, and the run has no event loop to await it on\nhint: run the program with `Executor::start` on an event loop"
+            ),
             RunError::Interrupted => f.write_str(
                 "the run was interrupted\nhint: its watch asked it to stop (Ctrl-C, a deadline); every branch stopped at a node boundary, and the run can be started again"
             ),
             RunError::PastDeadline => f.write_str(
                 "the run finished past its deadline, and its result was dropped\nhint: a run with a deadline returns its result only when it finishes within it; give it more time, or make its slowest node faster"
             ),
+            RunError::Cancelled { running } => {
+                f.write_str("the run was cancelled")?;
+                if !running.is_empty() {
+                    f.write_str("; still running: ")?;
+                    for (at, node) in running.iter().enumerate() {
+                        let comma = if at == 0 { "" } else { ", " };
+                        write!(f, "{comma}`{node}`")?;
+                    }
+                    f.write_str(" (cancelled)")?;
+                }
+                f.write_str("\nhint: the graph can run again at once")
+            }
             RunError::Abandoned { running } => {
                 write!(f, "the run was interrupted, and its caller stopped waiting for ")?;
                 match running.as_slice() {
@@ -232,8 +274,11 @@ impl std::error::Error for RunError {
             | RunError::NotAList { .. }
             | RunError::UnknownCase { .. }
             | RunError::LoopLimit { .. }
+            | RunError::NeedsLoop { .. }
+            | RunError::NoTask { .. }
             | RunError::Interrupted
             | RunError::PastDeadline
+            | RunError::Cancelled { .. }
             | RunError::Abandoned { .. } => None,
         }
     }

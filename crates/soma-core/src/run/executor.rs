@@ -33,6 +33,7 @@ use crate::model::catalog::Catalog;
 use crate::model::device::Device;
 use crate::model::driver::Driver;
 use crate::model::id::NodeId;
+use crate::model::key::Key;
 use crate::model::node::{Ctx, Node, Transition, DEFAULT_TURN_LIMIT};
 use crate::model::reading::Reading;
 use crate::model::value::Value;
@@ -214,6 +215,7 @@ impl Executor {
     ///
     /// # Errors
     /// [`RunError::Invalid`] when the plan does not fit the catalog (see [`Program::new`]);
+    /// [`RunError::NeedsLoop`] when it has an async node ([`Executor::start`] runs those);
     /// otherwise the first error in plan order, and within a wave the first declared failing
     /// branch's.
     ///
@@ -257,6 +259,7 @@ impl Executor {
     /// # Panics
     /// As [`Executor::run`].
     pub fn run_detachable(&self, program: &Arc<Program>, input: Value) -> Result<Value, RunError> {
+        Self::refuse_async(program)?;
         let remains = Arc::new(Remains::new());
         let parts = Kept::new(RunParts {
             executor: self.clone(),
@@ -305,6 +308,7 @@ impl Executor {
     }
 
     fn run_on(&self, program: &Program, crew: &Crew, input: Value) -> Result<Value, RunError> {
+        Self::refuse_async(program)?;
         let mut table: Vec<Option<Value>> = vec![None; program.len()];
         let mut frame = Frame {
             base: 0,
@@ -319,6 +323,18 @@ impl Executor {
             Lane::root(crew, program, None, keys.as_ref()),
         );
         Self::finish(program, walked, &mut table, || input)
+    }
+
+    /// Refuses a program with an async node: only [`Executor::start`] has a loop to await it.
+    pub(super) fn refuse_async(program: &Program) -> Result<(), RunError> {
+        if !program.is_async() {
+            return Ok(());
+        }
+        Err(RunError::NeedsLoop {
+            node: program
+                .first_async()
+                .expect("an async program has an async node"),
+        })
     }
 
     /// The identities a run of `program` keys its values by, when it runs with a cache.
@@ -386,25 +402,43 @@ impl Executor {
         match op {
             Op::Empty => Ok(()),
             Op::Execute(step) => self.step(step, input, frame, lane),
-            Op::Sequence { steps, drop_after } => {
-                for (at, step) in steps.iter().enumerate() {
-                    if lane.prefetching {
-                        prefetch_ahead(steps.get(at + 1), steps.get(at + 2));
-                    }
-                    self.walk(step, input, frame, lane)?;
-                    if let Some(done) = drop_after.get(at) {
-                        for &slot in done {
-                            *frame.cell(slot) = None;
-                        }
-                    }
-                }
-                Ok(())
-            }
-            Op::Wave { branches, bounds } => self.wave(branches, bounds, input, frame, lane),
+            Op::Sequence {
+                steps, drop_after, ..
+            } => self.walk_steps(steps, drop_after, 0..steps.len(), input, frame, lane),
+            Op::Wave {
+                branches, bounds, ..
+            } => self.wave(branches, bounds, input, frame, lane),
             Op::Map(map) => self.map(map, input, frame, lane),
             Op::Switch(switch) => self.switch(switch, input, frame, lane),
             Op::Loop(repeat) => self.repeat(repeat, input, frame, lane),
         }
+    }
+
+    /// Walks steps `range` of a sequence, dropping after each what `drop_after` says: the whole
+    /// sequence, or the run of its sync steps an async run lends a thread.
+    // Inlined into `walk`: the sequence is the loop every run goes round once per step.
+    #[inline]
+    pub(super) fn walk_steps(
+        &self,
+        steps: &[Op],
+        drop_after: &[Box<[usize]>],
+        range: std::ops::Range<usize>,
+        input: &Value,
+        frame: &mut Frame<'_>,
+        lane: Lane<'_>,
+    ) -> Result<(), Halt> {
+        for at in range {
+            if lane.prefetching {
+                prefetch_ahead(steps.get(at + 1), steps.get(at + 2));
+            }
+            self.walk(&steps[at], input, frame, lane)?;
+            if let Some(done) = drop_after.get(at) {
+                for &slot in done {
+                    *frame.cell(slot) = None;
+                }
+            }
+        }
+        Ok(())
     }
 
     fn step(
@@ -421,17 +455,43 @@ impl Executor {
             return Err(Halt::Failed(RunError::Interrupted));
         }
         if let Some(run) = lane.detached {
-            run.set_running(lane.program, step.slot(), true);
+            run.set_running(
+                lane.program,
+                step.slot(),
+                &lane.program.ids[step.slot()],
+                true,
+            );
         }
         let value = match lane.keys {
             None => self.gather_and_call(step, input, frame, lane),
             Some(keys) => self.through_cache(keys, step, input, frame, lane),
         };
         if let Some(run) = lane.detached {
-            run.set_running(lane.program, step.slot(), false);
+            run.set_running(
+                lane.program,
+                step.slot(),
+                &lane.program.ids[step.slot()],
+                false,
+            );
         }
         *frame.cell(step.slot()) = Some(value?);
         Ok(())
+    }
+
+    /// What `step` reads, gathered from the table: the run's input, one predecessor's value, or
+    /// several keyed by id; each taken when the step is its last reader, cloned otherwise.
+    pub(super) fn gather(step: &Step, input: &Value, frame: &mut Frame<'_>) -> Value {
+        match &step.from {
+            Reads::Input => input.clone(),
+            Reads::One(one) => frame.gather(*one),
+            Reads::Many(many) => Value::Map(
+                many.reads
+                    .iter()
+                    .map(|(source, read)| (source.shared(), frame.gather(*read)))
+                    .collect::<Vec<_>>()
+                    .into(),
+            ),
+        }
     }
 
     /// Gathers a step's inputs from the table and calls its node on them.
@@ -476,6 +536,27 @@ impl Executor {
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
     ) -> Result<Value, Halt> {
+        let key = match self.look_up(keys, step, input, frame, lane) {
+            Ok(found) => return Ok(found),
+            Err(key) => key,
+        };
+        let started = Instant::now();
+        let value = self.gather_and_call(step, input, frame, lane)?;
+        let id = &lane.program.ids[step.slot()];
+        Ok(Self::file(keys, step, id, key, value, started.elapsed()))
+    }
+
+    /// Looks `step` up in the run's cache: `Ok` with its output when its key is there (the
+    /// values it would have taken dropped unread, its span marked cached, its identity
+    /// settled), `Err` with its key (if it has one) when it must run.
+    pub(super) fn look_up(
+        &self,
+        keys: &RunKeys,
+        step: &Step,
+        input: &Value,
+        frame: &mut Frame<'_>,
+        lane: Lane<'_>,
+    ) -> Result<Value, Option<Key>> {
         let id = &lane.program.ids[step.slot()];
         let key = keys
             .cache
@@ -488,20 +569,29 @@ impl Executor {
                 return Ok(entry.value);
             }
         }
-        let started = Instant::now();
-        let value = self.gather_and_call(step, input, frame, lane)?;
-        let took = started.elapsed();
-        // Readers are keyed on its content, so that an output computed again the same leaves
-        // them hitting; on its key where it has no digest.
+        Err(key)
+    }
+
+    /// Files what `step`'s node computed, `value` in `took`, under its `key` if it has one, and
+    /// settles the identity readers key on: its digest, so that an output computed again the
+    /// same leaves them hitting; its key where it has no digest.
+    pub(super) fn file(
+        keys: &RunKeys,
+        step: &Step,
+        id: &NodeId,
+        key: Option<Key>,
+        value: Value,
+        took: std::time::Duration,
+    ) -> Value {
         let digest = keys.cache.digest(&value);
         if let Some(key) = key {
             let entry = Entry { value, digest };
             keys.cache.put(id, &key, &entry, took);
             keys.settle(step.slot(), digest.or(Some(key)));
-            return Ok(entry.value);
+            return entry.value;
         }
         keys.settle(step.slot(), digest);
-        Ok(value)
+        value
     }
 
     /// What a step found in the cache leaves undone: it drops the values it would have taken
@@ -586,19 +676,33 @@ impl Executor {
         let start = trace.now();
         let mut turns = 0;
         let outcome = call(&mut turns);
+        Self::record_call(trace, step, id, lane.path(), start, turns, &outcome);
+        outcome
+    }
+
+    /// Records the span of one call of `step`'s node `id`, from `start` to now, on this
+    /// thread, in the branch at `path`, with its turns and its error if it failed.
+    pub(super) fn record_call(
+        trace: &Trace,
+        step: &Step,
+        id: &NodeId,
+        path: Vec<usize>,
+        start: std::time::Duration,
+        turns: u32,
+        outcome: &Result<Value, RunError>,
+    ) {
         trace.record(Span {
             node: id.clone(),
             start,
             end: trace.now(),
             thread: thread_number(),
-            branch: lane.path(),
+            branch: path,
             turns,
             error: outcome.as_ref().err().map(ToString::to_string),
             device: step.device,
             host: None,
             cached: false,
         });
-        outcome
     }
 
     /// Runs `work`, which blocks, through the host if there is one.

@@ -9,6 +9,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 
+use super::aio::AioBranch;
 use super::crew::Crew;
 use super::detach::Detached;
 use super::keys::RunKeys;
@@ -18,12 +19,12 @@ use super::program::Program;
 const CANCEL_REACH: usize = 64;
 
 /// The state one wave shares with its branches.
-pub(super) struct WaveState {
+pub(crate) struct WaveState {
     /// The smallest declared index of a branch that failed, `usize::MAX` while none has.
     /// Written with `fetch_min(AcqRel)` and read with `Acquire` at each node boundary: it is a
     /// hint to stop early, and which error is reported is decided after the join from the
     /// outcomes themselves, so a stale read only costs a node's time, never correctness.
-    pub(super) first_failed: AtomicUsize,
+    pub(crate) first_failed: AtomicUsize,
 }
 
 /// Where a branch stands: its index in its wave, the lane of the branch around that wave, the
@@ -43,6 +44,10 @@ pub(super) struct Lane<'s> {
     pub(super) prefetching: bool,
     /// The run's cache and the identities of its values, when it runs with a cache.
     pub(super) keys: Option<&'s RunKeys>,
+    /// For sync work an async run lent a thread (see `run/aio`): the branch of the task that
+    /// waits for it, whose cancellation — and the failures of its earlier siblings — stop this
+    /// work at its next boundary too, and whose place in the waves begins this lane's path.
+    pub(super) outer: Option<&'s AioBranch>,
 }
 
 impl<'s> Lane<'s> {
@@ -62,6 +67,7 @@ impl<'s> Lane<'s> {
             program,
             prefetching: program.prefetching(),
             keys,
+            outer: None,
         }
     }
 
@@ -76,7 +82,10 @@ impl<'s> Lane<'s> {
             at = lane.parent;
         }
         path.reverse();
-        path
+        match self.outer {
+            Some(outer) => [outer.path(), path].concat(),
+            None => path,
+        }
     }
 
     /// Whether a branch declared before this one has failed, in any of the
@@ -89,7 +98,7 @@ impl<'s> Lane<'s> {
         let mut at = Some(self);
         for _ in 0..CANCEL_REACH {
             let Some(lane) = at else {
-                return false;
+                return self.outer.is_some_and(AioBranch::stopped);
             };
             if let Some((wave, index)) = lane.wave {
                 if wave.first_failed.load(Ordering::Acquire) < index {

@@ -9,6 +9,7 @@
 //!
 //! A [`Stream`](stream::Stream) runs a program over many items, its stages overlapped.
 
+pub(crate) mod aio;
 mod attempt;
 pub(crate) mod cache;
 pub(crate) mod crew;

@@ -172,8 +172,11 @@ fn retried_as(error: &RunError) -> Option<AttemptError<'_>> {
         | RunError::NotAList { .. }
         | RunError::UnknownCase { .. }
         | RunError::LoopLimit { .. }
+        | RunError::NeedsLoop { .. }
+        | RunError::NoTask { .. }
         | RunError::Interrupted
         | RunError::PastDeadline
+        | RunError::Cancelled { .. }
         | RunError::Abandoned { .. } => None,
     }
 }

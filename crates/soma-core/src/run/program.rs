@@ -74,11 +74,15 @@ pub(crate) enum Op {
         /// Slots to drop after each step (a value whose last readers ran inside that step's
         /// wave).
         drop_after: Box<[Box<[usize]>]>,
+        /// Whether a step of it holds an async node ([`Op::is_async`]).
+        asynchronous: bool,
     },
     Wave {
         branches: Box<[Op]>,
         /// Branch `i` owns slots `bounds[i]..bounds[i + 1]`.
         bounds: Box<[usize]>,
+        /// Whether a branch of it holds an async node ([`Op::is_async`]).
+        asynchronous: bool,
     },
     /// A [`Plan::Map`]: boxed, so that an op is no larger for it.
     Map(Box<MapOp>),
@@ -94,6 +98,8 @@ pub(crate) struct MapOp {
     pub(crate) step: Step,
     pub(crate) body: Program,
     pub(crate) in_flight: Option<usize>,
+    /// Whether its node or its body holds an async node ([`Op::is_async`]).
+    pub(crate) asynchronous: bool,
 }
 
 /// A `Switch` step: its node is the selector; one program per case.
@@ -101,6 +107,8 @@ pub(crate) struct SwitchOp {
     pub(crate) step: Step,
     pub(crate) keys: Box<[String]>,
     pub(crate) cases: Box<[Program]>,
+    /// Whether its selector or a case holds an async node ([`Op::is_async`]).
+    pub(crate) asynchronous: bool,
 }
 
 /// A `Loop` step: its node is the predicate; the program each iteration runs.
@@ -108,6 +116,25 @@ pub(crate) struct LoopOp {
     pub(crate) step: Step,
     pub(crate) body: Program,
     pub(crate) max_iterations: u32,
+    /// Whether its predicate or its body holds an async node ([`Op::is_async`]).
+    pub(crate) asynchronous: bool,
+}
+
+impl Op {
+    /// Whether the op holds an async node ([`crate::Node::is_async`]) at any depth — a step's
+    /// own, or one inside a wave's branch or a sub-program — and so is walked by an async run
+    /// (`run/aio`); any other op is sync work, which the sync walk runs whole. Decided when the
+    /// program is resolved: reading it costs a field.
+    pub(crate) fn is_async(&self) -> bool {
+        match self {
+            Op::Empty => false,
+            Op::Execute(step) => step.is_async(),
+            Op::Sequence { asynchronous, .. } | Op::Wave { asynchronous, .. } => *asynchronous,
+            Op::Map(map) => map.asynchronous,
+            Op::Switch(switch) => switch.asynchronous,
+            Op::Loop(repeat) => repeat.asynchronous,
+        }
+    }
 }
 
 /// A step keeps what running it needs and nothing more — its id is the program's, by slot — so
@@ -126,15 +153,24 @@ pub(crate) struct Step {
 /// that a step is no larger for it and a step without one pays a bit test.
 const HAS_POLICY: u32 = 1 << 31;
 
+/// The bit of [`Step::slot`] that says the step's node is async ([`crate::Node::is_async`]),
+/// kept as [`HAS_POLICY`] is.
+const IS_ASYNC: u32 = 1 << 30;
+
 impl Step {
     /// Where the step writes its value, and where its id is in [`Program::ids`].
     pub(crate) fn slot(&self) -> usize {
-        (self.slot & !HAS_POLICY) as usize
+        (self.slot & !(HAS_POLICY | IS_ASYNC)) as usize
     }
 
     /// Whether its node has a policy, in [`Program::policies`] at its slot.
     pub(crate) fn has_policy(&self) -> bool {
         self.slot & HAS_POLICY != 0
+    }
+
+    /// Whether its node is async.
+    pub(crate) fn is_async(&self) -> bool {
+        self.slot & IS_ASYNC != 0
     }
 }
 
@@ -285,6 +321,51 @@ impl Program {
         self.decides
     }
 
+    /// Whether one of its nodes is async ([`crate::Node::is_async`]), at any depth: such a
+    /// program runs through [`crate::Executor::start`], on the embedder's event loop; the other
+    /// entry points refuse it ([`RunError::NeedsLoop`](crate::RunError::NeedsLoop)).
+    pub fn is_async(&self) -> bool {
+        self.root.is_async()
+    }
+
+    /// The first async node of the program, in plan order, at any depth: what a refusal to run
+    /// it without an event loop names.
+    pub fn first_async(&self) -> Option<NodeId> {
+        let mut pending = vec![(self, &self.root)];
+        while let Some((program, op)) = pending.pop() {
+            if !op.is_async() {
+                continue;
+            }
+            match op {
+                Op::Empty => {}
+                Op::Execute(step) => return Some(program.ids[step.slot()].clone()),
+                Op::Sequence {
+                    steps: children, ..
+                }
+                | Op::Wave {
+                    branches: children, ..
+                } => {
+                    pending.extend(children.iter().rev().map(|child| (program, child)));
+                }
+                Op::Map(map) if map.step.is_async() => {
+                    return Some(program.ids[map.step.slot()].clone());
+                }
+                Op::Map(map) => pending.push((&map.body, &map.body.root)),
+                Op::Switch(switch) if switch.step.is_async() => {
+                    return Some(program.ids[switch.step.slot()].clone());
+                }
+                Op::Switch(switch) => {
+                    pending.extend(switch.cases.iter().rev().map(|case| (case, &case.root)));
+                }
+                Op::Loop(repeat) if repeat.step.is_async() => {
+                    return Some(program.ids[repeat.step.slot()].clone());
+                }
+                Op::Loop(repeat) => pending.push((&repeat.body, &repeat.body.root)),
+            }
+        }
+        None
+    }
+
     /// The devices its steps are placed on, each once, in order; empty when none is placed.
     pub fn devices(&self) -> &[Device] {
         &self.devices
@@ -367,8 +448,8 @@ const NONE: u32 = u32::MAX;
 fn to_u32(n: usize) -> u32 {
     u32::try_from(n)
         .ok()
-        .filter(|&n| n < HAS_POLICY)
-        .expect("fewer steps than 2^31")
+        .filter(|&n| n < IS_ASYNC)
+        .expect("fewer steps than 2^30")
 }
 
 /// Slots by id.
@@ -736,10 +817,14 @@ impl<'p> Numbering<'p> {
         };
         let id = self.ids[slot];
         let policy = policies.is_some_and(|p| p.get(id.as_str()).is_some());
+        let node = Arc::clone(self.implementations[slot]);
+        let asynchronous = node.is_async();
         let step = Step {
-            node: Arc::clone(self.implementations[slot]),
+            node,
             from,
-            slot: to_u32(slot) | if policy { HAS_POLICY } else { 0 },
+            slot: to_u32(slot)
+                | if policy { HAS_POLICY } else { 0 }
+                | if asynchronous { IS_ASYNC } else { 0 },
             device: placement.and_then(|p| p.device(id.as_str())),
         };
         let catalog = self.catalog;
@@ -751,25 +836,37 @@ impl<'p> Numbering<'p> {
         Ok(match entered {
             Plan::Map {
                 body, in_flight, ..
-            } => Op::Map(Box::new(MapOp {
-                step,
-                body: inner(body)?,
-                in_flight: *in_flight,
-            })),
-            Plan::Switch { keys, cases, .. } => Op::Switch(Box::new(SwitchOp {
-                step,
-                keys: keys.clone().into(),
-                cases: cases.iter().map(inner).collect::<Result<_, _>>()?,
-            })),
+            } => {
+                let body = inner(body)?;
+                Op::Map(Box::new(MapOp {
+                    asynchronous: asynchronous || body.is_async(),
+                    step,
+                    body,
+                    in_flight: *in_flight,
+                }))
+            }
+            Plan::Switch { keys, cases, .. } => {
+                let cases: Box<[Program]> = cases.iter().map(inner).collect::<Result<_, _>>()?;
+                Op::Switch(Box::new(SwitchOp {
+                    asynchronous: asynchronous || cases.iter().any(Program::is_async),
+                    step,
+                    keys: keys.clone().into(),
+                    cases,
+                }))
+            }
             Plan::Loop {
                 body,
                 max_iterations,
                 ..
-            } => Op::Loop(Box::new(LoopOp {
-                step,
-                body: inner(body)?,
-                max_iterations: *max_iterations,
-            })),
+            } => {
+                let body = inner(body)?;
+                Op::Loop(Box::new(LoopOp {
+                    asynchronous: asynchronous || body.is_async(),
+                    step,
+                    body,
+                    max_iterations: *max_iterations,
+                }))
+            }
             Plan::Execute { .. }
             | Plan::Empty
             | Plan::Sequence(_)
@@ -859,16 +956,19 @@ impl<'p> Numbering<'p> {
                     let built = open.pop().expect("entered before");
                     // Exactly as many as the plan has children: no copy, no spare room.
                     let children: Box<[Op]> = built.children.into_boxed_slice();
+                    let asynchronous = children.iter().any(Op::is_async);
                     let op = match built.container {
                         Container::Sequence(number) => Op::Sequence {
                             drop_after: drops_after(&decided.drops, number, children.len()),
                             steps: children,
+                            asynchronous,
                         },
                         Container::Wave(mut bounds) => {
                             bounds.push(slot);
                             Op::Wave {
                                 branches: children,
                                 bounds: bounds.into(),
+                                asynchronous,
                             }
                         }
                         Container::Root => unreachable!("the root is never left"),

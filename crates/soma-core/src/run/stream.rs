@@ -478,7 +478,9 @@ impl Shared {
 /// after it; a program of one step or one wave is one stage.
 fn stages(program: &Program) -> Vec<(&Op, &[usize])> {
     match &program.root {
-        Op::Sequence { steps, drop_after } => steps
+        Op::Sequence {
+            steps, drop_after, ..
+        } => steps
             .iter()
             .enumerate()
             .map(|(at, step)| (step, drop_after.get(at).map_or(&[][..], |d| &**d)))

@@ -393,6 +393,7 @@ impl Executor {
             program: outer.program,
             prefetching: outer.prefetching,
             keys: outer.keys,
+            outer: outer.outer,
         };
         // Caught inside the context, so that entering it is always matched by leaving it.
         let mut result = None;
@@ -451,7 +452,7 @@ impl Executor {
 /// A wave's outcomes, in declaration order: the first panic is re-raised, else the first
 /// failure is returned (a branch that never got a thread counts as failed), else the wave
 /// succeeded.
-fn settle(outcomes: Vec<thread::Result<Result<(), Halt>>>) -> Result<(), Halt> {
+pub(super) fn settle(outcomes: Vec<thread::Result<Result<(), Halt>>>) -> Result<(), Halt> {
     let mut outcomes: Vec<Result<(), Halt>> = outcomes
         .into_iter()
         .map(|outcome| outcome.unwrap_or_else(|payload| Err(refused_or_raised(payload))))

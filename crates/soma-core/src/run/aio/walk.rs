@@ -1,0 +1,772 @@
+//! The walk of the parts of a plan that hold an async node, as futures: each op a step of an
+//! `async fn`, so that a branch waiting on a node's call is a parked future, not a blocked
+//! thread.
+//!
+//! Only the *skeleton* is walked here — the ops that hold an async node somewhere inside
+//! ([`Op::is_async`]). Every largest part without one — a sync step, a wave of sync branches,
+//! a run of sync steps in a sequence — is a *piece*, handed whole to a thread of the program's
+//! crew and walked there by the sync walk ([`Executor::walk`]), exactly as a run without async
+//! nodes is walked; the task waits for it without a thread of its own. A sync node therefore
+//! never runs on the loop's thread, and a graph without an async node never comes here.
+//!
+//! Everything a step *means* — its boundary checks, its cache lookup and filing, its policy's
+//! retries and time limit, its span, how a wave settles, how a `Map` reads its items and a
+//! `Switch` its case — is the executor's, called from here as the sync walk calls it; only the
+//! waiting differs. A wave's branches and a `Map`'s items are tasks of their own
+//! ([`crate::Tasks::spawn`]), joined ([`Join`]); a case or an iteration runs inline, in the
+//! task that reached its step, until [`INLINE_LEVELS`] of them nest, when the next runs as a
+//! task of its own: no future's poll recurses deeper than that, however deep the plan.
+
+use std::future::Future;
+use std::ops::Range;
+use std::panic::{self, AssertUnwindSafe};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::Poll;
+use std::thread;
+use std::time::Instant;
+
+use super::limits::slots_of;
+use super::place::{Branch, Place, Table, Window};
+use super::task::{CatchUnwind, Join, Lent, Outcome, Task};
+use crate::model::id::NodeId;
+use crate::model::node::Ctx;
+use crate::model::value::Value;
+use crate::run::attempt::Next;
+use crate::run::error::RunError;
+use crate::run::executor::{Executor, Halt};
+use crate::run::hooks::Watch;
+use crate::run::keys::RunKeys;
+use crate::run::lane::{Lane, WaveState};
+use crate::run::program::{LoopOp, MapOp, Op, Program, Step, SwitchOp};
+use crate::run::trace::Trace;
+use crate::run::wave::settle;
+
+/// How many cases and iterations nest inline in one task before the next runs as a task of its
+/// own: each level is a few futures' polls deep, and a task's poll must not grow with the plan.
+const INLINE_LEVELS: u32 = 32;
+
+/// A part of the run's program, reached from a task that holds the run: the program outlives
+/// every task of its run (`Run::program`), and its ops never move (they live in boxed slices,
+/// or in the program itself, which an `Arc` holds in place).
+struct At<T: ?Sized>(*const T);
+
+impl<T: ?Sized> Clone for At<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T: ?Sized> Copy for At<T> {}
+
+// SAFETY: a program is `Sync`, and an `At` is only followed while its run's program is alive.
+#[allow(unsafe_code)]
+unsafe impl<T: Sync + ?Sized> Send for At<T> {}
+// SAFETY: as for `Send`: an `At` only reads what it points to.
+#[allow(unsafe_code)]
+unsafe impl<T: Sync + ?Sized> Sync for At<T> {}
+
+impl<T: ?Sized> At<T> {
+    fn of(part: &T) -> Self {
+        At(part)
+    }
+
+    /// The part; `_place` is the proof that the run is alive while it is used.
+    fn get(self, _place: &Place) -> &T {
+        // SAFETY: see the type's header; `_place` holds the run, and with it the program.
+        #[allow(unsafe_code)]
+        unsafe {
+            &*self.0
+        }
+    }
+}
+
+/// A walk's future, boxed: the walk recurses through the plan's levels.
+type Walking<'p> = Pin<Box<dyn Future<Output = Result<(), Halt>> + Send + 'p>>;
+
+impl Place {
+    /// The sync walk's lane for work of this place: its crew, its program and keys, its
+    /// branch (for cancellation and spans), and the thread that must never be taken for the
+    /// run's caller (the loop's, where this place was made: no thread of a piece is the caller,
+    /// so none polls the watch or gives up).
+    fn lane(&self, caller: thread::ThreadId) -> Lane<'_> {
+        Lane {
+            wave: None,
+            parent: None,
+            crew: &self.run.program.crew,
+            caller,
+            detached: Some(&self.run.detached),
+            program: self.table.program(),
+            prefetching: false,
+            keys: self.table.keys.as_ref(),
+            outer: Some(&self.branch),
+        }
+    }
+
+    fn executor(&self) -> &Executor {
+        &self.run.executor
+    }
+
+    /// The checks of a node boundary, as the sync walk's step makes them.
+    fn boundary(&self) -> Result<(), Halt> {
+        if self.branch.stopped() {
+            return Err(Halt::Cancelled);
+        }
+        if self
+            .executor()
+            .watch
+            .as_deref()
+            .is_some_and(Watch::interrupted)
+        {
+            return Err(Halt::Failed(RunError::Interrupted));
+        }
+        Ok(())
+    }
+}
+
+/// Walks `op` from `place`: the skeleton here, each piece on a crew thread.
+fn walk<'p>(place: &'p Place, op: &'p Op) -> Walking<'p> {
+    Box::pin(async move {
+        if !op.is_async() {
+            return piece(place, Work::Op(At::of(op))).await;
+        }
+        match op {
+            Op::Empty => Ok(()),
+            Op::Execute(step) => node(place, step).await,
+            Op::Sequence {
+                steps, drop_after, ..
+            } => {
+                let mut at = 0;
+                while at < steps.len() {
+                    // A run of sync steps is one piece: one hop to a thread and back, not one
+                    // per step.
+                    let end = if steps[at].is_async() {
+                        walk(place, &steps[at]).await?;
+                        let done = at..at + 1;
+                        drop_after_each(place, drop_after, done.clone());
+                        done.end
+                    } else {
+                        let end = at + steps[at..].iter().take_while(|op| !op.is_async()).count();
+                        piece(
+                            place,
+                            Work::Steps {
+                                steps: At::of(&**steps),
+                                drop_after: At::of(&**drop_after),
+                                range: at..end,
+                            },
+                        )
+                        .await?;
+                        end
+                    };
+                    at = end;
+                }
+                Ok(())
+            }
+            Op::Wave {
+                branches, bounds, ..
+            } => wave(place, branches, bounds).await,
+            Op::Map(map) => decided(place, &map.step, async { each(place, map).await }).await,
+            Op::Switch(switch) => {
+                decided(place, &switch.step, async { choose(place, switch).await }).await
+            }
+            Op::Loop(repeat) => {
+                decided(place, &repeat.step, async {
+                    repeat_body(place, repeat).await
+                })
+                .await
+            }
+        }
+    })
+}
+
+/// Drops what a sequence drops after its children `done`, as the sync walk's sequence does.
+fn drop_after_each(place: &Place, drop_after: &[Box<[usize]>], done: Range<usize>) {
+    if done
+        .clone()
+        .all(|at| drop_after.get(at).is_none_or(|slots| slots.is_empty()))
+    {
+        return;
+    }
+    place.table.with_frame(&place.window, |frame| {
+        for at in done {
+            for &slot in drop_after.get(at).map_or(&[][..], |slots| &slots[..]) {
+                *frame.cell(slot) = None;
+            }
+        }
+    });
+}
+
+/// Sync work a piece lends a crew thread.
+enum Work {
+    /// A whole op.
+    Op(At<Op>),
+    /// Steps `range` of a sequence, with what it drops after each.
+    Steps {
+        steps: At<[Op]>,
+        drop_after: At<[Box<[usize]>]>,
+        range: Range<usize>,
+    },
+}
+
+/// Runs `work` on a thread of the program's crew, walked by the sync walk in a copy of this
+/// task's context (captured here, on the loop's thread), and waits for it without a thread.
+async fn piece(place: &Place, work: Work) -> Result<(), Halt> {
+    let piece = place.limits().and_then(|limits| {
+        limits.piece(match &work {
+            Work::Op(op) => slots_of(std::slice::from_ref(op.get(place))),
+            Work::Steps { steps, range, .. } => slots_of(&steps.get(place)[range.clone()]),
+        })
+    });
+    let _permit = match &piece {
+        Some(permits) => Some(permits.acquire().await),
+        None => None,
+    };
+    let latch = Lent::new();
+    let executor = place.executor();
+    let job = {
+        let (place, latch) = (place.clone(), Arc::clone(&latch));
+        let caller = thread::current().id();
+        let captured = executor.host.as_ref().and_then(|host| host.capture());
+        move || {
+            let mut outcome = None;
+            let mut run = || {
+                outcome = Some(panic::catch_unwind(AssertUnwindSafe(|| {
+                    let executor = place.executor();
+                    let input = &place.table.input;
+                    place.table.with_frame(&place.window, |frame| {
+                        let lane = place.lane(caller);
+                        match &work {
+                            Work::Op(op) => executor.walk(op.get(&place), input, frame, lane),
+                            Work::Steps {
+                                steps,
+                                drop_after,
+                                range,
+                            } => executor.walk_steps(
+                                steps.get(&place),
+                                drop_after.get(&place),
+                                range.clone(),
+                                input,
+                                frame,
+                                lane,
+                            ),
+                        }
+                    })
+                })));
+            };
+            match &captured {
+                Some(captured) => captured.enter(&mut run),
+                None => run(),
+            }
+            // Every borrow of the table ended with the frame: the task may go on.
+            latch.finish(outcome.expect("the context ran the work"));
+        }
+    };
+    if let Err(refused) = place
+        .run
+        .program
+        .crew
+        .lend(vec![job], executor.host.as_ref())
+    {
+        return Err(Halt::Failed(RunError::NoThread {
+            reason: refused.to_string(),
+        }));
+    }
+    match latch.finished(&place.branch).await {
+        Some(outcome) => outcome.unwrap_or_else(|payload| panic::resume_unwind(payload)),
+        None => Err(Halt::Cancelled),
+    }
+}
+
+/// An async node's step: the sync walk's step, its call awaited.
+async fn node(place: &Place, step: &Step) -> Result<(), Halt> {
+    let _permit = match place.limits() {
+        Some(limits) => Some(limits.step(step.slot()).acquire().await),
+        None => None,
+    };
+    place.boundary()?;
+    let caller = thread::current().id();
+    let lane = place.lane(caller);
+    let slot = step.slot();
+    let id = &lane.program.ids[slot];
+    if let Some(run) = lane.detached {
+        run.set_running(lane.program, slot, id, true);
+    }
+    let value = match lane.keys {
+        None => {
+            let input = gathered(place, step);
+            call(place, step, id, &input).await.map_err(Halt::from)
+        }
+        Some(keys) => cached(place, keys, step, id).await,
+    };
+    if let Some(run) = lane.detached {
+        run.set_running(lane.program, slot, id, false);
+    }
+    let value = value?;
+    place
+        .table
+        .with_frame(&place.window, |frame| *frame.cell(slot) = Some(value));
+    Ok(())
+}
+
+/// What `step` reads, gathered from the table as the sync walk gathers it.
+fn gathered(place: &Place, step: &Step) -> Value {
+    place.table.with_frame(&place.window, |frame| {
+        Executor::gather(step, &place.table.input, frame)
+    })
+}
+
+/// An async node's step in a run with a cache: found there, or called and filed, as the sync
+/// walk's `through_cache` does it.
+async fn cached(place: &Place, keys: &RunKeys, step: &Step, id: &NodeId) -> Result<Value, Halt> {
+    let executor = place.executor();
+    let caller = thread::current().id();
+    let looked_up = place.table.with_frame(&place.window, |frame| {
+        executor.look_up(keys, step, &place.table.input, frame, place.lane(caller))
+    });
+    let key = match looked_up {
+        Ok(found) => return Ok(found),
+        Err(key) => key,
+    };
+    let started = Instant::now();
+    let input = gathered(place, step);
+    let value = call(place, step, id, &input).await?;
+    Ok(Executor::file(
+        keys,
+        step,
+        id,
+        key,
+        value,
+        started.elapsed(),
+    ))
+}
+
+/// Calls an async node's step on `input`: under its policy when it has one, traced when the
+/// run is.
+async fn call(place: &Place, step: &Step, id: &NodeId, input: &Value) -> Result<Value, RunError> {
+    if step.has_policy() {
+        return with_policy(place, step, id, input).await;
+    }
+    attempt(place, None, step, id, input).await
+}
+
+/// One call of an async node, within `limit` if it has one, its span recorded when traced.
+async fn attempt(
+    place: &Place,
+    limit: Option<std::time::Duration>,
+    step: &Step,
+    id: &NodeId,
+    input: &Value,
+) -> Result<Value, RunError> {
+    let Some(trace) = place.executor().trace.as_deref() else {
+        return within(place, limit, step, id, input).await;
+    };
+    let start = trace.now();
+    let outcome = within(place, limit, step, id, input).await;
+    Executor::record_call(trace, step, id, place.branch.path(), start, 1, &outcome);
+    outcome
+}
+
+/// One call of an async node, interrupted at `limit` if it has one: a call that returns past
+/// its limit — one that computed without ever waiting, so nothing could interrupt it — fails
+/// with the limit all the same, never a late success.
+async fn within(
+    place: &Place,
+    limit: Option<std::time::Duration>,
+    step: &Step,
+    id: &NodeId,
+    input: &Value,
+) -> Result<Value, RunError> {
+    let executor = place.executor();
+    if executor.turn_limit == 0 {
+        // As a sync node's: with no turn, it gets no call.
+        return Err(RunError::TurnLimit {
+            node: id.clone(),
+            limit: 0,
+        });
+    }
+    let ctx = Ctx::new(id, 0, &[]).on(step.device);
+    let Some(limit) = limit else {
+        return step
+            .node
+            .start(input, &ctx)
+            .await
+            .map_err(|error| RunError::NodeFailed {
+                node: id.clone(),
+                error,
+            });
+    };
+    let started = Instant::now();
+    let interrupt = place.run.tasks.interrupt_after(limit);
+    let outcome = step.node.start(input, &ctx).await;
+    if interrupt.fired() || started.elapsed() >= limit {
+        return Err(RunError::TimeLimit {
+            node: id.clone(),
+            limit,
+        });
+    }
+    outcome.map_err(|error| RunError::NodeFailed {
+        node: id.clone(),
+        error,
+    })
+}
+
+/// An async node's call under its policy: each attempt within its limit, retried as the policy
+/// says ([`Executor::next_attempt`]), its pauses awaited on the loop and ended by a boundary's
+/// reasons to stop.
+async fn with_policy(
+    place: &Place,
+    step: &Step,
+    id: &NodeId,
+    input: &Value,
+) -> Result<Value, RunError> {
+    let executor = place.executor();
+    let program = place.table.program();
+    let policy = program.policies[step.slot()]
+        .as_deref()
+        .expect("a step marked as having a policy has one");
+    let mut tried = 0_u32;
+    loop {
+        let outcome = attempt(place, policy.time_limit, step, id, input).await;
+        let (pause, error) = match Executor::next_attempt(policy, tried, outcome) {
+            Next::Done(outcome) => return outcome,
+            Next::Pause(pause, error) => (pause, error),
+        };
+        let mut sleep = place.run.tasks.sleep(pause);
+        let stopping = || place.branch.stopped() || executor.stopped();
+        let waited = std::future::poll_fn(|cx| {
+            if stopping() {
+                return Poll::Ready(false);
+            }
+            sleep.as_mut().poll(cx).map(|()| true)
+        })
+        .await;
+        if !waited {
+            return Err(Executor::stopped_pausing(place.branch.stopped(), error));
+        }
+        tried += 1;
+    }
+}
+
+/// Runs a wave's branches as tasks of their own and settles their outcomes as the sync walk's
+/// wave does: the first declared failure, a panic re-raised ahead of it. A failing branch
+/// cancels the tasks of the branches declared after it, whose outcomes cannot be reported.
+async fn wave(place: &Place, branches: &[Op], bounds: &[usize]) -> Result<(), Halt> {
+    if let [only] = branches {
+        return walk(place, only).await;
+    }
+    let state = Arc::new(WaveState {
+        first_failed: AtomicUsize::new(usize::MAX),
+    });
+    let join = Join::new(branches.len());
+    for (index, (branch, window)) in branches.iter().zip(bounds.windows(2)).enumerate() {
+        let child = Place {
+            run: Arc::clone(&place.run),
+            table: Arc::clone(&place.table),
+            window: Arc::new(place.window.branch(bounds[0], window[0]..window[1])),
+            branch: Branch::child(&place.branch, &state, index),
+            depth: 0,
+        };
+        let (op, state, join_of_branch) = (At::of(branch), Arc::clone(&state), Arc::clone(&join));
+        spawn(place, &join, index, child, move |child| {
+            Box::pin(async move {
+                let outcome = walk(child, op.get(child)).await;
+                if !matches!(outcome, Ok(()) | Err(Halt::Cancelled)) {
+                    state.first_failed.fetch_min(index, Ordering::AcqRel);
+                    join_of_branch.cancel_after(index);
+                }
+                outcome
+            })
+        });
+    }
+    settle(every(join.joined(&place.branch).await))
+}
+
+/// A wave's outcomes, every branch having reported.
+fn every(outcomes: Vec<Option<Outcome>>) -> Vec<Outcome> {
+    outcomes
+        .into_iter()
+        .map(|outcome| outcome.expect("every branch of a wave reports"))
+        .collect()
+}
+
+/// Starts `child`'s walk — `walking` from it — as task `index` of `join`. A panic is its
+/// outcome; the task lets go of its place before it reports, so that whoever waits on the
+/// join finds the table held by nobody else.
+fn spawn<W>(place: &Place, join: &Arc<Join>, index: usize, child: Place, walking: W)
+where
+    W: for<'p> FnOnce(&'p Place) -> Walking<'p> + Send + 'static,
+{
+    let branch = Arc::clone(&child.branch);
+    let reported = Arc::clone(join);
+    let task = Task::new(branch, async move {
+        let outcome: Outcome = CatchUnwind(Box::pin(walking(&child))).await;
+        drop(child);
+        reported.report(index, outcome);
+    });
+    match place.run.tasks.spawn(task) {
+        Ok(spawned) => join.keep(index, spawned),
+        Err(reason) => join.report(index, Ok(Err(Halt::Failed(RunError::NoTask { reason })))),
+    }
+}
+
+/// A `Map`, `Switch` or `Loop` step: `decide` its work, the step marked running meanwhile,
+/// its output written and its digest settled as the sync walk's `decided` does.
+async fn decided(
+    place: &Place,
+    step: &Step,
+    decide: impl Future<Output = Result<Value, Halt>>,
+) -> Result<(), Halt> {
+    let _permit = match place.limits() {
+        Some(limits) => Some(limits.step(step.slot()).acquire().await),
+        None => None,
+    };
+    let caller = thread::current().id();
+    let lane = place.lane(caller);
+    if let Some(run) = lane.detached {
+        run.set_running(
+            lane.program,
+            step.slot(),
+            &lane.program.ids[step.slot()],
+            true,
+        );
+    }
+    let value = decide.await;
+    if let Some(run) = lane.detached {
+        run.set_running(
+            lane.program,
+            step.slot(),
+            &lane.program.ids[step.slot()],
+            false,
+        );
+    }
+    let value = value?;
+    place.table.with_frame(&place.window, |frame| {
+        Executor::write_decided(step, value, frame, lane);
+    });
+    Ok(())
+}
+
+/// What a step that decides reads, after the boundary checks, as the sync walk reads it.
+fn decision_input(place: &Place, step: &Step) -> Result<Value, Halt> {
+    let caller = thread::current().id();
+    place.table.with_frame(&place.window, |frame| {
+        place
+            .executor()
+            .decision_input(step, &place.table.input, frame, place.lane(caller))
+    })
+}
+
+/// Runs `body` on `input` with a table of its own, as the sync walk's `run_body` does: inline
+/// in this task, or as a task of its own once [`INLINE_LEVELS`] nest here.
+async fn run_body(place: &Place, body: &Program, input: Value) -> Result<Value, Halt> {
+    let keys = place
+        .table
+        .keys
+        .as_ref()
+        .map(|outer| RunKeys::new(Arc::clone(&outer.cache), body.len()));
+    let inner = Place {
+        run: Arc::clone(&place.run),
+        table: Arc::new(Table::new(body, input, keys)),
+        window: Arc::new(Window::whole(body.len())),
+        branch: Arc::clone(&place.branch),
+        depth: place.depth + 1,
+    };
+    let table = Arc::clone(&inner.table);
+    if inner.depth < INLINE_LEVELS {
+        walk(&inner, &body.root).await?;
+        drop(inner);
+    } else {
+        // Deep: as a task of its own, joined at once, so that this task's poll stays shallow.
+        let join = Join::new(1);
+        let fresh = Place { depth: 0, ..inner };
+        let root = At::of(&body.root);
+        spawn(place, &join, 0, fresh, move |fresh| {
+            walk(fresh, root.get(fresh))
+        });
+        settle(every(join.joined(&place.branch).await))?;
+    }
+    let input = &table.input;
+    let whole = Window::whole(body.len());
+    // Every task and piece of the body has ended: the whole table is this task's now.
+    Ok(table.with_frame(&whole, |frame| {
+        Executor::result(body, frame.own, || input.clone())
+    }))
+}
+
+/// An item's result, once its task has one.
+type ItemResult = Mutex<Option<Result<Value, Halt>>>;
+
+/// A `Map` step with an async node inside: its items as tasks, at most `in_flight` at once, as
+/// the sync walk's items are branches; settled as the sync walk settles them
+/// ([`Executor::settle_items`]). A failing item cancels the tasks of the items after it, and
+/// those not started never start.
+async fn each(place: &Place, op: &MapOp) -> Result<Value, Halt> {
+    let read = decision_input(place, &op.step)?;
+    let executor = place.executor();
+    let id = &place.table.program().ids[op.step.slot()];
+    let items = executor.items_of(id, &read)?;
+    drop(read);
+    let count = items.len();
+    if count == 0 {
+        return Ok(executor.reading().collect(Vec::new()));
+    }
+    let bound = op.in_flight.unwrap_or(count).clamp(1, count);
+    let state = Arc::new(WaveState {
+        first_failed: AtomicUsize::new(usize::MAX),
+    });
+    let join = Join::new(count);
+    let results: Arc<[ItemResult]> = (0..count).map(|_| Mutex::new(None)).collect();
+    let (body, id_at) = (At::of(&op.body), At::of(id));
+    let mut items = items.into_iter();
+    let start = |index: usize, item: Value| {
+        let child = Place {
+            run: Arc::clone(&place.run),
+            table: Arc::clone(&place.table),
+            window: Arc::clone(&place.window),
+            branch: Branch::child(&place.branch, &state, index),
+            depth: 0,
+        };
+        let (results, state) = (Arc::clone(&results), Arc::clone(&state));
+        let join_of_item = Arc::clone(&join);
+        spawn(place, &join, index, child, move |child| {
+            Box::pin(async move {
+                let executor = child.executor();
+                let start = executor.trace.as_deref().map(Trace::now);
+                let outcome = run_body(child, body.get(child), item).await;
+                if let (Some(trace), Some(start)) = (executor.trace.as_deref(), start) {
+                    let id = id_at.get(child);
+                    let path = child.branch.path();
+                    Executor::record_part(trace, id, &index.to_string(), path, start, &outcome);
+                }
+                if !matches!(outcome, Ok(_) | Err(Halt::Cancelled)) {
+                    state.first_failed.fetch_min(index, Ordering::AcqRel);
+                    join_of_item.cancel_after(index);
+                }
+                *results[index]
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(outcome);
+                Ok(())
+            })
+        });
+    };
+    let mut started = 0;
+    while started < count {
+        if started >= bound {
+            // Bounded: an item that ends makes room for the next.
+            join.more_than(&place.branch, started - bound).await;
+        }
+        if state.first_failed.load(Ordering::Acquire) != usize::MAX || place.branch.stopped() {
+            break;
+        }
+        start(started, items.next().expect("an item for each index"));
+        started += 1;
+    }
+    drop(items);
+    for _ in started..count {
+        join.skip();
+    }
+    let outcomes = join.joined(&place.branch).await;
+    let panicked = outcomes
+        .into_iter()
+        .flatten()
+        .filter_map(Result::err)
+        .collect();
+    let results = results
+        .iter()
+        .map(|slot| slot.lock().unwrap_or_else(PoisonError::into_inner).take());
+    let values = Executor::settle_items(panicked, results)?;
+    Ok(executor.reading().collect(values))
+}
+
+/// A `Switch` step with an async node inside: its selector called (awaited when async), the
+/// case it names run inline.
+async fn choose(place: &Place, op: &SwitchOp) -> Result<Value, Halt> {
+    let read = decision_input(place, &op.step)?;
+    let executor = place.executor();
+    let id = &place.table.program().ids[op.step.slot()];
+    let chosen = ask(place, &op.step, &read, Asked::Input).await?;
+    let (at, key) = executor.case_of(op, id, &chosen)?;
+    let start = executor.trace.as_deref().map(Trace::now);
+    let outcome = run_body(place, &op.cases[at], read).await;
+    if let (Some(trace), Some(start)) = (executor.trace.as_deref(), start) {
+        Executor::record_part(trace, id, &key, place.branch.path(), start, &outcome);
+    }
+    outcome
+}
+
+/// A `Loop` step with an async node inside: its body inline, iteration after iteration, until
+/// its predicate (awaited when async) says done.
+async fn repeat_body(place: &Place, op: &LoopOp) -> Result<Value, Halt> {
+    let mut current = decision_input(place, &op.step)?;
+    let executor = place.executor();
+    let id = &place.table.program().ids[op.step.slot()];
+    for iteration in 0..op.max_iterations {
+        let start = executor.trace.as_deref().map(Trace::now);
+        let outcome = run_body(place, &op.body, current).await;
+        if let (Some(trace), Some(start)) = (executor.trace.as_deref(), start) {
+            Executor::record_part(
+                trace,
+                id,
+                &iteration.to_string(),
+                place.branch.path(),
+                start,
+                &outcome,
+            );
+        }
+        let output = outcome?;
+        let verdict = ask(place, &op.step, &output, Asked::Output).await?;
+        if executor.reading().done(&verdict) {
+            return Ok(output);
+        }
+        current = output;
+    }
+    Err(executor.loop_limit(op, id, &current).into())
+}
+
+/// What a selector or predicate is keyed on: the step's input (a switch), or the value it is
+/// asked about (a loop's body output).
+#[derive(Clone, Copy)]
+enum Asked {
+    Input,
+    Output,
+}
+
+/// Calls a step's own node — a switch's selector, a loop's predicate — on `value`, through the
+/// cache as the sync walk's `decision_call` does: a sync one inline on the loop's thread (it
+/// only decides, as quick as the callable it wraps), an async one awaited.
+async fn ask(place: &Place, step: &Step, value: &Value, asked: Asked) -> Result<Value, Halt> {
+    let executor = place.executor();
+    let caller = thread::current().id();
+    let lane = place.lane(caller);
+    let input = &place.table.input;
+    let key = |keys: &RunKeys, id: &NodeId, fingerprint: &crate::model::key::Key| match asked {
+        Asked::Input => keys.key_of(id, fingerprint, step, input),
+        Asked::Output => keys.key_on(id, fingerprint, step, value),
+    };
+    if !step.node.is_async() {
+        return Ok(executor.decision_call(step, value, lane, key)?);
+    }
+    let id = &lane.program.ids[step.slot()];
+    let keyed = lane.keys.and_then(|keys| {
+        let fingerprint = keys.cache.fingerprint(id, &*step.node)?;
+        Some((keys, key(keys, id, &fingerprint)?))
+    });
+    if let Some((keys, key)) = &keyed {
+        if let Some(entry) = keys.cache.get(id, key) {
+            executor.mark_cached(step, id, lane);
+            return Ok(entry.value);
+        }
+    }
+    let started = Instant::now();
+    let value = call(place, step, id, value).await?;
+    Ok(match keyed {
+        Some((keys, key)) => Executor::file_decision(keys, id, &key, value, started.elapsed()),
+        None => value,
+    })
+}
+
+/// The walk of a whole run: its root op from `place`, the run's own table whole.
+pub(crate) async fn walk_root(place: &Place) -> Result<(), Halt> {
+    let root = &place.table.program().root;
+    walk(place, root).await
+}
