@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast, overload
 
 from soma import _dsl
+from soma._decide import _is_async as is_async_callable
 from soma._dsl import Composable, Expr, refuse_class
 from soma._node import Node
 
@@ -203,11 +204,7 @@ def _calling(
     """What the graph calls for ``function`` — the function itself, or for a ``ctx`` it takes by
     keyword a function that passes it so — and its shape: whether it takes a ``ctx``, and
     whether it is async. Refuses, naming the function, one that cannot take a node's input."""
-    # A callable object whose class defines `async def __call__` is async too.
-    call = next(
-        (c.__dict__["__call__"] for c in type(function).__mro__ if "__call__" in c.__dict__), None
-    )
-    is_async = inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(call)
+    is_async = is_async_callable(function)
     try:
         parameters = list(inspect.signature(function).parameters.values())
     except (TypeError, ValueError):  # A builtin without a signature: called with its input.
