@@ -20,8 +20,8 @@ engine walks the step, its items as tasks of their own.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Hashable, Mapping
-from typing import Any, NoReturn, Protocol, Self
+from collections.abc import Awaitable, Callable, Hashable, Mapping
+from typing import Any, NoReturn, Protocol, Self, cast
 
 from soma import _soma
 from soma._dsl import Expr
@@ -278,7 +278,6 @@ class Loop(Decision):
         """Whether the body's ``output`` is done."""
         return bool(self._until(output))
 
-
     def _register(self, graph: _Graph, node_id: str) -> None:
         self._checked(node_id)
         [(_, body)] = self._graphs(graph, node_id)
@@ -288,13 +287,13 @@ class Loop(Decision):
         return [("", node_id, self._body)]
 
 
-
 class AsyncSwitch(Switch):
     """``soma.switch`` with an async selector: the step's node is async, awaited where the
     engine awaits an async node's call."""
 
     async def forward(self, x: Any, ctx: _soma.Ctx) -> str:  # type: ignore[override]
-        return self._label(await self._selector(x), ctx)
+        # The selector is async here (see `switch`), though typed as a switch's is.
+        return self._label(await cast(Awaitable[Hashable], self._selector(x)), ctx)
 
 
 class AsyncLoop(Loop):
@@ -302,14 +301,15 @@ class AsyncLoop(Loop):
     engine awaits an async node's call."""
 
     async def forward(self, output: Any, ctx: _soma.Ctx) -> bool:  # type: ignore[override]
-        return bool(await self._until(output))
+        # `until` is async here (see `loop`), though typed as a loop's is.
+        return bool(await cast(Awaitable[object], self._until(output)))
 
 
 def _is_async(function: Callable[..., object]) -> bool:
     """Whether calling ``function`` makes a coroutine: an ``async def`` function or method, or
     an object whose ``__call__`` is one."""
     return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
-        getattr(type(function), "__call__", None)
+        inspect.getattr_static(type(function), "__call__", None)
     )
 
 
