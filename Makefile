@@ -107,7 +107,8 @@ fmt: $(VENV)/.tools
 	$(BIN)/ruff check --fix python tests examples benches/python
 
 # Benchmarks: criterion for the engine, then Soma against a plain loop and its peers from
-# Python. Timings only, never assertions; BENCHMARKS.md says how to read them.
+# Python. Timings only, never assertions; BENCHMARKS.md says how to read them. The torch rows of
+# modules.py run where torch is installed (`make test-torch` installs it) and say "not run" else.
 bench: setup $(VENV)/.bench-peers
 	cargo bench -p soma-core --locked
 	$(PY) benches/python/criterion_table.py --out target/bench-rust.md
@@ -118,6 +119,7 @@ bench: setup $(VENV)/.bench-peers
 	$(PY) benches/python/cache.py --out target/bench-cache.md
 	$(PY) benches/python/decide.py --out target/bench-decide.md
 	$(PY) benches/python/aio.py --out target/bench-aio.md
+	$(PY) benches/python/modules.py --out target/bench-modules.md
 	$(PY) benches/python/remote.py --out target/bench-remote.md \
 		|| echo "remote: the hosts benchmark needs Ray on a local cluster; not run"
 

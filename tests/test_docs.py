@@ -4,6 +4,10 @@ Each block is executed in a fresh namespace, compiled under its file's name and 
 line, so a failure's traceback points into the Markdown itself (`docs/guide.md:123`). A block
 followed by a paragraph saying `prints` and a ```text block must print exactly that text.
 
+A block that imports torch is run by ``make test-torch`` (``tests/with_torch/test_torch_docs.py``),
+which installs torch, and skipped here: run in this process, it would leave torch loaded for the
+tests after it, which expect what a process without torch does.
+
 Every fence is read strictly first: a block opens with a labelled fence (```python, ```text)
 and closes with a bare one. A stray fence would otherwise pair with the next one and turn prose
 into a block and a ```python block into prose, which then runs nowhere without a word.
@@ -97,6 +101,16 @@ def blocks(path: Path) -> list[Block]:
 BLOCKS = [block for path in DOCUMENTS for block in blocks(path)]
 
 
+def needs_torch(block: Block) -> bool:
+    return "\nimport torch\n" in f"\n{block.source}"
+
+
+def runnable(block: Block) -> object:
+    """The block, skipped if it needs torch: ``make test-torch`` runs it."""
+    mark = pytest.mark.skipif(needs_torch(block), reason="needs torch: `make test-torch` runs it")
+    return pytest.param(block, id=block.where, marks=[mark])
+
+
 @pytest.mark.parametrize("path", DOCUMENTS, ids=lambda path: str(path.relative_to(ROOT)))
 def test_every_fence_of_a_document_is_labelled_and_closed(path: Path) -> None:
     _, problems = fences(path.read_text().splitlines())
@@ -132,13 +146,23 @@ def test_the_documents_have_python_blocks() -> None:
     assert {"README.md", "guide.md"} <= documents, documents
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=lambda block: block.where)
+@pytest.mark.parametrize("block", [runnable(block) for block in BLOCKS])
 def test_a_python_block_runs(
     block: Block,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:
+    run_block(block, capsys, monkeypatch, tmp_path)
+
+
+def run_block(
+    block: Block,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """Runs ``block`` in a fresh namespace from ``tmp_path``, and checks what it prints."""
     monkeypatch.chdir(tmp_path)  # Whatever a block writes lands outside the repository.
     # Padded to its line and compiled under the file's name: tracebacks point into the Markdown.
     code = compile("\n" * (block.line - 1) + block.source, str(block.path), "exec")

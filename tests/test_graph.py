@@ -188,8 +188,8 @@ def test_a_forward_that_a_class_computes_is_looked_at_for_each_object() -> None:
 
 @pytest.mark.parametrize(
     "thing",
-    [42, "text", object(), lambda x: x, type("NotCallable", (), {"forward": 3})()],
-    ids=["int", "str", "object", "function", "non-callable-forward"],
+    [42, "text", object(), 3.5, type("NotCallable", (), {"forward": 3})()],
+    ids=["int", "str", "object", "float", "non-callable-forward"],
 )
 def test_node_refuses_an_object_without_a_callable_forward_with_type_error(thing: Any) -> None:
     g = soma.Graph()

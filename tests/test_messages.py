@@ -188,15 +188,53 @@ hint: subclass soma.Node and define `forward(self, x)`\
 
 def test_a_non_node_in_series() -> None:
     assert story(lambda: Pass() >> 3) == snapshot("""\
-TypeError: cannot compose an object of type `int` with `>>`: only soma.Node instances and expressions of them compose
-hint: subclass soma.Node and define `forward(self, x)`, or register the object with Graph.node() and connect it with Graph.edge()\
+TypeError: cannot compose an object of type `int` with `>>`: only nodes (soma.Node instances, functions, torch modules) and expressions of them compose
+hint: subclass soma.Node and define `forward(self, x)`, or decorate a function with `@soma.node`; an object with a `forward` of its own registers with Graph.node() and connects with Graph.edge()\
 """)
 
 
 def test_a_non_node_side_by_side() -> None:
     assert story(lambda: "text" | Pass()) == snapshot("""\
-TypeError: cannot compose an object of type `str` with `|`: only soma.Node instances and expressions of them compose
-hint: subclass soma.Node and define `forward(self, x)`, or register the object with Graph.node() and connect it with Graph.edge()\
+TypeError: cannot compose an object of type `str` with `|`: only nodes (soma.Node instances, functions, torch modules) and expressions of them compose
+hint: subclass soma.Node and define `forward(self, x)`, or decorate a function with `@soma.node`; an object with a `forward` of its own registers with Graph.node() and connects with Graph.edge()\
+""")
+
+
+def test_a_function_without_a_parameter() -> None:
+    def load() -> list[int]:
+        return [1]
+
+    assert story(lambda: soma.node(load)) == snapshot("""\
+TypeError: `load` takes no positional parameter, where a node's function takes its input
+hint: `def load(x)`: a root node receives the graph's input (`None` when `forward()` is given none)\
+""")
+
+
+def test_a_function_taking_ctx_first() -> None:
+    def backwards(ctx: Any, x: Any) -> Any:
+        return x
+
+    assert story(lambda: soma.node(backwards)) == snapshot("""\
+TypeError: `backwards` takes `ctx` first, where a node's function takes its input first
+hint: `def backwards(x, ctx)`\
+""")
+
+
+def test_a_function_needing_more_than_its_input() -> None:
+    def pair(x: Any, y: Any, *, z: Any) -> Any:
+        return x
+
+    assert story(lambda: soma.node(pair)) == snapshot("""\
+TypeError: `pair` needs `y`, `z` beside its input, where a node's function is called with its input alone (and `ctx`)
+hint: a node with several predecessors receives one dict keyed by their ids; give the other parameters defaults, or bind them with functools.partial\
+""")
+
+
+def test_soma_node_of_something_not_callable() -> None:
+    not_callable: Any = 3
+    assert story(lambda: soma.node(not_callable)) == snapshot("""\
+TypeError: soma.node takes a function, a callable or a torch module, not an object of type `int`
+hint: decorate a `def` with `@soma.node`, or subclass soma.Node\
 """)
 
 

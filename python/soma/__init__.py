@@ -11,11 +11,15 @@ Sequence([Execute(a), Wave([Execute(b), Execute(c)])])
 {'b': 4, 'c': 4}
 """
 
-from soma import devices, native, remote
+from typing import TYPE_CHECKING, Any
+
+from soma import _module, devices, native, remote
 from soma._cache import Cache, CacheStats, CacheWarning
 from soma._decide import Each, Loop, Switch, each, loop, switch
 from soma._dsl import Expr
+from soma._function import FunctionNode, ModuleNode, NodeFunction, node
 from soma._graph import Graph
+from soma._module import PlacementWarning
 from soma._node import Node
 from soma._policy import RetryPolicy
 from soma._soma import DEFAULT_TURN_LIMIT, MAX_NESTED_FORWARDS, Await, Ctx, Done, Plan, Span, Trace
@@ -31,17 +35,33 @@ from soma.errors import (
     GraphError,
     HostError,
     InvalidIdError,
+    ModuleError,
     NodePicklingError,
     PanicError,
     RemoteError,
     RunError,
     SomaError,
+    StateDictError,
     ThreadError,
     TimeLimitError,
     TurnLimitError,
     UnknownNodeError,
     WrongDeviceError,
 )
+
+if TYPE_CHECKING:
+    from soma._module import GraphModule as GraphModule
+    from soma._module import NodeModules as NodeModules
+
+
+def __getattr__(name: str) -> Any:
+    """``soma.GraphModule`` and ``soma.NodeModules``, torch modules: made (and torch imported)
+    when first read, so that ``import soma`` never imports torch. Not in ``__all__``, so that
+    ``from soma import *`` does not either."""
+    if name in ("GraphModule", "NodeModules"):
+        return getattr(_module, name)
+    raise AttributeError(f"module 'soma' has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_TURN_LIMIT",
@@ -62,14 +82,19 @@ __all__ = [
     "Each",
     "Expr",
     "Failed",
+    "FunctionNode",
     "Graph",
     "GraphError",
     "HostError",
     "InvalidIdError",
     "Loop",
+    "ModuleError",
+    "ModuleNode",
     "Node",
+    "NodeFunction",
     "NodePicklingError",
     "PanicError",
+    "PlacementWarning",
     "Plan",
     "Progress",
     "RemoteError",
@@ -78,6 +103,7 @@ __all__ = [
     "SomaError",
     "Span",
     "StageFigures",
+    "StateDictError",
     "Stream",
     "StreamFigures",
     "Switch",
@@ -91,6 +117,7 @@ __all__ = [
     "each",
     "loop",
     "native",
+    "node",
     "remote",
     "switch",
 ]

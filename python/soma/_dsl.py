@@ -9,13 +9,16 @@ than ``|``, as Python's operators do. The expression is an oracle, never the sou
 ``node()``/``edge()`` calls, and the plan is recovered from the graph alone.
 
 :class:`Composable` is where ``>>`` and ``|`` start: ``soma.Node`` subclasses it, so the node
-module imports the DSL and the DSL never needs to know what a node is.
+module imports the DSL and the DSL never needs to know what a node is. What stands in an
+expression without being a node — a function, a torch module — is made one by the rule
+:func:`wrap_with` hands the DSL (``soma._function``'s, set when ``soma`` is imported).
 """
 
 from __future__ import annotations
 
 from array import array
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Union
 
 from soma import _soma
@@ -38,6 +41,22 @@ class Composable:
 
     def __ror__(self, other: object) -> Expr:
         return Expr(None, _part(other, "|"), self, False)
+
+
+def _no_node(item: object) -> Composable | None:
+    return None
+
+
+# What makes a node of an object that is none, or answers `None`: see `wrap_with`.
+_wrap: Callable[[object], Composable | None] = _no_node
+
+
+def wrap_with(wrap: Callable[[object], Composable | None]) -> None:
+    """Makes ``wrap`` the rule that turns what stands in an expression without being a node
+    (a function, a torch module) into one, or answers ``None`` for what cannot be. Set once, by
+    the module that knows what a node is, which this one does not import."""
+    global _wrap
+    _wrap = wrap
 
 
 # A part of an expression's tree: an expression, or a node standing for itself (one object
@@ -81,11 +100,16 @@ class Expr:
         if isinstance(item, Composable):
             return Expr(item, None, None, False)
         refuse_class(item, verb="compose", where=f" in `{operator}`")
+        node = _wrap(item)
+        if node is not None:  # A function, a torch module.
+            return Expr(node, None, None, False)
         raise TypeError(
             f"cannot compose an object of type `{type(item).__name__}` with `{operator}`: "
-            "only soma.Node instances and expressions of them compose\n"
-            "hint: subclass soma.Node and define `forward(self, x)`, or register the object "
-            "with Graph.node() and connect it with Graph.edge()"
+            "only nodes (soma.Node instances, functions, torch modules) and expressions of "
+            "them compose\n"
+            "hint: subclass soma.Node and define `forward(self, x)`, or decorate a function "
+            "with `@soma.node`; an object with a `forward` of its own registers with "
+            "Graph.node() and connects with Graph.edge()"
         )
 
     @property

@@ -19,10 +19,11 @@ import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import IO, Any, NamedTuple, SupportsIndex, cast
 
-from soma import _cache, _soma, _stream
+from soma import _cache, _module, _soma, _stream
 from soma import remote as _remote
 from soma._decide import AsyncLoop, AsyncSwitch, Decision, Each, Loop, Switch
-from soma._dsl import Expr, refuse_class
+from soma._dsl import Composable, Expr, refuse_class
+from soma._function import as_node
 from soma._node import Node
 from soma._policy import RetryPolicy, checked_retry, checked_time_limit
 from soma.errors import DuplicateNodeError, InvalidIdError, NodePicklingError
@@ -88,7 +89,12 @@ def _forget(key: int, _: object) -> None:
 
 
 def _read_shape(obj: object) -> tuple[bool, bool]:
-    """What ``_forward_shape`` answers, found from ``obj.forward`` itself."""
+    """What ``_forward_shape`` answers, found from ``obj.forward`` itself — or declared by its
+    class as ``_soma_forward_shape``, as the class made for a function's nodes declares it
+    (``soma._function``: a function with a defaulted second parameter takes no ``ctx``)."""
+    declared = getattr(type(obj), "_soma_forward_shape", None)
+    if declared is not None:
+        return cast(tuple[bool, bool], declared)
     forward = getattr(obj, "forward", None)
     if not callable(forward):
         return False, False
@@ -106,6 +112,19 @@ def _read_shape(obj: object) -> tuple[bool, bool]:
         p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters
     )
     return takes_ctx, is_async
+
+
+# What an object that is no soma.Node reads as its `_soma_id`: every node has one, `None` unless
+# `.named()` set it, so that the common case tells the two apart with the read it makes anyway.
+_NOT_SOMAS = object()
+
+
+def _registered(obj: object) -> object:
+    """What ``Graph.node`` registers for ``obj``, which is no ``soma.Node``: a node of it for a
+    function or a torch module, else ``obj`` itself (which the core refuses if it has no
+    callable ``forward``)."""
+    node = as_node(obj)
+    return obj if node is None else node
 
 
 def _checked_id(value: object, what: str, hint: str) -> str:
@@ -186,10 +205,13 @@ class Graph:
         return graph
 
     def node(self, id_or_obj: str | object, obj: object = None, /) -> str:
-        """Registers ``obj`` (anything with a callable ``forward``) and returns its id.
+        """Registers ``obj`` (anything with a callable ``forward``, a function, a torch module)
+        and returns its id.
 
         ``node(obj)`` uses the id given with ``.named()``, else the snake_case of the class
-        name, made unique with ``_2``, ``_3``; ``node("id", obj)`` uses ``"id"``.
+        name (a function's name, for a function), made unique with ``_2``, ``_3``;
+        ``node("id", obj)`` uses ``"id"``. A function or a ``soma.node`` function is registered
+        as a new node of it, and a torch module as a node calling it (see ``soma.node``).
         """
         # The common case stays on the fast path: a `str` id of ASCII, an object that is no
         # class; `_checked_id` and `refuse_class` say what is wrong otherwise.
@@ -197,7 +219,10 @@ class Graph:
             obj = id_or_obj
             if isinstance(obj, type):
                 refuse_class(obj, verb="register", call="g.node(")
-            named = getattr(obj, "_soma_id", None)
+            named = getattr(obj, "_soma_id", _NOT_SOMAS)
+            if named is _NOT_SOMAS:  # No soma.Node: a function, a module, an object of its own.
+                obj = _registered(obj)
+                named = getattr(obj, "_soma_id", None)
             if named is None:
                 node_id = self._core.free_id(snake_case(type(obj).__name__))
             elif type(named) is str and named.isascii():
@@ -213,6 +238,8 @@ class Graph:
                 )
             if isinstance(obj, type):
                 refuse_class(obj, verb="register", call=f"g.node({_literal(node_id)}, ")
+            if not isinstance(obj, Composable):
+                obj = _registered(obj)
         native = getattr(obj, "_soma_native", None)
         if native is not None and isinstance(native, _soma.NativeNode):
             self._core.add_native(node_id, obj, native)
@@ -377,6 +404,23 @@ class Graph:
             )
         hits = cache.would_hit(self, input)
         return self._core.plan([node for node, hit in hits.items() if hit])
+
+    def module(self) -> _module.GraphModule:
+        """The graph as a torch ``nn.Module`` (a ``soma.GraphModule``), for training it as one
+        model: its submodules are the modules of the graph's nodes, each under its node's id —
+        a module node's module, a ``soma.Node`` that is a module, the modules a node holds in
+        its attributes (directly, or in a list, tuple or dict), the nodes inside steps included —
+        so ``parameters()``, ``state_dict()``, ``train()``/``eval()`` and ``to()`` reach them all.
+        Its ``forward`` runs the graph, as ``forward`` here does (``micro_batches`` included), so
+        ``loss.backward()`` reaches every module that ran. ``to(device)`` leaves a node placed
+        with ``.on`` on its own device, with a ``soma.PlacementWarning``; a state_dict that does
+        not fit is a ``soma.StateDictError`` naming the nodes.
+
+        The modules are read now: call it again after adding nodes. Imports torch, which must
+        be installed; a node whose id cannot name a submodule (it holds a ``.``, or is
+        ``nn.Module``'s own, such as ``forward``) is a ``soma.ModuleError``. See the guide's
+        "The graph as a model"."""
+        return _module.graph_module(self)
 
     def to_svg(self) -> str:
         """The graph drawn as an SVG document by Soma itself (no graphviz): laid out with its
@@ -717,6 +761,15 @@ def _node_pickler() -> Callable[[IO[bytes], int, Graph], pickle.Pickler]:
         def __init__(self, file: IO[bytes], protocol: int, graph: Graph) -> None:
             super().__init__(file, protocol)
             self._graph = graph
+            # torch registers with this pickler reductions that send a tensor as a handle to
+            # shared memory, valid only while this process lives; a graph's pickle may be a
+            # checkpoint loaded after it has exited, so a tensor pickles by value, as torch
+            # pickles it anywhere else.
+            self.dispatch_table = {
+                cls: reduce
+                for cls, reduce in self.dispatch_table.items()
+                if not getattr(reduce, "__module__", "").startswith("torch.multiprocessing")
+            }
 
         def persistent_id(self, obj: Any) -> str | None:
             return _THIS_GRAPH if obj is self._graph else None

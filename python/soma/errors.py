@@ -151,6 +151,24 @@ class NodePicklingError(SomaError, pickle.PicklingError):
     node: str | None = None
 
 
+class ModuleError(SomaError, ValueError):
+    """``g.module()`` could not register a node's torch module (``.node``): its id, or the
+    attribute that holds it, cannot name a submodule (it holds a ``.``, or is taken by
+    ``nn.Module`` itself, such as ``forward`` or ``training``); or its ``forward``, with grad
+    mode on, would run modules to train on a host, where backward cannot reach them."""
+
+    node: str | None = None
+
+
+class StateDictError(SomaError, RuntimeError):
+    """A state_dict loaded into ``g.module()`` does not fit: ``.nodes``, the nodes whose keys
+    are missing, unexpected or of another size (``.node``, the first); torch's own error is the
+    ``__cause__``. A ``RuntimeError``, as torch's is."""
+
+    node: str | None = None
+    nodes: list[str] | None = None
+
+
 __all__ = [
     "CancelledError",
     "CompileError",
@@ -162,12 +180,14 @@ __all__ = [
     "GraphError",
     "HostError",
     "InvalidIdError",
+    "ModuleError",
     "NodePicklingError",
     "PanicError",
     "RemoteError",
     "RemoteTraceback",
     "RunError",
     "SomaError",
+    "StateDictError",
     "TimeLimitError",
     "TurnLimitError",
     "UnknownNodeError",

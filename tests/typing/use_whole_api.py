@@ -13,9 +13,9 @@ import asyncio
 import pickle
 import tempfile
 import types
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
-from typing import Any, TypeVar, assert_type
+from typing import TYPE_CHECKING, Any, TypeVar, assert_type
 
 import soma
 from soma import native
@@ -76,6 +76,55 @@ assert len(expr.nodes) == 4
 assert expr.edges == ((0, 1), (0, 2), (1, 3), (2, 3))
 assert expr.heads == (0,)
 assert expr.terminals == (3,)
+
+# --- nodes from functions and torch modules ------------------------------------------------
+
+
+@soma.node
+def strip(text: str) -> str:
+    return text.strip()
+
+
+@soma.node
+def tagged(text: str, ctx: soma.Ctx) -> str:
+    return f"{ctx.node}:{text}"
+
+
+@soma.node
+async def later(x: int) -> int:
+    await asyncio.sleep(0)
+    return x + 1
+
+
+# The decorated function keeps its signature: called, it is the function.
+as_function: Callable[[str], str] = strip
+assert_type(strip("  a "), str)
+assert as_function(" b ") == "b"
+coroutine: Coroutine[Any, Any, int] = later(1)
+assert asyncio.run(coroutine) == 2
+stripped: soma.FunctionNode = strip.named("strip").on("cpu").retry(1, backoff=0.0)
+assert_type(strip.time_limit(5.0), soma.FunctionNode)
+assert_type(strip.at("gpu-box"), soma.FunctionNode)
+assert_type(strip.concurrency(2), soma.FunctionNode)
+assert_type(soma.node(Total()), Total)
+upper: soma.NodeFunction[[str], str] = soma.node(str.upper)
+words = soma.Graph.somatize(stripped >> upper >> tagged >> (lambda s: s + "!"))
+assert_type(strip >> tagged, soma.Expr)
+assert_type(Total() >> strip, soma.Expr)
+assert words.nodes() == ["strip", "upper", "tagged", "lambda"]
+assert words.forward(" a ") == "tagged:A!"
+assert soma.Graph.somatize(later >> later).forward(1) == 3
+assert issubclass(soma.ModuleNode, soma.Node)
+assert issubclass(soma.ModuleError, soma.SomaError)
+assert issubclass(soma.StateDictError, RuntimeError)
+assert issubclass(soma.PlacementWarning, UserWarning)
+if TYPE_CHECKING:  # Not run: torch is not installed where this file runs in `make test`.
+    strip(3)  # type: ignore[arg-type]  # mypy sees the function's own signature
+    model = words.module()
+    assert_type(model, soma.GraphModule)
+    assert_type(model.to("cpu"), soma.GraphModule)
+    assert_type(model(" a ", micro_batches=None, timeout=1.0), Any)
+    node_modules: soma.NodeModules | None = None
 
 # --- a graph, its queries and its plan ------------------------------------------------------
 

@@ -92,3 +92,16 @@ def test_an_optimizer_step_here_reaches_the_host_at_the_next_run(hosts: _Hosts) 
     assert hosts.one.loads == 2
     assert torch.equal(after, expected)
     assert not torch.equal(after, first)
+
+
+def test_the_graphs_module_runs_a_module_on_a_host_under_no_grad(hosts: _Hosts) -> None:
+    layer = torch.nn.Linear(3, 1)
+    g = soma.Graph.somatize(soma.node(layer).named("remote").at("one"))
+    x = torch.ones(2, 3)
+    with torch.no_grad():
+        out = g.module()(x)
+        torch.testing.assert_close(out, layer(x))
+    assert hosts.one.loads == 1
+    with pytest.raises(soma.ModuleError, match="node `remote` runs on host `one`"):
+        g.module()(x)  # with grad mode on, refused before anything runs
+    assert hosts.one.loads == 1
