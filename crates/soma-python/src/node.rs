@@ -7,6 +7,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use pyo3::exceptions::{PyKeyboardInterrupt, PyStopIteration, PyTypeError};
@@ -222,9 +223,9 @@ impl Node for PythonNode {
     }
 
     /// The node's coroutine, made on its first poll, inside the task that awaits it.
-    fn start(&self, input: &Value, ctx: &Ctx<'_>) -> Call {
+    fn start(self: Arc<Self>, input: &Value, ctx: &Ctx<'_>) -> Call {
         Box::pin(Coroutine {
-            node: self.clone_callee(),
+            node: self,
             state: Stepped::Unstarted {
                 input: input.clone(),
                 node: ctx.node().clone(),
@@ -244,29 +245,12 @@ impl Node for PythonNode {
     }
 }
 
-impl PythonNode {
-    /// A node calling the same `forward`, for a call that must own what it calls.
-    fn clone_callee(&self) -> PythonNode {
-        Python::attach(|py| PythonNode {
-            callee: match &self.callee {
-                Callee::Method { function, object } => Callee::Method {
-                    function: function.clone_ref(py),
-                    object: object.clone_ref(py),
-                },
-                Callee::Other(forward) => Callee::Other(forward.clone_ref(py)),
-            },
-            takes_ctx: self.takes_ctx,
-            is_async: self.is_async,
-        })
-    }
-}
-
 /// One call of an async node: its coroutine, stepped on each poll from inside the asyncio task
 /// that drives the branch ([`crate::aio`]), with the node's device current around each step.
 /// What the coroutine yields is handed to that task to wait on; what the task throws in — its
 /// cancellation — is thrown on into the coroutine.
 struct Coroutine {
-    node: PythonNode,
+    node: Arc<PythonNode>,
     state: Stepped,
 }
 

@@ -14,6 +14,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use crate::model::device::Device;
 use crate::model::id::NodeId;
@@ -122,7 +123,9 @@ pub trait Node: Send + Sync {
     /// ([`crate::Tasks`]). The default makes the call with [`Node::forward`] at once, for a node
     /// that says it is async without having a call of its own; an `Await` is refused there, as
     /// an async node waits for what it needs itself.
-    fn start(&self, input: &Value, ctx: &Ctx<'_>) -> Call {
+    ///
+    /// Called on the node itself, shared: the call may keep it for as long as it runs.
+    fn start(self: Arc<Self>, input: &Value, ctx: &Ctx<'_>) -> Call {
         let outcome = self.forward(input, ctx).and_then(|transition| match transition {
             Transition::Done(value) => Ok(value),
             Transition::Await(_) => Err(NodeError::new(

@@ -235,7 +235,7 @@ where
         true
     }
 
-    fn start(&self, input: &Value, _: &Ctx<'_>) -> Call {
+    fn start(self: Arc<Self>, input: &Value, _: &Ctx<'_>) -> Call {
         Box::pin((self.0)(input))
     }
 }

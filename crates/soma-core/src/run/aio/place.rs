@@ -48,6 +48,10 @@ pub(crate) struct Run {
     /// How many items of its stream each of the program's steps works on at once, when the
     /// run is an item of a [`crate::Flow`].
     pub(crate) limits: Option<Arc<Limits>>,
+    /// The thread that started the run: never one of the crew's, so the sync walk of a piece
+    /// never takes its own thread for the run's caller (none of them polls the watch, or gives
+    /// up waiting).
+    pub(crate) caller: std::thread::ThreadId,
 }
 
 impl Run {
@@ -66,6 +70,7 @@ impl Run {
             detached,
             _remains: remains,
             limits,
+            caller: std::thread::current().id(),
         }
     }
 }

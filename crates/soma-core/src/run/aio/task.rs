@@ -92,8 +92,9 @@ struct JoinState {
     left: usize,
     /// Each child's task, to cancel it, by index; `None` once it reported.
     spawned: Vec<Option<Box<dyn Spawned>>>,
-    /// The parent's waker, while it waits.
-    waker: Option<Waker>,
+    /// The parent's waker, while it waits, and how many children must have reported or been
+    /// skipped for it to be woken: a wave's parent wakes once, when all have, not once a child.
+    waker: Option<(Waker, usize)>,
     /// Whether every child was cancelled already.
     cancelled: bool,
 }
@@ -145,7 +146,14 @@ impl Join {
 
     fn one_less(mut state: std::sync::MutexGuard<'_, JoinState>) {
         state.left -= 1;
-        let waker = state.waker.take();
+        let done = state.outcomes.len() - state.left;
+        let waker = match state.waker.take() {
+            Some((waker, wanted)) if done >= wanted => Some(waker),
+            kept => {
+                state.waker = kept;
+                None
+            }
+        };
         drop(state);
         if let Some(waker) = waker {
             waker.wake();
@@ -192,7 +200,7 @@ impl Join {
             if done > reported || state.cancelled {
                 return Poll::Ready(done);
             }
-            state.waker = Some(cx.waker().clone());
+            state.waker = Some((cx.waker().clone(), reported + 1));
             Poll::Pending
         })
         .await
@@ -212,7 +220,8 @@ impl Join {
             if state.left == 0 {
                 return Poll::Ready(std::mem::take(&mut state.outcomes));
             }
-            state.waker = Some(cx.waker().clone());
+            let all = state.outcomes.len();
+            state.waker = Some((cx.waker().clone(), all));
             Poll::Pending
         })
         .await

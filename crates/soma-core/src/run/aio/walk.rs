@@ -141,7 +141,12 @@ fn walk<'p>(place: &'p Place, op: &'p Op) -> Walking<'p> {
                     // A run of sync steps is one piece: one hop to a thread and back, not one
                     // per step.
                     let end = if steps[at].is_async() {
-                        walk(place, &steps[at]).await?;
+                        match &steps[at] {
+                            // The common step, awaited in this future rather than a box of
+                            // its own: a chain of async nodes allocates no future per step.
+                            Op::Execute(step) => node(place, step).await?,
+                            other => walk(place, other).await?,
+                        }
                         let done = at..at + 1;
                         drop_after_each(place, drop_after, done.clone());
                         done.end
@@ -225,7 +230,7 @@ async fn piece(place: &Place, work: Work) -> Result<(), Halt> {
     let executor = place.executor();
     let job = {
         let (place, latch) = (place.clone(), Arc::clone(&latch));
-        let caller = thread::current().id();
+        let caller = place.run.caller;
         let captured = executor.host.as_ref().and_then(|host| host.capture());
         move || {
             let mut outcome = None;
@@ -284,7 +289,7 @@ async fn node(place: &Place, step: &Step) -> Result<(), Halt> {
         None => None,
     };
     place.boundary()?;
-    let caller = thread::current().id();
+    let caller = place.run.caller;
     let lane = place.lane(caller);
     let slot = step.slot();
     let id = &lane.program.ids[slot];
@@ -319,7 +324,7 @@ fn gathered(place: &Place, step: &Step) -> Value {
 /// walk's `through_cache` does it.
 async fn cached(place: &Place, keys: &RunKeys, step: &Step, id: &NodeId) -> Result<Value, Halt> {
     let executor = place.executor();
-    let caller = thread::current().id();
+    let caller = place.run.caller;
     let looked_up = place.table.with_frame(&place.window, |frame| {
         executor.look_up(keys, step, &place.table.input, frame, place.lane(caller))
     });
@@ -386,8 +391,7 @@ async fn within(
     }
     let ctx = Ctx::new(id, 0, &[]).on(step.device);
     let Some(limit) = limit else {
-        return step
-            .node
+        return Arc::clone(&step.node)
             .start(input, &ctx)
             .await
             .map_err(|error| RunError::NodeFailed {
@@ -397,7 +401,7 @@ async fn within(
     };
     let started = Instant::now();
     let interrupt = place.run.tasks.interrupt_after(limit);
-    let outcome = step.node.start(input, &ctx).await;
+    let outcome = Arc::clone(&step.node).start(input, &ctx).await;
     if interrupt.fired() || started.elapsed() >= limit {
         return Err(RunError::TimeLimit {
             node: id.clone(),
@@ -520,7 +524,7 @@ async fn decided(
         Some(limits) => Some(limits.step(step.slot()).acquire().await),
         None => None,
     };
-    let caller = thread::current().id();
+    let caller = place.run.caller;
     let lane = place.lane(caller);
     if let Some(run) = lane.detached {
         run.set_running(
@@ -548,7 +552,7 @@ async fn decided(
 
 /// What a step that decides reads, after the boundary checks, as the sync walk reads it.
 fn decision_input(place: &Place, step: &Step) -> Result<Value, Halt> {
-    let caller = thread::current().id();
+    let caller = place.run.caller;
     place.table.with_frame(&place.window, |frame| {
         place
             .executor()
@@ -736,7 +740,7 @@ enum Asked {
 /// only decides, as quick as the callable it wraps), an async one awaited.
 async fn ask(place: &Place, step: &Step, value: &Value, asked: Asked) -> Result<Value, Halt> {
     let executor = place.executor();
-    let caller = thread::current().id();
+    let caller = place.run.caller;
     let lane = place.lane(caller);
     let input = &place.table.input;
     let key = |keys: &RunKeys, id: &NodeId, fingerprint: &crate::model::key::Key| match asked {
