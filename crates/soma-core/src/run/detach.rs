@@ -68,11 +68,20 @@ impl Detached {
     /// Marks node `id`, in `slot` of `program`, as running or not: by its slot when `program`
     /// is the run's own (`Relaxed`: the list it feeds is a report read after the fact, never a
     /// decision), by its id when it is a sub-program's.
+    // Inlined: the run's own steps, every step of a chain, pay a comparison and a store.
+    #[inline]
     pub(super) fn set_running<P>(&self, program: &P, slot: usize, id: &NodeId, running: bool) {
         if address(program) == self.program_at {
             self.running[slot].store(running, Ordering::Relaxed);
             return;
         }
+        self.set_running_inside(id, running);
+    }
+
+    /// [`Detached::set_running`] for a node inside a step that decides.
+    #[cold]
+    #[inline(never)]
+    fn set_running_inside(&self, id: &NodeId, running: bool) {
         let mut inside = self.inside.lock().unwrap_or_else(PoisonError::into_inner);
         if running {
             inside.push(id.clone());
