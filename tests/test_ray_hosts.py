@@ -198,6 +198,30 @@ def test_results_equal_the_local_run_on_random_placements(
     assert g.forward(5) == expected, repr(g.distributed_plan())
 
 
+class AsyncWhere(soma.Node):
+    """Where it ran, as `Where` says, after awaiting its loop: an async node."""
+
+    async def forward(self, x: Any) -> Any:
+        import asyncio
+
+        await asyncio.sleep(0)
+        return (x, str(ray.get_runtime_context().get_node_id()))
+
+
+def test_an_async_node_runs_on_a_host_and_beside_a_slice_from_forward_and_aforward(
+    cluster: RayHosts,
+) -> None:
+    import asyncio
+
+    g = soma.Graph.somatize(
+        AsyncWhere().named("far").at("one") >> Where().named("near") >> AsyncWhere()
+    )
+    for run in (lambda: g.forward(0), lambda: asyncio.run(g.aforward(0))):
+        ((((_, on_one), near_node), here)) = run()
+        assert on_one == node_of("one")
+        assert near_node == here == str(ray.get_runtime_context().get_node_id())
+
+
 class Split(soma.Node):
     def forward(self, n: int) -> list[int]:
         return list(range(n))
