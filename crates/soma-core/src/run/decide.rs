@@ -405,7 +405,7 @@ impl Executor {
         results: impl Iterator<Item = Option<Result<Value, Halt>>>,
     ) -> Result<Vec<Value>, Halt> {
         let refused = panicked.into_iter().map(refused_or_raised).next();
-        let mut values = Vec::new();
+        let mut values = Vec::with_capacity(results.size_hint().0);
         let mut halted = None;
         for result in results {
             match result {

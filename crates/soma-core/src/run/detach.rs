@@ -38,8 +38,11 @@ pub(super) struct Detached {
     /// Per step slot, whether its node is running: what a deadline's error names.
     running: Box<[AtomicBool]>,
     /// The nodes running inside the run's `Map`, `Switch` and `Loop` steps, by their
-    /// namespaced ids (`chunks/embed`), once for each call in flight.
+    /// namespaced ids (`chunks/embed`), once for each call in flight: kept only for a run with
+    /// async nodes (`track_inside`), whose message at a deadline names the async nodes it
+    /// cancelled; a sync run names the step, at no cost per node inside it.
     inside: Mutex<Vec<NodeId>>,
+    track_inside: bool,
     /// Where the program whose steps `running` is about lives, compared by identity: the
     /// sub-programs of its `Map`, `Switch` and `Loop` steps number slots of their own, and
     /// their steps are not marked (the step that runs them is).
@@ -55,10 +58,22 @@ impl Detached {
     /// program is, so that this module need not import the program's, which imports the crew,
     /// which imports this one.
     pub(super) fn new<P>(program: &P, slots: usize, remains: Weak<Remains>) -> Self {
+        Self::keeping(program, slots, remains, false)
+    }
+
+    /// The bookkeeping of a run of `program`, naming the nodes inside its steps that decide as
+    /// running when `inside` says so (see [`Detached::running`]).
+    pub(super) fn keeping<P>(
+        program: &P,
+        slots: usize,
+        remains: Weak<Remains>,
+        inside: bool,
+    ) -> Self {
         Detached {
             remains,
             running: (0..slots).map(|_| AtomicBool::new(false)).collect(),
             inside: Mutex::new(Vec::new()),
+            track_inside: inside,
             program_at: address(program),
             stop_seen: Mutex::new(None),
             given_up: AtomicBool::new(false),
@@ -75,7 +90,9 @@ impl Detached {
             self.running[slot].store(running, Ordering::Relaxed);
             return;
         }
-        self.set_running_inside(id, running);
+        if self.track_inside {
+            self.set_running_inside(id, running);
+        }
     }
 
     /// [`Detached::set_running`] for a node inside a step that decides.

@@ -62,7 +62,7 @@ impl Run {
         limits: Option<Arc<Limits>>,
     ) -> Self {
         let remains = Arc::new(Remains::new());
-        let detached = Detached::new(&*program, program.len(), Arc::downgrade(&remains));
+        let detached = Detached::keeping(&*program, program.len(), Arc::downgrade(&remains), true);
         Run {
             executor,
             tasks,
