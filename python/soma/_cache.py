@@ -227,30 +227,41 @@ class Cache:
                     self._stats["misses"] += 1
                     return False, None, None
                 self._entries[key] = found  # Used now: the newest.
-        else:
-            file = self._file(key)
+                # Counted here, under the one lock a hit takes: a hit is what a rerun is made
+                # of. An entry that does not unpickle is counted back below.
+                stats = self._stats
+                stats["hits"] += 1
+                stats["bytes_read"] += len(found.payload)
+                stats["seconds_saved"] += found.seconds
             try:
-                data = file.read_bytes()
-                if self._max_bytes is not None:
-                    self._touch(file)
-            except OSError:  # Missing, or unreadable: either way, not there.
-                self._count(misses=1)
+                return True, pickle.loads(found.payload), found.digest
+            except Exception:  # Its class has gone, say: the node computes it again.
+                self._count(
+                    hits=-1,
+                    bytes_read=-len(found.payload),
+                    seconds_saved=-found.seconds,
+                    misses=1,
+                    corrupted=1,
+                )
                 return False, None, None
-            found = _read_entry(data)
-            if found is None:
-                self._count(misses=1, corrupted=1)
-                return False, None, None
+        file = self._file(key)
+        try:
+            data = file.read_bytes()
+            if self._max_bytes is not None:
+                self._touch(file)
+        except OSError:  # Missing, or unreadable: either way, not there.
+            self._count(misses=1)
+            return False, None, None
+        found = _read_entry(data)
+        if found is None:
+            self._count(misses=1, corrupted=1)
+            return False, None, None
         try:
             output = pickle.loads(found.payload)
         except Exception:  # Its class has gone, say: the node computes it again.
             self._count(misses=1, corrupted=1)
             return False, None, None
-        # Counted in place, not through `_count`: a hit is what a rerun is made of.
-        with self._lock:
-            stats = self._stats
-            stats["hits"] += 1
-            stats["bytes_read"] += len(found.payload)
-            stats["seconds_saved"] += found.seconds
+        self._count(hits=1, bytes_read=len(found.payload), seconds_saved=found.seconds)
         return True, output, found.digest
 
     def _peek(self, key: bytes) -> tuple[bool, bytes | None]:
@@ -292,6 +303,8 @@ class Cache:
             return
         entry = _Entry(payload, seconds, digest)
         if self._path is None:
+            if self._max_bytes is not None and len(payload) > self._max_bytes:
+                return  # It could not fit, whatever was removed: the others stay.
             with self._lock:
                 old = self._entries.pop(key, None)
                 self._held -= 0 if old is None else len(old.payload)
@@ -446,17 +459,43 @@ class _RunCache:
         except _fingerprint.Unkeyable as unkeyable:
             self._cache._warn_once(
                 f"state:{node_id}",
-                f"node `{node_id}` runs uncached: the `{unkeyable.kind}` in its state, at "
-                f"`{unkeyable.where}`, cannot be digested\n"
+                f"node `{node_id}` runs uncached: the `{unkeyable.kind}` at "
+                f"`{unkeyable.where}` cannot be digested\n"
                 "hint: set `cacheable = False` on its class to say so and silence this",
             )
-            return None
+        except Exception as error:  # What its code or state raised when read.
+            self._cache._warn_once(
+                f"state:{node_id}",
+                f"node `{node_id}` runs uncached: reading its code and state raised "
+                f"`{type(error).__name__}: {error}`\n"
+                "hint: set `cacheable = False` on its class to say so and silence this",
+            )
+        return None
 
-    def digest(self, value: object) -> bytes | None:
+    def digest(self, value: object, node_id: str | None = None) -> bytes | None:
+        """The digest of an output: ``None`` where it has none, and its readers are keyed on
+        its node's key instead, which loses nothing but early cutoff."""
         try:
             return _fingerprint.digest(value)
-        except _fingerprint.Unkeyable:
+        except Exception:  # Unkeyable, or what its `__reduce_ex__` raised.
             return None
+
+    def input_digest(self, node_id: str, value: object) -> bytes | None:
+        """The digest of the run's input, asked by its first reader ``node_id``; where it has
+        none, each node reading it runs uncached, which is said once."""
+        try:
+            return _fingerprint.digest(value)
+        except _fingerprint.Unkeyable as unkeyable:
+            kind, where = unkeyable.kind, unkeyable.where
+        except Exception as error:  # What its `__reduce_ex__` raised.
+            kind, where = f"{type(value).__qualname__} ({type(error).__name__}: {error})", ""
+        self._cache._warn_once(
+            f"input:{kind}",
+            f"node `{node_id}` runs uncached, and every node that reads the graph's input: the "
+            f"`{kind}` at `{where or '(the input itself)'}` in it cannot be digested\n"
+            "hint: give the graph an input made of values that pickle",
+        )
+        return None
 
     def get(self, node_id: str, key: bytes) -> tuple[bool, Any, bytes | None]:
         return self._cache._load(key)

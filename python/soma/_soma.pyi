@@ -18,14 +18,17 @@ __all__ = [
     "StopFlag",
     "StreamCore",
     "Trace",
+    "Witness",
     "_at_exit",
     "_carry_context",
     "_check_device",
     "_thread_in_reserve",
     "blake3",
+    "code_digest",
     "distribute",
     "parse_device",
     "parse_host",
+    "reach",
 ]
 
 DEFAULT_TURN_LIMIT: int
@@ -44,6 +47,34 @@ class Hasher:
         """Feeds ``data``: bytes, or any C-contiguous buffer, read in place."""
     def digest(self) -> bytes:
         """The 32-byte digest of everything fed so far."""
+
+def code_digest(code: Any) -> bytes:
+    """The 32-byte digest of a code object: its instructions, names, constants (nested code
+    included), argument counts, flags and exception table, not its file name or line numbers;
+    remembered by the code object."""
+
+def reach(
+    root: type | Callable[..., Any],
+    files: dict[str, bool],
+    users_file: Callable[[str], bool],
+    users: Callable[[object], bool],
+) -> tuple[bytes, Witness, list[str]]:
+    """The digest of what the class or function ``root`` of the user's reaches by name, the
+    witness of the bindings it was read from, and where each volatile binding lies."""
+
+@final
+class Witness:
+    """What a remembered digest was made from: bindings that must still hold the objects they
+    held, each checked by identity."""
+
+    def __new__(
+        cls, owners: Iterable[tuple[object, Iterable[tuple[Any, ...]]]], parts: list[Witness] = ...
+    ) -> Witness: ...
+    def current(self) -> tuple[object, ...] | None:
+        """What the volatile bindings hold now, parts first; ``None`` when a binding no longer
+        holds the object it held."""
+    def __len__(self) -> int:
+        """How many bindings it checks, its parts' included."""
 
 def _at_exit() -> None:
     """The hook run at interpreter exit: Soma's threads stop entering the interpreter, and the

@@ -1,10 +1,10 @@
 //! A Python run cache as the engine's `NodeCache`: the engine chains the keys, Python
 //! fingerprints nodes, digests values and keeps the entries (`soma/_cache.py`).
 //!
-//! The Python side is one object per forward with five methods: `fingerprint(id)` and
-//! `digest(value)` answering 32 bytes or `None`, `get(id, key)` answering `(found, value,
-//! digest)`, `peek(id, key)` answering `(found, digest)`, and `put(id, key, value, digest,
-//! seconds)`. None of them may fail the run: the
+//! The Python side is one object per forward with six methods: `fingerprint(id)`,
+//! `digest(value)` and `input_digest(id, value)` answering 32 bytes or `None`, `get(id, key)`
+//! answering `(found, value, digest)`, `peek(id, key)` answering `(found, digest)`, and
+//! `put(id, key, value, digest, seconds)`. None of them may fail the run: the
 //! Python side turns what it cannot do into a miss, with a warning; anything it still raises is
 //! reported as unraisable and read as a miss here, except Ctrl-C, which stops the run as in a
 //! node.
@@ -73,6 +73,13 @@ impl NodeCache for PythonCache {
         Python::attach(|py| {
             let value = to_python(py, value).ok()?;
             key_of(self.ask(py, intern!(py, "digest"), (value,)))
+        })
+    }
+
+    fn digest_input(&self, id: &NodeId, input: &Value) -> Option<Key> {
+        Python::attach(|py| {
+            let input = to_python(py, input).ok()?;
+            key_of(self.ask(py, intern!(py, "input_digest"), (id.as_str(), input)))
         })
     }
 

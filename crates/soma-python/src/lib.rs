@@ -6,6 +6,7 @@
 //! Python on top of this module.
 
 mod cache;
+mod code;
 mod context;
 mod convert;
 mod device;
@@ -21,6 +22,7 @@ mod node;
 mod plan;
 mod policy;
 mod protocol;
+mod reach;
 mod reading;
 mod reentry;
 mod stream;
@@ -28,6 +30,7 @@ mod thread_state;
 mod torch_state;
 mod trace;
 mod watch;
+mod witness;
 
 use pyo3::prelude::*;
 
@@ -53,7 +56,10 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<trace::PySpan>()?;
     module.add_class::<watch::StopFlag>()?;
     module.add_class::<digest::Hasher>()?;
+    module.add_class::<witness::Witness>()?;
     module.add_function(wrap_pyfunction!(digest::blake3, module)?)?;
+    module.add_function(wrap_pyfunction!(code::py_code_digest, module)?)?;
+    module.add_function(wrap_pyfunction!(reach::reach, module)?)?;
     module.add("DEFAULT_TURN_LIMIT", soma_core::DEFAULT_TURN_LIMIT)?;
     module.add("MAX_NESTED_FORWARDS", reentry::MAX_NESTED_FORWARDS)?;
     module.add_function(wrap_pyfunction!(context::_carry_context, module)?)?;

@@ -1,0 +1,248 @@
+//! `soma._soma.code_digest`: the digest of a Python code object, for the keys of `soma.Cache`.
+//!
+//! A node's key covers the code it runs (`soma/_fingerprint.py`): each function by its
+//! compiled code, which is what it does — instructions, the names and constants they use
+//! (nested functions, lambdas and comprehensions included), its arguments, flags and exception
+//! table — and not where it was written: the file name and line numbers are left out, so a
+//! function moved down a file, or a comment edited above it, keeps its digest. Read here rather
+//! than in Python because a fingerprint reads a dozen functions the first time a node is keyed,
+//! and the encoding below is a few microseconds of Python each.
+//!
+//! The encoding is prefix-free (a tag per constant's kind, every length before what it counts)
+//! and reads nothing that differs between processes: a frozenset constant (`x in {"a", "b"}`)
+//! is fed in the order of its members' digests, not in its hash order.
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{
+    PyBool, PyBytes, PyCode, PyComplex, PyDict, PyFloat, PyFrozenSet, PyInt, PyString, PyTuple,
+    PyWeakrefReference,
+};
+
+/// Derivation context: no digest of another kind can equal a code digest.
+const CODE_CONTEXT: &str = "soma 2026-12 python code v1";
+
+/// How deeply constants may nest (tuples in tuples, code in code): far past what Python's
+/// compiler makes, and short of what could exhaust a thread's stack.
+const DEEPEST: usize = 1_000;
+
+fn length(out: &mut Vec<u8>, n: usize) {
+    out.extend_from_slice(&(n as u64).to_le_bytes());
+}
+
+fn text(out: &mut Vec<u8>, text: &Bound<'_, PyString>) -> PyResult<()> {
+    // As UTF-8, a lone surrogate (which `str` may hold) encoded as it is.
+    let encoded = match text.to_str() {
+        Ok(plain) => plain.as_bytes().to_vec(),
+        Err(_) => text
+            .call_method1(intern!(text.py(), "encode"), ("utf-8", "surrogatepass"))?
+            .cast_into::<PyBytes>()?
+            .as_bytes()
+            .to_vec(),
+    };
+    length(out, encoded.len());
+    out.extend_from_slice(&encoded);
+    Ok(())
+}
+
+fn names(out: &mut Vec<u8>, names: &Bound<'_, PyAny>) -> PyResult<()> {
+    let names = names.cast::<PyTuple>()?;
+    length(out, names.len());
+    for name in names {
+        text(out, name.cast::<PyString>()?)?;
+    }
+    Ok(())
+}
+
+fn bytes_of(out: &mut Vec<u8>, data: &Bound<'_, PyAny>) -> PyResult<()> {
+    let data = data.cast::<PyBytes>()?.as_bytes();
+    length(out, data.len());
+    out.extend_from_slice(data);
+    Ok(())
+}
+
+fn number(
+    out: &mut Vec<u8>,
+    code: &Bound<'_, PyAny>,
+    attribute: &Bound<'_, PyString>,
+) -> PyResult<()> {
+    let n: u64 = code.getattr(attribute)?.extract()?;
+    out.extend_from_slice(&n.to_le_bytes());
+    Ok(())
+}
+
+/// Feeds `code`'s encoding into `out`.
+fn feed_code(out: &mut Vec<u8>, code: &Bound<'_, PyAny>, depth: usize) -> PyResult<()> {
+    let py = code.py();
+    for attribute in [
+        intern!(py, "co_argcount"),
+        intern!(py, "co_posonlyargcount"),
+        intern!(py, "co_kwonlyargcount"),
+        intern!(py, "co_flags"),
+    ] {
+        number(out, code, attribute)?;
+    }
+    text(
+        out,
+        code.getattr(intern!(py, "co_name"))?.cast::<PyString>()?,
+    )?;
+    bytes_of(out, &code.getattr(intern!(py, "co_code"))?)?;
+    // 3.11 on: which instructions each `try` covers.
+    match code.getattr(intern!(py, "co_exceptiontable")) {
+        Ok(table) => bytes_of(out, &table)?,
+        Err(_) => length(out, 0),
+    }
+    for attribute in [
+        intern!(py, "co_names"),
+        intern!(py, "co_varnames"),
+        intern!(py, "co_cellvars"),
+        intern!(py, "co_freevars"),
+    ] {
+        names(out, &code.getattr(attribute)?)?;
+    }
+    let constants = code.getattr(intern!(py, "co_consts"))?;
+    let constants = constants.cast::<PyTuple>()?;
+    length(out, constants.len());
+    for constant in constants {
+        feed_constant(out, &constant, depth + 1)?;
+    }
+    Ok(())
+}
+
+/// Feeds one constant of compiled code: only the kinds Python's compiler makes have one.
+pub(crate) fn feed_constant(
+    out: &mut Vec<u8>,
+    constant: &Bound<'_, PyAny>,
+    depth: usize,
+) -> PyResult<()> {
+    let py = constant.py();
+    if depth > DEEPEST {
+        return Err(PyTypeError::new_err(
+            "constants nested too deeply to digest",
+        ));
+    }
+    if constant.is_none() {
+        out.push(b'N');
+    } else if constant.is(py.Ellipsis()) {
+        out.push(b'e');
+    } else if let Ok(flag) = constant.cast_exact::<PyBool>() {
+        out.push(if flag.is_true() { b'1' } else { b'0' });
+    } else if let Ok(int) = constant.cast_exact::<PyInt>() {
+        if let Ok(small) = int.extract::<i64>() {
+            out.push(b'j');
+            out.extend_from_slice(&small.to_le_bytes());
+        } else {
+            // Past 64 bits: its two's-complement bytes, as Python writes them.
+            let bits: usize = int.call_method0(intern!(py, "bit_length"))?.extract()?;
+            let signed = pyo3::types::PyDict::new(py);
+            signed.set_item(intern!(py, "signed"), true)?;
+            let data = int.call_method(
+                intern!(py, "to_bytes"),
+                ((bits + 8) / 8, intern!(py, "little")),
+                Some(&signed),
+            )?;
+            out.push(b'I');
+            bytes_of(out, &data)?;
+        }
+    } else if let Ok(float) = constant.cast_exact::<PyFloat>() {
+        out.push(b'f');
+        out.extend_from_slice(&float.value().to_bits().to_le_bytes());
+    } else if let Ok(complex) = constant.cast_exact::<PyComplex>() {
+        out.push(b'z');
+        out.extend_from_slice(&complex.real().to_bits().to_le_bytes());
+        out.extend_from_slice(&complex.imag().to_bits().to_le_bytes());
+    } else if let Ok(string) = constant.cast_exact::<PyString>() {
+        out.push(b's');
+        text(out, string)?;
+    } else if constant.cast_exact::<PyBytes>().is_ok() {
+        out.push(b'b');
+        bytes_of(out, constant)?;
+    } else if let Ok(tuple) = constant.cast_exact::<PyTuple>() {
+        out.push(b'(');
+        length(out, tuple.len());
+        for item in tuple {
+            feed_constant(out, &item, depth + 1)?;
+        }
+    } else if let Ok(set) = constant.cast_exact::<PyFrozenSet>() {
+        // In the order of its members' digests: its own order is its hashes'.
+        let mut members = set
+            .iter()
+            .map(|member| {
+                let mut one = Vec::new();
+                feed_constant(&mut one, &member, depth + 1)?;
+                Ok(*blake3::hash(&one).as_bytes())
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        members.sort_unstable();
+        out.push(b'>');
+        length(out, members.len());
+        for member in members {
+            out.extend_from_slice(&member);
+        }
+    } else if constant.cast_exact::<PyCode>().is_ok() {
+        out.push(b'k');
+        feed_code(out, constant, depth + 1)?;
+    } else {
+        return Err(PyTypeError::new_err(format!(
+            "a constant of type `{}` in compiled code",
+            constant.get_type().name()?
+        )));
+    }
+    Ok(())
+}
+
+/// The 32-byte digest of the code object `code`: what it does, not where it was written.
+///
+/// # Errors
+/// `TypeError` for an object that is not code, or a constant of a kind Python's compiler
+/// never makes.
+#[pyfunction]
+#[pyo3(name = "code_digest")]
+pub fn py_code_digest<'py>(code: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+    Ok(PyBytes::new(code.py(), &code_digest(code)?))
+}
+
+/// The digest of a code object, remembered by the object (held weakly, so a code object that
+/// goes leaves its entry to be overwritten): code never changes once made.
+pub(crate) fn code_digest(code: &Bound<'_, PyAny>) -> PyResult<[u8; 32]> {
+    static DIGESTS: PyOnceLock<Py<PyDict>> = PyOnceLock::new();
+    let py = code.py();
+    let digests = DIGESTS
+        .get_or_init(py, || PyDict::new(py).unbind())
+        .bind(py);
+    let key = code.as_ptr() as usize;
+    if let Some(entry) = digests.get_item(key)? {
+        let (held, digest): (Bound<'_, PyWeakrefReference>, Bound<'_, PyBytes>) =
+            entry.extract()?;
+        if held.upgrade().is_some_and(|alive| alive.is(code)) {
+            if let Ok(digest) = <[u8; 32]>::try_from(digest.as_bytes()) {
+                return Ok(digest);
+            }
+        }
+    }
+    let digest = digest_of_code(code)?;
+    if digests.len() > 1 << 16 {
+        // Code made and dropped in a loop (`exec` of cells): start again rather than grow.
+        digests.clear();
+    }
+    let held = PyWeakrefReference::new(code)?;
+    digests.set_item(key, (held, PyBytes::new(py, &digest)))?;
+    Ok(digest)
+}
+
+/// The digest [`code_digest`] answers, as bytes.
+fn digest_of_code(code: &Bound<'_, PyAny>) -> PyResult<[u8; 32]> {
+    if code.cast_exact::<PyCode>().is_err() {
+        return Err(PyTypeError::new_err(format!(
+            "code_digest reads a code object, not an object of type `{}`",
+            code.get_type().name()?
+        )));
+    }
+    let mut out = Vec::with_capacity(512);
+    feed_code(&mut out, code, 0)?;
+    let mut hasher = blake3::Hasher::new_derive_key(CODE_CONTEXT);
+    hasher.update(&out);
+    Ok(*hasher.finalize().as_bytes())
+}

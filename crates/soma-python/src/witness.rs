@@ -1,0 +1,428 @@
+//! `soma._soma.Witness`: what a remembered digest was made from, checked by identity.
+//!
+//! A node's fingerprint reads its class, the functions and classes its code reaches by name,
+//! the module-level names they read and the node's own attributes (`soma/_fingerprint.py`).
+//! Reading them all again on every run would cost tens of microseconds a node; a witness,
+//! taken when they were read, says in well under a microsecond whether each binding still holds
+//! the very object it held then (`is`, never `==`): a module's global, a class's attribute, a
+//! function's code, defaults and closure cells, a node's attribute. A binding rebound — a module
+//! reloaded, a function's `__code__` patched in place by an autoreloader, `node.f = other` —
+//! fails the check, and the digest is made again.
+//!
+//! A witness checks identities only: what a bound object holds where it can change in place (a
+//! list, an array) is not its business. Such bindings are marked *volatile*: `current()` hands
+//! their objects back, and the fingerprint digests them again on every run.
+//!
+//! Objects are held weakly wherever Python allows it (functions, classes, modules, nodes), so a
+//! witness kept for a class never keeps that class alive, nor the old function a rebinding
+//! replaced; a dead one fails its check. What cannot be referenced weakly (an int, a tuple, a
+//! dict) is held, so that no other object can take its place, and its `id`, unseen.
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyFunction, PyModule, PyTuple, PyType, PyWeakrefReference};
+
+/// An object a witness refers to: weakly where Python allows it.
+pub(crate) enum Held {
+    Weak(Py<PyWeakrefReference>),
+    Strong(Py<PyAny>),
+}
+
+impl Held {
+    pub(crate) fn of(object: &Bound<'_, PyAny>) -> Self {
+        // Asked of the type first: a refused weak reference raises, which costs a microsecond.
+        // SAFETY: the type object of a live object, read with the GIL held.
+        #[allow(unsafe_code)]
+        let weakly = unsafe { ffi::PyType_SUPPORTS_WEAKREFS(object.get_type().as_type_ptr()) != 0 };
+        if weakly {
+            if let Ok(weak) = PyWeakrefReference::new(object) {
+                return Held::Weak(weak.unbind());
+            }
+        }
+        Held::Strong(object.clone().unbind())
+    }
+
+    /// The object, while it lives.
+    fn get<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyAny>> {
+        match self {
+            Held::Weak(weak) => weak.bind(py).upgrade(),
+            Held::Strong(strong) => Some(strong.bind(py).clone()),
+        }
+    }
+
+    /// Whether `found` is this object.
+    fn is(&self, py: Python<'_>, found: &Bound<'_, PyAny>) -> bool {
+        self.get(py).is_some_and(|held| held.is(found))
+    }
+
+    fn traverse(&self, visit: &pyo3::gc::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        match self {
+            Held::Weak(weak) => visit.call(weak),
+            Held::Strong(strong) => visit.call(strong),
+        }
+    }
+}
+
+/// What one binding of an owner must still hold.
+pub(crate) enum Binding {
+    /// `getattr(owner, name)` is `expected`.
+    Attribute { name: Py<PyAny>, expected: Held },
+    /// The owner's own namespace — a class's or a module's `__dict__`, an instance's — maps
+    /// `name` to `expected`.
+    Vars { name: Py<PyAny>, expected: Held },
+    /// The owner's namespace has `len` entries: nothing was added to it.
+    VarsLen { len: usize },
+    /// The owner, a function, reads `name` from its module's globals, where it is `expected`.
+    Global { name: Py<PyAny>, expected: Held },
+    /// The owner, a function, reads `name` from builtins, which a global of that name would
+    /// shadow: it must stay absent from its globals.
+    GlobalMissing { name: Py<PyAny> },
+    /// The owner, a function, has this code, defaults and keyword defaults.
+    Function {
+        code: Held,
+        defaults: Held,
+        kwdefaults: Held,
+    },
+    /// The owner, a function, holds `expected` in its closure cell `index`, or nothing.
+    Cell {
+        index: usize,
+        expected: Option<Held>,
+    },
+    /// `type(owner)` is `expected`.
+    Type { expected: Held },
+    /// `owner[key]` is `expected` (the owner a mapping: `sys.modules`).
+    Item { key: Py<PyAny>, expected: Held },
+}
+
+/// An owner and the bindings it must still hold, each with whether its object is volatile.
+pub(crate) struct Owner {
+    pub(crate) owner: Held,
+    pub(crate) bindings: Vec<(Binding, bool)>,
+}
+
+/// What a remembered digest was made from: bindings that must still hold the objects they held.
+#[pyclass(module = "soma._soma", frozen)]
+pub struct Witness {
+    pub(crate) parts: Vec<Py<Witness>>,
+    pub(crate) owners: Vec<Owner>,
+}
+
+/// The kinds of binding, as `soma._fingerprint` writes them: the first item of each tuple.
+const ATTRIBUTE: u8 = 0;
+const VARS: u8 = 1;
+const VARS_LEN: u8 = 2;
+const GLOBAL: u8 = 3;
+const GLOBAL_MISSING: u8 = 4;
+const FUNCTION: u8 = 5;
+const CELL: u8 = 6;
+const EMPTY_CELL: u8 = 7;
+const TYPE: u8 = 8;
+const ITEM: u8 = 9;
+
+/// A borrowed reference from the C API as a bound object, `None` for NULL.
+///
+/// # Safety
+/// `ptr` is NULL or a borrowed reference that stays valid while the caller holds the object
+/// that lent it, with the GIL held.
+#[allow(unsafe_code)]
+unsafe fn borrowed(py: Python<'_>, ptr: *mut ffi::PyObject) -> Option<Bound<'_, PyAny>> {
+    // SAFETY: as the caller promises.
+    unsafe { Bound::from_borrowed_ptr_or_opt(py, ptr) }
+}
+
+/// The namespace of `owner`: a class's own `__dict__` (read in place, where `vars()` would
+/// make a proxy), a module's, an instance's.
+fn namespace<'py>(owner: &Bound<'py, PyAny>) -> Option<Bound<'py, PyDict>> {
+    let py = owner.py();
+    if let Ok(cls) = owner.cast::<PyType>() {
+        // SAFETY: a type object's `tp_dict` is its own dict (or NULL), borrowed from `cls`,
+        // which the caller holds, with the GIL held.
+        #[allow(unsafe_code)]
+        let dict = unsafe { borrowed(py, (*cls.as_type_ptr()).tp_dict) };
+        return dict.and_then(|dict| dict.cast_into::<PyDict>().ok());
+    }
+    if owner.is_instance_of::<PyModule>() {
+        // SAFETY: a module's dict, borrowed from the module the caller holds.
+        #[allow(unsafe_code)]
+        let dict = unsafe { borrowed(py, ffi::PyModule_GetDict(owner.as_ptr())) };
+        return dict.and_then(|dict| dict.cast_into::<PyDict>().ok());
+    }
+    owner
+        .getattr(pyo3::intern!(py, "__dict__"))
+        .ok()
+        .and_then(|dict| dict.cast_into::<PyDict>().ok())
+}
+
+/// `dict[name]`, `None` when missing (or when looking it up raised, which is cleared).
+fn entry<'py>(dict: &Bound<'py, PyDict>, name: &Py<PyAny>) -> Option<Bound<'py, PyAny>> {
+    dict.get_item(name).ok().flatten()
+}
+
+/// A function's field read through the C API: its code, globals, defaults, closure.
+fn field<'py>(
+    function: &Bound<'py, PyAny>,
+    read: unsafe extern "C" fn(*mut ffi::PyObject) -> *mut ffi::PyObject,
+) -> Option<Bound<'py, PyAny>> {
+    if !function.is_instance_of::<PyFunction>() {
+        return None;
+    }
+    // SAFETY: `function` is a function object the caller holds; each `PyFunction_Get*` lends a
+    // reference owned by it (NULL for a field that is not set), with the GIL held.
+    #[allow(unsafe_code)]
+    unsafe {
+        borrowed(function.py(), read(function.as_ptr()))
+    }
+}
+
+/// `None`, the object Python says a missing default or keyword default is.
+fn or_none<'py>(py: Python<'py>, found: Option<Bound<'py, PyAny>>) -> Bound<'py, PyAny> {
+    found.unwrap_or_else(|| py.None().into_bound(py))
+}
+
+impl Binding {
+    /// The object the binding holds now, if it still holds the one it held.
+    fn current<'py>(&self, owner: &Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
+        let py = owner.py();
+        let kept =
+            |found: Bound<'py, PyAny>, expected: &Held| expected.is(py, &found).then_some(found);
+        match self {
+            Binding::Attribute { name, expected } => kept(
+                owner
+                    .getattr(name.bind(py).cast::<pyo3::types::PyString>().ok()?)
+                    .ok()?,
+                expected,
+            ),
+            Binding::Vars { name, expected } => kept(entry(&namespace(owner)?, name)?, expected),
+            Binding::VarsLen { len } => (namespace(owner)?.len() == *len).then(|| owner.clone()),
+            Binding::Global { name, expected } => {
+                let globals = field(owner, ffi::PyFunction_GetGlobals)?
+                    .cast_into::<PyDict>()
+                    .ok()?;
+                kept(entry(&globals, name)?, expected)
+            }
+            Binding::GlobalMissing { name } => {
+                let globals = field(owner, ffi::PyFunction_GetGlobals)?
+                    .cast_into::<PyDict>()
+                    .ok()?;
+                entry(&globals, name).is_none().then(|| owner.clone())
+            }
+            Binding::Function {
+                code,
+                defaults,
+                kwdefaults,
+            } => {
+                let code_now = field(owner, ffi::PyFunction_GetCode)?;
+                let defaults_now = or_none(py, field(owner, ffi::PyFunction_GetDefaults));
+                let kwdefaults_now = or_none(py, field(owner, ffi::PyFunction_GetKwDefaults));
+                (code.is(py, &code_now)
+                    && defaults.is(py, &defaults_now)
+                    && kwdefaults.is(py, &kwdefaults_now))
+                .then(|| owner.clone())
+            }
+            Binding::Cell { index, expected } => {
+                let closure = field(owner, ffi::PyFunction_GetClosure)?;
+                let cell = closure.cast::<PyTuple>().ok()?.get_item(*index).ok()?;
+                // SAFETY: `cell` is an item of the function's closure, held here; `PyCell_Get`
+                // answers a new reference, or NULL for an empty cell (an error set, cleared
+                // below, if it is not a cell at all).
+                #[allow(unsafe_code)]
+                let contents =
+                    unsafe { Bound::from_owned_ptr_or_opt(py, ffi::PyCell_Get(cell.as_ptr())) };
+                if contents.is_none() && PyErr::take(py).is_some() {
+                    return None;
+                }
+                match (contents, expected) {
+                    (Some(contents), Some(expected)) => kept(contents, expected),
+                    (None, None) => Some(owner.clone()),
+                    (Some(_), None) | (None, Some(_)) => None,
+                }
+            }
+            Binding::Type { expected } => {
+                let cls = owner.get_type().into_any();
+                kept(cls, expected)
+            }
+            Binding::Item { key, expected } => kept(owner.get_item(key).ok()?, expected),
+        }
+    }
+
+    fn traverse(&self, visit: &pyo3::gc::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        match self {
+            Binding::Attribute { name, expected }
+            | Binding::Vars { name, expected }
+            | Binding::Global { name, expected } => {
+                visit.call(name)?;
+                expected.traverse(visit)
+            }
+            Binding::Item { key, expected } => {
+                visit.call(key)?;
+                expected.traverse(visit)
+            }
+            Binding::GlobalMissing { name } => visit.call(name),
+            Binding::VarsLen { len: _ } => Ok(()),
+            Binding::Function {
+                code,
+                defaults,
+                kwdefaults,
+            } => {
+                code.traverse(visit)?;
+                defaults.traverse(visit)?;
+                kwdefaults.traverse(visit)
+            }
+            Binding::Cell { index: _, expected } => match expected {
+                Some(expected) => expected.traverse(visit),
+                None => Ok(()),
+            },
+            Binding::Type { expected } => expected.traverse(visit),
+        }
+    }
+}
+
+/// A binding from the tuple `soma._fingerprint` wrote: `(kind, key, expected)`, its tail as
+/// its kind needs.
+fn binding_of(binding: &Bound<'_, PyTuple>) -> PyResult<Binding> {
+    let kind: u8 = binding.get_item(0)?.extract()?;
+    let item = |i: usize| binding.get_item(i);
+    let name = || item(1).map(Bound::unbind);
+    let expected = |i: usize| item(i).map(|found| Held::of(&found));
+    Ok(match kind {
+        ATTRIBUTE => Binding::Attribute {
+            name: name()?,
+            expected: expected(2)?,
+        },
+        VARS => Binding::Vars {
+            name: name()?,
+            expected: expected(2)?,
+        },
+        VARS_LEN => Binding::VarsLen {
+            len: item(1)?.extract()?,
+        },
+        GLOBAL => Binding::Global {
+            name: name()?,
+            expected: expected(2)?,
+        },
+        GLOBAL_MISSING => Binding::GlobalMissing { name: name()? },
+        FUNCTION => Binding::Function {
+            code: expected(1)?,
+            defaults: expected(2)?,
+            kwdefaults: expected(3)?,
+        },
+        CELL => Binding::Cell {
+            index: item(1)?.extract()?,
+            expected: Some(expected(2)?),
+        },
+        EMPTY_CELL => Binding::Cell {
+            index: item(1)?.extract()?,
+            expected: None,
+        },
+        TYPE => Binding::Type {
+            expected: expected(1)?,
+        },
+        ITEM => Binding::Item {
+            key: name()?,
+            expected: expected(2)?,
+        },
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "a witness binding of unknown kind {other}"
+            )))
+        }
+    })
+}
+
+impl Witness {
+    /// Appends the objects of the volatile bindings to `out`, parts first; `false` when a
+    /// binding no longer holds what it held.
+    fn collect<'py>(&self, py: Python<'py>, out: &mut Vec<Bound<'py, PyAny>>) -> bool {
+        for part in &self.parts {
+            if !part.get().collect(py, out) {
+                return false;
+            }
+        }
+        for owner in &self.owners {
+            let Some(object) = owner.owner.get(py) else {
+                return false;
+            };
+            for (binding, volatile) in &owner.bindings {
+                let Some(found) = binding.current(&object) else {
+                    return false;
+                };
+                if *volatile {
+                    out.push(found);
+                }
+            }
+        }
+        true
+    }
+}
+
+#[pymethods]
+impl Witness {
+    /// A witness of `owners`, each `(owner, bindings)` with bindings `(kind, ...)` tuples and a
+    /// last item saying whether the binding's object is volatile, and of the witnesses `parts`.
+    #[new]
+    #[pyo3(signature = (owners, parts = Vec::new()))]
+    fn new(owners: &Bound<'_, PyAny>, parts: Vec<Py<Witness>>) -> PyResult<Self> {
+        let owners = owners
+            .try_iter()?
+            .map(|entry| {
+                let entry = entry?;
+                let (owner, bindings): (Bound<'_, PyAny>, Bound<'_, PyAny>) = entry
+                    .extract()
+                    .map_err(|_| PyTypeError::new_err("a witness owner is (owner, bindings)"))?;
+                let bindings = bindings
+                    .try_iter()?
+                    .map(|binding| {
+                        let binding = binding?;
+                        let tuple = binding
+                            .cast::<PyTuple>()
+                            .map_err(|_| PyTypeError::new_err("a witness binding is a tuple"))?;
+                        let last = tuple.len().checked_sub(1).ok_or_else(|| {
+                            PyValueError::new_err("a witness binding is not empty")
+                        })?;
+                        let volatile: bool = tuple.get_item(last)?.extract()?;
+                        Ok((binding_of(&tuple.get_slice(0, last))?, volatile))
+                    })
+                    .collect::<PyResult<Vec<_>>>()?;
+                Ok(Owner {
+                    owner: Held::of(&owner),
+                    bindings,
+                })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok(Witness { parts, owners })
+    }
+
+    /// The objects the volatile bindings hold now, parts first, when every binding still holds
+    /// the object it held when the witness was taken; `None` when one does not.
+    fn current<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyTuple>> {
+        let mut out = Vec::new();
+        if !self.collect(py, &mut out) {
+            return None;
+        }
+        PyTuple::new(py, out).ok()
+    }
+
+    /// How many bindings it checks, its parts' included.
+    fn __len__(&self) -> usize {
+        let own: usize = self.owners.iter().map(|owner| owner.bindings.len()).sum();
+        own + self
+            .parts
+            .iter()
+            .map(|part| part.get().__len__())
+            .sum::<usize>()
+    }
+
+    fn __traverse__(&self, visit: pyo3::gc::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        for part in &self.parts {
+            visit.call(part)?;
+        }
+        for owner in &self.owners {
+            owner.owner.traverse(&visit)?;
+            for (binding, _) in &owner.bindings {
+                binding.traverse(&visit)?;
+            }
+        }
+        Ok(())
+    }
+}
