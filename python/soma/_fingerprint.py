@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import copyreg
+import functools
 import os
 import site
 import struct
@@ -403,6 +404,9 @@ def _feed(root: object, where: str, out: bytearray, busy: frozenset[int]) -> Non
         elif kind is staticmethod or kind is classmethod:
             out += b"y" if kind is staticmethod else b"Y"
             pending.append((value.__func__, f"{where}.__func__"))
+        elif kind is functools.cached_property:  # By its function: its lock is no content.
+            out += b"Q"
+            pending.append((value.func, f"{where}.func"))
         elif kind is property:
             out += b"p"
             for part in ("fdel", "fset", "fget"):

@@ -69,6 +69,7 @@ struct Kinds {
     staticmethod: Py<PyType>,
     classmethod: Py<PyType>,
     property: Py<PyType>,
+    cached_property: Py<PyType>,
     modules: Py<PyDict>,
 }
 
@@ -77,6 +78,7 @@ fn kinds(py: Python<'_>) -> PyResult<&Kinds> {
     KINDS.get_or_try_init(py, || {
         let types = py.import("types")?;
         let builtins = py.import("builtins")?;
+        let functools = py.import("functools")?;
         let of = |module: &Bound<'_, PyModule>, name: &str| -> PyResult<Py<PyType>> {
             Ok(module.getattr(name)?.cast_into::<PyType>()?.unbind())
         };
@@ -96,6 +98,7 @@ fn kinds(py: Python<'_>) -> PyResult<&Kinds> {
             staticmethod: of(&builtins, "staticmethod")?,
             classmethod: of(&builtins, "classmethod")?,
             property: of(&builtins, "property")?,
+            cached_property: of(&functools, "cached_property")?,
             modules: py
                 .import("sys")?
                 .getattr("modules")?
@@ -234,8 +237,9 @@ enum Code {
     Builtin,
     /// A bound method.
     Method,
-    /// A `staticmethod` (`y`) or a `classmethod` (`Y`).
-    Wrapped(u8),
+    /// A `staticmethod` (`y`), a `classmethod` (`Y`) or a `functools.cached_property` (`Q`),
+    /// by the function it wraps, its attribute named here.
+    Wrapped(u8, &'static str),
     Property,
 }
 
@@ -389,9 +393,11 @@ impl<'py> Walk<'py> {
         } else if kind.is(&kinds.method) {
             Some(Code::Method)
         } else if kind.is(&kinds.staticmethod) {
-            Some(Code::Wrapped(b'y'))
+            Some(Code::Wrapped(b'y', "__func__"))
         } else if kind.is(&kinds.classmethod) {
-            Some(Code::Wrapped(b'Y'))
+            Some(Code::Wrapped(b'Y', "__func__"))
+        } else if kind.is(&kinds.cached_property) {
+            Some(Code::Wrapped(b'Q', "func"))
         } else if kind.is(&kinds.property) {
             Some(Code::Property)
         } else {
@@ -477,10 +483,10 @@ impl<'py> Walk<'py> {
                     &[("__func__", false), ("__self__", false)],
                 )?;
             }
-            Code::Wrapped(mark) => {
-                // A staticmethod's or a classmethod's function can be set again.
+            Code::Wrapped(mark, function) => {
+                // What it wraps can be set again; the rest of it (a lock, a name) is no code.
                 self.out.push(mark);
-                self.parts(object, at, names, &[("__func__", true)])?;
+                self.parts(object, at, names, &[(function, true)])?;
             }
             Code::Property => {
                 // A property's parts are fixed when it is made.
