@@ -171,7 +171,7 @@ def test_dataclasses_enums_arrays_and_pickled_objects_are_keyed_by_their_content
     assert digest(decimal.Decimal("1.0")) != digest(decimal.Decimal("1.00"))
     assert digest(fractions.Fraction(1, 3)) != digest(fractions.Fraction(2, 3))
     day = datetime.datetime(2026, 1, 2, 3, 4, 5)
-    assert digest(day) != digest(day.replace(tzinfo=datetime.timezone.utc))
+    assert digest(day) != digest(day.replace(tzinfo=datetime.UTC))
 
 
 def test_an_int_of_any_size_is_keyed_and_a_cached_run_on_one_neither_fails_nor_reports(
