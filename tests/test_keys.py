@@ -631,6 +631,74 @@ def test_a_helper_edited_in_another_module_between_two_processes_runs_the_node_a
     assert run() == "228 []"
 
 
+def test_a_method_moved_down_its_file_with_a_comment_above_keeps_its_key(
+    project: Callable[[], Any], tmp_path: Path
+) -> None:
+    before = fingerprint(project().Uses())
+    moved = _HELPERS_V1.replace("import math\n", "import math\n\n# Helpers.\n\n\n")
+    _write(tmp_path, helpers_here=moved)
+    assert fingerprint(project().Uses()) == before
+
+
+SETTINGS = {"scale": 2}
+
+
+def scaled(x: int) -> int:
+    return x * SETTINGS["scale"]
+
+
+def test_a_module_level_dict_changed_in_place_is_seen_on_the_next_run(cache: soma.Cache) -> None:
+    g = soma.Graph.somatize(Holds(scaled).named("scaled"))
+    assert calls(g, 5, cache) == (10, ["holds"])
+    SETTINGS["scale"] = 3
+    try:
+        assert calls(g, 5, cache) == (15, ["holds"])
+    finally:
+        SETTINGS["scale"] = 2
+    assert calls(g, 5, cache) == (10, [])
+
+
+_LOCKED = """
+import threading
+import soma
+
+LOCK = threading.Lock()
+
+
+class Guard(soma.Node):
+    def forward(self, x):
+        with LOCK:
+            return x + 1
+"""
+
+
+def test_what_its_code_reads_with_no_key_runs_the_node_uncached_naming_the_path_to_it(
+    tmp_path: Path, cache: soma.Cache
+) -> None:
+    _write(tmp_path, locked_nodes=_LOCKED)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        nodes = importlib.import_module("locked_nodes")
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("locked_nodes", None)
+    g = soma.Graph.somatize(nodes.Guard())
+    where = "locked_nodes.Guard.forward > locked_nodes.LOCK"
+    with pytest.warns(soma.CacheWarning, match=f"node `guard` runs uncached: .*`{where}`"):
+        assert g.forward(1, cache=cache) == 2
+
+
+def test_a_class_made_by_exec_from_a_file_of_the_users_is_the_users_whatever_its_module() -> None:
+    # As a docs runner or `python -m` makes it: `__name__` is a library module's.
+    def made(body: str) -> object:
+        scope: dict[str, Any] = {"soma": soma, "__name__": "json"}
+        source = f"class Typed(soma.Node):\n    def forward(self, x):\n        return {body}"
+        exec(compile(source, __file__, "exec"), scope)
+        return scope["Typed"]()
+
+    assert fingerprint(made("x + 1")) != fingerprint(made("x + 2"))
+
+
 # ---------------------------------------------------------------------------------------------
 # What a key does not cover
 
@@ -663,6 +731,22 @@ def test_a_name_looked_up_by_a_string_built_at_run_time_is_not_followed() -> Non
         assert fingerprint(node) == before
     finally:
         SHIFT = 1
+
+
+class Opens(soma.Node):
+    def forward(self, path: str) -> str:
+        return Path(path).read_text()
+
+
+def test_a_file_a_node_opens_by_its_path_is_not_in_its_key(
+    tmp_path: Path, cache: soma.Cache
+) -> None:
+    data = tmp_path / "data.txt"
+    data.write_text("old")
+    g = soma.Graph.somatize(Opens())
+    assert g.forward(str(data), cache=cache) == "old"
+    data.write_text("new")
+    assert g.forward(str(data), cache=cache) == "old"  # What the guide says it does not cover.
 
 
 LOG: list[str] = []

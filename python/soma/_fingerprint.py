@@ -203,19 +203,21 @@ def _users_class(cls: type) -> bool:
         return known
     files = set()
     for member in vars(cls).values():
-        for function in (getattr(member, "__func__", member), getattr(member, "fget", None)):
-            code = getattr(function, "__code__", None)
-            if isinstance(code, types.CodeType):
-                files.add(code.co_filename)
+        function = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
+        function = member.fget if isinstance(member, property) else function
+        if isinstance(function, types.FunctionType):
+            files.add(function.__code__.co_filename)
     name = cls.__module__
     module = sys.modules.get(name) if isinstance(name, str) else None
     filename = getattr(module, "__file__", None)
-    if isinstance(filename, str) and _users_file(filename):
+    if any(_users_file(f) and not f.startswith("<") for f in files):
+        known = True  # A method written in a file of the user's, whatever its module says.
+    elif isinstance(filename, str) and _users_file(filename):
         known = True
     elif isinstance(filename, str):
         # A library's module: the library's, unless every method was compiled by `exec` (a
-        # class made in a namespace that borrowed the module's name).
-        known = bool(files) and all(_users_file(f) and f.startswith("<") for f in files)
+        # class made in a namespace that borrowed the module's name, as `__main__`).
+        known = bool(files) and all(_users_file(f) for f in files)
     elif files:  # No file to tell by: its methods say.
         known = any(_users_file(f) for f in files)
     else:  # No method either: made by running Python code (`exec`), or written in C.
