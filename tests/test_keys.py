@@ -658,6 +658,27 @@ def test_a_module_level_dict_changed_in_place_is_seen_on_the_next_run(cache: som
     assert calls(g, 5, cache) == (10, [])
 
 
+model = [1.0, 2.0]  # A module-level name a node's attribute shares, which it never reads.
+
+
+class Weighs(soma.Node):
+    def __init__(self) -> None:
+        self.model = 3.0
+
+    def forward(self, x: float) -> float:
+        return x * self.model
+
+
+def test_an_attribute_of_the_same_name_as_a_global_does_not_make_the_key_read_the_global() -> None:
+    node = Weighs()
+    before = fingerprint(node)
+    model.append(3.0)
+    try:
+        assert fingerprint(node) == before
+    finally:
+        model.pop()
+
+
 _LOCKED = """
 import threading
 import soma

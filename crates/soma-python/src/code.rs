@@ -11,6 +11,13 @@
 //! The encoding is prefix-free (a tag per constant's kind, every length before what it counts)
 //! and reads nothing that differs between processes: a frozenset constant (`x in {"a", "b"}`)
 //! is fed in the order of its members' digests, not in its hash order.
+//!
+//! [`reads_of`] says which names a code object looks up as globals, as attributes and as
+//! imports, from its instructions: what a key follows from a function (`crate::reach`). Read
+//! from the bytecode, not from `co_names` (which mixes globals and attribute names), so that
+//! `self.model` does not make a key read a module-level `model` it never uses.
+
+use std::collections::HashSet;
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::intern;
@@ -245,4 +252,149 @@ fn digest_of_code(code: &Bound<'_, PyAny>) -> PyResult<[u8; 32]> {
     let mut hasher = blake3::Hasher::new_derive_key(CODE_CONTEXT);
     hasher.update(&out);
     Ok(*hasher.finalize().as_bytes())
+}
+
+/// The opcodes [`reads_of`] reads, as this interpreter numbers them, and how each packs the
+/// index of its name in `co_names` into its argument (shifted right by so many bits).
+struct Opcodes {
+    extended_arg: u8,
+    /// `LOAD_GLOBAL`, `STORE_GLOBAL`, `DELETE_GLOBAL`, `LOAD_NAME`,
+    /// `LOAD_FROM_DICT_OR_GLOBALS`: a global, with its shift.
+    globals: Vec<(u8, u32)>,
+    /// `LOAD_ATTR`, `LOAD_METHOD`, `STORE_ATTR`, `LOAD_SUPER_ATTR`, `IMPORT_FROM`: an
+    /// attribute.
+    attributes: Vec<(u8, u32)>,
+    /// `IMPORT_NAME`: a module.
+    import: u8,
+}
+
+fn opcodes(py: Python<'_>) -> PyResult<&Opcodes> {
+    static OPCODES: PyOnceLock<Opcodes> = PyOnceLock::new();
+    OPCODES.get_or_try_init(py, || {
+        let opmap = py
+            .import("opcode")?
+            .getattr("opmap")?
+            .cast_into::<PyDict>()?;
+        let minor: u32 = py
+            .import("sys")?
+            .getattr("version_info")?
+            .getattr("minor")?
+            .extract()?;
+        let code = |name: &str| -> PyResult<Option<u8>> {
+            opmap
+                .get_item(name)?
+                .map(|found| found.extract::<u8>())
+                .transpose()
+        };
+        let with = |names: &[(&str, u32)]| -> PyResult<Vec<(u8, u32)>> {
+            let mut found = Vec::new();
+            for &(name, shift) in names {
+                if let Some(op) = code(name)? {
+                    found.push((op, shift));
+                }
+            }
+            Ok(found)
+        };
+        // 3.11 packs a flag into `LOAD_GLOBAL`'s lowest bit, 3.12 into `LOAD_ATTR`'s too.
+        let attribute_shift = u32::from(minor >= 12);
+        Ok(Opcodes {
+            extended_arg: code("EXTENDED_ARG")?.unwrap_or(144),
+            globals: with(&[
+                ("LOAD_GLOBAL", 1),
+                ("STORE_GLOBAL", 0),
+                ("DELETE_GLOBAL", 0),
+                ("LOAD_NAME", 0),
+                ("LOAD_FROM_DICT_OR_GLOBALS", 0),
+            ])?,
+            attributes: with(&[
+                ("LOAD_ATTR", attribute_shift),
+                ("LOAD_METHOD", 0),
+                ("STORE_ATTR", 0),
+                ("LOAD_SUPER_ATTR", 2),
+                ("IMPORT_FROM", 0),
+            ])?,
+            import: code("IMPORT_NAME")?.unwrap_or(108),
+        })
+    })
+}
+
+/// How an instruction looks a name up.
+#[derive(Clone, Copy)]
+enum Lookup {
+    Global,
+    Attribute,
+    Import,
+}
+
+/// The names a code object, and the code nested in it (comprehensions, lambdas, inner
+/// functions), looks up: each once, in the order first met.
+pub(crate) struct Reads<'py> {
+    /// Read (or written) as globals: `helper(x)`, `THRESHOLD`.
+    pub(crate) globals: Vec<Bound<'py, PyString>>,
+    /// Read as attributes: `helpers.scale`, `self.k`; a module of the user's the code reads is
+    /// followed by these.
+    pub(crate) attributes: Vec<Bound<'py, PyString>>,
+    /// Imported in its body: `import helpers`.
+    pub(crate) imports: Vec<Bound<'py, PyString>>,
+}
+
+/// What `code` and the code nested in it look up, read from its instructions.
+///
+/// # Errors
+/// What reading a code object's attributes raised.
+pub(crate) fn reads_of<'py>(code: &Bound<'py, PyAny>) -> PyResult<Reads<'py>> {
+    let py = code.py();
+    let ops = opcodes(py)?;
+    let mut reads = Reads {
+        globals: Vec::new(),
+        attributes: Vec::new(),
+        imports: Vec::new(),
+    };
+    let mut seen: [HashSet<String>; 3] = Default::default();
+    let mut pending = vec![code.clone()];
+    while let Some(part) = pending.pop() {
+        let names = part.getattr(intern!(py, "co_names"))?;
+        let names = names.cast::<PyTuple>()?;
+        let instructions = part.getattr(intern!(py, "co_code"))?;
+        let instructions = instructions.cast::<PyBytes>()?.as_bytes();
+        let mut extended: u32 = 0;
+        for unit in instructions.chunks_exact(2) {
+            let (op, arg) = (unit[0], u32::from(unit[1]) | extended);
+            if op == ops.extended_arg {
+                extended = arg << 8;
+                continue;
+            }
+            extended = 0;
+            let (lookup, shift) = if op == ops.import {
+                (Lookup::Import, 0)
+            } else if let Some(&(_, shift)) = ops.globals.iter().find(|&&(g, _)| g == op) {
+                (Lookup::Global, shift)
+            } else if let Some(&(_, shift)) = ops.attributes.iter().find(|&&(a, _)| a == op) {
+                (Lookup::Attribute, shift)
+            } else {
+                continue;
+            };
+            let Ok(name) = names.get_item((arg >> shift) as usize) else {
+                continue;
+            };
+            let name = name.cast_into::<PyString>()?;
+            let (seen, found) = match lookup {
+                Lookup::Global => (&mut seen[0], &mut reads.globals),
+                Lookup::Attribute => (&mut seen[1], &mut reads.attributes),
+                Lookup::Import => (&mut seen[2], &mut reads.imports),
+            };
+            // By text: two equal names in two code objects may be two string objects.
+            if seen.insert(name.to_str()?.to_owned()) {
+                found.push(name);
+            }
+        }
+        let constants = part.getattr(intern!(py, "co_consts"))?;
+        let constants = constants.cast::<PyTuple>()?;
+        let nested: Vec<_> = constants
+            .iter()
+            .filter(PyAnyMethods::is_exact_instance_of::<PyCode>)
+            .collect();
+        pending.extend(nested.into_iter().rev());
+    }
+    Ok(reads)
 }

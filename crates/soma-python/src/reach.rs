@@ -8,10 +8,10 @@
 //! - a **class** of the user's: its metaclass, its bases, and each attribute of its own
 //!   (methods, properties, class attributes), the few named in [`CLASS_SKIP`] aside;
 //! - a **function** of the user's: its compiled code ([`crate::code`]), its defaults and keyword
-//!   defaults, its closure's cells, its attributes, and every name its code looks up: a global
-//!   of its module (followed), a builtin (which a later global of that name would shadow), a
-//!   module it imports in its body;
-//! - a **module** of the user's: the attributes of it that the code reading it names
+//!   defaults, its closure's cells, its attributes, and each name its instructions look up as a
+//!   global (a global of its module, followed; a builtin, which a later global of that name
+//!   would shadow) or import (a module it imports in its body);
+//! - a **module** of the user's: its attributes that the code reading it looks up as attributes
 //!   (`helpers.scale`), followed in turn; a bound method: its function and its object;
 //! - what is not the user's — a class, a function or a module of an installed library or of
 //!   Python itself — by its name only.
@@ -38,7 +38,7 @@ use pyo3::types::{
     PyString, PyTuple, PyType,
 };
 
-use crate::code::{code_digest, feed_constant};
+use crate::code::{code_digest, feed_constant, reads_of, Reads};
 use crate::witness::{Binding, Held, Owner, Witness};
 
 /// Attributes of a class that are not its code's: its layout's descriptors, names its digest
@@ -211,8 +211,8 @@ impl Read<'_> {
     }
 }
 
-/// The names a function's code looks up, shared by what it reads (a module of the user's it
-/// reads is followed by these names).
+/// The attribute names a function's code looks up, shared by what it reads: a module of the
+/// user's it reads is followed by these names.
 type Names<'py> = Rc<Vec<Bound<'py, PyString>>>;
 
 /// One object to feed: read through `read` of `owner`, at `place`, by code that looks up
@@ -534,7 +534,12 @@ impl<'py> Walk<'py> {
             kwdefaults: Held::of(&kwdefaults),
         };
         self.bind(function, fixed, None);
-        let names: Names<'py> = Rc::new(global_names(&code)?);
+        let Reads {
+            globals,
+            attributes,
+            imports,
+        } = reads_of(&code)?;
+        let names: Names<'py> = Rc::new(attributes);
         let mut items: Vec<Item<'py>> = Vec::with_capacity(16);
         // Its defaults and keyword defaults, whose identity the binding above checks.
         for (attribute, value) in [("__defaults__", defaults), ("__kwdefaults__", kwdefaults)] {
@@ -553,7 +558,7 @@ impl<'py> Walk<'py> {
             self.bind(function, Binding::VarsLen { len: 0 }, None);
             items.push(Item::Mark(b'-'));
         }
-        self.globals(function, at, &names, &mut items)?;
+        self.globals(function, at, &names, &globals, &imports, &mut items)?;
         self.pending.extend(items.into_iter().rev());
         Ok(())
     }
@@ -608,13 +613,15 @@ impl<'py> Walk<'py> {
         Ok(())
     }
 
-    /// Appends to `items` what each of `names` is in `function`'s globals: a global of its
-    /// module, a module imported in its body; a builtin is recorded to stay unshadowed.
+    /// Appends to `items` what each of `globals` is in `function`'s module (a builtin is
+    /// recorded to stay unshadowed), and each module of `imports` it imports in its body.
     fn globals(
         &mut self,
         function: &Bound<'py, PyAny>,
         at: &Rc<Place<'py>>,
         names: &Names<'py>,
+        globals: &[Bound<'py, PyString>],
+        imports: &[Bound<'py, PyString>],
         items: &mut Vec<Item<'py>>,
     ) -> PyResult<()> {
         let py = self.py;
@@ -627,7 +634,7 @@ impl<'py> Walk<'py> {
         let module = module.map(|name| name.to_string()).unwrap_or_default();
         let modules = self.kinds.modules.bind(py);
         let mut read = Vec::new();
-        for name in names.iter() {
+        for name in globals {
             if let Some(found) = namespace.get_item(name)? {
                 let global = PlaceName::Text(format!("{module}.{}", name.to_string_lossy()));
                 let here = place(at, " > ", global);
@@ -641,16 +648,17 @@ impl<'py> Walk<'py> {
                     name: name.clone().into_any().unbind(),
                 };
                 self.bind(function, missing, None);
-            } else if let Some(found) = modules.get_item(name)? {
-                if found.is_instance_of::<PyModule>() {
-                    // Imported inside the function (`import helpers` in its body).
-                    let here = place(at, " > ", PlaceName::Name(name.clone()));
-                    let by = Read::Item(name.clone());
-                    read.push((
-                        Item::Named(b'I', name.clone()),
-                        read_by(modules.as_any(), names, found, here, by, true),
-                    ));
-                }
+            }
+        }
+        for name in imports {
+            if let Some(found) = modules.get_item(name)? {
+                // Imported inside the function (`import helpers` in its body).
+                let here = place(at, " > ", PlaceName::Name(name.clone()));
+                let by = Read::Item(name.clone());
+                read.push((
+                    Item::Named(b'I', name.clone()),
+                    read_by(modules.as_any(), names, found, here, by, true),
+                ));
             }
         }
         items.push(Item::Count(read.len()));
@@ -709,6 +717,17 @@ impl<'py> Walk<'py> {
                 kept.push((name, attribute));
             }
         }
+        // By name: the order a class's attributes were set in is the order of the statements
+        // that made it, which a class pickled by value and made again elsewhere does not keep.
+        let mut sorted = Vec::with_capacity(kept.len());
+        for (name, attribute) in kept {
+            sorted.push((name.to_str()?.to_owned(), name, attribute));
+        }
+        sorted.sort_by(|a, b| a.0.cmp(&b.0));
+        let kept: Vec<_> = sorted
+            .into_iter()
+            .map(|(_, name, attribute)| (name, attribute))
+            .collect();
         items.push(Item::Count(kept.len()));
         for (name, attribute) in kept {
             items.push(Item::Named(b'.', name.clone()));
@@ -770,33 +789,6 @@ impl<'py> Walk<'py> {
         self.pending.extend(items.into_iter().rev());
         Ok(())
     }
-}
-
-/// Every name `code` and the code nested in it (comprehensions, lambdas, inner functions)
-/// looks up — as a global, an attribute or an import — once each, in order: a superset of the
-/// globals it reads, which is what makes a digest of its reach sound.
-fn global_names<'py>(code: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyString>>> {
-    let py = code.py();
-    let mut seen = HashSet::new();
-    let mut found = Vec::new();
-    let mut pending = vec![code.clone()];
-    while let Some(part) = pending.pop() {
-        for name in part.getattr(intern!(py, "co_names"))?.cast::<PyTuple>()? {
-            let name = name.cast_into::<PyString>()?;
-            // By text: two equal names in two code objects may be two string objects.
-            if seen.insert(name.to_str()?.to_owned()) {
-                found.push(name);
-            }
-        }
-        let constants = part.getattr(intern!(py, "co_consts"))?;
-        let constants = constants.cast::<PyTuple>()?;
-        let nested: Vec<_> = constants
-            .iter()
-            .filter(PyAnyMethods::is_exact_instance_of::<PyCode>)
-            .collect();
-        pending.extend(nested.into_iter().rev());
-    }
-    Ok(found)
 }
 
 /// The digest of what the class or function `root` reaches, the witness of the bindings it was
