@@ -350,7 +350,9 @@ pub(crate) fn reads_of<'py>(code: &Bound<'py, PyAny>) -> PyResult<Reads<'py>> {
         attributes: Vec::new(),
         imports: Vec::new(),
     };
-    let mut seen: [HashSet<String>; 3] = Default::default();
+    // By the string object: a code object's names are interned when it is made, so one name
+    // is one object (and were it two, it would be two the same way in every process).
+    let mut seen: [HashSet<usize>; 3] = Default::default();
     let mut pending = vec![code.clone()];
     while let Some(part) = pending.pop() {
         let names = part.getattr(intern!(py, "co_names"))?;
@@ -383,8 +385,7 @@ pub(crate) fn reads_of<'py>(code: &Bound<'py, PyAny>) -> PyResult<Reads<'py>> {
                 Lookup::Attribute => (&mut seen[1], &mut reads.attributes),
                 Lookup::Import => (&mut seen[2], &mut reads.imports),
             };
-            // By text: two equal names in two code objects may be two string objects.
-            if seen.insert(name.to_str()?.to_owned()) {
+            if seen.insert(name.as_ptr() as usize) {
                 found.push(name);
             }
         }

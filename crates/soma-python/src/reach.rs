@@ -27,6 +27,7 @@
 //! is not registered, are asked of Python's `users(object)`.
 
 use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
 
 use pyo3::exceptions::PyTypeError;
@@ -60,6 +61,35 @@ const CLASS_SKIP: [&str; 13] = [
     "__firstlineno__",
     "__static_attributes__",
 ];
+
+/// A hash of object addresses: they are spread already, and SipHash's defence against keys
+/// chosen by an attacker buys nothing here, where the keys are this process's own pointers.
+#[derive(Default)]
+struct ByAddress(u64);
+
+impl Hasher for ByAddress {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.write_u64(u64::from(byte));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+}
+
+/// A map or set keyed by object addresses.
+type ByAddressMap<K, V> = HashMap<K, V, BuildHasherDefault<ByAddress>>;
+type ByAddressSet<K> = HashSet<K, BuildHasherDefault<ByAddress>>;
 
 /// The types the walk tells apart, and `sys.modules`, looked up once.
 struct Kinds {
@@ -121,6 +151,10 @@ enum PlaceName<'py> {
     Static(&'static str),
     Name(Bound<'py, PyString>),
     Text(String),
+    /// A closure cell, by its variable's name: `<k>`.
+    Cell(Bound<'py, PyString>),
+    /// A module's global: `helpers.SCALE`.
+    Global(Rc<str>, Bound<'py, PyString>),
 }
 
 impl Place<'_> {
@@ -140,6 +174,16 @@ impl Place<'_> {
                 PlaceName::Static(name) => out.push_str(name),
                 PlaceName::Name(name) => out.push_str(&name.to_string_lossy()),
                 PlaceName::Text(name) => out.push_str(name),
+                PlaceName::Cell(name) => {
+                    out.push('<');
+                    out.push_str(&name.to_string_lossy());
+                    out.push('>');
+                }
+                PlaceName::Global(module, name) => {
+                    out.push_str(module);
+                    out.push('.');
+                    out.push_str(&name.to_string_lossy());
+                }
             }
         }
         out
@@ -267,10 +311,10 @@ struct Walk<'py> {
     out: Vec<u8>,
     /// Each owner, its bindings, and the places of its volatile ones, in order.
     owners: Vec<Owned<'py>>,
-    owner_at: HashMap<usize, usize>,
-    seen: HashMap<usize, usize>,
+    owner_at: ByAddressMap<usize, usize>,
+    seen: ByAddressMap<usize, usize>,
     held: Vec<Bound<'py, PyAny>>,
-    modules: HashSet<(usize, usize)>,
+    modules: ByAddressSet<(usize, usize)>,
     pending: Vec<Item<'py>>,
 }
 
@@ -321,19 +365,35 @@ fn unchangeable(object: &Bound<'_, PyAny>) -> bool {
 
 /// `module.qualname` of a class or a function, as its attributes say.
 fn qualified(object: &Bound<'_, PyAny>) -> String {
+    let mut out = Vec::new();
+    feed_qualified(&mut out, object);
+    String::from_utf8_lossy(&out[9..]).into_owned()
+}
+
+/// Feeds `tag`-less `module.qualname` of `object` as text (its length first), read in place.
+fn feed_qualified<'py>(out: &mut Vec<u8>, object: &Bound<'py, PyAny>) {
     let py = object.py();
-    let part = |name: &Bound<'_, PyString>| {
+    let part = |name: &Bound<'py, PyString>| -> Option<Bound<'py, PyString>> {
         object
             .getattr(name)
             .ok()
             .and_then(|found| found.cast_into::<PyString>().ok())
-            .map(|found| found.to_string_lossy().into_owned())
     };
-    let name = part(intern!(py, "__qualname__"))
-        .or_else(|| part(intern!(py, "__name__")))
-        .unwrap_or_default();
-    let module = part(intern!(py, "__module__")).unwrap_or_default();
-    format!("{module}.{name}")
+    let name = part(intern!(py, "__qualname__")).or_else(|| part(intern!(py, "__name__")));
+    let module = part(intern!(py, "__module__"));
+    let text = |found: &Option<Bound<'_, PyString>>| {
+        found
+            .as_ref()
+            .and_then(|found| found.to_str().ok().map(str::as_bytes))
+            .unwrap_or_default()
+            .to_vec()
+    };
+    let (name, module) = (text(&name), text(&module));
+    out.push(b'q');
+    length(out, module.len() + 1 + name.len());
+    out.extend_from_slice(&module);
+    out.push(b'.');
+    out.extend_from_slice(&name);
 }
 
 impl<'py> Walk<'py> {
@@ -458,12 +518,19 @@ impl<'py> Walk<'py> {
     ) -> PyResult<()> {
         match code {
             Code::Function if self.users(object)? => self.function(object, at)?,
-            Code::Function => text(&mut self.out, b'l', qualified(object).as_bytes()),
+            Code::Function => {
+                self.out.push(b'l');
+                feed_qualified(&mut self.out, object);
+            }
             Code::Class if self.users(object)? => self.class(object.cast::<PyType>()?, at)?,
-            Code::Class => text(&mut self.out, b'c', qualified(object).as_bytes()),
+            Code::Class => {
+                self.out.push(b'c');
+                feed_qualified(&mut self.out, object);
+            }
             Code::Module => self.module(object, names, at)?,
             Code::Builtin => {
-                text(&mut self.out, b'h', qualified(object).as_bytes());
+                self.out.push(b'h');
+                feed_qualified(&mut self.out, object);
                 let bound = object.getattr(intern!(self.py, "__self__")).ok();
                 match bound {
                     Some(bound) if !bound.is_none() && !bound.is_instance_of::<PyModule>() => {
@@ -524,7 +591,8 @@ impl<'py> Walk<'py> {
     fn function(&mut self, function: &Bound<'py, PyAny>, at: &Rc<Place<'py>>) -> PyResult<()> {
         let py = self.py;
         let code = function.getattr(intern!(py, "__code__"))?;
-        text(&mut self.out, b'W', qualified(function).as_bytes());
+        self.out.push(b'W');
+        feed_qualified(&mut self.out, function);
         self.out.extend_from_slice(&code_digest(&code)?);
         let defaults = function.getattr(intern!(py, "__defaults__"))?;
         let kwdefaults = function.getattr(intern!(py, "__kwdefaults__"))?;
@@ -595,9 +663,9 @@ impl<'py> Walk<'py> {
                 items.push(Item::Mark(b'E'));
                 continue;
             };
-            let name = match freevars.get_item(index) {
-                Ok(name) => PlaceName::Text(format!("<{name}>")),
-                Err(_) => PlaceName::Static("<cell>"),
+            let name = match freevars.get_item(index).map(Bound::cast_into::<PyString>) {
+                Ok(Ok(name)) => PlaceName::Cell(name),
+                Ok(Err(_)) | Err(_) => PlaceName::Static("<cell>"),
             };
             let here = place(at, ".", name);
             items.push(Item::Mark(b'L'));
@@ -631,12 +699,12 @@ impl<'py> Walk<'py> {
         let available = function.getattr(intern!(py, "__builtins__"))?;
         let available = available.cast::<PyDict>().ok();
         let module = namespace.get_item(intern!(py, "__name__"))?;
-        let module = module.map(|name| name.to_string()).unwrap_or_default();
+        let module: Rc<str> = module.map(|name| name.to_string()).unwrap_or_default().into();
         let modules = self.kinds.modules.bind(py);
         let mut read = Vec::new();
         for name in globals {
             if let Some(found) = namespace.get_item(name)? {
-                let global = PlaceName::Text(format!("{module}.{}", name.to_string_lossy()));
+                let global = PlaceName::Global(Rc::clone(&module), name.clone());
                 let here = place(at, " > ", global);
                 let by = Read::Global(name.clone());
                 read.push((
@@ -672,7 +740,8 @@ impl<'py> Walk<'py> {
     fn class(&mut self, cls: &Bound<'py, PyType>, at: &Rc<Place<'py>>) -> PyResult<()> {
         let py = self.py;
         let object = cls.as_any();
-        text(&mut self.out, b'K', qualified(object).as_bytes());
+        self.out.push(b'K');
+        feed_qualified(&mut self.out, object);
         let bases = object.getattr(intern!(py, "__bases__"))?;
         let fixed = Binding::Attribute {
             name: intern!(py, "__bases__").clone().into_any().unbind(),
@@ -823,10 +892,10 @@ pub fn reach<'py>(
         users_file: users_file.clone(),
         out: Vec::with_capacity(2048),
         owners: Vec::new(),
-        owner_at: HashMap::new(),
-        seen: HashMap::new(),
+        owner_at: ByAddressMap::default(),
+        seen: ByAddressMap::default(),
         held: Vec::new(),
-        modules: HashSet::new(),
+        modules: ByAddressSet::default(),
         pending: Vec::new(),
     };
     walk.pending.push(Item::Visit(Visit {
