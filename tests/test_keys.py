@@ -17,6 +17,7 @@ import enum
 import fractions
 import functools
 import importlib
+import logging
 import pickle
 import struct
 import subprocess
@@ -265,6 +266,39 @@ def test_an_object_is_keyed_by_what_pickle_keeps_of_it() -> None:
     assert digest(recipe) == before
     recipe.steps.append("salt")
     assert digest(recipe) != before
+
+
+class Reading:
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def shown(self) -> str:
+        return f"{self.value:.1f}"
+
+
+class Reads(soma.Node):
+    def forward(self, x: float) -> Reading:
+        return Reading(x)
+
+
+class Shows(soma.Node):
+    def forward(self, reading: Reading) -> str:
+        CALLS.append("shows")
+        return reading.shown()  # A method of its input's class: no name its own code reaches.
+
+
+def test_a_value_of_a_class_of_the_users_is_keyed_by_its_class_code_so_its_reader_sees_an_edit(
+    cache: soma.Cache,
+) -> None:
+    g = soma.Graph.somatize(Reads() >> Shows())
+    assert calls(g, 2.0, cache) == ("2.0", ["shows"])
+    original = Reading.shown
+    Reading.shown = lambda self: f"{self.value:.3f}"  # type: ignore[method-assign]
+    try:
+        assert calls(g, 2.0, cache) == ("2.000", ["shows"])
+    finally:
+        Reading.shown = original  # type: ignore[method-assign]
+    assert calls(g, 2.0, cache) == ("2.0", [])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -743,15 +777,36 @@ class ByString(soma.Node):
         return x + getattr(sys.modules[__name__], "SH" + "IFT")  # type: ignore[no-any-return]
 
 
-def test_a_name_looked_up_by_a_string_built_at_run_time_is_not_followed() -> None:
+class ByGlobals(soma.Node):
+    def forward(self, x: int) -> int:
+        return x + globals()["SH" + "IFT"]  # type: ignore[no-any-return]
+
+
+class ByImport(soma.Node):
+    def __init__(self, module: str) -> None:
+        self.module = module
+
+    def forward(self, text: str) -> str:
+        return importlib.import_module(self.module).dedent(text)  # type: ignore[no-any-return]
+
+
+def test_a_name_looked_up_by_a_string_built_at_run_time_is_not_followed(
+    project: Callable[[], Any], tmp_path: Path
+) -> None:
     global SHIFT
-    node = ByString()
-    before = fingerprint(node)
+    nodes = [ByString(), ByGlobals()]
+    before = [fingerprint(node) for node in nodes]
     SHIFT = 2
     try:
-        assert fingerprint(node) == before
+        assert [fingerprint(node) for node in nodes] == before
     finally:
         SHIFT = 1
+    project()
+    imports = ByImport("helpers_here")
+    before_import = fingerprint(imports)
+    _write(tmp_path, helpers_here=_HELPERS_V1 + "\n\ndef dedent(text):\n    return text\n")
+    project()
+    assert fingerprint(imports) == before_import
 
 
 class Opens(soma.Node):
@@ -786,6 +841,24 @@ def test_a_module_level_list_a_node_appends_to_is_read_as_part_of_its_key() -> N
     assert fingerprint(node) != before
     LOG.clear()
     assert fingerprint(node) == before
+
+
+LOGGER = logging.getLogger("soma.tests.keys")
+
+
+class LogsWell(soma.Node):
+    def forward(self, x: int) -> int:
+        LOGGER.info("called on %s", x)
+        CALLS.append("logs")
+        return x
+
+
+def test_a_node_that_logs_with_logging_or_into_a_record_pickled_empty_keeps_its_key(
+    cache: soma.Cache,
+) -> None:
+    g = soma.Graph.somatize(LogsWell())
+    assert calls(g, 1, cache) == (1, ["logs"])
+    assert calls(g, 1, cache) == (1, [])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -932,11 +1005,12 @@ def _frames() -> st.SearchStrategy[Spec]:
         columns = tuple(draw(st.lists(st.sampled_from("abc"), min_size=1, max_size=3, unique=True)))
         rows = draw(st.integers(0, 3))
         floats = draw(st.booleans())
-        values = tuple(
-            tuple(draw(st.lists(st.integers(-5, 5), min_size=rows, max_size=rows))) for _ in columns
-        )
+        cells = st.lists(st.integers(-5, 5), min_size=rows, max_size=rows)
+        values = []
+        for _ in columns:
+            values.append(tuple(draw(cells)))
         index = tuple(draw(st.lists(st.integers(0, 9), min_size=rows, max_size=rows)))
-        return ("frame", columns, floats, values, index)
+        return ("frame", columns, floats, tuple(values), index)
 
     @st.composite
     def series(draw: st.DrawFn) -> Spec:
@@ -963,7 +1037,10 @@ def specs() -> st.SearchStrategy[Spec]:
         @st.composite
         def pairs(draw: st.DrawFn) -> tuple[tuple[str, Spec], ...]:
             names = draw(st.lists(keys, max_size=3, unique=True))
-            return tuple((name, draw(children)) for name in names)
+            drawn = []
+            for name in names:
+                drawn.append((name, draw(children)))
+            return tuple(drawn)
 
         mapping = pairs()
         return st.one_of(

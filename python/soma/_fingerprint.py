@@ -11,14 +11,15 @@ an ``OrderedDict``, a dataclass, a pandas frame — by what pickle would keep of
 (``__reduce_ex__``), beside its class. What pickle refuses (a lock, a generator, an open file)
 raises :class:`Unkeyable`, naming where it was found: no key is better than a guess.
 
-**Code** is keyed where it can be read: a function by its compiled code (constants included,
-line numbers not, so moving a function does not rerun it), its defaults, its closure's cells,
-and everything it reaches by name — the functions and classes of the user's own modules
-(transitively: a helper's helpers), the module-level values it reads, a module's attributes it
-names (``helpers.scale``) — but not the code of installed libraries, which is keyed by name. A
-class by its bases, its methods and its attributes, wherever it was defined (a file, a notebook,
-``exec``). A node's fingerprint is its class's digest and its state's (``__dict__``,
-``__slots__``).
+**Code** is keyed where it can be read, by ``soma._soma.reach``: a function by its compiled code
+(constants included, line numbers not, so moving a function does not rerun it), its defaults,
+its closure's cells, and what its instructions look up by name — the functions and classes of
+the user's own modules (transitively: a helper's helpers), the module-level values it reads, a
+module's attributes it reads (``helpers.scale``) — but not the code of installed libraries,
+which is keyed by name. A class by its bases, its methods and its attributes, wherever it was
+defined (a file, a notebook, ``exec``); a value of a class of the user's by that class's digest
+too, so that what reads it runs again when a method it may call is edited. A node's
+fingerprint is its class's digest and its state's (``__dict__``, ``__slots__``).
 
 **Remembered, with a witness.** Reading a node's whole reach again on every run would cost tens
 of microseconds a node. A class's digest, a function's, and a node's whose attributes cannot
@@ -180,11 +181,14 @@ def _users_file(filename: str) -> bool:
 
 def _users_module(module: types.ModuleType) -> bool:
     filename = getattr(module, "__file__", None)
-    if not isinstance(filename, str):
-        # A module with no file: built into the interpreter, or made by the user (a notebook's
-        # `__main__`, `types.ModuleType("cell")`).
-        return module.__name__ not in sys.builtin_module_names and module.__name__ != "builtins"
-    return _users_file(filename)
+    if isinstance(filename, str):
+        return _users_file(filename)
+    folders = getattr(module, "__path__", None)  # A namespace package: by where it lies.
+    if folders is not None:
+        return all(_users_file(os.path.join(folder, "")) for folder in folders)
+    # A module with no file: built into the interpreter, or made by the user (a notebook's
+    # `__main__`, `types.ModuleType("cell")`).
+    return module.__name__ not in sys.builtin_module_names and module.__name__ != "builtins"
 
 
 # By class: whether it is the user's (a class never moves from one module to another).
