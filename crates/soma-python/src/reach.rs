@@ -62,7 +62,7 @@ const CLASS_SKIP: [&str; 13] = [
     "__static_attributes__",
 ];
 
-/// A hash of object addresses: they are spread already, and SipHash's defence against keys
+/// A hash of object addresses: they are spread already, and `SipHash`'s defence against keys
 /// chosen by an attacker buys nothing here, where the keys are this process's own pointers.
 #[derive(Default)]
 struct ByAddress(u64);
@@ -232,7 +232,7 @@ impl Read<'_> {
         let expected = Held::of(found);
         match self {
             Read::Attribute(name) => Binding::Attribute {
-                name: name.clone().into_any().unbind(),
+                name: name.clone().unbind(),
                 expected,
             },
             Read::Vars(name) => Binding::Vars {
@@ -699,7 +699,10 @@ impl<'py> Walk<'py> {
         let available = function.getattr(intern!(py, "__builtins__"))?;
         let available = available.cast::<PyDict>().ok();
         let module = namespace.get_item(intern!(py, "__name__"))?;
-        let module: Rc<str> = module.map(|name| name.to_string()).unwrap_or_default().into();
+        let module: Rc<str> = module
+            .map(|name| name.to_string())
+            .unwrap_or_default()
+            .into();
         let modules = self.kinds.modules.bind(py);
         let mut read = Vec::new();
         for name in globals {
@@ -744,7 +747,7 @@ impl<'py> Walk<'py> {
         feed_qualified(&mut self.out, object);
         let bases = object.getattr(intern!(py, "__bases__"))?;
         let fixed = Binding::Attribute {
-            name: intern!(py, "__bases__").clone().into_any().unbind(),
+            name: intern!(py, "__bases__").clone().unbind(),
             expected: Held::of(&bases),
         };
         self.bind(object, fixed, None);

@@ -21,7 +21,7 @@
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyFunction, PyModule, PyTuple, PyType, PyWeakrefReference};
+use pyo3::types::{PyDict, PyFunction, PyModule, PyString, PyTuple, PyType, PyWeakrefReference};
 
 /// An object a witness refers to: weakly where Python allows it.
 pub(crate) enum Held {
@@ -67,7 +67,7 @@ impl Held {
 /// What one binding of an owner must still hold.
 pub(crate) enum Binding {
     /// `getattr(owner, name)` is `expected`.
-    Attribute { name: Py<PyAny>, expected: Held },
+    Attribute { name: Py<PyString>, expected: Held },
     /// The owner's own namespace — a class's or a module's `__dict__`, an instance's — maps
     /// `name` to `expected`.
     Vars { name: Py<PyAny>, expected: Held },
@@ -187,12 +187,7 @@ impl Binding {
         let kept =
             |found: Bound<'py, PyAny>, expected: &Held| expected.is(py, &found).then_some(found);
         match self {
-            Binding::Attribute { name, expected } => kept(
-                owner
-                    .getattr(name.bind(py).cast::<pyo3::types::PyString>().ok()?)
-                    .ok()?,
-                expected,
-            ),
+            Binding::Attribute { name, expected } => kept(owner.getattr(name).ok()?, expected),
             Binding::Vars { name, expected } => kept(entry(&namespace(owner)?, name)?, expected),
             Binding::VarsLen { len } => (namespace(owner)?.len() == *len).then(|| owner.clone()),
             Binding::Global { name, expected } => {
@@ -248,9 +243,11 @@ impl Binding {
 
     fn traverse(&self, visit: &pyo3::gc::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
         match self {
-            Binding::Attribute { name, expected }
-            | Binding::Vars { name, expected }
-            | Binding::Global { name, expected } => {
+            Binding::Attribute { name, expected } => {
+                visit.call(name)?;
+                expected.traverse(visit)
+            }
+            Binding::Vars { name, expected } | Binding::Global { name, expected } => {
                 visit.call(name)?;
                 expected.traverse(visit)
             }
@@ -287,7 +284,7 @@ fn binding_of(binding: &Bound<'_, PyTuple>) -> PyResult<Binding> {
     let expected = |i: usize| item(i).map(|found| Held::of(&found));
     Ok(match kind {
         ATTRIBUTE => Binding::Attribute {
-            name: name()?,
+            name: item(1)?.cast_into::<PyString>()?.unbind(),
             expected: expected(2)?,
         },
         VARS => Binding::Vars {
