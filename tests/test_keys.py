@@ -692,6 +692,32 @@ def test_a_module_level_dict_changed_in_place_is_seen_on_the_next_run(cache: som
     assert calls(g, 5, cache) == (10, [])
 
 
+def nested(depth: int, leaf: int) -> Any:
+    value: Any = (leaf,)
+    for _ in range(depth):
+        value = (value,)
+    return value
+
+
+DEEP = nested(5_000, 1)
+
+
+def deepest(x: Any) -> Any:
+    return DEEP if x else None
+
+
+def test_a_constant_nested_deeper_than_any_code_makes_is_keyed_and_its_change_seen() -> None:
+    global DEEP
+    node = Holds(deepest)
+    before = fingerprint(node)
+    DEEP = nested(5_000, 2)
+    try:
+        assert fingerprint(node) != before
+    finally:
+        DEEP = nested(5_000, 1)
+    assert fingerprint(node) == before
+
+
 model = [1.0, 2.0]  # A module-level name a node's attribute shares, which it never reads.
 
 

@@ -31,9 +31,10 @@ use pyo3::types::{
 /// Derivation context: no digest of another kind can equal a code digest.
 const CODE_CONTEXT: &str = "soma 2026-12 python code v1";
 
-/// How deeply constants may nest (tuples in tuples, code in code): far past what Python's
-/// compiler makes, and short of what could exhaust a thread's stack.
-const DEEPEST: usize = 1_000;
+/// How deeply constants may nest (tuples in tuples, code in code): past what Python's parser
+/// reads (it refuses 200 nested parentheses), and far short of what could exhaust a thread's
+/// stack.
+const DEEPEST: usize = 256;
 
 fn length(out: &mut Vec<u8>, n: usize) {
     out.extend_from_slice(&(n as u64).to_le_bytes());

@@ -480,11 +480,16 @@ impl<'py> Walk<'py> {
             }
         };
         if unchangeable(&object) {
-            if always {
-                bind(self, false);
+            let mut constant = vec![b'='];
+            // Past the depth a constant is fed to here (a tuple nested deeper than any code
+            // makes), it is digested as a value, which any depth costs no stack.
+            if feed_constant(&mut constant, &object, 0).is_ok() {
+                if always {
+                    bind(self, false);
+                }
+                self.out.extend_from_slice(&constant);
+                return Ok(());
             }
-            self.out.push(b'=');
-            return feed_constant(&mut self.out, &object, 0);
         }
         let Some(code) = self.code_kind(&object) else {
             // A value the code reads that can change in place: digested on every run.
