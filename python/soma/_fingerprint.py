@@ -359,7 +359,7 @@ def _feed(root: object, where: str, out: bytearray, busy: frozenset[int]) -> Non
             open_sets.add(id(value))
             # In the order of its members' digests: a set's own order is its hashes', which
             # differ between processes.
-            out += b"<" if kind is set else b">" if kind is frozenset else b"S"
+            out += b"<" if kind is set else b">" if kind is frozenset else b"U"
             if kind is not set and kind is not frozenset:
                 pending.append(_subclass_state(value, where))
                 pending.append((kind, f"{where}.__class__"))
@@ -473,7 +473,7 @@ def _numpy_array(array: Any, where: str, pending: list[Any], out: bytearray) -> 
     if kind is not numpy.ndarray:
         # A subclass: its class, and what it holds beside the array (a masked array's mask
         # and fill value; `_sharedmask`, how it came to share its mask, is no content).
-        out += b"S"
+        out += b"X"
         if _is(array, "numpy.ma", "MaskedArray"):
             ma = sys.modules["numpy.ma"]
             state: Any = (ma.getmaskarray(array), array.fill_value, array.hardmask)
@@ -497,19 +497,20 @@ def _torch_tensor(tensor: Any, where: str, pending: list[Any], out: bytearray) -
     torch = sys.modules["torch"]
     if tensor.layout is not torch.strided or tensor.is_quantized:
         raise Unkeyable(f"{tensor.layout} tensor", where)
+    subclass = type(tensor) is not torch.Tensor  # A `Parameter`, or a subclass of the user's.
     out += (
         b"t"
         + _text(b"", str(tensor.dtype))
         + _text(b"", repr(tuple(tensor.shape)))
         + _text(b"", tensor.device.type)
         + (b"1" if tensor.requires_grad else b"0")
+        + (b"+" if subclass else b"-")
     )
     flat = tensor.detach().resolve_conj().resolve_neg().to("cpu").contiguous().reshape(-1)
     out += _soma.blake3(flat.view(torch.uint8).numpy())
-    if type(tensor) is not torch.Tensor:  # A `Parameter`, or a subclass of the user's.
+    if subclass:  # Its class, then its own attributes.
         pending.append(_subclass_state(tensor, where))
         pending.append((type(tensor), f"{where}.__class__"))
-        out += b"S"
 
 
 # ---------------------------------------------------------------------------------------------

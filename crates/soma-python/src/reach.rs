@@ -837,7 +837,7 @@ impl<'py> Walk<'py> {
         let along = (module.as_ptr() as usize, Rc::as_ptr(names) as usize);
         if !self.modules.insert(along) {
             // Met again along the same names: what it holds is in the digest already.
-            text(&mut self.out, b'^', name_bytes(&name)?);
+            text(&mut self.out, b'u', name_bytes(&name)?);
             return Ok(());
         }
         self.held.push(module.clone());
