@@ -833,6 +833,11 @@ def test_a_name_looked_up_by_a_string_built_at_run_time_is_not_followed(
     _write(tmp_path, helpers_here=_HELPERS_V1 + "\n\ndef dedent(text):\n    return text\n")
     project()
     assert fingerprint(imports) == before_import
+    holds = Holds(lambda x: x)
+    holds.helpers = sys.modules["helpers_here"]  # type: ignore[attr-defined]
+    before_held = fingerprint(holds)
+    holds.helpers.SCALE = 10  # type: ignore[attr-defined]
+    assert fingerprint(holds) == before_held  # A module held is keyed by its name.
 
 
 class Opens(soma.Node):

@@ -661,7 +661,9 @@ def fingerprint(node: object) -> bytes:
     remembered = _REMEMBERED.get(id(node))
     if remembered is not None and remembered.node() is node:
         current = remembered.witness.current()
-        if current is not None:
+        if current is not None:  # Nothing it was read from was rebound: what every rerun does.
+            if not current:
+                return remembered.stable
             return _finish(remembered.stable, current, remembered.wheres, frozenset())
     cls = type(node)
     if _users_class(cls):
