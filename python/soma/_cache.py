@@ -84,7 +84,8 @@ _HEADER = struct.Struct("<Qd?32s")
 
 @dataclasses.dataclass(frozen=True)
 class _Entry:
-    payload: bytes
+    # A folder entry's is a view of the file's bytes it was read from, not a copy.
+    payload: bytes | memoryview
     seconds: float
     # What the nodes that read this output are keyed on (see `NodeCache::digest`).
     digest: bytes | None
@@ -100,6 +101,23 @@ def _entry(entry: _Entry) -> bytes:
     return _MAGIC + _soma.blake3(body) + body
 
 
+def _read_file(name: str) -> bytes:
+    """The bytes of the file ``name``, read with two system calls and no Python file object:
+    a hit from a folder is mostly this."""
+    handle = os.open(name, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    try:
+        size = os.fstat(handle).st_size
+        data = os.read(handle, size)
+        while len(data) < size:  # A read cut short (a signal): what is left.
+            more = os.read(handle, size - len(data))
+            if not more:
+                break
+            data += more
+        return data
+    finally:
+        os.close(handle)
+
+
 def _read_entry(data: bytes) -> _Entry | None:
     """The entry in ``data``, or ``None`` if it is not whole and intact."""
     start = len(_MAGIC) + _CHECKSUM
@@ -109,7 +127,7 @@ def _read_entry(data: bytes) -> _Entry | None:
     if _soma.blake3(body) != data[len(_MAGIC) : start]:
         return None
     length, seconds, has_digest, digest = _HEADER.unpack_from(body)
-    payload = bytes(body[_HEADER.size :])
+    payload = body[_HEADER.size :]
     if len(payload) != length:
         return None
     return _Entry(payload, seconds, digest if has_digest else None)
@@ -132,6 +150,7 @@ class Cache:
     __slots__ = (
         "_clock",
         "_entries",
+        "_folder_text",
         "_held",
         "_lock",
         "_lock_between_threads",
@@ -149,6 +168,7 @@ class Cache:
         ):
             raise ValueError(f"max_bytes must be an int of at least 0, not {max_bytes!r}")
         self._path = None if path is None else Path(path)
+        self._folder_text = "" if self._path is None else os.fspath(self._path)
         if self._path is not None:
             self._path.mkdir(parents=True, exist_ok=True)
         self._max_bytes = max_bytes
@@ -213,9 +233,14 @@ class Cache:
         return None if self._path is None else (str(self._path), self._max_bytes)
 
     def _file(self, key: bytes) -> Path:
+        return Path(self._file_name(key))
+
+    def _file_name(self, key: bytes) -> str:
+        """Where the entry of ``key`` lies, as text: a hit reads it without making a `Path`,
+        which costs more than reading a small file."""
         assert self._path is not None
         name = key.hex()
-        return self._path / name[:2] / f"{name}.entry"
+        return os.path.join(self._folder_text, name[:2], f"{name}.entry")
 
     def _load(self, key: bytes) -> tuple[bool, Any, bytes | None]:
         """The output filed under ``key`` and its digest: ``(True, output, digest)``, or
@@ -244,9 +269,9 @@ class Cache:
                     corrupted=1,
                 )
                 return False, None, None
-        file = self._file(key)
+        file = self._file_name(key)
         try:
-            data = file.read_bytes()
+            data = _read_file(file)
             if self._max_bytes is not None:
                 self._touch(file)
         except OSError:  # Missing, or unreadable: either way, not there.
@@ -272,7 +297,7 @@ class Cache:
                 found = self._entries.get(key)
         else:
             try:
-                found = _read_entry(self._file(key).read_bytes())
+                found = _read_entry(_read_file(self._file_name(key)))
             except OSError:
                 found = None
         return (False, None) if found is None else (True, found.digest)
