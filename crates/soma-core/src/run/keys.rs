@@ -22,7 +22,12 @@ const NODE_CONTEXT: &str = "soma 2026-12 node key v2";
 /// A node's key so far, before what it reads: its fingerprint (its code and state), its id and
 /// where it runs.
 fn node_hasher(id: &NodeId, fingerprint: &Key, step: &Step) -> blake3::Hasher {
-    let mut hasher = blake3::Hasher::new_derive_key(NODE_CONTEXT);
+    // Derived once: deriving a hasher's key hashes its context, which would cost a hit as much
+    // as the rest of its key.
+    static DERIVED: OnceLock<blake3::Hasher> = OnceLock::new();
+    let mut hasher = DERIVED
+        .get_or_init(|| blake3::Hasher::new_derive_key(NODE_CONTEXT))
+        .clone();
     hasher.update(fingerprint.as_bytes());
     // Its id, which a node may read (`Ctx::node`): two nodes alike in code and state, on the
     // same input, may still compute different outputs.
