@@ -82,6 +82,10 @@ _CHECKSUM = 32
 _HEADER = struct.Struct("<Qd?32s")
 
 
+# What `_Entry.output` holds when the output is kept pickled only.
+_NOT_KEPT: Any = object()
+
+
 @dataclasses.dataclass(frozen=True)
 class _Entry:
     # A folder entry's is a view of the file's bytes it was read from, not a copy.
@@ -89,6 +93,9 @@ class _Entry:
     seconds: float
     # What the nodes that read this output are keyed on (see `NodeCache::digest`).
     digest: bytes | None
+    # In memory, an output that cannot change in place (a number, a string, a tuple of them)
+    # as it is: a copy of it could not be told from it, and unpickling one costs a hit a tenth.
+    output: object = _NOT_KEPT
 
 
 def _entry(entry: _Entry) -> bytes:
@@ -142,9 +149,11 @@ class Cache:
     process that opens it. With ``max_bytes``, the entries least recently used are removed
     once they hold more than that (a folder's down to nine tenths of it, so that not every
     entry written scans the folder); an entry larger than the bound is not kept. Outputs are
-    stored pickled, and an entry is read back unpickled: a
-    node reading a hit gets a copy, never an object another run holds. A cache folder is
-    trusted like code: unpickling an entry can run what whoever wrote it put there.
+    stored pickled, and an entry is read back unpickled: a node reading a hit gets a copy,
+    never an object another run holds (in memory, an output that cannot change in place, a
+    number or a tuple of strings, is kept and returned as it is, which no node can tell from a
+    copy). A cache folder is trusted like code: unpickling an entry can run what whoever wrote
+    it put there.
     """
 
     __slots__ = (
@@ -258,6 +267,8 @@ class Cache:
                 stats["hits"] += 1
                 stats["bytes_read"] += len(found.payload)
                 stats["seconds_saved"] += found.seconds
+            if found.output is not _NOT_KEPT:
+                return True, found.output, found.digest
             try:
                 return True, pickle.loads(found.payload), found.digest
             except Exception:  # Its class has gone, say: the node computes it again.
@@ -326,7 +337,11 @@ class Cache:
                 "hint: return a value that pickles, or set `cacheable = False` on the class",
             )
             return
-        entry = _Entry(payload, seconds, digest)
+        if self._path is None:
+            kept = output if _fingerprint._unchangeable(output) else _NOT_KEPT
+            entry = _Entry(payload, seconds, digest, kept)
+        else:
+            entry = _Entry(payload, seconds, digest)
         if self._path is None:
             if self._max_bytes is not None and len(payload) > self._max_bytes:
                 return  # It could not fit, whatever was removed: the others stay.
@@ -469,11 +484,14 @@ class Cache:
 class _RunCache:
     """The cache as one forward's engine asks it (see ``crates/soma-python/src/cache.rs``)."""
 
-    __slots__ = ("_cache", "_core")
+    __slots__ = ("_cache", "_core", "get", "peek")
 
     def __init__(self, cache: Cache, core: _soma.GraphCore) -> None:
         self._cache = cache
         self._core = core
+        # The store's own methods, asked with a key alone: a hit is one call, no frame between.
+        self.get = cache._load
+        self.peek = cache._peek
 
     def fingerprint(self, node_id: str) -> bytes | None:
         node = self._core.implementation(node_id)
@@ -521,12 +539,6 @@ class _RunCache:
             "hint: give the graph an input made of values that pickle",
         )
         return None
-
-    def get(self, node_id: str, key: bytes) -> tuple[bool, Any, bytes | None]:
-        return self._cache._load(key)
-
-    def peek(self, node_id: str, key: bytes) -> tuple[bool, bytes | None]:
-        return self._cache._peek(key)
 
     def put(
         self, node_id: str, key: bytes, output: object, digest: bytes | None, seconds: float

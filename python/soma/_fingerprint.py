@@ -627,28 +627,9 @@ def class_digest(cls: type) -> bytes:
     return _unit_digest(cls, frozenset())
 
 
-class _Remembered:
-    """A node's fingerprint, the witness of what it was made from, and where its class's
-    volatile bindings lie."""
-
-    __slots__ = ("node", "stable", "wheres", "witness")
-
-    def __init__(
-        self,
-        node: weakref.ref[Any],
-        stable: bytes,
-        witness: _soma.Witness,
-        wheres: tuple[str, ...],
-    ) -> None:
-        self.node = node
-        self.stable = stable
-        self.witness = witness
-        self.wheres = wheres
-
-
 # Fingerprints of nodes whose state cannot change in place, by the id of the node: each entry
 # holds its node weakly and leaves when the node goes (before its id can be anyone else's).
-_REMEMBERED: dict[int, _Remembered] = {}
+_REMEMBERED: dict[int, _soma.Remembered] = {}
 
 
 def fingerprint(node: object) -> bytes:
@@ -717,9 +698,21 @@ def _remember(
             bindings.append((_VARS, name, value, False))
         else:
             bindings.append((_ATTRIBUTE, name, value, False))
+    owners: list[tuple[object, list[tuple[Any, ...]]]] = [(node, bindings)]
+    # The classes of its MRO that its class's witness does not read (a library's, Soma's): a
+    # `cacheable = False` set on one since makes it run uncached, which a rerun's hit, read
+    # from this witness alone, must see. A class written in C never changes.
+    for base in cls.__mro__:
+        if base.__flags__ & _HEAP_TYPE and (unit is None or not _users_class(base)):
+            namespace = base.__dict__
+            checks: list[tuple[Any, ...]] = [(_VARS_LEN, len(namespace), False)]
+            if "cacheable" in namespace:
+                checks.append((_VARS, "cacheable", namespace["cacheable"], False))
+            owners.append((base, checks))
     parts = [] if unit is None else [unit.witness]
-    witness = _soma.Witness([(node, bindings)], parts)
-    _REMEMBERED[key] = _Remembered(held, stable, witness, wheres)
+    witness = _soma.Witness(owners, parts)
+    # A `soma._soma.Remembered`, which the run cache reads a rerun's hit from without a frame.
+    _REMEMBERED[key] = _soma.Remembered(held, stable, witness, wheres)
 
 
 # By class: the names of its slots, read once.

@@ -1,6 +1,7 @@
 """Stubs of the compiled glue module ``soma._soma``."""
 
 import os
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, NoReturn, Self, final
 
@@ -14,6 +15,7 @@ __all__ = [
     "Hasher",
     "NativeNode",
     "Plan",
+    "Remembered",
     "Span",
     "StopFlag",
     "StreamCore",
@@ -61,6 +63,23 @@ def reach(
 ) -> tuple[bytes, Witness, list[str]]:
     """The digest of what the class or function ``root`` of the user's reaches by name, the
     witness of the bindings it was read from, and where each volatile binding lies."""
+
+@final
+class Remembered:
+    """A node's fingerprint as remembered: the node (weakly), the digest of what cannot change
+    in place, the witness of what it was read from, and where its volatile bindings lie."""
+
+    def __new__(
+        cls, node: weakref.ref[Any], stable: bytes, witness: Witness, wheres: tuple[str, ...]
+    ) -> Remembered: ...
+    @property
+    def node(self) -> weakref.ref[Any]: ...
+    @property
+    def stable(self) -> bytes: ...
+    @property
+    def witness(self) -> Witness: ...
+    @property
+    def wheres(self) -> tuple[str, ...]: ...
 
 @final
 class Witness:

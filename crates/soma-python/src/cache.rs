@@ -1,9 +1,14 @@
 //! A Python run cache as the engine's `NodeCache`: the engine chains the keys, Python
 //! fingerprints nodes, digests values and keeps the entries (`soma/_cache.py`).
 //!
+//! A rerun's hit asks for each node's fingerprint; when Python remembered it
+//! (`soma._fingerprint`'s `_REMEMBERED`, a [`Remembered`] by node) and its witness says nothing
+//! it was read from was rebound, it is read here, without a Python frame: most of what a hit
+//! cost beyond the engine was the frames that found it.
+//!
 //! The Python side is one object per forward with six methods: `fingerprint(id)`,
-//! `digest(value)` and `input_digest(id, value)` answering 32 bytes or `None`, `get(id, key)`
-//! answering `(found, value, digest)`, `peek(id, key)` answering `(found, digest)`, and
+//! `digest(value)` and `input_digest(id, value)` answering 32 bytes or `None`, `get(key)`
+//! answering `(found, value, digest)`, `peek(key)` answering `(found, digest)`, and
 //! `put(id, key, value, digest, seconds)`. None of them may fail the run: the
 //! Python side turns what it cannot do into a miss, with a warning; anything it still raises is
 //! reported as unraisable and read as a miss here, except Ctrl-C, which stops the run as in a
@@ -14,22 +19,63 @@ use std::time::Duration;
 use pyo3::exceptions::PyKeyboardInterrupt;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict, PyString};
 use soma_core::{Entry, Key, Node, NodeCache, NodeId, Value};
 
 use crate::convert::{to_python, wrap};
+use crate::graph::GraphCore;
 use crate::watch::note_interrupt;
+use crate::witness::Remembered;
 
 /// The run cache of one forward, as the engine asks it.
 pub struct PythonCache {
     run: Py<PyAny>,
+    /// The graph the run cache reads nodes from, and the fingerprints Python remembered by
+    /// node: what a hit's fingerprint is read from here. `None` for a run cache of another
+    /// make (the fingerprint is always asked of it).
+    remembered: Option<(Py<GraphCore>, Py<PyDict>)>,
+}
+
+/// `soma._fingerprint._REMEMBERED`, looked up once: the same dict for the life of the module.
+fn remembered_fingerprints(py: Python<'_>) -> Option<Py<PyDict>> {
+    static REMEMBERED: PyOnceLock<Option<Py<PyDict>>> = PyOnceLock::new();
+    REMEMBERED
+        .get_or_init(py, || {
+            py.import("soma._fingerprint")
+                .and_then(|module| module.getattr("_REMEMBERED"))
+                .and_then(|found| Ok(found.cast_into::<PyDict>()?.unbind()))
+                .ok()
+        })
+        .as_ref()
+        .map(|dict| dict.clone_ref(py))
 }
 
 impl PythonCache {
     pub fn new(run: &Bound<'_, PyAny>) -> Self {
+        let py = run.py();
+        let core = run
+            .getattr(intern!(py, "_core"))
+            .ok()
+            .and_then(|core| core.cast_into::<GraphCore>().ok());
+        let remembered = core.and_then(|core| Some((core.unbind(), remembered_fingerprints(py)?)));
         PythonCache {
             run: run.clone().unbind(),
+            remembered,
         }
+    }
+
+    /// Node `id`'s fingerprint as Python remembered it, when nothing it was read from changed
+    /// since; `None` when Python must be asked.
+    fn remembered(&self, py: Python<'_>, id: &NodeId) -> Option<Key> {
+        let (core, remembered) = self.remembered.as_ref()?;
+        let node = core.get().implementation(py, id.as_str()).ok()?;
+        let node = node.bind(py);
+        // Remembered only while it is cacheable: a `cacheable = False` set since on it or on
+        // any class of its MRO fails its witness (`soma._fingerprint._remember`).
+        let entry = remembered.bind(py).get_item(node.as_ptr() as usize).ok()??;
+        let entry = entry.cast::<Remembered>().ok()?;
+        entry.get().unchanged(py, node).map(Key::from_bytes)
     }
 
     /// Calls `method` (interned: a hit asks twice per node) on the run cache; what it raises is
@@ -66,7 +112,10 @@ fn key_of(answer: Option<Bound<'_, PyAny>>) -> Option<Key> {
 
 impl NodeCache for PythonCache {
     fn fingerprint(&self, id: &NodeId, _node: &dyn Node) -> Option<Key> {
-        Python::attach(|py| key_of(self.ask(py, intern!(py, "fingerprint"), (id.as_str(),))))
+        Python::attach(|py| {
+            self.remembered(py, id)
+                .or_else(|| key_of(self.ask(py, intern!(py, "fingerprint"), (id.as_str(),))))
+        })
     }
 
     fn digest(&self, value: &Value) -> Option<Key> {
@@ -83,10 +132,10 @@ impl NodeCache for PythonCache {
         })
     }
 
-    fn get(&self, id: &NodeId, key: &Key) -> Option<Entry> {
+    fn get(&self, _id: &NodeId, key: &Key) -> Option<Entry> {
         Python::attach(|py| {
             let key = PyBytes::new(py, key.as_bytes());
-            let answer = self.ask(py, intern!(py, "get"), (id.as_str(), key))?;
+            let answer = self.ask(py, intern!(py, "get"), (key,))?;
             let (found, value, digest): Answer<'_> = answer.extract().ok()?;
             found.then(|| Entry {
                 value: wrap(value),
@@ -95,10 +144,10 @@ impl NodeCache for PythonCache {
         })
     }
 
-    fn peek(&self, id: &NodeId, key: &Key) -> Option<Option<Key>> {
+    fn peek(&self, _id: &NodeId, key: &Key) -> Option<Option<Key>> {
         Python::attach(|py| {
             let key = PyBytes::new(py, key.as_bytes());
-            let answer = self.ask(py, intern!(py, "peek"), (id.as_str(), key))?;
+            let answer = self.ask(py, intern!(py, "peek"), (key,))?;
             let (found, digest): (bool, Bound<'_, PyAny>) = answer.extract().ok()?;
             found.then(|| key_of(Some(digest)))
         })

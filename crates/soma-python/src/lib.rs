@@ -57,6 +57,7 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<watch::StopFlag>()?;
     module.add_class::<digest::Hasher>()?;
     module.add_class::<witness::Witness>()?;
+    module.add_class::<witness::Remembered>()?;
     module.add_function(wrap_pyfunction!(digest::blake3, module)?)?;
     module.add_function(wrap_pyfunction!(code::py_code_digest, module)?)?;
     module.add_function(wrap_pyfunction!(reach::reach, module)?)?;

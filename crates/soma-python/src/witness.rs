@@ -21,7 +21,9 @@
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyFunction, PyModule, PyString, PyTuple, PyType, PyWeakrefReference};
+use pyo3::types::{
+    PyBytes, PyDict, PyFunction, PyModule, PyString, PyTuple, PyType, PyWeakrefReference,
+};
 
 /// An object a witness refers to: weakly where Python allows it.
 pub(crate) enum Held {
@@ -421,5 +423,61 @@ impl Witness {
             }
         }
         Ok(())
+    }
+}
+
+/// A node's fingerprint as remembered: the node (weakly), the digest of what cannot change in
+/// place, the witness of what it was read from, and where its volatile bindings lie. Made by
+/// `soma._fingerprint`; read there and, for a rerun's hit, by the run cache here
+/// ([`Remembered::unchanged`]), without a Python frame.
+#[pyclass(module = "soma._soma", frozen)]
+pub struct Remembered {
+    #[pyo3(get)]
+    node: Py<PyWeakrefReference>,
+    #[pyo3(get)]
+    stable: Py<PyBytes>,
+    #[pyo3(get)]
+    witness: Py<Witness>,
+    #[pyo3(get)]
+    wheres: Py<PyTuple>,
+}
+
+#[pymethods]
+impl Remembered {
+    #[new]
+    fn new(
+        node: Py<PyWeakrefReference>,
+        stable: Py<PyBytes>,
+        witness: Py<Witness>,
+        wheres: Py<PyTuple>,
+    ) -> Self {
+        Remembered {
+            node,
+            stable,
+            witness,
+            wheres,
+        }
+    }
+
+    fn __traverse__(&self, visit: pyo3::gc::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        visit.call(&self.node)?;
+        visit.call(&self.stable)?;
+        visit.call(&self.witness)?;
+        visit.call(&self.wheres)
+    }
+}
+
+impl Remembered {
+    /// The fingerprint, when this is `node`'s and nothing it was read from was rebound, and
+    /// nothing volatile needs digesting again; `None` otherwise (Python then makes it).
+    pub(crate) fn unchanged(&self, py: Python<'_>, node: &Bound<'_, PyAny>) -> Option<[u8; 32]> {
+        if !self.node.bind(py).upgrade().is_some_and(|held| held.is(node)) {
+            return None;
+        }
+        let mut volatile = Vec::new();
+        if !self.witness.get().collect(py, &mut volatile) || !volatile.is_empty() {
+            return None;
+        }
+        <[u8; 32]>::try_from(self.stable.bind(py).as_bytes()).ok()
     }
 }
