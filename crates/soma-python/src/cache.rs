@@ -73,7 +73,10 @@ impl PythonCache {
         let node = node.bind(py);
         // Remembered only while it is cacheable: a `cacheable = False` set since on it or on
         // any class of its MRO fails its witness (`soma._fingerprint._remember`).
-        let entry = remembered.bind(py).get_item(node.as_ptr() as usize).ok()??;
+        let entry = remembered
+            .bind(py)
+            .get_item(node.as_ptr() as usize)
+            .ok()??;
         let entry = entry.cast::<Remembered>().ok()?;
         entry.get().unchanged(py, node).map(Key::from_bytes)
     }

@@ -471,7 +471,12 @@ impl Remembered {
     /// The fingerprint, when this is `node`'s and nothing it was read from was rebound, and
     /// nothing volatile needs digesting again; `None` otherwise (Python then makes it).
     pub(crate) fn unchanged(&self, py: Python<'_>, node: &Bound<'_, PyAny>) -> Option<[u8; 32]> {
-        if !self.node.bind(py).upgrade().is_some_and(|held| held.is(node)) {
+        if !self
+            .node
+            .bind(py)
+            .upgrade()
+            .is_some_and(|held| held.is(node))
+        {
             return None;
         }
         let mut volatile = Vec::new();
