@@ -892,6 +892,30 @@ def test_a_node_that_logs_with_logging_or_into_a_record_pickled_empty_keeps_its_
     assert calls(g, 1, cache) == (1, [])
 
 
+class Counted(soma.Node):
+    def forward(self, x: int) -> int:
+        CALLS.append("counted")
+        return x + 1
+
+
+@pytest.mark.parametrize("where", ["node", "class", "library base"])
+def test_cacheable_false_set_after_a_node_was_remembered_keeps_it_out_until_unset(
+    cache: soma.Cache, where: str
+) -> None:
+    node = Counted()
+    owner: Any = {"node": node, "class": Counted, "library base": soma.Node}[where]
+    g = soma.Graph.somatize(node)
+    calls(g, 1, cache)
+    assert calls(g, 1, cache) == (2, [])
+    owner.cacheable = False
+    try:
+        assert calls(g, 1, cache) == (2, ["counted"])
+        assert calls(g, 1, cache) == (2, ["counted"])
+    finally:
+        del owner.cacheable
+    assert calls(g, 1, cache) == (2, [])
+
+
 # ---------------------------------------------------------------------------------------------
 # The memory cache's bound
 
