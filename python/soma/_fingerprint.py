@@ -619,14 +619,6 @@ def _reach(owner: type | types.FunctionType) -> _Unit:
 # Nodes
 
 
-def class_digest(cls: type) -> bytes:
-    """The digest of a class's code: its bases, its methods and what they reach, and its
-    attributes."""
-    if not _users_class(cls):
-        return _soma.blake3(_text(b"c", _qualified(cls)))
-    return _unit_digest(cls, frozenset())
-
-
 # Fingerprints of nodes whose state cannot change in place, by the id of the node: each entry
 # holds its node weakly and leaves when the node goes (before its id can be anyone else's).
 _REMEMBERED: dict[int, _soma.Remembered] = {}
