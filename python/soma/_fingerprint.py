@@ -191,8 +191,10 @@ def _users_module(module: types.ModuleType) -> bool:
     return module.__name__ not in sys.builtin_module_names and module.__name__ != "builtins"
 
 
-# By class: whether it is the user's (a class never moves from one module to another).
-_USERS_CLASSES: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
+# By the id of a class: the class, weakly, and whether it is the user's (a class never moves
+# from one module to another). A dict by id, not a `WeakKeyDictionary`: that one makes a weak
+# reference on every lookup, which a first key does a dozen times.
+_USERS_CLASSES: dict[int, tuple[weakref.ref[type], bool]] = {}
 
 _HEAP_TYPE = 1 << 9  # `Py_TPFLAGS_HEAPTYPE`: a class made by running Python code.
 
@@ -202,9 +204,9 @@ def _users_class(cls: type) -> bool:
     notebook cell or the REPL — told by its methods' code, which says where it was compiled,
     where its ``__module__`` may name a module it was not written in (``exec`` into a dict of
     its own names it ``builtins``)."""
-    known = _USERS_CLASSES.get(cls)
-    if known is not None:
-        return known
+    entry = _USERS_CLASSES.get(id(cls))
+    if entry is not None and entry[0]() is cls:
+        return entry[1]
     files = set()
     for member in vars(cls).values():
         function = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
@@ -226,8 +228,14 @@ def _users_class(cls: type) -> bool:
         known = any(_users_file(f) for f in files)
     else:  # No method either: made by running Python code (`exec`), or written in C.
         known = bool(cls.__flags__ & _HEAP_TYPE)
+    key = id(cls)
+
+    def forget(gone: weakref.ref[type]) -> None:
+        if (found := _USERS_CLASSES.get(key)) is not None and found[0] is gone:
+            del _USERS_CLASSES[key]
+
     with contextlib.suppress(TypeError):  # A class that cannot be referenced weakly.
-        _USERS_CLASSES[cls] = known
+        _USERS_CLASSES[key] = (weakref.ref(cls, forget), known)
     return known
 
 

@@ -17,7 +17,8 @@
 //! from the bytecode, not from `co_names` (which mixes globals and attribute names), so that
 //! `self.model` does not make a key read a module-level `model` it never uses.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::intern;
@@ -212,32 +213,81 @@ pub fn py_code_digest<'py>(code: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBy
     Ok(PyBytes::new(code.py(), &code_digest(code)?))
 }
 
-/// The digest of a code object, remembered by the object (held weakly, so a code object that
-/// goes leaves its entry to be overwritten): code never changes once made.
-pub(crate) fn code_digest(code: &Bound<'_, PyAny>) -> PyResult<[u8; 32]> {
-    static DIGESTS: PyOnceLock<Py<PyDict>> = PyOnceLock::new();
+/// What a key reads of a code object, remembered by the object: its digest and the names it
+/// looks up. Code never changes once made, so neither does this; a code object that goes
+/// leaves its entry, held weakly, to be found dead and made again for whatever takes its place.
+pub(crate) struct CodeFacts {
+    held: Py<PyWeakrefReference>,
+    pub(crate) digest: [u8; 32],
+    globals: Vec<Py<PyString>>,
+    attributes: Vec<Py<PyString>>,
+    imports: Vec<Py<PyString>>,
+}
+
+impl CodeFacts {
+    /// The names it looks up, bound to `py`.
+    pub(crate) fn reads<'py>(&self, py: Python<'py>) -> Reads<'py> {
+        let bound = |names: &[Py<PyString>]| names.iter().map(|n| n.bind(py).clone()).collect();
+        Reads {
+            globals: bound(&self.globals),
+            attributes: bound(&self.attributes),
+            imports: bound(&self.imports),
+        }
+    }
+}
+
+/// Code objects' facts by address, read under the GIL only.
+type Facts = HashMap<usize, Arc<CodeFacts>>;
+
+/// The facts of `code`, read once per code object.
+///
+/// # Errors
+/// `TypeError` for an object that is not code, or a constant no compiler makes.
+pub(crate) fn code_facts(code: &Bound<'_, PyAny>) -> PyResult<Arc<CodeFacts>> {
+    static FACTS: Mutex<Option<Facts>> = Mutex::new(None);
     let py = code.py();
-    let digests = DIGESTS
-        .get_or_init(py, || PyDict::new(py).unbind())
-        .bind(py);
     let key = code.as_ptr() as usize;
-    if let Some(entry) = digests.get_item(key)? {
-        let (held, digest): (Bound<'_, PyWeakrefReference>, Bound<'_, PyBytes>) =
-            entry.extract()?;
-        if held.upgrade().is_some_and(|alive| alive.is(code)) {
-            if let Ok(digest) = <[u8; 32]>::try_from(digest.as_bytes()) {
-                return Ok(digest);
-            }
+    let known = {
+        let facts = FACTS.lock().unwrap_or_else(PoisonError::into_inner);
+        facts.as_ref().and_then(|facts| facts.get(&key).cloned())
+    };
+    if let Some(known) = known {
+        if known
+            .held
+            .bind(py)
+            .upgrade()
+            .is_some_and(|alive| alive.is(code))
+        {
+            return Ok(known);
         }
     }
     let digest = digest_of_code(code)?;
-    if digests.len() > 1 << 16 {
+    let Reads {
+        globals,
+        attributes,
+        imports,
+    } = reads_of(code)?;
+    let unbound = |names: Vec<Bound<'_, PyString>>| names.into_iter().map(Bound::unbind).collect();
+    let made = Arc::new(CodeFacts {
+        held: PyWeakrefReference::new(code)?.unbind(),
+        digest,
+        globals: unbound(globals),
+        attributes: unbound(attributes),
+        imports: unbound(imports),
+    });
+    let mut facts = FACTS.lock().unwrap_or_else(PoisonError::into_inner);
+    let facts = facts.get_or_insert_with(HashMap::new);
+    if facts.len() > 1 << 16 {
         // Code made and dropped in a loop (`exec` of cells): start again rather than grow.
-        digests.clear();
+        facts.clear();
     }
-    let held = PyWeakrefReference::new(code)?;
-    digests.set_item(key, (held, PyBytes::new(py, &digest)))?;
-    Ok(digest)
+    facts.insert(key, Arc::clone(&made));
+    Ok(made)
+}
+
+/// The digest of a code object (see [`code_facts`]).
+pub(crate) fn code_digest(code: &Bound<'_, PyAny>) -> PyResult<[u8; 32]> {
+    Ok(code_facts(code)?.digest)
 }
 
 /// The digest [`code_digest`] answers, as bytes.

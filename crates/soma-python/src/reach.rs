@@ -39,7 +39,7 @@ use pyo3::types::{
     PyString, PyTuple, PyType,
 };
 
-use crate::code::{code_digest, feed_constant, reads_of, Reads};
+use crate::code::{code_facts, feed_constant, Reads};
 use crate::witness::{Binding, Held, Owner, Witness};
 
 /// Attributes of a class that are not its code's: its layout's descriptors, names its digest
@@ -598,7 +598,8 @@ impl<'py> Walk<'py> {
         let code = function.getattr(intern!(py, "__code__"))?;
         self.out.push(b'W');
         feed_qualified(&mut self.out, function);
-        self.out.extend_from_slice(&code_digest(&code)?);
+        let facts = code_facts(&code)?;
+        self.out.extend_from_slice(&facts.digest);
         let defaults = function.getattr(intern!(py, "__defaults__"))?;
         let kwdefaults = function.getattr(intern!(py, "__kwdefaults__"))?;
         let fixed = Binding::Function {
@@ -611,7 +612,7 @@ impl<'py> Walk<'py> {
             globals,
             attributes,
             imports,
-        } = reads_of(&code)?;
+        } = facts.reads(py);
         let names: Names<'py> = Rc::new(attributes);
         let mut items: Vec<Item<'py>> = Vec::with_capacity(16);
         // Its defaults and keyword defaults, whose identity the binding above checks.
