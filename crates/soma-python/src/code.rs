@@ -16,6 +16,9 @@
 //! imports, from its instructions: what a key follows from a function (`crate::reach`). Read
 //! from the bytecode, not from `co_names` (which mixes globals and attribute names), so that
 //! `self.model` does not make a key read a module-level `model` it never uses.
+//!
+//! Both are read once per code object and remembered by it ([`code_facts`]): code never
+//! changes once made, and a rerun in the same process reads no bytecode again.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
