@@ -916,6 +916,45 @@ def test_cacheable_false_set_after_a_node_was_remembered_keeps_it_out_until_unse
     assert calls(g, 1, cache) == (2, [])
 
 
+TRIP = [False]  # When set, the next read of `Trips.k` raises, once, as Ctrl-C arriving would.
+
+
+class Trips(soma.Node):
+    __slots__ = ("k",)
+
+    def __init__(self) -> None:
+        self.k = 1
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "k" and TRIP[0]:
+            TRIP[0] = False
+            raise KeyboardInterrupt
+        return super().__getattribute__(name)
+
+    def forward(self, x: int) -> int:
+        return x + self.k
+
+
+def test_ctrl_c_met_while_a_remembered_key_is_checked_is_raised_not_taken_for_a_change(
+    cache: soma.Cache,
+) -> None:
+    node = Trips()
+    # A single node: no node boundary comes after its lookup, and Ctrl-C reaches the caller.
+    g = soma.Graph.somatize(node)
+    assert g.forward(1, cache=cache) == 2
+    try:
+        TRIP[0] = True
+        with pytest.raises(KeyboardInterrupt):
+            fingerprint(node)
+        TRIP[0] = True
+        with pytest.raises(KeyboardInterrupt):
+            g.forward(1, cache=cache)
+    finally:
+        TRIP[0] = False
+    assert g.forward(1, cache=cache) == 2
+    assert cache.stats().hits >= 1
+
+
 # ---------------------------------------------------------------------------------------------
 # The memory cache's bound
 

@@ -78,7 +78,31 @@ impl PythonCache {
             .get_item(node.as_ptr() as usize)
             .ok()??;
         let entry = entry.cast::<Remembered>().ok()?;
-        entry.get().unchanged(py, node).map(Key::from_bytes)
+        match entry.get().unchanged(py, node) {
+            Ok(found) => found.map(Key::from_bytes),
+            Err(raised) => {
+                self.report(py, raised);
+                None
+            }
+        }
+    }
+
+    /// What a call into the run cache raised, which no run may fail for: Ctrl-C stops the run
+    /// as in a node, and is signalled again, so that the caller gets it even when no node
+    /// boundary comes after it (the last node's lookup); anything else is reported as
+    /// unraisable.
+    fn report(&self, py: Python<'_>, raised: PyErr) {
+        if raised.is_instance_of::<PyKeyboardInterrupt>(py) {
+            note_interrupt();
+            // SAFETY: called with the GIL held; it only marks SIGINT as arrived, for the main
+            // thread's next check of signals to raise `KeyboardInterrupt` there.
+            #[allow(unsafe_code)]
+            unsafe {
+                pyo3::ffi::PyErr_SetInterrupt();
+            }
+        } else {
+            raised.write_unraisable(py, Some(self.run.bind(py)));
+        }
     }
 
     /// Calls `method` (interned: a hit asks twice per node) on the run cache; what it raises is
@@ -92,11 +116,7 @@ impl PythonCache {
         match self.run.bind(py).call_method1(method, args) {
             Ok(answer) => Some(answer),
             Err(raised) => {
-                if raised.is_instance_of::<PyKeyboardInterrupt>(py) {
-                    note_interrupt();
-                } else {
-                    raised.write_unraisable(py, Some(self.run.bind(py)));
-                }
+                self.report(py, raised);
                 None
             }
         }

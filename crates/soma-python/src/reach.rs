@@ -40,7 +40,7 @@ use pyo3::types::{
 };
 
 use crate::code::{code_facts, feed_constant, Reads};
-use crate::witness::{Binding, Held, Owner, Witness};
+use crate::witness::{unless_interrupted, Binding, Held, Owner, Witness};
 
 /// Attributes of a class that are not its code's: its layout's descriptors, names its digest
 /// has already, caches Python keeps on it (an ABC's, the slot names `copyreg` notes when an
@@ -364,23 +364,27 @@ fn unchangeable(object: &Bound<'_, PyAny>) -> bool {
 }
 
 /// `module.qualname` of a class or a function, as its attributes say.
-fn qualified(object: &Bound<'_, PyAny>) -> String {
+fn qualified(object: &Bound<'_, PyAny>) -> PyResult<String> {
     let mut out = Vec::new();
-    feed_qualified(&mut out, object);
-    String::from_utf8_lossy(&out[9..]).into_owned()
+    feed_qualified(&mut out, object)?;
+    Ok(String::from_utf8_lossy(&out[9..]).into_owned())
 }
 
 /// Feeds `tag`-less `module.qualname` of `object` as text (its length first), read in place.
-fn feed_qualified<'py>(out: &mut Vec<u8>, object: &Bound<'py, PyAny>) {
+///
+/// # Errors
+/// An interrupt met reading them (a metaclass's property may run Python code).
+fn feed_qualified<'py>(out: &mut Vec<u8>, object: &Bound<'py, PyAny>) -> PyResult<()> {
     let py = object.py();
-    let part = |name: &Bound<'py, PyString>| -> Option<Bound<'py, PyString>> {
-        object
-            .getattr(name)
-            .ok()
-            .and_then(|found| found.cast_into::<PyString>().ok())
+    let part = |name: &Bound<'py, PyString>| -> PyResult<Option<Bound<'py, PyString>>> {
+        Ok(unless_interrupted(py, object.getattr(name))?
+            .and_then(|found| found.cast_into::<PyString>().ok()))
     };
-    let name = part(intern!(py, "__qualname__")).or_else(|| part(intern!(py, "__name__")));
-    let module = part(intern!(py, "__module__"));
+    let name = match part(intern!(py, "__qualname__"))? {
+        Some(name) => Some(name),
+        None => part(intern!(py, "__name__"))?,
+    };
+    let module = part(intern!(py, "__module__"))?;
     let text = |found: &Option<Bound<'_, PyString>>| {
         found
             .as_ref()
@@ -394,6 +398,7 @@ fn feed_qualified<'py>(out: &mut Vec<u8>, object: &Bound<'py, PyAny>) {
     out.extend_from_slice(&module);
     out.push(b'.');
     out.extend_from_slice(&name);
+    Ok(())
 }
 
 impl<'py> Walk<'py> {
@@ -525,17 +530,17 @@ impl<'py> Walk<'py> {
             Code::Function if self.users(object)? => self.function(object, at)?,
             Code::Function => {
                 self.out.push(b'l');
-                feed_qualified(&mut self.out, object);
+                feed_qualified(&mut self.out, object)?;
             }
             Code::Class if self.users(object)? => self.class(object.cast::<PyType>()?, at)?,
             Code::Class => {
                 self.out.push(b'c');
-                feed_qualified(&mut self.out, object);
+                feed_qualified(&mut self.out, object)?;
             }
             Code::Module => self.module(object, names, at)?,
             Code::Builtin => {
                 self.out.push(b'h');
-                feed_qualified(&mut self.out, object);
+                feed_qualified(&mut self.out, object)?;
                 let bound = object.getattr(intern!(self.py, "__self__")).ok();
                 match bound {
                     Some(bound) if !bound.is_none() && !bound.is_instance_of::<PyModule>() => {
@@ -597,7 +602,7 @@ impl<'py> Walk<'py> {
         let py = self.py;
         let code = function.getattr(intern!(py, "__code__"))?;
         self.out.push(b'W');
-        feed_qualified(&mut self.out, function);
+        feed_qualified(&mut self.out, function)?;
         let facts = code_facts(&code)?;
         self.out.extend_from_slice(&facts.digest);
         let defaults = function.getattr(intern!(py, "__defaults__"))?;
@@ -705,8 +710,11 @@ impl<'py> Walk<'py> {
         let available = function.getattr(intern!(py, "__builtins__"))?;
         let available = available.cast::<PyDict>().ok();
         let module = namespace.get_item(intern!(py, "__name__"))?;
+        // Read as it is, never through `str()`: that checks for Ctrl-C, and pyo3's `Display`
+        // would report an interrupt met there as unraisable, and lose it.
         let module: Rc<str> = module
-            .map(|name| name.to_string())
+            .and_then(|name| name.cast_into::<PyString>().ok())
+            .map(|name| name.to_string_lossy().into_owned())
             .unwrap_or_default()
             .into();
         let modules = self.kinds.modules.bind(py);
@@ -750,7 +758,7 @@ impl<'py> Walk<'py> {
         let py = self.py;
         let object = cls.as_any();
         self.out.push(b'K');
-        feed_qualified(&mut self.out, object);
+        feed_qualified(&mut self.out, object)?;
         let bases = object.getattr(intern!(py, "__bases__"))?;
         let fixed = Binding::Attribute {
             name: intern!(py, "__bases__").clone().unbind(),
@@ -774,7 +782,7 @@ impl<'py> Walk<'py> {
         let bases = bases.cast_into::<PyTuple>()?;
         items.push(Item::Count(bases.len()));
         for base in bases.iter() {
-            let named = place(at, " > ", PlaceName::Text(qualified(&base)));
+            let named = place(at, " > ", PlaceName::Text(qualified(&base)?));
             items.push(unbound(base, named));
         }
         let attributes = object
@@ -912,7 +920,7 @@ pub fn reach<'py>(
         place: Rc::new(Place {
             parent: None,
             join: "",
-            name: PlaceName::Text(qualified(root)),
+            name: PlaceName::Text(qualified(root)?),
         }),
         names: Rc::new(Vec::new()),
         owner: None,

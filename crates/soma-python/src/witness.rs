@@ -18,12 +18,23 @@
 //! replaced; a dead one fails its check. What cannot be referenced weakly (an int, a tuple, a
 //! dict) is held, so that no other object can take its place, and its `id`, unseen.
 
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{
     PyBytes, PyDict, PyFunction, PyModule, PyString, PyTuple, PyType, PyWeakrefReference,
 };
+
+/// `result`'s value, `None` for an ordinary exception (which is dropped: the binding read no
+/// longer holds); a `BaseException` that is no `Exception` — Ctrl-C's `KeyboardInterrupt`,
+/// `SystemExit` — is no answer to drop, and is raised on, or Ctrl-C would be lost in a check.
+pub(crate) fn unless_interrupted<T>(py: Python<'_>, result: PyResult<T>) -> PyResult<Option<T>> {
+    match result {
+        Ok(value) => Ok(Some(value)),
+        Err(error) if error.is_instance_of::<PyException>(py) => Ok(None),
+        Err(error) => Err(error),
+    }
+}
 
 /// An object a witness refers to: weakly where Python allows it.
 pub(crate) enum Held {
@@ -156,6 +167,10 @@ fn namespace<'py>(owner: &Bound<'py, PyAny>) -> Option<Bound<'py, PyDict>> {
         .and_then(|dict| dict.cast_into::<PyDict>().ok())
 }
 
+/// What a binding reads now: `Ok(None)` when it no longer holds what it held, an error only
+/// for an interrupt met while reading it.
+type Current<'py> = PyResult<Option<Bound<'py, PyAny>>>;
+
 /// `dict[name]`, `None` when missing (or when looking it up raised, which is cleared).
 fn entry<'py>(dict: &Bound<'py, PyDict>, name: &Py<PyAny>) -> Option<Bound<'py, PyAny>> {
     dict.get_item(name).ok().flatten()
@@ -183,43 +198,54 @@ fn or_none<'py>(py: Python<'py>, found: Option<Bound<'py, PyAny>>) -> Bound<'py,
 }
 
 impl Binding {
-    /// The object the binding holds now, if it still holds the one it held.
-    fn current<'py>(&self, owner: &Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
+    /// The object the binding holds now, if it still holds the one it held; an error only for
+    /// an interrupt met while reading it (see [`unless_interrupted`]).
+    fn current<'py>(&self, owner: &Bound<'py, PyAny>) -> Current<'py> {
         let py = owner.py();
         let kept =
             |found: Bound<'py, PyAny>, expected: &Held| expected.is(py, &found).then_some(found);
-        match self {
-            Binding::Attribute { name, expected } => kept(owner.getattr(name).ok()?, expected),
-            Binding::Vars { name, expected } => kept(entry(&namespace(owner)?, name)?, expected),
-            Binding::VarsLen { len } => (namespace(owner)?.len() == *len).then(|| owner.clone()),
-            Binding::Global { name, expected } => {
-                let globals = field(owner, ffi::PyFunction_GetGlobals)?
-                    .cast_into::<PyDict>()
-                    .ok()?;
-                kept(entry(&globals, name)?, expected)
+        Ok(match self {
+            Binding::Attribute { name, expected } => {
+                // The one read that may run Python code (a property, `__getattr__`).
+                unless_interrupted(py, owner.getattr(name))?.and_then(|found| kept(found, expected))
             }
-            Binding::GlobalMissing { name } => {
-                let globals = field(owner, ffi::PyFunction_GetGlobals)?
-                    .cast_into::<PyDict>()
-                    .ok()?;
-                entry(&globals, name).is_none().then(|| owner.clone())
-            }
+            Binding::Vars { name, expected } => namespace(owner)
+                .and_then(|namespace| entry(&namespace, name))
+                .and_then(|found| kept(found, expected)),
+            Binding::VarsLen { len } => namespace(owner)
+                .filter(|namespace| namespace.len() == *len)
+                .map(|_| owner.clone()),
+            Binding::Global { name, expected } => field(owner, ffi::PyFunction_GetGlobals)
+                .and_then(|globals| globals.cast_into::<PyDict>().ok())
+                .and_then(|globals| entry(&globals, name))
+                .and_then(|found| kept(found, expected)),
+            Binding::GlobalMissing { name } => field(owner, ffi::PyFunction_GetGlobals)
+                .and_then(|globals| globals.cast_into::<PyDict>().ok())
+                .filter(|globals| entry(globals, name).is_none())
+                .map(|_| owner.clone()),
             Binding::Function {
                 code,
                 defaults,
                 kwdefaults,
-            } => {
-                let code_now = field(owner, ffi::PyFunction_GetCode)?;
+            } => field(owner, ffi::PyFunction_GetCode).and_then(|code_now| {
                 let defaults_now = or_none(py, field(owner, ffi::PyFunction_GetDefaults));
                 let kwdefaults_now = or_none(py, field(owner, ffi::PyFunction_GetKwDefaults));
                 (code.is(py, &code_now)
                     && defaults.is(py, &defaults_now)
                     && kwdefaults.is(py, &kwdefaults_now))
                 .then(|| owner.clone())
-            }
+            }),
             Binding::Cell { index, expected } => {
-                let closure = field(owner, ffi::PyFunction_GetClosure)?;
-                let cell = closure.cast::<PyTuple>().ok()?.get_item(*index).ok()?;
+                let Some(closure) = field(owner, ffi::PyFunction_GetClosure) else {
+                    return Ok(None);
+                };
+                let Some(cell) = closure
+                    .cast::<PyTuple>()
+                    .ok()
+                    .and_then(|cells| cells.get_item(*index).ok())
+                else {
+                    return Ok(None);
+                };
                 // SAFETY: `cell` is an item of the function's closure, held here; `PyCell_Get`
                 // answers a new reference, or NULL for an empty cell (an error set, cleared
                 // below, if it is not a cell at all).
@@ -227,7 +253,7 @@ impl Binding {
                 let contents =
                     unsafe { Bound::from_owned_ptr_or_opt(py, ffi::PyCell_Get(cell.as_ptr())) };
                 if contents.is_none() && PyErr::take(py).is_some() {
-                    return None;
+                    return Ok(None);
                 }
                 match (contents, expected) {
                     (Some(contents), Some(expected)) => kept(contents, expected),
@@ -235,12 +261,13 @@ impl Binding {
                     (Some(_), None) | (None, Some(_)) => None,
                 }
             }
-            Binding::Type { expected } => {
-                let cls = owner.get_type().into_any();
-                kept(cls, expected)
-            }
-            Binding::Item { key, expected } => kept(owner.get_item(key).ok()?, expected),
-        }
+            Binding::Type { expected } => kept(owner.get_type().into_any(), expected),
+            // `sys.modules`, a dict keyed by text: no Python code runs in the lookup.
+            Binding::Item { key, expected } => owner
+                .get_item(key)
+                .ok()
+                .and_then(|found| kept(found, expected)),
+        })
     }
 
     fn traverse(&self, visit: &pyo3::gc::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
@@ -331,27 +358,27 @@ fn binding_of(binding: &Bound<'_, PyTuple>) -> PyResult<Binding> {
 
 impl Witness {
     /// Appends the objects of the volatile bindings to `out`, parts first; `false` when a
-    /// binding no longer holds what it held.
-    fn collect<'py>(&self, py: Python<'py>, out: &mut Vec<Bound<'py, PyAny>>) -> bool {
+    /// binding no longer holds what it held; an error only for an interrupt met in a check.
+    fn collect<'py>(&self, py: Python<'py>, out: &mut Vec<Bound<'py, PyAny>>) -> PyResult<bool> {
         for part in &self.parts {
-            if !part.get().collect(py, out) {
-                return false;
+            if !part.get().collect(py, out)? {
+                return Ok(false);
             }
         }
         for owner in &self.owners {
             let Some(object) = owner.owner.get(py) else {
-                return false;
+                return Ok(false);
             };
             for (binding, volatile) in &owner.bindings {
-                let Some(found) = binding.current(&object) else {
-                    return false;
+                let Some(found) = binding.current(&object)? else {
+                    return Ok(false);
                 };
                 if *volatile {
                     out.push(found);
                 }
             }
         }
-        true
+        Ok(true)
     }
 }
 
@@ -394,12 +421,12 @@ impl Witness {
 
     /// The objects the volatile bindings hold now, parts first, when every binding still holds
     /// the object it held when the witness was taken; `None` when one does not.
-    fn current<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyTuple>> {
+    fn current<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
         let mut out = Vec::new();
-        if !self.collect(py, &mut out) {
-            return None;
+        if !self.collect(py, &mut out)? {
+            return Ok(None);
         }
-        PyTuple::new(py, out).ok()
+        PyTuple::new(py, out).map(Some)
     }
 
     /// How many bindings it checks, its parts' included.
@@ -470,19 +497,23 @@ impl Remembered {
 impl Remembered {
     /// The fingerprint, when this is `node`'s and nothing it was read from was rebound, and
     /// nothing volatile needs digesting again; `None` otherwise (Python then makes it).
-    pub(crate) fn unchanged(&self, py: Python<'_>, node: &Bound<'_, PyAny>) -> Option<[u8; 32]> {
+    pub(crate) fn unchanged(
+        &self,
+        py: Python<'_>,
+        node: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<[u8; 32]>> {
         if !self
             .node
             .bind(py)
             .upgrade()
             .is_some_and(|held| held.is(node))
         {
-            return None;
+            return Ok(None);
         }
         let mut volatile = Vec::new();
-        if !self.witness.get().collect(py, &mut volatile) || !volatile.is_empty() {
-            return None;
+        if !self.witness.get().collect(py, &mut volatile)? || !volatile.is_empty() {
+            return Ok(None);
         }
-        <[u8; 32]>::try_from(self.stable.bind(py).as_bytes()).ok()
+        Ok(<[u8; 32]>::try_from(self.stable.bind(py).as_bytes()).ok())
     }
 }
