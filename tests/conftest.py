@@ -78,6 +78,16 @@ class Log:
             return [call.value for call in self.calls if call.node == node]
 
 
+class CallRecord(list[Any]):
+    """Which nodes were called, in order, appended to by the nodes themselves: a record that is
+    no part of what they compute. A node's key covers the module-level values its code reads,
+    a list it appends to among them; this one pickles, and so is keyed, as an empty record (what
+    pickle keeps of a value is what a key reads of it), so appending to it changes no key."""
+
+    def __reduce__(self) -> tuple[type[CallRecord], tuple[()]]:
+        return (CallRecord, ())
+
+
 class Record(soma.Node):
     """Logs each call (its id from ctx, its thread, its input), then returns `fn(x)`."""
 

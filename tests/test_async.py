@@ -24,7 +24,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import soma
-from conftest import DEADLINE, interrupt_script, registered, run_script
+from conftest import DEADLINE, CallRecord, interrupt_script, registered, run_script
 from test_devices import OnDevice, Recorder
 from test_properties import Dag, Traced, dags, expected_run
 
@@ -891,7 +891,7 @@ def test_a_trace_has_a_span_per_node_from_the_call_to_the_return() -> None:
 
 
 #: The nodes called, in order: kept out of the nodes' state, which their cache keys cover.
-CALLED: list[str] = []
+CALLED = CallRecord()  # Keyed as an empty record: recording a call changes no key.
 
 
 class Counted(soma.Node):

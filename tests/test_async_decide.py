@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import soma
-from conftest import DEADLINE, Add, Double, Pass, SumValues, run_script
+from conftest import DEADLINE, Add, CallRecord, Double, Pass, SumValues, run_script
 
 
 class AsyncAdd(soma.Node):
@@ -298,7 +298,7 @@ def test_amap_and_map_run_each_steps_of_async_items() -> None:
     assert list(g.map([[1], [2, 3]])) == [[2], [3, 4]]
 
 
-CALLED: list[str] = []  # Outside the nodes: a node's state is part of its cache key.
+CALLED = CallRecord()  # Keyed as an empty record: recording a call changes no key.
 
 
 class Inside(soma.Node):

@@ -20,13 +20,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import soma
-from conftest import SUBPROCESS_DEADLINE
+from conftest import SUBPROCESS_DEADLINE, CallRecord, Fn
 from soma import _fingerprint
 from test_properties import Dag, dags
 
-# Which nodes were called, in order: outside every node's state, so that recording a call
-# changes no fingerprint.
-CALLS: list[str] = []
+# Which nodes were called, in order: keyed as an empty record (see `CallRecord`), so that
+# recording a call changes no fingerprint.
+CALLS = CallRecord()
 
 
 class Scale(soma.Node):
@@ -184,8 +184,9 @@ def test_changing_a_weight_array_in_place_calls_the_node_again(cache: soma.Cache
 
 _NODES_V1 = """
 import soma
+from conftest import CallRecord
 
-CALLS = []
+CALLS = CallRecord()
 
 
 class Load(soma.Node):
@@ -452,8 +453,18 @@ def test_two_processes_at_once_share_one_folder_and_a_third_finds_every_entry(
 # Digests
 
 
-def test_a_dict_digest_does_not_depend_on_insertion_order() -> None:
-    assert _fingerprint.digest({"a": 1, "b": [2.0]}) == _fingerprint.digest({"b": [2.0], "a": 1})
+def test_a_dict_in_another_order_is_another_value_since_a_node_can_read_its_order(
+    cache: soma.Cache,
+) -> None:
+    assert _fingerprint.digest({"a": 1, "b": [2.0]}) != _fingerprint.digest({"b": [2.0], "a": 1})
+    g = soma.Graph.somatize(Fn(list).named("keys"))
+    assert g.forward({"a": 1, "b": 2}, cache=cache) == ["a", "b"]
+    assert g.forward({"b": 2, "a": 1}, cache=cache) == ["b", "a"]
+
+
+def test_a_set_digest_does_not_depend_on_the_order_its_members_were_added() -> None:
+    assert _fingerprint.digest({"a", "b", 1}) == _fingerprint.digest({1, "b", "a"})
+    assert _fingerprint.digest(frozenset({"a", "b"})) != _fingerprint.digest({"a", "b"})
 
 
 def test_digests_tell_apart_what_is_different() -> None:
@@ -1134,7 +1145,9 @@ def test_a_remembered_fingerprint_is_forgotten_with_its_node() -> None:
 # Inside `each`, `switch` and `loop`
 
 # Items a `Flaky` node fails on: outside its state, so that mending it changes no fingerprint.
-FAILING: set[int] = set()
+# The items that fail, as a flaky service fails: no part of any key, as a network error is not
+# (keyed as an empty record, see `CallRecord`).
+FAILING = CallRecord()
 
 
 class Flaky(soma.Node):
@@ -1174,7 +1187,7 @@ def test_a_switch_rerun_calls_neither_its_selector_nor_its_case(cache: soma.Cach
 
 
 def test_a_loop_rerun_calls_neither_its_body_nor_its_predicate(cache: soma.Cache) -> None:
-    seen: list[int] = []
+    seen = CallRecord()  # What it was called on, keyed as an empty record: no part of its key.
 
     def done(x: int) -> bool:
         seen.append(x)
@@ -1218,7 +1231,7 @@ def test_a_traced_rerun_marks_the_hits_inside_an_each_cached(cache: soma.Cache) 
 
 def test_an_each_that_failed_at_an_item_resumes_from_that_item(cache: soma.Cache) -> None:
     g = soma.Graph.somatize(soma.each(Flaky(), in_flight=1))
-    FAILING.add(7)
+    FAILING.append(7)
     try:
         with pytest.raises(ValueError, match="item 7"):
             calls(g, list(range(10)), cache)

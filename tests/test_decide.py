@@ -19,7 +19,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import soma
-from conftest import DEADLINE, Add, Double, Fn, Meet, Pass, SumValues, interrupt_script, run_script
+from conftest import (
+    DEADLINE,
+    Add,
+    CallRecord,
+    Double,
+    Fn,
+    Meet,
+    Pass,
+    SumValues,
+    interrupt_script,
+    run_script,
+)
 
 
 class Split(soma.Node):
@@ -357,7 +368,7 @@ def test_a_stream_runs_an_each_step_as_a_stage() -> None:
 
 
 def test_with_a_cache_the_nodes_inside_an_each_and_after_it_hit_on_a_rerun() -> None:
-    calls: list[int] = []  # Outside the nodes' state, which their keys cover.
+    calls = CallRecord()  # A record no key covers: keyed as an empty one (see `CallRecord`).
     inside = Fn(lambda x: calls.append(x) or x)
     g = soma.Graph.somatize(soma.each(inside) >> Fn(lambda xs: calls.append(-1) or sum(xs)))
     cache = soma.Cache()

@@ -1055,8 +1055,7 @@ def test_a_rerun_with_hosts_after_an_edit_calls_the_edited_node_and_what_follows
 def test_nodes_on_hosts_of_a_class_the_hosts_import_are_keyed_there_as_here(
     cluster: RayHosts, tmp_path: Path
 ) -> None:
-    # Rust nodes: their class is Soma's, which the hosts import from the same source (a class
-    # sent by value, as this module's are, is keyed by its compiled code there).
+    # Rust nodes: their class is Soma's, which the hosts import from the same source.
     ran = tmp_path / "ran"
     ran.mkdir()
     last = Counted(ran, 4).named("d")
@@ -1075,6 +1074,21 @@ def test_nodes_on_hosts_of_a_class_the_hosts_import_are_keyed_there_as_here(
     assert g.forward(0, cache=cache, trace=trace) == 46
     there = {(span.node, span.cached) for span in trace.spans if span.host is not None}
     assert there == {("a", True), ("c", True)}
+
+
+def test_nodes_on_hosts_of_a_class_sent_by_value_are_keyed_there_as_here(
+    cluster: RayHosts, tmp_path: Path
+) -> None:
+    # This module's classes cannot be imported by the hosts' workers: Ray sends them by value,
+    # and a host keys them by the code they arrive with, which is the code they have here.
+    ran = tmp_path / "ran"
+    ran.mkdir()
+    g, c = hosted_chain(ran)
+    cache = soma.Cache(tmp_path / "cache")
+    g.forward(0, cache=cache)
+    assert cache.would_hit(g, 0) == dict.fromkeys("abcd", True)
+    c.k = 30
+    assert cache.would_hit(g, 0) == {"a": True, "b": True, "c": False, "d": False}
 
 
 def test_a_cache_in_memory_runs_the_nodes_on_hosts_uncached_with_one_warning_naming_the_hosts(

@@ -82,12 +82,20 @@ _CHECKSUM = 32
 _HEADER = struct.Struct("<Qd?32s")
 
 
+# What `_Entry.output` holds when the output is kept pickled only.
+_NOT_KEPT: Any = object()
+
+
 @dataclasses.dataclass(frozen=True)
 class _Entry:
-    payload: bytes
+    # A folder entry's is a view of the file's bytes it was read from, not a copy.
+    payload: bytes | memoryview
     seconds: float
     # What the nodes that read this output are keyed on (see `NodeCache::digest`).
     digest: bytes | None
+    # In memory, an output that cannot change in place (a number, a string, a tuple of them)
+    # as it is: a copy of it could not be told from it, and unpickling one costs a hit a tenth.
+    output: object = _NOT_KEPT
 
 
 def _entry(entry: _Entry) -> bytes:
@@ -100,6 +108,23 @@ def _entry(entry: _Entry) -> bytes:
     return _MAGIC + _soma.blake3(body) + body
 
 
+def _read_file(name: str) -> bytes:
+    """The bytes of the file ``name``, read with two system calls and no Python file object:
+    a hit from a folder is mostly this."""
+    handle = os.open(name, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    try:
+        size = os.fstat(handle).st_size
+        data = os.read(handle, size)
+        while len(data) < size:  # A read cut short (a signal): what is left.
+            more = os.read(handle, size - len(data))
+            if not more:
+                break
+            data += more
+        return data
+    finally:
+        os.close(handle)
+
+
 def _read_entry(data: bytes) -> _Entry | None:
     """The entry in ``data``, or ``None`` if it is not whole and intact."""
     start = len(_MAGIC) + _CHECKSUM
@@ -109,7 +134,7 @@ def _read_entry(data: bytes) -> _Entry | None:
     if _soma.blake3(body) != data[len(_MAGIC) : start]:
         return None
     length, seconds, has_digest, digest = _HEADER.unpack_from(body)
-    payload = bytes(body[_HEADER.size :])
+    payload = body[_HEADER.size :]
     if len(payload) != length:
         return None
     return _Entry(payload, seconds, digest if has_digest else None)
@@ -124,14 +149,17 @@ class Cache:
     process that opens it. With ``max_bytes``, the entries least recently used are removed
     once they hold more than that (a folder's down to nine tenths of it, so that not every
     entry written scans the folder); an entry larger than the bound is not kept. Outputs are
-    stored pickled, and an entry is read back unpickled: a
-    node reading a hit gets a copy, never an object another run holds. A cache folder is
-    trusted like code: unpickling an entry can run what whoever wrote it put there.
+    stored pickled, and an entry is read back unpickled: a node reading a hit gets a copy,
+    never an object another run holds (in memory, an output that cannot change in place, a
+    number or a tuple of strings, is kept and returned as it is, which no node can tell from a
+    copy). A cache folder is trusted like code: unpickling an entry can run what whoever wrote
+    it put there.
     """
 
     __slots__ = (
         "_clock",
         "_entries",
+        "_folder_text",
         "_held",
         "_lock",
         "_lock_between_threads",
@@ -149,6 +177,7 @@ class Cache:
         ):
             raise ValueError(f"max_bytes must be an int of at least 0, not {max_bytes!r}")
         self._path = None if path is None else Path(path)
+        self._folder_text = "" if self._path is None else os.fspath(self._path)
         if self._path is not None:
             self._path.mkdir(parents=True, exist_ok=True)
         self._max_bytes = max_bytes
@@ -213,9 +242,14 @@ class Cache:
         return None if self._path is None else (str(self._path), self._max_bytes)
 
     def _file(self, key: bytes) -> Path:
+        return Path(self._file_name(key))
+
+    def _file_name(self, key: bytes) -> str:
+        """Where the entry of ``key`` lies, as text: a hit reads it without making a `Path`,
+        which costs more than reading a small file."""
         assert self._path is not None
         name = key.hex()
-        return self._path / name[:2] / f"{name}.entry"
+        return os.path.join(self._folder_text, name[:2], f"{name}.entry")
 
     def _load(self, key: bytes) -> tuple[bool, Any, bytes | None]:
         """The output filed under ``key`` and its digest: ``(True, output, digest)``, or
@@ -227,30 +261,43 @@ class Cache:
                     self._stats["misses"] += 1
                     return False, None, None
                 self._entries[key] = found  # Used now: the newest.
-        else:
-            file = self._file(key)
+                # Counted here, under the one lock a hit takes: a hit is what a rerun is made
+                # of. An entry that does not unpickle is counted back below.
+                stats = self._stats
+                stats["hits"] += 1
+                stats["bytes_read"] += len(found.payload)
+                stats["seconds_saved"] += found.seconds
+            if found.output is not _NOT_KEPT:
+                return True, found.output, found.digest
             try:
-                data = file.read_bytes()
-                if self._max_bytes is not None:
-                    self._touch(file)
-            except OSError:  # Missing, or unreadable: either way, not there.
-                self._count(misses=1)
+                return True, pickle.loads(found.payload), found.digest
+            except Exception:  # Its class has gone, say: the node computes it again.
+                self._count(
+                    hits=-1,
+                    bytes_read=-len(found.payload),
+                    seconds_saved=-found.seconds,
+                    misses=1,
+                    corrupted=1,
+                )
                 return False, None, None
-            found = _read_entry(data)
-            if found is None:
-                self._count(misses=1, corrupted=1)
-                return False, None, None
+        file = self._file_name(key)
+        try:
+            data = _read_file(file)
+            if self._max_bytes is not None:
+                self._touch(file)
+        except OSError:  # Missing, or unreadable: either way, not there.
+            self._count(misses=1)
+            return False, None, None
+        found = _read_entry(data)
+        if found is None:
+            self._count(misses=1, corrupted=1)
+            return False, None, None
         try:
             output = pickle.loads(found.payload)
         except Exception:  # Its class has gone, say: the node computes it again.
             self._count(misses=1, corrupted=1)
             return False, None, None
-        # Counted in place, not through `_count`: a hit is what a rerun is made of.
-        with self._lock:
-            stats = self._stats
-            stats["hits"] += 1
-            stats["bytes_read"] += len(found.payload)
-            stats["seconds_saved"] += found.seconds
+        self._count(hits=1, bytes_read=len(found.payload), seconds_saved=found.seconds)
         return True, output, found.digest
 
     def _peek(self, key: bytes) -> tuple[bool, bytes | None]:
@@ -261,7 +308,7 @@ class Cache:
                 found = self._entries.get(key)
         else:
             try:
-                found = _read_entry(self._file(key).read_bytes())
+                found = _read_entry(_read_file(self._file_name(key)))
             except OSError:
                 found = None
         return (False, None) if found is None else (True, found.digest)
@@ -290,8 +337,14 @@ class Cache:
                 "hint: return a value that pickles, or set `cacheable = False` on the class",
             )
             return
-        entry = _Entry(payload, seconds, digest)
         if self._path is None:
+            kept = output if _fingerprint._unchangeable(output) else _NOT_KEPT
+            entry = _Entry(payload, seconds, digest, kept)
+        else:
+            entry = _Entry(payload, seconds, digest)
+        if self._path is None:
+            if self._max_bytes is not None and len(payload) > self._max_bytes:
+                return  # It could not fit, whatever was removed: the others stay.
             with self._lock:
                 old = self._entries.pop(key, None)
                 self._held -= 0 if old is None else len(old.payload)
@@ -431,11 +484,14 @@ class Cache:
 class _RunCache:
     """The cache as one forward's engine asks it (see ``crates/soma-python/src/cache.rs``)."""
 
-    __slots__ = ("_cache", "_core")
+    __slots__ = ("_cache", "_core", "get", "peek")
 
     def __init__(self, cache: Cache, core: _soma.GraphCore) -> None:
         self._cache = cache
         self._core = core
+        # The store's own methods, asked with a key alone: a hit is one call, no frame between.
+        self.get = cache._load
+        self.peek = cache._peek
 
     def fingerprint(self, node_id: str) -> bytes | None:
         node = self._core.implementation(node_id)
@@ -446,23 +502,43 @@ class _RunCache:
         except _fingerprint.Unkeyable as unkeyable:
             self._cache._warn_once(
                 f"state:{node_id}",
-                f"node `{node_id}` runs uncached: the `{unkeyable.kind}` in its state, at "
-                f"`{unkeyable.where}`, cannot be digested\n"
+                f"node `{node_id}` runs uncached: the `{unkeyable.kind}` at "
+                f"`{unkeyable.where}` cannot be digested\n"
                 "hint: set `cacheable = False` on its class to say so and silence this",
             )
-            return None
+        except Exception as error:  # What its code or state raised when read.
+            self._cache._warn_once(
+                f"state:{node_id}",
+                f"node `{node_id}` runs uncached: reading its code and state raised "
+                f"`{type(error).__name__}: {error}`\n"
+                "hint: set `cacheable = False` on its class to say so and silence this",
+            )
+        return None
 
-    def digest(self, value: object) -> bytes | None:
+    def digest(self, value: object, node_id: str | None = None) -> bytes | None:
+        """The digest of an output: ``None`` where it has none, and its readers are keyed on
+        its node's key instead, which loses nothing but early cutoff."""
         try:
             return _fingerprint.digest(value)
-        except _fingerprint.Unkeyable:
+        except Exception:  # Unkeyable, or what its `__reduce_ex__` raised.
             return None
 
-    def get(self, node_id: str, key: bytes) -> tuple[bool, Any, bytes | None]:
-        return self._cache._load(key)
-
-    def peek(self, node_id: str, key: bytes) -> tuple[bool, bytes | None]:
-        return self._cache._peek(key)
+    def input_digest(self, node_id: str, value: object) -> bytes | None:
+        """The digest of the run's input, asked by its first reader ``node_id``; where it has
+        none, each node reading it runs uncached, which is said once."""
+        try:
+            return _fingerprint.digest(value)
+        except _fingerprint.Unkeyable as unkeyable:
+            kind, where = unkeyable.kind, unkeyable.where
+        except Exception as error:  # What its `__reduce_ex__` raised.
+            kind, where = f"{type(value).__qualname__} ({type(error).__name__}: {error})", ""
+        self._cache._warn_once(
+            f"input:{kind}",
+            f"node `{node_id}` runs uncached, and every node that reads the graph's input: the "
+            f"`{kind}` at `{where or '(the input itself)'}` in it cannot be digested\n"
+            "hint: give the graph an input made of values that pickle",
+        )
+        return None
 
     def put(
         self, node_id: str, key: bytes, output: object, digest: bytes | None, seconds: float

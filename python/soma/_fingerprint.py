@@ -1,34 +1,52 @@
-"""What a cache key covers, as BLAKE3 digests: a Python value's content, and a node's code and
-state.
+"""What a cache key covers, as BLAKE3 digests: a Python value's whole content and type, and the
+code and state of a node.
 
-A digest must be the same in every process and on every machine that holds the same value,
-so nothing here reads an ``id()``, a ``hash()`` (salted per process for ``str``) or an order
-Python does not fix: a dict's entries and a set's members are fed in the order of their own
-digests. Values are fed as a prefix-free encoding (a tag per kind, every length before what it
-counts), numpy arrays and torch tensors by the BLAKE3 digest of their bytes, read in place by
-the Rust hasher (on several threads for a large one).
+**A value** is fed as a prefix-free encoding (a tag per kind, every length before what it
+counts), so two values that differ in content or type never feed the same bytes: builtins by
+their content (a dict in its order, a set in the order of its members' digests, an int of any
+size), numpy arrays by dtype, shape and bytes (read in place by the Rust hasher, on several
+threads for a large one), a subclass of ``ndarray`` with the state it adds (a masked array's
+mask), torch tensors likewise, and every other object — a subclass of a builtin, a namedtuple,
+an ``OrderedDict``, a dataclass, a pandas frame — by what pickle would keep of it
+(``__reduce_ex__``), beside its class. What pickle refuses (a lock, a generator, an open file)
+raises :class:`Unkeyable`, naming where it was found: no key is better than a guess.
 
-A node's fingerprint is its class's source (each class of its MRO that has one, so editing
-``forward`` or a helper method changes it; compiled code where the source cannot be read) and
-its state (``__dict__``, ``__slots__``), digested like any value. What cannot be read this way
-(a lock, an open file, a generator) raises :class:`Unkeyable`, naming where it was found.
+**Code** is keyed where it can be read, by ``soma._soma.reach``: a function by its compiled code
+(constants included, line numbers not, so moving a function does not rerun it), its defaults,
+its closure's cells, and what its instructions look up by name — the functions and classes of
+the user's own modules (transitively: a helper's helpers), the module-level values it reads, a
+module's attributes it reads (``helpers.scale``) — but not the code of installed libraries,
+which is keyed by name. A class by its bases, its methods and its attributes, wherever it was
+defined (a file, a notebook, ``exec``); a value of a class of the user's by that class's digest
+too, so that what reads it runs again when a method it may call is edited. A node's
+fingerprint is its class's digest and its state's (``__dict__``, ``__slots__``).
 
-A node's fingerprint is remembered, by the node, only while its state is made of values that
-cannot change in place (``None``, numbers, strings, bytes, classes, and tuples and frozensets of
-those): a later run then checks that each attribute is still the very object it was (``is``),
-which is as sound as digesting it again, and costs a fraction of it. A node holding a list, an
-array or an object is digested on every run, since what it holds may have changed in place.
+**Remembered, with a witness.** Reading a node's whole reach again on every run would cost tens
+of microseconds a node. A class's digest, a function's, and a node's whose attributes cannot
+change in place are remembered together with a :class:`soma._soma.Witness`: the bindings that
+digest was read from (a global, a class attribute, a function's code and cells, a node's
+attribute), checked by identity on the next run in a fraction of a microsecond. A binding
+rebound (an edit reloaded, ``node.k = 3``, a function patched by an autoreloader) makes the
+digest afresh. What can change in place without a rebinding (a list or an array a function
+reads, a node's weights) is digested again on every run.
 
-The walk uses a stack of its own, so that a value nested deeper than Python's recursion limit
-is digested like any other; a container met twice (a cycle, or one object held in two places)
-is fed as a reference to its first place, which is the same wherever the same structure is.
+Nothing here reads an ``id()`` into a digest, a ``hash()`` (salted per process for ``str``) or
+an order Python does not fix, so a digest is the same in every process that holds the same
+value and runs the same code. The walks use stacks of their own, so a value nested deeper than
+Python's recursion limit is digested like any other; a container met twice (a cycle, or one
+object held in two places) is fed as a reference to its first place.
 """
 
 from __future__ import annotations
 
-import inspect
+import contextlib
+import copyreg
+import functools
+import os
+import site
 import struct
 import sys
+import sysconfig
 import types
 import weakref
 from collections.abc import Callable
@@ -38,13 +56,18 @@ from soma import _soma
 
 
 class Unkeyable(Exception):
-    """A value, or a node's state, that a cache key cannot be made of; ``where`` says which
-    part, as a path from the value (``.weights[2]``)."""
+    """A value, or a node's state or code, that a cache key cannot be made of; ``kind`` names
+    its type and ``where`` says where it was found, as a path from the value (``.weights[2]``)
+    or through the code that reads it (``Scale.forward > helpers.LOCK``)."""
 
     def __init__(self, kind: str, where: str) -> None:
         super().__init__(f"a `{kind}` at `{where or '(the value itself)'}` cannot be digested")
         self.kind = kind
         self.where = where
+
+
+# ---------------------------------------------------------------------------------------------
+# The encoding's pieces
 
 
 def _length(n: int) -> bytes:
@@ -56,134 +79,35 @@ def _text(tag: bytes, text: str) -> bytes:
     return tag + _length(len(data)) + data
 
 
+def _int(i: int) -> bytes:
+    # Its two's-complement bytes: exact at any size, where `str(i)` refuses past 4,300 digits.
+    data = i.to_bytes((i.bit_length() + 8) // 8, "little", signed=True)
+    return b"i" + _length(len(data)) + data
+
+
 _SCALARS: dict[type, Callable[[Any], bytes]] = {
     type(None): lambda _: b"N",
-    bool: lambda b: b"T" if b else b"F",
-    int: lambda i: _text(b"i", str(i)),
+    bool: lambda b: b"1" if b else b"0",
+    int: _int,
     float: lambda x: b"f" + struct.pack("<d", x),
     complex: lambda z: b"z" + struct.pack("<dd", z.real, z.imag),
     str: lambda s: _text(b"s", s),
     bytes: lambda b: b"b" + _length(len(b)) + b,
+    type(Ellipsis): lambda _: b"e",
 }
 
-# Classes whose source was read once: a class edited in a notebook is a new class object.
-_CLASS_DIGESTS: weakref.WeakKeyDictionary[type, bytes] = weakref.WeakKeyDictionary()
-
-
-def digest(value: object) -> bytes:
-    """The 32-byte digest of ``value``'s content.
-
-    Raises :class:`Unkeyable` for what has no content to read.
-    """
-    out = bytearray()
-    _feed(value, "", out)
-    return _soma.blake3(out)
-
-
-def class_digest(cls: type) -> bytes:
-    """The digest of a class's code: its source where it can be read, else the compiled code
-    of the functions it defines."""
-    known = _CLASS_DIGESTS.get(cls)
-    if known is not None:
-        return known
-    out = bytearray(_text(b"C", f"{cls.__module__}.{cls.__qualname__}"))
-    try:
-        out += _text(b"S", inspect.getsource(cls))
-    except (OSError, TypeError):  # Defined in a REPL or by `exec`: no file to read.
-        for name, member in sorted(vars(cls).items()):
-            function = getattr(member, "__func__", member)
-            code = getattr(function, "__code__", None)
-            if isinstance(code, types.CodeType):
-                out += _text(b"M", name)
-                _feed_code(out, code)
-    known = _soma.blake3(bytes(out))
-    _CLASS_DIGESTS[cls] = known
-    return known
-
-
-def fingerprint(node: object) -> bytes:
-    """The digest of what ``node``'s output depends on besides its input: the source of each
-    class of its MRO that has one (``object`` and Soma's bases aside), and its state.
-
-    Raises :class:`Unkeyable` when its state cannot be read, naming the attribute.
-    """
-    remembered = _REMEMBERED.get(id(node))
-    if remembered is not None and remembered.still(node):
-        return remembered.fingerprint
-    cls = type(node)
-    code, slots = _class_parts(cls)
-    out = bytearray(code)
-    native = getattr(node, "_soma_native", None)
-    if native is not None:  # A Rust node: what it was made with is in its description.
-        out += _text(b"R", repr(native))
-    state = _state(node)
-    out += _length(len(state))
-    for name, attribute in sorted(state.items()):
-        out += _text(b"", name)
-        _feed(attribute, f".{name}", out)
-    digest = _soma.blake3(out)
-    if native is None and all(map(_unchangeable, state.values())):
-        _remember(node, cls, slots, digest)
-    elif remembered is not None and remembered.node() is node:
-        del _REMEMBERED[id(node)]  # Its state can now change in place: checked no more.
-    return digest
-
-
-class _Remembered:
-    """A node's fingerprint, and what its state was made of when it was taken: its class, and
-    each attribute's object (held, so that no other object can take its place unseen)."""
-
-    __slots__ = ("attributes", "cls", "fingerprint", "node", "slots")
-
-    def __init__(
-        self,
-        node: weakref.ref[Any],
-        cls: type,
-        attributes: tuple[tuple[str, object], ...] | None,
-        slots: tuple[tuple[str, object], ...],
-        fingerprint: bytes,
-    ) -> None:
-        self.node = node
-        self.cls = cls
-        self.attributes = attributes
-        self.slots = slots
-        self.fingerprint = fingerprint
-
-    def still(self, node: object) -> bool:
-        """Whether ``node`` is the node this was taken of, with every attribute the same
-        object: its fingerprint then is what it was."""
-        if self.node() is not node or type(node) is not self.cls:
-            return False
-        attributes = getattr(node, "__dict__", None)
-        if self.attributes is None:
-            if attributes is not None:
-                return False
-        elif attributes is None or len(attributes) != len(self.attributes):
-            return False
-        else:
-            for name, value in self.attributes:
-                if attributes.get(name, _ABSENT) is not value:
-                    return False
-        for name, value in self.slots:  # noqa: SIM110 (a loop reads as the check above)
-            if getattr(node, name, _ABSENT) is not value:
-                return False
-        return True
-
-
-# Fingerprints of nodes whose state cannot change in place, by the id of the node: each entry
-# holds its node weakly and leaves when the node goes (before its id can be anyone else's).
-_REMEMBERED: dict[int, _Remembered] = {}
-_ABSENT = object()
-_UNCHANGEABLE = frozenset({type(None), bool, int, float, complex, str, bytes})
+# What cannot change in place, and holds nothing that can: fed as it is, wherever it is met.
+_UNCHANGEABLE = frozenset({*_SCALARS, types.CodeType})
 
 
 def _unchangeable(value: object) -> bool:
-    """Whether ``value`` and all it holds cannot change in place."""
+    """Whether ``value`` and all it holds cannot change in place (``None``, numbers, strings,
+    bytes, code, and tuples and frozensets of those)."""
     pending = [value]
     while pending:
         value = pending.pop()
         kind = type(value)
-        if kind in _UNCHANGEABLE or isinstance(value, type):
+        if kind in _UNCHANGEABLE:
             continue
         if isinstance(value, (tuple, frozenset)) and (kind is tuple or kind is frozenset):
             pending.extend(value)
@@ -192,113 +116,220 @@ def _unchangeable(value: object) -> bool:
     return True
 
 
-def _remember(node: object, cls: type, slots: tuple[str, ...], fingerprint: bytes) -> None:
-    key = id(node)
+def _qualified(obj: Any) -> str:
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    if not isinstance(name, str):
+        name = type(obj).__qualname__
+    module = getattr(obj, "__module__", None)
+    return f"{module if isinstance(module, str) else ''}.{name}"
 
-    def forget(gone: weakref.ref[Any]) -> None:
-        if (entry := _REMEMBERED.get(key)) is not None and entry.node is gone:
-            del _REMEMBERED[key]
 
+def _is(value: object, module: str, name: str) -> bool:
+    """Whether ``value`` is a ``module.name``, without importing ``module``: a value of a
+    module nobody imported cannot be one."""
+    loaded = sys.modules.get(module)
+    cls = getattr(loaded, name, None) if loaded is not None else None
+    return isinstance(cls, type) and isinstance(value, cls)
+
+
+# ---------------------------------------------------------------------------------------------
+# The user's code, and the libraries'
+
+
+def _library_roots() -> tuple[str, ...]:
+    """The folders installed code lives in: the standard library, site-packages, and Soma's
+    own package (whose code is Soma's, not the node's) — each as written and with its links
+    resolved, so that a file name is told apart without asking the file system."""
+    roots = {os.path.dirname(os.path.abspath(__file__))}
+    paths = sysconfig.get_paths()
+    for name in ("stdlib", "platstdlib", "purelib", "platlib"):
+        if paths.get(name):
+            roots.add(paths[name])
     try:
-        held = weakref.ref(node, forget)
-    except TypeError:  # Slots without `__weakref__`: it is digested on every run instead.
-        return
-    attributes = getattr(node, "__dict__", None)
-    _REMEMBERED[key] = _Remembered(
-        held,
-        cls,
-        None if attributes is None else tuple(attributes.items()),
-        tuple((name, getattr(node, name, _ABSENT)) for name in slots),
-        fingerprint,
-    )
+        roots.update(site.getsitepackages())
+        roots.add(site.getusersitepackages())
+    except AttributeError:  # An embedded interpreter without them.
+        pass
+    found = {
+        os.path.join(path(root), "")
+        for root in roots
+        for path in (os.path.abspath, os.path.realpath)
+    }
+    return tuple(sorted(found))
 
 
-# Modules of the bases every node has, whose code is not the node's.
-_BASES = frozenset({"abc", "soma._node", "soma._dsl"})
+_LIBRARY_ROOTS = _library_roots()
 
-# By class, read once: the digests of the code of its MRO, and the names of its slots.
-_CLASS_PARTS: weakref.WeakKeyDictionary[type, tuple[bytes, tuple[str, ...]]] = (
-    weakref.WeakKeyDictionary()
-)
+# By file name: whether the code in it is the user's own.
+_USERS_FILES: dict[str, bool] = {}
 
 
-def _class_parts(cls: type) -> tuple[bytes, tuple[str, ...]]:
-    known = _CLASS_PARTS.get(cls)
-    if known is not None:
-        return known
-    code = b"".join(
-        class_digest(c) for c in cls.__mro__ if c is not object and c.__module__ not in _BASES
-    )
-    slots: list[str] = []
-    for c in cls.__mro__:
-        declared = c.__dict__.get("__slots__", ())
-        for name in [declared] if isinstance(declared, str) else declared:
-            if name not in ("__dict__", "__weakref__"):
-                slots.append(name)
-    known = (code, tuple(slots))
-    _CLASS_PARTS[cls] = known
+def _users_file(filename: str) -> bool:
+    """Whether code compiled from ``filename`` is the user's own: a file outside the standard
+    library and site-packages, or code with no file (``exec``, a notebook cell, the REPL)."""
+    known = _USERS_FILES.get(filename)
+    if known is None:
+        if filename.startswith("<frozen "):
+            known = False
+        elif filename.startswith("<") or not os.path.isabs(filename):
+            known = True  # `<string>`, `<stdin>`, `<ipython-input-...>`
+        else:
+            known = not filename.startswith(_LIBRARY_ROOTS)
+        _USERS_FILES[filename] = known
     return known
 
 
-def _state(obj: object) -> dict[str, object]:
-    """An object's attributes: its ``__dict__`` and its ``__slots__``, Soma's own left out."""
-    _, slots = _class_parts(type(obj))
-    state: dict[str, object] = {name: getattr(obj, name) for name in slots if hasattr(obj, name)}
-    state.update(getattr(obj, "__dict__", {}))
-    return {name: value for name, value in state.items() if not name.startswith("_soma_")}
+def _users_module(module: types.ModuleType) -> bool:
+    filename = getattr(module, "__file__", None)
+    if isinstance(filename, str):
+        return _users_file(filename)
+    folders = getattr(module, "__path__", None)  # A namespace package: by where it lies.
+    if folders is not None:
+        return all(_users_file(os.path.join(folder, "")) for folder in folders)
+    # A module with no file: built into the interpreter, or made by the user (a notebook's
+    # `__main__`, `types.ModuleType("cell")`).
+    return module.__name__ not in sys.builtin_module_names and module.__name__ != "builtins"
 
 
-def _feed_code(out: bytearray, code: types.CodeType) -> None:
-    """Compiled code, its constants and nested functions included, without its line numbers."""
-    pending = [code]
-    while pending:
-        code = pending.pop()
-        out += _length(len(code.co_code)) + code.co_code
-        out += _text(b"n", " ".join(code.co_names))
-        for constant in code.co_consts:
-            if isinstance(constant, types.CodeType):
-                pending.append(constant)
-            else:
-                out += _text(b"k", repr(constant))
+# By the id of a class: the class, weakly, and whether it is the user's (a class never moves
+# from one module to another). A dict by id, not a `WeakKeyDictionary`: that one makes a weak
+# reference on every lookup, which a first key does a dozen times.
+_USERS_CLASSES: dict[int, tuple[weakref.ref[type], bool]] = {}
+
+_HEAP_TYPE = 1 << 9  # `Py_TPFLAGS_HEAPTYPE`: a class made by running Python code.
 
 
-def _numpy_array(array: Any, where: str, pending: list[Any], out: bytearray) -> None:
-    numpy = sys.modules["numpy"]
-    if array.dtype.hasobject:  # Pointers, not content: walked as the nested lists they hold.
-        out += b"A" + _text(b"d", array.dtype.str) + _text(b"h", repr(array.shape))
-        pending.append((array.tolist(), where))
-        return
-    out += b"a" + _text(b"d", array.dtype.str) + _text(b"h", repr(array.shape))
-    # Its own digest, made on several threads when it is large, stands for its bytes.
-    out += _soma.blake3(numpy.ascontiguousarray(array).reshape(-1).view(numpy.uint8))
+def _users_class(cls: type) -> bool:
+    """Whether a class is the user's own: defined in a module of the user's, or by ``exec``, a
+    notebook cell or the REPL — told by its methods' code, which says where it was compiled,
+    where its ``__module__`` may name a module it was not written in (``exec`` into a dict of
+    its own names it ``builtins``)."""
+    entry = _USERS_CLASSES.get(id(cls))
+    if entry is not None and entry[0]() is cls:
+        return entry[1]
+    files = set()
+    for member in vars(cls).values():
+        function = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
+        function = member.fget if isinstance(member, property) else function
+        if isinstance(function, types.FunctionType):
+            files.add(function.__code__.co_filename)
+    name = cls.__module__
+    module = sys.modules.get(name) if isinstance(name, str) else None
+    filename = getattr(module, "__file__", None)
+    if any(_users_file(f) and not f.startswith("<") for f in files):
+        known = True  # A method written in a file of the user's, whatever its module says.
+    elif isinstance(filename, str) and _users_file(filename):
+        known = True
+    elif isinstance(filename, str):
+        # A library's module: the library's, unless every method was compiled by `exec` (a
+        # class made in a namespace that borrowed the module's name, as `__main__`).
+        known = bool(files) and all(_users_file(f) for f in files)
+    elif files:  # No file to tell by: its methods say.
+        known = any(_users_file(f) for f in files)
+    else:  # No method either: made by running Python code (`exec`), or written in C.
+        known = bool(cls.__flags__ & _HEAP_TYPE)
+    key = id(cls)
+
+    def forget(gone: weakref.ref[type]) -> None:
+        if (found := _USERS_CLASSES.get(key)) is not None and found[0] is gone:
+            del _USERS_CLASSES[key]
+
+    with contextlib.suppress(TypeError):  # A class that cannot be referenced weakly.
+        _USERS_CLASSES[key] = (weakref.ref(cls, forget), known)
+    return known
 
 
-def _torch_tensor(tensor: Any, where: str, out: bytearray) -> None:
-    torch = sys.modules["torch"]
-    if tensor.layout is not torch.strided:
-        raise Unkeyable(f"{tensor.layout} tensor", where)
-    out += (
-        b"t"
-        + _text(b"d", str(tensor.dtype))
-        + _text(b"h", repr(tuple(tensor.shape)))
-        + _text(b"v", tensor.device.type)
-    )
-    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-    out += _soma.blake3(flat.view(torch.uint8).numpy())
+def _users_function(function: types.FunctionType) -> bool:
+    return _users_file(function.__code__.co_filename)
 
 
-def _feed(root: object, where: str, out: bytearray) -> None:
+# ---------------------------------------------------------------------------------------------
+# Compiled code
+
+
+def _code_digest(code: types.CodeType) -> bytes:
+    """The digest of compiled code: its instructions, names, constants (nested code included),
+    argument counts, flags and exception table, without its file name and line numbers (read,
+    and remembered by the code object, by ``soma._soma.code_digest``)."""
+    try:
+        return _soma.code_digest(code)
+    except TypeError:  # A constant no compiler makes (code built by hand).
+        raise Unkeyable("code", code.co_qualname) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Values
+
+
+class _SetEnd:
+    """Where the members of a set or frozenset end: their digests, sorted, are fed then."""
+
+    __slots__ = ("count", "set_id")
+
+    def __init__(self, count: int, set_id: int) -> None:
+        self.count = count
+        self.set_id = set_id
+
+
+_MEMBER_START = object()
+_MEMBER_END = object()
+
+_BUILTIN_CALLABLES = (
+    types.BuiltinFunctionType,
+    types.MethodDescriptorType,
+    types.WrapperDescriptorType,
+    types.MethodWrapperType,
+    types.ClassMethodDescriptorType,
+)
+
+
+def digest(value: object) -> bytes:
+    """The 32-byte digest of ``value``'s content and type.
+
+    Raises :class:`Unkeyable` for what has no content to read.
+    """
+    out = bytearray()
+    _feed(value, "", out, frozenset())
+    return _soma.blake3(out)
+
+
+def _digest_at(value: object, where: str, busy: frozenset[int]) -> bytes:
+    out = bytearray()
+    _feed(value, where, out, busy)
+    return _soma.blake3(out)
+
+
+def _feed(root: object, where: str, out: bytearray, busy: frozenset[int]) -> None:
     """Writes ``root``'s encoding into ``out``, the bytes to be hashed; a buffer (an array's, a
-    tensor's) is written as its own BLAKE3 digest, made where it lies, so it is never copied."""
-    # Each entry: a value and where it lies, or raw bytes to feed as they are.
+    tensor's) is written as its own BLAKE3 digest, made where it lies, so it is never copied.
+    ``busy``: the classes and functions whose digests are being made further up, met again as
+    a reference."""
+    # Each entry: a value and where it lies, raw bytes to feed as they are, or a mark.
     pending: list[Any] = [(root, where)]
-    # Containers met so far, by identity, with the order they were met in; held, so that no
-    # id is reused while the walk lasts.
+    # Containers met so far, by identity, with the order they were met in (held, so that no
+    # id is reused while the walk lasts); each member of a set is walked with a map of its own.
     seen: dict[int, tuple[int, object]] = {}
+    scopes: list[tuple[bytearray, dict[int, tuple[int, object]]]] = []
+    members: list[bytes] = []
+    open_sets: set[int] = set()
     while pending:
         item = pending.pop()
         if isinstance(item, bytes):
             out += item
+            continue
+        if item is _MEMBER_START:
+            scopes.append((out, seen))
+            out, seen = bytearray(), {}
+            continue
+        if item is _MEMBER_END:
+            members.append(_soma.blake3(out))
+            out, seen = scopes.pop()
+            continue
+        if isinstance(item, _SetEnd):
+            done = sorted(members[len(members) - item.count :])
+            del members[len(members) - item.count :]
+            out += b"".join(done)
+            open_sets.discard(item.set_id)
             continue
         value: Any = item[0]
         where = item[1]
@@ -311,8 +342,8 @@ def _feed(root: object, where: str, out: bytearray) -> None:
             out += b"(" + _length(len(value))
             pending.extend((v, f"{where}[{i}]") for i, v in reversed(list(enumerate(value))))
             continue
-        if kind is bytearray or kind is memoryview:
-            out += b"B" + _length(len(value)) + bytes(value)
+        if kind is types.CodeType:
+            out += b"k" + _code_digest(value)
             continue
         mark = seen.get(id(value))
         if mark is not None:
@@ -322,66 +353,390 @@ def _feed(root: object, where: str, out: bytearray) -> None:
         if kind is list:
             out += b"[" + _length(len(value))
             pending.extend((v, f"{where}[{i}]") for i, v in reversed(list(enumerate(value))))
-        elif isinstance(value, dict):
-            # In the order of the keys' own digests: the same whatever order they were set in.
-            out += _text(b"{", _qualified(kind)) + _length(len(value))
-            entries = sorted(((digest(k), k, v) for k, v in value.items()), key=_first)
-            for key_digest, key, item_value in reversed(entries):
-                pending.append((item_value, f"{where}[{key!r}]"))
-                pending.append(key_digest)
-        elif isinstance(value, (set, frozenset)):
-            members = sorted(digest(member) for member in value)
-            out += _text(b"<", _qualified(kind)) + _length(len(members))
-            out += b"".join(members)
+        elif kind is dict:
+            # In its order, which a node can read (`next(iter(d))`): a dict in another order
+            # is another value.
+            out += b"{" + _length(len(value))
+            entries = list(value.items())
+            for key, entry in reversed(entries):
+                pending.append((entry, f"{where}[{key!r}]"))
+                pending.append((key, f"{where}.keys()"))
+        elif kind is set or kind is frozenset or isinstance(value, (set, frozenset)):
+            if id(value) in open_sets:
+                raise Unkeyable(f"{_qualified(kind)} that holds itself", where)
+            open_sets.add(id(value))
+            # In the order of its members' digests: a set's own order is its hashes', which
+            # differ between processes.
+            out += b"<" if kind is set else b">" if kind is frozenset else b"U"
+            if kind is not set and kind is not frozenset:
+                pending.append(_subclass_state(value, where))
+                pending.append((kind, f"{where}.__class__"))
+            out += _length(len(value))
+            pending.append(_SetEnd(len(value), id(value)))
+            for member in value:
+                pending.append(_MEMBER_END)
+                pending.append((member, f"{where}{{…}}"))
+                pending.append(_MEMBER_START)
+        elif kind is bytearray:
+            out += b"B" + _length(len(value)) + bytes(value)
+        elif kind is memoryview:
+            data = value.tobytes()
+            out += _text(b"v", value.format) + _text(b"", repr(value.shape))
+            out += _length(len(data)) + data
         elif _is(value, "numpy", "ndarray"):
             _numpy_array(value, where, pending, out)
         elif _is(value, "numpy", "generic"):
-            out += _text(b"g", value.dtype.str) + value.tobytes()
+            out += _text(b"g", value.dtype.str) + _text(b"", repr(value.dtype))
+            data = value.tobytes()
+            out += _length(len(data)) + data
         elif _is(value, "torch", "Tensor"):
-            _torch_tensor(value, where, out)
+            _torch_tensor(value, where, pending, out)
         elif isinstance(value, type):
-            out += b"c" + class_digest(value)
-        elif isinstance(value, (types.FunctionType, types.MethodType)):
-            function = getattr(value, "__func__", value)
-            out += _text(b"F", _qualified(function))
-            _feed_code(out, function.__code__)
-            if isinstance(value, types.MethodType):
-                pending.append((value.__self__, f"{where}.__self__"))
-        elif isinstance(value, (types.BuiltinFunctionType, types.ModuleType)):
-            out += _text(b"R", _qualified(value))
-        elif hasattr(value, "__dict__") or hasattr(type(value), "__slots__"):
-            state = _state(value)
-            out += _text(b"o", _qualified(kind)) + _length(len(state))
-            for name, attribute in sorted(state.items(), reverse=True):
-                pending.append((attribute, f"{where}.{name}"))
-                pending.append(_text(b"", name))
+            if _users_class(value):
+                out += b"C" + _unit_digest(value, busy)
+            else:
+                out += _text(b"c", _qualified(value))
+        elif kind is types.FunctionType:
+            if _users_function(value):
+                out += b"F" + _unit_digest(value, busy)
+            else:
+                out += _text(b"l", _qualified(value))
+        elif kind is types.MethodType:
+            out += b"m"
+            pending.append((value.__self__, f"{where}.__self__"))
+            pending.append((value.__func__, f"{where}.__func__"))
+        elif isinstance(value, _BUILTIN_CALLABLES):
+            bound = getattr(value, "__self__", None)
+            out += _text(b"h", _qualified(value))
+            if bound is None or isinstance(bound, types.ModuleType):
+                out += b"-"
+            else:
+                out += b"+"
+                pending.append((bound, f"{where}.__self__"))
+        elif kind is types.ModuleType:
+            out += _text(b"M", value.__name__)
+        elif kind is staticmethod or kind is classmethod:
+            out += b"y" if kind is staticmethod else b"Y"
+            pending.append((value.__func__, f"{where}.__func__"))
+        elif kind is functools.cached_property:  # By its function: its lock is no content.
+            out += b"Q"
+            pending.append((value.func, f"{where}.func"))
+        elif kind is property:
+            out += b"p"
+            for part in ("fdel", "fset", "fget"):
+                pending.append((getattr(value, part), f"{where}.{part}"))
+        elif kind is types.MappingProxyType:
+            out += b"P"
+            pending.append((dict(value), where))
         else:
-            # What pickle would save of it (a `datetime`, a `Decimal`, a `Path`): how to make
-            # it again, and from what. What pickle refuses (a lock, a generator) has no key.
-            try:
-                reduced = value.__reduce_ex__(4)
-            except Exception:
-                raise Unkeyable(_qualified(kind), where) from None
-            if not isinstance(reduced, tuple):
-                raise Unkeyable(_qualified(kind), where)
-            out += _text(b"r", _qualified(kind))
-            # Its list and dict items come as iterators: read them into lists.
-            parts = [list(p) if hasattr(p, "__next__") else p for p in reduced[1:]]
-            pending.append((tuple(parts), where))
+            _reduced(value, where, pending, out)
 
 
-def _first(entry: tuple[bytes, object, object]) -> bytes:
-    return entry[0]
+def _subclass_state(value: object, where: str) -> tuple[object, str]:
+    """What an instance of a subclass holds beside its base's content: its ``__dict__`` and
+    ``__slots__``, as a dict."""
+    state = dict(getattr(value, "__dict__", {}))
+    for cls in type(value).__mro__:
+        declared = cls.__dict__.get("__slots__", ())
+        for name in [declared] if isinstance(declared, str) else declared:
+            if name not in ("__dict__", "__weakref__") and hasattr(value, name):
+                state[name] = getattr(value, name)
+    return (state, f"{where}.__dict__")
 
 
-def _qualified(obj: Any) -> str:
-    name = getattr(obj, "__qualname__", None) or type(obj).__qualname__
-    return f"{getattr(obj, '__module__', None) or ''}.{name}"
+def _reduced(value: Any, where: str, pending: list[Any], out: bytearray) -> None:
+    """An object by what pickle would save of it — how to make it again, and from what — beside
+    its class: a namedtuple by its fields, a subclass of a builtin by its content and its
+    instance state, a `datetime`, a `Decimal`, a pandas frame by its blocks and axes. What
+    pickle refuses (a lock, a generator) has no key."""
+    kind = type(value)
+    try:
+        # As pickle asks: a reducer registered for its type first (`copyreg.pickle`).
+        reducer = copyreg.dispatch_table.get(kind)
+        reduced = value.__reduce_ex__(4) if reducer is None else reducer(value)
+    except Exception:
+        raise Unkeyable(_qualified(kind), where) from None
+    if isinstance(reduced, str):
+        # Pickled by reference to a module-level name (a function of C code, a singleton).
+        out += _text(b"r", _qualified(kind)) + _text(b"", reduced)
+        wrapped = getattr(value, "__wrapped__", None)  # `functools.lru_cache(helper)`
+        out += b"-" if wrapped is None else b"+"
+        if wrapped is not None:
+            pending.append((wrapped, f"{where}.__wrapped__"))
+        return
+    if not isinstance(reduced, tuple) or not 2 <= len(reduced) <= 6:
+        raise Unkeyable(_qualified(kind), where)
+    # Its list and dict items come as iterators: read them into lists.
+    parts = [list(p) if hasattr(p, "__next__") else p for p in reduced]
+    out += b"R" + _length(len(parts))
+    pending.append((tuple(parts), where))
+    pending.append((kind, f"{where}.__class__"))
 
 
-def _is(value: object, module: str, name: str) -> bool:
-    """Whether ``value`` is a ``module.name``, without importing ``module``: a value of a
-    module nobody imported cannot be one."""
-    loaded = sys.modules.get(module)
-    cls = getattr(loaded, name, None) if loaded is not None else None
-    return isinstance(cls, type) and isinstance(value, cls)
+def _numpy_array(array: Any, where: str, pending: list[Any], out: bytearray) -> None:
+    numpy = sys.modules["numpy"]
+    kind = type(array)
+    dtype = array.dtype
+    header = _text(b"", dtype.str) + _text(b"", repr(dtype)) + _text(b"", repr(array.shape))
+    if kind is not numpy.ndarray:
+        # A subclass: its class, and what it holds beside the array (a masked array's mask
+        # and fill value; `_sharedmask`, how it came to share its mask, is no content).
+        out += b"X"
+        if _is(array, "numpy.ma", "MaskedArray"):
+            ma = sys.modules["numpy.ma"]
+            state: Any = (ma.getmaskarray(array), array.fill_value, array.hardmask)
+        elif _is(array, "numpy", "memmap"):
+            state = None  # Its content is its bytes; where it maps them is not.
+        else:
+            state = _subclass_state(array, where)[0]
+        pending.append((state, f"{where}.__dict__"))
+        pending.append((kind, f"{where}.__class__"))
+        array = array.view(numpy.ndarray)
+    if dtype.hasobject:  # Pointers, not content: walked as the nested lists they hold.
+        out += b"A" + header
+        pending.append((array.tolist(), where))
+        return
+    out += b"a" + header
+    # Its own digest, made on several threads when it is large, stands for its bytes.
+    out += _soma.blake3(numpy.ascontiguousarray(array).reshape(-1).view(numpy.uint8))
+
+
+def _torch_tensor(tensor: Any, where: str, pending: list[Any], out: bytearray) -> None:
+    torch = sys.modules["torch"]
+    if tensor.layout is not torch.strided or tensor.is_quantized:
+        raise Unkeyable(f"{tensor.layout} tensor", where)
+    subclass = type(tensor) is not torch.Tensor  # A `Parameter`, or a subclass of the user's.
+    out += (
+        b"t"
+        + _text(b"", str(tensor.dtype))
+        + _text(b"", repr(tuple(tensor.shape)))
+        + _text(b"", tensor.device.type)
+        + (b"1" if tensor.requires_grad else b"0")
+        + (b"+" if subclass else b"-")
+    )
+    flat = tensor.detach().resolve_conj().resolve_neg().to("cpu").contiguous().reshape(-1)
+    out += _soma.blake3(flat.view(torch.uint8).numpy())
+    if subclass:  # Its class, then its own attributes.
+        pending.append(_subclass_state(tensor, where))
+        pending.append((type(tensor), f"{where}.__class__"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Code, by what it reaches
+
+
+# The kinds of binding a witness checks that a node's own witness uses (the others are made by
+# `soma._soma.reach`; see `crates/soma-python/src/witness.rs`).
+_ATTRIBUTE, _VARS, _VARS_LEN, _TYPE = 0, 1, 2, 8
+
+
+class _Unit:
+    """A class's or a function's digest as remembered: the digest of what cannot change in
+    place, the witness of what it was read from, and where each volatile binding lies."""
+
+    __slots__ = ("owner", "stable", "wheres", "witness")
+
+    def __init__(self, stable: bytes, witness: _soma.Witness, wheres: tuple[str, ...]) -> None:
+        self.stable = stable
+        self.witness = witness
+        self.wheres = wheres
+        # Its owner, weakly, with the callback that removes this entry when the owner goes.
+        self.owner: weakref.ref[Any] | None = None
+
+
+def _finish(
+    stable: bytes, current: tuple[object, ...], wheres: tuple[str, ...], busy: frozenset[int]
+) -> bytes:
+    """The digest of a remembered part, with what its volatile bindings hold now."""
+    if not current:
+        return stable
+    out = bytearray(stable)
+    for value, where in zip(current, wheres, strict=True):
+        out += _digest_at(value, where, busy)
+    return _soma.blake3(out)
+
+
+# Classes' and functions' remembered digests, by the id of the class or function; each entry
+# leaves with its owner (before the id can be anyone else's), and its witness holds the owner
+# weakly, so the entry never keeps it alive.
+_UNITS: dict[int, _Unit] = {}
+
+
+def _unit(owner: type | types.FunctionType) -> tuple[_Unit, tuple[object, ...]]:
+    """The remembered digest of a class or a function of the user's — made afresh when its
+    witness says a binding changed — and what its volatile bindings hold now."""
+    unit = _UNITS.get(id(owner))
+    if unit is not None:
+        current = unit.witness.current()
+        if current is not None:
+            return unit, current
+    for _ in range(3):
+        unit = _reach(owner)
+        current = unit.witness.current()
+        if current is not None:
+            break
+    else:  # Rebound between the walk and its check, each time.
+        raise Unkeyable(_qualified(owner), "(its code changes while it is read)")
+    key = id(owner)
+
+    def forget(gone: weakref.ref[Any]) -> None:
+        if (entry := _UNITS.get(key)) is not None and entry.owner is gone:
+            del _UNITS[key]
+
+    try:
+        unit.owner = weakref.ref(owner, forget)
+    except TypeError:  # Cannot be referenced weakly: made afresh each time, never kept.
+        return unit, current
+    _UNITS[key] = unit
+    return unit, current
+
+
+def _unit_digest(owner: type | types.FunctionType, busy: frozenset[int]) -> bytes:
+    """A class's or a function's whole digest; a reference by name when it is being made
+    further up (a class whose attribute holds one of its instances)."""
+    if id(owner) in busy:
+        return _soma.blake3(_text(b"busy", _qualified(owner)))
+    unit, current = _unit(owner)
+    return _finish(unit.stable, current, unit.wheres, busy | {id(owner)})
+
+
+def _users(obj: object) -> bool:
+    """Whether a function, a class or a module is the user's own, whose code a key follows
+    (asked by ``soma._soma.reach``)."""
+    if type(obj) is types.FunctionType:
+        return _users_function(obj)
+    if isinstance(obj, type):
+        return _users_class(obj)
+    if isinstance(obj, types.ModuleType):
+        return _users_module(obj)
+    return False
+
+
+def _reach(owner: type | types.FunctionType) -> _Unit:
+    """A class's or a function's code read afresh (``soma._soma.reach`` says what it follows)."""
+    try:
+        stable, witness, wheres = _soma.reach(owner, _USERS_FILES, _users_file, _users)
+    except Exception as error:  # An attribute that raised when read, a constant no compiler makes.
+        raise Unkeyable(
+            f"{_qualified(owner)} ({type(error).__name__}: {error})", _qualified(owner)
+        ) from None
+    return _Unit(stable, witness, tuple(wheres))
+
+
+# ---------------------------------------------------------------------------------------------
+# Nodes
+
+
+# Fingerprints of nodes whose state cannot change in place, by the id of the node: each entry
+# holds its node weakly and leaves when the node goes (before its id can be anyone else's).
+_REMEMBERED: dict[int, _soma.Remembered] = {}
+
+
+def fingerprint(node: object) -> bytes:
+    """The digest of what ``node``'s output depends on besides its input: its class's code
+    (each class of its MRO of the user's: methods, attributes, and the functions, classes and
+    module-level values its code reaches by name) and its state.
+
+    Raises :class:`Unkeyable` when what it reaches cannot be read, saying where.
+    """
+    remembered = _REMEMBERED.get(id(node))
+    if remembered is not None and remembered.node() is node:
+        current = remembered.witness.current()
+        if current is not None:  # Nothing it was read from was rebound: what every rerun does.
+            if not current:
+                return remembered.stable
+            return _finish(remembered.stable, current, remembered.wheres, frozenset())
+    cls = type(node)
+    if _users_class(cls):
+        unit, current = _unit(cls)
+        out = bytearray(b"N" + unit.stable)
+        wheres = unit.wheres
+    else:  # Soma's own (`switch`, `loop`), or an installed library's: by name.
+        unit, current, wheres = None, (), ()
+        out = bytearray(_text(b"n", _qualified(cls)))
+    native = getattr(node, "_soma_native", None)
+    if native is not None:  # A Rust node: what it was made with is in its description.
+        out += _text(b"R", repr(native))
+    state = _state(node)
+    out += _length(len(state))
+    for name, attribute in state.items():
+        out += _text(b"", name)
+        _feed(attribute, f".{name}", out, frozenset())
+    stable = _soma.blake3(out)
+    result = _finish(stable, current, wheres, frozenset())
+    if native is None and all(map(_unchangeable, state.values())):
+        _remember(node, cls, state, stable, unit, wheres)
+    elif remembered is not None and remembered.node() is node:
+        del _REMEMBERED[id(node)]  # Its state can now change in place: checked no more.
+    return result
+
+
+def _remember(
+    node: object,
+    cls: type,
+    state: dict[str, object],
+    stable: bytes,
+    unit: _Unit | None,
+    wheres: tuple[str, ...],
+) -> None:
+    key = id(node)
+
+    def forget(gone: weakref.ref[Any]) -> None:
+        if (entry := _REMEMBERED.get(key)) is not None and entry.node is gone:
+            del _REMEMBERED[key]
+
+    try:
+        held = weakref.ref(node, forget)
+    except TypeError:  # Slots without `__weakref__`: it is digested on every run instead.
+        return
+    bindings: list[tuple[Any, ...]] = [(_TYPE, cls, False)]
+    attributes = getattr(node, "__dict__", None)
+    if attributes is not None:
+        bindings.append((_VARS_LEN, len(attributes), False))
+    for name, value in state.items():
+        if attributes is not None and name in attributes:
+            bindings.append((_VARS, name, value, False))
+        else:
+            bindings.append((_ATTRIBUTE, name, value, False))
+    owners: list[tuple[object, list[tuple[Any, ...]]]] = [(node, bindings)]
+    # The classes of its MRO that its class's witness does not read (a library's, Soma's): a
+    # `cacheable = False` set on one since makes it run uncached, which a rerun's hit, read
+    # from this witness alone, must see. A class written in C never changes.
+    for base in cls.__mro__:
+        if base.__flags__ & _HEAP_TYPE and (unit is None or not _users_class(base)):
+            namespace = base.__dict__
+            checks: list[tuple[Any, ...]] = [(_VARS_LEN, len(namespace), False)]
+            if "cacheable" in namespace:
+                checks.append((_VARS, "cacheable", namespace["cacheable"], False))
+            owners.append((base, checks))
+    parts = [] if unit is None else [unit.witness]
+    witness = _soma.Witness(owners, parts)
+    # A `soma._soma.Remembered`, which the run cache reads a rerun's hit from without a frame.
+    _REMEMBERED[key] = _soma.Remembered(held, stable, witness, wheres)
+
+
+# By class: the names of its slots, read once.
+_SLOTS: weakref.WeakKeyDictionary[type, tuple[str, ...]] = weakref.WeakKeyDictionary()
+
+
+def _slots(cls: type) -> tuple[str, ...]:
+    known = _SLOTS.get(cls)
+    if known is None:
+        found: list[str] = []
+        for c in cls.__mro__:
+            declared = c.__dict__.get("__slots__", ())
+            for name in [declared] if isinstance(declared, str) else declared:
+                if name not in ("__dict__", "__weakref__"):
+                    found.append(name)
+        known = tuple(found)
+        _SLOTS[cls] = known
+    return known
+
+
+def _state(obj: object) -> dict[str, object]:
+    """A node's attributes: its ``__slots__`` and its ``__dict__``, Soma's own left out."""
+    state: dict[str, object] = {
+        name: getattr(obj, name) for name in _slots(type(obj)) if hasattr(obj, name)
+    }
+    state.update(getattr(obj, "__dict__", {}))
+    return {name: value for name, value in state.items() if not name.startswith("_soma_")}

@@ -1,7 +1,8 @@
 """Stubs of the compiled glue module ``soma._soma``."""
 
 import os
-from collections.abc import Generator, Iterable
+import weakref
+from collections.abc import Callable, Generator, Iterable
 from typing import Any, NoReturn, Self, final
 
 __all__ = [
@@ -16,19 +17,23 @@ __all__ = [
     "Hasher",
     "NativeNode",
     "Plan",
+    "Remembered",
     "Span",
     "Stepper",
     "StopFlag",
     "StreamCore",
     "Trace",
+    "Witness",
     "_at_exit",
     "_carry_context",
     "_thread_in_reserve",
     "blake3",
     "checked_timeout",
+    "code_digest",
     "distribute",
     "parse_device",
     "parse_host",
+    "reach",
 ]
 
 DEFAULT_TURN_LIMIT: int
@@ -47,6 +52,51 @@ class Hasher:
         """Feeds ``data``: bytes, or any C-contiguous buffer, read in place."""
     def digest(self) -> bytes:
         """The 32-byte digest of everything fed so far."""
+
+def code_digest(code: Any) -> bytes:
+    """The 32-byte digest of a code object: its instructions, names, constants (nested code
+    included), argument counts, flags and exception table, not its file name or line numbers;
+    remembered by the code object."""
+
+def reach(
+    root: type | Callable[..., Any],
+    files: dict[str, bool],
+    users_file: Callable[[str], bool],
+    users: Callable[[object], bool],
+) -> tuple[bytes, Witness, list[str]]:
+    """The digest of what the class or function ``root`` of the user's reaches by name, the
+    witness of the bindings it was read from, and where each volatile binding lies."""
+
+@final
+class Remembered:
+    """A node's fingerprint as remembered: the node (weakly), the digest of what cannot change
+    in place, the witness of what it was read from, and where its volatile bindings lie."""
+
+    def __new__(
+        cls, node: weakref.ref[Any], stable: bytes, witness: Witness, wheres: tuple[str, ...]
+    ) -> Remembered: ...
+    @property
+    def node(self) -> weakref.ref[Any]: ...
+    @property
+    def stable(self) -> bytes: ...
+    @property
+    def witness(self) -> Witness: ...
+    @property
+    def wheres(self) -> tuple[str, ...]: ...
+
+@final
+class Witness:
+    """What a remembered digest was made from: bindings that must still hold the objects they
+    held, each checked by identity."""
+
+    def __new__(
+        cls, owners: Iterable[tuple[object, Iterable[tuple[Any, ...]]]], parts: list[Witness] = ...
+    ) -> Witness: ...
+    def current(self) -> tuple[object, ...] | None:
+        """What the volatile bindings hold now, parts first; ``None`` when a binding no longer
+        holds the object it held."""
+    def __len__(self) -> int:
+        """How many bindings it checks, its parts' included."""
 
 def _at_exit() -> None:
     """The hook run at interpreter exit: Soma's threads stop entering the interpreter, and the

@@ -1,10 +1,15 @@
 //! A Python run cache as the engine's `NodeCache`: the engine chains the keys, Python
 //! fingerprints nodes, digests values and keeps the entries (`soma/_cache.py`).
 //!
-//! The Python side is one object per forward with five methods: `fingerprint(id)` and
-//! `digest(value)` answering 32 bytes or `None`, `get(id, key)` answering `(found, value,
-//! digest)`, `peek(id, key)` answering `(found, digest)`, and `put(id, key, value, digest,
-//! seconds)`. None of them may fail the run: the
+//! A rerun's hit asks for each node's fingerprint; when Python remembered it
+//! (`soma._fingerprint`'s `_REMEMBERED`, a [`Remembered`] by node) and its witness says nothing
+//! it was read from was rebound, it is read here, without a Python frame: most of what a hit
+//! cost beyond the engine was the frames that found it.
+//!
+//! The Python side is one object per forward with six methods: `fingerprint(id)`,
+//! `digest(value)` and `input_digest(id, value)` answering 32 bytes or `None`, `get(key)`
+//! answering `(found, value, digest)`, `peek(key)` answering `(found, digest)`, and
+//! `put(id, key, value, digest, seconds)`. None of them may fail the run: the
 //! Python side turns what it cannot do into a miss, with a warning; anything it still raises is
 //! reported as unraisable and read as a miss here, except Ctrl-C, which stops the run as in a
 //! node.
@@ -14,21 +19,89 @@ use std::time::Duration;
 use pyo3::exceptions::PyKeyboardInterrupt;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict, PyString};
 use soma_core::{Entry, Key, Node, NodeCache, NodeId, Value};
 
 use crate::convert::{to_python, wrap};
+use crate::graph::GraphCore;
 use crate::watch::note_interrupt;
+use crate::witness::Remembered;
 
 /// The run cache of one forward, as the engine asks it.
 pub struct PythonCache {
     run: Py<PyAny>,
+    /// The graph the run cache reads nodes from, and the fingerprints Python remembered by
+    /// node: what a hit's fingerprint is read from here. `None` for a run cache of another
+    /// make (the fingerprint is always asked of it).
+    remembered: Option<(Py<GraphCore>, Py<PyDict>)>,
+}
+
+/// `soma._fingerprint._REMEMBERED`, looked up once: the same dict for the life of the module.
+fn remembered_fingerprints(py: Python<'_>) -> Option<Py<PyDict>> {
+    static REMEMBERED: PyOnceLock<Option<Py<PyDict>>> = PyOnceLock::new();
+    REMEMBERED
+        .get_or_init(py, || {
+            py.import("soma._fingerprint")
+                .and_then(|module| module.getattr("_REMEMBERED"))
+                .and_then(|found| Ok(found.cast_into::<PyDict>()?.unbind()))
+                .ok()
+        })
+        .as_ref()
+        .map(|dict| dict.clone_ref(py))
 }
 
 impl PythonCache {
     pub fn new(run: &Bound<'_, PyAny>) -> Self {
+        let py = run.py();
+        let core = run
+            .getattr(intern!(py, "_core"))
+            .ok()
+            .and_then(|core| core.cast_into::<GraphCore>().ok());
+        let remembered = core.and_then(|core| Some((core.unbind(), remembered_fingerprints(py)?)));
         PythonCache {
             run: run.clone().unbind(),
+            remembered,
+        }
+    }
+
+    /// Node `id`'s fingerprint as Python remembered it, when nothing it was read from changed
+    /// since; `None` when Python must be asked.
+    fn remembered(&self, py: Python<'_>, id: &NodeId) -> Option<Key> {
+        let (core, remembered) = self.remembered.as_ref()?;
+        let node = core.get().implementation(py, id.as_str()).ok()?;
+        let node = node.bind(py);
+        // Remembered only while it is cacheable: a `cacheable = False` set since on it or on
+        // any class of its MRO fails its witness (`soma._fingerprint._remember`).
+        let entry = remembered
+            .bind(py)
+            .get_item(node.as_ptr() as usize)
+            .ok()??;
+        let entry = entry.cast::<Remembered>().ok()?;
+        match entry.get().unchanged(py, node) {
+            Ok(found) => found.map(Key::from_bytes),
+            Err(raised) => {
+                self.report(py, raised);
+                None
+            }
+        }
+    }
+
+    /// What a call into the run cache raised, which no run may fail for: Ctrl-C stops the run
+    /// as in a node, and is signalled again, so that the caller gets it even when no node
+    /// boundary comes after it (the last node's lookup); anything else is reported as
+    /// unraisable.
+    fn report(&self, py: Python<'_>, raised: PyErr) {
+        if raised.is_instance_of::<PyKeyboardInterrupt>(py) {
+            note_interrupt();
+            // SAFETY: called with the GIL held; it only marks SIGINT as arrived, for the main
+            // thread's next check of signals to raise `KeyboardInterrupt` there.
+            #[allow(unsafe_code)]
+            unsafe {
+                pyo3::ffi::PyErr_SetInterrupt();
+            }
+        } else {
+            raised.write_unraisable(py, Some(self.run.bind(py)));
         }
     }
 
@@ -43,11 +116,7 @@ impl PythonCache {
         match self.run.bind(py).call_method1(method, args) {
             Ok(answer) => Some(answer),
             Err(raised) => {
-                if raised.is_instance_of::<PyKeyboardInterrupt>(py) {
-                    note_interrupt();
-                } else {
-                    raised.write_unraisable(py, Some(self.run.bind(py)));
-                }
+                self.report(py, raised);
                 None
             }
         }
@@ -66,7 +135,10 @@ fn key_of(answer: Option<Bound<'_, PyAny>>) -> Option<Key> {
 
 impl NodeCache for PythonCache {
     fn fingerprint(&self, id: &NodeId, _node: &dyn Node) -> Option<Key> {
-        Python::attach(|py| key_of(self.ask(py, intern!(py, "fingerprint"), (id.as_str(),))))
+        Python::attach(|py| {
+            self.remembered(py, id)
+                .or_else(|| key_of(self.ask(py, intern!(py, "fingerprint"), (id.as_str(),))))
+        })
     }
 
     fn digest(&self, value: &Value) -> Option<Key> {
@@ -76,10 +148,17 @@ impl NodeCache for PythonCache {
         })
     }
 
-    fn get(&self, id: &NodeId, key: &Key) -> Option<Entry> {
+    fn digest_input(&self, id: &NodeId, input: &Value) -> Option<Key> {
+        Python::attach(|py| {
+            let input = to_python(py, input).ok()?;
+            key_of(self.ask(py, intern!(py, "input_digest"), (id.as_str(), input)))
+        })
+    }
+
+    fn get(&self, _id: &NodeId, key: &Key) -> Option<Entry> {
         Python::attach(|py| {
             let key = PyBytes::new(py, key.as_bytes());
-            let answer = self.ask(py, intern!(py, "get"), (id.as_str(), key))?;
+            let answer = self.ask(py, intern!(py, "get"), (key,))?;
             let (found, value, digest): Answer<'_> = answer.extract().ok()?;
             found.then(|| Entry {
                 value: wrap(value),
@@ -88,10 +167,10 @@ impl NodeCache for PythonCache {
         })
     }
 
-    fn peek(&self, id: &NodeId, key: &Key) -> Option<Option<Key>> {
+    fn peek(&self, _id: &NodeId, key: &Key) -> Option<Option<Key>> {
         Python::attach(|py| {
             let key = PyBytes::new(py, key.as_bytes());
-            let answer = self.ask(py, intern!(py, "peek"), (id.as_str(), key))?;
+            let answer = self.ask(py, intern!(py, "peek"), (key,))?;
             let (found, digest): (bool, Bound<'_, PyAny>) = answer.extract().ok()?;
             found.then(|| key_of(Some(digest)))
         })

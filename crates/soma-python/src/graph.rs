@@ -499,7 +499,7 @@ impl GraphCore {
     /// The Python object of node `id`: of this graph, or inside one of its decision steps
     /// (`chunks/clean`), found in the graph the step's sub-graph was copied from, level by
     /// level without recursion however deep steps nest.
-    fn implementation(&self, py: Python<'_>, id: &str) -> PyResult<Py<PyAny>> {
+    pub(crate) fn implementation(&self, py: Python<'_>, id: &str) -> PyResult<Py<PyAny>> {
         let mut within: Option<Py<GraphCore>> = None;
         let mut rest = id;
         loop {

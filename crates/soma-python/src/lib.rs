@@ -7,6 +7,7 @@
 
 mod aio;
 mod cache;
+mod code;
 mod context;
 mod convert;
 mod device;
@@ -23,6 +24,7 @@ mod node;
 mod plan;
 mod policy;
 mod protocol;
+mod reach;
 mod reading;
 mod reentry;
 mod stream;
@@ -30,6 +32,7 @@ mod thread_state;
 mod torch_state;
 mod trace;
 mod watch;
+mod witness;
 
 use pyo3::prelude::*;
 
@@ -58,7 +61,11 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<flow::FlowCore>()?;
     module.add_class::<flow::FlowNext>()?;
     module.add_class::<digest::Hasher>()?;
+    module.add_class::<witness::Witness>()?;
+    module.add_class::<witness::Remembered>()?;
     module.add_function(wrap_pyfunction!(digest::blake3, module)?)?;
+    module.add_function(wrap_pyfunction!(code::py_code_digest, module)?)?;
+    module.add_function(wrap_pyfunction!(reach::reach, module)?)?;
     module.add("DEFAULT_TURN_LIMIT", soma_core::DEFAULT_TURN_LIMIT)?;
     module.add("MAX_NESTED_FORWARDS", reentry::MAX_NESTED_FORWARDS)?;
     module.add_function(wrap_pyfunction!(context::_carry_context, module)?)?;

@@ -51,10 +51,20 @@ pub trait NodeCache: Send + Sync {
     /// on the digest of its fresh output. Asked once per run for each node that runs or hits.
     fn fingerprint(&self, id: &NodeId, node: &dyn Node) -> Option<Key>;
 
-    /// The digest of `value`'s content: of the run's input, and of each output a node
-    /// computes. `None` when the value cannot be read. By default [`Key::of_value`].
+    /// The digest of `value`'s content and type, the output a node computed: what the nodes
+    /// that read it are keyed on. `None` when the value cannot be read whole: they are keyed on
+    /// the key of the node that made it instead. By default [`Key::of_value`].
     fn digest(&self, value: &Value) -> Option<Key> {
         Key::of_value(value)
+    }
+
+    /// The digest of the run's input, asked once a run, by the first node `id` that reads it.
+    /// `None` when it cannot be read whole: every node that reads it then runs uncached, and so
+    /// does what reads them until an output has a digest again — an embedder that can say why
+    /// says it here. By default [`NodeCache::digest`].
+    fn digest_input(&self, id: &NodeId, input: &Value) -> Option<Key> {
+        let _ = id;
+        self.digest(input)
     }
 
     /// The entry filed under `key` for `id`, or `None`. A store that cannot read an entry

@@ -14,8 +14,34 @@ use crate::model::value::Value;
 use crate::run::cache::NodeCache;
 use crate::run::program::{Read, Reads, Step};
 
-/// Derivation context of a node's key: no key of another kind can equal one.
-const NODE_CONTEXT: &str = "soma 2026-12 node key v1";
+/// Derivation context of a node's key: no key of another kind can equal one. Version 2: a
+/// fingerprint covers the code a node reaches and a digest a value's whole content and type,
+/// so no key of version 1 can be taken for one of these.
+const NODE_CONTEXT: &str = "soma 2026-12 node key v2";
+
+/// A node's key so far, before what it reads: its fingerprint (its code and state), its id and
+/// where it runs.
+fn node_hasher(id: &NodeId, fingerprint: &Key, step: &Step) -> blake3::Hasher {
+    // Derived once: deriving a hasher's key hashes its context, which would cost a hit as much
+    // as the rest of its key.
+    static DERIVED: OnceLock<blake3::Hasher> = OnceLock::new();
+    let mut hasher = DERIVED
+        .get_or_init(|| blake3::Hasher::new_derive_key(NODE_CONTEXT))
+        .clone();
+    hasher.update(fingerprint.as_bytes());
+    // Its id, which a node may read (`Ctx::node`): two nodes alike in code and state, on the
+    // same input, may still compute different outputs.
+    let name = id.as_str().as_bytes();
+    hasher.update(&(name.len() as u64).to_le_bytes());
+    hasher.update(name);
+    // Where it runs is part of what it computes: an output made on `cuda:1` is not the output
+    // of the same node moved to `cuda:0`.
+    match step.device {
+        None => hasher.update(b"nowhere"),
+        Some(device) => hasher.update(format!("on {device}").as_bytes()),
+    };
+    hasher
+}
 
 /// The identities of one run's values, and the cache they are keyed for.
 pub(crate) struct RunKeys {
@@ -44,19 +70,7 @@ impl RunKeys {
         step: &Step,
         input: &Value,
     ) -> Option<Key> {
-        let mut hasher = blake3::Hasher::new_derive_key(NODE_CONTEXT);
-        hasher.update(fingerprint.as_bytes());
-        // Its id, which a node may read (`Ctx::node`): two nodes alike in code and state, on
-        // the same input, may still compute different outputs.
-        let name = id.as_str().as_bytes();
-        hasher.update(&(name.len() as u64).to_le_bytes());
-        hasher.update(name);
-        // Where it runs is part of what it computes: an output made on `cuda:1` is not the
-        // output of the same node moved to `cuda:0`.
-        match step.device {
-            None => hasher.update(b"nowhere"),
-            Some(device) => hasher.update(format!("on {device}").as_bytes()),
-        };
+        let mut hasher = node_hasher(id, fingerprint, step);
         let read = |read: &Read| self.outputs[read.slot()].get().copied().flatten();
         match &step.from {
             Reads::Input => {
@@ -65,7 +79,7 @@ impl RunKeys {
                 // holding that lock would wait for ever. Two branches may both take it; the
                 // first kept wins, and it is the same.
                 if self.input.get().is_none() {
-                    let _ = self.input.set(self.cache.digest(input));
+                    let _ = self.input.set(self.cache.digest_input(id, input));
                 }
                 let digest = self.input.get().expect("set just now").as_ref()?;
                 hasher.update(b"input");
@@ -100,15 +114,7 @@ impl RunKeys {
         value: &Value,
     ) -> Option<Key> {
         let digest = self.cache.digest(value)?;
-        let mut hasher = blake3::Hasher::new_derive_key(NODE_CONTEXT);
-        hasher.update(fingerprint.as_bytes());
-        let name = id.as_str().as_bytes();
-        hasher.update(&(name.len() as u64).to_le_bytes());
-        hasher.update(name);
-        match step.device {
-            None => hasher.update(b"nowhere"),
-            Some(device) => hasher.update(format!("on {device}").as_bytes()),
-        };
+        let mut hasher = node_hasher(id, fingerprint, step);
         // Apart from any key `key_of` makes: what it reads is no step's value.
         hasher.update(b"on a value");
         hasher.update(digest.as_bytes());

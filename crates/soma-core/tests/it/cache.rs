@@ -587,3 +587,43 @@ fn each_drawing_of_a_plan_marks_the_nodes_a_run_would_find_in_the_cache_and_only
     assert_eq!(bench.plan.with_cached(&none).to_dot(), bench.plan.to_dot());
     assert_eq!(bench.plan.with_cached(&none).to_svg(), bench.plan.to_svg());
 }
+
+/// A store in memory whose input has no digest, noting which node asked for it.
+#[derive(Default)]
+struct NoInputDigest {
+    entries: Mutex<HashMap<Key, Entry>>,
+    asked: Mutex<Vec<String>>,
+}
+
+impl soma_core::NodeCache for NoInputDigest {
+    fn fingerprint(&self, id: &soma_core::NodeId, _node: &dyn Node) -> Option<Key> {
+        Some(Key::of_bytes(id.as_str().as_bytes()))
+    }
+
+    fn digest_input(&self, id: &soma_core::NodeId, _input: &Value) -> Option<Key> {
+        self.asked.lock().unwrap().push(id.as_str().to_owned());
+        None
+    }
+
+    fn get(&self, _id: &soma_core::NodeId, key: &Key) -> Option<Entry> {
+        self.entries.lock().unwrap().get(key).cloned()
+    }
+
+    fn put(&self, _: &soma_core::NodeId, key: &Key, entry: &Entry, _: std::time::Duration) {
+        self.entries.lock().unwrap().insert(*key, entry.clone());
+    }
+}
+
+#[test]
+fn an_input_without_a_digest_is_asked_for_once_a_run_by_its_first_reader_which_runs_uncached() {
+    let bench = Bench::new(&chain(&["a", "b"]));
+    let store = Arc::new(NoInputDigest::default());
+    let executor = Executor::new().with_cache(Arc::clone(&store) as Arc<dyn soma_core::NodeCache>);
+    executor.run_program(&bench.program, Value::Int(1)).unwrap();
+    let before = bench.log.entries().len();
+    let result = executor.run_program(&bench.program, Value::Int(1)).unwrap();
+    // `a` reads the input and runs; `b`, keyed on `a`'s output, which has a digest, hits.
+    assert_eq!(bench.called_since(before), names(&["a"]));
+    assert_eq!(result, bench.uncached(Value::Int(1)));
+    assert_eq!(*store.asked.lock().unwrap(), names(&["a", "a"]));
+}
