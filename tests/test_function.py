@@ -399,8 +399,11 @@ def test_a_local_decorated_function_does_not_pickle_and_its_node_is_named() -> N
 
 STEPS_V1 = """
 import soma
+from conftest import CallRecord
 
-CALLS = []
+# A record of calls that is no part of what the nodes compute (a plain list they append to
+# would be, and would rerun them: a key covers the module-level values a node reads).
+CALLS = CallRecord()
 
 
 @soma.node
