@@ -627,6 +627,20 @@ def test_a_function_whose_code_is_patched_in_place_runs_the_node_again(
     assert g.forward(2, cache=cache) == g.forward(2) != first
 
 
+def test_an_attribute_set_on_a_helper_function_after_a_run_changes_the_key(
+    project: Callable[[], Any],
+) -> None:
+    node = project().Uses()
+    before = fingerprint(node)
+    witness = _fingerprint._REMEMBERED[id(node)].witness
+    assert witness.current() is not None  # Remembered, and checked: nothing changed.
+    sys.modules["helpers_here"].double.tuned = 3
+    assert witness.current() is None  # The helper's namespace grew.
+    after = fingerprint(node)
+    assert after != before
+    assert fingerprint(node) == after
+
+
 _RUN = """
 import sys
 sys.path[:0] = [{folder!r}, {tests!r}]

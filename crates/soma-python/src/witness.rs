@@ -18,6 +18,8 @@
 //! replaced; a dead one fails its check. What cannot be referenced weakly (an int, a tuple, a
 //! dict) is held, so that no other object can take its place, and its `id`, unseen.
 
+use std::cell::OnceCell;
+
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -168,7 +170,7 @@ unsafe fn borrowed(py: Python<'_>, ptr: *mut ffi::PyObject) -> Option<Bound<'_, 
 }
 
 /// The namespace of `owner`: a class's own `__dict__` (through its read-only proxy: the stable
-/// ABI does not reach the dict in place), a module's, an instance's.
+/// ABI does not reach the dict in place), a module's, a function's, an instance's.
 fn namespace<'py>(owner: &Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
     let py = owner.py();
     if owner.is_instance_of::<PyType>() {
@@ -178,6 +180,24 @@ fn namespace<'py>(owner: &Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
         // SAFETY: a module's dict, borrowed from the module the caller holds.
         #[allow(unsafe_code)]
         let dict = unsafe { borrowed(py, ffi::PyModule_GetDict(owner.as_ptr())) };
+        return dict;
+    }
+    if owner.is_instance_of::<PyFunction>() {
+        // A function's `__dict__` is the generic one, which no subclass can override (a
+        // function's type cannot be subclassed): read in place, not looked up by name, as
+        // every function a node reaches is checked on every rerun.
+        // SAFETY: `owner` is a function the caller holds; the call answers a new reference to
+        // its dict (made empty on first read), or NULL with an error set, cleared below.
+        #[allow(unsafe_code)]
+        let dict = unsafe {
+            Bound::from_owned_ptr_or_opt(
+                py,
+                ffi::PyObject_GenericGetDict(owner.as_ptr(), std::ptr::null_mut()),
+            )
+        };
+        if dict.is_none() {
+            drop(PyErr::take(py));
+        }
         return dict;
     }
     owner.getattr(pyo3::intern!(py, "__dict__")).ok()
@@ -217,10 +237,42 @@ fn or_none<'py>(py: Python<'py>, found: Option<Bound<'py, PyAny>>) -> Bound<'py,
     found.unwrap_or_else(|| py.None().into_bound(py))
 }
 
+/// An owner being checked, with its namespace and its globals each read once for all of its
+/// bindings: a class's namespace is a proxy made at each read, and a class may have dozens of
+/// bindings, each checked on every rerun.
+struct Checked<'py> {
+    owner: Bound<'py, PyAny>,
+    namespace: OnceCell<Option<Bound<'py, PyAny>>>,
+    globals: OnceCell<Option<Bound<'py, PyAny>>>,
+}
+
+impl<'py> Checked<'py> {
+    fn new(owner: Bound<'py, PyAny>) -> Self {
+        Checked {
+            owner,
+            namespace: OnceCell::new(),
+            globals: OnceCell::new(),
+        }
+    }
+
+    fn namespace(&self) -> Option<&Bound<'py, PyAny>> {
+        self.namespace
+            .get_or_init(|| namespace(&self.owner))
+            .as_ref()
+    }
+
+    fn globals(&self) -> Option<&Bound<'py, PyAny>> {
+        self.globals
+            .get_or_init(|| field(&self.owner, function_c::PyFunction_GetGlobals))
+            .as_ref()
+    }
+}
+
 impl Binding {
     /// The object the binding holds now, if it still holds the one it held; an error only for
     /// an interrupt met while reading it (see [`unless_interrupted`]).
-    fn current<'py>(&self, owner: &Bound<'py, PyAny>) -> Current<'py> {
+    fn current<'py>(&self, checked: &Checked<'py>) -> Current<'py> {
+        let owner = &checked.owner;
         let py = owner.py();
         let kept =
             |found: Bound<'py, PyAny>, expected: &Held| expected.is(py, &found).then_some(found);
@@ -229,16 +281,20 @@ impl Binding {
                 // The one read that may run Python code (a property, `__getattr__`).
                 unless_interrupted(py, owner.getattr(name))?.and_then(|found| kept(found, expected))
             }
-            Binding::Vars { name, expected } => namespace(owner)
-                .and_then(|namespace| entry(&namespace, name))
+            Binding::Vars { name, expected } => checked
+                .namespace()
+                .and_then(|namespace| entry(namespace, name))
                 .and_then(|found| kept(found, expected)),
-            Binding::VarsLen { len } => namespace(owner)
+            Binding::VarsLen { len } => checked
+                .namespace()
                 .filter(|namespace| namespace.len().is_ok_and(|found| found == *len))
                 .map(|_| owner.clone()),
-            Binding::Global { name, expected } => field(owner, function_c::PyFunction_GetGlobals)
-                .and_then(|globals| entry(&globals, name))
+            Binding::Global { name, expected } => checked
+                .globals()
+                .and_then(|globals| entry(globals, name))
                 .and_then(|found| kept(found, expected)),
-            Binding::GlobalMissing { name } => field(owner, function_c::PyFunction_GetGlobals)
+            Binding::GlobalMissing { name } => checked
+                .globals()
                 .filter(|globals| entry(globals, name).is_none())
                 .map(|_| owner.clone()),
             Binding::Function {
@@ -389,8 +445,9 @@ impl Witness {
             let Some(object) = owner.owner.get(py) else {
                 return Ok(false);
             };
+            let checked = Checked::new(object);
             for (binding, volatile) in &owner.bindings {
-                let Some(found) = binding.current(&object)? else {
+                let Some(found) = binding.current(&checked)? else {
                     return Ok(false);
                 };
                 if *volatile {
