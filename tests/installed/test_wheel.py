@@ -130,7 +130,12 @@ def test_a_rerun_from_a_cache_folder_calls_no_node_again(installed: Installed) -
         """
         import soma
 
-        calls = []
+        class Calls(list):
+            # A log of the calls, keyed as empty (the guide's way): appending to it is no edit.
+            def __reduce__(self):
+                return (Calls, ())
+
+        calls = Calls()
 
         class Square(soma.Node):
             def forward(self, x):
