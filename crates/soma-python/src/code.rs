@@ -334,11 +334,15 @@ fn opcodes(py: Python<'_>) -> PyResult<&Opcodes> {
             .getattr("version_info")?
             .getattr("minor")?
             .extract()?;
+        // From 3.12 on `opmap` holds pseudo-instructions too (`LOAD_METHOD` among them),
+        // numbered from 256: the compiler rewrites them before any reaches `co_code`, whose
+        // opcodes are one byte, so such a number is an instruction no code holds.
         let code = |name: &str| -> PyResult<Option<u8>> {
-            opmap
+            Ok(opmap
                 .get_item(name)?
-                .map(|found| found.extract::<u8>())
-                .transpose()
+                .map(|found| found.extract::<u32>())
+                .transpose()?
+                .and_then(|number| u8::try_from(number).ok()))
         };
         let with = |names: &[(&str, u32)]| -> PyResult<Vec<(u8, u32)>> {
             let mut found = Vec::new();

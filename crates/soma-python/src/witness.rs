@@ -66,13 +66,15 @@ impl Held {
     pub(crate) fn of(object: &Bound<'_, PyAny>) -> Self {
         // Asked of the type first (its `__weakrefoffset__`, what `PyType_SUPPORTS_WEAKREFS`
         // reads, which the stable ABI has no macro for): a refused weak reference raises, which
-        // costs a microsecond.
+        // costs a microsecond. Any offset but 0 says yes: from 3.12 on a class of the user's
+        // keeps its weak references at a negative one (managed by the interpreter), which a
+        // test of `> 0` took for none, holding every node strongly.
         let py = object.py();
         let weakly = object
             .get_type()
             .getattr(pyo3::intern!(py, "__weakrefoffset__"))
             .and_then(|offset| offset.extract::<isize>())
-            .is_ok_and(|offset| offset > 0);
+            .is_ok_and(|offset| offset != 0);
         if weakly {
             if let Ok(weak) = PyWeakrefReference::new(object) {
                 return Held::Weak(weak.unbind());
