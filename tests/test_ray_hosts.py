@@ -322,6 +322,59 @@ def test_a_traced_run_records_a_slices_nodes_on_a_track_of_their_own_marked_with
     assert '"host":"one"' in chrome
 
 
+def test_with_telemetry_a_slices_nodes_are_spans_under_its_call_marked_with_the_host(
+    cluster: RayHosts,
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    g = soma.Graph.somatize(Add(1).named("a") >> (Add(2).named("b") >> Add(3).named("c")).at("one"))
+    soma.telemetry.enable(provider)
+    try:
+        assert g.forward(0) == 6
+    finally:
+        soma.telemetry.disable()
+    spans = {span.name: span for span in exporter.get_finished_spans()}
+    (stand_in,) = [name for name in spans if name.startswith("one#")]
+    run = spans["soma.run"]
+    assert run.context is not None
+    assert spans[stand_in].context is not None
+    for name in ("a", stand_in):
+        assert spans[name].parent is not None
+        assert spans[name].parent.span_id == run.context.span_id
+    for name in ("b", "c"):
+        span = spans[name]
+        assert span.attributes is not None
+        assert span.attributes["soma.host"] == "one"
+        assert span.parent is not None
+        assert span.parent.span_id == spans[stand_in].context.span_id
+        assert span.start_time is not None
+        assert span.end_time is not None
+        assert span.start_time <= span.end_time
+    # On this process's clock, within the slice's call here.
+    assert spans[stand_in].start_time is not None
+    assert spans[stand_in].end_time is not None
+    assert spans["b"].start_time is not None
+    assert spans["c"].end_time is not None
+    assert spans["b"].start_time >= spans[stand_in].start_time - 1_000_000_000
+
+
+def test_the_events_of_a_run_with_hosts_tell_a_slices_nodes_once_it_is_back(
+    cluster: RayHosts,
+) -> None:
+    g = soma.Graph.somatize(Add(1).named("a") >> (Add(2).named("b") >> Add(3).named("c")).at("one"))
+    events = [(event.kind, event.node) for event in g.events(0)]
+    (stand_in,) = {node for _, node in events if node is not None and node.startswith("one#")}
+    assert events[:2] == [("started", "a"), ("finished", "a")]
+    at = events.index(("started", stand_in))
+    assert events[at + 1 : at + 3] == [("finished", "b"), ("finished", "c")]
+    assert events[-1] == ("result", None)
+
+
 class Fail(soma.Node):
     def __init__(self, message: str) -> None:
         self.message = message

@@ -13,10 +13,11 @@ Sequence([Execute(a), Wave([Execute(b), Execute(c)])])
 
 from typing import TYPE_CHECKING, Any
 
-from soma import _module, devices, native, remote
+from soma import _module, devices, native, remote, telemetry
 from soma._cache import Cache, CacheStats, CacheWarning
 from soma._decide import Each, Loop, Switch, each, loop, switch
 from soma._dsl import Expr
+from soma._events import Event
 from soma._function import FunctionNode, ModuleNode, NodeFunction, node
 from soma._graph import Graph
 from soma._module import PlacementWarning
@@ -80,6 +81,7 @@ __all__ = [
     "DuplicateEdgeError",
     "DuplicateNodeError",
     "Each",
+    "Event",
     "Expr",
     "Failed",
     "FunctionNode",
@@ -120,4 +122,5 @@ __all__ = [
     "node",
     "remote",
     "switch",
+    "telemetry",
 ]

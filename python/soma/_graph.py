@@ -19,7 +19,7 @@ import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import IO, Any, NamedTuple, SupportsIndex, cast
 
-from soma import _cache, _module, _soma, _stream
+from soma import _cache, _events, _module, _soma, _stream
 from soma import remote as _remote
 from soma._decide import AsyncLoop, AsyncSwitch, Decision, Each, Loop, Switch
 from soma._dsl import Composable, Expr, refuse_class
@@ -562,6 +562,50 @@ class Graph:
             return await _remote.aforward(self, input, driver, turn_limit, trace, timeout, cache)
         run_cache = None if cache is None else cache._run(self._core)
         return await self._core.aforward(input, driver, turn_limit, trace, timeout, cache=run_cache)
+
+    def events(
+        self, input: Any = None, *, buffer: int = _events.DEFAULT_BUFFER, **forward: Any
+    ) -> Iterator[_events.Event]:
+        """Runs the graph on ``input`` as :meth:`forward` would (``forward``'s keywords are
+        passed to it) and yields its events as they happen: a node ``"started"``,
+        ``"finished"``, ``"failed"``, ``"retried"``, ``"timed_out"``, what a node sends with
+        ``ctx.emit(value)`` (``"emitted"``), and last the run's ``"result"`` or ``"error"`` —
+        a run's error is that last event, never raised by the iterator. Each a
+        :class:`soma.Event`.
+
+        The run goes on a thread of its own while the caller reads; the events of one branch
+        come in the order it made them, branches interleaved as they ran. A slow reader never
+        holds the run up: at most ``buffer`` events wait, newer ones are dropped and counted
+        in the last event's ``dropped``. Leaving the loop early leaves the run to finish on
+        its thread, its events dropped. See the guide's "Watching a run"."""
+        return _events.events(self.forward, input, buffer, forward)
+
+    def aevents(
+        self, input: Any = None, *, buffer: int = _events.DEFAULT_BUFFER, **aforward: Any
+    ) -> AsyncIterator[_events.Event]:
+        """:meth:`events` from a running event loop: ``async for event in g.aevents(x)``, the
+        run awaited as :meth:`aforward` (its keywords passed to it) in a task of this loop.
+        Leaving the loop early cancels the run."""
+        return _events.aevents(self.aforward, input, buffer, aforward)
+
+    def map_events(
+        self, inputs: Iterable[Any], *, buffer: int = _events.DEFAULT_BUFFER, **map: Any
+    ) -> Iterator[_events.Event]:
+        """:meth:`events` for a stream: runs :meth:`map` over ``inputs`` (its keywords passed
+        to it) and yields its items' events as they happen, each with its item's index in
+        ``.item``; each item's result is a ``"result"`` event with its index, in input order,
+        and an error (the first failing item's, or the stream's own) the last event."""
+        return _events.map_events(self.map, inputs, buffer, map)
+
+    def amap_events(
+        self,
+        inputs: Iterable[Any] | AsyncIterable[Any],
+        *,
+        buffer: int = _events.DEFAULT_BUFFER,
+        **amap: Any,
+    ) -> AsyncIterator[_events.Event]:
+        """:meth:`map_events` from a running event loop, the stream run as :meth:`amap`."""
+        return _events.amap_events(self.amap, inputs, buffer, amap)
 
     def amap(
         self,

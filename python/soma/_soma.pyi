@@ -31,6 +31,7 @@ __all__ = [
     "checked_timeout",
     "code_digest",
     "distribute",
+    "observe",
     "parse_device",
     "parse_host",
     "reach",
@@ -110,6 +111,10 @@ def _thread_in_reserve() -> bool:
     """Whether a thread waits in the process's reserve, filled first if it was taken (for
     tests that count the process's threads; not API)."""
 
+def observe(target: Any | None) -> None:
+    """Installs ``target`` as the process's observer of runs (``soma._observe``); ``None``
+    removes it. Not API."""
+
 def checked_timeout(seconds: object) -> float:
     """``seconds`` if it is a timeout every run accepts: a finite number of seconds, 0 or more;
     otherwise the ``ValueError`` that says so."""
@@ -148,6 +153,9 @@ class Ctx:
     def results(self) -> list[Any]: ...
     @property
     def device(self) -> str | None: ...
+    def emit(self, value: Any) -> None:
+        """Sends ``value`` to whoever watches the run as it goes (``Graph.events``, the
+        telemetry); nothing happens when nobody watches."""
 
 @final
 class Plan:

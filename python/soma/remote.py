@@ -34,7 +34,7 @@ import uuid
 import weakref
 from typing import Any
 
-from soma import _fingerprint
+from soma import _fingerprint, _observe
 from soma._cache import Cache
 from soma._ray_hosts import RESOURCE_PREFIX, RayHosts, resource_of
 from soma._slices import (
@@ -237,6 +237,7 @@ class Distributed:
         devices = graph.devices()
         retries, time_limits = graph.retries(), graph.time_limits()
         added: set[int] = set()
+        picks: set[str] = set()
         for node in graph.nodes():
             index = slice_of.get(node)
             if index is None:
@@ -258,6 +259,11 @@ class Distributed:
                 local.node(self.slice_ids[index], _SliceCall(self, index, carrier))
             if node in self.slices[index].returns:
                 local.node(node, _Pick(node))
+                picks.add(node)
+        #: The local nodes that stand for nothing of the user's, which a watched run does not
+        #: tell of (`soma._observe.hidden`): the picks (a host's node is told of by its host)
+        #: and the carriers of the input.
+        self.stand_ins = frozenset(picks) | {carrier for carrier in carriers if carrier}
         local._hosts.clear()  # Stand-ins run here; their slices are where the hosts are.
         local.idle_threads = graph.idle_threads
         for node in graph.nodes():
@@ -324,11 +330,20 @@ class Distributed:
             )
         trace = run.trace
         sent = 0.0 if trace is None else trace._now()
+        # A watched run (telemetry, an event stream) asks for the spans too, to tell of them.
+        watched = _observe.watched()
+        sent_ns = time.time_ns()
         # Only with a folder to send: a transport that runs no cached slice need not know.
         folder = {} if run.folder is None else {"cache": run.folder}
         try:
             out, spans, *counted = host.run(
-                self.key, index, inputs, run.time_left(), token, traced=trace is not None, **folder
+                self.key,
+                index,
+                inputs,
+                run.time_left(),
+                token,
+                traced=trace is not None or watched,
+                **folder,
             )
         except BaseException as failed:
             run.end(token)
@@ -349,6 +364,8 @@ class Distributed:
         run.end(token)
         if trace is not None:
             trace._adopt(spans, piece.host, sent)
+        if watched:
+            _observe.adopt(spans, piece.host, sent_ns)
         if run.cache is not None and counted and counted[0]:
             run.cache._count(**counted[0])
         return out
@@ -448,6 +465,7 @@ def forward(
     distributed = graph._remote
     local = distributed.local._core
     token = _current.set(run)
+    hiding = _observe.hidden.set(distributed.stand_ins)
     try:
         return local.forward(
             input,
@@ -463,6 +481,7 @@ def forward(
             raise
         raise raised_instead from raised_instead.__cause__
     finally:
+        _observe.hidden.reset(hiding)
         _current.reset(token)
 
 
@@ -482,6 +501,7 @@ async def aforward(
     distributed = graph._remote
     local = distributed.local._core
     token = _current.set(run)
+    hiding = _observe.hidden.set(distributed.stand_ins)
     try:
         return await local.aforward(
             input,
@@ -497,6 +517,7 @@ async def aforward(
             raise
         raise raised_instead from raised_instead.__cause__
     finally:
+        _observe.hidden.reset(hiding)
         _current.reset(token)
 
 

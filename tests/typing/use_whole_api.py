@@ -206,6 +206,41 @@ with tempfile.TemporaryDirectory() as scratch:
 trace.clear()
 assert len(trace) == 0
 
+# --- watching a run --------------------------------------------------------------------------
+
+
+class Speaks(soma.Node):
+    def forward(self, text: str, ctx: soma.Ctx) -> int:
+        for word in text.split():
+            ctx.emit(word)
+        return len(text.split())
+
+
+speaking = soma.Graph.somatize(Speaks())
+told: list[soma.Event] = list(speaking.events("a b", buffer=100))
+assert [event.value for event in told if event.kind == "emitted"] == ["a", "b"]
+last_event: soma.Event = told[-1]
+assert last_event.kind == "result"
+assert last_event.node is None
+assert last_event.item is None
+assert last_event.dropped == 0
+seconds: float | None = told[1].seconds
+attempt: int = told[0].attempt
+cached: bool = told[0].cached
+mapped: list[soma.Event] = list(speaking.map_events(["a", "b c"]))
+assert [event.value for event in mapped if event.kind == "result"] == [1, 2]
+
+
+async def watch_async() -> list[soma.Event]:
+    told = [event async for event in speaking.aevents("a")]
+    return told + [event async for event in speaking.amap_events(["a"])]
+
+
+assert asyncio.run(watch_async())[-1].kind == "result"
+on: bool = soma.telemetry.enabled()
+assert not on
+soma.telemetry.disable()
+
 # --- Rust nodes ------------------------------------------------------------------------------
 
 natives: list[native.NativeNode] = [native.Add(1), native.Identity(), native.Sum()]

@@ -63,6 +63,7 @@ pub use run::crew::DEFAULT_IDLE_THREADS;
 pub use run::error::{ProgramError, RunError};
 pub use run::executor::{prefetch_line, Executor};
 pub use run::hooks::{Captured, Host, Interrupt, ItemContext, Pause, Spawned, Tasks, Watch};
+pub use run::observer::{Begun, Ended, Observer, Opened, Part};
 pub use run::policy::{Clock, Policies, Policy, Retry, RetryOn, SystemClock, JITTER, MAX_BACKOFF};
 pub use run::program::Program;
 pub use run::reserve::{keep_a_thread_in_reserve, thread_in_reserve};

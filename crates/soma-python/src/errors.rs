@@ -147,7 +147,7 @@ pub fn compile_error(py: Python<'_>, error: &CompileError) -> PyErr {
 }
 
 /// The Python error a cause carries, if it carries one.
-fn python_cause(
+pub(crate) fn python_cause(
     py: Python<'_>,
     cause: Option<&(dyn std::error::Error + Send + Sync + 'static)>,
 ) -> Option<PyErr> {

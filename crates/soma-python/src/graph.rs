@@ -1014,6 +1014,9 @@ pub(crate) fn executor_for(
     if let Some(trace) = trace {
         executor = executor.with_trace(Arc::clone(&trace.get().trace));
     }
+    if let Some(observer) = crate::observer::installed() {
+        executor = executor.with_observer(observer);
+    }
     Ok(executor)
 }
 

@@ -21,6 +21,7 @@ mod graph;
 mod hosts;
 mod native;
 mod node;
+mod observer;
 mod plan;
 mod policy;
 mod protocol;
@@ -70,6 +71,7 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("MAX_NESTED_FORWARDS", reentry::MAX_NESTED_FORWARDS)?;
     module.add_function(wrap_pyfunction!(context::_carry_context, module)?)?;
     module.add_function(wrap_pyfunction!(_thread_in_reserve, module)?)?;
+    module.add_function(wrap_pyfunction!(observer::observe, module)?)?;
     module.add_function(wrap_pyfunction!(device::parse_device, module)?)?;
     module.add_function(wrap_pyfunction!(hosts::parse_host, module)?)?;
     module.add_function(wrap_pyfunction!(hosts::distribute, module)?)?;

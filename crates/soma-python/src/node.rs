@@ -211,6 +211,26 @@ pub fn interpret(out: Bound<'_, PyAny>) -> Transition {
 }
 
 impl Node for PythonNode {
+    fn described(&self) -> Option<String> {
+        let function = match &self.callee {
+            Callee::Method { function, .. } | Callee::Other(function) => function,
+        };
+        Python::attach(|py| {
+            let function = function.bind(py);
+            let name = |attribute| {
+                function
+                    .getattr(attribute)
+                    .and_then(|name| name.extract::<String>())
+                    .ok()
+            };
+            let qualified = name(intern!(py, "__qualname__"))?;
+            Some(match name(intern!(py, "__module__")) {
+                Some(module) => format!("{module}.{qualified}"),
+                None => qualified,
+            })
+        })
+    }
+
     fn forward(&self, input: &Value, ctx: &Ctx<'_>) -> Result<Transition, NodeError> {
         Python::attach(|py| {
             self.call(py, input, ctx).inspect_err(|raised| {

@@ -5,6 +5,7 @@
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyList, PyTuple};
 
 /// Asks the driver: the node is called again with one result per request in `ctx.results`.
@@ -85,6 +86,17 @@ impl PyCtx {
     #[getter]
     fn results<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         PyList::new(py, self.results.bind(py).iter())
+    }
+
+    /// Sends `value` (a token, a metric) to whoever watches the run as it goes: the event
+    /// stream of `Graph.events`, as an `"emitted"` event naming this node, and the telemetry,
+    /// as an event on this call's span. Nothing happens when nobody watches.
+    fn emit(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        static EMITTED: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+        EMITTED
+            .import(py, "soma._observe", "emitted")?
+            .call1((self.node.as_str(), value))?;
+        Ok(())
     }
 
     fn __repr__(&self) -> String {

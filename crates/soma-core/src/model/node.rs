@@ -111,6 +111,13 @@ pub trait Node: Send + Sync {
     /// hint only: it must not block or fail; the default does nothing.
     fn prefetch(&self) {}
 
+    /// What the node runs, for whoever watches a run ([`crate::Observer`]): the qualified name
+    /// of its code (`module.Class.forward`), say, which telemetry reports as `code.function`.
+    /// Asked only while a run is observed, on each call; `None`, the default, says nothing.
+    fn described(&self) -> Option<String> {
+        None
+    }
+
     /// Whether the node is async: its calls are made with [`Node::start`] and awaited by its
     /// branch's task on the embedder's event loop, never with [`Node::forward`] on a thread.
     /// Asked once, when a program is resolved; `false`, the default, for a node that computes.

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use super::error::RunError;
 use super::executor::Executor;
 use super::lane::Lane;
+use super::observer::Ended;
 use super::policy::{Policy, JITTER};
 use super::program::Step;
 use crate::model::id::NodeId;
@@ -32,6 +33,20 @@ pub(super) enum Next {
     Done(Result<Value, RunError>),
     /// Pause this long, then try again; the error is the call's if the pause is cut short.
     Pause(Duration, RunError),
+}
+
+impl Next {
+    /// How the attempt that led here ended, as an observer is told: a pause is a failure the
+    /// call's retry takes.
+    pub(super) fn ended(&self) -> Ended<'_> {
+        match self {
+            Next::Done(outcome) => Ended::of(outcome),
+            Next::Pause(pause, error) => Ended::Failed {
+                error,
+                retry_in: Some(*pause),
+            },
+        }
+    }
 }
 
 /// Where a time-limited call leaves its outcome for the branch that waits for it.
@@ -57,8 +72,11 @@ impl Executor {
             .expect("a step marked as having a policy has one");
         let mut attempt = 0_u32;
         loop {
+            let opened = self.begin_call(step, id, attempt, || lane.path());
             let outcome = self.attempt(policy.time_limit, step, id, input, lane);
-            let (pause, error) = match Self::next_attempt(policy, attempt, outcome) {
+            let next = Self::next_attempt(policy, attempt, outcome);
+            self.end_work(opened, &next.ended());
+            let (pause, error) = match next {
                 Next::Done(outcome) => return outcome,
                 Next::Pause(pause, error) => (pause, error),
             };

@@ -25,6 +25,7 @@ use super::executor::{Executor, Halt};
 use super::hooks::{Captured, Watch};
 use super::keys::RunKeys;
 use super::lane::{Lane, WaveState};
+use super::observer::{Begun, Ended, Opened, Part};
 use super::program::{LoopOp, MapOp, Program, Step, SwitchOp};
 use super::table::Frame;
 use super::trace::{thread_number, Span, Trace};
@@ -209,21 +210,61 @@ impl Executor {
     }
 
     /// Runs `part` — an item, a case, an iteration of step `id` — and records its span, named
-    /// `id[which]`, when the run is traced.
-    fn part(
+    /// `id[which]`, when the run is traced; the observer, when there is one, is told it as
+    /// `which`.
+    fn part<'k>(
         &self,
         id: &NodeId,
-        which: impl FnOnce() -> String,
+        which: impl Fn() -> Part<'k>,
         lane: &Lane<'_>,
         part: impl FnOnce() -> Result<Value, Halt>,
     ) -> Result<Value, Halt> {
-        let Some(trace) = self.trace.as_deref() else {
+        if self.trace.is_none() && self.observer.is_none() {
             return part();
-        };
-        let start = trace.now();
+        }
+        let opened = self.begin_part(id, which(), || lane.path());
+        let start = self.trace.as_deref().map(Trace::now);
         let outcome = part();
-        Self::record_part(trace, id, &which(), lane.path(), start, &outcome);
+        if let (Some(trace), Some(start)) = (self.trace.as_deref(), start) {
+            Self::record_part(
+                trace,
+                id,
+                &which().to_string(),
+                lane.path(),
+                start,
+                &outcome,
+            );
+        }
+        self.end_work(opened, &Self::part_ended(&outcome));
         outcome
+    }
+
+    /// How a part that ended with `outcome` ended, as an observer is told.
+    pub(super) fn part_ended(outcome: &Result<Value, Halt>) -> Ended<'_> {
+        match outcome {
+            Ok(_) => Ended::Returned,
+            Err(Halt::Failed(error)) => Ended::Failed {
+                error,
+                retry_in: None,
+            },
+            Err(Halt::Cancelled | Halt::Abandoned) => Ended::Stopped,
+        }
+    }
+
+    /// Tells the observer, when there is one, that part `part` of step `id` begins in the
+    /// branch at `branch`.
+    pub(super) fn begin_part(
+        &self,
+        id: &NodeId,
+        part: Part<'_>,
+        branch: impl FnOnce() -> Vec<usize>,
+    ) -> Option<Opened> {
+        let observer = self.observer.as_deref()?;
+        Some(observer.begin(&Begun::Part {
+            step: id,
+            part,
+            branch: &branch(),
+        }))
     }
 
     /// Records the span of an item, a case or an iteration `which` of step `id`, named
@@ -447,7 +488,7 @@ impl Executor {
             outcome = Some(panic::catch_unwind(AssertUnwindSafe(|| {
                 self.part(
                     id,
-                    || index.to_string(),
+                    || Part::Item(index),
                     &lane,
                     || self.run_body(&op.body, item, lane),
                 )
@@ -499,7 +540,7 @@ impl Executor {
             let (at, key) = self.case_of(op, id, &chosen)?;
             self.part(
                 id,
-                || key.clone(),
+                || Part::Case(&key),
                 &lane,
                 || self.run_body(&op.cases[at], &read, lane),
             )
@@ -569,7 +610,7 @@ impl Executor {
             for iteration in 0..op.max_iterations {
                 let output = self.part(
                     id,
-                    || iteration.to_string(),
+                    || Part::Iteration(iteration),
                     &lane,
                     || self.run_body(&op.body, &current, lane),
                 )?;

@@ -21,9 +21,10 @@
 use super::cache::{Entry, NodeCache};
 use super::detach::{Detached, Kept, Remains};
 use super::error::RunError;
-use super::hooks::{Host, Watch};
+use super::hooks::{Host, ItemContext, Watch};
 use super::keys::RunKeys;
 use super::lane::Lane;
+use super::observer::{Begun, Ended, Observer, Opened};
 use super::table::Frame;
 use super::trace::{thread_number, Span, Trace};
 use std::sync::Arc;
@@ -41,7 +42,7 @@ use crate::plan::Plan;
 use crate::run::crew::Crew;
 use crate::run::program::{Op, Program, Read, Reads, Step};
 
-/// Runs plans, with an optional driver, watch, host, trace and cache.
+/// Runs plans, with an optional driver, watch, host, trace, observer and cache.
 #[derive(Clone)]
 pub struct Executor {
     pub(super) driver: Option<Arc<dyn Driver>>,
@@ -49,6 +50,7 @@ pub struct Executor {
     pub(super) watch: Option<Arc<dyn Watch>>,
     pub(super) host: Option<Arc<dyn Host>>,
     pub(super) trace: Option<Arc<Trace>>,
+    pub(super) observer: Option<Arc<dyn Observer>>,
     pub(super) reading: Option<Arc<dyn Reading>>,
     pub(super) turn_limit: u32,
 }
@@ -142,6 +144,7 @@ impl Executor {
             watch: None,
             host: None,
             trace: None,
+            observer: None,
             reading: None,
             turn_limit: DEFAULT_TURN_LIMIT,
         }
@@ -181,6 +184,15 @@ impl Executor {
     #[must_use]
     pub fn with_trace(mut self, trace: Arc<Trace>) -> Self {
         self.trace = Some(trace);
+        self
+    }
+
+    /// Tells `observer` every work of every run as it begins and ends: each attempt of a node
+    /// call, each node the cache answers, each part of a step that decides, each streamed item
+    /// ([`Observer`]).
+    #[must_use]
+    pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = Some(observer);
         self
     }
 
@@ -282,6 +294,7 @@ impl Executor {
             shared: None,
         };
         let lane = Lane::root(&program.crew, program, Some(detached), keys.as_ref());
+        let opened = executor.begin_run(program, None, None);
         let deadline = executor.watch.as_deref().and_then(Watch::deadline);
         let walked = match deadline {
             // No node may run on the caller's thread: it could not be left behind.
@@ -298,11 +311,14 @@ impl Executor {
         };
         if detached.given_up() {
             let running = detached.running(&program.ids);
+            let result = Err(RunError::Abandoned { running });
+            executor.end_work(opened, &Ended::of(&result));
             table.leave(&remains);
             parts.leave(&remains);
-            return Err(RunError::Abandoned { running });
+            return result;
         }
         let result = Self::finish(program, walked, table.get_mut(), || input.clone());
+        executor.end_work(opened, &Ended::of(&result));
         drop((table, remains));
         result
     }
@@ -316,13 +332,16 @@ impl Executor {
             shared: None,
         };
         let keys = self.run_keys(program);
+        let opened = self.begin_run(program, None, None);
         let walked = self.walk(
             &program.root,
             &input,
             &mut frame,
             Lane::root(crew, program, None, keys.as_ref()),
         );
-        Self::finish(program, walked, &mut table, || input)
+        let result = Self::finish(program, walked, &mut table, || input);
+        self.end_work(opened, &Ended::of(&result));
+        result
     }
 
     /// Refuses a program with an async node: only [`Executor::start`] has a loop to await it.
@@ -612,7 +631,7 @@ impl Executor {
     }
 
     /// Records, when the run is traced, that `step`'s node `id` was found in the cache: a span
-    /// marked cached, of no length.
+    /// marked cached, of no length; and tells the observer, when there is one.
     pub(super) fn mark_cached(&self, step: &Step, id: &NodeId, lane: Lane<'_>) {
         if let Some(trace) = self.trace.as_deref() {
             let now = trace.now();
@@ -629,9 +648,81 @@ impl Executor {
                 cached: true,
             });
         }
+        if let Some(observer) = self.observer.as_deref() {
+            Self::observe_cached(observer, step, id, &lane.path());
+        }
     }
 
-    /// Runs a step's node on its input, traced when a trace was asked for.
+    /// Tells `observer` that `step`'s node `id`, in the branch at `branch`, was answered by the
+    /// cache.
+    #[cold]
+    pub(super) fn observe_cached(
+        observer: &dyn Observer,
+        step: &Step,
+        id: &NodeId,
+        branch: &[usize],
+    ) {
+        let opened = observer.begin(&Begun::Cached {
+            node: id,
+            device: step.device,
+            branch,
+        });
+        observer.end(opened, &Ended::Returned);
+    }
+
+    /// Tells the observer, when there is one, that attempt `attempt` of `step`'s node `id`
+    /// begins in the branch at `branch`: what it opened, for [`Executor::end_work`].
+    pub(super) fn begin_call(
+        &self,
+        step: &Step,
+        id: &NodeId,
+        attempt: u32,
+        branch: impl FnOnce() -> Vec<usize>,
+    ) -> Option<Opened> {
+        let observer = self.observer.as_deref()?;
+        Some(observer.begin(&Begun::Call {
+            node: id,
+            attempt,
+            device: step.device,
+            branch: &branch(),
+            awaited: step.is_async(),
+            described: step.node.described(),
+        }))
+    }
+
+    /// Tells the observer, when there is one, that a run of `program` begins — a whole run, or
+    /// the run of a stream's item at index `item` — on this thread, inside `context` when the
+    /// item has one, so that what the observer makes current there travels with the item
+    /// through its stages.
+    pub(crate) fn begin_run(
+        &self,
+        program: &Program,
+        item: Option<u64>,
+        context: Option<&mut (dyn ItemContext + 'static)>,
+    ) -> Option<Opened> {
+        let observer = self.observer.as_deref()?;
+        let begun = Begun::Run {
+            item,
+            nodes: program.ids.len(),
+            asynchronous: program.is_async(),
+        };
+        let Some(context) = context else {
+            return Some(observer.begin(&begun));
+        };
+        let mut opened = None;
+        context.enter(&mut || opened = Some(observer.begin(&begun)));
+        opened
+    }
+
+    /// Tells the observer that the work `opened` was returned for ends as `ended` says.
+    pub(crate) fn end_work(&self, opened: Option<Opened>, ended: &Ended<'_>) {
+        if let (Some(observer), Some(opened)) = (self.observer.as_deref(), opened) {
+            observer.end(opened, ended);
+        }
+    }
+
+    /// Runs a step's node on its input, traced when a trace was asked for and observed when
+    /// an observer was given.
     pub(super) fn call(
         &self,
         step: &Step,
@@ -642,9 +733,9 @@ impl Executor {
         if step.has_policy() {
             return self.call_with_policy(step, id, input, lane);
         }
-        match self.trace.as_deref() {
-            None => self.execute(&*step.node, step.device, id, input, &mut 0),
-            Some(trace) => self.traced(trace, step, id, input, lane),
+        match (self.trace.as_deref(), self.observer.is_some()) {
+            (None, false) => self.execute(&*step.node, step.device, id, input, &mut 0),
+            (trace, _) => self.traced(trace, step, id, input, lane),
         }
     }
 
@@ -653,15 +744,21 @@ impl Executor {
     #[inline(never)]
     fn traced(
         &self,
-        trace: &Trace,
+        trace: Option<&Trace>,
         step: &Step,
         id: &NodeId,
         input: &Value,
         lane: Lane<'_>,
     ) -> Result<Value, RunError> {
-        Self::spanned(trace, step, id, lane, |turns| {
-            self.execute(&*step.node, step.device, id, input, turns)
-        })
+        let opened = self.begin_call(step, id, 0, || lane.path());
+        let outcome = match trace {
+            Some(trace) => Self::spanned(trace, step, id, lane, |turns| {
+                self.execute(&*step.node, step.device, id, input, turns)
+            }),
+            None => self.execute(&*step.node, step.device, id, input, &mut 0),
+        };
+        self.end_work(opened, &Ended::of(&outcome));
+        outcome
     }
 
     /// Makes `call` — one call of `step`'s node, which counts its turns — and records its span

@@ -4,7 +4,8 @@
 //!
 //! The executor is where an embedder plugs in: a [`Driver`](crate::Driver) serves nodes that
 //! await, a [`Watch`](hooks::Watch) says when to stop, a [`Host`](hooks::Host) wraps each
-//! branch and each wait (an interpreter lock, say), a [`Trace`](trace::Trace) records spans, a [`NodeCache`](cache::NodeCache) serves outputs
+//! branch and each wait (an interpreter lock, say), a [`Trace`](trace::Trace) records spans, an [`Observer`](observer::Observer) is told each work as
+//! it begins and ends, a [`NodeCache`](cache::NodeCache) serves outputs
 //! already computed.
 //!
 //! A [`Stream`](stream::Stream) runs a program over many items, its stages overlapped.
@@ -22,6 +23,7 @@ pub(crate) mod hooks;
 mod keys;
 mod lane;
 mod lookahead;
+pub(crate) mod observer;
 pub(crate) mod policy;
 pub(crate) mod program;
 pub(crate) mod reserve;

@@ -95,6 +95,7 @@ use super::executor::Executor;
 use super::hooks::{Captured, ItemContext, Watch};
 use super::keys::RunKeys;
 use super::lane::Lane;
+use super::observer::{Ended, Opened};
 use super::table::Frame;
 use crate::model::id::NodeId;
 use crate::model::value::Value;
@@ -284,6 +285,8 @@ struct Item {
     /// The identities of its values, when the stream runs with a cache: each item is a run of
     /// its own, keyed on its own input.
     keys: Option<RunKeys>,
+    /// What the executor's observer opened as the item was read, when there is one.
+    opened: Option<Opened>,
 }
 
 /// Items waiting for one stage, keyed by index. Boxed: a map's node shifts its entries as the
@@ -742,6 +745,15 @@ impl<I: Iterator<Item = Value>> Stream<I> {
                 self.shared.lock().inputs_done = true;
                 break;
             };
+            let mut context = self
+                .captured
+                .as_ref()
+                .and_then(|captured| captured.for_item());
+            let opened = self.settings.executor.begin_run(
+                &self.program,
+                Some(self.read),
+                context.as_deref_mut(),
+            );
             let item = Box::new(Item {
                 index: self.read,
                 input,
@@ -749,11 +761,9 @@ impl<I: Iterator<Item = Value>> Stream<I> {
                 table: vec![None; self.program.len()].into(),
                 failed: None,
                 result: None,
-                context: self
-                    .captured
-                    .as_ref()
-                    .and_then(|captured| captured.for_item()),
+                context,
                 keys: self.settings.executor.run_keys(&self.program),
+                opened,
             });
             self.read += 1;
             self.in_flight += 1;
@@ -900,8 +910,17 @@ impl<I: Iterator<Item = Value>> Iterator for Stream<I> {
                         input,
                         failed,
                         result,
+                        opened,
                         ..
                     } = *item;
+                    let ended = match &failed {
+                        None => Ended::Returned,
+                        Some(error) => Ended::Failed {
+                            error,
+                            retry_in: None,
+                        },
+                    };
+                    self.settings.executor.end_work(opened, &ended);
                     return Some(match failed {
                         None => {
                             self.succeeded += 1;

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use soma_core::{
     compile_decided, each, node, node_arc, Call, Ctx, Executor, Expr, Interrupt, MemoryCache, Node,
-    NodeError, Pause, Program, RunError, Settled, Spawned, Task, Tasks, Transition, Value,
+    NodeError, Observer, Pause, Program, RunError, Settled, Spawned, Task, Tasks, Transition,
+    Value,
 };
 
 use crate::support::plain;
@@ -354,6 +355,25 @@ fn a_chain_of_async_and_sync_nodes_computes_what_the_same_chain_all_sync_compute
         .run_program(&program_of(sync), Value::Int(0))
         .unwrap();
     assert_eq!(out.unwrap(), expected);
+}
+
+#[test]
+fn an_async_run_tells_its_observer_the_run_and_each_call_awaited_in_its_branch() {
+    let told = Arc::new(crate::observing::Told::default());
+    let executor = Executor::new().with_observer(Arc::clone(&told) as Arc<dyn Observer>);
+    let expr = add_later("a", 1) >> (add_later("b", 2) | node("c", add(3)));
+    let (out, _) = run_with(&executor, &program_of(expr), Value::Int(0));
+    out.unwrap();
+    let lines = told.lines();
+    assert_eq!(lines.first().map(String::as_str), Some("begin run"));
+    assert_eq!(lines.last().map(String::as_str), Some("end run returned"));
+    for line in [
+        "end call a #0 [] awaited returned",
+        "end call b #0 [0] awaited returned",
+        "end call c #0 [1] returned",
+    ] {
+        assert!(lines.contains(&line.to_string()), "{line} not in {lines:?}");
+    }
 }
 
 #[test]

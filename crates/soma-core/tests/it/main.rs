@@ -22,6 +22,7 @@
 //! | `isolation` | a branch's thread is its own; a million-node chain needs no deep stack |
 //! | `depth` | a graph nested 100,000 levels deep compiles, draws, clones and drops on a small stack |
 //! | `invariants` | every plan, over a battery and random DAGs; the expression oracle |
+//! | `observing` | the observer told each work as it begins and ends, on its thread, once: runs, calls, attempts, cache hits, parts, streamed items |
 //! | `tracing` | spans per node, their thread and branch, the Chrome trace, summary, timeline |
 //! | `streams` | items through a program, stages overlapped, order, bounds, errors, early close |
 //! | `waves` | branches really at once, one thread each, failures and panics |
@@ -48,6 +49,7 @@ mod invariants;
 mod isolation;
 mod layers;
 mod messages;
+mod observing;
 mod placement;
 mod policies;
 mod random_graphs;

@@ -180,16 +180,20 @@ impl Flow {
                 }
             }
         };
+        let index = {
+            let mut state = self.lock();
+            state.started += 1;
+            state.started - 1
+        };
         let (task, settled) = self.executor.start_run(
             &self.program,
             input.clone(),
             Arc::clone(&self.tasks),
             Some(Arc::clone(&self.limits)),
             Some(Box::new(wake)),
+            Some(index),
         );
         let mut state = self.lock();
-        let index = state.started;
-        state.started += 1;
         state.pending.insert(
             index,
             Item {

@@ -38,6 +38,7 @@ pub use self::task::Task;
 use super::error::RunError;
 use super::executor::{Executor, Halt};
 use super::hooks::{Tasks, Watch};
+use super::observer::Ended;
 use crate::model::id::NodeId;
 use crate::model::value::Value;
 use crate::run::program::Program;
@@ -122,7 +123,7 @@ impl Executor {
         input: Value,
         tasks: Arc<dyn Tasks>,
     ) -> (Task, Arc<Settled>) {
-        self.start_run(program, input, tasks, None, None)
+        self.start_run(program, input, tasks, None, None, None)
     }
 
     /// [`Executor::start`], its steps held to a stream's `limits`, telling `on_settle` once
@@ -134,6 +135,7 @@ impl Executor {
         tasks: Arc<dyn Tasks>,
         limits: Option<Arc<Limits>>,
         on_settle: Option<OnSettle>,
+        streamed: Option<u64>,
     ) -> (Task, Arc<Settled>) {
         let run = Arc::new(Run::new(self.clone(), tasks, Arc::clone(program), limits));
         let keys = self.run_keys(program);
@@ -153,8 +155,17 @@ impl Executor {
         let branch = Arc::clone(&place.branch);
         let theirs = Arc::clone(&settled);
         let task = Task::new(branch, async move {
+            // Begun inside its own task, so that what the observer makes current is current for
+            // this run's nodes (a streamed item's) and no other's.
+            let executor = &place.run.executor;
+            let opened = executor.begin_run(place.table.program(), streamed, None);
             let walked = CatchUnwind(Box::pin(walk::walk_root(&place))).await;
             let outcome = walked.map(|walked| place.finish(walked));
+            let ended = match &outcome {
+                Ok(outcome) => Ended::of(outcome),
+                Err(_) => Ended::Stopped,
+            };
+            executor.end_work(opened, &ended);
             drop(place);
             theirs.settle(outcome);
         });

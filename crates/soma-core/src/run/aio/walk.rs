@@ -39,6 +39,7 @@ use crate::run::executor::{Executor, Halt};
 use crate::run::hooks::Watch;
 use crate::run::keys::RunKeys;
 use crate::run::lane::{Lane, WaveState};
+use crate::run::observer::{Ended, Part};
 use crate::run::program::{LoopOp, MapOp, Op, Program, Step, SwitchOp};
 use crate::run::trace::Trace;
 use crate::run::wave::settle;
@@ -351,7 +352,11 @@ async fn call(place: &Place, step: &Step, id: &NodeId, input: &Value) -> Result<
     if step.has_policy() {
         return with_policy(place, step, id, input).await;
     }
-    attempt(place, None, step, id, input).await
+    let executor = place.executor();
+    let opened = executor.begin_call(step, id, 0, || place.branch.path());
+    let outcome = attempt(place, None, step, id, input).await;
+    executor.end_work(opened, &Ended::of(&outcome));
+    outcome
 }
 
 /// One call of an async node, within `limit` if it has one, its span recorded when traced.
@@ -430,8 +435,11 @@ async fn with_policy(
         .expect("a step marked as having a policy has one");
     let mut tried = 0_u32;
     loop {
+        let opened = executor.begin_call(step, id, tried, || place.branch.path());
         let outcome = attempt(place, policy.time_limit, step, id, input).await;
-        let (pause, error) = match Executor::next_attempt(policy, tried, outcome) {
+        let next = Executor::next_attempt(policy, tried, outcome);
+        executor.end_work(opened, &next.ended());
+        let (pause, error) = match next {
             Next::Done(outcome) => return outcome,
             Next::Pause(pause, error) => (pause, error),
         };
@@ -635,6 +643,8 @@ async fn each(place: &Place, op: &MapOp) -> Result<Value, Halt> {
         spawn(place, &join, index, child, move |child| {
             Box::pin(async move {
                 let executor = child.executor();
+                let opened = executor
+                    .begin_part(id_at.get(child), Part::Item(index), || child.branch.path());
                 let start = executor.trace.as_deref().map(Trace::now);
                 let outcome = run_body(child, body.get(child), item).await;
                 if let (Some(trace), Some(start)) = (executor.trace.as_deref(), start) {
@@ -642,6 +652,7 @@ async fn each(place: &Place, op: &MapOp) -> Result<Value, Halt> {
                     let path = child.branch.path();
                     Executor::record_part(trace, id, &index.to_string(), path, start, &outcome);
                 }
+                executor.end_work(opened, &Executor::part_ended(&outcome));
                 if !matches!(outcome, Ok(_) | Err(Halt::Cancelled)) {
                     state.first_failed.fetch_min(index, Ordering::AcqRel);
                     join_of_item.cancel_after(index);
@@ -690,11 +701,13 @@ async fn choose(place: &Place, op: &SwitchOp) -> Result<Value, Halt> {
     let id = &place.table.program().ids[op.step.slot()];
     let chosen = ask(place, &op.step, &read, Asked::Input).await?;
     let (at, key) = executor.case_of(op, id, &chosen)?;
+    let opened = executor.begin_part(id, Part::Case(&key), || place.branch.path());
     let start = executor.trace.as_deref().map(Trace::now);
     let outcome = run_body(place, &op.cases[at], read).await;
     if let (Some(trace), Some(start)) = (executor.trace.as_deref(), start) {
         Executor::record_part(trace, id, &key, place.branch.path(), start, &outcome);
     }
+    executor.end_work(opened, &Executor::part_ended(&outcome));
     outcome
 }
 
@@ -705,6 +718,7 @@ async fn repeat_body(place: &Place, op: &LoopOp) -> Result<Value, Halt> {
     let executor = place.executor();
     let id = &place.table.program().ids[op.step.slot()];
     for iteration in 0..op.max_iterations {
+        let opened = executor.begin_part(id, Part::Iteration(iteration), || place.branch.path());
         let start = executor.trace.as_deref().map(Trace::now);
         let outcome = run_body(place, &op.body, current).await;
         if let (Some(trace), Some(start)) = (executor.trace.as_deref(), start) {
@@ -717,6 +731,7 @@ async fn repeat_body(place: &Place, op: &LoopOp) -> Result<Value, Halt> {
                 &outcome,
             );
         }
+        executor.end_work(opened, &Executor::part_ended(&outcome));
         let output = outcome?;
         let verdict = ask(place, &op.step, &output, Asked::Output).await?;
         if executor.reading().done(&verdict) {

@@ -1,0 +1,259 @@
+//! The engine's [`Observer`] handed to Python: each work of a run, as it begins and ends,
+//! passed to the object `soma._observe` installs (`_soma.observe(target)`), which turns it into
+//! OpenTelemetry spans and live events. The rules of what is told, and where, are the engine's
+//! (`soma_core::Observer`); this module only crosses the boundary.
+//!
+//! One observer for the process, read once per run when its executor is made: a run made while
+//! none is installed costs what it did, one `Option` per node in the engine.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+use pyo3::{intern, IntoPyObjectExt};
+use soma_core::{Begun, Ended, Observer, Opened, Part, RunError};
+
+use crate::errors::{python_cause, run_error};
+
+/// The observer installed for the process, if one is.
+static INSTALLED: RwLock<Option<Arc<PythonObserver>>> = RwLock::new(None);
+
+/// Whether one is: what a run reads first, so that a process that watches nothing pays a flag
+/// read per run, not a lock.
+static ANY: AtomicBool = AtomicBool::new(false);
+
+/// What the Python side is told for each work: `begin(kind, node, part, number, device,
+/// branch, awaited, function)` — `number` the attempt of a call, the node count of a run;
+/// `awaited` whether a call's node, or a run's program, is async; `function` the qualified name
+/// of what a call runs — whose return value comes back to
+/// `end(opened, outcome, error, retry_in)` exactly once, where the work ends (or, for a work
+/// dropped unfinished, when it is dropped, as stopped). The numbers are `soma._observe`'s
+/// constants.
+struct PythonObserver {
+    target: Py<PyAny>,
+}
+
+/// Which work begins, as `begin` is told it.
+mod kind {
+    pub(super) const CALL: u8 = 0;
+    pub(super) const CACHED: u8 = 1;
+    pub(super) const ITEM: u8 = 2;
+    pub(super) const CASE: u8 = 3;
+    pub(super) const ITERATION: u8 = 4;
+    pub(super) const RUN: u8 = 5;
+}
+
+/// How a work ended, as `end` is told it.
+mod outcome {
+    pub(super) const RETURNED: u8 = 0;
+    pub(super) const FAILED: u8 = 1;
+    pub(super) const STOPPED: u8 = 2;
+}
+
+/// Installs `target` as the process's observer (`None` removes it): runs started from now on
+/// tell it their works; runs already started keep the one they had.
+#[pyfunction]
+#[pyo3(signature = (target))]
+pub fn observe(target: Option<Py<PyAny>>) {
+    let observer = target.map(|target| Arc::new(PythonObserver { target }));
+    let mut installed = INSTALLED.write().unwrap_or_else(PoisonError::into_inner);
+    ANY.store(observer.is_some(), Ordering::Release);
+    *installed = observer;
+}
+
+/// The observer a run made now is to tell, if one is installed.
+pub(crate) fn installed() -> Option<Arc<dyn Observer>> {
+    if !ANY.load(Ordering::Acquire) {
+        return None;
+    }
+    let installed = INSTALLED.read().unwrap_or_else(PoisonError::into_inner);
+    installed
+        .as_ref()
+        .map(|observer| Arc::clone(observer) as Arc<dyn Observer>)
+}
+
+impl Observer for PythonObserver {
+    fn begin(&self, begun: &Begun<'_>) -> Opened {
+        Python::attach(|py| {
+            let arguments = match begun_arguments(py, begun) {
+                Ok(arguments) => arguments,
+                Err(error) => {
+                    error.write_unraisable(py, Some(self.target.bind(py)));
+                    return None;
+                }
+            };
+            match self
+                .target
+                .bind(py)
+                .call_method1(intern!(py, "begin"), arguments)
+            {
+                Ok(opened) if opened.is_none() => None,
+                Ok(opened) => Some(Box::new(Unended {
+                    target: self.target.clone_ref(py),
+                    opened: Some(opened.unbind()),
+                }) as Box<dyn std::any::Any + Send>),
+                // An observer's own failure never fails the run: it is reported as an
+                // exception Python could not raise anywhere.
+                Err(error) => {
+                    error.write_unraisable(py, Some(self.target.bind(py)));
+                    None
+                }
+            }
+        })
+    }
+
+    fn end(&self, opened: Opened, ended: &Ended<'_>) {
+        let Some(mut unended) = opened.and_then(|opened| opened.downcast::<Unended>().ok()) else {
+            return;
+        };
+        let Some(opened) = unended.opened.take() else {
+            return;
+        };
+        Python::attach(|py| {
+            let (outcome, error, retry_in) = match ended {
+                Ended::Returned => (outcome::RETURNED, py.None(), None),
+                Ended::Failed { error, retry_in } => (
+                    outcome::FAILED,
+                    error_value(py, error),
+                    retry_in.map(|pause| pause.as_secs_f64()),
+                ),
+                Ended::Stopped => (outcome::STOPPED, py.None(), None),
+            };
+            if let Err(error) = self.target.bind(py).call_method1(
+                intern!(py, "end"),
+                (opened.bind(py), outcome, error, retry_in),
+            ) {
+                error.write_unraisable(py, Some(self.target.bind(py)));
+            }
+        });
+    }
+}
+
+/// What `begin` returned, until `end` is told: a work dropped without an end (a stream closed
+/// with items in flight, an async run whose task was dropped) is ended as stopped when it is
+/// dropped, so that nothing the observer opened stays open.
+struct Unended {
+    target: Py<PyAny>,
+    opened: Option<Py<PyAny>>,
+}
+
+impl Drop for Unended {
+    fn drop(&mut self) {
+        let Some(opened) = self.opened.take() else {
+            return;
+        };
+        if crate::exit::closed() {
+            // The interpreter is ending: nothing may enter it now, and nobody reads the span.
+            std::mem::forget(opened);
+            return;
+        }
+        let _inside = crate::exit::enter();
+        Python::attach(|py| {
+            let ended = (opened.bind(py), outcome::STOPPED, py.None(), None::<f64>);
+            if let Err(error) = self.target.bind(py).call_method1(intern!(py, "end"), ended) {
+                error.write_unraisable(py, Some(self.target.bind(py)));
+            }
+        });
+    }
+}
+
+/// `begin`'s arguments for `begun`.
+fn begun_arguments<'py>(py: Python<'py>, begun: &Begun<'_>) -> PyResult<Bound<'py, PyTuple>> {
+    let nothing = || py.None().into_bound(py);
+    let mut function = None;
+    let (kind, node, part, attempt, device, branch, awaited) = match *begun {
+        Begun::Call {
+            node,
+            attempt,
+            device,
+            branch,
+            awaited,
+            ref described,
+        } => {
+            function = described.as_deref();
+            (
+                kind::CALL,
+                node.as_str().into_bound_py_any(py)?,
+                nothing(),
+                attempt,
+                device,
+                branch,
+                awaited,
+            )
+        }
+        Begun::Cached {
+            node,
+            device,
+            branch,
+        } => (
+            kind::CACHED,
+            node.as_str().into_bound_py_any(py)?,
+            nothing(),
+            0,
+            device,
+            branch,
+            false,
+        ),
+        Begun::Part { step, part, branch } => {
+            let (kind, part) = match part {
+                Part::Item(index) => (kind::ITEM, index.into_bound_py_any(py)?),
+                Part::Case(key) => (kind::CASE, key.into_bound_py_any(py)?),
+                Part::Iteration(iteration) => (kind::ITERATION, iteration.into_bound_py_any(py)?),
+            };
+            let step = step.as_str().into_bound_py_any(py)?;
+            (kind, step, part, 0, None, branch, false)
+        }
+        Begun::Run {
+            item,
+            nodes,
+            asynchronous,
+        } => (
+            kind::RUN,
+            nothing(),
+            item.into_bound_py_any(py)?,
+            u32::try_from(nodes).unwrap_or(u32::MAX),
+            None,
+            &[][..],
+            asynchronous,
+        ),
+    };
+    let device = match device {
+        Some(device) => device.to_string().into_bound_py_any(py)?,
+        None => nothing(),
+    };
+    PyTuple::new(
+        py,
+        [
+            kind.into_bound_py_any(py)?,
+            node,
+            part,
+            attempt.into_bound_py_any(py)?,
+            device,
+            PyTuple::new(py, branch)?.into_any(),
+            awaited.into_bound_py_any(py)?,
+            function.into_bound_py_any(py)?,
+        ],
+    )
+}
+
+/// The Python exception a work failed with: the node's own, as it raised it (no note added:
+/// the run's error adds its own once), or the exception the run's error becomes.
+fn error_value(py: Python<'_>, error: &RunError) -> Py<PyAny> {
+    let mut error = error;
+    // A call whose retries ran out failed, in its last attempt, with that attempt's error.
+    while let RunError::Retried { last, .. } = error {
+        error = last;
+    }
+    let raised = if let RunError::NodeFailed { error: failure, .. } = error {
+        python_cause(py, failure.cause())
+    } else {
+        None
+    };
+    raised
+        .unwrap_or_else(|| run_error(py, error, None))
+        .value(py)
+        .clone()
+        .into_any()
+        .unbind()
+}

@@ -1,0 +1,354 @@
+"""``Graph.events`` and ``Graph.aevents``: a run's events as they happen — a node started,
+finished, failed, retried, timed out, what a node sends with ``ctx.emit(value)`` — then its
+result or its error, last.
+
+A stream is told each work by the engine's observer (``soma._observe``), on the thread or in
+the task that does it, so the events of one branch come in the order the branch made them, and
+branches interleave as they ran. The reader never holds the run up: events wait for it in a
+buffer of ``buffer`` events (10,000 unless set); once the buffer is full, newer events are
+dropped and counted — the last event (``"result"`` or ``"error"``) is never dropped, and its
+``dropped`` says how many were.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, Final
+
+from soma import _observe
+
+DEFAULT_BUFFER: Final = 10_000
+
+KINDS: Final = (
+    "started",
+    "finished",
+    "failed",
+    "retried",
+    "timed_out",
+    "emitted",
+    "result",
+    "error",
+)
+
+
+class Event:
+    """One thing that happened in a run, as it happened.
+
+    ``kind`` is ``"started"``, ``"finished"``, ``"failed"``, ``"retried"``, ``"timed_out"`` or
+    ``"emitted"``, and last ``"result"`` or ``"error"``. ``node`` is the node's id (a step's
+    inner nodes by their path, ``"step/inner"``), ``None`` for the last event. ``item`` is the
+    index of the ``each`` item or streamed item the node ran in, or ``None``. ``value`` is what
+    was emitted, the node's exception (``"failed"``, ``"retried"``, ``"timed_out"``), the run's
+    result or its exception; ``None`` otherwise. ``seconds`` is how long the attempt took
+    (``"finished"`` and the failures), ``attempt`` which attempt it was (from 0), ``cached``
+    whether the cache answered (``"finished"``), ``dropped`` how many events the buffer
+    dropped before this one (set on the last event).
+    """
+
+    __slots__ = ("attempt", "cached", "dropped", "item", "kind", "node", "seconds", "value")
+
+    kind: str
+    node: str | None
+    item: int | None
+    value: Any
+    seconds: float | None
+    attempt: int
+    cached: bool
+    dropped: int
+
+    def __init__(
+        self,
+        kind: str,
+        node: str | None = None,
+        item: int | None = None,
+        value: Any = None,
+        *,
+        seconds: float | None = None,
+        attempt: int = 0,
+        cached: bool = False,
+        dropped: int = 0,
+    ) -> None:
+        self.kind = kind
+        self.node = node
+        self.item = item
+        self.value = value
+        self.seconds = seconds
+        self.attempt = attempt
+        self.cached = cached
+        self.dropped = dropped
+
+    def __repr__(self) -> str:
+        shown = [repr(self.kind)]
+        if self.node is not None:
+            shown.append(f"node={self.node!r}")
+        if self.item is not None:
+            shown.append(f"item={self.item}")
+        if self.value is not None:
+            shown.append(f"value={self.value!r}")
+        return f"Event({', '.join(shown)})"
+
+
+class _Collector:
+    """Turns the works a run tells of into events, and hands each to ``put``."""
+
+    def __init__(self, put: Callable[[Event], bool]) -> None:
+        self._put = put
+        self.dropped = 0
+
+    def _send(self, event: Event) -> None:
+        if not self._put(event):
+            self.dropped += 1
+
+    def begin(
+        self,
+        kind: int,
+        node: str | None,
+        part: Any,
+        number: int,
+        device: str | None,
+        branch: tuple[int, ...],
+        awaited: bool,
+        function: str | None,
+    ) -> Any:
+        if kind == _observe.CALL:
+            self._send(Event("started", node, _observe.current_item.get(), attempt=number))
+            return (node, number, _observe.now())
+        if kind == _observe.CACHED:
+            self._send(
+                Event("finished", node, _observe.current_item.get(), cached=True, seconds=0.0)
+            )
+        return None
+
+    def end(
+        self, opened: Any, outcome: int, error: BaseException | None, retry_in: float | None
+    ) -> None:
+        node, attempt, started = opened
+        seconds = _observe.now() - started
+        item = _observe.current_item.get()
+        if outcome == _observe.RETURNED:
+            self._send(Event("finished", node, item, seconds=seconds, attempt=attempt))
+        elif outcome == _observe.FAILED:
+            from soma.errors import TimeLimitError
+
+            kind = (
+                "retried"
+                if retry_in is not None
+                else "timed_out"
+                if isinstance(error, TimeLimitError)
+                else "failed"
+            )
+            self._send(Event(kind, node, item, error, seconds=seconds, attempt=attempt))
+
+    def emit(self, node: str, value: Any) -> None:
+        self._send(Event("emitted", node, _observe.current_item.get(), value))
+
+    def adopt(self, spans: list[Any], host: str, sent_ns: int) -> None:
+        """The nodes a slice ran on ``host``, once it is back: each ``"finished"`` (or
+        ``"failed"``, its error's text as the value), in the order they began there."""
+        item = _observe.current_item.get()
+        for node, start, end, _thread, _branch, _turns, error, _device, cached in sorted(
+            spans, key=lambda span: span[1]
+        ):
+            kind = "failed" if error is not None else "finished"
+            self._send(Event(kind, node, item, error, seconds=end - start, cached=cached))
+
+
+# What a run hands the reader besides the works' events: its results and its error, which are
+# never dropped, each carrying the count of the events dropped so far; then the end.
+Finish = Callable[[Event], None]
+_END: Final = Event("end")
+
+
+def events(
+    forward: Callable[..., Any], input: Any, buffer: int, keywords: dict[str, Any]
+) -> Iterator[Event]:
+    """``Graph.events``: ``forward(input, **keywords)`` on a thread of its own while the caller
+    reads its events; the last its result or its error."""
+
+    def work(collector: _Collector, finish: Finish) -> None:
+        try:
+            result = forward(input, **keywords)
+        except BaseException as error:  # The run's error is the stream's last event.
+            finish(Event("error", value=error, dropped=collector.dropped))
+        else:
+            finish(Event("result", value=result, dropped=collector.dropped))
+
+    return _read(work, buffer)
+
+
+def map_events(
+    map: Callable[..., Iterator[Any]], inputs: Any, buffer: int, keywords: dict[str, Any]
+) -> Iterator[Event]:
+    """``Graph.map_events``: ``map(inputs, **keywords)`` on a thread of its own while the caller
+    reads its events; each item's result as a ``"result"`` event with its index, an error
+    (the first failing item's, or the stream's own) as the last event."""
+
+    def work(collector: _Collector, finish: Finish) -> None:
+        index = 0
+        try:
+            for result in map(inputs, **keywords):
+                finish(Event("result", item=index, value=result, dropped=collector.dropped))
+                index += 1
+        except BaseException as error:  # The stream's error is its last event.
+            finish(Event("error", item=index, value=error, dropped=collector.dropped))
+
+    return _read(work, buffer)
+
+
+def _read(work: Callable[[_Collector, Finish], None], buffer: int) -> Iterator[Event]:
+    """Runs ``work`` on a thread of its own, in a context whose runs report to a stream, and
+    yields what it reports until it is done."""
+    _check_buffer(buffer)
+    inbox: queue.SimpleQueue[Event] = queue.SimpleQueue()
+    closed = threading.Event()
+    waiting = 0  # The works' events in the inbox: the buffer's bound is on these.
+    counted = threading.Lock()
+
+    def put(event: Event) -> bool:
+        nonlocal waiting
+        with counted:
+            if closed.is_set() or waiting >= buffer:
+                return False
+            waiting += 1
+        inbox.put(event)
+        return True
+
+    collector = _Collector(put)
+
+    def run() -> None:
+        try:
+            work(collector, inbox.put)
+        finally:
+            inbox.put(_END)
+            _observe.stream_closed()
+
+    _observe.stream_opened()
+    runner = threading.Thread(
+        target=_observe.run_in_stream, args=(collector, run), name="soma-events", daemon=True
+    )
+    try:
+        runner.start()
+    except BaseException:
+        _observe.stream_closed()
+        raise
+    try:
+        while True:
+            try:
+                event = inbox.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if event is _END:
+                return
+            if event.kind not in ("result", "error"):
+                with counted:
+                    waiting -= 1
+            yield event
+    finally:
+        # A reader that left early (a `break`, an exception, Ctrl-C) leaves the run to finish
+        # on its thread; what it still tells is dropped.
+        closed.set()
+
+
+async def aevents(
+    aforward: Callable[..., Any], input: Any, buffer: int, keywords: dict[str, Any]
+) -> AsyncIterator[Event]:
+    """``Graph.aevents``: awaits ``aforward(input, **keywords)`` as a task of this loop while
+    the caller reads its events."""
+
+    async def work(collector: _Collector, finish: Finish) -> None:
+        try:
+            result = await aforward(input, **keywords)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:  # The run's error is the stream's last event.
+            finish(Event("error", value=error, dropped=collector.dropped))
+        else:
+            finish(Event("result", value=result, dropped=collector.dropped))
+
+    async for event in _aread(work, buffer):
+        yield event
+
+
+async def amap_events(
+    amap: Callable[..., AsyncIterator[Any]], inputs: Any, buffer: int, keywords: dict[str, Any]
+) -> AsyncIterator[Event]:
+    """``Graph.amap_events``: ``async for`` over ``amap(inputs, **keywords)`` as a task of this
+    loop while the caller reads its events, as :func:`map_events`."""
+
+    async def work(collector: _Collector, finish: Finish) -> None:
+        index = 0
+        try:
+            async for result in amap(inputs, **keywords):
+                finish(Event("result", item=index, value=result, dropped=collector.dropped))
+                index += 1
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:  # The stream's error is its last event.
+            finish(Event("error", item=index, value=error, dropped=collector.dropped))
+
+    async for event in _aread(work, buffer):
+        yield event
+
+
+async def _aread(
+    work: Callable[[_Collector, Finish], Awaitable[None]], buffer: int
+) -> AsyncIterator[Event]:
+    """Runs ``work`` as a task of this loop, in a context whose runs report to a stream, and
+    yields what it reports until it is done; leaving early cancels it."""
+    _check_buffer(buffer)
+    loop = asyncio.get_running_loop()
+    inbox: asyncio.Queue[Event] = asyncio.Queue()
+    loop_thread = threading.get_ident()
+    waiting = 0
+    counted = threading.Lock()
+
+    def deliver(event: Event) -> None:
+        if threading.get_ident() == loop_thread:
+            inbox.put_nowait(event)
+        else:  # A sync node, on a thread the run lent it.
+            loop.call_soon_threadsafe(inbox.put_nowait, event)
+
+    def put(event: Event) -> bool:
+        nonlocal waiting
+        with counted:
+            if waiting >= buffer:
+                return False
+            waiting += 1
+        deliver(event)
+        return True
+
+    collector = _Collector(put)
+
+    async def run() -> None:
+        try:
+            await work(collector, deliver)
+        finally:
+            # After every event a sync node sent from its thread, which the loop queued first.
+            loop.call_soon(inbox.put_nowait, _END)
+
+    _observe.stream_opened()
+    try:
+        task = _observe.run_in_stream(collector, lambda: loop.create_task(run()))
+        try:
+            while True:
+                event = await inbox.get()
+                if event is _END:
+                    return
+                if event.kind not in ("result", "error"):
+                    with counted:
+                        waiting -= 1
+                yield event
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+    finally:
+        _observe.stream_closed()
+
+
+def _check_buffer(buffer: int) -> None:
+    if isinstance(buffer, bool) or not isinstance(buffer, int) or buffer < 1:
+        raise ValueError(f"buffer takes an int of at least 1, not {buffer!r}")

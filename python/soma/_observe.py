@@ -1,0 +1,196 @@
+"""What a run tells as it goes, in Python: the engine's observer (``soma_core::Observer``)
+calls :meth:`Dispatch.begin` and :meth:`Dispatch.end` for each work — an attempt of a node's
+call, a node answered by the cache, an ``each`` item, a ``switch`` case, a ``loop`` iteration,
+a run, whole or a streamed item's — where the work runs and in its context; this module hands
+each to what listens: OpenTelemetry (``soma.telemetry``) and the event streams of ``Graph.events``.
+
+The rules — what is told, when, on which thread, in which order — are the engine's. Here is
+only what only Python can do: make a span current in a context, put an event where a reader
+waits. The dispatch is installed in the engine (``_soma.observe``) only while something
+listens, so a process that uses neither pays nothing.
+
+Which event stream a work belongs to is read from a context variable the stream's run is
+started in: every branch, item and async task of a run runs in a copy of its caller's context,
+so the run's works all find their stream, and no other run's do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from soma import _soma
+
+# What begins (the engine glue's numbers): a node's call (one attempt), a node the cache
+# answered, an `each` item, a `switch` case, a `loop` iteration, a run (whole, or a stream's item).
+CALL, CACHED, ITEM, CASE, ITERATION, RUN = range(6)
+# How it ended.
+RETURNED, FAILED, STOPPED = range(3)
+
+
+class Listener(Protocol):
+    """What the dispatch hands each work to: OpenTelemetry's mapping, or an event stream."""
+
+    def begin(
+        self,
+        kind: int,
+        node: str | None,
+        part: Any,
+        number: int,
+        device: str | None,
+        branch: tuple[int, ...],
+        awaited: bool,
+        function: str | None,
+    ) -> Any: ...
+
+    def end(
+        self, opened: Any, outcome: int, error: BaseException | None, retry_in: float | None
+    ) -> None: ...
+
+
+# The event stream the current run reports to, if it was started by `Graph.events`.
+current_stream: contextvars.ContextVar[Listener | None] = contextvars.ContextVar(
+    "soma_event_stream", default=None
+)
+# Nodes of the current run that stand for nothing the user wrote, not told of: a graph with
+# hosts runs a local graph where each node a slice returns is picked out of the slice's
+# returns by a node of the same id (`soma.remote`), which would otherwise be told twice.
+hidden: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
+    "soma_hidden_nodes", default=frozenset()
+)
+# The index of the `each` item or streamed item the current work is in, for events' `.item`.
+current_item: contextvars.ContextVar[int | None] = contextvars.ContextVar("soma_item", default=None)
+
+
+class Dispatch:
+    """The one object the engine calls: each work to the telemetry, when it is on, and to the
+    event stream of the run it is part of, when it has one."""
+
+    def __init__(self) -> None:
+        self.telemetry: Listener | None = None
+        self.streams = 0
+
+    def begin(
+        self,
+        kind: int,
+        node: str | None,
+        part: Any,
+        number: int,
+        device: str | None,
+        branch: tuple[int, ...],
+        awaited: bool,
+        function: str | None,
+    ) -> Any:
+        telemetry, stream = self.telemetry, current_stream.get()
+        if kind == CALL and node in hidden.get():
+            return None
+        item = None
+        if kind == ITEM or (kind == RUN and part is not None):
+            item = current_item.set(part)
+        opened_telemetry = (
+            None
+            if telemetry is None
+            else telemetry.begin(kind, node, part, number, device, branch, awaited, function)
+        )
+        opened_stream = (
+            None
+            if stream is None
+            else stream.begin(kind, node, part, number, device, branch, awaited, function)
+        )
+        if item is None and opened_telemetry is None and opened_stream is None:
+            return None
+        return (item, telemetry, opened_telemetry, stream, opened_stream)
+
+    def end(
+        self, opened: Any, outcome: int, error: BaseException | None, retry_in: float | None
+    ) -> None:
+        item, telemetry, opened_telemetry, stream, opened_stream = opened
+        try:
+            if stream is not None and opened_stream is not None:
+                stream.end(opened_stream, outcome, error, retry_in)
+            if telemetry is not None and opened_telemetry is not None:
+                telemetry.end(opened_telemetry, outcome, error, retry_in)
+        finally:
+            if item is not None:
+                # A streamed item ends on whichever thread finishes it, outside the context it
+                # began in; that context goes with the item, so nothing is left set there.
+                with contextlib.suppress(ValueError):
+                    current_item.reset(item)
+
+
+dispatch = Dispatch()
+_installing = threading.Lock()
+
+
+def _reinstall() -> None:
+    """Installs the dispatch in the engine while anything listens, and removes it otherwise."""
+    _soma.observe(dispatch if dispatch.telemetry is not None or dispatch.streams else None)
+
+
+def set_telemetry(listener: Listener | None) -> None:
+    """Makes ``listener`` the telemetry every run from now on reports to (``None``: none)."""
+    with _installing:
+        dispatch.telemetry = listener
+        _reinstall()
+
+
+def stream_opened() -> None:
+    """An event stream begins: runs from now on report their works."""
+    with _installing:
+        dispatch.streams += 1
+        _reinstall()
+
+
+def stream_closed() -> None:
+    """An event stream has ended."""
+    with _installing:
+        dispatch.streams -= 1
+        _reinstall()
+
+
+def watched() -> bool:
+    """Whether a run started here now is watched: the telemetry is on, or it is part of an
+    event stream. A run with hosts then asks its hosts for their nodes' spans (see
+    :func:`adopt`)."""
+    return dispatch.telemetry is not None or current_stream.get() is not None
+
+
+def adopt(spans: list[Any], host: str, sent_ns: int) -> None:
+    """Tells what listens of the nodes a slice ran on ``host``, from the spans the host
+    shipped back with its result (``soma._slices.Shipped``: node, start, end, thread, branch,
+    turns, error, device, cached; times in seconds since the slice began there, which is taken
+    as ``sent_ns``, this process's clock when the slice was sent). Told once the slice is back:
+    a host runs a slice as one call, and tells nothing before it returns."""
+    for listener in (dispatch.telemetry, current_stream.get()):
+        adopted = None if listener is None else getattr(listener, "adopt", None)
+        if adopted is not None:
+            adopted(spans, host, sent_ns)
+
+
+def emitted(node: str, value: Any) -> None:
+    """What ``ctx.emit(value)`` does: hands ``value`` to the event stream of the run the node is
+    in, if it has one, and to the telemetry as an event on the node's span, when it is on."""
+    stream = current_stream.get()
+    if stream is not None:
+        emit = getattr(stream, "emit", None)
+        if emit is not None:
+            emit(node, value)
+    telemetry = dispatch.telemetry
+    if telemetry is not None:
+        emit = getattr(telemetry, "emit", None)
+        if emit is not None:
+            emit(node, value)
+
+
+def run_in_stream(stream: Listener, run: Callable[[], Any]) -> Any:
+    """Runs ``run`` in a copy of this context in which works report to ``stream``."""
+    context = contextvars.copy_context()
+    context.run(current_stream.set, stream)
+    return context.run(run)
+
+
+now = time.perf_counter

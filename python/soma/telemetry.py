@@ -1,0 +1,192 @@
+"""OpenTelemetry for Soma's runs: ``soma.telemetry.enable()`` and every run from then on emits
+spans to the global tracer provider (or the one passed), until ``soma.telemetry.disable()``.
+
+One span per run (``soma.run``; a stream's item is a run of its own, ``soma.item``), one per
+attempt of a node's call (named by the node's id), one per ``each`` item, ``switch`` case and
+``loop`` iteration (``step[part]``), and a zero-length one for a node the cache answered. Each
+is made current for the work it wraps, so it is parented under what is current where that work
+starts — the caller's span for a run, the run's span for its nodes, a part's for the nodes
+inside it — on whichever thread or task the work runs: Soma carries the caller's context into
+every branch, item and async task, and the engine tells each work where it runs. Spans a node
+makes itself are children of its call's span.
+
+A slice of the graph placed on a host (``.at("box")``) runs there as one call of its stand-in
+node (``box#0``); its nodes' spans come back with its result and are emitted here, as children
+of that call's span, timed on this process's clock: one exporter configured in this process
+sees the whole run, and a host needs no telemetry of its own. What a host's nodes do there is
+therefore known once the slice is back; spans a node makes itself on a host are the host's.
+
+A span that fails records its exception (``exception.*``) and sets its status to an error.
+Attributes: ``soma.node``, ``soma.branch`` (the branch's index in each wave, ``"0.1"``),
+``soma.attempt``, ``soma.cached``, ``soma.async``, ``soma.device``, ``soma.outcome``
+(``"returned"``, ``"failed"``, ``"retrying"``, ``"stopped"``), ``soma.retry_in`` (seconds),
+``soma.item``, ``soma.case``, ``soma.iteration``, ``soma.nodes`` (a run's), and OpenTelemetry's
+own ``thread.id``, ``thread.name`` and ``code.function`` (what a call runs,
+``module.Class.forward``); ``soma.host`` for a node that ran on a host. What a
+node sends with ``ctx.emit(value)`` is an event (``soma.emitted``) on its span, the value's
+``repr`` in ``soma.value``.
+
+Needs ``opentelemetry-api`` (``pip install 'soma-graph[otel]'``), imported by ``enable`` and
+never before: a process that does not enable telemetry does not import it, and its runs cost
+what they did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any
+
+from soma import _observe
+
+__all__ = ["disable", "enable", "enabled"]
+
+_OUTCOMES = ("returned", "failed", "stopped")
+# How much of an emitted value's repr an event keeps.
+_VALUE_LIMIT = 1000
+
+
+class _Spans:
+    """The telemetry listener: a span per work, made current where the work runs."""
+
+    def __init__(self, tracer: Any) -> None:
+        from opentelemetry import context, trace
+        from opentelemetry.trace import Status, StatusCode
+
+        self._tracer = tracer
+        self._attach = context.attach
+        self._detach = context.detach
+        self._in_context = trace.set_span_in_context
+        self._current = trace.get_current_span
+        self._error = StatusCode.ERROR
+        self._status = Status
+
+    def begin(
+        self,
+        kind: int,
+        node: str | None,
+        part: Any,
+        number: int,
+        device: str | None,
+        branch: tuple[int, ...],
+        awaited: bool,
+        function: str | None,
+    ) -> Any:
+        thread = threading.current_thread()
+        attributes: dict[str, Any] = {"thread.id": thread.ident or 0, "thread.name": thread.name}
+        if kind == _observe.RUN:
+            attributes["soma.nodes"] = number
+            attributes["soma.async"] = awaited
+            if part is None:
+                name = "soma.run"
+            else:
+                name = "soma.item"
+                attributes["soma.item"] = part
+        else:
+            assert node is not None
+            attributes["soma.node"] = node
+            attributes["soma.branch"] = ".".join(map(str, branch)) if branch else "main"
+            if kind == _observe.CALL or kind == _observe.CACHED:
+                name = node
+                attributes["soma.attempt"] = number
+                attributes["soma.cached"] = kind == _observe.CACHED
+                attributes["soma.async"] = awaited
+                if device is not None:
+                    attributes["soma.device"] = device
+                if function is not None:
+                    attributes["code.function"] = function
+            else:
+                name = f"{node}[{part}]"
+                attributes[_PART_NAMES[kind]] = part
+        span = self._tracer.start_span(name, attributes=attributes)
+        if kind == _observe.CACHED:
+            return (span, None)
+        return (span, self._attach(self._in_context(span)))
+
+    def end(
+        self, opened: Any, outcome: int, error: BaseException | None, retry_in: float | None
+    ) -> None:
+        span, token = opened
+        if token is not None:
+            # A streamed item ends on another thread than the one it began on, outside the
+            # item's context, which goes with the item: nothing is left attached there.
+            with contextlib.suppress(ValueError):
+                self._detach(token)
+        if outcome == _observe.FAILED:
+            span.set_attribute("soma.outcome", "retrying" if retry_in is not None else "failed")
+            if retry_in is not None:
+                span.set_attribute("soma.retry_in", retry_in)
+            if error is not None:
+                span.record_exception(error)
+                span.set_status(self._status(self._error, f"{type(error).__name__}: {error}"))
+        else:
+            span.set_attribute("soma.outcome", _OUTCOMES[outcome])
+        span.end()
+
+    def adopt(self, spans: list[Any], host: str, sent_ns: int) -> None:
+        """The spans of a slice's nodes, shipped back from ``host``: emitted here, under the
+        span current here — the slice's call — with their times on this process's clock."""
+        for node, start, end, thread, branch, _turns, error, device, cached in spans:
+            attributes: dict[str, Any] = {
+                "soma.node": node,
+                "soma.host": host,
+                "soma.branch": ".".join(map(str, branch)) if branch else "main",
+                "soma.cached": cached,
+                "soma.outcome": "failed" if error is not None else "returned",
+                "thread.id": thread,
+            }
+            if device is not None:
+                attributes["soma.device"] = device
+            span = self._tracer.start_span(
+                node, attributes=attributes, start_time=sent_ns + int(start * 1e9)
+            )
+            if error is not None:
+                span.set_status(self._status(self._error, error))
+            span.end(end_time=sent_ns + int(end * 1e9))
+
+    def emit(self, node: str, value: Any) -> None:
+        shown = repr(value)
+        if len(shown) > _VALUE_LIMIT:
+            shown = shown[:_VALUE_LIMIT] + "..."
+        self._current().add_event("soma.emitted", {"soma.node": node, "soma.value": shown})
+
+
+_PART_NAMES = {
+    _observe.ITEM: "soma.item",
+    _observe.CASE: "soma.case",
+    _observe.ITERATION: "soma.iteration",
+}
+
+
+def enable(tracer_provider: Any = None) -> None:
+    """Emits spans for every run from now on, to ``tracer_provider`` (an OpenTelemetry
+    ``TracerProvider``), or the global one — the one ``opentelemetry.trace.set_tracer_provider``
+    set — when none is passed. Enabling again replaces the provider.
+
+    Raises ``ImportError`` with a hint when ``opentelemetry-api`` is not installed."""
+    try:
+        from opentelemetry import trace
+    except ImportError as missing:
+        raise ImportError(
+            "soma.telemetry needs OpenTelemetry's API\nhint: pip install 'soma-graph[otel]'"
+        ) from missing
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        soma_version = version("soma-graph")
+    except PackageNotFoundError:
+        soma_version = None
+    provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
+    tracer = provider.get_tracer("soma", soma_version)
+    _observe.set_telemetry(_Spans(tracer))
+
+
+def disable() -> None:
+    """Stops emitting spans: runs started from now on emit none (a run already going on
+    finishes its own)."""
+    _observe.set_telemetry(None)
+
+
+def enabled() -> bool:
+    """Whether runs emit spans."""
+    return _observe.dispatch.telemetry is not None

@@ -1,0 +1,224 @@
+"""``g.events(x)`` and ``g.aevents(x)``: a run's events as they happen — started, finished,
+failed, retried, timed out, emitted — then its result or its error, last, never raised; a
+branch's events in its order; a slow reader never holding the run up."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import soma
+from conftest import DEADLINE, Pass, Raise
+
+
+class Emits(soma.Node):
+    """Emits each word of its input, then returns how many it emitted."""
+
+    def forward(self, x: str, ctx: Any) -> int:
+        words = x.split()
+        for word in words:
+            ctx.emit(word)
+        return len(words)
+
+
+class Slow(soma.Node):
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def forward(self, x: Any) -> Any:
+        threading.Event().wait(self.seconds)
+        return x
+
+
+class Flaky(soma.Node):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def forward(self, x: Any) -> Any:
+        self.calls += 1
+        if self.calls < 2:
+            raise ConnectionError("once")
+        return x
+
+
+def kinds(events: list[soma.Event]) -> list[tuple[str, str | None]]:
+    return [(event.kind, event.node) for event in events]
+
+
+def test_a_chains_events_are_each_node_started_then_finished_in_order_then_the_result() -> None:
+    g = soma.Graph.somatize(Pass().named("a") >> Pass().named("b"))
+    events = list(g.events(3))
+    assert kinds(events) == [
+        ("started", "a"),
+        ("finished", "a"),
+        ("started", "b"),
+        ("finished", "b"),
+        ("result", None),
+    ]
+    assert events[-1].value == 3
+    assert events[1].seconds is not None
+    assert events[1].seconds >= 0
+    assert events[-1].dropped == 0
+
+
+def test_a_failed_run_ends_with_its_error_as_the_last_event_and_the_iterator_does_not_raise() -> (
+    None
+):
+    error = ValueError("no")
+    g = soma.Graph.somatize(Pass().named("a") >> Raise(error).named("bad"))
+    events = list(g.events(1))
+    assert kinds(events)[-2:] == [("failed", "bad"), ("error", None)]
+    assert events[-2].value is error
+    assert events[-1].value is error
+
+
+def test_a_node_s_emitted_values_reach_the_reader_while_it_still_runs() -> None:
+    seen = threading.Event()
+
+    class Waits(soma.Node):
+        def forward(self, x: Any, ctx: Any) -> Any:
+            ctx.emit("first")
+            # Returns only once the reader has seen the first value: a reader that only saw
+            # events after the run would hang here, until the deadline fails the test.
+            assert seen.wait(DEADLINE), "the reader never saw the value emitted"
+            return "done"
+
+    events = []
+    for event in soma.Graph.somatize(Waits().named("w")).events(None):
+        events.append(event)
+        if event.kind == "emitted":
+            seen.set()
+    assert kinds(events) == [
+        ("started", "w"),
+        ("emitted", "w"),
+        ("finished", "w"),
+        ("result", None),
+    ]
+    assert events[1].value == "first"
+
+
+def test_a_branch_s_events_keep_its_order_and_each_item_and_inner_node_is_named() -> None:
+    g = soma.Graph.somatize(soma.each(Emits().named("say"), in_flight=2).named("lines"))
+    events = list(g.events(["a b c", "d e"]))
+    assert events[-1].kind == "result"
+    assert events[-1].value == [3, 2]
+    for item, words in ((0, ["a", "b", "c"]), (1, ["d", "e"])):
+        mine = [event for event in events if event.item == item]
+        assert [event.kind for event in mine] == ["started", *["emitted"] * len(words), "finished"]
+        assert [event.value for event in mine if event.kind == "emitted"] == words
+        assert {event.node for event in mine} == {"lines/say"}
+
+
+def test_a_retried_call_says_retried_then_finished_on_its_second_attempt() -> None:
+    g = soma.Graph.somatize(Flaky().named("f").retry(times=2, backoff=0.001))
+    events = list(g.events(1))
+    assert kinds(events) == [
+        ("started", "f"),
+        ("retried", "f"),
+        ("started", "f"),
+        ("finished", "f"),
+        ("result", None),
+    ]
+    assert isinstance(events[1].value, ConnectionError)
+    assert [events[0].attempt, events[2].attempt, events[3].attempt] == [0, 1, 1]
+
+
+def test_a_call_past_its_time_limit_says_timed_out() -> None:
+    g = soma.Graph.somatize(Slow(1.0).named("slow").time_limit(0.05))
+    events = list(g.events(1))
+    assert kinds(events) == [("started", "slow"), ("timed_out", "slow"), ("error", None)]
+    assert isinstance(events[1].value, soma.TimeLimitError)
+    assert isinstance(events[-1].value, soma.TimeLimitError)
+
+
+def test_a_node_the_cache_answers_says_finished_cached() -> None:
+    cache = soma.Cache()
+    g = soma.Graph.somatize(Pass().named("a"))
+    g.forward(1, cache=cache)
+    events = list(g.events(1, cache=cache))
+    assert kinds(events) == [("finished", "a"), ("result", None)]
+    assert events[0].cached
+
+
+def test_a_slow_reader_never_holds_the_run_up_newer_events_are_dropped_and_counted() -> None:
+    ended = threading.Event()
+
+    class End(soma.Node):
+        def forward(self, x: Any) -> Any:
+            ended.set()
+            return x
+
+    g = soma.Graph.somatize(Emits().named("say") >> End().named("end"))
+    words = " ".join(str(n) for n in range(100))
+    stream = g.events(words, buffer=5)
+    first = next(stream)
+    # The reader reads nothing more until the run has reached its last node: a run held up by
+    # its reader would never get there.
+    assert ended.wait(DEADLINE), "the run waited for its reader"
+    rest = list(stream)
+    assert first.kind == "started"
+    last = rest[-1]
+    assert last.kind == "result"
+    assert last.value == 100
+    # started, 100 emitted and finished of `say`, started and finished of `end`.
+    told = 104
+    received = 1 + len(rest) - 1
+    assert received <= 1 + 5 + 1
+    assert received + last.dropped == told
+
+
+def test_aevents_streams_tokens_from_two_async_branches_as_they_come() -> None:
+    both = asyncio.Event()
+    started: list[str] = []
+
+    class Tokens(soma.Node):
+        async def forward(self, x: str, ctx: Any) -> int:
+            started.append(ctx.node)
+            if len(started) == 2:
+                both.set()
+            # Each branch emits only once both run: tokens of the two interleave on the loop.
+            await asyncio.wait_for(both.wait(), DEADLINE)
+            for word in x.split():
+                ctx.emit(word)
+                await asyncio.sleep(0)
+            return len(x.split())
+
+    g = soma.Graph.somatize(Tokens().named("left") | Tokens().named("right"))
+
+    async def main() -> list[soma.Event]:
+        return [event async for event in g.aevents("one two three")]
+
+    events = asyncio.run(main())
+    emitted = [event.node for event in events if event.kind == "emitted"]
+    assert sorted(emitted) == ["left"] * 3 + ["right"] * 3
+    assert emitted != sorted(emitted), "the two branches' tokens did not interleave"
+    assert events[-1].kind == "result"
+    assert events[-1].value == {"left": 3, "right": 3}
+
+
+def test_leaving_aevents_early_cancels_the_run() -> None:
+    cancelled = asyncio.Event()
+
+    class Forever(soma.Node):
+        async def forward(self, x: Any, ctx: Any) -> Any:
+            ctx.emit("up")
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+    g = soma.Graph.somatize(Forever().named("forever"))
+
+    async def main() -> None:
+        async for event in g.aevents(None):
+            if event.kind == "emitted":
+                break
+        await asyncio.wait_for(cancelled.wait(), DEADLINE)
+
+    asyncio.run(main())
+
+
+def test_a_run_that_nobody_watches_sends_its_emits_nowhere() -> None:
+    assert soma.Graph.somatize(Emits().named("say")).forward("a b") == 2
