@@ -22,6 +22,8 @@ from soma import _observe
 
 DEFAULT_BUFFER: Final = 10_000
 
+_current_item = _observe.current_item
+
 KINDS: Final = (
     "started",
     "finished",
@@ -143,7 +145,8 @@ class _Collector:
             self._send(Event(kind, node, item, error, seconds=seconds, attempt=attempt))
 
     def emit(self, node: str, value: Any) -> None:
-        self._send(Event("emitted", node, _observe.current_item.get(), value))
+        if not self._put(Event("emitted", node, _current_item.get(), value)):
+            self.dropped += 1
 
     def adopt(self, spans: list[Any], host: str, sent_ns: int) -> None:
         """The nodes a slice ran on ``host``, once it is back: each ``"finished"`` (or
@@ -204,15 +207,13 @@ def _read(work: Callable[[_Collector, Finish], None], buffer: int) -> Iterator[E
     _check_buffer(buffer)
     inbox: queue.SimpleQueue[Event] = queue.SimpleQueue()
     closed = threading.Event()
-    waiting = 0  # The works' events in the inbox: the buffer's bound is on these.
-    counted = threading.Lock()
 
     def put(event: Event) -> bool:
-        nonlocal waiting
-        with counted:
-            if closed.is_set() or waiting >= buffer:
-                return False
-            waiting += 1
+        # No lock: the count is the queue's own, read as the event is put. Two branches that
+        # put at once may both see room for one, so the bound holds within the branches in
+        # flight; a lock here would hold every branch up behind the one that holds it.
+        if inbox.qsize() >= buffer or closed.is_set():
+            return False
         inbox.put(event)
         return True
 
@@ -237,14 +238,15 @@ def _read(work: Callable[[_Collector, Finish], None], buffer: int) -> Iterator[E
     try:
         while True:
             try:
-                event = inbox.get(timeout=0.05)
+                event = inbox.get_nowait()
             except queue.Empty:
-                continue
+                try:
+                    # Wakes now and then, so that Ctrl-C reaches a reader that waits.
+                    event = inbox.get(timeout=0.05)
+                except queue.Empty:
+                    continue
             if event is _END:
                 return
-            if event.kind not in ("result", "error"):
-                with counted:
-                    waiting -= 1
             yield event
     finally:
         # A reader that left early (a `break`, an exception, Ctrl-C) leaves the run to finish
@@ -302,8 +304,6 @@ async def _aread(
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue[Event] = asyncio.Queue()
     loop_thread = threading.get_ident()
-    waiting = 0
-    counted = threading.Lock()
 
     def deliver(event: Event) -> None:
         if threading.get_ident() == loop_thread:
@@ -312,11 +312,9 @@ async def _aread(
             loop.call_soon_threadsafe(inbox.put_nowait, event)
 
     def put(event: Event) -> bool:
-        nonlocal waiting
-        with counted:
-            if waiting >= buffer:
-                return False
-            waiting += 1
+        # As `_read`'s: the queue's own count, read without a lock.
+        if inbox.qsize() >= buffer:
+            return False
         deliver(event)
         return True
 
@@ -337,9 +335,6 @@ async def _aread(
                 event = await inbox.get()
                 if event is _END:
                     return
-                if event.kind not in ("result", "error"):
-                    with counted:
-                        waiting -= 1
                 yield event
         finally:
             if not task.done():

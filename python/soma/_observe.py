@@ -51,6 +51,12 @@ class Listener(Protocol):
         self, opened: Any, outcome: int, error: BaseException | None, retry_in: float | None
     ) -> None: ...
 
+    def emit(self, node: str, value: Any) -> None:
+        """What a node sent with ``ctx.emit(value)``."""
+
+    def adopt(self, spans: list[Any], host: str, sent_ns: int) -> None:
+        """The nodes a slice ran on ``host``, once it is back (see :func:`adopt`)."""
+
 
 # The event stream the current run reports to, if it was started by `Graph.events`.
 current_stream: contextvars.ContextVar[Listener | None] = contextvars.ContextVar(
@@ -166,9 +172,8 @@ def adopt(spans: list[Any], host: str, sent_ns: int) -> None:
     as ``sent_ns``, this process's clock when the slice was sent). Told once the slice is back:
     a host runs a slice as one call, and tells nothing before it returns."""
     for listener in (dispatch.telemetry, current_stream.get()):
-        adopted = None if listener is None else getattr(listener, "adopt", None)
-        if adopted is not None:
-            adopted(spans, host, sent_ns)
+        if listener is not None:
+            listener.adopt(spans, host, sent_ns)
 
 
 def emitted(node: str, value: Any) -> None:
@@ -176,14 +181,10 @@ def emitted(node: str, value: Any) -> None:
     in, if it has one, and to the telemetry as an event on the node's span, when it is on."""
     stream = current_stream.get()
     if stream is not None:
-        emit = getattr(stream, "emit", None)
-        if emit is not None:
-            emit(node, value)
+        stream.emit(node, value)
     telemetry = dispatch.telemetry
     if telemetry is not None:
-        emit = getattr(telemetry, "emit", None)
-        if emit is not None:
-            emit(node, value)
+        telemetry.emit(node, value)
 
 
 def run_in_stream(stream: Listener, run: Callable[[], Any]) -> Any:

@@ -18,10 +18,11 @@ therefore known once the slice is back; spans a node makes itself on a host are 
 
 A span that fails records its exception (``exception.*``) and sets its status to an error.
 Attributes: ``soma.node``, ``soma.branch`` (the branch's index in each wave, ``"0.1"``),
-``soma.attempt``, ``soma.cached``, ``soma.async``, ``soma.device``, ``soma.outcome``
+``soma.attempt``, ``soma.cached`` and ``soma.async`` (set, true, only for a node the cache
+answered and an async node or run), ``soma.device``, ``soma.outcome``
 (``"returned"``, ``"failed"``, ``"retrying"``, ``"stopped"``), ``soma.retry_in`` (seconds),
 ``soma.item``, ``soma.case``, ``soma.iteration``, ``soma.nodes`` (a run's), and OpenTelemetry's
-own ``thread.id``, ``thread.name`` and ``code.function`` (what a call runs,
+own ``thread.id`` and ``code.function`` (what a call runs,
 ``module.Class.forward``); ``soma.host`` for a node that ran on a host. What a
 node sends with ``ctx.emit(value)`` is an event (``soma.emitted``) on its span, the value's
 ``repr`` in ``soma.value``.
@@ -72,11 +73,13 @@ class _Spans:
         awaited: bool,
         function: str | None,
     ) -> Any:
-        thread = threading.current_thread()
-        attributes: dict[str, Any] = {"thread.id": thread.ident or 0, "thread.name": thread.name}
+        # Only what says something: the SDK checks every attribute, at a cost per attribute
+        # that shows on a node (see BENCHMARKS.md, "Watching a run").
+        attributes: dict[str, Any] = {"thread.id": threading.get_ident()}
+        if awaited:
+            attributes["soma.async"] = True
         if kind == _observe.RUN:
             attributes["soma.nodes"] = number
-            attributes["soma.async"] = awaited
             if part is None:
                 name = "soma.run"
             else:
@@ -89,8 +92,8 @@ class _Spans:
             if kind == _observe.CALL or kind == _observe.CACHED:
                 name = node
                 attributes["soma.attempt"] = number
-                attributes["soma.cached"] = kind == _observe.CACHED
-                attributes["soma.async"] = awaited
+                if kind == _observe.CACHED:
+                    attributes["soma.cached"] = True
                 if device is not None:
                     attributes["soma.device"] = device
                 if function is not None:
