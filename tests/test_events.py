@@ -8,8 +8,13 @@ import asyncio
 import threading
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 import soma
 from conftest import DEADLINE, Pass, Raise
+from test_one_walk import outcome, random_runs, twin
+from test_properties import Dag
 
 
 class Emits(soma.Node):
@@ -22,12 +27,14 @@ class Emits(soma.Node):
         return len(words)
 
 
-class Slow(soma.Node):
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
+class Held(soma.Node):
+    """Waits until released (or the deadline passes), then returns its input."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
 
     def forward(self, x: Any) -> Any:
-        threading.Event().wait(self.seconds)
+        self.release.wait(DEADLINE)
         return x
 
 
@@ -125,8 +132,13 @@ def test_a_retried_call_says_retried_then_finished_on_its_second_attempt() -> No
 
 
 def test_a_call_past_its_time_limit_says_timed_out() -> None:
-    g = soma.Graph.somatize(Slow(1.0).named("slow").time_limit(0.05))
-    events = list(g.events(1))
+    held = Held()
+    g = soma.Graph.somatize(held.named("slow").time_limit(0.05))
+    try:
+        events = list(g.events(1))
+    finally:
+        # The call past its limit was left to finish on its thread: it finishes now.
+        held.release.set()
     assert kinds(events) == [("started", "slow"), ("timed_out", "slow"), ("error", None)]
     assert isinstance(events[1].value, soma.TimeLimitError)
     assert isinstance(events[-1].value, soma.TimeLimitError)
@@ -222,3 +234,39 @@ def test_leaving_aevents_early_cancels_the_run() -> None:
 
 def test_a_run_that_nobody_watches_sends_its_emits_nowhere() -> None:
     assert soma.Graph.somatize(Emits().named("say")).forward("a b") == 2
+
+
+@settings(max_examples=30, deadline=None)
+@given(random_runs(), st.integers(min_value=0, max_value=20), st.booleans())
+def test_each_call_of_a_random_run_starts_then_ends_once_and_the_last_event_is_its_outcome(
+    run_of: tuple[Dag, dict[str, tuple[int, int, int | None]], set[str]],
+    x: int,
+    asynchronously: bool,
+) -> None:
+    dag, shapes, asynced = run_of
+    expected = outcome(lambda: twin(dag, shapes, asynced).forward(x))
+    g = twin(dag, shapes, asynced)
+    if asynchronously:
+
+        async def read() -> list[soma.Event]:
+            return [event async for event in g.aevents(x)]
+
+        events = asyncio.run(read())
+    else:
+        events = list(g.events(x))
+    last = events[-1]
+    if expected[0] == "value":
+        assert (last.kind, last.value) == ("result", expected[1])
+    else:
+        assert last.kind == "error"
+        assert f"{type(last.value).__name__}: {last.value}" == expected[1]
+    open_calls: set[tuple[str | None, int]] = set()
+    for event in events[:-1]:
+        key = (event.node, event.attempt)
+        if event.kind == "started":
+            assert key not in open_calls, key
+            open_calls.add(key)
+        else:
+            assert event.kind in ("finished", "failed", "retried", "timed_out"), event
+            open_calls.remove(key)
+    assert open_calls == set()

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -21,6 +23,8 @@ from opentelemetry.trace import StatusCode
 
 import soma
 from conftest import DEADLINE, Meet, Pass, Raise, run_script
+from test_one_walk import outcome, random_runs, twin
+from test_properties import Dag
 
 # The global provider, as an application sets it once: `enable()` with no argument uses it, and
 # so do the spans the tests and their nodes make themselves.
@@ -442,3 +446,49 @@ def test_a_function_nodes_span_names_its_function_as_code_function(
     found = by_name(spans)
     assert found["clean"].attributes is not None
     assert found["clean"].attributes["code.function"] == "test_telemetry.clean"
+
+
+@settings(max_examples=30, deadline=None)
+@given(random_runs(), st.integers(min_value=0, max_value=20), st.booleans(), st.booleans())
+def test_every_span_of_a_random_run_is_in_its_runs_trace_under_a_parent_of_that_run(
+    run_of: tuple[Dag, dict[str, tuple[int, int, int | None]], set[str]],
+    x: int,
+    cached: bool,
+    asynchronously: bool,
+) -> None:
+    dag, shapes, asynced = run_of
+    g = twin(dag, shapes, asynced)
+    cache = soma.Cache() if cached else None
+    EXPORTER.clear()
+    soma.telemetry.enable()
+    try:
+        for _ in range(2 if cached else 1):
+            if asynchronously:
+                outcome(lambda: asyncio.run(g.aforward(x, cache=cache)))
+            else:
+                outcome(lambda: g.forward(x, cache=cache, timeout=30))
+    finally:
+        soma.telemetry.disable()
+    finished = EXPORTER.get_finished_spans()
+    runs = [span for span in finished if span.name == "soma.run"]
+    assert len(runs) == (2 if cached else 1)
+    ids = {span_id(span) for span in finished}
+    for span in finished:
+        if span.name == "soma.run":
+            assert span.parent is None
+            continue
+        assert span.parent is not None, span.name
+        assert span.parent.span_id in ids, span.name
+        assert span.context is not None
+        assert span.context.trace_id in {run.context.trace_id for run in runs if run.context}
+    # Each node's attempts are numbered from 0, one after another, in each run.
+    for run in runs:
+        assert run.context is not None
+        attempts: dict[str, list[int]] = {}
+        for span in finished:
+            in_run = span.context is not None and span.context.trace_id == run.context.trace_id
+            attempt = span.attributes.get("soma.attempt") if span.attributes else None
+            if in_run and isinstance(attempt, int):
+                attempts.setdefault(span.name, []).append(attempt)
+        for node, numbers in attempts.items():
+            assert sorted(numbers) == list(range(len(numbers))), node
