@@ -270,3 +270,83 @@ def test_each_call_of_a_random_run_starts_then_ends_once_and_the_last_event_is_i
             assert event.kind in ("finished", "failed", "retried", "timed_out"), event
             open_calls.remove(key)
     assert open_calls == set()
+
+
+def test_a_run_past_its_timeout_ends_with_the_timeout_as_its_last_event() -> None:
+    held = Held()
+    g = soma.Graph.somatize(Pass().named("a") >> held.named("stuck"))
+    try:
+        events = list(g.events(1, timeout=0.2))
+    finally:
+        held.release.set()
+    assert kinds(events)[:3] == [("started", "a"), ("finished", "a"), ("started", "stuck")]
+    assert events[-1].kind == "error"
+    assert isinstance(events[-1].value, TimeoutError)
+
+
+def test_micro_batches_tell_each_slices_nodes_with_the_slices_index() -> None:
+    g = soma.Graph.somatize(Pass().named("a") >> Pass().named("b"))
+    events = list(g.events([1, 2, 3, 4], micro_batches=2))
+    assert events[-1].kind == "result"
+    assert events[-1].value == [1, 2, 3, 4]
+    for item in (0, 1):
+        mine = [(event.kind, event.node) for event in events if event.item == item]
+        assert mine == [("started", "a"), ("finished", "a"), ("started", "b"), ("finished", "b")]
+
+
+def test_map_events_give_each_items_result_with_its_index_and_a_failing_items_error_last() -> None:
+    class Picky(soma.Node):
+        def forward(self, x: int) -> int:
+            if x == 2:
+                raise ValueError("two")
+            return x * 10
+
+    g = soma.Graph.somatize(Picky().named("p"))
+    events = list(g.map_events([0, 1, 2, 3]))
+    results = [(event.item, event.value) for event in events if event.kind == "result"]
+    assert results == [(0, 0), (1, 10)]
+    last = events[-1]
+    assert last.kind == "error"
+    assert last.item == 2
+    assert isinstance(last.value, ValueError)
+    assert [event.item for event in events if event.kind == "failed"] == [2]
+
+
+def test_a_graph_run_inside_a_node_tells_its_nodes_in_the_outer_runs_events() -> None:
+    inner = soma.Graph.somatize(Emits().named("inner_say"))
+
+    class Outer(soma.Node):
+        def forward(self, x: str) -> int:
+            return int(inner.forward(x))
+
+    g = soma.Graph.somatize(Outer().named("outer"))
+    events = list(g.events("a b"))
+    assert kinds(events) == [
+        ("started", "outer"),
+        ("started", "inner_say"),
+        ("emitted", "inner_say"),
+        ("emitted", "inner_say"),
+        ("finished", "inner_say"),
+        ("finished", "outer"),
+        ("result", None),
+    ]
+
+
+def test_amap_events_give_each_items_result_in_input_order() -> None:
+    class Later(soma.Node):
+        async def forward(self, x: int) -> int:
+            await asyncio.sleep(0)
+            return x + 1
+
+    g = soma.Graph.somatize(Later().named("later"))
+
+    async def read() -> list[soma.Event]:
+        return [event async for event in g.amap_events(range(3))]
+
+    events = asyncio.run(read())
+    assert [(event.item, event.value) for event in events if event.kind == "result"] == [
+        (0, 1),
+        (1, 2),
+        (2, 3),
+    ]
+    assert sorted(event.item for event in events if event.kind == "started") == [0, 1, 2]

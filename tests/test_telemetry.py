@@ -492,3 +492,77 @@ def test_every_span_of_a_random_run_is_in_its_runs_trace_under_a_parent_of_that_
                 attempts.setdefault(span.name, []).append(attempt)
         for node, numbers in attempts.items():
             assert sorted(numbers) == list(range(len(numbers))), node
+
+
+def test_a_graph_run_inside_a_node_is_a_run_span_under_that_nodes_call(
+    spans: InMemorySpanExporter,
+) -> None:
+    inner = soma.Graph.somatize(Pass().named("inner_a"))
+
+    class Outer(soma.Node):
+        def forward(self, x: Any) -> Any:
+            return inner.forward(x)
+
+    soma.Graph.somatize(Outer().named("outer")).forward(1)
+    finished = spans.get_finished_spans()
+    runs = [span for span in finished if span.name == "soma.run"]
+    outer = next(span for span in finished if span.name == "outer")
+    inner_run = next(span for span in runs if parent_of(span) is not None)
+    assert parent_of(inner_run) == span_id(outer)
+    inner_a = next(span for span in finished if span.name == "inner_a")
+    assert parent_of(inner_a) == span_id(inner_run)
+
+
+def test_micro_batches_are_item_spans_parenting_their_nodes(spans: InMemorySpanExporter) -> None:
+    g = soma.Graph.somatize(Pass().named("a") >> Pass().named("b"))
+    assert g.forward([1, 2, 3, 4], micro_batches=2) == [1, 2, 3, 4]
+    finished = spans.get_finished_spans()
+    items = {span_id(span) for span in finished if span.name == "soma.item"}
+    assert len(items) == 2
+    nodes = [span for span in finished if span.name in ("a", "b")]
+    assert len(nodes) == 4
+    assert {parent_of(span) for span in nodes} == items
+
+
+def test_a_run_past_its_timeout_is_a_failed_run_span(spans: InMemorySpanExporter) -> None:
+    release = threading.Event()
+
+    class Stuck(soma.Node):
+        def forward(self, x: Any) -> Any:
+            release.wait(DEADLINE)
+            return x
+
+    g = soma.Graph.somatize(Pass().named("a") >> Stuck().named("stuck"))
+    try:
+        with pytest.raises(TimeoutError):
+            g.forward(1, timeout=0.2)
+    finally:
+        release.set()
+    found = {span.name: span for span in spans.get_finished_spans()}
+    assert found["soma.run"].status.status_code is StatusCode.ERROR
+    assert parent_of(found["a"]) == span_id(found["soma.run"])
+
+
+def test_a_stream_closed_with_items_in_flight_ends_their_spans_as_stopped(
+    spans: InMemorySpanExporter,
+) -> None:
+    gate = threading.Event()
+
+    class Gated(soma.Node):
+        def forward(self, x: int) -> int:
+            if x > 0:
+                gate.wait(DEADLINE)
+            return x
+
+    g = soma.Graph.somatize(Gated().named("gated"))
+    stream = g.map(range(4), in_flight=4)
+    assert next(iter(stream)) == 0
+    # Closed with the other three read and held, or finished and not handed back: each
+    # item's span ends all the same, none left open.
+    gate.set()
+    stream.close()
+    items = [span for span in spans.get_finished_spans() if span.name == "soma.item"]
+    outcomes = sorted(str(span.attributes["soma.outcome"]) for span in items if span.attributes)
+    assert outcomes[0] == "returned"
+    assert len(items) == 4, [span.attributes for span in items]
+    assert set(outcomes[1:]) <= {"returned", "stopped"}

@@ -27,11 +27,13 @@ without hosts never reaches a transport, so it never imports or starts Ray.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import threading
 import time
 import uuid
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 from soma import _fingerprint, _observe
@@ -451,6 +453,27 @@ def _given_up(raised: BaseException, run: _Run, distributed: Distributed) -> Bas
     return raised
 
 
+@contextlib.contextmanager
+def _running(graph: Graph, timeout: float | None, trace: Any, cache: Cache | None) -> Iterator[Any]:
+    """A run of ``graph``'s local graph, its slices on their hosts: yields the local graph's
+    core, seen by the slices' stand-ins as the run in progress; what the local graph raises
+    comes out as the run with hosts raises it (see :func:`_given_up`)."""
+    run = _started(graph, timeout, trace, cache)
+    distributed = graph._remote
+    token = _current.set(run)
+    hiding = _observe.hidden.set(distributed.stand_ins)
+    try:
+        yield distributed.local._core
+    except BaseException as raised:
+        raised_instead = _given_up(raised, run, distributed)
+        if raised_instead is raised:
+            raise
+        raise raised_instead from raised_instead.__cause__
+    finally:
+        _observe.hidden.reset(hiding)
+        _current.reset(token)
+
+
 def forward(
     graph: Graph,
     input: Any,
@@ -461,28 +484,9 @@ def forward(
     cache: Cache | None = None,
 ) -> Any:
     """``graph.forward`` for a graph with hosts: its slices run on them, the rest here."""
-    run = _started(graph, timeout, trace, cache)
-    distributed = graph._remote
-    local = distributed.local._core
-    token = _current.set(run)
-    hiding = _observe.hidden.set(distributed.stand_ins)
-    try:
-        return local.forward(
-            input,
-            driver,
-            turn_limit,
-            trace,
-            timeout,
-            cache=None if cache is None else cache._run(local),
-        )
-    except BaseException as raised:
-        raised_instead = _given_up(raised, run, distributed)
-        if raised_instead is raised:
-            raise
-        raise raised_instead from raised_instead.__cause__
-    finally:
-        _observe.hidden.reset(hiding)
-        _current.reset(token)
+    with _running(graph, timeout, trace, cache) as local:
+        run_cache = None if cache is None else cache._run(local)
+        return local.forward(input, driver, turn_limit, trace, timeout, cache=run_cache)
 
 
 async def aforward(
@@ -497,28 +501,9 @@ async def aforward(
     """``graph.aforward`` for a graph with hosts: as :func:`forward`, the local graph awaited
     on the running loop, its slices' stand-ins sync nodes that wait for their hosts on lent
     threads."""
-    run = _started(graph, timeout, trace, cache)
-    distributed = graph._remote
-    local = distributed.local._core
-    token = _current.set(run)
-    hiding = _observe.hidden.set(distributed.stand_ins)
-    try:
-        return await local.aforward(
-            input,
-            driver,
-            turn_limit,
-            trace,
-            timeout,
-            cache=None if cache is None else cache._run(local),
-        )
-    except BaseException as raised:
-        raised_instead = _given_up(raised, run, distributed)
-        if raised_instead is raised:
-            raise
-        raise raised_instead from raised_instead.__cause__
-    finally:
-        _observe.hidden.reset(hiding)
-        _current.reset(token)
+    with _running(graph, timeout, trace, cache) as local:
+        run_cache = None if cache is None else cache._run(local)
+        return await local.aforward(input, driver, turn_limit, trace, timeout, cache=run_cache)
 
 
 def _name_slices(raised: TimeoutError, distributed: Distributed) -> None:
