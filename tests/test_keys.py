@@ -969,6 +969,41 @@ def test_ctrl_c_met_while_a_remembered_key_is_checked_is_raised_not_taken_for_a_
     assert cache.stats().hits >= 1
 
 
+class FileTrips(types.ModuleType):
+    """A module with no `__file__`, whose read of it raises, once, as Ctrl-C arriving there
+    would (CPython 3.13 runs Python code to word the error for a missing module attribute)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "__file__" and TRIP[0]:
+            TRIP[0] = False
+            raise KeyboardInterrupt
+        raise AttributeError(name)
+
+
+NO_FILE = FileTrips("no_file")
+NO_FILE.k = 3  # type: ignore[attr-defined]
+
+
+def test_ctrl_c_met_while_reading_whether_a_module_is_the_users_is_raised_not_taken_for_no_file(
+    cache: soma.Cache,
+) -> None:
+    # A class of its own for each run of the test: a class's code is followed once.
+    class ReadsAModule(soma.Node):
+        def forward(self, x: int) -> int:
+            return x + NO_FILE.k  # type: ignore[attr-defined, no-any-return]
+
+    try:
+        TRIP[0] = True
+        with pytest.raises(KeyboardInterrupt):
+            fingerprint(ReadsAModule())
+        TRIP[0] = True
+        with pytest.raises(KeyboardInterrupt):
+            soma.Graph.somatize(ReadsAModule()).forward(1, cache=cache)
+    finally:
+        TRIP[0] = False
+    assert soma.Graph.somatize(ReadsAModule()).forward(1, cache=cache) == 4
+
+
 # ---------------------------------------------------------------------------------------------
 # The memory cache's bound
 

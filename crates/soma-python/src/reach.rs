@@ -30,7 +30,7 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
 
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -434,7 +434,9 @@ impl<'py> Walk<'py> {
             return self.users_file(&code.getattr(intern!(py, "co_filename"))?);
         }
         if object.is_instance_of::<PyModule>() {
-            if let Ok(file) = object.getattr(intern!(py, "__file__")) {
+            // Only a missing `__file__` means none: whatever else reading it raises goes on —
+            // a Ctrl-C met there among it (3.13 runs Python code to word that error).
+            if let Some(file) = object.getattr_opt(intern!(py, "__file__"))? {
                 if file.is_instance_of::<PyString>() {
                     return self.users_file(&file);
                 }
@@ -541,7 +543,7 @@ impl<'py> Walk<'py> {
             Code::Builtin => {
                 self.out.push(b'h');
                 feed_qualified(&mut self.out, object)?;
-                let bound = object.getattr(intern!(self.py, "__self__")).ok();
+                let bound = object.getattr_opt(intern!(self.py, "__self__"))?;
                 match bound {
                     Some(bound) if !bound.is_none() && !bound.is_instance_of::<PyModule>() => {
                         self.out.push(b'+');
@@ -664,7 +666,12 @@ impl<'py> Walk<'py> {
         let freevars = code.getattr(intern!(py, "co_freevars"))?;
         let freevars = freevars.cast::<PyTuple>()?;
         for (index, cell) in cells.iter().enumerate() {
-            let Ok(contents) = cell.getattr(intern!(py, "cell_contents")) else {
+            let contents = match cell.getattr(intern!(py, "cell_contents")) {
+                Ok(contents) => Some(contents),
+                Err(empty) if empty.is_instance_of::<PyValueError>(py) => None,
+                Err(raised) => return Err(raised),
+            };
+            let Some(contents) = contents else {
                 // A cell not assigned yet.
                 let empty = Binding::Cell {
                     index,
