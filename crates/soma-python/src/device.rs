@@ -11,6 +11,7 @@
 //! tuple or list and the values of a dict it returned (one level deep): a torch tensor, a `CuPy`
 //! array. A value that does not say where it lives in a spelling Soma reads is not checked.
 
+use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use soma_core::Device;
@@ -29,17 +30,29 @@ pub fn enter(py: Python<'_>, device: Device) -> PyResult<Option<Bound<'_, PyAny>
 /// `()` if every value in `out` that says where it lives is on `declared`; else the
 /// `soma.WrongDeviceError` that names the node, both devices and the fix.
 pub fn check(py: Python<'_>, node: &str, declared: Device, out: &Bound<'_, PyAny>) -> PyResult<()> {
-    let found = found_on(out);
+    let found = found_on(out)?;
     if found.is_some() {
         return mismatch(py, node, declared, found, None);
     }
     if let Ok(items) = out.cast::<PyTuple>() {
         for (at, item) in items.iter().enumerate() {
-            mismatch(py, node, declared, found_on(&item), Some(format!("[{at}]")))?;
+            mismatch(
+                py,
+                node,
+                declared,
+                found_on(&item)?,
+                Some(format!("[{at}]")),
+            )?;
         }
     } else if let Ok(items) = out.cast::<PyList>() {
         for (at, item) in items.iter().enumerate() {
-            mismatch(py, node, declared, found_on(&item), Some(format!("[{at}]")))?;
+            mismatch(
+                py,
+                node,
+                declared,
+                found_on(&item)?,
+                Some(format!("[{at}]")),
+            )?;
         }
     } else if let Ok(items) = out.cast::<PyDict>() {
         for (key, item) in items.iter() {
@@ -50,7 +63,7 @@ pub fn check(py: Python<'_>, node: &str, declared: Device, out: &Bound<'_, PyAny
                 py,
                 node,
                 declared,
-                found_on(&item),
+                found_on(&item)?,
                 Some(format!("[{key}]")),
             )?;
         }
@@ -60,19 +73,38 @@ pub fn check(py: Python<'_>, node: &str, declared: Device, out: &Bound<'_, PyAny
 
 /// Where `value` says it lives, read from its `.device` as torch writes it (`cuda:0`) or as
 /// `CuPy` does (a device with an integer `.id`, on CUDA); `None` if it does not say, or not in a
-/// spelling Soma reads.
-fn found_on(value: &Bound<'_, PyAny>) -> Option<Device> {
-    let device = value.getattr_opt("device").ok().flatten()?;
+/// spelling Soma reads. What reading it raises says nothing either, unless it asks the program
+/// to stop (a Ctrl-C met there): that goes on to the caller.
+fn found_on(value: &Bound<'_, PyAny>) -> PyResult<Option<Device>> {
+    let py = value.py();
+    let Some(device) = failure_is_none(py, value.getattr_opt("device"))?.flatten() else {
+        return Ok(None);
+    };
     if device.is_none() {
-        return None;
+        return Ok(None);
     }
-    if let Ok(text) = device.str() {
+    if let Some(text) = failure_is_none(py, device.str())? {
         if let Ok(found) = text.to_str().unwrap_or_default().parse::<Device>() {
-            return Some(found);
+            return Ok(Some(found));
         }
     }
-    let id: u32 = device.getattr_opt("id").ok().flatten()?.extract().ok()?;
-    format!("cuda:{id}").parse().ok()
+    let Some(id) = failure_is_none(py, device.getattr_opt("id"))?.flatten() else {
+        return Ok(None);
+    };
+    Ok(id
+        .extract::<u32>()
+        .ok()
+        .and_then(|id| format!("cuda:{id}").parse().ok()))
+}
+
+/// `result`'s value, or `None` for an ordinary failure (an `Exception`); a `BaseException` that
+/// asks the program to stop (`KeyboardInterrupt`, `SystemExit`) is kept as the error.
+fn failure_is_none<T>(py: Python<'_>, result: PyResult<T>) -> PyResult<Option<T>> {
+    match result {
+        Ok(value) => Ok(Some(value)),
+        Err(failure) if failure.is_instance_of::<PyException>(py) => Ok(None),
+        Err(stop) => Err(stop),
+    }
 }
 
 fn mismatch(
