@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import soma
 from conftest import DEADLINE, Pass, Raise
 from test_one_walk import outcome, random_runs, twin
+from test_policies import Flaky
 from test_properties import Dag
 
 
@@ -35,17 +36,6 @@ class Held(soma.Node):
 
     def forward(self, x: Any) -> Any:
         self.release.wait(DEADLINE)
-        return x
-
-
-class Flaky(soma.Node):
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def forward(self, x: Any) -> Any:
-        self.calls += 1
-        if self.calls < 2:
-            raise ConnectionError("once")
         return x
 
 
@@ -118,7 +108,7 @@ def test_a_branch_s_events_keep_its_order_and_each_item_and_inner_node_is_named(
 
 
 def test_a_retried_call_says_retried_then_finished_on_its_second_attempt() -> None:
-    g = soma.Graph.somatize(Flaky().named("f").retry(times=2, backoff=0.001))
+    g = soma.Graph.somatize(Flaky(1).named("f").retry(times=2, backoff=0.001))
     events = list(g.events(1))
     assert kinds(events) == [
         ("started", "f"),

@@ -24,6 +24,7 @@ from opentelemetry.trace import StatusCode
 import soma
 from conftest import DEADLINE, Meet, Pass, Raise, run_script
 from test_one_walk import outcome, random_runs, twin
+from test_policies import Flaky
 from test_properties import Dag
 
 # The global provider, as an application sets it once: `enable()` with no argument uses it, and
@@ -77,17 +78,6 @@ class OwnSpan(soma.Node):
     def forward(self, x: Any) -> Any:
         with trace.get_tracer("user").start_as_current_span("inside"):
             return x
-
-
-class Flaky(soma.Node):
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def forward(self, x: Any) -> Any:
-        self.calls += 1
-        if self.calls < 3:
-            raise ConnectionError(f"attempt {self.calls}")
-        return x
 
 
 class APass(soma.Node):
@@ -221,8 +211,8 @@ def test_a_failed_node_records_its_exception_and_sets_its_span_and_the_runs_to_e
 def test_a_retried_call_is_a_span_per_attempt_the_failed_ones_marked_retrying(
     spans: InMemorySpanExporter,
 ) -> None:
-    g = soma.Graph.somatize(Flaky().named("flaky").retry(times=3, backoff=0.001))
-    assert g.forward(5) == 5
+    g = soma.Graph.somatize(Flaky(2).named("flaky").retry(times=3, backoff=0.001))
+    assert g.forward(5) == 6
     attempts = sorted(
         (span for span in spans.get_finished_spans() if span.name == "flaky"),
         key=lambda span: span.attributes["soma.attempt"] if span.attributes else -1,

@@ -104,17 +104,8 @@ class _Collector:
         if not self._put(event):
             self.dropped += 1
 
-    def begin(
-        self,
-        kind: int,
-        node: str | None,
-        part: Any,
-        number: int,
-        device: str | None,
-        branch: tuple[int, ...],
-        awaited: bool,
-        function: str | None,
-    ) -> Any:
+    def begin(self, work: _observe.Work) -> Any:
+        kind, node, number = work[0], work[1], work[3]
         if kind == _observe.CALL:
             self._send(Event("started", node, _observe.current_item.get(), attempt=number))
             return (node, number, _observe.now())

@@ -32,20 +32,17 @@ CALL, CACHED, ITEM, CASE, ITERATION, RUN = range(6)
 RETURNED, FAILED, STOPPED = range(3)
 
 
+# A work as the engine tells it: what begins (`kind`), the node (or the step, for a part; `None`
+# for a run), the part (an item's index, a case's key, an iteration; a streamed item's index for
+# a run), a number (the attempt of a call, the node count of a run), the device, the branch
+# (the index in each wave), whether it is async, and what a call runs (`module.Class.forward`).
+Work = tuple[int, str | None, Any, int, str | None, tuple[int, ...], bool, str | None]
+
+
 class Listener(Protocol):
     """What the dispatch hands each work to: OpenTelemetry's mapping, or an event stream."""
 
-    def begin(
-        self,
-        kind: int,
-        node: str | None,
-        part: Any,
-        number: int,
-        device: str | None,
-        branch: tuple[int, ...],
-        awaited: bool,
-        function: str | None,
-    ) -> Any: ...
+    def begin(self, work: Work) -> Any: ...
 
     def end(
         self, opened: Any, outcome: int, error: BaseException | None, retry_in: float | None
@@ -80,33 +77,17 @@ class Dispatch:
         self.telemetry: Listener | None = None
         self.streams = 0
 
-    def begin(
-        self,
-        kind: int,
-        node: str | None,
-        part: Any,
-        number: int,
-        device: str | None,
-        branch: tuple[int, ...],
-        awaited: bool,
-        function: str | None,
-    ) -> Any:
+    def begin(self, *work: Any) -> Any:
+        """A work begins: ``work`` is what the engine tells of it (see :data:`Work`)."""
+        kind, node, part = work[0], work[1], work[2]
         telemetry, stream = self.telemetry, current_stream.get()
         if kind == CALL and node in hidden.get():
             return None
         item = None
         if kind == ITEM or (kind == RUN and part is not None):
             item = current_item.set(part)
-        opened_telemetry = (
-            None
-            if telemetry is None
-            else telemetry.begin(kind, node, part, number, device, branch, awaited, function)
-        )
-        opened_stream = (
-            None
-            if stream is None
-            else stream.begin(kind, node, part, number, device, branch, awaited, function)
-        )
+        opened_telemetry = None if telemetry is None else telemetry.begin(work)
+        opened_stream = None if stream is None else stream.begin(work)
         if item is None and opened_telemetry is None and opened_stream is None:
             return None
         return (item, telemetry, opened_telemetry, stream, opened_stream)

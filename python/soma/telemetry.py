@@ -62,17 +62,8 @@ class _Spans:
         self._error = StatusCode.ERROR
         self._status = Status
 
-    def begin(
-        self,
-        kind: int,
-        node: str | None,
-        part: Any,
-        number: int,
-        device: str | None,
-        branch: tuple[int, ...],
-        awaited: bool,
-        function: str | None,
-    ) -> Any:
+    def begin(self, work: _observe.Work) -> Any:
+        kind, node, part, number, device, branch, awaited, function = work
         # Only what says something: the SDK checks every attribute, at a cost per attribute
         # that shows on a node (see BENCHMARKS.md, "Watching a run").
         attributes: dict[str, Any] = {"thread.id": threading.get_ident()}
