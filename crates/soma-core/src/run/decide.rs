@@ -50,6 +50,15 @@ struct MapLocals<'s> {
 /// One item's result, written by the thread that ran it.
 type Slot = Mutex<Option<Result<Value, Halt>>>;
 
+/// A part of a step under way — an item, a case, an iteration — from
+/// [`Executor::part_begins`] to [`Executor::part_ends`]: what the trace and the observer keep
+/// of it meanwhile.
+pub(super) struct PartUnderWay<'k> {
+    which: Part<'k>,
+    opened: Option<Opened>,
+    start: Option<std::time::Duration>,
+}
+
 impl Executor {
     pub(super) fn reading(&self) -> &dyn Reading {
         self.reading.as_deref().unwrap_or(&NativeReading)
@@ -209,38 +218,70 @@ impl Executor {
         entry.value
     }
 
-    /// Runs `part` — an item, a case, an iteration of step `id` — and records its span, named
-    /// `id[which]`, when the run is traced; the observer, when there is one, is told it as
-    /// `which`.
-    fn part<'k>(
+    /// Runs `part` — an item, a case, an iteration of step `id` — its span recorded when the
+    /// run is traced, and the observer told it, when there is one.
+    fn part(
         &self,
         id: &NodeId,
-        which: impl Fn() -> Part<'k>,
+        which: Part<'_>,
         lane: &Lane<'_>,
         part: impl FnOnce() -> Result<Value, Halt>,
     ) -> Result<Value, Halt> {
         if self.trace.is_none() && self.observer.is_none() {
             return part();
         }
-        let opened = self.begin_part(id, which(), || lane.path());
-        let start = self.trace.as_deref().map(Trace::now);
+        let under_way = self.part_begins(id, which, || lane.path());
         let outcome = part();
-        if let (Some(trace), Some(start)) = (self.trace.as_deref(), start) {
-            Self::record_part(
-                trace,
-                id,
-                &which().to_string(),
-                lane.path(),
-                start,
-                &outcome,
-            );
-        }
-        self.end_work(opened, &Self::part_ended(&outcome));
+        self.part_ends(id, under_way, || lane.path(), &outcome);
         outcome
     }
 
+    /// Begins part `which` of step `id`, in the branch at `branch`, as the trace and the
+    /// observer see it — for either walk, on the thread or in the task that runs the part.
+    pub(super) fn part_begins<'k>(
+        &self,
+        id: &NodeId,
+        which: Part<'k>,
+        branch: impl FnOnce() -> Vec<usize>,
+    ) -> PartUnderWay<'k> {
+        let opened = self.observer.as_deref().map(|observer| {
+            observer.begin(&Begun::Part {
+                step: id,
+                part: which,
+                branch: &branch(),
+            })
+        });
+        PartUnderWay {
+            which,
+            opened,
+            start: self.trace.as_deref().map(Trace::now),
+        }
+    }
+
+    /// Ends a part [`Executor::part_begins`] began, with `outcome`: its span, named
+    /// `id[which]`, recorded when the run is traced, and the observer told.
+    pub(super) fn part_ends(
+        &self,
+        id: &NodeId,
+        under_way: PartUnderWay<'_>,
+        branch: impl FnOnce() -> Vec<usize>,
+        outcome: &Result<Value, Halt>,
+    ) {
+        if let (Some(trace), Some(start)) = (self.trace.as_deref(), under_way.start) {
+            Self::record_part(
+                trace,
+                id,
+                &under_way.which.to_string(),
+                branch(),
+                start,
+                outcome,
+            );
+        }
+        self.end_work(under_way.opened, &Self::part_ended(outcome));
+    }
+
     /// How a part that ended with `outcome` ended, as an observer is told.
-    pub(super) fn part_ended(outcome: &Result<Value, Halt>) -> Ended<'_> {
+    fn part_ended(outcome: &Result<Value, Halt>) -> Ended<'_> {
         match outcome {
             Ok(_) => Ended::Returned,
             Err(Halt::Failed(error)) => Ended::Failed {
@@ -251,25 +292,9 @@ impl Executor {
         }
     }
 
-    /// Tells the observer, when there is one, that part `part` of step `id` begins in the
-    /// branch at `branch`.
-    pub(super) fn begin_part(
-        &self,
-        id: &NodeId,
-        part: Part<'_>,
-        branch: impl FnOnce() -> Vec<usize>,
-    ) -> Option<Opened> {
-        let observer = self.observer.as_deref()?;
-        Some(observer.begin(&Begun::Part {
-            step: id,
-            part,
-            branch: &branch(),
-        }))
-    }
-
     /// Records the span of an item, a case or an iteration `which` of step `id`, named
     /// `id[which]`, from `start` to now, in the branch at `path`.
-    pub(super) fn record_part(
+    fn record_part(
         trace: &Trace,
         id: &NodeId,
         which: &str,
@@ -486,12 +511,9 @@ impl Executor {
         let mut outcome = None;
         let mut walk = || {
             outcome = Some(panic::catch_unwind(AssertUnwindSafe(|| {
-                self.part(
-                    id,
-                    || Part::Item(index),
-                    &lane,
-                    || self.run_body(&op.body, item, lane),
-                )
+                self.part(id, Part::Item(index), &lane, || {
+                    self.run_body(&op.body, item, lane)
+                })
             })));
         };
         match captured {
@@ -538,12 +560,9 @@ impl Executor {
                 keys.key_of(id, fingerprint, &op.step, input)
             })?;
             let (at, key) = self.case_of(op, id, &chosen)?;
-            self.part(
-                id,
-                || Part::Case(&key),
-                &lane,
-                || self.run_body(&op.cases[at], &read, lane),
-            )
+            self.part(id, Part::Case(&key), &lane, || {
+                self.run_body(&op.cases[at], &read, lane)
+            })
         })
     }
 
@@ -608,12 +627,9 @@ impl Executor {
         Self::decided(&op.step, frame, lane, || {
             let mut current = read;
             for iteration in 0..op.max_iterations {
-                let output = self.part(
-                    id,
-                    || Part::Iteration(iteration),
-                    &lane,
-                    || self.run_body(&op.body, &current, lane),
-                )?;
+                let output = self.part(id, Part::Iteration(iteration), &lane, || {
+                    self.run_body(&op.body, &current, lane)
+                })?;
                 let verdict =
                     self.decision_call(&op.step, &output, lane, |keys, id, fingerprint| {
                         keys.key_on(id, fingerprint, &op.step, &output)

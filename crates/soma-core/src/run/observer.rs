@@ -125,12 +125,17 @@ pub enum Ended<'a> {
     Stopped,
 }
 
-impl Ended<'_> {
+impl<'e> Ended<'e> {
     /// How a call that ended with `outcome` ended, as its last attempt.
-    pub(crate) fn of<T>(outcome: &Result<T, RunError>) -> Ended<'_> {
-        match outcome {
-            Ok(_) => Ended::Returned,
-            Err(error) => Ended::Failed {
+    pub(crate) fn of<T>(outcome: &'e Result<T, RunError>) -> Self {
+        Self::failed_with(outcome.as_ref().err())
+    }
+
+    /// How a work ended that failed with `failure`, or returned when there is none.
+    pub(crate) fn failed_with(failure: Option<&'e RunError>) -> Self {
+        match failure {
+            None => Ended::Returned,
+            Some(error) => Ended::Failed {
                 error,
                 retry_in: None,
             },

@@ -913,13 +913,7 @@ impl<I: Iterator<Item = Value>> Iterator for Stream<I> {
                         opened,
                         ..
                     } = *item;
-                    let ended = match &failed {
-                        None => Ended::Returned,
-                        Some(error) => Ended::Failed {
-                            error,
-                            retry_in: None,
-                        },
-                    };
+                    let ended = Ended::failed_with(failed.as_ref());
                     self.settings.executor.end_work(opened, &ended);
                     return Some(match failed {
                         None => {

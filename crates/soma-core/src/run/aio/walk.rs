@@ -41,7 +41,6 @@ use crate::run::keys::RunKeys;
 use crate::run::lane::{Lane, WaveState};
 use crate::run::observer::{Ended, Part};
 use crate::run::program::{LoopOp, MapOp, Op, Program, Step, SwitchOp};
-use crate::run::trace::Trace;
 use crate::run::wave::settle;
 
 /// How many cases and iterations nest inline in one task before the next runs as a task of its
@@ -642,17 +641,10 @@ async fn each(place: &Place, op: &MapOp) -> Result<Value, Halt> {
         let join_of_item = Arc::clone(&join);
         spawn(place, &join, index, child, move |child| {
             Box::pin(async move {
-                let executor = child.executor();
-                let opened = executor
-                    .begin_part(id_at.get(child), Part::Item(index), || child.branch.path());
-                let start = executor.trace.as_deref().map(Trace::now);
+                let (executor, id) = (child.executor(), id_at.get(child));
+                let under_way = executor.part_begins(id, Part::Item(index), || child.branch.path());
                 let outcome = run_body(child, body.get(child), item).await;
-                if let (Some(trace), Some(start)) = (executor.trace.as_deref(), start) {
-                    let id = id_at.get(child);
-                    let path = child.branch.path();
-                    Executor::record_part(trace, id, &index.to_string(), path, start, &outcome);
-                }
-                executor.end_work(opened, &Executor::part_ended(&outcome));
+                executor.part_ends(id, under_way, || child.branch.path(), &outcome);
                 if !matches!(outcome, Ok(_) | Err(Halt::Cancelled)) {
                     state.first_failed.fetch_min(index, Ordering::AcqRel);
                     join_of_item.cancel_after(index);
@@ -701,13 +693,9 @@ async fn choose(place: &Place, op: &SwitchOp) -> Result<Value, Halt> {
     let id = &place.table.program().ids[op.step.slot()];
     let chosen = ask(place, &op.step, &read, Asked::Input).await?;
     let (at, key) = executor.case_of(op, id, &chosen)?;
-    let opened = executor.begin_part(id, Part::Case(&key), || place.branch.path());
-    let start = executor.trace.as_deref().map(Trace::now);
+    let under_way = executor.part_begins(id, Part::Case(&key), || place.branch.path());
     let outcome = run_body(place, &op.cases[at], read).await;
-    if let (Some(trace), Some(start)) = (executor.trace.as_deref(), start) {
-        Executor::record_part(trace, id, &key, place.branch.path(), start, &outcome);
-    }
-    executor.end_work(opened, &Executor::part_ended(&outcome));
+    executor.part_ends(id, under_way, || place.branch.path(), &outcome);
     outcome
 }
 
@@ -718,20 +706,10 @@ async fn repeat_body(place: &Place, op: &LoopOp) -> Result<Value, Halt> {
     let executor = place.executor();
     let id = &place.table.program().ids[op.step.slot()];
     for iteration in 0..op.max_iterations {
-        let opened = executor.begin_part(id, Part::Iteration(iteration), || place.branch.path());
-        let start = executor.trace.as_deref().map(Trace::now);
+        let under_way =
+            executor.part_begins(id, Part::Iteration(iteration), || place.branch.path());
         let outcome = run_body(place, &op.body, current).await;
-        if let (Some(trace), Some(start)) = (executor.trace.as_deref(), start) {
-            Executor::record_part(
-                trace,
-                id,
-                &iteration.to_string(),
-                place.branch.path(),
-                start,
-                &outcome,
-            );
-        }
-        executor.end_work(opened, &Executor::part_ended(&outcome));
+        executor.part_ends(id, under_way, || place.branch.path(), &outcome);
         let output = outcome?;
         let verdict = ask(place, &op.step, &output, Asked::Output).await?;
         if executor.reading().done(&verdict) {
