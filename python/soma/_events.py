@@ -15,25 +15,13 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, Final
 
 from soma import _observe
 
 DEFAULT_BUFFER: Final = 10_000
-
-_current_item = _observe.current_item
-
-KINDS: Final = (
-    "started",
-    "finished",
-    "failed",
-    "retried",
-    "timed_out",
-    "emitted",
-    "result",
-    "error",
-)
 
 
 class Event:
@@ -104,11 +92,16 @@ class _Collector:
         if not self._put(event):
             self.dropped += 1
 
+    def last(self, kind: str, value: Any, item: int | None = None) -> Event:
+        """A result or an error, which is never dropped: it carries the count of the events
+        that were."""
+        return Event(kind, item=item, value=value, dropped=self.dropped)
+
     def begin(self, work: _observe.Work) -> Any:
         kind, node, number = work[0], work[1], work[3]
         if kind == _observe.CALL:
             self._send(Event("started", node, _observe.current_item.get(), attempt=number))
-            return (node, number, _observe.now())
+            return (node, number, time.perf_counter())
         if kind == _observe.CACHED:
             self._send(
                 Event("finished", node, _observe.current_item.get(), cached=True, seconds=0.0)
@@ -119,7 +112,7 @@ class _Collector:
         self, opened: Any, outcome: int, error: BaseException | None, retry_in: float | None
     ) -> None:
         node, attempt, started = opened
-        seconds = _observe.now() - started
+        seconds = time.perf_counter() - started
         item = _observe.current_item.get()
         if outcome == _observe.RETURNED:
             self._send(Event("finished", node, item, seconds=seconds, attempt=attempt))
@@ -136,8 +129,7 @@ class _Collector:
             self._send(Event(kind, node, item, error, seconds=seconds, attempt=attempt))
 
     def emit(self, node: str, value: Any) -> None:
-        if not self._put(Event("emitted", node, _current_item.get(), value)):
-            self.dropped += 1
+        self._send(Event("emitted", node, _observe.current_item.get(), value))
 
     def adopt(self, spans: list[Any], host: str, sent_ns: int) -> None:
         """The nodes a slice ran on ``host``, once it is back: each ``"finished"`` (or
@@ -166,9 +158,9 @@ def events(
         try:
             result = forward(input, **keywords)
         except BaseException as error:  # The run's error is the stream's last event.
-            finish(Event("error", value=error, dropped=collector.dropped))
+            finish(collector.last("error", error))
         else:
-            finish(Event("result", value=result, dropped=collector.dropped))
+            finish(collector.last("result", result))
 
     return _read(work, buffer)
 
@@ -184,10 +176,10 @@ def map_events(
         index = 0
         try:
             for result in map(inputs, **keywords):
-                finish(Event("result", item=index, value=result, dropped=collector.dropped))
+                finish(collector.last("result", result, index))
                 index += 1
         except BaseException as error:  # The stream's error is its last event.
-            finish(Event("error", item=index, value=error, dropped=collector.dropped))
+            finish(collector.last("error", error, index))
 
     return _read(work, buffer)
 
@@ -257,9 +249,9 @@ async def aevents(
         except asyncio.CancelledError:
             raise
         except BaseException as error:  # The run's error is the stream's last event.
-            finish(Event("error", value=error, dropped=collector.dropped))
+            finish(collector.last("error", error))
         else:
-            finish(Event("result", value=result, dropped=collector.dropped))
+            finish(collector.last("result", result))
 
     async for event in _aread(work, buffer):
         yield event
@@ -275,12 +267,12 @@ async def amap_events(
         index = 0
         try:
             async for result in amap(inputs, **keywords):
-                finish(Event("result", item=index, value=result, dropped=collector.dropped))
+                finish(collector.last("result", result, index))
                 index += 1
         except asyncio.CancelledError:
             raise
         except BaseException as error:  # The stream's error is its last event.
-            finish(Event("error", item=index, value=error, dropped=collector.dropped))
+            finish(collector.last("error", error, index))
 
     async for event in _aread(work, buffer):
         yield event

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import threading
-import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -174,5 +173,3 @@ def run_in_stream(stream: Listener, run: Callable[[], Any]) -> Any:
     context.run(current_stream.set, stream)
     return context.run(run)
 
-
-now = time.perf_counter
