@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 from hypothesis import given, settings
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 import soma
 from conftest import DEADLINE, Pass, Raise
+from soma._events import RESULTS_WAITING
 from test_one_walk import outcome, random_runs, twin
 from test_policies import Flaky
 from test_properties import Dag
@@ -340,3 +342,74 @@ def test_amap_events_give_each_items_result_in_input_order() -> None:
         (2, 3),
     ]
     assert sorted(event.item for event in events if event.kind == "started") == [0, 1, 2]
+
+
+def settled(started: list[int]) -> None:
+    """Returns once `started` has stopped growing for 50 ms, or at the deadline: what a stream
+    that waits for its reader, or was stopped, has started by then."""
+    deadline = time.monotonic() + DEADLINE
+    seen = -1
+    while time.monotonic() < deadline and seen != len(started):
+        seen = len(started)
+        threading.Event().wait(0.05)
+
+
+def test_a_streams_results_wait_for_a_slow_reader_at_most_a_bound_never_dropped() -> None:
+    started: list[int] = []
+
+    class Counts(soma.Node):
+        def forward(self, x: int) -> int:
+            started.append(x)
+            return x
+
+    g = soma.Graph.somatize(Counts().named("c"))
+    stream = g.map_events(range(10_000), in_flight=4)
+    first = next(event for event in stream if event.kind == "result")
+    assert first.item == 0
+    # The reader takes nothing more for a while: the stream goes no further than the results
+    # waiting for it and the items in flight behind them, where it would run on to the end.
+    settled(started)
+    assert len(started) <= 1 + RESULTS_WAITING + 4 + 4, len(started)
+    rest = [event for event in stream if event.kind == "result"]
+    assert [event.item for event in rest] == list(range(1, 10_000))
+    assert len(started) == 10_000
+
+
+def test_leaving_map_events_early_stops_the_stream() -> None:
+    started: list[int] = []
+
+    class Counts(soma.Node):
+        def forward(self, x: int) -> int:
+            started.append(x)
+            return x
+
+    g = soma.Graph.somatize(Counts().named("c"))
+    stream = g.map_events(range(100_000), in_flight=4)
+    for event in stream:
+        if event.kind == "result":
+            break
+    stream.close()
+    settled(started)
+    assert len(started) < 1_000, len(started)
+
+
+def test_leaving_amap_events_early_stops_the_stream() -> None:
+    started: list[int] = []
+
+    class Counts(soma.Node):
+        async def forward(self, x: int) -> int:
+            started.append(x)
+            await asyncio.sleep(0)
+            return x
+
+    g = soma.Graph.somatize(Counts().named("c"))
+
+    async def main() -> None:
+        stream = g.amap_events(range(100_000), in_flight=4)
+        async for event in stream:
+            if event.kind == "result":
+                break
+        await stream.aclose()  # type: ignore[attr-defined]
+
+    asyncio.run(main())
+    assert len(started) < 1_000, len(started)

@@ -7,19 +7,24 @@ the task that does it, so the events of one branch come in the order the branch 
 branches interleave as they ran. The reader never holds the run up: events wait for it in a
 buffer of ``buffer`` events (10,000 unless set); once the buffer is full, newer events are
 dropped and counted — the last event (``"result"`` or ``"error"``) is never dropped, and its
-``dropped`` says how many were.
+``dropped`` says how many were. A stream's results are never dropped: at most
+:data:`RESULTS_WAITING` wait, and past that the stream waits for the reader.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any, Final
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Final
 
 from soma import _observe
+
+if TYPE_CHECKING:
+    from soma._stream import Stream
 
 DEFAULT_BUFFER: Final = 10_000
 
@@ -143,9 +148,16 @@ class _Collector:
 
 
 # What a run hands the reader besides the works' events: its results and its error, which are
-# never dropped, each carrying the count of the events dropped so far; then the end.
-Finish = Callable[[Event], None]
+# never dropped, each carrying the count of the events dropped so far; then the end. Handing one
+# over says whether the reader is still there.
+Finish = Callable[[Event], bool]
+AsyncFinish = Callable[[Event], Awaitable[bool]]
 _END: Final = Event("end")
+
+# How many results wait for the reader at most: past that, a stream's next result waits for the
+# reader to take one, as `map` waits for its reader (and the stream stops taking items once its
+# own bound is in flight), so that a slow reader costs no more memory than `map` would.
+RESULTS_WAITING: Final = 64
 
 
 def events(
@@ -166,7 +178,7 @@ def events(
 
 
 def map_events(
-    map: Callable[..., Iterator[Any]], inputs: Any, buffer: int, keywords: dict[str, Any]
+    map: Callable[..., Stream], inputs: Any, buffer: int, keywords: dict[str, Any]
 ) -> Iterator[Event]:
     """``Graph.map_events``: ``map(inputs, **keywords)`` on a thread of its own while the caller
     reads its events; each item's result as a ``"result"`` event with its index, an error
@@ -175,9 +187,12 @@ def map_events(
     def work(collector: _Collector, finish: Finish) -> None:
         index = 0
         try:
-            for result in map(inputs, **keywords):
-                finish(collector.last("result", result, index))
-                index += 1
+            # Closed when this ends: a reader that left early stops the stream.
+            with contextlib.closing(map(inputs, **keywords)) as results:
+                for result in results:
+                    if not finish(collector.last("result", result, index)):
+                        return
+                    index += 1
         except BaseException as error:  # The stream's error is its last event.
             finish(collector.last("error", error, index))
 
@@ -190,6 +205,15 @@ def _read(work: Callable[[_Collector, Finish], None], buffer: int) -> Iterator[E
     _check_buffer(buffer)
     inbox: queue.SimpleQueue[Event] = queue.SimpleQueue()
     closed = threading.Event()
+    results_room = threading.Semaphore(RESULTS_WAITING)
+
+    def finish(event: Event) -> bool:
+        # Wakes now and then to see whether the reader left: a work never waits for it then.
+        while not results_room.acquire(timeout=0.05):
+            if closed.is_set():
+                return False
+        inbox.put(event)
+        return not closed.is_set()
 
     def put(event: Event) -> bool:
         # No lock: the count is the queue's own, read as the event is put. Two branches that
@@ -204,7 +228,7 @@ def _read(work: Callable[[_Collector, Finish], None], buffer: int) -> Iterator[E
 
     def run() -> None:
         try:
-            work(collector, inbox.put)
+            work(collector, finish)
         finally:
             inbox.put(_END)
             _observe.stream_closed()
@@ -230,10 +254,12 @@ def _read(work: Callable[[_Collector, Finish], None], buffer: int) -> Iterator[E
                     continue
             if event is _END:
                 return
+            if event.kind in ("result", "error"):
+                results_room.release()
             yield event
     finally:
-        # A reader that left early (a `break`, an exception, Ctrl-C) leaves the run to finish
-        # on its thread; what it still tells is dropped.
+        # A reader that left early (a `break`, an exception, Ctrl-C) leaves a run to finish on
+        # its thread, what it still tells dropped, and stops a stream at its next result.
         closed.set()
 
 
@@ -243,43 +269,48 @@ async def aevents(
     """``Graph.aevents``: awaits ``aforward(input, **keywords)`` as a task of this loop while
     the caller reads its events."""
 
-    async def work(collector: _Collector, finish: Finish) -> None:
+    async def work(collector: _Collector, finish: AsyncFinish) -> None:
         try:
             result = await aforward(input, **keywords)
         except asyncio.CancelledError:
             raise
         except BaseException as error:  # The run's error is the stream's last event.
-            finish(collector.last("error", error))
+            await finish(collector.last("error", error))
         else:
-            finish(collector.last("result", result))
+            await finish(collector.last("result", result))
 
     async for event in _aread(work, buffer):
         yield event
 
 
 async def amap_events(
-    amap: Callable[..., AsyncIterator[Any]], inputs: Any, buffer: int, keywords: dict[str, Any]
+    amap: Callable[..., AsyncGenerator[Any, None]],
+    inputs: Any,
+    buffer: int,
+    keywords: dict[str, Any],
 ) -> AsyncIterator[Event]:
     """``Graph.amap_events``: ``async for`` over ``amap(inputs, **keywords)`` as a task of this
     loop while the caller reads its events, as :func:`map_events`."""
 
-    async def work(collector: _Collector, finish: Finish) -> None:
+    async def work(collector: _Collector, finish: AsyncFinish) -> None:
         index = 0
         try:
-            async for result in amap(inputs, **keywords):
-                finish(collector.last("result", result, index))
-                index += 1
+            # Closed when this ends: leaving early, or a cancellation, stops the stream.
+            async with contextlib.aclosing(amap(inputs, **keywords)) as results:
+                async for result in results:
+                    await finish(collector.last("result", result, index))
+                    index += 1
         except asyncio.CancelledError:
             raise
         except BaseException as error:  # The stream's error is its last event.
-            finish(collector.last("error", error, index))
+            await finish(collector.last("error", error, index))
 
     async for event in _aread(work, buffer):
         yield event
 
 
 async def _aread(
-    work: Callable[[_Collector, Finish], Awaitable[None]], buffer: int
+    work: Callable[[_Collector, AsyncFinish], Awaitable[None]], buffer: int
 ) -> AsyncIterator[Event]:
     """Runs ``work`` as a task of this loop, in a context whose runs report to a stream, and
     yields what it reports until it is done; leaving early cancels it."""
@@ -302,10 +333,16 @@ async def _aread(
         return True
 
     collector = _Collector(put)
+    results_room = asyncio.Semaphore(RESULTS_WAITING)
+
+    async def finish(event: Event) -> bool:
+        await results_room.acquire()
+        deliver(event)
+        return True
 
     async def run() -> None:
         try:
-            await work(collector, deliver)
+            await work(collector, finish)
         finally:
             # After every event a sync node sent from its thread, which the loop queued first.
             loop.call_soon(inbox.put_nowait, _END)
@@ -318,6 +355,8 @@ async def _aread(
                 event = await inbox.get()
                 if event is _END:
                     return
+                if event.kind in ("result", "error"):
+                    results_room.release()
                 yield event
         finally:
             if not task.done():

@@ -16,7 +16,15 @@ import pickle
 import re
 import types
 import weakref
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+)
 from typing import IO, Any, NamedTuple, SupportsIndex, cast
 
 from soma import _cache, _events, _module, _soma, _stream
@@ -594,7 +602,9 @@ class Graph:
         """:meth:`events` for a stream: runs :meth:`map` over ``inputs`` (its keywords passed
         to it) and yields its items' events as they happen, each with its item's index in
         ``.item``; each item's result is a ``"result"`` event with its index, in input order,
-        and an error (the first failing item's, or the stream's own) the last event."""
+        and an error (the first failing item's, or the stream's own) the last event. Results
+        are never dropped: once 64 wait for the reader, the stream waits for it, as ``map``
+        waits for its reader. Leaving the loop early stops the stream."""
         return _events.map_events(self.map, inputs, buffer, map)
 
     def amap_events(
@@ -618,7 +628,7 @@ class Graph:
         trace: _soma.Trace | None = None,
         timeout: float | None = None,
         cache: _cache.Cache | None = None,
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncGenerator[Any, None]:
         """Runs the graph on each of ``inputs`` (an iterable or an async iterable, read lazily)
         from a running event loop: ``async for y in g.amap(xs)`` gives the results in input
         order, with at most ``in_flight`` items in flight. Each node works on one item at a

@@ -20,6 +20,7 @@ import sys
 import time
 import weakref
 from collections.abc import (
+    AsyncGenerator,
     AsyncIterable,
     AsyncIterator,
     Callable,
@@ -565,7 +566,7 @@ async def stream_amap(
     trace: _soma.Trace | None,
     timeout: float | None,
     cache: Cache | None,
-) -> AsyncIterator[Any]:
+) -> AsyncGenerator[Any, None]:
     """``Graph.amap``: the engine's ``Flow`` on the running loop, as ``map``'s is on the loop
     Soma keeps; this coroutine only reads the inputs — an async iterable among them, which only
     Python can read — while the flow has room, and hands the results back in order. The first
