@@ -172,4 +172,3 @@ def run_in_stream(stream: Listener, run: Callable[[], Any]) -> Any:
     context = contextvars.copy_context()
     context.run(current_stream.set, stream)
     return context.run(run)
-
