@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import soma
 from conftest import SUBPROCESS_DEADLINE, CallRecord, Fn
-from soma import _fingerprint
+from soma.cache import _fingerprint
 from test_properties import Dag, dags
 
 # Which nodes were called, in order: keyed as an empty record (see `CallRecord`), so that
@@ -391,7 +391,7 @@ def test_a_folder_that_cannot_be_written_runs_uncached_with_one_warning(
     def full_disk(*args: Any, **kwargs: Any) -> Any:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("soma._cache.tempfile.mkstemp", full_disk)
+    monkeypatch.setattr("soma.cache._cache.tempfile.mkstemp", full_disk)
     with pytest.warns(soma.CacheWarning, match="cannot be written.*No space left") as caught:
         assert calls(chain(), 3, cache) == (70, ["a", "b", "c"])
     assert len(caught) == 1
@@ -497,7 +497,7 @@ def test_a_value_nested_deeper_than_the_recursion_limit_and_one_holding_itself_h
 def test_digests_are_the_same_in_another_process_with_another_hash_seed() -> None:
     value = {"b": {3, 1, 2}, "a": ("x", 1.5), "c": frozenset({"p", "q"})}
     script = textwrap.dedent(f"""
-        from soma import _fingerprint
+        from soma.cache import _fingerprint
         print(_fingerprint.digest({value!r}).hex())
     """)
     there = subprocess.run(
@@ -531,7 +531,7 @@ import threading
 
 sys.path.insert(0, {tests!r})
 import soma
-import soma._cache
+import soma.cache._cache
 import test_cache as t
 
 real_fdopen = os.fdopen
@@ -555,7 +555,7 @@ class Stalled:
         threading.Event().wait()
 
 
-soma._cache.os.fdopen = lambda fd, mode: Stalled(real_fdopen(fd, mode))
+soma.cache._cache.os.fdopen = lambda fd, mode: Stalled(real_fdopen(fd, mode))
 t.chain().forward(3, cache=soma.Cache({folder!r}))
 """
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import soma
 from conftest import DEADLINE, Pass, Raise
-from soma._events import RESULTS_WAITING
+from soma._run.events import RESULTS_WAITING
 from test_one_walk import outcome, random_runs, twin
 from test_policies import Flaky
 from test_properties import Dag

@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 
 import soma
 from conftest import SUBPROCESS_DEADLINE, CallRecord, Fn
-from soma import _fingerprint
+from soma.cache import _fingerprint
 
 CALLS = CallRecord()
 
@@ -809,6 +809,15 @@ def test_the_code_of_an_installed_library_is_keyed_by_its_name_not_its_code() ->
         textwrap.dedent.__code__ = original
 
 
+def test_every_file_of_somas_own_package_is_a_librarys_not_the_users() -> None:
+    # Soma's code is keyed by name like any library's, in every subpackage, not only the one
+    # that tells a library's file from the user's (`soma.cache`).
+    package = Path(soma.__file__).parent
+    files = sorted(package.rglob("*.py"))
+    assert {file.parent.name for file in files} >= {"soma", "_build", "_run", "cache", "remote"}
+    assert [str(file) for file in files if _fingerprint._users_file(str(file))] == []
+
+
 SHIFT = 1
 
 
@@ -1035,7 +1044,7 @@ def test_keys_import_neither_numpy_pandas_nor_torch_unless_a_value_is_one() -> N
     script = textwrap.dedent("""
         import sys
         import soma
-        from soma import _fingerprint
+        from soma.cache import _fingerprint
 
         class Add(soma.Node):
             def forward(self, x):
@@ -1274,7 +1283,7 @@ def test_equal_values_have_the_same_digest_in_another_process_with_another_hash_
         import pickle, sys
         sys.path.insert(0, sys.argv[1])
         import test_keys
-        from soma import _fingerprint
+        from soma.cache import _fingerprint
         specs = pickle.loads(sys.stdin.buffer.read())
         print(" ".join(_fingerprint.digest(test_keys.build(s)).hex() for s in specs))
     """)

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 import soma
-from soma import _fingerprint
+from soma.cache import _fingerprint
 from timing import compare
 
 try:
@@ -245,7 +245,7 @@ FIRST_IN_A_PROCESS = """
 import sys, time
 sys.path.insert(0, sys.argv[1])
 import soma
-from soma import _fingerprint
+from soma.cache import _fingerprint
 
 
 class Warm(soma.Node):

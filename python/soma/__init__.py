@@ -13,18 +13,19 @@ Sequence([Execute(a), Wave([Execute(b), Execute(c)])])
 
 from typing import TYPE_CHECKING, Any
 
-from soma import _module, devices, native, remote, telemetry
-from soma._cache import Cache, CacheStats, CacheWarning
-from soma._decide import Each, Loop, Switch, each, loop, switch
-from soma._dsl import Expr
-from soma._events import Event
-from soma._function import FunctionNode, ModuleNode, NodeFunction, node
+from soma import devices, native, remote, telemetry
+from soma._build import module as _module
+from soma._build.decide import Each, Loop, Switch, each, loop, switch
+from soma._build.dsl import Expr
+from soma._build.function import FunctionNode, ModuleNode, NodeFunction, node
+from soma._build.module import PlacementWarning
+from soma._build.node import Node
+from soma._build.policy import RetryPolicy
 from soma._graph import Graph
-from soma._module import PlacementWarning
-from soma._node import Node
-from soma._policy import RetryPolicy
+from soma._run.events import Event
+from soma._run.stream import Failed, Progress, StageFigures, Stream, StreamFigures
 from soma._soma import DEFAULT_TURN_LIMIT, MAX_NESTED_FORWARDS, Await, Ctx, Done, Plan, Span, Trace
-from soma._stream import Failed, Progress, StageFigures, Stream, StreamFigures
+from soma.cache._cache import Cache, CacheStats, CacheWarning
 from soma.errors import (
     CancelledError,
     CompileError,
@@ -51,8 +52,8 @@ from soma.errors import (
 )
 
 if TYPE_CHECKING:
-    from soma._module import GraphModule as GraphModule
-    from soma._module import NodeModules as NodeModules
+    from soma._build.module import GraphModule as GraphModule
+    from soma._build.module import NodeModules as NodeModules
 
 
 def __getattr__(name: str) -> Any:

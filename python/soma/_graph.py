@@ -27,13 +27,17 @@ from collections.abc import (
 )
 from typing import IO, Any, NamedTuple, SupportsIndex, cast
 
-from soma import _cache, _events, _module, _soma, _stream
+from soma import _soma
 from soma import remote as _remote
-from soma._decide import AsyncLoop, AsyncSwitch, Decision, Each, Loop, Switch
-from soma._dsl import Composable, Expr, refuse_class
-from soma._function import as_node
-from soma._node import Node
-from soma._policy import RetryPolicy, checked_retry, checked_time_limit
+from soma._build import module as _module
+from soma._build.decide import AsyncLoop, AsyncSwitch, Decision, Each, Loop, Switch
+from soma._build.dsl import Composable, Expr, refuse_class
+from soma._build.function import as_node
+from soma._build.node import Node
+from soma._build.policy import RetryPolicy, checked_retry, checked_time_limit
+from soma._run import events as _events
+from soma._run import stream as _stream
+from soma.cache import _cache
 from soma.errors import DuplicateNodeError, InvalidIdError, NodePicklingError
 
 # The steps that decide as they run, each registered with its sub-graphs.
@@ -99,7 +103,7 @@ def _forget(key: int, _: object) -> None:
 def _read_shape(obj: object) -> tuple[bool, bool]:
     """What ``_forward_shape`` answers, found from ``obj.forward`` itself — or declared by its
     class as ``_soma_forward_shape``, as the class made for a function's nodes declares it
-    (``soma._function``: a function with a defaulted second parameter takes no ``ctx``)."""
+    (``soma._build.function``: a function with a defaulted second parameter takes no ``ctx``)."""
     declared = getattr(type(obj), "_soma_forward_shape", None)
     if declared is not None:
         return cast(tuple[bool, bool], declared)

@@ -112,7 +112,7 @@ def _thread_in_reserve() -> bool:
     tests that count the process's threads; not API)."""
 
 def observe(target: Any | None) -> None:
-    """Installs ``target`` as the process's observer of runs (``soma._observe``); ``None``
+    """Installs ``target`` as the process's observer of runs (``soma._run.observe``); ``None``
     removes it. Not API."""
 
 def checked_timeout(seconds: object) -> float:
@@ -347,7 +347,7 @@ class Trace:
 @final
 class Stepper:
     """One of the engine's tasks, driven by an asyncio task: a coroutine in all but type
-    (``soma._loop`` registers it as one)."""
+    (``soma._run.loop`` registers it as one)."""
 
     def __await__(self) -> Generator[Any, None, Any]: ...
     def __iter__(self) -> Stepper: ...
@@ -401,7 +401,7 @@ class FlowNext:
 @final
 class StreamCore:
     """A graph's program over an iterable, its stages overlapped: the engine behind
-    ``soma.Graph.map`` (``soma/_stream.py`` says what comes out)."""
+    ``soma.Graph.map`` (``soma/_run/stream.py`` says what comes out)."""
 
     def __new__(
         cls,

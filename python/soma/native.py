@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from soma import _soma
-from soma._node import Node
+from soma._build.node import Node
 
 
 class NativeNode(Node):

@@ -38,7 +38,7 @@ import contextlib
 import threading
 from typing import Any
 
-from soma import _observe
+from soma._run import observe as _observe
 
 __all__ = ["disable", "enable", "enabled"]
 

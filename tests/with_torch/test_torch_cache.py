@@ -12,7 +12,7 @@ import torch
 
 import soma
 from conftest import CallRecord
-from soma import _fingerprint
+from soma.cache import _fingerprint
 
 # Calls of `Linear.forward`: keyed as an empty record, so that counting them changes no key.
 CALLS = CallRecord()

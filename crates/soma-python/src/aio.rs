@@ -10,7 +10,7 @@
 //! cancellation exactly as if the task awaited it. What the coroutine yields (the future it
 //! waits on) the stepper yields to the asyncio task; when the engine waits on anything else —
 //! sync work lent to a crew thread, its children's join, a retry's pause — the stepper yields
-//! a future of its own (`soma._loop.Wait`) that the engine's waker completes, from whichever
+//! a future of its own (`soma._run.loop.Wait`) that the engine's waker completes, from whichever
 //! thread, coalesced into one `call_soon_threadsafe` per batch ([`Mailbox`]).
 //!
 //! Cancellation comes from asyncio: cancelling the asyncio task throws `CancelledError` into
@@ -67,12 +67,12 @@ pub fn yielded(future: Py<PyAny>) {
     YIELDED.with(|yielded| *yielded.borrow_mut() = Some(future));
 }
 
-/// `soma._loop`, where the Python side of this module lives: the `Wait` future, the kept loop.
+/// `soma._run.loop`, where the Python side of this module lives: the `Wait` future, the kept loop.
 fn aio_module(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
     static MODULE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     MODULE
         .get_or_try_init(py, || {
-            py.import("soma._loop").map(|m| m.into_any().unbind())
+            py.import("soma._run.loop").map(|m| m.into_any().unbind())
         })
         .map(|module| module.bind(py))
 }

@@ -1,10 +1,10 @@
 //! A Python run cache as the engine's `NodeCache`: the engine chains the keys, Python
-//! fingerprints nodes, digests values and keeps the entries (`soma/_cache.py`).
+//! fingerprints nodes, digests values and keeps the entries (`soma/cache/_cache.py`).
 //!
 //! A rerun's hit asks for each node's fingerprint; when Python remembered it
-//! (`soma._fingerprint`'s `_REMEMBERED`, a [`Remembered`] by node) and its witness says nothing
-//! it was read from was rebound, it is read here, without a Python frame: most of what a hit
-//! cost beyond the engine was the frames that found it.
+//! (`soma.cache._fingerprint`'s `_REMEMBERED`, a [`Remembered`] by node) and its witness says
+//! nothing it was read from was rebound, it is read here, without a Python frame: most of what a
+//! hit cost beyond the engine was the frames that found it.
 //!
 //! The Python side is one object per forward with six methods: `fingerprint(id)`,
 //! `digest(value)` and `input_digest(id, value)` answering 32 bytes or `None`, `get(key)`
@@ -37,12 +37,12 @@ pub struct PythonCache {
     remembered: Option<(Py<GraphCore>, Py<PyDict>)>,
 }
 
-/// `soma._fingerprint._REMEMBERED`, looked up once: the same dict for the life of the module.
+/// `soma.cache._fingerprint._REMEMBERED`, looked up once: the same dict for the life of the module.
 fn remembered_fingerprints(py: Python<'_>) -> Option<Py<PyDict>> {
     static REMEMBERED: PyOnceLock<Option<Py<PyDict>>> = PyOnceLock::new();
     REMEMBERED
         .get_or_init(py, || {
-            py.import("soma._fingerprint")
+            py.import("soma.cache._fingerprint")
                 .and_then(|module| module.getattr("_REMEMBERED"))
                 .and_then(|found| Ok(found.cast_into::<PyDict>()?.unbind()))
                 .ok()
@@ -72,7 +72,7 @@ impl PythonCache {
         let node = core.get().implementation(py, id.as_str()).ok()?;
         let node = node.bind(py);
         // Remembered only while it is cacheable: a `cacheable = False` set since on it or on
-        // any class of its MRO fails its witness (`soma._fingerprint._remember`).
+        // any class of its MRO fails its witness (`soma.cache._fingerprint._remember`).
         let entry = remembered
             .bind(py)
             .get_item(node.as_ptr() as usize)

@@ -1,6 +1,6 @@
 //! `soma._soma.code_digest`: the digest of a Python code object, for the keys of `soma.Cache`.
 //!
-//! A node's key covers the code it runs (`soma/_fingerprint.py`): each function by its
+//! A node's key covers the code it runs (`soma/cache/_fingerprint.py`): each function by its
 //! compiled code, which is what it does — instructions, the names and constants they use
 //! (nested functions, lambdas and comprehensions included), its arguments, flags and exception
 //! table — and not where it was written: the file name and line numbers are left out, so a

@@ -1,8 +1,8 @@
 //! Device queues per branch: where a forward's waves fork and join the queues of the devices
 //! its nodes are placed on, so that two branches on one GPU put their work on device queues of
-//! their own and values pass between queues by events (`soma._device_queues` holds the rules, in
-//! Python, beside the device backends that drive them). A device queue is what CUDA calls a
-//! stream; "stream" in Soma means only a stream of items (`stream.rs`).
+//! their own and values pass between queues by events (`soma.devices._device_queues` holds the
+//! rules, in Python, beside the device backends that drive them). A device queue is what CUDA calls
+//! a stream; "stream" in Soma means only a stream of items (`stream.rs`).
 //!
 //! Each thread has a *scope*: the Python object whose queues its placed nodes run on — the
 //! caller's own for the nodes outside every wave, a branch's inside one. A forward sets its
@@ -19,8 +19,8 @@ use pyo3::prelude::*;
 use soma_core::Device;
 
 thread_local! {
-    /// This thread's scope: `soma._device_queues.Root` or `soma._device_queues.Branch`; `None`
-    /// outside a forward with device queues.
+    /// This thread's scope: `soma.devices._device_queues.Root` or
+    /// `soma.devices._device_queues.Branch`; `None` outside a forward with device queues.
     static SCOPE: RefCell<Option<Py<PyAny>>> = const { RefCell::new(None) };
 }
 
@@ -39,7 +39,7 @@ impl Scope {
         } else {
             let placed: Vec<String> = placed.iter().map(ToString::to_string).collect();
             let root = py
-                .import(intern!(py, "soma._device_queues"))
+                .import(intern!(py, "soma.devices._device_queues"))
                 .and_then(|module| module.call_method1(intern!(py, "root"), (placed,)));
             match root {
                 Ok(root) if root.is_none() => None,
@@ -83,7 +83,7 @@ fn current(py: Python<'_>) -> Option<Py<PyAny>> {
 }
 
 /// A wave about to start on this thread: an event on each of this scope's queues, for its
-/// branches to wait on (`soma._device_queues.Wave`); `None` without queues.
+/// branches to wait on (`soma.devices._device_queues.Wave`); `None` without queues.
 pub fn fork(py: Python<'_>) -> Option<Py<PyAny>> {
     let scope = current(py)?;
     match scope.call_method0(py, intern!(py, "fork")) {

@@ -4,9 +4,9 @@
 //! The engine keeps the bound, the order, the error rule and each node's concurrency; this is
 //! the glue. For `map` (and micro-batches) the reader is a thread of its own: it reads the
 //! inputs there, with the GIL it holds, starts each item on the loop Soma keeps
-//! (`soma._loop.kept_loop`) in a copy of its context, and waits for results a few milliseconds
+//! (`soma._run.loop.kept_loop`) in a copy of its context, and waits for results a few milliseconds
 //! at a time, looking for Ctrl-C and the stream's deadline between — the answers are those of
-//! `StreamCore`, so `soma._stream.Stream` reads either alike. For `amap` the reader is a
+//! `StreamCore`, so `soma._run.stream.Stream` reads either alike. For `amap` the reader is a
 //! coroutine on the running loop (`soma._graph`'s `amap`, which reads inputs that may be async
 //! iterables): it starts items on that loop ([`FlowCore::start`]) and awaits the next result
 //! ([`FlowCore::next`]).
@@ -38,7 +38,7 @@ const WAIT_SLICE: Duration = Duration::from_millis(5);
 /// How long closing, or a deadline, waits for the cancelled items to end.
 const STOP_GRACE: Duration = Duration::from_millis(50);
 
-/// An item's task on the kept loop, started from the reader's thread (`soma._loop.Started`).
+/// An item's task on the kept loop, started from the reader's thread (`soma._run.loop.Started`).
 struct StartedItem(Py<PyAny>);
 
 impl Spawned for StartedItem {
@@ -119,7 +119,7 @@ impl FlowCore {
             })?
         } else {
             refuse_inside_loop(py, "map", &program)?;
-            py.import("soma._loop")?
+            py.import("soma._run.loop")?
                 .getattr(intern!(py, "kept_loop"))?
                 .call0()?
         };
@@ -377,7 +377,7 @@ impl Streaming {
             self.read += 1;
             let (index, task) = self.flow.start(wrap(item));
             let started = py
-                .import("soma._loop")?
+                .import("soma._run.loop")?
                 .getattr(intern!(py, "start"))?
                 .call1((
                     self.tasks.loop_object().bind(py),
@@ -584,7 +584,7 @@ impl FlowNext {
                 .saturating_duration_since(Instant::now())
                 .as_secs_f64();
             let set = py
-                .import("soma._loop")?
+                .import("soma._run.loop")?
                 .getattr(intern!(py, "set_unless_done"))?;
             loop_object
                 .bind(py)

@@ -731,7 +731,7 @@ impl GraphCore {
     }
 
     /// For each node, in plan order, whether a forward on `input` with `cache` (a run cache of
-    /// `soma/_cache.py`) would find its output there; no node runs.
+    /// `soma/cache/_cache.py`) would find its output there; no node runs.
     fn would_hit(
         &self,
         py: Python<'_>,
@@ -896,7 +896,7 @@ const WAIT_SLICE: Duration = Duration::from_millis(5);
 const STOP_GRACE: Duration = Duration::from_millis(50);
 
 /// `forward` of a graph with async nodes: the run started as a task on the event loop Soma
-/// keeps for the process (`soma._loop.kept_loop`), in a copy of the caller's context, while the
+/// keeps for the process (`soma._run.loop.kept_loop`), in a copy of the caller's context, while the
 /// caller waits on the run's outcome — never on the loop — a few milliseconds at a time,
 /// looking for Ctrl-C and its deadline between. Stopped (Ctrl-C, the deadline, the stop flag),
 /// the run is cancelled; what has not stopped after a short grace is left to finish, its
@@ -911,7 +911,7 @@ fn forward_on_loop<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     refuse_inside_loop(py, "forward", program)?;
     let event_loop = py
-        .import("soma._loop")?
+        .import("soma._run.loop")?
         .getattr(intern!(py, "kept_loop"))?
         .call0()?;
     let tasks = aio::LoopTasks::new(event_loop.clone().unbind());
@@ -921,7 +921,7 @@ fn forward_on_loop<'py>(
         Arc::clone(&tasks) as Arc<dyn soma_core::Tasks>,
     );
     let started = py
-        .import("soma._loop")?
+        .import("soma._run.loop")?
         .getattr(intern!(py, "start"))?
         .call1((&event_loop, tasks.background(task)))?;
     // When the watch stopped the run, and what was running then.

@@ -1,6 +1,6 @@
 //! Hosts, as Python sees them: a host name read the one way the core reads it, and a plan cut
 //! into remote slices by the core's distribution step. What a host *is* (a Ray node) is
-//! Python's business (`soma._remote`); the glue only carries names and plans.
+//! Python's business (`soma.remote`); the glue only carries names and plans.
 
 use std::sync::Arc;
 

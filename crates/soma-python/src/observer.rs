@@ -1,5 +1,5 @@
 //! The engine's [`Observer`] handed to Python: each work of a run, as it begins and ends,
-//! passed to the object `soma._observe` installs (`_soma.observe(target)`), which turns it into
+//! passed to the object `soma._run.observe` installs (`_soma.observe(target)`), which turns it into
 //! OpenTelemetry spans and live events. The rules of what is told, and where, are the engine's
 //! (`soma_core::Observer`); this module only crosses the boundary.
 //!
@@ -28,7 +28,7 @@ static ANY: AtomicBool = AtomicBool::new(false);
 /// `awaited` whether a call's node, or a run's program, is async; `function` the qualified name
 /// of what a call runs — whose return value comes back to
 /// `end(opened, outcome, error, retry_in)` exactly once, where the work ends (or, for a work
-/// dropped unfinished, when it is dropped, as stopped). The numbers are `soma._observe`'s
+/// dropped unfinished, when it is dropped, as stopped). The numbers are `soma._run.observe`'s
 /// constants.
 struct PythonObserver {
     target: Py<PyAny>,

@@ -94,7 +94,7 @@ impl PyCtx {
     fn emit(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<()> {
         static EMITTED: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
         EMITTED
-            .import(py, "soma._observe", "emitted")?
+            .import(py, "soma._run.observe", "emitted")?
             .call1((self.node.as_str(), value))?;
         Ok(())
     }

@@ -1,8 +1,8 @@
 //! `soma._soma.reach`: the code a class or a function of the user's reaches by name, digested,
 //! with the [`Witness`] of the bindings it was read from.
 //!
-//! A node's key covers the code it runs (`soma/_fingerprint.py` says what that is); this is the
-//! walk that reads it, kept here because the first key of a node reads a dozen functions and
+//! A node's key covers the code it runs (`soma/cache/_fingerprint.py` says what that is); this is
+//! the walk that reads it, kept here because the first key of a node reads a dozen functions and
 //! their globals, which in Python costs a hundred microseconds. From a root (a node's class, or
 //! a function a node holds) it follows:
 //! - a **class** of the user's: its metaclass, its bases, and each attribute of its own
@@ -22,8 +22,8 @@
 //! hands it back on every run to be digested as a value then.
 //!
 //! Whether code is the user's is decided by the file it was compiled from, which Python tells
-//! (`soma._fingerprint._users_file`, which knows where libraries live): asked once per file and
-//! remembered in the dict Python hands over; a module without a file, and a class whose module
+//! (`soma.cache._fingerprint._users_file`, which knows where libraries live): asked once per file
+//! and remembered in the dict Python hands over; a module without a file, and a class whose module
 //! is not registered, are asked of Python's `users(object)`.
 
 use std::collections::{HashMap, HashSet};

@@ -5,7 +5,7 @@
 //! is never touched by two threads. The wait for a result gives the GIL back and polls for
 //! signals ([`SignalWatch`]), so Ctrl-C while iterating raises `KeyboardInterrupt` within a few
 //! milliseconds; a `timeout` is a deadline for the whole stream, read by the same watch, and
-//! comes out as a `TimeoutError` naming what was still running. `python/soma/_stream.py` turns
+//! comes out as a `TimeoutError` naming what was still running. `python/soma/_run/stream.py` turns
 //! what `__next__` answers into results, `Failed` records or raised exceptions, as the user's
 //! `on_error` asks.
 

@@ -6,7 +6,8 @@
 //! usual state — inference mode off, autocast off everywhere, grad mode on or off — is read and
 //! set here by calling torch's own functions (looked up once): five calls into torch a branch,
 //! no Python frame. Any other state, and a branch's thread found in another, goes through
-//! `soma._torch_state`, which reads and sets all of it in Python (about a microsecond a branch).
+//! `soma.devices._torch_state`, which reads and sets all of it in Python (about a microsecond a
+//! branch).
 
 use std::sync::atomic::{AtomicIsize, Ordering};
 
@@ -20,8 +21,8 @@ use pyo3::types::PyDict;
 pub enum Carried {
     /// Inference mode off and autocast off everywhere, and grad mode as given.
     Usual { grad: bool },
-    /// Any other: what `soma._torch_state.capture()` returned, which sets it on the thread that
-    /// calls it and returns what puts that thread's own back.
+    /// Any other: what `soma.devices._torch_state.capture()` returned, which sets it on the thread
+    /// that calls it and returns what puts that thread's own back.
     Other(Py<PyAny>),
 }
 
@@ -83,7 +84,7 @@ impl Functions {
     /// every device type).
     fn put_back(&self, py: Python<'_>, grad: bool) -> PyResult<()> {
         if Self::ask(py, &self.any_autocast)? {
-            py.import(intern!(py, "soma._torch_state"))?
+            py.import(intern!(py, "soma.devices._torch_state"))?
                 .call_method0(intern!(py, "switch_autocast_off"))?;
         }
         if Self::ask(py, &self.grad)? != grad {
@@ -181,7 +182,7 @@ impl Carried {
     }
 }
 
-/// Runs `run` after `enter` (from `soma._torch_state`), and calls what it returned after.
+/// Runs `run` after `enter` (from `soma.devices._torch_state`), and calls what it returned after.
 fn entered(py: Python<'_>, enter: &Bound<'_, PyAny>, run: &mut dyn FnMut()) {
     let restore = enter
         .call0()
@@ -201,13 +202,13 @@ fn report(py: Python<'_>, outcome: PyResult<()>) {
     }
 }
 
-/// `soma._torch_state.<function>(*args)`; `None`, the error reported, if it failed.
+/// `soma.devices._torch_state.<function>(*args)`; `None`, the error reported, if it failed.
 fn in_python<'py>(
     py: Python<'py>,
     function: &Bound<'py, pyo3::types::PyString>,
     args: impl pyo3::call::PyCallArgs<'py>,
 ) -> Option<Py<PyAny>> {
-    py.import(intern!(py, "soma._torch_state"))
+    py.import(intern!(py, "soma.devices._torch_state"))
         .and_then(|module| module.getattr(function)?.call1(args))
         .map(Bound::unbind)
         .map_err(|error| error.write_unraisable(py, None))

@@ -209,7 +209,7 @@ impl PyTrace {
                 error,
                 device: device.and_then(|device| device.parse::<Device>().ok()),
                 host: None,
-                // Found in the folder cache the host opened (see `soma/_slices.py`).
+                // Found in the folder cache the host opened (see `soma/remote/_slices.py`).
                 cached,
             });
         }

@@ -1,7 +1,7 @@
 //! `soma._soma.Witness`: what a remembered digest was made from, checked by identity.
 //!
 //! A node's fingerprint reads its class, the functions and classes its code reaches by name,
-//! the module-level names they read and the node's own attributes (`soma/_fingerprint.py`).
+//! the module-level names they read and the node's own attributes (`soma/cache/_fingerprint.py`).
 //! Reading them all again on every run would cost tens of microseconds a node; a witness,
 //! taken when they were read, says in well under a microsecond whether each binding still holds
 //! the very object it held then (`is`, never `==`): a module's global, a class's attribute, a
@@ -148,7 +148,7 @@ pub struct Witness {
     pub(crate) owners: Vec<Owner>,
 }
 
-/// The kinds of binding, as `soma._fingerprint` writes them: the first item of each tuple.
+/// The kinds of binding, as `soma.cache._fingerprint` writes them: the first item of each tuple.
 const ATTRIBUTE: u8 = 0;
 const VARS: u8 = 1;
 const VARS_LEN: u8 = 2;
@@ -382,7 +382,7 @@ impl Binding {
     }
 }
 
-/// A binding from the tuple `soma._fingerprint` wrote: `(kind, key, expected)`, its tail as
+/// A binding from the tuple `soma.cache._fingerprint` wrote: `(kind, key, expected)`, its tail as
 /// its kind needs.
 fn binding_of(binding: &Bound<'_, PyTuple>) -> PyResult<Binding> {
     let kind: u8 = binding.get_item(0)?.extract()?;
@@ -534,7 +534,7 @@ impl Witness {
 
 /// A node's fingerprint as remembered: the node (weakly), the digest of what cannot change in
 /// place, the witness of what it was read from, and where its volatile bindings lie. Made by
-/// `soma._fingerprint`; read there and, for a rerun's hit, by the run cache here
+/// `soma.cache._fingerprint`; read there and, for a rerun's hit, by the run cache here
 /// ([`Remembered::unchanged`]), without a Python frame.
 #[pyclass(module = "soma._soma", frozen)]
 pub struct Remembered {

@@ -18,8 +18,8 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from soma._slices import INPUT, Slice
 from soma.errors import RemoteError
+from soma.remote._slices import INPUT, Slice
 
 # The terminal colours Ray puts in what it prints: a message is read anywhere.
 _COLOURS = re.compile(r"\x1b\[[0-9;]*m")

@@ -2,7 +2,7 @@
 changed.
 
 The engine decides what to look up (see the guide's "Running again"): it asks, for each node,
-its fingerprint (here: :func:`soma._fingerprint.fingerprint`), chains it with the keys of what
+its fingerprint (here: :func:`soma.cache._fingerprint.fingerprint`), chains it with the keys of what
 the node reads, and looks the key up before calling the node. This module keeps the entries:
 in memory, or in a folder that several processes share.
 
@@ -40,7 +40,8 @@ try:
 except ImportError:  # Not on Windows: there the bound holds per process only.
     fcntl = None  # type: ignore[assignment]
 
-from soma import _fingerprint, _soma
+from soma import _soma
+from soma.cache import _fingerprint
 
 
 class _Graph(Protocol):

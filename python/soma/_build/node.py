@@ -7,8 +7,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Self
 
 from soma import _soma
-from soma._dsl import Composable
-from soma._policy import RetryPolicy, checked_retry, checked_time_limit
+from soma._build.dsl import Composable
+from soma._build.policy import RetryPolicy, checked_retry, checked_time_limit
 
 
 class Node(Composable, abc.ABC):

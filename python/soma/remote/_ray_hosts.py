@@ -22,8 +22,10 @@ import contextlib
 import threading
 from typing import Any
 
-from soma import _ray_errors
-from soma._slices import (
+from soma._soma import StopFlag
+from soma.errors import RemoteError, RemoteTraceback, SomaError
+from soma.remote import _ray_errors
+from soma.remote._slices import (
     CANCEL_WAIT,
     DEADLINE_GRACE,
     CacheCounts,
@@ -34,8 +36,6 @@ from soma._slices import (
     SliceRunner,
     remote_error,
 )
-from soma._soma import StopFlag
-from soma.errors import RemoteError, RemoteTraceback, SomaError
 
 #: The Ray rule: the Ray node(s) of host ``name`` offer the custom resource
 #: ``soma-host:<name>`` (``ray start --resources='{"soma-host:gpu-box": 1}'``).

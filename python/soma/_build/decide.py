@@ -24,8 +24,8 @@ from collections.abc import Awaitable, Callable, Hashable, Mapping
 from typing import Any, NoReturn, Protocol, Self, cast
 
 from soma import _soma
-from soma._dsl import Expr
-from soma._node import Node
+from soma._build.dsl import Expr
+from soma._build.node import Node
 from soma.errors import HostError, RunError
 
 

@@ -2,7 +2,7 @@
 finished, failed, retried, timed out, what a node sends with ``ctx.emit(value)`` — then its
 result or its error, last.
 
-A stream is told each work by the engine's observer (``soma._observe``), on the thread or in
+A stream is told each work by the engine's observer (``soma._run.observe``), on the thread or in
 the task that does it, so the events of one branch come in the order the branch made them, and
 branches interleave as they ran. The reader never holds the run up: events wait for it in a
 buffer of ``buffer`` events (10,000 unless set); once the buffer is full, newer events are
@@ -21,10 +21,10 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final
 
-from soma import _observe
+from soma._run import observe as _observe
 
 if TYPE_CHECKING:
-    from soma._stream import Stream
+    from soma._run.stream import Stream
 
 DEFAULT_BUFFER: Final = 10_000
 

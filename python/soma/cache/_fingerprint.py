@@ -140,7 +140,8 @@ def _library_roots() -> tuple[str, ...]:
     """The folders installed code lives in: the standard library, site-packages, and Soma's
     own package (whose code is Soma's, not the node's) — each as written and with its links
     resolved, so that a file name is told apart without asking the file system."""
-    roots = {os.path.dirname(os.path.abspath(__file__))}
+    # Soma's package, every subpackage in it: the folder the compiled module lies in.
+    roots = {os.path.dirname(os.path.abspath(_soma.__file__))}
     paths = sysconfig.get_paths()
     for name in ("stdlib", "platstdlib", "purelib", "platlib"):
         if paths.get(name):

@@ -147,7 +147,7 @@ def watched() -> bool:
 
 def adopt(spans: list[Any], host: str, sent_ns: int) -> None:
     """Tells what listens of the nodes a slice ran on ``host``, from the spans the host
-    shipped back with its result (``soma._slices.Shipped``: node, start, end, thread, branch,
+    shipped back with its result (``soma.remote._slices.Shipped``: node, start, end, thread, branch,
     turns, error, device, cached; times in seconds since the slice began there, which is taken
     as ``sent_ns``, this process's clock when the slice was sent). Told once the slice is back:
     a host runs a slice as one call, and tells nothing before it returns."""

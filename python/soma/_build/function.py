@@ -35,10 +35,10 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast, overload
 
-from soma import _dsl
-from soma._decide import _is_async as is_async_callable
-from soma._dsl import Composable, Expr, refuse_class
-from soma._node import Node
+from soma._build import dsl as _dsl
+from soma._build.decide import _is_async as is_async_callable
+from soma._build.dsl import Composable, Expr, refuse_class
+from soma._build.node import Node
 
 P = ParamSpec("P")
 R = TypeVar("R", covariant=True)

@@ -20,7 +20,7 @@ put their work on queues of their own, and values pass between queues by events:
 queue waits on an event recorded where the wave started, and the queue the wave was reached on
 waits on an event recorded at the end of each branch — never a device-wide synchronize. torch's
 backend offers its streams as queues for ``cuda`` (and ``xpu``) when that runtime is available;
-``soma._device_queues`` says the rules.
+``soma.devices._device_queues`` says the rules.
 
 >>> class Recorder:
 ...     kinds = ("xpu",)

@@ -11,9 +11,9 @@ among them, run at the same time. On the host, a slice runs on Soma's engine too
 its timeout, a failed slice) cancels its slices still running on hosts (:class:`_Run`).
 
 A host keeps copies of its slices' nodes, so a node edited here must be sent again: before each
-run of a slice, its nodes' fingerprints (``soma._fingerprint``: code and state, remembered for a
-node whose state cannot change in place) are compared with those they had when it was sent, and
-the slice alone is sent again if one differs (:meth:`Distributed._send`).
+run of a slice, its nodes' fingerprints (``soma.cache._fingerprint``: code and state, remembered
+for a node whose state cannot change in place) are compared with those they had when it was
+sent, and the slice alone is sent again if one differs (:meth:`Distributed._send`).
 
 With a cache, the local graph runs with it, its stand-ins kept out (they stand for nodes keyed
 where they run); a folder cache is sent to each slice, whose host opens the same folder and
@@ -36,10 +36,12 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from soma import _fingerprint, _observe
-from soma._cache import Cache
-from soma._ray_hosts import RESOURCE_PREFIX, RayHosts, resource_of
-from soma._slices import (
+from soma._run import observe as _observe
+from soma.cache import _fingerprint
+from soma.cache._cache import Cache
+from soma.errors import CancelledError, RemoteError
+from soma.remote._ray_hosts import RESOURCE_PREFIX, RayHosts, resource_of
+from soma.remote._slices import (
     CANCEL_WAIT,
     DEADLINE_GRACE,
     INPUT,
@@ -53,7 +55,6 @@ from soma._slices import (
     cut,
     fresh_id,
 )
-from soma.errors import CancelledError, RemoteError
 
 # A `soma.Graph` is written `Any` here: `soma._graph` imports this module, and the layout
 # keeps imports one way (tests/test_layout.py).
@@ -263,7 +264,7 @@ class Distributed:
                 local.node(node, _Pick(node))
                 picks.add(node)
         #: The local nodes that stand for nothing of the user's, which a watched run does not
-        #: tell of (`soma._observe.hidden`): the picks (a host's node is told of by its host)
+        #: tell of (`soma._run.observe.hidden`): the picks (a host's node is told of by its host)
         #: and the carriers of the input.
         self.stand_ins = frozenset(picks) | {carrier for carrier in carriers if carrier}
         local._hosts.clear()  # Stand-ins run here; their slices are where the hosts are.
@@ -392,8 +393,9 @@ def _graph_fingerprint(graph: Graph) -> tuple[Any, ...]:
 
 def _state(piece: Slice) -> tuple[bytes, ...] | None:
     """The fingerprint of each of ``piece``'s nodes (their code and state, see
-    :mod:`soma._fingerprint`): what a run compares with what was sent. ``None`` when one cannot
-    be taken: such a slice is sent again before every run, since no edit to it could be seen."""
+    :mod:`soma.cache._fingerprint`): what a run compares with what was sent. ``None`` when one
+    cannot be taken: such a slice is sent again before every run, since no edit to it could be
+    seen."""
     try:
         return tuple(_fingerprint.fingerprint(node) for _, node in piece.nodes)
     # Not only `Unkeyable`: what a node holds may fail to be read in its own way (a tensor on

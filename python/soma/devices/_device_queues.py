@@ -4,7 +4,7 @@ by a device-wide synchronize.
 
 A *device queue* is what CUDA and torch call a *stream*: an ordered queue of work on one device,
 whose work runs after what was put on it before and alongside another queue's. Soma says
-"queue" so that "stream" means only a stream of items (``g.map``, ``soma._stream``).
+"queue" so that "stream" means only a stream of items (``g.map``, ``soma._run.stream``).
 
 The glue (``device_queues.rs``) drives this module, and only for a forward whose graph places a
 node on a device whose backend offers queues (:meth:`soma.devices.Backend.queues`): any other

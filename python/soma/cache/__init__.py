@@ -6,17 +6,19 @@
 Reads the folder as :class:`soma.Cache` writes it; an entry that is not whole is listed as
 damaged (a run computes it again anyway). Clearing while other processes use the folder is
 safe: they miss and compute again.
+
+The package holds the cache itself: :class:`soma.Cache` in ``_cache`` (the entries, in memory or
+in a folder) and what its keys cover in ``_fingerprint`` (the digests of values, code and
+nodes).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import datetime
 import sys
 from pathlib import Path
 
-from soma._cache import _read_entry
+from soma.cache._cache import _read_entry
 
 
 def _size(n: float) -> str:
@@ -29,6 +31,9 @@ def _size(n: float) -> str:
 
 def listing(folder: Path) -> str:
     """The folder's entries, newest use first, under a line with their count and size."""
+    # Imported here: `import soma` imports this package (for `soma.Cache`), not the command.
+    import datetime
+
     rows = []
     total = 0
     for file in folder.glob("*/*.entry"):
@@ -58,6 +63,8 @@ def clear(folder: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import argparse  # Imported here, as `datetime` is in `listing`.
+
     parser = argparse.ArgumentParser(prog="python -m soma.cache", description=__doc__)
     parser.add_argument("path", type=Path, help="a folder given to soma.Cache(path)")
     parser.add_argument("--clear", action="store_true", help="remove every entry")
@@ -71,7 +78,3 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(listing(folder))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -37,7 +37,7 @@ from soma import _soma
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from soma._cache import Cache
+    from soma.cache._cache import Cache
 
 DEFAULT_IN_FLIGHT = 64
 """How many items a stream holds at once unless told otherwise."""

@@ -11,7 +11,7 @@ than ``|``, as Python's operators do. The expression is an oracle, never the sou
 :class:`Composable` is where ``>>`` and ``|`` start: ``soma.Node`` subclasses it, so the node
 module imports the DSL and the DSL never needs to know what a node is. What stands in an
 expression without being a node — a function, a torch module — is made one by the rule
-:func:`wrap_with` hands the DSL (``soma._function``'s, set when ``soma`` is imported).
+:func:`wrap_with` hands the DSL (``soma._build.function``'s, set when ``soma`` is imported).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any, Union
 
 from soma import _soma
-from soma._policy import checked_retry, checked_time_limit
+from soma._build.policy import checked_retry, checked_time_limit
 
 
 class Composable:

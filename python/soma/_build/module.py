@@ -36,8 +36,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from soma import _soma
-from soma._decide import Decision
-from soma._function import FunctionNode, ModuleNode
+from soma._build.decide import Decision
+from soma._build.function import FunctionNode, ModuleNode
 from soma.errors import ModuleError, StateDictError
 
 
@@ -135,7 +135,7 @@ def _made() -> tuple[type[GraphModule], type[NodeModules]]:
 
     class GraphModule(nn.Module):  # type: ignore[misc]
         """A graph as a torch module: its nodes' modules registered under the nodes' ids,
-        ``forward`` running the graph (see :mod:`soma._module` for what is found)."""
+        ``forward`` running the graph (see :mod:`soma._build.module` for what is found)."""
 
         def __init__(self, graph: _Graph) -> None:
             super().__init__()
@@ -272,7 +272,7 @@ def _elsewhere(where: Any, device: Any) -> bool:
 
 
 def _held_modules(graph: _Graph, nn: Any, box: Callable[[], Any]) -> list[tuple[str, Any]]:
-    """Each node's module, by node id, in plan order: see :mod:`soma._module`."""
+    """Each node's module, by node id, in plan order: see :mod:`soma._build.module`."""
     held = []
     for node_id in _node_ids(graph.plan()):
         found = _held_by(graph.implementation(node_id), node_id, nn, box)

@@ -2,7 +2,7 @@
 
 A :class:`Slice` is what a host needs to run one slice of a graph; a :class:`SliceRunner` runs it
 on the host with Soma's own engine. :class:`Transport` and :class:`RemoteHost` are the narrow
-interface a transport implements (Ray's is ``soma._ray_hosts``). Nothing here imports a
+interface a transport implements (Ray's is ``soma.remote._ray_hosts``). Nothing here imports a
 transport, or the graph: a slice carries the graph class it runs with.
 
 A run with a folder cache (``soma.Cache(path)``) sends its folder along (:class:`FolderCache`):
@@ -18,8 +18,8 @@ import threading
 import warnings
 from typing import Any, Protocol
 
-from soma._cache import Cache, CacheWarning
 from soma._soma import DEFAULT_TURN_LIMIT, Plan, StopFlag, Trace
+from soma.cache._cache import Cache, CacheWarning
 from soma.errors import RemoteError
 
 #: The kinds of plan steps that run sub-plans of their own, registered with their step.
