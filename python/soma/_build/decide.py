@@ -21,25 +21,15 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable, Hashable, Mapping
-from typing import Any, NoReturn, Protocol, Self, cast
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, Self, cast
 
 from soma import _soma
 from soma._build.dsl import Expr
 from soma._build.node import Node
 from soma.errors import HostError, RunError
 
-
-class _Graph(Protocol):
-    """What a decision needs of the graph it is registered in: ``soma.Graph``, named by what
-    it does so that this module need not import the graph's, which imports this one."""
-
-    _core: _soma.GraphCore
-    _async: dict[str, bool]
-
-    @classmethod
-    def somatize(cls, expr: Expr | Node) -> Self: ...
-
-    def hosts(self) -> dict[str, str]: ...
+if TYPE_CHECKING:  # `soma._graph` imports this module: the graph is named for the typing only.
+    from soma._graph import Graph
 
 
 # What a sub-graph is written as: a node, an expression of nodes, or `None` for a case that
@@ -58,7 +48,7 @@ class Decision(Node):
     _soma_prebuilt: tuple[type, list[_Made]] | None = None
 
     # Called by `Graph.node`: a decision registers itself, with its sub-graphs.
-    def _register(self, graph: _Graph, node_id: str) -> None:
+    def _register(self, graph: Graph, node_id: str) -> None:
         raise NotImplementedError
 
     def at(self, host: str) -> NoReturn:
@@ -77,14 +67,14 @@ class Decision(Node):
             expr.on(self._soma_device)
         return expr
 
-    def _sub(self, graph: type[_Graph], body: Body | None, step: str) -> _Graph | None:
+    def _sub(self, graph: type[Graph], body: Body | None, step: str) -> Graph | None:
         """The sub-graph of ``body`` (``None`` for a case that passes its input on), made as a
         graph of type ``graph`` is (see ``_expr``). Its ids are its own, not yet namespaced."""
         if body is None:
             return None
         return graph.somatize(self._expr(body, step))
 
-    def _made(self, graph: type[_Graph], body: Body | None) -> _Made:
+    def _made(self, graph: type[Graph], body: Body | None) -> _Made:
         """The sub-graph of ``body``, made as a graph of type ``graph`` is, and its async nodes
         by its own ids."""
         kind = type(self).__name__.lower()
@@ -97,7 +87,7 @@ class Decision(Node):
             raise _host_refused(kind, inner)
         return sub._core, sub._async
 
-    def _graphs(self, graph: _Graph, node_id: str) -> list[tuple[str, _soma.GraphCore]]:
+    def _graphs(self, graph: Graph, node_id: str) -> list[tuple[str, _soma.GraphCore]]:
         """Its sub-graphs, to embed in ``graph`` under the prefixes of ``node_id``, each with
         its key: their async nodes are noted in ``graph`` by their namespaced ids, so that
         ``graph`` runs on an event loop.
@@ -122,7 +112,7 @@ class Decision(Node):
             graphs.append((key, core))
         return graphs
 
-    def _made_innermost_first(self, graph: type[_Graph], bodies: list[Body | None]) -> list[_Made]:
+    def _made_innermost_first(self, graph: type[Graph], bodies: list[Body | None]) -> list[_Made]:
         """What ``_made`` makes of ``bodies``, the steps nested in them made first (see
         ``_graphs``)."""
         # Outermost first, each step's retries, time limit and device given to what it runs
@@ -180,7 +170,7 @@ class Each(Decision):
         """Not called: the plan runs the body on each item itself."""
         raise RuntimeError(f"`each` step `{ctx.node}` is run by its plan, not called")
 
-    def _register(self, graph: _Graph, node_id: str) -> None:
+    def _register(self, graph: Graph, node_id: str) -> None:
         self._checked(node_id)
         [(_, body)] = self._graphs(graph, node_id)
         graph._core.add_each(node_id, self, body, self._in_flight)
@@ -238,7 +228,7 @@ class Switch(Decision):
             error.node = ctx.node
             raise error from None
 
-    def _register(self, graph: _Graph, node_id: str) -> None:
+    def _register(self, graph: Graph, node_id: str) -> None:
         self._checked(node_id)
         graph._core.add_switch(node_id, self, self._graphs(graph, node_id))
 
@@ -278,7 +268,7 @@ class Loop(Decision):
         """Whether the body's ``output`` is done."""
         return bool(self._until(output))
 
-    def _register(self, graph: _Graph, node_id: str) -> None:
+    def _register(self, graph: Graph, node_id: str) -> None:
         self._checked(node_id)
         [(_, body)] = self._graphs(graph, node_id)
         graph._core.add_loop(node_id, self, body, self._max_iterations)

@@ -33,45 +33,22 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from soma import _soma
 from soma._build.decide import Decision
 from soma._build.function import FunctionNode, ModuleNode
 from soma.errors import ModuleError, StateDictError
 
+if TYPE_CHECKING:  # `soma._graph` imports this module: the graph is named for the typing only.
+    from soma._graph import Graph
+
 
 class PlacementWarning(UserWarning):
     """``GraphModule.to(device)`` kept the nodes placed with ``.on`` on their own devices."""
 
 
-class _Graph(Protocol):
-    """What the module needs of ``soma.Graph``, named by what it does so that this module need
-    not import the graph's, which imports this one."""
-
-    _hosts: dict[str, str]
-
-    def plan(self) -> _soma.Plan: ...
-
-    def implementation(self, node_id: str) -> Any: ...
-
-    def devices(self) -> dict[str, str]: ...
-
-    def forward(
-        self,
-        input: Any = None,
-        *,
-        driver: Any = None,
-        turn_limit: int = ...,
-        trace: _soma.Trace | None = None,
-        timeout: float | None = None,
-        micro_batches: int | None = None,
-        join: Callable[[list[Any]], Any] | None = None,
-        cache: Any = None,
-    ) -> Any: ...
-
-
-def graph_module(graph: _Graph) -> GraphModule:
+def graph_module(graph: Graph) -> GraphModule:
     """The graph as an ``nn.Module``: see :class:`GraphModule`."""
     return _classes()[0](graph)
 
@@ -137,7 +114,7 @@ def _made() -> tuple[type[GraphModule], type[NodeModules]]:
         """A graph as a torch module: its nodes' modules registered under the nodes' ids,
         ``forward`` running the graph (see :mod:`soma._build.module` for what is found)."""
 
-        def __init__(self, graph: _Graph) -> None:
+        def __init__(self, graph: Graph) -> None:
             super().__init__()
             self._soma_graph = graph
             for node_id, held in _held_modules(graph, nn, NodeModules):
@@ -256,7 +233,7 @@ def _refuse_trained_on_hosts(module: Any, hosts: dict[str, str]) -> None:
             raise error
 
 
-def _remade(graph: _Graph, training: bool) -> GraphModule:
+def _remade(graph: Graph, training: bool) -> GraphModule:
     """The module ``GraphModule.__reduce_ex__`` saved."""
     module = graph_module(graph)
     module.training = training
@@ -271,7 +248,7 @@ def _elsewhere(where: Any, device: Any) -> bool:
     return where.index is not None and device.index is not None and where.index != device.index
 
 
-def _held_modules(graph: _Graph, nn: Any, box: Callable[[], Any]) -> list[tuple[str, Any]]:
+def _held_modules(graph: Graph, nn: Any, box: Callable[[], Any]) -> list[tuple[str, Any]]:
     """Each node's module, by node id, in plan order: see :mod:`soma._build.module`."""
     held = []
     for node_id in _node_ids(graph.plan()):
@@ -397,7 +374,7 @@ if TYPE_CHECKING:
         """A graph as a torch module: its nodes' modules registered under the nodes' ids,
         ``forward`` running the graph."""
 
-        def __init__(self, graph: _Graph) -> None: ...
+        def __init__(self, graph: Graph) -> None: ...
 
         def forward(
             self,

@@ -30,33 +30,20 @@ from collections.abc import (
     Sequence,
     Sized,
 )
-from typing import TYPE_CHECKING, Any, Literal, Protocol, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from soma import _soma
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # `soma._graph` imports this module: the graph is named for the typing only.
     from types import TracebackType
 
+    from soma._graph import Graph
     from soma.cache._cache import Cache
 
 DEFAULT_IN_FLIGHT = 64
 """How many items a stream holds at once unless told otherwise."""
 
 OnError = Literal["raise", "skip", "collect"]
-
-
-class Graph(Protocol):
-    """What a stream needs of ``soma.Graph`` (named here, not imported: ``_graph`` imports this
-    module)."""
-
-    _core: _soma.GraphCore
-    #: The async nodes: a graph with some streams through the loop Soma keeps.
-    _async: dict[str, bool]
-
-    def nodes(self) -> list[str]: ...
-    def hosts(self) -> dict[str, str]: ...
-    def implementation(self, node_id: str) -> Any: ...
-    def __contains__(self, node_id: object) -> bool: ...
 
 
 # How often progress is reported while items come out, in seconds.

@@ -33,7 +33,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 try:
     import fcntl
@@ -43,13 +43,8 @@ except ImportError:  # Not on Windows: there the bound holds per process only.
 from soma import _soma
 from soma.cache import _fingerprint
 
-
-class _Graph(Protocol):
-    """What the cache reads of a ``soma.Graph`` (named so, not imported: the graph's module
-    imports this one)."""
-
-    @property
-    def _core(self) -> _soma.GraphCore: ...
+if TYPE_CHECKING:  # `soma._graph` imports this module: the graph is named for the typing only.
+    from soma._graph import Graph
 
 
 class CacheWarning(UserWarning):
@@ -314,7 +309,7 @@ class Cache:
                 found = None
         return (False, None) if found is None else (True, found.digest)
 
-    def would_hit(self, graph: _Graph, input: Any = None) -> dict[str, bool]:
+    def would_hit(self, graph: Graph, input: Any = None) -> dict[str, bool]:
         """For each node of ``graph``, in plan order, whether ``graph.forward(input,
         cache=self)`` would find its output here, without running a node or reading an output.
 

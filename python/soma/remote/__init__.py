@@ -34,7 +34,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from soma._run import observe as _observe
 from soma.cache import _fingerprint
@@ -56,9 +56,8 @@ from soma.remote._slices import (
     fresh_id,
 )
 
-# A `soma.Graph` is written `Any` here: `soma._graph` imports this module, and the layout
-# keeps imports one way (tests/test_layout.py).
-Graph = Any
+if TYPE_CHECKING:  # `soma._graph` imports this package: the graph is named for the typing only.
+    from soma._graph import Graph
 
 __all__ = [
     "INPUT",
@@ -420,8 +419,11 @@ def _slices(graph: Graph) -> list[Slice]:
     return [cut(graph, host, index, inner, settings) for index, (host, inner) in enumerate(found)]
 
 
-def _started(graph: Graph, timeout: float | None, trace: Any, cache: Cache | None) -> _Run:
-    """A run of ``graph``'s slices, with their graph made again if ``graph`` changed."""
+def _started(
+    graph: Graph, timeout: float | None, trace: Any, cache: Cache | None
+) -> tuple[_Run, Distributed]:
+    """A run of ``graph``'s slices, and the graph that runs them (:class:`Distributed`), made
+    again if ``graph`` changed."""
     distributed = graph._remote
     if distributed is None or distributed.fingerprint != _graph_fingerprint(graph):
         distributed = graph._remote = Distributed(graph)
@@ -434,7 +436,7 @@ def _started(graph: Graph, timeout: float | None, trace: Any, cache: Cache | Non
             "another host\nhint: give the run a folder cache, `soma.Cache(path)`, at a path "
             "the hosts share",
         )
-    return run
+    return run, distributed
 
 
 def _given_up(raised: BaseException, run: _Run, distributed: Distributed) -> BaseException:
@@ -460,8 +462,7 @@ def _running(graph: Graph, timeout: float | None, trace: Any, cache: Cache | Non
     """A run of ``graph``'s local graph, its slices on their hosts: yields the local graph's
     core, seen by the slices' stand-ins as the run in progress; what the local graph raises
     comes out as the run with hosts raises it (see :func:`_given_up`)."""
-    run = _started(graph, timeout, trace, cache)
-    distributed = graph._remote
+    run, distributed = _started(graph, timeout, trace, cache)
     token = _current.set(run)
     hiding = _observe.hidden.set(distributed.stand_ins)
     try:

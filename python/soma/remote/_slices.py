@@ -16,11 +16,14 @@ from __future__ import annotations
 import dataclasses
 import threading
 import warnings
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from soma._soma import DEFAULT_TURN_LIMIT, Plan, StopFlag, Trace
 from soma.cache._cache import Cache, CacheWarning
 from soma.errors import RemoteError
+
+if TYPE_CHECKING:  # `soma._graph` imports this package: the graph is named for the typing only.
+    from soma._graph import Graph
 
 #: The kinds of plan steps that run sub-plans of their own, registered with their step.
 DECIDING = frozenset(("Map", "Switch", "Loop"))
@@ -272,11 +275,11 @@ class Settings:
     time_limits: dict[str, float]
 
     @classmethod
-    def of(cls, graph: Any) -> Settings:
+    def of(cls, graph: Graph) -> Settings:
         return cls(frozenset(graph.leaves()), graph.devices(), graph.retries(), graph.time_limits())
 
 
-def cut(graph: Any, host: str, index: int, inner: Plan, settings: Settings) -> Slice:
+def cut(graph: Graph, host: str, index: int, inner: Plan, settings: Settings) -> Slice:
     """Slice ``index`` of ``graph`` (a ``soma.Graph``, whose ``settings`` these are): the subtree
     ``inner`` of its plan, to run on ``host``, reading what it needs from the steps before it
     and returning what the steps after it (or the run) read."""
