@@ -8,7 +8,8 @@
 - ``function``: nodes from plain functions (``@soma.node``) and torch modules.
 - ``module``: ``Graph.module()``, a graph's nodes' torch modules as one ``nn.Module``.
 
-Nothing here runs a graph or imports the stages after it (``soma._run``, ``soma.cache``,
-``soma.devices``, ``soma.remote``); ``tests/test_layout.py`` holds the order. Importing this
-package imports none of its modules: each is imported by name.
+Nothing here runs a graph. As it runs it imports only ``soma._soma`` and ``soma.errors``, never
+a later stage (``soma._run``, ``soma.devices``, ``soma.cache``, ``soma.remote``, the graph's own
+module, which it names for the typing only); ``tests/test_layout.py`` holds the order.
+Importing this package imports none of its modules: each is imported by name.
 """

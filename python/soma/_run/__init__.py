@@ -6,7 +6,8 @@
 - ``events``: ``Graph.events`` and ``map_events``, a run's works as a stream of events.
 - ``stream``: ``Graph.map`` and ``amap``, a graph over a stream of inputs.
 
-It imports only what comes before it (``soma._build``, the compiled ``soma._soma``,
-``soma.errors``); ``tests/test_layout.py`` holds the order. Importing this package imports none
-of its modules: each is imported by name.
+As it runs it imports only the stages before it (``soma._build``, ``soma._soma``,
+``soma.errors``), and names the graph and the cache for the typing only;
+``tests/test_layout.py`` holds the order. Importing this package imports none of its modules:
+each is imported by name.
 """
