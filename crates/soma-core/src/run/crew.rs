@@ -256,28 +256,51 @@ impl Crew {
         }
     }
 
-    /// Runs `tasks` as the branches of one wave and returns their outcomes in order, a panic
-    /// caught as `Err`.
+    /// Runs `task` once for each of `parts`, as the branches of one wave, and returns what it
+    /// lent them and their outcomes in order, a panic caught as `Err`.
     ///
-    /// The calling thread runs the first task itself, then every task no crew thread has claimed
-    /// by then; `host` wraps each task a crew thread runs. `wait` is called, on the calling
-    /// thread, only if tasks run elsewhere are still unfinished: it should block until
-    /// `until_done` returns true (it may do more: let go of a lock, poll for signals), and
-    /// return whether it gave up instead. Returns once every task has finished — or `None` at
-    /// once when `wait` gave up in a `detached` run: the tasks still running then keep what they
-    /// borrow alive through the run's remains, which the caller must also leave everything they
-    /// borrow from its frames to.
-    pub(super) fn run<'env, T, F>(
+    /// Branch `index` is `task(&lent, index, part)`: `lent` is shared by every branch, `part`
+    /// is the branch's own. The crew owns `lent` while the branches run, on the heap: it gives
+    /// it back once every branch has finished, or — when `wait` gave up in a `detached` run —
+    /// leaves it, with the branches still running, to the run's remains, so that no caller has
+    /// to remember to. (A caller still must not lend its branches a borrow of its own frame
+    /// that is not itself kept: what they borrow comes through `lent`, `parts` or frames kept
+    /// further up.)
+    ///
+    /// The calling thread runs the first branch itself, then every branch no crew thread has
+    /// claimed by then; `host` wraps each branch a crew thread runs. `wait` is called, on the
+    /// calling thread, only if branches run elsewhere are still unfinished: it should block
+    /// until `until_done` returns true (it may do more: let go of a lock, poll for signals), and
+    /// return whether it gave up instead. Returns once every branch has finished — or `None` at
+    /// once when `wait` gave up in a `detached` run.
+    pub(super) fn run<L, P, T, G>(
         &self,
-        tasks: Vec<F>,
+        lent: L,
+        parts: impl IntoIterator<Item = P>,
+        task: &G,
         host: Option<&Arc<dyn Host>>,
         detached: Option<&Detached>,
         wait: impl FnOnce(&(dyn Fn(Option<Duration>) -> bool + Sync)) -> bool,
-    ) -> Option<Vec<thread::Result<T>>>
+    ) -> Option<(L, Vec<thread::Result<T>>)>
     where
-        T: Send + 'env,
-        F: FnOnce() -> T + Send + 'env,
+        L: Send + Sync,
+        P: Send,
+        T: Send,
+        G: Fn(&L, usize, P) -> T + Sync,
     {
+        // Declared first, so that on unwinding it is freed after `guard` has waited for every
+        // branch that borrows it.
+        let lent = Kept::new(lent);
+        // SAFETY: `lent` is on the heap and is freed only after every branch has finished, or
+        // left with them to the run's remains (`joined_or_left`); and `T`, which is `task`'s for
+        // every borrow of `lent`, cannot hold this one.
+        #[allow(unsafe_code)]
+        let shared: &L = unsafe { &*lent.as_ptr() };
+        let tasks: Vec<_> = parts
+            .into_iter()
+            .enumerate()
+            .map(|(index, part)| move || task(shared, index, part))
+            .collect();
         let len = tasks.len();
         // The owner holds the first branch from the start.
         let (offer, work) = Offer::new(tasks, 1, host);
@@ -307,8 +330,9 @@ impl Crew {
         if len > 1 {
             self.pool.withdraw(&offer);
         }
-        let work = joined_or_left(&offer, work, guard, detached, wait)?;
-        Some(
+        let (work, lent) = joined_or_left(&offer, work, lent, guard, detached, wait)?;
+        Some((
+            lent,
             work.outcomes
                 .into_vec()
                 .into_iter()
@@ -319,30 +343,39 @@ impl Crew {
                         .expect("every branch recorded its outcome")
                 })
                 .collect(),
-        )
+        ))
     }
 }
 
 impl Crew {
-    /// Runs `task` on a crew thread while the calling thread only waits, and returns its
-    /// outcome, a panic caught as `Err`: the caller never runs it, so however long the task
-    /// takes, `wait` decides when the caller stops waiting. `host` wraps the task on its thread.
+    /// Runs `task` on `lent` on a crew thread while the calling thread only waits, and returns
+    /// `lent` back with the task's outcome, a panic caught as `Err`: the caller never runs it,
+    /// so however long the task takes, `wait` decides when the caller stops waiting. `host`
+    /// wraps the task on its thread.
     ///
     /// `wait` is called as in [`Crew::run`]; when it gives up in a `detached` run, this returns
-    /// `None` at once and the task, still running or not yet taken, keeps what it borrows alive
-    /// through the run's remains, to which the caller must leave everything the task borrows
-    /// from its frames. A task the operating system refuses a thread for reports [`Refused`].
-    pub(super) fn hand_off<'env, T, F>(
+    /// `None` at once and the task, still running or not yet taken, keeps `lent` alive through
+    /// the run's remains, where the crew leaves it. A task the operating system refuses a
+    /// thread for reports [`Refused`].
+    pub(super) fn hand_off<L, T>(
         &self,
-        task: F,
+        lent: L,
+        task: impl FnOnce(&mut L) -> T + Send,
         host: Option<&Arc<dyn Host>>,
         detached: Option<&Detached>,
         wait: impl FnOnce(&(dyn Fn(Option<Duration>) -> bool + Sync)) -> bool,
-    ) -> Option<thread::Result<T>>
+    ) -> Option<(L, thread::Result<T>)>
     where
-        T: Send + 'env,
-        F: FnOnce() -> T + Send + 'env,
+        L: Send,
+        T: Send,
     {
+        // Declared first, as in `run`.
+        let lent = Kept::new(lent);
+        // SAFETY: as in `run`; and the task is the one borrower, the caller touching `lent`
+        // again only once it has finished.
+        #[allow(unsafe_code)]
+        let only: &mut L = unsafe { &mut *lent.as_ptr() };
+        let task = move || task(only);
         // Nobody holds the task: a crew thread claims it.
         let (offer, work) = Offer::new(vec![task], 0, host);
         // As in `run`: the caller returns only once the task has finished, or after leaving
@@ -351,7 +384,7 @@ impl Crew {
         if let Err(refused) = self.pool.offer(&offer) {
             offer.refuse_unclaimed(&refused);
         }
-        let work = joined_or_left(&offer, work, guard, detached, wait)?;
+        let (work, lent) = joined_or_left(&offer, work, lent, guard, detached, wait)?;
         // The task is done, but its thread may still hold the host it ran in: asking for the
         // host now would put this thread to sleep until that one lets go, and waking it costs
         // more than the few instructions between the two. So look a moment for it to go.
@@ -362,12 +395,13 @@ impl Crew {
             }
         }
         let outcome = (work.outcomes.into_vec().pop()).expect("one task, one outcome");
-        Some(
+        Some((
+            lent,
             outcome
                 .into_inner()
                 .unwrap_or_else(PoisonError::into_inner)
                 .expect("the task recorded its outcome"),
-        )
+        ))
     }
 
     /// Lends crew threads to `tasks`, one each, without waiting for them: each runs start to
@@ -411,29 +445,33 @@ impl Drop for Crew {
 }
 
 /// The end of an owner's wait for `offer`, whose `guard` it holds: the work back, every
-/// outcome in it, once every branch has finished; or `None` at once when `wait` gave up in a
-/// `detached` run, the work and the offer then left to the run's remains for the branches still
-/// running. `wait` is called only if a branch is unfinished; see [`Crew::run`].
-fn joined_or_left<F: Send, T: Send>(
+/// outcome in it, and what the owner lent its branches, once every branch has finished; or
+/// `None` at once when `wait` gave up in a `detached` run, the work, the offer and what was lent
+/// then left to the run's remains for the branches still running. `wait` is called only if a
+/// branch is unfinished; see [`Crew::run`].
+fn joined_or_left<F: Send, T: Send, L: Send>(
     offer: &Arc<Offer>,
     work: Kept<Work<F, T>>,
+    lent: Kept<L>,
     guard: Joined<'_>,
     detached: Option<&Detached>,
     wait: impl FnOnce(&(dyn Fn(Option<Duration>) -> bool + Sync)) -> bool,
-) -> Option<Work<F, T>> {
+) -> Option<(Work<F, T>, L)> {
     if !offer.finished() {
         let until_done = |timeout: Option<Duration>| offer.latch.wait(offer, timeout);
         let gave_up = wait(&until_done);
         if let (true, Some(detached)) = (gave_up, detached) {
             let remains = &detached.remains();
             offer.leave(remains);
+            // The branches borrow what was lent: left after them, so freed after them.
             work.leave(remains);
+            lent.leave(remains);
             std::mem::forget(guard);
             return None;
         }
     }
     drop(guard);
-    Some(work.into_inner())
+    Some((work.into_inner(), lent.into_inner()))
 }
 
 /// Waits, when dropped, until every branch of the offer has finished.

@@ -12,7 +12,6 @@
 //! step's, as the first declared branch's is a wave's: later items stop at their next node
 //! boundary, earlier ones run on.
 
-use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
@@ -22,33 +21,26 @@ use super::cache::Entry;
 use super::detach::Kept;
 use super::error::RunError;
 use super::executor::{Executor, Halt};
-use super::hooks::{Captured, Watch};
+use super::fan_out::{settle, Lent, Outcome};
+use super::hooks::Watch;
 use super::keys::RunKeys;
-use super::lane::{Lane, WaveState};
+use super::lane::Lane;
 use super::observer::{Begun, Ended, Opened, Part};
 use super::program::{LoopOp, MapOp, Program, Step, SwitchOp};
 use super::table::Frame;
 use super::trace::{thread_number, Span, Trace};
-use super::wave::refused_or_raised;
 use crate::model::id::NodeId;
 use crate::model::key::Key;
 use crate::model::reading::{NativeReading, NotItems, Reading};
 use crate::model::value::Value;
 
-/// What a `Map` lends its items from the frame of the thread that reached it, kept on the heap
-/// ([`Kept`]) in case that thread is the run's caller and stops waiting.
-struct MapLocals<'s> {
+/// What a `Map` lends its items: the items, the next one no lane has taken (when lanes take
+/// items one after another), and each item's outcome, written by the thread that ran it.
+struct MapItems {
     items: Vec<Value>,
-    state: WaveState,
-    /// The next item no lane has taken, when lanes take items one after another.
     next: AtomicUsize,
-    results: Box<[Slot]>,
-    lane: Lane<'s>,
-    captured: Option<Box<dyn Captured>>,
+    outcomes: Box<[Mutex<Option<Outcome<Value>>>]>,
 }
-
-/// One item's result, written by the thread that ran it.
-type Slot = Mutex<Option<Result<Value, Halt>>>;
 
 /// A part of a step under way — an item, a case, an iteration — from
 /// [`Executor::part_begins`] to [`Executor::part_ends`]: what the trace and the observer keep
@@ -350,8 +342,8 @@ impl Executor {
         })
     }
 
-    /// Runs `op`'s body on every item, as the branches of one wave; the results in order, or
-    /// the first failing item's error by index.
+    /// Runs `op`'s body on every item, as the branches of one fan-out; the results in order,
+    /// settled as a wave's are ([`settle`]).
     fn each_item(
         &self,
         op: &MapOp,
@@ -363,88 +355,60 @@ impl Executor {
         if count == 0 {
             return Ok(Vec::new());
         }
+        // One lane per item, as a wave of that width; or, bounded, `lanes` lanes that take the
+        // items one after another, so that no more than that many are in flight.
         let lanes = op.in_flight.unwrap_or(count).clamp(1, count);
-        let locals = Kept::new(MapLocals {
-            items,
-            state: WaveState {
-                first_failed: AtomicUsize::new(usize::MAX),
-            },
-            next: AtomicUsize::new(0),
-            results: (0..count).map(|_| Mutex::new(None)).collect(),
-            lane,
-            captured: self.host.as_ref().and_then(|host| host.capture()),
-        });
-        let MapLocals {
-            items,
-            state,
-            next,
-            results,
-            lane,
-            captured,
-        } = locals.get();
-        let captured = captured.as_deref();
-        // One branch per item, as a wave of that width; or, bounded, `lanes` branches that
-        // take the items one after another, so that no more than that many are in flight.
         let one_each = lanes == count;
-        let tasks: Vec<_> = (0..lanes)
-            .map(|first| {
-                move || {
-                    if one_each {
-                        self.item(
-                            op,
-                            id,
-                            first,
-                            &items[first],
-                            state,
-                            lane,
-                            captured,
-                            &results[first],
-                        );
-                        return;
-                    }
-                    loop {
-                        let index = next.fetch_add(1, Ordering::Relaxed);
-                        if index >= count || state.first_failed.load(Ordering::Acquire) < index {
-                            break;
-                        }
-                        self.item(
-                            op,
-                            id,
-                            index,
-                            &items[index],
-                            state,
-                            lane,
-                            captured,
-                            &results[index],
-                        );
-                    }
-                }
-            })
-            .collect();
-        let outcomes = lane
-            .crew
-            .run(tasks, self.host.as_ref(), lane.detached, |until_done| {
-                let mut gave_up = false;
-                self.blocking(&mut || gave_up = self.wait(lane, until_done));
-                gave_up
-            });
-        let Some(outcomes) = outcomes else {
-            let remains = lane
-                .detached
-                .expect("only a detachable run is given up")
-                .remains();
-            locals.leave(&remains);
-            return Err(Halt::Abandoned);
+        let locals = MapItems {
+            items,
+            next: AtomicUsize::new(0),
+            outcomes: (0..count).map(|_| Mutex::new(None)).collect(),
         };
-        let panicked = outcomes.into_iter().filter_map(Result::err).collect();
-        let MapLocals { results, .. } = locals.into_inner();
-        Self::settle_items(
-            panicked,
-            results
-                .into_vec()
-                .into_iter()
-                .map(|result| result.into_inner().unwrap_or_else(PoisonError::into_inner)),
-        )
+        let item = |lent: &Lent<'_, MapItems>, index: usize| {
+            let outcome = lent.branch(index, |lane| {
+                self.part(id, Part::Item(index), &lane, || {
+                    self.run_body(&op.body, &lent.locals.items[index], lane)
+                })
+            });
+            *lent.locals.outcomes[index]
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(outcome);
+        };
+        let (locals, lanes_ended) = self.fan_out(
+            lane,
+            locals,
+            std::iter::repeat_n((), lanes),
+            &|lent, first, ()| {
+                if one_each {
+                    return item(lent, first);
+                }
+                loop {
+                    let index = lent.locals.next.fetch_add(1, Ordering::Relaxed);
+                    if index >= count || lent.failed_before(index) {
+                        break;
+                    }
+                    item(lent, index);
+                }
+            },
+        )?;
+        let mut outcomes: Vec<_> = locals
+            .outcomes
+            .into_vec()
+            .into_iter()
+            .map(|outcome| outcome.into_inner().unwrap_or_else(PoisonError::into_inner))
+            .collect();
+        // A lane that never got a thread: in its item's place when each item has a lane of its
+        // own, else after the items (the lanes that got one took its items).
+        for (at, ended) in lanes_ended.into_iter().enumerate() {
+            if let Err(payload) = ended {
+                if one_each {
+                    outcomes[at] = Some(Err(payload));
+                } else {
+                    outcomes.push(Some(Err(payload)));
+                }
+            }
+        }
+        settle(outcomes)
     }
 
     /// What a `Map` step read, as its items: a list; or [`RunError::NotAList`] naming the
@@ -460,74 +424,6 @@ impl Executor {
                 error,
             },
         })
-    }
-
-    /// A `Map`'s outcome from its items' results by index (`None` for an item never started:
-    /// one after a failure, or without a thread) and the panics its work raised: a panic is
-    /// re-raised first, ahead of any item's error, as a wave's is; then the first failing
-    /// item's error by index; then why an item stopped; else the values in order.
-    pub(super) fn settle_items(
-        panicked: Vec<Box<dyn std::any::Any + Send>>,
-        results: impl Iterator<Item = Option<Result<Value, Halt>>>,
-    ) -> Result<Vec<Value>, Halt> {
-        let refused = panicked.into_iter().map(refused_or_raised).next();
-        let mut values = Vec::with_capacity(results.size_hint().0);
-        let mut halted = None;
-        for result in results {
-            match result {
-                Some(Ok(value)) => values.push(value),
-                Some(Err(Halt::Failed(error))) => return Err(Halt::Failed(error)),
-                Some(Err(other)) => {
-                    halted.get_or_insert(other);
-                }
-                None => {}
-            }
-        }
-        match refused.or(halted) {
-            Some(halt) => Err(halt),
-            None => Ok(values),
-        }
-    }
-
-    /// Runs item `index` as a branch: in a copy of the context the step was reached in, and on
-    /// failure telling the later items to stop.
-    #[allow(clippy::too_many_arguments)] // The item, where it stands, and what it runs in.
-    fn item(
-        &self,
-        op: &MapOp,
-        id: &NodeId,
-        index: usize,
-        item: &Value,
-        state: &WaveState,
-        outer: &Lane<'_>,
-        captured: Option<&dyn Captured>,
-        result: &Slot,
-    ) {
-        let lane = Lane {
-            wave: Some((state, index)),
-            parent: Some(outer),
-            ..*outer
-        };
-        let mut outcome = None;
-        let mut walk = || {
-            outcome = Some(panic::catch_unwind(AssertUnwindSafe(|| {
-                self.part(id, Part::Item(index), &lane, || {
-                    self.run_body(&op.body, item, lane)
-                })
-            })));
-        };
-        match captured {
-            Some(captured) => captured.enter(&mut walk),
-            None => walk(),
-        }
-        let outcome = outcome.expect("the context ran the item");
-        if !matches!(outcome, Ok(Ok(_) | Err(Halt::Cancelled))) {
-            state.first_failed.fetch_min(index, Ordering::AcqRel);
-        }
-        match outcome {
-            Ok(done) => *result.lock().unwrap_or_else(PoisonError::into_inner) = Some(done),
-            Err(payload) => panic::resume_unwind(payload),
-        }
     }
 
     // Kept out of line: a run without decisions should not carry their code through

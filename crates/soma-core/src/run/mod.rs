@@ -18,6 +18,7 @@ mod decide;
 mod detach;
 pub(crate) mod error;
 pub(crate) mod executor;
+mod fan_out;
 mod fork;
 pub(crate) mod hooks;
 mod keys;

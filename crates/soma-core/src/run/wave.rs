@@ -5,20 +5,19 @@
 //! of its own on the thread that runs it — the caller's own thread too, so that what one branch
 //! changes is seen neither by its siblings nor by the code after the wave.
 
-use std::any::Any;
 use std::cell::Cell;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 use std::time::Duration;
 
-use super::crew::Refused;
 use super::detach::{Detached, Hold, Kept};
 use super::error::RunError;
 use super::executor::{prefetch_ahead, Executor, Halt};
+use super::fan_out::{refused_or_raised, settle};
 use super::hooks::Captured;
-use super::lane::{Lane, WaveState};
+use super::lane::Lane;
 use super::program::Op;
 use super::table::{Frame, Shared};
 use crate::model::value::Value;
@@ -80,17 +79,6 @@ struct Deeper {
     remains: Hold,
 }
 
-/// What a wave lends its branches from the frame of the thread that reached it, kept on the
-/// heap ([`Kept`]) in case that thread is the caller and stops waiting.
-struct WaveLocals<'s> {
-    shared: Shared<'s>,
-    state: WaveState,
-    lane: Lane<'s>,
-    /// The context the wave was reached in, entered by each branch; kept with the rest, since a
-    /// branch left running by a caller that gave up still enters and leaves it.
-    captured: Option<Box<dyn Captured>>,
-}
-
 impl Executor {
     pub(super) fn wave(
         &self,
@@ -113,63 +101,38 @@ impl Executor {
         // the wave's range is cut into one disjoint mutable part per branch.
         let (lo, hi) = (bounds[0], bounds[bounds.len() - 1]);
         let (before, after) = frame.own.split_at_mut(lo - frame.base);
-        let locals = Kept::new(WaveLocals {
-            shared: Shared {
-                base: frame.base,
-                cells: before,
-                outer: frame.shared,
-            },
-            state: WaveState {
-                first_failed: AtomicUsize::new(usize::MAX),
-            },
-            lane,
-            captured: self.host.as_ref().and_then(|host| host.capture()),
-        });
-        let WaveLocals {
-            shared,
-            state,
-            lane,
-            captured,
-        } = locals.get();
-        let captured = captured.as_deref();
+        let shared = Shared {
+            base: frame.base,
+            cells: before,
+            outer: frame.shared,
+        };
         let mut remaining = &mut after[..hi - lo];
-        let mut tasks = Vec::with_capacity(branches.len());
-        let prefetching = lane.prefetching;
-        for (i, (branch, window)) in branches.iter().zip(bounds.windows(2)).enumerate() {
+        let parts = bounds.windows(2).map(move |window| {
             let (own, tail) = std::mem::take(&mut remaining).split_at_mut(window[1] - window[0]);
             remaining = tail;
+            (window[0], own)
+        });
+        let prefetching = lane.prefetching;
+        let (_, outcomes) = self.fan_out(lane, shared, parts, &|lent, index, (base, own)| {
+            // Whoever takes this branch likely takes the next one after it.
+            if prefetching {
+                prefetch_ahead(branches.get(index + 1), branches.get(index + 2));
+            }
             let mut own = Frame {
-                base: window[0],
+                base,
                 own,
-                shared: Some(shared),
+                shared: Some(&lent.locals),
             };
-            let (next, after) = (branches.get(i + 1), branches.get(i + 2));
-            tasks.push(move || {
-                // Whoever takes this branch likely takes the next one after it.
-                if prefetching {
-                    prefetch_ahead(next, after);
-                }
-                self.branch(branch, i, input, &mut own, state, lane, captured)
-            });
-        }
-        // This thread runs its share of the wave with whatever it holds of the host (the GIL,
-        // say) and gives it back only to sleep until the branches run elsewhere are done.
-        let outcomes = lane
-            .crew
-            .run(tasks, self.host.as_ref(), lane.detached, |until_done| {
-                let mut gave_up = false;
-                self.blocking(&mut || gave_up = self.wait(lane, until_done));
-                gave_up
-            });
-        let Some(outcomes) = outcomes else {
-            let remains = lane
-                .detached
-                .expect("only a detachable run is given up")
-                .remains();
-            locals.leave(&remains);
-            return Err(Halt::Abandoned);
-        };
-        settle(outcomes)
+            lent.branch(index, |lane| {
+                self.walk(&branches[index], input, &mut own, lane)
+            })
+        })?;
+        settle(
+            outcomes
+                .into_iter()
+                .map(|ended| Some(ended.and_then(|walked| walked))),
+        )
+        .map(drop)
     }
 
     /// Runs a `Map`, `Switch` or `Loop` step — `decide`, on `frame` — here, or on a fresh
@@ -311,15 +274,13 @@ impl Executor {
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
     ) -> Result<(), Halt> {
-        // What the lent thread borrows from this frame, kept on the heap in case the caller
-        // stops waiting, as a wave's locals are.
-        let mut kept = Kept::new((
+        // What the lent thread borrows from this frame: the crew owns it meanwhile, in case the
+        // caller stops waiting.
+        let lent = (
             frame.reborrow(),
             self.host.as_ref().and_then(|host| host.capture()),
-        ));
-        let (lent_frame, captured) = kept.get_mut();
-        let captured = captured.as_deref();
-        let task = move || {
+        );
+        let task = move |(lent_frame, captured): &mut (Frame<'_>, Option<Box<dyn Captured>>)| {
             // Caught inside the context, so that entering it is always matched by leaving it.
             let mut walked = None;
             let mut walk = || {
@@ -327,7 +288,7 @@ impl Executor {
                     self.walk(op, input, lent_frame, lane)
                 })));
             };
-            match captured {
+            match captured.as_deref() {
                 Some(captured) => captured.enter(&mut walk),
                 None => walk(),
             }
@@ -337,22 +298,18 @@ impl Executor {
         };
         // The host's hold (the GIL) is given up before the task is offered, not after: the lent
         // thread takes it at once instead of sleeping until this thread lets go.
-        let (mut task, mut outcome) = (Some(task), None);
+        let (mut handed, mut outcome) = (Some((lent, task)), None);
         self.blocking(&mut || {
-            let task = task.take().expect("the host runs the hand-off once");
+            let (lent, task) = handed.take().expect("the host runs the hand-off once");
             outcome = Some(lane.crew.hand_off(
+                lent,
                 task,
                 self.host.as_ref(),
                 lane.detached,
                 |until_done| self.wait(&lane, until_done),
             ));
         });
-        let Some(outcome) = outcome.expect("the host ran the hand-off") else {
-            let remains = lane
-                .detached
-                .expect("only a detachable run is given up")
-                .remains();
-            kept.leave(&remains);
+        let Some((_, outcome)) = outcome.expect("the host ran the hand-off") else {
             return Err(Halt::Abandoned);
         };
         outcome.unwrap_or_else(|payload| Err(refused_or_raised(payload)))
@@ -369,48 +326,6 @@ impl Executor {
             Some(host) => host.branch(&mut run),
             None => run(),
         }
-    }
-
-    /// Runs one branch of a wave, in a copy of the wave's context when the host captured one;
-    /// on failure, tells the later-declared siblings to stop.
-    #[allow(clippy::too_many_arguments)] // The branch, where it stands, and what it runs in.
-    fn branch(
-        &self,
-        branch: &Op,
-        index: usize,
-        input: &Value,
-        frame: &mut Frame<'_>,
-        state: &WaveState,
-        outer: &Lane<'_>,
-        captured: Option<&dyn Captured>,
-    ) -> Result<(), Halt> {
-        let lane = Lane {
-            wave: Some((state, index)),
-            parent: Some(outer),
-            crew: outer.crew,
-            caller: outer.caller,
-            detached: outer.detached,
-            program: outer.program,
-            prefetching: outer.prefetching,
-            keys: outer.keys,
-            outer: outer.outer,
-        };
-        // Caught inside the context, so that entering it is always matched by leaving it.
-        let mut result = None;
-        let mut walk = || {
-            result = Some(panic::catch_unwind(AssertUnwindSafe(|| {
-                self.walk(branch, input, frame, lane)
-            })));
-        };
-        match captured {
-            Some(captured) => captured.enter(&mut walk),
-            None => walk(),
-        }
-        let result = result.expect("the context ran the branch");
-        if !matches!(result, Ok(Ok(()) | Err(Halt::Cancelled))) {
-            state.first_failed.fetch_min(index, Ordering::AcqRel);
-        }
-        result.unwrap_or_else(|payload| panic::resume_unwind(payload))
     }
 
     /// Blocks until the branches finish. The thread that started the run also polls the watch
@@ -446,31 +361,5 @@ impl Executor {
                 false
             }
         }
-    }
-}
-
-/// A wave's outcomes, in declaration order: the first panic is re-raised, else the first
-/// failure is returned (a branch that never got a thread counts as failed), else the wave
-/// succeeded.
-pub(super) fn settle(outcomes: Vec<thread::Result<Result<(), Halt>>>) -> Result<(), Halt> {
-    let mut outcomes: Vec<Result<(), Halt>> = outcomes
-        .into_iter()
-        .map(|outcome| outcome.unwrap_or_else(|payload| Err(refused_or_raised(payload))))
-        .collect();
-    if let Some(at) = outcomes
-        .iter()
-        .position(|outcome| matches!(outcome, Err(Halt::Failed(_))))
-    {
-        return outcomes.swap_remove(at);
-    }
-    outcomes.into_iter().collect()
-}
-
-/// What a branch that did not return left in its outcome: the failure of a branch that never got
-/// a thread, or else a panic, re-raised here.
-pub(super) fn refused_or_raised(payload: Box<dyn Any + Send>) -> Halt {
-    match payload.downcast::<Refused>() {
-        Ok(refused) => Halt::Failed(RunError::NoThread { reason: refused.0 }),
-        Err(payload) => panic::resume_unwind(payload),
     }
 }

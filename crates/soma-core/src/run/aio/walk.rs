@@ -36,12 +36,12 @@ use crate::model::value::Value;
 use crate::run::attempt::Next;
 use crate::run::error::RunError;
 use crate::run::executor::{Executor, Halt};
+use crate::run::fan_out::settle;
 use crate::run::hooks::Watch;
 use crate::run::keys::RunKeys;
 use crate::run::lane::{Lane, WaveState};
 use crate::run::observer::{Ended, Part};
 use crate::run::program::{LoopOp, MapOp, Op, Program, Step, SwitchOp};
-use crate::run::wave::settle;
 
 /// How many cases and iterations nest inline in one task before the next runs as a task of its
 /// own: each level is a few futures' polls deep, and a task's poll must not grow with the plan.
@@ -489,15 +489,14 @@ async fn wave(place: &Place, branches: &[Op], bounds: &[usize]) -> Result<(), Ha
             })
         });
     }
-    settle(every(join.joined(&place.branch).await))
+    settle(every(join.joined(&place.branch).await)).map(drop)
 }
 
 /// A wave's outcomes, every branch having reported.
-fn every(outcomes: Vec<Option<Outcome>>) -> Vec<Outcome> {
+fn every(outcomes: Vec<Option<Outcome>>) -> impl Iterator<Item = Option<Outcome>> {
     outcomes
         .into_iter()
-        .map(|outcome| outcome.expect("every branch of a wave reports"))
-        .collect()
+        .map(|outcome| Some(outcome.expect("every branch of a wave reports")))
 }
 
 /// Starts `child`'s walk — `walking` from it — as task `index` of `join`. A panic is its
@@ -608,8 +607,7 @@ async fn run_body(place: &Place, body: &Program, input: Value) -> Result<Value, 
 type ItemResult = Mutex<Option<Result<Value, Halt>>>;
 
 /// A `Map` step with an async node inside: its items as tasks, at most `in_flight` at once, as
-/// the sync walk's items are branches; settled as the sync walk settles them
-/// ([`Executor::settle_items`]). A failing item cancels the tasks of the items after it, and
+/// the sync walk's items are branches; settled as the sync walk settles them ([`settle`]). A failing item cancels the tasks of the items after it, and
 /// those not started never start.
 async fn each(place: &Place, op: &MapOp) -> Result<Value, Halt> {
     let read = decision_input(place, &op.step)?;
@@ -673,15 +671,19 @@ async fn each(place: &Place, op: &MapOp) -> Result<Value, Halt> {
         join.skip();
     }
     let outcomes = join.joined(&place.branch).await;
-    let panicked = outcomes
+    // An item's task reports nothing of its own but a panic, or that it never got a task.
+    let ended = outcomes
         .into_iter()
-        .flatten()
-        .filter_map(Result::err)
-        .collect();
-    let results = results
-        .iter()
-        .map(|slot| slot.lock().unwrap_or_else(PoisonError::into_inner).take());
-    let values = Executor::settle_items(panicked, results)?;
+        .zip(results.iter())
+        .map(|(joined, result)| {
+            let result = result.lock().unwrap_or_else(PoisonError::into_inner).take();
+            match joined {
+                Some(Ok(Ok(()))) | None => result.map(Ok),
+                Some(Ok(Err(halt))) => Some(Ok(Err(halt))),
+                Some(Err(payload)) => Some(Err(payload)),
+            }
+        });
+    let values: Vec<Value> = settle::<Value>(ended)?;
     Ok(executor.reading().collect(values))
 }
 
