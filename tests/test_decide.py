@@ -395,9 +395,9 @@ def test_each_trace_has_a_span_per_item_and_per_node_inside() -> None:
 
 
 def test_a_host_on_each_is_refused_naming_the_step() -> None:
-    with pytest.raises(soma.HostError, match="`items` is in a `each` step"):
+    with pytest.raises(soma.HostError, match="`items` is an `each` step"):
         soma.each(Double()).named("items").at("gpu-box")
-    with pytest.raises(soma.HostError, match="`double` is in a `each` step"):
+    with pytest.raises(soma.HostError, match="`double` is in an `each` step"):
         soma.Graph.somatize(soma.each(Double().at("gpu-box")))
 
 

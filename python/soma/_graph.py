@@ -291,7 +291,9 @@ class Graph:
         removes its retries. The error of a call that failed every attempt is the last
         attempt's, with a note saying how many were made; each attempt is a span of the trace.
         A pause ends at once on Ctrl-C or the run's deadline. What ``node.retry(...)`` sets
-        before the node is registered. The plan does not change."""
+        before the node is registered. The plan does not change. On a ``switch`` or ``loop``
+        step's id it retries the selector or the predicate; an ``each`` step calls no node of
+        its own, and a retry on its id is a ``soma.GraphError`` (set it on the nodes inside)."""
         node_id = _checked_id(node_id, "node id", _LOOKUP_HINT)
         if times is None:
             self._core.set_retry(node_id, None)
@@ -309,7 +311,7 @@ class Graph:
         retries; ``None`` removes the limit. The call runs on a thread of the graph's while
         the branch waits for it, and one past its limit is left to finish in the background,
         its result dropped. What ``node.time_limit(...)`` sets before the node is registered.
-        The plan does not change."""
+        The plan does not change. On a step's id it holds as a retry does (see ``retry``)."""
         node_id = _checked_id(node_id, "node id", _LOOKUP_HINT)
         limit = None if seconds is None else checked_time_limit(seconds)
         self._core.set_time_limit(node_id, limit)
@@ -326,7 +328,8 @@ class Graph:
 
         A device that cannot be read is a ``soma.DeviceError``, a bare ``"cuda"`` included (it
         would mean whichever device is current on the thread a branch is lent); an unknown id
-        is a ``soma.UnknownNodeError``."""
+        is a ``soma.UnknownNodeError``. On a step's id it holds as a retry does (see
+        ``retry``)."""
         self._core.place(_checked_id(node_id, "node id", _LOOKUP_HINT), device)
 
     def devices(self) -> dict[str, str]:
@@ -337,14 +340,15 @@ class Graph:
         """Runs node ``node_id`` on ``host``, a name (``"gpu-box"``), replacing where it ran;
         ``None`` brings it back to this process. The plan does not change; ``distributed_plan``
         shows the slices it makes, and ``forward`` runs each slice on its host, on Ray (the
-        guide's "Hosts and Ray"). A name that cannot be is a ``soma.HostError``; an unknown id
-        a ``soma.UnknownNodeError``."""
+        guide's "Hosts and Ray"). A name that cannot be is a ``soma.HostError``, and so is a
+        step (``each``, ``switch``, ``loop``) or a node inside one: a step runs in this process,
+        with what it runs. An unknown id is a ``soma.UnknownNodeError``."""
         node_id = _checked_id(node_id, "node id", _LOOKUP_HINT)
-        if node_id not in self:
-            self._core.implementation(node_id)  # Raises the error that names it.
         if host is None:
+            self._core.implementation(node_id)  # An unknown id raises the error naming it.
             self._hosts.pop(node_id, None)
         else:
+            self._core.check_host(node_id)  # A step, or a node inside one, runs here.
             self._hosts[node_id] = _soma.parse_host(host)
 
     def hosts(self) -> dict[str, str]:

@@ -5,6 +5,8 @@ import weakref
 from collections.abc import Callable, Generator, Iterable
 from typing import Any, NoReturn, Self, final
 
+from soma.errors import HostError
+
 __all__ = [
     "DEFAULT_TURN_LIMIT",
     "MAX_NESTED_FORWARDS",
@@ -31,6 +33,7 @@ __all__ = [
     "checked_timeout",
     "code_digest",
     "distribute",
+    "host_refused",
     "observe",
     "parse_device",
     "parse_host",
@@ -122,6 +125,7 @@ def checked_timeout(seconds: object) -> float:
 def parse_device(text: str) -> str: ...
 def parse_host(text: str) -> str: ...
 def distribute(plan: Plan, hosts: list[tuple[str, str]]) -> Plan: ...
+def host_refused(kind: str, node: str, own: bool) -> HostError: ...
 
 @final
 class Await:
@@ -226,6 +230,7 @@ class GraphCore:
     def free_id(self, base: str) -> str: ...
     def plan(self, cached: list[str] | None = None) -> Plan: ...
     def place(self, id: str, device: str | None) -> None: ...
+    def check_host(self, id: str) -> None: ...
     def devices(self) -> list[tuple[str, str]]: ...
     def set_retry(
         self,

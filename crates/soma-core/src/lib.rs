@@ -43,7 +43,7 @@ mod run;
 
 pub use compile::{compile, compile_decided, decompose, distribute, CompileError};
 pub use model::catalog::Catalog;
-pub use model::decision::{Decision, Decisions};
+pub use model::decision::{Decision, Decisions, Setting, SettingError};
 pub use model::device::{Device, DeviceError, DeviceKind, Placement};
 pub use model::driver::{Driver, DriverError};
 pub use model::expr::{each, node, node_arc, repeat, switch, Expr};

@@ -10,7 +10,9 @@
 
 use pyo3::exceptions::{PyException, PyKeyboardInterrupt, PyTimeoutError};
 use pyo3::prelude::*;
-use soma_core::{CompileError, DeviceError, GraphError, HostError, NodeId, ProgramError, RunError};
+use soma_core::{
+    CompileError, DeviceError, GraphError, HostError, NodeId, ProgramError, RunError, SettingError,
+};
 
 /// An instance of `soma.errors.<class>` with `message`, and `attributes` set on it.
 fn soma_error(
@@ -133,6 +135,29 @@ pub fn host_error(py: Python<'_>, error: &HostError) -> PyErr {
     };
     let written = pyo3::types::PyString::new(py, written).into_any();
     soma_error(py, "HostError", error.to_string(), &[("host", written)])
+}
+
+/// A setting refused on a step's id, or inside one: a `soma.GraphError` naming the step for a
+/// setting it has nothing to apply to, a `soma.HostError` (`.host` None) for a host.
+pub fn setting_error(py: Python<'_>, error: &SettingError) -> PyErr {
+    let message = error.to_string();
+    match error {
+        SettingError::NothingToCall { step, .. } => soma_error(
+            py,
+            "GraphError",
+            message,
+            &[("node", pyo3::types::PyString::new(py, step).into_any())],
+        ),
+        SettingError::RunsHere { node, .. } => soma_error(
+            py,
+            "HostError",
+            message,
+            &[
+                ("node", pyo3::types::PyString::new(py, node).into_any()),
+                ("host", none(py)),
+            ],
+        ),
+    }
 }
 
 pub fn compile_error(py: Python<'_>, error: &CompileError) -> PyErr {

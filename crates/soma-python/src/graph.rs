@@ -24,7 +24,7 @@ use pyo3::types::PyTuple;
 use pyo3::PyTraverseError;
 use soma_core::{
     compile_decided, Captured, Catalog, Decision, Decisions, Device, Executor, Graph, Host, Node,
-    NodeId, Placement, Plan, Program, Reading, RunError, Watch, DEFAULT_IDLE_THREADS,
+    NodeId, Placement, Plan, Program, Reading, RunError, Setting, Watch, DEFAULT_IDLE_THREADS,
 };
 
 use crate::aio::{self, Stepper};
@@ -72,6 +72,22 @@ struct State {
     /// namespaced under: kept for the Python objects they hold, which a node inside is found
     /// by ([`GraphCore::implementation`]).
     bodies: Vec<(String, Py<GraphCore>)>,
+}
+
+impl State {
+    /// Whether `setting` may be written on node `id`: an unknown id is a
+    /// `soma.UnknownNodeError`, and a setting the id cannot take ([`Decisions::refusal`]) is
+    /// refused with the core's reason. `None` for a setting removed, which any known id takes.
+    fn settable(&self, py: Python<'_>, id: &str, setting: Option<Setting>) -> PyResult<()> {
+        // A node inside a decision step is in the catalog only (`chunks/clean`).
+        if !self.catalog.contains(id) {
+            return Err(unknown_node_error(py, id, &self.graph));
+        }
+        match setting.and_then(|setting| self.decisions.refusal(id, setting)) {
+            Some(refused) => Err(crate::errors::setting_error(py, &refused)),
+            None => Ok(()),
+        }
+    }
 }
 
 impl Default for State {
@@ -624,10 +640,7 @@ impl GraphCore {
             .map(|text| text.parse::<Device>().map_err(|e| device_error(py, &e)))
             .transpose()?;
         let mut state = self.state();
-        // A node inside a decision step is in the catalog only (`chunks/clean`).
-        if !state.catalog.contains(id) {
-            return Err(unknown_node_error(py, id, &state.graph));
-        }
+        state.settable(py, id, device.is_some().then_some(Setting::Device))?;
         // In place unless a plan handed out still draws the placement it was given: placing
         // every node of a large graph one by one must not copy the whole placement each time.
         let placement = Arc::make_mut(&mut state.placement);
@@ -639,6 +652,12 @@ impl GraphCore {
             compiled.program = None;
         }
         Ok(())
+    }
+
+    /// Whether node `id` may be placed on a host: a `soma.UnknownNodeError` for an unknown id,
+    /// a `soma.HostError` for a step or a node inside one (it runs in this process).
+    fn check_host(&self, py: Python<'_>, id: &str) -> PyResult<()> {
+        self.state().settable(py, id, Some(Setting::Host))
     }
 
     /// Retries node `id`'s failing calls `times` more times, the first after `backoff`
@@ -661,10 +680,7 @@ impl GraphCore {
             None => None,
         };
         let mut state = self.state();
-        // A node inside a decision step is in the catalog only (`chunks/clean`).
-        if !state.catalog.contains(id) {
-            return Err(unknown_node_error(py, id, &state.graph));
-        }
+        state.settable(py, id, written.is_some().then_some(Setting::Retry))?;
         let policies = &mut state.policies;
         if let Some((retry, written)) = written {
             policies.policies.set_retry(id, Some(retry));
@@ -689,10 +705,7 @@ impl GraphCore {
             })
             .transpose()?;
         let mut state = self.state();
-        // A node inside a decision step is in the catalog only (`chunks/clean`).
-        if !state.catalog.contains(id) {
-            return Err(unknown_node_error(py, id, &state.graph));
-        }
+        state.settable(py, id, limit.is_some().then_some(Setting::TimeLimit))?;
         let policies = &mut state.policies;
         policies.policies.set_time_limit(id, limit);
         match seconds {

@@ -4,8 +4,9 @@
 
 use std::sync::Arc;
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use soma_core::{HostName, HostPlacement};
+use soma_core::{HostName, HostPlacement, SettingError};
 
 use crate::plan::PyPlan;
 
@@ -19,6 +20,27 @@ pub fn parse_host(py: Python<'_>, text: &str) -> PyResult<String> {
 pub(crate) fn read(py: Python<'_>, text: &str) -> PyResult<HostName> {
     text.parse::<HostName>()
         .map_err(|error| crate::errors::host_error(py, &error))
+}
+
+/// `soma._soma.host_refused`: the `soma.HostError` (not raised) for `.at()` written on the
+/// `kind` step (`each`, `switch`, `loop`) `node` when `own`, else on node `node` inside one, as
+/// [`soma_core::Decisions::refusal`] refuses a host written on a built graph's step.
+#[pyfunction]
+pub fn host_refused(py: Python<'_>, kind: &str, node: &str, own: bool) -> PyResult<Py<PyAny>> {
+    let kind = match kind {
+        "each" => "each",
+        "switch" => "switch",
+        "loop" => "loop",
+        other => return Err(PyValueError::new_err(format!("no step is a `{other}`"))),
+    };
+    let refused = SettingError::RunsHere {
+        node: node.to_owned(),
+        kind,
+        own,
+    };
+    Ok(crate::errors::setting_error(py, &refused)
+        .into_value(py)
+        .into_any())
 }
 
 /// `soma._soma.distribute`: `plan` with every largest subtree on one host wrapped as one

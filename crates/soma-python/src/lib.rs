@@ -75,6 +75,7 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(device::parse_device, module)?)?;
     module.add_function(wrap_pyfunction!(hosts::parse_host, module)?)?;
     module.add_function(wrap_pyfunction!(hosts::distribute, module)?)?;
+    module.add_function(wrap_pyfunction!(hosts::host_refused, module)?)?;
     module.add_function(wrap_pyfunction!(graph::checked_timeout, module)?)?;
     exit::register(module)?;
     // Off any run's path, what the first forward of the first graph would otherwise do in the

@@ -53,7 +53,7 @@ class Decision(Node):
 
     def at(self, host: str) -> NoReturn:
         """Refused: a step that decides runs in this process, with what it runs."""
-        raise _host_refused(type(self).__name__.lower(), self._soma_id or "this step")
+        raise _host_refused(type(self).__name__.lower(), self._soma_id or "this step", own=True)
 
     def _expr(self, body: Body, step: str) -> Expr:
         """``body`` as an expression, this step's retries, time limit and device given to the
@@ -84,7 +84,7 @@ class Decision(Node):
         hosts = sub.hosts()
         if hosts:
             inner = next(iter(hosts))
-            raise _host_refused(kind, inner)
+            raise _host_refused(kind, inner, own=False)
         return sub._core, sub._async
 
     def _graphs(self, graph: Graph, node_id: str) -> list[tuple[str, _soma.GraphCore]]:
@@ -145,17 +145,12 @@ class Decision(Node):
 
     def _checked(self, node_id: str) -> None:
         if self._soma_host is not None:  # Set by an `.at()` around it.
-            raise _host_refused(type(self).__name__.lower(), node_id)
+            raise _host_refused(type(self).__name__.lower(), node_id, own=True)
 
 
-def _host_refused(kind: str, node_id: str) -> HostError:
-    error = HostError(
-        f"`{node_id}` is in a `{kind}` step, which runs in this process: it cannot be placed "
-        "on a host\nhint: place the whole graph's other nodes with `.at()`, and keep `each`, "
-        "`switch` and `loop` steps, and what they run, here"
-    )
-    error.host = None
-    return error
+def _host_refused(kind: str, node_id: str, *, own: bool) -> HostError:
+    # The engine's refusal, as `g.place_at` on a built graph's step meets it.
+    return _soma.host_refused(kind, node_id, own)
 
 
 class Each(Decision):

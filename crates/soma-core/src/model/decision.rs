@@ -6,6 +6,7 @@
 //! `Switch` or `Loop` step of the plan.
 
 use std::collections::HashMap;
+use std::fmt;
 
 use crate::model::graph::Graph;
 
@@ -33,6 +34,84 @@ pub enum Decision {
     },
 }
 
+impl Decision {
+    /// The step's kind as Python writes it: `each`, `switch` or `loop`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Decision::Map { .. } => "each",
+            Decision::Switch { .. } => "switch",
+            Decision::Loop { .. } => "loop",
+        }
+    }
+}
+
+/// A setting written on a node by its id, beside the graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Setting {
+    /// The device it runs on.
+    Device,
+    /// Its retries.
+    Retry,
+    /// Its time limit.
+    TimeLimit,
+    /// The host it runs on.
+    Host,
+}
+
+impl fmt::Display for Setting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Setting::Device => "device",
+            Setting::Retry => "retry",
+            Setting::TimeLimit => "time limit",
+            Setting::Host => "host",
+        })
+    }
+}
+
+/// Why a setting was refused on an id ([`Decisions::refusal`]); nothing changes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SettingError {
+    /// `step` is an `each` step, which calls no node of its own.
+    NothingToCall {
+        /// The step's id.
+        step: String,
+        /// What was written on it.
+        setting: Setting,
+    },
+    /// `node` is a step of kind `kind`, or inside one: it runs in this process.
+    RunsHere {
+        /// The id a host was written on.
+        node: String,
+        /// The kind of the step (`each`, `switch`, `loop`): the node's own, or the innermost
+        /// one around it.
+        kind: &'static str,
+        /// Whether the node is that step itself.
+        own: bool,
+    },
+}
+
+impl fmt::Display for SettingError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SettingError::NothingToCall { step, setting } => write!(
+                f,
+                "`{step}` is an `each` step, which calls no node of its own: a {setting} has nothing to apply to\nhint: set it on the nodes inside (`{step}/...`, listed by `g.plan()`), or write it on the step before it is registered (`soma.each(...)` then `.retry(...)`), which gives it to each node inside that has none"
+            ),
+            SettingError::RunsHere { node, kind, own } => {
+                let article = if *kind == "each" { "an" } else { "a" };
+                let is = if *own { "is" } else { "is in" };
+                write!(
+                    f,
+                    "`{node}` {is} {article} `{kind}` step, which runs in this process: it cannot be placed on a host\nhint: place the whole graph's other nodes with `.at()`, and keep `each`, `switch` and `loop` steps, and what they run, here"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for SettingError {}
+
 /// The decision steps of a graph, by node id.
 #[derive(Clone, Default)]
 pub struct Decisions {
@@ -58,6 +137,46 @@ impl Decisions {
     /// Whether no node is a decision step.
     pub fn is_empty(&self) -> bool {
         self.by_node.is_empty()
+    }
+
+    /// Why `setting` cannot be written on node `id`, if it cannot: the one rule of which ids
+    /// take which settings, asked wherever a setting is written by id (after the id is known).
+    ///
+    /// A node inside a step, and a `switch`'s or `loop`'s own node (its selector, its
+    /// predicate), take a device, a retry and a time limit as any node does. An `each` step
+    /// calls no node of its own, so those have nothing to apply to there. No step, and nothing
+    /// inside one, takes a host: a step runs in this process, with what it runs.
+    pub fn refusal(&self, id: &str, setting: Setting) -> Option<SettingError> {
+        match setting {
+            Setting::Device | Setting::Retry | Setting::TimeLimit => match self.get(id) {
+                Some(Decision::Map { .. }) => Some(SettingError::NothingToCall {
+                    step: id.to_owned(),
+                    setting,
+                }),
+                Some(Decision::Switch { .. } | Decision::Loop { .. }) | None => None,
+            },
+            Setting::Host => {
+                let (step, decision) = self
+                    .get(id)
+                    .map(|own| (id, own))
+                    .or_else(|| self.around(id))?;
+                Some(SettingError::RunsHere {
+                    node: id.to_owned(),
+                    kind: decision.kind(),
+                    own: step == id,
+                })
+            }
+        }
+    }
+
+    /// The innermost step `id` is inside of (its id under `step/`), with what it decides.
+    fn around(&self, id: &str) -> Option<(&str, &Decision)> {
+        self.iter()
+            .filter(|(step, _)| {
+                id.strip_prefix(step)
+                    .is_some_and(|rest| rest.starts_with('/'))
+            })
+            .max_by_key(|(step, _)| step.len())
     }
 
     /// Every decision step, in no particular order.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use soma_core::{
     compile_decided, distribute, each, node, repeat, switch, Catalog, Decision, Decisions,
     Executor, Expr, Graph, GraphError, HostPlacement, NodeError, Placement, Policies, Program,
-    Retry, RunError, Value,
+    Retry, RunError, Setting, SettingError, Value,
 };
 
 use crate::support::{meet, on_a_small_stack, plain, Rendezvous};
@@ -363,4 +363,56 @@ fn with_a_cache_a_map_rerun_calls_its_body_only_for_the_items_it_has_not_seen() 
     );
     assert_eq!(calls.swap(0, Ordering::Relaxed), 1);
     assert_eq!((cache.hits(), cache.misses()), (2, 4));
+}
+
+/// The decisions of `each(items: [switch(pick: ...)])`, as the builder makes them.
+fn nested_decisions() -> Decisions {
+    let selector = plain(|_: &str, _: &Value| Ok(Value::from("d")));
+    let cases = vec![("d".to_owned(), node("inc", plain(add(1))))];
+    let pick = switch("pick", selector, cases).unwrap();
+    let (_, _, decisions) = each("items", pick, None)
+        .unwrap()
+        .somatize_decided()
+        .expect("a valid graph");
+    decisions
+}
+
+#[test]
+fn an_each_steps_id_refuses_a_device_a_retry_and_a_time_limit_and_a_switchs_takes_them() {
+    let decisions = nested_decisions();
+    for setting in [Setting::Device, Setting::Retry, Setting::TimeLimit] {
+        assert_eq!(
+            decisions.refusal("items", setting),
+            Some(SettingError::NothingToCall {
+                step: "items".to_owned(),
+                setting
+            })
+        );
+        assert_eq!(decisions.refusal("items/pick", setting), None);
+        assert_eq!(decisions.refusal("items/pick/d/inc", setting), None);
+    }
+}
+
+#[test]
+fn a_step_and_every_node_inside_one_refuse_a_host_naming_the_innermost_steps_kind() {
+    let decisions = nested_decisions();
+    let runs_here = |node: &str, kind, own| SettingError::RunsHere {
+        node: node.to_owned(),
+        kind,
+        own,
+    };
+    assert_eq!(
+        decisions.refusal("items", Setting::Host),
+        Some(runs_here("items", "each", true))
+    );
+    assert_eq!(
+        decisions.refusal("items/pick", Setting::Host),
+        Some(runs_here("items/pick", "switch", true))
+    );
+    assert_eq!(
+        decisions.refusal("items/pick/d/inc", Setting::Host),
+        Some(runs_here("items/pick/d/inc", "switch", false))
+    );
+    assert_eq!(decisions.refusal("elsewhere", Setting::Host), None);
+    assert_eq!(decisions.refusal("items-and-more", Setting::Host), None);
 }
