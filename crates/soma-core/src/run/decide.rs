@@ -21,7 +21,7 @@ use super::cache::Entry;
 use super::detach::Kept;
 use super::error::RunError;
 use super::executor::{Executor, Halt};
-use super::fan_out::{settle, Lent, Outcome};
+use super::fan_out::{settle, FanOut, Outcome};
 use super::hooks::Watch;
 use super::keys::RunKeys;
 use super::lane::Lane;
@@ -364,13 +364,13 @@ impl Executor {
             next: AtomicUsize::new(0),
             outcomes: (0..count).map(|_| Mutex::new(None)).collect(),
         };
-        let item = |lent: &Lent<'_, MapItems>, index: usize| {
-            let outcome = lent.branch(index, |lane| {
+        let item = |fan: &FanOut<'_, MapItems>, index: usize| {
+            let outcome = fan.branch(index, |lane| {
                 self.part(id, Part::Item(index), &lane, || {
-                    self.run_body(&op.body, &lent.locals.items[index], lane)
+                    self.run_body(&op.body, &fan.locals.items[index], lane)
                 })
             });
-            *lent.locals.outcomes[index]
+            *fan.locals.outcomes[index]
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner) = Some(outcome);
         };
@@ -378,16 +378,16 @@ impl Executor {
             lane,
             locals,
             std::iter::repeat_n((), lanes),
-            &|lent, first, ()| {
+            &|fan, first, ()| {
                 if one_each {
-                    return item(lent, first);
+                    return item(fan, first);
                 }
                 loop {
-                    let index = lent.locals.next.fetch_add(1, Ordering::Relaxed);
-                    if index >= count || lent.failed_before(index) {
+                    let index = fan.locals.next.fetch_add(1, Ordering::Relaxed);
+                    if index >= count || fan.failed_before(index) {
                         break;
                     }
-                    item(lent, index);
+                    item(fan, index);
                 }
             },
         )?;

@@ -26,10 +26,10 @@ use super::executor::{Executor, Halt};
 use super::hooks::Captured;
 use super::lane::{Lane, WaveState};
 
-/// What the branches of one fan-out share, lent from the frame that reached it: its `locals`,
+/// One fan-out as its branches see it, lent from the frame that reached it: its `locals`,
 /// the state through which a failing branch stops its later siblings, the lane around the
 /// fan-out, and the context each branch enters a copy of.
-pub(super) struct Lent<'s, L> {
+pub(super) struct FanOut<'s, L> {
     pub(super) locals: L,
     state: WaveState,
     lane: Lane<'s>,
@@ -46,21 +46,21 @@ impl Executor {
     /// `Err`. [`Halt::Abandoned`] when the run's caller gave up waiting: the crew then left the
     /// locals to the run's remains for the branches still running.
     ///
-    /// A task runs its branches with [`Lent::branch`]; it may run more than one, one
+    /// A task runs its branches with [`FanOut::branch`]; it may run more than one, one
     /// after another (a `Map`'s items with fewer lanes than items).
     pub(super) fn fan_out<'s, L, P, T>(
         &self,
         lane: Lane<'s>,
         locals: L,
         parts: impl IntoIterator<Item = P>,
-        task: &(impl Fn(&Lent<'s, L>, usize, P) -> T + Sync),
+        task: &(impl Fn(&FanOut<'s, L>, usize, P) -> T + Sync),
     ) -> Result<(L, Vec<thread::Result<T>>), Halt>
     where
         L: Send + Sync,
         P: Send,
         T: Send,
     {
-        let lent = Lent {
+        let fan = FanOut {
             locals,
             state: WaveState {
                 first_failed: AtomicUsize::new(usize::MAX),
@@ -71,7 +71,7 @@ impl Executor {
         // This thread runs its share with whatever it holds of the host (the GIL, say) and gives
         // it back only to sleep until the branches run elsewhere are done.
         let fanned = lane.crew.run(
-            lent,
+            fan,
             parts,
             task,
             self.host.as_ref(),
@@ -83,13 +83,13 @@ impl Executor {
             },
         );
         match fanned {
-            Some((lent, outcomes)) => Ok((lent.locals, outcomes)),
+            Some((fan, outcomes)) => Ok((fan.locals, outcomes)),
             None => Err(Halt::Abandoned),
         }
     }
 }
 
-impl<L> Lent<'_, L> {
+impl<L> FanOut<'_, L> {
     /// Runs `walk` as branch `index` of this fan-out: along a lane of its own in it, in a copy
     /// of the context the fan-out was reached in, a panic caught inside that context (so that
     /// entering it is always matched by leaving it). On failure, a panic or its caller gone,

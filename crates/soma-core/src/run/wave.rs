@@ -113,7 +113,7 @@ impl Executor {
             (window[0], own)
         });
         let prefetching = lane.prefetching;
-        let (_, outcomes) = self.fan_out(lane, shared, parts, &|lent, index, (base, own)| {
+        let (_, outcomes) = self.fan_out(lane, shared, parts, &|fan, index, (base, own)| {
             // Whoever takes this branch likely takes the next one after it.
             if prefetching {
                 prefetch_ahead(branches.get(index + 1), branches.get(index + 2));
@@ -121,9 +121,9 @@ impl Executor {
             let mut own = Frame {
                 base,
                 own,
-                shared: Some(&lent.locals),
+                shared: Some(&fan.locals),
             };
-            lent.branch(index, |lane| {
+            fan.branch(index, |lane| {
                 self.walk(&branches[index], input, &mut own, lane)
             })
         })?;

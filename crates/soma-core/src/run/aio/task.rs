@@ -17,11 +17,10 @@ use std::task::{Context, Poll, Waker};
 use std::thread;
 
 use super::place::Branch;
-use crate::run::executor::Halt;
 use crate::run::hooks::Spawned;
 
-/// A branch's outcome, or the panic it raised.
-pub(crate) type Outcome = thread::Result<Result<(), Halt>>;
+/// A branch's outcome, or the panic it raised: a fan-out's, as the sync walk's branches end.
+pub(crate) type Outcome = crate::run::fan_out::Outcome<()>;
 
 /// One branch of an async run — the whole run, a wave's branch, an `each` item — as a future
 /// the embedder polls on its loop's thread until it is done ([`crate::Tasks`]). Where the
