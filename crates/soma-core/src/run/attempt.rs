@@ -11,21 +11,19 @@
 //! see it.
 
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use super::error::RunError;
 use super::executor::Executor;
 use super::lane::Lane;
+use super::latch::{Delivery, WATCH_INTERVAL};
 use super::observer::Ended;
 use super::policy::{Policy, JITTER};
 use super::program::Step;
 use crate::model::id::NodeId;
 use crate::model::value::Value;
-
-/// How often a time-limited wait asks the watch whether to stop.
-const WATCH_INTERVAL: Duration = Duration::from_millis(5);
 
 /// What to do after an attempt of a call under a policy.
 pub(super) enum Next {
@@ -50,10 +48,7 @@ impl Next {
 }
 
 /// Where a time-limited call leaves its outcome for the branch that waits for it.
-struct Outcome {
-    value: Mutex<Option<thread::Result<Result<Value, RunError>>>>,
-    done: Condvar,
-}
+type Outcome = Delivery<thread::Result<Result<Value, RunError>>>;
 
 impl Executor {
     /// Calls a step's node under its policy: each attempt traced as a span of its own, retried
@@ -165,10 +160,7 @@ impl Executor {
         else {
             return self.execute(&*step.node, step.device, id, input, turns);
         };
-        let outcome = Arc::new(Outcome {
-            value: Mutex::new(None),
-            done: Condvar::new(),
-        });
+        let outcome = Arc::new(Outcome::new());
         let task = {
             let (executor, node, device) = (self.clone(), Arc::clone(&step.node), step.device);
             let (id, input, outcome) = (id.clone(), input.clone(), Arc::clone(&outcome));
@@ -185,9 +177,7 @@ impl Executor {
                     Some(captured) => captured.enter(&mut call),
                     None => call(),
                 }
-                let mut value = outcome.value.lock().unwrap_or_else(PoisonError::into_inner);
-                *value = result;
-                outcome.done.notify_all();
+                outcome.deliver(result.expect("the context ran the call"));
             }
         };
         *turns = 1;
@@ -199,9 +189,8 @@ impl Executor {
         let detachable = lane.detached.is_some();
         let mut ended = None;
         self.blocking(&mut || {
-            let mut value = outcome.value.lock().unwrap_or_else(PoisonError::into_inner);
             loop {
-                if let Some(result) = value.take() {
+                if let Some(result) = outcome.take() {
                     ended = Some(Ok(result));
                     return;
                 }
@@ -227,11 +216,7 @@ impl Executor {
                     }));
                     return;
                 }
-                value = outcome
-                    .done
-                    .wait_timeout(value, (deadline - now).min(WATCH_INTERVAL))
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .0;
+                outcome.wait(Some((deadline - now).min(WATCH_INTERVAL)));
             }
         });
         match ended.expect("the host ran the wait") {

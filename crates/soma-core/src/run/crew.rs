@@ -71,18 +71,9 @@ use std::time::{Duration, Instant};
 use super::detach::{Detached, Hold, Kept, Remains};
 use super::fork;
 use super::hooks::Host;
+use super::latch::{Latch, STAY_AWAKE};
 use super::reserve;
 use super::worker::{start_worker, DEFAULT_STACK};
-
-/// How long a thread that has run out of work keeps looking for more, yielding its core to any
-/// other thread that wants it, before it sleeps: a crew thread for the next offer, an owner for
-/// the end of its wave.
-///
-/// Waking a sleeping thread costs tens of microseconds on a virtual machine, more than a small
-/// branch takes. A program forwarded in a loop, or a wave of short branches, finds its threads
-/// still awake. Looking costs at most this much CPU time per thread per wave, and yielding means
-/// it is taken from no thread that has work.
-const STAY_AWAKE: Duration = Duration::from_micros(50);
 
 /// How many threads a wave's owner makes sure are on their way to the branches it has not
 /// claimed: one, not none, in case its own branch blocks until a sibling runs. Only one, because
@@ -187,20 +178,6 @@ unsafe impl Sync for Offer {}
 struct Work<F, T> {
     tasks: Box<[Mutex<Option<F>>]>,
     outcomes: Box<[Mutex<Option<thread::Result<T>>>]>,
-}
-
-/// A countdown's end, slept on by the wave's owner.
-struct Latch {
-    state: Mutex<LatchState>,
-    opened: Condvar,
-}
-
-#[derive(Default)]
-struct LatchState {
-    done: bool,
-    /// Whether the owner sleeps on `opened`: only then is it woken. Waking is a system call
-    /// even with nobody asleep, and most waves end while their owner is still looking.
-    asleep: bool,
 }
 
 impl Crew {
@@ -458,7 +435,7 @@ fn joined_or_left<F: Send, T: Send, L: Send>(
     wait: impl FnOnce(&(dyn Fn(Option<Duration>) -> bool + Sync)) -> bool,
 ) -> Option<(Work<F, T>, L)> {
     if !offer.finished() {
-        let until_done = |timeout: Option<Duration>| offer.latch.wait(offer, timeout);
+        let until_done = |timeout: Option<Duration>| offer.latch.wait(timeout);
         let gave_up = wait(&until_done);
         if let (true, Some(detached)) = (gave_up, detached) {
             let remains = &detached.remains();
@@ -480,7 +457,7 @@ struct Joined<'o>(&'o Arc<Offer>);
 impl Drop for Joined<'_> {
     fn drop(&mut self) {
         while !self.0.finished() {
-            self.0.latch.wait(self.0, None);
+            self.0.latch.wait(None);
         }
     }
 }
@@ -538,10 +515,7 @@ impl Offer {
             unfinished: AtomicUsize::new(len),
             host_left: AtomicBool::new(false),
             queued: AtomicBool::new(false),
-            latch: Latch {
-                state: Mutex::default(),
-                opened: Condvar::new(),
-            },
+            latch: Latch::new(),
             remains: Hold::new(),
             host: host.cloned(),
             work: work.as_ptr().cast_const().cast(),
@@ -612,51 +586,6 @@ impl Offer {
                 self.run_claimed(index, Some(&why), || {});
             }
         }
-    }
-}
-
-impl Latch {
-    fn open(&self) {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        state.done = true;
-        if state.asleep {
-            self.opened.notify_all();
-        }
-    }
-
-    /// Waits until `offer` has finished, or `timeout` passed; true when it has finished. Looks
-    /// awake for [`STAY_AWAKE`] first.
-    fn wait(&self, offer: &Offer, timeout: Option<Duration>) -> bool {
-        let start = Instant::now();
-        while start.elapsed() < STAY_AWAKE {
-            if offer.finished() {
-                return true;
-            }
-            thread::yield_now();
-        }
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let deadline = timeout.and_then(|timeout| Instant::now().checked_add(timeout));
-        while !state.done {
-            state.asleep = true;
-            state = match deadline {
-                None => self
-                    .opened
-                    .wait(state)
-                    .unwrap_or_else(PoisonError::into_inner),
-                Some(deadline) => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        break;
-                    }
-                    self.opened
-                        .wait_timeout(state, left)
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0
-                }
-            };
-        }
-        state.asleep = false;
-        state.done
     }
 }
 

@@ -23,6 +23,7 @@ mod fork;
 pub(crate) mod hooks;
 mod keys;
 mod lane;
+mod latch;
 mod lookahead;
 pub(crate) mod observer;
 pub(crate) mod policy;

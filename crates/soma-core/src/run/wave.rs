@@ -7,8 +7,7 @@
 
 use std::cell::Cell;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
@@ -18,6 +17,7 @@ use super::executor::{prefetch_ahead, Executor, Halt};
 use super::fan_out::{refused_or_raised, settle};
 use super::hooks::Captured;
 use super::lane::Lane;
+use super::latch::{Delivery, WATCH_INTERVAL};
 use super::program::Op;
 use super::table::{Frame, Shared};
 use crate::model::value::Value;
@@ -68,14 +68,10 @@ fn fits(levels: u32) -> bool {
     NESTED.with(Cell::get) + levels <= ROOM.with(Cell::get)
 }
 
-/// How often a thread waiting on a wave asks the [`crate::Watch`] whether to stop.
-const WATCH_INTERVAL: Duration = Duration::from_millis(5);
-
 /// Where the thread a wave hopped to leaves its outcome for the thread that waits for it.
 struct Deeper {
-    done: AtomicBool,
-    outcome: Mutex<Option<thread::Result<Result<(), Halt>>>>,
-    /// What the run's caller left when it stopped waiting, kept until this thread is done.
+    outcome: Delivery<thread::Result<Result<(), Halt>>>,
+    /// What the caller left when it stopped waiting, kept until this thread is done.
     remains: Hold,
 }
 
@@ -173,38 +169,24 @@ impl Executor {
         let mut kept = Kept::new(frame.reborrow());
         let deeper_frame = kept.get_mut();
         let meeting = Arc::new(Deeper {
-            done: AtomicBool::new(false),
-            outcome: Mutex::new(None),
+            outcome: Delivery::new(),
             remains: Hold::new(),
         });
-        let waiter = thread::current();
-        // Woken by the deeper thread when it is done; a thread's parking is woken spuriously too,
-        // hence the loop when there is no time limit.
-        let until_done = |timeout: Option<Duration>| {
-            match timeout {
-                Some(timeout) => thread::park_timeout(timeout),
-                None => {
-                    while !meeting.done.load(Ordering::Acquire) {
-                        thread::park();
-                    }
-                }
-            }
-            meeting.done.load(Ordering::Acquire)
-        };
+        let until_done = |timeout: Option<Duration>| meeting.outcome.wait(timeout);
         let theirs = Arc::clone(&meeting);
         let captured = self.host.as_ref().and_then(|host| host.capture());
         let deeper = move || {
             ROOM.with(|room| room.set(WAVES_PER_FRESH_STACK));
+            let mut outcome = None;
             let mut wave = || {
-                let outcome = panic::catch_unwind(AssertUnwindSafe(|| walk(deeper_frame)));
-                *theirs
-                    .outcome
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = Some(outcome);
+                outcome = Some(panic::catch_unwind(AssertUnwindSafe(|| walk(deeper_frame))));
             };
             self.on_a_thread_of_its_own(captured.as_deref(), &mut wave);
-            theirs.done.store(true, Ordering::Release);
-            waiter.unpark();
+            // Delivered once out of the host's hold and the context: the waiter may leave, and
+            // let go of what this thread borrows, as soon as it sees it.
+            theirs
+                .outcome
+                .deliver(outcome.expect("the host ran the deeper walk"));
             // Last: what the caller left may include everything this thread borrowed.
             theirs.remains.release();
         };
@@ -239,8 +221,6 @@ impl Executor {
                             .unwrap_or_else(|payload| panic::resume_unwind(payload));
                         meeting
                             .outcome
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
                             .take()
                             .expect("the deeper thread recorded its outcome")
                             .unwrap_or_else(|payload| panic::resume_unwind(payload))
@@ -257,7 +237,7 @@ impl Executor {
             kept.leave(&remains);
             meeting
                 .remains
-                .keep(&remains, || meeting.done.load(Ordering::Acquire));
+                .keep(&remains, || meeting.outcome.delivered());
         }
         outcome
     }
