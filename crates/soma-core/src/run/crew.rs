@@ -105,14 +105,14 @@ pub(crate) struct Crew {
 }
 
 struct Pool {
-    state: Mutex<State>,
+    state: Mutex<PoolState>,
     /// Where idle threads sleep; woken one at a time, with a permit each.
     wake: Condvar,
     /// Offers in the queue, read without the lock by threads looking for work.
     offered: AtomicUsize,
 }
 
-struct State {
+struct PoolState {
     /// Waves with branches nobody has claimed yet. An offer all claimed is removed by whoever
     /// sees it first.
     offers: VecDeque<Arc<Offer>>,
@@ -158,15 +158,15 @@ struct Offer {
     remains: Hold,
     /// Around every branch a crew thread runs (never around the owner's own).
     host: Option<Arc<dyn Host>>,
-    /// The owner's [`Work`], type and lifetime erased; followed only with a claim in hand.
+    /// The owner's [`Branches`], type and lifetime erased; followed only with a claim in hand.
     work: *const (),
     /// Runs branch `index` of the `work` behind the pointer, or records that it never got a
     /// thread.
     run: unsafe fn(work: *const (), index: usize, refused: Option<&str>),
 }
 
-// SAFETY: `work` points to a `Work` whose tasks are `Send` and whose outcomes are behind mutexes;
-// it is only followed under a claim, which guarantees it is alive (see `Crew::run`).
+// SAFETY: `work` points to a `Branches` whose tasks are `Send` and whose outcomes are behind
+// mutexes; it is only followed under a claim, which guarantees it is alive (see `Crew::run`).
 #[allow(unsafe_code)]
 unsafe impl Send for Offer {}
 // SAFETY: as above; every other field is `Sync`.
@@ -175,7 +175,7 @@ unsafe impl Sync for Offer {}
 
 /// The owner's side of an offer: the branches themselves and their outcomes, kept on the heap
 /// so that an owner that stops waiting can leave them to the branches still running.
-struct Work<F, T> {
+struct Branches<F, T> {
     tasks: Box<[Mutex<Option<F>>]>,
     outcomes: Box<[Mutex<Option<thread::Result<T>>>]>,
 }
@@ -185,7 +185,7 @@ impl Crew {
     pub(crate) fn new(idle_limit: usize) -> Crew {
         Crew {
             pool: Arc::new(Pool {
-                state: Mutex::new(State {
+                state: Mutex::new(PoolState {
                     offers: VecDeque::new(),
                     threads: 0,
                     looking: 0,
@@ -284,7 +284,7 @@ impl Crew {
         // Whatever happens from here, the owner returns — or unwinds — only once every branch
         // is finished, or after leaving `work` to the run's remains: that is what keeps `work`
         // alive for the crew threads that claim it.
-        let guard = Joined(&offer);
+        let guard = JoinOnDrop(&offer);
         if len > 1 {
             if let Err(refused) = self.pool.offer(&offer) {
                 offer.refuse_unclaimed(&refused);
@@ -357,7 +357,7 @@ impl Crew {
         let (offer, work) = Offer::new(vec![task], 0, host);
         // As in `run`: the caller returns only once the task has finished, or after leaving
         // `work` to the run's remains.
-        let guard = Joined(&offer);
+        let guard = JoinOnDrop(&offer);
         if let Err(refused) = self.pool.offer(&offer) {
             offer.refuse_unclaimed(&refused);
         }
@@ -428,12 +428,12 @@ impl Drop for Crew {
 /// branch is unfinished; see [`Crew::run`].
 fn joined_or_left<F: Send, T: Send, L: Send>(
     offer: &Arc<Offer>,
-    work: Kept<Work<F, T>>,
+    work: Kept<Branches<F, T>>,
     lent: Kept<L>,
-    guard: Joined<'_>,
+    guard: JoinOnDrop<'_>,
     detached: Option<&Detached>,
     wait: impl FnOnce(&(dyn Fn(Option<Duration>) -> bool + Sync)) -> bool,
-) -> Option<(Work<F, T>, L)> {
+) -> Option<(Branches<F, T>, L)> {
     if !offer.finished() {
         let until_done = |timeout: Option<Duration>| offer.latch.wait(timeout);
         let gave_up = wait(&until_done);
@@ -452,9 +452,9 @@ fn joined_or_left<F: Send, T: Send, L: Send>(
 }
 
 /// Waits, when dropped, until every branch of the offer has finished.
-struct Joined<'o>(&'o Arc<Offer>);
+struct JoinOnDrop<'o>(&'o Arc<Offer>);
 
-impl Drop for Joined<'_> {
+impl Drop for JoinOnDrop<'_> {
     fn drop(&mut self) {
         while !self.0.finished() {
             self.0.latch.wait(None);
@@ -462,18 +462,18 @@ impl Drop for Joined<'_> {
     }
 }
 
-/// Runs task `index` of the `Work<F, T>` behind `work` and records its outcome, or records that
+/// Runs task `index` of the `Branches<F, T>` behind `work` and records its outcome, or records that
 /// it never got a thread.
 ///
 /// # Safety
-/// `work` must point to a live `Work<F, T>`, and the caller must hold the claim on `index`.
+/// `work` must point to a live `Branches<F, T>`, and the caller must hold the claim on `index`.
 #[allow(unsafe_code)]
 unsafe fn run_task<F, T>(work: *const (), index: usize, refused: Option<&str>)
 where
     F: FnOnce() -> T,
 {
-    // SAFETY: the caller vouches that `work` is a live `Work<F, T>`.
-    let work = unsafe { &*work.cast::<Work<F, T>>() };
+    // SAFETY: the caller vouches that `work` is a live `Branches<F, T>`.
+    let work = unsafe { &*work.cast::<Branches<F, T>>() };
     let task = work.tasks[index]
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
@@ -499,13 +499,13 @@ impl Offer {
         tasks: Vec<F>,
         claimed: usize,
         host: Option<&Arc<dyn Host>>,
-    ) -> (Arc<Offer>, Kept<Work<F, T>>)
+    ) -> (Arc<Offer>, Kept<Branches<F, T>>)
     where
         T: Send + 'env,
         F: FnOnce() -> T + Send + 'env,
     {
         let len = tasks.len();
-        let work = Kept::new(Work {
+        let work = Kept::new(Branches {
             tasks: tasks.into_iter().map(|t| Mutex::new(Some(t))).collect(),
             outcomes: (0..len).map(|_| Mutex::new(None)).collect(),
         });
@@ -590,7 +590,7 @@ impl Offer {
 }
 
 impl Pool {
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, PoolState> {
         // Nothing panics while holding the lock; a poisoned state is still whole.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -649,7 +649,7 @@ impl Pool {
     /// to `sends` threads.
     fn send_helpers_to_the_queue(
         self: &Arc<Self>,
-        mut state: MutexGuard<'_, State>,
+        mut state: MutexGuard<'_, PoolState>,
         offer: &Offer,
         sends: usize,
     ) {
@@ -671,7 +671,7 @@ impl Pool {
     /// looking count, then sleeping ones are woken, then new ones started.
     fn send_helpers(
         self: &Arc<Self>,
-        state: &mut State,
+        state: &mut PoolState,
         unclaimed: usize,
         sends: usize,
     ) -> io::Result<()> {
@@ -690,7 +690,7 @@ impl Pool {
         Ok(())
     }
 
-    fn start_thread(self: &Arc<Self>, state: &mut State) -> io::Result<()> {
+    fn start_thread(self: &Arc<Self>, state: &mut PoolState) -> io::Result<()> {
         if state.refusals > 0 {
             state.refusals -= 1;
             return Err(io::Error::other("refused on purpose, for a test"));
@@ -798,7 +798,7 @@ impl Pool {
 }
 
 /// The first offer in the queue with a branch left, dropping the ones claimed out.
-fn next_offer(state: &mut State, offered: &AtomicUsize) -> Option<Arc<Offer>> {
+fn next_offer(state: &mut PoolState, offered: &AtomicUsize) -> Option<Arc<Offer>> {
     while let Some(front) = state.offers.front() {
         if !front.exhausted() {
             return Some(Arc::clone(front));

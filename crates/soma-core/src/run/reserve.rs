@@ -22,30 +22,30 @@ use super::fork;
 use super::worker::{start_worker, DEFAULT_STACK};
 
 /// What a thread taken from the reserve runs: a crew thread's whole life.
-pub(crate) type Work = Box<dyn FnOnce() + Send>;
+pub(crate) type ThreadLife = Box<dyn FnOnce() + Send>;
 
 struct Reserve {
-    slot: Mutex<Slot>,
+    slot: Mutex<ReserveState>,
     /// Where the thread in reserve waits for work.
     handed: Condvar,
 }
 
-struct Slot {
+struct ReserveState {
     /// The thread waiting in reserve, if one is.
     waiting: Option<ThreadId>,
     /// Whether a thread is being started for the reserve: one is enough.
     starting: bool,
     /// Whether the reserve was asked for ([`keep_a_thread_in_reserve`]), and so is refilled.
     wanted: bool,
-    /// Work handed to a thread that was in reserve, and not yet taken by it: for that thread
+    /// A life handed to a thread that was in reserve, and not yet taken by it: for that thread
     /// only, not for a thread that comes to the reserve meanwhile.
-    work: Option<(ThreadId, Work)>,
+    work: Option<(ThreadId, ThreadLife)>,
     /// The process the counted thread was started in ([`fork::generation`]).
     process: u32,
 }
 
 static RESERVE: Reserve = Reserve {
-    slot: Mutex::new(Slot {
+    slot: Mutex::new(ReserveState {
         waiting: None,
         starting: false,
         wanted: false,
@@ -57,7 +57,7 @@ static RESERVE: Reserve = Reserve {
 
 impl Reserve {
     /// The slot, as this process sees it: in a child made by `fork`, empty.
-    fn slot(&self) -> MutexGuard<'_, Slot> {
+    fn slot(&self) -> MutexGuard<'_, ReserveState> {
         // Nothing panics while holding the lock; a poisoned slot is still whole.
         let mut slot = self.slot.lock().unwrap_or_else(PoisonError::into_inner);
         let process = fork::generation();
@@ -99,7 +99,7 @@ pub(crate) fn refill() {
 }
 
 /// Starts a thread for the reserve unless one waits there or is on its way.
-fn fill(mut slot: MutexGuard<'_, Slot>) -> io::Result<()> {
+fn fill(mut slot: MutexGuard<'_, ReserveState>) -> io::Result<()> {
     if slot.waiting.is_some() || slot.starting {
         return Ok(());
     }
@@ -120,7 +120,7 @@ pub fn thread_in_reserve() -> Option<ThreadId> {
 
 /// Hands `work` to the thread in reserve, if one waits and can run it: a stack of
 /// `stack_size` bytes is what the thread has, [`DEFAULT_STACK`]. Gives `work` back otherwise.
-pub(crate) fn hand_over(work: Work, stack_size: usize) -> Result<(), Work> {
+pub(crate) fn hand_over(work: ThreadLife, stack_size: usize) -> Result<(), ThreadLife> {
     if stack_size > DEFAULT_STACK {
         return Err(work);
     }

@@ -47,17 +47,17 @@ const WAVES_PER_FRESH_STACK: u32 = 16_384;
 const WAVES_PER_DECISION: u32 = 16;
 
 /// Counts the levels it stands for left, on return or unwind.
-struct Nested(u32);
+struct LevelsEntered(u32);
 
-impl Nested {
+impl LevelsEntered {
     /// `levels` more levels entered on this thread.
-    fn enter(levels: u32) -> Nested {
+    fn enter(levels: u32) -> LevelsEntered {
         NESTED.with(|nested| nested.set(nested.get() + levels));
-        Nested(levels)
+        LevelsEntered(levels)
     }
 }
 
-impl Drop for Nested {
+impl Drop for LevelsEntered {
     fn drop(&mut self) {
         NESTED.with(|nested| nested.set(nested.get() - self.0));
     }
@@ -92,7 +92,7 @@ impl Executor {
                 self.wave(branches, bounds, input, frame, lane)
             });
         }
-        let _out = Nested::enter(1);
+        let _out = LevelsEntered::enter(1);
         // Split the table: everything before the wave becomes read-only for its branches, and
         // the wave's range is cut into one disjoint mutable part per branch.
         let (lo, hi) = (bounds[0], bounds[bounds.len() - 1]);
@@ -144,7 +144,7 @@ impl Executor {
         if !fits(WAVES_PER_DECISION) {
             return self.on_a_fresh_stack(frame, lane, decide);
         }
-        let _out = Nested::enter(WAVES_PER_DECISION);
+        let _out = LevelsEntered::enter(WAVES_PER_DECISION);
         decide(frame)
     }
 

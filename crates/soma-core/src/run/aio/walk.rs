@@ -128,7 +128,7 @@ impl Place {
 fn walk<'p>(place: &'p Place, op: &'p Op) -> Walking<'p> {
     Box::pin(async move {
         if !op.is_async() {
-            return piece(place, Work::Op(At::of(op))).await;
+            return piece(place, SyncPiece::Op(At::of(op))).await;
         }
         match op {
             Op::Empty => Ok(()),
@@ -154,7 +154,7 @@ fn walk<'p>(place: &'p Place, op: &'p Op) -> Walking<'p> {
                         let end = at + steps[at..].iter().take_while(|op| !op.is_async()).count();
                         piece(
                             place,
-                            Work::Steps {
+                            SyncPiece::Steps {
                                 steps: At::of(&**steps),
                                 drop_after: At::of(&**drop_after),
                                 range: at..end,
@@ -202,7 +202,7 @@ fn drop_after_each(place: &Place, drop_after: &[Box<[usize]>], done: Range<usize
 }
 
 /// Sync work a piece lends a crew thread.
-enum Work {
+enum SyncPiece {
     /// A whole op.
     Op(At<Op>),
     /// Steps `range` of a sequence, with what it drops after each.
@@ -215,11 +215,11 @@ enum Work {
 
 /// Runs `work` on a thread of the program's crew, walked by the sync walk in a copy of this
 /// task's context (captured here, on the loop's thread), and waits for it without a thread.
-async fn piece(place: &Place, work: Work) -> Result<(), Halt> {
+async fn piece(place: &Place, work: SyncPiece) -> Result<(), Halt> {
     let piece = place.limits().and_then(|limits| {
         limits.piece(match &work {
-            Work::Op(op) => slots_of(std::slice::from_ref(op.get(place))),
-            Work::Steps { steps, range, .. } => slots_of(&steps.get(place)[range.clone()]),
+            SyncPiece::Op(op) => slots_of(std::slice::from_ref(op.get(place))),
+            SyncPiece::Steps { steps, range, .. } => slots_of(&steps.get(place)[range.clone()]),
         })
     });
     let _permit = match &piece {
@@ -241,8 +241,8 @@ async fn piece(place: &Place, work: Work) -> Result<(), Halt> {
                     place.table.with_frame(&place.window, |frame| {
                         let lane = place.lane(caller);
                         match &work {
-                            Work::Op(op) => executor.walk(op.get(&place), input, frame, lane),
-                            Work::Steps {
+                            SyncPiece::Op(op) => executor.walk(op.get(&place), input, frame, lane),
+                            SyncPiece::Steps {
                                 steps,
                                 drop_after,
                                 range,
