@@ -83,23 +83,9 @@ impl Executor {
         lane: Lane<'_>,
         decide: impl FnOnce() -> Result<Value, Halt>,
     ) -> Result<(), Halt> {
-        if let Some(run) = lane.detached {
-            run.set_running(
-                lane.program,
-                step.slot(),
-                &lane.program.ids[step.slot()],
-                true,
-            );
-        }
+        lane.mark_running(step, true);
         let value = decide();
-        if let Some(run) = lane.detached {
-            run.set_running(
-                lane.program,
-                step.slot(),
-                &lane.program.ids[step.slot()],
-                false,
-            );
-        }
+        lane.mark_running(step, false);
         Self::write_decided(step, value?, frame, lane);
         Ok(())
     }

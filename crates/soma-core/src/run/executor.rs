@@ -473,26 +473,12 @@ impl Executor {
         if self.watch.as_deref().is_some_and(Watch::interrupted) {
             return Err(Halt::Failed(RunError::Interrupted));
         }
-        if let Some(run) = lane.detached {
-            run.set_running(
-                lane.program,
-                step.slot(),
-                &lane.program.ids[step.slot()],
-                true,
-            );
-        }
+        lane.mark_running(step, true);
         let value = match lane.keys {
             None => self.gather_and_call(step, input, frame, lane),
             Some(keys) => self.through_cache(keys, step, input, frame, lane),
         };
-        if let Some(run) = lane.detached {
-            run.set_running(
-                lane.program,
-                step.slot(),
-                &lane.program.ids[step.slot()],
-                false,
-            );
-        }
+        lane.mark_running(step, false);
         *frame.cell(step.slot()) = Some(value?);
         Ok(())
     }

@@ -13,7 +13,7 @@ use super::aio::AioBranch;
 use super::crew::Crew;
 use super::detach::Detached;
 use super::keys::RunKeys;
-use super::program::Program;
+use super::program::{Program, Step};
 
 /// How many enclosing waves a node boundary looks at for an earlier sibling's failure.
 const CANCEL_REACH: usize = 64;
@@ -68,6 +68,19 @@ impl<'s> Lane<'s> {
             prefetching: program.prefetching(),
             keys,
             outer: None,
+        }
+    }
+
+    /// Marks `step` running, or no longer, in a run its caller may leave, which names the nodes
+    /// still running when it gives up.
+    pub(super) fn mark_running(&self, step: &Step, running: bool) {
+        if let Some(run) = self.detached {
+            run.set_running(
+                self.program,
+                step.slot(),
+                &self.program.ids[step.slot()],
+                running,
+            );
         }
     }
 

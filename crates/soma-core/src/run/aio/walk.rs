@@ -532,23 +532,9 @@ async fn decided(
     };
     let caller = place.run.caller;
     let lane = place.lane(caller);
-    if let Some(run) = lane.detached {
-        run.set_running(
-            lane.program,
-            step.slot(),
-            &lane.program.ids[step.slot()],
-            true,
-        );
-    }
+    lane.mark_running(step, true);
     let value = decide.await;
-    if let Some(run) = lane.detached {
-        run.set_running(
-            lane.program,
-            step.slot(),
-            &lane.program.ids[step.slot()],
-            false,
-        );
-    }
+    lane.mark_running(step, false);
     let value = value?;
     place.table.with_frame(&place.window, |frame| {
         Executor::write_decided(step, value, frame, lane);
