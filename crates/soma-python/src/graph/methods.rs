@@ -1,0 +1,552 @@
+//! `GraphCore` as Python sees it: the methods `soma.Graph` calls — adding nodes, steps and
+//! edges, reading the topology, placing nodes and setting their policies, and running the graph
+//! (`forward`, `aforward`).
+//!
+//! One `#[pymethods]` block, since `PyO3` takes one per class (without its `multiple-pymethods`
+//! feature). The bookkeeping the methods share is in [`super`]; what the runs they start share
+//! with streams and flows — the executor, the outcome in Python — is in [`super::run`].
+
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::gc::PyVisit;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+use pyo3::PyTraverseError;
+use soma_core::{Decision, Device, Executor, Node, NodeId, Setting};
+
+use super::run::{executor_for, forward_on_loop, forward_outcome};
+use super::stopped::time_limit;
+use super::{GraphCore, State};
+use crate::aio::{self, Stepper};
+use crate::cache::PythonCache;
+use crate::context;
+use crate::convert::wrap;
+use crate::device_queues::Scope;
+use crate::errors::{device_error, graph_error, unknown_node_error};
+use crate::native::NativeNode;
+use crate::node::PythonNode;
+use crate::plan::PyPlan;
+use crate::policy::{self, WrittenRetry};
+use crate::reentry::{self, Nested};
+use crate::trace::PyTrace;
+use crate::watch::{SignalWatch, StopFlag};
+
+fn ids(list: Vec<&NodeId>) -> Vec<String> {
+    list.into_iter().map(ToString::to_string).collect()
+}
+
+#[pymethods]
+impl GraphCore {
+    #[new]
+    fn new() -> Self {
+        GraphCore {
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// Registers a Python object with a callable `forward` under `id`; an async node when
+    /// `forward` is a coroutine function (`is_async`).
+    #[pyo3(signature = (id, object, takes_ctx, is_async=false))]
+    pub(super) fn add_python(
+        &self,
+        py: Python<'_>,
+        id: &str,
+        object: &Bound<'_, PyAny>,
+        takes_ctx: bool,
+        is_async: bool,
+    ) -> PyResult<()> {
+        let forward = object
+            .getattr(intern!(py, "forward"))
+            .ok()
+            .filter(PyAnyMethods::is_callable);
+        let Some(forward) = forward else {
+            return Err(PyTypeError::new_err(format!(
+                "an object of type `{}` cannot be a node: it has no callable `forward`\nhint: subclass soma.Node and define `forward(self, x)`",
+                object.get_type().name()?
+            )));
+        };
+        let node = Arc::new(PythonNode::new(forward, takes_ctx, is_async)?);
+        self.register(
+            py,
+            id,
+            object,
+            Arc::clone(&node) as Arc<dyn Node>,
+            Some(node),
+        )
+    }
+
+    /// Registers `object` under `id` as an `each` step: `body` runs on every item of the list
+    /// the step reads, at most `in_flight` at once.
+    #[pyo3(signature = (id, object, body, in_flight=None))]
+    fn add_each(
+        &self,
+        py: Python<'_>,
+        id: &str,
+        object: &Bound<'_, PyAny>,
+        body: Bound<'_, GraphCore>,
+        in_flight: Option<usize>,
+    ) -> PyResult<()> {
+        self.add_decision(py, id, object, vec![(String::new(), body)], |mut graphs| {
+            Decision::Map {
+                body: graphs.pop().expect("one body").1,
+                in_flight,
+            }
+        })
+    }
+
+    /// Registers `object` under `id` as a `switch` step: `object.forward` returns the key of
+    /// the case to run, one of `cases`.
+    fn add_switch(
+        &self,
+        py: Python<'_>,
+        id: &str,
+        object: &Bound<'_, PyAny>,
+        cases: Vec<(String, Bound<'_, GraphCore>)>,
+    ) -> PyResult<()> {
+        self.add_decision(py, id, object, cases, |cases| Decision::Switch { cases })
+    }
+
+    /// Registers `object` under `id` as a `loop` step: `body` runs until `object.forward` of
+    /// its output is true, at most `max_iterations` times.
+    fn add_loop(
+        &self,
+        py: Python<'_>,
+        id: &str,
+        object: &Bound<'_, PyAny>,
+        body: Bound<'_, GraphCore>,
+        max_iterations: u32,
+    ) -> PyResult<()> {
+        self.add_decision(py, id, object, vec![(String::new(), body)], |mut graphs| {
+            Decision::Loop {
+                body: graphs.pop().expect("one body").1,
+                max_iterations,
+            }
+        })
+    }
+
+    /// Registers a Rust implementation under `id`; `object` is what `implementation(id)` returns.
+    fn add_native(
+        &self,
+        py: Python<'_>,
+        id: &str,
+        object: &Bound<'_, PyAny>,
+        native: &Bound<'_, NativeNode>,
+    ) -> PyResult<()> {
+        self.register(py, id, object, native.get().implementation(), None)
+    }
+
+    fn add_edge(&self, py: Python<'_>, source: &str, target: &str) -> PyResult<()> {
+        let mut state = self.state();
+        state
+            .graph
+            .add_edge(source, target)
+            .map_err(|e| graph_error(py, &e))?;
+        state.compiled = None;
+        Ok(())
+    }
+
+    fn nodes(&self) -> Vec<String> {
+        self.state()
+            .graph
+            .nodes()
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    fn edges(&self) -> Vec<(String, String)> {
+        self.state()
+            .graph
+            .edges()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    }
+
+    fn roots(&self) -> Vec<String> {
+        ids(self.state().graph.roots())
+    }
+
+    fn leaves(&self) -> Vec<String> {
+        ids(self.state().graph.leaves())
+    }
+
+    fn predecessors(&self, py: Python<'_>, id: &str) -> PyResult<Vec<String>> {
+        let state = self.state();
+        Ok(ids(state
+            .graph
+            .predecessors(id)
+            .map_err(|_| unknown_node_error(py, id, &state.graph))?))
+    }
+
+    fn successors(&self, py: Python<'_>, id: &str) -> PyResult<Vec<String>> {
+        let state = self.state();
+        Ok(ids(state
+            .graph
+            .successors(id)
+            .map_err(|_| unknown_node_error(py, id, &state.graph))?))
+    }
+
+    fn topological_sort(&self) -> Vec<String> {
+        self.state()
+            .graph
+            .topological_sort()
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    /// The Python object of node `id`: of this graph, or inside one of its decision steps
+    /// (`chunks/clean`), found in the graph the step's sub-graph was copied from, level by
+    /// level without recursion however deep steps nest.
+    pub(crate) fn implementation(&self, py: Python<'_>, id: &str) -> PyResult<Py<PyAny>> {
+        let mut within: Option<Py<GraphCore>> = None;
+        let mut rest = id;
+        loop {
+            let core = within.as_ref().map_or(self, |body| body.get());
+            let state = core.state();
+            if let Some(at) = state.graph.position(rest) {
+                return Ok(state.objects[at].clone_ref(py));
+            }
+            // The longest prefix: a step `a` and a node `a/b` of the same graph both prefix
+            // `a/b/c`.
+            let inside = state
+                .bodies
+                .iter()
+                .filter_map(|(prefix, body)| {
+                    let inner = rest.strip_prefix(prefix.as_str())?.strip_prefix('/')?;
+                    Some((inner.len(), body))
+                })
+                .min_by_key(|&(len, _)| len)
+                .map(|(len, body)| (len, body.clone_ref(py)));
+            drop(state);
+            let Some((len, body)) = inside else {
+                return Err(unknown_node_error(py, id, &self.state().graph));
+            };
+            rest = &rest[rest.len() - len..];
+            within = Some(body);
+        }
+    }
+
+    fn free_id(&self, base: &str) -> String {
+        self.state().graph.free_id(base).to_string()
+    }
+
+    fn __len__(&self) -> usize {
+        self.state().graph.len()
+    }
+
+    fn __contains__(&self, id: &str) -> bool {
+        self.state().graph.contains(id)
+    }
+
+    /// Shows the garbage collector every Python object the graph holds, so that a graph kept by
+    /// one of its own nodes (a cycle) can be collected. Skipped while another thread holds the
+    /// lock: the collector then keeps the graph alive this time, which is safe.
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        let Ok(state) = self.state.try_lock() else {
+            return Ok(());
+        };
+        for object in &state.objects {
+            visit.call(object)?;
+        }
+        for node in &state.python_nodes {
+            node.traverse(&visit)?;
+        }
+        for (_, body) in &state.bodies {
+            visit.call(body)?;
+        }
+        Ok(())
+    }
+
+    /// Lets go of every Python object, breaking the cycle the collector found; the graph is
+    /// being destroyed.
+    fn __clear__(&self) {
+        let cleared = std::mem::take(&mut *self.state());
+        drop(cleared);
+    }
+
+    /// Threads the graph's program holds right now, busy or idle.
+    fn threads(&self) -> usize {
+        self.state()
+            .compiled
+            .as_ref()
+            .and_then(|compiled| compiled.program.as_ref())
+            .map_or(0, |program| program.threads())
+    }
+
+    /// How many idle threads the graph keeps for its waves.
+    #[getter]
+    fn idle_threads(&self) -> usize {
+        self.state().idle_threads
+    }
+
+    #[setter]
+    fn set_idle_threads(&self, limit: usize) {
+        let mut state = self.state();
+        state.idle_threads = limit;
+        if let Some(program) = state.compiled.as_ref().and_then(|c| c.program.as_ref()) {
+            program.set_idle_threads(limit);
+        }
+    }
+
+    /// Refuses the next `count` threads the graph's program would start, as an operating
+    /// system out of threads would: for tests of that path.
+    fn _refuse_next_threads(&self, py: Python<'_>, count: usize) -> PyResult<()> {
+        self.program(py)?.refuse_next_threads(count);
+        Ok(())
+    }
+
+    /// The graph drawn as SVG, laid out with its plan (`soma_core::Graph::to_svg`), each placed
+    /// node's box saying `id @ device`.
+    fn to_svg(&self) -> String {
+        let state = self.state();
+        state.graph.with_devices(&state.placement).to_svg()
+    }
+
+    /// The plan, compiled on first use after a change, drawn with the nodes' devices, and
+    /// with `cached` (node ids) marked as nodes a run would find in a cache when given.
+    #[pyo3(signature = (cached=None))]
+    fn plan(&self, py: Python<'_>, cached: Option<Vec<String>>) -> PyResult<PyPlan> {
+        let plan = self.compiled_plan(py)?;
+        let plan = PyPlan::new(plan, Arc::clone(&self.state().placement));
+        Ok(match cached {
+            Some(cached) => plan.with_cached(cached.into_iter().map(NodeId::new).collect()),
+            None => plan,
+        })
+    }
+
+    /// Places node `id` on `device` (torch's spelling), replacing where it was; `None`
+    /// unplaces it. The plan stays; the program is resolved again on the next forward.
+    #[pyo3(signature = (id, device))]
+    fn place(&self, py: Python<'_>, id: &str, device: Option<&str>) -> PyResult<()> {
+        let device = device
+            .map(|text| text.parse::<Device>().map_err(|e| device_error(py, &e)))
+            .transpose()?;
+        let mut state = self.state();
+        state.settable(py, id, device.is_some().then_some(Setting::Device))?;
+        // In place unless a plan handed out still draws the placement it was given: placing
+        // every node of a large graph one by one must not copy the whole placement each time.
+        let placement = Arc::make_mut(&mut state.placement);
+        match device {
+            Some(device) => placement.place(id, device),
+            None => placement.remove(id),
+        };
+        if let Some(compiled) = &mut state.compiled {
+            compiled.program = None;
+        }
+        Ok(())
+    }
+
+    /// Whether node `id` may be placed on a host: a `soma.UnknownNodeError` for an unknown id,
+    /// a `soma.HostError` for a step or a node inside one (it runs in this process).
+    fn check_host(&self, py: Python<'_>, id: &str) -> PyResult<()> {
+        self.state().settable(py, id, Some(Setting::Host))
+    }
+
+    /// Retries node `id`'s failing calls `times` more times, the first after `backoff`
+    /// seconds, only for exceptions of the types in `on`; `times=None` removes its retries.
+    #[pyo3(signature = (id, times, backoff=0.5, on=None))]
+    fn set_retry(
+        &self,
+        py: Python<'_>,
+        id: &str,
+        times: Option<u32>,
+        backoff: f64,
+        on: Option<Py<PyTuple>>,
+    ) -> PyResult<()> {
+        let written = match times {
+            Some(times) => {
+                let on = on.ok_or_else(|| PyTypeError::new_err("a retry needs `on`"))?;
+                let retry = policy::retry(py, times, backoff, &on)?;
+                Some((retry, (times, backoff, on)))
+            }
+            None => None,
+        };
+        let mut state = self.state();
+        state.settable(py, id, written.is_some().then_some(Setting::Retry))?;
+        let policies = &mut state.policies;
+        if let Some((retry, written)) = written {
+            policies.policies.set_retry(id, Some(retry));
+            policies.retries.insert(id.to_owned(), written);
+        } else {
+            policies.policies.set_retry(id, None);
+            policies.retries.remove(id);
+        }
+        if let Some(compiled) = &mut state.compiled {
+            compiled.program = None;
+        }
+        Ok(())
+    }
+
+    /// Fails node `id`'s calls that run past `seconds` with a `soma.TimeLimitError`; `None`
+    /// removes its limit.
+    fn set_time_limit(&self, py: Python<'_>, id: &str, seconds: Option<f64>) -> PyResult<()> {
+        let limit = seconds
+            .map(|seconds| {
+                Duration::try_from_secs_f64(seconds)
+                    .map_err(|e| PyValueError::new_err(e.to_string()))
+            })
+            .transpose()?;
+        let mut state = self.state();
+        state.settable(py, id, limit.is_some().then_some(Setting::TimeLimit))?;
+        let policies = &mut state.policies;
+        policies.policies.set_time_limit(id, limit);
+        match seconds {
+            Some(seconds) => policies.time_limits.insert(id.to_owned(), seconds),
+            None => policies.time_limits.remove(id),
+        };
+        if let Some(compiled) = &mut state.compiled {
+            compiled.program = None;
+        }
+        Ok(())
+    }
+
+    /// Nodes with retries, and their `(times, backoff, on)`, in the order the nodes were added.
+    fn retries(&self, py: Python<'_>) -> Vec<(String, WrittenRetry)> {
+        let state = self.state();
+        in_node_order(&state, |id| {
+            let (times, backoff, on) = state.policies.retries.get(id.as_str())?;
+            Some((*times, *backoff, on.clone_ref(py)))
+        })
+    }
+
+    /// Nodes with a time limit, and its seconds, in the order the nodes were added.
+    fn time_limits(&self) -> Vec<(String, f64)> {
+        let state = self.state();
+        in_node_order(&state, |id| {
+            state.policies.time_limits.get(id.as_str()).copied()
+        })
+    }
+
+    /// Placed nodes and their devices, in the order the nodes were added.
+    fn devices(&self) -> Vec<(String, String)> {
+        let state = self.state();
+        in_node_order(&state, |id| {
+            state.placement.device(id.as_str()).map(|d| d.to_string())
+        })
+    }
+
+    /// For each node, in plan order, whether a forward on `input` with `cache` (a run cache of
+    /// `soma/cache/_cache.py`) would find its output there; no node runs.
+    fn would_hit(
+        &self,
+        py: Python<'_>,
+        input: Bound<'_, PyAny>,
+        cache: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<(String, bool)>> {
+        let program = self.program(py)?;
+        let executor = Executor::new().with_cache(Arc::new(PythonCache::new(cache)));
+        let found = executor.would_hit(&program, &wrap(input));
+        Ok(found
+            .into_iter()
+            .map(|(id, hit)| (id.to_string(), hit))
+            .collect())
+    }
+
+    /// Runs the graph on `input`.
+    #[pyo3(signature = (input, driver=None, turn_limit=soma_core::DEFAULT_TURN_LIMIT, trace=None, timeout=None, stop=None, cache=None))]
+    #[allow(clippy::too_many_arguments)] // `forward`'s own keywords, each passed through.
+    fn forward<'py>(
+        &self,
+        py: Python<'py>,
+        input: Bound<'py, PyAny>,
+        driver: Option<&Bound<'py, PyAny>>,
+        turn_limit: u32,
+        trace: Option<&Bound<'py, PyTrace>>,
+        timeout: Option<f64>,
+        stop: Option<&Bound<'py, StopFlag>>,
+        cache: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let nested = Nested::enter()?;
+        let timeout = timeout.map(time_limit).transpose()?;
+        let program = self.program(py)?;
+        let watch = Arc::new(SignalWatch::new(timeout, stop.map(Bound::get)));
+        let mut executor =
+            executor_for(&program, nested.depth(), &watch, driver, turn_limit, trace)?;
+        if let Some(cache) = cache {
+            executor = executor.with_cache(Arc::new(PythonCache::new(cache)));
+        }
+        let input = wrap(input);
+        if program.is_async() {
+            return forward_on_loop(py, &program, &executor, input, &watch, timeout);
+        }
+        // The whole run in a copy of the caller's context, as each branch is in a copy of its
+        // wave's: what the nodes set never reaches the caller, with or without a wave.
+        let (mut input, mut outcome) = (Some(input), None);
+        let mut run = || {
+            let input = input.take().expect("the graph runs once");
+            outcome = Some(panic::catch_unwind(AssertUnwindSafe(|| {
+                executor.run_detachable(&program, input)
+            })));
+        };
+        let queues = Scope::for_forward(py, program.devices());
+        context::isolated(&mut run);
+        drop(queues);
+        forward_outcome(
+            py,
+            outcome.expect("the context ran the graph"),
+            &watch,
+            timeout,
+        )
+    }
+
+    /// Runs the graph on `input` from a running event loop: the awaitable `aforward` awaits,
+    /// the run walked by the engine in the caller's task, its async nodes' coroutines stepped
+    /// there, its branches tasks of their own on this loop.
+    #[pyo3(signature = (input, driver=None, turn_limit=soma_core::DEFAULT_TURN_LIMIT, trace=None, timeout=None, cache=None))]
+    #[allow(clippy::too_many_arguments)] // `aforward`'s own keywords, each passed through.
+    fn aforward<'py>(
+        &self,
+        py: Python<'py>,
+        input: Bound<'py, PyAny>,
+        driver: Option<&Bound<'py, PyAny>>,
+        turn_limit: u32,
+        trace: Option<&Bound<'py, PyTrace>>,
+        timeout: Option<f64>,
+        cache: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Stepper> {
+        let timeout = timeout.map(time_limit).transpose()?;
+        let Some(event_loop) = aio::running_loop(py)? else {
+            return Err(PyRuntimeError::new_err(
+                "aforward was called with no running event loop\nhint: `await g.aforward(x)` inside a coroutine, or call `g.forward(x)`",
+            ));
+        };
+        let program = self.program(py)?;
+        let watch = Arc::new(SignalWatch::new(timeout, None));
+        let mut executor = executor_for(
+            &program,
+            reentry::depth(),
+            &watch,
+            driver,
+            turn_limit,
+            trace,
+        )?;
+        if let Some(cache) = cache {
+            executor = executor.with_cache(Arc::new(PythonCache::new(cache)));
+        }
+        let tasks = aio::LoopTasks::new(event_loop.unbind());
+        let (task, settled) = executor.start(
+            &program,
+            wrap(input),
+            Arc::clone(&tasks) as Arc<dyn soma_core::Tasks>,
+        );
+        tasks.root(py, task, settled, watch, timeout)
+    }
+}
+
+/// What `pick` says of each node that it says something of, by id, in the order the nodes were
+/// added: the listings of what is set per node (devices, retries, time limits).
+///
+/// Read through the catalog, whose order is the graph's, so that the nodes inside `each`,
+/// `switch` and `loop` steps are listed too (`chunks/clean`), each before its step.
+fn in_node_order<T>(state: &State, pick: impl Fn(&NodeId) -> Option<T>) -> Vec<(String, T)> {
+    state
+        .catalog
+        .iter()
+        .filter_map(|(id, _)| Some((id.to_string(), pick(id)?)))
+        .collect()
+}
