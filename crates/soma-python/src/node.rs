@@ -1,9 +1,9 @@
 //! Python objects as nodes.
 //!
 //! A node's call attaches to the interpreter; a branch thread already holds the GIL from one
-//! Python node to the next (see `graph.rs`) and gives it back wherever the engine blocks, so the
-//! branches of a wave take turns at the GIL and really overlap wherever a node's work releases it
-//! (numpy, torch, I/O, a driver's wait).
+//! Python node to the next (see `graph/mod.rs`) and gives it back wherever the engine blocks, so
+//! the branches of a wave take turns at the GIL and really overlap wherever a node's work
+//! releases it (numpy, torch, I/O, a driver's wait).
 
 use std::future::Future;
 use std::pin::Pin;
