@@ -20,7 +20,8 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyIterator, PyList, PyTuple};
 use soma_core::{
-    Flow, FlowSettings, ItemOutcome, NodeId, OnError, RunError, Spawned, Value, Watch,
+    Flow, FlowSettings, ItemOutcome, NodeId, OnError, RunError, Spawned, Value, Watch, STOP_GRACE,
+    WATCH_INTERVAL,
 };
 
 use crate::aio::{self, LoopTasks, Wake};
@@ -31,12 +32,6 @@ use crate::graph::{executor_for, refuse_inside_loop, GraphCore};
 use crate::reentry;
 use crate::trace::PyTrace;
 use crate::watch::SignalWatch;
-
-/// How often a reader on its own thread looks for signals and the deadline while it waits.
-const WAIT_SLICE: Duration = Duration::from_millis(5);
-
-/// How long closing, or a deadline, waits for the cancelled items to end.
-const STOP_GRACE: Duration = Duration::from_millis(50);
 
 /// An item's task on the kept loop, started from the reader's thread (`soma._run.loop.Started`).
 struct StartedItem(Py<PyAny>);
@@ -341,7 +336,7 @@ impl Streaming {
             }
             let began = Instant::now();
             let flow = Arc::clone(&self.flow);
-            py.detach(|| flow.wait(WAIT_SLICE));
+            py.detach(|| flow.wait(WATCH_INTERVAL));
             self.waiting += began.elapsed();
             self.watch.poll();
             if let Some(raised) = self.watch.take_raised() {

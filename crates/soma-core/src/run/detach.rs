@@ -19,11 +19,12 @@ use std::time::{Duration, Instant};
 use super::hooks::Watch;
 use crate::model::id::NodeId;
 
-/// How long the caller lets branches stop at their node boundaries, once the watch has asked
-/// the run to stop, before it stops waiting for those that have not. Short enough that a run
-/// past its deadline reports it within a tenth of a second, polling and the GIL included; long
-/// enough for nodes of a few milliseconds to reach their boundary and stop cleanly.
-pub(super) const GRACE: Duration = Duration::from_millis(50);
+/// How long a caller lets a run it stopped (Ctrl-C, a deadline, closing a stream) reach its node
+/// boundaries before it stops waiting for those that have not: every walk's and every stream's
+/// caller, sync or async, in the engine and in an embedder's waits. Short enough that a run past
+/// its deadline reports it within a tenth of a second, polling and the GIL included; long enough
+/// for nodes of a few milliseconds to reach their boundary and stop cleanly.
+pub const STOP_GRACE: Duration = Duration::from_millis(50);
 
 /// Where `value` lives, for comparing by identity.
 fn address<P>(value: &P) -> usize {
@@ -157,7 +158,7 @@ impl Detached {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let since = *seen.get_or_insert_with(Instant::now);
-        if since.elapsed() < GRACE {
+        if since.elapsed() < STOP_GRACE {
             return false;
         }
         self.given_up.store(true, Ordering::Relaxed);

@@ -34,9 +34,10 @@ use std::time::{Duration, Instant};
 pub(super) const STAY_AWAKE: Duration = Duration::from_micros(50);
 
 /// How often a thread that waits asks the [`crate::Watch`] whether to stop, when it is the one
-/// that polls it (the run's caller, or a branch waiting for a time-limited call): often enough
-/// that Ctrl-C and a deadline are seen at once, rarely enough to cost nothing.
-pub(crate) const WATCH_INTERVAL: Duration = Duration::from_millis(5);
+/// that polls it (the run's caller, a stream's reader, a branch waiting for a time-limited
+/// call, an embedder's caller waiting for a run): often enough that Ctrl-C and a deadline are
+/// seen at once, rarely enough to cost nothing.
+pub const WATCH_INTERVAL: Duration = Duration::from_millis(5);
 
 /// Opened once, by whoever finishes the work; waited on by one thread or more.
 pub(super) struct Latch {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::intern;
 use pyo3::prelude::*;
-use soma_core::{Executor, NodeId, Program, Reading, RunError, Watch};
+use soma_core::{Executor, NodeId, Program, Reading, RunError, Watch, STOP_GRACE, WATCH_INTERVAL};
 
 use super::interpreter::interpreter_at;
 use super::stopped::{cancelled, timed_out};
@@ -65,13 +65,6 @@ pub(crate) fn refuse_inside_loop(py: Python<'_>, what: &str, program: &Program) 
     )))
 }
 
-/// How often a caller waiting for a run on the kept loop looks for signals and its deadline.
-const WAIT_SLICE: Duration = Duration::from_millis(5);
-
-/// How long the caller lets a run it stopped reach its node boundaries before it stops
-/// waiting for the nodes that do not, as a sync run's caller does.
-const STOP_GRACE: Duration = Duration::from_millis(50);
-
 /// `forward` of a graph with async nodes: the run started as a task on the event loop Soma
 /// keeps for the process (`soma._run.loop.kept_loop`), in a copy of the caller's context, while the
 /// caller waits on the run's outcome — never on the loop — a few milliseconds at a time,
@@ -104,7 +97,7 @@ pub(super) fn forward_on_loop<'py>(
     // When the watch stopped the run, and what was running then.
     let mut stopped: Option<(std::time::Instant, Vec<NodeId>)> = None;
     loop {
-        if py.detach(|| settled.wait(WAIT_SLICE)) {
+        if py.detach(|| settled.wait(WATCH_INTERVAL)) {
             break;
         }
         watch.poll();

@@ -2,7 +2,7 @@
 //! their own on the loop ([`crate::Flow`]): the stream's stages, without threads.
 //!
 //! A stream of sync nodes gives each node a stage with as many workers as its concurrency
-//! (`run/stream.rs`), so a node sees one item at a time unless it allows more. A stream of a
+//! (`run/stream/`), so a node sees one item at a time unless it allows more. A stream of a
 //! program with async nodes runs each item as a task walking the whole plan, and holds the same
 //! promise with a permit per node instead: an async node's step, and a step that decides, waits
 //! for one of its own node's permits (as many as its concurrency); a piece of sync work, for one

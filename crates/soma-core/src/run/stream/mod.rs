@@ -122,14 +122,8 @@ use shared::{Caller, Shared, State};
 use stage_worker::Worker;
 use stages::{nodes_of, stages};
 
-/// How often a caller waiting for the next result asks the [`Watch`](crate::run::hooks::Watch)
-/// whether to stop.
-const WATCH_INTERVAL: Duration = Duration::from_millis(5);
-
-/// Once the watch has asked the stream to stop (Ctrl-C, a deadline), how long closing lets the
-/// stages reach a node boundary before it stops waiting for those that have not: short, so
-/// that a deadline's error comes out within a tenth of a second of it.
-const STOP_GRACE: Duration = Duration::from_millis(50);
+use super::detach::STOP_GRACE;
+use super::latch::WATCH_INTERVAL;
 
 /// How long dropping a stream waits for a node still running before it leaves the node to
 /// finish on its thread: a drop cannot be interrupted, and has nobody to hand a signal to.
