@@ -5,8 +5,9 @@ does not move when the machine is noisy.
 
 For each Python (a venv's, with a build of Soma installed), runs ``valgrind --tool=callgrind``
 on a child that builds a chain of 1,000 trivial nodes and forwards it ``few`` then ``many``
-times, and the same for a wave of 2 (one node, then two branches): the difference, divided by
-the extra forwards (and by 1,000 for the chain), is what one forward costs without the start-up.
+times, the same for a wave of 2 (one node, then two branches) and for an ``each`` step over 100
+items: the difference, divided by the extra forwards (and by 1,000 for the chain), is what one
+forward costs without the start-up.
 Prints a markdown table, each build's count and its ratio to the first's. Needs valgrind.
 """
 
@@ -24,19 +25,22 @@ class Pass(soma.Node):
     def forward(self, x):
         return x
 shape, times = sys.argv[1], int(sys.argv[2])
+value = 1
 if shape == "chain":
     e = Pass()
     for _ in range(999):
         e = e >> Pass()
-else:
+elif shape == "wave":
     e = Pass() >> (Pass() | Pass())
+else:
+    e, value = soma.each(Pass()), list(range(100))
 g = soma.Graph.somatize(e)
 for _ in range(times):
-    g.forward(1)
+    g.forward(value)
 """
 
 # (shape, few, many, per): forwards counted, and what one forward is divided by.
-SHAPES = (("chain", 20, 120, 1000), ("wave", 2000, 12000, 1))
+SHAPES = (("chain", 20, 120, 1000), ("wave", 2000, 12000, 1), ("each", 20, 120, 1))
 
 
 def counted(python: str, shape: str, times: int) -> int:
@@ -73,8 +77,11 @@ def main() -> None:
             base = first.setdefault(shape, cost)
             cells.append(f"{cost:,.1f} ({cost / base:.3f}x)")
         rows.append(cells)
-    print("| build | instructions a node, chain of 1,000 | instructions a forward, wave of 2 |")
-    print("|---|---:|---:|")
+    print(
+        "| build | instructions a node, chain of 1,000 | instructions a forward, wave of 2 "
+        "| instructions a forward, each of 100 |"
+    )
+    print("|---|---:|---:|---:|")
     for cells in rows:
         print("| " + " | ".join(cells) + " |")
 
