@@ -1521,6 +1521,52 @@ def test_ctrl_c_stops_forward_or_map_of_async_nodes_and_cancels_them(call: str) 
     assert "again: go ['finally']" in child.stdout, (child.stdout, child.stderr)
 
 
+@pytest.mark.parametrize("call", ['g.forward("block")', 'list(g.map(["block"]))'])
+def test_ctrl_c_landing_while_a_run_is_handed_to_the_loop_still_cancels_it(call: str) -> None:
+    # The calling thread runs Python to hand the run to the kept loop; a Ctrl-C raised there,
+    # after the run is on the loop, must still cancel it (it used to be left waiting forever).
+    script = textwrap.dedent(
+        """
+        import asyncio, signal, threading
+        import soma
+        import soma._run.loop as kept
+
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        began, ended = threading.Event(), threading.Event()
+
+        class Stuck(soma.Node):
+            async def forward(self, x):
+                if x == "block":
+                    began.set()
+                    try:
+                        await asyncio.Event().wait()
+                    finally:
+                        ended.set()
+                return x
+
+        begin = kept.Started.begin
+        def begin_then_ctrl_c(self, stepper):
+            begin(self, stepper)
+            assert began.wait(10), "the node never began"
+            signal.raise_signal(signal.SIGINT)
+        kept.Started.begin = begin_then_ctrl_c
+
+        g = soma.Graph.somatize(Stuck().named("stuck"))
+        try:
+            __CALL__
+        except KeyboardInterrupt:
+            print("caught KeyboardInterrupt", flush=True)
+        kept.Started.begin = begin
+        print("cancelled:", ended.wait(10), flush=True)
+        print("again:", g.forward("go"), flush=True)
+        """
+    )
+    child = run_script(script.replace("__CALL__", call))
+    assert "caught KeyboardInterrupt" in child.stdout, (child.stdout, child.stderr)
+    assert "cancelled: True" in child.stdout, (child.stdout, child.stderr)
+    assert "again: go" in child.stdout, (child.stdout, child.stderr)
+
+
 def test_ctrl_c_under_asyncio_run_cancels_the_async_nodes_of_aforward() -> None:
     script = textwrap.dedent(
         """

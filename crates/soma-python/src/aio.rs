@@ -578,6 +578,63 @@ impl Spawned for SpawnedTask {
     }
 }
 
+/// How many times [`Started::cancel`] tries a cancel that a signal handler's exception broke off.
+const CANCEL_TRIES: usize = 3;
+
+/// A run handed to the loop Soma keeps, from the calling thread (`soma._run.loop.Started`):
+/// held from before it is handed over, so that it can always be cancelled.
+pub(crate) struct Started {
+    started: Py<PyAny>,
+}
+
+impl Started {
+    /// Hands `stepper` to `tasks`' loop. An error alone: nothing was handed over. An error
+    /// beside the run: what a signal handler raised while it was handed over (Ctrl-C, landing
+    /// in the Python that hands it) — the run may be on the loop all the same, and is the
+    /// caller's to cancel.
+    pub(crate) fn begin(
+        py: Python<'_>,
+        tasks: &LoopTasks,
+        stepper: Stepper,
+    ) -> PyResult<(Self, Option<PyErr>)> {
+        let started = aio_module(py)?
+            .getattr(intern!(py, "Started"))?
+            .call1((tasks.loop_object().bind(py),))?
+            .unbind();
+        let raised = started
+            .bind(py)
+            .call_method1(intern!(py, "begin"), (stepper,))
+            .err();
+        Ok((Started { started }, raised))
+    }
+
+    /// Cancels the run, tried again when a signal handler's exception (a second Ctrl-C) broke
+    /// it off: that exception is returned, for the caller to raise once the run is stopped.
+    pub(crate) fn cancel(&self, py: Python<'_>) -> Option<PyErr> {
+        let mut raised = None;
+        for _ in 0..CANCEL_TRIES {
+            match self.started.bind(py).call_method0(intern!(py, "cancel")) {
+                Ok(_) => break,
+                Err(error) => {
+                    raised.get_or_insert(error);
+                }
+            }
+        }
+        raised
+    }
+}
+
+impl Spawned for Started {
+    fn cancel(&self) {
+        Python::attach(|py| {
+            // Cancelled from the engine, where nothing can be raised: shown, not lost.
+            if let Some(raised) = Started::cancel(self, py) {
+                raised.write_unraisable(py, None);
+            }
+        });
+    }
+}
+
 /// The engine's [`Tasks`] hook on one asyncio loop.
 pub struct LoopTasks {
     mailbox: Arc<Mailbox>,

@@ -20,11 +20,11 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyIterator, PyList, PyTuple};
 use soma_core::{
-    Flow, FlowSettings, ItemOutcome, NodeId, OnError, RunError, Spawned, Value, Watch, STOP_GRACE,
+    Flow, FlowSettings, ItemOutcome, NodeId, OnError, RunError, Value, Watch, STOP_GRACE,
     WATCH_INTERVAL,
 };
 
-use crate::aio::{self, LoopTasks, Wake};
+use crate::aio::{self, LoopTasks, Started, Wake};
 use crate::cache::PythonCache;
 use crate::convert::{to_python, wrap};
 use crate::errors::{panic_error, run_error};
@@ -32,17 +32,6 @@ use crate::graph::{executor_for, refuse_inside_loop, GraphCore};
 use crate::reentry;
 use crate::trace::PyTrace;
 use crate::watch::SignalWatch;
-
-/// An item's task on the kept loop, started from the reader's thread (`soma._run.loop.Started`).
-struct StartedItem(Py<PyAny>);
-
-impl Spawned for StartedItem {
-    fn cancel(&self) {
-        Python::attach(|py| {
-            let _ = self.0.bind(py).call_method0(intern!(py, "cancel"));
-        });
-    }
-}
 
 struct Streaming {
     flow: Arc<Flow>,
@@ -371,15 +360,13 @@ impl Streaming {
             };
             self.read += 1;
             let (index, task) = self.flow.start(wrap(item));
-            let started = py
-                .import("soma._run.loop")?
-                .getattr(intern!(py, "start"))?
-                .call1((
-                    self.tasks.loop_object().bind(py),
-                    self.tasks.background(task),
-                ))?;
-            self.flow
-                .keep(index, Box::new(StartedItem(started.unbind())));
+            let (started, raised) = Started::begin(py, &self.tasks, self.tasks.background(task))?;
+            // Kept before a Ctrl-C that landed while it was handed over is raised: the stream's
+            // end cancels it with the rest.
+            self.flow.keep(index, Box::new(started));
+            if let Some(raised) = raised {
+                return Err(raised);
+            }
         }
         Ok(())
     }

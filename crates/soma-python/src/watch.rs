@@ -70,6 +70,16 @@ impl SignalWatch {
         self.timed_out.load(Ordering::Acquire)
     }
 
+    /// Keeps `raised`, what a signal handler raised on the calling thread, and stops the run:
+    /// `forward` raises it once the run has stopped. The first one kept is the one raised.
+    pub fn keep(&self, raised: PyErr) {
+        self.raised
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get_or_insert(raised);
+        self.stopped.store(true, Ordering::Release);
+    }
+
     /// The exception a signal handler raised during the run, if one did.
     pub fn take_raised(&self) -> Option<PyErr> {
         self.raised
@@ -115,11 +125,7 @@ impl Watch for SignalWatch {
             return;
         }
         if let Err(raised) = Python::attach(|py| py.check_signals()) {
-            *self
-                .raised
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(raised);
-            self.stopped.store(true, Ordering::Release);
+            self.keep(raised);
         }
     }
 }

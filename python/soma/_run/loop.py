@@ -48,8 +48,13 @@ class Wait(asyncio.Future[None]):
 
 
 class Started:
-    """A run of ``forward`` handed to the kept loop, as the calling thread holds it: to cancel
-    it from that thread (Ctrl-C, its deadline, its stop flag)."""
+    """A run handed to the kept loop, as the calling thread holds it: to cancel it from that
+    thread (Ctrl-C, its deadline, its stop flag).
+
+    The caller holds it before the run is handed over (``begin``): a Ctrl-C lands in whatever
+    Python the calling thread runs, the handing over among it, and a ``KeyboardInterrupt``
+    raised there may come after the run was handed to the loop. Held, the run is still the
+    caller's to cancel; lost, it would wait on the loop forever."""
 
     __slots__ = ("_cancelled", "_lock", "_loop", "_task")
 
@@ -59,6 +64,11 @@ class Started:
         self._task: asyncio.Task[None] | None = None
         self._cancelled = False
 
+    def begin(self, stepper: _soma.Stepper) -> None:
+        """Hands ``stepper`` to the loop, to run as a task in a copy of the calling thread's
+        context."""
+        self._loop.call_soon_threadsafe(self._create, stepper, context=contextvars.copy_context())
+
     def _create(self, stepper: _soma.Stepper) -> None:
         with self._lock:
             if self._cancelled:  # Given up before it began: it never begins.
@@ -66,7 +76,7 @@ class Started:
             self._task = self._loop.create_task(stepper)
 
     def cancel(self) -> None:
-        """Cancels the run's task on the loop, from any thread."""
+        """Cancels the run's task on the loop, from any thread; again, at no cost."""
         with self._lock:
             self._cancelled = True
             task = self._task
@@ -74,14 +84,6 @@ class Started:
             # A closed loop refuses: nothing of the run is left to cancel.
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(task.cancel)
-
-
-def start(loop: asyncio.AbstractEventLoop, stepper: _soma.Stepper) -> Started:
-    """Runs ``stepper`` as a task of ``loop`` (the kept one, from another thread), in a copy of
-    the calling thread's context."""
-    started = Started(loop)
-    loop.call_soon_threadsafe(started._create, stepper, context=contextvars.copy_context())
-    return started
 
 
 _KEPT: tuple[int, asyncio.AbstractEventLoop] | None = None

@@ -84,16 +84,18 @@ pub(super) fn forward_on_loop<'py>(
         .import("soma._run.loop")?
         .getattr(intern!(py, "kept_loop"))?
         .call0()?;
-    let tasks = aio::LoopTasks::new(event_loop.clone().unbind());
+    let tasks = aio::LoopTasks::new(event_loop.unbind());
     let (task, settled) = executor.start(
         program,
         input,
         Arc::clone(&tasks) as Arc<dyn soma_core::Tasks>,
     );
-    let started = py
-        .import("soma._run.loop")?
-        .getattr(intern!(py, "start"))?
-        .call1((&event_loop, tasks.background(task)))?;
+    let (started, raised) = aio::Started::begin(py, &tasks, tasks.background(task))?;
+    if let Some(raised) = raised {
+        // Ctrl-C landed while the run was handed over: it stops the run, as one seen while
+        // waiting does.
+        watch.keep(raised);
+    }
     // When the watch stopped the run, and what was running then.
     let mut stopped: Option<(std::time::Instant, Vec<NodeId>)> = None;
     loop {
@@ -107,7 +109,9 @@ pub(super) fn forward_on_loop<'py>(
         let (since, running) = stopped.get_or_insert_with(|| {
             // Stopped: the run's tasks are cancelled, their async nodes' calls interrupted.
             let running = settled.running();
-            let _ = started.call_method0(intern!(py, "cancel"));
+            if let Some(raised) = started.cancel(py) {
+                watch.keep(raised);
+            }
             (std::time::Instant::now(), running)
         });
         if since.elapsed() >= STOP_GRACE {
