@@ -31,7 +31,7 @@ import pytest
 from inline_snapshot import snapshot
 
 import soma
-from soma import native
+from soma import _soma, native
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -600,6 +600,18 @@ hint: the graph can run again at once; a node that waits for something that may 
 """)
     assert story(lambda: list(stuck.map([1], timeout=0.2))) == snapshot("""\
 TimeoutError: the stream did not finish within its timeout of 0.2 s; still running: `stuck` (cancelled)
+hint: the graph can run again at once; a node that waits for something that may not come should wait with a timeout of its own\
+""")
+
+
+def test_a_run_on_hosts_past_its_timeout_is_worded_as_every_run() -> None:
+    # What `soma.remote` raises when a slice outlasts the run's deadline on its host (the Ray
+    # tests run it for real and read its first line).
+    def raise_it() -> None:
+        raise _soma.hosts_past_timeout(0.5, "; still running: `stuck` on host `one`, stopped there")
+
+    assert story(raise_it) == snapshot("""\
+TimeoutError: forward did not finish within its timeout of 0.5 s; still running: `stuck` on host `one`, stopped there
 hint: the graph can run again at once; a node that waits for something that may not come should wait with a timeout of its own\
 """)
 

@@ -34,6 +34,7 @@ __all__ = [
     "code_digest",
     "distribute",
     "host_refused",
+    "hosts_past_timeout",
     "observe",
     "parse_device",
     "parse_host",
@@ -121,6 +122,10 @@ def observe(target: Any | None) -> None:
 def checked_timeout(seconds: object) -> float:
     """``seconds`` if it is a timeout every run accepts: a finite number of seconds, 0 or more;
     otherwise the ``ValueError`` that says so."""
+
+def hosts_past_timeout(timeout: float | None, still: str) -> TimeoutError:
+    """The ``TimeoutError`` of ``forward`` on hosts past its ``timeout``, ``still`` saying what
+    it left where (``"; still running: ..."``), worded as every run's. Not API."""
 
 def parse_device(text: str) -> str: ...
 def parse_host(text: str) -> str: ...

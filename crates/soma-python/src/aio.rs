@@ -32,7 +32,7 @@ use std::task::{Context, Poll, Waker};
 use std::thread::{self, ThreadId};
 use std::time::Duration;
 
-use pyo3::exceptions::{PyStopIteration, PyTimeoutError};
+use pyo3::exceptions::PyStopIteration;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -512,11 +512,7 @@ fn leave(py: Python<'_>, context: &Bound<'_, PyAny>) -> PyResult<()> {
 
 /// The `TimeoutError` of an `aforward` past its timeout.
 fn aforward_timed_out(error: &RunError, timeout: Option<Duration>) -> PyErr {
-    let limit = timeout.map_or(0.0, |t| t.as_secs_f64());
-    let still = crate::graph::left_behind(error);
-    PyTimeoutError::new_err(format!(
-        "aforward did not finish within its timeout of {limit} s{still}\nhint: the graph can run again at once; a node that waits for something that may not come should wait with a timeout of its own"
-    ))
+    crate::graph::past_timeout("aforward", timeout, &crate::graph::left_behind(error))
 }
 
 #[pymethods]

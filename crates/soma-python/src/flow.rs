@@ -382,11 +382,11 @@ impl Streaming {
     }
 
     fn timed_out_with(&self, error: &RunError) -> PyErr {
-        let limit = self.timeout.map_or(0.0, |t| t.as_secs_f64());
-        let still = crate::graph::left_behind(error);
-        PyTimeoutError::new_err(format!(
-            "the stream did not finish within its timeout of {limit} s{still}\nhint: the graph can run again at once; a node that waits for something that may not come should wait with a timeout of its own"
-        ))
+        crate::graph::past_timeout(
+            "the stream",
+            self.timeout,
+            &crate::graph::left_behind(error),
+        )
     }
 
     /// What `__next__` answers for item `index`.

@@ -77,6 +77,7 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(hosts::distribute, module)?)?;
     module.add_function(wrap_pyfunction!(hosts::host_refused, module)?)?;
     module.add_function(wrap_pyfunction!(graph::checked_timeout, module)?)?;
+    module.add_function(wrap_pyfunction!(graph::hosts_past_timeout, module)?)?;
     exit::register(module)?;
     // Off any run's path, what the first forward of the first graph would otherwise do in the
     // middle of its run: start a thread for its first wave (`soma_core::keep_a_thread_in_reserve`;

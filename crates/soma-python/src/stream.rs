@@ -13,7 +13,7 @@ use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 use std::time::Duration;
 
-use pyo3::exceptions::{PyException, PyRuntimeError, PyTimeoutError, PyValueError};
+use pyo3::exceptions::{PyException, PyRuntimeError};
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyIterator, PyList, PyTuple};
@@ -91,7 +91,7 @@ impl StreamCore {
         timeout: Option<f64>,
         cache: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let timeout = timeout.map(time_limit).transpose()?;
+        let timeout = timeout.map(crate::graph::time_limit).transpose()?;
         let program = graph.get().program(py)?;
         let iterator = inputs.try_iter()?.unbind();
         let watch = Arc::new(SignalWatch::new(timeout, None));
@@ -306,15 +306,6 @@ impl StreamCore {
     }
 }
 
-/// A `timeout` in seconds as a duration: finite and not negative.
-fn time_limit(seconds: f64) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(seconds).map_err(|_| {
-        PyValueError::new_err(format!(
-            "timeout must be a finite number of seconds, 0 or more, not {seconds}"
-        ))
-    })
-}
-
 /// The `TimeoutError` of a stream whose time ran out, naming what was still running: each
 /// stage left running, one node, or a wave of which one or more nodes were.
 fn timed_out<I: Iterator<Item = Value>>(
@@ -322,7 +313,6 @@ fn timed_out<I: Iterator<Item = Value>>(
     stream: &Stream<I>,
     timeout: Option<Duration>,
 ) -> PyErr {
-    let limit = timeout.map_or(0.0, |t| t.as_secs_f64());
     let named = |nodes: &[NodeId]| -> String {
         let names: Vec<String> = nodes.iter().map(|id| format!("`{id}`")).collect();
         match names.as_slice() {
@@ -343,7 +333,5 @@ fn timed_out<I: Iterator<Item = Value>>(
         }
         other => format!("; the stream had failed too: {other}"),
     };
-    PyTimeoutError::new_err(format!(
-        "the stream did not finish within its timeout of {limit} s{still}\nhint: the graph can run again at once; a node that waits for something that may not come should wait with a timeout of its own"
-    ))
+    crate::graph::past_timeout("the stream", timeout, &still)
 }

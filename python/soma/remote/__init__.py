@@ -36,6 +36,7 @@ import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from soma import _soma
 from soma._run import observe as _observe
 from soma.cache import _fingerprint
 from soma.cache._cache import Cache
@@ -124,10 +125,8 @@ class _Run:
     def ran_out(self, piece: Slice, state: str) -> TimeoutError:
         """The run's ``TimeoutError``, its time having run out while ``piece`` was ``state``
         on its host; kept as the one to raise (see :func:`forward`)."""
-        self.timed_out = TimeoutError(
-            f"forward did not finish within its timeout of {self.timeout} s; still running: "
-            f"{piece.listed()} on host `{piece.host}`, {state}\nhint: the graph can run again "
-            "at once"
+        self.timed_out = _soma.hosts_past_timeout(
+            self.timeout, f"; still running: {piece.listed()} on host `{piece.host}`, {state}"
         )
         return self.timed_out
 

@@ -38,8 +38,8 @@ use crate::node::PythonNode;
 use crate::policy::Written;
 pub(crate) use interpreter::thread_stack_asked;
 pub(crate) use run::{executor_for, refuse_inside_loop};
-pub use stopped::checked_timeout;
-pub(crate) use stopped::{left_behind, time_limit};
+pub use stopped::{checked_timeout, hosts_past_timeout};
+pub(crate) use stopped::{left_behind, past_timeout, time_limit};
 
 struct State {
     graph: Graph,

@@ -41,11 +41,28 @@ pub(crate) fn time_limit(seconds: f64) -> PyResult<Duration> {
 
 /// The `TimeoutError` of a run whose time ran out, naming what was still running.
 pub(super) fn timed_out(error: &RunError, timeout: Option<Duration>) -> PyErr {
+    past_timeout("forward", timeout, &left_behind(error))
+}
+
+/// The `TimeoutError` of `what` (`forward`, `aforward`, `the stream`) that did not finish
+/// within `timeout`, `still` saying what it left behind (`; still running: …`): one wording
+/// for every kind of run, so that the same situation reads the same wherever it is raised.
+pub(crate) fn past_timeout(what: &str, timeout: Option<Duration>, still: &str) -> PyErr {
     let limit = timeout.map_or(0.0, |t| t.as_secs_f64());
-    let still = left_behind(error);
     PyTimeoutError::new_err(format!(
-        "forward did not finish within its timeout of {limit} s{still}\nhint: the graph can run again at once; a node that waits for something that may not come should wait with a timeout of its own"
+        "{what} did not finish within its timeout of {limit} s{still}\nhint: the graph can run again at once; a node that waits for something that may not come should wait with a timeout of its own"
     ))
+}
+
+/// The `TimeoutError` of a run on hosts past its timeout, `still` saying what it left where:
+/// worded as every run's ([`past_timeout`]).
+#[pyfunction]
+#[pyo3(signature = (timeout, still))]
+pub fn hosts_past_timeout(py: Python<'_>, timeout: Option<f64>, still: &str) -> Py<PyAny> {
+    let timeout = timeout.and_then(|seconds| Duration::try_from_secs_f64(seconds).ok());
+    past_timeout("forward", timeout, still)
+        .into_value(py)
+        .into_any()
 }
 
 /// The `soma.CancelledError` of a run whose stop flag was set, naming what was still running.
