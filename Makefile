@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PY := $(BIN)/python
 # The extension is rebuilt only when its sources change.
-RUST_SOURCES := $(shell find crates -name '*.rs' -o -name Cargo.toml) Cargo.toml Cargo.lock pyproject.toml
+RUST_SOURCES := $(shell find crates -name '*.rs' -o -name '*.c' -o -name Cargo.toml) Cargo.toml Cargo.lock pyproject.toml
 export CARGO_TERM_COLOR ?= never
 
 .PHONY: setup build demo test lint test-rust test-python test-wheel test-py313 test-torch wheel fmt \

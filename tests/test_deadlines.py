@@ -252,3 +252,73 @@ def test_nodes_left_running_neither_hold_nor_crash_the_interpreter_at_exit(
     # would ask for the GIL and be ended by Python with a forced unwind the process dies of.
     child = run_script(EXIT_SCRIPT.replace("__RELEASED_AT_EXIT__", repr(released_at_exit)))
     assert (child.returncode, child.stdout) == (0, "timed out\n"), child.stderr
+
+
+BUSY_AT_EXIT_SCRIPT = textwrap.dedent(
+    """
+    import sys, threading, time
+    import soma
+
+    began = threading.Barrier(3, timeout=10)  # both nodes and the program
+
+    def computes(x):
+        began.wait()
+        while True:  # Python work: the thread asks for the GIL every few milliseconds
+            sum(range(1000))
+
+    def sleeps(x):
+        began.wait()
+        while True:  # lets go of the GIL and takes it back, a thousand times a second
+            time.sleep(0.001)
+
+    class Call(soma.Node):
+        def __init__(self, work):
+            self.work = work
+
+        def forward(self, x):
+            return self.work(x)
+
+    inner = soma.Graph.somatize(Call(__WORK__).named("i1") | Call(__WORK__).named("i2"))
+
+    class Nested(soma.Node):
+        def forward(self, x):
+            return inner.forward(x)
+
+    class Async(soma.Node):  # stepped on the loop Soma keeps, from a method of Soma's
+        async def forward(self, x):
+            return __WORK__(x)
+
+    if "__SHAPE__" == "wave":
+        g = soma.Graph.somatize(Call(__WORK__).named("a") | Call(__WORK__).named("b"))
+    elif "__SHAPE__" == "async":
+        began = threading.Barrier(2, timeout=10)  # one loop: the first node holds it
+        g = soma.Graph.somatize(Async().named("a") | Async().named("b"))
+    elif "__SHAPE__" == "nested":
+        began = threading.Barrier(3, timeout=10)
+        g = soma.Graph.somatize(Nested().named("n") | Call(lambda x: x).named("b"))
+    else:
+        g = soma.Graph.somatize(Call(__WORK__).named("a") >> Call(lambda x: x).named("b"))
+    if "__SHAPE__" == "stream":
+        began = threading.Barrier(2, timeout=10)
+        items = g.map(range(10))
+        threading.Thread(target=lambda: next(items, None), daemon=True).start()
+        began.wait()
+    else:
+        threading.Thread(target=lambda: g.forward(0), daemon=True).start()
+        began.wait()
+    print("ending", flush=True)
+    sys.exit(3)
+    """
+)
+
+
+@pytest.mark.parametrize("work", ["computes", "sleeps"])
+@pytest.mark.parametrize("shape", ["wave", "nested", "async", "stream"])
+def test_a_node_still_at_work_when_the_program_ends_neither_crashes_nor_holds_the_exit(
+    work: str, shape: str
+) -> None:
+    # Python 3.11 ends a thread that asks for the GIL once the interpreter finalizes with a
+    # forced unwind; reaching a frame that catches unwinds, it used to abort the process.
+    script = BUSY_AT_EXIT_SCRIPT.replace("__WORK__", work).replace("__SHAPE__", shape)
+    child = run_script(script)
+    assert (child.returncode, child.stdout, child.stderr) == (3, "ending\n", "")

@@ -124,7 +124,7 @@ impl Mailbox {
 
     /// Completes `waiter` (a `Wait`), on the loop's thread.
     fn post(self: &Arc<Self>, waiter: Py<PyAny>) {
-        Python::attach(|py| {
+        crate::exit::attach(|py| {
             if self.loop_thread.get() == Some(&thread::current().id()) {
                 complete(py, waiter.bind(py));
                 return;
@@ -566,7 +566,7 @@ struct SpawnedTask {
 
 impl Spawned for SpawnedTask {
     fn cancel(&self) {
-        Python::attach(|py| {
+        crate::exit::attach(|py| {
             if let Err(error) = self.task.bind(py).call_method0(intern!(py, "cancel")) {
                 error.write_unraisable(py, None);
             }
@@ -622,7 +622,7 @@ impl Started {
 
 impl Spawned for Started {
     fn cancel(&self) {
-        Python::attach(|py| {
+        crate::exit::attach(|py| {
             // Cancelled from the engine, where nothing can be raised: shown, not lost.
             if let Some(raised) = Started::cancel(self, py) {
                 raised.write_unraisable(py, None);
@@ -721,7 +721,7 @@ impl LoopTasks {
 
 impl Tasks for LoopTasks {
     fn spawn(&self, task: Task) -> Result<Box<dyn Spawned>, String> {
-        Python::attach(|py| {
+        crate::exit::attach(|py| {
             let stepper = Stepper::new(task, Arc::clone(&self.mailbox), None, None);
             self.event_loop(py)
                 .call_method1(intern!(py, "create_task"), (stepper,))
@@ -737,13 +737,13 @@ impl Tasks for LoopTasks {
     fn sleep(&self, pause: Duration) -> Pause {
         Box::pin(Sleep {
             pause,
-            event_loop: Python::attach(|py| self.mailbox.event_loop.clone_ref(py)),
+            event_loop: crate::exit::attach(|py| self.mailbox.event_loop.clone_ref(py)),
             timer: None,
         })
     }
 
     fn interrupt_after(&self, limit: Duration) -> Box<dyn Interrupt> {
-        Python::attach(|py| {
+        crate::exit::attach(|py| {
             let armed = INTERRUPTS.with(|armed| armed.borrow().clone());
             let fired = Arc::new(AtomicBool::new(false));
             let fire = Fire {
@@ -799,7 +799,7 @@ impl Interrupt for TimeLimit {
 impl Drop for TimeLimit {
     fn drop(&mut self) {
         if let Some(handle) = self.handle.take() {
-            Python::attach(|py| {
+            crate::exit::attach(|py| {
                 let _ = handle.bind(py).call_method0(intern!(py, "cancel"));
             });
         }
@@ -846,7 +846,7 @@ impl std::future::Future for Sleep {
             return Poll::Pending;
         }
         let pause = self.pause;
-        let scheduled = Python::attach(|py| -> PyResult<(Py<PyAny>, Arc<WakeUp>)> {
+        let scheduled = crate::exit::attach(|py| -> PyResult<(Py<PyAny>, Arc<WakeUp>)> {
             let wake_up = Arc::new(WakeUp {
                 fired: AtomicBool::new(false),
                 waker: Mutex::new(Some(cx.waker().clone())),
@@ -872,7 +872,7 @@ impl std::future::Future for Sleep {
 impl Drop for Sleep {
     fn drop(&mut self) {
         if let Some((handle, _)) = self.timer.take() {
-            Python::attach(|py| {
+            crate::exit::attach(|py| {
                 let _ = handle.bind(py).call_method0(intern!(py, "cancel"));
             });
         }

@@ -135,28 +135,28 @@ fn key_of(answer: Option<Bound<'_, PyAny>>) -> Option<Key> {
 
 impl NodeCache for PythonCache {
     fn fingerprint(&self, id: &NodeId, _node: &dyn Node) -> Option<Key> {
-        Python::attach(|py| {
+        crate::exit::attach(|py| {
             self.remembered(py, id)
                 .or_else(|| key_of(self.ask(py, intern!(py, "fingerprint"), (id.as_str(),))))
         })
     }
 
     fn digest(&self, value: &Value) -> Option<Key> {
-        Python::attach(|py| {
+        crate::exit::attach(|py| {
             let value = to_python(py, value).ok()?;
             key_of(self.ask(py, intern!(py, "digest"), (value,)))
         })
     }
 
     fn digest_input(&self, id: &NodeId, input: &Value) -> Option<Key> {
-        Python::attach(|py| {
+        crate::exit::attach(|py| {
             let input = to_python(py, input).ok()?;
             key_of(self.ask(py, intern!(py, "input_digest"), (id.as_str(), input)))
         })
     }
 
     fn get(&self, _id: &NodeId, key: &Key) -> Option<Entry> {
-        Python::attach(|py| {
+        crate::exit::attach(|py| {
             let key = PyBytes::new(py, key.as_bytes());
             let answer = self.ask(py, intern!(py, "get"), (key,))?;
             let (found, value, digest): Answer<'_> = answer.extract().ok()?;
@@ -168,7 +168,7 @@ impl NodeCache for PythonCache {
     }
 
     fn peek(&self, _id: &NodeId, key: &Key) -> Option<Option<Key>> {
-        Python::attach(|py| {
+        crate::exit::attach(|py| {
             let key = PyBytes::new(py, key.as_bytes());
             let answer = self.ask(py, intern!(py, "peek"), (key,))?;
             let (found, digest): (bool, Bound<'_, PyAny>) = answer.extract().ok()?;
@@ -177,7 +177,7 @@ impl NodeCache for PythonCache {
     }
 
     fn put(&self, id: &NodeId, key: &Key, entry: &Entry, took: Duration) {
-        Python::attach(|py| {
+        crate::exit::attach(|py| {
             let Ok(value) = to_python(py, &entry.value) else {
                 return;
             };

@@ -65,7 +65,7 @@ pub fn capture() -> Option<Box<dyn Captured>> {
     if !CARRY.load(Ordering::Relaxed) {
         return None;
     }
-    Python::attach(|py| {
+    crate::exit::attach(|py| {
         let context = copy_current(py)?.unbind();
         let torch = torch_state::capture(py);
         let queues = device_queues::fork(py);
@@ -84,7 +84,7 @@ pub fn isolated(run: &mut dyn FnMut()) {
     if !CARRY.load(Ordering::Relaxed) {
         return run();
     }
-    Python::attach(|py| match copy_current(py) {
+    crate::exit::attach(|py| match copy_current(py) {
         Some(context) => run_in(py, &context, None, &mut || torch_state::kept(py, run)),
         None => run(),
     });
@@ -102,7 +102,7 @@ struct Item {
 
 impl ItemContext for Item {
     fn enter(&mut self, run: &mut dyn FnMut()) {
-        Python::attach(|py| {
+        crate::exit::attach(|py| {
             let context = self.context.bind(py);
             match &mut self.torch {
                 Some(torch) => run_in(py, context, None, &mut || torch.carry(py, run)),
@@ -114,7 +114,7 @@ impl ItemContext for Item {
 
 impl Captured for Caller {
     fn for_item(&self) -> Option<Box<dyn ItemContext>> {
-        Python::attach(|py| {
+        crate::exit::attach(|py| {
             let context = copy_of(py, &self.context)?.unbind();
             let torch = self.torch.as_ref().map(|torch| torch.clone_ref(py));
             Some(Box::new(Item { context, torch }) as Box<dyn ItemContext>)
@@ -122,7 +122,7 @@ impl Captured for Caller {
     }
 
     fn enter(&self, run: &mut dyn FnMut()) {
-        Python::attach(|py| {
+        crate::exit::attach(|py| {
             let copy = copy_of(py, &self.context);
             let in_context = |run: &mut dyn FnMut()| match &copy {
                 Some(copy) => run_in(py, copy, self.torch.as_ref(), run),

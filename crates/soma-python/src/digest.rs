@@ -60,7 +60,7 @@ fn with_bytes(
         read(bytes);
     };
     if len >= DETACH_FROM_BYTES {
-        py.detach(read);
+        crate::exit::detach(py, read);
     } else {
         read();
     }

@@ -43,7 +43,8 @@ impl PythonDriver {
             .iter()
             .map(|r| to_python(py, r))
             .collect::<PyResult<Vec<_>>>()?;
-        let answered = self.perform.bind(py).call1((PyList::new(py, requests)?,))?;
+        let requests = PyList::new(py, requests)?;
+        let answered = crate::exit::call(self.perform.bind(py), &[requests.as_ptr()])?;
         // Only a list or a tuple, read item by item and never through its `__iter__`: any other
         // iterable would be taken apart wrongly (a `str` into characters, a `dict` into keys),
         // and an endless generator would be read until memory ran out, inside `forward`.
@@ -73,7 +74,7 @@ fn type_name(object: &Bound<'_, PyAny>) -> String {
 
 impl Driver for PythonDriver {
     fn perform(&self, requests: &[Value]) -> Result<Vec<Value>, DriverError> {
-        Python::attach(|py| {
+        crate::exit::attach(|py| {
             self.call(py, requests).inspect_err(|raised| {
                 if raised.is_instance_of::<PyKeyboardInterrupt>(py) {
                     note_interrupt();

@@ -13,6 +13,13 @@
 //! up, for the threads already inside to come out — for [`EXIT_WAIT`] at most, so that a node
 //! that never returns does not hold the exit. A node that is still inside after that and
 //! returns in the few milliseconds finalizing takes is the one case left: the guide says so.
+//!
+//! A thread still inside the interpreter when finalizing begins asks for the GIL again soon
+//! enough — Python code asks every few milliseconds, a call that let the GIL go asks on its way
+//! back — and Python ends it there. Such a thread parks for good instead, wherever it was asked:
+//! in a node's call, an async node's step or a driver's `perform` (each made through `c/exit.c`,
+//! whose C cleanup handler stops the forced unwinding in its own frame), or taking the GIL for
+//! a branch ([`attach`], [`detach`], whose guard parks the thread as the unwinding passes).
 
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::thread;
@@ -67,6 +74,153 @@ impl Drop for Inside {
     }
 }
 
+/// The calls of `c/exit.c`: the interpreter's own, each inside a cleanup handler that parks a
+/// thread the exiting interpreter ends, before its forced unwinding reaches a Rust frame.
+mod parking {
+    use std::ffi::c_int;
+
+    use pyo3::ffi::PyObject;
+
+    extern "C" {
+        /// `PyObject_Vectorcall`, which the limited API an abi3-py311 build sees has only from
+        /// 3.12 on; Python 3.11 exports it with the same signature.
+        pub(super) fn soma_vectorcall(
+            callable: *mut PyObject,
+            args: *const *mut PyObject,
+            nargsf: usize,
+            kwnames: *mut PyObject,
+        ) -> *mut PyObject;
+        /// `PyIter_Send`: `0` returned, `1` yielded, `-1` raised.
+        pub(super) fn soma_iter_send(
+            iter: *mut PyObject,
+            arg: *mut PyObject,
+            presult: *mut *mut PyObject,
+        ) -> c_int;
+        /// `PyGILState_Ensure`.
+        pub(super) fn soma_gil_ensure() -> c_int;
+    }
+}
+
+/// `callable(*args)` by the interpreter's vectorcall, for a call of the user's code (a node, a
+/// driver's `perform`): arguments handed over as an array, where `call1` under the stable ABI
+/// builds a tuple on every call (which cost a chain of trivial nodes about a fifth of its time,
+/// `benches/python/abi3.py`); and a thread the exiting interpreter ends inside it parks.
+// Inlined into a node's call, the hot path of every run.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+pub fn call<'py>(
+    callable: &Bound<'py, PyAny>,
+    args: &[*mut pyo3::ffi::PyObject],
+) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: the GIL is held (a `Bound` is proof of it); the caller passes borrowed pointers
+    // of live objects, alive until the call returns, and no keyword names. It returns a new
+    // reference, or null with an exception set, which is what `from_owned_ptr_or_err` takes.
+    #[allow(unsafe_code)]
+    unsafe {
+        let out = parking::soma_vectorcall(
+            callable.as_ptr(),
+            args.as_ptr(),
+            args.len(),
+            std::ptr::null_mut(),
+        );
+        Bound::from_owned_ptr_or_err(callable.py(), out)
+    }
+}
+
+/// What sending into a coroutine or generator did ([`send`]).
+pub enum Sent<'py> {
+    Returned(Bound<'py, PyAny>),
+    Yielded(Bound<'py, PyAny>),
+}
+
+/// Sends `None` into `iterator` (a coroutine, an awaitable's iterator) by `PyIter_Send`; a
+/// thread the exiting interpreter ends inside it parks.
+pub fn send<'py>(iterator: &Bound<'py, PyAny>) -> PyResult<Sent<'py>> {
+    let py = iterator.py();
+    let mut result: *mut pyo3::ffi::PyObject = std::ptr::null_mut();
+    // SAFETY: the GIL is held; `iterator` is a live object; `PyIter_Send` stores a new
+    // reference in `result` for a return or a yield, and sets an exception for an error.
+    #[allow(unsafe_code)]
+    let sent = unsafe {
+        parking::soma_iter_send(iterator.as_ptr(), pyo3::ffi::Py_None(), &raw mut result)
+    };
+    match sent {
+        // SAFETY: a new reference, per `PyIter_Send`'s contract.
+        #[allow(unsafe_code)]
+        0 => Ok(Sent::Returned(unsafe { Bound::from_owned_ptr(py, result) })),
+        // SAFETY: as above.
+        #[allow(unsafe_code)]
+        1 => Ok(Sent::Yielded(unsafe { Bound::from_owned_ptr(py, result) })),
+        _ => Err(PyErr::fetch(py)),
+    }
+}
+
+/// Takes the GIL for this thread, making its thread state if it has none, as
+/// `PyGILState_Ensure` does, whose count it keeps; a thread the exiting interpreter ends while
+/// it waits parks.
+///
+/// # Safety
+/// The interpreter is initialized, and the caller pairs it with a release, as
+/// `PyGILState_Ensure`'s own callers do.
+#[allow(unsafe_code)]
+pub unsafe fn gil_ensure() {
+    // SAFETY: the caller's.
+    unsafe {
+        parking::soma_gil_ensure();
+    }
+}
+
+/// [`Python::attach`], for every thread Soma's code runs on: should the interpreter end this
+/// thread while it waits for the GIL or runs Python inside (Python 3.11 ends a thread that asks
+/// for the GIL once finalizing has begun with `pthread_exit`), the thread parks for good
+/// instead, before that forced unwinding reaches a frame that catches unwinds (a fan-out's
+/// branch, a `PyO3` method) and aborts the process. The process is ending; nobody waits for the
+/// thread's work. `clippy.toml` keeps the glue from calling `Python::attach` itself.
+#[allow(clippy::disallowed_methods)] // The one place the glue takes the GIL.
+pub fn attach<F, R>(call: F) -> R
+where
+    F: for<'py> FnOnce(Python<'py>) -> R,
+{
+    parked_if_ended(|| Python::attach(call))
+}
+
+/// [`Python::detach`], which takes the GIL back on its way out, for the same reason as
+/// [`attach`].
+#[allow(clippy::disallowed_methods)] // The one place the glue lets the GIL go.
+pub fn detach<T, F>(py: Python<'_>, call: F) -> T
+where
+    F: pyo3::marker::Ungil + FnOnce() -> T,
+    T: pyo3::marker::Ungil,
+{
+    parked_if_ended(|| py.detach(call))
+}
+
+/// Runs `call`; should the thread be unwound out of it other than by a Rust panic — the
+/// interpreter's `pthread_exit` — parks it for good instead. This relies on the unwinding
+/// reaching the guard through frames that let it pass, as they have in every case tried
+/// (`tests/test_deadlines.py`); the calls of the user's code go through `c/exit.c` instead,
+/// which stops it in a C frame.
+fn parked_if_ended<T>(call: impl FnOnce() -> T) -> T {
+    /// Dropped on the way out of `call`: by its return, a Rust panic, or the forced unwinding
+    /// of a thread ended by the interpreter — the one way out that is neither.
+    struct Ending {
+        returned: bool,
+    }
+    impl Drop for Ending {
+        fn drop(&mut self) {
+            if !self.returned && !thread::panicking() {
+                loop {
+                    thread::park();
+                }
+            }
+        }
+    }
+    let mut ending = Ending { returned: false };
+    let value = call();
+    ending.returned = true;
+    value
+}
+
 /// Whether the exit has closed the door: a thread that ends now leaves its thread state alone.
 pub fn closed() -> bool {
     door().closed
@@ -75,7 +229,7 @@ pub fn closed() -> bool {
 /// The `atexit` hook; see the module docs. Not API.
 #[pyfunction]
 pub fn _at_exit(py: Python<'_>) {
-    py.detach(|| {
+    detach(py, || {
         let deadline = Instant::now() + EXIT_WAIT;
         let mut door = door();
         door.closed = true;

@@ -325,7 +325,7 @@ impl Streaming {
             }
             let began = Instant::now();
             let flow = Arc::clone(&self.flow);
-            py.detach(|| flow.wait(WATCH_INTERVAL));
+            crate::exit::detach(py, || flow.wait(WATCH_INTERVAL));
             self.waiting += began.elapsed();
             self.watch.poll();
             if let Some(raised) = self.watch.take_raised() {
@@ -447,7 +447,7 @@ impl Streaming {
         let running = self.flow.cancel();
         if !wait.is_zero() {
             let flow = Arc::clone(&self.flow);
-            py.detach(|| flow.wait_cancelled(wait));
+            crate::exit::detach(py, || flow.wait_cancelled(wait));
         }
         running
     }

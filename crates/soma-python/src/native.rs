@@ -109,7 +109,7 @@ impl NativeNode {
         let input = to_native(py, &wrap(x))?;
         let name = self.name();
         let id = NodeId::from(name.as_str());
-        let out = py.detach(|| self.inner.forward(&input, &Ctx::new(&id, 0, &[])));
+        let out = crate::exit::detach(py, || self.inner.forward(&input, &Ctx::new(&id, 0, &[])));
         match out {
             Ok(Transition::Done(value)) => to_python(py, &value),
             Ok(Transition::Await(_)) => Err(PyRuntimeError::new_err(format!(
@@ -151,12 +151,12 @@ impl Node for ReadsNatively {
         let run =
             |input: &Value| panic::catch_unwind(AssertUnwindSafe(|| self.0.forward(input, ctx)));
         // Runs detached: a Rust node never holds the GIL, so Python branches go on meanwhile.
-        let outcome = Python::attach(|py| {
+        let outcome = crate::exit::attach(|py| {
             let outcome = if holds_python(input) {
                 let native = to_native(py, input).map_err(NodeError::from_cause)?;
-                py.detach(|| run(&native))
+                crate::exit::detach(py, || run(&native))
             } else {
-                py.detach(|| run(input))
+                crate::exit::detach(py, || run(input))
             };
             // A signal that came while the node ran detached is handled here, at its end: no
             // Python code may run before the next boundary to notice it (see `crate::watch`).

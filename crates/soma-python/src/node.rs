@@ -23,46 +23,12 @@ use crate::device;
 use crate::protocol::{Await, Done, PyCtx};
 use crate::watch::note_interrupt;
 
-/// `callable(arg, ...)`, its arguments handed over as an array (the interpreter's vectorcall):
-/// what `call1` does with an interpreter's own ABI. Under the stable ABI (abi3, which the wheel is
-/// built for) `call1` builds a tuple of them on every call instead, which cost a chain of trivial
-/// nodes about a fifth of its time (`benches/python/abi3.py`).
+/// `callable(arg, ...)` by the interpreter's vectorcall ([`crate::exit::call`]).
 macro_rules! call {
     ($callable:expr, $($arg:expr),+) => {{
         let callable: &Bound<'_, PyAny> = $callable;
-        let args = [$($arg.as_ptr()),+];
-        // SAFETY: the GIL is held (a `Bound` is proof of it); each argument is a `Bound` borrowed
-        // at the call site, alive until the call returns, and `args` holds exactly `args.len()`
-        // of them, with no keyword names. It returns a new reference, or null with an exception
-        // set, which is what `from_owned_ptr_or_err` takes.
-        #[allow(unsafe_code)]
-        unsafe {
-            let out = vectorcall::PyObject_Vectorcall(
-                callable.as_ptr(),
-                args.as_ptr(),
-                args.len(),
-                std::ptr::null_mut(),
-            );
-            Bound::from_owned_ptr_or_err(callable.py(), out)
-        }
+        crate::exit::call(callable, &[$($arg.as_ptr()),+])
     }};
-}
-
-/// The interpreter's vectorcall, declared here because the limited API an abi3-py311 build sees
-/// has it only from 3.12 on (`pyo3::ffi` leaves it out). Python 3.11 exports the same function
-/// with the same signature (`Include/cpython/abstract.h`), and 3.12 made it part of the stable
-/// ABI.
-mod vectorcall {
-    use pyo3::ffi::PyObject;
-
-    extern "C" {
-        pub(super) fn PyObject_Vectorcall(
-            callable: *mut PyObject,
-            args: *const *mut PyObject,
-            nargsf: usize,
-            kwnames: *mut PyObject,
-        ) -> *mut PyObject;
-    }
 }
 
 /// A Python object with a `forward(x)` or `forward(x, ctx)` method; `async def forward` makes
@@ -215,7 +181,7 @@ impl Node for PythonNode {
         let function = match &self.callee {
             Callee::Method { function, .. } | Callee::Other(function) => function,
         };
-        Python::attach(|py| {
+        crate::exit::attach(|py| {
             let function = function.bind(py);
             let name = |attribute| {
                 function
@@ -232,7 +198,7 @@ impl Node for PythonNode {
     }
 
     fn forward(&self, input: &Value, ctx: &Ctx<'_>) -> Result<Transition, NodeError> {
-        Python::attach(|py| {
+        crate::exit::attach(|py| {
             self.call(py, input, ctx).inspect_err(|raised| {
                 if raised.is_instance_of::<PyKeyboardInterrupt>(py) {
                     note_interrupt();
@@ -299,7 +265,7 @@ impl Future for Coroutine {
 
     fn poll(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
-        Python::attach(|py| {
+        crate::exit::attach(|py| {
             let outcome = this.step(py);
             match outcome {
                 Ok(None) => Poll::Pending,
@@ -415,7 +381,8 @@ fn send_or_throw<'py>(
     resumed: Option<PyErr>,
 ) -> PyResult<Step<'py>> {
     if let Some(error) = resumed {
-        return match iterator.call_method1(intern!(py, "throw"), (error.into_value(py),)) {
+        let throw = iterator.getattr(intern!(py, "throw"))?;
+        return match call!(&throw, error.into_value(py)) {
             Ok(yielded) => Ok(Step::Yielded(yielded)),
             Err(raised) if raised.is_instance_of::<PyStopIteration>(py) => {
                 Ok(Step::Returned(stop_value(py, &raised)))
@@ -423,25 +390,10 @@ fn send_or_throw<'py>(
             Err(raised) => Err(raised),
         };
     }
-    let mut result: *mut pyo3::ffi::PyObject = std::ptr::null_mut();
-    // SAFETY: the GIL is held; `iterator` is a live object; `PyIter_Send` stores a new
-    // reference in `result` for a return or a yield, and sets an exception for an error.
-    #[allow(unsafe_code)]
-    let sent =
-        unsafe { pyo3::ffi::PyIter_Send(iterator.as_ptr(), pyo3::ffi::Py_None(), &raw mut result) };
-    match sent {
-        pyo3::ffi::PySendResult::PYGEN_RETURN => {
-            // SAFETY: a new reference, per `PyIter_Send`'s contract.
-            #[allow(unsafe_code)]
-            Ok(Step::Returned(unsafe { Bound::from_owned_ptr(py, result) }))
-        }
-        pyo3::ffi::PySendResult::PYGEN_NEXT => {
-            // SAFETY: as above.
-            #[allow(unsafe_code)]
-            Ok(Step::Yielded(unsafe { Bound::from_owned_ptr(py, result) }))
-        }
-        pyo3::ffi::PySendResult::PYGEN_ERROR => Err(PyErr::fetch(py)),
-    }
+    Ok(match crate::exit::send(iterator)? {
+        crate::exit::Sent::Returned(value) => Step::Returned(value),
+        crate::exit::Sent::Yielded(future) => Step::Yielded(future),
+    })
 }
 
 /// The value a `StopIteration` carries.

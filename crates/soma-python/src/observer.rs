@@ -75,7 +75,7 @@ pub(crate) fn installed() -> Option<Arc<dyn Observer>> {
 
 impl Observer for PythonObserver {
     fn begin(&self, begun: &Begun<'_>) -> Opened {
-        Python::attach(|py| {
+        crate::exit::attach(|py| {
             let arguments = match begun_arguments(py, begun) {
                 Ok(arguments) => arguments,
                 Err(error) => {
@@ -110,7 +110,7 @@ impl Observer for PythonObserver {
         let Some(opened) = unended.opened.take() else {
             return;
         };
-        Python::attach(|py| {
+        crate::exit::attach(|py| {
             let (outcome, error, retry_in) = match ended {
                 Ended::Returned => (outcome::RETURNED, py.None(), None),
                 Ended::Failed { error, retry_in } => (
@@ -149,7 +149,7 @@ impl Drop for Unended {
             return;
         }
         let _inside = crate::exit::enter();
-        Python::attach(|py| {
+        crate::exit::attach(|py| {
             let ended = (opened.bind(py), outcome::STOPPED, py.None(), None::<f64>);
             if let Err(error) = self.target.bind(py).call_method1(intern!(py, "end"), ended) {
                 error.write_unraisable(py, Some(self.target.bind(py)));

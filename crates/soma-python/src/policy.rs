@@ -58,7 +58,7 @@ pub fn retry(py: Python<'_>, times: u32, backoff: f64, on: &Py<PyTuple>) -> PyRe
         Retry::new(times, backoff).only(Arc::new(move |error| match error {
             RunError::NodeFailed { error, .. } => {
                 match error.cause().and_then(|c| c.downcast_ref::<PyErr>()) {
-                    Some(raised) => Python::attach(|py| {
+                    Some(raised) => crate::exit::attach(|py| {
                         let retried = raised
                             .value(py)
                             .is_instance(on.bind(py).as_any())

@@ -27,7 +27,7 @@ impl Reading for PythonReading {
     fn items(&self, value: &Value) -> Result<Vec<Value>, NotItems> {
         // What reading the items raised is the step's failure, the exception as itself.
         let failed = |raised: PyErr| NotItems::Failed(NodeError::from_cause(raised));
-        Python::attach(|py| {
+        crate::exit::attach(|py| {
             let object = to_python(py, value).map_err(failed)?;
             // Text and bytes are sequences of characters and bytes, which is never what a
             // list of items to map over is meant to be; a mapping iterates over its keys only.
@@ -56,7 +56,7 @@ impl Reading for PythonReading {
     }
 
     fn collect(&self, results: Vec<Value>) -> Value {
-        Python::attach(|py| {
+        crate::exit::attach(|py| {
             let objects: Vec<Bound<'_, PyAny>> = results
                 .iter()
                 .map(|value| to_python(py, value).unwrap_or_else(|_| py.None().into_bound(py)))
@@ -69,14 +69,14 @@ impl Reading for PythonReading {
     }
 
     fn key(&self, value: &Value) -> Result<String, String> {
-        Python::attach(|py| {
+        crate::exit::attach(|py| {
             let object = to_python(py, value).map_err(|e| e.to_string())?;
             object.extract::<String>().map_err(|_| type_of(&object))
         })
     }
 
     fn done(&self, value: &Value) -> bool {
-        Python::attach(|py| {
+        crate::exit::attach(|py| {
             to_python(py, value)
                 .and_then(|object| object.is_truthy())
                 .unwrap_or(false)
@@ -84,7 +84,7 @@ impl Reading for PythonReading {
     }
 
     fn type_name(&self, value: &Value) -> String {
-        Python::attach(|py| {
+        crate::exit::attach(|py| {
             to_python(py, value).map_or_else(|_| "object".to_owned(), |object| type_of(&object))
         })
     }

@@ -41,7 +41,7 @@ impl Iterator for PyInputs {
 
     fn next(&mut self) -> Option<Value> {
         // The engine reads inputs on the thread that asked for a result, which holds the GIL.
-        Python::attach(|py| match self.iterator.bind(py).clone().next() {
+        crate::exit::attach(|py| match self.iterator.bind(py).clone().next() {
             None => None,
             Some(Ok(item)) => Some(wrap(item)),
             Some(Err(raised)) => {

@@ -43,7 +43,7 @@ pub fn keep() {
         // pairs, in every later `Python::attach`, from deleting the state.
         #[allow(unsafe_code)]
         unsafe {
-            ffi::PyGILState_Ensure();
+            crate::exit::gil_ensure();
             ffi::PyEval_SaveThread();
         }
         kept.made.set(true);

@@ -137,7 +137,7 @@ impl PyTrace {
     /// Writes the JSON of `to_chrome` to `path`.
     fn write_chrome(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
         let json = self.trace.to_chrome();
-        py.detach(move || std::fs::write(path, json))?;
+        crate::exit::detach(py, move || std::fs::write(path, json))?;
         Ok(())
     }
 

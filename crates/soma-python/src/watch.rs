@@ -124,7 +124,7 @@ impl Watch for SignalWatch {
             self.stopped.store(true, Ordering::Release);
             return;
         }
-        if let Err(raised) = Python::attach(|py| py.check_signals()) {
+        if let Err(raised) = crate::exit::attach(|py| py.check_signals()) {
             self.keep(raised);
         }
     }

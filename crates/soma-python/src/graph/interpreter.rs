@@ -72,14 +72,14 @@ impl Host for Interpreter {
         let _inside = exit::enter();
         let turn = STARTING.lock().unwrap_or_else(PoisonError::into_inner);
         thread_state::keep();
-        Python::attach(move |_| {
+        crate::exit::attach(move |_| {
             drop(turn);
             Nested::carry(self.depth, run);
         });
     }
 
     fn blocking(&self, run: &mut (dyn FnMut() + Send)) {
-        Python::attach(|py| py.detach(run));
+        crate::exit::attach(|py| crate::exit::detach(py, run));
     }
 
     fn capture(&self) -> Option<Box<dyn Captured>> {

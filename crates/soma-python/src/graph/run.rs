@@ -99,7 +99,7 @@ pub(super) fn forward_on_loop<'py>(
     // When the watch stopped the run, and what was running then.
     let mut stopped: Option<(std::time::Instant, Vec<NodeId>)> = None;
     loop {
-        if py.detach(|| settled.wait(WATCH_INTERVAL)) {
+        if crate::exit::detach(py, || settled.wait(WATCH_INTERVAL)) {
             break;
         }
         watch.poll();
