@@ -111,8 +111,16 @@ hint: give the new node another id, or let Soma derive one\
 def test_a_node_named_as_one_inside_a_step() -> None:
     g = soma.Graph.somatize(soma.each(Pass().named("x")).named("a"))
     assert story(lambda: g.node("a/x", Pass())) == snapshot("""\
-DuplicateNodeError: a node `a/x` is already in the graph, or inside one of its steps
-hint: the nodes inside a step are named `step/node`: give the node, or the step, another id\
+InvalidIdError: invalid node id `a/x`: `/` separates a step's id from the ids of the nodes inside it (`chunks/clean`), and cannot be in an id
+hint: use another character, as in `a_x`\
+""")
+
+
+def test_a_switch_key_holding_a_slash() -> None:
+    route = soma.switch(str, {"a/b": Pass()}).named("route")
+    assert story(lambda: soma.Graph.somatize(route)) == snapshot("""\
+InvalidIdError: invalid key `a/b` of switch step `route`: `/` separates the levels of the ids inside a case (`route/key/node`), and cannot be in a key
+hint: use another character, as in `a_b`\
 """)
 
 

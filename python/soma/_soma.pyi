@@ -35,10 +35,12 @@ __all__ = [
     "distribute",
     "host_refused",
     "hosts_past_timeout",
+    "node_inside",
     "observe",
     "parse_device",
     "parse_host",
     "reach",
+    "step_and_rest",
 ]
 
 DEFAULT_TURN_LIMIT: int
@@ -131,6 +133,14 @@ def parse_device(text: str) -> str: ...
 def parse_host(text: str) -> str: ...
 def distribute(plan: Plan, hosts: list[tuple[str, str]]) -> Plan: ...
 def host_refused(kind: str, node: str, own: bool) -> HostError: ...
+def node_inside(step: str, id: str, key: str | None = None) -> str:
+    """The id of node ``id`` inside step ``step`` (its case ``key``'s, for a switch) as the graph
+    around the step holds it: ``step/id`` or ``step/key/id``; a key holding ``/`` is a
+    ``soma.InvalidIdError``."""
+
+def step_and_rest(id: str) -> tuple[str, str] | None:
+    """The outermost step ``id`` is inside of, and its id inside that step; ``None`` for a node
+    of the graph itself."""
 
 @final
 class Await:

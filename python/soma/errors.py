@@ -21,7 +21,8 @@ class GraphError(SomaError, ValueError):
 
 
 class InvalidIdError(GraphError):
-    """The id is empty or holds whitespace or control characters."""
+    """The id is empty or holds whitespace, control characters or a ``/`` (which separates a
+    step's id from the ids inside it); or a ``switch`` key holds a ``/`` (``.node``: the step)."""
 
 
 class DuplicateNodeError(GraphError):

@@ -34,21 +34,6 @@ fn soma_error(
     build().unwrap_or_else(|failure| failure)
 }
 
-/// A `DuplicateNodeError` for `id`, the name both of a node inside a step (`each`, `switch`,
-/// `loop`: the step's id and the inner node's, joined by `/`) and of another node. Refused
-/// rather than let the two share one implementation.
-pub fn taken_inside_a_step(py: Python<'_>, id: &str) -> PyErr {
-    soma_error(
-        py,
-        "DuplicateNodeError",
-        format!(
-            "a node `{id}` is already in the graph, or inside one of its steps\nhint: the nodes \
-             inside a step are named `step/node`: give the node, or the step, another id"
-        ),
-        &[("node", pyo3::types::PyString::new(py, id).into_any())],
-    )
-}
-
 fn text<'py>(py: Python<'py>, id: &NodeId) -> Bound<'py, PyAny> {
     pyo3::types::PyString::new(py, id.as_str()).into_any()
 }
@@ -60,8 +45,11 @@ fn none(py: Python<'_>) -> Bound<'_, PyAny> {
 pub fn graph_error(py: Python<'_>, error: &GraphError) -> PyErr {
     let message = error.to_string();
     match error {
-        GraphError::InvalidId { id } => {
+        GraphError::InvalidId { id } | GraphError::SeparatorInId { id } => {
             soma_error(py, "InvalidIdError", message, &[("node", text(py, id))])
+        }
+        GraphError::SeparatorInKey { step, .. } => {
+            soma_error(py, "InvalidIdError", message, &[("node", text(py, step))])
         }
         GraphError::DuplicateNode { id } => {
             soma_error(py, "DuplicateNodeError", message, &[("node", text(py, id))])

@@ -28,6 +28,7 @@ mod protocol;
 mod reach;
 mod reading;
 mod reentry;
+mod step_ids;
 mod stream;
 mod thread_state;
 mod torch_state;
@@ -78,6 +79,8 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(hosts::host_refused, module)?)?;
     module.add_function(wrap_pyfunction!(graph::checked_timeout, module)?)?;
     module.add_function(wrap_pyfunction!(graph::hosts_past_timeout, module)?)?;
+    module.add_function(wrap_pyfunction!(step_ids::node_inside, module)?)?;
+    module.add_function(wrap_pyfunction!(step_ids::step_and_rest, module)?)?;
     exit::register(module)?;
     // Off any run's path, what the first forward of the first graph would otherwise do in the
     // middle of its run: start a thread for its first wave (`soma_core::keep_a_thread_in_reserve`;

@@ -15,7 +15,7 @@ use std::time::Duration;
 use pyo3::exceptions::PyKeyboardInterrupt;
 use pyo3::prelude::*;
 use pyo3::types::{PyTuple, PyType};
-use soma_core::{Policies, Retry, RunError};
+use soma_core::{NodeId, Policies, Retry, RunError};
 
 use crate::watch::forget_interrupt;
 
@@ -31,6 +31,30 @@ pub struct Written {
     pub time_limits: HashMap<String, f64>,
     /// The core's policies, made from the two above.
     pub policies: Policies,
+}
+
+impl Written {
+    /// Takes in `inner`'s policies, every id under `prefix` ([`NodeId::inside`]): a decision
+    /// step's sub-graph's, as the graph around it holds them. The core's retries are shared,
+    /// not made again from what Python wrote: they were made from it.
+    pub fn embed(&mut self, py: Python<'_>, prefix: &str, inner: &Written) {
+        for (id, (times, backoff, on)) in &inner.retries {
+            let named = NodeId::inside(prefix, id);
+            let retry = inner
+                .policies
+                .get(id)
+                .and_then(|policy| policy.retry.clone());
+            self.policies.set_retry(named.as_str(), retry);
+            self.retries
+                .insert(named.to_string(), (*times, *backoff, on.clone_ref(py)));
+        }
+        for (id, seconds) in &inner.time_limits {
+            let named = NodeId::inside(prefix, id);
+            let limit = inner.policies.get(id).and_then(|policy| policy.time_limit);
+            self.policies.set_time_limit(named.as_str(), limit);
+            self.time_limits.insert(named.to_string(), *seconds);
+        }
+    }
 }
 
 /// Whether `class` is a subclass of one of `on`.

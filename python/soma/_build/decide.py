@@ -47,8 +47,22 @@ class Decision(Node):
     # Its sub-graphs, made before the registration that uses them (see `_graphs`).
     _soma_prebuilt: tuple[type, list[_Made]] | None = None
 
-    # Called by `Graph.node`: a decision registers itself, with its sub-graphs.
     def _register(self, graph: Graph, node_id: str) -> None:
+        """Registers this step in ``graph`` as ``node_id``, with its sub-graphs (called by
+        ``Graph.node``); then notes their async nodes in ``graph`` by their ids there, which
+        the engine makes, so that ``graph`` runs on an event loop."""
+        self._checked(node_id)
+        made = self._graphs(graph)
+        self._add(graph._core, node_id, [(key, core) for key, core, _ in made])
+        for key, _, async_nodes in made:
+            for inner, takes_ctx in async_nodes.items():
+                graph._async[_soma.node_inside(node_id, inner, key)] = takes_ctx
+
+    def _add(
+        self, core: _soma.GraphCore, node_id: str, graphs: list[tuple[str | None, _soma.GraphCore]]
+    ) -> None:
+        """Registers this step in ``core`` as ``node_id``, running ``graphs`` (see ``_bodies``
+        for their keys)."""
         raise NotImplementedError
 
     def at(self, host: str) -> NoReturn:
@@ -87,10 +101,9 @@ class Decision(Node):
             raise _host_refused(kind, inner, own=False)
         return sub._core, sub._async
 
-    def _graphs(self, graph: Graph, node_id: str) -> list[tuple[str, _soma.GraphCore]]:
-        """Its sub-graphs, to embed in ``graph`` under the prefixes of ``node_id``, each with
-        its key: their async nodes are noted in ``graph`` by their namespaced ids, so that
-        ``graph`` runs on an event loop.
+    def _graphs(self, graph: Graph) -> list[tuple[str | None, _soma.GraphCore, dict[str, bool]]]:
+        """Its sub-graphs, made to embed in ``graph``, each with its key and its async nodes
+        by its own ids.
 
         A sub-graph is made by registering its nodes, and a step among them makes its own in
         turn: made that way, a nesting a thousand steps deep would recurse a thousand times.
@@ -98,19 +111,17 @@ class Decision(Node):
         sub-graphs made innermost first, each kept on its step for the registration that
         follows, which then goes one level down only.
         """
-        bodies = self._bodies(node_id)
+        bodies = self._bodies()
         prebuilt = self._soma_prebuilt
         self.__dict__.pop("_soma_prebuilt", None)
         if prebuilt is not None and prebuilt[0] is type(graph):
             made = prebuilt[1]
         else:
-            made = self._made_innermost_first(type(graph), [body for _, _, body in bodies])
-        graphs = []
-        for (key, prefix, _), (core, async_nodes) in zip(bodies, made, strict=True):
-            for inner, takes_ctx in async_nodes.items():
-                graph._async[f"{prefix}/{inner}"] = takes_ctx
-            graphs.append((key, core))
-        return graphs
+            made = self._made_innermost_first(type(graph), [body for _, body in bodies])
+        return [
+            (key, core, async_nodes)
+            for (key, _), (core, async_nodes) in zip(bodies, made, strict=True)
+        ]
 
     def _made_innermost_first(self, graph: type[Graph], bodies: list[Body | None]) -> list[_Made]:
         """What ``_made`` makes of ``bodies``, the steps nested in them made first (see
@@ -127,10 +138,10 @@ class Decision(Node):
                 if body is not None:
                     for node in step._expr(body, kind)._flattened().nodes:
                         if isinstance(node, Decision):
-                            stack.append((node, [inner for _, _, inner in node._bodies("")]))
+                            stack.append((node, [inner for _, inner in node._bodies()]))
         try:
             for step in reversed(found[1:]):
-                made = [step._made(graph, inner) for _, _, inner in step._bodies("")]
+                made = [step._made(graph, inner) for _, inner in step._bodies()]
                 step._soma_prebuilt = (graph, made)
             return [self._made(graph, body) for body in bodies]
         finally:
@@ -138,9 +149,9 @@ class Decision(Node):
             for step in found:
                 step.__dict__.pop("_soma_prebuilt", None)
 
-    def _bodies(self, node_id: str) -> list[tuple[str, str, Body | None]]:
-        """What the step runs, registered as ``node_id``: each sub-graph's key (a switch's
-        case, as the plan names it; empty otherwise), the prefix of its ids, and its body."""
+    def _bodies(self) -> list[tuple[str | None, Body | None]]:
+        """What the step runs: each sub-graph's key (a switch's case, as the plan names it;
+        ``None`` otherwise), and its body."""
         raise NotImplementedError
 
     def _checked(self, node_id: str) -> None:
@@ -165,13 +176,14 @@ class Each(Decision):
         """Not called: the plan runs the body on each item itself."""
         raise RuntimeError(f"`each` step `{ctx.node}` is run by its plan, not called")
 
-    def _register(self, graph: Graph, node_id: str) -> None:
-        self._checked(node_id)
-        [(_, body)] = self._graphs(graph, node_id)
-        graph._core.add_each(node_id, self, body, self._in_flight)
+    def _add(
+        self, core: _soma.GraphCore, node_id: str, graphs: list[tuple[str | None, _soma.GraphCore]]
+    ) -> None:
+        [(_, body)] = graphs
+        core.add_each(node_id, self, body, self._in_flight)
 
-    def _bodies(self, node_id: str) -> list[tuple[str, str, Body | None]]:
-        return [("", node_id, self._body)]
+    def _bodies(self) -> list[tuple[str | None, Body | None]]:
+        return [(None, self._body)]
 
 
 class Switch(Decision):
@@ -223,15 +235,14 @@ class Switch(Decision):
             error.node = ctx.node
             raise error from None
 
-    def _register(self, graph: Graph, node_id: str) -> None:
-        self._checked(node_id)
-        graph._core.add_switch(node_id, self, self._graphs(graph, node_id))
+    def _add(
+        self, core: _soma.GraphCore, node_id: str, graphs: list[tuple[str | None, _soma.GraphCore]]
+    ) -> None:
+        core.add_switch(node_id, self, [(cast(str, label), case) for label, case in graphs])
 
-    def _bodies(self, node_id: str) -> list[tuple[str, str, Body | None]]:
+    def _bodies(self) -> list[tuple[str | None, Body | None]]:
         # A case's ids are namespaced by its key too: two cases may hold a node of one name.
-        return [
-            (label, f"{node_id}/{label}", self._cases[key]) for key, label in self._labels.items()
-        ]
+        return [(label, self._cases[key]) for key, label in self._labels.items()]
 
 
 class Loop(Decision):
@@ -263,13 +274,14 @@ class Loop(Decision):
         """Whether the body's ``output`` is done."""
         return bool(self._until(output))
 
-    def _register(self, graph: Graph, node_id: str) -> None:
-        self._checked(node_id)
-        [(_, body)] = self._graphs(graph, node_id)
-        graph._core.add_loop(node_id, self, body, self._max_iterations)
+    def _add(
+        self, core: _soma.GraphCore, node_id: str, graphs: list[tuple[str | None, _soma.GraphCore]]
+    ) -> None:
+        [(_, body)] = graphs
+        core.add_loop(node_id, self, body, self._max_iterations)
 
-    def _bodies(self, node_id: str) -> list[tuple[str, str, Body | None]]:
-        return [("", node_id, self._body)]
+    def _bodies(self) -> list[tuple[str | None, Body | None]]:
+        return [(None, self._body)]
 
 
 class AsyncSwitch(Switch):

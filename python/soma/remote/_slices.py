@@ -18,7 +18,7 @@ import threading
 import warnings
 from typing import TYPE_CHECKING, Any, Protocol
 
-from soma._soma import DEFAULT_TURN_LIMIT, Plan, StopFlag, Trace
+from soma._soma import DEFAULT_TURN_LIMIT, Plan, StopFlag, Trace, step_and_rest
 from soma.cache._cache import Cache, CacheWarning
 from soma.errors import RemoteError
 
@@ -293,12 +293,12 @@ def cut(graph: Graph, host: str, index: int, inner: Plan, settings: Settings) ->
             continue  # What it runs is its own: the step is registered with it.
         stack.extend(reversed(at.children))
     inside = {node for node, _ in steps}
+
     # The nodes inside its steps that decide, by namespaced id: the step registers them again
     # on the host, and what the graph set on them since must go along.
-    prefixes = tuple(f"{node}/" for node, _ in steps)
-
     def owned(node: str) -> bool:
-        return node in inside or node.startswith(prefixes)
+        step = step_and_rest(node)
+        return (node if step is None else step[0]) in inside
 
     leaves, devices = settings.leaves, settings.devices
     retries, time_limits = settings.retries, settings.time_limits

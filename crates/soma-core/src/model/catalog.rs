@@ -7,6 +7,7 @@ use std::collections::hash_map::Entry;
 use std::fmt;
 use std::sync::Arc;
 
+use crate::model::graph::GraphError;
 use crate::model::id::{IdMap, NodeId};
 use crate::model::node::Node;
 
@@ -44,6 +45,28 @@ impl Catalog {
                 None
             }
         }
+    }
+
+    /// Registers `inner`'s implementations under `prefix`, each id as [`Graph::embed`] names
+    /// it (`prefix/x`): those of what a decision step runs, and of the steps inside it in turn.
+    ///
+    /// # Errors
+    /// [`GraphError::DuplicateNode`] with the first of those ids that has an implementation
+    /// already; the catalog is unchanged.
+    ///
+    /// [`Graph::embed`]: crate::Graph::embed
+    pub fn embed(&mut self, prefix: &str, inner: &Catalog) -> Result<(), GraphError> {
+        let entries: Vec<(NodeId, Arc<dyn Node>)> = inner
+            .iter()
+            .map(|(id, node)| (NodeId::inside(prefix, id.as_str()), Arc::clone(node)))
+            .collect();
+        if let Some((taken, _)) = entries.iter().find(|(id, _)| self.contains(id.as_str())) {
+            return Err(GraphError::DuplicateNode { id: taken.clone() });
+        }
+        for (id, node) in entries {
+            self.insert(id, node);
+        }
+        Ok(())
     }
 
     /// The implementation of `id`.

@@ -1,14 +1,15 @@
 //! `Decisions`: the steps of a graph that decide as they run, and the sub-graphs they run.
 //!
 //! A decision step is one node of its graph; what it runs are graphs of their own, kept beside
-//! the graph as a placement is, their node ids namespaced under the step's (`chunks/clean`) and
-//! their implementations in the same catalog. [`crate::compile_decided`] makes each a `Map`,
-//! `Switch` or `Loop` step of the plan.
+//! the graph as a placement is, their node ids namespaced under the step's (`chunks/clean`,
+//! made by [`crate::Graph::embed`]) and their implementations in the same catalog.
+//! [`crate::compile_decided`] makes each a `Map`, `Switch` or `Loop` step of the plan.
 
 use std::collections::HashMap;
 use std::fmt;
 
-use crate::model::graph::Graph;
+use crate::model::graph::{Graph, GraphError};
+use crate::model::id::NodeId;
 
 /// What a decision step runs: its sub-graphs, their node ids namespaced under the step's.
 #[derive(Clone)]
@@ -35,6 +36,56 @@ pub enum Decision {
 }
 
 impl Decision {
+    /// The same decision, as a step inside another step sees it: the ids of every graph it
+    /// runs under `prefix` ([`Graph::embed`]).
+    ///
+    /// # Errors
+    /// As [`Graph::embed`] into an empty graph: [`GraphError::InvalidId`] for a `prefix` that is
+    /// no name or path.
+    pub fn inside(&self, prefix: &str) -> Result<Decision, GraphError> {
+        let embedded = |graph: &Graph| -> Result<Graph, GraphError> {
+            let mut copy = Graph::new();
+            copy.embed(prefix, graph)?;
+            Ok(copy)
+        };
+        Ok(match self {
+            Decision::Map { body, in_flight } => Decision::Map {
+                body: embedded(body)?,
+                in_flight: *in_flight,
+            },
+            Decision::Loop {
+                body,
+                max_iterations,
+            } => Decision::Loop {
+                body: embedded(body)?,
+                max_iterations: *max_iterations,
+            },
+            Decision::Switch { cases } => Decision::Switch {
+                cases: cases
+                    .iter()
+                    .map(|(key, case)| Ok((key.clone(), embedded(case)?)))
+                    .collect::<Result<_, GraphError>>()?,
+            },
+        })
+    }
+
+    /// The prefix of the ids inside the case `key` of switch step `step`: `step/key`
+    /// ([`NodeId::inside`]), so that two cases may hold a node of one name
+    /// (`route/ocr/parse`, `route/text/parse`).
+    ///
+    /// # Errors
+    /// [`GraphError::SeparatorInKey`] for a key that holds [`NodeId::SEPARATOR`], which would
+    /// read as two levels of the path.
+    pub fn case_prefix(step: &str, key: &str) -> Result<NodeId, GraphError> {
+        if key.contains(NodeId::SEPARATOR) {
+            return Err(GraphError::SeparatorInKey {
+                step: NodeId::from(step),
+                key: key.to_owned(),
+            });
+        }
+        Ok(NodeId::inside(step, key))
+    }
+
     /// The step's kind as Python writes it: `each`, `switch` or `loop`.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -129,6 +180,22 @@ impl Decisions {
         self.by_node.insert(id.into(), decision)
     }
 
+    /// Takes in `inner`'s decision steps as the steps inside a step: each under `prefix`, its
+    /// id as [`Graph::embed`] names it and its graphs' ids so too ([`Decision::inside`]).
+    ///
+    /// # Errors
+    /// As [`Decision::inside`]; the decisions are unchanged.
+    pub fn embed(&mut self, prefix: &str, inner: &Decisions) -> Result<(), GraphError> {
+        let embedded = inner
+            .iter()
+            .map(|(id, decision)| Ok((NodeId::inside(prefix, id), decision.inside(prefix)?)))
+            .collect::<Result<Vec<_>, GraphError>>()?;
+        for (id, decision) in embedded {
+            self.insert(id.as_str(), decision);
+        }
+        Ok(())
+    }
+
     /// What node `id` decides, if it is a decision step.
     pub fn get(&self, id: &str) -> Option<&Decision> {
         self.by_node.get(id)
@@ -169,14 +236,12 @@ impl Decisions {
         }
     }
 
-    /// The innermost step `id` is inside of (its id under `step/`), with what it decides.
-    fn around(&self, id: &str) -> Option<(&str, &Decision)> {
-        self.iter()
-            .filter(|(step, _)| {
-                id.strip_prefix(step)
-                    .is_some_and(|rest| rest.starts_with('/'))
-            })
-            .max_by_key(|(step, _)| step.len())
+    /// The innermost step `id` is inside of, with what it decides: the longest of the prefixes
+    /// of its path that is a step (a switch case's prefix is none).
+    fn around<'i>(&self, id: &'i str) -> Option<(&'i str, &Decision)> {
+        NodeId::prefixes(id)
+            .rev()
+            .find_map(|step| Some((step, self.get(step)?)))
     }
 
     /// Every decision step, in no particular order.

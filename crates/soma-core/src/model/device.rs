@@ -319,6 +319,14 @@ impl Placement {
         self.devices.insert(node.into(), device)
     }
 
+    /// Places `inner`'s nodes as `inner` does, each under `prefix` as [`crate::Graph::embed`]
+    /// names it (`prefix/x`): the nodes of what a decision step runs, where they were placed.
+    pub fn embed(&mut self, prefix: &str, inner: &Placement) {
+        for (node, device) in inner.iter() {
+            self.place(NodeId::inside(prefix, node.as_str()), device);
+        }
+    }
+
     /// Unplaces `node`; returns where it was.
     pub fn remove(&mut self, node: &str) -> Option<Device> {
         self.devices.remove(node)

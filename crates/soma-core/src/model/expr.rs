@@ -118,7 +118,8 @@ pub fn each(
 /// a `Switch` step once compiled. Each case's ids are namespaced under `id/key`.
 ///
 /// # Errors
-/// The first [`GraphError`] of a case, or of its ids once namespaced.
+/// The first [`GraphError`] of a case, or of its ids once namespaced;
+/// [`GraphError::SeparatorInKey`] for a key holding [`NodeId::SEPARATOR`].
 pub fn switch(
     id: impl Into<NodeId>,
     selector: impl Node + 'static,
@@ -128,7 +129,7 @@ pub fn switch(
     let mut step = node(id.clone(), selector);
     let mut graphs = Vec::with_capacity(cases.len());
     for (key, case) in cases {
-        let graph = step.embed(&format!("{id}/{key}"), case)?;
+        let graph = step.embed(Decision::case_prefix(id.as_str(), &key)?.as_str(), case)?;
         graphs.push((key, graph));
     }
     step.decisions
@@ -230,8 +231,8 @@ impl Expr {
     ) -> Result<(Graph, Catalog, Decisions, WrittenPolicies), GraphError> {
         let mut graph = Graph::new();
         let mut catalog = Catalog::new();
-        // A node inside a step is named `step/node`: one the expression names so too, or
-        // another step's node of that name, would share its implementation.
+        // A node inside a step is named `step/node` (no node of the graph is: `add_node` refuses
+        // the separator); two steps of one id would have their nodes share implementations.
         let mut file = |id: NodeId, implementation| match catalog.insert(id.clone(), implementation)
         {
             Some(_) => Err(GraphError::DuplicateNode { id }),
@@ -378,50 +379,26 @@ impl Expr {
             .collect()
     }
 
-    /// Takes `body` in as what a decision step of this expression runs, every id namespaced
-    /// under `prefix`: its implementations and decisions are kept here, its graph returned.
+    /// Takes `body` in as what a decision step of this expression runs, every id under
+    /// `prefix` ([`Graph::embed`]): its implementations and decisions are kept here, its graph
+    /// returned.
     fn embed(&mut self, prefix: &str, body: Expr) -> Result<Graph, GraphError> {
         let (graph, catalog, decisions, policies) = body.somatize_with_policies()?;
-        let named = |id: &str| format!("{prefix}/{id}");
-        let policies = std::mem::take(&mut self.policies).joined(policies.renamed(named));
-        let renamed = |graph: &Graph| -> Result<Graph, GraphError> {
-            let mut copy = Graph::new();
-            for id in graph.nodes() {
-                copy.add_node(named(id.as_str()))?;
-            }
-            for (from, to) in graph.edges() {
-                copy.add_edge(&named(from.as_str()), &named(to.as_str()))?;
-            }
-            Ok(copy)
-        };
-        for (id, implementation) in catalog.iter() {
-            self.inner
-                .push((NodeId::new(named(id.as_str())), Arc::clone(implementation)));
-        }
+        let mut embedded = Graph::new();
+        embedded.embed(prefix, &graph)?;
         for (id, decision) in decisions.iter() {
-            let decision = match decision {
-                Decision::Map { body, in_flight } => Decision::Map {
-                    body: renamed(body)?,
-                    in_flight: *in_flight,
-                },
-                Decision::Loop {
-                    body,
-                    max_iterations,
-                } => Decision::Loop {
-                    body: renamed(body)?,
-                    max_iterations: *max_iterations,
-                },
-                Decision::Switch { cases } => Decision::Switch {
-                    cases: cases
-                        .iter()
-                        .map(|(key, case)| Ok((key.clone(), renamed(case)?)))
-                        .collect::<Result<_, GraphError>>()?,
-                },
-            };
-            self.decisions.push((named(id), decision));
+            let decision = decision.inside(prefix)?;
+            self.decisions
+                .push((NodeId::inside(prefix, id).to_string(), decision));
         }
-        self.policies = policies;
-        renamed(&graph)
+        for (id, implementation) in catalog.iter() {
+            self.inner.push((
+                NodeId::inside(prefix, id.as_str()),
+                Arc::clone(implementation),
+            ));
+        }
+        self.policies = std::mem::take(&mut self.policies).joined(policies.inside(prefix));
+        Ok(embedded)
     }
 }
 

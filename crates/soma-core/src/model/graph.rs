@@ -10,6 +10,10 @@
 //! node's first few neighbours are kept in place rather than on the heap ([`Neighbours`]), so a
 //! graph allocates about once per node — its id — and the ids, which every plan clones, sit
 //! side by side in memory instead of among two small lists per node.
+//!
+//! The ids a user gives are names ([`NodeId::is_valid`]); the ids of the nodes inside a
+//! decision step are paths, which only [`Graph::embed`] makes: what a step runs is its sub-graph
+//! embedded under the step's id.
 
 use std::cmp::Reverse;
 use std::collections::hash_map::Entry;
@@ -17,7 +21,7 @@ use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::fmt;
 use std::hash::BuildHasherDefault;
 
-use crate::model::id::{IdHasher, IdMap, NodeId};
+use crate::model::id::{is_path, IdHasher, IdMap, NodeId};
 
 /// Why a graph refused a node or an edge. The graph is unchanged after any of these.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,6 +30,20 @@ pub enum GraphError {
     InvalidId {
         /// The refused id.
         id: NodeId,
+    },
+    /// The id holds [`NodeId::SEPARATOR`], which separates a step's id from the ids inside it
+    /// (`chunks/clean`): an id a user gives holds none, so that a path reads back one way.
+    SeparatorInId {
+        /// The refused id.
+        id: NodeId,
+    },
+    /// A switch's case key holds [`NodeId::SEPARATOR`]: the key is a level of the path of the
+    /// ids inside the case (`route/ocr/parse`), and would read as two.
+    SeparatorInKey {
+        /// The switch step's id.
+        step: NodeId,
+        /// The refused key.
+        key: String,
     },
     /// A node with this id is already in the graph.
     DuplicateNode {
@@ -59,6 +77,18 @@ impl fmt::Display for GraphError {
                 f,
                 "invalid node id `{id}`\nhint: an id is a non-empty name without spaces or control characters"
             ),
+            GraphError::SeparatorInId { id } => write!(
+                f,
+                "invalid node id `{id}`: `{sep}` separates a step's id from the ids of the nodes inside it (`chunks{sep}clean`), and cannot be in an id\nhint: use another character, as in `{}`",
+                id.as_str().replace(NodeId::SEPARATOR, "_"),
+                sep = NodeId::SEPARATOR
+            ),
+            GraphError::SeparatorInKey { step, key } => write!(
+                f,
+                "invalid key `{key}` of switch step `{step}`: `{sep}` separates the levels of the ids inside a case (`{step}{sep}key{sep}node`), and cannot be in a key\nhint: use another character, as in `{}`",
+                key.replace(NodeId::SEPARATOR, "_"),
+                sep = NodeId::SEPARATOR
+            ),
             GraphError::DuplicateNode { id } => write!(
                 f,
                 "a node `{id}` is already in the graph\nhint: give the new node another id, or let Soma derive one"
@@ -86,6 +116,17 @@ impl fmt::Display for GraphError {
 }
 
 impl std::error::Error for GraphError {}
+
+/// Why a graph refuses `id` from a user, whatever it holds: no name, or a path.
+fn refusal(id: &NodeId) -> Option<GraphError> {
+    if !is_path(id.as_str()) {
+        Some(GraphError::InvalidId { id: id.clone() })
+    } else if id.as_str().contains(NodeId::SEPARATOR) {
+        Some(GraphError::SeparatorInId { id: id.clone() })
+    } else {
+        None
+    }
+}
 
 /// Node indices to node indices, for the cycle check's searches.
 type PairMap = HashMap<usize, usize, BuildHasherDefault<IdHasher>>;
@@ -137,11 +178,12 @@ impl Graph {
     /// Adds a node.
     ///
     /// # Errors
-    /// [`GraphError::InvalidId`] or [`GraphError::DuplicateNode`]; the graph is unchanged.
+    /// [`GraphError::InvalidId`], [`GraphError::SeparatorInId`] (a node inside a step is added
+    /// by [`Graph::embed`]) or [`GraphError::DuplicateNode`]; the graph is unchanged.
     pub fn add_node(&mut self, id: impl Into<NodeId>) -> Result<&NodeId, GraphError> {
         let id = id.into();
-        if !id.is_valid() {
-            return Err(GraphError::InvalidId { id });
+        if let Some(refused) = refusal(&id) {
+            return Err(refused);
         }
         let at = self.ids.len();
         // One hash of the id, for the check and the insertion both.
@@ -159,6 +201,66 @@ impl Graph {
         self.succ.push(Neighbours::default());
         self.pred.push(Neighbours::default());
         Ok(&self.ids[at])
+    }
+
+    /// Why [`Graph::add_node`] would refuse `id`, if it would: to refuse it before anything
+    /// that goes with the node (a step's sub-graphs) is copied.
+    pub fn refusal(&self, id: &str) -> Option<GraphError> {
+        let id = NodeId::from(id);
+        refusal(&id).or_else(|| {
+            self.contains(id.as_str())
+                .then_some(GraphError::DuplicateNode { id })
+        })
+    }
+
+    /// Adds `inner`'s nodes under `prefix` — node `x` as `prefix/x` ([`NodeId::inside`]), a
+    /// path already as a deeper one (`prefix/step/x`) — and its edges between them, in its
+    /// orders: what a decision step runs, embedded under the step's id (or a switch case's,
+    /// [`crate::Decision::case_prefix`]). [`NodeId::within`] reads each id back.
+    ///
+    /// # Errors
+    /// [`GraphError::InvalidId`] for a `prefix` that is no name or path (`inner` empty adds
+    /// nothing and refuses nothing), [`GraphError::DuplicateNode`] with the first id this graph
+    /// holds already; the graph is unchanged.
+    ///
+    /// # Complexity
+    /// O(nodes + edges of `inner`, and the length of their ids): no edge can close a cycle, so
+    /// none is searched for.
+    pub fn embed(&mut self, prefix: &str, inner: &Graph) -> Result<(), GraphError> {
+        if inner.is_empty() {
+            return Ok(());
+        }
+        // Every id of `inner` is a path already, so each made here is one exactly when
+        // `prefix` is.
+        if !is_path(prefix) {
+            return Err(GraphError::InvalidId {
+                id: NodeId::from(prefix),
+            });
+        }
+        let ids: Vec<NodeId> = inner
+            .ids
+            .iter()
+            .map(|id| NodeId::inside(prefix, id.as_str()))
+            .collect();
+        if let Some(taken) = ids.iter().find(|id| self.contains(id.as_str())) {
+            return Err(GraphError::DuplicateNode { id: taken.clone() });
+        }
+        let base = self.ids.len();
+        for (at, id) in ids.into_iter().enumerate() {
+            self.index.insert(id.clone(), base + at);
+            self.ids.push(id);
+            self.succ.push(Neighbours::default());
+            self.pred.push(Neighbours::default());
+        }
+        // Between new nodes only, as in `inner`: neither a duplicate nor a cycle.
+        for &(a, b) in &inner.edges {
+            let (a, b) = (base + a, base + b);
+            self.edge_set.insert((a, b));
+            self.edges.push((a, b));
+            self.succ[a].push(b);
+            self.pred[b].push(a);
+        }
+        Ok(())
     }
 
     /// Adds the edge `from -> to`.

@@ -148,13 +148,14 @@ impl WrittenPolicies {
         self
     }
 
-    /// The same policies, every id renamed by `named`.
-    pub(crate) fn renamed(self, named: impl Fn(&str) -> String) -> WrittenPolicies {
+    /// The same policies, every id under `prefix` ([`NodeId::inside`]): those of a step's
+    /// sub-graph, as the graph around it holds them.
+    pub(crate) fn inside(self, prefix: &str) -> WrittenPolicies {
         WrittenPolicies {
             by_node: self
                 .by_node
                 .into_iter()
-                .map(|(id, policy)| (NodeId::new(named(id.as_str())), policy))
+                .map(|(id, policy)| (NodeId::inside(prefix, id.as_str()), policy))
                 .collect(),
         }
     }

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use soma_core::{
     compile_decided, distribute, each, node, repeat, switch, Catalog, Decision, Decisions,
-    Executor, Expr, Graph, GraphError, HostPlacement, NodeError, Placement, Policies, Program,
-    Retry, RunError, Setting, SettingError, Value,
+    Executor, Expr, Graph, GraphError, HostPlacement, Node, NodeError, NodeId, Placement, Policies,
+    Program, Retry, RunError, Setting, SettingError, Value,
 };
 
 use crate::support::{meet, on_a_small_stack, plain, Rendezvous};
@@ -59,13 +59,79 @@ fn a_node_named_as_a_node_inside_a_step_is_refused_whichever_is_written_first() 
     let before = node("m/a", plain(add(100))) >> step();
     for expr in [after, before] {
         match expr.somatize_decided() {
-            Err(GraphError::DuplicateNode { id }) => assert_eq!(id.as_str(), "m/a"),
+            Err(GraphError::SeparatorInId { id }) => assert_eq!(id.as_str(), "m/a"),
             other => panic!(
-                "expected `m/a` refused as a duplicate, got {:?}",
+                "expected `m/a` refused for its `/`, got {:?}",
                 other.map(|_| ())
             ),
         }
     }
+}
+
+#[test]
+fn a_step_whose_id_holds_the_separator_is_refused_naming_it() {
+    let expr = node("split", plain(add(0))) >> each("m/x", node("a", plain(add(1))), None).unwrap();
+    assert_eq!(
+        expr.somatize_decided().err(),
+        Some(GraphError::SeparatorInId { id: "m/x".into() })
+    );
+}
+
+#[test]
+fn a_switch_key_holding_the_separator_is_refused_naming_the_step_and_the_key() {
+    let selector = plain(|_: &str, _: &Value| Ok(Value::text("a/b")));
+    let refused = switch(
+        "route",
+        selector,
+        vec![("a/b".to_owned(), node("x", plain(add(1))))],
+    );
+    assert_eq!(
+        refused.err(),
+        Some(GraphError::SeparatorInKey {
+            step: "route".into(),
+            key: "a/b".to_owned()
+        })
+    );
+}
+
+#[test]
+fn decisions_embedded_under_a_prefix_have_their_ids_and_graphs_under_it() {
+    let expr = each("m", node("a", plain(add(1))), None).unwrap();
+    let (_, _, inner) = expr.somatize_decided().unwrap();
+    let mut decisions = Decisions::new();
+    decisions.embed("outer", &inner).unwrap();
+    assert!(decisions.get("m").is_none());
+    let Some(Decision::Map { body, .. }) = decisions.get("outer/m") else {
+        panic!("`outer/m` is no `each` step");
+    };
+    assert_eq!(body.nodes(), [NodeId::from("outer/m/a")]);
+}
+
+#[test]
+fn a_catalog_embedded_under_a_prefix_refuses_a_taken_id_and_changes_nothing() {
+    let implementation: Arc<dyn Node> = Arc::new(plain(add(1)));
+    let mut inner = Catalog::new();
+    inner.insert("a", Arc::clone(&implementation));
+    inner.insert("b", Arc::clone(&implementation));
+    let mut catalog = Catalog::new();
+    catalog.insert("m/b", Arc::clone(&implementation));
+    assert_eq!(
+        catalog.embed("m", &inner).err(),
+        Some(GraphError::DuplicateNode { id: "m/b".into() })
+    );
+    assert_eq!(catalog.len(), 1);
+    catalog.embed("n", &inner).unwrap();
+    assert!(catalog.contains("n/a") && catalog.contains("n/b"));
+}
+
+#[test]
+fn a_placement_embedded_under_a_prefix_places_the_nodes_under_it() {
+    let mut inner = Placement::new();
+    inner.place("a", "cuda:1".parse().unwrap());
+    let mut placement = Placement::new();
+    placement.embed("m", &inner);
+    assert_eq!(placement.device("m/a"), Some("cuda:1".parse().unwrap()));
+    assert_eq!(placement.device("a"), None);
 }
 
 #[test]
@@ -201,9 +267,19 @@ const DEEP: usize = 1_000;
 /// Made as `each`, `switch` and `repeat` would make it, outermost first: gluing expressions
 /// renames every id inside once per level around it, which a thousand levels make slow.
 fn nested_steps(depth: usize, mixed: bool) -> (Graph, Catalog, Decisions, Value, Value) {
+    // A graph of one node, `id`: a node inside a step is embedded under the step's path.
     let one = |id: &str| {
         let mut graph = Graph::new();
-        graph.add_node(id.to_owned()).unwrap();
+        match id.rsplit_once(NodeId::SEPARATOR) {
+            Some((prefix, name)) => {
+                let mut leaf = Graph::new();
+                leaf.add_node(name).unwrap();
+                graph.embed(prefix, &leaf).unwrap();
+            }
+            None => {
+                graph.add_node(id).unwrap();
+            }
+        }
         graph
     };
     let (mut catalog, mut decisions) = (Catalog::new(), Decisions::new());

@@ -91,13 +91,138 @@ fn an_invalid_id_is_refused_and_nothing_is_half_added() {
 }
 
 #[test]
-fn an_id_is_valid_when_it_is_a_non_empty_name_without_whitespace_or_control_characters() {
-    for good in ["a", "layer_1", "encoder.block-2", "ñandú", "x/y:z"] {
+fn an_id_is_valid_when_it_is_a_non_empty_name_without_whitespace_control_characters_or_slash() {
+    for good in ["a", "layer_1", "encoder.block-2", "ñandú", "x:y.z"] {
         assert!(NodeId::from(good).is_valid(), "{good:?}");
     }
-    for bad in ["", "a b", "a\u{a0}b", "a\u{0}b", "\t"] {
+    for bad in ["", "a b", "a\u{a0}b", "a\u{0}b", "\t", "x/y", "/", "a/"] {
         assert!(!NodeId::from(bad).is_valid(), "{bad:?}");
     }
+}
+
+#[test]
+fn an_id_holding_the_separator_is_refused_naming_it_and_nothing_is_added() {
+    for bad in ["a/b", "/a", "a/", "m/a/b"] {
+        let mut graph = graph(&["a"], &[]);
+        let before = snapshot(&graph);
+        assert_eq!(
+            graph.add_node(bad),
+            Err(GraphError::SeparatorInId { id: bad.into() }),
+            "{bad:?} should be refused"
+        );
+        assert_eq!(snapshot(&graph), before);
+    }
+}
+
+#[test]
+fn refusal_says_what_add_node_would_refuse_and_changes_nothing() {
+    let graph = graph(&["a"], &[]);
+    assert_eq!(graph.refusal("b"), None);
+    assert_eq!(
+        graph.refusal("a"),
+        Some(GraphError::DuplicateNode { id: "a".into() })
+    );
+    assert_eq!(
+        graph.refusal("a/b"),
+        Some(GraphError::SeparatorInId { id: "a/b".into() })
+    );
+    assert_eq!(
+        graph.refusal("a b"),
+        Some(GraphError::InvalidId { id: "a b".into() })
+    );
+    assert_eq!(graph.len(), 1);
+}
+
+#[test]
+fn embed_adds_the_inner_nodes_and_edges_under_the_prefix_in_their_orders() {
+    let inner = graph(&["x", "y", "z"], &[("x", "y"), ("x", "z")]);
+    let mut outer = graph(&["split"], &[]);
+    outer.embed("chunks", &inner).unwrap();
+    let nodes: Vec<String> = outer.nodes().iter().map(ToString::to_string).collect();
+    assert_eq!(nodes, ["split", "chunks/x", "chunks/y", "chunks/z"]);
+    let edges: Vec<(String, String)> = outer
+        .edges()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    assert_eq!(
+        edges,
+        [
+            ("chunks/x".to_owned(), "chunks/y".to_owned()),
+            ("chunks/x".to_owned(), "chunks/z".to_owned())
+        ]
+    );
+    assert_eq!(
+        ids(&outer.successors("chunks/x").unwrap()),
+        ["chunks/y", "chunks/z"]
+    );
+    assert_eq!(ids(&outer.predecessors("chunks/z").unwrap()), ["chunks/x"]);
+    assert_eq!(ids(&outer.roots()), ["split", "chunks/x"]);
+    // The embedded edges are known to the graph's own checks.
+    assert_eq!(
+        outer.add_edge("chunks/x", "chunks/y"),
+        Err(GraphError::DuplicateEdge {
+            from: "chunks/x".into(),
+            to: "chunks/y".into()
+        })
+    );
+    assert!(matches!(
+        outer.add_edge("chunks/z", "chunks/x"),
+        Err(GraphError::WouldCycle { .. })
+    ));
+}
+
+#[test]
+fn embed_refuses_an_id_the_graph_holds_naming_it_and_changes_nothing() {
+    let inner = graph(&["x", "y"], &[("x", "y")]);
+    let mut outer = Graph::new();
+    outer.embed("m", &graph(&["y"], &[])).unwrap();
+    let before = snapshot(&outer);
+    assert_eq!(
+        outer.embed("m", &inner),
+        Err(GraphError::DuplicateNode { id: "m/y".into() })
+    );
+    assert_eq!(snapshot(&outer), before);
+}
+
+#[test]
+fn embed_refuses_a_prefix_that_is_no_id_and_an_empty_graph_adds_nothing() {
+    let mut outer = Graph::new();
+    assert_eq!(
+        outer.embed("two words", &graph(&["x"], &[])),
+        Err(GraphError::InvalidId {
+            id: "two words".into()
+        })
+    );
+    assert!(outer.is_empty());
+    outer.embed("two words", &Graph::new()).unwrap();
+    assert!(outer.is_empty());
+}
+
+#[test]
+fn embedding_twice_nests_the_paths() {
+    let mut middle = Graph::new();
+    middle.embed("inner", &graph(&["x"], &[])).unwrap();
+    let mut outer = Graph::new();
+    outer.embed("outer", &middle).unwrap();
+    assert_eq!(outer.nodes(), [NodeId::from("outer/inner/x")]);
+    let inside = NodeId::within("outer/inner/x", "outer");
+    assert_eq!(inside, Some("inner/x"));
+    assert_eq!(NodeId::within("inner/x", "inner"), Some("x"));
+    assert_eq!(
+        NodeId::step_and_rest("outer/inner/x"),
+        Some(("outer", "inner/x"))
+    );
+    let prefixes: Vec<&str> = NodeId::prefixes("outer/inner/x").collect();
+    assert_eq!(prefixes, ["outer", "outer/inner"]);
+}
+
+#[test]
+fn a_path_is_read_within_its_prefix_only_at_a_separator() {
+    assert_eq!(NodeId::within("chunks/clean", "chunks"), Some("clean"));
+    assert_eq!(NodeId::within("chunksx/clean", "chunks"), None);
+    assert_eq!(NodeId::within("chunks", "chunks"), None);
+    assert_eq!(NodeId::step_and_rest("split"), None);
+    assert_eq!(NodeId::prefixes("split").count(), 0);
 }
 
 #[test]
@@ -369,6 +494,17 @@ fn a_graph_error_names_its_nodes_in_backticks() {
             },
             vec!["`c` -> `a`", "`c` -> `a` -> `b` -> `c`"],
         ),
+        (
+            GraphError::SeparatorInId { id: "a/b".into() },
+            vec!["`a/b`", "`/` separates a step's id", "`a_b`"],
+        ),
+        (
+            GraphError::SeparatorInKey {
+                step: "route".into(),
+                key: "a/b".to_owned(),
+            },
+            vec!["`a/b`", "`route`", "`/`"],
+        ),
     ];
     for (error, expected) in cases {
         let shown = error.to_string();
@@ -403,6 +539,16 @@ fn reaches(graph: &Graph, from: &str, to: &str) -> bool {
         }
     }
     false
+}
+
+/// What `id` is inside `prefix`, which it must be under.
+fn within<'a>(id: &'a NodeId, prefix: &str) -> &'a str {
+    NodeId::within(id.as_str(), prefix).expect("under the prefix")
+}
+
+/// Ids the proptests below embed: names, some of them paths (a graph that holds steps).
+fn an_id() -> impl proptest::strategy::Strategy<Value = String> {
+    proptest::string::string_regex("[a-z_.:-]{1,4}(/[a-z_.:-]{1,4}){0,2}").expect("a regex")
 }
 
 proptest::proptest! {
@@ -445,6 +591,48 @@ proptest::proptest! {
                 Ok(()) => proptest::prop_assert!(!closes),
                 Err(other) => proptest::prop_assert!(false, "{other}"),
             }
+        }
+    }
+
+    #[test]
+    fn an_embedded_graph_reads_back_within_its_prefix_as_it_was(
+        ids in proptest::collection::btree_set(an_id(), 1..12),
+        edges in proptest::collection::vec((0_usize..12, 0_usize..12), 0..24),
+        prefix in an_id(),
+    ) {
+        let ids: Vec<String> = ids.into_iter().collect();
+        let mut inner = Graph::new();
+        // Paths as a graph holding steps has them: each embedded under its own prefix.
+        for id in &ids {
+            match id.rsplit_once(NodeId::SEPARATOR) {
+                Some((at, name)) => inner.embed(at, &crate::support::graph(&[name], &[])).unwrap(),
+                None => {
+                    inner.add_node(id.as_str()).unwrap();
+                }
+            }
+        }
+        for (a, b) in edges {
+            let (a, b) = (a % ids.len(), b % ids.len());
+            if a < b {
+                let _ = inner.add_edge(&ids[a], &ids[b]);
+            }
+        }
+        let mut outer = Graph::new();
+        outer.embed(&prefix, &inner).unwrap();
+        let back: Vec<&str> = outer.nodes().iter().map(|id| within(id, &prefix)).collect();
+        let was: Vec<&str> = inner.nodes().iter().map(NodeId::as_str).collect();
+        proptest::prop_assert_eq!(back, was);
+        let back: Vec<(&str, &str)> = outer
+            .edges()
+            .map(|(a, b)| (within(a, &prefix), within(b, &prefix)))
+            .collect();
+        let was: Vec<(&str, &str)> = inner.edges().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+        proptest::prop_assert_eq!(back, was);
+        // The outermost step is the prefix's first name, whatever the prefix holds.
+        let first = NodeId::step_and_rest(&prefix).map_or(prefix.as_str(), |(step, _)| step);
+        for id in outer.nodes() {
+            let step = NodeId::step_and_rest(id.as_str()).map(|(step, _)| step);
+            proptest::prop_assert_eq!(step, Some(first));
         }
     }
 }

@@ -4,7 +4,7 @@
 //! |---|---|
 //! | `aio` | runs with async nodes walked by the engine: results, what is in flight, errors, threads, depth, refusals |
 //! | `cache` | a rerun calls only what changed: keys of code, input and predecessors; resume; waves |
-//! | `graph` | construction, refusals that change nothing, queries and their orders |
+//! | `graph` | construction, refusals that change nothing, queries and their orders; embedding under a step's path and reading it back |
 //! | `values` | O(1) clones, identity of `Opaque`, maps; deep values drop, compare, print on a small stack |
 //! | `execution` | what each node reads, what a run returns, who is blamed, the watch |
 //! | `drivers` | awaiting nodes, turns and their limit, driver failures |

@@ -12,11 +12,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use soma_core::{
-    compile, distribute, node, Catalog, Ctx, Driver, DriverError, Executor, Graph, GraphError,
-    HostName, HostPlacement, Node, NodeError, Plan, RunError, Transition, Value, Watch,
+    compile, distribute, node, switch, Catalog, Ctx, Driver, DriverError, Executor, Graph,
+    GraphError, HostName, HostPlacement, Node, NodeError, Plan, RunError, Transition, Value, Watch,
 };
 
-use crate::support::{exec, graph, n, seq};
+use crate::support::{exec, graph, n, plain, seq};
 
 fn refused(result: Result<impl std::fmt::Debug, GraphError>) -> String {
     result.unwrap_err().to_string()
@@ -30,6 +30,28 @@ fn invalid_id() {
     insta::assert_snapshot!(refused(g.add_node("two words")), @r"
     invalid node id `two words`
     hint: an id is a non-empty name without spaces or control characters
+    ");
+}
+
+#[test]
+fn separator_in_id() {
+    let mut g = Graph::new();
+    insta::assert_snapshot!(refused(g.add_node("load/parse")), @r"
+    invalid node id `load/parse`: `/` separates a step's id from the ids of the nodes inside it (`chunks/clean`), and cannot be in an id
+    hint: use another character, as in `load_parse`
+    ");
+}
+
+#[test]
+fn separator_in_key() {
+    let refused = switch(
+        "route",
+        plain(|_: &str, _: &Value| Ok(Value::text("a/b"))),
+        vec![("a/b".to_owned(), n("x"))],
+    );
+    insta::assert_snapshot!(refused.err().unwrap().to_string(), @r"
+    invalid key `a/b` of switch step `route`: `/` separates the levels of the ids inside a case (`route/key/node`), and cannot be in a key
+    hint: use another character, as in `a_b`
     ");
 }
 

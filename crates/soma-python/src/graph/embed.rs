@@ -3,156 +3,115 @@
 //! namespaced by the step's (`chunks/clean`); and registering the step itself, its sub-graphs
 //! embedded first, then its node.
 //!
+//! The namespacing is the core's: [`Graph::embed`] and its kin on the catalog, the placement
+//! and the decisions make every id inside a step, [`NodeId::inside`] the few this glue keeps
+//! (the settings as Python wrote them), so that `/` is written once. A step is checked whole —
+//! its id, each case's key, each sub-graph's ids — before anything of it is copied, so that a
+//! refused step leaves the graph as it was.
+//!
 //! Copied rather than referred to, so that the plan compiles and the program resolves from one
 //! catalog, as a graph without steps does; the graph it was copied from is kept beside
 //! ([`GraphCore::implementation`] finds a node inside by it) for the Python objects it holds.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use soma_core::{Decision, Graph};
+use soma_core::{Decision, Graph, NodeId};
 
 use super::GraphCore;
-use crate::errors::{graph_error, taken_inside_a_step};
-use crate::policy;
+use crate::errors::graph_error;
 
 impl GraphCore {
-    /// Copies `body` into this graph's catalog, placement, policies and decisions, every id
-    /// namespaced under `step`'s (`step/id`), and returns its topology so namespaced: the
-    /// sub-graph a decision step runs.
-    fn embed(&self, py: Python<'_>, step: &str, body: &Bound<'_, GraphCore>) -> PyResult<Graph> {
-        if std::ptr::eq(self, body.get()) {
-            return Err(PyValueError::new_err(
-                "a graph cannot run itself as a step of its own",
-            ));
-        }
-        let inner = body.get().state();
-        let named = |id: &str| format!("{step}/{id}");
-        let mut graph = Graph::new();
-        for id in inner.graph.nodes() {
-            graph
-                .add_node(named(id.as_str()))
-                .map_err(|e| graph_error(py, &e))?;
-        }
-        for (source, target) in inner.graph.edges() {
-            graph
-                .add_edge(&named(source.as_str()), &named(target.as_str()))
-                .map_err(|e| graph_error(py, &e))?;
-        }
-        let mut state = self.state();
-        // Refused before anything is copied: a node of this graph, or of a step of it, already
-        // holds one of the names the body's nodes take here.
-        if let Some(taken) = inner
-            .catalog
-            .iter()
-            .map(|(id, _)| named(id.as_str()))
-            .find(|id| state.catalog.contains(id) || state.graph.contains(id))
-        {
-            return Err(taken_inside_a_step(py, &taken));
-        }
-        // Its whole catalog: its own nodes' and those of the decisions it holds in turn.
-        for (id, implementation) in inner.catalog.iter() {
-            state
-                .catalog
-                .insert(named(id.as_str()), Arc::clone(implementation));
-            if let Some(device) = inner.placement.device(id.as_str()) {
-                Arc::make_mut(&mut state.placement).place(named(id.as_str()), device);
-            }
-        }
-        for (id, (times, backoff, on)) in &inner.policies.retries {
-            let retry = policy::retry(py, *times, *backoff, on)?;
-            state.policies.policies.set_retry(&named(id), Some(retry));
-            state
-                .policies
-                .retries
-                .insert(named(id), (*times, *backoff, on.clone_ref(py)));
-        }
-        for (id, seconds) in &inner.policies.time_limits {
-            let limit = Duration::try_from_secs_f64(*seconds)
-                .map_err(|e| PyValueError::new_err(e.to_string()))?;
-            state
-                .policies
-                .policies
-                .set_time_limit(&named(id), Some(limit));
-            state.policies.time_limits.insert(named(id), *seconds);
-        }
-        for (id, decision) in inner.decisions.iter() {
-            let renamed = |graph: &Graph| -> PyResult<Graph> {
-                let mut copy = Graph::new();
-                for node in graph.nodes() {
-                    copy.add_node(named(node.as_str()))
-                        .map_err(|e| graph_error(py, &e))?;
-                }
-                for (source, target) in graph.edges() {
-                    copy.add_edge(&named(source.as_str()), &named(target.as_str()))
-                        .map_err(|e| graph_error(py, &e))?;
-                }
-                Ok(copy)
-            };
-            let decision = match decision {
-                Decision::Map { body, in_flight } => Decision::Map {
-                    body: renamed(body)?,
-                    in_flight: *in_flight,
-                },
-                Decision::Loop {
-                    body,
-                    max_iterations,
-                } => Decision::Loop {
-                    body: renamed(body)?,
-                    max_iterations: *max_iterations,
-                },
-                Decision::Switch { cases } => Decision::Switch {
-                    cases: cases
-                        .iter()
-                        .map(|(key, case)| Ok((key.clone(), renamed(case)?)))
-                        .collect::<PyResult<_>>()?,
-                },
-            };
-            state.decisions.insert(named(id), decision);
-        }
-        state
-            .python_nodes
-            .extend(inner.python_nodes.iter().cloned());
-        drop(inner);
-        state.bodies.push((step.to_owned(), body.clone().unbind()));
-        state.compiled = None;
-        Ok(graph)
-    }
-
     /// Registers `object` under `id` as a decision step whose node is `object`'s `forward`
-    /// (the selector of a `switch`, the predicate of a `loop`), running `bodies`.
+    /// (the selector of a `switch`, the predicate of a `loop`), running `bodies`: each with
+    /// its case's key for a switch, `None` for the one body of an `each` or a `loop`.
     pub(super) fn add_decision(
         &self,
         py: Python<'_>,
         id: &str,
         object: &Bound<'_, PyAny>,
-        bodies: Vec<(String, Bound<'_, GraphCore>)>,
+        bodies: Vec<(Option<String>, Bound<'_, GraphCore>)>,
         decide: impl FnOnce(Vec<(String, Graph)>) -> Decision,
     ) -> PyResult<()> {
-        if self.state().graph.contains(id) {
-            // Refused before anything is copied, as `add_python` would refuse it.
-            self.add_python(py, id, object, false, false)?;
+        // Refused before anything is copied, as `add_python` would refuse it.
+        if let Some(refused) = self.state().graph.refusal(id) {
+            return Err(graph_error(py, &refused));
         }
-        let mut graphs = Vec::with_capacity(bodies.len());
+        let mut checked = Vec::with_capacity(bodies.len());
         for (key, body) in bodies {
-            // A switch's cases are namespaced by key too: two may hold a node of one name.
-            let prefix = if key.is_empty() {
-                id.to_owned()
-            } else {
-                format!("{id}/{key}")
-            };
-            let graph = self.embed(py, &prefix, &body)?;
-            graphs.push((key, graph));
+            let (prefix, graph) = self.namespaced(py, id, key.as_deref(), &body)?;
+            checked.push((key, prefix, graph, body));
         }
         // Its `forward` reads `ctx`, for the step's id in what it raises; an async selector
         // or predicate makes it async.
         let is_async = is_coroutine_function(py, &object.getattr(intern!(py, "forward"))?)?;
+        let mut graphs = Vec::with_capacity(checked.len());
+        for (key, prefix, graph, body) in checked {
+            self.copy_in(py, prefix, body)?;
+            graphs.push((key.unwrap_or_default(), graph));
+        }
         self.add_python(py, id, object, true, is_async)?;
         self.state().decisions.insert(id, decide(graphs));
+        Ok(())
+    }
+
+    /// The prefix `body`'s ids take under step `step` — the step's id, or its case `key`'s
+    /// (`route/ocr`) — and `body`'s topology under it: what the step's decision runs. Checked
+    /// only; nothing is copied.
+    fn namespaced(
+        &self,
+        py: Python<'_>,
+        step: &str,
+        key: Option<&str>,
+        body: &Bound<'_, GraphCore>,
+    ) -> PyResult<(NodeId, Graph)> {
+        if std::ptr::eq(self, body.get()) {
+            return Err(PyValueError::new_err(
+                "a graph cannot run itself as a step of its own",
+            ));
+        }
+        let prefix = match key {
+            // A switch's cases are namespaced by key too: two may hold a node of one name.
+            Some(key) => Decision::case_prefix(step, key).map_err(|e| graph_error(py, &e))?,
+            None => NodeId::from(step),
+        };
+        let mut graph = Graph::new();
+        graph
+            .embed(prefix.as_str(), &body.get().state().graph)
+            .map_err(|e| graph_error(py, &e))?;
+        Ok((prefix, graph))
+    }
+
+    /// Copies `body` in under `prefix`, checked by [`GraphCore::namespaced`]: its catalog
+    /// (its own nodes' and those of the decisions it holds in turn), its placement, its
+    /// policies and its decisions; its Python nodes for the collector, and `body` itself for
+    /// [`GraphCore::implementation`].
+    fn copy_in(&self, py: Python<'_>, prefix: NodeId, body: Bound<'_, GraphCore>) -> PyResult<()> {
+        let inner = body.get().state();
+        let mut state = self.state();
+        // Refused before anything of `body` is copied: only a graph whose step of this id was
+        // refused half-way could hold one of these ids, and none is.
+        state
+            .catalog
+            .embed(prefix.as_str(), &inner.catalog)
+            .map_err(|e| graph_error(py, &e))?;
+        state
+            .decisions
+            .embed(prefix.as_str(), &inner.decisions)
+            .map_err(|e| graph_error(py, &e))?;
+        if !inner.placement.is_empty() {
+            Arc::make_mut(&mut state.placement).embed(prefix.as_str(), &inner.placement);
+        }
+        state.policies.embed(py, prefix.as_str(), &inner.policies);
+        state
+            .python_nodes
+            .extend(inner.python_nodes.iter().cloned());
+        drop(inner);
+        state.bodies.push((prefix, body.unbind()));
+        state.compiled = None;
         Ok(())
     }
 }

@@ -90,7 +90,7 @@ impl GraphCore {
         body: Bound<'_, GraphCore>,
         in_flight: Option<usize>,
     ) -> PyResult<()> {
-        self.add_decision(py, id, object, vec![(String::new(), body)], |mut graphs| {
+        self.add_decision(py, id, object, vec![(None, body)], |mut graphs| {
             Decision::Map {
                 body: graphs.pop().expect("one body").1,
                 in_flight,
@@ -107,6 +107,10 @@ impl GraphCore {
         object: &Bound<'_, PyAny>,
         cases: Vec<(String, Bound<'_, GraphCore>)>,
     ) -> PyResult<()> {
+        let cases = cases
+            .into_iter()
+            .map(|(key, case)| (Some(key), case))
+            .collect();
         self.add_decision(py, id, object, cases, |cases| Decision::Switch { cases })
     }
 
@@ -120,7 +124,7 @@ impl GraphCore {
         body: Bound<'_, GraphCore>,
         max_iterations: u32,
     ) -> PyResult<()> {
-        self.add_decision(py, id, object, vec![(String::new(), body)], |mut graphs| {
+        self.add_decision(py, id, object, vec![(None, body)], |mut graphs| {
             Decision::Loop {
                 body: graphs.pop().expect("one body").1,
                 max_iterations,
@@ -211,22 +215,17 @@ impl GraphCore {
             if let Some(at) = state.graph.position(rest) {
                 return Ok(state.objects[at].clone_ref(py));
             }
-            // The longest prefix: a step `a` and a node `a/b` of the same graph both prefix
-            // `a/b/c`.
-            let inside = state
-                .bodies
-                .iter()
-                .filter_map(|(prefix, body)| {
-                    let inner = rest.strip_prefix(prefix.as_str())?.strip_prefix('/')?;
-                    Some((inner.len(), body))
-                })
-                .min_by_key(|&(len, _)| len)
-                .map(|(len, body)| (len, body.clone_ref(py)));
+            // No id holds the separator, so one body at most has a prefix `rest` is inside:
+            // a step's, or a switch case's.
+            let inside = state.bodies.iter().find_map(|(prefix, body)| {
+                let inner = NodeId::within(rest, prefix.as_str())?;
+                Some((inner, body.clone_ref(py)))
+            });
             drop(state);
-            let Some((len, body)) = inside else {
+            let Some((inner, body)) = inside else {
                 return Err(unknown_node_error(py, id, &self.state().graph));
             };
-            rest = &rest[rest.len() - len..];
+            rest = inner;
             within = Some(body);
         }
     }

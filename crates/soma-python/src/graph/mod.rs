@@ -27,13 +27,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use pyo3::prelude::*;
 use soma_core::{
-    compile_decided, Catalog, Decisions, Graph, Node, Placement, Plan, Program, Setting,
+    compile_decided, Catalog, Decisions, Graph, Node, NodeId, Placement, Plan, Program, Setting,
     DEFAULT_IDLE_THREADS,
 };
 
-use crate::errors::{
-    compile_error, graph_error, program_error, taken_inside_a_step, unknown_node_error,
-};
+use crate::errors::{compile_error, graph_error, program_error, unknown_node_error};
 use crate::node::PythonNode;
 use crate::policy::Written;
 pub(crate) use interpreter::thread_stack_asked;
@@ -64,7 +62,7 @@ struct State {
     /// The graphs those sub-graphs were copied from, each with the prefix its ids were
     /// namespaced under: kept for the Python objects they hold, which a node inside is found
     /// by ([`GraphCore::implementation`]).
-    bodies: Vec<(String, Py<GraphCore>)>,
+    bodies: Vec<(NodeId, Py<GraphCore>)>,
 }
 
 impl State {
@@ -127,11 +125,8 @@ impl GraphCore {
         python_node: Option<Arc<PythonNode>>,
     ) -> PyResult<()> {
         let mut state = self.state();
-        // Only a step's nodes are in the catalog and not in the graph, and their ids hold a `/`:
-        // an id without one is not looked up (a lookup in a large catalog misses the caches).
-        if id.contains('/') && state.catalog.contains(id) && !state.graph.contains(id) {
-            return Err(taken_inside_a_step(py, id));
-        }
+        // An id inside a step holds the separator, which the graph refuses in an id: no node
+        // registered here can take one.
         let id = state
             .graph
             .add_node(id)
