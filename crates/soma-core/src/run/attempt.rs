@@ -12,13 +12,13 @@
 
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
-use std::thread;
 use std::time::{Duration, Instant};
 
 use super::error::RunError;
 use super::executor::Executor;
+use super::hooks::Watch;
 use super::lane::Lane;
-use super::latch::{Delivery, WATCH_INTERVAL};
+use super::latch::{wait_watching, Delivery, Waited};
 use super::observer::Ended;
 use super::policy::{Policy, JITTER};
 use super::program::Step;
@@ -46,9 +46,6 @@ impl Next {
         }
     }
 }
-
-/// Where a time-limited call leaves its outcome for the branch that waits for it.
-type Outcome = Delivery<thread::Result<Result<Value, RunError>>>;
 
 impl Executor {
     /// Calls a step's node under its policy: each attempt traced as a span of its own, retried
@@ -160,7 +157,8 @@ impl Executor {
         else {
             return self.execute(&*step.node, step.device, id, input, turns);
         };
-        let outcome = Arc::new(Outcome::new());
+        // Where the call leaves its outcome for the branch that waits for it.
+        let outcome = Arc::new(Delivery::new());
         let task = {
             let (executor, node, device) = (self.clone(), Arc::clone(&step.node), step.device);
             let (id, input, outcome) = (id.clone(), input.clone(), Arc::clone(&outcome));
@@ -181,48 +179,42 @@ impl Executor {
             }
         };
         *turns = 1;
-        if let Err(refused) = lane.crew.lend(vec![task], self.host.as_ref()) {
+        if let Err(refused) = lane.walk.crew.lend(vec![task], self.host.as_ref()) {
             return Err(RunError::NoThread {
                 reason: refused.to_string(),
             });
         }
-        let detachable = lane.detached.is_some();
-        let mut ended = None;
+        // A run its caller may leave (`forward(timeout=)`) names the nodes still running when
+        // it gives up: this one waits on as if it ran the call itself, so that it is named, and
+        // leaves the watch to that caller. A run whose caller is this thread's stops here, at
+        // Ctrl-C.
+        let watch = match lane.walk.detached {
+            Some(_) => None,
+            None => self.watch.as_deref(),
+        };
+        let mut waited = Waited::Done;
         self.blocking(&mut || {
-            loop {
-                if let Some(result) = outcome.take() {
-                    ended = Some(Ok(result));
-                    return;
-                }
-                // A run its caller may leave (`forward(timeout=)`) names the nodes still running
-                // when it gives up: this one waits on as if it ran the call itself, so that it
-                // is named. A run whose caller is this thread's stops here, at Ctrl-C.
-                if !detachable && self.stopped() {
-                    ended = Some(Err(RunError::Interrupted));
-                    return;
-                }
-                // An earlier sibling failed: its error is the wave's, and this call's result
-                // could not be used, so the branch stops waiting for it (as it would stop at
-                // its next node boundary) instead of holding the wave up to the limit.
-                if lane.cancelled() {
-                    ended = Some(Err(RunError::Interrupted));
-                    return;
-                }
-                let now = Instant::now();
-                if now >= deadline {
-                    ended = Some(Err(RunError::TimeLimit {
-                        node: id.clone(),
-                        limit,
-                    }));
-                    return;
-                }
-                outcome.wait(Some((deadline - now).min(WATCH_INTERVAL)));
-            }
+            // An earlier sibling failed: its error is the wave's, and this call's result could
+            // not be used, so the branch stops waiting for it (as it would stop at its next node
+            // boundary) instead of holding the wave up to the limit.
+            let mut stopping = || watch.is_some_and(Watch::interrupted) || lane.cancelled();
+            waited = wait_watching(
+                &mut |timeout| outcome.wait(timeout),
+                watch,
+                Some(&mut stopping),
+                Some(deadline),
+            );
         });
-        match ended.expect("the host ran the wait") {
-            Ok(Ok(result)) => result,
-            Ok(Err(payload)) => panic::resume_unwind(payload),
-            Err(stopped) => Err(stopped),
+        match waited {
+            Waited::Done => match outcome.take().expect("a delivered call left its outcome") {
+                Ok(result) => result,
+                Err(payload) => panic::resume_unwind(payload),
+            },
+            Waited::Stopped => Err(RunError::Interrupted),
+            Waited::PastDeadline => Err(RunError::TimeLimit {
+                node: id.clone(),
+                limit,
+            }),
         }
     }
 

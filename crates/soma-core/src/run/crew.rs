@@ -68,7 +68,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::detach::{Detached, Hold, Kept, Remains};
+use super::detach::{Detached, Kept, Remains};
 use super::fork;
 use super::hooks::Host;
 use super::latch::{Latch, STAY_AWAKE};
@@ -152,10 +152,9 @@ struct Offer {
     /// Whether the offer is in the crew's queue; changed only under the crew's lock, so
     /// `Relaxed` is enough. Lets the owner skip looking for an offer a crew thread removed.
     queued: AtomicBool,
+    /// Opened by the branch that finishes last, which lets go of what a run's caller left on
+    /// it when it stopped waiting for this offer ([`crate::run::detach`]).
     latch: Latch,
-    /// What a run's caller left behind when it stopped waiting for this offer: dropped by the
-    /// branch that finishes last ([`crate::run::detach`]).
-    remains: Hold,
     /// Around every branch a crew thread runs (never around the owner's own).
     host: Option<Arc<dyn Host>>,
     /// The owner's [`Branches`], type and lifetime erased; followed only with a claim in hand.
@@ -516,7 +515,6 @@ impl Offer {
             host_left: AtomicBool::new(false),
             queued: AtomicBool::new(false),
             latch: Latch::new(),
-            remains: Hold::new(),
             host: host.cloned(),
             work: work.as_ptr().cast_const().cast(),
             run: run_task::<F, T>,
@@ -565,15 +563,14 @@ impl Offer {
         before_finish();
         // `Release`: the outcome recorded above is visible to whoever sees the count reach zero.
         if self.unfinished.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.latch.open();
             // The last branch of a wave its owner left: what the owner left goes with it.
-            self.remains.release();
+            self.latch.open();
         }
     }
 
     /// Keeps `remains` alive until the last branch finishes, for an owner that stops waiting.
     fn leave(&self, remains: &Arc<Remains>) {
-        self.remains.keep(remains, || self.finished());
+        self.latch.leave(remains);
     }
 
     /// Claims every branch left and records that none of them got a thread.

@@ -73,25 +73,25 @@ impl Executor {
         Ok(Executor::gather(step, input, frame))
     }
 
-    /// Runs `decide` as `step`'s work, marked running meanwhile for a run its caller may leave,
+    /// Runs `work` as `step`'s work, marked running meanwhile for a run its caller may leave,
     /// and writes what it returns as the step's value. A decision as a whole is never looked
     /// up in a cache (what it runs is not in its key): the nodes it runs are, each on what it
     /// reads ([`Executor::run_body`]), and its output's digest is what readers key on.
-    fn decided(
+    fn run_decision(
         step: &Step,
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
-        decide: impl FnOnce() -> Result<Value, Halt>,
+        work: impl FnOnce() -> Result<Value, Halt>,
     ) -> Result<(), Halt> {
         lane.mark_running(step, true);
-        let value = decide();
+        let value = work();
         lane.mark_running(step, false);
-        Self::write_decided(step, value?, frame, lane);
+        Self::write_decision(step, value?, frame, lane);
         Ok(())
     }
 
     /// Writes `value` as a decision step's output, its digest what readers key on.
-    pub(super) fn write_decided(step: &Step, value: Value, frame: &mut Frame<'_>, lane: Lane<'_>) {
+    pub(super) fn write_decision(step: &Step, value: Value, frame: &mut Frame<'_>, lane: Lane<'_>) {
         if let Some(keys) = lane.keys {
             keys.settle(step.slot(), keys.cache.digest(&value));
         }
@@ -123,12 +123,7 @@ impl Executor {
         };
         // A sub-program's steps are not marked running (its step is: see
         // `Detached::set_running`).
-        let inner = Lane {
-            program: body,
-            keys,
-            prefetching: false,
-            ..lane
-        };
+        let inner = lane.body(body, keys);
         match self.walk(&body.root, input, &mut frame, inner) {
             Ok(()) => {
                 let (input, table, _) = kept.get_mut();
@@ -136,6 +131,7 @@ impl Executor {
             }
             Err(Halt::Abandoned) => {
                 let remains = lane
+                    .walk
                     .detached
                     .expect("only a detachable run is given up")
                     .remains();
@@ -320,7 +316,7 @@ impl Executor {
     ) -> Result<(), Halt> {
         let read = self.decision_input(&op.step, input, frame, lane)?;
         let id = &lane.program.ids[op.step.slot()];
-        Self::decided(&op.step, frame, lane, || {
+        Self::run_decision(&op.step, frame, lane, || {
             let items = self.items_of(id, &read)?;
             drop(read);
             let results = self.each_item(op, id, items, lane)?;
@@ -437,7 +433,7 @@ impl Executor {
     ) -> Result<(), Halt> {
         let read = self.decision_input(&op.step, input, frame, lane)?;
         let id = &lane.program.ids[op.step.slot()];
-        Self::decided(&op.step, frame, lane, || {
+        Self::run_decision(&op.step, frame, lane, || {
             let chosen = self.decision_call(&op.step, &read, lane, |keys, id, fingerprint| {
                 keys.key_of(id, fingerprint, &op.step, input)
             })?;
@@ -506,7 +502,7 @@ impl Executor {
     ) -> Result<(), Halt> {
         let read = self.decision_input(&op.step, input, frame, lane)?;
         let id = &lane.program.ids[op.step.slot()];
-        Self::decided(&op.step, frame, lane, || {
+        Self::run_decision(&op.step, frame, lane, || {
             let mut current = read;
             for iteration in 0..op.max_iterations {
                 let output = self.part(id, Part::Iteration(iteration), &lane, || {

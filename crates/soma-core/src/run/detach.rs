@@ -145,7 +145,7 @@ impl Detached {
     }
 
     /// Asked by the waiting caller between polls of `watch`: whether to stop waiting. Yes once
-    /// the watch has asked the run to stop for [`GRACE`], and from then on at every level.
+    /// the watch has asked the run to stop for [`STOP_GRACE`], and from then on at every level.
     pub(super) fn give_up(&self, watch: &dyn Watch) -> bool {
         if self.given_up.load(Ordering::Relaxed) {
             return true;
@@ -179,38 +179,11 @@ impl Detached {
     }
 }
 
-/// Where a waiter that stops waiting leaves the run's remains, for whoever finishes the work it
-/// waited on to let go of: a wave's last branch, or a thread a deep wave hopped to.
-pub(super) struct Hold(Mutex<Option<Arc<Remains>>>);
-
-impl Hold {
-    pub(super) fn new() -> Self {
-        Hold(Mutex::new(None))
-    }
-
-    /// Keeps `remains` until [`Hold::release`], unless `finished` says the work is done already.
-    /// Asked under the hold's lock: the finisher either published that it finished before (then
-    /// there is nothing to keep), or will find the remains when it takes the lock after.
-    pub(super) fn keep(&self, remains: &Arc<Remains>, finished: impl FnOnce() -> bool) {
-        let mut slot = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if !finished() {
-            *slot = Some(Arc::clone(remains));
-        }
-    }
-
-    /// Lets go of what was kept, if anything: called by the finisher once it has published that
-    /// it finished, and once it no longer touches what the remains hold.
-    pub(super) fn release(&self) {
-        let kept = self.0.lock().unwrap_or_else(PoisonError::into_inner).take();
-        drop(kept);
-    }
-}
-
 /// What a caller that gave up left behind: the heap parts its frames lent to branches still
 /// running. Dropped — and the parts freed — when the last holder lets go: the caller itself,
 /// and every wave it left unfinished until its last branch finishes.
 pub(crate) struct Remains {
-    parts: Mutex<Vec<Part>>,
+    parts: Mutex<Vec<Leftover>>,
 }
 
 impl Remains {
@@ -221,15 +194,15 @@ impl Remains {
     }
 }
 
-/// One [`Kept`] value handed over, with the function that frees it.
-struct Part {
+/// One [`Kept`] value left over to the remains, with the function that frees it.
+struct Leftover {
     at: *mut (),
     free: unsafe fn(*mut ()),
 }
 
-// SAFETY: a part is only ever a `Kept<T>` with `T: Send` (see `Kept::leave`), freed once.
+// SAFETY: a leftover is only ever a `Kept<T>` with `T: Send` (see `Kept::leave`), freed once.
 #[allow(unsafe_code)]
-unsafe impl Send for Part {}
+unsafe impl Send for Leftover {}
 
 impl Drop for Remains {
     fn drop(&mut self) {
@@ -301,7 +274,7 @@ impl<T: Send> Kept<T> {
             // SAFETY: forwarded from the caller.
             drop(unsafe { Box::from_raw(at.cast::<T>()) });
         }
-        let part = Part {
+        let part = Leftover {
             at: self.at.cast(),
             free: free::<T>,
         };

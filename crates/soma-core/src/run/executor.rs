@@ -23,11 +23,12 @@ use super::detach::{Detached, Kept, Remains};
 use super::error::RunError;
 use super::hooks::{Host, ItemContext, Watch};
 use super::keys::RunKeys;
-use super::lane::Lane;
+use super::lane::{Lane, Walk};
 use super::observer::{Begun, Ended, Observer, Opened};
 use super::table::Frame;
 use super::trace::{thread_number, Span, Trace};
 use std::sync::Arc;
+use std::thread;
 use std::time::Instant;
 
 use crate::model::catalog::Catalog;
@@ -293,7 +294,14 @@ impl Executor {
             own: table.get_mut(),
             shared: None,
         };
-        let lane = Lane::root(&program.crew, program, Some(detached), keys.as_ref());
+        // On the heap too: every lane of the run points to it, a branch left running included.
+        let walk = Kept::new(Walk::new(
+            &program.crew,
+            thread::current().id(),
+            Some(detached),
+            None,
+        ));
+        let lane = Lane::new(walk.get(), program, keys.as_ref(), program.prefetching());
         let opened = executor.begin_run(program, None, None);
         let deadline = executor.watch.as_deref().and_then(Watch::deadline);
         let walked = match deadline {
@@ -313,6 +321,7 @@ impl Executor {
             let running = detached.running(&program.ids);
             let result = Err(RunError::Abandoned { running });
             executor.end_work(opened, &Ended::of(&result));
+            walk.leave(&remains);
             table.leave(&remains);
             parts.leave(&remains);
             return result;
@@ -332,13 +341,10 @@ impl Executor {
             shared: None,
         };
         let keys = self.run_keys(program);
+        let walk = Walk::new(crew, thread::current().id(), None, None);
+        let lane = Lane::new(&walk, program, keys.as_ref(), program.prefetching());
         let opened = self.begin_run(program, None, None);
-        let walked = self.walk(
-            &program.root,
-            &input,
-            &mut frame,
-            Lane::root(crew, program, None, keys.as_ref()),
-        );
+        let walked = self.walk(&program.root, &input, &mut frame, lane);
         let result = Self::finish(program, walked, &mut table, || input);
         self.end_work(opened, &Ended::of(&result));
         result

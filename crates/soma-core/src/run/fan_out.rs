@@ -70,12 +70,12 @@ impl Executor {
         };
         // This thread runs its share with whatever it holds of the host (the GIL, say) and gives
         // it back only to sleep until the branches run elsewhere are done.
-        let fanned = lane.crew.run(
+        let fanned = lane.walk.crew.run(
             fan,
             parts,
             task,
             self.host.as_ref(),
-            lane.detached,
+            lane.walk.detached,
             |until_done| {
                 let mut gave_up = false;
                 self.blocking(&mut || gave_up = self.wait(&lane, until_done));
@@ -99,11 +99,7 @@ impl<L> FanOut<'_, L> {
         index: usize,
         walk: impl FnOnce(Lane<'_>) -> Result<R, Halt>,
     ) -> Outcome<R> {
-        let lane = Lane {
-            wave: Some((&self.state, index)),
-            parent: Some(&self.lane),
-            ..self.lane
-        };
+        let lane = self.lane.branch(&self.state, index);
         let mut walk = Some(walk);
         let mut outcome = None;
         let mut run = || {

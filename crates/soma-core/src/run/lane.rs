@@ -1,10 +1,20 @@
-//! `Lane`: where a branch stands while it runs — its index in each wave around it, the crew
-//! its own waves borrow threads from, the thread that started the run — and the state a wave
-//! shares with its branches, through which a failing branch stops its later siblings.
+//! `Walk` and `Lane`: what every branch of one walk of a run shares — the crew its waves borrow
+//! threads from, the thread that started the run, the run's bookkeeping — and where one branch
+//! stands in it — the program it runs, its index in each wave around it — with the state a
+//! wave shares with its branches, through which a failing branch stops its later siblings.
+//!
+//! Kept apart because they change at different rates: a walk's constants are made once, where
+//! the walk begins, and lent by reference; a lane is made for every branch and every
+//! sub-program a step runs, and passed by value down the walk, so it holds only what differs
+//! between them.
 //!
 //! The executor walks a branch along its lane and a wave gives each of its branches one; kept
 //! apart from both, so that the executor names a lane without importing the wave that extends
 //! it, and the wave imports the executor one way.
+//!
+//! A lane points only to what lives as long as every branch that may hold a copy of it: in a
+//! run its caller may leave, the walk is kept on the heap with the run's parts
+//! ([`crate::run::detach`]), as is the lane a fan-out lends its branches (their parent).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
@@ -27,54 +37,101 @@ pub(crate) struct WaveState {
     pub(crate) first_failed: AtomicUsize,
 }
 
-/// Where a branch stands: its index in its wave, the lane of the branch around that wave, the
-/// crew the branches of its own waves run on, the thread that started the run and, for a run
-/// its caller may stop waiting for, that run's bookkeeping (the last three the run's, the same
-/// at every depth).
-#[derive(Clone, Copy)]
-pub(super) struct Lane<'s> {
-    pub(super) wave: Option<(&'s WaveState, usize)>,
-    pub(super) parent: Option<&'s Lane<'s>>,
+/// One walk of a run, as every branch of it shares it, by reference: the crew the branches of
+/// its waves run on, the thread that started the run and, for a run its caller may stop waiting
+/// for, that run's bookkeeping. The same from the walk's root to its deepest branch, through
+/// the sub-programs its `Map`, `Switch` and `Loop` steps run. A walk is a whole run's, a
+/// stream's stage's for one item, or a piece of sync work an async run lends a thread.
+pub(super) struct Walk<'s> {
     pub(super) crew: &'s Crew,
     pub(super) caller: thread::ThreadId,
     pub(super) detached: Option<&'s Detached>,
-    /// The program run: its node ids by slot (a step keeps only its slot), and its policies.
-    pub(super) program: &'s Program,
-    /// Whether the run prefetches each next node ([`Program::prefetching`]).
-    pub(super) prefetching: bool,
-    /// The run's cache and the identities of its values, when it runs with a cache.
-    pub(super) keys: Option<&'s RunKeys>,
     /// For sync work an async run lent a thread (see `run/aio`): the branch of the task that
     /// waits for it, whose cancellation — and the failures of its earlier siblings — stop this
-    /// work at its next boundary too, and whose place in the waves begins this lane's path.
-    pub(super) outer: Option<&'s AioBranch>,
+    /// work at its next boundary too, and whose place in the waves begins this walk's paths.
+    pub(super) awaited_by: Option<&'s AioBranch>,
+}
+
+/// Where a branch stands in its walk, passed by value down it: the program it runs (the run's,
+/// or a sub-program of a step around it) with that program's cache keys, its index in the
+/// wave it is a branch of, and the lane of the branch around that wave.
+#[derive(Clone, Copy)]
+pub(super) struct Lane<'s> {
+    pub(super) walk: &'s Walk<'s>,
+    /// The program run: its node ids by slot (a step keeps only its slot), and its policies.
+    pub(super) program: &'s Program,
+    /// The run's cache and the identities of the program's values, when it runs with a cache.
+    pub(super) keys: Option<&'s RunKeys>,
+    /// Whether the branch prefetches each next node ([`Program::prefetching`]).
+    pub(super) prefetching: bool,
+    wave: Option<(&'s WaveState, usize)>,
+    parent: Option<&'s Lane<'s>>,
+}
+
+impl<'s> Walk<'s> {
+    /// A walk on `crew`, of the run `caller` started, with that run's `detached` bookkeeping
+    /// and the branch of an async run's task that awaits it, if any.
+    pub(super) fn new(
+        crew: &'s Crew,
+        caller: thread::ThreadId,
+        detached: Option<&'s Detached>,
+        awaited_by: Option<&'s AioBranch>,
+    ) -> Self {
+        Walk {
+            crew,
+            caller,
+            detached,
+            awaited_by,
+        }
+    }
 }
 
 impl<'s> Lane<'s> {
-    /// The lane of a whole run, outside every wave.
-    pub(super) fn root(
-        crew: &'s Crew,
+    /// The lane at the root of `walk`, outside every wave, running `program` with `keys`,
+    /// prefetching each next node or not.
+    pub(super) fn new(
+        walk: &'s Walk<'s>,
         program: &'s Program,
-        detached: Option<&'s Detached>,
         keys: Option<&'s RunKeys>,
+        prefetching: bool,
     ) -> Self {
         Lane {
+            walk,
+            program,
+            keys,
+            prefetching,
             wave: None,
             parent: None,
-            crew,
-            caller: thread::current().id(),
-            detached,
-            program,
-            prefetching: program.prefetching(),
+        }
+    }
+
+    /// The lane of branch `index` of the wave `wave`, inside this one.
+    pub(super) fn branch(&'s self, wave: &'s WaveState, index: usize) -> Self {
+        Lane {
+            wave: Some((wave, index)),
+            parent: Some(self),
+            ..*self
+        }
+    }
+
+    /// This lane, running the sub-program `body` with `keys` instead (an item, a case or an
+    /// iteration of a step): in the step's place in the waves around it, never prefetching.
+    pub(super) fn body<'b>(&self, body: &'b Program, keys: Option<&'b RunKeys>) -> Lane<'b>
+    where
+        's: 'b,
+    {
+        Lane {
+            program: body,
             keys,
-            outer: None,
+            prefetching: false,
+            ..*self
         }
     }
 
     /// Marks `step` running, or no longer, in a run its caller may leave, which names the nodes
     /// still running when it gives up.
     pub(super) fn mark_running(&self, step: &Step, running: bool) {
-        if let Some(run) = self.detached {
+        if let Some(run) = self.walk.detached {
             run.set_running(
                 self.program,
                 step.slot(),
@@ -95,7 +152,7 @@ impl<'s> Lane<'s> {
             at = lane.parent;
         }
         path.reverse();
-        match self.outer {
+        match self.walk.awaited_by {
             Some(outer) => [outer.path(), path].concat(),
             None => path,
         }
@@ -111,7 +168,7 @@ impl<'s> Lane<'s> {
         let mut at = Some(self);
         for _ in 0..CANCEL_REACH {
             let Some(lane) = at else {
-                return self.outer.is_some_and(AioBranch::stopped);
+                return self.walk.awaited_by.is_some_and(AioBranch::stopped);
             };
             if let Some((wave, index)) = lane.wave {
                 if wave.first_failed.load(Ordering::Acquire) < index {

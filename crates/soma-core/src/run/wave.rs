@@ -11,13 +11,13 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use super::detach::{Detached, Hold, Kept};
+use super::detach::{Detached, Kept};
 use super::error::RunError;
 use super::executor::{prefetch_ahead, Executor, Halt};
 use super::fan_out::{refused_or_raised, settle};
 use super::hooks::Captured;
 use super::lane::Lane;
-use super::latch::{Delivery, WATCH_INTERVAL};
+use super::latch::{wait_watching, Delivery, Waited};
 use super::program::Op;
 use super::table::{Frame, Shared};
 use crate::model::value::Value;
@@ -66,13 +66,6 @@ impl Drop for LevelsEntered {
 /// Whether `levels` more fit on this thread's stack before the walk moves to a fresh one.
 fn fits(levels: u32) -> bool {
     NESTED.with(Cell::get) + levels <= ROOM.with(Cell::get)
-}
-
-/// Where the thread a wave hopped to leaves its outcome for the thread that waits for it.
-struct Deeper {
-    outcome: Delivery<thread::Result<Result<(), Halt>>>,
-    /// What the caller left when it stopped waiting, kept until this thread is done.
-    remains: Hold,
 }
 
 impl Executor {
@@ -168,11 +161,10 @@ impl Executor {
         // in case this thread is the caller and stops waiting.
         let mut kept = Kept::new(frame.reborrow());
         let deeper_frame = kept.get_mut();
-        let meeting = Arc::new(Deeper {
-            outcome: Delivery::new(),
-            remains: Hold::new(),
-        });
-        let until_done = |timeout: Option<Duration>| meeting.outcome.wait(timeout);
+        // Where the deeper thread leaves its outcome, and the caller what it left when it
+        // stopped waiting, kept until that thread is done.
+        let meeting: Arc<Delivery<thread::Result<Result<(), Halt>>>> = Arc::new(Delivery::new());
+        let until_done = |timeout: Option<Duration>| meeting.wait(timeout);
         let theirs = Arc::clone(&meeting);
         let captured = self.host.as_ref().and_then(|host| host.capture());
         let deeper = move || {
@@ -182,13 +174,11 @@ impl Executor {
                 outcome = Some(panic::catch_unwind(AssertUnwindSafe(|| walk(deeper_frame))));
             };
             self.on_a_thread_of_its_own(captured.as_deref(), &mut wave);
-            // Delivered once out of the host's hold and the context: the waiter may leave, and
-            // let go of what this thread borrows, as soon as it sees it.
-            theirs
-                .outcome
-                .deliver(outcome.expect("the host ran the deeper walk"));
-            // Last: what the caller left may include everything this thread borrowed.
-            theirs.remains.release();
+            // Delivered once out of the host's hold and the context, and last: the waiter may
+            // leave, and let go of what this thread borrows, as soon as it sees it, and what
+            // the caller left on the delivery, which may include everything this thread
+            // borrowed, is let go of as it is delivered.
+            theirs.deliver(outcome.expect("the host ran the deeper walk"));
         };
         let mut outcome = None;
         // The whole wait is without the host's lock: the deeper thread takes it to run its
@@ -220,7 +210,6 @@ impl Executor {
                             .join()
                             .unwrap_or_else(|payload| panic::resume_unwind(payload));
                         meeting
-                            .outcome
                             .take()
                             .expect("the deeper thread recorded its outcome")
                             .unwrap_or_else(|payload| panic::resume_unwind(payload))
@@ -231,13 +220,12 @@ impl Executor {
         let outcome = outcome.expect("the host ran the wait");
         if matches!(outcome, Err(Halt::Abandoned)) {
             let remains = lane
+                .walk
                 .detached
                 .expect("only a detachable run is given up")
                 .remains();
             kept.leave(&remains);
-            meeting
-                .remains
-                .keep(&remains, || meeting.outcome.delivered());
+            meeting.leave(&remains);
         }
         outcome
     }
@@ -281,11 +269,11 @@ impl Executor {
         let (mut handed, mut outcome) = (Some((lent, task)), None);
         self.blocking(&mut || {
             let (lent, task) = handed.take().expect("the host runs the hand-off once");
-            outcome = Some(lane.crew.hand_off(
+            outcome = Some(lane.walk.crew.hand_off(
                 lent,
                 task,
                 self.host.as_ref(),
-                lane.detached,
+                lane.walk.detached,
                 |until_done| self.wait(&lane, until_done),
             ));
         });
@@ -314,30 +302,31 @@ impl Executor {
     ///
     /// Returns whether it gave up instead: only the caller of a detachable run does, once the
     /// watch has asked the run to stop and branches are still running after
-    /// [`GRACE`](super::detach::GRACE).
+    /// [`STOP_GRACE`](super::detach::STOP_GRACE).
     pub(super) fn wait(
         &self,
         lane: &Lane<'_>,
         until_done: &(dyn Fn(Option<Duration>) -> bool + Sync),
     ) -> bool {
+        let walk = lane.walk;
         match self.watch.as_deref() {
-            Some(watch) if thread::current().id() == lane.caller => {
-                let give_up = || lane.detached.is_some_and(|run| run.give_up(watch));
+            Some(watch) if thread::current().id() == walk.caller => {
                 // A wave the caller reaches again while leaving one it gave up on is given up
                 // at once.
-                if lane.detached.is_some_and(Detached::given_up) {
+                if walk.detached.is_some_and(Detached::given_up) {
                     return true;
                 }
-                while !until_done(Some(WATCH_INTERVAL)) {
-                    watch.poll();
-                    if give_up() {
-                        return true;
-                    }
-                }
-                false
+                let mut give_up = || walk.detached.is_some_and(|run| run.give_up(watch));
+                let waited = wait_watching(
+                    &mut |timeout| until_done(timeout),
+                    Some(watch),
+                    Some(&mut give_up),
+                    None,
+                );
+                waited == Waited::Stopped
             }
             Some(_) | None => {
-                until_done(None);
+                wait_watching(&mut |timeout| until_done(timeout), None, None, None);
                 false
             }
         }

@@ -1,13 +1,14 @@
-//! A [`Task`]: one branch of an async run as a future the embedder's loop polls, and the
-//! latches a task waits on — its children's join, a piece of sync work lent to the crew.
+//! A [`Task`]: one branch of an async run as a future the embedder's loop polls, and the join
+//! a task waits on for its children. (A piece of sync work lent to the crew is waited for on a
+//! [`crate::run::latch`] delivery, whose header says why no wake-up is lost there.)
 //!
 //! # Who touches what
 //! A task is polled by one thread at a time, the loop's. A [`Join`] is reported to by its
-//! children's tasks, on the loop's thread too; a [`Lent`] piece is finished by a crew thread.
-//! Each latch keeps its state under one mutex, and the waker it holds is woken after that
-//! mutex is let go (a waker may take locks of its own, the embedder's). A task that is woken
-//! polls again and finds the latch's state under the same mutex, so a wake-up is never lost:
-//! either the finisher saw the waker stored and woke it, or the poller sees the outcome.
+//! children's tasks, on the loop's thread too. It keeps its state under one mutex, and the
+//! waker it holds is woken after that mutex is let go (a waker may take locks of its own, the
+//! embedder's). A task that is woken polls again and finds the join's state under the same
+//! mutex, so a wake-up is never lost: either the reporter saw the waker stored and woke it, or
+//! the poller sees the outcomes.
 
 use std::future::Future;
 use std::panic::{self, AssertUnwindSafe};
@@ -17,10 +18,8 @@ use std::task::{Context, Poll, Waker};
 use std::thread;
 
 use super::place::Branch;
+use crate::run::fan_out::Outcome;
 use crate::run::hooks::Spawned;
-
-/// A branch's outcome, or the panic it raised: a fan-out's, as the sync walk's branches end.
-pub(crate) type Outcome = crate::run::fan_out::Outcome<()>;
 
 /// One branch of an async run — the whole run, a wave's branch, an `each` item — as a future
 /// the embedder polls on its loop's thread until it is done ([`crate::Tasks`]). Where the
@@ -86,7 +85,7 @@ pub(crate) struct Join {
 
 struct JoinState {
     /// Each child's outcome, by index, once it reported; `None` for one never started.
-    outcomes: Vec<Option<Outcome>>,
+    outcomes: Vec<Option<Outcome<()>>>,
     /// Children that have not reported, nor been skipped.
     left: usize,
     /// Each child's task, to cancel it, by index; `None` once it reported.
@@ -131,7 +130,7 @@ impl Join {
     }
 
     /// Child `index` is done with `outcome`.
-    pub(crate) fn report(&self, index: usize, outcome: Outcome) {
+    pub(crate) fn report(&self, index: usize, outcome: Outcome<()>) {
         let mut state = self.lock();
         state.spawned[index] = None;
         state.outcomes[index] = Some(outcome);
@@ -208,7 +207,7 @@ impl Join {
     /// Waits until every child has reported or been skipped, and gives their outcomes by
     /// index; when the parent's `branch` is cancelled meanwhile, cancels the children first,
     /// and still waits for them to end.
-    pub(crate) async fn joined(self: &Arc<Self>, branch: &Branch) -> Vec<Option<Outcome>> {
+    pub(crate) async fn joined(self: &Arc<Self>, branch: &Branch) -> Vec<Option<Outcome<()>>> {
         let mut cancelled = false;
         std::future::poll_fn(|cx| {
             if !cancelled && branch.is_cancelled() {
@@ -222,50 +221,6 @@ impl Join {
             let all = state.outcomes.len();
             state.waker = Some((cx.waker().clone(), all));
             Poll::Pending
-        })
-        .await
-    }
-}
-
-/// Sync work lent to a crew thread, as its task waits for it.
-pub(crate) struct Lent {
-    state: Mutex<(Option<Outcome>, Option<Waker>)>,
-}
-
-impl Lent {
-    pub(crate) fn new() -> Arc<Self> {
-        Arc::new(Lent {
-            state: Mutex::new((None, None)),
-        })
-    }
-
-    /// The work is done with `outcome`; wakes the task waiting for it.
-    pub(crate) fn finish(&self, outcome: Outcome) {
-        let waker = {
-            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-            state.0 = Some(outcome);
-            state.1.take()
-        };
-        if let Some(waker) = waker {
-            waker.wake();
-        }
-    }
-
-    /// Waits until the work is done; `None` once `branch` (the waiting task's) is cancelled
-    /// first. The work then stops at its next node boundary (its lane sees the branch
-    /// cancelled) or, stuck in a node, finishes in the background: it owns all it uses, and
-    /// its result is dropped, as a run's caller that gives up leaves a node behind.
-    pub(crate) async fn finished(self: &Arc<Self>, branch: &Branch) -> Option<Outcome> {
-        std::future::poll_fn(|cx| {
-            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-            match state.0.take() {
-                Some(outcome) => Poll::Ready(Some(outcome)),
-                None if branch.is_cancelled() => Poll::Ready(None),
-                None => {
-                    state.1 = Some(cx.waker().clone());
-                    Poll::Pending
-                }
-            }
         })
         .await
     }

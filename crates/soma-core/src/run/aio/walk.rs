@@ -24,22 +24,22 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Poll;
-use std::thread;
 use std::time::Instant;
 
 use super::limits::slots_of;
 use super::place::{Branch, Place, Table, Window};
-use super::task::{CatchUnwind, Join, Lent, Outcome, Task};
+use super::task::{CatchUnwind, Join, Task};
 use crate::model::id::NodeId;
 use crate::model::node::Ctx;
 use crate::model::value::Value;
 use crate::run::attempt::Next;
 use crate::run::error::RunError;
 use crate::run::executor::{Executor, Halt};
-use crate::run::fan_out::settle;
+use crate::run::fan_out::{settle, Outcome};
 use crate::run::hooks::Watch;
 use crate::run::keys::RunKeys;
-use crate::run::lane::{Lane, WaveState};
+use crate::run::lane::{Lane, Walk, WaveState};
+use crate::run::latch::Delivery;
 use crate::run::observer::{Ended, Part};
 use crate::run::program::{LoopOp, MapOp, Op, Program, Step, SwitchOp};
 
@@ -85,22 +85,23 @@ impl<T: ?Sized> At<T> {
 type Walking<'p> = Pin<Box<dyn Future<Output = Result<(), Halt>> + Send + 'p>>;
 
 impl Place {
-    /// The sync walk's lane for work of this place: its crew, its program and keys, its
+    /// The walk the sync walk makes of this place's sync work: the program's crew, this place's
     /// branch (for cancellation and spans), and the thread that must never be taken for the
     /// run's caller (the loop's, where this place was made: no thread of a piece is the caller,
     /// so none polls the watch or gives up).
-    fn lane(&self, caller: thread::ThreadId) -> Lane<'_> {
-        Lane {
-            wave: None,
-            parent: None,
-            crew: &self.run.program.crew,
-            caller,
-            detached: Some(&self.run.detached),
-            program: self.table.program(),
-            prefetching: false,
-            keys: self.table.keys.as_ref(),
-            outer: Some(&self.branch),
-        }
+    fn walk(&self) -> Walk<'_> {
+        Walk::new(
+            &self.run.program.crew,
+            self.run.caller,
+            Some(&self.run.detached),
+            Some(&self.branch),
+        )
+    }
+
+    /// The lane of work of this place along `walk` (this place's): its program and keys,
+    /// never prefetching.
+    fn lane<'w>(&'w self, walk: &'w Walk<'w>) -> Lane<'w> {
+        Lane::new(walk, self.table.program(), self.table.keys.as_ref(), false)
     }
 
     fn executor(&self) -> &Executor {
@@ -170,12 +171,12 @@ fn walk<'p>(place: &'p Place, op: &'p Op) -> Walking<'p> {
             Op::Wave {
                 branches, bounds, ..
             } => wave(place, branches, bounds).await,
-            Op::Map(map) => decided(place, &map.step, async { each(place, map).await }).await,
+            Op::Map(map) => run_decision(place, &map.step, async { each(place, map).await }).await,
             Op::Switch(switch) => {
-                decided(place, &switch.step, async { choose(place, switch).await }).await
+                run_decision(place, &switch.step, async { choose(place, switch).await }).await
             }
             Op::Loop(repeat) => {
-                decided(place, &repeat.step, async {
+                run_decision(place, &repeat.step, async {
                     repeat_body(place, repeat).await
                 })
                 .await
@@ -226,11 +227,11 @@ async fn piece(place: &Place, work: SyncPiece) -> Result<(), Halt> {
         Some(permits) => Some(permits.acquire().await),
         None => None,
     };
-    let latch = Lent::new();
+    // Where the crew thread leaves the work's outcome for this task.
+    let lent: Arc<Delivery<Outcome<()>>> = Arc::new(Delivery::new());
     let executor = place.executor();
     let job = {
-        let (place, latch) = (place.clone(), Arc::clone(&latch));
-        let caller = place.run.caller;
+        let (place, lent) = (place.clone(), Arc::clone(&lent));
         let captured = executor.host.as_ref().and_then(|host| host.capture());
         move || {
             let mut outcome = None;
@@ -239,7 +240,8 @@ async fn piece(place: &Place, work: SyncPiece) -> Result<(), Halt> {
                     let executor = place.executor();
                     let input = &place.table.input;
                     place.table.with_frame(&place.window, |frame| {
-                        let lane = place.lane(caller);
+                        let walk = place.walk();
+                        let lane = place.lane(&walk);
                         match &work {
                             SyncPiece::Op(op) => executor.walk(op.get(&place), input, frame, lane),
                             SyncPiece::Steps {
@@ -263,7 +265,7 @@ async fn piece(place: &Place, work: SyncPiece) -> Result<(), Halt> {
                 None => run(),
             }
             // Every borrow of the table ended with the frame: the task may go on.
-            latch.finish(outcome.expect("the context ran the work"));
+            lent.deliver(outcome.expect("the context ran the work"));
         }
     };
     if let Err(refused) = place
@@ -276,7 +278,11 @@ async fn piece(place: &Place, work: SyncPiece) -> Result<(), Halt> {
             reason: refused.to_string(),
         }));
     }
-    match latch.finished(&place.branch).await {
+    // Cancelled first, the task stops waiting: the work then stops at its next node boundary
+    // (its lane sees the branch cancelled) or, stuck in a node, finishes in the background: it
+    // owns all it uses, and its outcome is dropped, as a run's caller that gives up leaves a
+    // node behind.
+    match lent.arrival(|| place.branch.is_cancelled()).await {
         Some(outcome) => outcome.unwrap_or_else(|payload| panic::resume_unwind(payload)),
         None => Err(Halt::Cancelled),
     }
@@ -289,11 +295,11 @@ async fn node(place: &Place, step: &Step) -> Result<(), Halt> {
         None => None,
     };
     place.boundary()?;
-    let caller = place.run.caller;
-    let lane = place.lane(caller);
+    let walk = place.walk();
+    let lane = place.lane(&walk);
     let slot = step.slot();
     let id = &lane.program.ids[slot];
-    if let Some(run) = lane.detached {
+    if let Some(run) = walk.detached {
         run.set_running(lane.program, slot, id, true);
     }
     let value = match lane.keys {
@@ -303,7 +309,7 @@ async fn node(place: &Place, step: &Step) -> Result<(), Halt> {
         }
         Some(keys) => cached(place, keys, step, id).await,
     };
-    if let Some(run) = lane.detached {
+    if let Some(run) = walk.detached {
         run.set_running(lane.program, slot, id, false);
     }
     let value = value?;
@@ -324,9 +330,9 @@ fn gathered(place: &Place, step: &Step) -> Value {
 /// walk's `through_cache` does it.
 async fn cached(place: &Place, keys: &RunKeys, step: &Step, id: &NodeId) -> Result<Value, Halt> {
     let executor = place.executor();
-    let caller = place.run.caller;
+    let walk = place.walk();
     let looked_up = place.table.with_frame(&place.window, |frame| {
-        executor.look_up(keys, step, &place.table.input, frame, place.lane(caller))
+        executor.look_up(keys, step, &place.table.input, frame, place.lane(&walk))
     });
     let key = match looked_up {
         Ok(found) => return Ok(found),
@@ -493,7 +499,7 @@ async fn wave(place: &Place, branches: &[Op], bounds: &[usize]) -> Result<(), Ha
 }
 
 /// A wave's outcomes, every branch having reported.
-fn every(outcomes: Vec<Option<Outcome>>) -> impl Iterator<Item = Option<Outcome>> {
+fn every(outcomes: Vec<Option<Outcome<()>>>) -> impl Iterator<Item = Option<Outcome<()>>> {
     outcomes
         .into_iter()
         .map(|outcome| Some(outcome.expect("every branch of a wave reports")))
@@ -509,7 +515,7 @@ where
     let branch = Arc::clone(&child.branch);
     let reported = Arc::clone(join);
     let task = Task::new(branch, async move {
-        let outcome: Outcome = CatchUnwind(Box::pin(walking(&child))).await;
+        let outcome: Outcome<()> = CatchUnwind(Box::pin(walking(&child))).await;
         drop(child);
         reported.report(index, outcome);
     });
@@ -519,36 +525,36 @@ where
     }
 }
 
-/// A `Map`, `Switch` or `Loop` step: `decide` its work, the step marked running meanwhile,
-/// its output written and its digest settled as the sync walk's `decided` does.
-async fn decided(
+/// A `Map`, `Switch` or `Loop` step: its `work` awaited, the step marked running meanwhile,
+/// its output written and its digest settled as the sync walk's `run_decision` does.
+async fn run_decision(
     place: &Place,
     step: &Step,
-    decide: impl Future<Output = Result<Value, Halt>>,
+    work: impl Future<Output = Result<Value, Halt>>,
 ) -> Result<(), Halt> {
     let _permit = match place.limits() {
         Some(limits) => Some(limits.step(step.slot()).acquire().await),
         None => None,
     };
-    let caller = place.run.caller;
-    let lane = place.lane(caller);
+    let walk = place.walk();
+    let lane = place.lane(&walk);
     lane.mark_running(step, true);
-    let value = decide.await;
+    let value = work.await;
     lane.mark_running(step, false);
     let value = value?;
     place.table.with_frame(&place.window, |frame| {
-        Executor::write_decided(step, value, frame, lane);
+        Executor::write_decision(step, value, frame, lane);
     });
     Ok(())
 }
 
 /// What a step that decides reads, after the boundary checks, as the sync walk reads it.
 fn decision_input(place: &Place, step: &Step) -> Result<Value, Halt> {
-    let caller = place.run.caller;
+    let walk = place.walk();
     place.table.with_frame(&place.window, |frame| {
         place
             .executor()
-            .decision_input(step, &place.table.input, frame, place.lane(caller))
+            .decision_input(step, &place.table.input, frame, place.lane(&walk))
     })
 }
 
@@ -721,8 +727,8 @@ enum Asked {
 /// only decides, as quick as the callable it wraps), an async one awaited.
 async fn ask(place: &Place, step: &Step, value: &Value, asked: Asked) -> Result<Value, Halt> {
     let executor = place.executor();
-    let caller = place.run.caller;
-    let lane = place.lane(caller);
+    let walk = place.walk();
+    let lane = place.lane(&walk);
     let input = &place.table.input;
     let key = |keys: &RunKeys, id: &NodeId, fingerprint: &crate::model::key::Key| match asked {
         Asked::Input => keys.key_of(id, fingerprint, step, input),

@@ -1,5 +1,5 @@
 //! The second pass of resolving a plan: the tree of [ops](super::ops) built from the numbering
-//! ([`super::numbering`]) and the drops decided on it ([`super::drops`]), each decision step's
+//! ([`super::numbering`]) and the liveness found on it ([`super::drops`]), each decision step's
 //! sub-plans resolved into programs of their own.
 //!
 //! Built bottom up on an explicit stack rather than by recursion, each container's children
@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use super::drops::{drops_after, Decided};
+use super::drops::{drops_after, Liveness};
 use super::numbering::Numbering;
 use super::ops::{
     to_u32, Joined, LoopOp, MapOp, Op, Read, Reads, Step, SwitchOp, HAS_POLICY, IS_ASYNC,
@@ -25,7 +25,7 @@ use crate::run::policy::Policies;
 /// What the second pass resolves each step with, besides the numbering.
 #[derive(Clone, Copy)]
 struct Resolved<'r> {
-    decided: &'r Decided,
+    liveness: &'r Liveness,
     placement: Option<&'r Placement>,
     policies: Option<&'r Policies>,
     /// How many decision steps hold the plan being resolved.
@@ -45,14 +45,14 @@ impl Numbering<'_> {
         resolved: &Resolved<'_>,
     ) -> Result<Op, ProgramError> {
         let Resolved {
-            decided,
+            liveness,
             placement,
             policies,
             depth,
         } = *resolved;
         let mut next = || {
             let (_, read_slot) = self.reads[*read];
-            let take = decided.takes[*read];
+            let take = liveness.takes[*read];
             *read += 1;
             Read {
                 slot: read_slot,
@@ -134,7 +134,7 @@ impl Numbering<'_> {
     pub(super) fn build(
         &self,
         plan: &Plan,
-        decided: &Decided,
+        liveness: &Liveness,
         placement: Option<&Placement>,
         policies: Option<&Policies>,
         depth: usize,
@@ -159,7 +159,7 @@ impl Numbering<'_> {
         }];
         let (mut slot, mut read, mut sequences) = (0_usize, 0_usize, 0_u32);
         let resolved = Resolved {
-            decided,
+            liveness,
             placement,
             policies,
             depth,
@@ -210,7 +210,7 @@ impl Numbering<'_> {
                     let asynchronous = children.iter().any(Op::is_async);
                     let op = match built.container {
                         Container::Sequence(number) => Op::Sequence {
-                            drop_after: drops_after(&decided.drops, number, children.len()),
+                            drop_after: drops_after(&liveness.drops, number, children.len()),
                             steps: children,
                             asynchronous,
                         },

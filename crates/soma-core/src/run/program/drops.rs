@@ -1,8 +1,8 @@
 //! When each value a program's steps make can go: right after its last reader, so that a long
 //! chain holds one intermediate value at a time, not all of them.
 //!
-//! Decided between the two passes of resolving, once the first ([`super::numbering`]) has
-//! found every read: the last reader *takes* the value when it runs in its producer's branch;
+//! Found between the two passes of resolving — the program's liveness — once the first
+//! ([`super::numbering`]) has found every read: the last reader *takes* the value when it runs in its producer's branch;
 //! otherwise the innermost sequence around producer and readers drops it after the child that
 //! holds the last reader, which the second pass ([`super::build`]) writes into that sequence's
 //! op.
@@ -10,8 +10,9 @@
 use super::numbering::{Numbering, NONE};
 use super::ops::to_u32;
 
-/// What the program decides once every read is known.
-pub(super) struct Decided {
+/// When each value lives, found once every read is known: which reads take it, which
+/// sequences drop it after which child, and which values live to the end (the leaves).
+pub(super) struct Liveness {
     /// By read (plan order): whether it takes the value instead of cloning it.
     pub(super) takes: Vec<bool>,
     /// (sequence, child, slot): drop `slot` after `child` of `sequence`; sorted by sequence,
@@ -57,7 +58,7 @@ impl Numbering<'_> {
     /// When each value can go: right after its last reader. The last reader *takes* the value
     /// when it is a step of the innermost sequence that holds producer and readers; otherwise
     /// that sequence drops it after the child that holds the last reader.
-    pub(super) fn decide(&self) -> Decided {
+    pub(super) fn liveness(&self) -> Liveness {
         let slots = self.ids.len();
         // The reads of each slot, grouped by a counting sort: (reader, read index).
         let mut first = vec![0_u32; slots + 1];
@@ -74,7 +75,7 @@ impl Numbering<'_> {
             grouped[*place as usize] = (reader, to_u32(at));
             *place += 1;
         }
-        let mut decided = Decided {
+        let mut liveness = Liveness {
             takes: vec![false; self.reads.len()],
             drops: Vec::with_capacity(slots),
             leaves: Vec::new(),
@@ -82,7 +83,7 @@ impl Numbering<'_> {
         for slot in 0..slots {
             let readers = &grouped[first[slot] as usize..first[slot + 1] as usize];
             if readers.is_empty() {
-                decided.leaves.push(slot);
+                liveness.leaves.push(slot);
                 continue;
             }
             let own = self.positions[slot].sequence;
@@ -99,16 +100,16 @@ impl Numbering<'_> {
                 .expect("readers is not empty");
             if self.positions[reader as usize].sequence == sequence {
                 // The last reader is a step of that very sequence, in the producer's branch.
-                decided.takes[at as usize] = true;
+                liveness.takes[at as usize] = true;
             } else {
-                decided.drops.push((sequence, last_child, to_u32(slot)));
+                liveness.drops.push((sequence, last_child, to_u32(slot)));
             }
         }
         // Stable: after each child, drops stay in slot order.
-        decided
+        liveness
             .drops
             .sort_by_key(|&(sequence, child, _)| (sequence, child));
-        decided
+        liveness
     }
 }
 

@@ -7,7 +7,7 @@
 //! each branch its own disjoint part of one table: a branch writes only its own cells, and
 //! nothing has to be merged or locked when the wave joins.
 //!
-//! A program also decides when each value can be dropped: right after its last reader, so a
+//! A program also knows when each value can be dropped (its liveness): right after its last reader, so a
 //! long chain holds one intermediate value at a time, not all of them. The last reader *takes*
 //! the value when it runs in the same branch as its producer; a value read inside a later wave
 //! is dropped by the producer's branch once that wave has joined.
@@ -16,8 +16,8 @@
 //! thread, grown to what its waves have in flight at once, its idle threads capped (see
 //! [`crate::run::crew`]).
 //!
-//! Resolving takes two passes over the plan ([`numbering`], then [`build`]) with the drops decided
-//! between them ([`drops`]); the ops a program runs are in [`ops`].
+//! Resolving takes two passes over the plan ([`numbering`], then [`build`]) with the liveness
+//! found between them ([`drops`]); the ops a program runs are in [`ops`].
 
 mod build;
 mod drops;
@@ -145,8 +145,8 @@ impl Program {
         depth: usize,
     ) -> Result<Program, ProgramError> {
         let numbered = Numbering::of(plan, catalog)?;
-        let decided = numbered.decide();
-        let root = numbered.build(plan, &decided, placement, policies, depth)?;
+        let liveness = numbered.liveness();
+        let root = numbered.build(plan, &liveness, placement, policies, depth)?;
         let mut devices: Vec<Device> = placement
             .map(|placement| {
                 numbered
@@ -170,7 +170,7 @@ impl Program {
             root,
             policies,
             ids: numbered.ids.into_iter().cloned().collect(),
-            leaves: decided.leaves.into(),
+            leaves: liveness.leaves.into(),
             devices: devices.into(),
             crew: Crew::new(DEFAULT_IDLE_THREADS),
             decides: numbered.decides,

@@ -118,12 +118,13 @@ pub use figures::{StageFigures, StreamFigures};
 use inbox::Inbox;
 use item::Item;
 pub use settings::{OnError, StreamSettings, DEFAULT_IN_FLIGHT};
-use shared::{Caller, Shared, State};
-use stage_worker::Worker;
+use shared::{Caller, StreamShared, StreamState};
+use stage_worker::StageWorker;
 use stages::{nodes_of, stages};
 
 use super::detach::STOP_GRACE;
-use super::latch::WATCH_INTERVAL;
+use super::hooks::Watch;
+use super::latch::wait_watching;
 
 /// How long dropping a stream waits for a node still running before it leaves the node to
 /// finish on its thread: a drop cannot be interrupted, and has nobody to hand a signal to.
@@ -132,7 +133,7 @@ const DROP_GRACE: Duration = Duration::from_secs(1);
 /// Items through a program, overlapped stage by stage; an iterator of `(index, result)`. See
 /// the module docs.
 pub struct Stream<I: Iterator<Item = Value>> {
-    shared: Arc<Shared>,
+    shared: Arc<StreamShared>,
     program: Arc<Program>,
     settings: Arc<StreamSettings>,
     inputs: I,
@@ -153,17 +154,6 @@ pub struct Stream<I: Iterator<Item = Value>> {
     captured: Option<Arc<dyn Captured>>,
     /// The nodes of each stage still running an item when closing stopped waiting for them.
     left_running: Vec<Vec<NodeId>>,
-}
-
-/// How long closing waits for the stages to stop.
-#[derive(Clone, Copy)]
-enum Wait {
-    /// Until every stage has stopped, polling the watch; once it says stop, [`STOP_GRACE`] more
-    /// at most.
-    ForStages,
-    /// [`DROP_GRACE`] at most, without polling the watch: a watch's poll may take a signal
-    /// meant for the caller (Ctrl-C), and a drop could not hand it on.
-    Briefly,
 }
 
 /// What the caller found when it looked at the shared state.
@@ -216,14 +206,14 @@ impl<I: Iterator<Item = Value>> Stream<I> {
             .as_ref()
             .and_then(|host| host.capture())
             .map(Arc::from);
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(StreamShared {
             stage_ready: (0..inboxes.len()).map(|_| Condvar::new()).collect(),
             out_ready: Condvar::new(),
             closed: AtomicBool::new(false),
             stop_after: AtomicU64::new(u64::MAX),
             reading: AtomicBool::new(false),
             busy: (0..inboxes.len()).map(|_| AtomicUsize::new(0)).collect(),
-            state: Mutex::new(State {
+            state: Mutex::new(StreamState {
                 inboxes,
                 outbox: BTreeMap::new(),
                 inputs_done: false,
@@ -241,7 +231,7 @@ impl<I: Iterator<Item = Value>> Stream<I> {
             .enumerate()
             .flat_map(|(stage, figures)| (0..figures.workers).map(move |_| stage))
             .map(|stage| {
-                let mut worker = Worker {
+                let mut worker = StageWorker {
                     shared: Arc::clone(&shared),
                     program: Arc::clone(&program),
                     settings: Arc::clone(&settings),
@@ -302,7 +292,10 @@ impl<I: Iterator<Item = Value>> Stream<I> {
     /// to finish on its thread, which then goes back to the crew; its item is dropped, and
     /// [`Stream::left_running`] names it.
     pub fn close(&mut self) {
-        self.stop(Wait::ForStages);
+        // Until every stage has stopped, polling the watch; once it says stop, `STOP_GRACE`
+        // more at most.
+        let watch = self.settings.executor.watch.clone();
+        self.stop(watch.as_deref(), None);
     }
 
     /// The nodes of each stage that was still running an item when closing stopped waiting
@@ -313,7 +306,9 @@ impl<I: Iterator<Item = Value>> Stream<I> {
         &self.left_running
     }
 
-    fn stop(&mut self, wait: Wait) {
+    /// Closes the stream, waiting for its stages as [`StreamShared::wait_for_workers`] does with
+    /// `watch` and `deadline`.
+    fn stop(&mut self, watch: Option<&dyn Watch>, deadline: Option<Instant>) {
         if self.finished {
             return;
         }
@@ -324,11 +319,7 @@ impl<I: Iterator<Item = Value>> Stream<I> {
         shared.close(&mut state);
         drop(state);
         let executor = &self.settings.executor;
-        let watch = self.settings.executor.watch.as_deref();
-        executor.blocking(&mut || match wait {
-            Wait::ForStages => shared.wait_for_workers(watch),
-            Wait::Briefly => shared.wait_for_workers_until(Instant::now() + DROP_GRACE),
-        });
+        executor.blocking(&mut || shared.wait_for_workers(watch, deadline));
         // Dropped out of the lock, on this thread: a value's drop may need the host. A worker
         // left running finds the stream closed and drops its item itself.
         let mut state = shared.lock();
@@ -434,45 +425,51 @@ impl<I: Iterator<Item = Value>> Stream<I> {
         }
     }
 
-    /// Sleeps until something the caller can take may be there, polling the watch.
+    /// Sleeps until something the caller can take may be there, polling the watch; returns at
+    /// once when it says stop.
     fn wait(&mut self) {
         let started = Instant::now();
         let (shared, settings) = (&self.shared, &self.settings);
         let (ordered, next_out) = (settings.ordered, self.next_out);
         let executor = &settings.executor;
-        executor.blocking(&mut || loop {
-            let mut state = shared.lock();
+        let watch = executor.watch.as_deref();
+        let ready = |state: &StreamState| {
             let ready = if ordered {
                 state.outbox.contains_key(&next_out)
             } else {
                 !state.outbox.is_empty()
             };
-            if ready || state.panic.is_some() || state.lost.is_some() {
-                return;
-            }
-            state.caller = Caller::Asleep;
-            state = match &settings.executor.watch {
-                Some(_) => {
-                    shared
+            ready || state.panic.is_some() || state.lost.is_some()
+        };
+        executor.blocking(&mut || {
+            let mut arrived = |timeout: Option<Duration>| {
+                let mut state = shared.lock();
+                if ready(&state) {
+                    return true;
+                }
+                state.caller = Caller::Asleep;
+                state = match timeout {
+                    Some(timeout) => {
+                        shared
+                            .out_ready
+                            .wait_timeout(state, timeout)
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .0
+                    }
+                    None => shared
                         .out_ready
-                        .wait_timeout(state, WATCH_INTERVAL)
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0
-                }
-                None => shared
-                    .out_ready
-                    .wait(state)
-                    .unwrap_or_else(PoisonError::into_inner),
+                        .wait(state)
+                        .unwrap_or_else(PoisonError::into_inner),
+                };
+                state.caller = Caller::Awake;
+                false
             };
-            state.caller = Caller::Awake;
-            drop(state);
-            // Out of the lock: a watch may take the host's lock to look for signals.
-            if let Some(watch) = &settings.executor.watch {
-                watch.poll();
-                if watch.interrupted() {
-                    return;
-                }
-            }
+            let mut interrupted = || watch.is_some_and(Watch::interrupted);
+            let stop: Option<&mut dyn FnMut() -> bool> = match watch {
+                Some(_) => Some(&mut interrupted),
+                None => None,
+            };
+            wait_watching(&mut arrived, watch, stop, None);
         });
         self.waiting += started.elapsed();
     }
@@ -555,6 +552,8 @@ impl<I: Iterator<Item = Value>> Drop for Stream<I> {
     /// Closes the stream, waiting a second at most for a node still running, and never polling
     /// the watch (see the module docs).
     fn drop(&mut self) {
-        self.stop(Wait::Briefly);
+        // `DROP_GRACE` at most, without polling the watch: a watch's poll may take a signal
+        // meant for the caller (Ctrl-C), and a drop could not hand it on.
+        self.stop(None, Some(Instant::now() + DROP_GRACE));
     }
 }

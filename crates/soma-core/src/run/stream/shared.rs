@@ -10,15 +10,17 @@ use std::any::Any;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::figures::StageFigures;
 use super::inbox::Inbox;
 use super::item::Item;
-use super::{STOP_GRACE, WATCH_INTERVAL};
+use super::STOP_GRACE;
 use crate::run::hooks::Watch;
+use crate::run::latch::wait_watching;
 
-pub(super) struct State {
+/// What the stream's caller and its workers share under the one lock.
+pub(super) struct StreamState {
     pub(super) inboxes: Vec<Inbox>,
     /// Items done with every stage, keyed by index.
     pub(super) outbox: BTreeMap<u64, Box<Item>>,
@@ -50,7 +52,7 @@ pub(super) enum Caller {
     Woken,
 }
 
-impl State {
+impl StreamState {
     /// Whether stage `at` has an item still to come from before it: one in its inbox or an
     /// earlier one, or held by an earlier stage's worker.
     pub(super) fn upstream(&self, at: usize) -> bool {
@@ -73,15 +75,17 @@ impl State {
     }
 }
 
-pub(super) struct Shared {
-    pub(super) state: Mutex<State>,
+/// What the stream's caller and its workers share: the state under its lock, the condvars they
+/// sleep on, and the flags read without the lock.
+pub(super) struct StreamShared {
+    pub(super) state: Mutex<StreamState>,
     /// One per stage: where its workers sleep while their inbox has nothing for them.
     pub(super) stage_ready: Box<[Condvar]>,
     /// Where the caller sleeps: for its next result, or for the workers to return.
     pub(super) out_ready: Condvar,
-    /// `State::closed`, read by a worker between the items of a batch without the lock.
+    /// `StreamState::closed`, read by a worker between the items of a batch without the lock.
     pub(super) closed: AtomicBool,
-    /// `State::stop_after`, read likewise.
+    /// `StreamState::stop_after`, read likewise.
     pub(super) stop_after: AtomicU64,
     /// Whether the caller is reading an input now: a stage idle meanwhile waits for input.
     pub(super) reading: AtomicBool,
@@ -90,63 +94,47 @@ pub(super) struct Shared {
     pub(super) busy: Box<[AtomicUsize]>,
 }
 
-impl Shared {
-    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
+impl StreamShared {
+    pub(super) fn lock(&self) -> MutexGuard<'_, StreamState> {
         // Nothing that can panic runs under the lock; a poisoned state is still whole.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Waits until every worker has returned; with a watch, polls it, and once it says stop
-    /// waits [`STOP_GRACE`] more at most.
-    pub(super) fn wait_for_workers(&self, watch: Option<&dyn Watch>) {
+    /// Waits until every worker has returned, or until `deadline`; with a watch, polls it, and
+    /// once it says stop waits [`STOP_GRACE`] more at most.
+    pub(super) fn wait_for_workers(&self, watch: Option<&dyn Watch>, deadline: Option<Instant>) {
+        let mut returned = |timeout: Option<Duration>| {
+            let mut state = self.lock();
+            if state.alive > 0 {
+                state = match timeout {
+                    None => self
+                        .out_ready
+                        .wait(state)
+                        .unwrap_or_else(PoisonError::into_inner),
+                    Some(timeout) => {
+                        self.out_ready
+                            .wait_timeout(state, timeout)
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .0
+                    }
+                };
+            }
+            state.alive == 0
+        };
         let mut stopping_since: Option<Instant> = None;
-        let mut state = self.lock();
-        while state.alive > 0 {
-            let Some(watch) = watch else {
-                state = self
-                    .out_ready
-                    .wait(state)
-                    .unwrap_or_else(PoisonError::into_inner);
-                continue;
-            };
-            state = self
-                .out_ready
-                .wait_timeout(state, WATCH_INTERVAL)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-            if state.alive == 0 {
-                break;
-            }
-            drop(state);
-            // Out of the lock: a watch may take the host's lock to look for signals.
-            watch.poll();
-            if watch.interrupted()
+        let mut past_grace = || {
+            watch.is_some_and(Watch::interrupted)
                 && stopping_since.get_or_insert_with(Instant::now).elapsed() >= STOP_GRACE
-            {
-                return;
-            }
-            state = self.lock();
-        }
-    }
-
-    /// Waits until every worker has returned, or until `until`.
-    pub(super) fn wait_for_workers_until(&self, until: Instant) {
-        let mut state = self.lock();
-        while state.alive > 0 {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return;
-            }
-            state = self
-                .out_ready
-                .wait_timeout(state, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-        }
+        };
+        let stop: Option<&mut dyn FnMut() -> bool> = match watch {
+            Some(_) => Some(&mut past_grace),
+            None => None,
+        };
+        wait_watching(&mut returned, watch, stop, deadline);
     }
 
     /// Tells every worker to stop, and the caller to look.
-    pub(super) fn close(&self, state: &mut State) {
+    pub(super) fn close(&self, state: &mut StreamState) {
         state.closed = true;
         self.closed.store(true, Ordering::Relaxed);
         for ready in &self.stage_ready {

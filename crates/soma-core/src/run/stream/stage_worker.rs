@@ -12,22 +12,23 @@ use std::collections::VecDeque;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
+use std::thread;
 use std::time::{Duration, Instant};
 
 use super::figures::{Idle, Sleep};
 use super::item::Item;
 use super::settings::{OnError, StreamSettings};
-use super::shared::Shared;
+use super::shared::StreamShared;
 use super::stages::stages;
 use crate::run::executor::Executor;
 use crate::run::hooks::Captured;
-use crate::run::lane::Lane;
+use crate::run::lane::{Lane, Walk};
 use crate::run::program::{Op, Program};
 use crate::run::table::Frame;
 
 /// One worker of one stage, on a lent thread; counted alive until it is dropped, run or not.
-pub(super) struct Worker {
-    pub(super) shared: Arc<Shared>,
+pub(super) struct StageWorker {
+    pub(super) shared: Arc<StreamShared>,
     pub(super) program: Arc<Program>,
     pub(super) settings: Arc<StreamSettings>,
     pub(super) stage: usize,
@@ -38,7 +39,7 @@ pub(super) struct Worker {
     pub(super) ran: bool,
 }
 
-impl Drop for Worker {
+impl Drop for StageWorker {
     fn drop(&mut self) {
         let mut state = self.shared.lock();
         state.alive -= 1;
@@ -49,7 +50,7 @@ impl Drop for Worker {
     }
 }
 
-impl Worker {
+impl StageWorker {
     pub(super) fn run(&mut self) {
         self.ran = true;
         match self.captured.clone() {
@@ -154,7 +155,13 @@ impl Worker {
             own: &mut item.table,
             shared: None,
         };
-        let lane = Lane::root(&self.program.crew, &self.program, None, item.keys.as_ref());
+        let walk = Walk::new(&self.program.crew, thread::current().id(), None, None);
+        let lane = Lane::new(
+            &walk,
+            &self.program,
+            item.keys.as_ref(),
+            self.program.prefetching(),
+        );
         match executor.walk(op, &item.input, &mut frame, lane) {
             Ok(()) if !last => {
                 for &slot in drops {
