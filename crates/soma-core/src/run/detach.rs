@@ -131,12 +131,7 @@ impl Detached {
             found.extend(
                 inside
                     .iter()
-                    .filter(|inner| {
-                        inner
-                            .as_str()
-                            .strip_prefix(id.as_str())
-                            .is_some_and(|rest| rest.starts_with('/'))
-                    })
+                    .filter(|inner| NodeId::within(inner.as_str(), id.as_str()).is_some())
                     .filter(|inner| !holds_inner(&inside, inner))
                     .cloned(),
             );
@@ -298,9 +293,7 @@ impl<T> Drop for Kept<T> {
 
 /// Whether some node in `inside` runs inside step `step` (its id under `step/`).
 fn holds_inner(inside: &[NodeId], step: &NodeId) -> bool {
-    inside.iter().any(|id| {
-        id.as_str()
-            .strip_prefix(step.as_str())
-            .is_some_and(|rest| rest.starts_with('/'))
-    })
+    inside
+        .iter()
+        .any(|id| NodeId::within(id.as_str(), step.as_str()).is_some())
 }
