@@ -127,7 +127,7 @@ pub fn call<'py>(
     }
 }
 
-/// What sending into a coroutine or generator did ([`send`]).
+/// What one step of a coroutine or a generator did: sent into ([`send`]), or thrown into.
 pub enum Sent<'py> {
     Returned(Bound<'py, PyAny>),
     Yielded(Bound<'py, PyAny>),

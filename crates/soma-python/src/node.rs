@@ -20,6 +20,7 @@ use soma_core::{Call, Ctx, Device, Node, NodeError, NodeId, Transition, Value};
 use crate::aio;
 use crate::convert::{to_python, wrap};
 use crate::device;
+use crate::exit::Sent;
 use crate::protocol::{Await, Done, PyCtx};
 use crate::watch::note_interrupt;
 
@@ -308,7 +309,7 @@ impl Coroutine {
             Ok((iterator, stepped))
         })?;
         match stepped {
-            Step::Yielded(future) => {
+            Sent::Yielded(future) => {
                 aio::yielded(future.unbind());
                 self.state = Stepped::Running {
                     iterator: iterator.unbind(),
@@ -317,7 +318,7 @@ impl Coroutine {
                 };
                 Ok(None)
             }
-            Step::Returned(out) => {
+            Sent::Returned(out) => {
                 if out.is_exact_instance_of::<Await>() {
                     return Err(PyTypeError::new_err(format!(
                         "async node `{node}` returned soma.Await: a driver serves sync nodes only\nhint: await the call in the node itself, or make the node sync to batch its requests with a driver"
@@ -334,12 +335,6 @@ impl Coroutine {
             }
         }
     }
-}
-
-/// What one step of a coroutine did.
-enum Step<'py> {
-    Yielded(Bound<'py, PyAny>),
-    Returned(Bound<'py, PyAny>),
 }
 
 /// Runs `step` with `device` current, putting back what was current after, whether it returned
@@ -379,21 +374,18 @@ fn send_or_throw<'py>(
     py: Python<'py>,
     iterator: &Bound<'py, PyAny>,
     resumed: Option<PyErr>,
-) -> PyResult<Step<'py>> {
+) -> PyResult<Sent<'py>> {
     if let Some(error) = resumed {
         let throw = iterator.getattr(intern!(py, "throw"))?;
         return match call!(&throw, error.into_value(py)) {
-            Ok(yielded) => Ok(Step::Yielded(yielded)),
+            Ok(yielded) => Ok(Sent::Yielded(yielded)),
             Err(raised) if raised.is_instance_of::<PyStopIteration>(py) => {
-                Ok(Step::Returned(stop_value(py, &raised)))
+                Ok(Sent::Returned(stop_value(py, &raised)))
             }
             Err(raised) => Err(raised),
         };
     }
-    Ok(match crate::exit::send(iterator)? {
-        crate::exit::Sent::Returned(value) => Step::Returned(value),
-        crate::exit::Sent::Yielded(future) => Step::Yielded(future),
-    })
+    crate::exit::send(iterator)
 }
 
 /// The value a `StopIteration` carries.

@@ -302,7 +302,8 @@ enum Item<'py> {
 /// its volatile ones, in order.
 type Owned<'py> = (Bound<'py, PyAny>, Vec<(Binding, bool)>, Vec<String>);
 
-struct Walk<'py> {
+/// One walk of the code a root reaches: what it has digested so far and the owners it met.
+struct CodeWalk<'py> {
     py: Python<'py>,
     kinds: &'py Kinds,
     users: Bound<'py, PyAny>,
@@ -401,7 +402,7 @@ fn feed_qualified<'py>(out: &mut Vec<u8>, object: &Bound<'py, PyAny>) -> PyResul
     Ok(())
 }
 
-impl<'py> Walk<'py> {
+impl<'py> CodeWalk<'py> {
     fn bind(&mut self, owner: &Bound<'py, PyAny>, binding: Binding, volatile: Option<&Place<'py>>) {
         let at = *self
             .owner_at
@@ -908,7 +909,7 @@ pub fn reach<'py>(
             "reach follows a class or a function of the user's",
         ));
     }
-    let mut walk = Walk {
+    let mut walk = CodeWalk {
         py,
         kinds: kinds(py)?,
         users: users.clone(),

@@ -20,12 +20,12 @@ use std::cell::Cell;
 use pyo3::ffi;
 
 thread_local! {
-    static KEPT: Kept = const { Kept { made: Cell::new(false) } };
+    static KEPT: OwnThreadState = const { OwnThreadState { made: Cell::new(false) } };
 }
 
 /// Whether this thread holds a thread state of its own, made by [`keep`]; deleted on drop, at
 /// the thread's end.
-struct Kept {
+struct OwnThreadState {
     made: Cell<bool>,
 }
 
@@ -50,7 +50,7 @@ pub fn keep() {
     });
 }
 
-impl Drop for Kept {
+impl Drop for OwnThreadState {
     fn drop(&mut self) {
         if !self.made.get() {
             return;
