@@ -129,16 +129,12 @@ impl Executor {
                 let (input, table, _) = kept.get_mut();
                 Ok(Executor::result(body, table, || input.clone()))
             }
-            Err(Halt::Abandoned) => {
-                let remains = lane
-                    .walk
-                    .detached
-                    .expect("only a detachable run is given up")
-                    .remains();
-                kept.leave(&remains);
-                Err(Halt::Abandoned)
+            Err(halt) => {
+                if let Some(remains) = halt.remains_if_given_up(&lane) {
+                    kept.leave(&remains);
+                }
+                Err(halt)
             }
-            Err(halt) => Err(halt),
         }
     }
 

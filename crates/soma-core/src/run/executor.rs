@@ -73,6 +73,23 @@ pub(super) enum Halt {
     Abandoned,
 }
 
+impl Halt {
+    /// The run's remains when a walk ended with its caller giving up (`self` is
+    /// [`Halt::Abandoned`]): where a frame that lent from itself leaves what branches still
+    /// running may borrow, its one way out on that path; `None` on any other.
+    pub(super) fn remains_if_given_up(&self, lane: &Lane<'_>) -> Option<Arc<Remains>> {
+        match self {
+            Halt::Abandoned => Some(
+                lane.walk
+                    .detached
+                    .expect("only a detachable run is given up")
+                    .remains(),
+            ),
+            Halt::Failed(_) | Halt::Cancelled => None,
+        }
+    }
+}
+
 impl From<RunError> for Halt {
     fn from(error: RunError) -> Self {
         Halt::Failed(error)

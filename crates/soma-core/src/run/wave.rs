@@ -218,12 +218,11 @@ impl Executor {
             });
         });
         let outcome = outcome.expect("the host ran the wait");
-        if matches!(outcome, Err(Halt::Abandoned)) {
-            let remains = lane
-                .walk
-                .detached
-                .expect("only a detachable run is given up")
-                .remains();
+        if let Some(remains) = outcome
+            .as_ref()
+            .err()
+            .and_then(|halt| halt.remains_if_given_up(&lane))
+        {
             kept.leave(&remains);
             meeting.leave(&remains);
         }
