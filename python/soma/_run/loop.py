@@ -76,7 +76,7 @@ class Started:
             self._task = self._loop.create_task(stepper)
 
     def cancel(self) -> None:
-        """Cancels the run's task on the loop, from any thread; again, at no cost."""
+        """Cancels the run's task on the loop, from any thread."""
         with self._lock:
             self._cancelled = True
             task = self._task
