@@ -266,7 +266,8 @@ class Distributed:
         #: tell of (`soma._run.observe.hidden`): the picks (a host's node is told of by its host)
         #: and the carriers of the input.
         self.stand_ins = frozenset(picks) | {carrier for carrier in carriers if carrier}
-        local._hosts.clear()  # Stand-ins run here; their slices are where the hosts are.
+        for node in local.hosts():  # Stand-ins run here; their slices are where the hosts are.
+            local.place_at(node, None)
         local.idle_threads = graph.idle_threads
         for node in graph.nodes():
             index = slice_of.get(node)

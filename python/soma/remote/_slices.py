@@ -176,7 +176,8 @@ class SliceRunner:
             sources[read] = source
         for node, implementation in piece.nodes:
             graph.node(node, implementation)
-        graph._hosts.clear()  # Here is where they run: no host is remote to itself.
+        for node in graph.hosts():  # Here is where they run: no host is remote to itself.
+            graph.place_at(node, None)
         for node, device in piece.devices:
             graph.place(node, device)
         # What the graph held, not what each node said: `retry(id, None)` may have undone it.

@@ -14,9 +14,9 @@ use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::gc::PyVisit;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyString, PyTuple};
 use pyo3::PyTraverseError;
-use soma_core::{Decision, Device, Executor, Node, NodeId, Setting};
+use soma_core::{Decision, Device, Executor, Node, NodeId, Route, Setting};
 
 use super::run::{executor_for, forward_on_loop, forward_outcome};
 use super::stopped::time_limit;
@@ -341,10 +341,107 @@ impl GraphCore {
         Ok(())
     }
 
-    /// Whether node `id` may be placed on a host: a `soma.UnknownNodeError` for an unknown id,
-    /// a `soma.HostError` for a step or a node inside one (it runs in this process).
-    fn check_host(&self, py: Python<'_>, id: &str) -> PyResult<()> {
-        self.state().settable(py, id, Some(Setting::Host))
+    /// Runs node `id` on `host`, replacing where it ran; `None` brings it back here. A
+    /// `soma.UnknownNodeError` for an unknown id, a `soma.HostError` for a step or a node
+    /// inside one (it runs in this process) and for a name that cannot be a host's. Neither the
+    /// plan nor the program changes: only the distribution step and the route read hosts.
+    fn place_at(&self, py: Python<'_>, id: &str, host: Option<&str>) -> PyResult<()> {
+        let mut state = self.state();
+        state.settable(py, id, host.is_some().then_some(Setting::Host))?;
+        match host {
+            Some(host) => {
+                let host = crate::hosts::read(py, host)?;
+                state.hosts.place(id, host);
+            }
+            None => {
+                state.hosts.remove(id);
+            }
+        }
+        Ok(())
+    }
+
+    /// Nodes placed on hosts and their hosts, in the order the nodes were added.
+    fn hosts(&self) -> Vec<(String, String)> {
+        let state = self.state();
+        if state.hosts.is_empty() {
+            return Vec::new(); // The common case, with no walk of the catalog.
+        }
+        in_node_order(&state, |id| {
+            state.hosts.host(id.as_str()).map(ToString::to_string)
+        })
+    }
+
+    /// The plan cut into remote slices by the graph's hosts (`soma_core::distribute`): the
+    /// plan itself when no node is on a host.
+    fn distributed_plan(&self, py: Python<'_>) -> PyResult<PyPlan> {
+        let plan = self.compiled_plan(py)?;
+        let state = self.state();
+        let distributed = soma_core::distribute(&plan, &state.hosts);
+        Ok(PyPlan::new(
+            Arc::new(distributed),
+            Arc::clone(&state.placement),
+        ))
+    }
+
+    /// Lets a stream run node `id` on up to `workers` items at once; `None` (or 1) takes them
+    /// one at a time. A `soma.GraphError` for a node inside a step, which is no stage of a
+    /// stream ([`soma_core::Decisions::refusal`]).
+    fn set_concurrency(&self, py: Python<'_>, id: &str, workers: Option<usize>) -> PyResult<()> {
+        let workers = workers.filter(|&workers| workers != 1);
+        let mut state = self.state();
+        state.settable(py, id, workers.map(|_| Setting::Concurrency))?;
+        match workers {
+            Some(workers) => state.concurrency.insert(NodeId::from(id), workers),
+            None => state.concurrency.remove(id),
+        };
+        Ok(())
+    }
+
+    /// Nodes that take more than one item of a stream at once, and how many, in the order the
+    /// nodes were added.
+    fn concurrencies(&self) -> Vec<(String, usize)> {
+        let state = self.state();
+        if state.concurrency.is_empty() {
+            return Vec::new();
+        }
+        in_node_order(&state, |id| state.concurrency.get(id).copied())
+    }
+
+    /// The runner a call takes ([`soma_core::Route`]): `engine` or `hosts` for one run,
+    /// `stream` or `flow` for a stream (`streamed`); a `ValueError` for a stream of a graph
+    /// with hosts.
+    fn route<'py>(&self, py: Python<'py>, streamed: bool) -> PyResult<&Bound<'py, PyString>> {
+        let on_a_host = {
+            let state = self.state();
+            if state.hosts.is_empty() {
+                None
+            } else {
+                state.catalog.iter().find_map(|(id, _)| {
+                    let host = state.hosts.host(id.as_str())?;
+                    Some((id.clone(), host.clone()))
+                })
+            }
+        };
+        // Whether the graph holds an async node is the program's to say, asked only of a
+        // stream without hosts: compiled then, as the stream is about to compile it anyway.
+        let mut unresolved = None;
+        let route = Route::of(streamed, on_a_host, || match self.program(py) {
+            Ok(program) => program.is_async(),
+            Err(failure) => {
+                unresolved = Some(failure);
+                false
+            }
+        });
+        if let Some(failure) = unresolved {
+            return Err(failure);
+        }
+        // Interned: asked on every forward, the answer is never a new string.
+        match route.map_err(|refused| PyValueError::new_err(refused.to_string()))? {
+            Route::Engine => Ok(intern!(py, "engine")),
+            Route::Hosts => Ok(intern!(py, "hosts")),
+            Route::Stream => Ok(intern!(py, "stream")),
+            Route::Flow => Ok(intern!(py, "flow")),
+        }
     }
 
     /// Retries node `id`'s failing calls `times` more times, the first after `backoff`
@@ -539,7 +636,8 @@ impl GraphCore {
 }
 
 /// What `pick` says of each node that it says something of, by id, in the order the nodes were
-/// added: the listings of what is set per node (devices, retries, time limits).
+/// added: the listings of what is set per node (devices, hosts, retries, time limits,
+/// concurrency).
 ///
 /// Read through the catalog, whose order is the graph's, so that the nodes inside `each`,
 /// `switch` and `loop` steps are listed too (`chunks/clean`), each before its step.
