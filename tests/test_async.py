@@ -216,9 +216,11 @@ def test_aforward_of_an_empty_graph_returns_its_input_as_forward_does() -> None:
     assert run(soma.Graph().aforward(7)) == soma.Graph().forward(7) == 7
 
 
-def test_the_graph_notes_its_async_nodes_when_they_are_registered() -> None:
-    g = soma.Graph.somatize(Add(1).named("a") >> AsyncAdd(1).named("b"))
-    assert list(g._async) == ["b"]
+def test_a_graph_is_streamed_on_the_loop_once_an_async_node_is_registered() -> None:
+    g = soma.Graph.somatize(Add(1).named("a"))
+    assert g._core.route(True) == "stream"
+    g.edge("a", g.node("b", AsyncAdd(1)))
+    assert g._core.route(True) == "flow"
 
 
 def test_a_graph_changed_after_a_run_runs_as_changed() -> None:
@@ -1011,12 +1013,12 @@ def test_amap_runs_a_piece_of_sync_nodes_on_as_many_items_as_its_least_concurren
     assert run(main()) == [0, 1, 2, 3]
 
 
-def test_amap_takes_a_nodes_concurrency_as_asked_when_it_is_called() -> None:
+def test_amap_takes_a_nodes_concurrency_as_asked_when_it_is_called_or_set_by_its_id() -> None:
     async def main() -> list[Any]:
         barrier = asyncio.Barrier(3)
         g = soma.Graph.somatize(AsyncMeet(barrier).named("meet"))
         assert [y async for y in g.amap(range(3), concurrency={"meet": 3})] == [0, 1, 2]
-        g.implementation("meet").concurrency(3)
+        g.concurrency("meet", 3)
         return [y async for y in g.amap(range(3))]
 
     assert run(main()) == [0, 1, 2]

@@ -356,9 +356,9 @@ def test_a_graph_with_async_nodes_runs_an_each_step_beside_them() -> None:
     assert asyncio.run(g.aforward(4)) == [1, 3, 5, 7]
 
 
-def test_an_async_node_inside_a_step_makes_the_graph_async_by_its_namespaced_id() -> None:
+def test_an_async_node_inside_a_step_makes_the_graph_async() -> None:
     g = soma.Graph.somatize(soma.each(Fetch()).named("items"))
-    assert g._async == {"items/fetch": False}
+    assert g._core.route(True) == "flow"  # A stream of it runs each item on the loop.
     assert g.forward([1, 2]) == [[0], [0, 1]]  # tests/test_async_decide.py says the rest.
 
 

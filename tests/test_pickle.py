@@ -3,6 +3,7 @@ of a run does, and a node that cannot be pickled is named."""
 
 from __future__ import annotations
 
+import copy
 import multiprocessing
 import os
 import pickle
@@ -42,12 +43,15 @@ def a_graph() -> soma.Graph:
     """A wave between a source and a join, Python and Rust nodes, devices, hosts, a setting."""
     g = soma.Graph.somatize(
         Add(1).named("source").on("meta")
-        >> (Double().named("double") | native.Add(10).named("plus_ten"))
+        >> (Double().named("double").at("box").concurrency(4) | native.Add(10).named("plus_ten"))
         >> native.Sum().named("join")
     )
     g.place("double", "cpu")
     g.place("source", None)  # Its own `.on` undone: it must stay unplaced.
     g.place_at("plus_ten", "gpu-box")
+    g.place_at("double", None)  # Its own `.at` undone: it must stay here.
+    g.concurrency("double", None)  # Its own `.concurrency` undone: one item at a time.
+    g.concurrency("source", 3)
     g.idle_threads = 5
     return g
 
@@ -72,7 +76,18 @@ def test_a_pickled_graph_keeps_where_its_nodes_run_and_its_settings() -> None:
     assert loaded.devices() == {"double": "cpu"}
     assert loaded.hosts() == {"plus_ten": "gpu-box"}
     assert loaded.distributed_plan() == a_graph().distributed_plan()
+    assert loaded.concurrencies() == {"source": 3}
     assert loaded.idle_threads == 5
+
+
+@pytest.mark.parametrize("copied", [copy.copy, copy.deepcopy], ids=["copy", "deepcopy"])
+def test_a_copied_graph_keeps_where_its_nodes_run_and_their_concurrency_as_set_by_id(
+    copied: Any,
+) -> None:
+    g = copied(a_graph())
+    assert g.devices() == {"double": "cpu"}
+    assert g.hosts() == {"plus_ten": "gpu-box"}
+    assert g.concurrencies() == {"source": 3}
 
 
 def test_a_pickled_graph_gives_the_same_results() -> None:

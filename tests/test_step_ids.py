@@ -111,8 +111,10 @@ def test_an_async_node_inside_a_case_is_known_by_its_path() -> None:
 
     route = soma.switch(lambda x: "a", {"a": Later().named("later")}).named("route")
     g = soma.Graph.somatize(soma.each(route).named("items"))
-    assert list(g._async) == ["items/route/a/later"]
-    assert g.forward([1, 2]) == [2, 3]
+    trace = soma.Trace()
+    assert g.forward([1, 2], trace=trace) == [2, 3]
+    awaited = [span.node for span in trace.spans if span.node.endswith("later")]
+    assert awaited == ["items/route/a/later"] * 2
 
 
 @given(st.text(alphabet="ab/", min_size=1, max_size=6))

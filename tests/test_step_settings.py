@@ -132,3 +132,28 @@ def test_an_unknown_id_is_still_an_unknown_node_error_for_a_host() -> None:
     g = each_graph()
     with pytest.raises(soma.UnknownNodeError):
         g.place_at("nowhere", "gpu-box")
+
+
+def test_a_concurrency_on_a_node_inside_a_step_is_refused_naming_it_and_the_step() -> None:
+    g = each_graph()
+    with pytest.raises(
+        soma.GraphError, match="`items/double` is inside the `each` step `items`: a stream limits"
+    ) as e:
+        g.concurrency("items/double", 2)
+    assert e.value.node == "items/double"  # type: ignore[attr-defined]
+    assert g.concurrencies() == {}
+    g.concurrency("items/double", None)  # Taking off what is not there is accepted.
+
+
+def test_a_concurrency_on_an_each_steps_id_lets_a_stream_run_that_many_items_at_once() -> None:
+    barrier = threading.Barrier(2, timeout=DEADLINE)
+
+    def meet(x: int) -> int:
+        if x < 2:
+            barrier.wait()  # Items 0 and 1 each hold one: both must be in flight at once.
+        return x
+
+    g = soma.Graph.somatize(soma.each(meet).named("items"))
+    g.concurrency("items", 2)
+    assert g.concurrencies() == {"items": 2}
+    assert list(g.map([[0], [1], [2]])) == [[0], [1], [2]]

@@ -7,6 +7,7 @@ come out per item; closing, breaking out and Ctrl-C stop the stream and give its
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import gc
 import json
@@ -155,8 +156,75 @@ def test_concurrency_below_one_is_refused() -> None:
     g = chain(Add())
     with pytest.raises(ValueError, match="at least 1"):
         g.map([1], concurrency={"s0": 0})
-    with pytest.raises(KeyError, match="`nope`"):
+    with pytest.raises(soma.UnknownNodeError, match="`nope`"):
         g.map([1], concurrency={"nope": 2})
+
+
+@pytest.mark.parametrize("node_id", ["items/s0", "nope"])
+def test_a_streams_concurrency_is_refused_for_an_id_as_g_concurrency_refuses_it(
+    node_id: str,
+) -> None:
+    g = soma.Graph.somatize(soma.each(Add().named("s0")).named("items"))
+    with pytest.raises(soma.GraphError) as by_the_graph:
+        g.concurrency(node_id, 2)
+    with pytest.raises(soma.GraphError) as by_map:
+        list(g.map([[1]], concurrency={node_id: 2}))
+
+    async def amapped() -> list[Any]:
+        return [y async for y in g.amap([[1]], concurrency={node_id: 2})]
+
+    with pytest.raises(soma.GraphError) as by_amap:
+        asyncio.run(amapped())
+    for refused in (by_map.value, by_amap.value):
+        assert type(refused) is type(by_the_graph.value)
+        assert str(refused) == str(by_the_graph.value)
+    assert list(g.map([[1]], concurrency={"items": 2})) == [[2]]
+
+
+def test_concurrency_set_by_id_on_a_built_graph_holds_in_map() -> None:
+    barrier = threading.Barrier(2, timeout=DEADLINE)
+
+    def body(x: int) -> int:
+        if x < 2:
+            barrier.wait()
+        return x
+
+    g = chain(Add(0), Fn(body))
+    g.concurrency("s1", 2)
+    assert g.concurrencies() == {"s1": 2}
+    assert list(g.map(range(4))) == [0, 1, 2, 3]
+
+
+def workers(g: soma.Graph) -> list[int]:
+    """The workers of each stage of a stream of ``g``, in stage order."""
+    with g.map(range(2)) as stream:
+        list(stream)
+        figures = stream.figures()
+    assert figures is not None
+    return [stage.workers for stage in figures.stages]
+
+
+def test_a_nodes_own_concurrency_is_the_graphs_until_set_by_id_and_none_takes_it_off() -> None:
+    g = chain(Add(0), Add(0).concurrency(3))
+    assert (g.concurrencies(), workers(g)) == ({"s1": 3}, [1, 3])
+    g.concurrency("s1", None)
+    assert (g.concurrencies(), workers(g)) == ({}, [1, 1])
+
+
+def test_a_nodes_concurrency_written_after_it_is_registered_changes_nothing() -> None:
+    g = chain(Add(0), Add(0))
+    g.implementation("s1").concurrency(3)
+    assert (g.concurrencies(), workers(g)) == ({}, [1, 1])
+
+
+def test_concurrency_set_by_id_is_refused_for_an_unknown_id_and_below_one() -> None:
+    g = chain(Add(0))
+    with pytest.raises(soma.UnknownNodeError, match="`nope`"):
+        g.concurrency("nope", 2)
+    for wrong in (0, True, 1.5):
+        with pytest.raises(ValueError, match="at least 1"):
+            g.concurrency("s0", wrong)  # type: ignore[arg-type]
+    assert g.concurrencies() == {}
 
 
 def test_the_branches_of_a_wave_still_run_side_by_side_for_each_item() -> None:

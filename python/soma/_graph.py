@@ -1,9 +1,11 @@
 """``soma.Graph``: build a graph, look at its plan, run it.
 
-Topology, implementations and the cached plan live in the Rust core (``_soma.GraphCore``);
-this class adds what is naturally Python: ids derived from class names, reading the DSL,
-deciding at registration (once per class) whether ``forward`` wants a ``ctx``, and copying and
-pickling a graph as its nodes, edges, placements and settings.
+Topology, implementations, the cached plan and every setting written on a node by its id
+(device, host, retries, time limit, concurrency) live in the Rust core (``_soma.GraphCore``),
+which also says which runner a call takes (``GraphCore.route``); this class adds what is
+naturally Python: ids derived from class names, reading the DSL, deciding at registration (once
+per class) whether ``forward`` wants a ``ctx``, the runners that are Python's (hosts, streams),
+and copying and pickling a graph as its nodes, edges, placements and settings.
 """
 
 from __future__ import annotations
@@ -34,7 +36,12 @@ from soma._build.decide import AsyncLoop, AsyncSwitch, Decision, Each, Loop, Swi
 from soma._build.dsl import Composable, Expr, refuse_class
 from soma._build.function import as_node
 from soma._build.node import Node
-from soma._build.policy import RetryPolicy, checked_retry, checked_time_limit
+from soma._build.policy import (
+    RetryPolicy,
+    checked_concurrency,
+    checked_retry,
+    checked_time_limit,
+)
 from soma._run import events as _events
 from soma._run import stream as _stream
 from soma.cache import _cache
@@ -176,15 +183,10 @@ _LOOKUP_HINT = "name the node by the id `node()` returned"
 class Graph:
     """A directed acyclic graph of nodes, compiled once into a plan and run with ``forward``."""
 
-    __slots__ = ("_async", "_core", "_hosts", "_remote")
+    __slots__ = ("_core", "_remote")
 
     def __init__(self) -> None:
         self._core = _soma.GraphCore()
-        # The async nodes and whether each takes a `ctx`, in the order they were added: empty
-        # in a graph without one, which is all `forward` asks.
-        self._async: dict[str, bool] = {}
-        # Host placement: beside the core's graph, read only by `_remote` (see `place_at`).
-        self._hosts: dict[str, str] = {}
         self._remote: _remote.Distributed | None = None
 
     @classmethod
@@ -258,24 +260,28 @@ class Graph:
         elif type(obj) in _DECISIONS:
             # It registers itself with its sub-graphs, which take its settings.
             cast(Decision, obj)._register(self, node_id)
+            workers = cast(Decision, obj)._soma_concurrency
+            if workers != 1:  # Set by `.concurrency()`, which checked it already.
+                self._core.set_concurrency(node_id, workers)
             return node_id
         else:
             takes_ctx, is_async = _forward_shape(obj)
             self._core.add_python(node_id, obj, takes_ctx, is_async)
-            if is_async:
-                self._async[node_id] = takes_ctx
         device = getattr(obj, "_soma_device", None)
         if device is not None:  # Set by `.on()`, which read it already.
             self._core.place(node_id, device)
         host = getattr(obj, "_soma_host", None)
         if host is not None:  # Set by `.at()`, which read it already.
-            self._hosts[node_id] = host
+            self._core.place_at(node_id, host)
         retry = getattr(obj, "_soma_retry", None)
         if retry is not None:  # Set by `.retry()`, which checked it already.
             self._core.set_retry(node_id, *retry)
         limit = getattr(obj, "_soma_time_limit", None)
         if limit is not None:  # Set by `.time_limit()`, which checked it already.
             self._core.set_time_limit(node_id, limit)
+        workers = getattr(obj, "_soma_concurrency", 1)
+        if workers != 1:  # Set by `.concurrency()`, which checked it already.
+            self._core.set_concurrency(node_id, workers)
         return node_id
 
     def retry(
@@ -343,23 +349,36 @@ class Graph:
         guide's "Hosts and Ray"). A name that cannot be is a ``soma.HostError``, and so is a
         step (``each``, ``switch``, ``loop``) or a node inside one: a step runs in this process,
         with what it runs. An unknown id is a ``soma.UnknownNodeError``."""
-        node_id = _checked_id(node_id, "node id", _LOOKUP_HINT)
-        if host is None:
-            self._core.implementation(node_id)  # An unknown id raises the error naming it.
-            self._hosts.pop(node_id, None)
-        else:
-            self._core.check_host(node_id)  # A step, or a node inside one, runs here.
-            self._hosts[node_id] = _soma.parse_host(host)
+        self._core.place_at(_checked_id(node_id, "node id", _LOOKUP_HINT), host)
 
     def hosts(self) -> dict[str, str]:
         """The nodes placed on hosts and their hosts, in the order the nodes were added."""
-        return {n: self._hosts[n] for n in self.nodes() if n in self._hosts}
+        return dict(self._core.hosts())
+
+    def concurrency(self, node_id: str, workers: int | None) -> None:
+        """Lets a stream (:meth:`map`, :meth:`amap`, ``forward(micro_batches=)``) run node
+        ``node_id`` on up to ``workers`` items at once, for a node that keeps no state between
+        items (I/O, a remote call); ``None`` (or 1) takes them one at a time again. Results keep
+        their order. What ``node.concurrency(n)`` sets before the node is registered; a
+        stream's ``concurrency={"node": n}`` overrides it for that stream. The plan does not
+        change. On a step's id it holds for the step, as on a node; a node inside a step is a
+        ``soma.GraphError`` naming it (a stream limits the graph's own steps, not what they
+        run), and an unknown id a ``soma.UnknownNodeError``."""
+        node_id = _checked_id(node_id, "node id", _LOOKUP_HINT)
+        if workers is not None:
+            checked_concurrency(workers)
+        self._core.set_concurrency(node_id, workers)
+
+    def concurrencies(self) -> dict[str, int]:
+        """The nodes a stream runs on more than one item at once, and how many, in the order
+        the nodes were added."""
+        return dict(self._core.concurrencies())
 
     def distributed_plan(self) -> _soma.Plan:
         """The plan cut into remote slices: every largest subtree whose nodes all run on one
         host is one ``Remote`` step, and consecutive steps of a sequence on one host are one
         trip. The plan itself when no node is placed on a host."""
-        return _soma.distribute(self.plan(), list(self._hosts.items()))
+        return self._core.distributed_plan()
 
     def edge(self, source: str, target: str) -> None:
         """Adds the edge ``source -> target``; refused (and nothing changes) if it would close
@@ -522,22 +541,24 @@ class Graph:
         """
         if cache is not None:
             self._refuse_cache(cache)
-        if micro_batches is not None:
-            return _stream.forward_in_micro_batches(
-                self,
-                input,
-                micro_batches,
-                join,
-                driver=driver,
-                turn_limit=turn_limit,
-                trace=trace,
-                timeout=timeout,
-                cache=cache,
-            )
-        if self._hosts:  # Only then: a graph without hosts never reaches a transport, nor Ray.
-            return _remote.forward(self, input, driver, turn_limit, trace, timeout, cache)
-        run_cache = None if cache is None else cache._run(self._core)
-        return self._core.forward(input, driver, turn_limit, trace, timeout, cache=run_cache)
+        if micro_batches is None:
+            # The core routes one run (`soma_core::Route`): on its engine, or through
+            # `soma.remote` with this graph when a node is on a host; a graph without hosts never
+            # reaches a transport, nor Ray.
+            return self._core.forward(input, driver, turn_limit, trace, timeout, None, cache, self)
+        # A stream of micro-batches, routed by the core too: of a graph with hosts, refused.
+        return _stream.forward_in_micro_batches(
+            self,
+            self._core.route(True),
+            input,
+            micro_batches,
+            join,
+            driver=driver,
+            turn_limit=turn_limit,
+            trace=trace,
+            timeout=timeout,
+            cache=cache,
+        )
 
     async def aforward(
         self,
@@ -574,10 +595,8 @@ class Graph:
         the two do not share entries."""
         if cache is not None:
             self._refuse_cache(cache)
-        if self._hosts:  # Only then: a graph without hosts never reaches a transport, nor Ray.
-            return await _remote.aforward(self, input, driver, turn_limit, trace, timeout, cache)
-        run_cache = None if cache is None else cache._run(self._core)
-        return await self._core.aforward(input, driver, turn_limit, trace, timeout, cache=run_cache)
+        # Routed by the core as `forward` is.
+        return await self._core.aforward(input, driver, turn_limit, trace, timeout, cache, self)
 
     def events(
         self, input: Any = None, *, buffer: int = _events.DEFAULT_BUFFER, **forward: Any
@@ -737,6 +756,7 @@ class Graph:
             self.idle_threads,
             self.retries(),
             self.time_limits(),
+            self.concurrencies(),
         )
 
     def _fill(self, nodes: Iterable[tuple[str, Any]], settings: _Settings) -> None:
@@ -752,7 +772,9 @@ class Graph:
                 self.place(node_id, None)
         for node_id, device in settings.devices.items():
             self.place(node_id, device)
-        self._hosts.clear()
+        for node_id in self.hosts():
+            if node_id not in settings.hosts:
+                self.place_at(node_id, None)
         for node_id, host in settings.hosts.items():
             self.place_at(node_id, host)
         self.idle_threads = settings.idle_threads
@@ -767,6 +789,12 @@ class Graph:
                 self.time_limit(node_id, None)
         for node_id, seconds in settings.time_limits.items():
             self.time_limit(node_id, seconds)
+        if settings.concurrencies is not None:  # A pickle of before they were a setting: none.
+            for node_id in self.concurrencies():
+                if node_id not in settings.concurrencies:
+                    self.concurrency(node_id, None)
+            for node_id, workers in settings.concurrencies.items():
+                self.concurrency(node_id, workers)
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[Any, ...]:
         """How ``pickle`` saves a graph: its nodes under their ids, its edges, where its nodes
@@ -802,6 +830,8 @@ class _Settings(NamedTuple):
     idle_threads: int
     retries: dict[str, RetryPolicy]
     time_limits: dict[str, float]
+    # `None` in a pickle made before concurrency was a graph's setting: the nodes' own, then.
+    concurrencies: dict[str, int] | None = None
 
 
 # What stands for the graph itself among its pickled nodes.

@@ -430,6 +430,10 @@ assert isinstance(failure, soma.Failed)
 assert_type(failure.node, str | None)
 assert soma.Graph.somatize(Total()).forward([1, 2, 3], micro_batches=2, join=list) == [3, 3]
 assert list(streamed.map([1, 2], ordered=False, concurrency={"plus": 2})) == [(0, 3), (1, 4)]
+streamed.concurrency("plus", 2)
+assert_type(streamed.concurrencies(), dict[str, int])
+assert streamed.concurrencies() == {"plus": 2}
+streamed.concurrency("plus", None)
 
 # Hosts: `.at`, `place_at`, `hosts`, the distributed plan, and the transport's names (no Ray run).
 hosted = soma.Graph.somatize((Where().named("h1").at("gpu-box") >> Where().named("h2")).at("cpu"))

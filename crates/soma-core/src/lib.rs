@@ -41,7 +41,9 @@ mod observe;
 mod plan;
 mod run;
 
-pub use compile::{compile, compile_decided, decompose, distribute, CompileError};
+pub use compile::{
+    compile, compile_decided, decompose, distribute, CompileError, Route, RouteError,
+};
 pub use model::catalog::Catalog;
 pub use model::decision::{Decision, Decisions, Setting, SettingError};
 pub use model::device::{Device, DeviceError, DeviceKind, Placement};

@@ -32,8 +32,8 @@ use crate::witness::Remembered;
 pub struct PythonCache {
     run: Py<PyAny>,
     /// The graph the run cache reads nodes from, and the fingerprints Python remembered by
-    /// node: what a hit's fingerprint is read from here. `None` for a run cache of another
-    /// make (the fingerprint is always asked of it).
+    /// node: what a hit's fingerprint is read from here. `None` when that module could not be
+    /// read (the fingerprint is then always asked).
     remembered: Option<(Py<GraphCore>, Py<PyDict>)>,
 }
 
@@ -52,17 +52,16 @@ fn remembered_fingerprints(py: Python<'_>) -> Option<Py<PyDict>> {
 }
 
 impl PythonCache {
-    pub fn new(run: &Bound<'_, PyAny>) -> Self {
-        let py = run.py();
-        let core = run
-            .getattr(intern!(py, "_core"))
-            .ok()
-            .and_then(|core| core.cast_into::<GraphCore>().ok());
-        let remembered = core.and_then(|core| Some((core.unbind(), remembered_fingerprints(py)?)));
-        PythonCache {
-            run: run.clone().unbind(),
+    /// The run cache `cache` (a `soma.Cache`) opens for one run of `graph`: made here, by its
+    /// `_run(graph)`, for every run that takes a cache, so no caller makes it.
+    pub fn of(cache: &Bound<'_, PyAny>, graph: &Bound<'_, GraphCore>) -> PyResult<Self> {
+        let py = cache.py();
+        let run = cache.call_method1(intern!(py, "_run"), (graph,))?;
+        let remembered = remembered_fingerprints(py).map(|dict| (graph.clone().unbind(), dict));
+        Ok(PythonCache {
+            run: run.unbind(),
             remembered,
-        }
+        })
     }
 
     /// Node `id`'s fingerprint as Python remembered it, when nothing it was read from changed

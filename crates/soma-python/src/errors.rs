@@ -125,7 +125,7 @@ pub fn host_error(py: Python<'_>, error: &HostError) -> PyErr {
     soma_error(py, "HostError", error.to_string(), &[("host", written)])
 }
 
-/// A setting refused on a step's id, or inside one: a `soma.GraphError` naming the step for a
+/// A setting refused on a step's id, or inside one: a `soma.GraphError` naming the id for a
 /// setting it has nothing to apply to, a `soma.HostError` (`.host` None) for a host.
 pub fn setting_error(py: Python<'_>, error: &SettingError) -> PyErr {
     let message = error.to_string();
@@ -135,6 +135,12 @@ pub fn setting_error(py: Python<'_>, error: &SettingError) -> PyErr {
             "GraphError",
             message,
             &[("node", pyo3::types::PyString::new(py, step).into_any())],
+        ),
+        SettingError::NotAStage { node, .. } => soma_error(
+            py,
+            "GraphError",
+            message,
+            &[("node", pyo3::types::PyString::new(py, node).into_any())],
         ),
         SettingError::RunsHere { node, .. } => soma_error(
             py,

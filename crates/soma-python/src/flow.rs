@@ -117,7 +117,7 @@ impl FlowCore {
             trace,
         )?;
         if let Some(cache) = cache {
-            executor = executor.with_cache(Arc::new(PythonCache::new(cache)));
+            executor = executor.with_cache(Arc::new(PythonCache::of(cache, graph)?));
         }
         let mut settings = FlowSettings::new(in_flight).with_on_error(if stop_on_error {
             OnError::Stop

@@ -1,14 +1,12 @@
-//! Hosts, as Python sees them: a host name read the one way the core reads it, and a plan cut
-//! into remote slices by the core's distribution step. What a host *is* (a Ray node) is
-//! Python's business (`soma.remote`); the glue only carries names and plans.
-
-use std::sync::Arc;
+//! Hosts, as Python sees them: a host name read the one way the core reads it, and the refusal
+//! of one written on a step. Which node runs on which host is kept with the graph's other
+//! settings (`GraphCore.place_at`), which cuts its plan by them (`GraphCore.distributed_plan`).
+//! What a host *is* (a Ray node) is Python's business (`soma.remote`); the glue only carries
+//! names and plans.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use soma_core::{HostName, HostPlacement, SettingError};
-
-use crate::plan::PyPlan;
+use soma_core::{HostName, SettingError};
 
 /// `soma._soma.parse_host`: `text` if it is a host name; a `soma.HostError` where it is not.
 #[pyfunction]
@@ -41,16 +39,4 @@ pub fn host_refused(py: Python<'_>, kind: &str, node: &str, own: bool) -> PyResu
     Ok(crate::errors::setting_error(py, &refused)
         .into_value(py)
         .into_any())
-}
-
-/// `soma._soma.distribute`: `plan` with every largest subtree on one host wrapped as one
-/// `Remote` slice, as `soma_core::distribute` cuts it; `hosts` pairs node ids with host names.
-#[pyfunction]
-pub fn distribute(py: Python<'_>, plan: &PyPlan, hosts: Vec<(String, String)>) -> PyResult<PyPlan> {
-    let mut placement = HostPlacement::new();
-    for (node, host) in hosts {
-        placement.place(node, read(py, &host)?);
-    }
-    let distributed = soma_core::distribute(plan.subtree(), &placement);
-    Ok(PyPlan::new(Arc::new(distributed), plan.devices()))
 }

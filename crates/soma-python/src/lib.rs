@@ -75,7 +75,6 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(observer::observe, module)?)?;
     module.add_function(wrap_pyfunction!(device::parse_device, module)?)?;
     module.add_function(wrap_pyfunction!(hosts::parse_host, module)?)?;
-    module.add_function(wrap_pyfunction!(hosts::distribute, module)?)?;
     module.add_function(wrap_pyfunction!(hosts::host_refused, module)?)?;
     module.add_function(wrap_pyfunction!(graph::checked_timeout, module)?)?;
     module.add_function(wrap_pyfunction!(graph::hosts_past_timeout, module)?)?;

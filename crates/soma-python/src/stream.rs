@@ -105,7 +105,7 @@ impl StreamCore {
         )?;
         if let Some(cache) = cache {
             // Each item a run of its own, keyed on its own input.
-            executor = executor.with_cache(Arc::new(PythonCache::new(cache)));
+            executor = executor.with_cache(Arc::new(PythonCache::of(cache, graph)?));
         }
         let mut settings = StreamSettings::default()
             .with_in_flight(in_flight)

@@ -12,8 +12,8 @@ A sub-graph is made from its expression when the step is registered in a graph, 
 it — reach the nodes inside that have none of their own, as they reach the nodes of an
 expression. A step runs in this process: ``.at()`` on it, or on a node inside, is refused.
 
-A step with an async node inside — at any depth — notes that node in the graph around it by its
-namespaced id, as if it were the graph's own: the graph then runs on an event loop, where the
+A step with an async node inside — at any depth — makes the graph around it async: its core
+holds that node under its namespaced id, and the graph then runs on an event loop, where the
 engine walks the step, its items as tasks of their own.
 """
 
@@ -37,8 +37,8 @@ if TYPE_CHECKING:  # `soma._graph` imports this module: the graph is named for t
 Body = Expr | Node
 
 
-# A sub-graph made for a step: its core, and its async nodes by its own ids.
-_Made = tuple[_soma.GraphCore, dict[str, bool]]
+# A sub-graph made for a step: its core, which holds its settings and knows its async nodes.
+_Made = _soma.GraphCore
 
 
 class Decision(Node):
@@ -49,14 +49,10 @@ class Decision(Node):
 
     def _register(self, graph: Graph, node_id: str) -> None:
         """Registers this step in ``graph`` as ``node_id``, with its sub-graphs (called by
-        ``Graph.node``); then notes their async nodes in ``graph`` by their ids there, which
-        the engine makes, so that ``graph`` runs on an event loop."""
+        ``Graph.node``). Their async nodes need no note here: embedded, they are the core's
+        under their ids in ``graph``, which then runs on an event loop."""
         self._checked(node_id)
-        made = self._graphs(graph)
-        self._add(graph._core, node_id, [(key, core) for key, core, _ in made])
-        for key, _, async_nodes in made:
-            for inner, takes_ctx in async_nodes.items():
-                graph._async[_soma.node_inside(node_id, inner, key)] = takes_ctx
+        self._add(graph._core, node_id, self._graphs(graph))
 
     def _add(
         self, core: _soma.GraphCore, node_id: str, graphs: list[tuple[str | None, _soma.GraphCore]]
@@ -89,21 +85,19 @@ class Decision(Node):
         return graph.somatize(self._expr(body, step))
 
     def _made(self, graph: type[Graph], body: Body | None) -> _Made:
-        """The sub-graph of ``body``, made as a graph of type ``graph`` is, and its async nodes
-        by its own ids."""
+        """The core of the sub-graph of ``body``, made as a graph of type ``graph`` is."""
         kind = type(self).__name__.lower()
         sub = self._sub(graph, body, kind)
         if sub is None:
-            return _soma.GraphCore(), {}
+            return _soma.GraphCore()
         hosts = sub.hosts()
         if hosts:
             inner = next(iter(hosts))
             raise _host_refused(kind, inner, own=False)
-        return sub._core, sub._async
+        return sub._core
 
-    def _graphs(self, graph: Graph) -> list[tuple[str | None, _soma.GraphCore, dict[str, bool]]]:
-        """Its sub-graphs, made to embed in ``graph``, each with its key and its async nodes
-        by its own ids.
+    def _graphs(self, graph: Graph) -> list[tuple[str | None, _soma.GraphCore]]:
+        """Its sub-graphs, made to embed in ``graph``, each with its key.
 
         A sub-graph is made by registering its nodes, and a step among them makes its own in
         turn: made that way, a nesting a thousand steps deep would recurse a thousand times.
@@ -118,10 +112,7 @@ class Decision(Node):
             made = prebuilt[1]
         else:
             made = self._made_innermost_first(type(graph), [body for _, body in bodies])
-        return [
-            (key, core, async_nodes)
-            for (key, _), (core, async_nodes) in zip(bodies, made, strict=True)
-        ]
+        return [(key, core) for (key, _), core in zip(bodies, made, strict=True)]
 
     def _made_innermost_first(self, graph: type[Graph], bodies: list[Body | None]) -> list[_Made]:
         """What ``_made`` makes of ``bodies``, the steps nested in them made first (see

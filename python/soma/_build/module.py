@@ -138,9 +138,10 @@ def _made() -> tuple[type[GraphModule], type[NodeModules]]:
             With grad mode on, a node on a host whose modules have parameters to train is a
             ``soma.ModuleError``: what a host returns comes back without autograd's record, so
             ``backward`` could not reach them, and they would silently not train."""
-            hosts = self._soma_graph._hosts
-            if hosts and torch.is_grad_enabled():
-                _refuse_trained_on_hosts(self, hosts)
+            if torch.is_grad_enabled():
+                hosts = self._soma_graph.hosts()
+                if hosts:
+                    _refuse_trained_on_hosts(self, hosts)
             return self._soma_graph.forward(
                 input,
                 driver=driver,

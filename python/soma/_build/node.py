@@ -8,7 +8,12 @@ from typing import TYPE_CHECKING, Any, Self
 
 from soma import _soma
 from soma._build.dsl import Composable
-from soma._build.policy import RetryPolicy, checked_retry, checked_time_limit
+from soma._build.policy import (
+    RetryPolicy,
+    checked_concurrency,
+    checked_retry,
+    checked_time_limit,
+)
 
 
 class Node(Composable, abc.ABC):
@@ -39,10 +44,9 @@ class Node(Composable, abc.ABC):
 
     def concurrency(self, workers: int) -> Self:
         """Lets :meth:`soma.Graph.map` run this node on up to ``workers`` items at once, for a
-        node that keeps no state between items (I/O, a remote call). Results keep their order."""
-        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-            raise ValueError(f"concurrency takes an int of at least 1, not {workers!r}")
-        self._soma_concurrency = workers
+        node that keeps no state between items (I/O, a remote call). Results keep their order.
+        As ``Graph.concurrency`` once it is registered."""
+        self._soma_concurrency = checked_concurrency(workers)
         return self
 
     def named(self, node_id: str) -> Self:

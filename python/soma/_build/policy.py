@@ -1,9 +1,11 @@
-"""What ``.retry()`` and ``.time_limit()`` accept, checked where they are written.
+"""What ``.retry()``, ``.time_limit()`` and ``.concurrency()`` accept, checked where they are
+written.
 
-A node keeps what they said under Soma's own attributes (``_soma_retry``, ``_soma_time_limit``),
-as ``.on``/``.at`` keep theirs: a node of an HTTP or LLM client often has a ``timeout`` or
-``retries`` of its own, which Soma must not touch. ``Graph.node`` hands them to the graph, which
-holds them per node (``Graph.retry``, ``Graph.time_limit``).
+A node keeps what they said under Soma's own attributes (``_soma_retry``, ``_soma_time_limit``,
+``_soma_concurrency``), as ``.on``/``.at`` keep theirs: a node of an HTTP or LLM client often
+has a ``timeout`` or ``retries`` of its own, which Soma must not touch. ``Graph.node`` hands them
+to the graph, which holds them per node (``Graph.retry``, ``Graph.time_limit``,
+``Graph.concurrency``).
 """
 
 from __future__ import annotations
@@ -67,3 +69,10 @@ def checked_time_limit(seconds: object) -> float:
             "hint: `.time_limit(2.5)` fails a call still running after 2.5 s"
         )
     return float(seconds)
+
+
+def checked_concurrency(workers: object) -> int:
+    """The items at once ``.concurrency(workers)`` asks for; a ``ValueError`` otherwise."""
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ValueError(f"concurrency takes an int of at least 1, not {workers!r}")
+    return workers

@@ -6,7 +6,8 @@ order and the bound, and reads the inputs lazily; this module says what comes ou
 ``on_error`` ask, and draws progress. Micro-batches are a stream of slices of one batch, joined
 back by type. A graph with async nodes streams through the engine's ``Flow`` instead
 (``soma._soma.FlowCore``): each item a run of its own on the event loop Soma keeps, its core
-answering as ``StreamCore`` does.
+answering as ``StreamCore`` does. Which of the two runs a stream is the core's route
+(``GraphCore.route``), which refuses a graph with hosts.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from collections.abc import (
 from typing import TYPE_CHECKING, Any, Literal, Self
 
 from soma import _soma
+from soma._build.policy import checked_concurrency
 
 if TYPE_CHECKING:  # `soma._graph` imports this module: the graph is named for the typing only.
     from types import TracebackType
@@ -323,24 +325,13 @@ class Stream(Iterator[Any]):
 
 
 def concurrency_of(graph: Graph, asked: Mapping[str, int] | None) -> list[tuple[str, int]]:
-    """How many items each node of ``graph`` works on at once in a stream: its own
-    ``.concurrency()``, or what ``asked`` says, checked; the nodes that take one."""
-    workers: dict[str, int] = {}
-    for node_id in graph.nodes():
-        chosen = getattr(graph.implementation(node_id), "_soma_concurrency", 1)
-        if chosen != 1:
-            workers[node_id] = chosen
-    for node_id, count in (asked or {}).items():
-        if node_id not in graph:
-            raise KeyError(f"concurrency names `{node_id}`, which is not a node of the graph")
-        workers[node_id] = count
-    for node_id, count in workers.items():
-        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-            raise ValueError(
-                f"node `{node_id}` asks for {count!r} workers\n"
-                "hint: concurrency is an int, at least 1"
-            )
-    return sorted(workers.items())
+    """How many items each node of ``graph`` works on at once in a stream: the graph's
+    setting (``Graph.concurrency``), or what ``asked`` says for this stream, each id refused by
+    the core as ``Graph.concurrency`` refuses it."""
+    counts = list((asked or {}).items())
+    for _, count in counts:
+        checked_concurrency(count)
+    return graph._core.stream_concurrency(counts)
 
 
 def stream_map(
@@ -398,7 +389,41 @@ def stream_map(
     the loop, those cut short are cancelled, and :meth:`Stream.figures` lists no stage. Inside
     a running event loop it refuses, pointing to ``aforward``.
     """
-    _refuse_hosts(graph)
+    return _streamed(
+        graph,
+        graph._core.route(True),
+        inputs,
+        in_flight=in_flight,
+        ordered=ordered,
+        on_error=on_error,
+        concurrency=concurrency,
+        progress=progress,
+        driver=driver,
+        turn_limit=turn_limit,
+        trace=trace,
+        timeout=timeout,
+        cache=cache,
+    )
+
+
+def _streamed(
+    graph: Graph,
+    route: Literal["stream", "flow"],
+    inputs: Iterable[Any],
+    *,
+    in_flight: int,
+    ordered: bool,
+    on_error: OnError,
+    concurrency: Mapping[str, int] | None,
+    progress: bool | Callable[[Progress], object],
+    driver: Any,
+    turn_limit: int,
+    trace: _soma.Trace | None,
+    timeout: float | None,
+    cache: Cache | None,
+) -> Stream:
+    """:func:`stream_map` on the route the core chose for it: the engine's ``Stream``, or its
+    ``Flow`` for a graph with async nodes: a graph without one never reaches an event loop."""
     if on_error not in ("raise", "skip", "collect"):
         raise ValueError(
             f"on_error must be 'raise', 'skip' or 'collect', not {on_error!r}\n"
@@ -408,22 +433,13 @@ def stream_map(
     if not isinstance(in_flight, int) or isinstance(in_flight, bool) or in_flight < 1:
         raise ValueError(f"in_flight must be an int of at least 1, not {in_flight!r}")
     reporter = _reporter(progress, inputs)
-    if graph._async:  # Only then: a graph without async nodes never reaches an event loop.
-        flow = _soma.FlowCore(
-            graph._core,
-            inputs,
-            in_flight,
-            ordered,
-            on_error == "raise",
-            concurrency_of(graph, concurrency),
-            driver,
-            turn_limit,
-            trace,
-            timeout,
-            cache=None if cache is None else cache._run(graph._core),
-        )
-        return Stream(flow, ordered=ordered, on_error=on_error, progress=reporter)
-    core = _soma.StreamCore(
+    runner: type[_soma.StreamCore] | type[_soma.FlowCore]
+    match route:
+        case "stream":
+            runner = _soma.StreamCore
+        case "flow":
+            runner = _soma.FlowCore
+    core = runner(
         graph._core,
         inputs,
         in_flight,
@@ -434,7 +450,7 @@ def stream_map(
         turn_limit,
         trace,
         timeout,
-        cache=None if cache is None else cache._run(graph._core),
+        cache=cache,
     )
     return Stream(core, ordered=ordered, on_error=on_error, progress=reporter)
 
@@ -500,20 +516,9 @@ def _join_one(outputs: Sequence[Any]) -> Any:
     )
 
 
-def _refuse_hosts(graph: Graph) -> None:
-    """Refuses a graph with nodes on hosts: a stream would run them here, not there."""
-    hosts = graph.hosts()
-    if hosts:
-        node, host = next(iter(hosts.items()))
-        raise ValueError(
-            f"node `{node}` is placed on host `{host}`, and streams do not run slices on hosts "
-            "yet\nhint: run each item with `forward`, or bring the nodes back here with "
-            f'`g.place_at("{node}", None)`'
-        )
-
-
 def forward_in_micro_batches(
     graph: Graph,
+    route: Literal["stream", "flow"],
     batch: Any,
     micro_batches: int,
     join_with: Callable[[list[Any]], Any] | None,
@@ -524,14 +529,18 @@ def forward_in_micro_batches(
     timeout: float | None,
     cache: Cache | None = None,
 ) -> Any:
-    """See :meth:`soma.Graph.forward`."""
-    _refuse_hosts(graph)
+    """See :meth:`soma.Graph.forward`: the stream of ``route``, the core's for ``graph``."""
     pieces = split(batch, micro_batches)
     outputs = list(
-        stream_map(
+        _streamed(
             graph,
+            route,
             pieces,
             in_flight=len(pieces),
+            ordered=True,
+            on_error="raise",
+            concurrency=None,
+            progress=False,
             driver=driver,
             turn_limit=turn_limit,
             trace=trace,
@@ -559,6 +568,9 @@ async def stream_amap(
     Python can read — while the flow has room, and hands the results back in order. The first
     failing item's exception is raised at its position; leaving early (an error, a ``break``, a
     cancellation) cancels the items in flight and waits for them to end."""
+    # A stream's route, for its refusal of a graph with hosts, as `map`'s: either way each item
+    # is a run on this loop.
+    graph._core.route(True)
     flow = _soma.FlowCore(
         graph._core,
         None,
@@ -570,7 +582,7 @@ async def stream_amap(
         turn_limit,
         trace,
         timeout,
-        cache=None if cache is None else cache._run(graph._core),
+        cache=cache,
         on_running_loop=True,
     )
     source: Iterator[Any] | AsyncIterator[Any] = (

@@ -316,7 +316,7 @@ class Cache:
         A node after one that would run counts as running too, though it may yet hit: what it
         reads is not computed yet.
         """
-        return dict(graph._core.would_hit(input, self._run(graph._core)))
+        return dict(graph._core.would_hit(input, self))
 
     def _store(
         self, node_id: str, key: bytes, output: object, digest: bytes | None, seconds: float
@@ -474,6 +474,9 @@ class Cache:
         return held, evicted
 
     def _run(self, core: _soma.GraphCore) -> _RunCache:
+        """What one run of ``core`` asks: made by the glue (``PythonCache::of`` in
+        ``crates/soma-python/src/cache.rs``) for every run, stream and ``would_hit`` given
+        this cache, so that no caller makes it."""
         return _RunCache(self, core)
 
 

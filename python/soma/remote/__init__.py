@@ -265,7 +265,8 @@ class Distributed:
         #: tell of (`soma._run.observe.hidden`): the picks (a host's node is told of by its host)
         #: and the carriers of the input.
         self.stand_ins = frozenset(picks) | {carrier for carrier in carriers if carrier}
-        local._hosts.clear()  # Stand-ins run here; their slices are where the hosts are.
+        for node in local.hosts():  # Stand-ins run here; their slices are where the hosts are.
+            local.place_at(node, None)
         local.idle_threads = graph.idle_threads
         for node in graph.nodes():
             index = slice_of.get(node)
@@ -487,8 +488,7 @@ def forward(
 ) -> Any:
     """``graph.forward`` for a graph with hosts: its slices run on them, the rest here."""
     with _running(graph, timeout, trace, cache) as local:
-        run_cache = None if cache is None else cache._run(local)
-        return local.forward(input, driver, turn_limit, trace, timeout, cache=run_cache)
+        return local.forward(input, driver, turn_limit, trace, timeout, cache=cache)
 
 
 async def aforward(
@@ -504,8 +504,7 @@ async def aforward(
     on the running loop, its slices' stand-ins sync nodes that wait for their hosts on lent
     threads."""
     with _running(graph, timeout, trace, cache) as local:
-        run_cache = None if cache is None else cache._run(local)
-        return await local.aforward(input, driver, turn_limit, trace, timeout, cache=run_cache)
+        return await local.aforward(input, driver, turn_limit, trace, timeout, cache=cache)
 
 
 def _name_slices(raised: TimeoutError, distributed: Distributed) -> None:

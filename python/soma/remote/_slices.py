@@ -176,7 +176,8 @@ class SliceRunner:
             sources[read] = source
         for node, implementation in piece.nodes:
             graph.node(node, implementation)
-        graph._hosts.clear()  # Here is where they run: no host is remote to itself.
+        for node in graph.hosts():  # Here is where they run: no host is remote to itself.
+            graph.place_at(node, None)
         for node, device in piece.devices:
             graph.place(node, device)
         # What the graph held, not what each node said: `retry(id, None)` may have undone it.
@@ -230,7 +231,7 @@ class SliceRunner:
             turn_limit=turn_limit,
             trace=trace,
             stop=stop,
-            cache=None if opened is None else opened._run(self.graph._core),
+            cache=opened,
         )
         spans = [] if trace is None else trace._ship(self._nodes)
         counts = {} if opened is None else dataclasses.asdict(opened.stats())

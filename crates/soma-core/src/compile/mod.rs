@@ -34,9 +34,11 @@
 mod decide;
 mod distribute;
 mod reduction;
+mod route;
 
 pub use decide::compile_decided;
 pub use distribute::distribute;
+pub use route::{Route, RouteError};
 
 use std::fmt;
 

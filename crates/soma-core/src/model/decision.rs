@@ -107,6 +107,8 @@ pub enum Setting {
     TimeLimit,
     /// The host it runs on.
     Host,
+    /// How many items of a stream it works on at once.
+    Concurrency,
 }
 
 impl fmt::Display for Setting {
@@ -116,6 +118,7 @@ impl fmt::Display for Setting {
             Setting::Retry => "retry",
             Setting::TimeLimit => "time limit",
             Setting::Host => "host",
+            Setting::Concurrency => "concurrency",
         })
     }
 }
@@ -140,6 +143,16 @@ pub enum SettingError {
         /// Whether the node is that step itself.
         own: bool,
     },
+    /// `node` is inside the step `step`, of kind `kind`: a stream limits the graph's own steps
+    /// only, and what a step runs is no stage of it.
+    NotAStage {
+        /// The id a concurrency was written on.
+        node: String,
+        /// The innermost step around it.
+        step: String,
+        /// That step's kind (`each`, `switch`, `loop`).
+        kind: &'static str,
+    },
 }
 
 impl fmt::Display for SettingError {
@@ -157,6 +170,10 @@ impl fmt::Display for SettingError {
                     "`{node}` {is} {article} `{kind}` step, which runs in this process: it cannot be placed on a host\nhint: place the whole graph's other nodes with `.at()`, and keep `each`, `switch` and `loop` steps, and what they run, here"
                 )
             }
+            SettingError::NotAStage { node, step, kind } => write!(
+                f,
+                "`{node}` is inside the `{kind}` step `{step}`: a stream limits the graph's own steps only, so a concurrency has nothing to apply to there\nhint: set it on the step, `g.concurrency(\"{step}\", n)`, which then takes that many items at once"
+            ),
         }
     }
 }
@@ -212,7 +229,9 @@ impl Decisions {
     /// A node inside a step, and a `switch`'s or `loop`'s own node (its selector, its
     /// predicate), take a device, a retry and a time limit as any node does. An `each` step
     /// calls no node of its own, so those have nothing to apply to there. No step, and nothing
-    /// inside one, takes a host: a step runs in this process, with what it runs.
+    /// inside one, takes a host: a step runs in this process, with what it runs. A step takes a
+    /// concurrency as a node does, and nothing inside one does: a stream's stages are the
+    /// graph's own steps.
     pub fn refusal(&self, id: &str, setting: Setting) -> Option<SettingError> {
         match setting {
             Setting::Device | Setting::Retry | Setting::TimeLimit => match self.get(id) {
@@ -231,6 +250,14 @@ impl Decisions {
                     node: id.to_owned(),
                     kind: decision.kind(),
                     own: step == id,
+                })
+            }
+            Setting::Concurrency => {
+                let (step, decision) = self.around(id)?;
+                Some(SettingError::NotAStage {
+                    node: id.to_owned(),
+                    step: step.to_owned(),
+                    kind: decision.kind(),
                 })
             }
         }

@@ -470,6 +470,33 @@ fn an_each_steps_id_refuses_a_device_a_retry_and_a_time_limit_and_a_switchs_take
 }
 
 #[test]
+fn a_step_takes_a_concurrency_and_every_node_inside_one_refuses_it_naming_the_innermost_step() {
+    let decisions = nested_decisions();
+    assert_eq!(decisions.refusal("items", Setting::Concurrency), None);
+    assert_eq!(
+        decisions.refusal("items/pick", Setting::Concurrency),
+        Some(SettingError::NotAStage {
+            node: "items/pick".to_owned(),
+            step: "items".to_owned(),
+            kind: "each",
+        })
+    );
+    assert_eq!(
+        decisions.refusal("items/pick/d/inc", Setting::Concurrency),
+        Some(SettingError::NotAStage {
+            node: "items/pick/d/inc".to_owned(),
+            step: "items/pick".to_owned(),
+            kind: "switch",
+        })
+    );
+    assert_eq!(decisions.refusal("elsewhere", Setting::Concurrency), None);
+    assert_eq!(
+        decisions.refusal("items-and-more", Setting::Concurrency),
+        None
+    );
+}
+
+#[test]
 fn a_step_and_every_node_inside_one_refuse_a_host_naming_the_innermost_steps_kind() {
     let decisions = nested_decisions();
     let runs_here = |node: &str, kind, own| SettingError::RunsHere {

@@ -1,14 +1,15 @@
 //! Hosts: names read and refused where written, and the distribution step that cuts a compiled
 //! plan into remote slices — the same steps in the same order, each largest subtree on one host
 //! one slice, consecutive same-host steps of a sequence one trip, and a plan without hosts left
-//! exactly as it was.
+//! exactly as it was; and the route a call takes by what it asks and the hosts a graph holds.
 
 use std::collections::HashMap;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 use soma_core::{
-    compile, decompose, distribute, HostError, HostName, HostPlacement, Plan, Program, ProgramError,
+    compile, decompose, distribute, HostError, HostName, HostPlacement, NodeId, Plan, Program,
+    ProgramError, Route, RouteError,
 };
 
 use crate::random_graphs::random_dag;
@@ -296,4 +297,50 @@ proptest! {
         let plan = decompose(&dag.graph());
         prop_assert_eq!(distribute(&plan, &HostPlacement::new()), plan);
     }
+}
+
+#[test]
+fn one_run_takes_the_engine_without_hosts_and_the_hosts_with_one_async_or_not() {
+    for is_async in [false, true] {
+        assert_eq!(Route::of(false, None, || is_async), Ok(Route::Engine));
+        let on_a_host = Some((NodeId::from("b"), host("one")));
+        assert_eq!(Route::of(false, on_a_host, || is_async), Ok(Route::Hosts));
+    }
+}
+
+#[test]
+fn a_stream_takes_the_engines_stream_or_for_an_async_graph_its_flow() {
+    assert_eq!(Route::of(true, None, || false), Ok(Route::Stream));
+    assert_eq!(Route::of(true, None, || true), Ok(Route::Flow));
+}
+
+#[test]
+fn a_stream_of_a_graph_with_a_host_is_refused_naming_the_node_and_its_host() {
+    let on_a_host = Some((NodeId::from("b"), host("one")));
+    let refused = Route::of(true, on_a_host, || {
+        panic!("a refused stream asks nothing more")
+    });
+    assert_eq!(
+        refused,
+        Err(RouteError::StreamOnHosts {
+            node: NodeId::from("b"),
+            host: host("one"),
+        })
+    );
+}
+
+#[test]
+fn only_a_stream_without_hosts_asks_whether_the_graph_is_async() {
+    let asked = std::cell::Cell::new(0);
+    let ask = || {
+        asked.set(asked.get() + 1);
+        true
+    };
+    let on_a_host = || Some((NodeId::from("b"), host("one")));
+    let _ = Route::of(false, None, ask);
+    let _ = Route::of(false, on_a_host(), ask);
+    let _ = Route::of(true, on_a_host(), ask);
+    assert_eq!(asked.get(), 0);
+    let _ = Route::of(true, None, ask);
+    assert_eq!(asked.get(), 1);
 }

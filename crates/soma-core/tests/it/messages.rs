@@ -350,3 +350,26 @@ fn loop_limit() {
     hint: raise `max_iterations`, or check that `until` can become true
     ");
 }
+
+#[test]
+fn stream_on_hosts() {
+    let host: HostName = "one".parse().unwrap();
+    let refused = soma_core::Route::of(true, Some(("b".into(), host)), || false);
+    insta::assert_snapshot!(refused.unwrap_err().to_string(), @r#"
+    node `b` is placed on host `one`, and streams do not run slices on hosts yet
+    hint: run each item with `forward`, or bring the nodes back here with `g.place_at("b", None)`
+    "#);
+}
+
+#[test]
+fn concurrency_inside_a_step() {
+    let refused = soma_core::SettingError::NotAStage {
+        node: "items/fetch".to_owned(),
+        step: "items".to_owned(),
+        kind: "each",
+    };
+    insta::assert_snapshot!(refused.to_string(), @r#"
+    `items/fetch` is inside the `each` step `items`: a stream limits the graph's own steps only, so a concurrency has nothing to apply to there
+    hint: set it on the step, `g.concurrency("items", n)`, which then takes that many items at once
+    "#);
+}

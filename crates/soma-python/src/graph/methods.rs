@@ -14,14 +14,14 @@ use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::gc::PyVisit;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyString, PyTuple};
 use pyo3::PyTraverseError;
-use soma_core::{Decision, Device, Executor, Node, NodeId, Setting};
+use soma_core::{Decision, Device, Executor, Node, NodeId, Route, Setting};
 
 use super::run::{executor_for, forward_on_loop, forward_outcome};
 use super::stopped::time_limit;
 use super::{GraphCore, State};
-use crate::aio::{self, Stepper};
+use crate::aio;
 use crate::cache::PythonCache;
 use crate::context;
 use crate::convert::wrap;
@@ -340,10 +340,128 @@ impl GraphCore {
         Ok(())
     }
 
-    /// Whether node `id` may be placed on a host: a `soma.UnknownNodeError` for an unknown id,
-    /// a `soma.HostError` for a step or a node inside one (it runs in this process).
-    fn check_host(&self, py: Python<'_>, id: &str) -> PyResult<()> {
-        self.state().settable(py, id, Some(Setting::Host))
+    /// Runs node `id` on `host`, replacing where it ran; `None` brings it back here. A
+    /// `soma.UnknownNodeError` for an unknown id, a `soma.HostError` for a step or a node
+    /// inside one (it runs in this process) and for a name that cannot be a host's. Neither the
+    /// plan nor the program changes: only the distribution step and the route read hosts.
+    fn place_at(&self, py: Python<'_>, id: &str, host: Option<&str>) -> PyResult<()> {
+        let mut state = self.state();
+        state.settable(py, id, host.is_some().then_some(Setting::Host))?;
+        match host {
+            Some(host) => {
+                let host = crate::hosts::read(py, host)?;
+                state.hosts.place(id, host);
+            }
+            None => {
+                state.hosts.remove(id);
+            }
+        }
+        Ok(())
+    }
+
+    /// Nodes placed on hosts and their hosts, in the order the nodes were added.
+    fn hosts(&self) -> Vec<(String, String)> {
+        let state = self.state();
+        if state.hosts.is_empty() {
+            return Vec::new(); // The common case, with no walk of the catalog.
+        }
+        in_node_order(&state, |id| {
+            state.hosts.host(id.as_str()).map(ToString::to_string)
+        })
+    }
+
+    /// The plan cut into remote slices by the graph's hosts (`soma_core::distribute`): the
+    /// plan itself when no node is on a host.
+    fn distributed_plan(&self, py: Python<'_>) -> PyResult<PyPlan> {
+        let plan = self.compiled_plan(py)?;
+        let state = self.state();
+        let distributed = soma_core::distribute(&plan, &state.hosts);
+        Ok(PyPlan::new(
+            Arc::new(distributed),
+            Arc::clone(&state.placement),
+        ))
+    }
+
+    /// Lets a stream run node `id` on up to `workers` items at once; `None` (or 1) takes them
+    /// one at a time. A `soma.GraphError` for a node inside a step, which is no stage of a
+    /// stream ([`soma_core::Decisions::refusal`]).
+    fn set_concurrency(&self, py: Python<'_>, id: &str, workers: Option<usize>) -> PyResult<()> {
+        let workers = workers.filter(|&workers| workers != 1);
+        let mut state = self.state();
+        state.settable(py, id, workers.map(|_| Setting::Concurrency))?;
+        match workers {
+            Some(workers) => state.concurrency.insert(NodeId::from(id), workers),
+            None => state.concurrency.remove(id),
+        };
+        Ok(())
+    }
+
+    /// Nodes that take more than one item of a stream at once, and how many, in the order the
+    /// nodes were added.
+    fn concurrencies(&self) -> Vec<(String, usize)> {
+        let state = self.state();
+        if state.concurrency.is_empty() {
+            return Vec::new();
+        }
+        in_node_order(&state, |id| state.concurrency.get(id).copied())
+    }
+
+    /// How many items each node takes at once in one stream: the graph's own settings, each id
+    /// in `asked` set to its count for this stream instead, in the order the nodes were added.
+    /// An id in `asked` is refused as [`GraphCore::set_concurrency`] refuses it, with the same
+    /// errors, so that a stream's `concurrency={...}` and `g.concurrency` hold one rule.
+    fn stream_concurrency(
+        &self,
+        py: Python<'_>,
+        asked: Vec<(String, usize)>,
+    ) -> PyResult<Vec<(String, usize)>> {
+        let state = self.state();
+        if asked.is_empty() && state.concurrency.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut workers = state.concurrency.clone();
+        for (id, count) in asked {
+            state.settable(py, &id, Some(Setting::Concurrency))?;
+            workers.insert(NodeId::from(id), count);
+        }
+        Ok(in_node_order(&state, |id| workers.get(id).copied()))
+    }
+
+    /// The runner a call takes ([`soma_core::Route`]): `engine` or `hosts` for one run,
+    /// `stream` or `flow` for a stream (`streamed`); a `ValueError` for a stream of a graph
+    /// with hosts.
+    fn route<'py>(&self, py: Python<'py>, streamed: bool) -> PyResult<&Bound<'py, PyString>> {
+        let on_a_host = {
+            let state = self.state();
+            if state.hosts.is_empty() {
+                None
+            } else {
+                state.catalog.iter().find_map(|(id, _)| {
+                    let host = state.hosts.host(id.as_str())?;
+                    Some((id.clone(), host.clone()))
+                })
+            }
+        };
+        // Whether the graph holds an async node is the program's to say, asked only of a
+        // stream without hosts: compiled then, as the stream is about to compile it anyway.
+        let mut unresolved = None;
+        let route = Route::of(streamed, on_a_host, || match self.program(py) {
+            Ok(program) => program.is_async(),
+            Err(failure) => {
+                unresolved = Some(failure);
+                false
+            }
+        });
+        if let Some(failure) = unresolved {
+            return Err(failure);
+        }
+        // Interned: asked on every forward, the answer is never a new string.
+        match route.map_err(|refused| PyValueError::new_err(refused.to_string()))? {
+            Route::Engine => Ok(intern!(py, "engine")),
+            Route::Hosts => Ok(intern!(py, "hosts")),
+            Route::Stream => Ok(intern!(py, "stream")),
+            Route::Flow => Ok(intern!(py, "flow")),
+        }
     }
 
     /// Retries node `id`'s failing calls `times` more times, the first after `backoff`
@@ -429,16 +547,16 @@ impl GraphCore {
         })
     }
 
-    /// For each node, in plan order, whether a forward on `input` with `cache` (a run cache of
-    /// `soma/cache/_cache.py`) would find its output there; no node runs.
+    /// For each node, in plan order, whether a forward on `input` with `cache` (a
+    /// `soma.Cache`) would find its output there; no node runs.
     fn would_hit(
-        &self,
+        slf: &Bound<'_, Self>,
         py: Python<'_>,
         input: Bound<'_, PyAny>,
         cache: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<(String, bool)>> {
-        let program = self.program(py)?;
-        let executor = Executor::new().with_cache(Arc::new(PythonCache::new(cache)));
+        let program = slf.get().program(py)?;
+        let executor = Executor::new().with_cache(Arc::new(PythonCache::of(cache, slf)?));
         let found = executor.would_hit(&program, &wrap(input));
         Ok(found
             .into_iter()
@@ -446,11 +564,13 @@ impl GraphCore {
             .collect())
     }
 
-    /// Runs the graph on `input`.
-    #[pyo3(signature = (input, driver=None, turn_limit=soma_core::DEFAULT_TURN_LIMIT, trace=None, timeout=None, stop=None, cache=None))]
+    /// Runs the graph on `input`, with `cache` (a `soma.Cache`) when given: on the engine
+    /// here, or through `soma.remote` when a node is on a host ([`Route::of_one_run`]), for
+    /// which `graph`, the `soma.Graph` this core is of, is needed.
+    #[pyo3(signature = (input, driver=None, turn_limit=soma_core::DEFAULT_TURN_LIMIT, trace=None, timeout=None, stop=None, cache=None, graph=None))]
     #[allow(clippy::too_many_arguments)] // `forward`'s own keywords, each passed through.
     fn forward<'py>(
-        &self,
+        slf: &Bound<'py, Self>,
         py: Python<'py>,
         input: Bound<'py, PyAny>,
         driver: Option<&Bound<'py, PyAny>>,
@@ -459,15 +579,25 @@ impl GraphCore {
         timeout: Option<f64>,
         stop: Option<&Bound<'py, StopFlag>>,
         cache: Option<&Bound<'py, PyAny>>,
+        graph: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let this = slf.get();
+        match this.one_run_route() {
+            Route::Engine => {}
+            Route::Hosts => {
+                let (runner, graph) = on_hosts(py, intern!(py, "forward"), graph)?;
+                return runner.call1((graph, input, driver, turn_limit, trace, timeout, cache));
+            }
+            Route::Stream | Route::Flow => unreachable!("a call that runs once never streams"),
+        }
         let nested = Nested::enter()?;
         let timeout = timeout.map(time_limit).transpose()?;
-        let program = self.program(py)?;
+        let program = this.program(py)?;
         let watch = Arc::new(SignalWatch::new(timeout, stop.map(Bound::get)));
         let mut executor =
             executor_for(&program, nested.depth(), &watch, driver, turn_limit, trace)?;
         if let Some(cache) = cache {
-            executor = executor.with_cache(Arc::new(PythonCache::new(cache)));
+            executor = executor.with_cache(Arc::new(PythonCache::of(cache, slf)?));
         }
         let input = wrap(input);
         if program.is_async() {
@@ -495,11 +625,12 @@ impl GraphCore {
 
     /// Runs the graph on `input` from a running event loop: the awaitable `aforward` awaits,
     /// the run walked by the engine in the caller's task, its async nodes' coroutines stepped
-    /// there, its branches tasks of their own on this loop.
-    #[pyo3(signature = (input, driver=None, turn_limit=soma_core::DEFAULT_TURN_LIMIT, trace=None, timeout=None, cache=None))]
+    /// there, its branches tasks of their own on this loop; or, as `forward` routes it, the
+    /// coroutine `soma.remote` awaits the hosts with.
+    #[pyo3(signature = (input, driver=None, turn_limit=soma_core::DEFAULT_TURN_LIMIT, trace=None, timeout=None, cache=None, graph=None))]
     #[allow(clippy::too_many_arguments)] // `aforward`'s own keywords, each passed through.
     fn aforward<'py>(
-        &self,
+        slf: &Bound<'py, Self>,
         py: Python<'py>,
         input: Bound<'py, PyAny>,
         driver: Option<&Bound<'py, PyAny>>,
@@ -507,14 +638,24 @@ impl GraphCore {
         trace: Option<&Bound<'py, PyTrace>>,
         timeout: Option<f64>,
         cache: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Stepper> {
+        graph: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let this = slf.get();
+        match this.one_run_route() {
+            Route::Engine => {}
+            Route::Hosts => {
+                let (runner, graph) = on_hosts(py, intern!(py, "aforward"), graph)?;
+                return runner.call1((graph, input, driver, turn_limit, trace, timeout, cache));
+            }
+            Route::Stream | Route::Flow => unreachable!("a call that runs once never streams"),
+        }
         let timeout = timeout.map(time_limit).transpose()?;
         let Some(event_loop) = aio::running_loop(py)? else {
             return Err(PyRuntimeError::new_err(
                 "aforward was called with no running event loop\nhint: `await g.aforward(x)` inside a coroutine, or call `g.forward(x)`",
             ));
         };
-        let program = self.program(py)?;
+        let program = this.program(py)?;
         let watch = Arc::new(SignalWatch::new(timeout, None));
         let mut executor = executor_for(
             &program,
@@ -525,7 +666,7 @@ impl GraphCore {
             trace,
         )?;
         if let Some(cache) = cache {
-            executor = executor.with_cache(Arc::new(PythonCache::new(cache)));
+            executor = executor.with_cache(Arc::new(PythonCache::of(cache, slf)?));
         }
         let tasks = aio::LoopTasks::new(event_loop.unbind());
         let (task, settled) = executor.start(
@@ -533,12 +674,31 @@ impl GraphCore {
             wrap(input),
             Arc::clone(&tasks) as Arc<dyn soma_core::Tasks>,
         );
-        tasks.root(py, task, settled, watch, timeout)
+        let stepper = tasks.root(py, task, settled, watch, timeout)?;
+        Ok(Bound::new(py, stepper)?.into_any())
     }
 }
 
+/// `soma.remote`'s `runner` (`forward`, or `aforward`, which makes a coroutine) of a run of
+/// the `soma.Graph` `graph`, whose core has nodes on hosts: its slices run on their hosts, the
+/// rest here through a core of its own.
+fn on_hosts<'py>(
+    py: Python<'py>,
+    runner: &Bound<'py, PyString>,
+    graph: Option<&Bound<'py, PyAny>>,
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+    let Some(graph) = graph else {
+        return Err(PyRuntimeError::new_err(
+            "a core with nodes on hosts was run without its graph\nhint: run it with `Graph.forward`",
+        ));
+    };
+    let runner = py.import(intern!(py, "soma.remote"))?.getattr(runner)?;
+    Ok((runner, graph.clone()))
+}
+
 /// What `pick` says of each node that it says something of, by id, in the order the nodes were
-/// added: the listings of what is set per node (devices, retries, time limits).
+/// added: the listings of what is set per node (devices, hosts, retries, time limits,
+/// concurrency).
 ///
 /// Read through the catalog, whose order is the graph's, so that the nodes inside `each`,
 /// `switch` and `loop` steps are listed too (`chunks/clean`), each before its step.

@@ -12,7 +12,8 @@
 //! interpreter's own switch interval lets the branches of a wave take turns.
 //!
 //! The class's state and its bookkeeping — registering a node, compiling the plan and resolving
-//! the program on first use — are here. What Python calls on it is [`methods`]; copying a
+//! the program on first use — are here, with every setting written on a node by its id (device,
+//! host, retries, time limit, concurrency) and whether the id may take it ([`State::settable`]). What Python calls on it is [`methods`]; copying a
 //! decision step's sub-graph in is [`embed`]; what a forward runs with and how its outcome
 //! reaches Python is [`run`], with a run's timeout and the errors of a run stopped early in
 //! [`stopped`]; the interpreter as the engine's host is [`interpreter`].
@@ -23,12 +24,13 @@ mod methods;
 mod run;
 mod stopped;
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use pyo3::prelude::*;
 use soma_core::{
-    compile_decided, Catalog, Decisions, Graph, Node, NodeId, Placement, Plan, Program, Setting,
-    DEFAULT_IDLE_THREADS,
+    compile_decided, Catalog, Decisions, Graph, HostPlacement, Node, NodeId, Placement, Plan,
+    Program, Route, Setting, DEFAULT_IDLE_THREADS,
 };
 
 use crate::errors::{compile_error, graph_error, program_error, unknown_node_error};
@@ -56,6 +58,12 @@ struct State {
     placement: Arc<Placement>,
     /// Retries and time limits, by node; like the placement, setting one drops the program.
     policies: Written,
+    /// Which nodes run on which host: read by the distribution step and the route a call
+    /// takes, never by the program, which setting one leaves as it is.
+    hosts: HostPlacement,
+    /// How many items of a stream each node works on at once, where more than one: read when
+    /// a stream starts, never by the program.
+    concurrency: HashMap<NodeId, usize>,
     /// The `each`, `switch` and `loop` steps and the sub-graphs they run, whose nodes are in
     /// the catalog under ids namespaced by the step's (`chunks/clean`).
     decisions: Decisions,
@@ -92,6 +100,8 @@ impl Default for State {
             idle_threads: DEFAULT_IDLE_THREADS,
             placement: Arc::default(),
             policies: Written::default(),
+            hosts: HostPlacement::default(),
+            concurrency: HashMap::new(),
             decisions: Decisions::default(),
             bodies: Vec::new(),
         }
@@ -143,6 +153,12 @@ impl GraphCore {
     fn compiled_plan(&self, py: Python<'_>) -> PyResult<Arc<Plan>> {
         let mut state = self.state();
         Ok(Arc::clone(&Self::compiled(py, &mut state)?.plan))
+    }
+
+    /// The runner of one run of the graph ([`Route::of_one_run`]): the engine here, or the
+    /// hosts when a node is placed on one.
+    pub(crate) fn one_run_route(&self) -> Route {
+        Route::of_one_run(!self.state().hosts.is_empty())
     }
 
     /// The program, resolved on first use after a change.
