@@ -71,7 +71,7 @@ use std::time::{Duration, Instant};
 use super::detach::{Detached, Kept, Remains};
 use super::fork;
 use super::hooks::Host;
-use super::latch::{Latch, STAY_AWAKE};
+use super::latch::{sleep_on, Latch, STAY_AWAKE};
 use super::reserve;
 use super::worker::{start_worker, DEFAULT_STACK};
 
@@ -747,10 +747,7 @@ impl Pool {
             state.looking -= 1;
             state.sleeping += 1;
             while state.permits == 0 && !state.closed {
-                state = self
-                    .wake
-                    .wait(state)
-                    .unwrap_or_else(PoisonError::into_inner);
+                state = sleep_on(&self.wake, state, None);
             }
             if state.permits > 0 {
                 // The waker moved this thread from sleeping to looking already.

@@ -33,7 +33,7 @@
 //! more than most waves take, and most end while their owner is still looking.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::task::{Poll, Waker};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -125,26 +125,35 @@ impl Latch {
         let mut asleep = self.asleep.lock().unwrap_or_else(PoisonError::into_inner);
         while !asleep.done {
             asleep.sleeping = true;
-            asleep = match deadline {
-                None => self
-                    .woken
-                    .wait(asleep)
-                    .unwrap_or_else(PoisonError::into_inner),
-                Some(deadline) => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        break;
-                    }
-                    self.woken
-                        .wait_timeout(asleep, left)
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0
-                }
-            };
+            let left = deadline.map(|deadline| deadline.saturating_duration_since(Instant::now()));
+            if left.is_some_and(|left| left.is_zero()) {
+                break;
+            }
+            asleep = sleep_on(&self.woken, asleep, left);
         }
         asleep.sleeping = false;
         drop(asleep);
         self.is_open()
+    }
+}
+
+/// Sleeps on `woken` once, holding `guard`'s mutex again on waking: until notified, or `timeout`
+/// passed when there is one. A poisoned mutex is taken as it is, as everywhere in the engine: a
+/// panic is the walk's to report, never a second one here. Spurious wake-ups are the caller's
+/// loop's to see.
+pub(super) fn sleep_on<'g, T>(
+    woken: &Condvar,
+    guard: MutexGuard<'g, T>,
+    timeout: Option<Duration>,
+) -> MutexGuard<'g, T> {
+    match timeout {
+        None => woken.wait(guard).unwrap_or_else(PoisonError::into_inner),
+        Some(timeout) => {
+            woken
+                .wait_timeout(guard, timeout)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0
+        }
     }
 }
 

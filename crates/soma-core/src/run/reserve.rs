@@ -19,6 +19,7 @@ use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, ThreadId};
 
 use super::fork;
+use super::latch::sleep_on;
 use super::worker::{start_worker, DEFAULT_STACK};
 
 /// What a thread taken from the reserve runs: a crew thread's whole life.
@@ -151,10 +152,7 @@ fn wait_in_reserve() {
         if let Some((_, work)) = slot.work.take_if(|(to, _)| *to == me) {
             break work;
         }
-        slot = RESERVE
-            .handed
-            .wait(slot)
-            .unwrap_or_else(PoisonError::into_inner);
+        slot = sleep_on(&RESERVE.handed, slot, None);
     };
     drop(slot);
     work();

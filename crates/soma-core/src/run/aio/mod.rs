@@ -38,6 +38,7 @@ pub use self::task::Task;
 use super::error::RunError;
 use super::executor::{Executor, Halt};
 use super::hooks::{Tasks, Watch};
+use super::latch::sleep_on;
 use super::observer::Ended;
 use crate::model::id::NodeId;
 use crate::model::value::Value;
@@ -95,11 +96,7 @@ impl Settled {
         if outcome.is_some() {
             return true;
         }
-        let (outcome, _) = self
-            .done
-            .wait_timeout(outcome, timeout)
-            .unwrap_or_else(PoisonError::into_inner);
-        outcome.is_some()
+        sleep_on(&self.done, outcome, Some(timeout)).is_some()
     }
 
     /// The run's nodes running now, in program order (a step that decides counts as running

@@ -17,7 +17,7 @@ use super::inbox::Inbox;
 use super::item::Item;
 use super::STOP_GRACE;
 use crate::run::hooks::Watch;
-use crate::run::latch::wait_watching;
+use crate::run::latch::{sleep_on, wait_watching};
 
 /// What the stream's caller and its workers share under the one lock.
 pub(super) struct StreamState {
@@ -106,18 +106,7 @@ impl StreamShared {
         let mut returned = |timeout: Option<Duration>| {
             let mut state = self.lock();
             if state.alive > 0 {
-                state = match timeout {
-                    None => self
-                        .out_ready
-                        .wait(state)
-                        .unwrap_or_else(PoisonError::into_inner),
-                    Some(timeout) => {
-                        self.out_ready
-                            .wait_timeout(state, timeout)
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .0
-                    }
-                };
+                state = sleep_on(&self.out_ready, state, timeout);
             }
             state.alive == 0
         };
