@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from hypothesis import settings
@@ -384,3 +384,16 @@ for level in range(1, LEVELS):
 def deep_graph(levels: int) -> str:
     """:data:`DEEP_GRAPH` to ``levels`` nodes."""
     return DEEP_GRAPH.replace("LEVELS", str(levels))
+
+
+_Transport = TypeVar("_Transport")
+
+
+@contextlib.contextmanager
+def serving(transport: _Transport) -> Iterator[_Transport]:
+    """``transport`` as ``soma.remote``'s for the block (hosts here, in a test), none after."""
+    soma.remote.use(transport)  # type: ignore[arg-type]
+    try:
+        yield transport
+    finally:
+        soma.remote.use(None)

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import soma
-from conftest import CallRecord
+from conftest import CallRecord, serving
 from soma.remote import INPUT, Distributed
 
 
@@ -305,12 +305,8 @@ class _HostsHere:
 @pytest.fixture
 def hosts_here() -> Iterator[_HostsHere]:
     """Hosts in this process, each keeping copies of what it is sent, as the transport."""
-    hosts = _HostsHere()
-    soma.remote.use(hosts)  # type: ignore[arg-type]
-    try:
+    with serving(_HostsHere()) as hosts:
         yield hosts
-    finally:
-        soma.remote.use(None)
 
 
 class _Counted(soma.Node):

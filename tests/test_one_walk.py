@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import soma
-from conftest import run_script
+from conftest import run_script, serving
 from test_hosts import _HostsHere
 from test_properties import Dag, dags
 
@@ -257,12 +257,8 @@ def test_an_async_predicate_is_awaited_after_each_iteration() -> None:
 
 @pytest.fixture
 def hosts_here() -> Iterator[_HostsHere]:
-    hosts = _HostsHere()
-    soma.remote.use(hosts)  # type: ignore[arg-type]
-    try:
+    with serving(_HostsHere()) as hosts:
         yield hosts
-    finally:
-        soma.remote.use(None)
 
 
 def test_async_nodes_run_beside_a_slice_on_a_host(hosts_here: _HostsHere) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import soma
-from conftest import DEADLINE
+from conftest import DEADLINE, serving
 from test_hosts import _HostsHere
 
 
@@ -49,12 +49,8 @@ STREAMS_ON_HOSTS = (
 
 @pytest.fixture(autouse=True)
 def hosts_here() -> Iterator[_HostsHere]:
-    hosts = _HostsHere()
-    soma.remote.use(hosts)  # type: ignore[arg-type]
-    try:
+    with serving(_HostsHere()) as hosts:
         yield hosts
-    finally:
-        soma.remote.use(None)
 
 
 def graph(*, hosts: bool, is_async: bool) -> soma.Graph:

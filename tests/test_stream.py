@@ -138,18 +138,6 @@ def test_a_concurrent_node_works_on_as_many_items_at_once_as_it_is_allowed() -> 
     assert list(g.map(range(9))) == [x * 2 for x in range(9)]
 
 
-def test_concurrency_can_be_given_by_node_id_to_map() -> None:
-    barrier = threading.Barrier(2, timeout=DEADLINE)
-
-    def body(x: int) -> int:
-        if x < 2:
-            barrier.wait()
-        return x
-
-    g = chain(Add(0), Fn(body))
-    assert list(g.map(range(4), concurrency={"s1": 2})) == [0, 1, 2, 3]
-
-
 def test_concurrency_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         Add().concurrency(0)
@@ -181,7 +169,10 @@ def test_a_streams_concurrency_is_refused_for_an_id_as_g_concurrency_refuses_it(
     assert list(g.map([[1]], concurrency={"items": 2})) == [[2]]
 
 
-def test_concurrency_set_by_id_on_a_built_graph_holds_in_map() -> None:
+@pytest.mark.parametrize("given", ["to_map", "on_the_graph"])
+def test_concurrency_given_by_node_id_to_map_or_on_the_built_graph_holds_in_map(
+    given: str,
+) -> None:
     barrier = threading.Barrier(2, timeout=DEADLINE)
 
     def body(x: int) -> int:
@@ -190,6 +181,9 @@ def test_concurrency_set_by_id_on_a_built_graph_holds_in_map() -> None:
         return x
 
     g = chain(Add(0), Fn(body))
+    if given == "to_map":
+        assert list(g.map(range(4), concurrency={"s1": 2})) == [0, 1, 2, 3]
+        return
     g.concurrency("s1", 2)
     assert g.concurrencies() == {"s1": 2}
     assert list(g.map(range(4))) == [0, 1, 2, 3]

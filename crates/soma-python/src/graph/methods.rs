@@ -582,13 +582,9 @@ impl GraphCore {
         graph: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let this = slf.get();
-        match this.one_run_route() {
-            Route::Engine => {}
-            Route::Hosts => {
-                let (runner, graph) = on_hosts(py, intern!(py, "forward"), graph)?;
-                return runner.call1((graph, input, driver, turn_limit, trace, timeout, cache));
-            }
-            Route::Stream | Route::Flow => unreachable!("a call that runs once never streams"),
+        let call = (&input, driver, turn_limit, trace, timeout, cache);
+        if let Some(on_hosts) = this.on_hosts(py, intern!(py, "forward"), graph, call)? {
+            return Ok(on_hosts);
         }
         let nested = Nested::enter()?;
         let timeout = timeout.map(time_limit).transpose()?;
@@ -641,13 +637,9 @@ impl GraphCore {
         graph: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let this = slf.get();
-        match this.one_run_route() {
-            Route::Engine => {}
-            Route::Hosts => {
-                let (runner, graph) = on_hosts(py, intern!(py, "aforward"), graph)?;
-                return runner.call1((graph, input, driver, turn_limit, trace, timeout, cache));
-            }
-            Route::Stream | Route::Flow => unreachable!("a call that runs once never streams"),
+        let call = (&input, driver, turn_limit, trace, timeout, cache);
+        if let Some(on_hosts) = this.on_hosts(py, intern!(py, "aforward"), graph, call)? {
+            return Ok(on_hosts);
         }
         let timeout = timeout.map(time_limit).transpose()?;
         let Some(event_loop) = aio::running_loop(py)? else {
@@ -679,21 +671,45 @@ impl GraphCore {
     }
 }
 
-/// `soma.remote`'s `runner` (`forward`, or `aforward`, which makes a coroutine) of a run of
-/// the `soma.Graph` `graph`, whose core has nodes on hosts: its slices run on their hosts, the
-/// rest here through a core of its own.
-fn on_hosts<'py>(
-    py: Python<'py>,
-    runner: &Bound<'py, PyString>,
-    graph: Option<&Bound<'py, PyAny>>,
-) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
-    let Some(graph) = graph else {
-        return Err(PyRuntimeError::new_err(
-            "a core with nodes on hosts was run without its graph\nhint: run it with `Graph.forward`",
-        ));
-    };
-    let runner = py.import(intern!(py, "soma.remote"))?.getattr(runner)?;
-    Ok((runner, graph.clone()))
+/// What a call that runs once passes on, as `forward` and `aforward` take it: the input, the
+/// driver, the turn limit, the trace, the timeout and the cache.
+type OneRun<'a, 'py> = (
+    &'a Bound<'py, PyAny>,
+    Option<&'a Bound<'py, PyAny>>,
+    u32,
+    Option<&'a Bound<'py, PyTrace>>,
+    Option<f64>,
+    Option<&'a Bound<'py, PyAny>>,
+);
+
+impl GraphCore {
+    /// The run of `call` when the core routes it to the hosts ([`Route::of_one_run`]):
+    /// `soma.remote`'s `runner` (`forward`, or `aforward`, which makes a coroutine) on `graph`,
+    /// the `soma.Graph` this core is of, its slices on their hosts and the rest here through a
+    /// core of its own. `None` when the engine here takes the call.
+    fn on_hosts<'py>(
+        &self,
+        py: Python<'py>,
+        runner: &Bound<'py, PyString>,
+        graph: Option<&Bound<'py, PyAny>>,
+        call: OneRun<'_, 'py>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        match self.one_run_route() {
+            Route::Engine => Ok(None),
+            Route::Hosts => {
+                let Some(graph) = graph else {
+                    return Err(PyRuntimeError::new_err(
+                        "a core with nodes on hosts was run without its graph\nhint: run it with `Graph.forward`",
+                    ));
+                };
+                let (input, driver, turn_limit, trace, timeout, cache) = call;
+                let runner = py.import(intern!(py, "soma.remote"))?.getattr(runner)?;
+                let arguments = (graph, input, driver, turn_limit, trace, timeout, cache);
+                Ok(Some(runner.call1(arguments)?))
+            }
+            Route::Stream | Route::Flow => unreachable!("a call that runs once never streams"),
+        }
+    }
 }
 
 /// What `pick` says of each node that it says something of, by id, in the order the nodes were
