@@ -322,3 +322,60 @@ def test_a_node_still_at_work_when_the_program_ends_neither_crashes_nor_holds_th
     script = BUSY_AT_EXIT_SCRIPT.replace("__WORK__", work).replace("__SHAPE__", shape)
     child = run_script(script)
     assert (child.returncode, child.stdout, child.stderr) == (3, "ending\n", "")
+
+
+SOMAS_OWN_PYTHON_AT_EXIT_SCRIPT = textwrap.dedent(
+    """
+    import sys, threading, time
+    import soma
+
+    began = threading.Event()
+
+    def work():
+        # Reached by name, not as a global: the cache digests the code a node reaches.
+        sys.modules["__main__"].began.set()
+        while True:
+            if "__WORK__" == "computes":
+                sum(range(1000))
+            else:
+                time.sleep(0.001)
+
+    class Endless:  # the cache digests a node's answer by pickling it
+        def __reduce__(self):
+            work()
+
+    class Made(soma.Node):
+        def forward(self, x):
+            return Endless() if "__PART__" == "cache" else x
+
+    class Watching:  # the engine's observer, called as each node begins
+        def begin(self, *args):
+            work()
+
+        def end(self, *args):
+            pass
+
+    g = soma.Graph.somatize(Made().named("a") | Made().named("b"))
+    if "__PART__" == "cache":
+        run = lambda: g.forward(0, cache=soma.Cache())
+    else:
+        soma._soma.observe(Watching())
+        run = lambda: g.forward(0)
+    threading.Thread(target=run, daemon=True).start()
+    assert began.wait(10)
+    print("ending", flush=True)
+    sys.exit(3)
+    """
+)
+
+
+@pytest.mark.parametrize("work", ["computes", "sleeps"])
+@pytest.mark.parametrize("part", ["cache", "observer"])
+def test_somas_own_python_still_at_work_when_the_program_ends_neither_crashes_nor_holds_the_exit(
+    work: str, part: str
+) -> None:
+    # The cache's digest and the observer run the user's Python on the run's threads, as long as
+    # a node may: they take the GIL as a node's call does, through the exit's door.
+    script = SOMAS_OWN_PYTHON_AT_EXIT_SCRIPT.replace("__WORK__", work).replace("__PART__", part)
+    child = run_script(script)
+    assert (child.returncode, child.stdout, child.stderr) == (3, "ending\n", "")

@@ -20,7 +20,7 @@ use pyo3::exceptions::PyKeyboardInterrupt;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyDict, PyString};
+use pyo3::types::{PyBytes, PyDict, PyString, PyTuple};
 use soma_core::{Entry, Key, Node, NodeCache, NodeId, Value};
 
 use crate::convert::{to_python, wrap};
@@ -104,15 +104,16 @@ impl PythonCache {
         }
     }
 
-    /// Calls `method` (interned: a hit asks twice per node) on the run cache; what it raises is
-    /// reported and read as `None`.
+    /// Calls `method` (interned: a hit asks twice per node) on the run cache, through
+    /// [`crate::exit::call_method`]: it digests and pickles the user's values on the run's
+    /// threads, as long as a node may. What it raises is reported and read as `None`.
     fn ask<'py>(
         &self,
         py: Python<'py>,
         method: &Bound<'py, PyString>,
-        args: impl pyo3::call::PyCallArgs<'py>,
+        args: impl IntoPyObject<'py, Output = Bound<'py, PyTuple>, Error: Into<PyErr>>,
     ) -> Option<Bound<'py, PyAny>> {
-        match self.run.bind(py).call_method1(method, args) {
+        match crate::exit::call_method(self.run.bind(py), method, args) {
             Ok(answer) => Some(answer),
             Err(raised) => {
                 self.report(py, raised);

@@ -17,15 +17,19 @@
 //! A thread still inside the interpreter when finalizing begins asks for the GIL again soon
 //! enough — Python code asks every few milliseconds, a call that let the GIL go asks on its way
 //! back — and Python ends it there. Such a thread parks for good instead, wherever it was asked:
-//! in a node's call, an async node's step or a driver's `perform` (each made through `c/exit.c`,
-//! whose C cleanup handler stops the forced unwinding in its own frame), or taking the GIL for
-//! a branch ([`attach`], [`detach`], whose guard parks the thread as the unwinding passes).
+//! in a node's call, an async node's step, a driver's `perform`, or Soma's own calls that run
+//! the user's Python for as long as a node may — the cache's digest, the observer's `begin` and
+//! `end` ([`call_method`]) — each made through `c/exit.c`, whose C cleanup handler stops the
+//! forced unwinding in its own frame; or taking the GIL for a branch ([`attach`], [`detach`],
+//! whose guard parks the thread as the unwinding passes). Soma's other calls into Python are
+//! short (asyncio's bookkeeping, torch's switches) and are made plainly.
 
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
+use pyo3::types::{PyString, PyTuple};
 
 /// How long the exit waits for Soma's threads to come out of the interpreter.
 const EXIT_WAIT: Duration = Duration::from_millis(250);
@@ -125,6 +129,22 @@ pub fn call<'py>(
         );
         Bound::from_owned_ptr_or_err(callable.py(), out)
     }
+}
+
+/// `object.method(*args)` as [`call`] makes a node's call, for Soma's own Python that runs on a
+/// thread the exiting interpreter may end as it may a node's: the cache's methods, which digest
+/// and pickle the user's values, and the observer's (telemetry, events). The attribute is looked
+/// up first, then called by the parking vectorcall with the tuple's items.
+pub fn call_method<'py>(
+    object: &Bound<'py, PyAny>,
+    method: &Bound<'py, PyString>,
+    args: impl IntoPyObject<'py, Output = Bound<'py, PyTuple>, Error: Into<PyErr>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let callable = object.getattr(method)?;
+    let args = args.into_pyobject(object.py()).map_err(Into::into)?;
+    // Borrowed: the tuple holds each item until the call returns.
+    let pointers: Vec<*mut pyo3::ffi::PyObject> = args.iter().map(|item| item.as_ptr()).collect();
+    call(&callable, &pointers)
 }
 
 /// What one step of a coroutine or a generator did: sent into ([`send`]), or thrown into.

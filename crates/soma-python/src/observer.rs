@@ -83,11 +83,7 @@ impl Observer for PythonObserver {
                     return None;
                 }
             };
-            match self
-                .target
-                .bind(py)
-                .call_method1(intern!(py, "begin"), arguments)
-            {
+            match crate::exit::call_method(self.target.bind(py), intern!(py, "begin"), arguments) {
                 Ok(opened) if opened.is_none() => None,
                 Ok(opened) => Some(Box::new(Unended {
                     target: self.target.clone_ref(py),
@@ -120,10 +116,10 @@ impl Observer for PythonObserver {
                 ),
                 Ended::Stopped => (outcome::STOPPED, py.None(), None),
             };
-            if let Err(error) = self.target.bind(py).call_method1(
-                intern!(py, "end"),
-                (opened.bind(py), outcome, error, retry_in),
-            ) {
+            let ended = (opened.bind(py), outcome, error, retry_in);
+            if let Err(error) =
+                crate::exit::call_method(self.target.bind(py), intern!(py, "end"), ended)
+            {
                 error.write_unraisable(py, Some(self.target.bind(py)));
             }
         });
@@ -151,7 +147,9 @@ impl Drop for Unended {
         let _inside = crate::exit::enter();
         crate::exit::attach(|py| {
             let ended = (opened.bind(py), outcome::STOPPED, py.None(), None::<f64>);
-            if let Err(error) = self.target.bind(py).call_method1(intern!(py, "end"), ended) {
+            if let Err(error) =
+                crate::exit::call_method(self.target.bind(py), intern!(py, "end"), ended)
+            {
                 error.write_unraisable(py, Some(self.target.bind(py)));
             }
         });
