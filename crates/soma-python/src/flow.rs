@@ -25,11 +25,9 @@ use soma_core::{
 };
 
 use crate::aio::{self, LoopTasks, Started, Wake};
-use crate::cache::PythonCache;
 use crate::convert::{to_python, wrap};
 use crate::errors::{panic_error, run_error};
 use crate::graph::{executor_for, refuse_inside_loop, GraphCore};
-use crate::reentry;
 use crate::trace::PyTrace;
 use crate::watch::SignalWatch;
 
@@ -108,17 +106,7 @@ impl FlowCore {
                 .call0()?
         };
         let watch = Arc::new(SignalWatch::new(timeout, None));
-        let mut executor = executor_for(
-            &program,
-            reentry::depth(),
-            &watch,
-            driver,
-            turn_limit,
-            trace,
-        )?;
-        if let Some(cache) = cache {
-            executor = executor.with_cache(Arc::new(PythonCache::of(cache, graph)?));
-        }
+        let executor = executor_for(&program, graph, &watch, driver, turn_limit, trace, cache)?;
         let mut settings = FlowSettings::new(in_flight).with_on_error(if stop_on_error {
             OnError::Stop
         } else {

@@ -36,7 +36,6 @@ pub fn depth() -> usize {
 
 /// One level of nesting entered on this thread; dropping it puts back the depth it found.
 pub struct Nested {
-    depth: usize,
     _outer: Restore,
 }
 
@@ -55,14 +54,8 @@ impl Nested {
         }
         DEPTH.set(depth);
         Ok(Nested {
-            depth,
             _outer: Restore(outer),
         })
-    }
-
-    /// The depth this forward runs at, for its branches to carry.
-    pub fn depth(&self) -> usize {
-        self.depth
     }
 
     /// Runs `run` (a branch of a forward at `depth`) at that depth on this thread, then puts

@@ -20,12 +20,10 @@ use pyo3::types::{PyDict, PyIterator, PyList, PyTuple};
 use pyo3::PyTraverseError;
 use soma_core::{NodeId, OnError, RunError, Stream, StreamError, StreamSettings, Value};
 
-use crate::cache::PythonCache;
 use crate::convert::{to_python, wrap};
 use crate::device_queues::Scope;
 use crate::errors::{panic_error, run_error};
 use crate::graph::{executor_for, GraphCore};
-use crate::reentry;
 use crate::trace::PyTrace;
 use crate::watch::SignalWatch;
 
@@ -95,18 +93,7 @@ impl StreamCore {
         let program = graph.get().program(py)?;
         let iterator = inputs.try_iter()?.unbind();
         let watch = Arc::new(SignalWatch::new(timeout, None));
-        let mut executor = executor_for(
-            &program,
-            reentry::depth(),
-            &watch,
-            driver,
-            turn_limit,
-            trace,
-        )?;
-        if let Some(cache) = cache {
-            // Each item a run of its own, keyed on its own input.
-            executor = executor.with_cache(Arc::new(PythonCache::of(cache, graph)?));
-        }
+        let executor = executor_for(&program, graph, &watch, driver, turn_limit, trace, cache)?;
         let mut settings = StreamSettings::default()
             .with_in_flight(in_flight)
             .with_on_error(if stop_on_error {

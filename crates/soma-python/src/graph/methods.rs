@@ -31,7 +31,7 @@ use crate::native::NativeNode;
 use crate::node::PythonNode;
 use crate::plan::PyPlan;
 use crate::policy::{self, WrittenRetry};
-use crate::reentry::{self, Nested};
+use crate::reentry::Nested;
 use crate::trace::PyTrace;
 use crate::watch::{SignalWatch, StopFlag};
 
@@ -586,15 +586,12 @@ impl GraphCore {
         if let Some(on_hosts) = this.on_hosts(py, intern!(py, "forward"), graph, call)? {
             return Ok(on_hosts);
         }
-        let nested = Nested::enter()?;
+        // This thread one level deeper until the run returns; its executor's host carries it.
+        let _nested = Nested::enter()?;
         let timeout = timeout.map(time_limit).transpose()?;
         let program = this.program(py)?;
         let watch = Arc::new(SignalWatch::new(timeout, stop.map(Bound::get)));
-        let mut executor =
-            executor_for(&program, nested.depth(), &watch, driver, turn_limit, trace)?;
-        if let Some(cache) = cache {
-            executor = executor.with_cache(Arc::new(PythonCache::of(cache, slf)?));
-        }
+        let executor = executor_for(&program, slf, &watch, driver, turn_limit, trace, cache)?;
         let input = wrap(input);
         if program.is_async() {
             return forward_on_loop(py, &program, &executor, input, &watch, timeout);
@@ -649,17 +646,7 @@ impl GraphCore {
         };
         let program = this.program(py)?;
         let watch = Arc::new(SignalWatch::new(timeout, None));
-        let mut executor = executor_for(
-            &program,
-            reentry::depth(),
-            &watch,
-            driver,
-            turn_limit,
-            trace,
-        )?;
-        if let Some(cache) = cache {
-            executor = executor.with_cache(Arc::new(PythonCache::of(cache, slf)?));
-        }
+        let executor = executor_for(&program, slf, &watch, driver, turn_limit, trace, cache)?;
         let tasks = aio::LoopTasks::new(event_loop.unbind());
         let (task, settled) = executor.start(
             &program,

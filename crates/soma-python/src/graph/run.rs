@@ -16,11 +16,14 @@ use soma_core::{Executor, NodeId, Program, Reading, RunError, Watch, STOP_GRACE,
 
 use super::interpreter::interpreter_at;
 use super::stopped::{cancelled, timed_out};
+use super::GraphCore;
 use crate::aio;
+use crate::cache::PythonCache;
 use crate::convert::to_python;
 use crate::driver::PythonDriver;
 use crate::errors::{panic_error, run_error};
 use crate::reading::PythonReading;
+use crate::reentry;
 use crate::trace::PyTrace;
 use crate::watch::SignalWatch;
 
@@ -163,21 +166,23 @@ fn stopped_by_cancel(py: Python<'_>, error: &RunError) -> bool {
     }
 }
 
-/// The executor of a forward or a stream of `program`: `forward`'s own arguments, the run's
-/// watch, the interpreter as host at the run's nesting depth, and the reading of Python values
-/// when the program has steps that decide.
+/// The executor of a forward or a stream of `program` (of `graph`): `forward`'s own arguments,
+/// its cache among them (one run's, or each item's, keyed on its own input), the run's watch,
+/// the interpreter as host at this thread's nesting depth, and the reading of Python values when
+/// the program has steps that decide.
 pub(crate) fn executor_for(
     program: &Program,
-    depth: usize,
+    graph: &Bound<'_, GraphCore>,
     watch: &Arc<SignalWatch>,
     driver: Option<&Bound<'_, PyAny>>,
     turn_limit: u32,
     trace: Option<&Bound<'_, PyTrace>>,
+    cache: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Executor> {
     let mut executor = Executor::new()
         .with_turn_limit(turn_limit)
         .with_watch(Arc::clone(watch) as Arc<dyn soma_core::Watch>)
-        .with_host(interpreter_at(depth));
+        .with_host(interpreter_at(reentry::depth()));
     // Only a program that decides reads values through it: any other runs as it did.
     if program.decides() {
         executor = executor.with_reading(python_reading());
@@ -190,6 +195,9 @@ pub(crate) fn executor_for(
     }
     if let Some(observer) = crate::observer::installed() {
         executor = executor.with_observer(observer);
+    }
+    if let Some(cache) = cache {
+        executor = executor.with_cache(Arc::new(PythonCache::of(cache, graph)?));
     }
     Ok(executor)
 }
