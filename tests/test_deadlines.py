@@ -312,18 +312,6 @@ BUSY_AT_EXIT_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("work", ["computes", "sleeps"])
-@pytest.mark.parametrize("shape", ["wave", "nested", "async", "stream"])
-def test_a_node_still_at_work_when_the_program_ends_neither_crashes_nor_holds_the_exit(
-    work: str, shape: str
-) -> None:
-    # Python 3.11 ends a thread that asks for the GIL once the interpreter finalizes with a
-    # forced unwind; reaching a frame that catches unwinds, it used to abort the process.
-    script = BUSY_AT_EXIT_SCRIPT.replace("__WORK__", work).replace("__SHAPE__", shape)
-    child = run_script(script)
-    assert (child.returncode, child.stdout, child.stderr) == (3, "ending\n", "")
-
-
 SOMAS_OWN_PYTHON_AT_EXIT_SCRIPT = textwrap.dedent(
     """
     import sys, threading, time
@@ -370,12 +358,17 @@ SOMAS_OWN_PYTHON_AT_EXIT_SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.parametrize("work", ["computes", "sleeps"])
-@pytest.mark.parametrize("part", ["cache", "observer"])
-def test_somas_own_python_still_at_work_when_the_program_ends_neither_crashes_nor_holds_the_exit(
-    work: str, part: str
+@pytest.mark.parametrize("where", ["wave", "nested", "async", "stream", "cache digest", "observer"])
+def test_python_at_work_on_a_soma_thread_as_the_program_ends_neither_crashes_nor_holds_the_exit(
+    work: str, where: str
 ) -> None:
-    # The cache's digest and the observer run the user's Python on the run's threads, as long as
-    # a node may: they take the GIL as a node's call does, through the exit's door.
-    script = SOMAS_OWN_PYTHON_AT_EXIT_SCRIPT.replace("__WORK__", work).replace("__PART__", part)
-    child = run_script(script)
+    # Python 3.11 ends a thread that asks for the GIL once the interpreter finalizes with a
+    # forced unwind; reaching a frame that catches unwinds, it used to abort the process. A
+    # node's call is one such place; the cache's digest and the observer, which run the user's
+    # Python on the run's threads as long as a node may, are others.
+    if where in ("cache digest", "observer"):
+        script = SOMAS_OWN_PYTHON_AT_EXIT_SCRIPT.replace("__PART__", where.split()[0])
+    else:
+        script = BUSY_AT_EXIT_SCRIPT.replace("__SHAPE__", where)
+    child = run_script(script.replace("__WORK__", work))
     assert (child.returncode, child.stdout, child.stderr) == (3, "ending\n", "")
