@@ -334,7 +334,11 @@ SOMAS_OWN_PYTHON_AT_EXIT_SCRIPT = textwrap.dedent(
 
     class Made(soma.Node):
         def forward(self, x):
-            return Endless() if "__PART__" == "cache" else x
+            return Endless() if "__PART__" == "cache digest" else x
+
+    class Awaited(soma.Node):
+        async def forward(self, x):
+            return x
 
     class Watching:  # the engine's observer, called as each node begins
         def begin(self, *args):
@@ -343,12 +347,35 @@ SOMAS_OWN_PYTHON_AT_EXIT_SCRIPT = textwrap.dedent(
         def end(self, *args):
             pass
 
+    def inputs():  # a stream's inputs, which the engine reads
+        yield 1
+        work()
+
+    class Items:  # an `each` step's items, which the engine reads off a node's answer
+        def __len__(self):
+            return 2
+
+        def __iter__(self):
+            return inputs()
+
+    class MakesItems(soma.Node):
+        def forward(self, x):
+            return Items()
+
     g = soma.Graph.somatize(Made().named("a") | Made().named("b"))
-    if "__PART__" == "cache":
+    if "__PART__" == "cache digest":
         run = lambda: g.forward(0, cache=soma.Cache())
-    else:
+    elif "__PART__" == "observer":
         soma._soma.observe(Watching())
         run = lambda: g.forward(0)
+    elif "__PART__" == "stream inputs":
+        run = lambda: list(g.map(inputs()))
+    elif "__PART__" == "async stream inputs":
+        a = soma.Graph.somatize(Awaited().named("a") >> Made().named("b"))
+        run = lambda: list(a.map(inputs()))
+    else:
+        s = soma.Graph.somatize(MakesItems().named("m") >> soma.each(Made().named("i")))
+        run = lambda: s.forward(0)
     threading.Thread(target=run, daemon=True).start()
     assert began.wait(10)
     print("ending", flush=True)
@@ -358,17 +385,70 @@ SOMAS_OWN_PYTHON_AT_EXIT_SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.parametrize("work", ["computes", "sleeps"])
-@pytest.mark.parametrize("where", ["wave", "nested", "async", "stream", "cache digest", "observer"])
+@pytest.mark.parametrize(
+    "where",
+    [
+        *("wave", "nested", "async", "stream"),
+        *("cache digest", "observer", "stream inputs", "async stream inputs", "each items"),
+    ],
+)
 def test_python_at_work_on_a_soma_thread_as_the_program_ends_neither_crashes_nor_holds_the_exit(
     work: str, where: str
 ) -> None:
     # Python 3.11 ends a thread that asks for the GIL once the interpreter finalizes with a
     # forced unwind; reaching a frame that catches unwinds, it used to abort the process. A
-    # node's call is one such place; the cache's digest and the observer, which run the user's
-    # Python on the run's threads as long as a node may, are others.
-    if where in ("cache digest", "observer"):
-        script = SOMAS_OWN_PYTHON_AT_EXIT_SCRIPT.replace("__PART__", where.split()[0])
-    else:
+    # node's call is one such place; the cache's digest, the observer and the user's iterables
+    # the engine reads, which run the user's Python as long as a node may, are others.
+    if where in ("wave", "nested", "async", "stream"):
         script = BUSY_AT_EXIT_SCRIPT.replace("__SHAPE__", where)
+    else:
+        script = SOMAS_OWN_PYTHON_AT_EXIT_SCRIPT.replace("__PART__", where)
     child = run_script(script.replace("__WORK__", work))
+    assert (child.returncode, child.stdout, child.stderr) == (3, "ending\n", "")
+
+
+HANDING_TO_THE_LOOP_AT_EXIT_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, sys, threading
+    import soma
+
+    began = threading.Event()
+
+    class Awaits(soma.Node):
+        async def forward(self, x):
+            began.set()
+            await asyncio.sleep(__PAUSE__)
+            return x
+
+    class Made(soma.Node):
+        def forward(self, x):
+            return x
+
+    if "__WHERE__" == "a stream's items":
+        g = soma.Graph.somatize(Awaits().named("a") >> Awaits().named("b"))
+        run = lambda: list(g.map(range(1_000_000)))
+    else:
+        g = soma.Graph.somatize(Awaits().named("a") >> (Awaits().named("b") | Made().named("c")))
+        def run():
+            while True:
+                g.forward(0)
+    threading.Thread(target=run, daemon=True).start()
+    assert began.wait(10)
+    print("ending", flush=True)
+    sys.exit(3)
+    """
+)
+
+
+@pytest.mark.parametrize("pause", ["0", "0.05"])
+@pytest.mark.parametrize("where", ["a stream's items", "forwards one after another"])
+def test_soma_handing_work_to_its_loop_as_the_program_ends_neither_crashes_nor_holds_the_exit(
+    where: str, pause: str
+) -> None:
+    # A thread that hands an async node's step to the loop Soma keeps writes to the loop's
+    # wake-up socket, letting the GIL go, and the loop's thread may step once the exit has begun:
+    # the one used to abort the process where the interpreter ended it, the other to park with
+    # the GIL held, which the exit then waited for without end.
+    script = HANDING_TO_THE_LOOP_AT_EXIT_SCRIPT.replace("__WHERE__", where)
+    child = run_script(script.replace("__PAUSE__", pause))
     assert (child.returncode, child.stdout, child.stderr) == (3, "ending\n", "")

@@ -138,11 +138,13 @@ impl Mailbox {
                 let drain = Drain {
                     mailbox: Arc::clone(self),
                 };
-                // A closed loop refuses: its run is over, nobody waits for the wake-up.
-                let _ = self
-                    .event_loop
-                    .bind(py)
-                    .call_method1(intern!(py, "call_soon_threadsafe"), (drain,));
+                // A closed loop refuses: its run is over, nobody waits for the wake-up. Through
+                // the exit's door: writing to the loop's wake-up socket lets the GIL go.
+                let _ = crate::exit::call_method(
+                    self.event_loop.bind(py),
+                    intern!(py, "call_soon_threadsafe"),
+                    (drain,),
+                );
             }
         });
     }
@@ -352,9 +354,9 @@ impl Stepper {
 
     fn step(&self, py: Python<'_>, incoming: Option<PyErr>) -> PyResult<Py<PyAny>> {
         // Counted inside the interpreter, as a crew thread's branch is, so that the exit waits
-        // for a step in progress, and a loop thread that steps once the exit has begun parks
-        // rather than enter an interpreter that is shutting down (`exit.rs`).
-        let _inside = exit::enter();
+        // for a step in progress, and a loop thread that steps once the exit has begun lets the
+        // GIL go and parks rather than enter an interpreter that is shutting down (`exit.rs`).
+        let _inside = exit::enter_holding(py);
         let mut state = self.lock();
         let Some(stepping) = state.as_mut() else {
             return Err(PyStopIteration::new_err((py.None(),)));
@@ -597,10 +599,10 @@ impl Started {
             .getattr(intern!(py, "Started"))?
             .call1((tasks.loop_object().bind(py),))?
             .unbind();
-        let raised = started
-            .bind(py)
-            .call_method1(intern!(py, "begin"), (stepper,))
-            .err();
+        // Through the exit's door, as each call that hands work to the loop from another
+        // thread: it writes to the loop's wake-up socket, letting the GIL go.
+        let raised =
+            crate::exit::call_method(started.bind(py), intern!(py, "begin"), (stepper,)).err();
         Ok((Started { started }, raised))
     }
 
@@ -609,7 +611,7 @@ impl Started {
     pub(crate) fn cancel(&self, py: Python<'_>) -> Option<PyErr> {
         let mut raised = None;
         for _ in 0..CANCEL_TRIES {
-            match self.started.bind(py).call_method0(intern!(py, "cancel")) {
+            match crate::exit::call_method(self.started.bind(py), intern!(py, "cancel"), ()) {
                 Ok(_) => break,
                 Err(error) => {
                     raised.get_or_insert(error);

@@ -19,17 +19,19 @@
 //! back — and Python ends it there. Such a thread parks for good instead, wherever it was asked:
 //! in a node's call, an async node's step, a driver's `perform`, or Soma's own calls that run
 //! the user's Python for as long as a node may — the cache's digest, the observer's `begin` and
-//! `end` ([`call_method`]) — each made through `c/exit.c`, whose C cleanup handler stops the
-//! forced unwinding in its own frame; or taking the GIL for a branch ([`attach`], [`detach`],
-//! whose guard parks the thread as the unwinding passes). Soma's other calls into Python are
-//! short (asyncio's bookkeeping, torch's switches) and are made plainly.
+//! `end` ([`call_method`]), the user's iterables it reads ([`next`]), and the hand-overs of
+//! work to the loop Soma keeps from another thread, which write to its wake-up socket and let
+//! the GIL go — each made through `c/exit.c`, whose C cleanup handler stops the forced
+//! unwinding in its own frame; or taking the GIL for a branch ([`attach`], [`detach`], whose
+//! guard parks the thread as the unwinding passes). Soma's other calls into Python are short
+//! (asyncio's bookkeeping on the loop's thread, torch's switches) and are made plainly.
 
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
-use pyo3::types::{PyString, PyTuple};
+use pyo3::types::{PyIterator, PyString, PyTuple};
 
 /// How long the exit waits for Soma's threads to come out of the interpreter.
 const EXIT_WAIT: Duration = Duration::from_millis(250);
@@ -52,17 +54,42 @@ fn door() -> std::sync::MutexGuard<'static, Door> {
 }
 
 /// Counts this thread inside the interpreter until the guard is dropped; once the exit has
-/// closed the door, parks this thread for good instead of returning.
+/// closed the door, parks this thread for good instead of returning. For a thread that does
+/// not hold the GIL: one that does parks by [`enter_holding`].
 pub fn enter() -> Inside {
+    match entered() {
+        Some(inside) => inside,
+        None => park_for_good(),
+    }
+}
+
+/// [`enter`] for a thread that holds the GIL (an async node's step, on the thread that runs the
+/// loop): once the door is closed, it lets the GIL go before it parks, or the exit, waiting to
+/// take it back, would wait for good.
+pub fn enter_holding(py: Python<'_>) -> Inside {
+    match entered() {
+        Some(inside) => inside,
+        None => detach(py, park_for_good),
+    }
+}
+
+/// This thread counted inside, unless the door is closed: checked and counted under one lock,
+/// so that the exit either waits for the thread or finds it parked.
+fn entered() -> Option<Inside> {
     let mut door = door();
     if door.closed {
-        drop(door);
-        loop {
-            thread::park();
-        }
+        return None;
     }
     door.inside += 1;
-    Inside
+    Some(Inside)
+}
+
+/// The end of a thread that came to the closed door: the process is ending. It never returns;
+/// typed as what its callers return, for [`detach`], whose result type cannot be `!`.
+fn park_for_good() -> Inside {
+    loop {
+        thread::park();
+    }
 }
 
 /// A Soma thread inside the interpreter; see [`enter`].
@@ -172,6 +199,18 @@ pub fn send<'py>(iterator: &Bound<'py, PyAny>) -> PyResult<Sent<'py>> {
         #[allow(unsafe_code)]
         1 => Ok(Sent::Yielded(unsafe { Bound::from_owned_ptr(py, result) })),
         _ => Err(PyErr::fetch(py)),
+    }
+}
+
+/// The next item of `iterator`, as [`Bound::<PyIterator>::next`] gives it, by [`send`]: for the
+/// user's iterables Soma reads itself (a stream's inputs, an `each` step's items), whose
+/// `__next__` (a generator reading files, say) runs as long as a node may. `None` at the end; a
+/// generator's return value is dropped there, as `next` drops it.
+pub fn next<'py>(iterator: &Bound<'py, PyIterator>) -> Option<PyResult<Bound<'py, PyAny>>> {
+    match send(iterator.as_any()) {
+        Ok(Sent::Yielded(item)) => Some(Ok(item)),
+        Ok(Sent::Returned(_)) => None,
+        Err(raised) => Some(Err(raised)),
     }
 }
 

@@ -329,7 +329,7 @@ impl Streaming {
             let Some(inputs) = &self.inputs else {
                 return Ok(());
             };
-            let Some(item) = inputs.bind(py).clone().next() else {
+            let Some(item) = crate::exit::next(inputs.bind(py)) else {
                 self.inputs = None;
                 return Ok(());
             };

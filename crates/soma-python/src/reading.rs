@@ -48,7 +48,8 @@ impl Reading for PythonReading {
                 }
             })?;
             let mut items = Vec::with_capacity(object.len().map_err(failed)?);
-            for item in iterator {
+            // Read as a stream's inputs are: a sequence of the user's may compute its items.
+            while let Some(item) = crate::exit::next(&iterator) {
                 items.push(wrap(item.map_err(failed)?));
             }
             Ok(items)

@@ -39,7 +39,7 @@ impl Iterator for PyInputs {
 
     fn next(&mut self) -> Option<Value> {
         // The engine reads inputs on the thread that asked for a result, which holds the GIL.
-        crate::exit::attach(|py| match self.iterator.bind(py).clone().next() {
+        crate::exit::attach(|py| match crate::exit::next(self.iterator.bind(py)) {
             None => None,
             Some(Ok(item)) => Some(wrap(item)),
             Some(Err(raised)) => {
