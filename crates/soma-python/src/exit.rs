@@ -265,23 +265,20 @@ where
 #[allow(clippy::inline_always)]
 #[inline(always)]
 fn parked_if_ended<T>(call: impl FnOnce() -> T) -> T {
-    /// Dropped on the way out of `call`: by its return, a Rust panic, or the forced unwinding
-    /// of a thread ended by the interpreter — the one way out that is neither.
-    struct Ending {
-        returned: bool,
-    }
+    /// Dropped only by an unwinding out of `call`: a Rust panic, or the forced unwinding of a
+    /// thread ended by the interpreter — the one that is not a panic. A return forgets it, so
+    /// that the way out of every node's call has no drop to make.
+    struct Ending;
     impl Drop for Ending {
         fn drop(&mut self) {
-            if !self.returned && !thread::panicking() {
-                loop {
-                    thread::park();
-                }
+            if !thread::panicking() {
+                park_for_good();
             }
         }
     }
-    let mut ending = Ending { returned: false };
+    let ending = Ending;
     let value = call();
-    ending.returned = true;
+    std::mem::forget(ending);
     value
 }
 
