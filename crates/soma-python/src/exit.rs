@@ -57,7 +57,7 @@ fn door() -> std::sync::MutexGuard<'static, Door> {
 /// closed the door, parks this thread for good instead of returning. For a thread that does
 /// not hold the GIL: one that does parks by [`enter_holding`].
 pub fn enter() -> Inside {
-    match entered() {
+    match try_enter() {
         Some(inside) => inside,
         None => park_for_good(),
     }
@@ -67,15 +67,16 @@ pub fn enter() -> Inside {
 /// loop): once the door is closed, it lets the GIL go before it parks, or the exit, waiting to
 /// take it back, would wait for good.
 pub fn enter_holding(py: Python<'_>) -> Inside {
-    match entered() {
+    match try_enter() {
         Some(inside) => inside,
         None => detach(py, park_for_good),
     }
 }
 
 /// This thread counted inside, unless the door is closed: checked and counted under one lock,
-/// so that the exit either waits for the thread or finds it parked.
-fn entered() -> Option<Inside> {
+/// so that the exit either waits for the thread or finds it gone. `None` is for a caller with
+/// nothing it must do inside (an observer's span nobody will read) to leave by itself.
+pub fn try_enter() -> Option<Inside> {
     let mut door = door();
     if door.closed {
         return None;

@@ -139,12 +139,12 @@ impl Drop for Unended {
         let Some(opened) = self.opened.take() else {
             return;
         };
-        if crate::exit::closed() {
+        let Some(_inside) = crate::exit::try_enter() else {
             // The interpreter is ending: nothing may enter it now, and nobody reads the span.
+            // Left at once rather than parked: this drop may come on a thread holding the GIL.
             std::mem::forget(opened);
             return;
-        }
-        let _inside = crate::exit::enter();
+        };
         crate::exit::attach(|py| {
             let ended = (opened.bind(py), outcome::STOPPED, py.None(), None::<f64>);
             if let Err(error) =
