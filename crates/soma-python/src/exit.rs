@@ -161,8 +161,9 @@ pub fn call<'py>(
 
 /// `object.method(*args)` as [`call`] makes a node's call, for Soma's own Python that runs on a
 /// thread the exiting interpreter may end as it may a node's: the cache's methods, which digest
-/// and pickle the user's values, and the observer's (telemetry, events). The attribute is looked
-/// up first, then called by the parking vectorcall with the tuple's items.
+/// and pickle the user's values, the observer's (telemetry, events), and the hand-overs to the
+/// kept loop from another thread, which let the GIL go. The attribute is looked up first, then
+/// called by the parking vectorcall with the tuple's items.
 pub fn call_method<'py>(
     object: &Bound<'py, PyAny>,
     method: &Bound<'py, PyString>,
