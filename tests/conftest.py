@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import operator
 import os
+import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -35,6 +39,82 @@ if not os.environ.get("SOMA_WHEELS"):
 
 # Seconds a rendezvous waits for the other side before it declares the run sequential.
 DEADLINE = 5.0
+
+# ---------------------------------------------------------------------------------------------
+# What a user would see go wrong, though the test passed: a log record at ERROR or above, an
+# exception Python could only ignore, an exception that ended a thread — in this process or in
+# any Python process a test starts. Any of them fails the test that caused it; a test that
+# means to cause one says which, by pattern: ``@pytest.mark.expected_errors("Failed to …")``.
+# (In this process pytest already fails a test on an ignored exception or a thread's: the
+# warnings it raises for them are errors here, by ``filterwarnings``.)
+
+_FINDINGS = tempfile.mkdtemp(prefix="soma-test-findings-")
+os.environ["SOMA_TEST_FINDINGS"] = _FINDINGS
+# Every Python child loads tests/_children/sitecustomize.py, which writes its findings there.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [os.path.join(os.path.dirname(__file__), "_children")]
+    + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+)
+_logged_here: list[str] = []
+_handle = logging.Logger.handle
+
+
+def _handle_and_note(self: logging.Logger, record: logging.LogRecord) -> None:
+    if record.levelno >= logging.ERROR:
+        text = record.getMessage()
+        if record.exc_info:
+            text += "\n" + "".join(traceback.format_exception(*record.exc_info))
+        _logged_here.append(f"--- log record {record.levelname} from {record.name!r}\n{text}")
+    _handle(self, record)
+
+
+logging.Logger.handle = _handle_and_note  # type: ignore[method-assign]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "expected_errors(*patterns): the logged errors, ignored exceptions and thread "
+        "exceptions this test causes on purpose, each matched by one of the regular "
+        "expressions (re.search)",
+    )
+
+
+def _note_panics(stderr: str) -> None:
+    """A Rust panic a child printed (the engine's or the glue's): a finding, as a logged error
+    is, whatever the child then did with the exception it became. Rust writes it to the
+    process's stderr itself, out of reach of the child's hooks, so it is read here."""
+    if "panicked at" in stderr:
+        _logged_here.append(f"--- a Rust panic on a child's stderr\n{stderr}")
+
+
+def _take_findings() -> list[str]:
+    found, _logged_here[:] = list(_logged_here), []
+    for name in sorted(os.listdir(_FINDINGS)):
+        path = os.path.join(_FINDINGS, name)
+        with contextlib.suppress(OSError), open(path, encoding="utf-8") as written:
+            found.extend(f"--- {block}" for block in written.read().split("--- ") if block)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_logged_errors(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fails a test whose run logged an error, ignored an exception or lost one in a thread,
+    here or in a child, unless the test's ``expected_errors`` marker matches each of them."""
+    _take_findings()
+    yield
+    found = _take_findings()
+    marker = request.node.get_closest_marker("expected_errors")
+    patterns = [re.compile(p) for p in marker.args] if marker is not None else []
+    unexpected = [f for f in found if not any(p.search(f) for p in patterns)]
+    if unexpected:
+        pytest.fail(
+            "the test passed, but a user would have seen this go wrong:\n" + "\n".join(unexpected),
+            pytrace=False,
+        )
+
 
 # "ci": the same examples on every run (a red CI is reproducible); "dev": fresh random examples.
 # Pick with SOMA_HYPOTHESIS_PROFILE=dev; "ci" is the default, so a plain `pytest` is deterministic.
@@ -291,6 +371,7 @@ def interrupt_script(script: str, ready: str) -> subprocess.CompletedProcess[str
             pytest.fail(f"the child never printed {ready!r}: {first!r}\n{err}")
         os.kill(child.pid, signal.SIGINT)
         out, err = child.communicate()
+        _note_panics(err)
         return subprocess.CompletedProcess(child.args, child.returncode, out, err)
     finally:
         killer.cancel()
@@ -317,13 +398,15 @@ def run_script(
     at ``deadline`` (``SUBPROCESS_DEADLINE`` unless a child has more to do) fails the test
     rather than stalling the suite."""
     try:
-        return subprocess.run(
+        ran = subprocess.run(
             [sys.executable, "-c", script],
             capture_output=True,
             text=True,
             timeout=deadline,
             check=False,
         )
+        _note_panics(ran.stderr)
+        return ran
     except subprocess.TimeoutExpired as hung:
         # Shared by the GIL, fork and exit tests: the likeliest hang differs, so name none.
         pytest.fail(f"the child hung past {deadline}s\n{hung}")

@@ -34,7 +34,7 @@ what they did.
 
 from __future__ import annotations
 
-import contextlib
+import contextvars
 import threading
 from typing import Any
 
@@ -94,18 +94,15 @@ class _Spans:
                 attributes[_PART_NAMES[kind]] = part
         span = self._tracer.start_span(name, attributes=attributes)
         if kind == _observe.CACHED:
-            return (span, None)
-        return (span, self._attach(self._in_context(span)))
+            return (span, None, None)
+        return (span, self._attach(self._in_context(span)), _ATTACHED_HERE.set(None))
 
     def end(
         self, opened: Any, outcome: int, error: BaseException | None, retry_in: float | None
     ) -> None:
-        span, token = opened
-        if token is not None:
-            # A streamed item ends on another thread than the one it began on, outside the
-            # item's context, which goes with the item: nothing is left attached there.
-            with contextlib.suppress(ValueError):
-                self._detach(token)
+        span, token, here = opened
+        if token is not None and _still_here(here):
+            self._detach(token)
         if outcome == _observe.FAILED:
             span.set_attribute("soma.outcome", "retrying" if retry_in is not None else "failed")
             if retry_in is not None:
@@ -143,6 +140,26 @@ class _Spans:
         if len(shown) > _VALUE_LIMIT:
             shown = shown[:_VALUE_LIMIT] + "..."
         self._current().add_event("soma.emitted", {"soma.node": node, "soma.value": shown})
+
+
+# Set beside each attach, so that a work's end can tell whether it runs in the very context its
+# begin attached the span in. A streamed item or a micro-batch slice ends on another thread than
+# the one it began on, outside the item's context, which goes with the item: nothing is left
+# attached there, and OpenTelemetry's `detach` of a token from another context logs an error
+# with a traceback (it catches the `ValueError` itself), once per item.
+_ATTACHED_HERE: contextvars.ContextVar[None] = contextvars.ContextVar("soma_span_attached_here")
+
+
+def _still_here(here: contextvars.Token[None] | None) -> bool:
+    """Whether this is the context ``here`` was set in: resetting a token raises
+    ``ValueError`` in any other context, a copy of it included, and costs nothing to ask."""
+    if here is None:
+        return False
+    try:
+        _ATTACHED_HERE.reset(here)
+    except ValueError:
+        return False
+    return True
 
 
 _PART_NAMES = {
