@@ -700,6 +700,14 @@ def printed(error: BaseException) -> str:
     return "".join(traceback.format_exception(error))
 
 
+# Ray's worker logs the import that fails as it unpickles what it was sent, with a traceback,
+# before the task fails: a user sees it beside the RemoteError, which names the fix.
+_RAY_LOGS_THE_FAILED_IMPORT = pytest.mark.expected_errors(
+    r"No module named '(only_here_|made_on_the_host)"
+)
+
+
+@_RAY_LOGS_THE_FAILED_IMPORT
 def test_a_node_whose_module_a_host_cannot_import_is_a_remote_error_naming_class_module_and_fix(
     cluster: RayHosts, tmp_path: Path
 ) -> None:
@@ -720,6 +728,7 @@ def test_a_node_whose_module_a_host_cannot_import_is_a_remote_error_naming_class
     assert g.forward(1) == 3
 
 
+@_RAY_LOGS_THE_FAILED_IMPORT
 def test_a_node_holding_an_object_of_a_module_the_host_cannot_import_is_the_one_named(
     cluster: RayHosts, tmp_path: Path
 ) -> None:
@@ -734,6 +743,7 @@ def test_a_node_holding_an_object_of_a_module_the_host_cannot_import_is_the_one_
     assert (raised.value.node, raised.value.slice) == ("holder", ["plain", "holder"])
 
 
+@_RAY_LOGS_THE_FAILED_IMPORT
 def test_a_value_of_a_module_the_host_cannot_import_is_a_remote_error_naming_it(
     cluster: RayHosts, tmp_path: Path
 ) -> None:
@@ -866,6 +876,7 @@ class HostOnly(soma.Node):
         return module.Thing()
 
 
+@_RAY_LOGS_THE_FAILED_IMPORT
 def test_a_value_returned_on_a_host_that_cannot_be_unpickled_here_is_a_remote_error_naming_it(
     cluster: RayHosts,
 ) -> None:

@@ -224,6 +224,7 @@ class _RayHost:
             ) from None
         except ray.exceptions.GetTimeoutError:
             # The run's own deadline passed (when it has one): it is kept to a tenth of a second.
+            _answer_read_when_it_comes(ref)
             self.cancel([token], CANCEL_WAIT if timeout is None else DEADLINE_GRACE)
             raise remote_error(
                 self.name, piece, f"did not finish its slice within {limit:.3g} s", _TIMEOUT_HINT
@@ -240,6 +241,7 @@ class _RayHost:
         except ray.exceptions.RayError as failed:  # Anything else of Ray's, in its own words.
             raise _ray_errors.other(self.name, piece, failed) from _traceback(failed, self.name)
         except BaseException:  # Ctrl-C while waiting here: the slice stops there too.
+            _answer_read_when_it_comes(ref)
             self.cancel([token])
             raise
         return out
@@ -267,6 +269,20 @@ _DIED_HINT = (
     "node offers the host's resource again"
 )
 _TIMEOUT_HINT = "pass a larger `timeout=` to forward, or to `soma.remote.RayHosts(timeout=...)`"
+
+
+def _answer_read_when_it_comes(ref: Any) -> None:
+    """Reads the answer to a slice's run that nobody waits for any more (the run timed out, or
+    was interrupted) once it comes, and drops it. A slice stopped there answers with its
+    ``CancelledError``; a Ray answer holding an error that is never read is logged by Ray, as
+    the ref is freed, as an "Unhandled error" with its traceback — on the user's terminal, for
+    a cancel the user asked for."""
+    with contextlib.suppress(Exception):  # Ray shut down meanwhile: nothing is left to log it.
+        ref.future().add_done_callback(_read)
+
+
+def _read(answer: Any) -> None:
+    answer.exception()
 
 
 def _traceback(failed: Any, host: str) -> RemoteTraceback:
