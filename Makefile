@@ -88,9 +88,11 @@ $(VENV313)/.tools: constraints.txt $(CPYTHON_CACHE)/3.13/.built
 
 # torch is a few GB installed, so `setup` leaves it out and `make test` leaves its tests out.
 # This installs it into .venv (pinned in tests/with_torch/requirements.txt: the ordinary wheel
-# from PyPI) and runs tests/with_torch/.
+# from PyPI) and runs tests/with_torch/ — the guide's blocks that import torch among them — and
+# the examples that import torch, which `make test` skips where torch is not installed. CI runs
+# it after `make test` (.ci/run).
 test-torch: $(VENV)/.torch build
-	SOMA_TORCH_TESTS=1 $(BIN)/pytest tests/with_torch
+	SOMA_TORCH_TESTS=1 $(BIN)/pytest tests/with_torch tests/test_examples.py -k "with_torch or torch_"
 
 $(VENV)/.torch: $(VENV)/.tools tests/with_torch/requirements.txt
 	$(PY) -m pip install --quiet -r tests/with_torch/requirements.txt -c constraints.txt
