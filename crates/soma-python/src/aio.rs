@@ -68,13 +68,8 @@ pub fn yielded(future: Py<PyAny>) {
 }
 
 /// `soma._run.loop`, where the Python side of this module lives: the `Wait` future, the kept loop.
-fn aio_module(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
-    static MODULE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    MODULE
-        .get_or_try_init(py, || {
-            py.import("soma._run.loop").map(|m| m.into_any().unbind())
-        })
-        .map(|module| module.bind(py))
+fn aio_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    crate::py_modules::kept_loop(py)
 }
 
 /// `asyncio.current_task()`.
@@ -514,7 +509,7 @@ fn leave(py: Python<'_>, context: &Bound<'_, PyAny>) -> PyResult<()> {
 
 /// The `TimeoutError` of an `aforward` past its timeout.
 fn aforward_timed_out(error: &RunError, timeout: Option<Duration>) -> PyErr {
-    crate::graph::past_timeout("aforward", timeout, &crate::graph::left_behind(error))
+    crate::stopped::past_timeout("aforward", timeout, &crate::stopped::left_behind(error))
 }
 
 #[pymethods]

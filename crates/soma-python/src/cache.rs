@@ -24,17 +24,20 @@ use pyo3::types::{PyBytes, PyDict, PyString, PyTuple};
 use soma_core::{Entry, Key, Node, NodeCache, NodeId, Value};
 
 use crate::convert::{to_python, wrap};
-use crate::graph::GraphCore;
 use crate::watch::note_interrupt;
 use crate::witness::Remembered;
+
+/// How a run cache finds the Python object of a node by its id, a path inside steps included:
+/// the graph's to answer (`GraphCore::run_cache` makes it), which this module does not name.
+pub type Implementations = Box<dyn Fn(Python<'_>, &str) -> Option<Py<PyAny>> + Send + Sync>;
 
 /// The run cache of one forward, as the engine asks it.
 pub struct PythonCache {
     run: Py<PyAny>,
-    /// The graph the run cache reads nodes from, and the fingerprints Python remembered by
-    /// node: what a hit's fingerprint is read from here. `None` when that module could not be
-    /// read (the fingerprint is then always asked).
-    remembered: Option<(Py<GraphCore>, Py<PyDict>)>,
+    /// How the run's graph finds a node, and the fingerprints Python remembered by node: what
+    /// a hit's fingerprint is read from here. `None` when that module could not be read (the
+    /// fingerprint is then always asked).
+    remembered: Option<(Implementations, Py<PyDict>)>,
 }
 
 /// `soma.cache._fingerprint._REMEMBERED`, looked up once: the same dict for the life of the module.
@@ -42,7 +45,7 @@ fn remembered_fingerprints(py: Python<'_>) -> Option<Py<PyDict>> {
     static REMEMBERED: PyOnceLock<Option<Py<PyDict>>> = PyOnceLock::new();
     REMEMBERED
         .get_or_init(py, || {
-            py.import("soma.cache._fingerprint")
+            crate::py_modules::fingerprint(py)
                 .and_then(|module| module.getattr("_REMEMBERED"))
                 .and_then(|found| Ok(found.cast_into::<PyDict>()?.unbind()))
                 .ok()
@@ -52,12 +55,17 @@ fn remembered_fingerprints(py: Python<'_>) -> Option<Py<PyDict>> {
 }
 
 impl PythonCache {
-    /// The run cache `cache` (a `soma.Cache`) opens for one run of `graph`: made here, by its
-    /// `_run(graph)`, for every run that takes a cache, so no caller makes it.
-    pub fn of(cache: &Bound<'_, PyAny>, graph: &Bound<'_, GraphCore>) -> PyResult<Self> {
+    /// The run cache `cache` (a `soma.Cache`) opens for one run of `graph`, whose nodes
+    /// `implementations` finds: made here, by its `_run(graph)`, for every run that takes a
+    /// cache, so no caller makes it.
+    pub fn of(
+        cache: &Bound<'_, PyAny>,
+        graph: &Bound<'_, PyAny>,
+        implementations: Implementations,
+    ) -> PyResult<Self> {
         let py = cache.py();
         let run = cache.call_method1(intern!(py, "_run"), (graph,))?;
-        let remembered = remembered_fingerprints(py).map(|dict| (graph.clone().unbind(), dict));
+        let remembered = remembered_fingerprints(py).map(|dict| (implementations, dict));
         Ok(PythonCache {
             run: run.unbind(),
             remembered,
@@ -67,8 +75,8 @@ impl PythonCache {
     /// Node `id`'s fingerprint as Python remembered it, when nothing it was read from changed
     /// since; `None` when Python must be asked.
     fn remembered(&self, py: Python<'_>, id: &NodeId) -> Option<Key> {
-        let (core, remembered) = self.remembered.as_ref()?;
-        let node = core.get().implementation(py, id.as_str()).ok()?;
+        let (implementations, remembered) = self.remembered.as_ref()?;
+        let node = implementations(py, id.as_str())?;
         let node = node.bind(py);
         // Remembered only while it is cacheable: a `cacheable = False` set since on it or on
         // any class of its MRO fails its witness (`soma.cache._fingerprint._remember`).

@@ -124,8 +124,7 @@ fn mismatch(
     let message = format!(
         "node `{node}` is placed on `{declared}`, but {what} is on `{found}`\nhint: move it to the node's device before returning it (`x.to(ctx.device)` for a torch tensor), or place the node where its output lives: `g.place(\"{node}\", \"{found}\")`"
     );
-    let error = py
-        .import("soma.errors")?
+    let error = crate::py_modules::errors(py)?
         .getattr("WrongDeviceError")?
         .call1((message,))?;
     error.setattr("node", PyString::new(py, node))?;

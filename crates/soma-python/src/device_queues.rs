@@ -38,8 +38,7 @@ impl Scope {
             None
         } else {
             let placed: Vec<String> = placed.iter().map(ToString::to_string).collect();
-            let root = py
-                .import(intern!(py, "soma.devices._device_queues"))
+            let root = crate::py_modules::device_queues(py)
                 .and_then(|module| module.call_method1(intern!(py, "root"), (placed,)));
             match root {
                 Ok(root) if root.is_none() => None,
@@ -121,8 +120,7 @@ pub fn enter<'py>(py: Python<'py>, device: &str) -> PyResult<Option<Bound<'py, P
         Some(scope) => scope
             .bind(py)
             .call_method1(intern!(py, "enter"), (device,))?,
-        None => py
-            .import(intern!(py, "soma.devices"))?
+        None => crate::py_modules::devices(py)?
             .getattr(intern!(py, "_enter"))?
             .call1((device,))?,
     };

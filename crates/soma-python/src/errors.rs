@@ -22,8 +22,7 @@ fn soma_error(
     attributes: &[(&str, Bound<'_, PyAny>)],
 ) -> PyErr {
     let build = || -> PyResult<PyErr> {
-        let exception = py
-            .import("soma.errors")?
+        let exception = crate::py_modules::errors(py)?
             .getattr(class)?
             .call1((message,))?;
         for (name, value) in attributes {

@@ -93,7 +93,7 @@ impl FlowCore {
         cache: Option<&Bound<'_, PyAny>>,
         on_running_loop: bool,
     ) -> PyResult<Self> {
-        let timeout = timeout.map(crate::graph::time_limit).transpose()?;
+        let timeout = timeout.map(crate::stopped::time_limit).transpose()?;
         let program = graph.get().program(py)?;
         let event_loop = if on_running_loop {
             aio::running_loop(py)?.ok_or_else(|| {
@@ -101,7 +101,7 @@ impl FlowCore {
             })?
         } else {
             refuse_inside_loop(py, "map", &program)?;
-            py.import("soma._run.loop")?
+            crate::py_modules::kept_loop(py)?
                 .getattr(intern!(py, "kept_loop"))?
                 .call0()?
         };
@@ -370,10 +370,10 @@ impl Streaming {
     }
 
     fn timed_out_with(&self, error: &RunError) -> PyErr {
-        crate::graph::past_timeout(
+        crate::stopped::past_timeout(
             "the stream",
             self.timeout,
-            &crate::graph::left_behind(error),
+            &crate::stopped::left_behind(error),
         )
     }
 
@@ -553,9 +553,7 @@ impl FlowNext {
             let left = deadline
                 .saturating_duration_since(Instant::now())
                 .as_secs_f64();
-            let set = py
-                .import("soma._run.loop")?
-                .getattr(intern!(py, "set_unless_done"))?;
+            let set = crate::py_modules::kept_loop(py)?.getattr(intern!(py, "set_unless_done"))?;
             loop_object
                 .bind(py)
                 .call_method1(intern!(py, "call_later"), (left, set, waiter.bind(py)))?;

@@ -69,7 +69,7 @@ fn caught_by(py: Python<'_>, class: &Bound<'_, PyType>, on: &Py<PyTuple>) -> PyR
 
 /// The core's retry for `times` more attempts, pausing `backoff` seconds first, on `on`.
 pub fn retry(py: Python<'_>, times: u32, backoff: f64, on: &Py<PyTuple>) -> PyResult<Retry> {
-    let errors = py.import("soma.errors")?;
+    let errors = crate::py_modules::errors(py)?;
     let time_limit = errors.getattr("TimeLimitError")?.cast_into::<PyType>()?;
     let run_error = errors.getattr("RunError")?.cast_into::<PyType>()?;
     let retries_time_limits = caught_by(py, &time_limit, on)?;

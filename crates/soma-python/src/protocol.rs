@@ -94,7 +94,12 @@ impl PyCtx {
     fn emit(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<()> {
         static EMITTED: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
         EMITTED
-            .import(py, "soma._run.observe", "emitted")?
+            .get_or_try_init(py, || {
+                crate::py_modules::observe(py)?
+                    .getattr("emitted")
+                    .map(Bound::unbind)
+            })?
+            .bind(py)
             .call1((self.node.as_str(), value))?;
         Ok(())
     }

@@ -89,7 +89,7 @@ impl StreamCore {
         timeout: Option<f64>,
         cache: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let timeout = timeout.map(crate::graph::time_limit).transpose()?;
+        let timeout = timeout.map(crate::stopped::time_limit).transpose()?;
         let program = graph.get().program(py)?;
         let iterator = inputs.try_iter()?.unbind();
         let watch = Arc::new(SignalWatch::new(timeout, None));
@@ -320,5 +320,5 @@ fn timed_out<I: Iterator<Item = Value>>(
         }
         other => format!("; the stream had failed too: {other}"),
     };
-    crate::graph::past_timeout("the stream", timeout, &still)
+    crate::stopped::past_timeout("the stream", timeout, &still)
 }

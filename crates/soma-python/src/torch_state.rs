@@ -84,8 +84,7 @@ impl Functions {
     /// every device type).
     fn put_back(&self, py: Python<'_>, grad: bool) -> PyResult<()> {
         if Self::ask(py, &self.any_autocast)? {
-            py.import(intern!(py, "soma.devices._torch_state"))?
-                .call_method0(intern!(py, "switch_autocast_off"))?;
+            crate::py_modules::torch_state(py)?.call_method0(intern!(py, "switch_autocast_off"))?;
         }
         if Self::ask(py, &self.grad)? != grad {
             self.set_grad(py, grad)?;
@@ -208,7 +207,7 @@ fn in_python<'py>(
     function: &Bound<'py, pyo3::types::PyString>,
     args: impl pyo3::call::PyCallArgs<'py>,
 ) -> Option<Py<PyAny>> {
-    py.import(intern!(py, "soma.devices._torch_state"))
+    crate::py_modules::torch_state(py)
         .and_then(|module| module.getattr(function)?.call1(args))
         .map(Bound::unbind)
         .map_err(|error| error.write_unraisable(py, None))

@@ -19,10 +19,10 @@ use pyo3::PyTraverseError;
 use soma_core::{Decision, Device, Executor, Node, NodeId, Route, Setting};
 
 use super::run::{executor_for, forward_on_loop, forward_outcome};
-use super::stopped::time_limit;
 use super::{GraphCore, State};
 use crate::aio;
-use crate::cache::PythonCache;
+use crate::stopped::time_limit;
+
 use crate::context;
 use crate::convert::wrap;
 use crate::device_queues::Scope;
@@ -556,7 +556,7 @@ impl GraphCore {
         cache: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<(String, bool)>> {
         let program = slf.get().program(py)?;
-        let executor = Executor::new().with_cache(Arc::new(PythonCache::of(cache, slf)?));
+        let executor = Executor::new().with_cache(Arc::new(GraphCore::run_cache(slf, cache)?));
         let found = executor.would_hit(&program, &wrap(input));
         Ok(found
             .into_iter()
@@ -690,7 +690,7 @@ impl GraphCore {
                     ));
                 };
                 let (input, driver, turn_limit, trace, timeout, cache) = call;
-                let runner = py.import(intern!(py, "soma.remote"))?.getattr(runner)?;
+                let runner = crate::py_modules::remote(py)?.getattr(runner)?;
                 let arguments = (graph, input, driver, turn_limit, trace, timeout, cache);
                 Ok(Some(runner.call1(arguments)?))
             }

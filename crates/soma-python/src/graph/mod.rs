@@ -22,7 +22,6 @@ mod embed;
 mod interpreter;
 mod methods;
 mod run;
-mod stopped;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -38,8 +37,6 @@ use crate::node::PythonNode;
 use crate::policy::Written;
 pub(crate) use interpreter::thread_stack_asked;
 pub(crate) use run::{executor_for, refuse_inside_loop};
-pub use stopped::{checked_timeout, hosts_past_timeout};
-pub(crate) use stopped::{left_behind, past_timeout, time_limit};
 
 struct State {
     graph: Graph,

@@ -15,15 +15,15 @@ use pyo3::prelude::*;
 use soma_core::{Executor, NodeId, Program, Reading, RunError, Watch, STOP_GRACE, WATCH_INTERVAL};
 
 use super::interpreter::interpreter_at;
-use super::stopped::{cancelled, timed_out};
 use super::GraphCore;
 use crate::aio;
-use crate::cache::PythonCache;
+use crate::cache::{Implementations, PythonCache};
 use crate::convert::to_python;
 use crate::driver::PythonDriver;
 use crate::errors::{panic_error, run_error};
 use crate::reading::PythonReading;
 use crate::reentry;
+use crate::stopped::{cancelled, timed_out};
 use crate::trace::PyTrace;
 use crate::watch::SignalWatch;
 
@@ -83,8 +83,7 @@ pub(super) fn forward_on_loop<'py>(
     timeout: Option<Duration>,
 ) -> PyResult<Bound<'py, PyAny>> {
     refuse_inside_loop(py, "forward", program)?;
-    let event_loop = py
-        .import("soma._run.loop")?
+    let event_loop = crate::py_modules::kept_loop(py)?
         .getattr(intern!(py, "kept_loop"))?
         .call0()?;
     let tasks = aio::LoopTasks::new(event_loop.unbind());
@@ -197,7 +196,7 @@ pub(crate) fn executor_for(
         executor = executor.with_observer(observer);
     }
     if let Some(cache) = cache {
-        executor = executor.with_cache(Arc::new(PythonCache::of(cache, graph)?));
+        executor = executor.with_cache(Arc::new(GraphCore::run_cache(graph, cache)?));
     }
     Ok(executor)
 }
@@ -206,4 +205,18 @@ pub(crate) fn executor_for(
 fn python_reading() -> Arc<dyn Reading> {
     static READING: OnceLock<Arc<dyn Reading>> = OnceLock::new();
     Arc::clone(READING.get_or_init(|| Arc::new(PythonReading)))
+}
+
+impl GraphCore {
+    /// The run cache `cache` (a `soma.Cache`) opens for one run of this graph, which finds its
+    /// nodes by their ids here.
+    pub(crate) fn run_cache(
+        slf: &Bound<'_, Self>,
+        cache: &Bound<'_, PyAny>,
+    ) -> PyResult<PythonCache> {
+        let core = slf.clone().unbind();
+        let implementations: Implementations =
+            Box::new(move |py, id| core.get().implementation(py, id).ok());
+        PythonCache::of(cache, slf.as_any(), implementations)
+    }
 }

@@ -40,7 +40,7 @@ pub(crate) fn time_limit(seconds: f64) -> PyResult<Duration> {
 }
 
 /// The `TimeoutError` of a run whose time ran out, naming what was still running.
-pub(super) fn timed_out(error: &RunError, timeout: Option<Duration>) -> PyErr {
+pub(crate) fn timed_out(error: &RunError, timeout: Option<Duration>) -> PyErr {
     past_timeout("forward", timeout, &left_behind(error))
 }
 
@@ -66,7 +66,7 @@ pub fn hosts_past_timeout(py: Python<'_>, timeout: Option<f64>, still: &str) -> 
 }
 
 /// The `soma.CancelledError` of a run whose stop flag was set, naming what was still running.
-pub(super) fn cancelled(py: Python<'_>, error: &RunError) -> PyErr {
+pub(crate) fn cancelled(py: Python<'_>, error: &RunError) -> PyErr {
     let still = left_behind(error);
     cancelled_error(py, format!("the run was stopped by its stop flag{still}"))
 }

@@ -1,0 +1,70 @@
+//! The modules of the `soma` package that the glue calls back into, named here and nowhere
+//! else: the Python side's part of a run (the kept event loop, the observer's dispatch, torch's
+//! state, device queues), the exception hierarchy, and the stages the glue hands a run to (the
+//! hosts). The package imports `_soma`, never the other way at import time; the glue imports
+//! these lazily, when a run first needs one, so that importing `soma` costs what it did.
+//!
+//! Each is looked up once per process and kept: a module object in `sys.modules` is the same
+//! object for the life of the interpreter, and what a test patches on it is seen through it.
+
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyModule;
+
+/// `name`, imported once and kept in `cell`.
+fn kept<'py>(
+    py: Python<'py>,
+    cell: &'static PyOnceLock<Py<PyModule>>,
+    name: &str,
+) -> PyResult<&'py Bound<'py, PyModule>> {
+    cell.get_or_try_init(py, || py.import(name).map(Bound::unbind))
+        .map(|module| module.bind(py))
+}
+
+/// `soma.errors`: the exception classes the glue raises by name.
+pub(crate) fn errors(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+    kept(py, &MODULE, "soma.errors")
+}
+
+/// `soma._run.loop`: the event loop Soma keeps for async nodes under `forward` and `map`.
+pub(crate) fn kept_loop(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+    kept(py, &MODULE, "soma._run.loop")
+}
+
+/// `soma._run.observe`: where what a node emits goes.
+pub(crate) fn observe(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+    kept(py, &MODULE, "soma._run.observe")
+}
+
+/// `soma.cache._fingerprint`: the fingerprints Python remembered by node.
+pub(crate) fn fingerprint(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+    kept(py, &MODULE, "soma.cache._fingerprint")
+}
+
+/// `soma.devices`: a device made current around a placed node.
+pub(crate) fn devices(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+    kept(py, &MODULE, "soma.devices")
+}
+
+/// `soma.devices._device_queues`: the queues of the devices of a run's branches.
+pub(crate) fn device_queues(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+    kept(py, &MODULE, "soma.devices._device_queues")
+}
+
+/// `soma.devices._torch_state`: torch's grad mode, inference mode and autocast, carried.
+pub(crate) fn torch_state(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+    kept(py, &MODULE, "soma.devices._torch_state")
+}
+
+/// `soma.remote`: the runners of a graph with nodes on hosts.
+pub(crate) fn remote(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+    kept(py, &MODULE, "soma.remote")
+}
