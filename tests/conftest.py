@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import operator
 import os
 import re
@@ -18,7 +17,6 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -27,6 +25,7 @@ import pytest
 from hypothesis import settings
 
 import soma
+from _children.sitecustomize import note_logged_errors
 
 # tests/with_torch/ needs torch, a few GB installed: `make test-torch` installs it and runs them
 # with SOMA_TORCH_TESTS=1; every other run leaves them out, torch installed or not. (Not named
@@ -56,19 +55,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 )
 _logged_here: list[str] = []
-_handle = logging.Logger.handle
-
-
-def _handle_and_note(self: logging.Logger, record: logging.LogRecord) -> None:
-    if record.levelno >= logging.ERROR:
-        text = record.getMessage()
-        if record.exc_info:
-            text += "\n" + "".join(traceback.format_exception(*record.exc_info))
-        _logged_here.append(f"--- log record {record.levelname} from {record.name!r}\n{text}")
-    _handle(self, record)
-
-
-logging.Logger.handle = _handle_and_note  # type: ignore[method-assign]
+note_logged_errors(lambda kind, text: _logged_here.append(f"--- {kind}\n{text}"))
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 
 _FOLDER = os.environ.get("SOMA_TEST_FINDINGS")
 
@@ -29,7 +30,11 @@ def _write(kind: str, text: str) -> None:
         pass
 
 
-def _install() -> None:
+def note_logged_errors(write: Callable[[str, str], None]) -> None:
+    """Hands ``write`` every log record at ERROR or above, from any logger (one that does not
+    propagate included), before it is handled as it would be: by patching ``Logger.handle``
+    rather than adding a handler, so that the process's own ``logging.basicConfig`` still
+    configures its logging. Also what ``conftest.py`` hears the tests' own process with."""
     import logging
 
     handle = logging.Logger.handle
@@ -39,10 +44,14 @@ def _install() -> None:
             text = record.getMessage()
             if record.exc_info:
                 text += "\n" + "".join(traceback.format_exception(*record.exc_info))
-            _write(f"log record {record.levelname} from {record.name!r}", text)
+            write(f"log record {record.levelname} from {record.name!r}", text)
         handle(self, record)
 
     logging.Logger.handle = handle_and_note  # type: ignore[method-assign]
+
+
+def _install() -> None:
+    note_logged_errors(_write)
 
     unraisable = sys.unraisablehook
 

@@ -21,50 +21,53 @@ fn kept<'py>(
         .map(|module| module.bind(py))
 }
 
-/// `soma.errors`: the exception classes the glue raises by name.
-pub(crate) fn errors(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
-    static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
-    kept(py, &MODULE, "soma.errors")
+/// A function `name(py)` answering the module `path`, kept after its first import.
+macro_rules! package_module {
+    ($(#[$doc:meta])* $name:ident = $path:literal) => {
+        $(#[$doc])*
+        pub(crate) fn $name(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+            static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+            kept(py, &MODULE, $path)
+        }
+    };
 }
 
-/// `soma._run.loop`: the event loop Soma keeps for async nodes under `forward` and `map`.
-pub(crate) fn kept_loop(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
-    static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
-    kept(py, &MODULE, "soma._run.loop")
+package_module! {
+    /// `soma.errors`: the exception classes the glue raises by name.
+    errors = "soma.errors"
 }
 
-/// `soma._run.observe`: where what a node emits goes.
-pub(crate) fn observe(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
-    static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
-    kept(py, &MODULE, "soma._run.observe")
+package_module! {
+    /// `soma._run.loop`: the event loop Soma keeps for async nodes under `forward` and `map`.
+    kept_loop = "soma._run.loop"
 }
 
-/// `soma.cache._fingerprint`: the fingerprints Python remembered by node.
-pub(crate) fn fingerprint(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
-    static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
-    kept(py, &MODULE, "soma.cache._fingerprint")
+package_module! {
+    /// `soma._run.observe`: where what a node emits goes.
+    observe = "soma._run.observe"
 }
 
-/// `soma.devices`: a device made current around a placed node.
-pub(crate) fn devices(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
-    static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
-    kept(py, &MODULE, "soma.devices")
+package_module! {
+    /// `soma.cache._fingerprint`: the fingerprints Python remembered by node.
+    fingerprint = "soma.cache._fingerprint"
 }
 
-/// `soma.devices._device_queues`: the queues of the devices of a run's branches.
-pub(crate) fn device_queues(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
-    static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
-    kept(py, &MODULE, "soma.devices._device_queues")
+package_module! {
+    /// `soma.devices`: a device made current around a placed node.
+    devices = "soma.devices"
 }
 
-/// `soma.devices._torch_state`: torch's grad mode, inference mode and autocast, carried.
-pub(crate) fn torch_state(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
-    static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
-    kept(py, &MODULE, "soma.devices._torch_state")
+package_module! {
+    /// `soma.devices._device_queues`: the queues of the devices of a run's branches.
+    device_queues = "soma.devices._device_queues"
 }
 
-/// `soma.remote`: the runners of a graph with nodes on hosts.
-pub(crate) fn remote(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
-    static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
-    kept(py, &MODULE, "soma.remote")
+package_module! {
+    /// `soma.devices._torch_state`: torch's grad mode, inference mode and autocast, carried.
+    torch_state = "soma.devices._torch_state"
+}
+
+package_module! {
+    /// `soma.remote`: the runners of a graph with nodes on hosts.
+    remote = "soma.remote"
 }
