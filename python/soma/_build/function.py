@@ -279,6 +279,8 @@ class ModuleNode(Node):
         self.module = module
 
     def forward(self, x: Any, ctx: Any) -> Any:
+        """Calls the module on ``x`` (moved first onto the node's device, if it is placed) and
+        returns what it returns; what the module raises comes out as itself."""
         device = ctx.device
         if device is not None:
             x = _onto(x, device)

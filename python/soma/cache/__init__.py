@@ -63,6 +63,14 @@ def clear(folder: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m soma.cache PATH [--clear]``: prints the folder's entries, or clears them.
+
+    Args:
+        argv: the command's arguments; ``None`` (the default) reads ``sys.argv``.
+
+    Returns:
+        The exit status: 0, or 1 when ``PATH`` is not a folder (said on stderr).
+    """
     import argparse  # Imported here, as `datetime` is in `listing`.
 
     parser = argparse.ArgumentParser(prog="python -m soma.cache", description=__doc__)

@@ -28,8 +28,8 @@ if TYPE_CHECKING:  # `soma._graph` imports this package: the graph is named for 
 #: The kinds of plan steps that run sub-plans of their own, registered with their step.
 DECIDING = frozenset(("Map", "Switch", "Loop"))
 
-#: The key under which a slice receives the graph's own input, for the steps that read it.
 INPUT = "(input)"
+"""The key under which a slice receives the graph's own input, for the steps that read it."""
 
 #: A span as a host ships it back with its slice's result (``soma.Trace._ship``): node, start,
 #: end, thread, branch path, turns, error, device, whether it was found in the cache.
