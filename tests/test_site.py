@@ -71,6 +71,10 @@ def test_the_site_builds_in_strict_mode_with_the_guide_and_the_reference(site: P
     graph = (site / "reference" / "graph.html").read_text()
     assert 'id="soma.Graph.amap"' in graph
     assert "concurrency" in graph
+    # `Graph.map`, a function of the streams' module set on the class, reads as a method with
+    # that function's signature (docs/hooks/methods_from_functions.py).
+    assert 'id="soma.Graph.map"' in graph
+    assert "in_flight" in graph.split('id="soma.Graph.map"', 1)[1].split('id="soma.Graph.', 1)[0]
 
 
 def test_the_strict_build_fails_naming_a_broken_link_a_missing_anchor_and_an_unknown_reference(
@@ -120,7 +124,7 @@ def test_every_public_name_of_soma_has_a_docstring() -> None:
     assert load_hook().undocumented() == []
 
 
-def test_the_docstring_check_names_each_public_name_without_a_docstring(tmp_path: Path) -> None:
+def test_the_docstring_check_names_what_a_public_name_leaves_unexplained(tmp_path: Path) -> None:
     package = tmp_path / "soma"
     package.mkdir()
     (package / "__init__.py").write_text(
@@ -130,11 +134,16 @@ def test_the_docstring_check_names_each_public_name_without_a_docstring(tmp_path
 
             from soma import errors
 
-            __all__ = ["Documented", "bare", "errors"]
+            __all__ = ["Documented", "bare", "errors", "explained", "half_explained"]
 
 
             class Documented:
-                """Documented."""
+                """Documented; ``limit`` is how many."""
+
+                limit: int = 0
+                unexplained: int = 0
+                explained: int = 0
+                """Explained on its own."""
 
                 def method(self) -> None:
                     pass
@@ -145,6 +154,20 @@ def test_the_docstring_check_names_each_public_name_without_a_docstring(tmp_path
 
             def bare() -> None:
                 pass
+
+
+            def explained(x: int, *, ceiling: int = 3) -> int:
+                """At most ``ceiling``.
+
+                Args:
+                    x: a number.
+                """
+                return min(x, ceiling)
+
+
+            def half_explained(x: int, y: int) -> int:
+                """``x`` alone."""
+                return x
             '''
         )
     )
@@ -152,10 +175,12 @@ def test_the_docstring_check_names_each_public_name_without_a_docstring(tmp_path
         '__all__ = ["Failure"]\n\nclass Failure(Exception):\n    pass\n'
     )
     assert load_hook().undocumented("soma", tmp_path) == [
-        "soma.Documented.method",
-        "soma.bare",
-        "soma.errors",
-        "soma.errors.Failure",
+        "`soma.Documented.method` has no docstring",
+        "`soma.Documented.unexplained`, an attribute, is neither documented nor named",
+        "`soma.bare` has no docstring",
+        "`soma.errors.Failure` has no docstring",
+        "`soma.errors` has no docstring",
+        "`soma.half_explained` does not name its parameter `y`",
     ]
 
 

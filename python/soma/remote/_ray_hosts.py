@@ -400,7 +400,7 @@ class RayHosts:
         return _RayHost(self, name, actor)
 
     def forget(self, host: _RayHost) -> None:
-        """Drops a host whose actor died: the next run there starts a new one."""
+        """Drops ``host``, whose actor died: the next run there starts a new one."""
         with self._lock:
             if self._hosts.get(host.name) is host:
                 del self._hosts[host.name]
