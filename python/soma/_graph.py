@@ -318,7 +318,14 @@ class Graph:
         A pause ends at once on Ctrl-C or the run's deadline. What ``node.retry(...)`` sets
         before the node is registered. The plan does not change. On a ``switch`` or ``loop``
         step's id it retries the selector or the predicate; an ``each`` step calls no node of
-        its own, and a retry on its id is a ``soma.GraphError`` (set it on the nodes inside)."""
+        its own, and a retry on its id is a ``soma.GraphError`` (set it on the nodes inside).
+
+        Raises:
+            soma.UnknownNodeError: no node has the id ``node_id``.
+            soma.GraphError: ``node_id`` is an ``each`` step's.
+            ValueError: ``times`` or ``backoff`` is not a number it can be.
+            TypeError: ``on`` holds something that is no exception class.
+        """
         node_id = _checked_id(node_id, "node id", _LOOKUP_HINT)
         if times is None:
             self._core.set_retry(node_id, None)
@@ -336,7 +343,13 @@ class Graph:
         retries; ``None`` removes the limit. The call runs on a thread of the graph's while
         the branch waits for it, and one past its limit is left to finish in the background,
         its result dropped. What ``node.time_limit(...)`` sets before the node is registered.
-        The plan does not change. On a step's id it holds as a retry does (see ``retry``)."""
+        The plan does not change. On a step's id it holds as a retry does (see ``retry``).
+
+        Raises:
+            soma.UnknownNodeError: no node has the id ``node_id``.
+            soma.GraphError: ``node_id`` is an ``each`` step's.
+            ValueError: ``seconds`` is not a finite number above 0.
+        """
         node_id = _checked_id(node_id, "node id", _LOOKUP_HINT)
         limit = None if seconds is None else checked_time_limit(seconds)
         self._core.set_time_limit(node_id, limit)
@@ -382,7 +395,13 @@ class Graph:
         stream's ``concurrency={"node": n}`` overrides it for that stream. The plan does not
         change. On a step's id it holds for the step, as on a node; a node inside a step is a
         ``soma.GraphError`` naming it (a stream limits the graph's own steps, not what they
-        run), and an unknown id a ``soma.UnknownNodeError``."""
+        run), and an unknown id a ``soma.UnknownNodeError``.
+
+        Raises:
+            soma.UnknownNodeError: no node has the id ``node_id``.
+            soma.GraphError: ``node_id`` is a node inside a step.
+            ValueError: ``workers`` is not an int of at least 1, or ``None``.
+        """
         node_id = _checked_id(node_id, "node id", _LOOKUP_HINT)
         if workers is not None:
             checked_concurrency(workers)
