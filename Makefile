@@ -10,7 +10,7 @@ RUST_SOURCES := $(shell find crates -name '*.rs' -o -name '*.c' -o -name Cargo.t
 export CARGO_TERM_COLOR ?= never
 
 .PHONY: setup build demo test lint test-rust test-python test-wheel test-py313 test-torch wheel fmt \
-	clean bench soak
+	clean bench soak docs chromium
 
 setup: $(VENV)/.tools build
 
@@ -32,11 +32,11 @@ $(VENV)/.built: $(VENV)/.tools $(RUST_SOURCES)
 demo: setup
 	$(PY) examples/quickstart.py
 
-lint: setup
+lint: setup docs
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
-	$(BIN)/ruff check python tests examples benches/python
-	$(BIN)/ruff format --check python tests examples benches/python
+	$(BIN)/ruff check python tests examples benches/python docs/hooks
+	$(BIN)/ruff format --check python tests examples benches/python docs/hooks
 	$(BIN)/mypy --strict python/soma
 	$(BIN)/mypy --strict tests/typing
 	$(PY) -m mypy.stubtest soma._soma
@@ -45,10 +45,22 @@ lint: setup
 test-rust:
 	cargo test --workspace --locked
 
-test-python: setup
+test-python: setup chromium
 	$(BIN)/pytest
 
 test: lint test-rust test-python test-wheel
+
+# The documentation site (mkdocs.yml): the guide a topic a page and the API reference generated
+# from the docstrings, built into site/ in strict mode — a broken link or anchor, an unknown
+# cross-reference or a public name without a docstring fails it — and read from file:// with
+# nothing fetched (open site/index.html). `make lint` builds it; tests/test_site.py opens it.
+docs: $(VENV)/.tools
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+# The browser tests/test_site.py opens the site in: Debian's chromium and its driver, installed
+# once (as root; elsewhere the browser's tests skip and say why).
+chromium:
+	.ci/chromium-from-debian.sh
 
 # What a user installs: one wheel for every CPython from 3.11 on (abi3), and the sdist that
 # `pip install` builds from where no wheel fits (it needs Rust). Rebuilt when a source changes.
@@ -105,8 +117,8 @@ soak: setup
 
 fmt: $(VENV)/.tools
 	cargo fmt --all
-	$(BIN)/ruff format python tests examples benches/python
-	$(BIN)/ruff check --fix python tests examples benches/python
+	$(BIN)/ruff format python tests examples benches/python docs/hooks
+	$(BIN)/ruff check --fix python tests examples benches/python docs/hooks
 
 # Benchmarks: criterion for the engine, then Soma against a plain loop and its peers from
 # Python. Timings only, never assertions; BENCHMARKS.md says how to read them. The torch rows of
@@ -134,4 +146,4 @@ $(VENV)/.bench-peers: $(VENV)/.tools benches/python/requirements.txt benches/pyt
 	touch $@
 
 clean:
-	rm -rf $(VENV) $(VENV313) target dist
+	rm -rf $(VENV) $(VENV313) target dist site

@@ -191,7 +191,15 @@ class Graph:
 
     @classmethod
     def somatize(cls, expr: Expr | Node) -> Graph:
-        """The graph an expression of ``>>`` and ``|`` describes, nodes in declaration order."""
+        """The graph that ``expr``, an expression of ``>>`` and ``|`` (or one node), describes,
+        its nodes registered in declaration order.
+
+        Raises:
+            soma.DuplicateNodeError: one node instance appears twice in the expression.
+            soma.InvalidIdError: a node's ``.named()`` id cannot be an id.
+            TypeError: ``expr`` is a class, or classes joined by ``|``, where instances are
+                expected, or something that does not compose.
+        """
         refuse_class(expr, verb="register", call="soma.Graph.somatize(")
         if isinstance(expr, types.UnionType):  # `A | B` of classes is a typing union.
             raise TypeError(
@@ -226,6 +234,17 @@ class Graph:
         name (a function's name, for a function), made unique with ``_2``, ``_3``;
         ``node("id", obj)`` uses ``"id"``. A function or a ``soma.node`` function is registered
         as a new node of it, and a torch module as a node calling it (see ``soma.node``).
+
+        Args:
+            id_or_obj: the object to register, or its id when ``obj`` follows.
+            obj: the object to register under the id ``id_or_obj``.
+
+        Raises:
+            soma.DuplicateNodeError: the id is taken (the graph is unchanged).
+            soma.InvalidIdError: the id is empty, or holds whitespace, control characters or
+                a ``/``.
+            TypeError: the id is not a ``str``; a class is given where an instance is
+                expected, or an object with no callable ``forward``.
         """
         # The common case stays on the fast path: a `str` id of ASCII, an object that is no
         # class; `_checked_id` and `refuse_class` say what is wrong otherwise.
@@ -299,7 +318,14 @@ class Graph:
         A pause ends at once on Ctrl-C or the run's deadline. What ``node.retry(...)`` sets
         before the node is registered. The plan does not change. On a ``switch`` or ``loop``
         step's id it retries the selector or the predicate; an ``each`` step calls no node of
-        its own, and a retry on its id is a ``soma.GraphError`` (set it on the nodes inside)."""
+        its own, and a retry on its id is a ``soma.GraphError`` (set it on the nodes inside).
+
+        Raises:
+            soma.UnknownNodeError: no node has the id ``node_id``.
+            soma.GraphError: ``node_id`` is an ``each`` step's.
+            ValueError: ``times`` or ``backoff`` is not a number it can be.
+            TypeError: ``on`` holds something that is no exception class.
+        """
         node_id = _checked_id(node_id, "node id", _LOOKUP_HINT)
         if times is None:
             self._core.set_retry(node_id, None)
@@ -317,7 +343,13 @@ class Graph:
         retries; ``None`` removes the limit. The call runs on a thread of the graph's while
         the branch waits for it, and one past its limit is left to finish in the background,
         its result dropped. What ``node.time_limit(...)`` sets before the node is registered.
-        The plan does not change. On a step's id it holds as a retry does (see ``retry``)."""
+        The plan does not change. On a step's id it holds as a retry does (see ``retry``).
+
+        Raises:
+            soma.UnknownNodeError: no node has the id ``node_id``.
+            soma.GraphError: ``node_id`` is an ``each`` step's.
+            ValueError: ``seconds`` is not a finite number above 0.
+        """
         node_id = _checked_id(node_id, "node id", _LOOKUP_HINT)
         limit = None if seconds is None else checked_time_limit(seconds)
         self._core.set_time_limit(node_id, limit)
@@ -363,7 +395,13 @@ class Graph:
         stream's ``concurrency={"node": n}`` overrides it for that stream. The plan does not
         change. On a step's id it holds for the step, as on a node; a node inside a step is a
         ``soma.GraphError`` naming it (a stream limits the graph's own steps, not what they
-        run), and an unknown id a ``soma.UnknownNodeError``."""
+        run), and an unknown id a ``soma.UnknownNodeError``.
+
+        Raises:
+            soma.UnknownNodeError: no node has the id ``node_id``.
+            soma.GraphError: ``node_id`` is a node inside a step.
+            ValueError: ``workers`` is not an int of at least 1, or ``None``.
+        """
         node_id = _checked_id(node_id, "node id", _LOOKUP_HINT)
         if workers is not None:
             checked_concurrency(workers)
@@ -381,8 +419,16 @@ class Graph:
         return self._core.distributed_plan()
 
     def edge(self, source: str, target: str) -> None:
-        """Adds the edge ``source -> target``; refused (and nothing changes) if it would close
-        a cycle, repeats an edge or names an unknown node."""
+        """Adds the edge ``source -> target``, two node ids; refused (and nothing changes) if it
+        would close a cycle, repeats an edge or names an unknown node.
+
+        Raises:
+            soma.CycleError: the edge would close a cycle (``.path`` is that cycle).
+            soma.DuplicateEdgeError: the edge is already there.
+            soma.UnknownNodeError: ``source`` or ``target`` names no node.
+            soma.InvalidIdError: ``source`` or ``target`` cannot be an id (a ``TypeError`` if
+                it is not a ``str``).
+        """
         # The common case, two `str` ids of ASCII, goes straight to the core.
         if not (type(source) is str and source.isascii()):
             source = _checked_id(source, "edge source", _EDGE_HINT)
@@ -429,6 +475,15 @@ class Graph:
         each node that ``forward(input, cache=cache)`` would find there — ``(cached)`` after its
         id, filled green — as :meth:`soma.Cache.would_hit` says, and ``plan.cached`` lists
         them; no node runs. The plan itself is the same either way (it compares equal).
+
+        Args:
+            cache: the :class:`soma.Cache` a run would be given; ``None`` (the default) marks
+                nothing.
+            input: the input that run would be given (``None`` unless given), keyed as
+                ``forward`` keys it.
+
+        Raises:
+            TypeError: ``cache`` is no :class:`soma.Cache`.
         """
         if cache is None:
             return self._core.plan()
@@ -538,6 +593,35 @@ class Graph:
         for the process, the caller waiting, as :meth:`aforward` would run them — with
         ``micro_batches``, each slice as a task there, as :meth:`map` runs an item; inside a
         running event loop it refuses with a ``RuntimeError`` pointing to :meth:`aforward`.
+
+        Args:
+            input: what the graph's roots receive (``None`` unless given).
+            driver: serves the nodes that return ``soma.Await``; ``None``, the default, is no
+                driver (a node that awaits then fails with ``soma.DriverError``).
+            turn_limit: how many calls a node that awaits gets
+                (``soma.DEFAULT_TURN_LIMIT``, 64, unless given).
+            trace: a :class:`soma.Trace` to record a span per node into; ``None`` records
+                nothing.
+            timeout: seconds the whole run may take; ``None``, the default, is no deadline.
+            micro_batches: how many slices to cut ``input`` into and stream; ``None`` runs it
+                whole.
+            join: how the outputs of the slices are joined back (with ``micro_batches``);
+                ``None`` joins them by type.
+            cache: a :class:`soma.Cache` to read outputs from and keep them in; ``None`` runs
+                every node.
+
+        Raises:
+            TimeoutError: ``timeout`` passed (it names the nodes still running).
+            KeyboardInterrupt: Ctrl-C, once every branch stopped at a node boundary.
+            soma.TurnLimitError: a node was still awaiting on its last turn.
+            soma.DriverError: a node awaited and the driver could not serve it.
+            soma.TimeLimitError: a node's call ran past its ``.time_limit``.
+            ValueError: ``timeout`` is not a number of seconds it can be.
+            TypeError: ``cache`` is no :class:`soma.Cache`.
+            RuntimeError: the graph has async nodes and an event loop is running here.
+
+        A node's own exception comes out as itself, with a note naming the node; the
+        exceptions of the engine are in ``soma.errors``.
         """
         if cache is not None:
             self._refuse_cache(cache)
@@ -592,7 +676,24 @@ class Graph:
         node — its class's source, its state, and what it reads by content — and not awaited
         when its key is there; each part of the plan without async nodes is keyed by the
         engine on what it reads. The keys differ from those of a graph with no async node, so
-        the two do not share entries."""
+        the two do not share entries.
+
+        Args:
+            input: what the graph's roots receive (``None`` unless given).
+            driver: serves the nodes that return ``soma.Await``, as in :meth:`forward`.
+            turn_limit: how many calls a node that awaits gets, as in :meth:`forward`.
+            trace: a :class:`soma.Trace` to record a span per node into, as in :meth:`forward`.
+            timeout: seconds the whole run may take; ``None``, the default, is no deadline.
+            cache: a :class:`soma.Cache`, as above; ``None`` runs every node.
+
+        Raises:
+            TimeoutError: ``timeout`` passed (it names the nodes that were running).
+            asyncio.CancelledError: the awaiting task was cancelled.
+            TypeError: ``cache`` is no :class:`soma.Cache`.
+
+        A node's own exception comes out as itself, with a note naming the node, as from
+        :meth:`forward`.
+        """
         if cache is not None:
             self._refuse_cache(cache)
         # Routed by the core as `forward` is.
@@ -612,15 +713,27 @@ class Graph:
         come in the order it made them, branches interleaved as they ran. A slow reader never
         holds the run up: at most ``buffer`` events wait, newer ones are dropped and counted
         in the last event's ``dropped``. Leaving the loop early leaves the run to finish on
-        its thread, its events dropped. See the guide's "Watching a run"."""
+        its thread, its events dropped. See the guide's "Watching a run".
+
+        Args:
+            input: what the graph's roots receive, as in :meth:`forward`.
+            buffer: how many events may wait for the reader (10,000 unless given).
+            **forward: the keywords of :meth:`forward` (``timeout=``, ``cache=``, ...).
+        """
         return _events.events(self.forward, input, buffer, forward)
 
     def aevents(
         self, input: Any = None, *, buffer: int = _events.DEFAULT_BUFFER, **aforward: Any
     ) -> AsyncIterator[_events.Event]:
         """:meth:`events` from a running event loop: ``async for event in g.aevents(x)``, the
-        run awaited as :meth:`aforward` (its keywords passed to it) in a task of this loop.
-        Leaving the loop early cancels the run."""
+        run awaited as :meth:`aforward` in a task of this loop. Leaving the loop early cancels
+        the run.
+
+        Args:
+            input: what the graph's roots receive, as in :meth:`aforward`.
+            buffer: how many events may wait for the reader (10,000 unless given).
+            **aforward: the keywords of :meth:`aforward` (``timeout=``, ``cache=``, ...).
+        """
         return _events.aevents(self.aforward, input, buffer, aforward)
 
     def map_events(
@@ -631,7 +744,14 @@ class Graph:
         ``.item``; each item's result is a ``"result"`` event with its index, in input order,
         and an error (the first failing item's, or the stream's own) the last event. Results
         are never dropped: once 64 wait for the reader, the stream waits for it, as ``map``
-        waits for its reader. Leaving the loop early stops the stream."""
+        waits for its reader. Leaving the loop early stops the stream.
+
+        Args:
+            inputs: the items, as in :meth:`map`.
+            buffer: how many events other than results may wait for the reader (10,000 unless
+                given).
+            **map: the keywords of :meth:`map` (``in_flight=``, ``timeout=``, ...).
+        """
         return _events.map_events(self.map, inputs, buffer, map)
 
     def amap_events(
@@ -641,7 +761,14 @@ class Graph:
         buffer: int = _events.DEFAULT_BUFFER,
         **amap: Any,
     ) -> AsyncIterator[_events.Event]:
-        """:meth:`map_events` from a running event loop, the stream run as :meth:`amap`."""
+        """:meth:`map_events` from a running event loop, the stream run as :meth:`amap`.
+
+        Args:
+            inputs: the items, an iterable or an async iterable, as in :meth:`amap`.
+            buffer: how many events other than results may wait for the reader (10,000 unless
+                given).
+            **amap: the keywords of :meth:`amap` (``in_flight=``, ``timeout=``, ...).
+        """
         return _events.amap_events(self.amap, inputs, buffer, amap)
 
     def amap(
@@ -669,7 +796,27 @@ class Graph:
         as in :meth:`map`: once it passes, the items in flight are cancelled and the next result
         asked for raises :class:`TimeoutError` naming the nodes that were running. With
         ``cache``, a :class:`soma.Cache`, each item is looked up as ``aforward(item,
-        cache=cache)`` would look it up."""
+        cache=cache)`` would look it up.
+
+        Args:
+            inputs: the items, an iterable or an async iterable, read lazily.
+            in_flight: how many items may be read and not yet handed back (64 unless given).
+            concurrency: items at once per node id for this stream, beside the graph's own
+                ``g.concurrency`` settings; ``None`` keeps those.
+            driver: serves the nodes that return ``soma.Await``, as in :meth:`forward`.
+            turn_limit: how many calls a node that awaits gets, as in :meth:`forward`.
+            trace: a :class:`soma.Trace` to record every item's spans into.
+            timeout: seconds the whole stream may take; ``None``, the default, is no deadline.
+            cache: a :class:`soma.Cache`, as above; ``None`` runs every node.
+
+        Raises:
+            ValueError: ``in_flight`` is not an int of at least 1, or ``timeout`` is not a
+                number of seconds it can be.
+            TypeError: ``cache`` is no :class:`soma.Cache`.
+
+        While iterating, the first failing item's exception comes out as itself (with a note
+        naming its node), and :class:`TimeoutError` once ``timeout`` passed.
+        """
         if timeout is not None:
             _soma.checked_timeout(timeout)
         if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:

@@ -43,7 +43,11 @@ __all__ = [
 ]
 
 DEFAULT_TURN_LIMIT: int
+"""How many calls a node that awaits gets in a run (64) unless ``forward(x, turn_limit=n)`` says
+otherwise; one still awaiting on its last raises ``soma.TurnLimitError``."""
 MAX_NESTED_FORWARDS: int
+"""How deep ``forward`` calls may nest inside nodes, across threads (1,000): a deeper one raises
+``RecursionError`` before it starts."""
 
 def blake3(data: bytes | memoryview | Any) -> bytes:
     """The 32-byte BLAKE3 digest of ``data``: bytes or any C-contiguous buffer (a numpy
@@ -148,7 +152,8 @@ class Await:
     # only: the stubs say so, as `mypy.stubtest` checks against the compiled module.
     def __new__(cls, requests: Iterable[Any]) -> Await: ...
     @property
-    def requests(self) -> list[Any]: ...
+    def requests(self) -> list[Any]:
+        """The requests, in order: the driver's ``perform`` gets them, and answers each."""
 
 @final
 class Done:
@@ -156,20 +161,25 @@ class Done:
 
     def __new__(cls, value: Any) -> Done: ...
     @property
-    def value(self) -> Any: ...
+    def value(self) -> Any:
+        """The output; returning the value itself means the same."""
 
 @final
 class Ctx:
     """What a node knows about the call it is in."""
 
     @property
-    def node(self) -> str: ...
+    def node(self) -> str:
+        """The node's id (``step/id`` for a node inside a step)."""
     @property
-    def turn(self) -> int: ...
+    def turn(self) -> int:
+        """0 on the first call, one more after each answered ``Await``."""
     @property
-    def results(self) -> list[Any]: ...
+    def results(self) -> list[Any]:
+        """The driver's answers to the previous ``Await``, in order; empty on turn 0."""
     @property
-    def device(self) -> str | None: ...
+    def device(self) -> str | None:
+        """The device the node is placed on (``"cuda:1"``), ``None`` when unplaced."""
     def emit(self, value: Any) -> None:
         """Sends ``value`` to whoever watches the run as it goes (``Graph.events``, the
         telemetry); nothing happens when nobody watches."""
@@ -179,25 +189,49 @@ class Plan:
     """A compiled plan: a read-only tree that compares by structure."""
 
     @property
-    def kind(self) -> str: ...
+    def kind(self) -> str:
+        """``"Empty"``, ``"Execute"``, ``"Sequence"``, ``"Wave"``, ``"Remote"``, ``"Map"``,
+        ``"Switch"`` or ``"Loop"``."""
     @property
-    def children(self) -> list[Plan]: ...
+    def children(self) -> list[Plan]:
+        """The steps of a ``Sequence``, the branches of a ``Wave``, the one slice of a
+        ``Remote``, the body of a ``Map`` or ``Loop``, the cases of a ``Switch``; empty
+        otherwise."""
     @property
-    def node(self) -> str | None: ...
+    def node(self) -> str | None:
+        """The node an ``Execute`` runs, or a ``Map``, ``Switch`` or ``Loop`` step is; ``None``
+        otherwise."""
     @property
-    def inputs(self) -> list[str]: ...
+    def inputs(self) -> list[str]:
+        """Where an ``Execute``, ``Map``, ``Switch`` or ``Loop`` step reads from, in
+        edge-declaration order; empty means the graph's input."""
     @property
-    def host(self) -> str | None: ...
+    def host(self) -> str | None:
+        """The host a ``Remote`` slice runs on; ``None`` otherwise."""
     @property
-    def keys(self) -> list[str]: ...
+    def keys(self) -> list[str]:
+        """The keys of a ``Switch``'s cases, in the order of ``children``; empty otherwise."""
     @property
-    def bound(self) -> int | None: ...
+    def bound(self) -> int | None:
+        """How many items of a ``Map`` run at once at most (``None``: as many as the crew
+        lends), or how many iterations a ``Loop`` may run; ``None`` for any other plan."""
     @property
-    def cached(self) -> list[str] | None: ...
-    def shape(self) -> str: ...
-    def to_mermaid(self) -> str: ...
-    def to_dot(self) -> str: ...
-    def to_svg(self) -> str: ...
+    def cached(self) -> list[str] | None:
+        """The nodes a run would find in the cache this plan was asked for with
+        (``g.plan(cache=...)``), in plan order; ``None`` for a plan asked for without a
+        cache."""
+    def shape(self) -> str:
+        """The tree without ids: ``Sequence([Execute, Wave([Execute, Execute])])``."""
+    def to_mermaid(self) -> str:
+        """The plan as a Mermaid ``flowchart LR``, a ``subgraph`` per wave; a placed node's
+        label says its device, and one a run would find in the cache says ``(cached)``."""
+    def to_dot(self) -> str:
+        """The plan as a graphviz ``digraph`` with ``rankdir=LR``, a ``cluster`` per wave; a
+        placed node's label says its device, and one a run would find in the cache says
+        ``(cached)``."""
+    def to_svg(self) -> str:
+        """The plan drawn as an SVG document by Soma itself (no graphviz needed): waves framed,
+        branches stacked; a notebook shows it inline."""
     def _repr_svg_(self) -> str: ...
     def __eq__(self, other: object, /) -> bool: ...
     def __hash__(self) -> int: ...
@@ -306,27 +340,38 @@ class Span:
     """One node's run; times in seconds since the trace was created."""
 
     @property
-    def node(self) -> str: ...
+    def node(self) -> str:
+        """The node's id."""
     @property
-    def start(self) -> float: ...
+    def start(self) -> float:
+        """When its first turn started."""
     @property
-    def end(self) -> float: ...
+    def end(self) -> float:
+        """When it was done, or failed."""
     @property
-    def duration(self) -> float: ...
+    def duration(self) -> float:
+        """``end - start``, in seconds."""
     @property
-    def thread(self) -> int: ...
+    def thread(self) -> int:
+        """The thread it ran on (a process-wide number, stable for the thread's life)."""
     @property
-    def branch(self) -> str: ...
+    def branch(self) -> str:
+        """The branch it ran in: ``main``, or its index in each enclosing wave joined by dots."""
     @property
-    def turns(self) -> int: ...
+    def turns(self) -> int:
+        """Calls to its ``forward`` (0 for a node the cache answered)."""
     @property
-    def error(self) -> str | None: ...
+    def error(self) -> str | None:
+        """Its error, if it failed."""
     @property
-    def device(self) -> str | None: ...
+    def device(self) -> str | None:
+        """The device it was placed on, if any."""
     @property
-    def host(self) -> str | None: ...
+    def host(self) -> str | None:
+        """The host it ran on, for a node of a slice that ran on one; else ``None``."""
     @property
-    def cached(self) -> bool: ...
+    def cached(self) -> bool:
+        """Whether its output came from the run's cache: the node was not called."""
     def __copy__(self) -> Self: ...
     def __deepcopy__(self, memo: Any, /) -> Self: ...
 
@@ -346,12 +391,23 @@ class Trace:
 
     def __init__(self) -> None: ...
     @property
-    def spans(self) -> list[Span]: ...
-    def clear(self) -> None: ...
-    def to_chrome(self) -> str: ...
-    def write_chrome(self, path: str | os.PathLike[str]) -> None: ...
-    def summary(self, top: int = 10) -> str: ...
-    def to_svg(self) -> str: ...
+    def spans(self) -> list[Span]:
+        """The spans, in the order they ended."""
+    def clear(self) -> None:
+        """Forgets every span."""
+    def to_chrome(self) -> str:
+        """The Chrome trace-event JSON that Perfetto and ``chrome://tracing`` open, one track
+        per thread."""
+    def write_chrome(self, path: str | os.PathLike[str]) -> None:
+        """Writes the JSON of ``to_chrome`` to ``path``.
+
+        Raises:
+            OSError: the file cannot be written.
+        """
+    def summary(self, top: int = 10) -> str:
+        """A table of the ``top`` slowest nodes (10 unless given)."""
+    def to_svg(self) -> str:
+        """A timeline, one row per thread, as SVG; a notebook shows it inline."""
     def _repr_svg_(self) -> str: ...
     def __len__(self) -> int: ...
     def _now(self) -> float: ...

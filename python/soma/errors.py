@@ -15,7 +15,8 @@ class SomaError(Exception):
 
 
 class GraphError(SomaError, ValueError):
-    """A graph refused a node or an edge; the graph is unchanged."""
+    """A graph refused a node or an edge; the graph is unchanged. ``.node``: the id refused, or
+    the node the refusal is about."""
 
     node: str | None = None
 
@@ -126,8 +127,8 @@ class RemoteError(RunError):
 
 
 class RemoteTraceback(Exception):
-    """The traceback of an exception raised on a host (``.host``), as the host formatted it: the
-    ``__cause__`` of that exception where it comes out here, as
+    """The traceback of an exception raised on a host (``.host``), as the host formatted it
+    (``.traceback``): the ``__cause__`` of that exception where it comes out here, as
     ``concurrent.futures.ProcessPoolExecutor`` does, so that it prints above it."""
 
     def __init__(self, host: str, traceback: str) -> None:

@@ -26,6 +26,12 @@ class NativeNode(Node):
     _soma_native: _soma.NativeNode
 
     def forward(self, x: Any) -> Any:
+        """Runs the Rust node once on ``x``, outside a graph, and returns its output.
+
+        Raises:
+            TypeError: ``x`` holds a value a Rust node cannot read (it says which type).
+            soma.PanicError: the Rust code panicked (``Panic`` always does).
+        """
         return self._soma_native.forward(x)
 
     def __repr__(self) -> str:

@@ -1,4 +1,4 @@
-"""With torch: the guide's blocks that import torch run, and the training example trains,
+"""With torch: the docs' blocks that import torch run, and the training example trains,
 saves, and evaluates in a fresh process what the trainer evaluated.
 
 ``tests/test_docs.py`` leaves these blocks to this file, and ``tests/test_examples.py`` runs
@@ -22,7 +22,7 @@ TORCH_BLOCKS = [block for block in BLOCKS if needs_torch(block)]
 
 
 def test_the_guide_has_blocks_that_need_torch() -> None:
-    assert len([block for block in TORCH_BLOCKS if block.path.name == "guide.md"]) >= 4
+    assert len([block for block in TORCH_BLOCKS if block.path.name == "graph-as-a-model.md"]) >= 4
 
 
 @pytest.mark.parametrize("block", TORCH_BLOCKS, ids=lambda block: block.where)

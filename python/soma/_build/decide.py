@@ -156,7 +156,10 @@ def _host_refused(kind: str, node_id: str, *, own: bool) -> HostError:
 
 
 class Each(Decision):
-    """``soma.each(body)``: ``body`` on every item of the list the step reads."""
+    """``soma.each(body)``: ``body`` on every item of the list the step reads.
+
+    Made by :func:`each`, which checks ``in_flight`` first; ``body`` and ``in_flight`` are as
+    there."""
 
     def __init__(self, body: Body, in_flight: int | None) -> None:
         self._body = body
@@ -164,7 +167,11 @@ class Each(Decision):
         Expr.of(body, "each")  # Refuses what is no node or expression, here.
 
     def forward(self, items: Any, ctx: _soma.Ctx) -> NoReturn:
-        """Not called: the plan runs the body on each item itself."""
+        """Not called: the plan runs the body on each of ``items`` itself.
+
+        Raises:
+            RuntimeError: always, naming the step (the node of ``ctx``).
+        """
         raise RuntimeError(f"`each` step `{ctx.node}` is run by its plan, not called")
 
     def _add(
@@ -178,7 +185,9 @@ class Each(Decision):
 
 
 class Switch(Decision):
-    """``soma.switch(selector, cases)``: the case ``selector(input)`` names, on that input."""
+    """``soma.switch(selector, cases)``: the case ``selector(input)`` names, on that input.
+
+    Made by :func:`switch`; ``selector`` and ``cases`` are as there."""
 
     def __init__(
         self, selector: Callable[[Any], Hashable], cases: Mapping[Any, Body | None]
@@ -208,8 +217,12 @@ class Switch(Decision):
             )
 
     def forward(self, x: Any, ctx: _soma.Ctx) -> str:
-        """The key of the case to run, as the plan names it; an unknown key is a
-        ``soma.RunError`` naming it and the known ones."""
+        """The key of the case to run on ``x``, as the plan names it.
+
+        Raises:
+            soma.RunError: ``selector(x)`` names no case (the message names it and the known
+                ones; ``.node`` is the step, the node of ``ctx``).
+        """
         return self._label(self._selector(x), ctx)
 
     def _label(self, key: Any, ctx: _soma.Ctx) -> str:
@@ -238,7 +251,9 @@ class Switch(Decision):
 
 class Loop(Decision):
     """``soma.loop(body, until=..., max_iterations=...)``: ``body`` on its own output until
-    ``until`` of it is true."""
+    ``until`` of it is true.
+
+    Made by :func:`loop`; ``body``, ``until`` and ``max_iterations`` are as there."""
 
     def __init__(self, body: Body, until: Callable[[Any], object], max_iterations: int) -> None:
         if not callable(until):
@@ -262,7 +277,8 @@ class Loop(Decision):
         self._max_iterations = max_iterations
 
     def forward(self, output: Any, ctx: _soma.Ctx) -> bool:
-        """Whether the body's ``output`` is done."""
+        """Whether the body's ``output`` is done: ``until(output)``, as a bool (``ctx``, the
+        call's, is not read)."""
         return bool(self._until(output))
 
     def _add(
@@ -310,7 +326,20 @@ def each(body: Body, *, in_flight: int | None = None) -> Each:
     it start to finish, a copy of the context, a table of values of its own), at most
     ``in_flight`` at once when given. The error of the first failing item *by index* is the
     step's: later items stop at their next node boundary, earlier ones run on, as the branches
-    of a wave do. ``each`` nests inside ``each`` at any depth (up to 32 steps that decide)."""
+    of a wave do. ``each`` nests inside ``each`` at any depth (up to 32 steps that decide).
+
+    Args:
+        body: the node or expression run on each item.
+        in_flight: how many items run at once at most; ``None`` (the default) lets every item
+            be in flight at once.
+
+    Returns:
+        The step, a node to compose with ``>>`` and ``|``.
+
+    Raises:
+        ValueError: ``in_flight`` is not an int of at least 1, or ``None``.
+        TypeError: ``body`` is no node or expression.
+    """
     if in_flight is not None and (
         not isinstance(in_flight, int) or isinstance(in_flight, bool) or in_flight < 1
     ):
@@ -324,8 +353,22 @@ def each(body: Body, *, in_flight: int | None = None) -> Each:
 def switch(selector: Callable[[Any], Hashable], cases: Mapping[Any, Body | None]) -> Switch:
     """A step that calls ``selector`` on its input and runs only the case it names, on that
     same input; the other cases are not called at all. A case of ``None`` passes the input on.
-    A key no case has is a ``soma.RunError`` naming it and the known ones. An async selector
-    (``async def``) is awaited, as an async node is."""
+    A key no case has is a ``soma.RunError`` naming it and the known ones, when the step runs.
+    An async selector (``async def``) is awaited, as an async node is.
+
+    Args:
+        selector: a callable of the step's input that returns a key of ``cases``.
+        cases: a non-empty mapping from key to the node or expression to run (``None``: the
+            input passes on). A key that is not a ``str`` is named by its ``repr`` in the plan.
+
+    Returns:
+        The step, a node to compose with ``>>`` and ``|``.
+
+    Raises:
+        TypeError: ``selector`` is not callable, ``cases`` is not a non-empty mapping, or a
+            case is no node or expression.
+        ValueError: two keys read the same in the plan.
+    """
     if _is_async(selector):
         return AsyncSwitch(selector, cases)
     return Switch(selector, cases)
@@ -334,8 +377,22 @@ def switch(selector: Callable[[Any], Hashable], cases: Mapping[Any, Body | None]
 def loop(body: Body, *, until: Callable[[Any], object], max_iterations: int) -> Loop:
     """A step that runs ``body`` on its input, then on its own output, until ``until(output)``
     is true, and returns that output. A body that ran ``max_iterations`` times without is a
-    ``soma.RunError`` saying so, with the last output's type. An async ``until`` is awaited, as
-    an async node is."""
+    ``soma.RunError`` saying so, with the last output's type, when the step runs. An async
+    ``until`` is awaited, as an async node is.
+
+    Args:
+        body: the node or expression run on each iteration.
+        until: a callable of the body's output, true when the loop is done.
+        max_iterations: how many times the body may run at most (no default: a loop is
+            bounded), from 1 to 2**32 - 1.
+
+    Returns:
+        The step, a node to compose with ``>>`` and ``|``.
+
+    Raises:
+        TypeError: ``until`` is not callable, or ``body`` is no node or expression.
+        ValueError: ``max_iterations`` is not an int of at least 1.
+    """
     if _is_async(until):
         return AsyncLoop(body, until, max_iterations)
     return Loop(body, until, max_iterations)

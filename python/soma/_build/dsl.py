@@ -79,6 +79,9 @@ class Expr:
     chain built by a loop costs time linear in its length. ``nodes``, ``edges``, ``heads`` and
     ``terminals`` are read off that tree on first use, by a walk with a stack of its own rather
     than by recursion, so an expression nested 100,000 deep reads as well as a flat one.
+
+    Made by ``>>`` and ``|`` (and :meth:`of`), never by hand: ``node`` is the one node of a
+    leaf, ``left`` and ``right`` the two sides of an operator, ``series`` whether it is ``>>``.
     """
 
     __slots__ = ("_flat", "_left", "_node", "_right", "_series")
@@ -94,7 +97,17 @@ class Expr:
 
     @staticmethod
     def of(item: object, operator: str) -> Expr:
-        """The expression of a node or an expression; a ``TypeError`` that says what to do else."""
+        """The expression of ``item``, a node or an expression (a function or a torch module
+        made a node).
+
+        Args:
+            item: what to compose.
+            operator: how it is being composed (``">>"``, ``"|"``, a step's name), for the
+                message of a refusal.
+
+        Raises:
+            TypeError: ``item`` composes as none of these; the message says what to do.
+        """
         if isinstance(item, Expr):
             return item
         if isinstance(item, Composable):
@@ -184,7 +197,19 @@ class Expr:
     ) -> Expr:
         """Gives every node of the expression that has none yet (by its own ``.retry``, or an
         inner expression's) these retries: see ``soma.Node.retry``. Each node is retried on its
-        own; the expression is not run again as a whole."""
+        own; the expression is not run again as a whole. Returns the expression.
+
+        Args:
+            times: how many more attempts after the first, an int of at least 0.
+            backoff: seconds before the first retry (0.5 unless given), at least 0; each next
+                pause is doubled.
+            on: the exception class, or a tuple of them, that a retry is made for (any
+                ``Exception`` unless given); another one fails the call at once.
+
+        Raises:
+            ValueError: ``times`` or ``backoff`` is not a number it can be.
+            TypeError: ``on`` holds something that is no exception class.
+        """
         policy = checked_retry(times, backoff, on)
         for node in self.nodes:
             if getattr(node, "_soma_retry", None) is None:
@@ -193,7 +218,15 @@ class Expr:
 
     def time_limit(self, seconds: float) -> Expr:
         """Gives every node of the expression that has none yet this time limit per call: see
-        ``soma.Node.time_limit``. The limit is each node's, not the expression's as a whole."""
+        ``soma.Node.time_limit``. The limit is each node's, not the expression's as a whole.
+        Returns the expression.
+
+        Args:
+            seconds: the limit, a number of seconds above 0.
+
+        Raises:
+            ValueError: ``seconds`` is not a finite number above 0.
+        """
         limit = checked_time_limit(seconds)
         for node in self.nodes:
             if getattr(node, "_soma_time_limit", None) is None:

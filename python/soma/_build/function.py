@@ -46,7 +46,8 @@ N = TypeVar("N", bound=Node)
 
 
 class FunctionNode(Node):
-    """A node that calls a function: ``forward`` is the function (``self.function``) itself.
+    """A node that calls a function: ``forward`` is the function (``self.function``, the
+    ``function`` of its blueprint) itself.
 
     Made by a :class:`NodeFunction` wherever it stands in a graph, each an instance of the
     class made for that function and named after it; ``type(node)()`` makes another.
@@ -85,6 +86,8 @@ class NodeFunction(Generic[P, R]):
     makes a new instance; ``.named()``, ``.on()``, ``.at()``, ``.retry()``, ``.time_limit()`` and
     ``.concurrency()`` make one and set it. Pickled by reference where it is the module's own
     name (a decorated function at the top level), else as the function it wraps.
+
+    Made by ``soma.node(function)``, which says what ``function`` may be.
     """
 
     __wrapped__: Callable[P, R]
@@ -147,12 +150,13 @@ class NodeFunction(Generic[P, R]):
         backoff: float = 0.5,
         on: type[BaseException] | tuple[type[BaseException], ...] = (Exception,),
     ) -> FunctionNode:
-        """A new node of this function, with retries (see ``soma.Node.retry``)."""
+        """A new node of this function, with retries: ``times``, ``backoff`` and ``on`` as in
+        ``soma.Node.retry``, which says what it raises."""
         return self._stamp().retry(times, backoff, on)
 
     def time_limit(self, seconds: float) -> FunctionNode:
-        """A new node of this function, with a time limit per call (see
-        ``soma.Node.time_limit``)."""
+        """A new node of this function, with a time limit per call of ``seconds``, as in
+        ``soma.Node.time_limit``, which says what it raises."""
         return self._stamp().time_limit(seconds)
 
     def concurrency(self, workers: int) -> FunctionNode:
@@ -267,7 +271,8 @@ def _ctx_by_keyword(function: Callable[..., Any], is_async: bool) -> Callable[..
 
 
 class ModuleNode(Node):
-    """A torch module as a node: ``forward`` calls ``self.module`` (so its hooks run).
+    """A torch module as a node: ``forward`` calls ``self.module`` (so its hooks run), the
+    ``module`` it was made with by ``soma.node(module)``.
 
     Each an instance of a class named after the module's (``nn.Linear`` makes ``linear``); one
     module is one node, as a node instance is. Placed with ``.on(device)``, it moves the
@@ -279,6 +284,9 @@ class ModuleNode(Node):
         self.module = module
 
     def forward(self, x: Any, ctx: Any) -> Any:
+        """Calls the module on ``x`` (moved first onto the node's device, as ``ctx`` says, if
+        it is placed) and returns what it returns; what the module raises comes out as
+        itself."""
         device = ctx.device
         if device is not None:
             x = _onto(x, device)

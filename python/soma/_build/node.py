@@ -40,7 +40,9 @@ class Node(Composable, abc.ABC):
 
         @abc.abstractmethod
         def forward(self, x, *args):
-            """Computes the output from ``x`` (and ``ctx``, when the method takes it)."""
+            """Computes the output from ``x`` (and ``ctx``, when the method takes it: ``*args``
+            is that one ``soma.Ctx`` or nothing). What it raises comes out of ``forward`` as
+            itself, with a note naming the node."""
 
     def concurrency(self, workers: int) -> Self:
         """Lets :meth:`soma.Graph.map` run this node on up to ``workers`` items at once, for a
@@ -50,7 +52,9 @@ class Node(Composable, abc.ABC):
         return self
 
     def named(self, node_id: str) -> Self:
-        """Gives this node an explicit id instead of one derived from its class."""
+        """Gives this node the id ``node_id`` instead of one derived from its class; the id is
+        read when the node is registered (an invalid one is a ``soma.InvalidIdError`` there).
+        Returns the node."""
         self._soma_id = node_id
         return self
 
@@ -80,7 +84,19 @@ class Node(Composable, abc.ABC):
         ``backoff`` seconds, each next pause doubled (at most 128 s, up to a quarter longer at
         random), only for exceptions of the types in ``on``; the error of the last attempt
         notes how many were made. As ``Graph.retry`` once it is registered; the node's own
-        ``.retry`` wins over an expression's around it."""
+        ``.retry`` wins over an expression's around it. Returns the node.
+
+        Args:
+            times: how many more attempts after the first, an int of at least 0.
+            backoff: seconds before the first retry (0.5 unless given), at least 0; each next
+                pause is doubled.
+            on: the exception class, or a tuple of them, that a retry is made for (any
+                ``Exception`` unless given); another one fails the call at once.
+
+        Raises:
+            ValueError: ``times`` or ``backoff`` is not a number it can be.
+            TypeError: ``on`` holds something that is no exception class.
+        """
         self._soma_retry = checked_retry(times, backoff, on)
         return self
 
@@ -88,6 +104,13 @@ class Node(Composable, abc.ABC):
         """Fails a call of this node still running after ``seconds`` with a
         ``soma.TimeLimitError`` (a ``TimeoutError``) naming it; the call is left to finish in
         the background. As ``Graph.time_limit`` once it is registered; the node's own
-        ``.time_limit`` wins over an expression's around it."""
+        ``.time_limit`` wins over an expression's around it. Returns the node.
+
+        Args:
+            seconds: the limit, a number of seconds above 0.
+
+        Raises:
+            ValueError: ``seconds`` is not a finite number above 0.
+        """
         self._soma_time_limit = checked_time_limit(seconds)
         return self

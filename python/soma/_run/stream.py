@@ -72,8 +72,11 @@ class StageFigures:
     """Where one stage's time went: a stage is a step of the plan's top-level sequence."""
 
     nodes: list[str]
+    """Its nodes, in plan order."""
     workers: int
+    """How many items it may work on at once."""
     items: int
+    """Items it has passed on, failed ones included."""
     busy: float
     """Seconds its workers spent running items, summed over workers."""
     waiting: float
@@ -91,12 +94,17 @@ class StreamFigures:
     """A stream's counters so far."""
 
     read: int
+    """Inputs read."""
     succeeded: int
+    """Results handed back."""
     failed: int
+    """Failed items handed back (or kept aside)."""
     in_flight: int
+    """Items read and not yet handed back."""
     waiting: float
     """Seconds the reader spent waiting for the next result."""
     stages: list[StageFigures]
+    """Each stage, in plan order."""
 
     @property
     def bottleneck(self) -> str | None:
@@ -112,13 +120,19 @@ class Progress:
     """What a progress callable receives: counts, items per second, the bottleneck now."""
 
     read: int
+    """Inputs read."""
     succeeded: int
+    """Results handed back."""
     failed: int
+    """Failed items handed back (or kept aside)."""
     in_flight: int
+    """Items read and not yet handed back."""
     elapsed: float
+    """Seconds since the stream started."""
     rate: float
     """Items handed back per second, since the stream started."""
     bottleneck: str | None
+    """The busiest stage's nodes (busy time per worker), or ``None`` before any work."""
     done: bool
     """True once, for the last event of the stream."""
 
@@ -215,6 +229,9 @@ class Stream(Iterator[Any]):
     gives their threads back; the graph stays usable. ``close()`` waits for a node already
     running to return (Ctrl-C or the stream's ``timeout`` cuts the wait short); dropping the
     stream waits a second at most, then leaves such a node to finish on its thread.
+
+    Made by ``Graph.map`` and ``Graph.amap``, not by hand: ``core`` is the engine's stream,
+    ``ordered``, ``on_error`` and ``progress`` are what ``map`` was given.
     """
 
     def __init__(

@@ -30,7 +30,8 @@ def _size(n: float) -> str:
 
 
 def listing(folder: Path) -> str:
-    """The folder's entries, newest use first, under a line with their count and size."""
+    """The entries of ``folder`` (a folder given to ``soma.Cache(path)``), newest use first,
+    under a line with their count and size; an entry that is not whole is listed as damaged."""
     # Imported here: `import soma` imports this package (for `soma.Cache`), not the command.
     import datetime
 
@@ -52,7 +53,8 @@ def listing(folder: Path) -> str:
 
 
 def clear(folder: Path) -> int:
-    """Removes every entry and stray temporary file; returns how many files it removed."""
+    """Removes every entry of ``folder`` and the temporary files killed writers left; returns
+    how many files it removed. A file another process removes meanwhile is skipped."""
     removed = 0
     for pattern in ("*/*.entry", "*/.*.tmp", ".*.tmp"):
         for file in folder.glob(pattern):
@@ -63,6 +65,14 @@ def clear(folder: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m soma.cache PATH [--clear]``: prints the folder's entries, or clears them.
+
+    Args:
+        argv: the command's arguments; ``None`` (the default) reads ``sys.argv``.
+
+    Returns:
+        The exit status: 0, or 1 when ``PATH`` is not a folder (said on stderr).
+    """
     import argparse  # Imported here, as `datetime` is in `listing`.
 
     parser = argparse.ArgumentParser(prog="python -m soma.cache", description=__doc__)

@@ -57,9 +57,9 @@ class CacheWarning(UserWarning):
 class CacheStats:
     """What a :class:`Cache` did since it was made: lookups that found an entry (``hits``) and
     that did not (``misses``, a corrupted entry among them, also counted in ``corrupted``),
-    bytes read from and written to its store, ``seconds_saved``, the time the nodes that hit
-    had taken to compute their outputs, and ``evicted``, the entries it removed to stay within
-    ``max_bytes``."""
+    bytes read from and written to its store (``bytes_read``, ``bytes_written``),
+    ``seconds_saved``, the time the nodes that hit had taken to compute their outputs, and
+    ``evicted``, the entries it removed to stay within ``max_bytes``."""
 
     hits: int = 0
     misses: int = 0
@@ -315,6 +315,11 @@ class Cache:
 
         A node after one that would run counts as running too, though it may yet hit: what it
         reads is not computed yet.
+
+        Args:
+            graph: the graph to ask about.
+            input: the input the run would be given (``None`` unless given), keyed as
+                ``forward`` keys it.
         """
         return dict(graph._core.would_hit(input, self))
 

@@ -55,8 +55,8 @@ class Backend(Protocol):
     that also has ``queues(kind) -> QueueHooks | None`` gives branches device queues of their
     own."""
 
-    #: The device kinds this backend serves, as torch spells them: ``("cuda",)``.
     kinds: tuple[str, ...]
+    """The device kinds this backend serves, as torch spells them: ``("cuda",)``."""
 
     def current(self, kind: str) -> str | None:
         """The device of ``kind`` current on the calling thread (``"cuda:0"``), or ``None``

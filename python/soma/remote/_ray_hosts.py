@@ -40,6 +40,8 @@ from soma.remote._slices import (
 #: The Ray rule: the Ray node(s) of host ``name`` offer the custom resource
 #: ``soma-host:<name>`` (``ray start --resources='{"soma-host:gpu-box": 1}'``).
 RESOURCE_PREFIX = "soma-host:"
+"""What a Ray node's custom resource starts with to offer a host: ``soma-host:<name>``
+(:func:`resource_of`)."""
 
 
 def resource_of(host: str) -> str:
@@ -362,6 +364,13 @@ class RayHosts:
         return self._ray
 
     def host(self, name: str) -> RemoteHost:
+        """The host named ``name``: its actor, started on first use on the Ray node(s) offering
+        ``soma-host:<name>``, and the same while it lives.
+
+        Raises:
+            soma.RemoteError: no Ray node offers that resource (``.host`` names it).
+            ModuleNotFoundError: Ray is not installed (the message says how to install it).
+        """
         with self._lock:
             found = self._hosts.get(name)
             if found is None:
@@ -391,7 +400,7 @@ class RayHosts:
         return _RayHost(self, name, actor)
 
     def forget(self, host: _RayHost) -> None:
-        """Drops a host whose actor died: the next run there starts a new one."""
+        """Drops ``host``, whose actor died: the next run there starts a new one."""
         with self._lock:
             if self._hosts.get(host.name) is host:
                 del self._hosts[host.name]

@@ -28,8 +28,8 @@ if TYPE_CHECKING:  # `soma._graph` imports this package: the graph is named for 
 #: The kinds of plan steps that run sub-plans of their own, registered with their step.
 DECIDING = frozenset(("Map", "Switch", "Loop"))
 
-#: The key under which a slice receives the graph's own input, for the steps that read it.
 INPUT = "(input)"
+"""The key under which a slice receives the graph's own input, for the steps that read it."""
 
 #: A span as a host ships it back with its slice's result (``soma.Trace._ship``): node, start,
 #: end, thread, branch path, turns, error, device, whether it was found in the cache.
@@ -57,7 +57,9 @@ class Slice:
     """One remote slice: what a host needs to run it, sent at a graph's first run, and again
     whenever one of its nodes changed since.
 
-    ``nodes`` are the slice's ``(id, implementation)`` pairs, ``steps`` its ``(node, inputs)``
+    ``host`` is the host it runs on, ``index`` its place among the graph's slices (the key a
+    host keeps it under, with the graph's), ``nodes`` the slice's ``(id, implementation)``
+    pairs, ``steps`` its ``(node, inputs)``
     in plan order (no inputs: the graph's input), ``reads`` what it reads from outside it
     (:data:`INPUT` for the graph's input), ``returns`` the nodes whose outputs later steps read
     or the run returns, ``devices`` the slice's placed nodes and their devices, ``retries``
@@ -70,12 +72,12 @@ class Slice:
     reads: tuple[str, ...]
     returns: tuple[str, ...]
     devices: tuple[tuple[str, str], ...] = ()
-    #: The slice's nodes with retries, and their ``(times, backoff, on)``.
     retries: tuple[tuple[str, tuple[Any, ...]], ...] = ()
-    #: The slice's nodes with a time limit, and its seconds.
+    """The slice's nodes with retries, and their ``(times, backoff, on)``."""
     time_limits: tuple[tuple[str, float], ...] = ()
-    #: The graph class the host runs the slice with: ``soma.Graph``, or a subclass of it.
+    """The slice's nodes with a time limit, and its seconds."""
     engine: type[Any] = object
+    """The graph class the host runs the slice with: ``soma.Graph``, or a subclass of it."""
 
     def names(self) -> list[str]:
         """The slice's nodes, in plan order."""
@@ -162,7 +164,10 @@ class SliceRunner:
 
     A slice that reads the graph's input alone reads it as its own input, with no root: its
     first nodes are then keyed in a cache exactly as in the caller's graph (on the input's
-    content), as the nodes after a root are (on the content of what they read)."""
+    content), as the nodes after a root are (on the content of what they read).
+
+    Made on the host from ``piece``, the :class:`Slice` the caller sent; ``graph`` is the
+    ``soma.Graph`` built from it."""
 
     def __init__(self, piece: Slice) -> None:
         graph = piece.engine()
@@ -193,8 +198,8 @@ class SliceRunner:
         for node, inputs in piece.steps:
             for source in inputs or (() if self._input_alone else (INPUT,)):
                 graph.edge(sources.get(source, source), node)
-        #: The slice's nodes, in plan order: what an error on the host names.
         self.nodes = piece.names()
+        """The slice's nodes, in plan order: what an error on the host names."""
         self._nodes = set(self.nodes)
         self._taps: dict[str, str] = {}
         for node in piece.returns:
@@ -221,7 +226,8 @@ class SliceRunner:
         """The slice's returns, by node id, run on ``inputs``, its nodes' spans if ``traced``,
         and what ``cache``, a folder opened here, did (empty without one); once ``stop`` is
         set, the run stops at its next node boundary with a :class:`soma.CancelledError`.
-        ``driver`` serves its awaiting nodes."""
+        ``driver`` serves its awaiting nodes, each given ``turn_limit`` calls at most, as in
+        ``Graph.forward``."""
         trace = Trace() if traced else None
         # Opened for this run alone, so that its counts are this run's.
         opened = None if cache is None else _open(cache)
