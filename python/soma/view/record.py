@@ -1,0 +1,528 @@
+"""What the browser's view knows of this process's runs: a listener of the engine's observer
+(``soma._run.observe``) that keeps, per run, each node's state as the works of the run begin and
+end, the spans of its timeline and what its nodes emit — all bounded.
+
+Nothing here walks a graph or asks the engine anything: every state is one the observer told
+(a call began, ended returned, failed with a retry to come, timed out...). The page reads these
+records through :class:`RunSource`, a source of runs and of the changes to them, so that a
+journal of runs recorded by other processes (the durable-runs issue) can be another source
+beside this one.
+
+What the observer does not tell, the records do not have: a node's output never crosses the
+observer, so a node's record holds no output (its type and size are not known here); what a
+node emits (``ctx.emit``) is kept as its type, its size and a short repr, never the value.
+
+Memory stays bounded whatever a run does: each run keeps its last :data:`SPANS_KEPT` spans, its
+last :data:`EMITS_KEPT` emitted values and a change log of :data:`CHANGES_KEPT` entries; the
+recorder keeps every run in flight and the last :data:`FINISHED_KEPT` finished ones. A reader
+that fell behind a log's window is told so and reads the whole state again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import enum
+import itertools
+import reprlib
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Iterator
+from typing import Any, Final, Generic, Protocol, TypeVar
+
+from soma._run import observe as _observe
+
+# How much each run keeps, and how many finished runs the recorder keeps (see the header).
+SPANS_KEPT: Final = 10_000
+EMITS_KEPT: Final = 200
+CHANGES_KEPT: Final = 50_000
+FINISHED_KEPT: Final = 200
+# A traceback's text and an error's one-line summary are cut at these lengths.
+TRACEBACK_CHARS: Final = 20_000
+SUMMARY_CHARS: Final = 300
+
+
+class NodeState(enum.StrEnum):
+    """A node's state in a run, as the observer told it."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    CACHED = "cached"
+    FAILED = "failed"
+    RETRYING = "retrying"
+    TIMED_OUT = "timed_out"
+    # Ended unfinished: its run was stopped, or the work was dropped.
+    STOPPED = "stopped"
+    # Reserved for the durable-runs issue: a node waiting for an answer. Nothing sets it yet.
+    PAUSED = "paused"
+
+
+class RunStatus(enum.StrEnum):
+    """A run's status."""
+
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    # Reserved for the durable-runs issue: a run waiting for an answer. Nothing sets it yet.
+    PAUSED = "paused"
+
+
+T = TypeVar("T")
+
+
+class Ring(Generic[T]):
+    """An append-only log that keeps its last ``kept`` entries, read from a position: each
+    reader keeps where it is, so any number of readers read one log, and a writer never waits
+    for them."""
+
+    def __init__(self, kept: int) -> None:
+        self._entries: deque[T] = deque(maxlen=kept)
+        self._total = 0
+        self._lock = threading.Lock()
+
+    def append(self, entry: T) -> None:
+        with self._lock:
+            self._entries.append(entry)
+            self._total += 1
+
+    @property
+    def position(self) -> int:
+        """Where a reader that has read everything so far is."""
+        return self._total
+
+    def since(self, position: int) -> tuple[list[T], int, bool]:
+        """The entries from ``position`` on, the position after them, and whether entries
+        between ``position`` and the first kept were lost (the reader fell behind)."""
+        with self._lock:
+            first = self._total - len(self._entries)
+            lost = position < first
+            start = max(position, first) - first
+            return list(itertools.islice(self._entries, start, None)), self._total, lost
+
+
+_short = reprlib.Repr()
+_short.maxstring = 80
+_short.maxother = 80
+_short.maxlist = _short.maxtuple = _short.maxdict = _short.maxset = 6
+
+
+def described(value: Any) -> dict[str, Any]:
+    """What the page may show of a value: its type, its size when it has one (``len``, or
+    ``nbytes`` for arrays and tensors), and a short repr, bounded (``reprlib``). The page
+    escapes it."""
+    size: int | None = None
+    with contextlib.suppress(Exception):
+        nbytes = getattr(value, "nbytes", None)
+        if isinstance(nbytes, int):
+            size = nbytes
+        elif hasattr(value, "__len__"):
+            size = len(value)
+    try:
+        shown = _short.repr(value)
+    except Exception as error:  # a user's __repr__ may raise: the page says so
+        shown = f"<repr failed: {type(error).__name__}>"
+    return {"type": type(value).__qualname__, "size": size, "repr": shown}
+
+
+def summary(error: BaseException) -> str:
+    """An error's first line, bounded: what a runs page's row shows."""
+    try:
+        text = str(error)
+    except Exception:
+        text = ""
+    first = text.splitlines()[0] if text else ""
+    return f"{type(error).__name__}: {first}"[:SUMMARY_CHARS]
+
+
+def traceback_text(error: BaseException) -> str:
+    """An error's traceback, notes included, bounded."""
+    try:
+        text = "".join(traceback.format_exception(error))
+    except Exception:
+        text = summary(error)
+    return text[:TRACEBACK_CHARS]
+
+
+class NodeRecord:
+    """One node of one run (a step's inner node by its path, ``step/inner``)."""
+
+    __slots__ = (
+        "attempts",
+        "device",
+        "ended",
+        "error",
+        "host",
+        "id",
+        "parts_ended",
+        "parts_open",
+        "row",
+        "seconds",
+        "started",
+        "state",
+        "traceback",
+    )
+
+    def __init__(self, node_id: str) -> None:
+        self.id = node_id
+        self.state = NodeState.WAITING
+        self.attempts = 0
+        self.seconds: float | None = None
+        self.started: float | None = None
+        self.ended: float | None = None
+        # Where it ran: the thread's name, or the async task's.
+        self.row: str | None = None
+        self.device: str | None = None
+        # Set for a node a slice ran on another host (`adopt`); `None` here.
+        self.host: str | None = None
+        self.error: str | None = None
+        self.traceback: str | None = None
+        # For a step that decides: its parts (items, cases, iterations) in flight and ended.
+        self.parts_open = 0
+        self.parts_ended = 0
+
+    def as_json(self, *, detail: bool = False) -> dict[str, Any]:
+        shown: dict[str, Any] = {
+            "id": self.id,
+            "state": self.state.value,
+            "attempts": self.attempts,
+            "seconds": self.seconds,
+            "row": self.row,
+            "error": self.error,
+        }
+        if detail:
+            shown.update(
+                started=self.started,
+                ended=self.ended,
+                device=self.device,
+                host=self.host,
+                traceback=self.traceback,
+                parts=self.parts_ended + self.parts_open,
+                # The observer does not see a node's output: nothing to show of it.
+                output=None,
+            )
+        return shown
+
+
+class RunRecord:
+    """One run of this process (a whole one, or a streamed item's), as its works were told."""
+
+    def __init__(
+        self,
+        run_id: str,
+        graph: Any,
+        nodes: int,
+        item: int | None,
+        asynchronous: bool,
+        parent: str | None,
+    ) -> None:
+        self.id = run_id
+        # The run's graph (`_soma.GraphCore`), whose plan the page draws; `None` if not told.
+        self.graph = graph
+        self.total = nodes
+        self.item = item
+        self.asynchronous = asynchronous
+        self.parent = parent
+        self.status = RunStatus.RUNNING
+        self.started_at = time.time()
+        self.clock = time.perf_counter()
+        self.seconds: float | None = None
+        self.error: str | None = None
+        self.traceback: str | None = None
+        self.nodes: dict[str, NodeRecord] = {}
+        # Top-level nodes done (finished or cached): the "done of total" of the runs page.
+        self.done = 0
+        # Which nodes changed, in order; the spans ended; what was emitted, and how much.
+        self.changes: Ring[str] = Ring(CHANGES_KEPT)
+        self.spans: Ring[dict[str, Any]] = Ring(SPANS_KEPT)
+        self.emits: Ring[dict[str, Any]] = Ring(EMITS_KEPT)
+        self._label: str | None = None
+
+    def now(self) -> float:
+        """Seconds since the run began."""
+        return time.perf_counter() - self.clock
+
+    def node(self, node_id: str) -> NodeRecord:
+        found = self.nodes.get(node_id)
+        if found is None:
+            found = self.nodes.setdefault(node_id, NodeRecord(node_id))
+        return found
+
+    @property
+    def label(self) -> str:
+        """The graph, as a row names it: its first root and last leaf."""
+        if self._label is None:
+            label = "?"
+            with contextlib.suppress(Exception):
+                roots, leaves = self.graph.roots(), self.graph.leaves()
+                if roots and leaves:
+                    label = roots[0] if roots == leaves else f"{roots[0]} → {leaves[-1]}"
+            self._label = f"{label} ({self.total} nodes)"
+        return self._label
+
+    def elapsed(self) -> float:
+        return self.seconds if self.seconds is not None else self.now()
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "graph": self.label,
+            "status": self.status.value,
+            "started": self.started_at,
+            "seconds": self.elapsed(),
+            "done": self.done,
+            "total": self.total,
+            "error": self.error,
+            "item": self.item,
+            "parent": self.parent,
+            "emitted": self.emits.position,
+        }
+
+
+class RunSource(Protocol):
+    """Where the page reads runs from: this process's recorder, and later a journal of runs
+    recorded by any process (the durable-runs issue), behind the same three reads."""
+
+    def runs(self) -> list[RunRecord]:
+        """Every run it has, newest first."""
+        ...
+
+    def run(self, run_id: str) -> RunRecord | None: ...
+
+    @property
+    def changes(self) -> Ring[str]:
+        """The ids of runs as they begin, change and end."""
+        ...
+
+
+# The run the current work is part of: set where a run begins, in the context its branches,
+# items and async tasks copy, as `soma._run.observe` sets a stream's.
+_current_run: contextvars.ContextVar[RunRecord | None] = contextvars.ContextVar(
+    "soma_view_run", default=None
+)
+
+# What `begin` hands `end`, by the work's kind.
+_RUN, _CALL, _PART = range(3)
+
+
+def _row(awaited: bool) -> str:
+    """Where a work runs, as the timeline's rows name it: the async task, or the thread."""
+    if awaited:
+        with contextlib.suppress(RuntimeError):
+            task = asyncio.current_task()
+            if task is not None:
+                return f"task {task.get_name()}"
+    return threading.current_thread().name
+
+
+class Recorder:
+    """The listener a view installs (``soma._run.observe.set_watcher``): a record per run of
+    this process, kept as the observer tells each work."""
+
+    def __init__(self) -> None:
+        self._runs: dict[str, RunRecord] = {}
+        self._finished: deque[str] = deque()
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._changes: Ring[str] = Ring(CHANGES_KEPT)
+
+    # The source the page reads.
+
+    def runs(self) -> list[RunRecord]:
+        with self._lock:
+            return list(reversed(self._runs.values()))
+
+    def run(self, run_id: str) -> RunRecord | None:
+        return self._runs.get(run_id)
+
+    @property
+    def changes(self) -> Ring[str]:
+        return self._changes
+
+    # The observer's listener.
+
+    def begin(self, work: _observe.Work) -> Any:
+        kind = work[0]
+        if kind == _observe.RUN:
+            parent = _current_run.get()
+            run = RunRecord(
+                str(next(self._ids)),
+                work[7],
+                work[3],
+                work[2],
+                work[6],
+                None if parent is None else parent.id,
+            )
+            with self._lock:
+                self._runs[run.id] = run
+            self._changes.append(run.id)
+            return (_RUN, run, _current_run.set(run))
+        run = _current_run.get()
+        node_id = work[1]
+        if run is None or node_id is None:
+            return None
+        node = run.node(node_id)
+        if kind == _observe.CALL:
+            node.state = NodeState.RUNNING
+            node.attempts = work[3] + 1
+            node.device = work[4]
+            node.row = _row(work[6])
+            node.started = run.now()
+            run.changes.append(node_id)
+            self._changes.append(run.id)
+            return (_CALL, run, node, node.started)
+        if kind == _observe.CACHED:
+            node.state = NodeState.CACHED
+            node.device = work[4]
+            node.seconds = 0.0
+            if "/" not in node_id:
+                run.done += 1
+            run.changes.append(node_id)
+            self._changes.append(run.id)
+            return None
+        # A part of a step that decides: the step runs while any part is in flight.
+        node.parts_open += 1
+        if node.state is not NodeState.FAILED:
+            node.state = NodeState.RUNNING
+        if node.started is None:
+            node.started = run.now()
+        run.changes.append(node_id)
+        return (_PART, run, node, node.started)
+
+    def end(
+        self, opened: Any, outcome: int, error: BaseException | None, retry_in: float | None
+    ) -> None:
+        kind = opened[0]
+        if kind == _RUN:
+            self._run_ended(opened[1], opened[2], outcome, error)
+        elif kind == _CALL:
+            self._call_ended(opened[1], opened[2], opened[3], outcome, error, retry_in)
+        else:
+            self._part_ended(opened[1], opened[2], outcome, error)
+
+    def _run_ended(
+        self, run: RunRecord, token: Any, outcome: int, error: BaseException | None
+    ) -> None:
+        with contextlib.suppress(ValueError):
+            # A streamed item ends on another thread, outside the context it began in.
+            _current_run.reset(token)
+        run.seconds = run.now()
+        if outcome == _observe.RETURNED:
+            for node in run.nodes.values():
+                # A step's parts all ended and the run returned: the step finished.
+                if node.state is NodeState.RUNNING and node.parts_ended and not node.parts_open:
+                    node.state = NodeState.FINISHED
+                    run.changes.append(node.id)
+            run.status = RunStatus.FINISHED
+        elif outcome == _observe.FAILED:
+            run.status = RunStatus.FAILED
+        else:
+            run.status = RunStatus.STOPPED
+        if error is not None:
+            run.error = summary(error)
+            run.traceback = traceback_text(error)
+        with self._lock:
+            self._finished.append(run.id)
+            while len(self._finished) > FINISHED_KEPT:
+                self._runs.pop(self._finished.popleft(), None)
+        self._changes.append(run.id)
+
+    def _call_ended(
+        self,
+        run: RunRecord,
+        node: NodeRecord,
+        started: float,
+        outcome: int,
+        error: BaseException | None,
+        retry_in: float | None,
+    ) -> None:
+        ended = run.now()
+        node.ended, node.seconds = ended, ended - started
+        if outcome == _observe.RETURNED:
+            node.state = NodeState.FINISHED
+            if "/" not in node.id:
+                run.done += 1
+        elif outcome == _observe.FAILED:
+            from soma.errors import TimeLimitError
+
+            if retry_in is not None:
+                node.state = NodeState.RETRYING
+            elif isinstance(error, TimeLimitError):
+                node.state = NodeState.TIMED_OUT
+            else:
+                node.state = NodeState.FAILED
+            if error is not None:
+                node.error = summary(error)
+                node.traceback = traceback_text(error)
+        else:
+            node.state = NodeState.STOPPED
+        run.spans.append(
+            {
+                "node": node.id,
+                "start": started,
+                "end": ended,
+                "row": node.row,
+                "state": node.state.value,
+                "attempt": node.attempts - 1,
+            }
+        )
+        run.changes.append(node.id)
+        self._changes.append(run.id)
+
+    def _part_ended(
+        self, run: RunRecord, node: NodeRecord, outcome: int, error: BaseException | None
+    ) -> None:
+        node.parts_open -= 1
+        node.parts_ended += 1
+        if outcome == _observe.FAILED:
+            node.state = NodeState.FAILED
+            if error is not None and node.error is None:
+                node.error = summary(error)
+                node.traceback = traceback_text(error)
+        elif outcome == _observe.STOPPED and node.state is NodeState.RUNNING:
+            node.state = NodeState.STOPPED
+        node.ended = run.now()
+        node.seconds = node.ended - (node.started or 0.0)
+        run.changes.append(node.id)
+
+    def emit(self, node: str, value: Any) -> None:
+        run = _current_run.get()
+        if run is None:
+            return
+        shown = described(value)
+        shown["node"] = node
+        shown["at"] = run.now()
+        run.emits.append(shown)
+
+    def adopt(self, spans: list[Any], host: str, sent_ns: int) -> None:
+        """The nodes a slice ran on ``host``: each finished (or failed) there."""
+        run = _current_run.get()
+        if run is None:
+            return
+        for node_id, start, end, _thread, _branch, _turns, error, device, cached in spans:
+            node = run.node(node_id)
+            node.host, node.device = host, device
+            node.seconds = end - start
+            if error is not None:
+                node.state, node.error = NodeState.FAILED, str(error)[:SUMMARY_CHARS]
+            else:
+                node.state = NodeState.CACHED if cached else NodeState.FINISHED
+                if "/" not in node_id:
+                    run.done += 1
+            run.changes.append(node_id)
+        self._changes.append(run.id)
+
+
+def walk_plan_nodes(plan: Any) -> Iterator[str]:
+    """The ids of the nodes a plan runs, steps' inner nodes included: a walk with a stack of
+    its own, as deep as the plan nests."""
+    stack = [plan]
+    while stack:
+        step = stack.pop()
+        if step.node is not None:
+            yield step.node
+        stack.extend(reversed(step.children))

@@ -1,0 +1,240 @@
+"""The view's web server: Starlette served by uvicorn on a thread of its own, reading a
+:class:`~soma.view.record.RunSource` and pushing what changed to each open page by server-sent
+events.
+
+Each page's stream is a loop of its own that wakes every :data:`TICK` seconds and sends what
+changed since it last looked — each changed node once, with its latest state, the spans ended
+and the values emitted since — so a run that changes a node 100,000 times a second costs a page
+one message per tick, bounded by the run's size, and the run itself never waits for a page: it
+only appends to its logs (``soma.view.record.Ring``). A page that fell behind a log's window is
+sent the whole state again.
+
+Imported only by ``soma.view(...)``: ``import soma`` never imports Starlette or uvicorn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import socket
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Final
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from soma.view import pages
+from soma.view.record import RunRecord, RunSource
+
+# How often a page's stream looks for changes: a state change reaches an open page within a
+# tick and the time to send it.
+TICK: Final = 0.05
+# How many of a run's kept spans a page's first message carries (the timeline's latest).
+SPANS_SENT: Final = 2_000
+# A comment sent on an idle stream this often, so that a page sees a closed server.
+KEEPALIVE: Final = 15.0
+STATIC: Final = Path(__file__).parent / "static"
+
+
+def _event(kind: str, data: Any) -> str:
+    return f"event: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+class _TokenGate:
+    """Refuses every request without the token (``?token=`` or the ``X-Soma-Token`` header),
+    when the server has one: bound beyond loopback, a page could resume runs (the durable-runs
+    issue) and shows what runs do."""
+
+    def __init__(self, app: ASGIApp, token: str | None) -> None:
+        self.app = app
+        self.token = token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.token is not None and scope["type"] == "http":
+            request = Request(scope)
+            given = request.query_params.get("token") or request.headers.get("x-soma-token", "")
+            if not secrets.compare_digest(given.encode(), self.token.encode()):
+                response = Response("a token is needed: the one printed at start\n", 403)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def application(source: RunSource, token: str | None, closing: threading.Event) -> ASGIApp:
+    """The view's ASGI application over ``source``; its streams end once ``closing`` is set."""
+
+    def found(request: Request) -> RunRecord | None:
+        return source.run(request.path_params["run_id"])
+
+    async def runs_page(request: Request) -> Response:
+        status = request.query_params.get("status")
+        return HTMLResponse(pages.runs_page(source.runs(), status, token))
+
+    async def run_page(request: Request) -> Response:
+        run = found(request)
+        if run is None:
+            return HTMLResponse(pages.missing(request.path_params["run_id"], token), 404)
+        # The plan is drawn on the server's thread, off the run's.
+        drawing = await asyncio.to_thread(pages.run_drawing, run)
+        return HTMLResponse(pages.run_page(run, drawing, token))
+
+    async def runs_json(request: Request) -> Response:
+        status = request.query_params.get("status")
+        rows = [run.as_json() for run in source.runs() if status in (None, run.status.value)]
+        return JSONResponse(rows)
+
+    async def run_json(request: Request) -> Response:
+        run = found(request)
+        if run is None:
+            return JSONResponse({"error": "no such run"}, 404)
+        return JSONResponse(_snapshot(run))
+
+    async def node_json(request: Request) -> Response:
+        run = found(request)
+        node = None if run is None else run.nodes.get(request.path_params["node"])
+        if node is None:
+            return JSONResponse({"error": "no such node in this run, or not begun"}, 404)
+        return JSONResponse(node.as_json(detail=True))
+
+    async def runs_events(request: Request) -> Response:
+        return _streamed(_runs_stream(source, closing))
+
+    async def run_events(request: Request) -> Response:
+        run = found(request)
+        if run is None:
+            return JSONResponse({"error": "no such run"}, 404)
+        return _streamed(_run_stream(run, closing))
+
+    app = Starlette(
+        routes=[
+            Route("/", runs_page),
+            Route("/runs/{run_id}", run_page),
+            Route("/api/runs", runs_json),
+            Route("/api/runs/events", runs_events),
+            Route("/api/runs/{run_id}", run_json),
+            Route("/api/runs/{run_id}/events", run_events),
+            Route("/api/runs/{run_id}/nodes/{node:path}", node_json),
+            Mount("/static", StaticFiles(directory=STATIC), name="static"),
+        ]
+    )
+    return _TokenGate(app, token)
+
+
+def _streamed(stream: AsyncIterator[str]) -> Response:
+    return StreamingResponse(
+        stream,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+def _snapshot(run: RunRecord) -> dict[str, Any]:
+    spans = run.spans.since(0)[0]
+    return {
+        "run": run.as_json(),
+        "nodes": [node.as_json() for node in list(run.nodes.values())],
+        "spans": spans[-SPANS_SENT:],
+        "emits": run.emits.since(0)[0],
+    }
+
+
+async def _runs_stream(source: RunSource, closing: threading.Event) -> AsyncIterator[str]:
+    position = source.changes.position
+    yield _event("runs", [run.as_json() for run in source.runs()])
+    idle = 0.0
+    while not closing.is_set():
+        await asyncio.sleep(TICK)
+        changed, position, lost = source.changes.since(position)
+        running = [run for run in source.runs() if run.status.value == "running"]
+        if lost:
+            yield _event("runs", [run.as_json() for run in source.runs()])
+        elif changed or running:
+            # Running runs' times move on: their rows are sent every tick, with the changed.
+            ids = set(changed) | {run.id for run in running}
+            rows = [run for run in (source.run(run_id) for run_id in ids) if run is not None]
+            yield _event("update", [run.as_json() for run in rows])
+            idle = 0.0
+        else:
+            idle += TICK
+            if idle >= KEEPALIVE:
+                idle = 0.0
+                yield ": idle\n\n"
+
+
+async def _run_stream(run: RunRecord, closing: threading.Event) -> AsyncIterator[str]:
+    changes, spans, emits = run.changes.position, run.spans.position, run.emits.position
+    yield _event("snapshot", _snapshot(run))
+    told_end = run.status.value != "running"
+    idle = 0.0
+    while not closing.is_set():
+        await asyncio.sleep(TICK)
+        changed, changes, lost_changes = run.changes.since(changes)
+        new_spans, spans, _ = run.spans.since(spans)
+        new_emits, emits, _ = run.emits.since(emits)
+        if lost_changes:
+            yield _event("snapshot", _snapshot(run))
+            continue
+        ended = run.status.value != "running"
+        if not (changed or new_spans or new_emits) and (told_end or not ended):
+            if not ended:
+                yield _event("update", {"run": run.as_json()})
+                continue
+            idle += TICK
+            if idle >= KEEPALIVE:
+                idle = 0.0
+                yield ": idle\n\n"
+            continue
+        idle = 0.0
+        told_end = ended
+        nodes = [run.nodes[node_id] for node_id in dict.fromkeys(changed) if node_id in run.nodes]
+        yield _event(
+            "update",
+            {
+                "run": run.as_json(),
+                "nodes": [node.as_json() for node in nodes],
+                "spans": new_spans[-SPANS_SENT:],
+                "emits": new_emits,
+            },
+        )
+
+
+class Serving:
+    """uvicorn serving ``app`` on a socket bound now, on a daemon thread."""
+
+    def __init__(self, app: ASGIApp, host: str, port: int, closing: threading.Event) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.socket = socket.socket(family, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind((host, port))
+        self.socket.listen(128)
+        self.port: int = self.socket.getsockname()[1]
+        self.closing = closing
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            lifespan="off",
+            access_log=False,
+            timeout_graceful_shutdown=2,
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(
+            target=self.server.run,
+            kwargs={"sockets": [self.socket]},
+            name="soma-view",
+            daemon=True,
+        )
+        self.thread.start()
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.closing.set()
+        self.server.should_exit = True
+        self.thread.join(timeout)
+        self.socket.close()
