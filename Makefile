@@ -45,7 +45,10 @@ lint: setup
 test-rust:
 	cargo test --workspace --locked
 
+# The view's browser tests drive Debian's headless Chromium: installed first when missing
+# (a no-op when present); where it cannot be, those tests skip and say why.
 test-python: setup
+	.ci/chromium-from-debian.sh || echo "chromium not installed: tests/test_view.py's browser tests will skip"
 	$(BIN)/pytest
 
 test: lint test-rust test-python test-wheel

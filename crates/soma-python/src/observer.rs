@@ -270,10 +270,10 @@ fn error_value(py: Python<'_>, error: &RunError) -> Py<PyAny> {
     } else {
         None
     };
+    // Taken with its traceback set on it, as Python would hold it, so that a watcher shows
+    // where the node failed (on 3.11 an error's traceback is kept beside its value).
     raised
         .unwrap_or_else(|| run_error(py, error, None))
-        .value(py)
-        .clone()
+        .into_value(py)
         .into_any()
-        .unbind()
 }
