@@ -7,6 +7,7 @@ never after a sleep; every wait has a deadline.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -21,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DEADLINE, run_script
 
 import soma
+from conftest import DEADLINE, run_script
 from soma._run import observe
 from soma.view import record
 
@@ -181,7 +182,7 @@ def test_a_runs_event_stream_delivers_a_node_state_change_as_it_happens(view: An
         assert states == {"first": "finished", "held": "running"}
         gate.open.set()
         seen: dict[str, str] = {}
-        for kind, data in events:
+        for _kind, data in events:
             seen.update({node["id"]: node["state"] for node in data.get("nodes", [])})
             if data["run"]["status"] == "finished":
                 break
@@ -285,6 +286,50 @@ def test_a_retried_node_shows_its_attempts_and_a_timed_out_one_its_state(view: A
     assert [span["state"] for span in spans] == ["retrying", "finished"]
     slow_node = json.loads(get(address(view, "/api/runs/2/nodes/slow"))[1])
     assert slow_node["state"] == "timed_out"
+
+
+def test_an_each_step_its_inner_nodes_and_a_streams_items_each_show_their_states(
+    view: Any,
+) -> None:
+    split = soma.node(lambda x: [x, x + 1]).named("split")
+    double = soma.node(lambda x: 2 * x).named("double")
+    total = soma.node(sum).named("total")
+    graph = soma.Graph.somatize(split >> soma.each(double) >> total)
+    assert graph.forward(1) == 6
+    assert list(graph.map([1, 2])) == [6, 10]
+    runs = json.loads(get(address(view, "/api/runs"))[1])
+    # The whole run, then each streamed item's, newest first.
+    assert [(run["item"], run["done"], run["total"]) for run in runs] == [
+        (1, 3, 3),
+        (0, 3, 3),
+        (None, 3, 3),
+    ]
+    snapshot = json.loads(get(address(view, "/api/runs/1"))[1])
+    states = {node["id"]: node["state"] for node in snapshot["nodes"]}
+    assert states == {
+        "split": "finished",
+        "each": "finished",
+        "each/double": "finished",
+        "total": "finished",
+    }
+    _, page = get(address(view, "/runs/1"))
+    assert 'data-node="each/double"' in page
+
+
+def test_async_nodes_each_have_the_timeline_row_of_their_task(view: Any) -> None:
+    both = threading.Barrier(2)
+
+    async def meets(x: int) -> int:
+        await asyncio.to_thread(both.wait, DEADLINE)
+        return x
+
+    graph = soma.Graph.somatize(soma.node(meets).named("left") | soma.node(meets).named("right"))
+    asyncio.run(graph.aforward(1))
+    snapshot = json.loads(get(address(view, "/api/runs/1"))[1])
+    rows = {node["id"]: node["row"] for node in snapshot["nodes"]}
+    assert rows["left"].startswith("task ")
+    assert rows["right"].startswith("task ")
+    assert rows["left"] != rows["right"]
 
 
 def test_closing_a_view_stops_recording(view: Any) -> None:
@@ -415,7 +460,7 @@ def browser() -> Iterator[Any]:
 
 def box_state(driver: Any, node: str) -> str:
     classes: str = driver.execute_script(
-        "const g = document.querySelector(`#plan g[data-node=\"${arguments[0]}\"]`);"
+        'const g = document.querySelector(`#plan g[data-node="${arguments[0]}"]`);'
         "return g ? g.getAttribute('class') : '';",
         node,
     )

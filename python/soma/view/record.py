@@ -236,6 +236,7 @@ class RunRecord:
         self.nodes: dict[str, NodeRecord] = {}
         # Top-level nodes done (finished or cached): the "done of total" of the runs page.
         self.done = 0
+        self.lock = threading.Lock()
         # Which nodes changed, in order; the spans ended; what was emitted, and how much.
         self.changes: Ring[str] = Ring(CHANGES_KEPT)
         self.spans: Ring[dict[str, Any]] = Ring(SPANS_KEPT)
@@ -305,6 +306,21 @@ _current_run: contextvars.ContextVar[RunRecord | None] = contextvars.ContextVar(
     "soma_view_run", default=None
 )
 
+# The states that count as done in a run's "done of total".
+_DONE: Final = frozenset({NodeState.FINISHED, NodeState.CACHED})
+
+
+def _become(run: RunRecord, node: NodeRecord, state: NodeState) -> None:
+    """Sets ``node``'s state, keeping the run's count of top-level nodes done."""
+    if "/" in node.id:
+        node.state = state
+        return
+    with run.lock:
+        # Branches end on their own threads: the count is read and written under the lock.
+        run.done += (state in _DONE) - (node.state in _DONE)
+        node.state = state
+
+
 # What `begin` hands `end`, by the work's kind.
 _RUN, _CALL, _PART = range(3)
 
@@ -367,7 +383,7 @@ class Recorder:
             return None
         node = run.node(node_id)
         if kind == _observe.CALL:
-            node.state = NodeState.RUNNING
+            _become(run, node, NodeState.RUNNING)
             node.attempts = work[3] + 1
             node.device = work[4]
             node.row = _row(work[6])
@@ -376,18 +392,16 @@ class Recorder:
             self._changes.append(run.id)
             return (_CALL, run, node, node.started)
         if kind == _observe.CACHED:
-            node.state = NodeState.CACHED
+            _become(run, node, NodeState.CACHED)
             node.device = work[4]
             node.seconds = 0.0
-            if "/" not in node_id:
-                run.done += 1
             run.changes.append(node_id)
             self._changes.append(run.id)
             return None
         # A part of a step that decides: the step runs while any part is in flight.
         node.parts_open += 1
         if node.state is not NodeState.FAILED:
-            node.state = NodeState.RUNNING
+            _become(run, node, NodeState.RUNNING)
         if node.started is None:
             node.started = run.now()
         run.changes.append(node_id)
@@ -412,11 +426,6 @@ class Recorder:
             _current_run.reset(token)
         run.seconds = run.now()
         if outcome == _observe.RETURNED:
-            for node in run.nodes.values():
-                # A step's parts all ended and the run returned: the step finished.
-                if node.state is NodeState.RUNNING and node.parts_ended and not node.parts_open:
-                    node.state = NodeState.FINISHED
-                    run.changes.append(node.id)
             run.status = RunStatus.FINISHED
         elif outcome == _observe.FAILED:
             run.status = RunStatus.FAILED
@@ -443,23 +452,21 @@ class Recorder:
         ended = run.now()
         node.ended, node.seconds = ended, ended - started
         if outcome == _observe.RETURNED:
-            node.state = NodeState.FINISHED
-            if "/" not in node.id:
-                run.done += 1
+            _become(run, node, NodeState.FINISHED)
         elif outcome == _observe.FAILED:
             from soma.errors import TimeLimitError
 
             if retry_in is not None:
-                node.state = NodeState.RETRYING
+                _become(run, node, NodeState.RETRYING)
             elif isinstance(error, TimeLimitError):
-                node.state = NodeState.TIMED_OUT
+                _become(run, node, NodeState.TIMED_OUT)
             else:
-                node.state = NodeState.FAILED
+                _become(run, node, NodeState.FAILED)
             if error is not None:
                 node.error = summary(error)
                 node.traceback = traceback_text(error)
         else:
-            node.state = NodeState.STOPPED
+            _become(run, node, NodeState.STOPPED)
         run.spans.append(
             {
                 "node": node.id,
@@ -479,12 +486,16 @@ class Recorder:
         node.parts_open -= 1
         node.parts_ended += 1
         if outcome == _observe.FAILED:
-            node.state = NodeState.FAILED
+            _become(run, node, NodeState.FAILED)
             if error is not None and node.error is None:
                 node.error = summary(error)
                 node.traceback = traceback_text(error)
         elif outcome == _observe.STOPPED and node.state is NodeState.RUNNING:
-            node.state = NodeState.STOPPED
+            _become(run, node, NodeState.STOPPED)
+        elif node.parts_open == 0 and node.state is NodeState.RUNNING:
+            # No part in flight: the step is done, until a part begins again (an `each` with
+            # `in_flight` between its items, a `loop`'s next iteration).
+            _become(run, node, NodeState.FINISHED)
         node.ended = run.now()
         node.seconds = node.ended - (node.started or 0.0)
         run.changes.append(node.id)
@@ -508,11 +519,10 @@ class Recorder:
             node.host, node.device = host, device
             node.seconds = end - start
             if error is not None:
-                node.state, node.error = NodeState.FAILED, str(error)[:SUMMARY_CHARS]
+                _become(run, node, NodeState.FAILED)
+                node.error = str(error)[:SUMMARY_CHARS]
             else:
-                node.state = NodeState.CACHED if cached else NodeState.FINISHED
-                if "/" not in node_id:
-                    run.done += 1
+                _become(run, node, NodeState.CACHED if cached else NodeState.FINISHED)
             run.changes.append(node_id)
         self._changes.append(run.id)
 
