@@ -34,7 +34,7 @@ EVIL_MESSAGE = "<script>alert(1)</script>"
 
 
 @pytest.fixture
-def view() -> Iterator[soma.view.View]:  # type: ignore[name-defined]
+def view() -> Iterator[Any]:
     opened = soma.view(port=0, quiet=True)
     try:
         yield opened
@@ -339,7 +339,7 @@ def test_closing_a_view_stops_recording(view: Any) -> None:
     view.close()
 
 
-def test_a_recorder_keeps_its_runs_and_logs_bounded() -> None:
+def test_a_recorder_keeps_its_last_finished_runs_only() -> None:
     recorder = record.Recorder()
     observe.set_watcher(recorder)
     try:
@@ -351,6 +351,29 @@ def test_a_recorder_keeps_its_runs_and_logs_bounded() -> None:
     runs = recorder.runs()
     assert len(runs) == record.FINISHED_KEPT
     assert runs[0].id == str(record.FINISHED_KEPT + 10)
+
+
+def test_a_recorder_keeps_finished_runs_within_its_budget_of_nodes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(record, "FINISHED_NODES_KEPT", 5)
+    recorder = record.Recorder()
+    observe.set_watcher(recorder)
+    try:
+        graph = soma.Graph.somatize(
+            soma.node(lambda x: x).named("a")
+            >> soma.node(lambda x: x).named("b")
+            >> soma.node(lambda x: x).named("c")
+        )
+        for _ in range(4):
+            graph.forward(1)
+    finally:
+        observe.set_watcher(None)
+    # Three nodes a run: a second run kept would make six.
+    assert [run.id for run in recorder.runs()] == ["4"]
+
+
+def test_a_ring_keeps_its_last_entries_and_tells_a_reader_that_fell_behind() -> None:
     ring: record.Ring[int] = record.Ring(3)
     for entry in range(5):
         ring.append(entry)

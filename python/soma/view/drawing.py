@@ -62,22 +62,10 @@ def run_trace(run: RunRecord) -> _soma.Trace:
     trace's own timeline draws the run."""
     rows: dict[str, int] = {}
     spans: list[Any] = []
-    for span in run.spans.since(0)[0]:
-        row = rows.setdefault(span["row"] or "?", len(rows))
-        failed = span["state"] in ("failed", "timed_out", "retrying")
-        spans.append(
-            (
-                span["node"],
-                span["start"],
-                span["end"],
-                row,
-                [],
-                1,
-                span["state"] if failed else None,
-                None,
-                False,
-            )
-        )
+    for node, start, end, row_name, state, _attempt in run.spans.since(0)[0]:
+        row = rows.setdefault(row_name or "?", len(rows))
+        failed = state in ("failed", "timed_out", "retrying", "stopped")
+        spans.append((node, start, end, row, [], 1, state if failed else None, None, False))
     trace = _soma.Trace()
     trace._record(spans, 0.0, [])
     return trace

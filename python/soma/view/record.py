@@ -14,7 +14,8 @@ node emits (``ctx.emit``) is kept as its type, its size and a short repr, never 
 
 Memory stays bounded whatever a run does: each run keeps its last :data:`SPANS_KEPT` spans, its
 last :data:`EMITS_KEPT` emitted values and a change log of :data:`CHANGES_KEPT` entries; the
-recorder keeps every run in flight and the last :data:`FINISHED_KEPT` finished ones. A reader
+recorder keeps every run in flight and the last finished ones, at most :data:`FINISHED_KEPT`
+runs of at most :data:`FINISHED_NODES_KEPT` nodes in all (the oldest go first). A reader
 that fell behind a log's window is told so and reads the whole state again.
 """
 
@@ -40,6 +41,7 @@ SPANS_KEPT: Final = 10_000
 EMITS_KEPT: Final = 200
 CHANGES_KEPT: Final = 50_000
 FINISHED_KEPT: Final = 200
+FINISHED_NODES_KEPT: Final = 100_000
 # A traceback's text and an error's one-line summary are cut at these lengths.
 TRACEBACK_CHARS: Final = 20_000
 SUMMARY_CHARS: Final = 300
@@ -73,6 +75,9 @@ class RunStatus(enum.StrEnum):
 
 
 T = TypeVar("T")
+# A span of a run's timeline: node, start, end (seconds since the run began), row, state,
+# attempt.
+Span = tuple[str, float, float, str | None, str, int]
 
 
 class Ring(Generic[T]):
@@ -239,7 +244,8 @@ class RunRecord:
         self.lock = threading.Lock()
         # Which nodes changed, in order; the spans ended; what was emitted, and how much.
         self.changes: Ring[str] = Ring(CHANGES_KEPT)
-        self.spans: Ring[dict[str, Any]] = Ring(SPANS_KEPT)
+        # Each span (node, start, end, row, state, attempt): a tuple, as thousands are kept.
+        self.spans: Ring[Span] = Ring(SPANS_KEPT)
         self.emits: Ring[dict[str, Any]] = Ring(EMITS_KEPT)
         self._label: str | None = None
 
@@ -282,6 +288,18 @@ class RunRecord:
             "parent": self.parent,
             "emitted": self.emits.position,
         }
+
+
+def span_json(span: Span) -> dict[str, Any]:
+    node, start, end, row, state, attempt = span
+    return {
+        "node": node,
+        "start": start,
+        "end": end,
+        "row": row,
+        "state": state,
+        "attempt": attempt,
+    }
 
 
 class RunSource(Protocol):
@@ -342,6 +360,7 @@ class Recorder:
     def __init__(self) -> None:
         self._runs: dict[str, RunRecord] = {}
         self._finished: deque[str] = deque()
+        self._finished_nodes = 0
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._changes: Ring[str] = Ring(CHANGES_KEPT)
@@ -365,7 +384,7 @@ class Recorder:
         kind = work[0]
         if kind == _observe.RUN:
             parent = _current_run.get()
-            run = RunRecord(
+            begun = RunRecord(
                 str(next(self._ids)),
                 work[7],
                 work[3],
@@ -374,9 +393,9 @@ class Recorder:
                 None if parent is None else parent.id,
             )
             with self._lock:
-                self._runs[run.id] = run
-            self._changes.append(run.id)
-            return (_RUN, run, _current_run.set(run))
+                self._runs[begun.id] = begun
+            self._changes.append(begun.id)
+            return (_RUN, begun, _current_run.set(begun))
         run = _current_run.get()
         node_id = work[1]
         if run is None or node_id is None:
@@ -436,8 +455,13 @@ class Recorder:
             run.traceback = traceback_text(error)
         with self._lock:
             self._finished.append(run.id)
-            while len(self._finished) > FINISHED_KEPT:
-                self._runs.pop(self._finished.popleft(), None)
+            self._finished_nodes += len(run.nodes)
+            while len(self._finished) > 1 and (
+                len(self._finished) > FINISHED_KEPT or self._finished_nodes > FINISHED_NODES_KEPT
+            ):
+                dropped = self._runs.pop(self._finished.popleft(), None)
+                if dropped is not None:
+                    self._finished_nodes -= len(dropped.nodes)
         self._changes.append(run.id)
 
     def _call_ended(
@@ -467,16 +491,7 @@ class Recorder:
                 node.traceback = traceback_text(error)
         else:
             _become(run, node, NodeState.STOPPED)
-        run.spans.append(
-            {
-                "node": node.id,
-                "start": started,
-                "end": ended,
-                "row": node.row,
-                "state": node.state.value,
-                "attempt": node.attempts - 1,
-            }
-        )
+        run.spans.append((node.id, started, ended, node.row, node.state.value, node.attempts - 1))
         run.changes.append(node.id)
         self._changes.append(run.id)
 

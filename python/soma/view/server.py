@@ -32,7 +32,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from soma.view import pages
-from soma.view.record import RunRecord, RunSource
+from soma.view.record import RunRecord, RunSource, span_json
 
 # How often a page's stream looks for changes: a state change reaches an open page within a
 # tick and the time to send it.
@@ -141,7 +141,7 @@ def _snapshot(run: RunRecord) -> dict[str, Any]:
     return {
         "run": run.as_json(),
         "nodes": [node.as_json() for node in list(run.nodes.values())],
-        "spans": spans[-SPANS_SENT:],
+        "spans": [span_json(span) for span in spans[-SPANS_SENT:]],
         "emits": run.emits.since(0)[0],
     }
 
@@ -200,7 +200,7 @@ async def _run_stream(run: RunRecord, closing: threading.Event) -> AsyncIterator
             {
                 "run": run.as_json(),
                 "nodes": [node.as_json() for node in nodes],
-                "spans": new_spans[-SPANS_SENT:],
+                "spans": [span_json(span) for span in new_spans[-SPANS_SENT:]],
                 "emits": new_emits,
             },
         )
