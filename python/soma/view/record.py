@@ -314,7 +314,8 @@ class RunSource(Protocol):
 
     @property
     def changes(self) -> Ring[str]:
-        """The ids of runs as they begin, change and end."""
+        """The ids of runs as they begin and end (a page reads the rows of running runs at
+        every tick: their times and counts move on)."""
         ...
 
 
@@ -330,7 +331,7 @@ _DONE: Final = frozenset({NodeState.FINISHED, NodeState.CACHED})
 
 def _become(run: RunRecord, node: NodeRecord, state: NodeState) -> None:
     """Sets ``node``'s state, keeping the run's count of top-level nodes done."""
-    if "/" in node.id:
+    if "/" in node.id or (state in _DONE) == (node.state in _DONE):
         node.state = state
         return
     with run.lock:
@@ -408,14 +409,12 @@ class Recorder:
             node.row = _row(work[6])
             node.started = run.now()
             run.changes.append(node_id)
-            self._changes.append(run.id)
             return (_CALL, run, node, node.started)
         if kind == _observe.CACHED:
             _become(run, node, NodeState.CACHED)
             node.device = work[4]
             node.seconds = 0.0
             run.changes.append(node_id)
-            self._changes.append(run.id)
             return None
         # A part of a step that decides: the step runs while any part is in flight.
         node.parts_open += 1
@@ -493,7 +492,6 @@ class Recorder:
             _become(run, node, NodeState.STOPPED)
         run.spans.append((node.id, started, ended, node.row, node.state.value, node.attempts - 1))
         run.changes.append(node.id)
-        self._changes.append(run.id)
 
     def _part_ended(
         self, run: RunRecord, node: NodeRecord, outcome: int, error: BaseException | None
@@ -539,7 +537,6 @@ class Recorder:
             else:
                 _become(run, node, NodeState.CACHED if cached else NodeState.FINISHED)
             run.changes.append(node_id)
-        self._changes.append(run.id)
 
 
 def walk_plan_nodes(plan: Any) -> Iterator[str]:
