@@ -15,6 +15,13 @@ reader of ``g.events`` / ``g.aevents``.
    and the process's peak memory across three such runs (target 100,000 a second, memory not
    growing run to run).
 
+4. The browser's view (``soma.view``): the chain of 1,000 trivial nodes with no view, with a
+   view recording it and no page open, and with the runs page open (its event stream read over
+   loopback), interleaved (target: with a page, within 2% of none); a node's state change to an
+   open run page's event stream (target ≤ 100 ms, p99 ≤ 250 ms); and 8 branches emitting as fast
+   as they can with the run's page open: the events a second they emit, what the page receives,
+   and the process's peak memory across three runs (nothing grows without bound).
+
 Timings only, never assertions; the third row's "from 8 branches" holds the GIL in turns, as
 Python code does.
 """
@@ -23,7 +30,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import random
 import resource
+import socket
 import statistics
 import threading
 import time
@@ -227,6 +237,204 @@ def sustained_rows(quick: bool) -> list[list[str]]:
     ]
 
 
+class PageReader:
+    """An open page's event stream over loopback, read on a thread of its own: what a browser
+    tab does, without the drawing. ``on_event`` is called with each event's name and data."""
+
+    def __init__(self, port: int, path: str, on_event: Any = None) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        self.on_event = on_event
+        self.received = 0
+        self.messages = 0
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        pending = b""
+        while True:
+            try:
+                chunk = self.sock.recv(1 << 16)
+            except OSError:
+                return
+            if not chunk:
+                return
+            self.received += len(chunk)
+            pending += chunk
+            *whole, pending = pending.split(b"\n\n")
+            for block in whole:
+                self.messages += 1
+                if self.on_event is None:
+                    continue
+                kind, data = "", None
+                for line in block.split(b"\n"):
+                    if line.startswith(b"event: "):
+                        kind = line[7:].decode()
+                    elif line.startswith(b"data: "):
+                        data = json.loads(line[6:])
+                if data is not None:
+                    self.on_event(kind, data)
+
+    def close(self) -> None:
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        self.thread.join(5)
+
+
+def view_rows(quick: bool) -> list[list[str]]:
+    from soma._run import observe
+
+    view = soma.view(port=0, quiet=True)
+    recorder = observe.dispatch.watcher
+    observe.set_watcher(None)
+    expr: Any = Pass()
+    for _ in range(CHAIN - 1):
+        expr = expr >> Pass()
+    g = soma.Graph.somatize(expr)
+
+    class Recording:
+        def __enter__(self) -> None:
+            observe.set_watcher(recorder)
+
+        def __exit__(self, *_: object) -> None:
+            observe.set_watcher(None)
+
+    class PageOpen(Recording):
+        def __enter__(self) -> None:
+            super().__enter__()
+            self.page = PageReader(view.port, "/api/runs/events")
+
+        def __exit__(self, *_: object) -> None:
+            self.page.close()
+            super().__exit__()
+
+    timings = compare(
+        {"none": lambda: g.forward(1), "view": lambda: g.forward(1), "page": lambda: g.forward(1)},
+        repeat=5 if quick else 15,
+        sample_s=0.05 if quick else 0.2,
+        warmup_s=0.1 if quick else 0.3,
+        settings={"view": Recording, "page": PageOpen},
+    )
+    none, recorded, paged = (timings[name].median_s for name in ("none", "view", "page"))
+    rows = [
+        [
+            f"chain of {CHAIN:,} trivial nodes: a view recording it, the runs page open",
+            f"page: {paged * 1e3:.2f} ms; view, no page: {recorded * 1e3:.2f} ms",
+            f"no view: {none * 1e3:.3f} ms",
+            f"page {(paged / none - 1) * 100:+.0f}%, +{(paged - none) / CHAIN * 1e6:.2f} µs a node "
+            f"(target within 2%): {'met' if paged <= none * 1.02 else 'MISSED'}",
+        ]
+    ]
+    observe.set_watcher(recorder)
+    rows += _state_change_rows(view, 10 if quick else 50)
+    rows += _flood_rows(view, quick)
+    view.close()
+    return rows
+
+
+def _state_change(view: Any, phase: float) -> float:
+    """Seconds from a node beginning to an open run page's stream telling it is running."""
+    gate, began, seen, snapshot = (threading.Event() for _ in range(4))
+    begun_at: list[float] = []
+    seen_at: list[float] = []
+
+    def first(x: int) -> int:
+        began.set()
+        gate.wait(10)
+        return x
+
+    def second(x: int) -> int:
+        begun_at.append(time.perf_counter())
+        seen.wait(10)
+        return x
+
+    def on_event(kind: str, data: Any) -> None:
+        if kind == "snapshot":
+            snapshot.set()
+        for node in data.get("nodes", []):
+            if node["id"] == "second" and node["state"] == "running" and not seen_at:
+                seen_at.append(time.perf_counter())
+                seen.set()
+
+    g = soma.Graph.somatize(soma.node(first).named("first") >> soma.node(second).named("second"))
+    worker = threading.Thread(target=g.forward, args=(1,))
+    worker.start()
+    began.wait(10)
+    page = PageReader(view.port, f"/api/runs/{view.runs()[0].id}/events", on_event)
+    snapshot.wait(10)
+    # A change comes at any moment of the page's tick, not just after a message: the gate opens
+    # after a wait drawn anew each time.
+    time.sleep(phase)
+    gate.set()
+    seen.wait(10)
+    worker.join(10)
+    page.close()
+    return seen_at[0] - begun_at[0]
+
+
+def _state_change_rows(view: Any, times: int) -> list[list[str]]:
+    draw = random.Random(46)
+    taken = [_state_change(view, draw.uniform(0.0, 0.1)) for _ in range(times)]
+    median = statistics.median(taken)
+    p99 = statistics.quantiles(taken, n=100)[98]
+    return [
+        [
+            f"a node's state change to an open run page's event stream ({times} runs)",
+            f"median {median * 1e3:.1f} ms",
+            f"99th percentile {p99 * 1e3:.1f} ms",
+            f"target ≤ 100 ms, p99 ≤ 250 ms: "
+            f"{'met' if median <= 0.1 and p99 <= 0.25 else 'MISSED'}",
+        ]
+    ]
+
+
+def _append_forward(g: soma.Graph, x: Any, results: list[Any]) -> None:
+    results.append(g.forward(x))
+
+
+def _flood_rows(view: Any, quick: bool) -> list[list[str]]:
+    """8 branches emitting flat out, the run's page open."""
+    seconds = 0.3 if quick else 1.0
+
+    class Burst(soma.Node):
+        def forward(self, until: float, ctx: soma.Ctx) -> int:
+            sent = 0
+            while time.perf_counter() < until:
+                for _ in range(100):
+                    ctx.emit(sent)
+                    sent += 1
+            return sent
+
+    g = soma.Graph.somatize(_wave_of(Burst, 8))
+    rates, peaks, messages, received = [], [], [], []
+    for _ in range(3):
+        start = time.perf_counter()
+        results: list[Any] = []
+        worker = threading.Thread(target=_append_forward, args=(g, start + seconds, results))
+        worker.start()
+        while not view.runs() or view.runs()[0].status.value != "running":
+            time.sleep(0.001)
+        page = PageReader(view.port, f"/api/runs/{view.runs()[0].id}/events")
+        worker.join()
+        took = time.perf_counter() - start
+        page.close()
+        rates.append(sum(results[0].values()) / took)
+        messages.append(page.messages / took)
+        received.append(page.received / took)
+        peaks.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    return [
+        [
+            "8 branches emitting as fast as they can, the run's page open",
+            f"{statistics.median(rates):,.0f} events a second emitted",
+            f"the page: {statistics.median(messages):,.0f} messages, "
+            f"{statistics.median(received) / 1e3:,.0f} kB a second; peak memory "
+            f"{peaks[0]:.0f} / {peaks[1]:.0f} / {peaks[2]:.0f} MB over three runs",
+            "target 100,000 a second, the page coalesced: "
+            f"{'met' if statistics.median(rates) >= 100_000 else 'MISSED'}",
+        ]
+    ]
+
+
 def _wave_of(node: type[soma.Node], width: int) -> Any:
     expr: Any = node()
     for _ in range(width - 1):
@@ -246,6 +454,8 @@ def main() -> None:
     rows += latency_rows()
     log("events: sustained from 8 branches")
     rows += sustained_rows(args.quick)
+    log("view: the chain with a page open, a state change to the page, a flood")
+    rows += view_rows(args.quick)
     publish(
         [
             "Watching a run: OpenTelemetry spans and `ctx.emit` to an event reader "

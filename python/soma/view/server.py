@@ -2,8 +2,8 @@
 :class:`~soma.view.record.RunSource` and pushing what changed to each open page by server-sent
 events.
 
-Each page's stream is a loop of its own that wakes every :data:`TICK` seconds and sends what
-changed since it last looked — each changed node once, with its latest state, the spans ended
+Each page's stream is a loop of its own that sends, at most once a :data:`TICK`, what
+changed since it last sent — each changed node once, with its latest state, the spans ended
 and the values emitted since — so a run that changes a node 100,000 times a second costs a page
 one message per tick, bounded by the run's size, and the run itself never waits for a page: it
 only appends to its logs (``soma.view.record.Ring``). A page that fell behind a log's window is
@@ -19,6 +19,7 @@ import json
 import secrets
 import socket
 import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Final
@@ -34,9 +35,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from soma.view import pages
 from soma.view.record import RunRecord, RunSource, span_json
 
-# How often a page's stream looks for changes: a state change reaches an open page within a
-# tick and the time to send it.
+# A page's stream looks for changes every POLL seconds and sends what changed at most once a
+# TICK: a state change reaches an open page within a tick and the time to send it, and one that
+# follows a quiet moment within a poll. A running run's times move on: its row is sent at
+# least every HEARTBEAT.
+POLL: Final = 0.01
 TICK: Final = 0.05
+HEARTBEAT: Final = 0.25
 # How many of a run's kept spans a page's first message carries (the timeline's latest).
 SPANS_SENT: Final = 2_000
 # A comment sent on an idle stream this often, so that a page sees a closed server.
@@ -149,50 +154,61 @@ def _snapshot(run: RunRecord) -> dict[str, Any]:
 async def _runs_stream(source: RunSource, closing: threading.Event) -> AsyncIterator[str]:
     position = source.changes.position
     yield _event("runs", [run.as_json() for run in source.runs()])
-    idle = 0.0
+    sent = time.monotonic()
     while not closing.is_set():
-        await asyncio.sleep(TICK)
-        changed, position, lost = source.changes.since(position)
+        await asyncio.sleep(POLL)
+        now = time.monotonic()
+        if now - sent < TICK:
+            continue
         running = [run for run in source.runs() if run.status.value == "running"]
+        if source.changes.position == position and not (running and now - sent >= HEARTBEAT):
+            if now - sent >= KEEPALIVE:
+                sent = now
+                yield ": idle\n\n"
+            continue
+        changed, position, lost = source.changes.since(position)
+        sent = now
         if lost:
             yield _event("runs", [run.as_json() for run in source.runs()])
-        elif changed or running:
-            # Running runs' times move on: their rows are sent every tick, with the changed.
-            ids = set(changed) | {run.id for run in running}
-            rows = [run for run in (source.run(run_id) for run_id in ids) if run is not None]
-            yield _event("update", [run.as_json() for run in rows])
-            idle = 0.0
-        else:
-            idle += TICK
-            if idle >= KEEPALIVE:
-                idle = 0.0
-                yield ": idle\n\n"
+            continue
+        # A run begun or ended, and the running runs, whose times and counts move on.
+        ids = dict.fromkeys([*changed, *(run.id for run in running)])
+        rows = [run for run in (source.run(run_id) for run_id in ids) if run is not None]
+        yield _event("update", [run.as_json() for run in rows])
 
 
 async def _run_stream(run: RunRecord, closing: threading.Event) -> AsyncIterator[str]:
     changes, spans, emits = run.changes.position, run.spans.position, run.emits.position
     yield _event("snapshot", _snapshot(run))
     told_end = run.status.value != "running"
-    idle = 0.0
+    sent = time.monotonic()
     while not closing.is_set():
-        await asyncio.sleep(TICK)
+        await asyncio.sleep(POLL)
+        now = time.monotonic()
+        if now - sent < TICK:
+            continue
+        ended = run.status.value != "running"
+        moved = (
+            run.changes.position != changes
+            or run.spans.position != spans
+            or run.emits.position != emits
+            or ended != told_end
+        )
+        if not moved:
+            if not ended and now - sent >= HEARTBEAT:
+                sent = now
+                yield _event("update", {"run": run.as_json()})
+            elif now - sent >= KEEPALIVE:
+                sent = now
+                yield ": idle\n\n"
+            continue
+        sent = now
         changed, changes, lost_changes = run.changes.since(changes)
         new_spans, spans, _ = run.spans.since(spans)
         new_emits, emits, _ = run.emits.since(emits)
         if lost_changes:
             yield _event("snapshot", _snapshot(run))
             continue
-        ended = run.status.value != "running"
-        if not (changed or new_spans or new_emits) and (told_end or not ended):
-            if not ended:
-                yield _event("update", {"run": run.as_json()})
-                continue
-            idle += TICK
-            if idle >= KEEPALIVE:
-                idle = 0.0
-                yield ": idle\n\n"
-            continue
-        idle = 0.0
         told_end = ended
         nodes = [run.nodes[node_id] for node_id in dict.fromkeys(changed) if node_id in run.nodes]
         yield _event(
