@@ -136,9 +136,7 @@ def report(
         run = run_or_trace
         if run.status is RunStatus.RUNNING:
             raise ValueError(f"run {run.id} is still running: a report is of a finished run")
-        rows: list[dict[str, Any]] = [
-            node.as_json(detail=True) for node in list(run.nodes.values())
-        ]
+        rows: list[dict[str, Any]] = run.nodes_json(detail=True)
         plan = drawing.run_plan(run)
         states = {str(row["id"]): str(row["state"]) for row in rows}
         plan_svg = None if plan is None else drawing.plan_svg(plan, states)

@@ -191,6 +191,7 @@ class NodeRecord:
         self.parts_ended = 0
 
     def as_json(self, *, detail: bool = False) -> dict[str, Any]:
+        # The brief fields first (_BRIEF), then the detail.
         shown: dict[str, Any] = {
             "id": self.id,
             "state": self.state.value,
@@ -211,6 +212,10 @@ class NodeRecord:
                 output=None,
             )
         return shown
+
+
+# What a page's stream sends of each node: the rest is asked for when a node is clicked.
+_BRIEF: Final = ("id", "state", "attempts", "seconds", "row", "error")
 
 
 class RunRecord:
@@ -238,7 +243,11 @@ class RunRecord:
         self.seconds: float | None = None
         self.error: str | None = None
         self.traceback: str | None = None
+        # Each node's record while the run goes; once it has ended, each node's state as plain
+        # data (`frozen`), which the garbage collector need not walk: a process keeps many
+        # finished runs, and thousands of live records would slow every collection.
         self.nodes: dict[str, NodeRecord] = {}
+        self.frozen: dict[str, dict[str, Any]] | None = None
         # Top-level nodes done (finished or cached): the "done of total" of the runs page.
         self.done = 0
         self.lock = threading.Lock()
@@ -248,6 +257,32 @@ class RunRecord:
         self.spans: Ring[Span] = Ring(SPANS_KEPT)
         self.emits: Ring[dict[str, Any]] = Ring(EMITS_KEPT)
         self._label: str | None = None
+
+    def freeze(self) -> None:
+        """Keeps each node's state as plain data, once the run has ended."""
+        self.frozen = {node.id: node.as_json(detail=True) for node in list(self.nodes.values())}
+        self.nodes = {}
+
+    def node_json(self, node_id: str, *, detail: bool = False) -> dict[str, Any] | None:
+        """A node's state as the page reads it; ``None`` for one not begun."""
+        if self.frozen is not None:
+            shown = self.frozen.get(node_id)
+            if shown is None or detail:
+                return shown
+            return {key: shown[key] for key in _BRIEF}
+        node = self.nodes.get(node_id)
+        return None if node is None else node.as_json(detail=detail)
+
+    def nodes_json(self, *, detail: bool = False) -> list[dict[str, Any]]:
+        """Every begun node's state."""
+        ids = list(self.frozen if self.frozen is not None else self.nodes)
+        return [shown for shown in map(self._shown(detail), ids) if shown is not None]
+
+    def _shown(self, detail: bool) -> Any:
+        return lambda node_id: self.node_json(node_id, detail=detail)
+
+    def kept_nodes(self) -> int:
+        return len(self.frozen if self.frozen is not None else self.nodes)
 
     def now(self) -> float:
         """Seconds since the run began."""
@@ -454,13 +489,14 @@ class Recorder:
             run.traceback = traceback_text(error)
         with self._lock:
             self._finished.append(run.id)
-            self._finished_nodes += len(run.nodes)
+            run.freeze()
+            self._finished_nodes += run.kept_nodes()
             while len(self._finished) > 1 and (
                 len(self._finished) > FINISHED_KEPT or self._finished_nodes > FINISHED_NODES_KEPT
             ):
                 dropped = self._runs.pop(self._finished.popleft(), None)
                 if dropped is not None:
-                    self._finished_nodes -= len(dropped.nodes)
+                    self._finished_nodes -= dropped.kept_nodes()
         self._changes.append(run.id)
 
     def _call_ended(

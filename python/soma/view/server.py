@@ -104,10 +104,10 @@ def application(source: RunSource, token: str | None, closing: threading.Event) 
 
     async def node_json(request: Request) -> Response:
         run = found(request)
-        node = None if run is None else run.nodes.get(request.path_params["node"])
+        node = None if run is None else run.node_json(request.path_params["node"], detail=True)
         if node is None:
             return JSONResponse({"error": "no such node in this run, or not begun"}, 404)
-        return JSONResponse(node.as_json(detail=True))
+        return JSONResponse(node)
 
     async def runs_events(request: Request) -> Response:
         return _streamed(_runs_stream(source, closing))
@@ -145,7 +145,7 @@ def _snapshot(run: RunRecord) -> dict[str, Any]:
     spans = run.spans.since(0)[0]
     return {
         "run": run.as_json(),
-        "nodes": [node.as_json() for node in list(run.nodes.values())],
+        "nodes": run.nodes_json(),
         "spans": [span_json(span) for span in spans[-SPANS_SENT:]],
         "emits": run.emits.since(0)[0],
     }
@@ -210,12 +210,12 @@ async def _run_stream(run: RunRecord, closing: threading.Event) -> AsyncIterator
             yield _event("snapshot", _snapshot(run))
             continue
         told_end = ended
-        nodes = [run.nodes[node_id] for node_id in dict.fromkeys(changed) if node_id in run.nodes]
+        nodes = [run.node_json(node_id) for node_id in dict.fromkeys(changed)]
         yield _event(
             "update",
             {
                 "run": run.as_json(),
-                "nodes": [node.as_json() for node in nodes],
+                "nodes": [node for node in nodes if node is not None],
                 "spans": [span_json(span) for span in new_spans[-SPANS_SENT:]],
                 "emits": new_emits,
             },
