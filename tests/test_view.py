@@ -566,3 +566,18 @@ def test_chromium_shows_the_runs_page_live_and_a_failed_runs_error_as_text(
     browser.find_element("css selector", '#plan g[data-node="fails"]').click()
     wait_for(browser, "the traceback", lambda d: "Traceback" in d.find_element("id", "detail").text)
     browser.save_screenshot(str(SCREENSHOTS / "view-run-failed.png"))
+
+
+def test_chromium_opens_the_offline_report_from_a_file_with_each_nodes_state(
+    view: Any, browser: Any, tmp_path: Path
+) -> None:
+    with pytest.raises(ValueError, match="alert"):
+        failing_graph().forward(1)
+    path = tmp_path / "run.html"
+    soma.report(view.runs()[0], path)
+    view.close()  # no server: the file alone
+    browser.get(path.as_uri())
+    assert box_state(browser, "fails") == "failed"
+    assert box_state(browser, EVIL_ID) == "finished"
+    assert EVIL_MESSAGE in browser.find_element("id", "run-error").text
+    browser.save_screenshot(str(SCREENSHOTS / "view-report.png"))

@@ -20,7 +20,9 @@ reader of ``g.events`` / ``g.aevents``.
    loopback), interleaved (target: with a page, within 2% of none); a node's state change to an
    open run page's event stream (target ≤ 100 ms, p99 ≤ 250 ms); and 8 branches emitting as fast
    as they can with the run's page open: the events a second they emit, what the page receives,
-   and the process's peak memory across three runs (nothing grows without bound).
+   and the process's peak memory across three runs (nothing grows without bound). Then a
+   chain of 10,000 nodes: its run's page loaded in Debian's headless Chromium until every box
+   shows its state (target ≤ 2 s), and its offline report's size and opening (≤ 5 MB, ≤ 2 s).
 
 Timings only, never assertions; the third row's "from 8 branches" holds the GIL in turns, as
 Python code does.
@@ -443,6 +445,69 @@ def _flood_rows(view: Any, quick: bool) -> list[list[str]]:
     ]
 
 
+BIG = 10_000
+
+
+def big_rows() -> list[list[str]]:
+    """A chain of 10,000 nodes: its run's page loaded in Debian's headless Chromium until every
+    box shows its state, and its offline report's size and opening there."""
+    import os
+    import shutil
+    import tempfile
+
+    chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
+    if chromium is None or chromedriver is None:
+        return [[f"a {BIG:,}-node run's page in Chromium", "not run", "no Chromium", ""]]
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    expr: Any = Pass()
+    for _ in range(BIG - 1):
+        expr = expr >> Pass()
+    g = soma.Graph.somatize(expr)
+    view = soma.view(port=0, quiet=True)
+    g.forward(1)
+    run = view.runs()[0]
+    path = Path(tempfile.mkdtemp()) / "run.html"
+    soma.report(run, path)
+    size = os.path.getsize(path)
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=chromedriver))
+    coloured = "return document.querySelectorAll('#plan g.state-finished').length"
+    loads, opens = [], []
+    try:
+        for _ in range(3):
+            start = time.perf_counter()
+            driver.get(view.url + f"runs/{run.id}")
+            WebDriverWait(driver, 60, 0.01).until(lambda d: d.execute_script(coloured) == BIG)
+            loads.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            driver.get(path.as_uri())
+            opens.append(time.perf_counter() - start)
+    finally:
+        driver.quit()
+        view.close()
+    load, opened = statistics.median(loads), statistics.median(opens)
+    return [
+        [
+            f"a {BIG:,}-node chain's run page in headless Chromium, every box coloured",
+            f"{load:.2f} s",
+            "median of 3",
+            f"target ≤ 2 s: {'met' if load <= 2 else 'MISSED'}",
+        ],
+        [
+            "the offline report of that run: its size, and opening it in headless Chromium",
+            f"{size / 1e6:.1f} MB, opens in {opened:.2f} s",
+            "median of 3",
+            f"target ≤ 5 MB and ≤ 2 s: {'met' if size <= 5e6 and opened <= 2 else 'MISSED'}",
+        ],
+    ]
+
+
 def _wave_of(node: type[soma.Node], width: int) -> Any:
     expr: Any = node()
     for _ in range(width - 1):
@@ -464,6 +529,8 @@ def main() -> None:
     rows += sustained_rows(args.quick)
     log("view: the chain with a page open, a state change to the page, a flood")
     rows += view_rows(args.quick)
+    log("view: a 10,000-node run's page and report in Chromium")
+    rows += big_rows()
     publish(
         [
             "Watching a run: OpenTelemetry spans and `ctx.emit` to an event reader "

@@ -207,7 +207,7 @@ class NodeRecord:
                 device=self.device,
                 host=self.host,
                 traceback=self.traceback,
-                parts=self.parts_ended + self.parts_open,
+                parts=(self.parts_ended + self.parts_open) or None,
                 # The observer does not see a node's output: nothing to show of it.
                 output=None,
             )
