@@ -233,6 +233,17 @@ def test_a_node_id_and_an_error_with_markup_are_escaped_on_every_page(
         assert "&lt;script&gt;alert(1)&lt;_script&gt;" in page
 
 
+def test_pages_run_only_the_scripts_the_server_ships(view: Any) -> None:
+    gate = Gate()
+    gate.open.set()
+    gated_graph(gate).forward(1)
+    for path in ("/", "/runs/1"):
+        with urllib.request.urlopen(address(view, path), timeout=DEADLINE) as answer:
+            policy = answer.headers["Content-Security-Policy"]
+        assert "script-src 'self';" in policy
+        assert "default-src 'self';" in policy
+
+
 def test_emitted_values_are_kept_as_type_size_and_a_short_repr_and_only_the_last(
     view: Any,
 ) -> None:

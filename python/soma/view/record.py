@@ -197,12 +197,12 @@ class NodeRecord:
             "state": self.state.value,
             "attempts": self.attempts,
             "seconds": self.seconds,
+            "started": self.started,
             "row": self.row,
             "error": self.error,
         }
         if detail:
             shown.update(
-                started=self.started,
                 ended=self.ended,
                 device=self.device,
                 host=self.host,
@@ -215,7 +215,7 @@ class NodeRecord:
 
 
 # What a page's stream sends of each node: the rest is asked for when a node is clicked.
-_BRIEF: Final = ("id", "state", "attempts", "seconds", "row", "error")
+_BRIEF: Final = ("id", "state", "attempts", "seconds", "started", "row", "error")
 
 
 class RunRecord:

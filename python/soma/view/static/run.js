@@ -8,7 +8,7 @@
   const withToken = (path) => token === null ? path : path + (path.includes("?") ? "&" : "?") + "token=" + encodeURIComponent(token);
   const runId = document.body.dataset.run;
   const api = "/api/runs/" + encodeURIComponent(runId);
-  const live = document.getElementById("live");
+  const connection = document.getElementById("live");
   const boxes = new Map();
   for (const g of document.querySelectorAll("#plan g.node[data-node]")) boxes.set(g.dataset.node, g);
   const STATES = ["waiting", "running", "finished", "cached", "failed", "retrying", "timed_out", "stopped", "paused"];
@@ -20,8 +20,26 @@
   let runSeconds = 0;
   let selected = null;
 
+  // A node running now: a bar from its start to the run's time so far, until its span comes.
+  const live = new Map();
+
+  function liveBar(node) {
+    const old = live.get(node.id);
+    if (old) { old.remove(); live.delete(node.id); }
+    if (node.state !== "running" || node.started === null || node.row === null) return;
+    const div = document.createElement("div");
+    div.className = "tl-span state-running";
+    div.title = node.id + " (running)";
+    div.textContent = node.id;
+    div.dataset.start = node.started;
+    div.dataset.end = Math.max(runSeconds, node.started);
+    row(node.row).appendChild(div);
+    live.set(node.id, div);
+  }
+
   function setState(node) {
     nodes.set(node.id, node);
+    liveBar(node);
     const g = boxes.get(node.id);
     if (g) {
       for (const s of STATES) g.classList.remove("state-" + s);
@@ -68,7 +86,8 @@
     }
     while (spans.length > SPANS_DRAWN) spans.shift().remove();
     const scale = runSeconds > 0 ? 100 / runSeconds : 0;
-    for (const div of spans) {
+    for (const div of live.values()) div.dataset.end = runSeconds;
+    for (const div of [...spans, ...live.values()]) {
       div.style.left = (div.dataset.start * scale) + "%";
       div.style.width = ((div.dataset.end - div.dataset.start) * scale) + "%";
     }
@@ -129,13 +148,13 @@
   }
 
   const events = new EventSource(withToken(api + "/events"));
-  events.addEventListener("open", () => { live.textContent = "live"; live.classList.add("on"); });
-  events.addEventListener("error", () => { live.textContent = "disconnected"; live.classList.remove("on"); });
+  events.addEventListener("open", () => { connection.textContent = "live"; connection.classList.add("on"); });
+  events.addEventListener("error", () => { connection.textContent = "disconnected"; connection.classList.remove("on"); });
   events.addEventListener("snapshot", (e) => {
     for (const g of boxes.values()) { for (const s of STATES) g.classList.remove("state-" + s); g.classList.add("state-waiting"); }
     nodes.clear();
     for (const r of rows.values()) r.remove();
-    rows.clear(); spans.length = 0;
+    rows.clear(); spans.length = 0; live.clear();
     document.getElementById("emits").textContent = "";
     apply(JSON.parse(e.data));
   });
