@@ -343,6 +343,64 @@ def test_async_nodes_each_have_the_timeline_row_of_their_task(view: Any) -> None
     assert rows["left"] != rows["right"]
 
 
+class Add(soma.Node):
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def forward(self, x: int) -> int:
+        return x + self.k
+
+
+def test_a_rerun_from_a_cache_shows_its_nodes_cached_and_done(view: Any) -> None:
+    cache = soma.Cache()
+    graph = soma.Graph.somatize(Add(1).named("one") >> Add(2).named("two"))
+    assert graph.forward(1, cache=cache) == 4
+    assert graph.forward(1, cache=cache) == 4
+    rerun = json.loads(get(address(view, "/api/runs/2"))[1])
+    assert {node["id"]: node["state"] for node in rerun["nodes"]} == {
+        "one": "cached",
+        "two": "cached",
+    }
+    assert (rerun["run"]["done"], rerun["run"]["total"]) == (2, 2)
+
+
+def test_a_view_and_an_event_stream_watch_the_same_run_each_in_full(view: Any) -> None:
+    def talks(x: int, ctx: soma.Ctx) -> int:
+        ctx.emit("hello")
+        return x
+
+    graph = soma.Graph.somatize(Add(1).named("one") >> soma.node(talks).named("talks"))
+    events = list(graph.events(1))
+    assert [event.kind for event in events] == [
+        "started",
+        "finished",
+        "started",
+        "emitted",
+        "finished",
+        "result",
+    ]
+    snapshot = json.loads(get(address(view, "/api/runs/1"))[1])
+    assert snapshot["run"]["status"] == "finished"
+    assert [emit["repr"] for emit in snapshot["emits"]] == ["'hello'"]
+
+
+def test_a_run_past_its_deadline_shows_failed_and_its_node_left_running(view: Any) -> None:
+    never = threading.Event()
+
+    def slow(x: int) -> int:
+        never.wait(DEADLINE)
+        return x
+
+    graph = soma.Graph.somatize(soma.node(slow).named("slow"))
+    with pytest.raises(TimeoutError):
+        graph.forward(1, timeout=0.05)
+    run = json.loads(get(address(view, "/api/runs/1"))[1])
+    never.set()
+    assert run["run"]["status"] == "failed"
+    # Left to finish in the background: running still, as far as the observer has told.
+    assert [node["state"] for node in run["nodes"]] == ["running"]
+
+
 def test_closing_a_view_stops_recording(view: Any) -> None:
     assert observe.dispatch.watcher is not None
     view.close()
