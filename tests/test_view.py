@@ -8,8 +8,11 @@ never after a sleep; every wait has a deadline.
 from __future__ import annotations
 
 import asyncio
+import base64
+import gzip
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -26,7 +29,7 @@ import pytest
 import soma
 from conftest import DEADLINE, run_script
 from soma._run import observe
-from soma.view import record
+from soma.view import pages, record
 
 SCREENSHOTS = Path("/work")
 EVIL_ID = "<script>alert(1)<_script>"
@@ -468,6 +471,23 @@ def test_a_report_is_one_self_contained_file_of_the_plan_states_timeline_and_err
     assert "Traceback" in page  # where the node raised it
 
 
+def test_a_large_reports_drawings_are_gzipped_inside_it_with_their_states(
+    view: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pages, "INLINE_DRAWINGS", 10)
+    with pytest.raises(ValueError, match="alert"):
+        failing_graph().forward(1)
+    path = tmp_path / "run.html"
+    soma.report(view.runs()[0], path)
+    page = path.read_text()
+    assert "<script src" not in page
+    assert "<svg" not in page
+    packed = re.search(r'<div id=plan data-gzip="([^"]+)">', page)
+    assert packed is not None
+    plan = gzip.decompress(base64.b64decode(packed.group(1))).decode()
+    assert 'class="node state-failed" data-node="fails"' in plan
+
+
 def test_a_report_of_a_trace_draws_its_timeline_and_with_a_graph_its_plan(
     tmp_path: Path,
 ) -> None:
@@ -650,3 +670,17 @@ def test_chromium_opens_the_offline_report_from_a_file_with_each_nodes_state(
     assert box_state(browser, EVIL_ID) == "finished"
     assert EVIL_MESSAGE in browser.find_element("id", "run-error").text
     browser.save_screenshot(str(SCREENSHOTS / "view-report.png"))
+
+
+def test_chromium_inflates_a_large_reports_drawings_from_the_file_alone(
+    view: Any, browser: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pages, "INLINE_DRAWINGS", 10)
+    with pytest.raises(ValueError, match="alert"):
+        failing_graph().forward(1)
+    path = tmp_path / "run.html"
+    soma.report(view.runs()[0], path)
+    view.close()
+    browser.get(path.as_uri())
+    wait_for(browser, "the plan inflated", lambda d: box_state(d, "fails") == "failed")
+    assert box_state(browser, EVIL_ID) == "finished"

@@ -8,7 +8,9 @@ inlines the same style, so that it opens with no server and no network.
 
 from __future__ import annotations
 
+import base64
 import datetime
+import gzip
 import html
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,6 +23,12 @@ from soma.view.record import NodeState, RunRecord, RunStatus
 
 STATIC: Final = Path(__file__).parent / "static"
 STATUSES: Final = [status.value for status in RunStatus]
+# A report's drawings are inlined as they are up to this many characters, gzipped beyond.
+INLINE_DRAWINGS: Final = 1_000_000
+
+
+def _gzipped(text: str) -> str:
+    return base64.b64encode(gzip.compress(text.encode("utf-8"), mtime=0)).decode("ascii")
 
 
 def _e(text: object) -> str:
@@ -141,8 +149,24 @@ def report(
     rows: list[dict[str, object]],
     error: str | None,
 ) -> str:
-    """One self-contained page of a finished run: its style inline, no script, no link out."""
+    """One self-contained page of a finished run: its style inline, nothing fetched. Drawings
+    of more than :data:`INLINE_DRAWINGS` characters in all are carried gzipped, with the small
+    inline script that inflates them (``static/inflate.js``): a 10,000-node plan is megabytes
+    of SVG, and a tenth of that gzipped."""
     style = (STATIC / "view.css").read_text(encoding="utf-8")
+    drawings = [plan_svg or "", timeline_svg]
+    packed = sum(map(len, drawings)) > INLINE_DRAWINGS
+    plan_div, timeline_div = (
+        f'<div id={name} data-gzip="{_gzipped(drawing)}"></div>'
+        if packed
+        else f"<div id={name}>{drawing}</div>"
+        for name, drawing in zip(("plan", "timeline"), drawings, strict=True)
+    )
+    script = (
+        "<script>" + (STATIC / "inflate.js").read_text(encoding="utf-8") + "</script>"
+        if packed
+        else ""
+    )
     cells = "".join(
         f'<tr id="node-{_e(row["id"])}" class="state-{_e(row["state"])}">'
         f"<td>{_e(row['id'])}</td><td>{_e(row['state'])}</td>"
@@ -150,15 +174,11 @@ def report(
         f"<td>{_e('' if row.get('seconds') is None else format(row['seconds'], '.6f'))}</td>"
         f"<td>{_e(row.get('row') or '')}</td><td>{_e(row.get('device') or '')}</td>"
         f"<td>{_e(row.get('host') or '')}</td>"
-        f'<td><pre class="error">{_e(row.get("traceback") or row.get("error") or "")}</pre>'
-        "</td></tr>"
+        + _error_cell(row.get("traceback") or row.get("error"))
+        + "</tr>"
         for row in rows
     )
-    plan = (
-        f"<section><h2>Plan</h2><div id=plan>{plan_svg}</div></section>"
-        if plan_svg is not None
-        else ""
-    )
+    plan = f"<section><h2>Plan</h2>{plan_div}</section>" if plan_svg is not None else ""
     return (
         "<!doctype html>\n<html lang=en><head><meta charset=utf-8>"
         f"<title>{_e(title)}</title><style>{style}</style></head>\n"
@@ -166,12 +186,17 @@ def report(
         + (f'<pre id=run-error class="error">{_e(error)}</pre>' if error else "")
         + _legend()
         + plan
-        + f"<section><h2>Timeline</h2><div id=timeline>{timeline_svg}</div></section>"
+        + f"<section><h2>Timeline</h2>{timeline_div}</section>"
         + "<section><h2>Nodes</h2><table id=nodes><thead><tr><th>Node</th><th>State</th>"
         + "<th>Attempts</th><th>Seconds</th><th>Thread</th><th>Device</th><th>Host</th>"
         + f"<th>Error</th></tr></thead><tbody>{cells}</tbody></table></section>"
+        + script
         + "</body></html>\n"
     )
+
+
+def _error_cell(text: object) -> str:
+    return f'<td><pre class="error">{_e(text)}</pre></td>' if text else "<td></td>"
 
 
 def trace_rows(trace: _soma.Trace) -> list[dict[str, object]]:
