@@ -23,9 +23,7 @@ an answer, which nothing sets yet (there is no answering form yet).
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import secrets
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
@@ -45,6 +43,8 @@ _opening = threading.Lock()
 
 
 def _loopback(host: str) -> bool:
+    import ipaddress  # here, not at `import soma`, which imports this package
+
     if host == "localhost":
         return True
     try:
@@ -105,6 +105,8 @@ def view(port: int = 0, host: str = "127.0.0.1", *, quiet: bool = False) -> View
         raise ImportError(
             f"soma.view needs Starlette and uvicorn ({error})\nhint: pip install 'soma-graph[view]'"
         ) from error
+    import secrets
+
     token = None if _loopback(host) else secrets.token_urlsafe(18)
     recorder = Recorder()
     closing = threading.Event()
