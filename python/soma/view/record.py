@@ -251,7 +251,8 @@ class RunRecord:
         # Top-level nodes done (finished or cached): the "done of total" of the runs page.
         self.done = 0
         self.lock = threading.Lock()
-        # Which nodes changed, in order; the spans ended; what was emitted, and how much.
+        # Which nodes began or changed otherwise than by ending a call, in order; the spans
+        # ended (each a node's change too); what was emitted, and how much.
         self.changes: Ring[str] = Ring(CHANGES_KEPT)
         # Each span (node, start, end, row, state, attempt): a tuple, as thousands are kept.
         self.spans: Ring[Span] = Ring(SPANS_KEPT)
@@ -526,8 +527,8 @@ class Recorder:
                 node.traceback = traceback_text(error)
         else:
             _become(run, node, NodeState.STOPPED)
+        # The span tells the node's change too: a reader takes changed nodes from both logs.
         run.spans.append((node.id, started, ended, node.row, node.state.value, node.attempts - 1))
-        run.changes.append(node.id)
 
     def _part_ended(
         self, run: RunRecord, node: NodeRecord, outcome: int, error: BaseException | None

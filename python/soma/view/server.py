@@ -215,13 +215,14 @@ async def _run_stream(run: RunRecord, closing: threading.Event) -> AsyncIterator
             continue
         sent = now
         changed, changes, lost_changes = run.changes.since(changes)
-        new_spans, spans, _ = run.spans.since(spans)
+        new_spans, spans, lost_spans = run.spans.since(spans)
         new_emits, emits, _ = run.emits.since(emits)
-        if lost_changes:
+        if lost_changes or lost_spans:
             yield _event("snapshot", _snapshot(run))
             continue
         told_end = ended
-        nodes = [run.node_json(node_id) for node_id in dict.fromkeys(changed)]
+        ids = dict.fromkeys([*changed, *(span[0] for span in new_spans)])
+        nodes = [run.node_json(node_id) for node_id in ids]
         yield _event(
             "update",
             {
