@@ -74,6 +74,9 @@ class RunStatus(enum.StrEnum):
     PAUSED = "paused"
 
 
+# Each state's text, read without the enum's `value` property (on every node's way).
+_TEXT: Final = {state: state.value for state in NodeState}
+
 T = TypeVar("T")
 # A span of a run's timeline: node, start, end (seconds since the run began), row, state,
 # attempt.
@@ -91,9 +94,12 @@ class Ring(Generic[T]):
         self._lock = threading.Lock()
 
     def append(self, entry: T) -> None:
-        with self._lock:
-            self._entries.append(entry)
-            self._total += 1
+        # acquire and release rather than `with`: this is on every node's way, twice.
+        lock = self._lock
+        lock.acquire()
+        self._entries.append(entry)
+        self._total += 1
+        lock.release()
 
     @property
     def position(self) -> int:
@@ -190,32 +196,53 @@ class NodeRecord:
         self.parts_open = 0
         self.parts_ended = 0
 
+    def as_row(self) -> tuple[Any, ...]:
+        """Its state as plain data, in the order of :data:`_FIELDS`: what a finished run keeps."""
+        return (
+            self.id,
+            _TEXT[self.state],
+            self.attempts,
+            self.seconds,
+            self.started,
+            self.row,
+            self.error,
+            self.ended,
+            self.device,
+            self.host,
+            self.traceback,
+            (self.parts_ended + self.parts_open) or None,
+        )
+
     def as_json(self, *, detail: bool = False) -> dict[str, Any]:
-        # The brief fields first (_BRIEF), then the detail.
-        shown: dict[str, Any] = {
-            "id": self.id,
-            "state": self.state.value,
-            "attempts": self.attempts,
-            "seconds": self.seconds,
-            "started": self.started,
-            "row": self.row,
-            "error": self.error,
-        }
-        if detail:
-            shown.update(
-                ended=self.ended,
-                device=self.device,
-                host=self.host,
-                traceback=self.traceback,
-                parts=(self.parts_ended + self.parts_open) or None,
-                # The observer does not see a node's output: nothing to show of it.
-                output=None,
-            )
-        return shown
+        return _shown(self.as_row(), detail)
 
 
-# What a page's stream sends of each node: the rest is asked for when a node is clicked.
-_BRIEF: Final = ("id", "state", "attempts", "seconds", "started", "row", "error")
+# A node's fields as a page reads them: the first seven are what a page's stream sends of each
+# node; the rest are asked for when a node is clicked.
+_FIELDS: Final = (
+    "id",
+    "state",
+    "attempts",
+    "seconds",
+    "started",
+    "row",
+    "error",
+    "ended",
+    "device",
+    "host",
+    "traceback",
+    "parts",
+)
+_BRIEF: Final = 7
+
+
+def _shown(row: tuple[Any, ...], detail: bool) -> dict[str, Any]:
+    if not detail:
+        return dict(zip(_FIELDS[:_BRIEF], row[:_BRIEF], strict=True))
+    shown = dict(zip(_FIELDS, row, strict=True))
+    # The observer does not see a node's output: nothing to show of it.
+    shown["output"] = None
+    return shown
 
 
 class RunRecord:
@@ -247,7 +274,7 @@ class RunRecord:
         # data (`frozen`), which the garbage collector need not walk: a process keeps many
         # finished runs, and thousands of live records would slow every collection.
         self.nodes: dict[str, NodeRecord] = {}
-        self.frozen: dict[str, dict[str, Any]] | None = None
+        self.frozen: dict[str, tuple[Any, ...]] | None = None
         # Top-level nodes done (finished or cached): the "done of total" of the runs page.
         self.done = 0
         self.lock = threading.Lock()
@@ -261,16 +288,14 @@ class RunRecord:
 
     def freeze(self) -> None:
         """Keeps each node's state as plain data, once the run has ended."""
-        self.frozen = {node.id: node.as_json(detail=True) for node in list(self.nodes.values())}
+        self.frozen = {node.id: node.as_row() for node in list(self.nodes.values())}
         self.nodes = {}
 
     def node_json(self, node_id: str, *, detail: bool = False) -> dict[str, Any] | None:
         """A node's state as the page reads it; ``None`` for one not begun."""
         if self.frozen is not None:
-            shown = self.frozen.get(node_id)
-            if shown is None or detail:
-                return shown
-            return {key: shown[key] for key in _BRIEF}
+            row = self.frozen.get(node_id)
+            return None if row is None else _shown(row, detail)
         node = self.nodes.get(node_id)
         return None if node is None else node.as_json(detail=detail)
 
@@ -361,6 +386,8 @@ _current_run: contextvars.ContextVar[RunRecord | None] = contextvars.ContextVar(
     "soma_view_run", default=None
 )
 
+perf_counter = time.perf_counter
+
 # The states that count as done in a run's "done of total".
 _DONE: Final = frozenset({NodeState.FINISHED, NodeState.CACHED})
 
@@ -380,6 +407,10 @@ def _become(run: RunRecord, node: NodeRecord, state: NodeState) -> None:
 _RUN, _CALL, _PART = range(3)
 
 
+# Each thread's name, read once per thread: a thread is lent to many nodes.
+_thread = threading.local()
+
+
 def _row(awaited: bool) -> str:
     """Where a work runs, as the timeline's rows name it: the async task, or the thread."""
     if awaited:
@@ -387,7 +418,11 @@ def _row(awaited: bool) -> str:
             task = asyncio.current_task()
             if task is not None:
                 return f"task {task.get_name()}"
-    return threading.current_thread().name
+    try:
+        name: str = _thread.name
+    except AttributeError:
+        name = _thread.name = threading.current_thread().name
+    return name
 
 
 class Recorder:
@@ -439,13 +474,16 @@ class Recorder:
             return None
         node = run.node(node_id)
         if kind == _observe.CALL:
-            _become(run, node, NodeState.RUNNING)
+            if node.state in _DONE:  # run again: a loop's next iteration
+                _become(run, node, NodeState.RUNNING)
+            else:
+                node.state = NodeState.RUNNING
             node.attempts = work[3] + 1
             node.device = work[4]
             node.row = _row(work[6])
-            node.started = run.now()
+            node.started = started = perf_counter() - run.clock
             run.changes.append(node_id)
-            return (_CALL, run, node, node.started)
+            return (_CALL, run, node, started)
         if kind == _observe.CACHED:
             _become(run, node, NodeState.CACHED)
             node.device = work[4]
@@ -509,7 +547,7 @@ class Recorder:
         error: BaseException | None,
         retry_in: float | None,
     ) -> None:
-        ended = run.now()
+        ended = perf_counter() - run.clock
         node.ended, node.seconds = ended, ended - started
         if outcome == _observe.RETURNED:
             _become(run, node, NodeState.FINISHED)
@@ -528,7 +566,8 @@ class Recorder:
         else:
             _become(run, node, NodeState.STOPPED)
         # The span tells the node's change too: a reader takes changed nodes from both logs.
-        run.spans.append((node.id, started, ended, node.row, node.state.value, node.attempts - 1))
+        span = (node.id, started, ended, node.row, _TEXT[node.state], node.attempts - 1)
+        run.spans.append(span)
 
     def _part_ended(
         self, run: RunRecord, node: NodeRecord, outcome: int, error: BaseException | None
