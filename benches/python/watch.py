@@ -445,6 +445,71 @@ def _flood_rows(view: Any, quick: bool) -> list[list[str]]:
     ]
 
 
+RECORDED = """
+import sys
+import soma
+from soma._run import observe
+from soma.view import record
+class Pass(soma.Node):
+    def forward(self, x):
+        return x
+recording, times = sys.argv[1] == "view", int(sys.argv[2])
+e = Pass()
+for _ in range(999):
+    e = e >> Pass()
+g = soma.Graph.somatize(e)
+if recording:
+    observe.set_watcher(record.Recorder())
+for _ in range(times):
+    g.forward(1)
+"""
+
+
+def instruction_rows() -> list[list[str]]:
+    """The chain's instructions a node, counted by callgrind, with the view's recorder and
+    without: what does not move when the machine is busy."""
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("valgrind") is None:
+        return [["chain of 1,000, instructions a node", "not run", "no valgrind", ""]]
+
+    def counted(mode: str, times: int) -> int:
+        done = subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--callgrind-out-file=/dev/null",
+                sys.executable,
+                "-c",
+                RECORDED,
+                mode,
+                str(times),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        found = re.search(r"refs:\s+([\d,]+)", done.stderr)
+        assert found is not None, done.stderr
+        return int(found.group(1).replace(",", ""))
+
+    def per_node(mode: str) -> float:
+        return (counted(mode, 12) - counted(mode, 2)) / 10 / CHAIN
+
+    recorded, bare = per_node("view"), per_node("none")
+    return [
+        [
+            f"chain of {CHAIN:,} trivial nodes, instructions a node (callgrind): a view recording",
+            f"{recorded:,.0f}",
+            f"no view: {bare:,.0f}",
+            f"{recorded / bare:.1f}x",
+        ]
+    ]
+
+
 BIG = 10_000
 
 
@@ -533,6 +598,8 @@ def main() -> None:
     rows += sustained_rows(args.quick)
     log("view: the chain with a page open, a state change to the page, a flood")
     rows += view_rows(args.quick)
+    log("view: the chain's instructions a node, recorded and not")
+    rows += instruction_rows()
     log("view: a 10,000-node run's page and report in Chromium")
     rows += big_rows()
     publish(
