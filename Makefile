@@ -64,7 +64,7 @@ chromium:
 
 # What a user installs: one wheel for every CPython from 3.11 on (abi3), and the sdist that
 # `pip install` builds from where no wheel fits (it needs Rust). Rebuilt when a source changes.
-PACKAGE_SOURCES := $(RUST_SOURCES) README.md $(shell find python/soma -name '*.py' -o -name '*.pyi' -o -name py.typed)
+PACKAGE_SOURCES := $(RUST_SOURCES) README.md $(shell find python/soma -name '*.py' -o -name '*.pyi' -o -name py.typed -o -path '*/static/*' -type f)
 wheel: dist/.built
 
 dist/.built: $(VENV)/.tools $(PACKAGE_SOURCES)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs the browser that tests/test_site.py opens the documentation site in: Debian's own
-# `chromium` and `chromium-driver` (the WebDriver server Selenium talks to), once.
+# Installs the browser that tests/test_site.py (the documentation site) and tests/test_view.py
+# (the view of runs) drive: Debian's own `chromium` and `chromium-driver` (the WebDriver server
+# Selenium talks to), once.
 #
 #   .ci/chromium-from-debian.sh
 #
@@ -15,7 +16,7 @@ if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then
     exit 0
 fi
 if [[ $(id -u) -ne 0 ]]; then
-    echo "chromium-from-debian: not root, so Chromium is not installed: the site's browser tests will skip" >&2
+    echo "chromium-from-debian: not root, so Chromium is not installed: the browser tests will skip" >&2
     exit 0
 fi
 # The lock may be held by another apt run (an unattended upgrade): wait for it, not fail.
@@ -23,5 +24,5 @@ apt_get=(apt-get -o DPkg::Lock::Timeout=600 -q)
 if ! { "${apt_get[@]}" update >/dev/null &&
     DEBIAN_FRONTEND=noninteractive "${apt_get[@]}" install -y --no-install-recommends \
         chromium chromium-driver >/dev/null; }; then
-    echo "chromium-from-debian: apt-get could not install chromium: the site's browser tests will skip" >&2
+    echo "chromium-from-debian: apt-get could not install chromium: the browser tests will skip" >&2
 fi

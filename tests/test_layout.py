@@ -14,8 +14,9 @@ order a graph meets them:
 6. ``soma.remote``: slices of a graph on hosts, Ray's among them, which run with the run's
    observer and the cache;
 7. the front: ``soma._graph`` (``Graph``, which ties every stage together, so it comes after
-   them all rather than inside one), the public ``soma.native`` and ``soma.telemetry``, and the
-   package itself.
+   them all rather than inside one), the public ``soma.native``, ``soma.telemetry`` and
+   ``soma.view`` (the browser's view of runs, a listener of the observer as the telemetry is),
+   and the package itself.
 
 A module imports, as it runs, only modules of its own stage and of the stages before it. A
 later stage is named only under ``if TYPE_CHECKING:`` (the graph, in the annotations of the
@@ -47,7 +48,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("soma.devices",),
     ("soma.cache",),
     ("soma.remote",),
-    ("soma._graph", "soma.native", "soma.telemetry", "soma"),
+    ("soma._graph", "soma.native", "soma.telemetry", "soma.view", "soma"),
 )
 
 #: The private modules at the top of the package, and why each is not in a subpackage.

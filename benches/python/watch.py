@@ -15,6 +15,15 @@ reader of ``g.events`` / ``g.aevents``.
    and the process's peak memory across three such runs (target 100,000 a second, memory not
    growing run to run).
 
+4. The browser's view (``soma.view``): the chain of 1,000 trivial nodes with no view, with a
+   view recording it and no page open, and with the runs page open (its event stream read over
+   loopback), interleaved (target: with a page, within 2% of none); a node's state change to an
+   open run page's event stream (target ≤ 100 ms, p99 ≤ 250 ms); and 8 branches emitting as fast
+   as they can with the run's page open: the events a second they emit, what the page receives,
+   and the process's peak memory across three runs (nothing grows without bound). Then a
+   chain of 10,000 nodes: its run's page loaded in Debian's headless Chromium until every box
+   shows its state (target ≤ 2 s), and its offline report's size and opening (≤ 5 MB, ≤ 2 s).
+
 Timings only, never assertions; the third row's "from 8 branches" holds the GIL in turns, as
 Python code does.
 """
@@ -23,7 +32,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import random
 import resource
+import socket
 import statistics
 import threading
 import time
@@ -227,6 +239,344 @@ def sustained_rows(quick: bool) -> list[list[str]]:
     ]
 
 
+class PageReader:
+    """An open page's event stream over loopback, read on a thread of its own: what a browser
+    tab does, without the drawing. ``on_event`` is called with each event's name and data."""
+
+    def __init__(self, port: int, path: str, on_event: Any = None) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        self.on_event = on_event
+        self.received = 0
+        self.messages = 0
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        pending = b""
+        while True:
+            try:
+                chunk = self.sock.recv(1 << 16)
+            except OSError:
+                return
+            if not chunk:
+                return
+            self.received += len(chunk)
+            pending += chunk
+            *whole, pending = pending.split(b"\n\n")
+            for block in whole:
+                self.messages += 1
+                if self.on_event is None:
+                    continue
+                kind, data = "", None
+                for line in block.split(b"\n"):
+                    if line.startswith(b"event: "):
+                        kind = line[7:].decode()
+                    elif line.startswith(b"data: "):
+                        data = json.loads(line[6:])
+                if data is not None:
+                    self.on_event(kind, data)
+
+    def close(self) -> None:
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        self.thread.join(5)
+
+
+def view_rows(quick: bool) -> list[list[str]]:
+    from soma._run import observe
+
+    view = soma.view(port=0, quiet=True)
+    recorder = observe.dispatch.watcher
+    observe.set_watcher(None)
+    expr: Any = Pass()
+    for _ in range(CHAIN - 1):
+        expr = expr >> Pass()
+    g = soma.Graph.somatize(expr)
+
+    class Recording:
+        def __enter__(self) -> None:
+            observe.set_watcher(recorder)
+
+        def __exit__(self, *_: object) -> None:
+            observe.set_watcher(None)
+
+    class PageOpen(Recording):
+        def __enter__(self) -> None:
+            super().__enter__()
+            self.page = PageReader(view.port, "/api/runs/events")
+
+        def __exit__(self, *_: object) -> None:
+            self.page.close()
+            super().__exit__()
+
+    timings = compare(
+        {"none": lambda: g.forward(1), "view": lambda: g.forward(1), "page": lambda: g.forward(1)},
+        repeat=5 if quick else 15,
+        sample_s=0.05 if quick else 0.2,
+        warmup_s=0.1 if quick else 0.3,
+        settings={"view": Recording, "page": PageOpen},
+    )
+    none, recorded, paged = (timings[name].median_s for name in ("none", "view", "page"))
+    rows = [
+        [
+            f"chain of {CHAIN:,} trivial nodes: a view recording it, the runs page open",
+            f"page: {paged * 1e3:.2f} ms; view, no page: {recorded * 1e3:.2f} ms",
+            f"no view: {none * 1e3:.3f} ms",
+            f"page {(paged / none - 1) * 100:+.0f}%, +{(paged - none) / CHAIN * 1e6:.2f} µs a node "
+            f"(target within 2%): {'met' if paged <= none * 1.02 else 'MISSED'}",
+        ]
+    ]
+    observe.set_watcher(recorder)
+    rows += _state_change_rows(view, 10 if quick else 50)
+    rows += _flood_rows(view, quick)
+    view.close()
+    return rows
+
+
+def _state_change(view: Any, phase: float) -> float:
+    """Seconds from a node beginning to an open run page's stream telling it is running."""
+    gate, began, seen, snapshot = (threading.Event() for _ in range(4))
+    begun_at: list[float] = []
+    seen_at: list[float] = []
+
+    def first(x: int) -> int:
+        began.set()
+        gate.wait(10)
+        return x
+
+    def second(x: int) -> int:
+        begun_at.append(time.perf_counter())
+        seen.wait(10)
+        return x
+
+    def on_event(kind: str, data: Any) -> None:
+        if kind == "snapshot":
+            snapshot.set()
+        for node in data.get("nodes", []):
+            if node["id"] == "second" and node["state"] == "running" and not seen_at:
+                seen_at.append(time.perf_counter())
+                seen.set()
+
+    g = soma.Graph.somatize(soma.node(first).named("first") >> soma.node(second).named("second"))
+    worker = threading.Thread(target=g.forward, args=(1,))
+    worker.start()
+    began.wait(10)
+    page = PageReader(view.port, f"/api/runs/{view.runs()[0].id}/events", on_event)
+    snapshot.wait(10)
+    # A change comes at any moment of the page's tick, not just after a message: the gate opens
+    # after a wait drawn anew each time.
+    time.sleep(phase)
+    gate.set()
+    seen.wait(10)
+    worker.join(10)
+    page.close()
+    return seen_at[0] - begun_at[0]
+
+
+def _state_change_rows(view: Any, times: int) -> list[list[str]]:
+    draw = random.Random(46)
+    taken = [_state_change(view, draw.uniform(0.0, 0.1)) for _ in range(times)]
+    median = statistics.median(taken)
+    p99 = statistics.quantiles(taken, n=100)[98]
+    return [
+        [
+            f"a node's state change to an open run page's event stream ({times} runs)",
+            f"median {median * 1e3:.1f} ms",
+            f"99th percentile {p99 * 1e3:.1f} ms",
+            f"target ≤ 100 ms, p99 ≤ 250 ms: "
+            f"{'met' if median <= 0.1 and p99 <= 0.25 else 'MISSED'}",
+        ]
+    ]
+
+
+def _append_forward(g: soma.Graph, x: Any, results: list[Any]) -> None:
+    results.append(g.forward(x))
+
+
+def _flood_rows(view: Any, quick: bool) -> list[list[str]]:
+    """8 branches emitting flat out, the run's page open."""
+    seconds = 0.3 if quick else 1.0
+
+    class Burst(soma.Node):
+        def forward(self, until: float, ctx: soma.Ctx) -> int:
+            sent = 0
+            while time.perf_counter() < until:
+                for _ in range(100):
+                    ctx.emit(sent)
+                    sent += 1
+            return sent
+
+    g = soma.Graph.somatize(_wave_of(Burst, 8))
+    rates, alone, peaks, messages, received = [], [], [], [], []
+    # With the page and without, in turns: the run emits as much either way if the page's
+    # stream never holds it up.
+    for page_open in (True, False) * 3:
+        start = time.perf_counter()
+        results: list[Any] = []
+        worker = threading.Thread(target=_append_forward, args=(g, start + seconds, results))
+        worker.start()
+        page = None
+        if page_open:
+            while not view.runs() or view.runs()[0].status.value != "running":
+                time.sleep(0.001)
+            page = PageReader(view.port, f"/api/runs/{view.runs()[0].id}/events")
+        worker.join()
+        took = time.perf_counter() - start
+        if page is None:
+            alone.append(sum(results[0].values()) / took)
+            continue
+        page.close()
+        rates.append(sum(results[0].values()) / took)
+        messages.append(page.messages / took)
+        received.append(page.received / took)
+        peaks.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    return [
+        [
+            "8 branches emitting as fast as they can, the run's page open",
+            f"{statistics.median(rates):,.0f} events a second emitted",
+            f"no page: {statistics.median(alone):,.0f} a second; the page: "
+            f"{statistics.median(messages):,.0f} messages, "
+            f"{statistics.median(received) / 1e3:,.0f} kB a second; peak memory "
+            f"{peaks[0]:.0f} / {peaks[1]:.0f} / {peaks[2]:.0f} MB over three runs",
+            "target 100,000 a second, the page coalesced: "
+            f"{'met' if statistics.median(rates) >= 100_000 else 'MISSED'}",
+        ]
+    ]
+
+
+RECORDED = """
+import sys
+import soma
+from soma._run import observe
+from soma.view import record
+class Pass(soma.Node):
+    def forward(self, x):
+        return x
+recording, times = sys.argv[1] == "view", int(sys.argv[2])
+e = Pass()
+for _ in range(999):
+    e = e >> Pass()
+g = soma.Graph.somatize(e)
+if recording:
+    observe.set_watcher(record.Recorder())
+for _ in range(times):
+    g.forward(1)
+"""
+
+
+def instruction_rows() -> list[list[str]]:
+    """The chain's instructions a node, counted by callgrind, with the view's recorder and
+    without: what does not move when the machine is busy."""
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("valgrind") is None:
+        return [["chain of 1,000, instructions a node", "not run", "no valgrind", ""]]
+
+    def counted(mode: str, times: int) -> int:
+        done = subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--callgrind-out-file=/dev/null",
+                sys.executable,
+                "-c",
+                RECORDED,
+                mode,
+                str(times),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        found = re.search(r"refs:\s+([\d,]+)", done.stderr)
+        assert found is not None, done.stderr
+        return int(found.group(1).replace(",", ""))
+
+    def per_node(mode: str) -> float:
+        return (counted(mode, 12) - counted(mode, 2)) / 10 / CHAIN
+
+    recorded, bare = per_node("view"), per_node("none")
+    return [
+        [
+            f"chain of {CHAIN:,} trivial nodes, instructions a node (callgrind): a view recording",
+            f"{recorded:,.0f}",
+            f"no view: {bare:,.0f}",
+            f"{recorded / bare:.1f}x",
+        ]
+    ]
+
+
+BIG = 10_000
+
+
+def big_rows() -> list[list[str]]:
+    """A chain of 10,000 nodes: its run's page loaded in Debian's headless Chromium until every
+    box shows its state, and its offline report's size and opening there until every box is
+    drawn."""
+    import os
+    import shutil
+    import tempfile
+
+    chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
+    if chromium is None or chromedriver is None:
+        return [[f"a {BIG:,}-node run's page in Chromium", "not run", "no Chromium", ""]]
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    expr: Any = Pass()
+    for _ in range(BIG - 1):
+        expr = expr >> Pass()
+    g = soma.Graph.somatize(expr)
+    view = soma.view(port=0, quiet=True)
+    g.forward(1)
+    run = view.runs()[0]
+    path = Path(tempfile.mkdtemp()) / "run.html"
+    soma.report(run, path)
+    size = os.path.getsize(path)
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=chromedriver))
+    coloured = "return document.querySelectorAll('#plan g.state-finished').length"
+    boxes = "return document.querySelectorAll('#plan g.node').length"
+    loads, opens = [], []
+    try:
+        for _ in range(3):
+            start = time.perf_counter()
+            driver.get(view.url + f"runs/{run.id}")
+            WebDriverWait(driver, 60, 0.01).until(lambda d: d.execute_script(coloured) == BIG)
+            loads.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            driver.get(path.as_uri())
+            # A large report inflates its drawings once loaded: opened once every box is there.
+            WebDriverWait(driver, 60, 0.01).until(lambda d: d.execute_script(boxes) == BIG)
+            opens.append(time.perf_counter() - start)
+    finally:
+        driver.quit()
+        view.close()
+    load, opened = statistics.median(loads), statistics.median(opens)
+    return [
+        [
+            f"a {BIG:,}-node chain's run page in headless Chromium, every box coloured",
+            f"{load:.2f} s",
+            "median of 3",
+            f"target ≤ 2 s: {'met' if load <= 2 else 'MISSED'}",
+        ],
+        [
+            "the offline report of that run: its size, and opening it in headless Chromium",
+            f"{size / 1e6:.1f} MB, opens in {opened:.2f} s",
+            "median of 3",
+            f"target ≤ 5 MB and ≤ 2 s: {'met' if size <= 5e6 and opened <= 2 else 'MISSED'}",
+        ],
+    ]
+
+
 def _wave_of(node: type[soma.Node], width: int) -> Any:
     expr: Any = node()
     for _ in range(width - 1):
@@ -246,6 +596,12 @@ def main() -> None:
     rows += latency_rows()
     log("events: sustained from 8 branches")
     rows += sustained_rows(args.quick)
+    log("view: the chain with a page open, a state change to the page, a flood")
+    rows += view_rows(args.quick)
+    log("view: the chain's instructions a node, recorded and not")
+    rows += instruction_rows()
+    log("view: a 10,000-node run's page and report in Chromium")
+    rows += big_rows()
     publish(
         [
             "Watching a run: OpenTelemetry spans and `ctx.emit` to an event reader "

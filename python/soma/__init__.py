@@ -50,6 +50,7 @@ from soma.errors import (
     UnknownNodeError,
     WrongDeviceError,
 )
+from soma.view import report, view
 
 if TYPE_CHECKING:
     from soma._build.module import GraphModule as GraphModule
@@ -122,6 +123,8 @@ __all__ = [
     "native",
     "node",
     "remote",
+    "report",
     "switch",
     "telemetry",
+    "view",
 ]

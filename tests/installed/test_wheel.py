@@ -77,7 +77,39 @@ def test_the_wheel_installs_soma_graph_whose_import_is_soma_from_the_venv(
     version, inside, extras = printed.splitlines()
     assert version
     assert inside == "True True"
-    assert extras == "['otel', 'ray']"
+    assert extras == "['otel', 'ray', 'view']"
+
+
+def test_the_wheel_carries_the_views_page_files_and_reports_without_the_extra(
+    installed: Installed,
+) -> None:
+    printed = installed.run(
+        """
+        import importlib.resources
+        import soma
+
+        static = importlib.resources.files("soma.view") / "static"
+        print(sorted(entry.name for entry in static.iterdir()))
+
+        class Inc(soma.Node):
+            def forward(self, x):
+                return x + 1
+
+        trace = soma.Trace()
+        soma.Graph.somatize(Inc()).forward(1, trace=trace)
+        soma.report(trace, "run.html")
+        print("<style>" in open("run.html").read())
+        try:
+            soma.view()
+        except ImportError as error:
+            print(str(error).splitlines()[-1])
+        """
+    )
+    assert printed.splitlines() == [
+        "['inflate.js', 'run.js', 'runs.js', 'view.css']",
+        "True",
+        "hint: pip install 'soma-graph[view]'",
+    ]
 
 
 def test_the_quickstart_prints_what_the_readme_shows(installed: Installed) -> None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, assert_type
 
 import soma
 from soma import native
+from soma.view import RunRecord
 
 E = TypeVar("E", bound=BaseException)
 
@@ -240,6 +241,14 @@ assert asyncio.run(watch_async())[-1].kind == "result"
 on: bool = soma.telemetry.enabled()
 assert not on
 soma.telemetry.disable()
+
+# The browser's view of this process's runs, and the offline report of one.
+with soma.view(port=0, quiet=True) as viewed:
+    page: str = viewed.url
+    speaking.forward("a b")
+    recorded: list[RunRecord] = viewed.runs()
+    soma.report(recorded[0], Path(tempfile.mkdtemp()) / "run.html")
+assert page.startswith("http://127.0.0.1:")
 
 # --- Rust nodes ------------------------------------------------------------------------------
 

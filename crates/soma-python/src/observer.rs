@@ -25,13 +25,17 @@ static ANY: AtomicBool = AtomicBool::new(false);
 
 /// What the Python side is told for each work: `begin(kind, node, part, number, device,
 /// branch, awaited, function)` — `number` the attempt of a call, the node count of a run;
-/// `awaited` whether a call's node, or a run's program, is async; `function` the qualified name
-/// of what a call runs — whose return value comes back to
+/// `awaited` whether a call's node, or a run's program, is async; `function` what the work runs:
+/// the qualified name of a call's, the graph (`GraphCore`) of a run's, so that a watcher can tie
+/// a run to its plan — whose return value comes back to
 /// `end(opened, outcome, error, retry_in)` exactly once, where the work ends (or, for a work
 /// dropped unfinished, when it is dropped, as stopped). The numbers are `soma._run.observe`'s
 /// constants.
 struct PythonObserver {
     target: Py<PyAny>,
+    /// The graph the run is of, told with the run's beginning: set on the copy a run takes
+    /// ([`installed_for`]), never on the one installed.
+    graph: Option<Py<PyAny>>,
 }
 
 /// Which work begins, as `begin` is told it.
@@ -56,27 +60,36 @@ mod outcome {
 #[pyfunction]
 #[pyo3(signature = (target))]
 pub fn observe(target: Option<Py<PyAny>>) {
-    let observer = target.map(|target| Arc::new(PythonObserver { target }));
+    let observer = target.map(|target| {
+        Arc::new(PythonObserver {
+            target,
+            graph: None,
+        })
+    });
     let mut installed = INSTALLED.write().unwrap_or_else(PoisonError::into_inner);
     ANY.store(observer.is_some(), Ordering::Release);
     *installed = observer;
 }
 
-/// The observer a run made now is to tell, if one is installed.
-pub(crate) fn installed() -> Option<Arc<dyn Observer>> {
+/// The observer a run of `graph` made now is to tell, if one is installed: the installed one's
+/// target, told `graph` with the run's beginning.
+pub(crate) fn installed_for(graph: &Bound<'_, PyAny>) -> Option<Arc<dyn Observer>> {
     if !ANY.load(Ordering::Acquire) {
         return None;
     }
     let installed = INSTALLED.read().unwrap_or_else(PoisonError::into_inner);
-    installed
-        .as_ref()
-        .map(|observer| Arc::clone(observer) as Arc<dyn Observer>)
+    installed.as_ref().map(|observer| {
+        Arc::new(PythonObserver {
+            target: observer.target.clone_ref(graph.py()),
+            graph: Some(graph.clone().unbind()),
+        }) as Arc<dyn Observer>
+    })
 }
 
 impl Observer for PythonObserver {
     fn begin(&self, begun: &Begun<'_>) -> Opened {
         crate::exit::attach(|py| {
-            let arguments = match begun_arguments(py, begun) {
+            let arguments = match begun_arguments(py, begun, self.graph.as_ref()) {
                 Ok(arguments) => arguments,
                 Err(error) => {
                     error.write_unraisable(py, Some(self.target.bind(py)));
@@ -157,9 +170,13 @@ impl Drop for Unended {
 }
 
 /// `begin`'s arguments for `begun`.
-fn begun_arguments<'py>(py: Python<'py>, begun: &Begun<'_>) -> PyResult<Bound<'py, PyTuple>> {
+fn begun_arguments<'py>(
+    py: Python<'py>,
+    begun: &Begun<'_>,
+    graph: Option<&Py<PyAny>>,
+) -> PyResult<Bound<'py, PyTuple>> {
     let nothing = || py.None().into_bound(py);
-    let mut function = None;
+    let mut function = nothing();
     let (kind, node, part, attempt, device, branch, awaited) = match *begun {
         Begun::Call {
             node,
@@ -169,7 +186,7 @@ fn begun_arguments<'py>(py: Python<'py>, begun: &Begun<'_>) -> PyResult<Bound<'p
             awaited,
             ref described,
         } => {
-            function = described.as_deref();
+            function = described.as_deref().into_bound_py_any(py)?;
             (
                 kind::CALL,
                 node.as_str().into_bound_py_any(py)?,
@@ -206,15 +223,20 @@ fn begun_arguments<'py>(py: Python<'py>, begun: &Begun<'_>) -> PyResult<Bound<'p
             item,
             nodes,
             asynchronous,
-        } => (
-            kind::RUN,
-            nothing(),
-            item.into_bound_py_any(py)?,
-            u32::try_from(nodes).unwrap_or(u32::MAX),
-            None,
-            &[][..],
-            asynchronous,
-        ),
+        } => {
+            if let Some(graph) = graph {
+                function = graph.bind(py).clone();
+            }
+            (
+                kind::RUN,
+                nothing(),
+                item.into_bound_py_any(py)?,
+                u32::try_from(nodes).unwrap_or(u32::MAX),
+                None,
+                &[][..],
+                asynchronous,
+            )
+        }
     };
     let device = match device {
         Some(device) => device.to_string().into_bound_py_any(py)?,
@@ -230,7 +252,7 @@ fn begun_arguments<'py>(py: Python<'py>, begun: &Begun<'_>) -> PyResult<Bound<'p
             device,
             PyTuple::new(py, branch)?.into_any(),
             awaited.into_bound_py_any(py)?,
-            function.into_bound_py_any(py)?,
+            function,
         ],
     )
 }
@@ -248,10 +270,10 @@ fn error_value(py: Python<'_>, error: &RunError) -> Py<PyAny> {
     } else {
         None
     };
+    // Taken with its traceback set on it, as Python would hold it, so that a watcher shows
+    // where the node failed (on 3.11 an error's traceback is kept beside its value).
     raised
         .unwrap_or_else(|| run_error(py, error, None))
-        .value(py)
-        .clone()
+        .into_value(py)
         .into_any()
-        .unbind()
 }

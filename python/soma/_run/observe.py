@@ -2,7 +2,8 @@
 calls :meth:`Dispatch.begin` and :meth:`Dispatch.end` for each work — an attempt of a node's
 call, a node answered by the cache, an ``each`` item, a ``switch`` case, a ``loop`` iteration,
 a run, whole or a streamed item's — where the work runs and in its context; this module hands
-each to what listens: OpenTelemetry (``soma.telemetry``) and the event streams of ``Graph.events``.
+each to what listens: OpenTelemetry (``soma.telemetry``), the event streams of ``Graph.events``
+and the browser's view of this process's runs (``soma.view``).
 
 The rules — what is told, when, on which thread, in which order — are the engine's. Here is
 only what only Python can do: make a span current in a context, put an event where a reader
@@ -34,8 +35,9 @@ RETURNED, FAILED, STOPPED = range(3)
 # A work as the engine tells it: what begins (`kind`), the node (or the step, for a part; `None`
 # for a run), the part (an item's index, a case's key, an iteration; a streamed item's index for
 # a run), a number (the attempt of a call, the node count of a run), the device, the branch
-# (the index in each wave), whether it is async, and what a call runs (`module.Class.forward`).
-Work = tuple[int, str | None, Any, int, str | None, tuple[int, ...], bool, str | None]
+# (the index in each wave), whether it is async, and what the work runs: a call's
+# `module.Class.forward`, a run's graph (`_soma.GraphCore`, whose plan a watcher draws).
+Work = tuple[int, str | None, Any, int, str | None, tuple[int, ...], bool, Any]
 
 
 class Listener(Protocol):
@@ -69,35 +71,45 @@ current_item: contextvars.ContextVar[int | None] = contextvars.ContextVar("soma_
 
 
 class Dispatch:
-    """The one object the engine calls: each work to the telemetry, when it is on, and to the
-    event stream of the run it is part of, when it has one."""
+    """The one object the engine calls: each work to the telemetry, when it is on, to the
+    view (``soma.view``), when one is open, and to the event stream of the run it is part of,
+    when it has one."""
 
     def __init__(self) -> None:
         self.telemetry: Listener | None = None
+        self.watcher: Listener | None = None
         self.streams = 0
 
     def begin(self, *work: Any) -> Any:
         """A work begins: ``work`` is what the engine tells of it (see :data:`Work`)."""
         kind, node, part = work[0], work[1], work[2]
-        telemetry, stream = self.telemetry, current_stream.get()
+        telemetry, watcher, stream = self.telemetry, self.watcher, current_stream.get()
         if kind == CALL and node in hidden.get():
             return None
         item = None
         if kind == ITEM or (kind == RUN and part is not None):
             item = current_item.set(part)
         opened_telemetry = None if telemetry is None else telemetry.begin(work)
+        opened_watcher = None if watcher is None else watcher.begin(work)
         opened_stream = None if stream is None else stream.begin(work)
-        if item is None and opened_telemetry is None and opened_stream is None:
+        if (
+            item is None
+            and opened_telemetry is None
+            and opened_watcher is None
+            and opened_stream is None
+        ):
             return None
-        return (item, telemetry, opened_telemetry, stream, opened_stream)
+        return (item, telemetry, opened_telemetry, watcher, opened_watcher, stream, opened_stream)
 
     def end(
         self, opened: Any, outcome: int, error: BaseException | None, retry_in: float | None
     ) -> None:
-        item, telemetry, opened_telemetry, stream, opened_stream = opened
+        item, telemetry, opened_telemetry, watcher, opened_watcher, stream, opened_stream = opened
         try:
             if stream is not None and opened_stream is not None:
                 stream.end(opened_stream, outcome, error, retry_in)
+            if watcher is not None and opened_watcher is not None:
+                watcher.end(opened_watcher, outcome, error, retry_in)
             if telemetry is not None and opened_telemetry is not None:
                 telemetry.end(opened_telemetry, outcome, error, retry_in)
         finally:
@@ -114,13 +126,21 @@ _installing = threading.Lock()
 
 def _reinstall() -> None:
     """Installs the dispatch in the engine while anything listens, and removes it otherwise."""
-    _soma.observe(dispatch if dispatch.telemetry is not None or dispatch.streams else None)
+    listened = dispatch.telemetry is not None or dispatch.watcher is not None or dispatch.streams
+    _soma.observe(dispatch if listened else None)
 
 
 def set_telemetry(listener: Listener | None) -> None:
     """Makes ``listener`` the telemetry every run from now on reports to (``None``: none)."""
     with _installing:
         dispatch.telemetry = listener
+        _reinstall()
+
+
+def set_watcher(listener: Listener | None) -> None:
+    """Makes ``listener`` the view every run from now on reports to (``None``: none)."""
+    with _installing:
+        dispatch.watcher = listener
         _reinstall()
 
 
@@ -139,10 +159,14 @@ def stream_closed() -> None:
 
 
 def watched() -> bool:
-    """Whether a run started here now is watched: the telemetry is on, or it is part of an
-    event stream. A run with hosts then asks its hosts for their nodes' spans (see
+    """Whether a run started here now is watched: the telemetry is on, a view is open, or it
+    is part of an event stream. A run with hosts then asks its hosts for their nodes' spans (see
     :func:`adopt`)."""
-    return dispatch.telemetry is not None or current_stream.get() is not None
+    return (
+        dispatch.telemetry is not None
+        or dispatch.watcher is not None
+        or current_stream.get() is not None
+    )
 
 
 def adopt(spans: list[Any], host: str, sent_ns: int) -> None:
@@ -151,7 +175,7 @@ def adopt(spans: list[Any], host: str, sent_ns: int) -> None:
     turns, error, device, cached; times in seconds since the slice began there, which is taken
     as ``sent_ns``, this process's clock when the slice was sent). Told once the slice is back:
     a host runs a slice as one call, and tells nothing before it returns."""
-    for listener in (dispatch.telemetry, current_stream.get()):
+    for listener in (dispatch.telemetry, dispatch.watcher, current_stream.get()):
         if listener is not None:
             listener.adopt(spans, host, sent_ns)
 
@@ -165,6 +189,9 @@ def emitted(node: str, value: Any) -> None:
     telemetry = dispatch.telemetry
     if telemetry is not None:
         telemetry.emit(node, value)
+    watcher = dispatch.watcher
+    if watcher is not None:
+        watcher.emit(node, value)
 
 
 def run_in_stream(stream: Listener, run: Callable[[], Any]) -> Any:

@@ -192,7 +192,7 @@ pub(crate) fn executor_for(
     if let Some(trace) = trace {
         executor = executor.with_trace(Arc::clone(&trace.get().trace));
     }
-    if let Some(observer) = crate::observer::installed() {
+    if let Some(observer) = crate::observer::installed_for(graph.as_any()) {
         executor = executor.with_observer(observer);
     }
     if let Some(cache) = cache {

@@ -1,0 +1,162 @@
+// A run's page, kept live: the server sends the run's state at first ("snapshot"), then what
+// changed ("update"): nodes with their latest state, spans ended, values emitted, at most once
+// a tick. The plan is the engine's drawing; each box carries data-node, and its class says
+// its state. Every text from the run is set as text, never as markup.
+"use strict";
+(function () {
+  const token = new URLSearchParams(location.search).get("token");
+  const withToken = (path) => token === null ? path : path + (path.includes("?") ? "&" : "?") + "token=" + encodeURIComponent(token);
+  const runId = document.body.dataset.run;
+  const api = "/api/runs/" + encodeURIComponent(runId);
+  const connection = document.getElementById("live");
+  const boxes = new Map();
+  for (const g of document.querySelectorAll("#plan g.node[data-node]")) boxes.set(g.dataset.node, g);
+  const STATES = ["waiting", "running", "finished", "cached", "failed", "retrying", "timed_out", "stopped", "paused"];
+  const nodes = new Map();
+  const timeline = document.getElementById("timeline");
+  const rows = new Map();
+  const spans = [];
+  const SPANS_DRAWN = 2000;
+  let runSeconds = 0;
+  let selected = null;
+
+  // A node running now: a bar from its start to the run's time so far, until its span comes.
+  const live = new Map();
+
+  function liveBar(node) {
+    const old = live.get(node.id);
+    if (old) { old.remove(); live.delete(node.id); }
+    if (node.state !== "running" || node.started === null || node.row === null) return;
+    const div = document.createElement("div");
+    div.className = "tl-span state-running";
+    div.title = node.id + " (running)";
+    div.textContent = node.id;
+    div.dataset.start = node.started;
+    div.dataset.end = Math.max(runSeconds, node.started);
+    row(node.row).appendChild(div);
+    live.set(node.id, div);
+  }
+
+  function setState(node) {
+    nodes.set(node.id, node);
+    liveBar(node);
+    const g = boxes.get(node.id);
+    if (g) {
+      for (const s of STATES) g.classList.remove("state-" + s);
+      g.classList.add("state-" + node.state);
+    }
+    if (selected === node.id) detail(node.id);
+  }
+
+  function setRun(run) {
+    const status = document.getElementById("status");
+    status.textContent = run.status;
+    status.className = "status status-" + run.status;
+    document.getElementById("progress").textContent = run.done + " / " + run.total + " nodes, " + run.seconds.toFixed(3) + " s";
+    document.getElementById("run-error").textContent = run.error || "";
+    runSeconds = Math.max(runSeconds, run.seconds);
+  }
+
+  function row(name) {
+    let r = rows.get(name);
+    if (!r) {
+      r = document.createElement("div");
+      r.className = "tl-row";
+      const label = document.createElement("span");
+      label.className = "tl-name";
+      label.textContent = name;
+      r.appendChild(label);
+      timeline.appendChild(r);
+      rows.set(name, r);
+    }
+    return r;
+  }
+
+  function addSpans(list) {
+    for (const s of list) {
+      const div = document.createElement("div");
+      div.className = "tl-span state-" + s.state;
+      div.title = s.node + " (" + s.state + ", " + (s.end - s.start).toFixed(6) + " s)";
+      div.textContent = s.node;
+      div.dataset.start = s.start;
+      div.dataset.end = s.end;
+      row(s.row || "?").appendChild(div);
+      spans.push(div);
+      runSeconds = Math.max(runSeconds, s.end);
+    }
+    while (spans.length > SPANS_DRAWN) spans.shift().remove();
+    const scale = runSeconds > 0 ? 100 / runSeconds : 0;
+    for (const div of live.values()) div.dataset.end = runSeconds;
+    for (const div of [...spans, ...live.values()]) {
+      div.style.left = (div.dataset.start * scale) + "%";
+      div.style.width = ((div.dataset.end - div.dataset.start) * scale) + "%";
+    }
+  }
+
+  function addEmits(list) {
+    const ol = document.getElementById("emits");
+    for (const e of list) {
+      const li = document.createElement("li");
+      li.textContent = e.at.toFixed(3) + " s  " + e.node + ": " + e.type + (e.size === null ? "" : " (" + e.size + ")") + " " + e.repr;
+      ol.appendChild(li);
+    }
+    while (ol.children.length > 200) ol.firstChild.remove();
+    ol.scrollTop = ol.scrollHeight;
+  }
+
+  function field(dl, name, value) {
+    if (value === null || value === undefined || value === "") return;
+    const dt = document.createElement("dt"); dt.textContent = name;
+    const dd = document.createElement("dd");
+    if (name === "traceback") { const pre = document.createElement("pre"); pre.className = "error"; pre.textContent = value; dd.appendChild(pre); }
+    else dd.textContent = String(value);
+    dl.append(dt, dd);
+  }
+
+  async function detail(id) {
+    selected = id;
+    const aside = document.getElementById("detail");
+    let node = nodes.get(id) || { id: id, state: "waiting" };
+    try {
+      const answer = await fetch(withToken(api + "/nodes/" + encodeURIComponent(id)));
+      if (answer.ok) node = await answer.json();
+    } catch (_) { /* the node's last state as streamed is shown */ }
+    aside.textContent = "";
+    const h = document.createElement("h2"); h.textContent = "Node " + id;
+    const dl = document.createElement("dl");
+    field(dl, "state", node.state);
+    field(dl, "attempts", node.attempts);
+    field(dl, "seconds", node.seconds === null || node.seconds === undefined ? null : node.seconds.toFixed(6));
+    field(dl, "thread", node.row);
+    field(dl, "device", node.device);
+    field(dl, "host", node.host);
+    field(dl, "parts", node.parts);
+    field(dl, "output", "not shown: the observer does not see outputs");
+    field(dl, "error", node.error);
+    field(dl, "traceback", node.traceback);
+    aside.append(h, dl);
+    aside.dataset.node = id;
+  }
+
+  for (const [id, g] of boxes) g.addEventListener("click", () => detail(id));
+
+  function apply(data) {
+    if (data.run) setRun(data.run);
+    for (const node of data.nodes || []) setState(node);
+    addSpans(data.spans || []);
+    addEmits(data.emits || []);
+  }
+
+  const events = new EventSource(withToken(api + "/events"));
+  events.addEventListener("open", () => { connection.textContent = "live"; connection.classList.add("on"); });
+  events.addEventListener("error", () => { connection.textContent = "disconnected"; connection.classList.remove("on"); });
+  events.addEventListener("snapshot", (e) => {
+    for (const g of boxes.values()) { for (const s of STATES) g.classList.remove("state-" + s); g.classList.add("state-waiting"); }
+    nodes.clear();
+    for (const r of rows.values()) r.remove();
+    rows.clear(); spans.length = 0; live.clear();
+    document.getElementById("emits").textContent = "";
+    apply(JSON.parse(e.data));
+  });
+  events.addEventListener("update", (e) => apply(JSON.parse(e.data)));
+})();
