@@ -1,6 +1,8 @@
 //! torch's per-thread state — grad mode, inference mode, autocast — carried from the thread that
 //! reached a wave into each of its branches, and put back on the branch's thread when it ends;
-//! and carried by each item of a stream from one stage's thread to the next ([`Carried::carry`]).
+//! carried by each item of a stream from one stage's thread to the next ([`Carried::carry`]); and
+//! carried by each task of an async run from one of its steps on the loop's thread to the next,
+//! the same way (`aio.rs`: under `forward` the loop runs on a thread of its own).
 //!
 //! torch is never imported here: it is carried only when `sys.modules` already holds it. The
 //! usual state — inference mode off, autocast off everywhere, grad mode on or off — is read and
