@@ -96,6 +96,21 @@ impl Functions {
     }
 }
 
+/// Whether torch is loaded and asked for deterministic algorithms
+/// (`torch.use_deterministic_algorithms(True)`): a wave then runs its branches on the thread that
+/// reached it, in declared order (`Captured::in_order`), since backward sums the gradients a
+/// value gets from several branches in the order of numbers torch's autograd counts per thread.
+pub fn deterministic(py: Python<'_>) -> bool {
+    let Some(torch) = loaded(py) else {
+        return false;
+    };
+    torch
+        .call_method0(intern!(py, "are_deterministic_algorithms_enabled"))
+        .and_then(|enabled| enabled.is_truthy())
+        .map_err(|error| error.write_unraisable(py, None))
+        .unwrap_or(false)
+}
+
 /// torch's state on this thread, to carry, if torch has been imported by someone.
 pub fn capture(py: Python<'_>) -> Option<Carried> {
     let torch = loaded(py)?;
