@@ -104,3 +104,22 @@ def test_without_determinism_a_waves_branches_still_run_side_by_side() -> None:
 
     out = soma.Graph.somatize(Meet().named("a") | Meet().named("b")).forward(None)
     assert out["a"] != out["b"]
+
+
+@pytest.mark.usefixtures("deterministic")
+def test_under_determinism_an_each_steps_items_run_on_the_callers_thread_in_order() -> None:
+    ran: list[tuple[int, int]] = []
+    sibling_ran = threading.Event()
+
+    def item(i: int) -> int:
+        # The first item waits a while for another to run, as items side by side would.
+        if i == 0:
+            sibling_ran.wait(timeout=0.5)
+        else:
+            sibling_ran.set()
+        ran.append((i, threading.get_ident()))
+        return i
+
+    g = soma.Graph.somatize(soma.each(item))
+    assert g.forward([0, 1, 2, 3]) == [0, 1, 2, 3]
+    assert ran == [(i, threading.get_ident()) for i in range(4)]
