@@ -244,18 +244,16 @@ impl Crew {
     /// further up.)
     ///
     /// The calling thread runs the first branch itself, then every branch no crew thread has
-    /// claimed by then; `host` wraps each branch a crew thread runs. `in_order`: the crew is
-    /// offered none of them, and the calling thread runs every branch, in order. `wait` is
-    /// called, on the calling thread, only if branches run elsewhere are still unfinished: it
-    /// should block until `until_done` returns true (it may do more: let go of a lock, poll for
-    /// signals), and return whether it gave up instead. Returns once every branch has finished
-    /// — or `None` at once when `wait` gave up in a `detached` run.
+    /// claimed by then; `host` wraps each branch a crew thread runs. `wait` is called, on the
+    /// calling thread, only if branches run elsewhere are still unfinished: it should block
+    /// until `until_done` returns true (it may do more: let go of a lock, poll for signals), and
+    /// return whether it gave up instead. Returns once every branch has finished — or `None` at
+    /// once when `wait` gave up in a `detached` run.
     pub(super) fn run<L, P, T, G>(
         &self,
         lent: L,
         parts: impl IntoIterator<Item = P>,
         task: &G,
-        in_order: bool,
         host: Option<&Arc<dyn Host>>,
         detached: Option<&Detached>,
         wait: impl FnOnce(&(dyn Fn(Option<Duration>) -> bool + Sync)) -> bool,
@@ -286,8 +284,7 @@ impl Crew {
         // is finished, or after leaving `work` to the run's remains: that is what keeps `work`
         // alive for the crew threads that claim it.
         let guard = JoinOnDrop(&offer);
-        let offered = len > 1 && !in_order;
-        if offered {
+        if len > 1 {
             if let Err(refused) = self.pool.offer(&offer) {
                 offer.refuse_unclaimed(&refused);
             }
@@ -306,7 +303,7 @@ impl Crew {
                 offer.run_claimed(index, None, || {});
             }
         }
-        if offered {
+        if len > 1 {
             self.pool.withdraw(&offer);
         }
         let (work, lent) = joined_or_left(&offer, work, lent, guard, detached, wait)?;

@@ -71,14 +71,24 @@ impl Executor {
             lane,
             captured: self.host.as_ref().and_then(|host| host.capture()),
         };
-        let in_order = fan.captured.as_deref().is_some_and(Captured::in_order);
+        if fan.captured.as_deref().is_some_and(Captured::in_order) {
+            // Every branch here, one after another, as the crew's owner runs those it claims:
+            // nothing is lent elsewhere, so nothing outlives this frame.
+            let outcomes = parts
+                .into_iter()
+                .enumerate()
+                .map(|(index, part)| {
+                    panic::catch_unwind(AssertUnwindSafe(|| task(&fan, index, part)))
+                })
+                .collect();
+            return Ok((fan.locals, outcomes));
+        }
         // This thread runs its share with whatever it holds of the host (the GIL, say) and gives
         // it back only to sleep until the branches run elsewhere are done.
         let fanned = lane.walk.crew.run(
             fan,
             parts,
             task,
-            in_order,
             self.host.as_ref(),
             lane.walk.detached,
             |until_done| {
