@@ -184,3 +184,11 @@ def test_under_aforward_what_a_node_changes_stays_in_the_run_and_the_caller_keep
     assert not out["before"]["grad"], "the node after sees what the node before left"
     assert after, "the caller's grad mode is its own"
     assert not under.requires_grad
+
+
+def test_a_stream_of_async_nodes_under_no_grad_gives_outputs_without_a_graph() -> None:
+    g = soma.Graph.somatize(AsyncScale().named("scale") >> AsyncScale().named("again"))
+    with torch.no_grad():
+        outs = list(g.map([torch.ones(3), torch.zeros(3)]))
+    assert [out.requires_grad for out in outs] == [False, False]
+    assert [out.requires_grad for out in g.map([torch.ones(3)])] == [True]
