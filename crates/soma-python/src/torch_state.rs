@@ -151,6 +151,12 @@ impl Carried {
     /// its place and puts the thread's own back: how a stream item carries torch's state from
     /// one stage's thread to the next, as a forward's nodes share their one thread's.
     pub fn carry(&mut self, py: Python<'_>, run: &mut dyn FnMut()) {
+        if let Carried::Usual { grad } = *self {
+            let functions = Carried::functions(py);
+            if let Ok(Some(had)) = functions.usual_grad(py) {
+                return self.carry_usual(py, functions, grad, had, run);
+            }
+        }
         let mut left = None;
         self.run_in(py, &mut || {
             run();
@@ -158,6 +164,44 @@ impl Carried {
         });
         if let Some(left) = left {
             *self = left;
+        }
+    }
+
+    /// [`Carried::carry`] of the usual state `grad` on a thread in the usual state `had` — an
+    /// async task's step on the loop's thread, as a rule: the three calls that tell whether the
+    /// state `run` left is the usual one read it too, where capturing it and putting the
+    /// thread's back would read it twice.
+    fn carry_usual(
+        &mut self,
+        py: Python<'_>,
+        functions: &Functions,
+        grad: bool,
+        had: bool,
+        run: &mut dyn FnMut(),
+    ) {
+        if had != grad {
+            report(py, functions.set_grad(py, grad));
+        }
+        run();
+        match functions.usual_grad(py) {
+            Ok(Some(left)) => {
+                *self = Carried::Usual { grad: left };
+                if left != had {
+                    report(py, functions.set_grad(py, had));
+                }
+            }
+            // The nodes left another state (autocast on, say): kept in Python, and the thread's
+            // usual one put back, as `run_in` does.
+            Ok(None) => {
+                if let Some(left) = in_python(py, intern!(py, "capture"), ()) {
+                    *self = Carried::Other(left);
+                }
+                report(py, functions.put_back(py, had));
+            }
+            Err(error) => {
+                error.write_unraisable(py, None);
+                report(py, functions.put_back(py, had));
+            }
         }
     }
 
