@@ -42,6 +42,7 @@ use soma_core::{Interrupt, Pause, RunError, Settled, Spawned, Task, Tasks};
 use crate::convert::to_python;
 use crate::errors::{panic_error, run_error};
 use crate::exit;
+use crate::torch_state;
 use crate::watch::SignalWatch;
 
 thread_local! {
@@ -323,6 +324,14 @@ struct Stepping {
     /// of its caller's, so that what its nodes set never reaches the caller (a task of Soma's
     /// own has one of its own already).
     context: Option<Py<PyAny>>,
+    /// torch's state for the task's next step (`torch_state.rs`), when torch is loaded: the
+    /// state of the thread that started the run or spawned the task, then what the task's nodes
+    /// left set — set around each step and the loop's thread's own put back after, as a
+    /// stream item carries it from stage to stage. So an async node, and the sync work it lends
+    /// a crew thread (captured inside the step), runs in the caller's grad mode, inference mode
+    /// and autocast under `forward` too, where the loop runs on a thread of its own; and what a
+    /// task's nodes change is the task's, as its `contextvars` are.
+    torch: Option<torch_state::Carried>,
 }
 
 impl Stepper {
@@ -331,6 +340,7 @@ impl Stepper {
         mailbox: Arc<Mailbox>,
         root: Option<Root>,
         context: Option<Py<PyAny>>,
+        torch: Option<torch_state::Carried>,
     ) -> Self {
         Stepper {
             state: Mutex::new(Some(Stepping {
@@ -339,6 +349,7 @@ impl Stepper {
                 interrupts: Arc::default(),
                 root,
                 context,
+                torch,
             })),
         }
     }
@@ -372,7 +383,7 @@ impl Stepper {
             Some(context) => Some(enter(py, context.bind(py))?),
             None => None,
         };
-        let polled = stepping.task.poll(&mut Context::from_waker(&waker));
+        let polled = stepping.poll(py, &mut Context::from_waker(&waker));
         if let Some(entered) = entered {
             leave(py, &entered)?;
         }
@@ -394,6 +405,19 @@ impl Stepper {
 }
 
 impl Stepping {
+    /// Polls the engine's task once, in the task's torch state if it carries one.
+    fn poll(&mut self, py: Python<'_>, cx: &mut Context<'_>) -> Poll<()> {
+        let Stepping { task, torch, .. } = self;
+        match torch {
+            Some(torch) => {
+                let mut polled = Poll::Pending;
+                torch.carry(py, &mut || polled = task.poll(cx));
+                polled
+            }
+            None => task.poll(cx),
+        }
+    }
+
     /// The asyncio task threw `error` in: a fired time limit of the node it awaits, or its
     /// cancellation (its run's deadline's, for an `aforward` with a timeout).
     fn received(&mut self, py: Python<'_>, error: &PyErr) -> PyResult<()> {
@@ -706,20 +730,25 @@ impl LoopTasks {
                 cancelled: None,
             }),
             Some(context.unbind()),
+            torch_state::capture(py),
         ))
     }
 
     /// The stepper of a run of `forward` on the kept loop: its outcome goes to its `Settled`,
-    /// where the calling thread waits for it.
+    /// where the calling thread waits for it. Made on the calling thread, whose torch state
+    /// the run's steps carry onto the loop's.
     pub fn background(&self, task: Task) -> Stepper {
-        Stepper::new(task, Arc::clone(&self.mailbox), None, None)
+        let torch = crate::exit::attach(torch_state::capture);
+        Stepper::new(task, Arc::clone(&self.mailbox), None, None, torch)
     }
 }
 
 impl Tasks for LoopTasks {
     fn spawn(&self, task: Task) -> Result<Box<dyn Spawned>, String> {
         crate::exit::attach(|py| {
-            let stepper = Stepper::new(task, Arc::clone(&self.mailbox), None, None);
+            // Spawned inside a step of the task that spawns it: its torch state, carried.
+            let torch = torch_state::capture(py);
+            let stepper = Stepper::new(task, Arc::clone(&self.mailbox), None, None, torch);
             self.event_loop(py)
                 .call_method1(intern!(py, "create_task"), (stepper,))
                 .map(|task| {

@@ -15,7 +15,12 @@
 //! whatever torch state a branch changes is put back when it ends (threads are reused between
 //! branches and graphs). Without torch the cost is a context copy, entered and left, per
 //! forward, per wave and per branch — tens of nanoseconds each, no Python call. torch's state is
-//! carried by `torch_state.rs`, only when torch is already loaded.
+//! carried by `torch_state.rs`, only when torch is already loaded. With torch's deterministic
+//! algorithms asked for (`torch.use_deterministic_algorithms(True)`) where a wave is reached,
+//! the captured context asks the engine to run the wave's branches on that thread, in declared
+//! order (`Captured::in_order`): backward sums what several branches give one tensor in the
+//! order of numbers torch's autograd counts per thread, which branches on the crew's threads
+//! would make differ from run to run, and the gradients' last bits with it.
 //!
 //! The same per-wave capture and per-branch entry carry a forward's device queues (CUDA's
 //! streams), when it has some (`device_queues.rs`): each branch runs on queues of its own,
@@ -58,6 +63,9 @@ pub struct Caller {
     /// The wave's fork of the device queues it was reached on (`device_queues.rs`): each branch
     /// runs on queues of its own, joined back when it ends. `None` in a forward without them.
     queues: Option<Py<PyAny>>,
+    /// Whether torch's deterministic algorithms were asked for where the wave was reached: its
+    /// branches then run there, in declared order ([`Captured::in_order`]).
+    in_order: bool,
 }
 
 /// The context of the thread that reached a wave, to be entered by each of its branches.
@@ -69,10 +77,12 @@ pub fn capture() -> Option<Box<dyn Captured>> {
         let context = copy_current(py)?.unbind();
         let torch = torch_state::capture(py);
         let queues = device_queues::fork(py);
+        let in_order = torch.is_some() && torch_state::deterministic(py);
         Some(Box::new(Caller {
             context,
             torch,
             queues,
+            in_order,
         }) as Box<dyn Captured>)
     })
 }
@@ -119,6 +129,10 @@ impl Captured for Caller {
             let torch = self.torch.as_ref().map(|torch| torch.clone_ref(py));
             Some(Box::new(Item { context, torch }) as Box<dyn ItemContext>)
         })
+    }
+
+    fn in_order(&self) -> bool {
+        self.in_order
     }
 
     fn enter(&self, run: &mut dyn FnMut()) {

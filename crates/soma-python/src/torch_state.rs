@@ -1,6 +1,8 @@
 //! torch's per-thread state — grad mode, inference mode, autocast — carried from the thread that
 //! reached a wave into each of its branches, and put back on the branch's thread when it ends;
-//! and carried by each item of a stream from one stage's thread to the next ([`Carried::carry`]).
+//! carried by each item of a stream from one stage's thread to the next ([`Carried::carry`]); and
+//! carried by each task of an async run from one of its steps on the loop's thread to the next,
+//! the same way (`aio.rs`: under `forward` the loop runs on a thread of its own).
 //!
 //! torch is never imported here: it is carried only when `sys.modules` already holds it. The
 //! usual state — inference mode off, autocast off everywhere, grad mode on or off — is read and
@@ -93,6 +95,21 @@ impl Functions {
     }
 }
 
+/// Whether torch is loaded and asked for deterministic algorithms
+/// (`torch.use_deterministic_algorithms(True)`): a wave then runs its branches on the thread that
+/// reached it, in declared order (`Captured::in_order`), since backward sums the gradients a
+/// value gets from several branches in the order of numbers torch's autograd counts per thread.
+pub fn deterministic(py: Python<'_>) -> bool {
+    let Some(torch) = loaded(py) else {
+        return false;
+    };
+    torch
+        .call_method0(intern!(py, "are_deterministic_algorithms_enabled"))
+        .and_then(|enabled| enabled.is_truthy())
+        .map_err(|error| error.write_unraisable(py, None))
+        .unwrap_or(false)
+}
+
 /// torch's state on this thread, to carry, if torch has been imported by someone.
 pub fn capture(py: Python<'_>) -> Option<Carried> {
     let torch = loaded(py)?;
@@ -133,6 +150,12 @@ impl Carried {
     /// its place and puts the thread's own back: how a stream item carries torch's state from
     /// one stage's thread to the next, as a forward's nodes share their one thread's.
     pub fn carry(&mut self, py: Python<'_>, run: &mut dyn FnMut()) {
+        if let Carried::Usual { grad } = *self {
+            let functions = Carried::functions(py);
+            if let Ok(Some(had)) = functions.usual_grad(py) {
+                return self.carry_usual(py, functions, grad, had, run);
+            }
+        }
         let mut left = None;
         self.run_in(py, &mut || {
             run();
@@ -140,6 +163,44 @@ impl Carried {
         });
         if let Some(left) = left {
             *self = left;
+        }
+    }
+
+    /// [`Carried::carry`] of the usual state `grad` on a thread in the usual state `had` — an
+    /// async task's step on the loop's thread, as a rule: the three calls that tell whether the
+    /// state `run` left is the usual one read it too, where capturing it and putting the
+    /// thread's back would read it twice.
+    fn carry_usual(
+        &mut self,
+        py: Python<'_>,
+        functions: &Functions,
+        grad: bool,
+        had: bool,
+        run: &mut dyn FnMut(),
+    ) {
+        if had != grad {
+            report(py, functions.set_grad(py, grad));
+        }
+        run();
+        match functions.usual_grad(py) {
+            Ok(Some(left)) => {
+                *self = Carried::Usual { grad: left };
+                if left != had {
+                    report(py, functions.set_grad(py, had));
+                }
+            }
+            // The nodes left another state (autocast on, say): kept in Python, and the thread's
+            // usual one put back, as `run_in` does.
+            Ok(None) => {
+                if let Some(left) = in_python(py, intern!(py, "capture"), ()) {
+                    *self = Carried::Other(left);
+                }
+                report(py, functions.put_back(py, had));
+            }
+            Err(error) => {
+                error.write_unraisable(py, None);
+                report(py, functions.put_back(py, had));
+            }
         }
     }
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import copyreg
+import ctypes
 import functools
 import os
 import site
@@ -516,10 +517,23 @@ def _torch_tensor(tensor: Any, where: str, pending: list[Any], out: bytearray) -
         + (b"+" if subclass else b"-")
     )
     flat = tensor.detach().resolve_conj().resolve_neg().to("cpu").contiguous().reshape(-1)
-    out += _soma.blake3(flat.view(torch.uint8).numpy())
+    as_bytes = flat.view(torch.uint8)  # Alive while its memory is read.
+    out += _soma.blake3(_tensor_bytes(as_bytes))
     if subclass:  # Its class, then its own attributes.
         pending.append(_subclass_state(tensor, where))
         pending.append((type(tensor), f"{where}.__class__"))
+
+
+def _tensor_bytes(flat: Any) -> memoryview:
+    """The bytes of ``flat``, a contiguous one-dimensional ``uint8`` tensor on the CPU, read in
+    place: through its memory's address, since a tensor exports no buffer and ``Tensor.numpy()``
+    needs numpy, which Soma does not (torch runs without it). The view is read while ``flat``,
+    which owns that memory, is alive: the caller's frame holds it."""
+    size = flat.numel()
+    if size == 0:
+        return memoryview(b"")
+    # Cast to bytes: a view with the shape and strides the digest's buffer reader asks for.
+    return memoryview((ctypes.c_ubyte * size).from_address(flat.data_ptr())).cast("B")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,6 +7,9 @@
 //! branch in a copy of the context that frame was in, stop the branches declared after a failing
 //! one at their next node boundary, and report the first declared failure. Both walks settle by
 //! [`settle`]: the async walk's branches and items are tasks, not lent threads, but end the same.
+//! A captured context that asks for order ([`Captured::in_order`]) has the thread that reached
+//! the fan-out run every branch itself, one after another in declared order, the crew offered
+//! none.
 //!
 //! # How a fan-out settles
 //!
@@ -68,6 +71,18 @@ impl Executor {
             lane,
             captured: self.host.as_ref().and_then(|host| host.capture()),
         };
+        if fan.captured.as_deref().is_some_and(Captured::in_order) {
+            // Every branch here, one after another, as the crew's owner runs those it claims:
+            // nothing is lent elsewhere, so nothing outlives this frame.
+            let outcomes = parts
+                .into_iter()
+                .enumerate()
+                .map(|(index, part)| {
+                    panic::catch_unwind(AssertUnwindSafe(|| task(&fan, index, part)))
+                })
+                .collect();
+            return Ok((fan.locals, outcomes));
+        }
         // This thread runs its share with whatever it holds of the host (the GIL, say) and gives
         // it back only to sleep until the branches run elsewhere are done.
         let fanned = lane.walk.crew.run(

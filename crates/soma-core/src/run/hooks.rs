@@ -68,6 +68,17 @@ pub trait Captured: Send + Sync {
     fn for_item(&self) -> Option<Box<dyn ItemContext>> {
         None
     }
+
+    /// Whether the wave's branches must all run on the thread that reached it, one after
+    /// another in declared order, rather than side by side on the crew: for a context in which
+    /// what a branch computes depends on which thread ran it and when. (torch's autograd
+    /// numbers the operations it records with a counter per thread, and backward sums the
+    /// gradients a value receives from several branches in the order of those numbers: branches
+    /// on the crew's threads make that order, and the sum's last bits, change from run to run.)
+    /// `false`, the default: the branches run side by side.
+    fn in_order(&self) -> bool {
+        false
+    }
 }
 
 /// One stream item's own context ([`Captured::for_item`]), entered around each stage the item

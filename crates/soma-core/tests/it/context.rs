@@ -4,8 +4,9 @@
 
 use std::cell::Cell;
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread::{self, ThreadId};
+use std::time::Duration;
 
 use soma_core::{
     compile, node_arc, Captured, Catalog, Executor, Expr, Host, Node, NodeError, Program, Value,
@@ -218,4 +219,77 @@ fn a_wave_moved_to_a_fresh_stack_runs_in_the_context_it_was_reached_in() {
         .collect::<BTreeSet<_>>();
     assert_eq!(contexts, BTreeSet::from([7]));
     assert_eq!(seen.lock().unwrap().len(), LEVELS);
+}
+
+/// A host whose captured context asks for its waves' branches in order, on the thread that
+/// reached the wave ([`Captured::in_order`]).
+struct InOrder;
+
+struct InOrderSnapshot;
+
+impl Host for InOrder {
+    fn branch(&self, run: &mut dyn FnMut()) {
+        run();
+    }
+
+    fn blocking(&self, run: &mut (dyn FnMut() + Send)) {
+        run();
+    }
+
+    fn capture(&self) -> Option<Box<dyn Captured>> {
+        Some(Box::new(InOrderSnapshot))
+    }
+}
+
+impl Captured for InOrderSnapshot {
+    fn enter(&self, run: &mut dyn FnMut()) {
+        run();
+    }
+
+    fn in_order(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn a_context_that_asks_for_order_runs_every_branch_on_the_reaching_thread_in_declared_order() {
+    // The first branch waits a while for a sibling to run, as branches side by side would: in
+    // order, none has run yet, and it waits its while out.
+    let (sibling_ran, first_hears) = mpsc::channel::<()>();
+    let first_hears = Arc::new(Mutex::new(first_hears));
+    let ran: Arc<Mutex<Vec<(String, ThreadId)>>> = Arc::default();
+    let node = |id: &str| {
+        let (ran, first_hears) = (Arc::clone(&ran), Arc::clone(&first_hears));
+        let sibling_ran = Mutex::new(sibling_ran.clone());
+        node_arc(
+            id,
+            Arc::new(plain(move |node, _| -> Result<Value, NodeError> {
+                if node == "a" {
+                    let _ = first_hears
+                        .lock()
+                        .unwrap()
+                        .recv_timeout(Duration::from_millis(500));
+                } else {
+                    let _ = sibling_ran.lock().unwrap().send(());
+                }
+                ran.lock()
+                    .unwrap()
+                    .push((node.to_owned(), thread::current().id()));
+                Ok(Value::Null)
+            })),
+        )
+    };
+    let (graph, catalog) = (node("a") | node("b") | node("c") | node("d"))
+        .somatize()
+        .unwrap();
+    let program = Program::new(&compile(&graph, &catalog).unwrap(), &catalog).unwrap();
+    Executor::new()
+        .with_host(Arc::new(InOrder))
+        .run_program(&program, Value::Null)
+        .unwrap();
+    let here = thread::current().id();
+    assert_eq!(
+        *ran.lock().unwrap(),
+        ["a", "b", "c", "d"].map(|id| (id.to_owned(), here))
+    );
 }
