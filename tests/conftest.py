@@ -103,9 +103,17 @@ def no_logged_errors(request: pytest.FixtureRequest) -> Iterator[None]:
         )
 
 
-# "ci": the same examples on every run (a red CI is reproducible); "dev": fresh random examples.
-# Pick with SOMA_HYPOTHESIS_PROFILE=dev; "ci" is the default, so a plain `pytest` is deterministic.
-settings.register_profile("ci", derandomize=True, max_examples=200, deadline=None, database=None)
+# "ci" (the default, what `make test` and a plain `pytest` run): fresh random examples on every
+# run, so that each CI run tries examples no run before it tried, where one fixed corpus was
+# replayed run after run. A failure stays reproducible: hypothesis prints the falsifying example
+# and the `@reproduce_failure(...)` line to paste over the test (`print_blob`), and for a failure
+# it could not replay, the `@seed(...)` / `--hypothesis-seed=...` that reruns it. No example
+# database: CI keeps none between runs. Time stays bounded by the examples' count: 200 at most
+# per property unless a property says fewer. "dev" (SOMA_HYPOTHESIS_PROFILE=dev): more examples,
+# and failing ones kept in the local database (.hypothesis/) and replayed first.
+settings.register_profile(
+    "ci", derandomize=False, print_blob=True, max_examples=200, deadline=None, database=None
+)
 settings.register_profile("dev", max_examples=500, deadline=None)
 settings.load_profile(os.environ.get("SOMA_HYPOTHESIS_PROFILE", "ci"))
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -410,14 +411,38 @@ def test_a_temporary_file_left_by_a_killed_writer_is_not_an_entry(tmp_path: Path
     assert cache.stats().corrupted == 0
 
 
+# Where the processes of the test below meet, and which one this is: `(folder, me)`, set by
+# the child script. A record keyed as empty, so that it is no part of any node's key.
+MEETING = CallRecord()
+
+
+class Meets(soma.Node):
+    """Adds `k`, once every process running the shared-folder test is in this node: the
+    processes compute each node at the same time and write its entry at the same time."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def forward(self, x: Any, ctx: Any) -> Any:
+        CALLS.append(ctx.node)
+        folder, me = MEETING[0]
+        (Path(folder) / f"in-{ctx.node}-{me}").touch()
+        deadline = time.monotonic() + SUBPROCESS_DEADLINE
+        while len(list(Path(folder).glob(f"in-{ctx.node}-*"))) < 2:
+            assert time.monotonic() < deadline, f"the other process never came to {ctx.node}"
+            time.sleep(0.005)
+        return x + self.k
+
+
 _SHARED_SCRIPT = """
 import sys
 sys.path.insert(0, {tests!r})
 import soma
 import test_cache as t
 
-cache = soma.Cache({folder!r})
-g = t.chain()
+t.MEETING.append(({folder!r}, {me!r}))
+cache = soma.Cache({folder!r} + "/cache")
+g = soma.Graph.somatize(t.Meets(1).named("a") >> t.Meets(2).named("b") >> t.Meets(3).named("c"))
 print(g.forward(3, cache=cache), ",".join(t.CALLS))
 """
 
@@ -425,28 +450,31 @@ print(g.forward(3, cache=cache), ",".join(t.CALLS))
 def test_two_processes_at_once_share_one_folder_and_a_third_finds_every_entry(
     tmp_path: Path,
 ) -> None:
-    script = _SHARED_SCRIPT.format(tests=str(Path(__file__).parent), folder=str(tmp_path))
+    def script(me: str) -> str:
+        return _SHARED_SCRIPT.format(tests=str(Path(__file__).parent), folder=str(tmp_path), me=me)
+
     children = [
         subprocess.Popen(
-            [sys.executable, "-c", script],
+            [sys.executable, "-c", script(me)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for _ in range(2)
+        for me in ("left", "right")
     ]
     for child in children:
-        out, err = child.communicate(timeout=SUBPROCESS_DEADLINE)
+        out, err = child.communicate(timeout=SUBPROCESS_DEADLINE + 10)
         assert child.returncode == 0, err
-        assert out.split()[0] == "70"
+        # Each was in each node while the other was: neither found an entry the other wrote.
+        assert out.split() == ["9", "a,b,c"], out
     third = subprocess.run(
-        [sys.executable, "-c", script],
+        [sys.executable, "-c", script("third")],
         capture_output=True,
         text=True,
         timeout=SUBPROCESS_DEADLINE,
         check=True,
     )
-    assert third.stdout.split() == ["70"]  # Nothing called.
+    assert third.stdout.split() == ["9"]  # Nothing called: every entry is found.
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1175,15 +1203,14 @@ def test_an_each_rerun_with_one_item_changed_calls_its_body_for_that_item_only(
 
 
 def test_a_switch_rerun_calls_neither_its_selector_nor_its_case(cache: soma.Cache) -> None:
-    route = soma.switch(
-        lambda x: "even" if x % 2 == 0 else "odd",
-        {"even": Scale(2).named("half"), "odd": Shift(1).named("up")},
-    ).named("route")
+    route = soma.switch(kind, {"even": Scale(2).named("half"), "odd": Shift(1).named("up")}).named(
+        "route"
+    )
     g = soma.Graph.somatize(Shift(0).named("first") >> route)
-    assert calls(g, 4, cache) == (8, ["first", "half"])
+    assert calls(g, 4, cache) == (8, ["first", "kind", "half"])
     assert calls(g, 4, cache) == (8, [])
-    # Another input runs the other case, and only it.
-    assert calls(g, 5, cache) == (6, ["first", "up"])
+    # Another input asks the selector again and runs the other case, and only it.
+    assert calls(g, 5, cache) == (6, ["first", "kind", "up"])
 
 
 def test_a_loop_rerun_calls_neither_its_body_nor_its_predicate(cache: soma.Cache) -> None:

@@ -6,8 +6,9 @@ still running, never reports a late run as a success, and leaves the graph usabl
 Each arrangement runs in a child process with a deadline of its own: a regression is a hang,
 which nothing inside the process could catch. The node that overruns blocks on an event the
 child sets only once ``forward`` has returned, so a ``forward`` that waited for it would never
-return. How long after the deadline ``forward`` returns is a benchmark row (``make bench``),
-not a timed test."""
+return; one that returns is held to its deadline within :data:`LATE`, a bound loose enough for a
+busy machine. How long after the deadline ``forward`` returns, to the millisecond, is a
+benchmark row (``make bench``), not a timed test."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from conftest import SUBPROCESS_DEADLINE, interrupt_script, run_script
 #: the graph again.
 SCRIPT = textwrap.dedent(
     """
-    import json, threading, functools
+    import json, threading, functools, time
     import soma
 
     release = threading.Event()
@@ -63,10 +64,12 @@ SCRIPT = textwrap.dedent(
 
     g = soma.Graph.somatize(ARRANGEMENTS[__ARRANGEMENT__]())
     report = {}
+    began = time.monotonic()
     try:
         report["returned"] = repr(g.forward("block", timeout=__TIMEOUT__))
     except TimeoutError as error:
         report["error"] = str(error)
+    report["took"] = time.monotonic() - began
     release.set()
     report["again"] = g.forward("go", timeout=30.0)
     print(json.dumps(report), flush=True)
@@ -99,6 +102,12 @@ def outcome(
     return report
 
 
+#: How long past its deadline `forward` may return here: what a machine busy with other work may
+#: add to waking a thread, many times what the engine takes (a few milliseconds; `make bench`
+#: measures it). A `forward` that waited for the stuck node would never return at all.
+LATE = 1.0
+
+
 @pytest.mark.parametrize("arrangement", ARRANGEMENTS)
 def test_forward_returns_by_its_deadline_wherever_the_stuck_node_stands(arrangement: str) -> None:
     report = outcome(arrangement, 0.3)
@@ -106,6 +115,25 @@ def test_forward_returns_by_its_deadline_wherever_the_stuck_node_stands(arrangem
     assert str(report["error"]).startswith(
         "forward did not finish within its timeout of 0.3 s; still running: `stuck`"
     ), report
+    took = report["took"]
+    assert isinstance(took, float)
+    assert 0.3 <= took <= 0.3 + LATE, report
+
+
+#: What each arrangement returns on "go", worked out by hand from its shape: a wave's branches
+#: by name, a nested wave at the end of a branch merged into the wave it ends.
+AGAIN = {
+    "diamond, the source": {"b": "go", "c": "go"},
+    "diamond, the first branch": {"stuck": "go", "c": "go"},
+    "diamond, the second branch": {"b": "go", "stuck": "go"},
+    "diamond, the join": {"b": "go", "c": "go"},
+    "a chain with no wave, mid-chain": "go",
+    "a chain with no wave, its last node": "go",
+    "the only node": "go",
+    "the first branch of the final wave": {"stuck": "go", "c": "go"},
+    "nested waves, first branches": {"z": {"stuck": "go", "y": "go"}, "c": "go"},
+    "nested waves, last branches": {"c": "go", "y": "go", "stuck": "go"},
+}
 
 
 @pytest.mark.parametrize("arrangement", ARRANGEMENTS)
@@ -113,7 +141,9 @@ def test_after_a_timeout_the_graph_runs_again_wherever_the_stuck_node_stood(
     arrangement: str,
 ) -> None:
     report = outcome(arrangement, 0.3)
-    assert report["again"] not in (None, ""), report
+    # The rerun's own answer, in full: nothing of the run that timed out (its input was
+    # "block") is left in it.
+    assert report["again"] == AGAIN[arrangement], report
 
 
 def test_a_wave_of_ten_thousand_stuck_branches_times_out_naming_eight_and_counting_the_rest() -> (

@@ -5,10 +5,14 @@ branch's events in its order; a slow reader never holding the run up."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import sys
 import threading
 import time
+import weakref
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -224,8 +228,37 @@ def test_leaving_aevents_early_cancels_the_run() -> None:
     asyncio.run(main())
 
 
+class Token:
+    """A value a node emits, whose life the test follows."""
+
+
 def test_a_run_that_nobody_watches_sends_its_emits_nowhere() -> None:
-    assert soma.Graph.somatize(Emits().named("say")).forward("a b") == 2
+    emitted: list[weakref.ref[Token]] = []
+
+    class EmitsTokens(soma.Node):
+        def forward(self, x: int, ctx: Any) -> int:
+            for _ in range(x):
+                token = Token()
+                emitted.append(weakref.ref(token))
+                ctx.emit(token)
+            return x
+
+    # Another run is watched meanwhile, from this thread: its stream is open and listening
+    # while the unwatched run emits, and takes none of what that run emits.
+    held = Held()
+    watched = soma.Graph.somatize(Emits().named("other") >> held.named("held"))
+    stream = watched.events("c d")
+    seen = [next(stream)]
+    assert kinds(seen) == [("started", "other")]
+    assert soma.Graph.somatize(EmitsTokens().named("say")).forward(3) == 3
+    held.release.set()
+    seen += list(stream)
+    assert [event.value for event in seen if event.kind == "emitted"] == ["c", "d"], seen
+    assert all(event.node != "say" for event in seen), seen
+    # Nothing kept what was emitted: no buffer, no listener, no stream holds it.
+    assert len(emitted) == 3
+    gc.collect()
+    assert [ref() for ref in emitted] == [None, None, None]
 
 
 @settings(max_examples=30, deadline=None)
@@ -344,17 +377,63 @@ def test_amap_events_give_each_items_result_in_input_order() -> None:
     assert sorted(event.item for event in events if event.kind == "started") == [0, 1, 2]
 
 
-def settled(started: list[int]) -> None:
-    """Returns once `started` has stopped growing for 50 ms, or at the deadline: what a stream
-    that waits for its reader, or was stopped, has started by then."""
-    deadline = time.monotonic() + DEADLINE
-    seen = -1
-    while time.monotonic() < deadline and seen != len(started):
-        seen = len(started)
-        threading.Event().wait(0.05)
+def events_thread(before: set[threading.Thread]) -> threading.Thread:
+    """The thread an events stream started since `before` runs its run on."""
+    (runner,) = [
+        thread
+        for thread in threading.enumerate()
+        if thread.name == "soma-events" and thread not in before
+    ]
+    return runner
 
 
-def test_a_streams_results_wait_for_a_slow_reader_at_most_a_bound_never_dropped() -> None:
+def waits_for_the_reader(runner: threading.Thread) -> bool:
+    """Whether the events thread `runner` is waiting for room among the results waiting for
+    the reader (in `finish`, parked in the wait for room): it hands the run no further."""
+    frame = sys._current_frames().get(runner.ident or 0)
+    stack = []
+    while frame is not None:
+        stack.append(frame.f_code.co_name)
+        frame = frame.f_back
+    return bool(stack) and stack[0] == "wait" and "finish" in stack
+
+
+def held_back(runner: threading.Thread, streams: list[soma.Stream]) -> soma.StreamFigures:
+    """Waits until the stream behind an events reader is held back by it, and returns the
+    stream's figures then: the events thread waits for the reader to take a result, and every
+    item the stream read has gone through its node, the stream having read ahead of what it
+    handed on. Nothing then starts until the reader reads: a state, not a quiet moment."""
+    until = time.monotonic() + DEADLINE
+    while True:
+        figures = streams[0].figures() if streams else None
+        if (
+            figures is not None
+            and waits_for_the_reader(runner)
+            and figures.stages[0].items == figures.read > figures.succeeded
+        ):
+            return figures
+        assert time.monotonic() < until, f"the stream was never held back: {figures}"
+        time.sleep(0.001)
+
+
+@pytest.fixture
+def streams(monkeypatch: pytest.MonkeyPatch) -> list[soma.Stream]:
+    """Every stream `Graph.map` opens during the test, `map_events`' own included."""
+    opened: list[soma.Stream] = []
+    original = soma.Graph.map
+
+    def map(graph: soma.Graph, *args: Any, **kwargs: Any) -> soma.Stream:
+        stream = original(graph, *args, **kwargs)
+        opened.append(stream)
+        return stream
+
+    monkeypatch.setattr(soma.Graph, "map", map)
+    return opened
+
+
+def test_a_streams_results_wait_for_a_slow_reader_at_most_a_bound_never_dropped(
+    streams: list[soma.Stream],
+) -> None:
     started: list[int] = []
 
     class Counts(soma.Node):
@@ -363,13 +442,15 @@ def test_a_streams_results_wait_for_a_slow_reader_at_most_a_bound_never_dropped(
             return x
 
     g = soma.Graph.somatize(Counts().named("c"))
+    before = set(threading.enumerate())
     stream = g.map_events(range(10_000), in_flight=4)
     first = next(event for event in stream if event.kind == "result")
     assert first.item == 0
-    # The reader takes nothing more for a while: the stream goes no further than the results
-    # waiting for it and the items in flight behind them, where it would run on to the end.
-    settled(started)
-    assert len(started) <= 1 + RESULTS_WAITING + 4 + 4, len(started)
+    # The reader takes nothing more: the stream goes no further than the results waiting for
+    # it and the items in flight behind them, where it would run on to the end.
+    figures = held_back(events_thread(before), streams)
+    assert figures.succeeded >= 1 + RESULTS_WAITING, figures
+    assert len(started) == figures.read <= 1 + RESULTS_WAITING + 4 + 4, figures
     rest = [event for event in stream if event.kind == "result"]
     assert [event.item for event in rest] == list(range(1, 10_000))
     assert len(started) == 10_000
@@ -384,12 +465,17 @@ def test_leaving_map_events_early_stops_the_stream() -> None:
             return x
 
     g = soma.Graph.somatize(Counts().named("c"))
+    before = set(threading.enumerate())
     stream = g.map_events(range(100_000), in_flight=4)
     for event in stream:
         if event.kind == "result":
             break
+    runner = events_thread(before)
     stream.close()
-    settled(started)
+    # The run's thread ends once it has closed the stream, which returns once every stage
+    # has stopped: nothing starts after that.
+    runner.join(DEADLINE)
+    assert not runner.is_alive()
     assert len(started) < 1_000, len(started)
 
 

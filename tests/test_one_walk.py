@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -20,9 +21,12 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import soma
-from conftest import run_script, serving
+from conftest import DEADLINE, run_script, serving
 from test_hosts import _HostsHere
 from test_properties import Dag, dags
 
@@ -200,10 +204,57 @@ def test_a_timeout_past_any_clock_is_no_deadline_for_forward_map_and_aforward(
     assert run(soma.Graph.somatize(AsyncAdd(1)).aforward(1, timeout=seconds)) == 2
 
 
-def test_a_backoff_past_the_longest_pause_is_the_longest_pause() -> None:
-    g = soma.Graph.somatize(Add(1).named("a").retry(2, backoff=1e300))
+class _Paused(InMemorySpanExporter):
+    """Keeps the spans it is handed, and says when one was an attempt a retry pauses after
+    (its ``soma.retry_in`` set): the pause is then being taken."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pausing = threading.Event()
+
+    def export(self, spans: Any) -> SpanExportResult:
+        exported = super().export(spans)
+        if any(span.attributes and "soma.retry_in" in span.attributes for span in spans):
+            self.pausing.set()
+        return exported
+
+
+@pytest.mark.parametrize("node", [FailsFirst, AsyncFailsFirst])
+def test_a_backoff_past_the_longest_pause_is_the_longest_pause(node: Any) -> None:
+    paused = _Paused()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(paused))
+
+    class FailsOncePausing(soma.Node):
+        """Fails once the first attempt of its sibling has failed and its pause begun, which
+        ends the pause at once: the run fails with this error."""
+
+        def forward(self, x: Any) -> Any:
+            assert paused.pausing.wait(DEADLINE), "no pause began"
+            raise LookupError("a sibling failed")
+
+    flaky = node(ConnectionError, 1)
+    # `b` first: the failure of an earlier branch is the run's, and ends a later one's pause.
+    g = soma.Graph.somatize(
+        FailsOncePausing().named("b")
+        | flaky.named("a").retry(2, backoff=1e300, on=(ConnectionError,))
+    )
     assert g.retries()["a"].backoff == 1e300
-    assert g.forward(1) == 2
+    soma.telemetry.enable(provider)
+    try:
+        with pytest.raises(LookupError, match="a sibling failed"):
+            g.forward(1)
+    finally:
+        soma.telemetry.disable()
+    assert flaky.calls == 1
+    pauses = [
+        span.attributes["soma.retry_in"]
+        for span in paused.get_finished_spans()
+        if span.attributes and "soma.retry_in" in span.attributes
+    ]
+    # The first pause is the longest pause (128 s), lengthened by up to a quarter at random.
+    assert len(pauses) == 1, pauses
+    assert 128 <= float(pauses[0]) <= 128 * 1.25, pauses
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,10 +319,45 @@ def test_async_nodes_run_beside_a_slice_on_a_host(hosts_here: _HostsHere) -> Non
     assert hosts_here.hosts["one"].loads
 
 
+class AsyncWhere(soma.Node):
+    """Adds 10, and records which copy of it ran: this one, or one a host made of it."""
+
+    def __init__(self, ran: list[int]) -> None:
+        self.ran = ran
+
+    async def forward(self, x: Any) -> Any:
+        await asyncio.sleep(0)
+        self.ran.append(id(self))
+        return x + 10
+
+    def __reduce__(self) -> Any:
+        # A host's copy records into the test's own list: the hosts here share this process.
+        return (_copy_of_where, (id(self.ran),))
+
+
+_WHERE: dict[int, list[int]] = {}
+
+
+def _copy_of_where(ran: int) -> AsyncWhere:
+    return AsyncWhere(_WHERE[ran])
+
+
 def test_an_async_node_runs_on_a_host(hosts_here: _HostsHere) -> None:
-    g = soma.Graph.somatize(Add(1).named("a") >> AsyncAdd(10).named("far").at("one"))
-    assert g.forward(1) == 12
-    assert run(g.aforward(1)) == 12
+    ran: list[int] = []
+    _WHERE[id(ran)] = ran
+    here = AsyncWhere(ran)
+    g = soma.Graph.somatize(Add(1).named("a") >> here.named("far").at("one"))
+    try:
+        assert g.forward(1) == 12
+        assert run(g.aforward(1)) == 12
+    finally:
+        del _WHERE[id(ran)]
+    # Both runs called the copy host `one` was sent, never the node here; `one` was sent
+    # `far` alone.
+    assert len(ran) == 2, ran
+    assert id(here) not in ran
+    assert hosts_here.hosts["one"].loads
+    assert all(load == [["far"]] for load in hosts_here.hosts["one"].loads), hosts_here.hosts
 
 
 # ---------------------------------------------------------------------------------------------

@@ -294,33 +294,61 @@ def test_a_node_left_past_its_time_limit_leaves_the_graph_usable() -> None:
 def test_ctrl_c_ends_a_backoff_pause() -> None:
     script = textwrap.dedent(
         """
-        import threading, time
+        import sys, threading, time
+        from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
         import soma
 
-        failed = threading.Event()
+        main = threading.main_thread().ident
+        pausing = threading.Event()
 
-        class Fails(soma.Node):
-            def forward(self, x):
-                failed.set()
-                raise ConnectionError("down")
+        class Pausing(SpanProcessor):
+            # The attempt's span ends as the retry's pause begins, saying how long it is.
+            def on_end(self, span):
+                if span.attributes and "soma.retry_in" in span.attributes:
+                    pausing.set()
+
+        def in_the_engine():
+            # The main thread runs no Python code of its own, node's or observer's: its
+            # innermost frame is `Graph.forward`, which called into the engine.
+            frame = sys._current_frames()[main]
+            return frame.f_code.co_name == "forward" and frame.f_code.co_filename.endswith(
+                "_graph.py"
+            )
 
         def ready():
-            failed.wait()
-            # Not a measurement: lets the node's frame end, so that Ctrl-C lands in the pause.
-            time.sleep(0.2)
+            assert pausing.wait(10), "no pause began"
+            # The attempt ended; once the observer's call has returned too, the main thread
+            # is in the pause, or on its way there with no Python code left to run: Ctrl-C
+            # now lands in the pause, never in the node.
+            deadline = time.monotonic() + 10
+            while not in_the_engine():
+                assert time.monotonic() < deadline, "the observer never returned"
+                time.sleep(0.001)
             print("ready", flush=True)
 
+        class Fails(soma.Node):
+            def __init__(self):
+                self.calls = 0
+
+            def forward(self, x):
+                self.calls += 1
+                raise ConnectionError("down")
+
+        provider = TracerProvider()
+        provider.add_span_processor(Pausing())
+        soma.telemetry.enable(provider)
         threading.Thread(target=ready, daemon=True).start()
-        g = soma.Graph.somatize(Fails().retry(3, backoff=3600))
+        fails = Fails()
+        g = soma.Graph.somatize(fails.retry(3, backoff=3600))
         try:
             g.forward(1)
         except KeyboardInterrupt:
-            print("interrupted")
+            print("interrupted after", fails.calls, "call")
         """
     )
     done = interrupt_script(script, "ready")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["interrupted"]
+    assert done.stdout.split() == ["interrupted", "after", "1", "call"]
 
 
 def test_a_rust_nodes_failure_is_retried_when_on_lists_run_error() -> None:

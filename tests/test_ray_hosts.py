@@ -15,6 +15,7 @@ Kept small for CI (two cores): three Ray nodes of one CPU each, started once.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 import threading
 import time
@@ -34,8 +35,14 @@ import soma
 from conftest import interrupt_script, run_script
 from soma.remote import RayHosts, resource_of
 
-ray = pytest.importorskip("ray")
-cluster_utils = pytest.importorskip("ray.cluster_utils")
+# Ray is optional (`pip install soma-graph[ray]`): where it is not installed, these tests are
+# skipped, saying so. Where it is — `make test` installs it, pinned — it must import: a Ray that
+# is there and fails to import fails the run, never skips it.
+if importlib.util.find_spec("ray") is None:
+    pytest.skip("Ray is not installed (pip install soma-graph[ray])", allow_module_level=True)
+
+import ray
+from ray import cluster_utils
 
 HOSTS = ("one", "two")
 # Seconds a rendezvous across hosts waits for the other side.
@@ -186,7 +193,8 @@ def test_results_equal_the_local_run_on_the_oracle_graphs(
         assert [g.forward(1), g.forward(2)] == expected, repr(g.distributed_plan())
 
 
-@settings(max_examples=6, deadline=None)
+# 50 of the 243 placements, fresh ones each run (about 0.2 s each on two cores).
+@settings(max_examples=50, deadline=None)
 @given(st.lists(st.sampled_from([None, "one", "two"]), min_size=5, max_size=5))
 def test_results_equal_the_local_run_on_random_placements(
     cluster: RayHosts, hosts: list[str | None]

@@ -9,6 +9,7 @@ import asyncio
 import gzip
 import http.server
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -537,22 +538,40 @@ def test_a_stream_closed_with_items_in_flight_ends_their_spans_as_stopped(
     spans: InMemorySpanExporter,
 ) -> None:
     gate = threading.Event()
+    running = threading.Event()
 
     class Gated(soma.Node):
         def forward(self, x: int) -> int:
             if x > 0:
+                running.set()
                 gate.wait(DEADLINE)
             return x
 
     g = soma.Graph.somatize(Gated().named("gated"))
     stream = g.map(range(4), in_flight=4)
     assert next(iter(stream)) == 0
-    # Closed with the other three read and held, or finished and not handed back: each
-    # item's span ends all the same, none left open.
+    assert running.wait(DEADLINE), "item 1 never reached its node"
+    # Item 1 is held in its node, the others behind it, when the stream is closed. `close`
+    # holds the stream's lock from before it marks the stream closed until it has waited for
+    # its stages, and lets the GIL go only in that wait: once `figures()` (which answers `None`
+    # while another thread holds that lock) answers `None` here, the stream is marked closed,
+    # and only then is item 1 let go.
+    closer = threading.Thread(target=stream.close)
+    closer.start()
+    until = time.monotonic() + DEADLINE
+    while stream.figures() is not None:
+        assert time.monotonic() < until, "close never began"
+        time.sleep(0.001)
     gate.set()
-    stream.close()
-    items = [span for span in spans.get_finished_spans() if span.name == "soma.item"]
-    outcomes = sorted(str(span.attributes["soma.outcome"]) for span in items if span.attributes)
-    assert outcomes[0] == "returned"
-    assert len(items) == 4, [span.attributes for span in items]
-    assert set(outcomes[1:]) <= {"returned", "stopped"}
+    closer.join(DEADLINE)
+    assert not closer.is_alive()
+    items = {
+        span.attributes["soma.item"]: str(span.attributes["soma.outcome"])
+        for span in spans.get_finished_spans()
+        if span.name == "soma.item" and span.attributes
+    }
+    # Every item that began has ended, none left open; the first was handed back, and each
+    # one in flight at the close, item 1 at least, was stopped.
+    assert items[0] == "returned", items
+    assert 1 in items, items
+    assert {outcome for index, outcome in items.items() if index > 0} == {"stopped"}, items

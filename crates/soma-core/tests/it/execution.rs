@@ -249,7 +249,13 @@ fn a_step_may_read_what_ran_before_its_wave_and_before_it_in_its_branch() {
         ]),
         exec("d", &["b2", "c"]),
     ]);
-    assert!(Program::new(&plan, &catalog).is_ok());
+    Program::new(&plan, &catalog).expect("every input ran before the step reading it");
+    // Each step got what it named, in the order it named it: `b2` what its branch ran before
+    // it and what ran before the wave.
+    assert_eq!(
+        Executor::new().run(&plan, &catalog, text("x")).unwrap(),
+        text("d(b2(b(a(x)),a(x)),c(a(x)))")
+    );
 }
 
 #[test]

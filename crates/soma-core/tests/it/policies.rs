@@ -157,6 +157,23 @@ fn pauses_start_at_the_backoff_and_double_each_retry_up_to_the_maximum() {
 }
 
 #[test]
+fn a_first_backoff_past_the_longest_pause_is_the_longest_pause() {
+    // Past the maximum at once, and so far past it that doubling it overflows a `Duration`.
+    for backoff in [MAX_BACKOFF + Duration::from_secs(1), Duration::MAX] {
+        let calls = Arc::new(AtomicU32::new(0));
+        let clock = Recorded::new(0.0);
+        let retry = Retry::new(3, backoff).with_clock(clock.clone());
+        run_with(
+            flaky("a", 3, &calls),
+            &retrying("a", retry),
+            &Executor::new(),
+        )
+        .unwrap();
+        assert_eq!(clock.pauses(), [MAX_BACKOFF; 3], "backoff {backoff:?}");
+    }
+}
+
+#[test]
 fn jitter_lengthens_a_pause_by_up_to_a_quarter() {
     let calls = Arc::new(AtomicU32::new(0));
     let clock = Recorded::new(1.0);
