@@ -22,6 +22,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from typing import TYPE_CHECKING, Any, Final
 
 from soma._run import observe as _observe
+from soma._run.stream import AsyncStream
 
 if TYPE_CHECKING:
     from soma._run.stream import Stream
@@ -284,7 +285,7 @@ async def aevents(
 
 
 async def amap_events(
-    amap: Callable[..., AsyncGenerator[Any, None]],
+    amap: Callable[..., AsyncStream],
     inputs: Any,
     buffer: int,
     keywords: dict[str, Any],
