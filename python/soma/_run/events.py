@@ -134,8 +134,14 @@ class _Collector:
             )
             self._send(Event(kind, node, item, error, seconds=seconds, attempt=attempt))
 
-    def emit(self, node: str, value: Any) -> None:
-        self._send(Event("emitted", node, _observe.current_item.get(), value))
+    def emit(self, node: str, value: Any, watched: _observe.Watched) -> None:
+        self._send(Event("emitted", node, watched.item, value))
+
+    def emitted_late(self, node: str) -> None:
+        self.dropped += 1
+
+    def span_of(self, opened: Any) -> Any:
+        return None
 
     def adopt(self, spans: list[Any], host: str, sent_ns: int) -> None:
         """The nodes a slice ran on ``host``, once it is back: each ``"finished"`` (or
