@@ -8,13 +8,14 @@ Concurrency is shown by rendezvous (``asyncio.Barrier`` with a deadline), never 
 from __future__ import annotations
 
 import asyncio
+import textwrap
 import threading
 from typing import Any
 
 import pytest
 
 import soma
-from conftest import DEADLINE
+from conftest import DEADLINE, run_script
 
 
 class Boom(Exception):
@@ -259,3 +260,65 @@ def test_map_of_async_nodes_delivers_the_items_read_before_its_input_raised_then
         for y in g.map(_raising_at_five()):
             got.append(y)
     assert got == [0, 2, 4, 6, 8]
+
+
+# ---------------------------------------------------------------------------------------------
+# Clients bound to a loop, closed with it
+
+# A client such as aiohttp's session: bound to the loop it was made on, closed by awaiting
+# `close()` there, and saying "Unclosed client session" when collected unclosed.
+LOOP_CLIENTS = textwrap.dedent(
+    """
+    import asyncio, sys
+    import soma
+
+    class Client:
+        def __init__(self):
+            self.loop = asyncio.get_running_loop()
+            self.closed = False
+
+        async def close(self):
+            assert asyncio.get_running_loop() is self.loop
+            await asyncio.sleep(0)
+            self.closed = True
+            print("closed on its own loop", flush=True)
+
+        def __del__(self):
+            if not self.closed:
+                print("Unclosed client session", flush=True)
+
+    clients = {}
+
+    async def client():
+        loop = asyncio.get_running_loop()
+        if loop not in clients:
+            clients[loop] = Client()
+            await soma.on_loop_close(clients[loop].close)
+        return clients[loop]
+
+    class Fetch(soma.Node):
+        async def forward(self, x):
+            await client()
+            return x
+
+    g = soma.Graph.somatize(Fetch())
+    print("forward", g.forward(1), g.forward(2), list(g.map([3, 4])), flush=True)
+
+    async def main():
+        return await g.aforward(5), [y async for y in g.amap([6, 7])]
+
+    print("aforward", asyncio.run(main()), flush=True)
+    print("clients", len(clients), flush=True)
+    """
+)
+
+
+def test_a_client_bound_to_a_loop_is_closed_on_it_when_the_loop_closes() -> None:
+    child = run_script(LOOP_CLIENTS)
+    assert child.returncode == 0, child.stderr
+    out = child.stdout.splitlines()
+    assert out[:3] == ["forward 1 2 [3, 4]", "closed on its own loop", "aforward (5, [6, 7])"]
+    # The loop `asyncio.run` made closed its client as it ended; the loop Soma keeps, at exit.
+    assert out[3:] == ["clients 2", "closed on its own loop"]
+    assert "Unclosed" not in child.stdout + child.stderr
+
