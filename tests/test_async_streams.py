@@ -150,8 +150,9 @@ def test_an_expressions_concurrency_holds_for_each_of_its_nodes() -> None:
 
 def test_an_expressions_concurrency_leaves_a_nodes_own_as_it_is() -> None:
     g = soma.Graph.somatize(
-        (Call(lambda x: x).concurrency(2).named("own") >> Call(lambda x: x).named("other"))
-        .concurrency(5)
+        (
+            Call(lambda x: x).concurrency(2).named("own") >> Call(lambda x: x).named("other")
+        ).concurrency(5)
     )
     assert g.concurrencies() == {"own": 2, "other": 5}
 
@@ -321,4 +322,3 @@ def test_a_client_bound_to_a_loop_is_closed_on_it_when_the_loop_closes() -> None
     # The loop `asyncio.run` made closed its client as it ended; the loop Soma keeps, at exit.
     assert out[3:] == ["clients 2", "closed on its own loop"]
     assert "Unclosed" not in child.stdout + child.stderr
-

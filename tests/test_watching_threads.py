@@ -266,4 +266,3 @@ def test_ctx_emit_from_a_thread_is_an_event_on_the_nodes_span(
     soma.Graph.somatize(ThreadEmits("pool").named("n")).forward(1)
     (node,) = [span for span in spans.get_finished_spans() if span.name == "n"]
     assert sorted(event.attributes["soma.value"] for event in node.events) == ["0", "1", "2", "3"]
-

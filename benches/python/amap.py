@@ -7,8 +7,8 @@ Prints a markdown table (and writes it to PATH); ``aio.py`` appends the same tab
 ``make bench`` runs it. Timings only, never assertions: a missed target is a row that says so.
 
 The workload is what a new user writes for an LLM pipeline: 200 requests to a local HTTP server
-(a raw asyncio server of the standard library on 127.0.0.1, on a thread and a loop of its own,
-answering each request after a 20 ms pause), at most 64 in flight. Each request is one
+(a raw asyncio server of the standard library on 127.0.0.1, in a process of its own, answering
+each request after a 20 ms pause), at most 64 in flight. Each request is one
 connection, made by the standard library's asyncio streams, the same coroutine for every
 contender:
 
@@ -19,19 +19,22 @@ contender:
   ``abatch`` of the 200 inputs with ``max_concurrency=64``. Without LangGraph its cell says "not
   run".
 
-Each figure is the median of interleaved repeats. Target: Soma at most 1.1x the floor.
+Each figure is the median of interleaved repeats, each run after a garbage collection. Target: Soma at most 1.1x the floor.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import importlib.metadata
+import multiprocessing
 import statistics
-import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from multiprocessing.connection import Connection
+from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -50,43 +53,40 @@ async def _answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
     path = head.split(b" ", 2)[1]
     await asyncio.sleep(DELAY_S)
     writer.write(
-        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
-        % (len(path), path)
+        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(path), path)
     )
     await writer.drain()
     writer.close()
 
 
+def _serve(port_to: Connection, stop: EventType) -> None:
+    """The server's process: serves on 127.0.0.1 until ``stop`` is set, its port sent first."""
+
+    async def main() -> None:
+        server = await asyncio.start_server(_answer, "127.0.0.1", 0, backlog=1024)
+        port_to.send(server.sockets[0].getsockname()[1])
+        async with server:
+            while not stop.is_set():
+                await asyncio.sleep(0.05)
+
+    asyncio.run(main())
+
+
 @contextmanager
 def serving() -> Iterator[int]:
-    """An HTTP server on 127.0.0.1, on a thread and an event loop of its own: its port."""
-    ready: list[int] = []
-    started = threading.Event()
-    stop: list[Callable[[], None]] = []
-
-    def run() -> None:
-        loop = asyncio.new_event_loop()
-
-        async def main() -> None:
-            server = await asyncio.start_server(_answer, "127.0.0.1", 0, backlog=1024)
-            ready.append(server.sockets[0].getsockname()[1])
-            done = asyncio.Event()
-            stop.append(lambda: loop.call_soon_threadsafe(done.set))
-            started.set()
-            async with server:
-                await done.wait()
-
-        loop.run_until_complete(main())
-        loop.close()
-
-    thread = threading.Thread(target=run, name="http server", daemon=True)
-    thread.start()
-    started.wait(10)
+    """An HTTP server on 127.0.0.1, in a process of its own (as a server is: its work never
+    takes the client's GIL): its port."""
+    receive, send = multiprocessing.Pipe(duplex=False)
+    stop = multiprocessing.Event()
+    server = multiprocessing.Process(target=_serve, args=(send, stop), daemon=True)
+    server.start()
     try:
-        yield ready[0]
+        if not receive.poll(30):
+            raise RuntimeError("the HTTP server did not start")
+        yield receive.recv()
     finally:
-        stop[0]()
-        thread.join(10)
+        stop.set()
+        server.join(10)
 
 
 async def request(port: int, i: int) -> bytes:
@@ -166,6 +166,8 @@ async def _rows(port: int, repeat: int) -> tuple[str, list[str]]:
     samples: dict[str, list[float]] = {who: [] for who in contenders}
     for _ in range(repeat):
         for who, run in contenders.items():
+            # Each starts with no garbage of the one before (LangGraph's run leaves much).
+            gc.collect()
             start = time.perf_counter()
             await run()
             samples[who].append(time.perf_counter() - start)
@@ -195,7 +197,14 @@ def lines(repeat: int) -> list[str]:
         f"{peer} by `max_concurrency`):",
         "",
         *table(
-            ["row", "Soma", "asyncio.gather + Semaphore", f"{peer} abatch", "Soma / gather", "target"],
+            [
+                "row",
+                "Soma",
+                "asyncio.gather + Semaphore",
+                f"{peer} abatch",
+                "Soma / gather",
+                "target",
+            ],
             [row],
         ),
         "",

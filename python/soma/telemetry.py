@@ -169,7 +169,15 @@ def _bounded_repr() -> reprlib.Repr:
     a few items of each container, a few levels deep, long strings cut in the middle."""
     limits = reprlib.Repr()
     limits.maxlevel = 4
-    for name in ("maxtuple", "maxlist", "maxarray", "maxdict", "maxset", "maxfrozenset", "maxdeque"):
+    for name in (
+        "maxtuple",
+        "maxlist",
+        "maxarray",
+        "maxdict",
+        "maxset",
+        "maxfrozenset",
+        "maxdeque",
+    ):
         setattr(limits, name, 20)
     limits.maxstring = _VALUE_LIMIT
     limits.maxlong = _VALUE_LIMIT

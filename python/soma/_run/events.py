@@ -18,7 +18,7 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 from soma._run import observe as _observe

@@ -642,16 +642,16 @@ async def _flowing(
 ) -> AsyncGenerator[Any, None]:
     """The results of ``flow`` over ``inputs``, read on the running loop; the failures
     ``on_error="skip"`` leaves out kept in ``failures``."""
-    source: Iterator[Any] | AsyncIterator[Any] = (
-        aiter(inputs) if isinstance(inputs, AsyncIterable) else iter(inputs)
-    )
+    # Told apart once: an ABC's `isinstance` per item would cost what the rest of the read does.
+    asynchronous = isinstance(inputs, AsyncIterable)
+    source: Any = aiter(inputs) if asynchronous else iter(inputs)
     read_all = False
     finished = False
     try:
         while True:
             while not read_all and flow.has_room():
                 try:
-                    if isinstance(source, AsyncIterator):
+                    if asynchronous:
                         left = flow.time_left()
                         x = await (
                             anext(source) if left is None else asyncio.wait_for(anext(source), left)
@@ -674,6 +674,9 @@ async def _flowing(
             if out is None:
                 finished = True
                 return
+            if out[2] is None:  # A result: the common case, without a call.
+                yield out[1] if ordered else (out[0], out[1])
+                continue
             handed = _handed_back(out, ordered, on_error, failures)
             if handed is not _LEFT_OUT:
                 yield handed
