@@ -46,7 +46,8 @@ def test_tracks_are_named_by_thread_the_caller_the_crew_and_the_event_loop() -> 
     caller = soma.Trace._thread()
     assert names[caller] == f"thread {caller} (caller)"
     crew = {names[by_node[n]] for n in "abc" if by_node[n] != caller}
-    assert len(crew) == 2 and all(re.fullmatch(r"crew thread \d+", name) for name in crew)
+    assert len(crew) == 2
+    assert all(re.fullmatch(r"crew thread \d+", name) for name in crew)
     assert re.fullmatch(r"event loop \(thread \d+\)", names[by_node["d"]])
     assert not any(name.startswith("branch") for name in names.values())
 

@@ -19,7 +19,8 @@ contender:
   ``abatch`` of the 200 inputs with ``max_concurrency=64``. Without LangGraph its cell says "not
   run".
 
-Each figure is the median of interleaved repeats, each run after a garbage collection. Target: Soma at most 1.1x the floor.
+Each figure is the median of interleaved repeats, each run after a garbage collection. Target:
+Soma at most 1.1x the floor.
 """
 
 from __future__ import annotations

@@ -359,11 +359,12 @@ class Graph:
         ``node_id`` on up to ``workers`` items at once, for a node that keeps no state between
         items (I/O, a remote call); ``None`` gives it back its default: one item at a time for a
         sync node, as many as the stream's ``in_flight`` for an async node (1 holds an async
-        node to one at a time). Results keep their order. What ``node.concurrency(n)`` sets before the node is registered; a
-        stream's ``concurrency={"node": n}`` overrides it for that stream. The plan does not
-        change. On a step's id it holds for the step, as on a node; a node inside a step is a
-        ``soma.GraphError`` naming it (a stream limits the graph's own steps, not what they
-        run), and an unknown id a ``soma.UnknownNodeError``."""
+        node to one at a time). Results keep their order. What ``node.concurrency(n)`` sets
+        before the node is registered; a stream's ``concurrency={"node": n}`` overrides it for
+        that stream. The plan does not change. On a step's id it holds for the step, as on a
+        node; a node inside a step is a ``soma.GraphError`` naming it (a stream limits the
+        graph's own steps, not what they run), and an unknown id a
+        ``soma.UnknownNodeError``."""
         node_id = _checked_id(node_id, "node id", _LOOKUP_HINT)
         if workers is not None:
             checked_concurrency(workers)

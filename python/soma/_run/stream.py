@@ -223,7 +223,7 @@ def checked_on_error(on_error: object) -> OnError:
             "hint: 'skip' leaves failed items out (kept in stream.failures); 'collect' yields a "
             "soma.Failed in their place"
         )
-    return on_error  # type: ignore[return-value]
+    return on_error
 
 
 # Streams not closed yet: closed when the interpreter exits, before it finalizes. After that, a
@@ -644,7 +644,7 @@ async def _flowing(
     ``on_error="skip"`` leaves out kept in ``failures``."""
     # Told apart once: an ABC's `isinstance` per item would cost what the rest of the read does.
     asynchronous = isinstance(inputs, AsyncIterable)
-    source: Any = aiter(inputs) if asynchronous else iter(inputs)
+    source: Any = aiter(inputs) if isinstance(inputs, AsyncIterable) else iter(inputs)
     read_all = False
     finished = False
     try:
