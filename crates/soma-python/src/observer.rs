@@ -67,10 +67,10 @@ pub fn observe(target: Option<Py<PyAny>>) {
 /// observer's `begin` set for it), for its `Ctx` to carry to threads the node starts; `None`
 /// at the cost of a flag's read when nothing watches.
 pub(crate) fn watched(py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+    static CURRENT_CALL: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     if !ANY.load(Ordering::Acquire) {
         return Ok(None);
     }
-    static CURRENT_CALL: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     let current = CURRENT_CALL
         .import(py, "soma._run.observe", "current_call")?
         .call_method0(intern!(py, "get"))?;

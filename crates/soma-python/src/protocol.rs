@@ -96,13 +96,15 @@ impl PyCtx {
     /// as an event on this call's span — from any thread, while the call runs; once it has
     /// returned, counted as dropped. Nothing happens when nobody watches.
     fn emit(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        static EMITTED: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
         let Some(watched) = &self.watched else {
             return Ok(());
         };
-        static EMITTED: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-        EMITTED
-            .import(py, "soma._run.observe", "emitted")?
-            .call1((self.node.as_str(), value, watched.bind(py)))?;
+        EMITTED.import(py, "soma._run.observe", "emitted")?.call1((
+            self.node.as_str(),
+            value,
+            watched.bind(py),
+        ))?;
         Ok(())
     }
 

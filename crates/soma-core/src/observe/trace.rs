@@ -9,7 +9,7 @@ use crate::run::trace::{Span, ThreadRole, Trace};
 impl Trace {
     /// The Chrome trace-event JSON (the format Perfetto and `chrome://tracing` open): one
     /// complete event per span, on one track per thread, each track named after its thread
-    /// (see [`tracks`]): `thread 1 (caller)`, `crew thread 2`, `event loop (thread 3)`,
+    /// and its [`ThreadRole`]: `thread 1 (caller)`, `crew thread 2`, `event loop (thread 3)`,
     /// `host gpu-box, thread 4`; each span's branch in its `args`; times in microseconds.
     pub fn to_chrome(&self) -> String {
         let spans = self.spans();
@@ -72,12 +72,11 @@ impl Trace {
         let mut totals: Vec<(String, Duration, u32, Duration, bool)> = Vec::new();
         let mut calls = Duration::ZERO;
         for span in &spans {
-            let row = match &span.part_of {
-                Some(step) => format!("{step}[…]"),
-                None => {
-                    calls += span.duration();
-                    span.node.as_str().to_owned()
-                }
+            let row = if let Some(step) = &span.part_of {
+                format!("{step}[…]")
+            } else {
+                calls += span.duration();
+                span.node.as_str().to_owned()
             };
             let parts = span.part_of.is_some();
             match totals

@@ -67,7 +67,6 @@ impl Span {
         let parts: Vec<String> = self.branch.iter().map(ToString::to_string).collect();
         parts.join(".")
     }
-
 }
 
 /// What a thread is to the runs it records spans of, which names its track
@@ -182,7 +181,11 @@ impl Trace {
         let here = (span.thread == thread_number()).then(thread_role);
         let mut recorded = self.lock();
         if let Some(role) = here {
-            if !recorded.roles.iter().any(|(thread, _)| *thread == span.thread) {
+            if !recorded
+                .roles
+                .iter()
+                .any(|(thread, _)| *thread == span.thread)
+            {
                 recorded.roles.push((span.thread, role));
             }
         }

@@ -199,7 +199,7 @@ impl Executor {
                 spawned.spawn_unchecked(move || {
                     // Its spans' track: a thread Soma started, as a crew's is.
                     set_thread_role(ThreadRole::Crew);
-                    deeper()
+                    deeper();
                 })
             };
             outcome = Some(match spawned {

@@ -45,8 +45,8 @@ pub struct FlowSettings {
 
 impl FlowSettings {
     /// At most `in_flight` items at once (at least 1), in input order, stopping at the first
-    /// failure, each node at its default concurrency ([`Limits`]: `in_flight` items at once
-    /// for an async node, one for a sync node).
+    /// failure, each node at its default concurrency: `in_flight` items at once for a step
+    /// that awaits (an async node's, or a step that decides holding one), one for any other.
     pub fn new(in_flight: usize) -> Self {
         FlowSettings {
             in_flight: in_flight.max(1),
