@@ -1,5 +1,6 @@
 # One entry point for people and CI. `make demo` and `make test` each set up what they need
-# (a local .venv with pinned tools, the extension built into it) and are safe to rerun.
+# (a local .venv, the extension built into it) and are safe to rerun: the demo only maturin and
+# the package (`.venv/.maturin`), the tests and lints every pinned tool (`.venv/.tools`).
 
 PYTHON ?= python3
 VENV := .venv
@@ -14,22 +15,28 @@ export CARGO_TERM_COLOR ?= never
 
 setup: $(VENV)/.tools build
 
-$(VENV)/.tools: constraints.txt
+# What building the extension needs, and all the demo does: a venv with maturin, at its pin.
+$(VENV)/.maturin: constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet maturin -c constraints.txt
+	touch $@
+
+# Every pinned tool the tests and lints use (pytest, ruff, mypy, numpy, pandas, Ray, OTel).
+$(VENV)/.tools: $(VENV)/.maturin constraints.txt
 	$(PY) -m pip install --quiet -r constraints.txt -c constraints.txt
 	touch $@
 
 build: $(VENV)/.built
 
-$(VENV)/.built: $(VENV)/.tools $(RUST_SOURCES)
+$(VENV)/.built: $(VENV)/.maturin $(RUST_SOURCES)
 	# A module built for another ABI (`_soma.cpython-311-….so` beside `_soma.abi3.so`) would be
 	# imported first and run stale code: only the one built now stays.
 	rm -f python/soma/_soma.*.so
 	VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/maturin develop --release --quiet
 	touch $@
 
-demo: setup
+demo: build
 	$(PY) examples/quickstart.py
 
 lint: setup docs

@@ -1618,7 +1618,10 @@ STREAM_TIMEOUTS = textwrap.dedent(
                     print("cancelled", x, flush=True)
             return x
 
-    g = soma.Graph.somatize(Add().named("a") >> Stuck().named("b") >> Add().named("c"))
+    # `b` one item at a time (an async node takes `in_flight` unless told): item 3 waits in it.
+    g = soma.Graph.somatize(
+        Add().named("a") >> Stuck().named("b").concurrency(1) >> Add().named("c")
+    )
     taken = []
     try:
         for y in g.map(range(100), timeout=1.0):

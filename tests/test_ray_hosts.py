@@ -326,7 +326,7 @@ def test_a_traced_run_records_a_slices_nodes_on_a_track_of_their_own_marked_with
     (stand_in,) = [span for span in trace.spans if span.node.startswith("one#")]
     assert stand_in.start <= there["b"].start <= there["c"].end <= stand_in.end
     chrome = trace.to_chrome()
-    assert '"name":"branch main on host one"' in chrome
+    assert '"name":"host one, thread ' in chrome
     assert '"host":"one"' in chrome
 
 

@@ -29,6 +29,9 @@ installs it) beside Soma and ``asyncio.gather`` on target 1's shape: a ``Send`` 
 and of 10,000 nodes each awaiting ``asyncio.sleep(0.1)`` (Soma: a wave of as many async nodes),
 and a chain of 100 trivial async nodes, per node (the floor: the same awaits by hand, each
 through ``asyncio.gather``). Without LangGraph its column says "not run".
+
+Last, ``amap.py``'s table: ``g.amap`` of 200 requests to a local HTTP server with its defaults
+only, beside ``asyncio.gather`` under a ``Semaphore`` and LangGraph's ``abatch``.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
+import amap
 import soma
 from deadline import log, publish, table
 
@@ -589,6 +593,8 @@ def main() -> None:
     ours = asyncio.run(rows(repeat))
     # After Soma's own rows: LangGraph's 10,000-node runs leave the collector much to walk.
     peer, peers = asyncio.run(peer_rows(repeat))
+    # `g.amap` of requests to a local server beside gather and LangGraph's abatch (amap.py).
+    requests = amap.lines(5 if args.quick else 15)
     lines = [
         "## Async nodes",
         "",
@@ -602,6 +608,7 @@ def main() -> None:
         "",
         *table(["row", "Soma", peer, "asyncio.gather", f"{peer} / Soma"], peers),
         "",
+        *requests,
     ]
     publish(lines, args.out)
 

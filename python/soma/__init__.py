@@ -23,7 +23,8 @@ from soma._build.node import Node
 from soma._build.policy import RetryPolicy
 from soma._graph import Graph
 from soma._run.events import Event
-from soma._run.stream import Failed, Progress, StageFigures, Stream, StreamFigures
+from soma._run.loop_close import on_loop_close
+from soma._run.stream import AsyncStream, Failed, Progress, StageFigures, Stream, StreamFigures
 from soma._soma import DEFAULT_TURN_LIMIT, MAX_NESTED_FORWARDS, Await, Ctx, Done, Plan, Span, Trace
 from soma.cache._cache import Cache, CacheStats, CacheWarning
 from soma.errors import (
@@ -69,6 +70,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "DEFAULT_TURN_LIMIT",
     "MAX_NESTED_FORWARDS",
+    "AsyncStream",
     "Await",
     "Cache",
     "CacheStats",
@@ -122,6 +124,7 @@ __all__ = [
     "loop",
     "native",
     "node",
+    "on_loop_close",
     "remote",
     "report",
     "switch",

@@ -19,7 +19,6 @@ import re
 import types
 import weakref
 from collections.abc import (
-    AsyncGenerator,
     AsyncIterable,
     AsyncIterator,
     Callable,
@@ -280,7 +279,7 @@ class Graph:
             # It registers itself with its sub-graphs, which take its settings.
             cast(Decision, obj)._register(self, node_id)
             workers = cast(Decision, obj)._soma_concurrency
-            if workers != 1:  # Set by `.concurrency()`, which checked it already.
+            if workers is not None:  # Set by `.concurrency()`, which checked it already.
                 self._core.set_concurrency(node_id, workers)
             return node_id
         else:
@@ -298,8 +297,8 @@ class Graph:
         limit = getattr(obj, "_soma_time_limit", None)
         if limit is not None:  # Set by `.time_limit()`, which checked it already.
             self._core.set_time_limit(node_id, limit)
-        workers = getattr(obj, "_soma_concurrency", 1)
-        if workers != 1:  # Set by `.concurrency()`, which checked it already.
+        workers = getattr(obj, "_soma_concurrency", None)
+        if workers is not None:  # Set by `.concurrency()`, which checked it already.
             self._core.set_concurrency(node_id, workers)
         return node_id
 
@@ -390,12 +389,13 @@ class Graph:
     def concurrency(self, node_id: str, workers: int | None) -> None:
         """Lets a stream (:meth:`map`, :meth:`amap`, ``forward(micro_batches=)``) run node
         ``node_id`` on up to ``workers`` items at once, for a node that keeps no state between
-        items (I/O, a remote call); ``None`` (or 1) takes them one at a time again. Results keep
-        their order. What ``node.concurrency(n)`` sets before the node is registered; a
-        stream's ``concurrency={"node": n}`` overrides it for that stream. The plan does not
-        change. On a step's id it holds for the step, as on a node; a node inside a step is a
-        ``soma.GraphError`` naming it (a stream limits the graph's own steps, not what they
-        run), and an unknown id a ``soma.UnknownNodeError``.
+        items (I/O, a remote call); ``None`` gives it back its default: one item at a time for a
+        sync node, as many as the stream's ``in_flight`` for an async node (1 holds an async
+        node to one at a time). Results keep their order. What ``node.concurrency(n)`` sets
+        before the node is registered; a stream's ``concurrency={"node": n}`` overrides it for
+        that stream. The plan does not change. On a step's id it holds for the step, as on a
+        node; a node inside a step is a ``soma.GraphError`` naming it (a stream limits the
+        graph's own steps, not what they run), and an unknown id a ``soma.UnknownNodeError``.
 
         Raises:
             soma.UnknownNodeError: no node has the id ``node_id``.
@@ -408,8 +408,9 @@ class Graph:
         self._core.set_concurrency(node_id, workers)
 
     def concurrencies(self) -> dict[str, int]:
-        """The nodes a stream runs on more than one item at once, and how many, in the order
-        the nodes were added."""
+        """The nodes given a concurrency (by ``Graph.concurrency`` or ``node.concurrency``), and
+        how many items at once, in the order the nodes were added; the others take their
+        default (see :meth:`concurrency`)."""
         return dict(self._core.concurrencies())
 
     def distributed_plan(self) -> _soma.Plan:
@@ -776,21 +777,25 @@ class Graph:
         inputs: Iterable[Any] | AsyncIterable[Any],
         *,
         in_flight: int = _stream.DEFAULT_IN_FLIGHT,
+        ordered: bool = True,
+        on_error: _stream.OnError = "raise",
         concurrency: Mapping[str, int] | None = None,
         driver: Any = None,
         turn_limit: int = _soma.DEFAULT_TURN_LIMIT,
         trace: _soma.Trace | None = None,
         timeout: float | None = None,
         cache: _cache.Cache | None = None,
-    ) -> AsyncGenerator[Any, None]:
+    ) -> _stream.AsyncStream:
         """Runs the graph on each of ``inputs`` (an iterable or an async iterable, read lazily)
         from a running event loop: ``async for y in g.amap(xs)`` gives the results in input
-        order, with at most ``in_flight`` items in flight. Each node works on one item at a
-        time unless ``node.concurrency(n)`` (or ``concurrency={"node": n}``) lets it take
-        ``n``: an async node that waits on I/O wants many. A part of the plan without async
-        nodes runs on as many items at once as the least concurrent of its nodes. The first
-        failing item's exception is raised at its position, and the items after it are
-        cancelled.
+        order, with at most ``in_flight`` items in flight. An async node works on as many items
+        at once as ``in_flight`` allows, a sync node on one, unless ``node.concurrency(n)`` (or
+        ``concurrency={"node": n}``) says ``n``. A part of the plan without async nodes runs
+        on as many items at once as the least concurrent of its nodes. ``ordered`` and
+        ``on_error`` are :meth:`map`'s: by default the first failing item's exception is raised
+        at its position, and the items after it are cancelled; ``"skip"`` keeps the records in
+        the returned stream's ``failures``. An ordinary exception the inputs raise comes out
+        once the items read before it are out, as in :meth:`map`.
 
         ``timeout``, in seconds, bounds the whole stream, from this call to its last result,
         as in :meth:`map`: once it passes, the items in flight are cancelled and the next result
@@ -821,12 +826,15 @@ class Graph:
             _soma.checked_timeout(timeout)
         if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
             raise ValueError(f"in_flight takes an int of at least 1, not {in_flight!r}")
+        _stream.checked_on_error(on_error)
         if cache is not None:
             self._refuse_cache(cache)
         return _stream.stream_amap(
             self,
             inputs,
             in_flight=in_flight,
+            ordered=ordered,
+            on_error=on_error,
             concurrency=_stream.concurrency_of(self, concurrency),
             driver=driver,
             turn_limit=turn_limit,

@@ -35,6 +35,7 @@ what they did.
 from __future__ import annotations
 
 import contextvars
+import reprlib
 import threading
 from typing import Any
 
@@ -58,7 +59,6 @@ class _Spans:
         self._attach = context.attach
         self._detach = context.detach
         self._in_context = trace.set_span_in_context
-        self._current = trace.get_current_span
         self._error = StatusCode.ERROR
         self._status = Status
 
@@ -135,11 +135,55 @@ class _Spans:
                 span.set_status(self._status(self._error, error))
             span.end(end_time=sent_ns + int(end * 1e9))
 
-    def emit(self, node: str, value: Any) -> None:
-        shown = repr(value)
-        if len(shown) > _VALUE_LIMIT:
-            shown = shown[:_VALUE_LIMIT] + "..."
-        self._current().add_event("soma.emitted", {"soma.node": node, "soma.value": shown})
+    def emit(self, node: str, value: Any, watched: _observe.Watched) -> None:
+        """An event on the call's span (``watched.span``, taken where the call began: the
+        emit may come from a thread the node started, where no span is current)."""
+        watched.span.add_event("soma.emitted", {"soma.node": node, "soma.value": shown(value)})
+
+    def emitted_late(self, node: str) -> None:
+        """The call's span has ended: nothing to add the value to."""
+
+    def span_of(self, opened: Any) -> Any:
+        return opened[0]
+
+
+def shown(value: Any) -> str:
+    """``value``'s repr for an event, at most ``_VALUE_LIMIT`` characters and built no larger:
+    each container shows its first items and each string its ends (``reprlib``), so a list of
+    millions costs what its first few do. A ``repr`` that raises is shown by a placeholder
+    naming the type and the error: watching never fails the node that emitted."""
+    try:
+        text = _SHOWN.repr(value)
+    except Exception as failure:  # The user's `__repr__`: anything.
+        text = f"<{type(value).__qualname__}: repr raised {type(failure).__name__}>"
+    if len(text) > _VALUE_LIMIT:
+        text = text[:_VALUE_LIMIT] + "..."
+    return text
+
+
+def _bounded_repr() -> reprlib.Repr:
+    """A ``reprlib.Repr`` whose output of any value stays near ``_VALUE_LIMIT`` characters:
+    a few items of each container, a few levels deep, long strings cut in the middle."""
+    limits = reprlib.Repr()
+    limits.maxlevel = 4
+    for name in (
+        "maxtuple",
+        "maxlist",
+        "maxarray",
+        "maxdict",
+        "maxset",
+        "maxfrozenset",
+        "maxdeque",
+    ):
+        setattr(limits, name, 20)
+    limits.maxstring = _VALUE_LIMIT
+    limits.maxlong = _VALUE_LIMIT
+    # An object of the user's, shown by its own `repr`, cut as a whole after it.
+    limits.maxother = _VALUE_LIMIT
+    return limits
+
+
+_SHOWN = _bounded_repr()
 
 
 # Set beside each attach, so that a work's end can tell whether it runs in the very context its

@@ -526,11 +526,19 @@ class FetchWithCtx(soma.Node):
 fetched = soma.Graph.somatize(Fetch().named("fetch") >> FetchWithCtx().named("told"))
 
 
+async def closed() -> None:
+    pass
+
+
 async def use_async() -> list[Any]:
     one: Any = await fetched.aforward(1, timeout=30.0, trace=soma.Trace(), cache=soma.Cache())
+    await soma.on_loop_close(closed)
     stream: AsyncIterator[Any] = fetched.amap([1, 2], in_flight=2, concurrency={"fetch": 2})
-    return [one, *[y async for y in stream]]
+    skipping: soma.AsyncStream = fetched.amap([1], ordered=False, on_error="skip")
+    pairs = [pair async for pair in skipping]
+    failures: list[soma.Failed] = skipping.failures
+    return [one, *[y async for y in stream], *pairs, *failures]
 
 
-assert asyncio.run(use_async()) == ["told:2", "told:2", "told:3"]
+assert asyncio.run(use_async()) == ["told:2", "told:2", "told:3", (0, "told:2")]
 assert fetched.forward(4) == "told:5"

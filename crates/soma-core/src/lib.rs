@@ -75,4 +75,4 @@ pub use run::stream::{
     Failed, OnError, StageFigures, Stream, StreamError, StreamFigures, StreamSettings,
     DEFAULT_IN_FLIGHT,
 };
-pub use run::trace::{thread_number, Span, Trace};
+pub use run::trace::{thread_number, thread_role, Span, ThreadRole, Trace};

@@ -163,6 +163,18 @@ impl FlowCore {
         next
     }
 
+    /// The inputs raised `raised` (`amap`, whose coroutine reads them): held as `map` holds
+    /// it, and raised by the awaitable of the last item ([`Streaming::inputs_raised`]); raised
+    /// here when it stops the stream at once.
+    fn inputs_raised(&self, py: Python<'_>, raised: Bound<'_, PyAny>) -> PyResult<()> {
+        let raised = PyErr::from_value(raised);
+        let mut guard = self.lock()?;
+        match guard.as_mut() {
+            Some(streaming) if !streaming.ended => streaming.inputs_raised(py, raised),
+            Some(_) | None => Err(raised),
+        }
+    }
+
     /// Whether another item may start (`amap`).
     fn has_room(&self) -> PyResult<bool> {
         Ok(self
@@ -305,11 +317,7 @@ impl Streaming {
                 return self.handed(py, index, &input, outcome).map(Some);
             }
             if self.flow.is_empty() && (self.inputs.is_none() || self.flow.is_stopped()) {
-                if let Some(raised) = self.raised_later.take() {
-                    return Err(raised);
-                }
-                self.ended = true;
-                return Ok(None);
+                return self.end_or_raised().map(|()| None);
             }
             let began = Instant::now();
             let flow = Arc::clone(&self.flow);
@@ -337,13 +345,7 @@ impl Streaming {
                 Ok(item) => item,
                 Err(raised) => {
                     self.inputs = None;
-                    // A `KeyboardInterrupt` (or `SystemExit`) stops the stream at once; an
-                    // ordinary exception waits for the items read before it to come out.
-                    if !raised.is_instance_of::<PyException>(py) || self.flow.is_empty() {
-                        return Err(raised);
-                    }
-                    self.raised_later = Some(raised);
-                    return Ok(());
+                    return self.inputs_raised(py, raised);
                 }
             };
             self.read += 1;
@@ -357,6 +359,25 @@ impl Streaming {
             }
         }
         Ok(())
+    }
+
+    /// The inputs raised `raised`, and end there. A `KeyboardInterrupt` (or `SystemExit`)
+    /// stops the stream at once: returned to raise now. An ordinary exception waits for the
+    /// items read before it to come out ([`Streaming::end_or_raised`]), as a stream of sync
+    /// nodes reads an exception as the end of its inputs and raises it after.
+    fn inputs_raised(&mut self, py: Python<'_>, raised: PyErr) -> PyResult<()> {
+        if !raised.is_instance_of::<PyException>(py) || self.flow.is_empty() {
+            return Err(raised);
+        }
+        self.raised_later = Some(raised);
+        Ok(())
+    }
+
+    /// At the end of the items: the inputs' exception held until now, if they raised one;
+    /// the stream is over either way.
+    fn end_or_raised(&mut self) -> PyResult<()> {
+        self.ended = true;
+        self.raised_later.take().map_or(Ok(()), Err)
     }
 
     /// Past the deadline, even with results ready: the items in flight cancelled, and the
@@ -537,7 +558,7 @@ impl FlowNext {
             return Err(PyStopIteration::new_err((handed.unbind(),)));
         }
         if streaming.flow.is_empty() && (inputs_done || streaming.flow.is_stopped()) {
-            streaming.ended = true;
+            streaming.end_or_raised()?;
             return Err(PyStopIteration::new_err((py.None(),)));
         }
         let wake = self.wake(streaming);

@@ -136,6 +136,7 @@ impl PythonNode {
                 turn: ctx.turn(),
                 results: PyTuple::new(py, results)?.unbind(),
                 device: ctx.device().map(|device| device.to_string()),
+                watched: crate::observer::watched(py)?,
             };
             let ctx = Bound::new(py, ctx)?;
             match &self.callee {

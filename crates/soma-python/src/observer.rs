@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::PyTuple;
 use pyo3::{intern, IntoPyObjectExt};
 use soma_core::{Begun, Ended, Observer, Opened, Part, RunError};
@@ -69,6 +70,25 @@ pub fn observe(target: Option<Py<PyAny>>) {
     let mut installed = INSTALLED.write().unwrap_or_else(PoisonError::into_inner);
     ANY.store(observer.is_some(), Ordering::Release);
     *installed = observer;
+}
+
+/// What watches the node call beginning here (`soma._run.observe.current_call`, which the
+/// observer's `begin` set for it), for its `Ctx` to carry to threads the node starts; `None`
+/// at the cost of a flag's read when nothing watches.
+pub(crate) fn watched(py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+    static CURRENT_CALL: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    if !ANY.load(Ordering::Acquire) {
+        return Ok(None);
+    }
+    let current = CURRENT_CALL
+        .get_or_try_init(py, || {
+            crate::py_modules::observe(py)?
+                .getattr("current_call")
+                .map(Bound::unbind)
+        })?
+        .bind(py)
+        .call_method0(intern!(py, "get"))?;
+    Ok((!current.is_none()).then(|| current.unbind()))
 }
 
 /// The observer a run of `graph` made now is to tell, if one is installed: the installed one's

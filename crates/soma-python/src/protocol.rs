@@ -78,6 +78,9 @@ pub struct PyCtx {
     /// The device the node is placed on (`cuda:1`), `None` when unplaced.
     #[pyo3(get)]
     pub device: Option<String>,
+    /// What watches this call (`soma._run.observe.Watched`), taken where the call began, so that
+    /// an emit from any thread the node starts reaches it; `None` when nothing watched then.
+    pub watched: Option<Py<PyAny>>,
 }
 
 #[pymethods]
@@ -90,9 +93,13 @@ impl PyCtx {
 
     /// Sends `value` (a token, a metric) to whoever watches the run as it goes: the event
     /// stream of `Graph.events`, as an `"emitted"` event naming this node, and the telemetry,
-    /// as an event on this call's span. Nothing happens when nobody watches.
+    /// as an event on this call's span — from any thread, while the call runs; once it has
+    /// returned, counted as dropped. Nothing happens when nobody watches.
     fn emit(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<()> {
         static EMITTED: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+        let Some(watched) = &self.watched else {
+            return Ok(());
+        };
         EMITTED
             .get_or_try_init(py, || {
                 crate::py_modules::observe(py)?
@@ -100,7 +107,7 @@ impl PyCtx {
                     .map(Bound::unbind)
             })?
             .bind(py)
-            .call1((self.node.as_str(), value))?;
+            .call1((self.node.as_str(), value, watched.bind(py)))?;
         Ok(())
     }
 

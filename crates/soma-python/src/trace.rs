@@ -129,7 +129,8 @@ impl PyTrace {
     // Throughout the API `to_*` returns text and `write_*` writes a file, as `Plan.to_*` and the
     // core's `Trace::to_chrome` do, so a reader guesses right which one touches the disk.
 
-    /// The Chrome trace-event JSON that Perfetto and `chrome://tracing` open.
+    /// The Chrome trace-event JSON that Perfetto and `chrome://tracing` open, a track per
+    /// thread named after it (the caller's, a crew's, an event loop's, a host's).
     fn to_chrome(&self) -> String {
         self.trace.to_chrome()
     }
@@ -141,7 +142,8 @@ impl PyTrace {
         Ok(())
     }
 
-    /// A table of the `top` slowest nodes.
+    /// A table of the `top` slowest nodes, each with its share of the node-seconds; a step's
+    /// items, cases or iterations one row.
     #[pyo3(signature = (top=10))]
     fn summary(&self, top: usize) -> String {
         self.trace.summary(top)
@@ -211,6 +213,7 @@ impl PyTrace {
                 host: None,
                 // Found in the folder cache the host opened (see `soma/remote/_slices.py`).
                 cached,
+                part_of: None,
             });
         }
         self.trace.adopt(adopted, &host, at);
@@ -240,6 +243,7 @@ impl PyTrace {
                 device: device.and_then(|device| device.parse::<Device>().ok()),
                 host: None,
                 cached,
+                part_of: None,
             });
         }
     }

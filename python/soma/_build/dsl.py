@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any, Union
 
 from soma import _soma
-from soma._build.policy import checked_retry, checked_time_limit
+from soma._build.policy import checked_concurrency, checked_retry, checked_time_limit
 
 
 class Composable:
@@ -231,6 +231,16 @@ class Expr:
         for node in self.nodes:
             if getattr(node, "_soma_time_limit", None) is None:
                 node._soma_time_limit = limit
+        return self
+
+    def concurrency(self, workers: int) -> Expr:
+        """Lets a stream run every node of the expression that has no concurrency yet (by its
+        own ``.concurrency``, or an inner expression's) on up to ``workers`` items at once: see
+        ``soma.Node.concurrency``. The count is each node's, not the expression's as a whole."""
+        count = checked_concurrency(workers)
+        for node in self.nodes:
+            if getattr(node, "_soma_concurrency", None) is None:
+                node._soma_concurrency = count
         return self
 
     def __repr__(self) -> str:

@@ -30,7 +30,7 @@ class Node(Composable, abc.ABC):
     _soma_host: str | None = None
     _soma_retry: RetryPolicy | None = None
     _soma_time_limit: float | None = None
-    _soma_concurrency: int = 1
+    _soma_concurrency: int | None = None
 
     if TYPE_CHECKING:
         # Either signature is accepted, sync or async; the graph looks at the method once, at
@@ -45,9 +45,11 @@ class Node(Composable, abc.ABC):
             itself, with a note naming the node."""
 
     def concurrency(self, workers: int) -> Self:
-        """Lets :meth:`soma.Graph.map` run this node on up to ``workers`` items at once, for a
-        node that keeps no state between items (I/O, a remote call). Results keep their order.
-        As ``Graph.concurrency`` once it is registered."""
+        """Lets a stream (:meth:`soma.Graph.map`, :meth:`soma.Graph.amap`) run this node on up
+        to ``workers`` items at once, for a node that keeps no state between items (I/O, a
+        remote call). Results keep their order. Unset, a sync node takes one item at a time and
+        an async node as many as the stream's ``in_flight``. As ``Graph.concurrency`` once it
+        is registered; the node's own ``.concurrency`` wins over an expression's around it."""
         self._soma_concurrency = checked_concurrency(workers)
         return self
 

@@ -18,10 +18,11 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 from soma._run import observe as _observe
+from soma._run.stream import AsyncStream
 
 if TYPE_CHECKING:
     from soma._run.stream import Stream
@@ -133,8 +134,14 @@ class _Collector:
             )
             self._send(Event(kind, node, item, error, seconds=seconds, attempt=attempt))
 
-    def emit(self, node: str, value: Any) -> None:
-        self._send(Event("emitted", node, _observe.current_item.get(), value))
+    def emit(self, node: str, value: Any, watched: _observe.Watched) -> None:
+        self._send(Event("emitted", node, watched.item, value))
+
+    def emitted_late(self, node: str) -> None:
+        self.dropped += 1
+
+    def span_of(self, opened: Any) -> Any:
+        return None
 
     def adopt(self, spans: list[Any], host: str, sent_ns: int) -> None:
         """The nodes a slice ran on ``host``, once it is back: each ``"finished"`` (or
@@ -284,7 +291,7 @@ async def aevents(
 
 
 async def amap_events(
-    amap: Callable[..., AsyncGenerator[Any, None]],
+    amap: Callable[..., AsyncStream],
     inputs: Any,
     buffer: int,
     keywords: dict[str, Any],
@@ -316,20 +323,30 @@ async def _aread(
     yields what it reports until it is done; leaving early cancels it."""
     _check_buffer(buffer)
     loop = asyncio.get_running_loop()
-    inbox: asyncio.Queue[Event] = asyncio.Queue()
-    loop_thread = threading.get_ident()
+    # The events wait in a queue any thread puts into at once, counted as `_read`'s are: a sync
+    # node on a lent thread puts there itself rather than ask the loop to (a callback per event
+    # would wait in the loop's own queue, uncounted, while the reader holds the loop).
+    inbox: queue.SimpleQueue[Event] = queue.SimpleQueue()
+    # Set on the loop when the reader may go on; `asleep` says the reader waits for it, so a
+    # thread asks the loop to set it once per wait rather than once per event.
+    arrived = asyncio.Event()
+    asleep = False
 
-    def deliver(event: Event) -> None:
-        if threading.get_ident() == loop_thread:
-            inbox.put_nowait(event)
-        else:  # A sync node, on a thread the run lent it.
-            loop.call_soon_threadsafe(inbox.put_nowait, event)
+    def wake() -> None:
+        nonlocal asleep
+        if not asleep:
+            return
+        asleep = False
+        # The loop may be closed already, after a reader that left: nothing waits then.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(arrived.set)
 
     def put(event: Event) -> bool:
         # As `_read`'s: the queue's own count, read without a lock.
         if inbox.qsize() >= buffer:
             return False
-        deliver(event)
+        inbox.put(event)
+        wake()
         return True
 
     collector = _Collector(put)
@@ -337,22 +354,39 @@ async def _aread(
 
     async def finish(event: Event) -> bool:
         await results_room.acquire()
-        deliver(event)
+        inbox.put(event)
+        wake()
         return True
 
     async def run() -> None:
         try:
             await work(collector, finish)
         finally:
-            # After every event a sync node sent from its thread, which the loop queued first.
-            loop.call_soon(inbox.put_nowait, _END)
+            # After every event a sync node put from its thread: it put them before it returned.
+            inbox.put(_END)
+            wake()
+
+    async def next_event() -> Event:
+        nonlocal asleep
+        while True:
+            try:
+                return inbox.get_nowait()
+            except queue.Empty:
+                pass
+            # Asleep before the queue is looked at again: an event put after that look wakes it.
+            arrived.clear()
+            asleep = True
+            try:
+                return inbox.get_nowait()
+            except queue.Empty:
+                await arrived.wait()
 
     _observe.stream_opened()
     try:
         task = _observe.run_in_stream(collector, lambda: loop.create_task(run()))
         try:
             while True:
-                event = await inbox.get()
+                event = await next_event()
                 if event is _END:
                     return
                 if event.kind in ("result", "error"):

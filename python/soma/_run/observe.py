@@ -49,11 +49,18 @@ class Listener(Protocol):
         self, opened: Any, outcome: int, error: BaseException | None, retry_in: float | None
     ) -> None: ...
 
-    def emit(self, node: str, value: Any) -> None:
-        """What a node sent with ``ctx.emit(value)``."""
+    def emit(self, node: str, value: Any, watched: Watched) -> None:
+        """What a node sent with ``ctx.emit(value)``, in its call ``watched``, while it ran."""
+
+    def emitted_late(self, node: str) -> None:
+        """A node sent a value after its call returned: nothing shows it."""
 
     def adopt(self, spans: list[Any], host: str, sent_ns: int) -> None:
         """The nodes a slice ran on ``host``, once it is back (see :func:`adopt`)."""
+
+    def span_of(self, opened: Any) -> Any:
+        """The span of a call ``begin`` opened (``opened``, what it returned), for the call's
+        emits; ``None`` for a listener without spans."""
 
 
 # The event stream the current run reports to, if it was started by `Graph.events`.
@@ -68,6 +75,40 @@ hidden: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
 )
 # The index of the `each` item or streamed item the current work is in, for events' `.item`.
 current_item: contextvars.ContextVar[int | None] = contextvars.ContextVar("soma_item", default=None)
+
+
+class Watched:
+    """What watches one node call, fixed where the call begins: its event stream, its item, the
+    telemetry and the call's span, the view and its record of the call's run. The call's ``ctx``
+    carries it, so that ``ctx.emit`` from a thread the node started — where none of the call's
+    context is — reaches what the call's own thread would. ``returned`` once the call has: an
+    emit after it is counted as dropped."""
+
+    __slots__ = ("item", "returned", "span", "stream", "telemetry", "watcher", "watcher_run")
+
+    def __init__(
+        self,
+        stream: Listener | None,
+        item: int | None,
+        telemetry: Listener | None,
+        watcher: Listener | None,
+    ) -> None:
+        self.stream = stream
+        self.item = item
+        self.telemetry = telemetry
+        self.watcher = watcher
+        # Set by the telemetry's `begin` for the call: its span.
+        self.span: Any = None
+        # Set by the view's `begin` for the call: its record of the call's run.
+        self.watcher_run: Any = None
+        self.returned = False
+
+
+# What watches the node call going on here, if anything does: read by the glue when it makes the
+# call's `ctx` (`_soma`'s `observer::watched`).
+current_call: contextvars.ContextVar[Watched | None] = contextvars.ContextVar(
+    "soma_call", default=None
+)
 
 
 class Dispatch:
@@ -89,23 +130,46 @@ class Dispatch:
         item = None
         if kind == ITEM or (kind == RUN and part is not None):
             item = current_item.set(part)
+        call = None
+        if kind == CALL:
+            watched = Watched(stream, current_item.get(), telemetry, watcher)
+            call = (watched, current_call.set(watched))
         opened_telemetry = None if telemetry is None else telemetry.begin(work)
         opened_watcher = None if watcher is None else watcher.begin(work)
         opened_stream = None if stream is None else stream.begin(work)
+        if call is not None and telemetry is not None:
+            call[0].span = telemetry.span_of(opened_telemetry)
         if (
             item is None
+            and call is None
             and opened_telemetry is None
             and opened_watcher is None
             and opened_stream is None
         ):
             return None
-        return (item, telemetry, opened_telemetry, watcher, opened_watcher, stream, opened_stream)
+        return (
+            item,
+            call,
+            telemetry,
+            opened_telemetry,
+            watcher,
+            opened_watcher,
+            stream,
+            opened_stream,
+        )
 
     def end(
         self, opened: Any, outcome: int, error: BaseException | None, retry_in: float | None
     ) -> None:
-        item, telemetry, opened_telemetry, watcher, opened_watcher, stream, opened_stream = opened
+        item, call, telemetry, opened_telemetry, watcher, opened_watcher, stream, opened_stream = (
+            opened
+        )
         try:
+            if call is not None:
+                # Before the call's own end is told: an emit from now on is late.
+                call[0].returned = True
+                with contextlib.suppress(ValueError):  # Ended where it did not begin.
+                    current_call.reset(call[1])
             if stream is not None and opened_stream is not None:
                 stream.end(opened_stream, outcome, error, retry_in)
             if watcher is not None and opened_watcher is not None:
@@ -180,18 +244,23 @@ def adopt(spans: list[Any], host: str, sent_ns: int) -> None:
             listener.adopt(spans, host, sent_ns)
 
 
-def emitted(node: str, value: Any) -> None:
-    """What ``ctx.emit(value)`` does: hands ``value`` to the event stream of the run the node is
-    in, if it has one, and to the telemetry as an event on the node's span, when it is on."""
-    stream = current_stream.get()
+def emitted(node: str, value: Any, watched: Watched) -> None:
+    """What ``ctx.emit(value)`` does, from whichever thread, in the call ``watched``: hands
+    ``value`` to the event stream of the run the node is in, if it has one, and to the telemetry
+    as an event on the call's span, when it was on as the call began. After the call returned,
+    the stream counts it as dropped (in its last event's ``dropped``) and the telemetry, whose
+    span has ended, leaves it."""
+    stream, telemetry = watched.stream, watched.telemetry
+    if watched.returned:
+        if stream is not None:
+            stream.emitted_late(node)
+        return
     if stream is not None:
-        stream.emit(node, value)
-    telemetry = dispatch.telemetry
+        stream.emit(node, value, watched)
     if telemetry is not None:
-        telemetry.emit(node, value)
-    watcher = dispatch.watcher
-    if watcher is not None:
-        watcher.emit(node, value)
+        telemetry.emit(node, value, watched)
+    if watched.watcher is not None:
+        watched.watcher.emit(node, value, watched)
 
 
 def run_in_stream(stream: Listener, run: Callable[[], Any]) -> Any:

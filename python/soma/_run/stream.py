@@ -205,6 +205,41 @@ def _reporter(progress: bool | Callable[[Progress], object], inputs: object) -> 
     )
 
 
+# What `_handed_back` answers for an item `on_error="skip"` leaves out.
+_LEFT_OUT: Any = object()
+
+
+def _handed_back(
+    step: tuple[int, Any, Any], ordered: bool, on_error: OnError, failures: list[Failed]
+) -> Any:
+    """What a stream (``map``'s or ``amap``'s) hands back for one item its core answered
+    ``(index, value, failure)``: the result (``(index, result)`` unordered), or for a failure
+    what ``on_error`` says: raised, a :class:`Failed` in its place, or kept in ``failures``
+    and :data:`_LEFT_OUT`."""
+    index, value, failure = step
+    if failure is None:
+        return value if ordered else (index, value)
+    exception, node, item = failure
+    if on_error == "raise":
+        raise exception
+    failed = Failed(index=index, input=item, exception=exception, node=node)
+    if on_error == "skip":
+        failures.append(failed)
+        return _LEFT_OUT
+    return failed if ordered else (index, failed)
+
+
+def checked_on_error(on_error: object) -> OnError:
+    """``on_error`` as a stream takes it; a ``ValueError`` saying what it takes otherwise."""
+    if on_error not in ("raise", "skip", "collect"):
+        raise ValueError(
+            f"on_error must be 'raise', 'skip' or 'collect', not {on_error!r}\n"
+            "hint: 'skip' leaves failed items out (kept in stream.failures); 'collect' yields a "
+            "soma.Failed in their place"
+        )
+    return on_error
+
+
 # Streams not closed yet: closed when the interpreter exits, before it finalizes. After that, a
 # thread that asks for the GIL (a stage going back to its crew) is ended mid-stack by Python,
 # which aborts the process through Rust's frames. Closed as a drop closes them: a node that
@@ -260,26 +295,16 @@ class Stream(Iterator[Any]):
         while True:
             try:
                 step = self._core.__next__()
+                if step is None:
+                    raise StopIteration
+                out = _handed_back(step, self._ordered, self._on_error, self.failures)
             except BaseException:
                 self._end()
                 raise
-            if step is None:
-                self._end()
-                raise StopIteration
-            index, value, failure = step
-            if failure is None:
-                self._report()
-                return value if self._ordered else (index, value)
-            exception, node, item = failure
-            failed = Failed(index=index, input=item, exception=exception, node=node)
-            if self._on_error == "raise":
-                self._end()
-                raise exception
             self._report()
-            if self._on_error == "skip":
-                self.failures.append(failed)
+            if out is _LEFT_OUT:
                 continue
-            return failed if self._ordered else (index, failed)
+            return out
 
     def figures(self) -> StreamFigures | None:
         """Counters so far: items read, handed back and failed, and each stage's busy, waiting
@@ -441,12 +466,7 @@ def _streamed(
 ) -> Stream:
     """:func:`stream_map` on the route the core chose for it: the engine's ``Stream``, or its
     ``Flow`` for a graph with async nodes: a graph without one never reaches an event loop."""
-    if on_error not in ("raise", "skip", "collect"):
-        raise ValueError(
-            f"on_error must be 'raise', 'skip' or 'collect', not {on_error!r}\n"
-            "hint: 'skip' leaves failed items out (kept in stream.failures); 'collect' yields a "
-            "soma.Failed in their place"
-        )
+    checked_on_error(on_error)
     if not isinstance(in_flight, int) or isinstance(in_flight, bool) or in_flight < 1:
         raise ValueError(f"in_flight must be an int of at least 1, not {in_flight!r}")
     reporter = _reporter(progress, inputs)
@@ -568,23 +588,51 @@ def forward_in_micro_batches(
     return (join_with or join)(outputs)
 
 
-async def stream_amap(
+class AsyncStream(AsyncIterator[Any]):
+    """The results of :meth:`soma.Graph.amap`, as an async iterator: what :class:`Stream` is
+    to ``map``. Leaving early — ``break``, an error, a cancellation, ``aclose()`` — cancels the
+    items in flight and waits for them to end.
+
+    Made by ``Graph.amap``, not by hand: ``results`` is the generator of the results as they
+    come, ``failures`` the list it puts each failed item in with ``on_error="skip"``.
+    """
+
+    def __init__(self, results: AsyncGenerator[Any, None], failures: list[Failed]) -> None:
+        self._results = results
+        self.failures = failures
+        """With ``on_error="skip"``: every item that failed, in the order they came out."""
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Any:
+        return await anext(self._results)
+
+    async def aclose(self) -> None:
+        """Stops the stream: the items in flight cancelled, and waited for until they end."""
+        await self._results.aclose()
+
+
+def stream_amap(
     graph: Graph,
     inputs: Iterable[Any] | AsyncIterable[Any],
     *,
     in_flight: int,
+    ordered: bool,
+    on_error: OnError,
     concurrency: list[tuple[str, int]],
     driver: Any,
     turn_limit: int,
     trace: _soma.Trace | None,
     timeout: float | None,
     cache: Cache | None,
-) -> AsyncGenerator[Any, None]:
+) -> AsyncStream:
     """``Graph.amap``: the engine's ``Flow`` on the running loop, as ``map``'s is on the loop
-    Soma keeps; this coroutine only reads the inputs — an async iterable among them, which only
-    Python can read — while the flow has room, and hands the results back in order. The first
-    failing item's exception is raised at its position; leaving early (an error, a ``break``, a
-    cancellation) cancels the items in flight and waits for them to end."""
+    Soma keeps; this only reads the inputs — an async iterable among them, which only Python
+    can read — while the flow has room, and hands the results back as ``map`` does (``ordered``,
+    ``on_error``). An ordinary exception the inputs raise is the core's to hold, as ``map``'s
+    core holds it: raised once the items read before it are out. Leaving early (an error, a
+    ``break``, a cancellation) cancels the items in flight and waits for them to end."""
     # A stream's route, for its refusal of a graph with hosts, as `map`'s: either way each item
     # is a run on this loop.
     graph._core.route(True)
@@ -592,8 +640,8 @@ async def stream_amap(
         graph._core,
         None,
         in_flight,
-        True,
-        True,
+        ordered,
+        on_error == "raise",
         concurrency,
         driver,
         turn_limit,
@@ -602,16 +650,29 @@ async def stream_amap(
         cache=cache,
         on_running_loop=True,
     )
-    source: Iterator[Any] | AsyncIterator[Any] = (
-        aiter(inputs) if isinstance(inputs, AsyncIterable) else iter(inputs)
-    )
+    failures: list[Failed] = []
+    return AsyncStream(_flowing(flow, inputs, ordered, on_error, failures), failures)
+
+
+async def _flowing(
+    flow: _soma.FlowCore,
+    inputs: Iterable[Any] | AsyncIterable[Any],
+    ordered: bool,
+    on_error: OnError,
+    failures: list[Failed],
+) -> AsyncGenerator[Any, None]:
+    """The results of ``flow`` over ``inputs``, read on the running loop; the failures
+    ``on_error="skip"`` leaves out kept in ``failures``."""
+    # Told apart once: an ABC's `isinstance` per item would cost what the rest of the read does.
+    asynchronous = isinstance(inputs, AsyncIterable)
+    source: Any = aiter(inputs) if isinstance(inputs, AsyncIterable) else iter(inputs)
     read_all = False
     finished = False
     try:
         while True:
             while not read_all and flow.has_room():
                 try:
-                    if isinstance(source, AsyncIterator):
+                    if asynchronous:
                         left = flow.time_left()
                         x = await (
                             anext(source) if left is None else asyncio.wait_for(anext(source), left)
@@ -623,15 +684,23 @@ async def stream_amap(
                     break
                 except TimeoutError:
                     raise flow.timed_out() from None
+                except BaseException as raised:
+                    # The core keeps an ordinary exception until the items before it are out,
+                    # and hands back at once what stops a stream at once (Ctrl-C).
+                    read_all = True
+                    flow.inputs_raised(raised)
+                    break
                 flow.start(x)
             out = await flow.next(read_all)
             if out is None:
                 finished = True
                 return
-            _, value, failure = out
-            if failure is not None:
-                raise failure[0]
-            yield value
+            if out[2] is None:  # A result: the common case, without a call.
+                yield out[1] if ordered else (out[0], out[1])
+                continue
+            handed = _handed_back(out, ordered, on_error, failures)
+            if handed is not _LEFT_OUT:
+                yield handed
     finally:
         if not finished:
             await flow.stopped()

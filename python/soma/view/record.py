@@ -474,6 +474,9 @@ class Recorder:
             return None
         node = run.node(node_id)
         if kind == _observe.CALL:
+            call = _observe.current_call.get()
+            if call is not None:  # Where an emit from a thread the node starts finds the run.
+                call.watcher_run = run
             if node.state in _DONE:  # run again: a loop's next iteration
                 _become(run, node, NodeState.RUNNING)
             else:
@@ -589,14 +592,23 @@ class Recorder:
         node.seconds = node.ended - (node.started or 0.0)
         run.changes.append(node.id)
 
-    def emit(self, node: str, value: Any) -> None:
-        run = _current_run.get()
+    def emit(self, node: str, value: Any, watched: _observe.Watched) -> None:
+        """What a node emitted, in the run ``watched`` was begun in: from a thread the node
+        started too, where the run is not current."""
+        run = _current_run.get() or watched.watcher_run
         if run is None:
             return
         shown = described(value)
         shown["node"] = node
         shown["at"] = run.now()
         run.emits.append(shown)
+
+    def emitted_late(self, node: str) -> None:
+        """An emit after its call returned: the view shows what came while the node ran."""
+
+    def span_of(self, opened: Any) -> Any:
+        """The view keeps no span of its own."""
+        return None
 
     def adopt(self, spans: list[Any], host: str, sent_ns: int) -> None:
         """The nodes a slice ran on ``host``: each finished (or failed) there."""

@@ -17,14 +17,8 @@ impl Trace {
         const PLOT: i64 = 720;
         const MARGIN: i64 = 16;
         let spans = self.spans();
-        let threads = tracks(&spans);
-        let names: Vec<String> = threads
-            .iter()
-            .map(|(thread, label)| match label.as_str() {
-                main if main.starts_with("main") => format!("thread {thread} · {main}"),
-                _ => format!("thread {thread} · branch {label}"),
-            })
-            .collect();
+        let threads = tracks(self, &spans);
+        let names: Vec<String> = threads.iter().map(|(_, label)| label.clone()).collect();
         // Wide enough for the longest row name, in the monospace font the drawing uses.
         let longest = names.iter().map(|n| n.chars().count()).max().unwrap_or(0);
         let label_width = i64::try_from(longest).unwrap_or(0) * CHAR_WIDTH + 16;

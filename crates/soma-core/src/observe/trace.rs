@@ -4,16 +4,16 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use crate::model::id::NodeId;
-use crate::run::trace::{Span, Trace};
+use crate::run::trace::{Span, ThreadRole, Trace};
 
 impl Trace {
     /// The Chrome trace-event JSON (the format Perfetto and `chrome://tracing` open): one
-    /// complete event per span, on one track per thread, each track named after the first
-    /// branch seen on it; times in microseconds.
+    /// complete event per span, on one track per thread, each track named after its thread
+    /// and its [`ThreadRole`]: `thread 1 (caller)`, `crew thread 2`, `event loop (thread 3)`,
+    /// `host gpu-box, thread 4`; each span's branch in its `args`; times in microseconds.
     pub fn to_chrome(&self) -> String {
         let spans = self.spans();
-        let threads = tracks(&spans);
+        let threads = tracks(self, &spans);
         let mut out = String::from("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
         let mut first = true;
         let mut separator = |out: &mut String| {
@@ -26,7 +26,7 @@ impl Trace {
             separator(&mut out);
             out.push_str("{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":1,\"tid\":");
             let _ = write!(out, "{thread},\"args\":{{\"name\":");
-            json_string(&format!("branch {label}"), &mut out);
+            json_string(label, &mut out);
             out.push_str("}}");
         }
         for span in &spans {
@@ -60,28 +60,43 @@ impl Trace {
         out
     }
 
-    /// A table of the `top` slowest nodes, total time per node over every span of it.
+    /// A table of the `top` slowest nodes, total time per node over every span of it. The spans
+    /// of a step's items, cases or iterations (`chunks[0]`, `chunks[1]`, ...) make one row,
+    /// `chunks[…]`, so that a step of a thousand items takes one row, not the table. `share` is
+    /// a node's part of the time every node call took together (node-seconds, which waves and
+    /// streams overlap in wall time): the nodes' shares add up to 100%; a step's parts, which
+    /// hold node calls already counted, have none (`-`).
     pub fn summary(&self, top: usize) -> String {
         let spans = self.spans();
-        let mut totals: Vec<(NodeId, Duration, u32, Duration)> = Vec::new();
+        // (row, total, runs, longest, whether it is a step's parts)
+        let mut totals: Vec<(String, Duration, u32, Duration, bool)> = Vec::new();
+        let mut calls = Duration::ZERO;
         for span in &spans {
-            match totals.iter_mut().find(|(node, ..)| *node == span.node) {
-                Some((_, total, runs, longest)) => {
+            let row = if let Some(step) = &span.part_of {
+                format!("{step}[…]")
+            } else {
+                calls += span.duration();
+                span.node.as_str().to_owned()
+            };
+            let parts = span.part_of.is_some();
+            match totals
+                .iter_mut()
+                .find(|(name, .., of_parts)| *name == row && *of_parts == parts)
+            {
+                Some((_, total, runs, longest, _)) => {
                     *total += span.duration();
                     *runs += 1;
                     *longest = (*longest).max(span.duration());
                 }
-                None => totals.push((span.node.clone(), span.duration(), 1, span.duration())),
+                None => totals.push((row, span.duration(), 1, span.duration(), parts)),
             }
         }
         // Slowest first; ties in first-seen order, so the table is stable.
         totals.sort_by_key(|entry| std::cmp::Reverse(entry.1));
-        let (start, end) = window(&spans);
-        let wall = end.saturating_sub(start);
         let width = totals
             .iter()
             .take(top)
-            .map(|(node, ..)| node.as_str().chars().count())
+            .map(|(row, ..)| row.chars().count())
             .max()
             .unwrap_or(0)
             .max(4);
@@ -91,20 +106,19 @@ impl Trace {
             "{:<width$}  {:>12}  {:>5}  {:>12}  {:>6}",
             "node", "total", "runs", "longest", "share"
         );
-        for (node, total, runs, longest) in totals.iter().take(top) {
-            let share = if wall.is_zero() {
-                0.0
+        for (row, total, runs, longest, parts) in totals.iter().take(top) {
+            let share = if *parts {
+                "-".to_owned()
+            } else if calls.is_zero() {
+                "0.0%".to_owned()
             } else {
-                100.0 * total.as_secs_f64() / wall.as_secs_f64()
+                format!("{:.1}%", 100.0 * total.as_secs_f64() / calls.as_secs_f64())
             };
             let _ = writeln!(
                 out,
-                "{:<width$}  {:>12}  {:>5}  {:>12}  {:>5.1}%",
-                node.as_str(),
+                "{row:<width$}  {:>12}  {runs:>5}  {:>12}  {share:>6}",
                 human(*total),
-                runs,
                 human(*longest),
-                share
             );
         }
         if totals.len() > top {
@@ -114,14 +128,25 @@ impl Trace {
     }
 }
 
-/// One track per thread, in the order threads first ended a span, each with the label of the
-/// first branch seen on it (and its host, for a remote slice's thread).
-pub(super) fn tracks(spans: &[Span]) -> Vec<(u64, String)> {
+/// One track per thread, in the order threads first ended a span, each named after its thread:
+/// its number, and what it is ([`ThreadRole`]) or the host it ran on. A wave's branches are
+/// the spans' own (`args.branch`): a thread runs many branches one after another.
+pub(super) fn tracks(trace: &Trace, spans: &[Span]) -> Vec<(u64, String)> {
     let mut threads: Vec<(u64, String)> = Vec::new();
     for span in spans {
-        if !threads.iter().any(|(t, _)| *t == span.thread) {
-            threads.push((span.thread, span.track_label()));
+        if threads.iter().any(|(t, _)| *t == span.thread) {
+            continue;
         }
+        let n = span.thread;
+        let label = match &span.host {
+            Some(host) => format!("host {host}, thread {n}"),
+            None => match trace.role_of(n) {
+                ThreadRole::Caller => format!("thread {n} (caller)"),
+                ThreadRole::Crew => format!("crew thread {n}"),
+                ThreadRole::EventLoop => format!("event loop (thread {n})"),
+            },
+        };
+        threads.push((n, label));
     }
     threads
 }

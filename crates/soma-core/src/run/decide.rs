@@ -286,6 +286,7 @@ impl Executor {
             device: None,
             host: None,
             cached: false,
+            part_of: Some(id.clone()),
         });
     }
 

@@ -655,6 +655,7 @@ impl Executor {
                 device: step.device,
                 host: None,
                 cached: true,
+                part_of: None,
             });
         }
         if let Some(observer) = self.observer.as_deref() {
@@ -808,6 +809,7 @@ impl Executor {
             device: step.device,
             host: None,
             cached: false,
+            part_of: None,
         });
     }
 

@@ -14,6 +14,7 @@
 //! back with its result and join this one ([`Trace::adopt`]), on tracks of their own marked with
 //! the host.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -47,6 +48,9 @@ pub struct Span {
     /// Whether its output came from the run's cache ([`crate::Executor::with_cache`]): the
     /// node was not called, and `turns` is 0.
     pub cached: bool,
+    /// For the span of an `each` item, a `switch` case or a `loop` iteration (named
+    /// `step[which]`), the step's id; `None` for a node's call.
+    pub part_of: Option<NodeId>,
 }
 
 impl Span {
@@ -63,21 +67,49 @@ impl Span {
         let parts: Vec<String> = self.branch.iter().map(ToString::to_string).collect();
         parts.join(".")
     }
+}
 
-    /// What its track is called: its branch, and its host if it ran on one.
-    pub fn track_label(&self) -> String {
-        match &self.host {
-            Some(host) => format!("{} on host {host}", self.branch_label()),
-            None => self.branch_label(),
-        }
-    }
+/// What a thread is to the runs it records spans of, which names its track
+/// ([`Trace::to_chrome`], the timeline): set where Soma starts a thread, and around each poll of
+/// an async task; any other thread is a caller's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ThreadRole {
+    /// A thread Soma did not start that runs nodes: one that called a run, on which its first
+    /// branch runs.
+    Caller,
+    /// A thread Soma started: a crew's (or the reserve's), or one with a deeper stack.
+    Crew,
+    /// A thread that polls the async walk's tasks: an event loop's.
+    EventLoop,
+}
+
+thread_local! {
+    static ROLE: Cell<ThreadRole> = const { Cell::new(ThreadRole::Caller) };
+}
+
+/// This thread's role now.
+pub fn thread_role() -> ThreadRole {
+    ROLE.with(Cell::get)
+}
+
+/// Makes `role` this thread's, and returns the one it had.
+pub(crate) fn set_thread_role(role: ThreadRole) -> ThreadRole {
+    ROLE.with(|cell| cell.replace(role))
 }
 
 /// Spans recorded by traced runs.
 #[derive(Debug)]
 pub struct Trace {
     origin: Instant,
-    spans: Mutex<Vec<Span>>,
+    recorded: Mutex<Recorded>,
+}
+
+/// What a trace holds behind its lock.
+#[derive(Debug, Default)]
+struct Recorded {
+    spans: Vec<Span>,
+    /// The role of each thread a span was recorded on, as it was when its first span was.
+    roles: Vec<(u64, ThreadRole)>,
 }
 
 impl Default for Trace {
@@ -102,7 +134,7 @@ impl Trace {
     pub fn new() -> Self {
         Trace {
             origin: Instant::now(),
-            spans: Mutex::new(Vec::new()),
+            recorded: Mutex::new(Recorded::default()),
         }
     }
 
@@ -136,34 +168,47 @@ impl Trace {
                 }
             })
             .collect();
-        self.spans
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .extend(adopted);
+        self.lock().spans.extend(adopted);
     }
 
-    /// Records a span.
+    fn lock(&self) -> std::sync::MutexGuard<'_, Recorded> {
+        self.recorded.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records a span; recorded on its own thread, which it is when a run records it, it also
+    /// notes the thread's role, if none of its spans did yet.
     pub fn record(&self, span: Span) {
-        self.spans
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(span);
+        let here = (span.thread == thread_number()).then(thread_role);
+        let mut recorded = self.lock();
+        if let Some(role) = here {
+            if !recorded
+                .roles
+                .iter()
+                .any(|(thread, _)| *thread == span.thread)
+            {
+                recorded.roles.push((span.thread, role));
+            }
+        }
+        recorded.spans.push(span);
     }
 
     /// A copy of the spans, in the order they ended.
     pub fn spans(&self) -> Vec<Span> {
-        self.spans
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.lock().spans.clone()
+    }
+
+    /// The role of `thread` when it recorded its first span here: a caller's unless noted.
+    pub fn role_of(&self, thread: u64) -> ThreadRole {
+        self.lock()
+            .roles
+            .iter()
+            .find(|(known, _)| *known == thread)
+            .map_or(ThreadRole::Caller, |(_, role)| *role)
     }
 
     /// Number of spans.
     pub fn len(&self) -> usize {
-        self.spans
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
+        self.lock().spans.len()
     }
 
     /// Whether nothing was recorded.
@@ -173,9 +218,8 @@ impl Trace {
 
     /// Forgets every span.
     pub fn clear(&self) {
-        self.spans
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
+        let mut recorded = self.lock();
+        recorded.spans.clear();
+        recorded.roles.clear();
     }
 }

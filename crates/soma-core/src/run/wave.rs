@@ -20,6 +20,7 @@ use super::lane::Lane;
 use super::latch::{wait_watching, Delivery, Waited};
 use super::program::Op;
 use super::table::{Frame, Shared};
+use super::trace::{set_thread_role, ThreadRole};
 use crate::model::value::Value;
 
 thread_local! {
@@ -188,13 +189,18 @@ impl Executor {
             let spawned = thread::Builder::new()
                 .name("soma-deeper".to_owned())
                 .stack_size(FRESH_STACK);
+            let mut deeper = deeper.take().expect("the host runs the wait once");
             // SAFETY: the thread borrows from this frame and the ones above it. This function
             // either joins it before returning, or — when the run's caller gives up — leaves
             // the one borrowed part of this frame, `kept`, to the run's remains, as every wave
             // above it on this thread does with its own, so that all it borrows outlives it.
             #[allow(unsafe_code)]
             let spawned = unsafe {
-                spawned.spawn_unchecked(deeper.take().expect("the host runs the wait once"))
+                spawned.spawn_unchecked(move || {
+                    // Its spans' track: a thread Soma started, as a crew's is.
+                    set_thread_role(ThreadRole::Crew);
+                    deeper();
+                })
             };
             outcome = Some(match spawned {
                 Err(refused) => Err(Halt::Failed(RunError::NoThread {

@@ -8,6 +8,8 @@
 use std::io;
 use std::thread;
 
+use super::trace::{set_thread_role, ThreadRole};
+
 /// The stack a crew thread gets unless told otherwise: what a process's main thread usually has
 /// (and a Python `threading.Thread` gets by default), so that whatever a node survives there —
 /// a deep `repr`, pickling a deep structure — it survives on a crew thread. Reserved, not
@@ -23,6 +25,9 @@ pub(super) fn start_worker(
     thread::Builder::new()
         .name("soma-worker".to_owned())
         .stack_size(stack_size)
-        .spawn(life)
+        .spawn(move || {
+            set_thread_role(ThreadRole::Crew);
+            life();
+        })
         .map(drop)
 }

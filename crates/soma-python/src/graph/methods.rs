@@ -386,7 +386,8 @@ impl GraphCore {
     /// one at a time. A `soma.GraphError` for a node inside a step, which is no stage of a
     /// stream ([`soma_core::Decisions::refusal`]).
     fn set_concurrency(&self, py: Python<'_>, id: &str, workers: Option<usize>) -> PyResult<()> {
-        let workers = workers.filter(|&workers| workers != 1);
+        // 1 is kept as any count is: an async node's concurrency unset follows the stream's
+        // `in_flight` (the engine's `Limits`), and 1 then holds it to one item at a time.
         let mut state = self.state();
         state.settable(py, id, workers.map(|_| Setting::Concurrency))?;
         match workers {
@@ -396,7 +397,7 @@ impl GraphCore {
         Ok(())
     }
 
-    /// Nodes that take more than one item of a stream at once, and how many, in the order the
+    /// Nodes given a concurrency for a stream, and how many items at once, in the order the
     /// nodes were added.
     fn concurrencies(&self) -> Vec<(String, usize)> {
         let state = self.state();

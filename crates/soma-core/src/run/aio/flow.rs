@@ -8,7 +8,7 @@
 //! - **bounded**: at most `in_flight` items started and not handed back ([`Flow::has_room`]);
 //!   the embedder reads its inputs lazily, only while there is room;
 //! - **each node at its concurrency**: a node works on as many items at once as it allows
-//!   ([`Limits`]), one unless told;
+//!   ([`Limits`]); unless told, an async node as many as `in_flight`, a sync node one;
 //! - **order**: results are handed back in input order, or as they finish when unordered;
 //! - **errors**: with [`OnError::Stop`], the first failure handed back ends the flow, the items
 //!   still in flight cancelled and their results dropped; with [`OnError::Continue`] the others
@@ -45,7 +45,8 @@ pub struct FlowSettings {
 
 impl FlowSettings {
     /// At most `in_flight` items at once (at least 1), in input order, stopping at the first
-    /// failure, each node on one item at a time.
+    /// failure, each node at its default concurrency: `in_flight` items at once for a step
+    /// that awaits (an async node's, or a step that decides holding one), one for any other.
     pub fn new(in_flight: usize) -> Self {
         FlowSettings {
             in_flight: in_flight.max(1),
@@ -118,12 +119,8 @@ impl Flow {
         settings: FlowSettings,
         tasks: Arc<dyn Tasks>,
     ) -> Arc<Self> {
-        let limits = Arc::new(Limits::new(program, |slot| {
-            settings
-                .concurrency
-                .get(&program.ids[slot])
-                .copied()
-                .unwrap_or(1)
+        let limits = Arc::new(Limits::new(program, settings.in_flight, |slot| {
+            settings.concurrency.get(&program.ids[slot]).copied()
         }));
         Arc::new(Flow {
             executor,

@@ -9,6 +9,13 @@
 //! of the piece's, as many as its least concurrent node allows. Waiters are served in the order
 //! they came, so items pass a node in about the order they were read. Only the program's own
 //! steps are limited: what a step that decides runs inside is not, as it is not a stage.
+//!
+//! **The default** ([`Limits::new`] asks the stream's settings only for what they name): a
+//! step that awaits — an async node's, or a step that decides holding one — takes as many items
+//! at once as the stream holds (`in_flight`): what it waits for is I/O elsewhere, and one at a
+//! time would make a stream of requests no faster than a loop over them. A sync node keeps one,
+//! as in a stream of sync nodes: it holds a thread while it works, and may keep state between
+//! items. A node given a concurrency (1 included) keeps what it was given.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -148,11 +155,21 @@ pub(crate) struct Limits {
 }
 
 impl Limits {
-    /// The limits of a stream of `program`, each node working on `concurrency(slot)` items at
-    /// once.
-    pub(crate) fn new(program: &Program, concurrency: impl Fn(usize) -> usize) -> Self {
+    /// The limits of a stream of `program` that holds `in_flight` items at once, each node
+    /// working on `given(slot)` items at once where that says, else by the default of the
+    /// module's header: `in_flight` for a step that awaits, 1 for any other.
+    pub(crate) fn new(
+        program: &Program,
+        in_flight: usize,
+        given: impl Fn(usize) -> Option<usize>,
+    ) -> Self {
+        let awaits = awaiting_slots(program);
         let concurrency: Box<[usize]> = (0..program.len())
-            .map(|slot| concurrency(slot).max(1))
+            .map(|slot| {
+                given(slot)
+                    .unwrap_or(if awaits[slot] { in_flight } else { 1 })
+                    .max(1)
+            })
             .collect();
         Limits {
             steps: concurrency
@@ -180,6 +197,30 @@ impl Limits {
                 .or_insert_with(|| Permits::new(least)),
         ))
     }
+}
+
+/// Which of `program`'s own slots hold a step that awaits: an async node's, or a `Map`,
+/// `Switch` or `Loop` step holding one ([`Op::is_async`]). A sub-program's steps number slots of
+/// their own, not looked at; no recursion.
+fn awaiting_slots(program: &Program) -> Vec<bool> {
+    let mut awaits = vec![false; program.len()];
+    let mut pending = vec![&program.root];
+    while let Some(op) = pending.pop() {
+        match op {
+            Op::Empty => {}
+            Op::Execute(step) => awaits[step.slot()] = step.is_async(),
+            Op::Map(map) => awaits[map.step.slot()] = map.asynchronous,
+            Op::Switch(switch) => awaits[switch.step.slot()] = switch.asynchronous,
+            Op::Loop(repeat) => awaits[repeat.step.slot()] = repeat.asynchronous,
+            Op::Sequence {
+                steps: children, ..
+            }
+            | Op::Wave {
+                branches: children, ..
+            } => pending.extend(children.iter()),
+        }
+    }
+    awaits
 }
 
 /// The slots `ops` number, in a program (a sub-program's are its own): contiguous, in plan

@@ -20,6 +20,7 @@ use std::thread;
 use super::place::Branch;
 use crate::run::fan_out::Outcome;
 use crate::run::hooks::Spawned;
+use crate::run::trace::{set_thread_role, ThreadRole};
 
 /// One branch of an async run — the whole run, a wave's branch, an `each` item — as a future
 /// the embedder polls on its loop's thread until it is done ([`crate::Tasks`]). Where the
@@ -44,7 +45,12 @@ impl Task {
     /// Walks the branch on until it must wait, or is done. A node's panic does not unwind out
     /// of here: it is the branch's outcome, re-raised where the branch is joined.
     pub fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        self.future.as_mut().poll(cx)
+        // The thread is an event loop's while it polls (its spans' track says so), and what
+        // it was before after: the thread may be a caller's between polls.
+        let was = set_thread_role(ThreadRole::EventLoop);
+        let polled = self.future.as_mut().poll(cx);
+        set_thread_role(was);
+        polled
     }
 
     /// Tells the task that its embedder cancelled it: its walk stops at its next node
