@@ -158,6 +158,9 @@ def _host_refused(kind: str, node_id: str, *, own: bool) -> HostError:
 class Each(Decision):
     """``soma.each(body)``: ``body`` on every item of the list the step reads."""
 
+    # Not in its key: the nodes of its body are keyed as themselves.
+    _soma_not_state = ("_body",)
+
     def __init__(self, body: Body, in_flight: int | None) -> None:
         self._body = body
         self._in_flight = in_flight
@@ -179,6 +182,10 @@ class Each(Decision):
 
 class Switch(Decision):
     """``soma.switch(selector, cases)``: the case ``selector(input)`` names, on that input."""
+
+    # Not in its key, which its selector and its cases' labels make: the nodes of each case are
+    # keyed as themselves, so an edit to a case the selector did not take reruns no selector.
+    _soma_not_state = ("_cases",)
 
     def __init__(
         self, selector: Callable[[Any], Hashable], cases: Mapping[Any, Body | None]
@@ -239,6 +246,10 @@ class Switch(Decision):
 class Loop(Decision):
     """``soma.loop(body, until=..., max_iterations=...)``: ``body`` on its own output until
     ``until`` of it is true."""
+
+    # Not in its key, which its predicate and bound make: the body's nodes are keyed as
+    # themselves.
+    _soma_not_state = ("_body",)
 
     def __init__(self, body: Body, until: Callable[[Any], object], max_iterations: int) -> None:
         if not callable(until):
