@@ -958,7 +958,10 @@ impl<'py> CodeWalk<'py> {
                 annotations = Some((name, attribute));
                 continue;
             }
+            // `_soma_` names are Soma's own bookkeeping (a function node's blueprint, whose
+            // function is its `forward` already), as a node's own `_soma_` attributes are.
             let skipped = CLASS_SKIP.contains(&name.to_str()?)
+                || name.to_str()?.starts_with("_soma_")
                 || self
                     .kinds
                     .descriptors
