@@ -16,8 +16,13 @@ import asyncio
 import concurrent.futures
 import io
 import logging
+import multiprocessing
 import os
+import queue
+import selectors
 import socket
+import sqlite3
+import ssl
 import subprocess
 import sys
 import textwrap
@@ -84,6 +89,23 @@ RESOURCES: dict[str, Callable[[], object]] = {
     "requests.Session": lambda: _library_class("requests.sessions", "Session")(),
     "aiohttp.ClientSession": lambda: _library_class("aiohttp.client", "ClientSession")(),
     "openai client": lambda: _library_class("openai._base_client", "BaseClient")(),
+    "anthropic client": lambda: _library_class("anthropic._base_client", "BaseClient")(),
+    "urllib3.PoolManager": lambda: _library_class("urllib3.poolmanager", "PoolManager")(),
+    "botocore client": lambda: _library_class("botocore.client", "BaseClient")(),
+    "redis.Redis": lambda: _library_class("redis.client", "Redis")(),
+    "sqlalchemy.Engine": lambda: _library_class("sqlalchemy.engine.base", "Engine")(),
+    "threading.Barrier": lambda: threading.Barrier(1),
+    "queue.Queue": queue.Queue,
+    "queue.SimpleQueue": queue.SimpleQueue,
+    "multiprocessing.Lock": multiprocessing.Lock,
+    "ProcessPoolExecutor": lambda: concurrent.futures.ProcessPoolExecutor(1),
+    "asyncio.Event": asyncio.Event,
+    "asyncio.Queue": asyncio.Queue,
+    "selector": selectors.DefaultSelector,
+    "ssl.SSLContext": ssl.create_default_context,
+    "sqlite3.Connection": lambda: sqlite3.connect(":memory:"),
+    "logging.Handler": logging.StreamHandler,
+    "logging.LoggerAdapter": lambda: logging.LoggerAdapter(logging.getLogger("soma"), {}),
 }
 
 
