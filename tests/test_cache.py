@@ -296,7 +296,9 @@ def test_a_node_whose_state_has_no_digest_runs_uncached_with_one_warning_naming_
     cache: soma.Cache,
 ) -> None:
     g = soma.Graph.somatize(Locked().named("locked") >> Shift(1).named("after"))
-    with pytest.warns(soma.CacheWarning, match=r"node `locked` runs uncached.*`builtins.generator` at `\.pending`"):
+    with pytest.warns(
+        soma.CacheWarning, match=r"node `locked` runs uncached.*`builtins.generator` at `\.pending`"
+    ):
         calls(g, 1, cache)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -323,7 +323,6 @@ fn digest_of_code(code: &Bound<'_, PyAny>) -> PyResult<[u8; 32]> {
     Ok(*hasher.finalize().as_bytes())
 }
 
-
 /// The opcodes [`reads_of`] reads, as this interpreter numbers them, and how each packs the
 /// index of its name in `co_names` into its argument (shifted right by so many bits).
 struct Opcodes {
@@ -612,7 +611,8 @@ pub(crate) fn reads_of<'py>(code: &Bound<'py, PyAny>) -> PyResult<Reads<'py>> {
             }
             // A closure's cell: read, or only written to.
             let cell = if ops.load_deref == Some(op) {
-                let rebinds = |next: u8, by: u32| ops.write_derefs.first() == Some(&next) && by == arg;
+                let rebinds =
+                    |next: u8, by: u32| ops.write_derefs.first() == Some(&next) && by == arg;
                 let only = written_only(ops, names, &code, at, rebinds);
                 Some(if only { Use::Write } else { Use::Read })
             } else if ops.write_derefs.contains(&op) {

@@ -887,7 +887,10 @@ impl<'py> CodeWalk<'py> {
                 if namespace.contains(intern!(self.py, "__path__"))? {
                     module
                 } else {
-                    module.rsplit_once('.').map(|(parent, _)| parent.to_owned()).unwrap_or_default()
+                    module
+                        .rsplit_once('.')
+                        .map(|(parent, _)| parent.to_owned())
+                        .unwrap_or_default()
                 }
             }
         };
