@@ -15,7 +15,10 @@
 //! [`reads_of`] says which names a code object looks up as globals, as attributes and as
 //! imports, from its instructions: what a key follows from a function (`crate::reach`). Read
 //! from the bytecode, not from `co_names` (which mixes globals and attribute names), so that
-//! `self.model` does not make a key read a module-level `model` it never uses.
+//! `self.model` does not make a key read a module-level `model` it never uses. It also tells a
+//! store from a read: a global or a cell that every instruction using it only writes to — a
+//! mutator called on it (`.append`), a subscript stored into, `N += 1` stored back — is a
+//! *sink*, which the output is not computed from.
 //!
 //! Both are read once per code object and remembered by it ([`code_facts`]): code never
 //! changes once made, and a rerun in the same process reads no bytecode again.
@@ -541,6 +544,74 @@ fn written_only(
         && op_at(at + 3).is_some_and(|(op, arg)| rebinds(op, arg))
 }
 
+/// How the instruction at `at` uses a global, if it does: the name's index in `co_names`, and
+/// whether it reads it or only writes to it.
+fn global_use(
+    ops: &Opcodes,
+    names: &Bound<'_, PyTuple>,
+    code: &[(u8, u32)],
+    at: usize,
+) -> Option<(u32, Use)> {
+    let (op, arg) = code[at];
+    if op == ops.load_global.0 {
+        let index = arg >> ops.load_global.1;
+        let rebinds = |next: u8, by: u32| ops.write_globals.first() == Some(&next) && by == index;
+        let only = written_only(ops, names, code, at, rebinds);
+        Some((index, if only { Use::Write } else { Use::Read }))
+    } else if ops.write_globals.contains(&op) {
+        Some((arg, Use::Write))
+    } else {
+        let &(_, shift) = ops.read_globals.iter().find(|&&(g, _)| g == op)?;
+        Some((arg >> shift, Use::Read))
+    }
+}
+
+/// How the instruction at `at` uses a closure's cell, if it does.
+fn cell_use(
+    ops: &Opcodes,
+    names: &Bound<'_, PyTuple>,
+    code: &[(u8, u32)],
+    at: usize,
+) -> Option<Use> {
+    let (op, arg) = code[at];
+    if ops.load_deref == Some(op) {
+        let rebinds = |next: u8, by: u32| ops.write_derefs.first() == Some(&next) && by == arg;
+        let only = written_only(ops, names, code, at, rebinds);
+        Some(if only { Use::Write } else { Use::Read })
+    } else if ops.write_derefs.contains(&op) {
+        Some(Use::Write)
+    } else if ops.read_derefs.contains(&op) {
+        Some(Use::Read)
+    } else {
+        None
+    }
+}
+
+/// The level of the import at `at` (`IMPORT_NAME`), loaded two instructions before it
+/// (`LOAD_CONST level`, then `LOAD_CONST fromlist`): 0, absolute, where it cannot be read.
+fn import_level(
+    ops: &Opcodes,
+    constants: &Bound<'_, PyTuple>,
+    code: &[(u8, u32)],
+    at: usize,
+) -> u32 {
+    at.checked_sub(2)
+        .and_then(|before| code.get(before))
+        .and_then(|&(load, value)| {
+            if ops.load_small_int == Some(load) {
+                Some(value)
+            } else if ops.load_const == Some(load) {
+                constants
+                    .get_item(value as usize)
+                    .ok()
+                    .and_then(|level| level.extract::<u32>().ok())
+            } else {
+                None
+            }
+        })
+        .unwrap_or(0)
+}
+
 /// The name of the cell `arg` of `code` reads or writes (`LOAD_DEREF`'s argument), as the
 /// interpreter numbers them.
 fn cell_name<'py>(code: &Bound<'py, PyAny>, arg: u32) -> Option<Bound<'py, PyString>> {
@@ -584,21 +655,7 @@ pub(crate) fn reads_of<'py>(code: &Bound<'py, PyAny>) -> PyResult<Reads<'py>> {
             }
         };
         for (at, &(op, arg)) in code.iter().enumerate() {
-            // A global: read, or only written to.
-            let global = if op == ops.load_global.0 {
-                let index = arg >> ops.load_global.1;
-                let rebinds =
-                    |next: u8, by: u32| ops.write_globals.first() == Some(&next) && by == index;
-                let only = written_only(ops, names, &code, at, rebinds);
-                Some((index, if only { Use::Write } else { Use::Read }))
-            } else if ops.write_globals.contains(&op) {
-                Some((arg, Use::Write))
-            } else if let Some(&(_, shift)) = ops.read_globals.iter().find(|&&(g, _)| g == op) {
-                Some((arg >> shift, Use::Read))
-            } else {
-                None
-            };
-            if let Some((index, used)) = global {
+            if let Some((index, used)) = global_use(ops, names, &code, at) {
                 if let Some(name) = name_at(index)? {
                     let key = name.as_ptr() as usize;
                     if seen[0].insert(key) {
@@ -609,20 +666,7 @@ pub(crate) fn reads_of<'py>(code: &Bound<'py, PyAny>) -> PyResult<Reads<'py>> {
                 }
                 continue;
             }
-            // A closure's cell: read, or only written to.
-            let cell = if ops.load_deref == Some(op) {
-                let rebinds =
-                    |next: u8, by: u32| ops.write_derefs.first() == Some(&next) && by == arg;
-                let only = written_only(ops, names, &code, at, rebinds);
-                Some(if only { Use::Write } else { Use::Read })
-            } else if ops.write_derefs.contains(&op) {
-                Some(Use::Write)
-            } else if ops.read_derefs.contains(&op) {
-                Some(Use::Read)
-            } else {
-                None
-            };
-            if let Some(used) = cell {
+            if let Some(used) = cell_use(ops, names, &code, at) {
                 if let Some(name) = cell_name(&part, arg) {
                     let text = name.to_string_lossy().into_owned();
                     let entry = cell_uses.entry(text).or_insert((name, false));
@@ -632,24 +676,7 @@ pub(crate) fn reads_of<'py>(code: &Bound<'py, PyAny>) -> PyResult<Reads<'py>> {
             }
             if op == ops.import {
                 let Some(name) = name_at(arg)? else { continue };
-                // Its level, loaded two instructions before (`LOAD_CONST level`, then
-                // `LOAD_CONST fromlist`).
-                let level = at
-                    .checked_sub(2)
-                    .and_then(|before| code.get(before))
-                    .and_then(|&(load, value)| {
-                        if ops.load_small_int == Some(load) {
-                            Some(value)
-                        } else if ops.load_const == Some(load) {
-                            constants
-                                .get_item(value as usize)
-                                .ok()
-                                .and_then(|level| level.extract::<u32>().ok())
-                        } else {
-                            None
-                        }
-                    })
-                    .unwrap_or(0);
+                let level = import_level(ops, constants, &code, at);
                 let key = name.as_ptr() as usize ^ (level as usize).rotate_right(8);
                 if seen[2].insert(key) {
                     reads.imports.push((name, level));

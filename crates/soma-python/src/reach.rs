@@ -7,12 +7,19 @@
 //! a function a node holds) it follows:
 //! - a **class** of the user's: its metaclass, its bases, and each attribute of its own
 //!   (methods, properties, class attributes), the few named in [`CLASS_SKIP`] aside;
-//! - a **function** of the user's: its compiled code ([`crate::code`]), its defaults and keyword
-//!   defaults, its closure's cells, its attributes, and each name its instructions look up as a
-//!   global (a global of its module, followed; a builtin, which a later global of that name
-//!   would shadow) or import (a module it imports in its body);
+//! - a **class** by its name without its module's (which says where the code was run from, not
+//!   what it does) and its annotations, as they read now;
+//! - a **function** of the user's: its name, its compiled code ([`crate::code`]), its defaults
+//!   and keyword defaults, its closure's cells, its attributes, and each name its instructions
+//!   look up as a global (a global of its module, followed; a builtin, which a later global of
+//!   that name would shadow; a name not defined yet, which must stay so) or import (a module it
+//!   imports in its body, absolute or relative, imported now if it is the user's and no one
+//!   imported it yet). A global or a cell the code only writes to (`LOG.append(x)`,
+//!   `COUNTS[k] += 1`: [`crate::code::Reads::sinks`]) holding a container or a number is not
+//!   read: what a node writes on the side is not what its output is computed from;
 //! - a **module** of the user's: its attributes that the code reading it looks up as attributes
-//!   (`helpers.scale`), followed in turn; a bound method: its function and its object;
+//!   (`helpers.scale`), followed in turn, and its `__getattr__` (PEP 562) where one of them is
+//!   not defined; a bound method: its function and its object;
 //! - what is not the user's — a class, a function or a module of an installed library or of
 //!   Python itself — by its name only.
 //!
@@ -392,7 +399,7 @@ fn qualified(object: &Bound<'_, PyAny>) -> PyResult<String> {
 ///
 /// # Errors
 /// An interrupt met reading them (a metaclass's property may run Python code).
-fn feed_qualified<'py>(out: &mut Vec<u8>, object: &Bound<'py, PyAny>) -> PyResult<()> {
+fn feed_qualified(out: &mut Vec<u8>, object: &Bound<'_, PyAny>) -> PyResult<()> {
     feed_name(out, object, true)
 }
 
@@ -403,7 +410,7 @@ fn feed_qualified<'py>(out: &mut Vec<u8>, object: &Bound<'py, PyAny>) -> PyResul
 ///
 /// # Errors
 /// An interrupt met reading it.
-fn feed_own_name<'py>(out: &mut Vec<u8>, object: &Bound<'py, PyAny>) -> PyResult<()> {
+fn feed_own_name(out: &mut Vec<u8>, object: &Bound<'_, PyAny>) -> PyResult<()> {
     feed_name(out, object, false)
 }
 
@@ -740,7 +747,7 @@ impl<'py> CodeWalk<'py> {
                 sinks
                     .iter()
                     .any(|sink| sink.as_any().eq(variable).unwrap_or(false))
-            }) && self.sink(&contents)?
+            }) && self.sink(&contents)
             {
                 // Only written to by the code (a list a test counts calls in): no read. A
                 // container stays the one it was, or the code is read again; a number the code
@@ -809,7 +816,7 @@ impl<'py> CodeWalk<'py> {
                 continue;
             };
             let only_written = read.sinks.iter().any(|sink| sink.is(name));
-            if only_written && self.sink(&found)? {
+            if only_written && self.sink(&found) {
                 // The code writes to it and never reads it (a log appended to, a counter):
                 // not what the output is computed from.
                 if !unchangeable(&found) {
@@ -909,12 +916,9 @@ impl<'py> CodeWalk<'py> {
 
     /// Whether `found`, which the code only writes to, may be left out of the key: a number
     /// the code rebinds, or a list, dict, set or deque, whose mutators answer nothing.
-    fn sink(&self, found: &Bound<'py, PyAny>) -> PyResult<bool> {
-        if unchangeable(found) {
-            return Ok(true);
-        }
+    fn sink(&self, found: &Bound<'py, PyAny>) -> bool {
         let kind = found.get_type();
-        Ok(self.kinds.sinks.iter().any(|sink| kind.is(sink)))
+        unchangeable(found) || self.kinds.sinks.iter().any(|sink| kind.is(sink))
     }
 
     fn class(&mut self, cls: &Bound<'py, PyType>, at: &Rc<Place<'py>>) -> PyResult<()> {

@@ -8,18 +8,25 @@ size), numpy arrays by dtype, shape and bytes (read in place by the Rust hasher,
 threads for a large one), a subclass of ``ndarray`` with the state it adds (a masked array's
 mask), torch tensors likewise, and every other object — a subclass of a builtin, a namedtuple,
 an ``OrderedDict``, a dataclass, a pandas frame — by what pickle would keep of it
-(``__reduce_ex__``), beside its class. What pickle refuses (a lock, a generator, an open file)
-raises :class:`Unkeyable`, naming where it was found: no key is better than a guess.
+(``__reduce_ex__``), beside its class. A resource — what a node works with rather than
+computes from: a lock, a socket, a client, a logger, an executor, an open file (:data:`RESOURCES`,
+:data:`CLIENTS`, and the classes given to :func:`resource`) — by its type alone; a value given to
+:func:`ignore` by a mark. What pickle refuses that is no resource (a generator), and an object
+reduced more than :data:`DEEPEST_REDUCTION` levels deep, raises :class:`Unkeyable`, naming
+where it was found: no key is better than a guess.
 
 **Code** is keyed where it can be read, by ``soma._soma.reach``: a function by its compiled code
 (constants included, line numbers not, so moving a function does not rerun it), its defaults,
 its closure's cells, and what its instructions look up by name — the functions and classes of
 the user's own modules (transitively: a helper's helpers), the module-level values it reads, a
-module's attributes it reads (``helpers.scale``) — but not the code of installed libraries,
-which is keyed by name. A class by its bases, its methods and its attributes, wherever it was
-defined (a file, a notebook, ``exec``); a value of a class of the user's by that class's digest
+module's attributes it reads (``helpers.scale``), the modules it imports in its body — but not
+the globals it only writes to (a log it appends to, a counter), nor the code of installed
+libraries, which is keyed by name. A class by its name, bases, methods, attributes and
+annotations, wherever it was defined (a file, a notebook, ``exec``), never by its module's name,
+which says where the code was run from; a value of a class of the user's by that class's digest
 too, so that what reads it runs again when a method it may call is edited. A node's
-fingerprint is its class's digest and its state's (``__dict__``, ``__slots__``).
+fingerprint is its class's digest, its state's (``__dict__``, ``__slots__``, less what Soma's
+own steps name in ``_soma_not_state``: a switch's cases) and its ``cache_key()``'s answer.
 
 **Remembered, with a witness.** Reading a node's whole reach again on every run would cost tens
 of microseconds a node. A class's digest, a function's, and a node's whose attributes cannot
@@ -33,8 +40,9 @@ reads, a node's weights) is digested again on every run.
 Nothing here reads an ``id()`` into a digest, a ``hash()`` (salted per process for ``str``) or
 an order Python does not fix, so a digest is the same in every process that holds the same
 value and runs the same code. The walks use stacks of their own, so a value nested deeper than
-Python's recursion limit is digested like any other; a container met twice (a cycle, or one
-object held in two places) is fed as a reference to its first place.
+Python's recursion limit is digested like any other, in time linear in its size (where a value
+lies is made into text only for a warning); a container met twice (a cycle, or one object held
+in two places) is fed as a reference to its first place.
 """
 
 from __future__ import annotations
