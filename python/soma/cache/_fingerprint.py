@@ -447,6 +447,9 @@ class _SetEnd:
         self.set_id = set_id
 
 
+# A tuple's head for the lengths most tuples have, made once.
+_TUPLE_HEADS = tuple(b"(" + _length(n) for n in range(16))
+
 _MEMBER_START = object()
 _MEMBER_END = object()
 _REDUCED_END = object()
@@ -525,8 +528,13 @@ def _feed(root: object, where: Where, out: bytearray, busy: frozenset[int]) -> N
             out += scalar(value)
             continue
         if kind is tuple:
-            out += b"(" + _length(len(value))
-            pending.extend((v, (where, i)) for i, v in reversed(list(enumerate(value))))
+            size = len(value)
+            out += _TUPLE_HEADS[size] if size < len(_TUPLE_HEADS) else b"(" + _length(size)
+            if size == 2:  # A pair, a cons cell: as many of them as values in a nested list.
+                pending.append((value[1], (where, 1)))
+                pending.append((value[0], (where, 0)))
+            else:
+                pending.extend((v, (where, i)) for i, v in reversed(list(enumerate(value))))
             continue
         if kind is types.CodeType:
             out += b"k" + _code_digest(value)
