@@ -1104,18 +1104,19 @@ impl<'py> CodeWalk<'py> {
                 missing = true;
             }
         }
+        let getter = intern!(self.py, "__getattr__");
         if missing {
-            // A name the code reads that the module does not define yet: defined later, it
-            // adds to the module's namespace, and the code is read again. Served meanwhile by
-            // a module `__getattr__` (PEP 562): that function is followed, and what it reads
-            // with it (the dict behind it, digested on every run).
-            let len = attributes.len();
-            self.bind(module, Binding::VarsLen { len }, None);
-            let getter = intern!(self.py, "__getattr__");
             if let Some(value) = attributes.get_item(getter)? {
+                // A name the code reads that a module `__getattr__` (PEP 562) serves: that
+                // function is followed, and what it reads with it (the dict behind it, digested
+                // on every run); and a name defined in the module since, which adds to its
+                // namespace, has the code read again. (Without one, reading a name the module
+                // does not define raises: no answer is kept.)
                 if !found.iter().any(|(attribute, _)| attribute.is(getter)) {
                     found.push((getter.clone(), value));
                 }
+                let len = attributes.len();
+                self.bind(module, Binding::VarsLen { len }, None);
             }
         }
         text(&mut self.out, b'O', name_bytes(&name)?);
