@@ -87,7 +87,9 @@ class Clock(soma.Node):
 
 class Locked(soma.Node):
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        # What has no content to digest: a generator, half read (a lock is a resource, keyed
+        # by its type).
+        self.pending = (i for i in range(3))
 
     def forward(self, x: Any) -> Any:
         CALLS.append(self._soma_id or "locked")
@@ -235,7 +237,7 @@ def test_editing_a_helper_method_calls_that_node_and_what_follows(
     assert results == [(1004, ["load", "clean", "total"]), (1006, ["clean", "total"])]
 
 
-def test_a_class_with_the_same_source_in_another_module_is_another_class(
+def test_the_same_code_in_a_module_of_another_name_hits_the_same_entries(
     cache: soma.Cache, tmp_path: Path
 ) -> None:
     first = _import_nodes(tmp_path, _NODES_V1)
@@ -249,7 +251,8 @@ def test_a_class_with_the_same_source_in_another_module_is_another_class(
         sys.path.remove(str(tmp_path / "other"))
         sys.modules.pop("other_nodes", None)
     soma.Graph.somatize(other.Load()).forward(1, cache=cache)
-    assert other.CALLS == ["load"]
+    # The module's name says where the code was run from, not what it computes.
+    assert other.CALLS == []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,7 +297,9 @@ def test_a_node_whose_state_has_no_digest_runs_uncached_with_one_warning_naming_
     cache: soma.Cache,
 ) -> None:
     g = soma.Graph.somatize(Locked().named("locked") >> Shift(1).named("after"))
-    with pytest.warns(soma.CacheWarning, match=r"node `locked` runs uncached.*`\.lock`"):
+    with pytest.warns(
+        soma.CacheWarning, match=r"node `locked` runs uncached.*`builtins.generator` at `\.pending`"
+    ):
         calls(g, 1, cache)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

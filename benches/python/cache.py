@@ -19,6 +19,9 @@ of the cache issues are stated beside each figure:
 4. **Edits.** One node in the middle of a 100-node chain of 10 ms nodes edited: the rerun
    against the time of the nodes that really changed (target: at most 1.1x), beside the same
    chain of functions each wrapped in ``joblib.Memory``.
+5. **Nesting.** Keying a cons list ``x = (i, x)`` of 400,000 cells against flat tuples of as
+   many values and of as many ints as it has cells (target: at most 2x a flat tuple; keying is
+   linear in a value's size whatever its shape).
 """
 
 from __future__ import annotations
@@ -394,6 +397,32 @@ def edits(quick: bool) -> str:
     )
 
 
+def nesting(quick: bool) -> str:
+    """Keying a cons list `x = (i, x)` against a flat tuple of as many values (its ints and its
+    tuples: twice its cells) and one of as many ints as it has cells."""
+    cells = 400_000 // (4 if quick else 1)
+    cons: Any = None
+    for i in range(cells):
+        cons = (i, cons)
+    values = tuple(range(2 * cells))
+    ints = tuple(range(cells))
+    times = 3
+    figures = {
+        f"cons list of {cells:,} cells": best_of(lambda: _fingerprint.digest(cons), times),
+        f"flat tuple of {2 * cells:,} ints": best_of(lambda: _fingerprint.digest(values), times),
+        f"flat tuple of {cells:,} ints": best_of(lambda: _fingerprint.digest(ints), times),
+    }
+    nested_s = figures[f"cons list of {cells:,} cells"]
+    rows = [
+        [name, f"{seconds:.3f}", f"{nested_s / seconds:.2f}x"] for name, seconds in figures.items()
+    ]
+    return table(
+        f"Keying a value nested {cells:,} deep (best of {times}; target ≤ 2x a flat tuple)",
+        ["value", "seconds", "cons list against it"],
+        rows,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
@@ -405,6 +434,7 @@ def main() -> None:
         ("hits", hits),
         ("fingerprints", fingerprints),
         ("edits", edits),
+        ("nesting", nesting),
     )
     for name, section in sections:
         log(f"cache: {name}")

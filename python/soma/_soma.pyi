@@ -73,6 +73,7 @@ def reach(
     files: dict[str, bool],
     users_file: Callable[[str], bool],
     users: Callable[[object], bool],
+    load: Callable[[str], object],
 ) -> tuple[bytes, Witness, list[str]]:
     """The digest of what the class or function ``root`` of the user's reaches by name, the
     witness of the bindings it was read from, and where each volatile binding lies."""

@@ -15,7 +15,10 @@
 //! [`reads_of`] says which names a code object looks up as globals, as attributes and as
 //! imports, from its instructions: what a key follows from a function (`crate::reach`). Read
 //! from the bytecode, not from `co_names` (which mixes globals and attribute names), so that
-//! `self.model` does not make a key read a module-level `model` it never uses.
+//! `self.model` does not make a key read a module-level `model` it never uses. It also tells a
+//! store from a read: a global or a cell that every instruction using it only writes to — a
+//! mutator called on it (`.append`), a subscript stored into, `N += 1` stored back — is a
+//! *sink*, which the output is not computed from.
 //!
 //! Both are read once per code object and remembered by it ([`code_facts`]): code never
 //! changes once made, and a rerun in the same process reads no bytecode again.
@@ -224,7 +227,9 @@ pub(crate) struct CodeFacts {
     pub(crate) digest: [u8; 32],
     globals: Vec<Py<PyString>>,
     attributes: Vec<Py<PyString>>,
-    imports: Vec<Py<PyString>>,
+    imports: Vec<(Py<PyString>, u32)>,
+    sinks: Vec<Py<PyString>>,
+    sink_cells: Vec<Py<PyString>>,
 }
 
 impl CodeFacts {
@@ -234,7 +239,13 @@ impl CodeFacts {
         Reads {
             globals: bound(&self.globals),
             attributes: bound(&self.attributes),
-            imports: bound(&self.imports),
+            imports: self
+                .imports
+                .iter()
+                .map(|(name, level)| (name.bind(py).clone(), *level))
+                .collect(),
+            sinks: bound(&self.sinks),
+            sink_cells: bound(&self.sink_cells),
         }
     }
 }
@@ -269,6 +280,8 @@ pub(crate) fn code_facts(code: &Bound<'_, PyAny>) -> PyResult<Arc<CodeFacts>> {
         globals,
         attributes,
         imports,
+        sinks,
+        sink_cells,
     } = reads_of(code)?;
     let unbound = |names: Vec<Bound<'_, PyString>>| names.into_iter().map(Bound::unbind).collect();
     let made = Arc::new(CodeFacts {
@@ -276,7 +289,12 @@ pub(crate) fn code_facts(code: &Bound<'_, PyAny>) -> PyResult<Arc<CodeFacts>> {
         digest,
         globals: unbound(globals),
         attributes: unbound(attributes),
-        imports: unbound(imports),
+        imports: imports
+            .into_iter()
+            .map(|(name, level)| (name.unbind(), level))
+            .collect(),
+        sinks: unbound(sinks),
+        sink_cells: unbound(sink_cells),
     });
     let mut facts = FACTS.lock().unwrap_or_else(PoisonError::into_inner);
     let facts = facts.get_or_insert_with(HashMap::new);
@@ -312,15 +330,56 @@ fn digest_of_code(code: &Bound<'_, PyAny>) -> PyResult<[u8; 32]> {
 /// index of its name in `co_names` into its argument (shifted right by so many bits).
 struct Opcodes {
     extended_arg: u8,
-    /// `LOAD_GLOBAL`, `STORE_GLOBAL`, `DELETE_GLOBAL`, `LOAD_NAME`,
-    /// `LOAD_FROM_DICT_OR_GLOBALS`: a global, with its shift.
-    globals: Vec<(u8, u32)>,
+    /// `CACHE`: the inline cache entries after an instruction (3.11 on), no instruction.
+    cache: Option<u8>,
+    /// `LOAD_GLOBAL`, with its shift.
+    load_global: (u8, u32),
+    /// `STORE_GLOBAL`, `DELETE_GLOBAL`: a global written, never read.
+    write_globals: Vec<u8>,
+    /// `LOAD_NAME`, `LOAD_FROM_DICT_OR_GLOBALS`: a global read, with its shift.
+    read_globals: Vec<(u8, u32)>,
     /// `LOAD_ATTR`, `LOAD_METHOD`, `STORE_ATTR`, `LOAD_SUPER_ATTR`, `IMPORT_FROM`: an
     /// attribute.
     attributes: Vec<(u8, u32)>,
+    /// `LOAD_ATTR` and `LOAD_METHOD`: an attribute read, its method called perhaps.
+    load_attributes: Vec<(u8, u32)>,
     /// `IMPORT_NAME`: a module.
     import: u8,
+    /// `LOAD_DEREF`: a closure's cell read.
+    load_deref: Option<u8>,
+    /// `STORE_DEREF`, `DELETE_DEREF`: a closure's cell written.
+    write_derefs: Vec<u8>,
+    /// `LOAD_CLASSDEREF`, `LOAD_FROM_DICT_OR_DEREF`: a cell read by a class body.
+    read_derefs: Vec<u8>,
+    /// `LOAD_CONST` and `LOAD_SMALL_INT` (3.14): a constant, as an import's level is loaded.
+    load_const: Option<u8>,
+    load_small_int: Option<u8>,
+    /// What loads one value and reads nothing a key follows: a local, a constant.
+    simple_loads: Vec<u8>,
+    store_subscr: Option<u8>,
+    binary_subscr: Option<u8>,
+    binary_op: Option<u8>,
+    copy: Option<u8>,
 }
+
+/// `BINARY_OP`'s argument for a subscript (3.14, where `BINARY_SUBSCR` went), and the range
+/// of its in-place operators (`+=` to `^=`).
+const NB_SUBSCR: u32 = 26;
+const NB_INPLACE: std::ops::RangeInclusive<u32> = 13..=25;
+
+/// The methods of a list, a dict, a set or a deque that change it in place and answer `None`:
+/// code that only calls these on a value writes to it, and reads nothing of it.
+const MUTATORS: [&str; 9] = [
+    "append",
+    "extend",
+    "insert",
+    "add",
+    "update",
+    "appendleft",
+    "extendleft",
+    "discard",
+    "clear",
+];
 
 fn opcodes(py: Python<'_>) -> PyResult<&Opcodes> {
     static OPCODES: PyOnceLock<Opcodes> = PyOnceLock::new();
@@ -353,17 +412,22 @@ fn opcodes(py: Python<'_>) -> PyResult<&Opcodes> {
             }
             Ok(found)
         };
+        let all = |names: &[&str]| -> PyResult<Vec<u8>> {
+            let mut found = Vec::new();
+            for name in names {
+                found.extend(code(name)?);
+            }
+            Ok(found)
+        };
         // 3.11 packs a flag into `LOAD_GLOBAL`'s lowest bit, 3.12 into `LOAD_ATTR`'s too.
         let attribute_shift = u32::from(minor >= 12);
+        let load_attributes = with(&[("LOAD_ATTR", attribute_shift), ("LOAD_METHOD", 0)])?;
         Ok(Opcodes {
             extended_arg: code("EXTENDED_ARG")?.unwrap_or(144),
-            globals: with(&[
-                ("LOAD_GLOBAL", 1),
-                ("STORE_GLOBAL", 0),
-                ("DELETE_GLOBAL", 0),
-                ("LOAD_NAME", 0),
-                ("LOAD_FROM_DICT_OR_GLOBALS", 0),
-            ])?,
+            cache: code("CACHE")?,
+            load_global: (code("LOAD_GLOBAL")?.unwrap_or(116), 1),
+            write_globals: all(&["STORE_GLOBAL", "DELETE_GLOBAL"])?,
+            read_globals: with(&[("LOAD_NAME", 0), ("LOAD_FROM_DICT_OR_GLOBALS", 0)])?,
             attributes: with(&[
                 ("LOAD_ATTR", attribute_shift),
                 ("LOAD_METHOD", 0),
@@ -371,17 +435,26 @@ fn opcodes(py: Python<'_>) -> PyResult<&Opcodes> {
                 ("LOAD_SUPER_ATTR", 2),
                 ("IMPORT_FROM", 0),
             ])?,
+            load_attributes,
             import: code("IMPORT_NAME")?.unwrap_or(108),
+            load_deref: code("LOAD_DEREF")?,
+            write_derefs: all(&["STORE_DEREF", "DELETE_DEREF"])?,
+            read_derefs: all(&["LOAD_CLASSDEREF", "LOAD_FROM_DICT_OR_DEREF"])?,
+            load_const: code("LOAD_CONST")?,
+            load_small_int: code("LOAD_SMALL_INT")?,
+            simple_loads: all(&[
+                "LOAD_CONST",
+                "LOAD_SMALL_INT",
+                "LOAD_FAST",
+                "LOAD_FAST_BORROW",
+                "LOAD_FAST_CHECK",
+            ])?,
+            store_subscr: code("STORE_SUBSCR")?,
+            binary_subscr: code("BINARY_SUBSCR")?,
+            binary_op: code("BINARY_OP")?,
+            copy: code("COPY")?,
         })
     })
-}
-
-/// How an instruction looks a name up.
-#[derive(Clone, Copy)]
-enum Lookup {
-    Global,
-    Attribute,
-    Import,
 }
 
 /// The names a code object, and the code nested in it (comprehensions, lambdas, inner
@@ -392,8 +465,159 @@ pub(crate) struct Reads<'py> {
     /// Read as attributes: `helpers.scale`, `self.k`; a module of the user's the code reads is
     /// followed by these.
     pub(crate) attributes: Vec<Bound<'py, PyString>>,
-    /// Imported in its body: `import helpers`.
-    pub(crate) imports: Vec<Bound<'py, PyString>>,
+    /// Imported in its body, with the import's level: `import helpers` (0), `from .helpers
+    /// import scale` (1, `helpers`), `from . import helpers` (1, an empty name).
+    pub(crate) imports: Vec<(Bound<'py, PyString>, u32)>,
+    /// The globals among `globals` that the code only writes to: each use of the name is the
+    /// target of a store — `LOG.append(x)`, `COUNTS[k] = v`, `COUNTS[k] += 1`, `global N;
+    /// N += 1` — never a read whose value goes anywhere else.
+    pub(crate) sinks: Vec<Bound<'py, PyString>>,
+    /// The closure's variables (its free variables' names) the code only writes to, likewise.
+    pub(crate) sink_cells: Vec<Bound<'py, PyString>>,
+}
+
+/// A code object's instructions, `CACHE` entries left out and `EXTENDED_ARG` folded in.
+fn instructions(ops: &Opcodes, code: &[u8]) -> Vec<(u8, u32)> {
+    let mut found = Vec::with_capacity(code.len() / 2);
+    let mut extended: u32 = 0;
+    for unit in code.chunks_exact(2) {
+        let (op, arg) = (unit[0], u32::from(unit[1]) | extended);
+        if op == ops.extended_arg {
+            extended = arg << 8;
+            continue;
+        }
+        extended = 0;
+        if ops.cache == Some(op) {
+            continue;
+        }
+        found.push((op, arg));
+    }
+    found
+}
+
+/// How a name is used by one instruction: read, or only written to.
+#[derive(Clone, Copy)]
+enum Use {
+    Read,
+    Write,
+}
+
+/// Whether the value loaded by `at`'s instruction is only written to by what follows it: a
+/// mutator called on it (`.append`), a subscript stored into (`[k] =`, `[k] += v`), or, where
+/// `rebinds` says which instruction stores the name again, an in-place operator whose result
+/// is stored back (`N += 1`).
+fn written_only(
+    ops: &Opcodes,
+    names: &Bound<'_, PyTuple>,
+    code: &[(u8, u32)],
+    at: usize,
+    rebinds: impl Fn(u8, u32) -> bool,
+) -> bool {
+    let op_at = |i: usize| code.get(i).copied();
+    let is = |i: usize, op: Option<u8>| op.is_some() && op_at(i).map(|(found, _)| found) == op;
+    let simple = |i: usize| op_at(i).is_some_and(|(op, _)| ops.simple_loads.contains(&op));
+    if let Some((op, arg)) = op_at(at + 1) {
+        if let Some(&(_, shift)) = ops.load_attributes.iter().find(|&&(a, _)| a == op) {
+            return names
+                .get_item((arg >> shift) as usize)
+                .ok()
+                .and_then(|name| name.cast_into::<PyString>().ok())
+                .is_some_and(|name| name.to_str().is_ok_and(|name| MUTATORS.contains(&name)));
+        }
+    }
+    if !simple(at + 1) {
+        return false;
+    }
+    if is(at + 2, ops.store_subscr) {
+        return true;
+    }
+    let subscript = |i: usize| {
+        is(i, ops.binary_subscr)
+            || (is(i, ops.binary_op) && op_at(i).is_some_and(|(_, arg)| arg == NB_SUBSCR))
+    };
+    let copies = |i: usize| is(i, ops.copy) && op_at(i).is_some_and(|(_, arg)| arg == 2);
+    if copies(at + 2) && copies(at + 3) && subscript(at + 4) {
+        return true;
+    }
+    is(at + 2, ops.binary_op)
+        && op_at(at + 2).is_some_and(|(_, arg)| NB_INPLACE.contains(&arg))
+        && op_at(at + 3).is_some_and(|(op, arg)| rebinds(op, arg))
+}
+
+/// How the instruction at `at` uses a global, if it does: the name's index in `co_names`, and
+/// whether it reads it or only writes to it.
+fn global_use(
+    ops: &Opcodes,
+    names: &Bound<'_, PyTuple>,
+    code: &[(u8, u32)],
+    at: usize,
+) -> Option<(u32, Use)> {
+    let (op, arg) = code[at];
+    if op == ops.load_global.0 {
+        let index = arg >> ops.load_global.1;
+        let rebinds = |next: u8, by: u32| ops.write_globals.first() == Some(&next) && by == index;
+        let only = written_only(ops, names, code, at, rebinds);
+        Some((index, if only { Use::Write } else { Use::Read }))
+    } else if ops.write_globals.contains(&op) {
+        Some((arg, Use::Write))
+    } else {
+        let &(_, shift) = ops.read_globals.iter().find(|&&(g, _)| g == op)?;
+        Some((arg >> shift, Use::Read))
+    }
+}
+
+/// How the instruction at `at` uses a closure's cell, if it does.
+fn cell_use(
+    ops: &Opcodes,
+    names: &Bound<'_, PyTuple>,
+    code: &[(u8, u32)],
+    at: usize,
+) -> Option<Use> {
+    let (op, arg) = code[at];
+    if ops.load_deref == Some(op) {
+        let rebinds = |next: u8, by: u32| ops.write_derefs.first() == Some(&next) && by == arg;
+        let only = written_only(ops, names, code, at, rebinds);
+        Some(if only { Use::Write } else { Use::Read })
+    } else if ops.write_derefs.contains(&op) {
+        Some(Use::Write)
+    } else if ops.read_derefs.contains(&op) {
+        Some(Use::Read)
+    } else {
+        None
+    }
+}
+
+/// The level of the import at `at` (`IMPORT_NAME`), loaded two instructions before it
+/// (`LOAD_CONST level`, then `LOAD_CONST fromlist`): 0, absolute, where it cannot be read.
+fn import_level(
+    ops: &Opcodes,
+    constants: &Bound<'_, PyTuple>,
+    code: &[(u8, u32)],
+    at: usize,
+) -> u32 {
+    at.checked_sub(2)
+        .and_then(|before| code.get(before))
+        .and_then(|&(load, value)| {
+            if ops.load_small_int == Some(load) {
+                Some(value)
+            } else if ops.load_const == Some(load) {
+                constants
+                    .get_item(value as usize)
+                    .ok()
+                    .and_then(|level| level.extract::<u32>().ok())
+            } else {
+                None
+            }
+        })
+        .unwrap_or(0)
+}
+
+/// The name of the cell `arg` of `code` reads or writes (`LOAD_DEREF`'s argument), as the
+/// interpreter numbers them.
+fn cell_name<'py>(code: &Bound<'py, PyAny>, arg: u32) -> Option<Bound<'py, PyString>> {
+    code.call_method1(intern!(code.py(), "_varname_from_oparg"), (arg,))
+        .ok()
+        .and_then(|name| name.cast_into::<PyString>().ok())
 }
 
 /// What `code` and the code nested in it look up, read from its instructions.
@@ -407,53 +631,86 @@ pub(crate) fn reads_of<'py>(code: &Bound<'py, PyAny>) -> PyResult<Reads<'py>> {
         globals: Vec::new(),
         attributes: Vec::new(),
         imports: Vec::new(),
+        sinks: Vec::new(),
+        sink_cells: Vec::new(),
     };
     // By the string object: a code object's names are interned when it is made, so one name
     // is one object (and were it two, it would be two the same way in every process).
     let mut seen: [HashSet<usize>; 3] = Default::default();
+    // How each global and each cell is used, by name: read anywhere, or only written to.
+    let mut global_uses: HashMap<usize, (Bound<'py, PyString>, bool)> = HashMap::new();
+    let mut cell_uses: HashMap<String, (Bound<'py, PyString>, bool)> = HashMap::new();
     let mut pending = vec![code.clone()];
     while let Some(part) = pending.pop() {
         let names = part.getattr(intern!(py, "co_names"))?;
         let names = names.cast::<PyTuple>()?;
-        let instructions = part.getattr(intern!(py, "co_code"))?;
-        let instructions = instructions.cast::<PyBytes>()?.as_bytes();
-        let mut extended: u32 = 0;
-        for unit in instructions.chunks_exact(2) {
-            let (op, arg) = (unit[0], u32::from(unit[1]) | extended);
-            if op == ops.extended_arg {
-                extended = arg << 8;
-                continue;
-            }
-            extended = 0;
-            let (lookup, shift) = if op == ops.import {
-                (Lookup::Import, 0)
-            } else if let Some(&(_, shift)) = ops.globals.iter().find(|&&(g, _)| g == op) {
-                (Lookup::Global, shift)
-            } else if let Some(&(_, shift)) = ops.attributes.iter().find(|&&(a, _)| a == op) {
-                (Lookup::Attribute, shift)
-            } else {
-                continue;
-            };
-            let Ok(name) = names.get_item((arg >> shift) as usize) else {
-                continue;
-            };
-            let name = name.cast_into::<PyString>()?;
-            let (seen, found) = match lookup {
-                Lookup::Global => (&mut seen[0], &mut reads.globals),
-                Lookup::Attribute => (&mut seen[1], &mut reads.attributes),
-                Lookup::Import => (&mut seen[2], &mut reads.imports),
-            };
-            if seen.insert(name.as_ptr() as usize) {
-                found.push(name);
-            }
-        }
         let constants = part.getattr(intern!(py, "co_consts"))?;
         let constants = constants.cast::<PyTuple>()?;
+        let raw = part.getattr(intern!(py, "co_code"))?;
+        let code = instructions(ops, raw.cast::<PyBytes>()?.as_bytes());
+        let name_at = |index: u32| -> PyResult<Option<Bound<'py, PyString>>> {
+            match names.get_item(index as usize) {
+                Ok(name) => Ok(Some(name.cast_into::<PyString>()?)),
+                Err(_) => Ok(None),
+            }
+        };
+        for (at, &(op, arg)) in code.iter().enumerate() {
+            if let Some((index, used)) = global_use(ops, names, &code, at) {
+                if let Some(name) = name_at(index)? {
+                    let key = name.as_ptr() as usize;
+                    if seen[0].insert(key) {
+                        reads.globals.push(name.clone());
+                    }
+                    let entry = global_uses.entry(key).or_insert((name, false));
+                    entry.1 |= matches!(used, Use::Read);
+                }
+                continue;
+            }
+            if let Some(used) = cell_use(ops, names, &code, at) {
+                if let Some(name) = cell_name(&part, arg) {
+                    let text = name.to_string_lossy().into_owned();
+                    let entry = cell_uses.entry(text).or_insert((name, false));
+                    entry.1 |= matches!(used, Use::Read);
+                }
+                continue;
+            }
+            if op == ops.import {
+                let Some(name) = name_at(arg)? else { continue };
+                let level = import_level(ops, constants, &code, at);
+                let key = name.as_ptr() as usize ^ (level as usize).rotate_right(8);
+                if seen[2].insert(key) {
+                    reads.imports.push((name, level));
+                }
+                continue;
+            }
+            if let Some(&(_, shift)) = ops.attributes.iter().find(|&&(a, _)| a == op) {
+                if let Some(name) = name_at(arg >> shift)? {
+                    if seen[1].insert(name.as_ptr() as usize) {
+                        reads.attributes.push(name);
+                    }
+                }
+            }
+        }
         let nested: Vec<_> = constants
             .iter()
             .filter(PyAnyMethods::is_exact_instance_of::<PyCode>)
             .collect();
         pending.extend(nested.into_iter().rev());
     }
+    for name in &reads.globals {
+        if global_uses
+            .get(&(name.as_ptr() as usize))
+            .is_some_and(|(_, read)| !read)
+        {
+            reads.sinks.push(name.clone());
+        }
+    }
+    let mut cells: Vec<_> = cell_uses
+        .into_values()
+        .filter(|(_, read)| !read)
+        .map(|(name, _)| name)
+        .collect();
+    cells.sort_by_key(|name| name.to_string_lossy().into_owned());
+    reads.sink_cells = cells;
     Ok(reads)
 }

@@ -7,12 +7,19 @@
 //! a function a node holds) it follows:
 //! - a **class** of the user's: its metaclass, its bases, and each attribute of its own
 //!   (methods, properties, class attributes), the few named in [`CLASS_SKIP`] aside;
-//! - a **function** of the user's: its compiled code ([`crate::code`]), its defaults and keyword
-//!   defaults, its closure's cells, its attributes, and each name its instructions look up as a
-//!   global (a global of its module, followed; a builtin, which a later global of that name
-//!   would shadow) or import (a module it imports in its body);
+//! - a **class** by its name without its module's (which says where the code was run from, not
+//!   what it does) and its annotations, as they read now;
+//! - a **function** of the user's: its name, its compiled code ([`crate::code`]), its defaults
+//!   and keyword defaults, its closure's cells, its attributes, and each name its instructions
+//!   look up as a global (a global of its module, followed; a builtin, which a later global of
+//!   that name would shadow; a name not defined yet, which must stay so) or import (a module it
+//!   imports in its body, absolute or relative, imported now if it is the user's and no one
+//!   imported it yet). A global or a cell the code only writes to (`LOG.append(x)`,
+//!   `COUNTS[k] += 1`: [`crate::code::Reads::sinks`]) holding a container or a number is not
+//!   read: what a node writes on the side is not what its output is computed from;
 //! - a **module** of the user's: its attributes that the code reading it looks up as attributes
-//!   (`helpers.scale`), followed in turn; a bound method: its function and its object;
+//!   (`helpers.scale`), followed in turn, and its `__getattr__` (PEP 562) where one of them is
+//!   not defined; a bound method: its function and its object;
 //! - what is not the user's — a class, a function or a module of an installed library or of
 //!   Python itself — by its name only.
 //!
@@ -44,16 +51,16 @@ use crate::witness::{unless_interrupted, Binding, Held, Owner, Witness};
 
 /// Attributes of a class that are not its code's: its layout's descriptors, names its digest
 /// has already, caches Python keeps on it (an ABC's, the slot names `copyreg` notes when an
-/// instance is first pickled), and records its generated methods' code already reflects (type
-/// annotations, dataclass fields), which would otherwise be digested on every run.
-const CLASS_SKIP: [&str; 13] = [
+/// instance is first pickled), and records its generated methods' code already reflects
+/// (dataclass fields), which would otherwise be digested on every run. Its annotations are
+/// read apart (`CodeWalk::annotation`).
+const CLASS_SKIP: [&str; 12] = [
     "__dict__",
     "__weakref__",
     "__module__",
     "__qualname__",
     "_abc_impl",
     "__slotnames__",
-    "__annotations__",
     "__dataclass_fields__",
     "__dataclass_params__",
     "__orig_bases__",
@@ -101,6 +108,9 @@ struct Kinds {
     property: Py<PyType>,
     cached_property: Py<PyType>,
     modules: Py<PyDict>,
+    /// What code that only writes to a value may leave out of the key: the containers whose
+    /// mutators change them in place and answer nothing.
+    sinks: Vec<Py<PyType>>,
 }
 
 fn kinds(py: Python<'_>) -> PyResult<&Kinds> {
@@ -129,6 +139,18 @@ fn kinds(py: Python<'_>) -> PyResult<&Kinds> {
             classmethod: of(&builtins, "classmethod")?,
             property: of(&builtins, "property")?,
             cached_property: of(&functools, "cached_property")?,
+            sinks: {
+                let collections = py.import("collections")?;
+                vec![
+                    of(&builtins, "list")?,
+                    of(&builtins, "dict")?,
+                    of(&builtins, "set")?,
+                    of(&collections, "deque")?,
+                    of(&collections, "Counter")?,
+                    of(&collections, "defaultdict")?,
+                    of(&collections, "OrderedDict")?,
+                ]
+            },
             modules: py
                 .import("sys")?
                 .getattr("modules")?
@@ -309,6 +331,8 @@ struct CodeWalk<'py> {
     users: Bound<'py, PyAny>,
     files: Bound<'py, PyDict>,
     users_file: Bound<'py, PyAny>,
+    /// `load(name)`: the module of the user's named so, imported now, or `None`.
+    load: Bound<'py, PyAny>,
     out: Vec<u8>,
     /// Each owner, its bindings, and the places of its volatile ones, in order.
     owners: Vec<Owned<'py>>,
@@ -375,7 +399,22 @@ fn qualified(object: &Bound<'_, PyAny>) -> PyResult<String> {
 ///
 /// # Errors
 /// An interrupt met reading them (a metaclass's property may run Python code).
-fn feed_qualified<'py>(out: &mut Vec<u8>, object: &Bound<'py, PyAny>) -> PyResult<()> {
+fn feed_qualified(out: &mut Vec<u8>, object: &Bound<'_, PyAny>) -> PyResult<()> {
+    feed_name(out, object, true)
+}
+
+/// Feeds the `qualname` of a class or a function of the user's, without its module: the
+/// module's name says where the code was run from (`__main__` as a script, `pipeline` when
+/// imported, a notebook's), not what it does, and the same code run either way hits the same
+/// entries.
+///
+/// # Errors
+/// An interrupt met reading it.
+fn feed_own_name(out: &mut Vec<u8>, object: &Bound<'_, PyAny>) -> PyResult<()> {
+    feed_name(out, object, false)
+}
+
+fn feed_name<'py>(out: &mut Vec<u8>, object: &Bound<'py, PyAny>, module: bool) -> PyResult<()> {
     let py = object.py();
     let part = |name: &Bound<'py, PyString>| -> PyResult<Option<Bound<'py, PyString>>> {
         Ok(unless_interrupted(py, object.getattr(name))?
@@ -385,6 +424,14 @@ fn feed_qualified<'py>(out: &mut Vec<u8>, object: &Bound<'py, PyAny>) -> PyResul
         Some(name) => Some(name),
         None => part(intern!(py, "__name__"))?,
     };
+    if !module {
+        let name = name
+            .as_ref()
+            .and_then(|found| found.to_str().ok().map(str::as_bytes))
+            .unwrap_or_default();
+        text(out, b'n', name);
+        return Ok(());
+    }
     let module = part(intern!(py, "__module__"))?;
     let text = |found: &Option<Bound<'_, PyString>>| {
         found
@@ -605,7 +652,7 @@ impl<'py> CodeWalk<'py> {
         let py = self.py;
         let code = function.getattr(intern!(py, "__code__"))?;
         self.out.push(b'W');
-        feed_qualified(&mut self.out, function)?;
+        feed_own_name(&mut self.out, function)?;
         let facts = code_facts(&code)?;
         self.out.extend_from_slice(&facts.digest);
         let defaults = function.getattr(intern!(py, "__defaults__"))?;
@@ -620,6 +667,8 @@ impl<'py> CodeWalk<'py> {
             globals,
             attributes,
             imports,
+            sinks,
+            sink_cells,
         } = facts.reads(py);
         let names: Names<'py> = Rc::new(attributes);
         let mut items: Vec<Item<'py>> = Vec::with_capacity(16);
@@ -629,7 +678,7 @@ impl<'py> CodeWalk<'py> {
             let here = place(at, ".", PlaceName::Static(attribute));
             items.push(read_by(function, &names, value, here, read, false));
         }
-        self.cells(function, &code, at, &names, &mut items)?;
+        self.cells(function, &code, at, &names, &sink_cells, &mut items)?;
         let attributes = function.getattr(intern!(py, "__dict__"))?;
         if attributes.len().unwrap_or(0) > 0 {
             let read = Read::Attribute(intern!(py, "__dict__").clone());
@@ -640,7 +689,14 @@ impl<'py> CodeWalk<'py> {
             self.bind(function, Binding::VarsLen { len: 0 }, None);
             items.push(Item::Mark(b'-'));
         }
-        self.globals(function, at, &names, &globals, &imports, &mut items)?;
+        let read = Reads {
+            globals,
+            attributes: Vec::new(),
+            imports,
+            sinks,
+            sink_cells: Vec::new(),
+        };
+        self.globals(function, at, &names, &read, &mut items)?;
         self.pending.extend(items.into_iter().rev());
         Ok(())
     }
@@ -652,6 +708,7 @@ impl<'py> CodeWalk<'py> {
         code: &Bound<'py, PyAny>,
         at: &Rc<Place<'py>>,
         names: &Names<'py>,
+        sinks: &[Bound<'py, PyString>],
         items: &mut Vec<Item<'py>>,
     ) -> PyResult<()> {
         let py = self.py;
@@ -682,9 +739,32 @@ impl<'py> CodeWalk<'py> {
                 items.push(Item::Mark(b'E'));
                 continue;
             };
-            let name = match freevars.get_item(index).map(Bound::cast_into::<PyString>) {
-                Ok(Ok(name)) => PlaceName::Cell(name),
-                Ok(Err(_)) | Err(_) => PlaceName::Static("<cell>"),
+            let variable = freevars
+                .get_item(index)
+                .ok()
+                .and_then(|name| name.cast_into::<PyString>().ok());
+            if variable.as_ref().is_some_and(|variable| {
+                sinks
+                    .iter()
+                    .any(|sink| sink.as_any().eq(variable).unwrap_or(false))
+            }) && self.sink(&contents)
+            {
+                // Only written to by the code (a list a test counts calls in): no read. A
+                // container stays the one it was, or the code is read again; a number the code
+                // rebinds (`nonlocal n; n += 1`) is not watched.
+                if !unchangeable(&contents) {
+                    let held = Binding::Cell {
+                        index,
+                        expected: Some(Held::of(&contents)),
+                    };
+                    self.bind(function, held, None);
+                }
+                items.push(Item::Mark(b'S'));
+                continue;
+            }
+            let name = match variable {
+                Some(name) => PlaceName::Cell(name),
+                None => PlaceName::Static("<cell>"),
             };
             let here = place(at, ".", name);
             items.push(Item::Mark(b'L'));
@@ -700,23 +780,21 @@ impl<'py> CodeWalk<'py> {
         Ok(())
     }
 
-    /// Appends to `items` what each of `globals` is in `function`'s module (a builtin is
-    /// recorded to stay unshadowed), and each module of `imports` it imports in its body.
+    /// Appends to `items` what each global of `read` is in `function`'s module (a builtin is
+    /// recorded to stay unshadowed, a name not defined yet to stay undefined, a global the code
+    /// only writes to as such), and each module it imports in its body.
     fn globals(
         &mut self,
         function: &Bound<'py, PyAny>,
         at: &Rc<Place<'py>>,
         names: &Names<'py>,
-        globals: &[Bound<'py, PyString>],
-        imports: &[Bound<'py, PyString>],
+        read: &Reads<'py>,
         items: &mut Vec<Item<'py>>,
     ) -> PyResult<()> {
         let py = self.py;
         let namespace = function
             .getattr(intern!(py, "__globals__"))?
             .cast_into::<PyDict>()?;
-        let available = function.getattr(intern!(py, "__builtins__"))?;
-        let available = available.cast::<PyDict>().ok();
         let module = namespace.get_item(intern!(py, "__name__"))?;
         // Read as it is, never through `str()`: that checks for Ctrl-C, and pyo3's `Display`
         // would report an interrupt met there as unraisable, and lose it.
@@ -726,47 +804,128 @@ impl<'py> CodeWalk<'py> {
             .unwrap_or_default()
             .into();
         let modules = self.kinds.modules.bind(py);
-        let mut read = Vec::new();
-        for name in globals {
-            if let Some(found) = namespace.get_item(name)? {
-                let global = PlaceName::Global(Rc::clone(&module), name.clone());
-                let here = place(at, " > ", global);
-                let by = Read::Global(name.clone());
-                read.push((
-                    Item::Named(b'G', name.clone()),
-                    read_by(function, names, found, here, by, true),
-                ));
-            } else if available.is_some_and(|builtins| builtins.contains(name).unwrap_or(false)) {
+        let mut found_items = Vec::new();
+        for name in &read.globals {
+            let Some(found) = namespace.get_item(name)? else {
+                // A builtin, which a global of its name would shadow, or a name not defined
+                // yet (read under `try: ... except NameError`): either must stay undefined.
                 let missing = Binding::GlobalMissing {
                     name: name.clone().into_any().unbind(),
                 };
                 self.bind(function, missing, None);
+                continue;
+            };
+            let only_written = read.sinks.iter().any(|sink| sink.is(name));
+            if only_written && self.sink(&found) {
+                // The code writes to it and never reads it (a log appended to, a counter):
+                // not what the output is computed from.
+                if !unchangeable(&found) {
+                    let held = Binding::Global {
+                        name: name.clone().into_any().unbind(),
+                        expected: Held::of(&found),
+                    };
+                    self.bind(function, held, None);
+                }
+                found_items.push((Item::Named(b'S', name.clone()), None));
+                continue;
             }
+            let global = PlaceName::Global(Rc::clone(&module), name.clone());
+            let here = place(at, " > ", global);
+            let by = Read::Global(name.clone());
+            found_items.push((
+                Item::Named(b'G', name.clone()),
+                Some(read_by(function, names, found, here, by, true)),
+            ));
         }
-        for name in imports {
-            if let Some(found) = modules.get_item(name)? {
-                // Imported inside the function (`import helpers` in its body).
-                let here = place(at, " > ", PlaceName::Name(name.clone()));
-                let by = Read::Item(name.clone());
-                read.push((
-                    Item::Named(b'I', name.clone()),
-                    read_by(modules.as_any(), names, found, here, by, true),
+        for (name, level) in &read.imports {
+            let Some(absolute) = self.absolute(&namespace, name, *level)? else {
+                continue;
+            };
+            let found = match modules.get_item(&absolute)? {
+                Some(found) => Some(found),
+                // Not imported yet in this process (a hit never calls the node that would):
+                // imported now if it is the user's, so that its code is in the key.
+                None => Some(self.load.call1((&absolute,))?).filter(|found| !found.is_none()),
+            };
+            if let Some(found) = found {
+                // Imported inside the function (`import helpers`, `from .helpers import
+                // scale` in its body).
+                let here = place(at, " > ", PlaceName::Name(absolute.clone()));
+                let by = Read::Item(absolute.clone());
+                found_items.push((
+                    Item::Named(b'I', absolute.clone()),
+                    Some(read_by(modules.as_any(), names, found, here, by, true)),
                 ));
             }
         }
-        items.push(Item::Count(read.len()));
-        for (tag, entry) in read {
+        items.push(Item::Count(found_items.len()));
+        for (tag, entry) in found_items {
             items.push(tag);
-            items.push(entry);
+            items.extend(entry);
         }
         Ok(())
+    }
+
+    /// The absolute name of the module an import of `name` at `level` in a function of the
+    /// module whose globals are `namespace` imports (`from ..helpers import x` in `pkg.sub.m`
+    /// is `pkg.helpers`); `None` where the level climbs past the top package.
+    fn absolute(
+        &self,
+        namespace: &Bound<'py, PyDict>,
+        name: &Bound<'py, PyString>,
+        level: u32,
+    ) -> PyResult<Option<Bound<'py, PyString>>> {
+        if level == 0 {
+            return Ok(Some(name.clone()));
+        }
+        let text = |found: Option<Bound<'py, PyAny>>| {
+            found
+                .and_then(|found| found.cast_into::<PyString>().ok())
+                .map(|found| found.to_string_lossy().into_owned())
+        };
+        // As the import system reads it: `__package__`, or else the module's own name when it
+        // is a package, its parent's when not.
+        let package = match text(namespace.get_item(intern!(self.py, "__package__"))?) {
+            Some(package) if !package.is_empty() => package,
+            _ => {
+                let Some(module) = text(namespace.get_item(intern!(self.py, "__name__"))?) else {
+                    return Ok(None);
+                };
+                if namespace.contains(intern!(self.py, "__path__"))? {
+                    module
+                } else {
+                    module
+                        .rsplit_once('.')
+                        .map(|(parent, _)| parent.to_owned())
+                        .unwrap_or_default()
+                }
+            }
+        };
+        let mut parts: Vec<&str> = package.split('.').filter(|part| !part.is_empty()).collect();
+        let up = (level - 1) as usize;
+        if parts.len() <= up {
+            return Ok(None); // Past the top package: the import itself fails.
+        }
+        parts.truncate(parts.len() - up);
+        let own = name.to_string_lossy();
+        if !own.is_empty() {
+            parts.push(&own);
+        }
+        Ok(Some(PyString::new(self.py, &parts.join("."))))
+    }
+
+    /// Whether `found`, which the code only writes to, may be left out of the key: a number
+    /// the code rebinds, or a list, dict, set or deque, whose mutators answer nothing.
+    fn sink(&self, found: &Bound<'py, PyAny>) -> bool {
+        let kind = found.get_type();
+        unchangeable(found) || self.kinds.sinks.iter().any(|sink| kind.is(sink))
     }
 
     fn class(&mut self, cls: &Bound<'py, PyType>, at: &Rc<Place<'py>>) -> PyResult<()> {
         let py = self.py;
         let object = cls.as_any();
         self.out.push(b'K');
-        feed_qualified(&mut self.out, object)?;
+        feed_own_name(&mut self.out, object)?;
         let bases = object.getattr(intern!(py, "__bases__"))?;
         let fixed = Binding::Attribute {
             name: intern!(py, "__bases__").clone().unbind(),
@@ -799,9 +958,17 @@ impl<'py> CodeWalk<'py> {
         let own = object.getattr(intern!(py, "__dict__"))?.len()?;
         self.bind(object, Binding::VarsLen { len: own }, None);
         let mut kept = Vec::new();
+        let mut annotations = None;
         for entry in attributes.try_iter()? {
             let (name, attribute): (Bound<'py, PyString>, Bound<'py, PyAny>) = entry?.extract()?;
+            if name.to_str()? == "__annotations__" {
+                annotations = Some((name, attribute));
+                continue;
+            }
+            // `_soma_` names are Soma's own bookkeeping (a function node's blueprint, whose
+            // function is its `forward` already), as a node's own `_soma_` attributes are.
             let skipped = CLASS_SKIP.contains(&name.to_str()?)
+                || name.to_str()?.starts_with("_soma_")
                 || self
                     .kinds
                     .descriptors
@@ -834,7 +1001,76 @@ impl<'py> CodeWalk<'py> {
                 always: true,
             }));
         }
+        // Its annotations, which `typing.get_type_hints` hands to code that reads them: as
+        // they read now, the dict watched for a rebinding (a class made again), not digested
+        // again on every run as a dict would be.
+        match annotations {
+            Some((name, found)) => {
+                let held = Binding::Vars {
+                    name: name.into_any().unbind(),
+                    expected: Held::of(&found),
+                };
+                self.bind(object, held, None);
+                items.push(Item::Mark(b'A'));
+                match found.cast::<PyDict>() {
+                    Ok(found) => {
+                        items.push(Item::Count(found.len()));
+                        for (key, value) in found.iter() {
+                            items.push(Item::Named(b'.', key.str()?));
+                            self.annotation(&value, 0, &mut items)?;
+                        }
+                    }
+                    Err(_) => self.annotation(&found, 0, &mut items)?,
+                }
+            }
+            None => items.push(Item::Mark(b'-')),
+        }
         self.pending.extend(items.into_iter().rev());
+        Ok(())
+    }
+
+    /// Appends to `items` an annotation: a string or a constant as it is, a class as code (the
+    /// user's followed, a library's by name), a generic (`list[Point]`) by its origin and
+    /// arguments, anything else by its `repr`.
+    fn annotation(
+        &self,
+        value: &Bound<'py, PyAny>,
+        depth: usize,
+        items: &mut Vec<Item<'py>>,
+    ) -> PyResult<()> {
+        let py = self.py;
+        let unbound = |object: Bound<'py, PyAny>| {
+            Item::Visit(Visit {
+                object,
+                place: Rc::new(Place {
+                    parent: None,
+                    join: "",
+                    name: PlaceName::Static("__annotations__"),
+                }),
+                names: Rc::new(Vec::new()),
+                owner: None,
+                read: None,
+                always: false,
+            })
+        };
+        if value.is_instance_of::<PyType>() || unchangeable(value) {
+            items.push(unbound(value.clone()));
+            return Ok(());
+        }
+        let origin = value.getattr_opt(intern!(py, "__origin__"))?;
+        let arguments = value.getattr_opt(intern!(py, "__args__"))?;
+        if let (Some(origin), Some(arguments), true) = (origin, arguments, depth < 32) {
+            if let Ok(arguments) = arguments.cast::<PyTuple>() {
+                items.push(Item::Mark(b'g'));
+                self.annotation(&origin, depth + 1, items)?;
+                items.push(Item::Count(arguments.len()));
+                for argument in arguments.iter() {
+                    self.annotation(&argument, depth + 1, items)?;
+                }
+                return Ok(());
+            }
+        }
+        items.push(Item::Named(b'r', value.repr()?));
         Ok(())
     }
 
@@ -860,9 +1096,27 @@ impl<'py> CodeWalk<'py> {
         self.held.push(module.clone());
         let attributes = module.cast::<PyModule>()?.dict();
         let mut found = Vec::new();
+        let mut missing = false;
         for attribute in names.iter() {
             if let Some(value) = attributes.get_item(attribute)? {
                 found.push((attribute.clone(), value));
+            } else {
+                missing = true;
+            }
+        }
+        let getter = intern!(self.py, "__getattr__");
+        if missing {
+            if let Some(value) = attributes.get_item(getter)? {
+                // A name the code reads that a module `__getattr__` (PEP 562) serves: that
+                // function is followed, and what it reads with it (the dict behind it, digested
+                // on every run); and a name defined in the module since, which adds to its
+                // namespace, has the code read again. (Without one, reading a name the module
+                // does not define raises: no answer is kept.)
+                if !found.iter().any(|(attribute, _)| attribute.is(getter)) {
+                    found.push((getter.clone(), value));
+                }
+                let len = attributes.len();
+                self.bind(module, Binding::VarsLen { len }, None);
             }
         }
         text(&mut self.out, b'O', name_bytes(&name)?);
@@ -891,7 +1145,8 @@ impl<'py> CodeWalk<'py> {
 ///
 /// `files` remembers, by file name, whether code compiled from it is the user's, and
 /// `users_file(name)` decides it for a name not there yet (and remembers it); `users(object)`
-/// decides for a module without a file or a class whose module is not registered.
+/// decides for a module without a file or a class whose module is not registered; `load(name)`
+/// imports a module of the user's that code imports in its body and no one imported yet.
 ///
 /// # Errors
 /// Whatever reading an attribute raised, and `TypeError` for a root that is neither a class
@@ -902,6 +1157,7 @@ pub fn reach<'py>(
     files: &Bound<'py, PyDict>,
     users_file: &Bound<'py, PyAny>,
     users: &Bound<'py, PyAny>,
+    load: &Bound<'py, PyAny>,
 ) -> PyResult<(Bound<'py, PyBytes>, Witness, Vec<String>)> {
     let py = root.py();
     if !root.is_instance_of::<PyFunction>() && !root.is_instance_of::<PyType>() {
@@ -915,6 +1171,7 @@ pub fn reach<'py>(
         users: users.clone(),
         files: files.clone(),
         users_file: users_file.clone(),
+        load: load.clone(),
         out: Vec::with_capacity(2048),
         owners: Vec::new(),
         owner_at: ByAddressMap::default(),

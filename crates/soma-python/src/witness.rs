@@ -84,6 +84,7 @@ impl Held {
     }
 
     /// The object, while it lives.
+    #[inline]
     fn get<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyAny>> {
         match self {
             Held::Weak(weak) => weak.bind(py).upgrade(),
@@ -92,6 +93,7 @@ impl Held {
     }
 
     /// Whether `found` is this object.
+    #[inline]
     fn is(&self, py: Python<'_>, found: &Bound<'_, PyAny>) -> bool {
         self.get(py).is_some_and(|held| held.is(found))
     }
@@ -210,6 +212,7 @@ fn namespace<'py>(owner: &Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
 type Current<'py> = PyResult<Option<Bound<'py, PyAny>>>;
 
 /// `dict[name]`, `None` when missing (or when looking it up raised, which is cleared).
+#[inline]
 fn entry<'py>(namespace: &Bound<'py, PyAny>, name: &Py<PyAny>) -> Option<Bound<'py, PyAny>> {
     match namespace.cast::<PyDict>() {
         Ok(dict) => dict.get_item(name).ok().flatten(),
@@ -219,6 +222,7 @@ fn entry<'py>(namespace: &Bound<'py, PyAny>, name: &Py<PyAny>) -> Option<Bound<'
 }
 
 /// A function's field read through the C API: its code, globals, defaults, closure.
+#[inline]
 fn field<'py>(
     function: &Bound<'py, PyAny>,
     read: unsafe extern "C" fn(*mut ffi::PyObject) -> *mut ffi::PyObject,
@@ -249,6 +253,7 @@ struct Checked<'py> {
 }
 
 impl<'py> Checked<'py> {
+    #[inline]
     fn new(owner: Bound<'py, PyAny>) -> Self {
         Checked {
             owner,
@@ -257,12 +262,14 @@ impl<'py> Checked<'py> {
         }
     }
 
+    #[inline]
     fn namespace(&self) -> Option<&Bound<'py, PyAny>> {
         self.namespace
             .get_or_init(|| namespace(&self.owner))
             .as_ref()
     }
 
+    #[inline]
     fn globals(&self) -> Option<&Bound<'py, PyAny>> {
         self.globals
             .get_or_init(|| field(&self.owner, function_c::PyFunction_GetGlobals))
@@ -273,6 +280,11 @@ impl<'py> Checked<'py> {
 impl Binding {
     /// The object the binding holds now, if it still holds the one it held; an error only for
     /// an interrupt met while reading it (see [`unless_interrupted`]).
+    // Inlined into `Witness::collect`, its one caller, whatever the compiler's partitioning of
+    // the crate: left to it, a change elsewhere in the crate made every binding checked on a
+    // rerun's hit ~8% slower (`benches/python/cache.py`, "unchanged since the last run").
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     fn current<'py>(&self, checked: &Checked<'py>) -> Current<'py> {
         let owner = &checked.owner;
         let py = owner.py();

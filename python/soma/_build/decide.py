@@ -161,6 +161,9 @@ class Each(Decision):
     Made by :func:`each`, which checks ``in_flight`` first; ``body`` and ``in_flight`` are as
     there."""
 
+    # Not in its key: the nodes of its body are keyed as themselves.
+    _soma_not_state = ("_body",)
+
     def __init__(self, body: Body, in_flight: int | None) -> None:
         self._body = body
         self._in_flight = in_flight
@@ -188,6 +191,10 @@ class Switch(Decision):
     """``soma.switch(selector, cases)``: the case ``selector(input)`` names, on that input.
 
     Made by :func:`switch`; ``selector`` and ``cases`` are as there."""
+
+    # Not in its key, which its selector and its cases' labels make: the nodes of each case are
+    # keyed as themselves, so an edit to a case the selector did not take reruns no selector.
+    _soma_not_state = ("_cases",)
 
     def __init__(
         self, selector: Callable[[Any], Hashable], cases: Mapping[Any, Body | None]
@@ -254,6 +261,10 @@ class Loop(Decision):
     ``until`` of it is true.
 
     Made by :func:`loop`; ``body``, ``until`` and ``max_iterations`` are as there."""
+
+    # Not in its key, which its predicate and bound make: the body's nodes are keyed as
+    # themselves.
+    _soma_not_state = ("_body",)
 
     def __init__(self, body: Body, until: Callable[[Any], object], max_iterations: int) -> None:
         if not callable(until):

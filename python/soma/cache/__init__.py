@@ -9,7 +9,9 @@ safe: they miss and compute again.
 
 The package holds the cache itself: :class:`soma.Cache` in ``_cache`` (the entries, in memory or
 in a folder) and what its keys cover in ``_fingerprint`` (the digests of values, code and
-nodes).
+nodes), with the two ways a user tells a key what Soma cannot see: ``soma.cache.resource(cls)``
+(values of ``cls`` are resources, keyed by their type) and ``soma.cache.ignore(value)`` (a value
+no key reads).
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ import sys
 from pathlib import Path
 
 from soma.cache._cache import _read_entry
+from soma.cache._fingerprint import ignore, resource
+
+__all__ = ["ignore", "resource"]
 
 
 def _size(n: float) -> str:

@@ -8,18 +8,25 @@ size), numpy arrays by dtype, shape and bytes (read in place by the Rust hasher,
 threads for a large one), a subclass of ``ndarray`` with the state it adds (a masked array's
 mask), torch tensors likewise, and every other object — a subclass of a builtin, a namedtuple,
 an ``OrderedDict``, a dataclass, a pandas frame — by what pickle would keep of it
-(``__reduce_ex__``), beside its class. What pickle refuses (a lock, a generator, an open file)
-raises :class:`Unkeyable`, naming where it was found: no key is better than a guess.
+(``__reduce_ex__``), beside its class. A resource — what a node works with rather than
+computes from: a lock, a socket, a client, a logger, an executor, an open file (:data:`RESOURCES`,
+:data:`CLIENTS`, and the classes given to :func:`resource`) — by its type alone; a value given to
+:func:`ignore` by a mark. What pickle refuses that is no resource (a generator), and an object
+reduced more than :data:`DEEPEST_REDUCTION` levels deep, raises :class:`Unkeyable`, naming
+where it was found: no key is better than a guess.
 
 **Code** is keyed where it can be read, by ``soma._soma.reach``: a function by its compiled code
 (constants included, line numbers not, so moving a function does not rerun it), its defaults,
 its closure's cells, and what its instructions look up by name — the functions and classes of
 the user's own modules (transitively: a helper's helpers), the module-level values it reads, a
-module's attributes it reads (``helpers.scale``) — but not the code of installed libraries,
-which is keyed by name. A class by its bases, its methods and its attributes, wherever it was
-defined (a file, a notebook, ``exec``); a value of a class of the user's by that class's digest
+module's attributes it reads (``helpers.scale``), the modules it imports in its body — but not
+the globals it only writes to (a log it appends to, a counter), nor the code of installed
+libraries, which is keyed by name. A class by its name, bases, methods, attributes and
+annotations, wherever it was defined (a file, a notebook, ``exec``), never by its module's name,
+which says where the code was run from; a value of a class of the user's by that class's digest
 too, so that what reads it runs again when a method it may call is edited. A node's
-fingerprint is its class's digest and its state's (``__dict__``, ``__slots__``).
+fingerprint is its class's digest, its state's (``__dict__``, ``__slots__``, less what Soma's
+own steps name in ``_soma_not_state``: a switch's cases) and its ``cache_key()``'s answer.
 
 **Remembered, with a witness.** Reading a node's whole reach again on every run would cost tens
 of microseconds a node. A class's digest, a function's, and a node's whose attributes cannot
@@ -33,8 +40,9 @@ reads, a node's weights) is digested again on every run.
 Nothing here reads an ``id()`` into a digest, a ``hash()`` (salted per process for ``str``) or
 an order Python does not fix, so a digest is the same in every process that holds the same
 value and runs the same code. The walks use stacks of their own, so a value nested deeper than
-Python's recursion limit is digested like any other; a container met twice (a cycle, or one
-object held in two places) is fed as a reference to its first place.
+Python's recursion limit is digested like any other, in time linear in its size (where a value
+lies is made into text only for a warning); a container met twice (a cycle, or one object held
+in two places) is fed as a reference to its first place.
 """
 
 from __future__ import annotations
@@ -43,6 +51,8 @@ import contextlib
 import copyreg
 import ctypes
 import functools
+import importlib
+import importlib.util
 import os
 import site
 import struct
@@ -51,9 +61,12 @@ import sysconfig
 import types
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from soma import _soma
+
+T = TypeVar("T")
+V = TypeVar("V")
 
 
 class Unkeyable(Exception):
@@ -61,10 +74,36 @@ class Unkeyable(Exception):
     its type and ``where`` says where it was found, as a path from the value (``.weights[2]``)
     or through the code that reads it (``Scale.forward > helpers.LOCK``)."""
 
-    def __init__(self, kind: str, where: str) -> None:
-        super().__init__(f"a `{kind}` at `{where or '(the value itself)'}` cannot be digested")
+    def __init__(self, kind: str, where: Where) -> None:
+        text = _path(where)
+        super().__init__(f"a `{kind}` at `{text or '(the value itself)'}` cannot be digested")
         self.kind = kind
-        self.where = where
+        self.where = text
+
+
+# Where a value lies, from the root a walk started at: text, or a link to where its container
+# lies — `(parent, index)` for a sequence's item, `(parent, ".name")` for an attribute,
+# `(parent, None, key)` for a dict's entry. Made into text only for a warning, so that a walk
+# down a value nested a million deep costs no path a million long at each level.
+Where = str | tuple[Any, ...]
+
+
+def _path(where: Where) -> str:
+    """The text of ``where``: ``Scale.forward > helpers.SETTINGS['k'][2]``."""
+    parts: list[str] = []
+    while not isinstance(where, str):
+        if len(where) == 3:
+            parts.append(f"[{where[2]!r}]")
+        elif isinstance(where[1], int):
+            parts.append(f"[{where[1]}]")
+        else:
+            parts.append(where[1])
+        where = where[0]
+    parts.append(where)
+    parts.reverse()
+    if len(parts) > 24:  # A path a thousand levels deep says no more than its ends.
+        parts[12:-12] = [f"…({len(parts) - 24:,} more)…"]
+    return "".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,6 +170,142 @@ def _is(value: object, module: str, name: str) -> bool:
     loaded = sys.modules.get(module)
     cls = getattr(loaded, name, None) if loaded is not None else None
     return isinstance(cls, type) and isinstance(value, cls)
+
+
+# ---------------------------------------------------------------------------------------------
+# Resources, and what the user keeps out
+
+
+# Objects that are resources rather than data — what a node uses to do its work, not what its
+# output is computed from — by a class in their type's MRO, as `(module, name)`: keyed by their
+# type, never digested. Told by name, so that no library is imported to ask.
+RESOURCES: frozenset[tuple[str, str]] = frozenset(
+    {
+        # Threads and what they synchronise with.
+        ("_thread", "lock"),
+        ("_thread", "RLock"),
+        ("_thread", "_local"),
+        ("threading", "_RLock"),
+        ("threading", "Condition"),
+        ("threading", "Semaphore"),
+        ("threading", "Event"),
+        ("threading", "Barrier"),
+        ("threading", "Thread"),
+        ("multiprocessing.synchronize", "SemLock"),
+        ("multiprocessing.synchronize", "Condition"),
+        ("multiprocessing.synchronize", "Event"),
+        ("queue", "Queue"),
+        ("_queue", "SimpleQueue"),
+        ("concurrent.futures._base", "Executor"),
+        ("subprocess", "Popen"),
+        # asyncio's loops and what they synchronise with.
+        ("asyncio.events", "AbstractEventLoop"),
+        ("asyncio.locks", "Lock"),
+        ("asyncio.locks", "Event"),
+        ("asyncio.locks", "Condition"),
+        ("asyncio.locks", "Semaphore"),
+        ("asyncio.locks", "Barrier"),
+        ("asyncio.queues", "Queue"),
+        # Sockets, open files, connections.
+        ("_socket", "socket"),
+        ("socket", "socket"),
+        ("ssl", "SSLContext"),
+        ("selectors", "BaseSelector"),
+        ("_io", "_IOBase"),
+        ("io", "IOBase"),
+        ("sqlite3", "Connection"),
+        ("sqlite3", "Cursor"),
+        # Loggers.
+        ("logging", "Logger"),
+        ("logging", "LoggerAdapter"),
+        ("logging", "Handler"),
+    }
+)
+
+# Clients and sessions of libraries, by the package their module is in (`httpx._client` is in
+# `httpx`) and their class's name.
+CLIENTS: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("httpx", "Client"),
+        ("httpx", "AsyncClient"),
+        ("requests", "Session"),
+        ("aiohttp", "ClientSession"),
+        ("aiohttp", "BaseConnector"),
+        ("urllib3", "PoolManager"),
+        ("urllib3", "HTTPConnectionPool"),
+        ("openai", "BaseClient"),
+        ("anthropic", "BaseClient"),
+        ("botocore", "BaseClient"),
+        ("redis", "Redis"),
+        ("sqlalchemy", "Engine"),
+        ("sqlalchemy", "Connection"),
+        ("sqlalchemy", "Session"),
+    }
+)
+
+# In-memory files hold their content, which a node may read: data, not resources.
+_NOT_RESOURCES = frozenset({("_io", "BytesIO"), ("_io", "StringIO")})
+
+# The classes the user said are resources (`soma.cache.resource`).
+_USERS_RESOURCES: weakref.WeakSet[type] = weakref.WeakSet()
+
+# By type: whether its values are resources, told once.
+_RESOURCE_TYPES: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
+
+
+def _is_resource(kind: type) -> bool:
+    """Whether values of ``kind`` are resources (see :data:`RESOURCES` and :data:`CLIENTS`)."""
+    known = _RESOURCE_TYPES.get(kind)
+    if known is None:
+        known = False
+        for cls in kind.__mro__:
+            module, name = getattr(cls, "__module__", None), cls.__name__
+            if not isinstance(module, str):
+                continue
+            if cls in _USERS_RESOURCES or (module, name) in RESOURCES:
+                known = True
+                break
+            if (module, name) in _NOT_RESOURCES:
+                break
+            package = module.partition(".")[0]
+            if (package, name) in CLIENTS:
+                known = True
+                break
+        with contextlib.suppress(TypeError):  # A type that cannot be referenced weakly.
+            _RESOURCE_TYPES[kind] = known
+    return known
+
+
+def resource(cls: type[T]) -> type[T]:
+    """Says that values of ``cls`` and its subclasses are resources rather than data (a client,
+    a connection pool): a key holds their type, never their content. Returns ``cls``, so it may
+    decorate a class."""
+    if not isinstance(cls, type):
+        raise TypeError(
+            f"soma.cache.resource takes a class, not an object of type `{type(cls).__name__}`\n"
+            "hint: `soma.cache.resource(type(client))`"
+        )
+    _USERS_RESOURCES.add(cls)
+    _RESOURCE_TYPES.clear()
+    return cls
+
+
+# The values the user said are not part of any key (`soma.cache.ignore`), by id: each held, so
+# that its id is no one else's while it is in here.
+_IGNORED: dict[int, object] = {}
+
+
+def ignore(value: V) -> V:
+    """Says that ``value`` — a list a node logs into, a dict it memoizes in — is not part of
+    any key, wherever a node reads it: a key holds a mark in its place. Returns ``value``."""
+    if _unchangeable(value):
+        raise TypeError(
+            f"soma.cache.ignore takes a value that can change in place (a list, a dict, an "
+            f"object), not a `{type(value).__name__}`: one of those is the same object wherever "
+            "it is written, so it cannot be told apart\nhint: `LOG = soma.cache.ignore([])`"
+        )
+    _IGNORED[id(value)] = value
+    return value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,8 +448,18 @@ class _SetEnd:
         self.set_id = set_id
 
 
+# A tuple's head for the lengths most tuples have, made once.
+_TUPLE_HEADS = tuple(b"(" + _length(n) for n in range(16))
+
 _MEMBER_START = object()
 _MEMBER_END = object()
+_REDUCED_END = object()
+
+# How many objects reduced by `__reduce_ex__` may hold one another, nested: ten times what
+# `pickle` itself reads (it stops at Python's recursion limit), so that no value pickle keeps is
+# refused, and an endless reduction (one that makes a new object of its class at each level)
+# stops in a few milliseconds.
+DEEPEST_REDUCTION = 10_000
 
 _BUILTIN_CALLABLES = (
     types.BuiltinFunctionType,
@@ -295,18 +480,18 @@ def digest(value: object) -> bytes:
     return _soma.blake3(out)
 
 
-def _digest_at(value: object, where: str, busy: frozenset[int]) -> bytes:
+def _digest_at(value: object, where: Where, busy: frozenset[int]) -> bytes:
     out = bytearray()
     _feed(value, where, out, busy)
     return _soma.blake3(out)
 
 
-def _feed(root: object, where: str, out: bytearray, busy: frozenset[int]) -> None:
+def _feed(root: object, where: Where, out: bytearray, busy: frozenset[int]) -> None:
     """Writes ``root``'s encoding into ``out``, the bytes to be hashed; a buffer (an array's, a
     tensor's) is written as its own BLAKE3 digest, made where it lies, so it is never copied.
     ``busy``: the classes and functions whose digests are being made further up, met again as
     a reference."""
-    # Each entry: a value and where it lies, raw bytes to feed as they are, or a mark.
+    # Each entry: a value and where it lies (a tuple), raw bytes to feed as they are, or a mark.
     pending: list[Any] = [(root, where)]
     # Containers met so far, by identity, with the order they were met in (held, so that no
     # id is reused while the walk lasts); each member of a set is walked with a map of its own.
@@ -314,24 +499,27 @@ def _feed(root: object, where: str, out: bytearray, busy: frozenset[int]) -> Non
     scopes: list[tuple[bytearray, dict[int, tuple[int, object]]]] = []
     members: list[bytes] = []
     open_sets: set[int] = set()
+    # How many objects reduced by `__reduce_ex__` hold the one being walked: a reduction that
+    # makes a new object to reduce at each level would go on for ever.
+    reductions = 0
     while pending:
         item = pending.pop()
-        if isinstance(item, bytes):
-            out += item
-            continue
-        if item is _MEMBER_START:
-            scopes.append((out, seen))
-            out, seen = bytearray(), {}
-            continue
-        if item is _MEMBER_END:
-            members.append(_soma.blake3(out))
-            out, seen = scopes.pop()
-            continue
-        if isinstance(item, _SetEnd):
-            done = sorted(members[len(members) - item.count :])
-            del members[len(members) - item.count :]
-            out += b"".join(done)
-            open_sets.discard(item.set_id)
+        if type(item) is not tuple:
+            if isinstance(item, bytes):
+                out += item
+            elif item is _REDUCED_END:
+                reductions -= 1
+            elif item is _MEMBER_START:
+                scopes.append((out, seen))
+                out, seen = bytearray(), {}
+            elif item is _MEMBER_END:
+                members.append(_soma.blake3(out))
+                out, seen = scopes.pop()
+            else:
+                done = sorted(members[len(members) - item.count :])
+                del members[len(members) - item.count :]
+                out += b"".join(done)
+                open_sets.discard(item.set_id)
             continue
         value: Any = item[0]
         where = item[1]
@@ -341,8 +529,13 @@ def _feed(root: object, where: str, out: bytearray, busy: frozenset[int]) -> Non
             out += scalar(value)
             continue
         if kind is tuple:
-            out += b"(" + _length(len(value))
-            pending.extend((v, f"{where}[{i}]") for i, v in reversed(list(enumerate(value))))
+            size = len(value)
+            out += _TUPLE_HEADS[size] if size < len(_TUPLE_HEADS) else b"(" + _length(size)
+            if size == 2:  # A pair, a cons cell: as many of them as values in a nested list.
+                pending.append((value[1], (where, 1)))
+                pending.append((value[0], (where, 0)))
+            else:
+                pending.extend((v, (where, i)) for i, v in reversed(list(enumerate(value))))
             continue
         if kind is types.CodeType:
             out += b"k" + _code_digest(value)
@@ -352,17 +545,19 @@ def _feed(root: object, where: str, out: bytearray, busy: frozenset[int]) -> Non
             out += b"@" + _length(mark[0])
             continue
         seen[id(value)] = (len(seen), value)
-        if kind is list:
+        if _IGNORED and id(value) in _IGNORED:  # Kept out of keys by the user.
+            out += b"x"
+        elif kind is list:
             out += b"[" + _length(len(value))
-            pending.extend((v, f"{where}[{i}]") for i, v in reversed(list(enumerate(value))))
+            pending.extend((v, (where, i)) for i, v in reversed(list(enumerate(value))))
         elif kind is dict:
             # In its order, which a node can read (`next(iter(d))`): a dict in another order
             # is another value.
             out += b"{" + _length(len(value))
             entries = list(value.items())
             for key, entry in reversed(entries):
-                pending.append((entry, f"{where}[{key!r}]"))
-                pending.append((key, f"{where}.keys()"))
+                pending.append((entry, (where, None, key)))
+                pending.append((key, (where, ".keys()")))
         elif kind is set or kind is frozenset or isinstance(value, (set, frozenset)):
             if id(value) in open_sets:
                 raise Unkeyable(f"{_qualified(kind)} that holds itself", where)
@@ -372,12 +567,12 @@ def _feed(root: object, where: str, out: bytearray, busy: frozenset[int]) -> Non
             out += b"<" if kind is set else b">" if kind is frozenset else b"U"
             if kind is not set and kind is not frozenset:
                 pending.append(_subclass_state(value, where))
-                pending.append((kind, f"{where}.__class__"))
+                pending.append((kind, (where, ".__class__")))
             out += _length(len(value))
             pending.append(_SetEnd(len(value), id(value)))
             for member in value:
                 pending.append(_MEMBER_END)
-                pending.append((member, f"{where}{{…}}"))
+                pending.append((member, (where, "{…}")))
                 pending.append(_MEMBER_START)
         elif kind is bytearray:
             out += b"B" + _length(len(value)) + bytes(value)
@@ -405,8 +600,8 @@ def _feed(root: object, where: str, out: bytearray, busy: frozenset[int]) -> Non
                 out += _text(b"l", _qualified(value))
         elif kind is types.MethodType:
             out += b"m"
-            pending.append((value.__self__, f"{where}.__self__"))
-            pending.append((value.__func__, f"{where}.__func__"))
+            pending.append((value.__self__, (where, ".__self__")))
+            pending.append((value.__func__, (where, ".__func__")))
         elif isinstance(value, _BUILTIN_CALLABLES):
             bound = getattr(value, "__self__", None)
             out += _text(b"h", _qualified(value))
@@ -414,27 +609,37 @@ def _feed(root: object, where: str, out: bytearray, busy: frozenset[int]) -> Non
                 out += b"-"
             else:
                 out += b"+"
-                pending.append((bound, f"{where}.__self__"))
+                pending.append((bound, (where, ".__self__")))
         elif kind is types.ModuleType:
             out += _text(b"M", value.__name__)
         elif kind is staticmethod or kind is classmethod:
             out += b"y" if kind is staticmethod else b"Y"
-            pending.append((value.__func__, f"{where}.__func__"))
+            pending.append((value.__func__, (where, ".__func__")))
         elif kind is functools.cached_property:  # By its function: its lock is no content.
             out += b"Q"
-            pending.append((value.func, f"{where}.func"))
+            pending.append((value.func, (where, ".func")))
         elif kind is property:
             out += b"p"
             for part in ("fdel", "fset", "fget"):
-                pending.append((getattr(value, part), f"{where}.{part}"))
+                pending.append((getattr(value, part), (where, f".{part}")))
         elif kind is types.MappingProxyType:
             out += b"P"
             pending.append((dict(value), where))
+        elif _is_resource(kind):
+            # What a node works with, not what it computes from: its type.
+            if _users_class(kind):
+                out += b"Z" + _unit_digest(kind, busy)
+            else:
+                out += _text(b"w", _qualified(kind))
         else:
+            if reductions >= DEEPEST_REDUCTION:
+                raise Unkeyable(f"{_qualified(kind)} reduced {reductions} levels deep", where)
+            reductions += 1
+            pending.append(_REDUCED_END)
             _reduced(value, where, pending, out)
 
 
-def _subclass_state(value: object, where: str) -> tuple[object, str]:
+def _subclass_state(value: object, where: Where) -> tuple[object, Where]:
     """What an instance of a subclass holds beside its base's content: its ``__dict__`` and
     ``__slots__``, as a dict."""
     state = dict(getattr(value, "__dict__", {}))
@@ -443,10 +648,10 @@ def _subclass_state(value: object, where: str) -> tuple[object, str]:
         for name in [declared] if isinstance(declared, str) else declared:
             if name not in ("__dict__", "__weakref__") and hasattr(value, name):
                 state[name] = getattr(value, name)
-    return (state, f"{where}.__dict__")
+    return (state, (where, ".__dict__"))
 
 
-def _reduced(value: Any, where: str, pending: list[Any], out: bytearray) -> None:
+def _reduced(value: Any, where: Where, pending: list[Any], out: bytearray) -> None:
     """An object by what pickle would save of it — how to make it again, and from what — beside
     its class: a namedtuple by its fields, a subclass of a builtin by its content and its
     instance state, a `datetime`, a `Decimal`, a pandas frame by its blocks and axes. What
@@ -464,7 +669,7 @@ def _reduced(value: Any, where: str, pending: list[Any], out: bytearray) -> None
         wrapped = getattr(value, "__wrapped__", None)  # `functools.lru_cache(helper)`
         out += b"-" if wrapped is None else b"+"
         if wrapped is not None:
-            pending.append((wrapped, f"{where}.__wrapped__"))
+            pending.append((wrapped, (where, ".__wrapped__")))
         return
     if not isinstance(reduced, tuple) or not 2 <= len(reduced) <= 6:
         raise Unkeyable(_qualified(kind), where)
@@ -472,10 +677,10 @@ def _reduced(value: Any, where: str, pending: list[Any], out: bytearray) -> None
     parts = [list(p) if hasattr(p, "__next__") else p for p in reduced]
     out += b"R" + _length(len(parts))
     pending.append((tuple(parts), where))
-    pending.append((kind, f"{where}.__class__"))
+    pending.append((kind, (where, ".__class__")))
 
 
-def _numpy_array(array: Any, where: str, pending: list[Any], out: bytearray) -> None:
+def _numpy_array(array: Any, where: Where, pending: list[Any], out: bytearray) -> None:
     numpy = sys.modules["numpy"]
     kind = type(array)
     dtype = array.dtype
@@ -491,8 +696,8 @@ def _numpy_array(array: Any, where: str, pending: list[Any], out: bytearray) -> 
             state = None  # Its content is its bytes; where it maps them is not.
         else:
             state = _subclass_state(array, where)[0]
-        pending.append((state, f"{where}.__dict__"))
-        pending.append((kind, f"{where}.__class__"))
+        pending.append((state, (where, ".__dict__")))
+        pending.append((kind, (where, ".__class__")))
         array = array.view(numpy.ndarray)
     if dtype.hasobject:  # Pointers, not content: walked as the nested lists they hold.
         out += b"A" + header
@@ -503,7 +708,7 @@ def _numpy_array(array: Any, where: str, pending: list[Any], out: bytearray) -> 
     out += _soma.blake3(numpy.ascontiguousarray(array).reshape(-1).view(numpy.uint8))
 
 
-def _torch_tensor(tensor: Any, where: str, pending: list[Any], out: bytearray) -> None:
+def _torch_tensor(tensor: Any, where: Where, pending: list[Any], out: bytearray) -> None:
     torch = sys.modules["torch"]
     if tensor.layout is not torch.strided or tensor.is_quantized:
         raise Unkeyable(f"{tensor.layout} tensor", where)
@@ -521,7 +726,7 @@ def _torch_tensor(tensor: Any, where: str, pending: list[Any], out: bytearray) -
     out += _soma.blake3(_tensor_bytes(as_bytes))
     if subclass:  # Its class, then its own attributes.
         pending.append(_subclass_state(tensor, where))
-        pending.append((type(tensor), f"{where}.__class__"))
+        pending.append((type(tensor), (where, ".__class__")))
 
 
 def _tensor_bytes(flat: Any) -> memoryview:
@@ -609,8 +814,8 @@ def _unit(owner: type | types.FunctionType) -> tuple[_Unit, tuple[object, ...]]:
 def _unit_digest(owner: type | types.FunctionType, busy: frozenset[int]) -> bytes:
     """A class's or a function's whole digest; a reference by name when it is being made
     further up (a class whose attribute holds one of its instances)."""
-    if id(owner) in busy:
-        return _soma.blake3(_text(b"busy", _qualified(owner)))
+    if id(owner) in busy:  # By its name, without its module's (see `reach`).
+        return _soma.blake3(_text(b"busy", owner.__qualname__))
     unit, current = _unit(owner)
     return _finish(unit.stable, current, unit.wheres, busy | {id(owner)})
 
@@ -627,10 +832,25 @@ def _users(obj: object) -> bool:
     return False
 
 
+def _load(name: str) -> types.ModuleType | None:
+    """The module ``name``, which a function of the user's imports in its body and this
+    process has not imported yet, imported now if it is the user's (asked by
+    ``soma._soma.reach``): a hit never calls the node whose call would import it, and its code
+    must be in the key all the same. ``None`` for a library's module (keyed by name) and for
+    one that cannot be found, whose import fails in the node as it would without a cache."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not isinstance(spec.origin, str) or not _users_file(spec.origin):
+        return None
+    return importlib.import_module(name)
+
+
 def _reach(owner: type | types.FunctionType) -> _Unit:
     """A class's or a function's code read afresh (``soma._soma.reach`` says what it follows)."""
     try:
-        stable, witness, wheres = _soma.reach(owner, _USERS_FILES, _users_file, _users)
+        stable, witness, wheres = _soma.reach(owner, _USERS_FILES, _users_file, _users, _load)
     except Exception as error:  # An attribute that raised when read, a constant no compiler makes.
         raise Unkeyable(
             f"{_qualified(owner)} ({type(error).__name__}: {error})", _qualified(owner)
@@ -677,9 +897,17 @@ def fingerprint(node: object) -> bytes:
     for name, attribute in state.items():
         out += _text(b"", name)
         _feed(attribute, f".{name}", out, frozenset())
+    # What the node says its output depends on beside what Soma reads (a file's content, an
+    # environment variable): asked on every run, never remembered.
+    hook = getattr(cls, "cache_key", None)
+    if hook is not None:
+        out += b"+"
+        _feed(hook(node), ".cache_key()", out, frozenset())
+    else:
+        out += b"-"
     stable = _soma.blake3(out)
     result = _finish(stable, current, wheres, frozenset())
-    if native is None and all(map(_unchangeable, state.values())):
+    if native is None and hook is None and all(map(_unchangeable, state.values())):
         _remember(node, cls, state, stable, unit, wheres)
     elif remembered is not None and remembered.node() is node:
         del _REMEMBERED[id(node)]  # Its state can now change in place: checked no more.
@@ -754,4 +982,11 @@ def _state(obj: object) -> dict[str, object]:
         name: getattr(obj, name) for name in _slots(type(obj)) if hasattr(obj, name)
     }
     state.update(getattr(obj, "__dict__", {}))
-    return {name: value for name, value in state.items() if not name.startswith("_soma_")}
+    # What Soma's own steps hold that the nodes inside are keyed as themselves by: a switch's
+    # cases, a loop's body (see `soma._build.decide`).
+    structure = getattr(type(obj), "_soma_not_state", ())
+    return {
+        name: value
+        for name, value in state.items()
+        if not name.startswith("_soma_") and name not in structure
+    }
