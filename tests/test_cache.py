@@ -126,7 +126,8 @@ def test_a_rerun_calls_no_node_and_returns_what_the_first_run_returned(cache: so
     stats = cache.stats()
     assert (stats.hits, stats.misses) == (3, 3)
     assert stats.bytes_written > 0
-    assert stats.bytes_read == stats.bytes_written
+    # The result's entry alone is read: what `a` and `b` output, no node that ran read.
+    assert 0 < stats.bytes_read < stats.bytes_written
     assert stats.seconds_saved > 0
 
 
@@ -599,8 +600,8 @@ class Blob(soma.Node):
 def bounded(request: pytest.FixtureRequest, tmp_path: Path) -> soma.Cache:
     """A cache with room for two of `Blob`'s entries and not three."""
     if request.param == "memory":
-        return soma.Cache(max_bytes=2_500)
-    return soma.Cache(tmp_path / "cache", max_bytes=2_500)
+        return soma.Cache(max_bytes=2_700)
+    return soma.Cache(tmp_path / "cache", max_bytes=2_700)
 
 
 def test_max_bytes_evicts_the_least_recently_used_entry_first(bounded: soma.Cache) -> None:
@@ -715,7 +716,7 @@ def test_a_bounded_folder_counts_what_it_holds_again_after_it_was_cleared(
 ) -> None:
     from soma import cache as command
 
-    cache = soma.Cache(tmp_path, max_bytes=2_500)
+    cache = soma.Cache(tmp_path, max_bytes=2_700)
     g = soma.Graph.somatize(Blob().named("blob"))
     calls(g, b"1", cache)
     calls(g, b"2", cache)
@@ -730,7 +731,7 @@ def test_entries_written_without_the_bound_are_counted_at_a_bounded_writers_next
     tmp_path: Path,
 ) -> None:
     g = soma.Graph.somatize(Blob().named("blob"))
-    bounded = soma.Cache(tmp_path, max_bytes=2_500)
+    bounded = soma.Cache(tmp_path, max_bytes=2_700)
     calls(g, b"first", bounded)
     for x in (b"1", b"2", b"3"):  # Past the bound, uncounted.
         calls(g, x, soma.Cache(tmp_path))
