@@ -760,20 +760,6 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_the_command_lists_a_folders_entries_and_marks_a_damaged_one(tmp_path: Path) -> None:
-    cache = soma.Cache(tmp_path)
-    calls(chain(), 3, cache)
-    damaged = _entries(cache)[0]
-    damaged.write_bytes(damaged.read_bytes()[:-1])
-    shown = _cli(str(tmp_path))
-    assert shown.returncode == 0, shown.stderr
-    head, *rows = shown.stdout.splitlines()
-    assert head.startswith(f"{tmp_path}: 3 entries, ")
-    assert len(rows) == 3
-    assert sum("damaged" in row for row in rows) == 1
-    assert sum("computed in" in row for row in rows) == 2
-
-
 def test_the_command_clears_a_folder_and_the_next_run_computes_everything(tmp_path: Path) -> None:
     cache = soma.Cache(tmp_path)
     calls(chain(), 3, cache)

@@ -162,10 +162,14 @@ def test_a_damaged_entry_found_unread_is_counted_and_computed_again_when_read(
 
 def test_an_output_read_by_a_step_that_decides_is_read_when_found(cache: soma.Cache) -> None:
     g = soma.Graph.somatize(
-        Plus(1).named("a") >> soma.switch(lambda x: "odd" if x % 2 else "even", {
-            "odd": Plus(10).named("odd"),
-            "even": Plus(20).named("even"),
-        })
+        Plus(1).named("a")
+        >> soma.switch(
+            lambda x: "odd" if x % 2 else "even",
+            {
+                "odd": Plus(10).named("odd"),
+                "even": Plus(20).named("even"),
+            },
+        )
     )
     assert calls(g, 2, cache) == (13, ["a", "odd"])
     assert calls(g, 2, cache) == (13, [])
