@@ -80,11 +80,11 @@ _MAGIC = b"SOMA-CACHE-3\n"
 _CHECKSUM = 32
 _RECORD = struct.Struct("<Q32sdd?32sHH")
 _RECORD_AT = len(_MAGIC) + _CHECKSUM
-# What a hit reads first: a whole record with the longest names a node is given, and the
-# whole of a small entry.
-_HEAD_BYTES = 4096
 # The longest id or class name kept in a record (UTF-8 bytes): longer ones are cut.
 _NAME_BYTES = 1000
+# What a hit reads first: a whole record, whatever its names, and the whole of a small entry.
+_HEAD_BYTES = 4096
+assert _RECORD_AT + _RECORD.size + 2 * _NAME_BYTES <= _HEAD_BYTES
 # A hit marks its entry used at most this often in a folder without a bound (where nothing
 # is evicted by it): marking it on every hit would cost a hit a system call.
 _MARK_USED_EVERY_S = 3600.0
@@ -196,11 +196,8 @@ def _read_head(name: str) -> tuple[_Record | None, bytes, int, float]:
     handle = os.open(name, os.O_RDONLY | getattr(os, "O_BINARY", 0))
     try:
         status = os.fstat(handle)
-        data = os.read(handle, _HEAD_BYTES)
+        data = os.read(handle, _HEAD_BYTES)  # A record is shorter: its names are cut.
         record = _read_record(data)
-        if record is None and len(data) == _HEAD_BYTES:  # Names longer than the first read.
-            data += os.read(handle, 2 * _NAME_BYTES + _RECORD_AT + _RECORD.size)
-            record = _read_record(data)
         if record is not None and status.st_size != record.end + record.length:
             record = None  # Cut short, or grown: not whole.
         return record, data, status.st_size, status.st_mtime
@@ -457,8 +454,10 @@ class Cache:
         except OSError:
             return False, None
         found = _read_entry(data)
-        if found is None or _soma.blake3(found.payload) != unread.checksum:
-            self._count(corrupted=0 if found is not None else 1)
+        if found is None:  # Damaged since it was found.
+            self._count(corrupted=1)
+            return False, None
+        if _soma.blake3(found.payload) != unread.checksum:  # Written over since: another.
             return False, None
         try:
             output = pickle.loads(found.payload)
