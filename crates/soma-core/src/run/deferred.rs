@@ -7,7 +7,10 @@
 //! result, and nothing of `big` or `smaller`; a node that runs reads what it reads, just before
 //! its call. An entry gone by then (removed by another process, damaged) is computed again,
 //! by its node, from what that node read — kept in the deferred output for this, and itself
-//! read (or computed again) first, from a stack: a chain of lost entries costs no stack.
+//! read (or computed again) first, from a stack: a chain of lost entries costs no stack. So
+//! that keeping it costs nothing, a hit is left unread only when what its node read is the
+//! run's input or outputs left unread themselves: a node that hits after one that ran reads
+//! its entry when found, as before, and the value that ran is dropped when it would have been.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
@@ -20,7 +23,7 @@ use crate::run::error::RunError;
 use crate::run::executor::Executor;
 use crate::run::keys::RunKeys;
 use crate::run::lane::Lane;
-use crate::run::program::{Op, Reads, Step};
+use crate::run::program::{Op, Read, Reads, Step};
 use crate::run::table::Frame;
 
 /// A hit's output, not read yet: what the run puts in its slot, inside a `Value::Opaque`.
@@ -95,6 +98,21 @@ impl Deferred {
 }
 
 impl Executor {
+    /// Whether what `step` reads holds nothing computed in this run: the run's input, or
+    /// outputs of hits left unread — what a hit on it may keep, unread, at no cost.
+    pub(super) fn reads_nothing_computed(step: &Step, frame: &Frame<'_>) -> bool {
+        let unread = |read: &Read| {
+            frame
+                .read(read.slot())
+                .is_some_and(|value| deferred(value).is_some())
+        };
+        match &step.from {
+            Reads::Input => true,
+            Reads::One(one) => unread(one),
+            Reads::Many(joined) => joined.reads.iter().all(|(_, read)| unread(read)),
+        }
+    }
+
     /// What a hit on `step` (found under `key`) leaves in its slot: its output unread, with
     /// what its node would have read — taken from the table as the node would have taken it —
     /// kept to compute it again should its entry be gone when it is read.

@@ -579,8 +579,9 @@ impl Executor {
 
     /// Looks `step` up in the run's cache: `Ok` with its output when its key is there (the
     /// values it would have taken dropped unread, its span marked cached, its identity
-    /// settled) — left unread where only nodes read it ([`RunKeys::deferrable`]), with what
-    /// it would have taken kept instead — `Err` with its key (if it has one) when it must run.
+    /// settled) — left unread where only nodes read it ([`RunKeys::deferrable`]) and it read
+    /// nothing this run computed, with what it would have taken kept instead — `Err` with its
+    /// key (if it has one) when it must run.
     pub(super) fn look_up(
         &self,
         keys: &RunKeys,
@@ -597,7 +598,7 @@ impl Executor {
         let Some(key) = key else {
             return Err(None);
         };
-        if keys.deferrable(step.slot()) {
+        if keys.deferrable(step.slot()) && Self::reads_nothing_computed(step, frame) {
             // Only nodes read it: its output is read when one of them runs, if one does.
             if let Some(found) = keys.cache.find(id, &key) {
                 keys.settle(step.slot(), Some(found.digest.unwrap_or(key)));

@@ -634,6 +634,8 @@ struct Reads {
     inner: Arc<MemoryCache>,
     read: Arc<std::sync::atomic::AtomicUsize>,
     lose: bool,
+    /// How many hits were found unread.
+    found: std::sync::atomic::AtomicUsize,
 }
 
 impl soma_core::NodeCache for Reads {
@@ -651,6 +653,8 @@ impl soma_core::NodeCache for Reads {
 
     fn find(&self, id: &soma_core::NodeId, key: &Key) -> Option<soma_core::Found> {
         let entry = self.inner.get(id, key)?;
+        self.found
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (read, lose) = (Arc::clone(&self.read), self.lose);
         Some(soma_core::Found {
             digest: entry.digest,
@@ -671,6 +675,7 @@ fn a_fully_cached_rerun_reads_no_output_that_only_nodes_that_hit_read() {
         inner: Arc::clone(&bench.cache),
         read: Arc::clone(&read),
         lose: false,
+        found: std::sync::atomic::AtomicUsize::new(0),
     };
     let executor = Executor::new().with_cache(Arc::new(store));
     let before = bench.log.entries().len();
@@ -702,6 +707,7 @@ fn an_output_found_unread_that_cannot_be_read_when_needed_is_computed_again_by_i
         inner: Arc::clone(&bench.cache),
         read: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         lose: true,
+        found: std::sync::atomic::AtomicUsize::new(0),
     };
     let executor = Executor::new().with_cache(Arc::new(store));
     let expected = bench.uncached(Value::Int(1));
@@ -710,4 +716,28 @@ fn an_output_found_unread_that_cannot_be_read_when_needed_is_computed_again_by_i
     assert_eq!(result, expected);
     // `j` runs; `b` and `c`, lost, are computed again, and `a` once for both.
     assert_eq!(bench.called_since(before), names(&["a", "b", "c", "j"]));
+}
+
+#[test]
+fn a_hit_on_what_a_node_that_ran_computed_is_read_when_found_and_keeps_nothing_computed() {
+    let bench = Bench::new(&chain(&["a", "b", "c", "d"]));
+    bench.run(Value::Int(1));
+    bench.kept_out.lock().unwrap().insert("a".to_owned()); // `a` runs, the same output.
+    let store = Arc::new(Reads {
+        inner: Arc::clone(&bench.cache),
+        read: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        lose: false,
+        found: std::sync::atomic::AtomicUsize::new(0),
+    });
+    let executor = Executor::new().with_cache(Arc::clone(&store) as _);
+    let expected = bench.uncached(Value::Int(1));
+    let before = bench.log.entries().len();
+    assert_eq!(
+        executor.run_program(&bench.program, Value::Int(1)).unwrap(),
+        expected
+    );
+    assert_eq!(bench.called_since(before), names(&["a"]));
+    // `b` read what `a` computed: found and read whole, so that `a`'s output is dropped
+    // after `b` as it would be; `c` and `d` read what was read.
+    assert_eq!(store.found.load(std::sync::atomic::Ordering::Relaxed), 0);
 }
