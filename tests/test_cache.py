@@ -126,8 +126,10 @@ def test_a_rerun_calls_no_node_and_returns_what_the_first_run_returned(cache: so
     stats = cache.stats()
     assert (stats.hits, stats.misses) == (3, 3)
     assert stats.bytes_written > 0
-    # The result's entry alone is read: what `a` and `b` output, no node that ran read.
-    assert 0 < stats.bytes_read < stats.bytes_written
+    if cache.path is None:  # Numbers, kept as they are: each handed out, none unpickled.
+        assert stats.bytes_read == stats.bytes_written
+    else:  # The result's entry alone is read: what `a` and `b` output, no node that ran read.
+        assert 0 < stats.bytes_read < stats.bytes_written
     assert stats.seconds_saved > 0
 
 

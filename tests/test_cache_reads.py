@@ -104,7 +104,7 @@ def test_an_entry_removed_between_its_hit_and_its_read_is_computed_again(
     assert calls(g, b"x", cache) == (20_001, ["a", "b", "c"])
     found = soma.Cache._find
 
-    def found_then_removed(self: soma.Cache, key: bytes) -> tuple[bool, bytes | None, object]:
+    def found_then_removed(self: soma.Cache, key: bytes) -> tuple[bool, bytes | None, bool, object]:
         answer = found(self, key)
         self._file(key).unlink()  # By another process, say: `python -m soma.cache PATH --clear`.
         return answer

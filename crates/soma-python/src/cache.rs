@@ -9,8 +9,9 @@
 //! The Python side is one object per forward with eight methods: `fingerprint(id)`,
 //! `digest(value)` and `input_digest(id, value)` answering 32 bytes or `None`, `get(key)`
 //! answering `(found, value, digest)`, `peek(key)` answering `(found, digest)`, `find(key)`
-//! answering `(found, digest, unread)` and `read(unread)` answering `(found, value)` (a hit
-//! whose output is read only when a node that runs needs it: `soma_core::NodeCache::find`),
+//! answering `(found, digest, read, output or unread)` and `read(unread)` answering `(found,
+//! value)` (a hit whose output is read only when a node that runs needs it:
+//! `soma_core::NodeCache::find`),
 //! and `put(id, key, value, digest, seconds)`. None of them may fail the run: the
 //! Python side turns what it cannot do into a miss, with a warning; anything it still raises is
 //! reported as unraisable and read as a miss here, except Ctrl-C, which stops the run as in a
@@ -23,7 +24,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyString, PyTuple};
-use soma_core::{Entry, Found, Key, Node, NodeCache, NodeId, Value};
+use soma_core::{Entry, Found, Key, Node, NodeCache, NodeId, Unread, Value};
 
 use crate::convert::{to_python, wrap};
 use crate::graph::GraphCore;
@@ -130,9 +131,12 @@ fn report(run: &Bound<'_, PyAny>, raised: PyErr) {
     }
 }
 
-/// What the Python side's `get` answers — found, the output, its digest (or `None`) — and its
-/// `find` — found, the digest, what `read` reads the output from.
+/// What the Python side's `get` answers: found, the output, its digest (or `None`).
 type Answer<'py> = (bool, Bound<'py, PyAny>, Bound<'py, PyAny>);
+
+/// What the Python side's `find` answers: found, the digest, whether the output is read
+/// already, and the output or what `read` reads it from.
+type Finding<'py> = (bool, Bound<'py, PyAny>, bool, Bound<'py, PyAny>);
 
 /// 32 bytes as a key; anything else (`None`) as none.
 fn key_of(answer: Option<Bound<'_, PyAny>>) -> Option<Key> {
@@ -179,14 +183,21 @@ impl NodeCache for PythonCache {
         crate::exit::attach(|py| {
             let key = PyBytes::new(py, key.as_bytes());
             let answer = self.ask(py, intern!(py, "find"), (key,))?;
-            let (found, digest, unread): Answer<'_> = answer.extract().ok()?;
+            let (found, digest, read, what): Finding<'_> = answer.extract().ok()?;
             if !found {
                 return None;
             }
+            let digest = key_of(Some(digest));
+            if read {
+                return Some(Found::Read(Entry {
+                    value: wrap(what),
+                    digest,
+                }));
+            }
             let run = self.run.clone_ref(py);
-            let unread = unread.unbind();
-            Some(Found {
-                digest: key_of(Some(digest)),
+            let unread = what.unbind();
+            Some(Found::Unread(Unread {
+                digest,
                 read: Box::new(move || {
                     crate::exit::attach(|py| {
                         let run = run.bind(py);
@@ -203,7 +214,7 @@ impl NodeCache for PythonCache {
                         found.then(|| wrap(value))
                     })
                 }),
-            })
+            }))
         })
     }
 

@@ -406,41 +406,45 @@ class Cache:
             record = None
         return (False, None) if record is None else (True, record.digest)
 
-    def _find(self, key: bytes) -> tuple[bool, bytes | None, object]:
-        """A hit counted as ``_load`` counts it, its output not read: ``(True, digest,
-        unread)``, the output read later by ``_read(unread)``; or ``(False, None, None)``. Of a
-        folder entry, it reads the record alone (and a small entry whole)."""
+    def _find(self, key: bytes) -> tuple[bool, bytes | None, bool, object]:
+        """A hit counted as ``_load`` counts it, its output not read: ``(True, digest, False,
+        unread)``, the output read later by ``_read(unread)`` — or ``(True, digest, True,
+        output)`` for an output kept as it is, which costs nothing to read; or ``(False, None,
+        False, None)``. Of a folder entry, it reads the record alone (and a small entry
+        whole)."""
         if self._path is None:
             with self._lock:
                 found = self._entries.pop(key, None)
                 if found is None:
                     self._stats["misses"] += 1
-                    return False, None, None
+                    return False, None, False, None
                 self._entries[key] = found  # Used now: the newest.
-                self._stats["hits"] += 1
-                self._stats["seconds_saved"] += found.seconds
-            return True, found.digest, found
+                stats = self._stats
+                stats["hits"] += 1
+                stats["seconds_saved"] += found.seconds
+                if found.output is not _NOT_KEPT:
+                    stats["bytes_read"] += len(found.payload)
+                    return True, found.digest, True, found.output
+            return True, found.digest, False, found
         file = self._file_name(key)
         try:
             record, data, size, modified = _read_head(file)
             self._mark_used(file, modified)
         except OSError:  # Missing, or unreadable: either way, not there.
             self._count(misses=1)
-            return False, None, None
+            return False, None, False, None
         if record is None:
             self._count(misses=1, corrupted=1)
-            return False, None, None
+            return False, None, False, None
         self._count(hits=1, seconds_saved=record.seconds)
         whole = data if len(data) == size else None
-        return True, record.digest, _Unread(file, record.checksum, whole)
+        return True, record.digest, False, _Unread(file, record.checksum, whole)
 
     def _read(self, unread: object) -> tuple[bool, Any]:
         """The output of an entry ``_find`` found: ``(True, output)``, or ``(False, None)``
         when it cannot be read whole any more (removed, damaged, written over since), which
         the engine computes again."""
         if isinstance(unread, _Entry):
-            if unread.output is not _NOT_KEPT:
-                return True, unread.output
             try:
                 output = pickle.loads(unread.payload)
             except Exception:  # Its class has gone, say.

@@ -46,9 +46,17 @@ pub struct Entry {
     pub digest: Option<Key>,
 }
 
-/// An entry found without its output read: its digest, and how to read the output when a node
-/// that runs needs it ([`NodeCache::find`]).
-pub struct Found {
+/// An entry found by [`NodeCache::find`]: read already, where reading it cost nothing (an
+/// output kept in memory as it is), or not read yet.
+pub enum Found {
+    /// The entry, its output read.
+    Read(Entry),
+    /// The entry's digest, and how to read its output when a node that runs needs it.
+    Unread(Unread),
+}
+
+/// An entry found without its output read ([`Found::Unread`]).
+pub struct Unread {
     /// The digest of the output, as filed with it.
     pub digest: Option<Key>,
     /// Reads the output; `None` when it cannot be read whole any more (removed, damaged since
@@ -101,18 +109,11 @@ pub trait NodeCache: Send + Sync {
     }
 
     /// The entry filed under `key` for `id`, found — a lookup counted as [`NodeCache::get`]
-    /// counts it — but its output not read until [`Found::read`] is called, which the executor
-    /// calls only when a node that runs reads it. By default [`NodeCache::get`]'s entry, its
-    /// output already read; a store whose reads cost (a folder, unpickling) reads the digest
-    /// alone here.
+    /// counts it — with its output read ([`Found::Read`]) or not ([`Found::Unread`]: read by
+    /// the executor only when a node that runs reads it). By default [`NodeCache::get`]'s
+    /// entry, read; a store whose reads cost (a folder, unpickling) answers the digest alone.
     fn find(&self, id: &NodeId, key: &Key) -> Option<Found> {
-        self.get(id, key).map(|entry| {
-            let value = entry.value;
-            Found {
-                digest: entry.digest,
-                read: Box::new(move || Some(value.clone())),
-            }
-        })
+        self.get(id, key).map(Found::Read)
     }
 }
 

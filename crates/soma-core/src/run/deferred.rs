@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use crate::model::key::Key;
 use crate::model::value::Value;
-use crate::run::cache::{Entry, Found};
+use crate::run::cache::{Entry, Unread};
 use crate::run::error::RunError;
 use crate::run::executor::Executor;
 use crate::run::keys::RunKeys;
@@ -119,7 +119,7 @@ impl Executor {
     pub(super) fn defer(
         step: &Step,
         key: Key,
-        found: Found,
+        found: Unread,
         input: &Value,
         frame: &mut Frame<'_>,
     ) -> Value {

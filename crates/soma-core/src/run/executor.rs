@@ -18,7 +18,7 @@
 //! branch has been joined — ahead of any branch's error, even an earlier-declared one: a panic
 //! is a bug, and reporting an ordinary error in its place would swallow it.
 
-use super::cache::{Entry, NodeCache};
+use super::cache::{Entry, Found, NodeCache};
 use super::detach::{Detached, Kept, Remains};
 use super::error::RunError;
 use super::hooks::{Host, ItemContext, Watch};
@@ -600,11 +600,19 @@ impl Executor {
         };
         if keys.deferrable(step.slot()) && Self::reads_nothing_computed(step, frame) {
             // Only nodes read it: its output is read when one of them runs, if one does.
-            if let Some(found) = keys.cache.find(id, &key) {
-                keys.settle(step.slot(), Some(found.digest.unwrap_or(key)));
-                let deferred = Self::defer(step, key, found, input, frame);
-                self.mark_cached(step, id, lane);
-                return Ok(deferred);
+            match keys.cache.find(id, &key) {
+                Some(Found::Unread(found)) => {
+                    keys.settle(step.slot(), Some(found.digest.unwrap_or(key)));
+                    let deferred = Self::defer(step, key, found, input, frame);
+                    self.mark_cached(step, id, lane);
+                    return Ok(deferred);
+                }
+                Some(Found::Read(entry)) => {
+                    self.skip(step, id, frame, lane);
+                    keys.settle(step.slot(), Some(entry.digest.unwrap_or(key)));
+                    return Ok(entry.value);
+                }
+                None => {}
             }
         } else if let Some(entry) = keys.cache.get(id, &key) {
             self.skip(step, id, frame, lane);

@@ -656,13 +656,13 @@ impl soma_core::NodeCache for Reads {
         self.found
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (read, lose) = (Arc::clone(&self.read), self.lose);
-        Some(soma_core::Found {
+        Some(soma_core::Found::Unread(soma_core::Unread {
             digest: entry.digest,
             read: Box::new(move || {
                 read.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 (!lose).then(|| entry.value.clone())
             }),
-        })
+        }))
     }
 }
 
