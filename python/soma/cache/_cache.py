@@ -7,10 +7,13 @@ the node reads, and looks the key up before calling the node. This module keeps 
 in memory, or in a folder that several processes share.
 
 A folder entry is written to a temporary file in the same folder and renamed into place, so a
-process killed mid-write leaves a stray temporary file, never half an entry; each entry carries
-the BLAKE3 digest of its payload, so one truncated or corrupted since is detected when read,
-counted, and computed again, never returned. A folder that cannot be written (full, read-only)
-makes the run go on uncached, with one warning per cache.
+process killed mid-write leaves a stray temporary file, never half an entry. It begins with a
+record — the node that made it, its class, when, the seconds it took, the digest of the output
+and the BLAKE3 checksum of its payload, itself checksummed — which a hit reads alone when the
+engine leaves the output unread (``find``, read later by ``read`` if a node that runs needs
+it), and ``python -m soma.cache`` lists and prunes by. One truncated or corrupted since is
+detected when read, counted, and computed again, never returned. A folder that cannot be
+written (full, read-only) makes the run go on uncached, with one warning per cache.
 
 A folder's size bound holds across processes: the bytes its entries hold are counted in the
 file ``.held`` beside them, and an entry is renamed into place only under an advisory lock on
