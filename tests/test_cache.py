@@ -129,7 +129,10 @@ def test_a_rerun_calls_no_node_and_returns_what_the_first_run_returned(cache: so
     stats = cache.stats()
     assert (stats.hits, stats.misses) == (3, 3)
     assert stats.bytes_written > 0
-    assert stats.bytes_read == stats.bytes_written
+    if cache.path is None:  # Numbers, kept as they are: each handed out, none unpickled.
+        assert stats.bytes_read == stats.bytes_written
+    else:  # The result's entry alone is read: what `a` and `b` output, no node that ran read.
+        assert 0 < stats.bytes_read < stats.bytes_written
     assert stats.seconds_saved > 0
 
 
@@ -632,8 +635,8 @@ class Blob(soma.Node):
 def bounded(request: pytest.FixtureRequest, tmp_path: Path) -> soma.Cache:
     """A cache with room for two of `Blob`'s entries and not three."""
     if request.param == "memory":
-        return soma.Cache(max_bytes=2_500)
-    return soma.Cache(tmp_path / "cache", max_bytes=2_500)
+        return soma.Cache(max_bytes=2_700)
+    return soma.Cache(tmp_path / "cache", max_bytes=2_700)
 
 
 def test_max_bytes_evicts_the_least_recently_used_entry_first(bounded: soma.Cache) -> None:
@@ -748,7 +751,7 @@ def test_a_bounded_folder_counts_what_it_holds_again_after_it_was_cleared(
 ) -> None:
     from soma import cache as command
 
-    cache = soma.Cache(tmp_path, max_bytes=2_500)
+    cache = soma.Cache(tmp_path, max_bytes=2_700)
     g = soma.Graph.somatize(Blob().named("blob"))
     calls(g, b"1", cache)
     calls(g, b"2", cache)
@@ -763,7 +766,7 @@ def test_entries_written_without_the_bound_are_counted_at_a_bounded_writers_next
     tmp_path: Path,
 ) -> None:
     g = soma.Graph.somatize(Blob().named("blob"))
-    bounded = soma.Cache(tmp_path, max_bytes=2_500)
+    bounded = soma.Cache(tmp_path, max_bytes=2_700)
     calls(g, b"first", bounded)
     for x in (b"1", b"2", b"3"):  # Past the bound, uncounted.
         calls(g, x, soma.Cache(tmp_path))
@@ -790,20 +793,6 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=SUBPROCESS_DEADLINE,
     )
-
-
-def test_the_command_lists_a_folders_entries_and_marks_a_damaged_one(tmp_path: Path) -> None:
-    cache = soma.Cache(tmp_path)
-    calls(chain(), 3, cache)
-    damaged = _entries(cache)[0]
-    damaged.write_bytes(damaged.read_bytes()[:-1])
-    shown = _cli(str(tmp_path))
-    assert shown.returncode == 0, shown.stderr
-    head, *rows = shown.stdout.splitlines()
-    assert head.startswith(f"{tmp_path}: 3 entries, ")
-    assert len(rows) == 3
-    assert sum("damaged" in row for row in rows) == 1
-    assert sum("computed in" in row for row in rows) == 2
 
 
 def test_the_command_clears_a_folder_and_the_next_run_computes_everything(tmp_path: Path) -> None:

@@ -40,6 +40,7 @@ __all__ = [
     "parse_host",
     "reach",
     "step_and_rest",
+    "text_column",
 ]
 
 DEFAULT_TURN_LIMIT: int
@@ -52,6 +53,11 @@ MAX_NESTED_FORWARDS: int
 def blake3(data: bytes | memoryview | Any) -> bytes:
     """The 32-byte BLAKE3 digest of ``data``: bytes or any C-contiguous buffer (a numpy
     array), read in place; a large one with the GIL released."""
+
+def text_column(array: Any) -> bytes | None:
+    """The 32-byte digest of a C-contiguous one-dimensional ``numpy.ndarray`` of dtype
+    ``object`` whose elements are each exactly a ``str`` (with a UTF-8 form), ``None`` or a
+    ``float``, read from its pointers with the GIL held; ``None`` for any other array."""
 
 @final
 class Hasher:

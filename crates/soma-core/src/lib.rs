@@ -60,7 +60,7 @@ pub use model::value::Value;
 pub use observe::devices::{Drawing, GraphWithDevices};
 pub use plan::Plan;
 pub use run::aio::{Flow, FlowSettings, ItemOutcome, Settled, Task};
-pub use run::cache::{Entry, MemoryCache, NodeCache};
+pub use run::cache::{Entry, Found, MemoryCache, NodeCache, Unread};
 pub use run::crew::DEFAULT_IDLE_THREADS;
 pub use run::detach::STOP_GRACE;
 pub use run::error::{ProgramError, RunError};

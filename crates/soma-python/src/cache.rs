@@ -6,10 +6,13 @@
 //! nothing it was read from was rebound, it is read here, without a Python frame: most of what a
 //! hit cost beyond the engine was the frames that found it.
 //!
-//! The Python side is one object per forward with six methods: `fingerprint(id)`,
+//! The Python side is one object per forward with eight methods: `fingerprint(id)`,
 //! `digest(value)` and `input_digest(id, value)` answering 32 bytes or `None`, `get(key)`
-//! answering `(found, value, digest)`, `peek(key)` answering `(found, digest)`, and
-//! `put(id, key, value, digest, seconds)`. None of them may fail the run: the
+//! answering `(found, value, digest)`, `peek(key)` answering `(found, digest)`, `find(key)`
+//! answering `(found, digest, read, output or unread)` and `read(unread)` answering `(found,
+//! value)` (a hit whose output is read only when a node that runs needs it:
+//! `soma_core::NodeCache::find`),
+//! and `put(id, key, value, digest, seconds)`. None of them may fail the run: the
 //! Python side turns what it cannot do into a miss, with a warning; anything it still raises is
 //! reported as unraisable and read as a miss here, except Ctrl-C, which stops the run as in a
 //! node.
@@ -21,7 +24,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyString, PyTuple};
-use soma_core::{Entry, Key, Node, NodeCache, NodeId, Value};
+use soma_core::{Entry, Found, Key, Node, NodeCache, NodeId, Unread, Value};
 
 use crate::convert::{to_python, wrap};
 use crate::watch::note_interrupt;
@@ -94,22 +97,9 @@ impl PythonCache {
         }
     }
 
-    /// What a call into the run cache raised, which no run may fail for: Ctrl-C stops the run
-    /// as in a node, and is signalled again, so that the caller gets it even when no node
-    /// boundary comes after it (the last node's lookup); anything else is reported as
-    /// unraisable.
+    /// What a call into the run cache raised: see [`report`].
     fn report(&self, py: Python<'_>, raised: PyErr) {
-        if raised.is_instance_of::<PyKeyboardInterrupt>(py) {
-            note_interrupt();
-            // SAFETY: called with the GIL held; it only marks SIGINT as arrived, for the main
-            // thread's next check of signals to raise `KeyboardInterrupt` there.
-            #[allow(unsafe_code)]
-            unsafe {
-                pyo3::ffi::PyErr_SetInterrupt();
-            }
-        } else {
-            raised.write_unraisable(py, Some(self.run.bind(py)));
-        }
+        report(self.run.bind(py), raised);
     }
 
     /// Calls `method` (interned: a hit asks twice per node) on the run cache, through
@@ -131,8 +121,30 @@ impl PythonCache {
     }
 }
 
+/// What a call into the run cache `run` raised, which no run may fail for: Ctrl-C stops the run
+/// as in a node, and is signalled again, so that the caller gets it even when no node boundary
+/// comes after it (the last node's lookup); anything else is reported as unraisable.
+fn report(run: &Bound<'_, PyAny>, raised: PyErr) {
+    let py = run.py();
+    if raised.is_instance_of::<PyKeyboardInterrupt>(py) {
+        note_interrupt();
+        // SAFETY: called with the GIL held; it only marks SIGINT as arrived, for the main
+        // thread's next check of signals to raise `KeyboardInterrupt` there.
+        #[allow(unsafe_code)]
+        unsafe {
+            pyo3::ffi::PyErr_SetInterrupt();
+        }
+    } else {
+        raised.write_unraisable(py, Some(run));
+    }
+}
+
 /// What the Python side's `get` answers: found, the output, its digest (or `None`).
 type Answer<'py> = (bool, Bound<'py, PyAny>, Bound<'py, PyAny>);
+
+/// What the Python side's `find` answers: found, the digest, whether the output is read
+/// already, and the output or what `read` reads it from.
+type Finding<'py> = (bool, Bound<'py, PyAny>, bool, Bound<'py, PyAny>);
 
 /// 32 bytes as a key; anything else (`None`) as none.
 fn key_of(answer: Option<Bound<'_, PyAny>>) -> Option<Key> {
@@ -172,6 +184,45 @@ impl NodeCache for PythonCache {
                 value: wrap(value),
                 digest: key_of(Some(digest)),
             })
+        })
+    }
+
+    fn find(&self, _id: &NodeId, key: &Key) -> Option<Found> {
+        crate::exit::attach(|py| {
+            let key = PyBytes::new(py, key.as_bytes());
+            let answer = self.ask(py, intern!(py, "find"), (key,))?;
+            let (found, digest, read, what): Finding<'_> = answer.extract().ok()?;
+            if !found {
+                return None;
+            }
+            let digest = key_of(Some(digest));
+            if read {
+                return Some(Found::Read(Entry {
+                    value: wrap(what),
+                    digest,
+                }));
+            }
+            let run = self.run.clone_ref(py);
+            let unread = what.unbind();
+            Some(Found::Unread(Unread {
+                digest,
+                read: Box::new(move || {
+                    crate::exit::attach(|py| {
+                        let run = run.bind(py);
+                        let method = intern!(py, "read");
+                        let answer = match crate::exit::call_method(run, method, (unread.bind(py),))
+                        {
+                            Ok(answer) => answer,
+                            Err(raised) => {
+                                report(run, raised);
+                                return None;
+                            }
+                        };
+                        let (found, value): (bool, Bound<'_, PyAny>) = answer.extract().ok()?;
+                        found.then(|| wrap(value))
+                    })
+                }),
+            }))
         })
     }
 

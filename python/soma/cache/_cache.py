@@ -7,10 +7,13 @@ the node reads, and looks the key up before calling the node. This module keeps 
 in memory, or in a folder that several processes share.
 
 A folder entry is written to a temporary file in the same folder and renamed into place, so a
-process killed mid-write leaves a stray temporary file, never half an entry; each entry carries
-the BLAKE3 digest of its payload, so one truncated or corrupted since is detected when read,
-counted, and computed again, never returned. A folder that cannot be written (full, read-only)
-makes the run go on uncached, with one warning per cache.
+process killed mid-write leaves a stray temporary file, never half an entry. It begins with a
+record — the node that made it, its class, when, the seconds it took, the digest of the output
+and the BLAKE3 checksum of its payload, itself checksummed — which a hit reads alone when the
+engine leaves the output unread (``find``, read later by ``read`` if a node that runs needs
+it), and ``python -m soma.cache`` lists and prunes by. One truncated or corrupted since is
+detected when read, counted, and computed again, never returned. A folder that cannot be
+written (full, read-only) makes the run go on uncached, with one warning per cache.
 
 A folder's size bound holds across processes: the bytes its entries hold are counted in the
 file ``.held`` beside them, and an entry is renamed into place only under an advisory lock on
@@ -33,7 +36,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 try:
     import fcntl
@@ -70,12 +73,24 @@ class CacheStats:
     evicted: int = 0
 
 
-# An entry: this mark, the checksum (BLAKE3) of all that follows it, then the payload's length,
-# the seconds computing it took, whether it has a content digest and that digest (zeros when
-# not), then the payload (the output, pickled).
-_MAGIC = b"SOMA-CACHE-2\n"
+# An entry: this mark; the checksum (BLAKE3) of its record; the record — the payload's length
+# and checksum, the seconds computing it took, when it was made (seconds since the epoch),
+# whether it has a content digest and that digest (zeros when not), and the lengths of the id of
+# the node that made it and of its class's name — then that id and that name (UTF-8), then the
+# payload (the output, pickled). A hit whose output no node that runs reads reads the record
+# alone (`Cache._find`); the command (`python -m soma.cache`) lists and prunes by it.
+_MAGIC = b"SOMA-CACHE-3\n"
 _CHECKSUM = 32
-_HEADER = struct.Struct("<Qd?32s")
+_RECORD = struct.Struct("<Q32sdd?32sHH")
+_RECORD_AT = len(_MAGIC) + _CHECKSUM
+# The longest id or class name kept in a record (UTF-8 bytes): longer ones are cut.
+_NAME_BYTES = 1000
+# What a hit reads first: a whole record, whatever its names, and the whole of a small entry.
+_HEAD_BYTES = 4096
+assert _RECORD_AT + _RECORD.size + 2 * _NAME_BYTES <= _HEAD_BYTES
+# A hit marks its entry used at most this often in a folder without a bound (where nothing
+# is evicted by it): marking it on every hit would cost a hit a system call.
+_MARK_USED_EVERY_S = 3600.0
 
 
 # What `_Entry.output` holds when the output is kept pickled only.
@@ -94,46 +109,125 @@ class _Entry:
     output: object = _NOT_KEPT
 
 
-def _entry(entry: _Entry) -> bytes:
-    body = (
-        _HEADER.pack(
-            len(entry.payload), entry.seconds, entry.digest is not None, entry.digest or b""
+class _Record(NamedTuple):
+    """What a folder entry says of itself, read without its payload: a tuple, which a hit
+    makes faster than a dataclass."""
+
+    length: int
+    checksum: bytes
+    seconds: float
+    made: float
+    digest: bytes | None
+    # Its node's id and its class's name, in UTF-8, the id's length apart.
+    names: bytes
+    node_length: int
+    # Where its payload begins in the file.
+    end: int
+
+    @property
+    def node(self) -> str:
+        return self.names[: self.node_length].decode("utf-8", "replace")
+
+    @property
+    def cls(self) -> str:
+        return self.names[self.node_length :].decode("utf-8", "replace")
+
+
+def _name(text: str) -> bytes:
+    return text.encode("utf-8", "replace")[:_NAME_BYTES]
+
+
+def _entry(entry: _Entry, node: str, cls: str, made: float) -> bytes:
+    node_bytes, class_bytes = _name(node), _name(cls)
+    record = (
+        _RECORD.pack(
+            len(entry.payload),
+            _soma.blake3(entry.payload),
+            entry.seconds,
+            made,
+            entry.digest is not None,
+            entry.digest or b"",
+            len(node_bytes),
+            len(class_bytes),
         )
-        + entry.payload
+        + node_bytes
+        + class_bytes
     )
-    return _MAGIC + _soma.blake3(body) + body
+    return _MAGIC + _soma.blake3(record) + record + entry.payload
 
 
-def _read_file(name: str) -> bytes:
-    """The bytes of the file ``name``, read with two system calls and no Python file object:
-    a hit from a folder is mostly this."""
+def _read_record(data: bytes) -> _Record | None:
+    """The record at the start of ``data``, or ``None`` if it is not whole and intact (or not
+    all there: ``data`` is the file's first bytes)."""
+    if len(data) < _RECORD_AT + _RECORD.size or not data.startswith(_MAGIC):
+        return None
+    length, checksum, seconds, made, has_digest, digest, node, cls = _RECORD.unpack_from(
+        data, _RECORD_AT
+    )
+    names = _RECORD_AT + _RECORD.size
+    end = names + node + cls
+    if (
+        len(data) < end
+        or _soma.blake3(memoryview(data)[_RECORD_AT:end]) != data[len(_MAGIC) : _RECORD_AT]
+    ):
+        return None
+    digest = digest if has_digest else None
+    return _Record(length, checksum, seconds, made, digest, data[names:end], node, end)
+
+
+def _read_file(name: str) -> tuple[bytes, float]:
+    """The bytes of the file ``name`` and when it was last modified, read with a few system
+    calls and no Python file object: a hit from a folder is mostly this."""
     handle = os.open(name, os.O_RDONLY | getattr(os, "O_BINARY", 0))
     try:
-        size = os.fstat(handle).st_size
+        status = os.fstat(handle)
+        size = status.st_size
         data = os.read(handle, size)
         while len(data) < size:  # A read cut short (a signal): what is left.
             more = os.read(handle, size - len(data))
             if not more:
                 break
             data += more
-        return data
+        return data, status.st_mtime
+    finally:
+        os.close(handle)
+
+
+def _read_head(name: str) -> tuple[_Record | None, bytes, int, float]:
+    """The record of the entry in the file ``name``, the bytes read (the whole file when it is
+    small), the file's size and when it was last modified; reads no more of a large payload
+    than its first bytes."""
+    handle = os.open(name, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    try:
+        status = os.fstat(handle)
+        data = os.read(handle, _HEAD_BYTES)  # A record is shorter: its names are cut.
+        record = _read_record(data)
+        if record is not None and status.st_size != record.end + record.length:
+            record = None  # Cut short, or grown: not whole.
+        return record, data, status.st_size, status.st_mtime
     finally:
         os.close(handle)
 
 
 def _read_entry(data: bytes) -> _Entry | None:
     """The entry in ``data``, or ``None`` if it is not whole and intact."""
-    start = len(_MAGIC) + _CHECKSUM
-    if len(data) < start + _HEADER.size or not data.startswith(_MAGIC):
+    record = _read_record(data)
+    if record is None:
         return None
-    body = memoryview(data)[start:]
-    if _soma.blake3(body) != data[len(_MAGIC) : start]:
+    payload = memoryview(data)[record.end :]
+    if len(payload) != record.length or _soma.blake3(payload) != record.checksum:
         return None
-    length, seconds, has_digest, digest = _HEADER.unpack_from(body)
-    payload = body[_HEADER.size :]
-    if len(payload) != length:
-        return None
-    return _Entry(payload, seconds, digest if has_digest else None)
+    return _Entry(payload, record.seconds, record.digest)
+
+
+class _Unread(NamedTuple):
+    """A folder entry found, its output not read yet: where it lies, and its payload's checksum,
+    which the entry read later must have (one written over since is another entry)."""
+
+    file: str
+    checksum: bytes
+    # The whole file, when the first read was all of it.
+    data: bytes | None
 
 
 class Cache:
@@ -278,9 +372,8 @@ class Cache:
                 return False, None, None
         file = self._file_name(key)
         try:
-            data = _read_file(file)
-            if self._max_bytes is not None:
-                self._touch(file)
+            data, modified = _read_file(file)
+            self._mark_used(file, modified)
         except OSError:  # Missing, or unreadable: either way, not there.
             self._count(misses=1)
             return False, None, None
@@ -296,18 +389,90 @@ class Cache:
         self._count(hits=1, bytes_read=len(found.payload), seconds_saved=found.seconds)
         return True, output, found.digest
 
+    def _mark_used(self, file: str, modified: float) -> None:
+        """Marks the entry ``file``, last modified at ``modified``, used now: on every hit where
+        the least recently used are evicted, at most once an hour elsewhere (for the command's
+        listing and ``--older-than``)."""
+        if self._max_bytes is not None or time.time() - modified > _MARK_USED_EVERY_S:
+            self._touch(file)
+
     def _peek(self, key: bytes) -> tuple[bool, bytes | None]:
-        """Whether a whole entry is filed under ``key``, and its digest; counts nothing and
-        reads no output."""
+        """Whether an entry is filed under ``key``, and its digest; counts nothing and reads
+        no output (of a folder entry, its record alone)."""
         if self._path is None:
             with self._lock:
                 found = self._entries.get(key)
-        else:
+            return (False, None) if found is None else (True, found.digest)
+        try:
+            record = _read_head(self._file_name(key))[0]
+        except OSError:
+            record = None
+        return (False, None) if record is None else (True, record.digest)
+
+    def _find(self, key: bytes) -> tuple[bool, bytes | None, bool, object]:
+        """A hit counted as ``_load`` counts it, its output not read: ``(True, digest, False,
+        unread)``, the output read later by ``_read(unread)`` — or ``(True, digest, True,
+        output)`` for an output kept as it is, which costs nothing to read; or ``(False, None,
+        False, None)``. Of a folder entry, it reads the record alone (and a small entry
+        whole)."""
+        if self._path is None:
+            with self._lock:
+                found = self._entries.pop(key, None)
+                if found is None:
+                    self._stats["misses"] += 1
+                    return False, None, False, None
+                self._entries[key] = found  # Used now: the newest.
+                stats = self._stats
+                stats["hits"] += 1
+                stats["seconds_saved"] += found.seconds
+                if found.output is not _NOT_KEPT:
+                    stats["bytes_read"] += len(found.payload)
+                    return True, found.digest, True, found.output
+            return True, found.digest, False, found
+        file = self._file_name(key)
+        try:
+            record, data, size, modified = _read_head(file)
+            self._mark_used(file, modified)
+        except OSError:  # Missing, or unreadable: either way, not there.
+            self._count(misses=1)
+            return False, None, False, None
+        if record is None:
+            self._count(misses=1, corrupted=1)
+            return False, None, False, None
+        self._count(hits=1, seconds_saved=record.seconds)
+        whole = data if len(data) == size else None
+        return True, record.digest, False, _Unread(file, record.checksum, whole)
+
+    def _read(self, unread: object) -> tuple[bool, Any]:
+        """The output of an entry ``_find`` found: ``(True, output)``, or ``(False, None)``
+        when it cannot be read whole any more (removed, damaged, written over since), which
+        the engine computes again."""
+        if isinstance(unread, _Entry):
             try:
-                found = _read_entry(_read_file(self._file_name(key)))
-            except OSError:
-                found = None
-        return (False, None) if found is None else (True, found.digest)
+                output = pickle.loads(unread.payload)
+            except Exception:  # Its class has gone, say.
+                self._count(corrupted=1)
+                return False, None
+            self._count(bytes_read=len(unread.payload))
+            return True, output
+        assert isinstance(unread, _Unread)
+        try:
+            data = unread.data if unread.data is not None else _read_file(unread.file)[0]
+        except OSError:
+            return False, None
+        found = _read_entry(data)
+        if found is None:  # Damaged since it was found.
+            self._count(corrupted=1)
+            return False, None
+        if _soma.blake3(found.payload) != unread.checksum:  # Written over since: another.
+            return False, None
+        try:
+            output = pickle.loads(found.payload)
+        except Exception:  # Its class has gone, say.
+            self._count(corrupted=1)
+            return False, None
+        self._count(bytes_read=len(found.payload))
+        return True, output
 
     def would_hit(self, graph: Graph, input: Any = None) -> dict[str, bool]:
         """For each node of ``graph``, in plan order, whether ``graph.forward(input,
@@ -324,10 +489,16 @@ class Cache:
         return dict(graph._core.would_hit(input, self))
 
     def _store(
-        self, node_id: str, key: bytes, output: object, digest: bytes | None, seconds: float
+        self,
+        node_id: str,
+        key: bytes,
+        output: object,
+        digest: bytes | None,
+        seconds: float,
+        cls: str = "",
     ) -> None:
-        """Files ``output``, with its ``digest``, under ``key``; what cannot be kept is warned
-        about, not raised."""
+        """Files ``output``, node ``node_id``'s (of class ``cls``), with its ``digest``, under
+        ``key``; what cannot be kept is warned about, not raised."""
         try:
             payload = pickle.dumps(output, protocol=5)
         except Exception as error:
@@ -356,7 +527,7 @@ class Cache:
             return
         final = self._file(key)
         temporary = None
-        data = _entry(entry)
+        data = _entry(entry, node_id, cls, time.time())
         if self._max_bytes is not None and len(data) > self._max_bytes:
             return  # It could not fit, whatever was removed.
         try:
@@ -488,7 +659,7 @@ class Cache:
 class _RunCache:
     """The cache as one forward's engine asks it (see ``crates/soma-python/src/cache.rs``)."""
 
-    __slots__ = ("_cache", "_core", "get", "peek")
+    __slots__ = ("_cache", "_core", "find", "get", "peek", "read")
 
     def __init__(self, cache: Cache, core: _soma.GraphCore) -> None:
         self._cache = cache
@@ -496,6 +667,8 @@ class _RunCache:
         # The store's own methods, asked with a key alone: a hit is one call, no frame between.
         self.get = cache._load
         self.peek = cache._peek
+        self.find = cache._find
+        self.read = cache._read
 
     def fingerprint(self, node_id: str) -> bytes | None:
         node = self._core.implementation(node_id)
@@ -547,4 +720,8 @@ class _RunCache:
     def put(
         self, node_id: str, key: bytes, output: object, digest: bytes | None, seconds: float
     ) -> None:
-        self._cache._store(node_id, key, output, digest, seconds)
+        cls = ""
+        if self._cache._path is not None:  # Named in a folder's entries, for the command.
+            node = self._core.implementation(node_id)
+            cls = _fingerprint._qualified(type(node))
+        self._cache._store(node_id, key, output, digest, seconds, cls)

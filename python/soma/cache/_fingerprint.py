@@ -5,7 +5,8 @@ code and state of a node.
 counts), so two values that differ in content or type never feed the same bytes: builtins by
 their content (a dict in its order, a set in the order of its members' digests, an int of any
 size), numpy arrays by dtype, shape and bytes (read in place by the Rust hasher, on several
-threads for a large one), a subclass of ``ndarray`` with the state it adds (a masked array's
+threads for a large one; an array of objects that are strings — a pandas text column — by
+their UTF-8, read in Rust too), a subclass of ``ndarray`` with the state it adds (a masked array's
 mask), torch tensors likewise, and every other object — a subclass of a builtin, a namedtuple,
 an ``OrderedDict``, a dataclass, a pandas frame — by what pickle would keep of it
 (``__reduce_ex__``), beside its class. A resource — what a node works with rather than
@@ -699,8 +700,17 @@ def _numpy_array(array: Any, where: Where, pending: list[Any], out: bytearray) -
         pending.append((state, (where, ".__dict__")))
         pending.append((kind, (where, ".__class__")))
         array = array.view(numpy.ndarray)
-    if dtype.hasobject:  # Pointers, not content: walked as the nested lists they hold.
+    if dtype.hasobject:  # Pointers, not content.
         out += b"A" + header
+        if dtype.kind == "O":
+            # Text (a pandas `object` or `str` column): its strings read in Rust, in order, each
+            # tagged and its length before it, where walking them here cost three calls each.
+            # `T` begins no value's encoding, so this never feeds what a walked array feeds.
+            column = _soma.text_column(numpy.ascontiguousarray(array).reshape(-1))
+            if column is not None:
+                out += b"T" + column
+                return
+        # Any other object: walked as the nested lists they hold.
         pending.append((array.tolist(), where))
         return
     out += b"a" + header

@@ -17,6 +17,12 @@
 //! Each output is filed as soon as its node returns, so a run that fails part way keeps what it
 //! completed, and the next run calls only the failed node and what comes after it.
 //!
+//! A hit reads only the entry's digest ([`NodeCache::find`]) when its output is no leaf and is
+//! read by nodes alone (no step that decides): the output itself is read when one of those
+//! nodes runs, and never when all of them hit — so a fully cached rerun reads the result and
+//! nothing else. An entry that cannot be read by then (removed, damaged) is computed again from
+//! what its node read, kept for that (see `crate::run::deferred`).
+//!
 //! The store is behind the trait: [`MemoryCache`] keeps entries in a map; an embedder files
 //! them wherever it likes (a folder, Redis, S3) by implementing [`NodeCache`].
 
@@ -38,6 +44,24 @@ pub struct Entry {
     pub value: Value,
     /// The digest of its content, taken when it was computed; `None` when it has none.
     pub digest: Option<Key>,
+}
+
+/// An entry found by [`NodeCache::find`]: read already, where reading it cost nothing (an
+/// output kept in memory as it is), or not read yet.
+pub enum Found {
+    /// The entry, its output read.
+    Read(Entry),
+    /// The entry's digest, and how to read its output when a node that runs needs it.
+    Unread(Unread),
+}
+
+/// An entry found without its output read ([`Found::Unread`]).
+pub struct Unread {
+    /// The digest of the output, as filed with it.
+    pub digest: Option<Key>,
+    /// Reads the output; `None` when it cannot be read whole any more (removed, damaged since
+    /// it was found): the executor then computes it again. Called at most once a reader.
+    pub read: Box<dyn Fn() -> Option<Value> + Send + Sync>,
 }
 
 /// Where the executor looks a node's output up before running it, and files it after.
@@ -82,6 +106,14 @@ pub trait NodeCache: Send + Sync {
     /// entry's digest without its output says so here.
     fn peek(&self, id: &NodeId, key: &Key) -> Option<Option<Key>> {
         self.get(id, key).map(|entry| entry.digest)
+    }
+
+    /// The entry filed under `key` for `id`, found — a lookup counted as [`NodeCache::get`]
+    /// counts it — with its output read ([`Found::Read`]) or not ([`Found::Unread`]: read by
+    /// the executor only when a node that runs reads it). By default [`NodeCache::get`]'s
+    /// entry, read; a store whose reads cost (a folder, unpickling) answers the digest alone.
+    fn find(&self, id: &NodeId, key: &Key) -> Option<Found> {
+        self.get(id, key).map(Found::Read)
     }
 }
 

@@ -112,7 +112,7 @@ impl Executor {
     fn run_body(&self, body: &Program, input: &Value, lane: Lane<'_>) -> Result<Value, Halt> {
         let keys = lane
             .keys
-            .map(|outer| RunKeys::new(Arc::clone(&outer.cache), body.len()));
+            .map(|outer| RunKeys::new(Arc::clone(&outer.cache), body));
         let mut kept = Kept::new((input.clone(), vec![None; body.len()], keys));
         let (input, table, keys) = kept.get_mut();
         let (input, keys) = (&*input, keys.as_ref());

@@ -18,7 +18,7 @@
 //! branch has been joined — ahead of any branch's error, even an earlier-declared one: a panic
 //! is a bug, and reporting an ordinary error in its place would swallow it.
 
-use super::cache::{Entry, NodeCache};
+use super::cache::{Entry, Found, NodeCache};
 use super::detach::{Detached, Kept, Remains};
 use super::error::RunError;
 use super::hooks::{Host, ItemContext, Watch};
@@ -382,7 +382,7 @@ impl Executor {
     /// The identities a run of `program` keys its values by, when it runs with a cache.
     pub(super) fn run_keys(&self, program: &Program) -> Option<RunKeys> {
         let cache = self.cache.as_ref()?;
-        Some(RunKeys::new(Arc::clone(cache), program.len()))
+        Some(RunKeys::new(Arc::clone(cache), program))
     }
 
     /// The run's result, from the outcome of its walk and the table it filled; `input` is the
@@ -569,14 +569,19 @@ impl Executor {
             Err(key) => key,
         };
         let started = Instant::now();
-        let value = self.gather_and_call(step, input, frame, lane)?;
+        let gathered = Self::gather(step, input, frame);
+        let gathered = self.read_deferred(keys, step, gathered, lane)?;
+        let value = self.call(step, &gathered, lane)?;
+        drop(gathered);
         let id = &lane.program.ids[step.slot()];
         Ok(Self::file(keys, step, id, key, value, started.elapsed()))
     }
 
     /// Looks `step` up in the run's cache: `Ok` with its output when its key is there (the
     /// values it would have taken dropped unread, its span marked cached, its identity
-    /// settled), `Err` with its key (if it has one) when it must run.
+    /// settled) — left unread where only nodes read it ([`RunKeys::deferrable`]) and it read
+    /// nothing this run computed, with what it would have taken kept instead — `Err` with its
+    /// key (if it has one) when it must run.
     pub(super) fn look_up(
         &self,
         keys: &RunKeys,
@@ -590,14 +595,31 @@ impl Executor {
             .cache
             .fingerprint(id, &*step.node)
             .and_then(|fingerprint| keys.key_of(id, &fingerprint, step, input));
-        if let Some(key) = key {
-            if let Some(entry) = keys.cache.get(id, &key) {
-                self.skip(step, id, frame, lane);
-                keys.settle(step.slot(), Some(entry.digest.unwrap_or(key)));
-                return Ok(entry.value);
+        let Some(key) = key else {
+            return Err(None);
+        };
+        if keys.deferrable(step.slot()) && Self::reads_nothing_computed(step, frame) {
+            // Only nodes read it: its output is read when one of them runs, if one does.
+            match keys.cache.find(id, &key) {
+                Some(Found::Unread(found)) => {
+                    keys.settle(step.slot(), Some(found.digest.unwrap_or(key)));
+                    let deferred = Self::defer(step, key, found, input, frame);
+                    self.mark_cached(step, id, lane);
+                    return Ok(deferred);
+                }
+                Some(Found::Read(entry)) => {
+                    self.skip(step, id, frame, lane);
+                    keys.settle(step.slot(), Some(entry.digest.unwrap_or(key)));
+                    return Ok(entry.value);
+                }
+                None => {}
             }
+        } else if let Some(entry) = keys.cache.get(id, &key) {
+            self.skip(step, id, frame, lane);
+            keys.settle(step.slot(), Some(entry.digest.unwrap_or(key)));
+            return Ok(entry.value);
         }
-        Err(key)
+        Err(Some(key))
     }
 
     /// Files what `step`'s node computed, `value` in `took`, under its `key` if it has one, and

@@ -12,7 +12,7 @@ use crate::model::id::NodeId;
 use crate::model::key::Key;
 use crate::model::value::Value;
 use crate::run::cache::NodeCache;
-use crate::run::program::{Read, Reads, Step};
+use crate::run::program::{Op, Program, Read, Reads, Step};
 
 /// Derivation context of a node's key: no key of another kind can equal one. Version 2: a
 /// fingerprint covers the code a node reaches and a digest a value's whole content and type,
@@ -48,16 +48,26 @@ pub(crate) struct RunKeys {
     pub(crate) cache: Arc<dyn NodeCache>,
     input: OnceLock<Option<Key>>,
     outputs: Box<[OnceLock<Option<Key>>]>,
+    /// By slot: whether a hit there may leave its output unread until a node that runs reads
+    /// it ([`deferrable`]).
+    deferrable: Box<[bool]>,
 }
 
 impl RunKeys {
-    /// Identities for a run of `slots` steps, none known yet.
-    pub(crate) fn new(cache: Arc<dyn NodeCache>, slots: usize) -> Self {
+    /// Identities for a run of `program`, none known yet.
+    pub(crate) fn new(cache: Arc<dyn NodeCache>, program: &Program) -> Self {
         RunKeys {
             cache,
             input: OnceLock::new(),
-            outputs: (0..slots).map(|_| OnceLock::new()).collect(),
+            outputs: (0..program.len()).map(|_| OnceLock::new()).collect(),
+            deferrable: deferrable(program),
         }
+    }
+
+    /// Whether a hit in `slot` may leave its output unread: what reads it is nodes alone, which
+    /// read it when they run.
+    pub(crate) fn deferrable(&self, slot: usize) -> bool {
+        self.deferrable.get(slot).copied().unwrap_or(false)
     }
 
     /// The key of `step`'s node `id`, fingerprinted `fingerprint`, placed where it is, on what
@@ -126,4 +136,41 @@ impl RunKeys {
         // A slot is written only by its own step, once a run.
         let _ = self.outputs[slot].set(identity);
     }
+}
+
+/// By slot: whether the output of a hit there may be left unread until a node that runs reads
+/// it — the output of a sync node that is no leaf of `program` (the result is read) and that
+/// no step that decides reads (a `Map`, `Switch` or `Loop` hands its input to what it runs,
+/// which the executor does not look into). Every other output is read when found. Walked from
+/// a stack: any nesting costs no stack.
+fn deferrable(program: &Program) -> Box<[bool]> {
+    let mut deferrable = vec![false; program.len()];
+    let mut deciders: Vec<&Step> = Vec::new();
+    let mut pending = vec![&program.root];
+    while let Some(op) = pending.pop() {
+        match op {
+            Op::Empty => {}
+            Op::Execute(step) => deferrable[step.slot()] = !step.is_async(),
+            Op::Sequence { steps, .. } => pending.extend(steps.iter()),
+            Op::Wave { branches, .. } => pending.extend(branches.iter()),
+            Op::Map(map) => deciders.push(&map.step),
+            Op::Switch(switch) => deciders.push(&switch.step),
+            Op::Loop(repeat) => deciders.push(&repeat.step),
+        }
+    }
+    for step in deciders {
+        match &step.from {
+            Reads::Input => {}
+            Reads::One(one) => deferrable[one.slot()] = false,
+            Reads::Many(joined) => {
+                for (_, one) in &joined.reads {
+                    deferrable[one.slot()] = false;
+                }
+            }
+        }
+    }
+    for &leaf in &program.leaves {
+        deferrable[leaf] = false;
+    }
+    deferrable.into()
 }

@@ -18,7 +18,7 @@ impl Executor {
         let Some(cache) = &self.cache else {
             return Vec::new();
         };
-        let keys = RunKeys::new(std::sync::Arc::clone(cache), program.len());
+        let keys = RunKeys::new(std::sync::Arc::clone(cache), program);
         steps(&program.root)
             .into_iter()
             .map(|step| {

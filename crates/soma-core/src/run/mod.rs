@@ -15,6 +15,7 @@ mod attempt;
 pub(crate) mod cache;
 pub(crate) mod crew;
 mod decide;
+mod deferred;
 pub(crate) mod detach;
 pub(crate) mod error;
 pub(crate) mod executor;

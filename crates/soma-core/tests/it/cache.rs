@@ -627,3 +627,117 @@ fn an_input_without_a_digest_is_asked_for_once_a_run_by_its_first_reader_which_r
     assert_eq!(result, bench.uncached(Value::Int(1)));
     assert_eq!(*store.asked.lock().unwrap(), names(&["a", "a"]));
 }
+
+/// A [`MemoryCache`] that counts the outputs it reads for hits found unread, and can lose them:
+/// an entry then found cannot be read when a node that runs reads it.
+struct Reads {
+    inner: Arc<MemoryCache>,
+    read: Arc<std::sync::atomic::AtomicUsize>,
+    lose: bool,
+    /// How many hits were found unread.
+    found: std::sync::atomic::AtomicUsize,
+}
+
+impl soma_core::NodeCache for Reads {
+    fn fingerprint(&self, id: &soma_core::NodeId, node: &dyn Node) -> Option<Key> {
+        self.inner.fingerprint(id, node)
+    }
+
+    fn get(&self, id: &soma_core::NodeId, key: &Key) -> Option<Entry> {
+        self.inner.get(id, key)
+    }
+
+    fn put(&self, id: &soma_core::NodeId, key: &Key, entry: &Entry, took: std::time::Duration) {
+        self.inner.put(id, key, entry, took);
+    }
+
+    fn find(&self, id: &soma_core::NodeId, key: &Key) -> Option<soma_core::Found> {
+        let entry = self.inner.get(id, key)?;
+        self.found
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (read, lose) = (Arc::clone(&self.read), self.lose);
+        Some(soma_core::Found::Unread(soma_core::Unread {
+            digest: entry.digest,
+            read: Box::new(move || {
+                read.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                (!lose).then(|| entry.value.clone())
+            }),
+        }))
+    }
+}
+
+#[test]
+fn a_fully_cached_rerun_reads_no_output_that_only_nodes_that_hit_read() {
+    let bench = Bench::new(&chain(&["a", "b", "c", "d"]));
+    let (first, _) = bench.run(Value::Int(1));
+    let read = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let store = Reads {
+        inner: Arc::clone(&bench.cache),
+        read: Arc::clone(&read),
+        lose: false,
+        found: std::sync::atomic::AtomicUsize::new(0),
+    };
+    let executor = Executor::new().with_cache(Arc::new(store));
+    let before = bench.log.entries().len();
+    assert_eq!(
+        executor.run_program(&bench.program, Value::Int(1)).unwrap(),
+        first
+    );
+    assert_eq!(bench.called_since(before), Vec::<String>::new());
+    assert_eq!(read.load(std::sync::atomic::Ordering::Relaxed), 0);
+    // `d` edited: it runs, and reads `c`'s output, and no other.
+    bench.versions.edit("d");
+    let expected = bench.uncached(Value::Int(1));
+    let before = bench.log.entries().len();
+    let result = executor.run_program(&bench.program, Value::Int(1)).unwrap();
+    assert_eq!(bench.called_since(before), names(&["d"]));
+    assert_eq!(result, expected);
+    assert_eq!(read.load(std::sync::atomic::Ordering::Relaxed), 1);
+}
+
+#[test]
+fn an_output_found_unread_that_cannot_be_read_when_needed_is_computed_again_by_its_node() {
+    let bench = Bench::new(&graph(
+        &["a", "b", "c", "j"],
+        &[("a", "b"), ("a", "c"), ("b", "j"), ("c", "j")],
+    ));
+    bench.run(Value::Int(1));
+    bench.versions.edit("j");
+    let store = Reads {
+        inner: Arc::clone(&bench.cache),
+        read: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        lose: true,
+        found: std::sync::atomic::AtomicUsize::new(0),
+    };
+    let executor = Executor::new().with_cache(Arc::new(store));
+    let expected = bench.uncached(Value::Int(1));
+    let before = bench.log.entries().len();
+    let result = executor.run_program(&bench.program, Value::Int(1)).unwrap();
+    assert_eq!(result, expected);
+    // `j` runs; `b` and `c`, lost, are computed again, and `a` once for both.
+    assert_eq!(bench.called_since(before), names(&["a", "b", "c", "j"]));
+}
+
+#[test]
+fn a_hit_on_what_a_node_that_ran_computed_is_read_when_found_and_keeps_nothing_computed() {
+    let bench = Bench::new(&chain(&["a", "b", "c", "d"]));
+    bench.run(Value::Int(1));
+    bench.kept_out.lock().unwrap().insert("a".to_owned()); // `a` runs, the same output.
+    let store = Arc::new(Reads {
+        inner: Arc::clone(&bench.cache),
+        read: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        lose: false,
+        found: std::sync::atomic::AtomicUsize::new(0),
+    });
+    let executor = Executor::new().with_cache(Arc::clone(&store) as _);
+    let expected = bench.uncached(Value::Int(1));
+    let before = bench.log.entries().len();
+    assert_eq!(
+        executor.run_program(&bench.program, Value::Int(1)).unwrap(),
+        expected
+    );
+    assert_eq!(bench.called_since(before), names(&["a"]));
+    // `b` read what `a` computed: found and read whole, so that `a`'s output is dropped
+    // after `b` as it would be; `c` and `d` read what was read.
+    assert_eq!(store.found.load(std::sync::atomic::Ordering::Relaxed), 0);
+}

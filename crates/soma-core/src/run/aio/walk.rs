@@ -340,6 +340,7 @@ async fn cached(place: &Place, keys: &RunKeys, step: &Step, id: &NodeId) -> Resu
     };
     let started = Instant::now();
     let input = gathered(place, step);
+    let input = executor.read_deferred(keys, step, input, place.lane(&walk))?;
     let value = call(place, step, id, &input).await?;
     Ok(Executor::file(
         keys,
@@ -565,7 +566,7 @@ async fn run_body(place: &Place, body: &Program, input: Value) -> Result<Value, 
         .table
         .keys
         .as_ref()
-        .map(|outer| RunKeys::new(Arc::clone(&outer.cache), body.len()));
+        .map(|outer| RunKeys::new(Arc::clone(&outer.cache), body));
     let inner = Place {
         run: Arc::clone(&place.run),
         table: Arc::new(Table::new(body, input, keys)),

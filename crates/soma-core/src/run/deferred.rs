@@ -1,0 +1,214 @@
+//! Outputs found in the cache and not read yet: what a hit leaves in its slot when only nodes
+//! read it ([`RunKeys::deferrable`]), read when one of them runs.
+//!
+//! A node's key needs the digest of what it reads, never the value ([`crate::run::keys`]), so
+//! a hit needs no more of its entry than the digest filed beside it ([`NodeCache::find`]). A
+//! rerun of `big >> smaller >> tiny` that hits everywhere therefore reads `tiny`'s output, the
+//! result, and nothing of `big` or `smaller`; a node that runs reads what it reads, just before
+//! its call. An entry gone by then (removed by another process, damaged) is computed again,
+//! by its node, from what that node read — kept in the deferred output for this, and itself
+//! read (or computed again) first, from a stack: a chain of lost entries costs no stack. So
+//! that keeping it costs nothing, a hit is left unread only when what its node read is the
+//! run's input or outputs left unread themselves: a node that hits after one that ran reads
+//! its entry when found, as before, and the value that ran is dropped when it would have been.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use crate::model::key::Key;
+use crate::model::value::Value;
+use crate::run::cache::{Entry, Unread};
+use crate::run::error::RunError;
+use crate::run::executor::Executor;
+use crate::run::keys::RunKeys;
+use crate::run::lane::Lane;
+use crate::run::program::{Op, Read, Reads, Step};
+use crate::run::table::Frame;
+
+/// A hit's output, not read yet: what the run puts in its slot, inside a `Value::Opaque`.
+pub(crate) struct Deferred {
+    /// The slot of the step that hit, whose node computes it again if it must.
+    slot: usize,
+    /// The key it was found under, which it is filed again under if computed again.
+    key: Key,
+    /// What its node read, each deferred output in it as it was: kept until this is read.
+    input: Value,
+    /// Reads the entry's output.
+    read: Box<dyn Fn() -> Option<Value> + Send + Sync>,
+    /// The output, once read or computed.
+    value: OnceLock<Value>,
+    /// Whether reading it failed: it is then computed again, never read twice.
+    lost: AtomicBool,
+}
+
+/// The deferred output `value` stands for, if it is one.
+fn deferred(value: &Value) -> Option<&Deferred> {
+    value.downcast_ref::<Deferred>()
+}
+
+/// The values `input` (what a step gathered) holds that may be deferred: itself, or each value
+/// of a join's map.
+fn parts(input: &Value) -> Vec<&Value> {
+    match input {
+        Value::Map(pairs) => pairs.iter().map(|(_, value)| value).collect(),
+        other => vec![other],
+    }
+}
+
+/// `input` with each deferred output in it replaced by its value, read or computed already.
+fn substituted(input: &Value) -> Value {
+    let done = |value: &Value| match deferred(value) {
+        Some(output) => output
+            .value
+            .get()
+            .cloned()
+            .expect("each deferred input is read before its reader"),
+        None => value.clone(),
+    };
+    match input {
+        Value::Map(pairs) => Value::Map(
+            pairs
+                .iter()
+                .map(|(source, value)| (source.clone(), done(value)))
+                .collect(),
+        ),
+        other => done(other),
+    }
+}
+
+impl Deferred {
+    /// The output, read now if it was not yet; `None` when its entry cannot be read.
+    fn read(&self) -> Option<Value> {
+        if let Some(value) = self.value.get() {
+            return Some(value.clone());
+        }
+        if self.lost.load(Ordering::Acquire) {
+            return None;
+        }
+        // Two readers may both read it (two branches of a wave that both run): the first kept
+        // is the one every reader gets.
+        if let Some(value) = (self.read)() {
+            Some(self.value.get_or_init(|| value).clone())
+        } else {
+            self.lost.store(true, Ordering::Release);
+            None
+        }
+    }
+}
+
+impl Executor {
+    /// Whether what `step` reads holds nothing computed in this run: the run's input, or
+    /// outputs of hits left unread — what a hit on it may keep, unread, at no cost.
+    pub(super) fn reads_nothing_computed(step: &Step, frame: &Frame<'_>) -> bool {
+        let unread = |read: &Read| {
+            frame
+                .read(read.slot())
+                .is_some_and(|value| deferred(value).is_some())
+        };
+        match &step.from {
+            Reads::Input => true,
+            Reads::One(one) => unread(one),
+            Reads::Many(joined) => joined.reads.iter().all(|(_, read)| unread(read)),
+        }
+    }
+
+    /// What a hit on `step` (found under `key`) leaves in its slot: its output unread, with
+    /// what its node would have read — taken from the table as the node would have taken it —
+    /// kept to compute it again should its entry be gone when it is read.
+    pub(super) fn defer(
+        step: &Step,
+        key: Key,
+        found: Unread,
+        input: &Value,
+        frame: &mut Frame<'_>,
+    ) -> Value {
+        Value::opaque(Deferred {
+            slot: step.slot(),
+            key,
+            input: Self::gather(step, input, frame),
+            read: found.read,
+            value: OnceLock::new(),
+            lost: AtomicBool::new(false),
+        })
+    }
+
+    /// `gathered`, what `step` reads, with each deferred output in it read: what the step's
+    /// node is called on. An output whose entry cannot be read any more is computed again by
+    /// its node, and filed again.
+    pub(super) fn read_deferred(
+        &self,
+        keys: &RunKeys,
+        step: &Step,
+        gathered: Value,
+        lane: Lane<'_>,
+    ) -> Result<Value, RunError> {
+        if matches!(step.from, Reads::Input) {
+            return Ok(gathered); // The run's input: never deferred.
+        }
+        let mut stack: Vec<Value> = parts(&gathered)
+            .into_iter()
+            .filter(|value| deferred(value).is_some())
+            .cloned()
+            .collect();
+        if stack.is_empty() {
+            return Ok(gathered);
+        }
+        while let Some(top) = stack.last() {
+            let output = deferred(top).expect("only deferred outputs are stacked");
+            if output.read().is_some() {
+                stack.pop();
+                continue;
+            }
+            // Gone: what its node read comes first.
+            let waiting = parts(&output.input)
+                .into_iter()
+                .find(|value| deferred(value).is_some_and(|input| input.value.get().is_none()));
+            if let Some(waiting) = waiting {
+                let waiting = waiting.clone();
+                stack.push(waiting);
+                continue;
+            }
+            let value = self.compute_again(keys, output, lane)?;
+            let _ = output.value.set(value);
+            stack.pop();
+        }
+        Ok(substituted(&gathered))
+    }
+
+    /// Computes `output` again by its node, on what it read, and files it again under its key.
+    fn compute_again(
+        &self,
+        keys: &RunKeys,
+        output: &Deferred,
+        lane: Lane<'_>,
+    ) -> Result<Value, RunError> {
+        let step = step_at(&lane.program.root, output.slot)
+            .expect("a deferred output's step is in the program it was found in");
+        let id = &lane.program.ids[output.slot];
+        let input = substituted(&output.input);
+        let started = Instant::now();
+        let value = self.call(step, &input, lane)?;
+        let entry = Entry {
+            digest: keys.cache.digest(&value),
+            value,
+        };
+        keys.cache.put(id, &output.key, &entry, started.elapsed());
+        Ok(entry.value)
+    }
+}
+
+/// The step of `root` that writes `slot`, found from a stack: asked only for an entry lost
+/// between its hit and its read.
+fn step_at(root: &Op, slot: usize) -> Option<&Step> {
+    let mut pending = vec![root];
+    while let Some(op) = pending.pop() {
+        match op {
+            Op::Execute(step) if step.slot() == slot => return Some(step),
+            Op::Execute(_) | Op::Empty | Op::Map(_) | Op::Switch(_) | Op::Loop(_) => {}
+            Op::Sequence { steps, .. } => pending.extend(steps.iter()),
+            Op::Wave { branches, .. } => pending.extend(branches.iter()),
+        }
+    }
+    None
+}
