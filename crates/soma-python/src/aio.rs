@@ -14,18 +14,22 @@
 //! thread, coalesced into one `call_soon_threadsafe` per batch ([`Mailbox`]).
 //!
 //! Cancellation comes from asyncio: cancelling the asyncio task throws `CancelledError` into
-//! the stepper, which tells the engine's task ([`Task::cancel`]: it stops at its next node
-//! boundary and cancels its children) and throws the error on into the coroutine it awaits, if
-//! any. A `Wait` refuses to be cancelled itself — the cancellation then reaches the stepper once
-//! the engine's wait is over, and a piece running on a crew thread is never left behind by the
-//! task that lent it. A time limit ([`Tasks::interrupt_after`]) cancels the asyncio task the same
+//! the stepper. Thrown in while the task waits on the engine, it is the run's: the stepper
+//! tells the engine's task ([`Task::cancel`]: it stops at its next node boundary and cancels its
+//! children). Thrown in while an async node's coroutine awaits, it goes on into the coroutine,
+//! and may be the node's own — its `asyncio.timeout` or `TaskGroup` cancels the very task the
+//! run's cancellation does — so it is told apart once the node's call has ended, by what came
+//! out of it, as asyncio tells it for a coroutine a task awaits ([`Stepping::tell_handed`]). A
+//! `Wait` refuses to be cancelled itself — the cancellation then reaches the stepper once the
+//! engine's wait is over, and a piece running on a crew thread is never left behind by the task
+//! that lent it. A time limit ([`Tasks::interrupt_after`]) cancels the asyncio task the same
 //! way, and is told apart here by the timer that fired it.
 //!
 //! A node's `BaseException` (`KeyboardInterrupt`, `SystemExit`) is the node's outcome, carried
 //! to the run's caller: no stepper ever raises anything into the loop but `StopIteration` and,
 //! for the run of an `aforward`, the run's own outcome into the coroutine that awaits it.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::task::{Context, Poll, Waker};
@@ -53,6 +57,38 @@ thread_local! {
     static YIELDED: RefCell<Option<Py<PyAny>>> = const { RefCell::new(None) };
     /// The time limits armed by the task being polled on this thread ([`Tasks::interrupt_after`]).
     static INTERRUPTS: RefCell<Option<Arc<Interrupts>>> = const { RefCell::new(None) };
+    /// How an async node's call that was thrown a cancellation ended, during this poll
+    /// ([`ended_after_cancellation`]).
+    static ENDED_AFTER_CANCELLATION: Cell<Option<CallEnded>> = const { Cell::new(None) };
+}
+
+/// How an async node's call ended after a cancellation was thrown into it: what tells the
+/// node's own cancellation from the run's ([`Stepping::tell_handed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallEnded {
+    /// It returned: it swallowed the cancellation, or took back its own.
+    Returned,
+    /// It let a `CancelledError` out.
+    Cancelled,
+    /// It raised an error of its own (the `TimeoutError` of its `asyncio.timeout`, the
+    /// `ExceptionGroup` of its `TaskGroup`, ...).
+    Failed,
+}
+
+/// Whether `error` is an `asyncio.CancelledError`.
+pub fn is_cancellation(py: Python<'_>, error: &PyErr) -> bool {
+    cancelled_error_type(py).is_ok_and(|cancelled| error.is_instance(py, cancelled.as_any()))
+}
+
+/// Tells the stepper polling now how the async node's call it awaited ended, after a
+/// cancellation was thrown into it: whether that cancellation was the run's can be told now.
+pub fn ended_after_cancellation(py: Python<'_>, raised: Option<&PyErr>) {
+    let ended = match raised {
+        None => CallEnded::Returned,
+        Some(error) if is_cancellation(py, error) => CallEnded::Cancelled,
+        Some(_) => CallEnded::Failed,
+    };
+    ENDED_AFTER_CANCELLATION.with(|cell| cell.set(Some(ended)));
 }
 
 /// Takes what the task polled now was resumed with, if anything: for an async node's call, which
@@ -81,6 +117,18 @@ fn aio_module(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
 fn current_task(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
     static CURRENT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     CURRENT.import(py, "asyncio", "current_task")?.call0()
+}
+
+/// How many cancellations of the current asyncio task are pending (`Task.cancelling()`), or
+/// `None` outside any task.
+fn pending_cancellations(py: Python<'_>) -> PyResult<Option<usize>> {
+    let task = current_task(py)?;
+    if task.is_none() {
+        return Ok(None);
+    }
+    task.call_method0(intern!(py, "cancelling"))?
+        .extract()
+        .map(Some)
 }
 
 /// `asyncio.CancelledError`.
@@ -328,6 +376,13 @@ struct Stepping {
     /// of its caller's, so that what its nodes set never reaches the caller (a task of Soma's
     /// own has one of its own already).
     context: Option<Py<PyAny>>,
+    /// Whether the stepper's last yield was an async node's: a cancellation thrown in then goes
+    /// to the node's coroutine first, which may take it back (an `asyncio.timeout` or a
+    /// `TaskGroup` of its own), and is told apart once the call has ended.
+    node_awaits: bool,
+    /// The first cancellation handed to the node's coroutine, until its call ends, with how
+    /// many cancellations of the task were pending before it.
+    handed: Option<(PyErr, usize)>,
 }
 
 impl Stepper {
@@ -344,6 +399,8 @@ impl Stepper {
                 interrupts: Arc::default(),
                 root,
                 context,
+                node_awaits: false,
+                handed: None,
             })),
         }
     }
@@ -384,6 +441,12 @@ impl Stepper {
         INTERRUPTS.with(|armed| *armed.borrow_mut() = outer);
         RESUME.with(|resume| resume.borrow_mut().take());
         let yielded = YIELDED.with(|yielded| yielded.borrow_mut().take());
+        stepping.node_awaits = polled.is_pending() && yielded.is_some();
+        if let Some(ended) = ENDED_AFTER_CANCELLATION.with(Cell::take) {
+            // The node's call ended, holding its outcome back until this is told (it woke the
+            // task, which steps again at once and hands the outcome on).
+            stepping.tell_handed(py, ended)?;
+        }
         match polled {
             Poll::Ready(()) => {
                 let done = state.take().expect("a task polled to its end was there");
@@ -399,31 +462,67 @@ impl Stepper {
 }
 
 impl Stepping {
-    /// The asyncio task threw `error` in: a fired time limit of the node it awaits, or its
-    /// cancellation (its run's deadline's, for an `aforward` with a timeout).
+    /// The asyncio task threw `error` in: a fired time limit of the node it awaits, the node's
+    /// own cancellation (its `asyncio.timeout`, its `TaskGroup`), or the run's. One handed to
+    /// an async node's coroutine is told apart once its call has ended
+    /// ([`Stepping::tell_handed`]); one thrown in while the task waits on the engine (a piece,
+    /// its children, a retry's pause) can only be the run's.
     fn received(&mut self, py: Python<'_>, error: &PyErr) -> PyResult<()> {
-        let is_cancel = error.is_instance(py, cancelled_error_type(py)?.as_any());
-        if !is_cancel {
+        if !is_cancellation(py, error) {
             // Not a cancellation (asyncio refusing what was yielded, say): the coroutine the
             // task awaits, if any, gets it.
             return Ok(());
         }
         if self.interrupts.take_one() {
-            // The node's time limit, not the task's cancellation: the node's call alone ends.
-            let task = current_task(py)?;
-            task.call_method0(intern!(py, "uncancel"))?;
-            let still: usize = task.call_method0(intern!(py, "cancelling"))?.extract()?;
-            if still == 0 {
-                return Ok(());
-            }
+            // The node's time limit, never the run's: the node's call alone ends.
+            current_task(py)?.call_method0(intern!(py, "uncancel"))?;
+            return Ok(());
         }
+        if !self.node_awaits {
+            self.cancel_run(py, error);
+            return Ok(());
+        }
+        if self.handed.is_none() {
+            // Counted already among the pending ones: those before it are not its own.
+            let before = pending_cancellations(py)?.map_or(0, |pending| pending.saturating_sub(1));
+            self.handed = Some((error.clone_ref(py), before));
+        }
+        Ok(())
+    }
+
+    /// The one place a cancellation handed to an async node is told to be the run's or the
+    /// node's own, by how the node's call `ended`, as asyncio tells it for a coroutine a task
+    /// awaits: what comes out of the call is what its awaiter gets. A `CancelledError` let out
+    /// is the run's cancellation; an error of the node's own (its `asyncio.timeout`'s
+    /// `TimeoutError`, its `TaskGroup`'s `ExceptionGroup`) is the node's outcome, to fail or
+    /// retry; a call that returned swallowed the run's cancellation if the task still has more
+    /// pending than before it (`Task.cancelling()`: what the node's own `asyncio.timeout` or
+    /// `TaskGroup` cancelled it for, they took back with `Task.uncancel()`), and the run stops
+    /// all the same.
+    fn tell_handed(&mut self, py: Python<'_>, ended: CallEnded) -> PyResult<()> {
+        let Some((error, before)) = self.handed.take() else {
+            return Ok(());
+        };
+        let the_runs = match ended {
+            CallEnded::Cancelled => true,
+            CallEnded::Failed => false,
+            CallEnded::Returned => pending_cancellations(py)?.is_none_or(|now| now > before),
+        };
+        if the_runs {
+            self.cancel_run(py, &error);
+        }
+        Ok(())
+    }
+
+    /// The run was cancelled: its task stops at its next node boundary and cancels its
+    /// children, and the run of an `aforward` raises `error` once it has stopped.
+    fn cancel_run(&mut self, py: Python<'_>, error: &PyErr) {
         self.task.cancel();
         if let Some(root) = &mut self.root {
             if root.cancelled.is_none() {
                 root.cancelled = Some(error.clone_ref(py));
             }
         }
-        Ok(())
     }
 
     /// What the stepper raises when its task is done: `StopIteration` — with the run's result,

@@ -1,0 +1,178 @@
+"""An async node's asyncio is its own: its `asyncio.timeout`, its `TaskGroup`, the tasks it
+starts, its nesting and its context behave as in a coroutine the caller's own task awaits, and
+nothing of it reaches the run, the loop Soma keeps, or the nodes after it.
+
+A cancellation is the run's only when the run was cancelled (Ctrl-C, its task cancelled, its
+deadline): asyncio's rule, the task's ``cancelling()`` count, which a node's `asyncio.timeout`
+or `TaskGroup` takes back (``uncancel()``) once it has turned its cancellation into its own
+error. Each case runs through ``forward`` and ``aforward``, alone and in the shapes users make
+(after a node, beside one in a wave, inside an `each` step). What may hang or crash (a task of
+the node's raising `SystemExit`, nesting without end) runs in a child process with a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import soma
+from conftest import DEADLINE, run_script
+
+
+async def never() -> None:
+    await asyncio.Event().wait()
+
+
+class CatchesItsTimeout(soma.Node):
+    """Gives up on a slow call after 10 ms, as a client with a timeout of its own does."""
+
+    async def forward(self, x: Any) -> str:
+        try:
+            async with asyncio.timeout(0.01):
+                await never()
+        except TimeoutError:
+            return "gave up"
+        return "never"
+
+
+class LetsItsTimeoutOut(soma.Node):
+    async def forward(self, x: Any) -> None:
+        async with asyncio.timeout(0.01):
+            await never()
+
+
+class Refused(Exception):
+    pass
+
+
+class FailsInATaskGroup(soma.Node):
+    """A task group one of whose tasks fails while another waits: the group cancels the node's
+    own task, and raises an `ExceptionGroup` once the waiting task has ended."""
+
+    async def forward(self, x: Any) -> None:
+        async def refuse() -> None:
+            raise Refused("no")
+
+        async with asyncio.TaskGroup() as group:
+            group.create_task(never())
+            group.create_task(refuse())
+
+
+class RaisesCancelledError(soma.Node):
+    async def forward(self, x: Any) -> None:
+        raise asyncio.CancelledError("the node's own")
+
+
+class After(soma.Node):
+    def forward(self, x: Any) -> Any:
+        return ("after", x)
+
+
+# How a node is placed in a graph, as users place it: the node's id is always `n`.
+SHAPES: dict[str, Callable[[soma.Node], Any]] = {
+    "alone": lambda node: node.named("n"),
+    "before a sync node": lambda node: node.named("n") >> After(),
+    "in a wave": lambda node: node.named("n") | After(),
+    "in an each step": lambda node: soma.each(node.named("n")),
+}
+
+
+def run(how: str, shape: str, node: soma.Node) -> Any:
+    """The graph of `node` placed as `shape` says, run by `how`, within the test's deadline."""
+    g = soma.Graph.somatize(SHAPES[shape](node))
+    x = [1] if shape == "in an each step" else 1
+    if how == "forward":
+        return g.forward(x, timeout=DEADLINE)
+    return asyncio.run(asyncio.wait_for(g.aforward(x), DEADLINE))
+
+
+def own(shape: str, value: Any) -> Any:
+    """What a run of `shape` returns when node `n` returns `value`."""
+    return {
+        "alone": value,
+        "before a sync node": ("after", value),
+        "in a wave": {"n": value, "after": ("after", 1)},
+        "in an each step": [value],
+    }[shape]
+
+
+def note(shape: str) -> str:
+    """The note naming node `n` placed as `shape` says: inside a step, by its path."""
+    node = "each/n" if shape == "in an each step" else "n"
+    return f"raised in soma node `{node}`"
+
+
+HOWS = ["forward", "aforward"]
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("how", HOWS)
+def test_a_node_that_catches_its_own_timeout_returns_its_value_and_the_run_goes_on(
+    how: str, shape: str
+) -> None:
+    assert run(how, shape, CatchesItsTimeout()) == own(shape, "gave up")
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("how", HOWS)
+def test_a_node_that_lets_its_own_timeout_out_fails_with_timeout_error_naming_it(
+    how: str, shape: str
+) -> None:
+    with pytest.raises(TimeoutError) as raised:
+        run(how, shape, LetsItsTimeoutOut())
+    assert type(raised.value) is TimeoutError
+    assert note(shape) in getattr(raised.value, "__notes__", [])
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("how", HOWS)
+def test_a_failing_task_group_in_a_node_is_its_exception_group_naming_it(
+    how: str, shape: str
+) -> None:
+    with pytest.raises(ExceptionGroup) as raised:
+        run(how, shape, FailsInATaskGroup())
+    assert [type(error) for error in raised.value.exceptions] == [Refused]
+    assert note(shape) in getattr(raised.value, "__notes__", [])
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("how", HOWS)
+def test_a_node_raising_cancelled_error_itself_fails_with_it_naming_the_node(
+    how: str, shape: str
+) -> None:
+    with pytest.raises(asyncio.CancelledError) as raised:
+        run(how, shape, RaisesCancelledError())
+    assert raised.value.args == ("the node's own",)
+    assert note(shape) in getattr(raised.value, "__notes__", [])
+
+
+class FailsOnceThenAnswers(soma.Node):
+    """Its first call fails as `fail` does; the next answers how many calls were made."""
+
+    def __init__(self, fail: soma.Node) -> None:
+        self.fail = fail
+        self.calls = 0
+
+    async def forward(self, x: Any) -> int:
+        self.calls += 1
+        if self.calls == 1:
+            await self.fail.forward(x)
+        return self.calls
+
+
+@pytest.mark.parametrize(
+    ("fail", "on"),
+    [(LetsItsTimeoutOut(), TimeoutError), (FailsInATaskGroup(), ExceptionGroup)],
+    ids=["timeout", "task group"],
+)
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("how", HOWS)
+def test_a_retry_on_the_nodes_own_timeout_or_task_group_error_retries_it(
+    how: str, shape: str, fail: soma.Node, on: type[BaseException]
+) -> None:
+    node = FailsOnceThenAnswers(fail).retry(1, backoff=0.001, on=(on,))
+    assert run(how, shape, node) == own(shape, 2)
