@@ -176,3 +176,72 @@ def test_a_retry_on_the_nodes_own_timeout_or_task_group_error_retries_it(
 ) -> None:
     node = FailsOnceThenAnswers(fail).retry(1, backoff=0.001, on=(on,))
     assert run(how, shape, node) == own(shape, 2)
+
+
+TASK_RAISES = textwrap.dedent(
+    """
+    import asyncio
+    import soma
+
+    class StartsATask(soma.Node):
+        async def forward(self, x):
+            async def task():
+                raise __RAISED__("from the node's task")
+
+            started = asyncio.__START__(task())
+            await asyncio.sleep(0.05)
+            return ("node done", started.done())
+
+    class Plain(soma.Node):
+        async def forward(self, x):
+            await asyncio.sleep(0)
+            return x + 1
+
+    g = soma.Graph.somatize(StartsATask())
+    try:
+        print("forward:", g.forward(1, timeout=10), flush=True)
+    except BaseException as raised:
+        print("forward raised:", type(raised).__name__, flush=True)
+    other = soma.Graph.somatize(Plain())
+    print("later forward:", other.forward(1, timeout=10), flush=True)
+    print("later map:", list(other.map([1, 2], timeout=10)), flush=True)
+    print("same graph again:", g.forward(2, timeout=10), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("start", ["create_task", "ensure_future"])
+@pytest.mark.parametrize("raised", ["SystemExit", "KeyboardInterrupt"])
+def test_a_base_exception_in_a_task_a_node_starts_leaves_the_kept_loop_running(
+    raised: str, start: str
+) -> None:
+    child = run_script(TASK_RAISES.replace("__RAISED__", raised).replace("__START__", start))
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.splitlines() == [
+        "forward: ('node done', True)",
+        "later forward: 2",
+        "later map: [2, 3]",
+        "same graph again: ('node done', True)",
+    ], child.stderr
+    # Shown, as a thread's uncaught exception is, never lost.
+    assert f"{raised}: from the node's task" in child.stderr
+
+
+def test_a_node_stopping_the_kept_loop_leaves_it_running_for_later_runs() -> None:
+    script = textwrap.dedent(
+        """
+        import asyncio
+        import soma
+
+        class StopsTheLoop(soma.Node):
+            async def forward(self, x):
+                asyncio.get_running_loop().stop()
+                await asyncio.sleep(0.01)
+                return x + 1
+
+        g = soma.Graph.somatize(StopsTheLoop())
+        print(g.forward(1, timeout=10), g.forward(2, timeout=10), flush=True)
+        """
+    )
+    child = run_script(script)
+    assert (child.returncode, child.stdout) == (0, "2 3\n"), child.stderr
