@@ -245,3 +245,46 @@ def test_a_node_stopping_the_kept_loop_leaves_it_running_for_later_runs() -> Non
     )
     child = run_script(script)
     assert (child.returncode, child.stdout) == (0, "2 3\n"), child.stderr
+
+
+NESTED_AFORWARDS = textwrap.dedent(
+    """
+    import asyncio
+    import sys
+    import soma
+
+    sys.setrecursionlimit(__LIMIT__)
+
+    class Nests(soma.Node):
+        \"\"\"Awaits its own graph's `aforward` on `x + 1`, without a base case.\"\"\"
+
+        async def forward(self, x):
+            return await g.aforward(x + 1)
+
+    class Plain(soma.Node):
+        async def forward(self, x):
+            await asyncio.sleep(0)
+            return x + 1
+
+    g = soma.Graph.somatize(Nests())
+    try:
+        print("ran:", __RUN__, flush=True)
+    except RecursionError as error:
+        print("RecursionError", flush=True)
+    print("again:", asyncio.run(soma.Graph.somatize(Plain()).aforward(1)), flush=True)
+    print("forward again:", soma.Graph.somatize(Plain()).forward(1, timeout=10), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("limit", [2500, 100_000])
+@pytest.mark.parametrize(
+    "run", ["asyncio.run(g.aforward(0))", "g.forward(0, timeout=60)"], ids=["aforward", "forward"]
+)
+def test_aforward_nested_without_end_raises_recursion_error_and_every_graph_runs_again(
+    run: str, limit: int
+) -> None:
+    script = NESTED_AFORWARDS.replace("__LIMIT__", str(limit)).replace("__RUN__", run)
+    child = run_script(script)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.splitlines() == ["RecursionError", "again: 2", "forward again: 2"]

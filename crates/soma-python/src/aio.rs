@@ -414,6 +414,8 @@ impl Stepper {
         // for a step in progress, and a loop thread that steps once the exit has begun lets the
         // GIL go and parks rather than enter an interpreter that is shutting down (`exit.rs`).
         let _inside = exit::enter_holding(py);
+        // Counted, for an `aforward` started inside this step to know how deep it would nest.
+        let _nested = crate::reentry::Stepping::enter();
         let mut state = self.lock();
         let Some(stepping) = state.as_mut() else {
             return Err(PyStopIteration::new_err((py.None(),)));

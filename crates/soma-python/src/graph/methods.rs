@@ -639,6 +639,7 @@ impl GraphCore {
             return Ok(on_hosts);
         }
         let timeout = timeout.map(time_limit).transpose()?;
+        crate::reentry::Stepping::check_aforward()?;
         let Some(event_loop) = aio::running_loop(py)? else {
             return Err(PyRuntimeError::new_err(
                 "aforward was called with no running event loop\nhint: `await g.aforward(x)` inside a coroutine, or call `g.forward(x)`",
