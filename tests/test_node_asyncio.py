@@ -13,6 +13,7 @@ the node's raising `SystemExit`, nesting without end) runs in a child process wi
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import textwrap
 from collections.abc import Callable
 from typing import Any
@@ -288,3 +289,71 @@ def test_aforward_nested_without_end_raises_recursion_error_and_every_graph_runs
     child = run_script(script)
     assert child.returncode == 0, child.stderr
     assert child.stdout.splitlines() == ["RecursionError", "again: 2", "forward again: 2"]
+
+
+REQUEST = contextvars.ContextVar("REQUEST", default="unset")
+
+
+class SetsAsync(soma.Node):
+    async def forward(self, x: Any) -> Any:
+        REQUEST.set("set by the node")
+        await asyncio.sleep(0)
+        return x
+
+
+class SetsSync(soma.Node):
+    def forward(self, x: Any) -> Any:
+        REQUEST.set("set by the node")
+        return x
+
+
+class ReadsAsync(soma.Node):
+    async def forward(self, x: Any) -> str:
+        return REQUEST.get()
+
+
+class ReadsSync(soma.Node):
+    def forward(self, x: Any) -> str:
+        return REQUEST.get()
+
+
+SETTERS: dict[str, type[soma.Node]] = {"async": SetsAsync, "sync": SetsSync}
+READERS: dict[str, type[soma.Node]] = {"async": ReadsAsync, "sync": ReadsSync}
+
+
+def after_setter(how: str, setter: str, reader: str, limit: float | None) -> str:
+    """What node `reads` sees of the variable node `sets`, just before it, set."""
+    g = soma.Graph()
+    g.node(SETTERS[setter]().named("sets"))
+    g.node(READERS[reader]().named("reads"))
+    g.edge("sets", "reads")
+    g.time_limit("sets", limit)
+    if how == "forward":
+        seen: str = g.forward(1, timeout=DEADLINE)
+        return seen
+    seen = asyncio.run(asyncio.wait_for(g.aforward(1), DEADLINE))
+    return seen
+
+
+@pytest.mark.parametrize("reader", list(READERS))
+@pytest.mark.parametrize("setter", list(SETTERS))
+@pytest.mark.parametrize("how", HOWS)
+def test_what_a_time_limited_node_sets_in_contextvars_stays_its_own(
+    how: str, setter: str, reader: str
+) -> None:
+    assert after_setter(how, setter, reader, 5.0) == "unset"
+
+
+@pytest.mark.parametrize("reader", list(READERS))
+@pytest.mark.parametrize("how", HOWS)
+def test_what_an_async_node_without_a_time_limit_sets_reaches_the_later_nodes_of_its_branch(
+    how: str, reader: str
+) -> None:
+    assert after_setter(how, "async", reader, None) == "set by the node"
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_what_a_sync_node_without_a_time_limit_sets_reaches_the_later_sync_nodes_of_its_piece(
+    how: str,
+) -> None:
+    assert after_setter(how, "sync", "sync", None) == "set by the node"

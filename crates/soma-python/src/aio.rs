@@ -589,10 +589,24 @@ impl Stepping {
     }
 }
 
+/// A copy of this thread's current context (`contextvars.copy_context()`).
+pub(crate) fn copy_context(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    // SAFETY: the GIL is held; `PyContext_CopyCurrent` returns a new reference, or null with
+    // an exception set.
+    #[allow(unsafe_code)]
+    unsafe {
+        Bound::from_owned_ptr_or_err(py, crate::context::contextvars_c::PyContext_CopyCurrent())
+    }
+}
+
 /// Enters `context` on this thread, for one step.
-fn enter<'py>(py: Python<'py>, context: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+pub(crate) fn enter<'py>(
+    py: Python<'py>,
+    context: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
     // SAFETY: the GIL is held and `context` is a `contextvars.Context`, entered by no thread
-    // (a stepper's steps never overlap, and its context is its own).
+    // (a stepper's steps never overlap, nor an async node's call's, and the context of
+    // either is its own).
     #[allow(unsafe_code)]
     let entered = unsafe { crate::context::contextvars_c::PyContext_Enter(context.as_ptr()) };
     if entered != 0 {
@@ -602,7 +616,7 @@ fn enter<'py>(py: Python<'py>, context: &Bound<'py, PyAny>) -> PyResult<Bound<'p
 }
 
 /// Leaves `context`, entered by [`enter`] on this thread.
-fn leave(py: Python<'_>, context: &Bound<'_, PyAny>) -> PyResult<()> {
+pub(crate) fn leave(py: Python<'_>, context: &Bound<'_, PyAny>) -> PyResult<()> {
     // SAFETY: the GIL is held and this thread entered `context`; every context a node entered
     // since it has left again, so it is the current one.
     #[allow(unsafe_code)]
@@ -795,12 +809,7 @@ impl LoopTasks {
                 Some(deadline)
             }
         };
-        // SAFETY: the GIL is held; `PyContext_CopyCurrent` returns a new reference, or null with
-        // an exception set.
-        #[allow(unsafe_code)]
-        let context = unsafe {
-            Bound::from_owned_ptr_or_err(py, crate::context::contextvars_c::PyContext_CopyCurrent())
-        }?;
+        let context = copy_context(py)?;
         Ok(Stepper::new(
             task,
             Arc::clone(&self.mailbox),

@@ -222,6 +222,7 @@ impl Node for PythonNode {
                 input: input.clone(),
                 node: ctx.node().clone(),
                 device: ctx.device(),
+                own_context: ctx.has_own_context(),
             },
         })
     }
@@ -254,17 +255,21 @@ struct Coroutine {
 }
 
 enum Stepped {
-    /// Not called yet: `forward` is called on the first poll, in the task that awaits it.
+    /// Not called yet: `forward` is called on the first poll, in the task that awaits it (in a
+    /// copy of its context when the call's context is its own).
     Unstarted {
         input: Value,
         node: NodeId,
         device: Option<Device>,
+        own_context: bool,
     },
-    /// Its coroutine (or the iterator of the awaitable `forward` returned), between steps.
+    /// Its coroutine (or the iterator of the awaitable `forward` returned), between steps; and
+    /// the context of its own each step runs in, if it has one.
     Running {
         iterator: Py<PyAny>,
         node: NodeId,
         device: Option<Device>,
+        context: Option<Py<PyAny>>,
     },
     /// Ended after a cancellation was thrown in: its outcome, given on the next poll.
     Ended(Result<Value, NodeError>),
@@ -308,12 +313,31 @@ impl Coroutine {
     /// yielded handed to the task), or what it raised.
     fn step(&mut self, py: Python<'_>) -> PyResult<Option<Value>> {
         let state = std::mem::replace(&mut self.state, Stepped::Done);
-        let (node, device) = match &state {
+        let (node, device, context) = match &state {
             Stepped::Done | Stepped::Ended(_) => {
                 unreachable!("a finished call is not polled again")
             }
-            Stepped::Running { node, device, .. } | Stepped::Unstarted { node, device, .. } => {
-                (node.clone(), *device)
+            Stepped::Running {
+                node,
+                device,
+                context,
+                ..
+            } => (
+                node.clone(),
+                *device,
+                context.as_ref().map(|c| c.clone_ref(py)),
+            ),
+            Stepped::Unstarted {
+                node,
+                device,
+                own_context,
+                ..
+            } => {
+                let context = match own_context {
+                    true => Some(aio::copy_context(py)?.unbind()),
+                    false => None,
+                };
+                (node.clone(), *device, context)
             }
         };
         let resumed = aio::resumed_with();
@@ -323,8 +347,13 @@ impl Coroutine {
         {
             self.cancelled_into = true;
         }
-        // One step with the device current: the first also calls `forward`.
-        let (iterator, stepped) = within_device(py, device, || {
+        // One step with the device current, in the call's own context if it has one: the first
+        // also calls `forward`.
+        let entered = match &context {
+            Some(context) => Some(aio::enter(py, context.bind(py))?),
+            None => None,
+        };
+        let stepped = within_device(py, device, || {
             let iterator = match state {
                 Stepped::Done | Stepped::Ended(_) => {
                     unreachable!("a finished call is not polled again")
@@ -337,7 +366,11 @@ impl Coroutine {
             };
             let stepped = send_or_throw(py, &iterator, resumed)?;
             Ok((iterator, stepped))
-        })?;
+        });
+        if let Some(entered) = entered {
+            aio::leave(py, &entered)?;
+        }
+        let (iterator, stepped) = stepped?;
         match stepped {
             Sent::Yielded(future) => {
                 aio::yielded(future.unbind());
@@ -345,6 +378,7 @@ impl Coroutine {
                     iterator: iterator.unbind(),
                     node,
                     device,
+                    context,
                 };
                 Ok(None)
             }

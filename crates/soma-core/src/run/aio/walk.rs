@@ -399,7 +399,10 @@ async fn within(
             limit: 0,
         });
     }
-    let ctx = Ctx::new(id, 0, &[]).on(step.device);
+    // A time-limited call's context is its own, as the sync walk's is (on a lent thread).
+    let ctx = Ctx::new(id, 0, &[])
+        .on(step.device)
+        .in_own_context(limit.is_some());
     let Some(limit) = limit else {
         return Arc::clone(&step.node)
             .start(input, &ctx)
