@@ -28,6 +28,7 @@ mod protocol;
 mod reach;
 mod reading;
 mod reentry;
+mod seconds;
 mod step_ids;
 mod stream;
 mod thread_state;

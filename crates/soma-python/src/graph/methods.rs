@@ -8,7 +8,6 @@
 
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::gc::PyVisit;
@@ -504,8 +503,11 @@ impl GraphCore {
     fn set_time_limit(&self, py: Python<'_>, id: &str, seconds: Option<f64>) -> PyResult<()> {
         let limit = seconds
             .map(|seconds| {
-                Duration::try_from_secs_f64(seconds)
-                    .map_err(|e| PyValueError::new_err(e.to_string()))
+                crate::seconds::as_duration(seconds).ok_or_else(|| {
+                    PyValueError::new_err(format!(
+                        "time_limit takes a number of seconds above 0, not {seconds}"
+                    ))
+                })
             })
             .transpose()?;
         let mut state = self.state();
