@@ -106,7 +106,7 @@ class _Spans:
             # item's context, which goes with the item: nothing is left attached there.
             with contextlib.suppress(ValueError):
                 self._detach(token)
-        if outcome == _observe.FAILED:
+        if outcome in (_observe.FAILED, _observe.TIMED_OUT):
             span.set_attribute("soma.outcome", "retrying" if retry_in is not None else "failed")
             if retry_in is not None:
                 span.set_attribute("soma.retry_in", retry_in)
