@@ -283,9 +283,7 @@ class AsyncStuck(soma.Node):
         await asyncio.Event().wait()
 
 
-def test_an_async_node_the_runs_deadline_cancelled_says_timed_out_on_events_and_aevents() -> (
-    None
-):
+def test_an_async_node_the_runs_deadline_cancelled_says_timed_out_on_events_and_aevents() -> None:
     g = soma.Graph.somatize(Pass().named("a") >> AsyncStuck().named("stuck"))
 
     async def read() -> list[soma.Event]:

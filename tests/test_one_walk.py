@@ -247,11 +247,13 @@ def test_what_a_step_raises_reading_its_items_comes_out_as_itself_naming_the_ste
 ) -> None:
     fails = kind("the items could not be read")
     g = soma.Graph.somatize(soma.each(inside(1)).named("chunks"))
+    call = (
+        (lambda: g.forward(Lazy(fails)))
+        if how == "forward"
+        else lambda: run(g.aforward(Lazy(fails)))
+    )
     with pytest.raises(type(fails)) as raised:
-        if how == "forward":
-            g.forward(Lazy(fails))
-        else:
-            run(g.aforward(Lazy(fails)))
+        call()
     assert raised.value is fails
     assert type(raised.value) is type(fails)
     assert raised.value.__notes__ == ["raised in soma node `chunks`"]
