@@ -349,12 +349,21 @@ struct Deadline {
     running: Mutex<Option<Vec<soma_core::NodeId>>>,
     /// The timer, to stop once the run is over.
     handle: Mutex<Option<Py<PyAny>>>,
+    /// The stepper's, set before it cancels the caller's task.
+    cancelled_by_soma: Mutex<Option<Arc<AtomicBool>>>,
 }
 
 #[pymethods]
 impl Deadline {
     fn __call__(&self, py: Python<'_>) -> PyResult<()> {
         *self.running.lock().unwrap_or_else(PoisonError::into_inner) = Some(self.settled.running());
+        if let Some(flag) = &*self
+            .cancelled_by_soma
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+        {
+            flag.store(true, Ordering::Release);
+        }
         self.task.bind(py).call_method0(intern!(py, "cancel"))?;
         Ok(())
     }
@@ -383,6 +392,10 @@ struct Stepping {
     /// The first cancellation handed to the node's coroutine, until its call ends, with how
     /// many cancellations of the task were pending before it.
     handed: Option<(PyErr, usize)>,
+    /// Set by Soma before it cancels the asyncio task for the run: the engine cancelling a
+    /// branch or an item ([`SpawnedTask`]), `forward`'s caller stopping ([`Started::cancel`]),
+    /// the deadline of an `aforward` ([`Deadline`]).
+    cancelled_by_soma: Arc<AtomicBool>,
 }
 
 impl Stepper {
@@ -401,12 +414,20 @@ impl Stepper {
                 context,
                 node_awaits: false,
                 handed: None,
+                cancelled_by_soma: Arc::default(),
             })),
         }
     }
 
     fn lock(&self) -> MutexGuard<'_, Option<Stepping>> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// What Soma sets before it cancels this stepper's task for the run.
+    fn cancelled_by_soma(&self) -> Arc<AtomicBool> {
+        self.lock().as_ref().map_or_else(Arc::default, |stepping| {
+            Arc::clone(&stepping.cancelled_by_soma)
+        })
     }
 
     fn step(&self, py: Python<'_>, incoming: Option<PyErr>) -> PyResult<Py<PyAny>> {
@@ -497,10 +518,10 @@ impl Stepping {
     /// awaits: what comes out of the call is what its awaiter gets. A `CancelledError` let out
     /// is the run's cancellation; an error of the node's own (its `asyncio.timeout`'s
     /// `TimeoutError`, its `TaskGroup`'s `ExceptionGroup`) is the node's outcome, to fail or
-    /// retry; a call that returned swallowed the run's cancellation if the task still has more
-    /// pending than before it (`Task.cancelling()`: what the node's own `asyncio.timeout` or
-    /// `TaskGroup` cancelled it for, they took back with `Task.uncancel()`), and the run stops
-    /// all the same.
+    /// retry; a call that returned swallowed the run's cancellation if Soma sent one, or, for
+    /// the run of an `aforward`, if its caller's task still has more pending than before it
+    /// (`Task.cancelling()`: what the node's own `asyncio.timeout` or `TaskGroup` cancelled it
+    /// for, they took back with `Task.uncancel()`), and the run stops all the same.
     fn tell_handed(&mut self, py: Python<'_>, ended: CallEnded) -> PyResult<()> {
         let Some((error, before)) = self.handed.take() else {
             return Ok(());
@@ -508,7 +529,15 @@ impl Stepping {
         let the_runs = match ended {
             CallEnded::Cancelled => true,
             CallEnded::Failed => false,
-            CallEnded::Returned => pending_cancellations(py)?.is_none_or(|now| now > before),
+            // A cancellation the call swallowed is the run's when Soma sent one; for the run of
+            // an `aforward`, when its caller's task still has more pending than before it too
+            // (a failing `TaskGroup` leaves its task's count raised on Python 3.11 and 3.12,
+            // which is why Soma's own tasks go by what Soma sent).
+            CallEnded::Returned => {
+                self.cancelled_by_soma.load(Ordering::Acquire)
+                    || (self.root.is_some()
+                        && pending_cancellations(py)?.is_none_or(|now| now > before))
+            }
         };
         if the_runs {
             self.cancel_run(py, &error);
@@ -679,10 +708,12 @@ impl Stepper {
 /// How the run keeps a task it spawned: cancelled through asyncio, as any task is.
 struct SpawnedTask {
     task: Py<PyAny>,
+    cancelled_by_soma: Arc<AtomicBool>,
 }
 
 impl Spawned for SpawnedTask {
     fn cancel(&self) {
+        self.cancelled_by_soma.store(true, Ordering::Release);
         crate::exit::attach(|py| {
             if let Err(error) = self.task.bind(py).call_method0(intern!(py, "cancel")) {
                 error.write_unraisable(py, None);
@@ -698,6 +729,7 @@ const CANCEL_TRIES: usize = 3;
 /// held from before it is handed over, so that it can always be cancelled.
 pub(crate) struct Started {
     started: Py<PyAny>,
+    cancelled_by_soma: Arc<AtomicBool>,
 }
 
 impl Started {
@@ -710,6 +742,7 @@ impl Started {
         tasks: &LoopTasks,
         stepper: Stepper,
     ) -> PyResult<(Self, Option<PyErr>)> {
+        let cancelled_by_soma = stepper.cancelled_by_soma();
         let started = aio_module(py)?
             .getattr(intern!(py, "Started"))?
             .call1((tasks.loop_object().bind(py),))?
@@ -718,12 +751,19 @@ impl Started {
         // thread: it writes to the loop's wake-up socket, letting the GIL go.
         let raised =
             crate::exit::call_method(started.bind(py), intern!(py, "begin"), (stepper,)).err();
-        Ok((Started { started }, raised))
+        Ok((
+            Started {
+                started,
+                cancelled_by_soma,
+            },
+            raised,
+        ))
     }
 
     /// Cancels the run, tried again when a signal handler's exception (a second Ctrl-C) broke
     /// it off: that exception is returned, for the caller to raise once the run is stopped.
     pub(crate) fn cancel(&self, py: Python<'_>) -> Option<PyErr> {
+        self.cancelled_by_soma.store(true, Ordering::Release);
         let mut raised = None;
         for _ in 0..CANCEL_TRIES {
             match crate::exit::call_method(self.started.bind(py), intern!(py, "cancel"), ()) {
@@ -795,6 +835,7 @@ impl LoopTasks {
                         settled: Arc::clone(&settled),
                         running: Mutex::new(None),
                         handle: Mutex::new(None),
+                        cancelled_by_soma: Mutex::new(None),
                     },
                 )?;
                 let handle = self.event_loop(py).call_method1(
@@ -810,7 +851,8 @@ impl LoopTasks {
             }
         };
         let context = copy_context(py)?;
-        Ok(Stepper::new(
+        let deadline_of = deadline.as_ref().map(|deadline| deadline.clone_ref(py));
+        let stepper = Stepper::new(
             task,
             Arc::clone(&self.mailbox),
             Some(Root {
@@ -821,7 +863,15 @@ impl LoopTasks {
                 cancelled: None,
             }),
             Some(context.unbind()),
-        ))
+        );
+        if let Some(deadline) = deadline_of {
+            *deadline
+                .get()
+                .cancelled_by_soma
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(stepper.cancelled_by_soma());
+        }
+        Ok(stepper)
     }
 
     /// The stepper of a run of `forward` on the kept loop: its outcome goes to its `Settled`,
@@ -835,11 +885,13 @@ impl Tasks for LoopTasks {
     fn spawn(&self, task: Task) -> Result<Box<dyn Spawned>, String> {
         crate::exit::attach(|py| {
             let stepper = Stepper::new(task, Arc::clone(&self.mailbox), None, None);
+            let cancelled_by_soma = stepper.cancelled_by_soma();
             self.event_loop(py)
                 .call_method1(intern!(py, "create_task"), (stepper,))
                 .map(|task| {
                     Box::new(SpawnedTask {
                         task: task.unbind(),
+                        cancelled_by_soma,
                     }) as Box<dyn Spawned>
                 })
                 .map_err(|error| error.to_string())
