@@ -324,6 +324,17 @@ def test_with_a_cache_the_node_after_an_async_each_hits() -> None:
     assert CALLED.count("after") == 1
 
 
+def test_with_a_cache_the_async_nodes_inside_an_each_hit_through_aforward_too() -> None:
+    CALLED.clear()
+    g = soma.Graph.somatize(soma.each(Inside()) >> SumValuesOfList())
+    cache = soma.Cache()
+    first = asyncio.run(g.aforward([1, 2], cache=cache))
+    assert first == asyncio.run(g.aforward([1, 2, 3], cache=cache)) - 3 == 3
+    # Items 1 and 2 were seen by the first run: the second calls the node for 3 alone.
+    assert CALLED.count("inside") == 3
+    assert cache.stats().hits >= 2
+
+
 def test_on_written_on_each_places_the_async_nodes_inside() -> None:
     class Where(soma.Node):
         async def forward(self, x: int, ctx: soma.Ctx) -> str | None:

@@ -309,6 +309,45 @@ def test_a_run_past_its_timeout_ends_with_the_timeout_as_its_last_event() -> Non
     assert isinstance(events[-1].value, TimeoutError)
 
 
+class AsyncStuck(soma.Node):
+    """Waits for ever, until its run is cancelled."""
+
+    async def forward(self, x: Any) -> Any:
+        await asyncio.Event().wait()
+
+
+def test_an_async_node_the_runs_deadline_cancelled_says_timed_out_on_events_and_aevents() -> None:
+    g = soma.Graph.somatize(Pass().named("a") >> AsyncStuck().named("stuck"))
+
+    async def read() -> list[soma.Event]:
+        return [event async for event in g.aevents(1, timeout=0.2)]
+
+    for events in (list(g.events(1, timeout=0.2)), asyncio.run(read())):
+        assert kinds(events) == [
+            ("started", "a"),
+            ("finished", "a"),
+            ("started", "stuck"),
+            ("timed_out", "stuck"),
+            ("error", None),
+        ]
+        assert isinstance(events[3].value, TimeoutError)
+        assert isinstance(events[-1].value, TimeoutError)
+        assert "`stuck`" in str(events[-1].value)
+
+
+class CatchesItsOwnTimeout(soma.Node):
+    async def forward(self, x: Any) -> Any:
+        async with asyncio.timeout(0.01):
+            await asyncio.Event().wait()
+
+
+def test_an_async_nodes_own_timeout_error_says_failed_not_timed_out() -> None:
+    g = soma.Graph.somatize(CatchesItsOwnTimeout().named("own"))
+    events = list(g.events(1, timeout=DEADLINE))
+    assert kinds(events) == [("started", "own"), ("failed", "own"), ("error", None)]
+    assert type(events[1].value) is TimeoutError
+
+
 def test_micro_batches_tell_each_slices_nodes_with_the_slices_index() -> None:
     g = soma.Graph.somatize(Pass().named("a") >> Pass().named("b"))
     events = list(g.events([1, 2, 3, 4], micro_batches=2))

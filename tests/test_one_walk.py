@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from typing import Any
 
@@ -189,19 +190,33 @@ def test_an_async_node_that_computes_past_its_time_limit_is_a_time_limit_error()
         run(g.aforward(1))
 
 
-def test_a_time_limit_past_any_clock_is_no_limit_for_any_node() -> None:
+# Past what a `Duration` holds (about 1.8e19 s) too: one conversion takes every number of seconds.
+PAST_ANY_CLOCK = [sys.maxsize, 1e19, 2**80, 1e300]
+
+
+@pytest.mark.parametrize("seconds", PAST_ANY_CLOCK)
+def test_a_time_limit_past_any_clock_is_no_limit_for_any_node(seconds: float) -> None:
     for node in (Add(1), AsyncAdd(1)):
-        assert soma.Graph.somatize(node.time_limit(1e19)).forward(1) == 2
+        assert soma.Graph.somatize(node.time_limit(seconds)).forward(1) == 2
+        g = soma.Graph.somatize(type(node)(1).named("n"))
+        g.time_limit("n", seconds)
+        assert run(g.aforward(1)) == 2
 
 
-@pytest.mark.parametrize("seconds", [sys.maxsize, 1e19])
+@pytest.mark.parametrize("seconds", PAST_ANY_CLOCK)
 def test_a_timeout_past_any_clock_is_no_deadline_for_forward_map_and_aforward(
     seconds: float,
 ) -> None:
     for g in (soma.Graph.somatize(Add(1)), soma.Graph.somatize(AsyncAdd(1))):
         assert g.forward(1, timeout=seconds) == 2
         assert list(g.map([1, 2], timeout=seconds)) == [2, 3]
-    assert run(soma.Graph.somatize(AsyncAdd(1)).aforward(1, timeout=seconds)) == 2
+    async_graph = soma.Graph.somatize(AsyncAdd(1))
+    assert run(async_graph.aforward(1, timeout=seconds)) == 2
+
+    async def streamed() -> list[int]:
+        return [y async for y in async_graph.amap([1, 2], timeout=seconds)]
+
+    assert run(streamed()) == [2, 3]
 
 
 class _Paused(InMemorySpanExporter):
@@ -262,23 +277,39 @@ def test_a_backoff_past_the_longest_pause_is_the_longest_pause(node: Any) -> Non
 
 
 class Lazy:
-    """A dataset that says its length, then fails to read: the disk went away."""
+    """A dataset that says its length, then fails to read as `fails` says: the disk went away,
+    or Ctrl-C landed while it read."""
+
+    def __init__(self, fails: BaseException) -> None:
+        self.fails = fails
 
     def __len__(self) -> int:
         return 3
 
     def __iter__(self) -> Iterator[Any]:
-        raise OSError("disk gone")
+        raise self.fails
 
 
+@pytest.mark.parametrize("how", ["forward", "aforward"])
+@pytest.mark.parametrize("kind", [OSError, KeyboardInterrupt])
 @pytest.mark.parametrize("inside", [Add, AsyncAdd])
 def test_what_a_step_raises_reading_its_items_comes_out_as_itself_naming_the_step(
-    inside: Any,
+    inside: Any, kind: type[BaseException], how: str
 ) -> None:
+    fails = kind("the items could not be read")
     g = soma.Graph.somatize(soma.each(inside(1)).named("chunks"))
-    with pytest.raises(OSError, match="disk gone") as raised:
-        g.forward(Lazy())
+    call = (
+        (lambda: g.forward(Lazy(fails)))
+        if how == "forward"
+        else lambda: run(g.aforward(Lazy(fails)))
+    )
+    with pytest.raises(type(fails)) as raised:
+        call()
+    assert raised.value is fails
+    assert type(raised.value) is type(fails)
     assert raised.value.__notes__ == ["raised in soma node `chunks`"]
+    # Its own traceback, down to where it was raised.
+    assert traceback.extract_tb(raised.value.__traceback__)[-1].name == "__iter__"
 
 
 def test_an_async_selector_is_awaited_and_runs_only_the_case_it_names() -> None:

@@ -103,7 +103,7 @@ class _Spans:
         span, token, here = opened
         if token is not None and _still_here(here):
             self._detach(token)
-        if outcome == _observe.FAILED:
+        if outcome in (_observe.FAILED, _observe.TIMED_OUT):
             span.set_attribute("soma.outcome", "retrying" if retry_in is not None else "failed")
             if retry_in is not None:
                 span.set_attribute("soma.retry_in", retry_in)

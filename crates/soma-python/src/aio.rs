@@ -14,18 +14,22 @@
 //! thread, coalesced into one `call_soon_threadsafe` per batch ([`Mailbox`]).
 //!
 //! Cancellation comes from asyncio: cancelling the asyncio task throws `CancelledError` into
-//! the stepper, which tells the engine's task ([`Task::cancel`]: it stops at its next node
-//! boundary and cancels its children) and throws the error on into the coroutine it awaits, if
-//! any. A `Wait` refuses to be cancelled itself — the cancellation then reaches the stepper once
-//! the engine's wait is over, and a piece running on a crew thread is never left behind by the
-//! task that lent it. A time limit ([`Tasks::interrupt_after`]) cancels the asyncio task the same
+//! the stepper. Thrown in while the task waits on the engine, it is the run's: the stepper
+//! tells the engine's task ([`Task::cancel`]: it stops at its next node boundary and cancels its
+//! children). Thrown in while an async node's coroutine awaits, it goes on into the coroutine,
+//! and may be the node's own — its `asyncio.timeout` or `TaskGroup` cancels the very task the
+//! run's cancellation does — so it is told apart once the node's call has ended, by what came
+//! out of it, as asyncio tells it for a coroutine a task awaits ([`Stepping::tell_handed`]). A
+//! `Wait` refuses to be cancelled itself — the cancellation then reaches the stepper once the
+//! engine's wait is over, and a piece running on a crew thread is never left behind by the task
+//! that lent it. A time limit ([`Tasks::interrupt_after`]) cancels the asyncio task the same
 //! way, and is told apart here by the timer that fired it.
 //!
 //! A node's `BaseException` (`KeyboardInterrupt`, `SystemExit`) is the node's outcome, carried
 //! to the run's caller: no stepper ever raises anything into the loop but `StopIteration` and,
 //! for the run of an `aforward`, the run's own outcome into the coroutine that awaits it.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::task::{Context, Poll, Waker};
@@ -54,6 +58,38 @@ thread_local! {
     static YIELDED: RefCell<Option<Py<PyAny>>> = const { RefCell::new(None) };
     /// The time limits armed by the task being polled on this thread ([`Tasks::interrupt_after`]).
     static INTERRUPTS: RefCell<Option<Arc<Interrupts>>> = const { RefCell::new(None) };
+    /// How an async node's call that was thrown a cancellation ended, during this poll
+    /// ([`ended_after_cancellation`]).
+    static ENDED_AFTER_CANCELLATION: Cell<Option<CallEnded>> = const { Cell::new(None) };
+}
+
+/// How an async node's call ended after a cancellation was thrown into it: what tells the
+/// node's own cancellation from the run's ([`Stepping::tell_handed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallEnded {
+    /// It returned: it swallowed the cancellation, or took back its own.
+    Returned,
+    /// It let a `CancelledError` out.
+    Cancelled,
+    /// It raised an error of its own (the `TimeoutError` of its `asyncio.timeout`, the
+    /// `ExceptionGroup` of its `TaskGroup`, ...).
+    Failed,
+}
+
+/// Whether `error` is an `asyncio.CancelledError`.
+pub fn is_cancellation(py: Python<'_>, error: &PyErr) -> bool {
+    cancelled_error_type(py).is_ok_and(|cancelled| error.is_instance(py, cancelled.as_any()))
+}
+
+/// Tells the stepper polling now how the async node's call it awaited ended, after a
+/// cancellation was thrown into it: whether that cancellation was the run's can be told now.
+pub fn ended_after_cancellation(py: Python<'_>, raised: Option<&PyErr>) {
+    let ended = match raised {
+        None => CallEnded::Returned,
+        Some(error) if is_cancellation(py, error) => CallEnded::Cancelled,
+        Some(_) => CallEnded::Failed,
+    };
+    ENDED_AFTER_CANCELLATION.with(|cell| cell.set(Some(ended)));
 }
 
 /// Takes what the task polled now was resumed with, if anything: for an async node's call, which
@@ -77,6 +113,18 @@ fn aio_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
 fn current_task(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
     static CURRENT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     CURRENT.import(py, "asyncio", "current_task")?.call0()
+}
+
+/// How many cancellations of the current asyncio task are pending (`Task.cancelling()`), or
+/// `None` outside any task.
+fn pending_cancellations(py: Python<'_>) -> PyResult<Option<usize>> {
+    let task = current_task(py)?;
+    if task.is_none() {
+        return Ok(None);
+    }
+    task.call_method0(intern!(py, "cancelling"))?
+        .extract()
+        .map(Some)
 }
 
 /// `asyncio.CancelledError`.
@@ -297,12 +345,21 @@ struct Deadline {
     running: Mutex<Option<Vec<soma_core::NodeId>>>,
     /// The timer, to stop once the run is over.
     handle: Mutex<Option<Py<PyAny>>>,
+    /// The stepper's, set before it cancels the caller's task.
+    cancelled_by_soma: Mutex<Option<Arc<AtomicBool>>>,
 }
 
 #[pymethods]
 impl Deadline {
     fn __call__(&self, py: Python<'_>) -> PyResult<()> {
         *self.running.lock().unwrap_or_else(PoisonError::into_inner) = Some(self.settled.running());
+        if let Some(flag) = &*self
+            .cancelled_by_soma
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+        {
+            flag.store(true, Ordering::Release);
+        }
         self.task.bind(py).call_method0(intern!(py, "cancel"))?;
         Ok(())
     }
@@ -332,6 +389,17 @@ struct Stepping {
     /// and autocast under `forward` too, where the loop runs on a thread of its own; and what a
     /// task's nodes change is the task's, as its `contextvars` are.
     torch: Option<torch_state::Carried>,
+    /// Whether the stepper's last yield was an async node's: a cancellation thrown in then goes
+    /// to the node's coroutine first, which may take it back (an `asyncio.timeout` or a
+    /// `TaskGroup` of its own), and is told apart once the call has ended.
+    node_awaits: bool,
+    /// The first cancellation handed to the node's coroutine, until its call ends, with how
+    /// many cancellations of the task were pending before it.
+    handed: Option<(PyErr, usize)>,
+    /// Set by Soma before it cancels the asyncio task for the run: the engine cancelling a
+    /// branch or an item ([`SpawnedTask`]), `forward`'s caller stopping ([`Started::cancel`]),
+    /// the deadline of an `aforward` ([`Deadline`]).
+    cancelled_by_soma: Arc<AtomicBool>,
 }
 
 impl Stepper {
@@ -350,6 +418,9 @@ impl Stepper {
                 root,
                 context,
                 torch,
+                node_awaits: false,
+                handed: None,
+                cancelled_by_soma: Arc::default(),
             })),
         }
     }
@@ -358,11 +429,20 @@ impl Stepper {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// What Soma sets before it cancels this stepper's task for the run.
+    fn cancelled_by_soma(&self) -> Arc<AtomicBool> {
+        self.lock().as_ref().map_or_else(Arc::default, |stepping| {
+            Arc::clone(&stepping.cancelled_by_soma)
+        })
+    }
+
     fn step(&self, py: Python<'_>, incoming: Option<PyErr>) -> PyResult<Py<PyAny>> {
         // Counted inside the interpreter, as a crew thread's branch is, so that the exit waits
         // for a step in progress, and a loop thread that steps once the exit has begun lets the
         // GIL go and parks rather than enter an interpreter that is shutting down (`exit.rs`).
         let _inside = exit::enter_holding(py);
+        // Counted, for an `aforward` started inside this step to know how deep it would nest.
+        let _nested = crate::reentry::Stepping::enter();
         let mut state = self.lock();
         let Some(stepping) = state.as_mut() else {
             return Err(PyStopIteration::new_err((py.None(),)));
@@ -390,6 +470,12 @@ impl Stepper {
         INTERRUPTS.with(|armed| *armed.borrow_mut() = outer);
         RESUME.with(|resume| resume.borrow_mut().take());
         let yielded = YIELDED.with(|yielded| yielded.borrow_mut().take());
+        stepping.node_awaits = polled.is_pending() && yielded.is_some();
+        if let Some(ended) = ENDED_AFTER_CANCELLATION.with(Cell::take) {
+            // The node's call ended, holding its outcome back until this is told (it woke the
+            // task, which steps again at once and hands the outcome on).
+            stepping.tell_handed(py, ended)?;
+        }
         match polled {
             Poll::Ready(()) => {
                 let done = state.take().expect("a task polled to its end was there");
@@ -418,31 +504,75 @@ impl Stepping {
         }
     }
 
-    /// The asyncio task threw `error` in: a fired time limit of the node it awaits, or its
-    /// cancellation (its run's deadline's, for an `aforward` with a timeout).
+    /// The asyncio task threw `error` in: a fired time limit of the node it awaits, the node's
+    /// own cancellation (its `asyncio.timeout`, its `TaskGroup`), or the run's. One handed to
+    /// an async node's coroutine is told apart once its call has ended
+    /// ([`Stepping::tell_handed`]); one thrown in while the task waits on the engine (a piece,
+    /// its children, a retry's pause) can only be the run's.
     fn received(&mut self, py: Python<'_>, error: &PyErr) -> PyResult<()> {
-        let is_cancel = error.is_instance(py, cancelled_error_type(py)?.as_any());
-        if !is_cancel {
+        if !is_cancellation(py, error) {
             // Not a cancellation (asyncio refusing what was yielded, say): the coroutine the
             // task awaits, if any, gets it.
             return Ok(());
         }
         if self.interrupts.take_one() {
-            // The node's time limit, not the task's cancellation: the node's call alone ends.
-            let task = current_task(py)?;
-            task.call_method0(intern!(py, "uncancel"))?;
-            let still: usize = task.call_method0(intern!(py, "cancelling"))?.extract()?;
-            if still == 0 {
-                return Ok(());
-            }
+            // The node's time limit, never the run's: the node's call alone ends.
+            current_task(py)?.call_method0(intern!(py, "uncancel"))?;
+            return Ok(());
         }
+        if !self.node_awaits {
+            self.cancel_run(py, error);
+            return Ok(());
+        }
+        if self.handed.is_none() {
+            // Counted already among the pending ones: those before it are not its own.
+            let before = pending_cancellations(py)?.map_or(0, |pending| pending.saturating_sub(1));
+            self.handed = Some((error.clone_ref(py), before));
+        }
+        Ok(())
+    }
+
+    /// The one place a cancellation handed to an async node is told to be the run's or the
+    /// node's own, by how the node's call `ended`, as asyncio tells it for a coroutine a task
+    /// awaits: what comes out of the call is what its awaiter gets. A `CancelledError` let out
+    /// is the run's cancellation; an error of the node's own (its `asyncio.timeout`'s
+    /// `TimeoutError`, its `TaskGroup`'s `ExceptionGroup`) is the node's outcome, to fail or
+    /// retry; a call that returned swallowed the run's cancellation if Soma sent one, or, for
+    /// the run of an `aforward`, if its caller's task still has more pending than before it
+    /// (`Task.cancelling()`: what the node's own `asyncio.timeout` or `TaskGroup` cancelled it
+    /// for, they took back with `Task.uncancel()`), and the run stops all the same.
+    fn tell_handed(&mut self, py: Python<'_>, ended: CallEnded) -> PyResult<()> {
+        let Some((error, before)) = self.handed.take() else {
+            return Ok(());
+        };
+        let the_runs = match ended {
+            CallEnded::Cancelled => true,
+            CallEnded::Failed => false,
+            // A cancellation the call swallowed is the run's when Soma sent one; for the run of
+            // an `aforward`, when its caller's task still has more pending than before it too
+            // (a failing `TaskGroup` leaves its task's count raised on Python 3.11 and 3.12,
+            // which is why Soma's own tasks go by what Soma sent).
+            CallEnded::Returned => {
+                self.cancelled_by_soma.load(Ordering::Acquire)
+                    || (self.root.is_some()
+                        && pending_cancellations(py)?.is_none_or(|now| now > before))
+            }
+        };
+        if the_runs {
+            self.cancel_run(py, &error);
+        }
+        Ok(())
+    }
+
+    /// The run was cancelled: its task stops at its next node boundary and cancels its
+    /// children, and the run of an `aforward` raises `error` once it has stopped.
+    fn cancel_run(&mut self, py: Python<'_>, error: &PyErr) {
         self.task.cancel();
         if let Some(root) = &mut self.root {
             if root.cancelled.is_none() {
                 root.cancelled = Some(error.clone_ref(py));
             }
         }
-        Ok(())
     }
 
     /// What the stepper raises when its task is done: `StopIteration` — with the run's result,
@@ -507,10 +637,24 @@ impl Stepping {
     }
 }
 
+/// A copy of this thread's current context (`contextvars.copy_context()`).
+pub(crate) fn copy_context(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    // SAFETY: the GIL is held; `PyContext_CopyCurrent` returns a new reference, or null with
+    // an exception set.
+    #[allow(unsafe_code)]
+    unsafe {
+        Bound::from_owned_ptr_or_err(py, crate::context::contextvars_c::PyContext_CopyCurrent())
+    }
+}
+
 /// Enters `context` on this thread, for one step.
-fn enter<'py>(py: Python<'py>, context: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+pub(crate) fn enter<'py>(
+    py: Python<'py>,
+    context: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
     // SAFETY: the GIL is held and `context` is a `contextvars.Context`, entered by no thread
-    // (a stepper's steps never overlap, and its context is its own).
+    // (a stepper's steps never overlap, nor an async node's call's, and the context of
+    // either is its own).
     #[allow(unsafe_code)]
     let entered = unsafe { crate::context::contextvars_c::PyContext_Enter(context.as_ptr()) };
     if entered != 0 {
@@ -520,7 +664,7 @@ fn enter<'py>(py: Python<'py>, context: &Bound<'py, PyAny>) -> PyResult<Bound<'p
 }
 
 /// Leaves `context`, entered by [`enter`] on this thread.
-fn leave(py: Python<'_>, context: &Bound<'_, PyAny>) -> PyResult<()> {
+pub(crate) fn leave(py: Python<'_>, context: &Bound<'_, PyAny>) -> PyResult<()> {
     // SAFETY: the GIL is held and this thread entered `context`; every context a node entered
     // since it has left again, so it is the current one.
     #[allow(unsafe_code)]
@@ -583,10 +727,12 @@ impl Stepper {
 /// How the run keeps a task it spawned: cancelled through asyncio, as any task is.
 struct SpawnedTask {
     task: Py<PyAny>,
+    cancelled_by_soma: Arc<AtomicBool>,
 }
 
 impl Spawned for SpawnedTask {
     fn cancel(&self) {
+        self.cancelled_by_soma.store(true, Ordering::Release);
         crate::exit::attach(|py| {
             if let Err(error) = self.task.bind(py).call_method0(intern!(py, "cancel")) {
                 error.write_unraisable(py, None);
@@ -602,6 +748,7 @@ const CANCEL_TRIES: usize = 3;
 /// held from before it is handed over, so that it can always be cancelled.
 pub(crate) struct Started {
     started: Py<PyAny>,
+    cancelled_by_soma: Arc<AtomicBool>,
 }
 
 impl Started {
@@ -614,6 +761,7 @@ impl Started {
         tasks: &LoopTasks,
         stepper: Stepper,
     ) -> PyResult<(Self, Option<PyErr>)> {
+        let cancelled_by_soma = stepper.cancelled_by_soma();
         let started = aio_module(py)?
             .getattr(intern!(py, "Started"))?
             .call1((tasks.loop_object().bind(py),))?
@@ -622,12 +770,19 @@ impl Started {
         // thread: it writes to the loop's wake-up socket, letting the GIL go.
         let raised =
             crate::exit::call_method(started.bind(py), intern!(py, "begin"), (stepper,)).err();
-        Ok((Started { started }, raised))
+        Ok((
+            Started {
+                started,
+                cancelled_by_soma,
+            },
+            raised,
+        ))
     }
 
     /// Cancels the run, tried again when a signal handler's exception (a second Ctrl-C) broke
     /// it off: that exception is returned, for the caller to raise once the run is stopped.
     pub(crate) fn cancel(&self, py: Python<'_>) -> Option<PyErr> {
+        self.cancelled_by_soma.store(true, Ordering::Release);
         let mut raised = None;
         for _ in 0..CANCEL_TRIES {
             match crate::exit::call_method(self.started.bind(py), intern!(py, "cancel"), ()) {
@@ -699,6 +854,7 @@ impl LoopTasks {
                         settled: Arc::clone(&settled),
                         running: Mutex::new(None),
                         handle: Mutex::new(None),
+                        cancelled_by_soma: Mutex::new(None),
                     },
                 )?;
                 let handle = self.event_loop(py).call_method1(
@@ -713,13 +869,9 @@ impl LoopTasks {
                 Some(deadline)
             }
         };
-        // SAFETY: the GIL is held; `PyContext_CopyCurrent` returns a new reference, or null with
-        // an exception set.
-        #[allow(unsafe_code)]
-        let context = unsafe {
-            Bound::from_owned_ptr_or_err(py, crate::context::contextvars_c::PyContext_CopyCurrent())
-        }?;
-        Ok(Stepper::new(
+        let context = copy_context(py)?;
+        let deadline_of = deadline.as_ref().map(|deadline| deadline.clone_ref(py));
+        let stepper = Stepper::new(
             task,
             Arc::clone(&self.mailbox),
             Some(Root {
@@ -731,7 +883,15 @@ impl LoopTasks {
             }),
             Some(context.unbind()),
             torch_state::capture(py),
-        ))
+        );
+        if let Some(deadline) = deadline_of {
+            *deadline
+                .get()
+                .cancelled_by_soma
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(stepper.cancelled_by_soma());
+        }
+        Ok(stepper)
     }
 
     /// The stepper of a run of `forward` on the kept loop: its outcome goes to its `Settled`,
@@ -749,11 +909,13 @@ impl Tasks for LoopTasks {
             // Spawned inside a step of the task that spawns it: its torch state, carried.
             let torch = torch_state::capture(py);
             let stepper = Stepper::new(task, Arc::clone(&self.mailbox), None, None, torch);
+            let cancelled_by_soma = stepper.cancelled_by_soma();
             self.event_loop(py)
                 .call_method1(intern!(py, "create_task"), (stepper,))
                 .map(|task| {
                     Box::new(SpawnedTask {
                         task: task.unbind(),
+                        cancelled_by_soma,
                     }) as Box<dyn Spawned>
                 })
                 .map_err(|error| error.to_string())

@@ -29,6 +29,7 @@ mod py_modules;
 mod reach;
 mod reading;
 mod reentry;
+mod seconds;
 mod step_ids;
 mod stopped;
 mod stream;
@@ -49,7 +50,22 @@ fn _thread_in_reserve() -> bool {
     soma_core::thread_in_reserve().is_some()
 }
 
-#[pymodule]
+// The module needs the GIL: it tells a free-threaded interpreter so (which then keeps its GIL
+// on while the module is loaded), where PyO3 since 0.28 declares a module safe without one unless
+// told otherwise. Nobody has checked that it is. Before this may become `false`, an audit must
+// cover at least:
+// - `aio.rs`'s waker (`Wake`), which assumes no Python runs while its lock is held, and its
+//   thread-locals (`RESUME`, `YIELDED`, ...) that hand a step's state across one poll;
+// - `torch_state.rs`'s borrowed reference to `sys.modules` from `PyImport_GetModuleDict`, and
+//   its reads of torch's thread state;
+// - every comment that reasons from the GIL (`grep -rn GIL crates/soma-python/src`: about eighty
+//   lines, in `exit.rs`, `thread_state.rs`, `graph/interpreter.rs`, `context.rs`, `witness.rs`,
+//   `digest.rs`, `code.rs`, `cache.rs`, `node.rs`, `observer.rs`, `watch.rs`, `flow.rs`,
+//   `stream.rs`, `driver.rs`, `native.rs`, `device_queues.rs`, `graph/mod.rs`), each of which
+//   holds only while the GIL serializes Python: a crew thread holding it from one node to the
+//   next, the exit's door counting threads inside the interpreter, the `unsafe` blocks whose
+//   SAFETY rests on "the GIL is held".
+#[pymodule(gil_used = true)]
 fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<graph::GraphCore>()?;
     module.add_class::<plan::PyPlan>()?;

@@ -217,11 +217,13 @@ impl Node for PythonNode {
     /// The node's coroutine, made on its first poll, inside the task that awaits it.
     fn start(self: Arc<Self>, input: &Value, ctx: &Ctx<'_>) -> Call {
         Box::pin(Coroutine {
+            cancelled_into: false,
             node: self,
             state: Stepped::Unstarted {
                 input: input.clone(),
                 node: ctx.node().clone(),
                 device: ctx.device(),
+                own_context: ctx.has_own_context(),
             },
         })
     }
@@ -241,45 +243,68 @@ impl Node for PythonNode {
 /// that drives the branch ([`crate::aio`]), with the node's device current around each step.
 /// What the coroutine yields is handed to that task to wait on; what the task throws in — its
 /// cancellation — is thrown on into the coroutine.
+///
+/// A cancellation thrown into it may be its own (an `asyncio.timeout` or a `TaskGroup` of the
+/// node's, which take it back) or the run's, which only its end tells apart: a call that ends
+/// after one was thrown in keeps its outcome one poll longer, for the stepper to tell which
+/// before the walk goes on ([`aio::ended_after_cancellation`]).
 struct Coroutine {
     node: Arc<PythonNode>,
     state: Stepped,
+    /// Whether a cancellation was thrown into the coroutine.
+    cancelled_into: bool,
 }
 
 enum Stepped {
-    /// Not called yet: `forward` is called on the first poll, in the task that awaits it.
+    /// Not called yet: `forward` is called on the first poll, in the task that awaits it (in a
+    /// copy of its context when the call's context is its own).
     Unstarted {
         input: Value,
         node: NodeId,
         device: Option<Device>,
+        own_context: bool,
     },
-    /// Its coroutine (or the iterator of the awaitable `forward` returned), between steps.
+    /// Its coroutine (or the iterator of the awaitable `forward` returned), between steps; and
+    /// the context of its own each step runs in, if it has one.
     Running {
         iterator: Py<PyAny>,
         node: NodeId,
         device: Option<Device>,
+        context: Option<Py<PyAny>>,
     },
+    /// Ended after a cancellation was thrown in: its outcome, given on the next poll.
+    Ended(Result<Value, NodeError>),
     Done,
 }
 
 impl Future for Coroutine {
     type Output = Result<Value, NodeError>;
 
-    fn poll(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Self::Output> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
-        crate::exit::attach(|py| {
-            let outcome = this.step(py);
-            match outcome {
-                Ok(None) => Poll::Pending,
-                Ok(Some(value)) => {
-                    this.state = Stepped::Done;
-                    Poll::Ready(Ok(value))
-                }
-                Err(raised) => {
-                    this.state = Stepped::Done;
-                    Poll::Ready(Err(NodeError::from_cause(raised)))
-                }
+        if matches!(this.state, Stepped::Ended(_)) {
+            if let Stepped::Ended(outcome) = std::mem::replace(&mut this.state, Stepped::Done) {
+                return Poll::Ready(outcome);
             }
+        }
+        crate::exit::attach(|py| {
+            let stepped = match this.step(py) {
+                Ok(None) => return Poll::Pending,
+                Ok(Some(value)) => Ok(value),
+                Err(raised) => Err(raised),
+            };
+            if this.cancelled_into {
+                // Told apart before the walk goes on: the stepper steps again at once.
+                aio::ended_after_cancellation(py, stepped.as_ref().err());
+            }
+            let outcome = stepped.map_err(NodeError::from_cause);
+            if this.cancelled_into {
+                this.state = Stepped::Ended(outcome);
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            this.state = Stepped::Done;
+            Poll::Ready(outcome)
         })
     }
 }
@@ -289,17 +314,51 @@ impl Coroutine {
     /// yielded handed to the task), or what it raised.
     fn step(&mut self, py: Python<'_>) -> PyResult<Option<Value>> {
         let state = std::mem::replace(&mut self.state, Stepped::Done);
-        let (node, device) = match &state {
-            Stepped::Done => unreachable!("a finished call is not polled again"),
-            Stepped::Running { node, device, .. } | Stepped::Unstarted { node, device, .. } => {
-                (node.clone(), *device)
+        let (node, device, context) = match &state {
+            Stepped::Done | Stepped::Ended(_) => {
+                unreachable!("a finished call is not polled again")
+            }
+            Stepped::Running {
+                node,
+                device,
+                context,
+                ..
+            } => (
+                node.clone(),
+                *device,
+                context.as_ref().map(|c| c.clone_ref(py)),
+            ),
+            Stepped::Unstarted {
+                node,
+                device,
+                own_context,
+                ..
+            } => {
+                let context = match own_context {
+                    true => Some(aio::copy_context(py)?.unbind()),
+                    false => None,
+                };
+                (node.clone(), *device, context)
             }
         };
         let resumed = aio::resumed_with();
-        // One step with the device current: the first also calls `forward`.
-        let (iterator, stepped) = within_device(py, device, || {
+        if resumed
+            .as_ref()
+            .is_some_and(|error| aio::is_cancellation(py, error))
+        {
+            self.cancelled_into = true;
+        }
+        // One step with the device current, in the call's own context if it has one: the first
+        // also calls `forward`.
+        let entered = match &context {
+            Some(context) => Some(aio::enter(py, context.bind(py))?),
+            None => None,
+        };
+        let stepped = within_device(py, device, || {
             let iterator = match state {
-                Stepped::Done => unreachable!("a finished call is not polled again"),
+                Stepped::Done | Stepped::Ended(_) => {
+                    unreachable!("a finished call is not polled again")
+                }
                 Stepped::Running { iterator, .. } => iterator.into_bound(py),
                 Stepped::Unstarted { input, .. } => {
                     let ctx = Ctx::new(&node, 0, &[]).on(device);
@@ -308,7 +367,11 @@ impl Coroutine {
             };
             let stepped = send_or_throw(py, &iterator, resumed)?;
             Ok((iterator, stepped))
-        })?;
+        });
+        if let Some(entered) = entered {
+            aio::leave(py, &entered)?;
+        }
+        let (iterator, stepped) = stepped?;
         match stepped {
             Sent::Yielded(future) => {
                 aio::yielded(future.unbind());
@@ -316,6 +379,7 @@ impl Coroutine {
                     iterator: iterator.unbind(),
                     node,
                     device,
+                    context,
                 };
                 Ok(None)
             }

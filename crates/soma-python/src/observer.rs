@@ -54,6 +54,8 @@ mod outcome {
     pub(super) const RETURNED: u8 = 0;
     pub(super) const FAILED: u8 = 1;
     pub(super) const STOPPED: u8 = 2;
+    /// Failed for time running out (`RunError::timed_out`): its time limit, the run's deadline.
+    pub(super) const TIMED_OUT: u8 = 3;
 }
 
 /// Installs `target` as the process's observer (`None` removes it): runs started from now on
@@ -143,7 +145,11 @@ impl Observer for PythonObserver {
             let (outcome, error, retry_in) = match ended {
                 Ended::Returned => (outcome::RETURNED, py.None(), None),
                 Ended::Failed { error, retry_in } => (
-                    outcome::FAILED,
+                    if error.timed_out() {
+                        outcome::TIMED_OUT
+                    } else {
+                        outcome::FAILED
+                    },
                     error_value(py, error),
                     retry_in.map(|pause| pause.as_secs_f64()),
                 ),

@@ -10,7 +10,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use pyo3::exceptions::PyKeyboardInterrupt;
 use pyo3::prelude::*;
@@ -76,8 +75,13 @@ pub fn retry(py: Python<'_>, times: u32, backoff: f64, on: &Py<PyTuple>) -> PyRe
     let retries_rust_failures = caught_by(py, &run_error, on)?;
     let on = on.clone_ref(py);
     // A first pause past the longest pause is the longest pause: pauses never exceed it.
-    let backoff = Duration::try_from_secs_f64(backoff.min(soma_core::MAX_BACKOFF.as_secs_f64()))
-        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+    let backoff = crate::seconds::as_duration(backoff)
+        .map(|backoff| backoff.min(soma_core::MAX_BACKOFF))
+        .ok_or_else(|| {
+            pyo3::exceptions::PyValueError::new_err(format!(
+                "retry's backoff is a number of seconds, at least 0, not {backoff}"
+            ))
+        })?;
     Ok(
         Retry::new(times, backoff).only(Arc::new(move |error| match error {
             RunError::NodeFailed { error, .. } => {

@@ -12,6 +12,14 @@
 //! and each of its branches, on whichever thread, runs at that depth ([`Nested::carry`]). A
 //! forward that would run deeper than [`MAX_NESTED_FORWARDS`] raises `RecursionError` before it
 //! starts, and unwinds through every level like any exception, leaving each graph usable.
+//!
+//! An `aforward` awaited by an async node nests the same way on the loop's thread: the inner
+//! run's steps are taken inside the step of the node's coroutine, itself inside the outer run's
+//! step ([`crate::aio`]), about 11 KiB of native stack a level — more than Python's recursion
+//! limit counts for it, so that a recursion through `aforward` overflowed the stack (at about
+//! 750 levels on 8 MiB) before any `RecursionError`. The steps nested on a thread are counted
+//! ([`Stepping::enter`]), and an `aforward` that would start deeper than
+//! [`MAX_NESTED_AFORWARDS`] raises `RecursionError` before it starts.
 
 use std::cell::Cell;
 
@@ -24,9 +32,55 @@ use pyo3::PyResult;
 /// kilobytes of native stack a level, it leaves most of a thread's 8 MiB to the nodes.
 pub const MAX_NESTED_FORWARDS: usize = 1_000;
 
+/// The deepest that `aforward` runs may nest on one thread, one inside an async node of the
+/// other: about 2.2 MiB of native stack at the 11 KiB a level measured (3.11, a release build),
+/// which leaves most of a thread's 8 MiB to the nodes.
+pub const MAX_NESTED_AFORWARDS: usize = 200;
+
 thread_local! {
     /// The depth of the run this thread is in: 0 outside any forward.
     static DEPTH: Cell<usize> = const { Cell::new(0) };
+    /// How many steps of async runs are nested on this thread: 0 outside any.
+    static STEPS: Cell<usize> = const { Cell::new(0) };
+}
+
+/// A step of an async run taken on this thread, counted while it lasts.
+pub struct Stepping {
+    _outer: RestoreSteps,
+}
+
+impl Stepping {
+    /// Counts a step of an async run on this thread, inside those it is taken in.
+    pub fn enter() -> Stepping {
+        let outer = STEPS.get();
+        STEPS.set(outer + 1);
+        Stepping {
+            _outer: RestoreSteps(outer),
+        }
+    }
+
+    /// Refuses an `aforward` started inside [`MAX_NESTED_AFORWARDS`] steps on this thread.
+    ///
+    /// # Errors
+    /// `RecursionError` naming how deep it would have run.
+    pub fn check_aforward() -> PyResult<()> {
+        let depth = STEPS.get() + 1;
+        if depth > MAX_NESTED_AFORWARDS {
+            return Err(PyRecursionError::new_err(format!(
+                "`aforward` nested {depth} deep: an async node awaits a graph's `aforward`, which reaches a node that awaits one again, {MAX_NESTED_AFORWARDS} levels down and on\nhint: give the recursion a base case; a recursion deeper than {MAX_NESTED_AFORWARDS} levels belongs in a loop"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Puts back a thread's count of nested steps when dropped.
+struct RestoreSteps(usize);
+
+impl Drop for RestoreSteps {
+    fn drop(&mut self) {
+        STEPS.set(self.0);
+    }
 }
 
 /// The depth of the run this thread is in: 0 outside any forward.

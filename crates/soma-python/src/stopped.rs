@@ -30,9 +30,10 @@ pub fn checked_timeout(seconds: &Bound<'_, PyAny>) -> PyResult<f64> {
     Ok(value)
 }
 
-/// A `timeout` in seconds as a duration: finite and not negative.
+/// A `timeout` in seconds as a duration: finite and not negative; one past what a duration
+/// holds is no deadline ([`crate::seconds`]).
 pub(crate) fn time_limit(seconds: f64) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(seconds).map_err(|_| {
+    crate::seconds::as_duration(seconds).ok_or_else(|| {
         PyValueError::new_err(format!(
             "timeout must be a finite number of seconds, 0 or more, not {seconds}"
         ))
@@ -59,7 +60,7 @@ pub(crate) fn past_timeout(what: &str, timeout: Option<Duration>, still: &str) -
 #[pyfunction]
 #[pyo3(signature = (timeout, still))]
 pub fn hosts_past_timeout(py: Python<'_>, timeout: Option<f64>, still: &str) -> Py<PyAny> {
-    let timeout = timeout.and_then(|seconds| Duration::try_from_secs_f64(seconds).ok());
+    let timeout = timeout.and_then(crate::seconds::as_duration);
     past_timeout("forward", timeout, still)
         .into_value(py)
         .into_any()

@@ -122,14 +122,12 @@ class _Collector:
         item = _observe.current_item.get()
         if outcome == _observe.RETURNED:
             self._send(Event("finished", node, item, seconds=seconds, attempt=attempt))
-        elif outcome == _observe.FAILED:
-            from soma.errors import TimeLimitError
-
+        elif outcome in (_observe.FAILED, _observe.TIMED_OUT):
             kind = (
                 "retried"
                 if retry_in is not None
                 else "timed_out"
-                if isinstance(error, TimeLimitError)
+                if outcome == _observe.TIMED_OUT
                 else "failed"
             )
             self._send(Event(kind, node, item, error, seconds=seconds, attempt=attempt))

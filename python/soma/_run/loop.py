@@ -11,7 +11,10 @@ on a daemon thread of its own started on first use (again in a child made by ``f
 inherits the loop but not its thread): one loop, so that what async clients keep between calls
 (connection pools) survives from one ``forward`` to the next. Nothing a node raises reaches
 the loop itself: a node's ``KeyboardInterrupt`` or ``SystemExit`` is its run's outcome, raised
-by ``forward`` in the calling thread, and the loop runs on for the next run.
+by ``forward`` in the calling thread, and the loop runs on for the next run. A task a node
+starts is the loop's, not the run's: one that raises ``KeyboardInterrupt`` or ``SystemExit``
+ends ``run_forever`` as asyncio has it, which the kept loop's thread hands to the loop's
+exception handler, and runs the loop on (``keep_running``), so that no node can stop it.
 """
 
 from __future__ import annotations
@@ -100,9 +103,31 @@ def kept_loop() -> asyncio.AbstractEventLoop:
     with _KEPT_LOCK:
         if _KEPT is None or _KEPT[0] != os.getpid():
             loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="soma-event-loop", daemon=True).start()
+            threading.Thread(
+                target=keep_running, args=(loop,), name="soma-event-loop", daemon=True
+            ).start()
             _KEPT = (os.getpid(), loop)
         return _KEPT[1]
+
+
+def keep_running(loop: asyncio.AbstractEventLoop) -> None:
+    """Runs ``loop`` for good, on the kept loop's thread. A ``KeyboardInterrupt`` or
+    ``SystemExit`` raised in a task a node started comes out of ``run_forever`` (asyncio lets
+    them through its callbacks); a node may stop the loop (``loop.stop()``). Neither ends what
+    every later run of the process needs: the exception goes to the loop's exception handler
+    (which logs it), as one a callback raises does, and the loop runs on, the task that raised
+    it done with it."""
+    while not loop.is_closed():
+        try:
+            loop.run_forever()
+        except (KeyboardInterrupt, SystemExit) as raised:
+            loop.call_exception_handler(
+                {
+                    "message": f"a task on Soma's event loop raised {type(raised).__name__}; "
+                    "the loop runs on (it is no program's main loop to stop)",
+                    "exception": raised,
+                }
+            )
 
 
 def set_unless_done(future: asyncio.Future[None]) -> None:

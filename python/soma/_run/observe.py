@@ -28,8 +28,9 @@ from soma import _soma
 # What begins (the engine glue's numbers): a node's call (one attempt), a node the cache
 # answered, an `each` item, a `switch` case, a `loop` iteration, a run (whole, or a stream's item).
 CALL, CACHED, ITEM, CASE, ITERATION, RUN = range(6)
-# How it ended.
-RETURNED, FAILED, STOPPED = range(3)
+# How it ended: returned, failed, stopped without an outcome of its own, or failed for time
+# running out (its time limit, the run's deadline: the engine's `RunError::timed_out`).
+RETURNED, FAILED, STOPPED, TIMED_OUT = range(4)
 
 
 # A work as the engine tells it: what begins (`kind`), the node (or the step, for a part; `None`

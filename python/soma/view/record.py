@@ -522,7 +522,7 @@ class Recorder:
         run.seconds = run.now()
         if outcome == _observe.RETURNED:
             run.status = RunStatus.FINISHED
-        elif outcome == _observe.FAILED:
+        elif outcome in (_observe.FAILED, _observe.TIMED_OUT):
             run.status = RunStatus.FAILED
         else:
             run.status = RunStatus.STOPPED
@@ -554,12 +554,12 @@ class Recorder:
         node.ended, node.seconds = ended, ended - started
         if outcome == _observe.RETURNED:
             _become(run, node, NodeState.FINISHED)
-        elif outcome == _observe.FAILED:
+        elif outcome in (_observe.FAILED, _observe.TIMED_OUT):
             from soma.errors import TimeLimitError
 
             if retry_in is not None:
                 _become(run, node, NodeState.RETRYING)
-            elif isinstance(error, TimeLimitError):
+            elif outcome == _observe.TIMED_OUT or isinstance(error, TimeLimitError):
                 _become(run, node, NodeState.TIMED_OUT)
             else:
                 _become(run, node, NodeState.FAILED)
@@ -577,7 +577,7 @@ class Recorder:
     ) -> None:
         node.parts_open -= 1
         node.parts_ended += 1
-        if outcome == _observe.FAILED:
+        if outcome in (_observe.FAILED, _observe.TIMED_OUT):
             _become(run, node, NodeState.FAILED)
             if error is not None and node.error is None:
                 node.error = summary(error)

@@ -41,6 +41,7 @@ pub struct Ctx<'a> {
     turn: u32,
     results: &'a [Value],
     device: Option<Device>,
+    own_context: bool,
 }
 
 impl<'a> Ctx<'a> {
@@ -51,7 +52,23 @@ impl<'a> Ctx<'a> {
             turn,
             results,
             device: None,
+            own_context: false,
         }
+    }
+
+    /// The same context, for a call that runs in a context of its own (`own`): what it sets
+    /// stays its own, the nodes after it never see it — a time-limited call's, which the sync
+    /// walk runs on a lent thread in a copy of the branch's context, and an async node's call
+    /// asks of the embedder.
+    #[must_use]
+    pub fn in_own_context(mut self, own: bool) -> Self {
+        self.own_context = own;
+        self
+    }
+
+    /// Whether the call runs in a context of its own ([`Ctx::in_own_context`]).
+    pub fn has_own_context(&self) -> bool {
+        self.own_context
     }
 
     /// The same context, for a node placed on `device`.

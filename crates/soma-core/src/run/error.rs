@@ -154,6 +154,31 @@ impl RunError {
             RunError::Invalid(error) => Some(error.node()),
         }
     }
+
+    /// Whether the error is a time running out: a call's time limit, or the run's deadline
+    /// (a call the run's cancellation ended past it, or a run that finished past it) — what an
+    /// observer reports as timed out rather than failed.
+    pub fn timed_out(&self) -> bool {
+        match self {
+            RunError::TimeLimit { .. } | RunError::PastDeadline => true,
+            RunError::Retried { last, .. } => last.timed_out(),
+            RunError::NodeFailed { .. }
+            | RunError::NoDriver { .. }
+            | RunError::DriverFailed { .. }
+            | RunError::WrongResultCount { .. }
+            | RunError::TurnLimit { .. }
+            | RunError::NotAList { .. }
+            | RunError::UnknownCase { .. }
+            | RunError::LoopLimit { .. }
+            | RunError::NeedsLoop { .. }
+            | RunError::Invalid(_)
+            | RunError::NoThread { .. }
+            | RunError::NoTask { .. }
+            | RunError::Interrupted
+            | RunError::Cancelled { .. }
+            | RunError::Abandoned { .. } => false,
+        }
+    }
 }
 
 impl fmt::Display for RunError {

@@ -8,7 +8,6 @@
 
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::gc::PyVisit;
@@ -505,8 +504,11 @@ impl GraphCore {
     fn set_time_limit(&self, py: Python<'_>, id: &str, seconds: Option<f64>) -> PyResult<()> {
         let limit = seconds
             .map(|seconds| {
-                Duration::try_from_secs_f64(seconds)
-                    .map_err(|e| PyValueError::new_err(e.to_string()))
+                crate::seconds::as_duration(seconds).ok_or_else(|| {
+                    PyValueError::new_err(format!(
+                        "time_limit takes a number of seconds above 0, not {seconds}"
+                    ))
+                })
             })
             .transpose()?;
         let mut state = self.state();
@@ -640,6 +642,7 @@ impl GraphCore {
             return Ok(on_hosts);
         }
         let timeout = timeout.map(time_limit).transpose()?;
+        crate::reentry::Stepping::check_aforward()?;
         let Some(event_loop) = aio::running_loop(py)? else {
             return Err(PyRuntimeError::new_err(
                 "aforward was called with no running event loop\nhint: `await g.aforward(x)` inside a coroutine, or call `g.forward(x)`",

@@ -136,10 +136,14 @@ pub(super) fn forward_on_loop<'py>(
 }
 
 /// Whether `error` is what cancelling a run leaves: its branches stopped at a boundary, or an
-/// async node's call ended by the `CancelledError` thrown into it.
+/// async node's call ended by the `CancelledError` thrown into it (past the run's deadline, the
+/// engine calls that the deadline's).
 fn stopped_by_cancel(py: Python<'_>, error: &RunError) -> bool {
     match error {
-        RunError::Interrupted | RunError::Cancelled { .. } | RunError::Abandoned { .. } => true,
+        RunError::Interrupted
+        | RunError::Cancelled { .. }
+        | RunError::Abandoned { .. }
+        | RunError::PastDeadline => true,
         RunError::NodeFailed { error, .. } => error
             .cause()
             .and_then(|cause| cause.downcast_ref::<PyErr>())
@@ -160,8 +164,7 @@ fn stopped_by_cancel(py: Python<'_>, error: &RunError) -> bool {
         | RunError::NotAList { .. }
         | RunError::UnknownCase { .. }
         | RunError::LoopLimit { .. }
-        | RunError::NeedsLoop { .. }
-        | RunError::PastDeadline => false,
+        | RunError::NeedsLoop { .. } => false,
     }
 }
 

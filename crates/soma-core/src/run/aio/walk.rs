@@ -108,6 +108,21 @@ impl Place {
         &self.run.executor
     }
 
+    /// What an async node's call that failed with `error` failed for: the run's deadline when
+    /// the run is past it and its cancellation stopped the branch — the call ended by the
+    /// cancellation the deadline sent (an observer reports it as timed out, not as the node's
+    /// `CancelledError`) — and the node's own error otherwise.
+    fn call_failed(&self, id: &NodeId, error: crate::NodeError) -> RunError {
+        let deadline = self.executor().watch.as_deref().and_then(Watch::deadline);
+        if self.branch.stopped() && deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+            return RunError::PastDeadline;
+        }
+        RunError::NodeFailed {
+            node: id.clone(),
+            error,
+        }
+    }
+
     /// The checks of a node boundary, as the sync walk's step makes them.
     fn boundary(&self) -> Result<(), Halt> {
         if self.branch.stopped() {
@@ -400,15 +415,15 @@ async fn within(
             limit: 0,
         });
     }
-    let ctx = Ctx::new(id, 0, &[]).on(step.device);
+    // A time-limited call's context is its own, as the sync walk's is (on a lent thread).
+    let ctx = Ctx::new(id, 0, &[])
+        .on(step.device)
+        .in_own_context(limit.is_some());
     let Some(limit) = limit else {
         return Arc::clone(&step.node)
             .start(input, &ctx)
             .await
-            .map_err(|error| RunError::NodeFailed {
-                node: id.clone(),
-                error,
-            });
+            .map_err(|error| place.call_failed(id, error));
     };
     let started = Instant::now();
     let interrupt = place.run.tasks.interrupt_after(limit);
@@ -419,10 +434,7 @@ async fn within(
             limit,
         });
     }
-    outcome.map_err(|error| RunError::NodeFailed {
-        node: id.clone(),
-        error,
-    })
+    outcome.map_err(|error| place.call_failed(id, error))
 }
 
 /// An async node's call under its policy: each attempt within its limit, retried as the policy
