@@ -21,11 +21,11 @@ A module imports, as it runs, only modules of its own stage and of the stages be
 no import closes a circle, counting those under ``if TYPE_CHECKING:`` (for the typing only):
 a lower stage takes what it uses of a graph, its core (``soma._soma.GraphCore``) and, where it
 must make a graph, a factory the front hands down, rather than naming ``Graph`` back. Two arrows
-back are the public API's own (:data:`TYPED_BACK`): a lower class whose public signature takes a
-``Graph``, while ``Graph``'s take it, can only name the class back, for the typing. A private
-module lives in a subpackage; the only private modules left at the top are the compiled
-``_soma`` (``pyproject.toml``'s ``module-name``, which the glue and the stub name) and
-``_graph``, the front.
+back are the public API's own (:data:`TYPED_BACK`): a lower class with a public signature that
+takes a ``Graph``, itself named in one of ``Graph``'s, can only name ``Graph`` back, for the
+typing. A private module lives in a subpackage; the only private modules left at the top are
+the compiled ``_soma`` (``pyproject.toml``'s ``module-name``, which the glue and the stub name)
+and ``_graph``, the front.
 
 Read from the source with ``ast`` rather than by importing, so an import made inside a function,
 which Python resolves only when the function first runs, counts as much as one at the top.
@@ -63,8 +63,9 @@ TOP_LEVEL_PRIVATE = {
 PRIVATE_PACKAGES = ("soma._build", "soma._run")
 
 #: The arrows back to the front, for the typing only, that the public API draws: each a public
-#: signature of a lower stage's class naming ``Graph``, while ``Graph``'s name that class. Two
-#: classes that name each other so close a circle wherever they live apart; no other arrow may.
+#: signature of a lower stage's class naming ``Graph``, while a signature of ``Graph``'s names
+#: that class. Two classes that name each other so close a circle wherever they live apart; no
+#: other arrow may.
 TYPED_BACK = {
     ("soma.cache._cache", "soma._graph"): "Cache.would_hit(graph: Graph), beside "
     "Graph.forward(cache: Cache)",
