@@ -117,7 +117,7 @@ def test_a_slice_is_sent_only_what_it_reads_and_returns_only_what_later_steps_re
     g.place_at("b", "one")
     g.place_at("c", "one")
     g.place_at("d", "one")
-    (piece,) = Distributed(g).slices
+    (piece,) = Distributed(g._core, soma.Graph).slices
     assert (piece.host, piece.names()) == ("one", ["b", "c", "d"])
     assert piece.reads == ("a",)
     assert piece.returns == ("d",)
@@ -126,7 +126,8 @@ def test_a_slice_is_sent_only_what_it_reads_and_returns_only_what_later_steps_re
 def test_a_slice_reads_the_graphs_input_and_returns_a_leaf_of_the_run() -> None:
     g = soma.Graph.somatize(Add(1).named("a").at("one") >> (Add(2).named("b") | Add(3).named("c")))
     g.place_at("b", "one")
-    first, second = Distributed(g).slices  # Not one: `a` and `b` are no subtree of their own.
+    # Not one: `a` and `b` are no subtree of their own.
+    first, second = Distributed(g._core, soma.Graph).slices
     assert (first.names(), first.reads, first.returns) == (["a"], (INPUT,), ("a",))
     assert (second.names(), second.reads, second.returns) == (["b"], ("a",), ("b",))
 

@@ -18,12 +18,15 @@ order a graph meets them:
    ``soma.view`` (the browser's view of runs, a listener of the observer as the telemetry is),
    and the package itself.
 
-A module imports, as it runs, only modules of its own stage and of the stages before it. A
-later stage is named only under ``if TYPE_CHECKING:`` (the graph, in the annotations of the
-stages that take one): for the typing, never run, so mypy sees the real class and no import
-runs backwards. A private module lives in a subpackage; the only private modules left at the
-top are the compiled ``_soma`` (``pyproject.toml``'s ``module-name``, which the glue and the
-stub name) and ``_graph``, the front.
+A module imports, as it runs, only modules of its own stage and of the stages before it; and
+no import closes a circle, counting those under ``if TYPE_CHECKING:`` (for the typing only):
+a lower stage takes what it uses of a graph, its core (``soma._soma.GraphCore``) and, where it
+must make a graph, a factory the front hands down, rather than naming ``Graph`` back. Two arrows
+back are the public API's own (:data:`TYPED_BACK`): a lower class with a public signature that
+takes a ``Graph``, itself named in one of ``Graph``'s, can only name ``Graph`` back, for the
+typing. A private module lives in a subpackage; the only private modules left at the top are
+the compiled ``_soma`` (``pyproject.toml``'s ``module-name``, which the glue and the stub name)
+and ``_graph``, the front.
 
 Read from the source with ``ast`` rather than by importing, so an import made inside a function,
 which Python resolves only when the function first runs, counts as much as one at the top.
@@ -59,6 +62,17 @@ TOP_LEVEL_PRIVATE = {
 
 #: The private subpackages, whose `__init__` imports none of their modules.
 PRIVATE_PACKAGES = ("soma._build", "soma._run")
+
+#: The arrows back to the front, for the typing only, that the public API draws: each a public
+#: signature of a lower stage's class naming ``Graph``, while a signature of ``Graph``'s names
+#: that class. Two classes that name each other so close a circle wherever they live apart; no
+#: other arrow may.
+TYPED_BACK = {
+    ("soma.cache._cache", "soma._graph"): "Cache.would_hit(graph: Graph), beside "
+    "Graph.forward(cache: Cache)",
+    ("soma._build.module", "soma._graph"): "GraphModule(graph: Graph), beside "
+    "Graph.module() -> GraphModule",
+}
 
 
 def module_name(path: Path) -> str:
@@ -132,6 +146,15 @@ def import_graph() -> dict[str, Imports]:
 def run_graph() -> dict[str, set[str]]:
     """What each module imports as it runs."""
     return {name: found.run for name, found in import_graph().items()}
+
+
+def arrows(graph: dict[str, Imports]) -> dict[str, set[str]]:
+    """What each module of ``graph`` imports, as it runs and for the typing alike, but the
+    arrows of :data:`TYPED_BACK`."""
+    return {
+        name: {to for to in found.run | found.typing if (name, to) not in TYPED_BACK}
+        for name, found in graph.items()
+    }
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -244,9 +267,30 @@ def test_the_import_graph_holds_the_packages_own_imports() -> None:
     assert "soma._graph" in graph["soma.cache._cache"].typing
 
 
-def test_no_module_of_soma_imports_itself_back() -> None:
-    cycle = find_cycle(run_graph())
+def test_the_cycle_finder_finds_a_cycle_closed_by_an_import_for_the_typing_only(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "low.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from soma.front import Front\n"
+    )
+    (tmp_path / "front.py").write_text("from soma import low\n")
+    known = {"soma.low", "soma.front"}
+    graph = {name: imported(name, tmp_path / f"{name[5:]}.py", known) for name in known}
+    assert find_cycle({name: found.run for name, found in graph.items()}) is None
+    assert find_cycle(arrows(graph)) == ["soma.front", "soma.low", "soma.front"]
+
+
+def test_no_module_of_soma_imports_itself_back_not_even_for_the_typing() -> None:
+    cycle = find_cycle(arrows(import_graph()))
     assert cycle is None, "an import cycle: " + " -> ".join(cycle or [])
+
+
+def test_each_arrow_back_the_public_api_draws_is_there_and_for_the_typing_only() -> None:
+    graph = import_graph()
+    assert {
+        (module, to): (to in graph[module].typing, to in graph[module].run)
+        for module, to in TYPED_BACK
+    } == dict.fromkeys(TYPED_BACK, (True, False))
 
 
 def test_every_module_belongs_to_a_stage() -> None:

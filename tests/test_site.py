@@ -71,8 +71,7 @@ def test_the_site_builds_in_strict_mode_with_the_guide_and_the_reference(site: P
     graph = (site / "reference" / "graph.html").read_text()
     assert 'id="soma.Graph.amap"' in graph
     assert "concurrency" in graph
-    # `Graph.map`, a function of the streams' module set on the class, reads as a method with
-    # that function's signature (docs/hooks/methods_from_functions.py).
+    # `Graph.map`, with its signature.
     assert 'id="soma.Graph.map"' in graph
     assert "in_flight" in graph.split('id="soma.Graph.map"', 1)[1].split('id="soma.Graph.', 1)[0]
 

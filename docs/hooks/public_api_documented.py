@@ -32,8 +32,6 @@ import griffe
 
 ROOT = Path(__file__).resolve().parents[2]
 PUBLIC_MODULES = ("cache", "devices", "errors", "native", "remote", "telemetry")
-# The extension of the reference's (mkdocs.yml) that changes which members a class has.
-EXTENSIONS = (f"{Path(__file__).with_name('methods_from_functions.py')}:MethodsFromFunctions",)
 
 
 def public_names(module: griffe.Module) -> list[str]:
@@ -110,7 +108,6 @@ def public_objects(
     root: Any = griffe.load(
         package,
         search_paths=[str(search_path)],
-        extensions=griffe.load_extensions(*EXTENSIONS),
         resolve_aliases=True,
     )
     objects: dict[str, griffe.Object] = {}

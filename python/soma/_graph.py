@@ -186,7 +186,8 @@ class Graph:
 
     def __init__(self) -> None:
         self._core = _soma.GraphCore()
-        self._remote: _remote.Distributed | None = None
+        # What the core hands `soma.remote` when it routes a run there.
+        self._remote = _remote.Hosted(self._core, type(self))
 
     @classmethod
     def somatize(cls, expr: Expr | Node) -> Graph:
@@ -224,6 +225,12 @@ class Graph:
         for source, target in zip(flat.sources, flat.targets, strict=True):
             edge(ids[source], ids[target])
         return graph
+
+    @classmethod
+    def _core_of(cls, expr: Expr) -> _soma.GraphCore:
+        """The core of the graph of this class that ``expr`` describes: how a step registered
+        in one makes its sub-graphs (``soma._build.decide``)."""
+        return cls.somatize(expr)._core
 
     def node(self, id_or_obj: str | object, obj: object = None, /) -> str:
         """Registers ``obj`` (anything with a callable ``forward``, a function, a torch module)
@@ -277,7 +284,7 @@ class Graph:
             self._core.add_native(node_id, obj, native)
         elif type(obj) in _DECISIONS:
             # It registers itself with its sub-graphs, which take its settings.
-            cast(Decision, obj)._register(self, node_id)
+            cast(Decision, obj)._register(self._core, node_id, type(self)._core_of)
             workers = cast(Decision, obj)._soma_concurrency
             if workers is not None:  # Set by `.concurrency()`, which checked it already.
                 self._core.set_concurrency(node_id, workers)
@@ -630,10 +637,12 @@ class Graph:
             # The core routes one run (`soma_core::Route`): on its engine, or through
             # `soma.remote` with this graph when a node is on a host; a graph without hosts never
             # reaches a transport, nor Ray.
-            return self._core.forward(input, driver, turn_limit, trace, timeout, None, cache, self)
+            return self._core.forward(
+                input, driver, turn_limit, trace, timeout, None, cache, self._remote
+            )
         # A stream of micro-batches, routed by the core too: of a graph with hosts, refused.
         return _stream.forward_in_micro_batches(
-            self,
+            self._core,
             self._core.route(True),
             input,
             micro_batches,
@@ -698,7 +707,9 @@ class Graph:
         if cache is not None:
             self._refuse_cache(cache)
         # Routed by the core as `forward` is.
-        return await self._core.aforward(input, driver, turn_limit, trace, timeout, cache, self)
+        return await self._core.aforward(
+            input, driver, turn_limit, trace, timeout, cache, self._remote
+        )
 
     def events(
         self, input: Any = None, *, buffer: int = _events.DEFAULT_BUFFER, **forward: Any
@@ -830,12 +841,12 @@ class Graph:
         if cache is not None:
             self._refuse_cache(cache)
         return _stream.stream_amap(
-            self,
+            self._core,
             inputs,
             in_flight=in_flight,
             ordered=ordered,
             on_error=on_error,
-            concurrency=_stream.concurrency_of(self, concurrency),
+            concurrency=_stream.concurrency_of(self._core, concurrency),
             driver=driver,
             turn_limit=turn_limit,
             trace=trace,
@@ -851,7 +862,76 @@ class Graph:
                 "hint: pass `soma.Cache()` (in memory) or `soma.Cache(path)` (a folder)"
             )
 
-    map = _stream.stream_map
+    def map(
+        self,
+        inputs: Iterable[Any],
+        *,
+        in_flight: int = _stream.DEFAULT_IN_FLIGHT,
+        ordered: bool = True,
+        on_error: _stream.OnError = "raise",
+        concurrency: Mapping[str, int] | None = None,
+        progress: bool | Callable[[_stream.Progress], object] = False,
+        driver: Any = None,
+        turn_limit: int = _soma.DEFAULT_TURN_LIMIT,
+        trace: _soma.Trace | None = None,
+        timeout: float | None = None,
+        cache: _cache.Cache | None = None,
+    ) -> _stream.Stream:
+        """Streams ``inputs`` through the graph and returns an iterator of its results, in input
+        order (``Graph.map``).
+
+        ``inputs`` is any iterable, read lazily on the thread that iterates, never more than
+        ``in_flight`` items ahead of the results taken: a generator of a million items runs in flat
+        memory, and a slow reader slows the stream. The graph is cut into stages (the steps of its
+        plan's top-level sequence: a node, or a whole wave), each on a thread lent by the graph, so
+        stage *k* works on item *i* while stage *k+1* is on item *i-1*; every node still takes
+        items one at a time and in order, so a stateful node needs no lock, and a wave inside a
+        stage runs its branches side by side for each item. ``concurrency={"node": n}`` (or
+        ``node.concurrency(n)``) lets a stateless node work on ``n`` items at once.
+
+        ``ordered=False`` yields ``(index, result)`` pairs as items finish. ``on_error="raise"``:
+        the first failing item's exception (its own type, traceback and node note, as in
+        ``forward``) is raised at its position, after the items before it, and the stream stops;
+        ``"collect"`` yields a :class:`soma.Failed` in its place and goes on; ``"skip"`` leaves it
+        out and goes on (the records are kept in ``stream.failures``). ``progress=True`` draws a bar
+        (tqdm when installed, else a line on stderr); a callable receives :class:`soma.Progress`
+        events instead. ``driver``, ``turn_limit`` and ``trace`` are as in ``forward``.
+
+        Each item runs in a copy of the caller's context of its own (``contextvars``, and torch's
+        grad mode, inference mode and autocast when torch is loaded), copied when the item is read
+        and carried with it from stage to stage: a node sees what the nodes before it set for the
+        same item, as in ``forward``, and never what another item's nodes set; the caller sees
+        none of it.
+
+        ``timeout``, in seconds, bounds the whole stream, from this call to its last result (not
+        each item): once it passes, every stage stops at its next node boundary and the next
+        result asked for raises :class:`TimeoutError` naming the nodes still running, even while a
+        node never returns; such a node is left to finish on its thread, its item dropped, and the
+        graph can run again at once. Results not taken by the deadline are not handed back.
+
+        With ``cache``, a :class:`soma.Cache`, each item is looked up as ``forward(item,
+        cache=cache)`` would look it up: keyed on its own content, its hits not called.
+
+        A graph with async nodes streams each item as ``aforward`` runs it, as a task on the event
+        loop ``forward`` uses (the engine's ``Flow``), with no stages: the items in flight overlap
+        on the loop, those cut short are cancelled, and :meth:`Stream.figures` lists no stage.
+        Inside a running event loop it refuses, pointing to ``aforward``.
+        """
+        return _stream.stream_map(
+            self._core,
+            self._core.route(True),
+            inputs,
+            in_flight=in_flight,
+            ordered=ordered,
+            on_error=on_error,
+            concurrency=concurrency,
+            progress=progress,
+            driver=driver,
+            turn_limit=turn_limit,
+            trace=trace,
+            timeout=timeout,
+            cache=cache,
+        )
 
     def threads(self) -> int:
         """The threads the graph holds right now for its waves, busy or idle."""

@@ -21,15 +21,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable, Hashable, Mapping
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol, Self, cast
+from collections.abc import Callable
+from typing import Any, NoReturn, Protocol, Self, cast
 
 from soma import _soma
 from soma._build.dsl import Expr
 from soma._build.node import Node
 from soma.errors import HostError, RunError
-
-if TYPE_CHECKING:  # `soma._graph` imports this module: the graph is named for the typing only.
-    from soma._graph import Graph
 
 
 # What a sub-graph is written as: a node, an expression of nodes, or `None` for a case that
@@ -40,19 +38,23 @@ Body = Expr | Node
 # A sub-graph made for a step: its core, which holds its settings and knows its async nodes.
 _Made = _soma.GraphCore
 
+#: How the graph a step is registered in makes a sub-graph of an expression: the core of a
+#: graph of its own class made of it (``Graph.somatize``), handed down by ``Graph.node``.
+MadeOf = Callable[[Expr], _soma.GraphCore]
+
 
 class Decision(Node):
     """What ``each``, ``switch`` and ``loop`` share: sub-graphs made at registration."""
 
     # Its sub-graphs, made before the registration that uses them (see `_graphs`).
-    _soma_prebuilt: tuple[type, list[_Made]] | None = None
+    _soma_prebuilt: tuple[MadeOf, list[_Made]] | None = None
 
-    def _register(self, graph: Graph, node_id: str) -> None:
-        """Registers this step in ``graph`` as ``node_id``, with its sub-graphs (called by
-        ``Graph.node``). Their async nodes need no note here: embedded, they are the core's
-        under their ids in ``graph``, which then runs on an event loop."""
+    def _register(self, core: _soma.GraphCore, node_id: str, made_of: MadeOf) -> None:
+        """Registers this step in ``core`` as ``node_id``, with its sub-graphs, each made by
+        ``made_of`` (called by ``Graph.node``). Their async nodes need no note here: embedded,
+        they are the core's under their ids in ``core``, which then runs on an event loop."""
         self._checked(node_id)
-        self._add(graph._core, node_id, self._graphs(graph))
+        self._add(core, node_id, self._graphs(made_of))
 
     def _add(
         self, core: _soma.GraphCore, node_id: str, graphs: list[tuple[str | None, _soma.GraphCore]]
@@ -77,27 +79,22 @@ class Decision(Node):
             expr.on(self._soma_device)
         return expr
 
-    def _sub(self, graph: type[Graph], body: Body | None, step: str) -> Graph | None:
-        """The sub-graph of ``body`` (``None`` for a case that passes its input on), made as a
-        graph of type ``graph`` is (see ``_expr``). Its ids are its own, not yet namespaced."""
+    def _made(self, made_of: MadeOf, body: Body | None) -> _Made:
+        """The core of the sub-graph of ``body`` (an empty one for a case that passes its input
+        on), made by ``made_of`` (see ``_expr``). Its ids are its own, not yet namespaced."""
         if body is None:
-            return None
-        return graph.somatize(self._expr(body, step))
-
-    def _made(self, graph: type[Graph], body: Body | None) -> _Made:
-        """The core of the sub-graph of ``body``, made as a graph of type ``graph`` is."""
-        kind = type(self).__name__.lower()
-        sub = self._sub(graph, body, kind)
-        if sub is None:
             return _soma.GraphCore()
+        kind = type(self).__name__.lower()
+        sub = made_of(self._expr(body, kind))
         hosts = sub.hosts()
         if hosts:
-            inner = next(iter(hosts))
+            inner, _ = hosts[0]
             raise _host_refused(kind, inner, own=False)
-        return sub._core
+        return sub
 
-    def _graphs(self, graph: Graph) -> list[tuple[str | None, _soma.GraphCore]]:
-        """Its sub-graphs, made to embed in ``graph``, each with its key.
+    def _graphs(self, made_of: MadeOf) -> list[tuple[str | None, _soma.GraphCore]]:
+        """Its sub-graphs, made by ``made_of`` to embed in the graph it is registered in, each
+        with its key.
 
         A sub-graph is made by registering its nodes, and a step among them makes its own in
         turn: made that way, a nesting a thousand steps deep would recurse a thousand times.
@@ -108,13 +105,13 @@ class Decision(Node):
         bodies = self._bodies()
         prebuilt = self._soma_prebuilt
         self.__dict__.pop("_soma_prebuilt", None)
-        if prebuilt is not None and prebuilt[0] is type(graph):
+        if prebuilt is not None and prebuilt[0] == made_of:  # Made as a graph of one class.
             made = prebuilt[1]
         else:
-            made = self._made_innermost_first(type(graph), [body for _, body in bodies])
+            made = self._made_innermost_first(made_of, [body for _, body in bodies])
         return [(key, core) for (key, _), core in zip(bodies, made, strict=True)]
 
-    def _made_innermost_first(self, graph: type[Graph], bodies: list[Body | None]) -> list[_Made]:
+    def _made_innermost_first(self, made_of: MadeOf, bodies: list[Body | None]) -> list[_Made]:
         """What ``_made`` makes of ``bodies``, the steps nested in them made first (see
         ``_graphs``)."""
         # Outermost first, each step's retries, time limit and device given to what it runs
@@ -132,9 +129,9 @@ class Decision(Node):
                             stack.append((node, [inner for _, inner in node._bodies()]))
         try:
             for step in reversed(found[1:]):
-                made = [step._made(graph, inner) for _, inner in step._bodies()]
-                step._soma_prebuilt = (graph, made)
-            return [self._made(graph, body) for body in bodies]
+                made = [step._made(made_of, inner) for _, inner in step._bodies()]
+                step._soma_prebuilt = (made_of, made)
+            return [self._made(made_of, body) for body in bodies]
         finally:
             # What a failure left made is not kept for a later registration.
             for step in found:

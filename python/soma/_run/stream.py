@@ -36,10 +36,9 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 from soma import _soma
 from soma._build.policy import checked_concurrency
 
-if TYPE_CHECKING:  # `soma._graph` imports this module: the graph is named for the typing only.
+if TYPE_CHECKING:
     from types import TracebackType
 
-    from soma._graph import Graph
     from soma.cache._cache import Cache
 
 DEFAULT_IN_FLIGHT = 64
@@ -366,90 +365,18 @@ class Stream(Iterator[Any]):
         )
 
 
-def concurrency_of(graph: Graph, asked: Mapping[str, int] | None) -> list[tuple[str, int]]:
-    """How many items each node of ``graph`` works on at once in a stream: the graph's
-    setting (``Graph.concurrency``), or what ``asked`` says for this stream, each id refused by
-    the core as ``Graph.concurrency`` refuses it."""
+def concurrency_of(core: _soma.GraphCore, asked: Mapping[str, int] | None) -> list[tuple[str, int]]:
+    """How many items each node of the graph of ``core`` works on at once in a stream: the
+    graph's setting (``Graph.concurrency``), or what ``asked`` says for this stream, each id
+    refused by the core as ``Graph.concurrency`` refuses it."""
     counts = list((asked or {}).items())
     for _, count in counts:
         checked_concurrency(count)
-    return graph._core.stream_concurrency(counts)
+    return core.stream_concurrency(counts)
 
 
 def stream_map(
-    graph: Graph,
-    inputs: Iterable[Any],
-    *,
-    in_flight: int = DEFAULT_IN_FLIGHT,
-    ordered: bool = True,
-    on_error: OnError = "raise",
-    concurrency: Mapping[str, int] | None = None,
-    progress: bool | Callable[[Progress], object] = False,
-    driver: Any = None,
-    turn_limit: int = _soma.DEFAULT_TURN_LIMIT,
-    trace: _soma.Trace | None = None,
-    timeout: float | None = None,
-    cache: Cache | None = None,
-) -> Stream:
-    """Streams ``inputs`` through the graph and returns an iterator of its results, in input
-    order (``Graph.map``).
-
-    ``inputs`` is any iterable, read lazily on the thread that iterates, never more than
-    ``in_flight`` items ahead of the results taken: a generator of a million items runs in flat
-    memory, and a slow reader slows the stream. The graph is cut into stages (the steps of its
-    plan's top-level sequence: a node, or a whole wave), each on a thread lent by the graph, so
-    stage *k* works on item *i* while stage *k+1* is on item *i-1*; every node still takes
-    items one at a time and in order, so a stateful node needs no lock, and a wave inside a
-    stage runs its branches side by side for each item. ``concurrency={"node": n}`` (or
-    ``node.concurrency(n)``) lets a stateless node work on ``n`` items at once.
-
-    ``ordered=False`` yields ``(index, result)`` pairs as items finish. ``on_error="raise"``:
-    the first failing item's exception (its own type, traceback and node note, as in
-    ``forward``) is raised at its position, after the items before it, and the stream stops;
-    ``"collect"`` yields a :class:`soma.Failed` in its place and goes on; ``"skip"`` leaves it
-    out and goes on (the records are kept in ``stream.failures``). ``progress=True`` draws a bar
-    (tqdm when installed, else a line on stderr); a callable receives :class:`soma.Progress`
-    events instead. ``driver``, ``turn_limit`` and ``trace`` are as in ``forward``.
-
-    Each item runs in a copy of the caller's context of its own (``contextvars``, and torch's
-    grad mode, inference mode and autocast when torch is loaded), copied when the item is read
-    and carried with it from stage to stage: a node sees what the nodes before it set for the
-    same item, as in ``forward``, and never what another item's nodes set; the caller sees
-    none of it.
-
-    ``timeout``, in seconds, bounds the whole stream, from this call to its last result (not
-    each item): once it passes, every stage stops at its next node boundary and the next
-    result asked for raises :class:`TimeoutError` naming the nodes still running, even while a
-    node never returns; such a node is left to finish on its thread, its item dropped, and the
-    graph can run again at once. Results not taken by the deadline are not handed back.
-
-    With ``cache``, a :class:`soma.Cache`, each item is looked up as ``forward(item,
-    cache=cache)`` would look it up: keyed on its own content, its hits not called.
-
-    A graph with async nodes streams each item as ``aforward`` runs it, as a task on the event
-    loop ``forward`` uses (the engine's ``Flow``), with no stages: the items in flight overlap on
-    the loop, those cut short are cancelled, and :meth:`Stream.figures` lists no stage. Inside
-    a running event loop it refuses, pointing to ``aforward``.
-    """
-    return _streamed(
-        graph,
-        graph._core.route(True),
-        inputs,
-        in_flight=in_flight,
-        ordered=ordered,
-        on_error=on_error,
-        concurrency=concurrency,
-        progress=progress,
-        driver=driver,
-        turn_limit=turn_limit,
-        trace=trace,
-        timeout=timeout,
-        cache=cache,
-    )
-
-
-def _streamed(
-    graph: Graph,
+    graph_core: _soma.GraphCore,
     route: Literal["stream", "flow"],
     inputs: Iterable[Any],
     *,
@@ -464,8 +391,9 @@ def _streamed(
     timeout: float | None,
     cache: Cache | None,
 ) -> Stream:
-    """:func:`stream_map` on the route the core chose for it: the engine's ``Stream``, or its
-    ``Flow`` for a graph with async nodes: a graph without one never reaches an event loop."""
+    """``Graph.map`` of the graph of ``graph_core``, on the route the core chose for it: the
+    engine's ``Stream``, or its ``Flow`` for a graph with async nodes: a graph without one never
+    reaches an event loop."""
     checked_on_error(on_error)
     if not isinstance(in_flight, int) or isinstance(in_flight, bool) or in_flight < 1:
         raise ValueError(f"in_flight must be an int of at least 1, not {in_flight!r}")
@@ -477,12 +405,12 @@ def _streamed(
         case "flow":
             runner = _soma.FlowCore
     core = runner(
-        graph._core,
+        graph_core,
         inputs,
         in_flight,
         ordered,
         on_error == "raise",
-        concurrency_of(graph, concurrency),
+        concurrency_of(graph_core, concurrency),
         driver,
         turn_limit,
         trace,
@@ -554,7 +482,7 @@ def _join_one(outputs: Sequence[Any]) -> Any:
 
 
 def forward_in_micro_batches(
-    graph: Graph,
+    core: _soma.GraphCore,
     route: Literal["stream", "flow"],
     batch: Any,
     micro_batches: int,
@@ -566,11 +494,11 @@ def forward_in_micro_batches(
     timeout: float | None,
     cache: Cache | None = None,
 ) -> Any:
-    """See :meth:`soma.Graph.forward`: the stream of ``route``, the core's for ``graph``."""
+    """See :meth:`soma.Graph.forward`: the stream of ``route``, ``core``'s."""
     pieces = split(batch, micro_batches)
     outputs = list(
-        _streamed(
-            graph,
+        stream_map(
+            core,
             route,
             pieces,
             in_flight=len(pieces),
@@ -614,7 +542,7 @@ class AsyncStream(AsyncIterator[Any]):
 
 
 def stream_amap(
-    graph: Graph,
+    core: _soma.GraphCore,
     inputs: Iterable[Any] | AsyncIterable[Any],
     *,
     in_flight: int,
@@ -635,9 +563,9 @@ def stream_amap(
     ``break``, a cancellation) cancels the items in flight and waits for them to end."""
     # A stream's route, for its refusal of a graph with hosts, as `map`'s: either way each item
     # is a run on this loop.
-    graph._core.route(True)
+    core.route(True)
     flow = _soma.FlowCore(
-        graph._core,
+        core,
         None,
         in_flight,
         ordered,

@@ -34,7 +34,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from soma import _soma
 from soma._run import observe as _observe
@@ -56,9 +56,6 @@ from soma.remote._slices import (
     cut,
     fresh_id,
 )
-
-if TYPE_CHECKING:  # `soma._graph` imports this package: the graph is named for the typing only.
-    from soma._graph import Graph
 
 __all__ = [
     "INPUT",
@@ -219,30 +216,46 @@ class _Pick:
         return returns[self.node]
 
 
+class Hosted:
+    """A graph, as its runs with nodes on hosts take it from ``soma.Graph`` (which hands it to
+    its core, to pass on to :func:`forward` when a run is routed here): its core, its class,
+    which makes the graphs that run its slices (:attr:`Slice.engine`), and what a run made of it
+    last (:class:`Distributed`), kept while it stays the same."""
+
+    __slots__ = ("core", "distributed", "engine")
+
+    def __init__(self, core: _soma.GraphCore, engine: type[Any]) -> None:
+        self.core = core
+        self.engine = engine
+        self.distributed: Distributed | None = None
+
+
 class Distributed:
     """A graph with hosts, rewritten for running: its slices, and the local graph that runs
     each as one node. Valid while the graph's nodes, edges, hosts and devices stay."""
 
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, core: _soma.GraphCore, engine: type[Any]) -> None:
+        """Made of the graph of ``core``, of the class ``engine``, which makes the local graph
+        as it makes the graphs that run the slices."""
         self.key = uuid.uuid4().hex
-        self.fingerprint = _graph_fingerprint(graph)
-        self.slices = _slices(graph)
+        self.fingerprint = _graph_fingerprint(core)
+        self.slices = _slices(core, engine)
         slice_of = {node: piece.index for piece in self.slices for node in piece.names()}
-        taken = set(graph.nodes())
+        taken = set(core.nodes())
         self.slice_ids = [fresh_id(f"{piece.host}#{piece.index}", taken) for piece in self.slices]
         carriers = [
             fresh_id(INPUT, taken) if INPUT in piece.reads and len(piece.reads) > 1 else None
             for piece in self.slices
         ]
-        local = type(graph)()
-        devices = graph.devices()
-        retries, time_limits = graph.retries(), graph.time_limits()
+        local = engine()
+        devices = dict(core.devices())
+        retries, time_limits = dict(core.retries()), dict(core.time_limits())
         added: set[int] = set()
         picks: set[str] = set()
-        for node in graph.nodes():
+        for node in core.nodes():
             index = slice_of.get(node)
             if index is None:
-                local.node(node, graph.implementation(node))
+                local.node(node, core.implementation(node))
                 if node in devices:
                     local.place(node, devices[node])
                 # What the graph holds, not what the node said: `retry(id, None)` may undo it.
@@ -267,11 +280,11 @@ class Distributed:
         self.stand_ins = frozenset(picks) | {carrier for carrier in carriers if carrier}
         for node in local.hosts():  # Stand-ins run here; their slices are where the hosts are.
             local.place_at(node, None)
-        local.idle_threads = graph.idle_threads
-        for node in graph.nodes():
+        local.idle_threads = core.idle_threads
+        for node in core.nodes():
             index = slice_of.get(node)
             if index is None:
-                for source in graph.predecessors(node):
+                for source in core.predecessors(node):
                     local.edge(source, node)
             elif node in self.slices[index].returns:
                 local.edge(self.slice_ids[index], node)
@@ -378,15 +391,15 @@ def _unload(hosts: dict[str, RemoteHost], key: str) -> None:
         host.unload(key)
 
 
-def _graph_fingerprint(graph: Graph) -> tuple[Any, ...]:
+def _graph_fingerprint(core: _soma.GraphCore) -> tuple[Any, ...]:
     # Nodes and edges are only ever added: their counts say whether either changed.
     return (
-        len(graph),
-        len(graph.edges()),
-        tuple(graph.hosts().items()),
-        tuple(graph.devices().items()),
-        tuple(graph.retries().items()),
-        tuple(graph.time_limits().items()),
+        len(core),
+        len(core.edges()),
+        tuple(core.hosts()),
+        tuple(core.devices()),
+        tuple(core.retries()),
+        tuple(core.time_limits()),
     )
 
 
@@ -403,9 +416,10 @@ def _state(piece: Slice) -> tuple[bytes, ...] | None:
         return None
 
 
-def _slices(graph: Graph) -> list[Slice]:
-    """The slices of ``graph``'s distributed plan, in plan order."""
-    plan = graph.distributed_plan()
+def _slices(core: _soma.GraphCore, engine: type[Any]) -> list[Slice]:
+    """The slices of the distributed plan of the graph of ``core``, of the class ``engine``, in
+    plan order."""
+    plan = core.distributed_plan()
     found: list[tuple[str, Any]] = []
     stack = [plan]
     while stack:  # Plan order, without recursion: a plan nests as deep as its graph.
@@ -415,18 +429,20 @@ def _slices(graph: Graph) -> list[Slice]:
             found.append((at.host, at.children[0]))
         else:
             stack.extend(reversed(at.children))
-    settings = Settings.of(graph)
-    return [cut(graph, host, index, inner, settings) for index, (host, inner) in enumerate(found)]
+    settings = Settings.of(core)
+    return [
+        cut(core, engine, host, index, inner, settings) for index, (host, inner) in enumerate(found)
+    ]
 
 
 def _started(
-    graph: Graph, timeout: float | None, trace: Any, cache: Cache | None
+    graph: Hosted, timeout: float | None, trace: Any, cache: Cache | None
 ) -> tuple[_Run, Distributed]:
     """A run of ``graph``'s slices, and the graph that runs them (:class:`Distributed`), made
     again if ``graph`` changed."""
-    distributed = graph._remote
-    if distributed is None or distributed.fingerprint != _graph_fingerprint(graph):
-        distributed = graph._remote = Distributed(graph)
+    distributed = graph.distributed
+    if distributed is None or distributed.fingerprint != _graph_fingerprint(graph.core):
+        distributed = graph.distributed = Distributed(graph.core, graph.engine)
     run = _Run(timeout, trace, cache)
     if cache is not None and run.folder is None:
         hosts = ", ".join(f"`{host}`" for host in dict.fromkeys(p.host for p in distributed.slices))
@@ -458,7 +474,9 @@ def _given_up(raised: BaseException, run: _Run, distributed: Distributed) -> Bas
 
 
 @contextlib.contextmanager
-def _running(graph: Graph, timeout: float | None, trace: Any, cache: Cache | None) -> Iterator[Any]:
+def _running(
+    graph: Hosted, timeout: float | None, trace: Any, cache: Cache | None
+) -> Iterator[Any]:
     """A run of ``graph``'s local graph, its slices on their hosts: yields the local graph's
     core, seen by the slices' stand-ins as the run in progress; what the local graph raises
     comes out as the run with hosts raises it (see :func:`_given_up`)."""
@@ -478,7 +496,7 @@ def _running(graph: Graph, timeout: float | None, trace: Any, cache: Cache | Non
 
 
 def forward(
-    graph: Graph,
+    graph: Hosted,
     input: Any,
     driver: Any,
     turn_limit: int,
@@ -492,7 +510,7 @@ def forward(
 
 
 async def aforward(
-    graph: Graph,
+    graph: Hosted,
     input: Any,
     driver: Any,
     turn_limit: int,

@@ -16,14 +16,11 @@ from __future__ import annotations
 import dataclasses
 import threading
 import warnings
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from soma._soma import DEFAULT_TURN_LIMIT, Plan, StopFlag, Trace, step_and_rest
+from soma._soma import DEFAULT_TURN_LIMIT, GraphCore, Plan, StopFlag, Trace, step_and_rest
 from soma.cache._cache import Cache, CacheWarning
 from soma.errors import RemoteError
-
-if TYPE_CHECKING:  # `soma._graph` imports this package: the graph is named for the typing only.
-    from soma._graph import Graph
 
 #: The kinds of plan steps that run sub-plans of their own, registered with their step.
 DECIDING = frozenset(("Map", "Switch", "Loop"))
@@ -282,14 +279,21 @@ class Settings:
     time_limits: dict[str, float]
 
     @classmethod
-    def of(cls, graph: Graph) -> Settings:
-        return cls(frozenset(graph.leaves()), graph.devices(), graph.retries(), graph.time_limits())
+    def of(cls, core: GraphCore) -> Settings:
+        return cls(
+            frozenset(core.leaves()),
+            dict(core.devices()),
+            dict(core.retries()),
+            dict(core.time_limits()),
+        )
 
 
-def cut(graph: Graph, host: str, index: int, inner: Plan, settings: Settings) -> Slice:
-    """Slice ``index`` of ``graph`` (a ``soma.Graph``, whose ``settings`` these are): the subtree
-    ``inner`` of its plan, to run on ``host``, reading what it needs from the steps before it
-    and returning what the steps after it (or the run) read."""
+def cut(
+    core: GraphCore, engine: type[Any], host: str, index: int, inner: Plan, settings: Settings
+) -> Slice:
+    """Slice ``index`` of the graph of ``core`` (whose ``settings`` these are, and whose class
+    is ``engine``): the subtree ``inner`` of its plan, to run on ``host``, reading what it needs
+    from the steps before it and returning what the steps after it (or the run) read."""
     steps: list[tuple[str, tuple[str, ...]]] = []
     stack = [inner]
     while stack:  # Plan order, without recursion: a plan nests as deep as its graph.
@@ -313,19 +317,19 @@ def cut(graph: Graph, host: str, index: int, inner: Plan, settings: Settings) ->
     returns = [
         node
         for node, _ in steps
-        if node in leaves or any(t not in inside for t in graph.successors(node))
+        if node in leaves or any(t not in inside for t in core.successors(node))
     ]
     return Slice(
         host=host,
         index=index,
-        nodes=tuple((node, graph.implementation(node)) for node, _ in steps),
+        nodes=tuple((node, core.implementation(node)) for node, _ in steps),
         steps=tuple(steps),
         reads=tuple(s for s in reads if s not in inside),
         returns=tuple(returns),
         devices=tuple((n, d) for n, d in devices.items() if owned(n)),
         retries=tuple((n, tuple(r)) for n, r in retries.items() if owned(n)),
         time_limits=tuple((n, t) for n, t in time_limits.items() if owned(n)),
-        engine=type(graph),
+        engine=engine,
     )
 
 
