@@ -32,22 +32,28 @@ def _write(kind: str, text: str) -> None:
 
 def note_logged_errors(write: Callable[[str, str], None]) -> None:
     """Hands ``write`` every log record at ERROR or above, from any logger (one that does not
-    propagate included), before it is handled as it would be: by patching ``Logger.handle``
-    rather than adding a handler, so that the process's own ``logging.basicConfig`` still
-    configures its logging. Also what ``conftest.py`` hears the tests' own process with."""
+    propagate included), as it is made: through the log record factory, not a handler, so that
+    the process's own ``logging.basicConfig`` still configures its logging, and not by patching
+    ``logging.Logger``, whose methods would then be code of the tests' own: a cache keys a
+    logger (a resource) by its type, and a type with a method of the user's by its code. Also
+    what ``conftest.py`` hears the tests' own process with."""
     import logging
 
-    handle = logging.Logger.handle
+    make = logging.getLogRecordFactory()
 
-    def handle_and_note(self: logging.Logger, record: logging.LogRecord) -> None:
+    def make_and_note(*args: object, **kwargs: object) -> logging.LogRecord:
+        record = make(*args, **kwargs)
         if record.levelno >= logging.ERROR:
-            text = record.getMessage()
+            try:
+                text = record.getMessage()
+            except Exception as unformatted:  # Its arguments do not fit its message: logging says.
+                text = f"{record.msg!r} (not formatted: {unformatted!r})"
             if record.exc_info:
                 text += "\n" + "".join(traceback.format_exception(*record.exc_info))
             write(f"log record {record.levelname} from {record.name!r}", text)
-        handle(self, record)
+        return record
 
-    logging.Logger.handle = handle_and_note  # type: ignore[method-assign]
+    logging.setLogRecordFactory(make_and_note)
 
 
 def _install() -> None:
