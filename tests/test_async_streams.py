@@ -173,14 +173,18 @@ def test_amap_unordered_gives_index_and_result_pairs_as_items_finish() -> None:
         release = asyncio.Event()
 
         async def last_first(x: Any) -> Any:
+            # Item 0 finishes only once the reader has a result in hand: unordered, that can
+            # only be item 1's; in input order, none comes, and item 0's wait ends in a timeout.
             if x == 0:
                 await asyncio.wait_for(release.wait(), DEADLINE)
-            else:
-                release.set()
             return x
 
         g = soma.Graph.somatize(AsyncCall(last_first))
-        return [pair async for pair in g.amap(range(2), ordered=False)]
+        pairs = []
+        async for pair in g.amap(range(2), ordered=False):
+            pairs.append(pair)
+            release.set()
+        return pairs
 
     assert run(main()) == [(1, 1), (0, 0)]
 
