@@ -16,43 +16,11 @@ import pytest
 
 import soma
 from conftest import DEADLINE, run_script
+from test_async import AsyncCall, AsyncMeet, Call, run
 
 
 class Boom(Exception):
     pass
-
-
-class AsyncMeet(soma.Node):
-    """Waits at ``barrier`` (with a deadline): returns only if every party got there."""
-
-    def __init__(self, barrier: asyncio.Barrier) -> None:
-        self.barrier = barrier
-
-    async def forward(self, x: Any) -> Any:
-        await asyncio.wait_for(self.barrier.wait(), DEADLINE)
-        return x
-
-
-class AsyncCall(soma.Node):
-    """Awaits ``fn(x)``."""
-
-    def __init__(self, fn: Any) -> None:
-        self.fn = fn
-
-    async def forward(self, x: Any) -> Any:
-        return await self.fn(x)
-
-
-class Call(soma.Node):
-    def __init__(self, fn: Any) -> None:
-        self.fn = fn
-
-    def forward(self, x: Any) -> Any:
-        return self.fn(x)
-
-
-def run(coroutine: Any) -> Any:
-    return asyncio.run(coroutine)
 
 
 # ---------------------------------------------------------------------------------------------

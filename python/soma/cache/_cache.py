@@ -448,13 +448,7 @@ class Cache:
         when it cannot be read whole any more (removed, damaged, written over since), which
         the engine computes again."""
         if isinstance(unread, _Entry):
-            try:
-                output = pickle.loads(unread.payload)
-            except Exception:  # Its class has gone, say.
-                self._count(corrupted=1)
-                return False, None
-            self._count(bytes_read=len(unread.payload))
-            return True, output
+            return self._unpickled(unread.payload)
         assert isinstance(unread, _Unread)
         try:
             data = unread.data if unread.data is not None else _read_file(unread.file)[0]
@@ -466,12 +460,17 @@ class Cache:
             return False, None
         if _soma.blake3(found.payload) != unread.checksum:  # Written over since: another.
             return False, None
+        return self._unpickled(found.payload)
+
+    def _unpickled(self, payload: bytes | memoryview) -> tuple[bool, Any]:
+        """The output pickled in ``payload``, counted as read: ``(True, output)``, or ``(False,
+        None)``, counted as corrupted, when it does not unpickle."""
         try:
-            output = pickle.loads(found.payload)
+            output = pickle.loads(payload)
         except Exception:  # Its class has gone, say.
             self._count(corrupted=1)
             return False, None
-        self._count(bytes_read=len(found.payload))
+        self._count(bytes_read=len(payload))
         return True, output
 
     def would_hit(self, graph: Graph, input: Any = None) -> dict[str, bool]:
