@@ -51,6 +51,7 @@ from soma.errors import (
     UnknownNodeError,
     WrongDeviceError,
 )
+from soma.journal import Journal, JournalWarning, Paused, RunRecord, runs
 from soma.view import report, view
 
 if TYPE_CHECKING:
@@ -93,6 +94,8 @@ __all__ = [
     "GraphError",
     "HostError",
     "InvalidIdError",
+    "Journal",
+    "JournalWarning",
     "Loop",
     "ModuleError",
     "ModuleNode",
@@ -100,12 +103,14 @@ __all__ = [
     "NodeFunction",
     "NodePicklingError",
     "PanicError",
+    "Paused",
     "PlacementWarning",
     "Plan",
     "Progress",
     "RemoteError",
     "RetryPolicy",
     "RunError",
+    "RunRecord",
     "SomaError",
     "Span",
     "StageFigures",
@@ -127,6 +132,7 @@ __all__ = [
     "on_loop_close",
     "remote",
     "report",
+    "runs",
     "switch",
     "telemetry",
     "view",

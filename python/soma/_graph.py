@@ -45,6 +45,7 @@ from soma._run import events as _events
 from soma._run import stream as _stream
 from soma.cache import _cache
 from soma.errors import DuplicateNodeError, InvalidIdError, NodePicklingError
+from soma.journal import _journal
 
 # The steps that decide as they run, each registered with its sub-graphs.
 _DECISIONS = frozenset((Each, Switch, Loop, AsyncSwitch, AsyncLoop))
@@ -549,9 +550,19 @@ class Graph:
         micro_batches: int | None = None,
         join: Callable[[list[Any]], Any] | None = None,
         cache: _cache.Cache | None = None,
+        run: str | None = None,
+        journal: _journal.Journal | None = None,
     ) -> Any:
         """Runs the graph on ``input`` and returns the leaf's output (a dict keyed by leaf id
         when there are several).
+
+        With ``run`` and ``journal``, the run is recorded in the journal as its nodes return,
+        under that id: after a crash, a Ctrl-C or a pause, :meth:`resume` finishes it, in this
+        process or another, calling only the nodes whose outputs were not recorded. A node's
+        ``ctx.effect(...)`` runs once per run, and ``ctx.ask(question)`` pauses the run:
+        ``forward`` raises :class:`soma.Paused`. ``forward`` with the id of a run the journal
+        holds, on the same input, takes it up as :meth:`resume` does. See the guide's "Runs
+        that survive".
 
         With ``cache``, a :class:`soma.Cache`, a node whose key is in the cache is not called:
         its output is read from there, and each output a node computes is kept there as soon as
@@ -617,10 +628,14 @@ class Graph:
                 ``None`` joins them by type.
             cache: a :class:`soma.Cache` to read outputs from and keep them in; ``None`` runs
                 every node.
+            run: the run's id in ``journal``.
+            journal: a :class:`soma.Journal` to record the run in (with ``run``).
 
         Raises:
             TimeoutError: ``timeout`` passed (it names the nodes still running).
             KeyboardInterrupt: Ctrl-C, once every branch stopped at a node boundary.
+            soma.Paused: a node asked a question (``ctx.ask``) the run has no answer to.
+            soma.errors.RunHeldError: another process is running run ``run`` now.
             soma.TurnLimitError: a node was still awaiting on its last turn.
             soma.DriverError: a node awaited and the driver could not serve it.
             soma.TimeLimitError: a node's call ran past its ``.time_limit``.
@@ -633,6 +648,27 @@ class Graph:
         """
         if cache is not None:
             self._refuse_cache(cache)
+        if run is not None or journal is not None:
+            named, kept = _journal.checked_run(run, journal)
+            with kept._running(named, self._core, "forward", input, cache, resumed=False) as rec:
+                return self._forward(
+                    input, driver, turn_limit, trace, timeout, micro_batches, join, rec
+                )
+        return self._forward(input, driver, turn_limit, trace, timeout, micro_batches, join, cache)
+
+    def _forward(
+        self,
+        input: Any,
+        driver: Any,
+        turn_limit: int,
+        trace: _soma.Trace | None,
+        timeout: float | None,
+        micro_batches: int | None,
+        join: Callable[[list[Any]], Any] | None,
+        cache: _cache.RunCacheSource | None,
+    ) -> Any:
+        """:meth:`forward`, its arguments checked, with ``cache`` a :class:`soma.Cache` or a
+        journal's recording."""
         if micro_batches is None:
             # The core routes one run (`soma_core::Route`): on its engine, or through
             # `soma.remote` with this graph when a node is on a host; a graph without hosts never
@@ -663,6 +699,8 @@ class Graph:
         trace: _soma.Trace | None = None,
         timeout: float | None = None,
         cache: _cache.Cache | None = None,
+        run: str | None = None,
+        journal: _journal.Journal | None = None,
     ) -> Any:
         """Runs the graph on ``input`` from a running event loop without blocking it, and
         returns what ``forward`` would.
@@ -695,9 +733,13 @@ class Graph:
             trace: a :class:`soma.Trace` to record a span per node into, as in :meth:`forward`.
             timeout: seconds the whole run may take; ``None``, the default, is no deadline.
             cache: a :class:`soma.Cache`, as above; ``None`` runs every node.
+            run: the run's id in ``journal``, as in :meth:`forward`.
+            journal: a :class:`soma.Journal` to record the run in, as in :meth:`forward`.
 
         Raises:
             TimeoutError: ``timeout`` passed (it names the nodes that were running).
+            soma.Paused: a node asked a question the run has no answer to, as in
+                :meth:`forward`.
             asyncio.CancelledError: the awaiting task was cancelled.
             TypeError: ``cache`` is no :class:`soma.Cache`.
 
@@ -706,10 +748,97 @@ class Graph:
         """
         if cache is not None:
             self._refuse_cache(cache)
+        if run is not None or journal is not None:
+            named, kept = _journal.checked_run(run, journal)
+            with kept._running(named, self._core, "aforward", input, cache, resumed=False) as rec:
+                return await self._core.aforward(
+                    input, driver, turn_limit, trace, timeout, rec, self._remote
+                )
         # Routed by the core as `forward` is.
         return await self._core.aforward(
             input, driver, turn_limit, trace, timeout, cache, self._remote
         )
+
+    def resume(
+        self,
+        run: str,
+        *,
+        journal: _journal.Journal,
+        answers: dict[str, Any] | None = None,
+        driver: Any = None,
+        turn_limit: int = _soma.DEFAULT_TURN_LIMIT,
+        trace: _soma.Trace | None = None,
+        timeout: float | None = None,
+        cache: _cache.Cache | None = None,
+    ) -> Any:
+        """Finishes run ``run`` of ``journal`` — cut off by a crash, a Ctrl-C, an error, or
+        paused for answers — and returns what an uninterrupted ``forward`` would have: on the
+        input it was begun with, calling exactly the nodes whose outputs were not recorded
+        (and any node edited since, and what depends on it). Effects recorded are not made
+        again; ``answers``, by the path :class:`soma.Paused` gave each question at, answer the
+        open questions first. Any process may resume a run; one running it now holds it.
+
+        Args:
+            run: the run's id.
+            journal: the :class:`soma.Journal` it was recorded in.
+            answers: answers to its open questions, by path.
+            driver: as in :meth:`forward`.
+            turn_limit: as in :meth:`forward`.
+            trace: as in :meth:`forward`.
+            timeout: seconds this resume may take (a pause does not count); ``None`` is none.
+            cache: a :class:`soma.Cache` to ask for what the journal does not hold.
+
+        Raises:
+            soma.Paused: it asks again, or a question is still open.
+            soma.errors.JournalError: the journal holds no run ``run``, or no question is open
+                at a path of ``answers``.
+            soma.errors.RunHeldError: another process is running it now.
+            soma.errors.SignatureError: its input does not verify under the journal's key.
+        """
+        run, kept = _journal.checked_run(run, journal)
+        if cache is not None:
+            self._refuse_cache(cache)
+        input = kept._resumable(run, answers)
+        with kept._running(run, self._core, "forward", input, cache, resumed=True) as rec:
+            return self._forward(input, driver, turn_limit, trace, timeout, None, None, rec)
+
+    async def aresume(
+        self,
+        run: str,
+        *,
+        journal: _journal.Journal,
+        answers: dict[str, Any] | None = None,
+        driver: Any = None,
+        turn_limit: int = _soma.DEFAULT_TURN_LIMIT,
+        trace: _soma.Trace | None = None,
+        timeout: float | None = None,
+        cache: _cache.Cache | None = None,
+    ) -> Any:
+        """:meth:`resume` from a running event loop, as :meth:`aforward` runs.
+
+        Args:
+            run: the run's id.
+            journal: the :class:`soma.Journal` it was recorded in.
+            answers: answers to its open questions, by path.
+            driver: as in :meth:`forward`.
+            turn_limit: as in :meth:`forward`.
+            trace: as in :meth:`forward`.
+            timeout: seconds this resume may take; ``None`` is none.
+            cache: a :class:`soma.Cache` to ask for what the journal does not hold.
+
+        Raises:
+            soma.Paused: it asks again, or a question is still open.
+            soma.errors.JournalError: as in :meth:`resume`.
+            soma.errors.RunHeldError: another process is running it now.
+        """
+        run, kept = _journal.checked_run(run, journal)
+        if cache is not None:
+            self._refuse_cache(cache)
+        input = kept._resumable(run, answers)
+        with kept._running(run, self._core, "aforward", input, cache, resumed=True) as rec:
+            return await self._core.aforward(
+                input, driver, turn_limit, trace, timeout, rec, self._remote
+            )
 
     def events(
         self, input: Any = None, *, buffer: int = _events.DEFAULT_BUFFER, **forward: Any

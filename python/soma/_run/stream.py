@@ -39,7 +39,7 @@ from soma._build.policy import checked_concurrency
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from soma.cache._cache import Cache
+    from soma.cache._cache import Cache, RunCacheSource
 
 DEFAULT_IN_FLIGHT = 64
 """How many items a stream holds at once unless told otherwise."""
@@ -389,7 +389,7 @@ def stream_map(
     turn_limit: int,
     trace: _soma.Trace | None,
     timeout: float | None,
-    cache: Cache | None,
+    cache: RunCacheSource | None,
 ) -> Stream:
     """``Graph.map`` of the graph of ``graph_core``, on the route the core chose for it: the
     engine's ``Stream``, or its ``Flow`` for a graph with async nodes: a graph without one never
@@ -492,7 +492,7 @@ def forward_in_micro_batches(
     turn_limit: int,
     trace: _soma.Trace | None,
     timeout: float | None,
-    cache: Cache | None = None,
+    cache: RunCacheSource | None = None,
 ) -> Any:
     """See :meth:`soma.Graph.forward`: the stream of ``route``, ``core``'s."""
     pieces = split(batch, micro_batches)
