@@ -61,6 +61,8 @@ class ActiveRun:
         self._pending: list[Finished] = []
         self._oldest = 0.0
         self._lock = threading.Lock()
+        # Held from taking a batch to writing it (and an effect with it).
+        self._writing = threading.Lock()
         self._warned: set[str] = set()
 
     # ----- nodes ------------------------------------------------------------------------------
@@ -96,10 +98,12 @@ class ActiveRun:
         return pending
 
     def flush(self) -> None:
-        """Writes what finished since the last write."""
-        pending = self.take_pending()
-        if pending:
-            self.store.write(self.id, pending)
+        """Writes what finished since the last write: batches in the order they were taken,
+        whichever thread writes them, so no node is durable after one that read it."""
+        with self._writing:
+            pending = self.take_pending()
+            if pending:
+                self.store.write(self.id, pending)
 
     def due(self, age: float) -> bool:
         """Whether the oldest unwritten node has waited ``age`` seconds."""
@@ -143,7 +147,8 @@ class ActiveRun:
             return
         place = call + ordinal.to_bytes(4, "big")
         sig = self.signer.sign(b"effect", place, payload)
-        self.store.record_effect(self.id, call, ordinal, payload, sig, self.take_pending())
+        with self._writing:
+            self.store.record_effect(self.id, call, ordinal, payload, sig, self.take_pending())
 
     def answer(self, call: bytes, ordinal: int) -> tuple[bool, Any]:
         found = self.store.answer_of(self.id, call, ordinal)

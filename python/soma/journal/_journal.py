@@ -129,6 +129,12 @@ class Journal:
         """Closes the journal's connection; runs it holds keep their records."""
         self._store.close()
 
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *raised: object) -> None:
+        self.close()
+
     # ----- a run --------------------------------------------------------------------------------
 
     def _begin(
@@ -185,7 +191,8 @@ class Journal:
 
     def _keep(self) -> None:
         """Writes what runs held here finished, every few milliseconds, and renews their
-        leases: one thread a journal, while it holds a run."""
+        leases: one thread a journal, while it holds a run. What it cannot write (the store
+        gone, a full disk) is said once a run, and written by the run's next write or its end."""
         renewed = time.monotonic()
         while True:
             with self._lock:
@@ -194,13 +201,21 @@ class Journal:
                     return
                 self._wake.wait(WRITE_EVERY_S)
                 held = list(self._held.values())
-            for active in held:
-                if active.due(WRITE_EVERY_S):
-                    active.flush()
-            if time.monotonic() - renewed > self._lease / 3:
+            renewing = time.monotonic() - renewed > self._lease / 3
+            if renewing:
                 renewed = time.monotonic()
-                for active in held:
-                    self._store.renew([active.id], active.holder, self._lease)
+            for active in held:
+                try:
+                    if active.due(WRITE_EVERY_S):
+                        active.flush()
+                    if renewing:
+                        self._store.renew([active.id], active.holder, self._lease)
+                except Exception as error:  # The run's own writes say it again, or succeed.
+                    active.warn(
+                        "keeper",
+                        f"the journal `{self._target}` could not be written while run "
+                        f"`{active.name}` ran: `{type(error).__name__}: {error}`",
+                    )
 
     @contextmanager
     def _running(

@@ -18,6 +18,7 @@ import os
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -121,6 +122,9 @@ class Store:
         self._names: dict[str, int] = {}
         self._pid = os.getpid()
         self._connection = self._connect()
+        # Closed with the store, when nothing closed it before: an SQLite connection left to
+        # the collector is said to be unclosed (a ResourceWarning on 3.13).
+        self._closing = weakref.finalize(self, _close, self._connection)
         with self._transaction() as cursor:
             for statement in _SCHEMA_POSTGRES if self.postgres else _SCHEMA_SQLITE:
                 cursor.execute(statement)
@@ -154,6 +158,8 @@ class Store:
             self._pid = os.getpid()
             self._names = {}
             self._connection = self._connect()
+            self._closing.detach()
+            self._closing = weakref.finalize(self, _close, self._connection)
 
     @contextmanager
     def _transaction(self, immediate: bool = False) -> Iterator[Any]:
@@ -179,6 +185,7 @@ class Store:
 
     def close(self) -> None:
         with self._lock:
+            self._closing.detach()
             self._connection.close()
 
     # ----- runs -------------------------------------------------------------------------------
@@ -523,6 +530,10 @@ class _Cursor:
     @property
     def rowcount(self) -> int:
         return int(self._cursor.rowcount)
+
+
+def _close(connection: Any) -> None:
+    connection.close()
 
 
 def _bytes(value: Any) -> bytes | None:
