@@ -51,7 +51,7 @@ from soma.errors import (
     UnknownNodeError,
     WrongDeviceError,
 )
-from soma.journal import Journal, JournalWarning, Paused, RunRecord, runs
+from soma.journal import Journal, JournalRun, JournalWarning, Paused, runs
 from soma.view import report, view
 
 if TYPE_CHECKING:
@@ -95,6 +95,7 @@ __all__ = [
     "HostError",
     "InvalidIdError",
     "Journal",
+    "JournalRun",
     "JournalWarning",
     "Loop",
     "ModuleError",
@@ -110,7 +111,6 @@ __all__ = [
     "RemoteError",
     "RetryPolicy",
     "RunError",
-    "RunRecord",
     "SomaError",
     "Span",
     "StageFigures",

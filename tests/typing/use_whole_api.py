@@ -592,7 +592,7 @@ with tempfile.TemporaryDirectory() as runs_folder:
         return await asking.aresume("second", journal=journal, answers={"ask": "no"})
 
     assert asyncio.run(use_journal()) == "2:no"
-    listed: list[soma.RunRecord] = soma.runs(journal)
+    listed: list[soma.JournalRun] = soma.runs(journal)
     assert [(run.id, run.status, run.done, run.nodes) for run in listed] == [
         ("second", "finished", 1, 1),
         ("first", "finished", 1, 1),

@@ -7,6 +7,6 @@ make its side effects happen once and let it wait for a person; ``soma.runs(j)``
 """
 
 from soma.journal._active import JournalWarning
-from soma.journal._journal import Journal, Paused, RunRecord, runs
+from soma.journal._journal import Journal, JournalRun, Paused, runs
 
-__all__ = ["Journal", "JournalWarning", "Paused", "RunRecord", "runs"]
+__all__ = ["Journal", "JournalRun", "JournalWarning", "Paused", "runs"]

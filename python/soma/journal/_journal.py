@@ -53,7 +53,7 @@ class Paused(Exception):
 
 
 @dataclass(frozen=True)
-class RunRecord:
+class JournalRun:
     """A run as a journal holds it (``soma.runs``)."""
 
     #: The run's id.
@@ -271,11 +271,11 @@ class Journal:
 
     # ----- history ----------------------------------------------------------------------------
 
-    def runs(self) -> list[RunRecord]:
+    def runs(self) -> list[JournalRun]:
         """Every run the journal holds, the newest first."""
         return [self._record(row) for row in self._store.runs()]
 
-    def run(self, name: str) -> RunRecord:
+    def run(self, name: str) -> JournalRun:
         """Run ``name`` as the journal holds it."""
         row = self._store.run(name)
         if row is None:
@@ -295,7 +295,7 @@ class Journal:
         outputs only they held; how many runs."""
         return self._store.prune(older_than)
 
-    def _record(self, row: RunRow) -> RunRecord:
+    def _record(self, row: RunRow) -> JournalRun:
         status = row.status
         if status == "running" and (row.lease_until is None or row.lease_until < time.time()):
             status = "abandoned"
@@ -304,7 +304,7 @@ class Journal:
             if status == "paused"
             else {}
         )
-        return RunRecord(
+        return JournalRun(
             id=row.name,
             graph=row.graph,
             status=status,
@@ -329,8 +329,8 @@ def _asked(raised: BaseException) -> bool:
     return False
 
 
-def runs(journal: Journal) -> list[RunRecord]:
-    """Every run ``journal`` holds, the newest first: each a :class:`RunRecord` (``.id``,
+def runs(journal: Journal) -> list[JournalRun]:
+    """Every run ``journal`` holds, the newest first: each a :class:`JournalRun` (``.id``,
     ``.status``, ``.started``, ``.done`` of ``.nodes``, ``.error``, ``.questions``, ...)."""
     return journal.runs()
 

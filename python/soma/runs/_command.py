@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from soma.errors import JournalError
-from soma.journal._journal import Journal, RunRecord
+from soma.journal._journal import Journal, JournalRun
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -30,7 +30,7 @@ def _when(seconds: float | None) -> str:
     return datetime.datetime.fromtimestamp(seconds).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _line(run: RunRecord) -> str:
+def _line(run: JournalRun) -> str:
     error = "" if run.error is None else f"  {run.error.splitlines()[0][:80]}"
     asks = "" if not run.questions else f"  asks at {', '.join(run.questions)}"
     return (
