@@ -183,7 +183,9 @@ _LOOKUP_HINT = "name the node by the id `node()` returned"
 class Graph:
     """A directed acyclic graph of nodes, compiled once into a plan and run with ``forward``."""
 
-    __slots__ = ("_core", "_remote")
+    # `__weakref__`: a journal remembers the graph a run ran with (to resume it from a view)
+    # without keeping it alive.
+    __slots__ = ("__weakref__", "_core", "_remote")
 
     def __init__(self) -> None:
         self._core = _soma.GraphCore()
@@ -650,7 +652,7 @@ class Graph:
             self._refuse_cache(cache)
         if run is not None or journal is not None:
             named, kept = _journal.checked_run(run, journal)
-            with kept._running(named, self._core, "forward", input, cache, resumed=False) as rec:
+            with kept._running(named, self, "forward", input, cache, resumed=False) as rec:
                 return self._forward(
                     input, driver, turn_limit, trace, timeout, micro_batches, join, rec
                 )
@@ -750,7 +752,7 @@ class Graph:
             self._refuse_cache(cache)
         if run is not None or journal is not None:
             named, kept = _journal.checked_run(run, journal)
-            with kept._running(named, self._core, "aforward", input, cache, resumed=False) as rec:
+            with kept._running(named, self, "aforward", input, cache, resumed=False) as rec:
                 return await self._core.aforward(
                     input, driver, turn_limit, trace, timeout, rec, self._remote
                 )
@@ -799,7 +801,7 @@ class Graph:
         if cache is not None:
             self._refuse_cache(cache)
         input = kept._resumable(run, answers)
-        with kept._running(run, self._core, "forward", input, cache, resumed=True) as rec:
+        with kept._running(run, self, "forward", input, cache, resumed=True) as rec:
             return self._forward(input, driver, turn_limit, trace, timeout, None, None, rec)
 
     async def aresume(
@@ -835,7 +837,7 @@ class Graph:
         if cache is not None:
             self._refuse_cache(cache)
         input = kept._resumable(run, answers)
-        with kept._running(run, self._core, "aforward", input, cache, resumed=True) as rec:
+        with kept._running(run, self, "aforward", input, cache, resumed=True) as rec:
             return await self._core.aforward(
                 input, driver, turn_limit, trace, timeout, rec, self._remote
             )

@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -116,6 +117,9 @@ class Journal:
         self._lock = threading.Lock()
         self._keeper: threading.Thread | None = None
         self._wake = threading.Condition(self._lock)
+        # The graph each run was last run with here, by run id: what a view resumes an answered
+        # run with. Weak: a journal never keeps a graph alive.
+        self._graphs: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 
     def __repr__(self) -> str:
         return f"Journal({self._target!r})"
@@ -221,16 +225,18 @@ class Journal:
     def _running(
         self,
         name: str,
-        core: _soma.GraphCore,
+        graph: Any,
         kind: str,
         input: Any,
         cache: Cache | None,
         *,
         resumed: bool,
     ) -> Iterator[Recording]:
-        """Holds run ``name`` around one call of the engine, which the yielded cache records;
-        ends it as the call ends: finished, paused (raising :class:`Paused`), or failed."""
-        active = self._begin(name, core, kind, input, resumed=resumed)
+        """Holds run ``name`` of ``graph`` (a ``soma.Graph``) around one call of the engine,
+        which the yielded cache records; ends it as the call ends: finished, paused (raising
+        :class:`Paused`), or failed."""
+        active = self._begin(name, graph._core, kind, input, resumed=resumed)
+        self._graphs[name] = graph
         token = ACTIVE.set(active)
         try:
             yield Recording(active, cache, self._plain)
@@ -268,6 +274,25 @@ class Journal:
         assert payload is not None
         self._signer.verify(b"input", name.encode(), payload, sig, f"run `{name}`'s input")
         return pickle.loads(payload)
+
+    def answer(self, run: str, answers: dict[str, Any]) -> None:
+        """Records ``answers`` (by the path :class:`Paused` gave each question at) to run
+        ``run``'s open questions, for whoever resumes it, in any process.
+
+        Args:
+            run: the paused run's id.
+            answers: each answer by its question's path.
+
+        Raises:
+            soma.errors.JournalError: the journal holds no run ``run``, or no question is open
+                at a path of ``answers``.
+        """
+        self._resumable(run, answers)
+
+    def graph_of(self, run: str) -> Any:
+        """The ``soma.Graph`` this process last ran run ``run`` with, while it lives; ``None``
+        when none here did."""
+        return self._graphs.get(run)
 
     # ----- history ----------------------------------------------------------------------------
 

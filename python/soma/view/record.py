@@ -35,6 +35,8 @@ from collections.abc import Iterator
 from typing import Any, Final, Generic, Protocol, TypeVar
 
 from soma._run import observe as _observe
+from soma.journal._active import ACTIVE as _journal_run
+from soma.journal._calls import Asked
 
 # How much each run keeps, and how many finished runs the recorder keeps (see the header).
 SPANS_KEPT: Final = 10_000
@@ -59,7 +61,7 @@ class NodeState(enum.StrEnum):
     TIMED_OUT = "timed_out"
     # Ended unfinished: its run was stopped, or the work was dropped.
     STOPPED = "stopped"
-    # Reserved for the durable-runs issue: a node waiting for an answer. Nothing sets it yet.
+    # It asked a question (`ctx.ask`) its run has no answer to yet.
     PAUSED = "paused"
 
 
@@ -70,7 +72,7 @@ class RunStatus(enum.StrEnum):
     FINISHED = "finished"
     FAILED = "failed"
     STOPPED = "stopped"
-    # Reserved for the durable-runs issue: a run waiting for an answer. Nothing sets it yet.
+    # A node asked a question the run has no answer to yet: it waits in its journal.
     PAUSED = "paused"
 
 
@@ -285,6 +287,8 @@ class RunRecord:
         self.spans: Ring[Span] = Ring(SPANS_KEPT)
         self.emits: Ring[dict[str, Any]] = Ring(EMITS_KEPT)
         self._label: str | None = None
+        # The id of the run in its journal, for a run with one (`forward(run=, journal=)`).
+        self.journal_run: str | None = None
 
     def freeze(self) -> None:
         """Keeps each node's state as plain data, once the run has ended."""
@@ -392,6 +396,14 @@ perf_counter = time.perf_counter
 _DONE: Final = frozenset({NodeState.FINISHED, NodeState.CACHED})
 
 
+def _paused(error: BaseException | None) -> bool:
+    """Whether ``error`` is a node's question (``ctx.ask``), which pauses its run."""
+    return isinstance(error, Asked) or (
+        isinstance(error, BaseExceptionGroup)
+        and all(isinstance(inner, Asked) for inner in error.exceptions)
+    )
+
+
 def _become(run: RunRecord, node: NodeRecord, state: NodeState) -> None:
     """Sets ``node``'s state, keeping the run's count of top-level nodes done."""
     if "/" in node.id or (state in _DONE) == (node.state in _DONE):
@@ -464,6 +476,9 @@ class Recorder:
                 work[6],
                 None if parent is None else parent.id,
             )
+            journaled = _journal_run.get()
+            if journaled is not None:
+                begun.journal_run = journaled.name
             with self._lock:
                 self._runs[begun.id] = begun
             self._changes.append(begun.id)
@@ -522,6 +537,8 @@ class Recorder:
         run.seconds = run.now()
         if outcome == _observe.RETURNED:
             run.status = RunStatus.FINISHED
+        elif _paused(error):
+            run.status = RunStatus.PAUSED
         elif outcome in (_observe.FAILED, _observe.TIMED_OUT):
             run.status = RunStatus.FAILED
         else:
@@ -559,6 +576,8 @@ class Recorder:
 
             if retry_in is not None:
                 _become(run, node, NodeState.RETRYING)
+            elif _paused(error):
+                _become(run, node, NodeState.PAUSED)
             elif outcome == _observe.TIMED_OUT or isinstance(error, TimeLimitError):
                 _become(run, node, NodeState.TIMED_OUT)
             else:
