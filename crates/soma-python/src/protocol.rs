@@ -4,10 +4,10 @@
 //! is a type-pointer comparison and not an attribute lookup.
 
 use pyo3::exceptions::PyTypeError;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::intern;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 /// Asks the driver: the node is called again with one result per request in `ctx.results`.
 #[pyclass(frozen, module = "soma", name = "Await")]
@@ -64,6 +64,18 @@ impl Done {
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         Ok(format!("Done({})", self.value.bind(py).repr()?))
     }
+}
+
+/// Calls `soma.journal._calls.<name>(*args)`: where a call's effects and questions are kept,
+/// which only Python can reach (its run's journal is found through a context variable).
+fn in_journal<'py>(
+    py: Python<'py>,
+    name: &Bound<'py, PyString>,
+    args: impl pyo3::call::PyCallArgs<'py>,
+) -> PyResult<Bound<'py, PyAny>> {
+    crate::py_modules::journal_calls(py)?
+        .getattr(name)?
+        .call1(args)
 }
 
 /// What a node knows about the call it is in.
@@ -129,9 +141,7 @@ impl PyCtx {
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
-        crate::py_modules::journal_calls(py)?
-            .getattr(intern!(py, "effect"))?
-            .call1((slf, function, args, kwargs))
+        in_journal(py, intern!(py, "effect"), (slf, function, args, kwargs))
     }
 
     /// `effect` for an async function: awaits `function(*args, **kwargs)` once per run.
@@ -143,9 +153,7 @@ impl PyCtx {
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
-        crate::py_modules::journal_calls(py)?
-            .getattr(intern!(py, "aeffect"))?
-            .call1((slf, function, args, kwargs))
+        in_journal(py, intern!(py, "aeffect"), (slf, function, args, kwargs))
     }
 
     /// Asks a person `question` and returns the answer: the run pauses (`forward` raises
@@ -155,9 +163,7 @@ impl PyCtx {
         question: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
-        crate::py_modules::journal_calls(py)?
-            .getattr(intern!(py, "ask"))?
-            .call1((slf, question))
+        in_journal(py, intern!(py, "ask"), (slf, question))
     }
 
     /// `ask` for an async node: awaitable.
@@ -166,9 +172,7 @@ impl PyCtx {
         question: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
-        crate::py_modules::journal_calls(py)?
-            .getattr(intern!(py, "aask"))?
-            .call1((slf, question))
+        in_journal(py, intern!(py, "aask"), (slf, question))
     }
 
     /// This call's place in its run's journal, made when first asked for (not API).
