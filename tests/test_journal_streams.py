@@ -349,3 +349,15 @@ def test_a_stream_killed_in_another_process_is_taken_up_calling_exactly_the_unre
     assert len(called) == 80 - before, called
     assert not [line for line in called if int(line.split()[1]) < 20], called
     assert j.run("killed").status == "finished"
+
+
+def test_a_streams_run_is_current_only_for_its_items_never_for_the_callers_other_runs(
+    journal: soma.Journal,
+) -> None:
+    asking = soma.Graph.somatize(A().named("a") >> Asks().named("q"))
+    with chain().map(range(5), run="s", journal=journal) as stream:
+        assert next(stream) == 10
+        # A run of the caller's without a journal has none to pause in, even mid-stream.
+        with pytest.raises(RuntimeError, match="only with a journal"):
+            asking.forward(2)
+    assert journal.run("s").questions == {}
