@@ -365,8 +365,9 @@ class Stream(Iterator[Any]):
                 self._end()
                 if held is None:
                     raise
-                # A question met with `on_error` "skip" or "collect": the core goes on.
-                self._core.close()
+                if held.pauses(raised):
+                    # With `on_error` "skip" or "collect" the core goes on past a question.
+                    self._core.close()
                 instead = held.ended(raised, self._tally.count, self._tally.first)
                 if instead is None:
                     raise
