@@ -361,3 +361,26 @@ def test_a_streams_run_is_current_only_for_its_items_never_for_the_callers_other
         with pytest.raises(RuntimeError, match="only with a journal"):
             asking.forward(2)
     assert journal.run("s").questions == {}
+
+
+class AsyncAsks(soma.Node):
+    async def forward(self, x: int, ctx: Any) -> int:
+        CALLED.append(("q", x))
+        if x == 2:
+            answer: int = await ctx.aask("how much?")
+            return answer
+        return x
+
+
+def test_map_of_a_graph_with_async_nodes_pauses_at_a_question_and_goes_on_with_its_answer(
+    journal: soma.Journal,
+) -> None:
+    g = soma.Graph.somatize(AsyncAsks().named("q"))
+    stream = g.map(range(4), run="s", journal=journal, in_flight=1)
+    assert [next(stream), next(stream)] == [0, 1]
+    with pytest.raises(soma.Paused) as paused:
+        next(stream)
+    assert paused.value.questions == {"q": "how much?"}
+    CALLED.clear()
+    assert list(g.map(range(4), run="s", journal=journal, answers={"q": 7})) == [0, 1, 7, 3]
+    assert CALLED == [("q", 2), ("q", 3)]
