@@ -598,4 +598,25 @@ with tempfile.TemporaryDirectory() as runs_folder:
         ("first", "finished", 1, 1),
     ]
     warned: type[Warning] = soma.JournalWarning
+    # A stream with an id: paused at an item's question, taken up by map with the answers.
+    streamed_pause: soma.Paused | None = None
+    try:
+        list(approving.map([3], run="streamed", journal=journal))
+    except soma.Paused as paused:
+        streamed_pause = paused
+    assert streamed_pause is not None
+    answered: soma.Stream = approving.map(
+        [3], run="streamed", journal=journal, answers={"approve": "yes"}
+    )
+    assert list(answered) == ["sent:yes"]
+
+    async def use_journaled_amap() -> list[Any]:
+        return [y async for y in asking.amap([4], run="streamed-async", journal=journal)]
+
+    amap_paused = False
+    try:
+        asyncio.run(use_journaled_amap())
+    except soma.Paused:
+        amap_paused = True
+    assert amap_paused
     journal.close()

@@ -21,14 +21,16 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from soma._run.observe import Pausing
 from soma._soma import Ctx
 from soma.cache import _fingerprint
 from soma.journal._active import ACTIVE
 
 
-class Asked(BaseException):
+class Asked(Pausing):
     """Unwinds a node that asked a question with no answer yet: its run pauses. A
-    ``BaseException``, so that no ``except Exception`` in the node keeps it from pausing."""
+    ``BaseException`` (a :class:`Pausing`, which events report as ``"paused"``), so that no
+    ``except Exception`` in the node keeps it from pausing."""
 
     def __init__(self, path: str, question: object) -> None:
         super().__init__(f"node `{path}` asked {question!r}: the run pauses for an answer")

@@ -6,10 +6,19 @@ nodes return; ``g.resume("nightly-42", journal=j)`` reruns it with the journal a
 calling exactly the nodes whose outputs were not recorded (and any edited since, and what
 depends on them). While a run is being run it is held, by a lease the holder renews; a second
 process asking for it is refused with the holder's name until the lease lapses.
+
+A stream with an id (``g.map(items, run="id", journal=j)``, ``g.amap``) is one run, held from
+the call that makes the stream to its end (:class:`StreamRun`), whose items' nodes are keyed by
+content as the cache keys each item: calling ``map`` again with the same id takes it up, every
+node an item recorded answered from the journal, the rest called. Its items are the caller's
+(an iterable read lazily, perhaps a generator), so the journal keeps no input for it, and
+``g.resume`` refuses it, pointing back to ``map``.
 """
 
 from __future__ import annotations
 
+import contextvars
+import hashlib
 import os
 import pickle
 import socket
@@ -22,8 +31,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from soma._run import events as _events
+from soma._run import observe as _observe
 from soma.cache import _fingerprint
 from soma.cache._cache import Cache
+from soma.errors import JournalError
 from soma.journal._active import ACTIVE, ActiveRun, answer_payload
 from soma.journal._calls import Asked
 from soma.journal._recording import Recording
@@ -32,6 +44,7 @@ from soma.journal._store import RunRow, Store, journal_error
 
 if TYPE_CHECKING:
     from soma import _soma
+    from soma._run.stream import Failed
 
 #: How long a hold on a run lasts unless renewed; renewed every third of it while the run runs.
 LEASE_SECONDS = 30.0
@@ -39,8 +52,18 @@ LEASE_SECONDS = 30.0
 #: How long a finished node may wait unwritten: what a process killed at any instant loses.
 WRITE_EVERY_S = 0.05
 
+#: The kinds of run that are streams (``g.map``, ``g.amap``): no input of their own.
+STREAM_KINDS = ("map", "amap")
 
-class Paused(Exception):
+#: What a stream run is recorded with in place of its input's digest: the same for every stream,
+#: so that ``map`` again with the id takes it up (``amap`` too), and never a digest of an input,
+#: so that ``forward`` with a stream's id is refused rather than taken for it.
+_STREAM_DIGEST = hashlib.blake2b(
+    b"soma-journal: a stream, its items the caller's", digest_size=32
+).digest()
+
+
+class Paused(Exception, _observe.PausedRun):
     """A run paused for a person's answers: ``forward`` raises it, holding nothing — no thread,
     no frame. ``.run`` is the run's id, ``.questions`` every open question by the path it is
     answered at (a node's id, with a mark where several calls of one node ask at once).
@@ -144,31 +167,42 @@ class Journal:
     def _begin(
         self, name: str, core: _soma.GraphCore, kind: str, input: Any, *, resumed: bool
     ) -> ActiveRun:
-        """Holds run ``name`` for this call: begun, or taken up where the journal left it."""
+        """Holds run ``name`` for this call: begun, or taken up where the journal left it (then
+        an event stream the call reports to begins with ``"resumed"``). A stream's run
+        (``kind`` ``"map"`` or ``"amap"``) keeps no input."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"run is a non-empty str, not {name!r}")
-        try:
-            payload = pickle.dumps(input, protocol=pickle.HIGHEST_PROTOCOL)
-            digest = _fingerprint.digest(input)
-        except Exception as error:
-            raise TypeError(
-                f"run `{name}`'s input cannot be recorded, so it could not be resumed: "
-                f"`{type(error).__name__}: {error}`\n"
-                "hint: give a run with a journal an input that pickles"
-            ) from error
+        payload: bytes | None = None
+        sig: bytes | None = None
+        if kind in STREAM_KINDS:
+            digest = _STREAM_DIGEST
+        else:
+            try:
+                payload = pickle.dumps(input, protocol=pickle.HIGHEST_PROTOCOL)
+                digest = _fingerprint.digest(input)
+            except Exception as error:
+                raise TypeError(
+                    f"run `{name}`'s input cannot be recorded, so it could not be resumed: "
+                    f"`{type(error).__name__}: {error}`\n"
+                    "hint: give a run with a journal an input that pickles"
+                ) from error
+            sig = self._signer.sign(b"input", name.encode(), payload)
         holder = f"{socket.gethostname()} pid {os.getpid()} ({uuid.uuid4().hex[:8]})"
-        started = self._store.start(
-            name,
-            graph=", ".join(core.leaves()),
-            nodes=len(core),
-            kind=kind,
-            input=payload,
-            input_sig=self._signer.sign(b"input", name.encode(), payload),
-            input_digest=digest,
-            holder=holder,
-            lease_seconds=self._lease,
-            same_input=not resumed,
-        )
+        try:
+            started = self._store.start(
+                name,
+                graph=", ".join(core.leaves()),
+                nodes=len(core),
+                kind=kind,
+                input=payload,
+                input_sig=sig,
+                input_digest=digest,
+                holder=holder,
+                lease_seconds=self._lease,
+                same_input=not resumed,
+            )
+        except JournalError as refused:
+            raise self._other_kind(name, kind) or refused from None
         active = ActiveRun(
             self._store,
             self._signer,
@@ -182,7 +216,29 @@ class Journal:
             if self._keeper is None:
                 self._keeper = threading.Thread(target=self._keep, name="soma-journal", daemon=True)
                 self._keeper.start()
+        if started.existing:
+            _events.resumed(name)
         return active
+
+    def _other_kind(self, name: str, kind: str) -> JournalError | None:
+        """Why run ``name`` cannot be taken up by a run of ``kind`` when one is a stream and
+        the other not: a stream's id names no input to run ``forward`` on, and a run's id no
+        items to stream; ``None`` when both are of one sort."""
+        found = self._store.input(name)
+        if found is None or (found[0] in STREAM_KINDS) == (kind in STREAM_KINDS):
+            return None
+        if found[0] in STREAM_KINDS:
+            return journal_error(
+                name,
+                f"run `{name}` is a stream ({found[0]}), not a run on one input\n"
+                f"hint: take it up with g.{found[0]}(the same items, run={name!r}, "
+                "journal=j), or give this run another id",
+            )
+        return journal_error(
+            name,
+            f"run `{name}` is a run on one input ({found[0]}), not a stream\n"
+            "hint: resume it with g.resume(run, journal=j), or give this stream another id",
+        )
 
     def _end(self, active: ActiveRun, status: str, error: str | None) -> None:
         with self._lock:
@@ -241,29 +297,54 @@ class Journal:
         try:
             yield Recording(active, cache, self._plain)
         except BaseException as raised:
-            if _asked(raised):
-                self._end(active, "paused", None)
-                questions = {
-                    path: pickle.loads(question)
-                    for path, question, _ in self._store.open_questions(active.id)
-                }
-                raise Paused(name, questions) from None
-            self._end(active, "failed", f"{type(raised).__name__}: {raised}")
+            paused = self._ended(active, raised)
+            if paused is not None:
+                raise paused from None
             raise
         else:
             self._end(active, "finished", None)
         finally:
             ACTIVE.reset(token)
 
-    def _resumable(self, name: str, answers: dict[str, Any] | None) -> Any:
-        """Run ``name``'s input, as recorded, once ``answers`` are recorded."""
-        found = self._store.input(name)
-        if found is None:
-            raise journal_error(name, f"run `{name}` is not in the journal `{self._target}`")
-        _, payload, sig = found
+    def _ended(self, active: ActiveRun, raised: BaseException) -> Paused | None:
+        """Ends ``active``, which ``raised`` cut off: paused, when a node asked (the
+        :class:`Paused` to raise instead), else failed."""
+        if _asked(raised):
+            self._end(active, "paused", None)
+            questions = {
+                path: pickle.loads(question)
+                for path, question, _ in self._store.open_questions(active.id)
+            }
+            return Paused(active.name, questions)
+        self._end(active, "failed", f"{type(raised).__name__}: {raised}")
+        return None
+
+    def _stream(
+        self,
+        name: str,
+        core: _soma.GraphCore,
+        kind: str,
+        cache: Cache | None,
+        answers: dict[str, Any] | None,
+    ) -> StreamRun:
+        """Holds run ``name``, a stream of ``kind`` (``map`` or ``amap``), from now until the
+        stream ends; ``answers`` to its open questions recorded first, as :meth:`_resumable`
+        records them."""
+        if answers:
+            self._answered(name, answers)
+        active = self._begin(name, core, kind, None, resumed=False)
+        return StreamRun(self, active, Recording(active, cache, self._plain))
+
+    def _answered(self, name: str, answers: dict[str, Any]) -> None:
+        """Records ``answers`` to the open questions of run ``name``, by path."""
         run = self._store.run(name)
-        assert run is not None
-        for path, answer in (answers or {}).items():
+        if run is None:
+            raise journal_error(
+                name,
+                f"run `{name}` is not in the journal `{self._target}`, so it has no question "
+                "to answer",
+            )
+        for path, answer in answers.items():
             if not answer_payload(self._signer, self._store, run.id, path, answer):
                 open_paths = [path for path, _, _ in self._store.open_questions(run.id)]
                 raise journal_error(
@@ -271,6 +352,25 @@ class Journal:
                     f"run `{name}` has no open question at `{path}`; its open questions are "
                     f"at {', '.join(f'`{p}`' for p in open_paths) or 'no path'}",
                 )
+
+    def _resumable(self, name: str, answers: dict[str, Any] | None) -> Any:
+        """Run ``name``'s input, as recorded, once ``answers`` are recorded."""
+        found = self._store.input(name)
+        if found is None:
+            raise journal_error(name, f"run `{name}` is not in the journal `{self._target}`")
+        kind, payload, sig = found
+        if kind in STREAM_KINDS:
+            # Its items were an iterable of the caller's, read lazily (a generator, a query):
+            # the journal keeps none of them, and only the caller can give them again.
+            raise journal_error(
+                name,
+                f"run `{name}` is a stream ({kind}): its items are the caller's, and the journal "
+                "keeps none of them, so it cannot be resumed on its own\n"
+                f"hint: take it up with g.{kind}(the same items, run={name!r}, journal=j, "
+                "answers=...): the items it finished are answered from the journal",
+            )
+        if answers:
+            self._answered(name, answers)
         assert payload is not None
         self._signer.verify(b"input", name.encode(), payload, sig, f"run `{name}`'s input")
         return pickle.loads(payload)
@@ -347,11 +447,76 @@ class Journal:
 def _asked(raised: BaseException) -> bool:
     """Whether ``raised`` is a node's question (alone, or among a group's — a ``TaskGroup``
     in an async node gathers what its tasks raised)."""
-    if isinstance(raised, Asked):
-        return True
-    if isinstance(raised, BaseExceptionGroup):
-        return all(_asked(inner) for inner in raised.exceptions)
-    return False
+    return isinstance(_observe.pausing(raised), Asked)
+
+
+class StreamRun:
+    """A stream's run (``g.map``/``g.amap`` with ``run=``), held from the call that made the
+    stream until the stream ends (:class:`soma._run.stream.Held`, which the stream tells).
+
+    ``recording`` is the stream's cache: every item's nodes are keyed by content, as
+    ``forward(item, cache=...)`` keys them, so a node an item recorded is answered from the
+    journal whichever call of ``map`` recorded it. The run is current (``ctx.effect``,
+    ``ctx.ask`` find it) while the stream reads its items, each of which runs in a copy of the
+    context it was read in. It ends once: ``finished`` when the stream ran out with every item
+    done; ``failed`` when an item's error ended it, when items failed and were skipped or
+    collected (the error names how many, and the first: they run again when ``map`` is called
+    again), or when the stream was closed or dropped before its end; ``paused`` when an item's
+    node asked a question (:class:`Paused`, raised by the stream in place of that item's
+    result, whatever ``on_error`` says: a question is no failure of the item)."""
+
+    __slots__ = ("_active", "_ended", "_journal", "_lock", "recording")
+
+    def __init__(self, journal: Journal, active: ActiveRun, recording: Recording) -> None:
+        self._journal = journal
+        self._active = active
+        self._lock = threading.Lock()
+        self._ended = False
+        self.recording = recording
+
+    def entered(self) -> contextvars.Token[ActiveRun | None]:
+        """Makes the run current here, while the stream reads items; undone by ``left``."""
+        return ACTIVE.set(self._active)
+
+    def left(self, token: contextvars.Token[ActiveRun | None]) -> None:
+        ACTIVE.reset(token)
+
+    def pauses(self, exception: BaseException) -> bool:
+        """Whether an item's ``exception`` is a node's question, which pauses the stream."""
+        return _asked(exception)
+
+    def ended(
+        self, raised: BaseException | None, failed: int, first: Failed | None
+    ) -> BaseException | None:
+        """Ends the run as the stream ended: ran out (``raised`` ``None``) with ``failed`` items
+        failed (``first`` the first), or cut off by ``raised``; what the stream raises instead
+        of ``raised`` (a :class:`Paused`), if anything. Once: a second end is a no-op."""
+        with self._lock:
+            if self._ended:
+                return None
+            self._ended = True
+        if raised is not None:
+            return self._journal._ended(self._active, raised)
+        if failed:
+            assert first is not None
+            where = f" at node `{first.node}`" if first.node is not None else ""
+            self._journal._end(
+                self._active,
+                "failed",
+                f"{failed} item{'s' if failed > 1 else ''} failed; the first, item "
+                f"{first.index}{where}: {type(first.exception).__name__}: {first.exception}",
+            )
+        else:
+            self._journal._end(self._active, "finished", None)
+        return None
+
+    def closed(self) -> None:
+        """Ends the run as the stream was closed, or dropped, before its end."""
+        with self._lock:
+            if self._ended:
+                return
+            self._ended = True
+        self._journal._end(self._active, "failed", "the stream was closed before its end")
 
 
 def runs(journal: Journal) -> list[JournalRun]:

@@ -6,13 +6,17 @@ A node whose key the run recorded is answered from the journal; any other is ask
 cache, when it has one (a hit there is not copied into the journal: a resume asks the cache
 again); a node that runs is recorded as it returns. Keys are the cache's own: an edited node
 runs again on resume, and what depends on it. A node the cache keeps out (``cacheable =
-False``, state that cannot be digested) is still recorded, under a key of its run, its id and
-its code, so that a resumed run gets back what it returned rather than calling it again.
+False``, state that cannot be digested) is still recorded, under a key of its run, its id, its
+code and its ``cache_key()``'s answer when it has one, so that a resumed run gets back what it
+returned rather than calling it again. A slice of a graph with hosts is such a node here
+(``soma.remote``): recorded by the caller when the slice returns, keyed by its nodes'
+fingerprints, which its ``cache_key()`` answers.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +39,11 @@ class Recording:
         self._cache = cache
         # Fingerprints and digests as a cache takes them, without one to keep outputs in.
         self._plain = plain
+
+    @property
+    def cache(self) -> Cache | None:
+        """The user's :class:`soma.Cache` behind the journal, if the run was given one."""
+        return self._cache
 
     def _run(self, core: _soma.GraphCore) -> _RecordingRun:
         cache = self._cache
@@ -87,6 +96,13 @@ class _RecordingRun:
         forward = getattr(type(node), "forward", None)
         if isinstance(forward, types.FunctionType):
             code = _fingerprint._code_digest(forward.__code__)
+        said = b""
+        hook = getattr(node, "cache_key", None)
+        if hook is not None:
+            try:
+                said = _fingerprint.digest(hook())
+            except Exception:  # What it said has no digest: a key no other call has.
+                said = os.urandom(32)
         return hashlib.blake2b(
             b"\0".join(
                 (
@@ -95,6 +111,7 @@ class _RecordingRun:
                     node_id.encode(),
                     _fingerprint._qualified(type(node)).encode(),
                     code,
+                    said,
                 )
             ),
             digest_size=32,
