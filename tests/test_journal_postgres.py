@@ -11,7 +11,9 @@ a rendezvous, never a sleep. The only waits are for a lease to lapse, which is w
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import gc
 import json
 import os
 import pathlib
@@ -21,14 +23,16 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
 import pytest
 
 import soma
-from conftest import SUBPROCESS_DEADLINE, Add, _note_panics, run_script
+from conftest import DEADLINE, SUBPROCESS_DEADLINE, Add, Meet, _note_panics, run_script
 from soma.errors import SignatureError
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -502,6 +506,98 @@ def test_runs_lists_a_journals_runs_and_the_command_shows_one(
     )
     assert listing.returncode == 0, listing.stderr
     assert [line.split()[:2] for line in listing.stdout.splitlines()] == [["second", "paused"]]
+
+
+def test_threads_of_one_process_run_their_runs_at_once_on_one_journal(postgres_url: str) -> None:
+    # Each run's `meet` passes only once all four runs are in it: they ran at once.
+    barrier = threading.Barrier(4, timeout=DEADLINE)
+    graph = soma.Graph.somatize(
+        Add(1).named("one") >> Meet(barrier).named("meet") >> Add(2).named("two")
+    )
+    journal = soma.Journal(postgres_url)
+
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(
+            pool.map(lambda x: graph.forward(x, run=f"thread {x}", journal=journal), range(4))
+        )
+
+    assert outs == [3, 4, 5, 6]
+    assert sorted((run.id, run.status, run.done) for run in soma.runs(journal)) == [
+        (f"thread {x}", "finished", 3) for x in range(4)
+    ]
+
+
+async_effects: list[int] = []
+
+
+async def made(x: int) -> int:
+    async_effects.append(x)
+    await asyncio.sleep(0)
+    return x
+
+
+class AsyncApprove(soma.Node):
+    async def forward(self, x: int, ctx: soma.Ctx) -> str:
+        effect: int = await ctx.aeffect(made, x)
+        answer: Any = await ctx.aask(f"approve {x}?")
+        return f"{effect}:{answer}"
+
+
+def test_an_async_node_pauses_and_resumes_with_its_effect_made_once(postgres_url: str) -> None:
+    async_effects.clear()
+    graph = soma.Graph.somatize(AsyncApprove().named("approve"))
+    journal = soma.Journal(postgres_url)
+
+    async def paused_then_resumed() -> tuple[dict[str, object], Any]:
+        with pytest.raises(soma.Paused) as paused:
+            await graph.aforward(7, run="async", journal=journal)
+        return paused.value.questions, await graph.aresume(
+            "async", journal=journal, answers={"approve": "yes"}
+        )
+
+    assert asyncio.run(paused_then_resumed()) == ({"approve": "approve 7?"}, "7:yes")
+    assert async_effects == [7]
+
+
+def test_a_journal_let_go_unclosed_closes_its_connection(postgres_url: str) -> None:
+    def others() -> int:
+        with psycopg.connect(postgres_url, autocommit=True) as connection:
+            found = connection.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchone()
+        assert found is not None
+        return int(found[0])
+
+    journal = soma.Journal(postgres_url)
+    assert journal.runs() == []
+    assert others() == 1
+    del journal
+    gc.collect()
+    # The server ends the session once it reads the goodbye: soon, not at once.
+    deadline = time.monotonic() + DEADLINE
+    while others() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert others() == 0
+
+
+def test_a_journal_whose_session_the_server_ended_goes_on_with_a_new_one(postgres_url: str) -> None:
+    graph = soma.Graph.somatize(Add(1).named("one") >> Add(2).named("two"))
+    journal = soma.Journal(postgres_url)
+    assert graph.forward(1, run="before", journal=journal) == 4
+    with psycopg.connect(postgres_url, autocommit=True) as connection:
+        ended = connection.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()
+    assert ended == [(True,)]
+
+    assert graph.forward(2, run="after", journal=journal) == 5
+
+    assert sorted((run.id, run.status) for run in journal.runs()) == [
+        ("after", "finished"),
+        ("before", "finished"),
+    ]
 
 
 def test_eight_processes_running_and_resuming_runs_between_them_lose_none_and_run_none_twice(

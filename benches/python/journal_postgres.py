@@ -217,6 +217,9 @@ def main() -> int:
         for worker in workers:
             out, _ = worker.communicate()
             if worker.returncode != 0:
+                for other in workers:  # Not left running past the folder they write in.
+                    other.kill()
+                    other.wait()
                 raise SystemExit(f"a worker failed ({worker.returncode})")
             parts.append(json.loads(out.splitlines()[-1]))
         seconds = time.perf_counter() - started

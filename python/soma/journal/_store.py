@@ -32,7 +32,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -185,8 +185,7 @@ class Store:
 
     def _connected(self) -> Any:
         """The store's connection, made again in a forked process and after a PostgreSQL
-        connection broke (the server restarted, say: the statement that found it
-        broken failed; the next one reconnects)."""
+        connection broke (the server restarted, say, or ended the session)."""
         if os.getpid() != self._pid:  # A fork no hook saw (one made by C code).
             self._forked()
         connection = self._connection
@@ -203,12 +202,22 @@ class Store:
         with self._lock:
             connection = self._connected()
             if self.postgres:
-                try:
-                    with connection.transaction(), connection.cursor() as cursor:
+                with ExitStack() as stack:
+                    try:
+                        stack.enter_context(connection.transaction())
+                    except Exception:
+                        # Its BEGIN found the connection broken: nothing was done, so begun
+                        # again on a new one, once. (A statement that finds it broken fails.)
+                        if not connection.broken:
+                            raise
+                        connection = self._connected()
+                        stack.enter_context(connection.transaction())
+                    cursor = stack.enter_context(connection.cursor())
+                    try:
                         yield _Cursor(cursor, self._sql)
-                except BaseException:
-                    self._names.clear()  # Names it added are gone with it.
-                    raise
+                    except BaseException:
+                        self._names.clear()  # Names it added are gone with it.
+                        raise
                 return
             cursor = connection.cursor()
             cursor.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
