@@ -87,9 +87,11 @@ def _as_server_user(command: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
 
 
-def _run(command: list[str]) -> None:
+def _run(command: list[str], folder: str) -> None:
+    # Run in the cluster's folder: the server's user may not enter the checkout's.
     ran = subprocess.run(
         _as_server_user(command),
+        cwd=folder,
         capture_output=True,
         text=True,
         timeout=START_SECONDS,
@@ -128,7 +130,8 @@ def cluster(*, durable: bool = False) -> Iterator[Cluster]:
                 "-E",
                 "UTF8",
                 "--no-sync",
-            ]
+            ],
+            folder,
         )
         settings = f"-k {folder} -c listen_addresses=127.0.0.1 -c max_connections=200"
         if not durable:
@@ -150,7 +153,8 @@ def cluster(*, durable: bool = False) -> Iterator[Cluster]:
                         "-o",
                         f"{settings} -p {port}",
                         "start",
-                    ]
+                    ],
+                    folder,
                 )
             except RuntimeError:
                 if attempt == 2:
@@ -163,7 +167,7 @@ def cluster(*, durable: bool = False) -> Iterator[Cluster]:
         yield Cluster(folder, port)
     finally:
         if started:
-            _run([pg_ctl, "-D", data, "-m", "immediate", "-w", "stop"])
+            _run([pg_ctl, "-D", data, "-m", "immediate", "-w", "stop"], folder)
         shutil.rmtree(folder, ignore_errors=True)
 
 
