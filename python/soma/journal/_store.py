@@ -8,7 +8,7 @@ Both homes run the same statements (placeholders told apart), so nothing here is
 
 Every method takes the store's lock: one connection serves every thread of the process, and a
 write of one run never interleaves with another's. A process forked from one that holds a store
-gets a connection of its own on its first use (a connection is never shared across a fork).
+gets a connection and a lock of its own (a connection is never shared across a fork).
 Writes are grouped (`write`) so that a run pays for a transaction per batch of nodes, not per
 node; a batch is one transaction, so a node is never durable without the nodes that finished
 before it — never after one that read its output.
@@ -168,12 +168,19 @@ class Store:
         return statement.replace("?", "%s") if self.postgres else statement
 
     def _forked(self) -> None:
-        """In a process just forked from the one that opened the store: forgets the parent's
-        connection and lock. The connection is not closed, which would end the parent's
-        session on the server (PostgreSQL's goodbye goes down the shared socket); it is let go
-        unclosed, its complaint about that silenced, as psycopg's own release in a child is. A
-        lock another thread of the parent held at the fork would never be released here."""
+        """Run in a process just forked from this one (``os.register_at_fork``): a lock another
+        thread held at the fork would never be released here, so the child has its own; and a
+        PostgreSQL connection is let go at once, before any thread of the child can use it."""
         self._lock = threading.RLock()
+        if self.postgres:
+            self._let_go()
+
+    def _let_go(self) -> None:
+        """Forgets the connection of the process this one was forked from; the next use makes
+        one of its own. A PostgreSQL connection is not closed, which would end the parent's
+        session (the goodbye goes down the socket they share); it is dropped unclosed, as
+        psycopg itself does in a child, its warning about that silenced. SQLite's is dropped
+        on its first use in the child, as it always was."""
         self._pid = os.getpid()
         self._names = {}
         inherited, self._connection = self._connection, None
@@ -186,8 +193,8 @@ class Store:
     def _connected(self) -> Any:
         """The store's connection, made again in a forked process and after a PostgreSQL
         connection broke (the server restarted, say, or ended the session)."""
-        if os.getpid() != self._pid:  # A fork no hook saw (one made by C code).
-            self._forked()
+        if os.getpid() != self._pid:  # SQLite's, or a fork no hook saw (one made by C code).
+            self._let_go()
         connection = self._connection
         if connection is None or (self.postgres and connection.broken):
             self._names = {}
