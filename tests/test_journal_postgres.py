@@ -355,6 +355,26 @@ def test_of_two_processes_taking_up_one_run_at_once_one_runs_it_and_the_other_is
     assert soma.Journal(postgres_url).run("r").status == "finished"
 
 
+def test_processes_opening_a_new_databases_journal_at_once_all_open_it(postgres_url: str) -> None:
+    # Each makes the tables as it opens the journal, the same instant as the others: on a
+    # fresh database, CREATE TABLE IF NOT EXISTS run at once by several fails all but one.
+    source = textwrap.dedent(
+        f"""
+        import sys
+        import soma
+        print("ready", flush=True)
+        sys.stdin.readline()
+        print(soma.Journal({postgres_url!r}).runs(), flush=True)
+        """
+    )
+    with contextlib.ExitStack() as stack:
+        opening = [stack.enter_context(child(source)) for _ in range(6)]
+        assert [said(one) for one in opening] == ["ready"] * 6
+        for one in opening:
+            tell(one)
+        assert [said(one) for one in opening] == ["[]"] * 6
+
+
 def test_a_forked_child_uses_a_connection_of_its_own_and_leaves_its_parents_working(
     script: Callable[[str], str],
 ) -> None:
