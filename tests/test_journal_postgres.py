@@ -507,13 +507,16 @@ def test_runs_lists_a_journals_runs_and_the_command_shows_one(
     assert "run      first" in lines
     assert "status   finished" in lines
     assert "done     4 of 4 nodes" in lines
+    # Each node with the size of its output as kept (pickled), in bytes.
+    outputs = {"a": ["a"], "b": ["a", "b"], "send": ["a", "b", "effect send"]}
+    outputs["c"] = [*outputs["send"], "c"]
     assert [
-        line.split()[0] for line in lines if "output" in line and "B in the journal" in line
+        (line.split()[0], int(line.split()[-5]))
+        for line in lines
+        if line.endswith("B in the journal")
     ] == [
-        "a",
-        "b",
-        "c",
-        "send",
+        (node, len(pickle.dumps(outputs[node], protocol=pickle.HIGHEST_PROTOCOL)))
+        for node in ("a", "b", "c", "send")
     ]
     listing = subprocess.run(
         [*command, "list", "--status", "paused"],
