@@ -31,7 +31,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -241,12 +241,13 @@ class Store:
             if self._connection is not None:  # None in a forked child that never used it.
                 self._connection.close()
 
-    def __del__(self) -> None:
+    def __del__(self, getpid: Callable[[], int] = os.getpid) -> None:
         # A journal let go unclosed (one a module made, say) closes its connection rather than
         # leave it to the driver, which complains (psycopg's ResourceWarning) — except a
         # parent's, in a forked process no hook told: closing that one ends the parent's.
+        # (`getpid` is bound early: at the interpreter's exit, this module's names may be gone.)
         connection = getattr(self, "_connection", None)
-        if connection is not None and self._pid == os.getpid():
+        if connection is not None and self._pid == getpid():
             connection.close()
 
     # ----- runs -------------------------------------------------------------------------------
