@@ -7,20 +7,32 @@ runs made it. Effects and questions are kept by the call that made them and thei
 Both homes run the same statements (placeholders told apart), so nothing here is written twice.
 
 Every method takes the store's lock: one connection serves every thread of the process, and a
-write of one run never interleaves with another's. Writes are grouped (`write`) so that a run
-pays for a transaction per batch of nodes, not per node; a batch is written in the order its
-nodes finished, in one transaction, so a node is never durable after one that read its output.
+write of one run never interleaves with another's. A process forked from one that holds a store
+gets a connection and a lock of its own (a connection is never shared across a fork).
+Writes are grouped (`write`) so that a run pays for a transaction per batch of nodes, not per
+node; a batch is one transaction, so a node is never durable without the nodes that finished
+before it — never after one that read its output.
+
+Where the homes differ, one statement serves both: SQLite serialises writers (a write
+transaction takes the file's lock), PostgreSQL lets them run at once, so a run is begun by an
+``INSERT ... ON CONFLICT DO NOTHING`` that loses to another process's without an error, a run
+taken up is locked (``FOR UPDATE``) while its lease is read, the tables are made under a lock of
+the database's (``CREATE TABLE IF NOT EXISTS`` races on PostgreSQL), and a batch's rows are
+written in the order of their keys, so that two processes writing the same keys (equal inputs)
+wait for each other rather than deadlock.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import sqlite3
 import threading
 import time
+import warnings
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +90,10 @@ _SCHEMA_POSTGRES = tuple(
     for statement in _SCHEMA_SQLITE
 )
 
+#: The lock of the database's (``pg_advisory_xact_lock``) that PostgreSQL processes make the
+#: tables under, one at a time: an arbitrary number, "soma" in ASCII.
+_SCHEMA_LOCK = 0x736F6D61
+
 
 @dataclass(frozen=True)
 class RunRow:
@@ -121,11 +137,11 @@ class Store:
         self._lock = threading.RLock()
         self._names: dict[str, int] = {}
         self._pid = os.getpid()
-        self._connection = self._connect()
-        # Closed with the store, when nothing closed it before: an SQLite connection left to
-        # the collector is said to be unclosed (a ResourceWarning on 3.13).
-        self._closing = weakref.finalize(self, _close, self._connection)
+        self._connection: Any = self._connect()
+        _OPEN.add(self)
         with self._transaction() as cursor:
+            if self.postgres:
+                cursor.execute(f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK})")
             for statement in _SCHEMA_POSTGRES if self.postgres else _SCHEMA_SQLITE:
                 cursor.execute(statement)
 
@@ -151,15 +167,39 @@ class Store:
     def _sql(self, statement: str) -> str:
         return statement.replace("?", "%s") if self.postgres else statement
 
-    def _reopened(self) -> None:
-        """A process forked from the one that opened the store gets a connection of its own: a
-        connection is never shared across a fork."""
-        if os.getpid() != self._pid:
-            self._pid = os.getpid()
+    def _forked(self) -> None:
+        """Run in a process just forked from this one (``os.register_at_fork``): a lock another
+        thread held at the fork would never be released here, so the child has its own; and a
+        PostgreSQL connection is let go at once, before any thread of the child can use it."""
+        self._lock = threading.RLock()
+        if self.postgres:
+            self._let_go()
+
+    def _let_go(self) -> None:
+        """Forgets the connection of the process this one was forked from; the next use makes
+        one of its own. A PostgreSQL connection is not closed, which would end the parent's
+        session (the goodbye goes down the socket they share); it is dropped unclosed, as
+        psycopg itself does in a child, its warning about that silenced. SQLite's is dropped
+        on its first use in the child, as it always was."""
+        self._pid = os.getpid()
+        self._names = {}
+        inherited, self._connection = self._connection, None
+        if self.postgres and inherited is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ResourceWarning)
+                del inherited
+                gc.collect()  # Its cycles go now, while the warning is silenced.
+
+    def _connected(self) -> Any:
+        """The store's connection, made again in a forked process and after a PostgreSQL
+        connection broke (the server restarted, say, or ended the session)."""
+        if os.getpid() != self._pid:  # SQLite's, or a fork no hook saw (one made by C code).
+            self._let_go()
+        connection = self._connection
+        if connection is None or (self.postgres and connection.broken):
             self._names = {}
-            self._connection = self._connect()
-            self._closing.detach()
-            self._closing = weakref.finalize(self, _close, self._connection)
+            connection = self._connection = self._connect()
+        return connection
 
     @contextmanager
     def _transaction(self, immediate: bool = False) -> Iterator[Any]:
@@ -167,11 +207,24 @@ class Store:
         when it raises. ``immediate`` takes SQLite's write lock at once, so that a read then a
         write in it cannot be overtaken by another process."""
         with self._lock:
-            self._reopened()
-            connection = self._connection
+            connection = self._connected()
             if self.postgres:
-                with connection.transaction(), connection.cursor() as cursor:
-                    yield _Cursor(cursor, self._sql)
+                with ExitStack() as stack:
+                    try:
+                        stack.enter_context(connection.transaction())
+                    except Exception:
+                        # Its BEGIN found the connection broken: nothing was done, so begun
+                        # again on a new one, once. (A statement that finds it broken fails.)
+                        if not connection.broken:
+                            raise
+                        connection = self._connected()
+                        stack.enter_context(connection.transaction())
+                    cursor = stack.enter_context(connection.cursor())
+                    try:
+                        yield _Cursor(cursor, self._sql)
+                    except BaseException:
+                        self._names.clear()  # Names it added are gone with it.
+                        raise
                 return
             cursor = connection.cursor()
             cursor.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
@@ -185,8 +238,17 @@ class Store:
 
     def close(self) -> None:
         with self._lock:
-            self._closing.detach()
-            self._connection.close()
+            if self._connection is not None:  # None in a forked child that never used it.
+                self._connection.close()
+
+    def __del__(self, getpid: Callable[[], int] = os.getpid) -> None:
+        # A journal let go unclosed (one a module made, say) closes its connection rather than
+        # leave it to the driver, which complains (psycopg's ResourceWarning) — except a
+        # parent's, in a forked process no hook told: closing that one ends the parent's.
+        # (`getpid` is bound early: at the interpreter's exit, this module's names may be gone.)
+        connection = getattr(self, "_connection", None)
+        if connection is not None and self._pid == getpid():
+            connection.close()
 
     # ----- runs -------------------------------------------------------------------------------
 
@@ -211,32 +273,36 @@ class Store:
         now = time.time()
         lock = " FOR UPDATE" if self.postgres else ""
         with self._transaction(immediate=True) as cursor:
+            # Begun here unless the run is there already, or another process begins it now: on
+            # PostgreSQL, that one's insert is waited for, and this one's then does nothing.
+            cursor.execute(
+                "INSERT INTO runs (name, graph, nodes, kind, input, input_digest, input_sig,"
+                " status, started, holder, lease_until) VALUES (?, ?, ?, ?, ?, ?, ?,"
+                " 'running', ?, ?, ?) ON CONFLICT (name) DO NOTHING RETURNING id",
+                (
+                    name,
+                    graph,
+                    nodes,
+                    kind,
+                    input,
+                    input_digest,
+                    input_sig,
+                    now,
+                    holder,
+                    now + lease_seconds,
+                ),
+            )
+            begun = cursor.fetchone()
+            if begun is not None:
+                return Started(int(begun[0]), False, input, input_sig, input_digest)
+            # Taken up: locked until this transaction ends, so that of two processes taking it
+            # up at once, the second reads the first's lease.
             cursor.execute(
                 "SELECT id, holder, lease_until, input, input_sig, input_digest"
                 f" FROM runs WHERE name = ?{lock}",
                 (name,),
             )
-            row = cursor.fetchone()
-            if row is None:
-                cursor.execute(
-                    "INSERT INTO runs (name, graph, nodes, kind, input, input_digest, input_sig,"
-                    " status, started, holder, lease_until) VALUES (?, ?, ?, ?, ?, ?, ?,"
-                    " 'running', ?, ?, ?) RETURNING id",
-                    (
-                        name,
-                        graph,
-                        nodes,
-                        kind,
-                        input,
-                        input_digest,
-                        input_sig,
-                        now,
-                        holder,
-                        now + lease_seconds,
-                    ),
-                )
-                return Started(cursor.fetchone()[0], False, input, input_sig, input_digest)
-            run, held_by, until, kept, kept_sig, kept_digest = row
+            run, held_by, until, kept, kept_sig, kept_digest = cursor.fetchone()
             if held_by is not None and until is not None and until > now:
                 raise _held(name, held_by, until)
             if same_input and (kept_digest is None or bytes(kept_digest) != input_digest):
@@ -331,15 +397,13 @@ class Store:
 
     # ----- what finished ----------------------------------------------------------------------
 
-    def _name(self, cursor: _Cursor, name: str) -> int:
-        found = self._names.get(name)
-        if found is not None:
-            return found
-        cursor.execute("INSERT INTO names (name) VALUES (?) ON CONFLICT DO NOTHING", (name,))
-        cursor.execute("SELECT id FROM names WHERE name = ?", (name,))
-        number = int(cursor.fetchone()[0])
-        self._names[name] = number
-        return number
+    def _numbered(self, cursor: _Cursor, names: Iterable[str]) -> None:
+        """Numbers ``names`` not yet known here (``_names``), adding those the store lacks, in
+        the order of their names (see the module's header)."""
+        for name in sorted(set(names) - self._names.keys()):
+            cursor.execute("INSERT INTO names (name) VALUES (?) ON CONFLICT DO NOTHING", (name,))
+            cursor.execute("SELECT id FROM names WHERE name = ?", (name,))
+            self._names[name] = int(cursor.fetchone()[0])
 
     def write(self, run: int, finished: Iterable[Finished]) -> None:
         """Records ``finished`` nodes of ``run``, in the order given, in one transaction."""
@@ -347,11 +411,10 @@ class Store:
             self._write(cursor, run, finished)
 
     def _write(self, cursor: _Cursor, run: int, finished: Iterable[Finished]) -> None:
-        outputs = []
-        done = []
-        for entry in finished:
-            outputs.append((entry.key, entry.digest, entry.payload, entry.sig))
-            done.append((run, entry.key, self._name(cursor, entry.node), entry.seconds))
+        entries = sorted(finished, key=lambda entry: entry.key)
+        self._numbered(cursor, (entry.node for entry in entries))
+        outputs = [(entry.key, entry.digest, entry.payload, entry.sig) for entry in entries]
+        done = [(run, entry.key, self._names[entry.node], entry.seconds) for entry in entries]
         cursor.executemany(
             "INSERT INTO outputs (key, digest, payload, sig) VALUES (?, ?, ?, ?)"
             " ON CONFLICT DO NOTHING",
@@ -532,8 +595,16 @@ class _Cursor:
         return int(self._cursor.rowcount)
 
 
-def _close(connection: Any) -> None:
-    connection.close()
+#: Every store open in this process, for the hook that runs in a forked child.
+_OPEN: weakref.WeakSet[Store] = weakref.WeakSet()
+
+
+def _forget_in_child() -> None:
+    for store in list(_OPEN):
+        store._forked()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _bytes(value: Any) -> bytes | None:
