@@ -259,15 +259,16 @@ def test_a_run_whose_holder_died_lists_as_abandoned_once_its_lease_lapses(
     killed = kill_while_holding(
         script('steps.forward([], run="r", journal=journal)'),
         SOMA_TEST_HOLD="send",
-        SOMA_TEST_LEASE="2",
+        # Long enough to read the holder before it lapses on a loaded machine.
+        SOMA_TEST_LEASE="5",
     )
     journal = soma.Journal(postgres_url)
     held = journal.run("r")
     assert held.status == "running"
     assert held.holder is not None
     assert f" pid {killed} " in held.holder
-    # Nobody renews it now: within the lease (2 s) it reads as abandoned.
-    deadline = time.monotonic() + 2 + DEADLINE
+    # Nobody renews it now: within the lease (5 s) it reads as abandoned.
+    deadline = time.monotonic() + 5 + DEADLINE
     while journal.run("r").status == "running" and time.monotonic() < deadline:
         time.sleep(0.05)
 
