@@ -51,7 +51,11 @@ from soma.errors import (
     UnknownNodeError,
     WrongDeviceError,
 )
-from soma.journal import Journal, JournalRun, JournalWarning, Paused, runs
+from soma.journal import Journal, JournalRun, JournalWarning, Paused
+
+# The function, bound over the package of `python -m soma.runs` of the same name: imported
+# first, that package is in place, and importing it again (or its command) never rebinds it.
+from soma.runs import runs
 from soma.view import report, view
 
 if TYPE_CHECKING:
