@@ -18,15 +18,17 @@ use std::time::Instant;
 
 use super::cache::Entry;
 
+use super::branch::Halt;
 use super::detach::Kept;
 use super::error::RunError;
-use super::executor::{Executor, Halt};
-use super::fan_out::{settle, FanOut, Outcome};
+use super::executor::Executor;
+use super::fan_out::FanOut;
 use super::hooks::Watch;
 use super::keys::RunKeys;
 use super::lane::Lane;
 use super::observer::{Begun, Ended, Opened, Part};
 use super::program::{LoopOp, MapOp, Program, Step, SwitchOp};
+use super::settle::{settle, Outcome};
 use super::table::Frame;
 use super::trace::{thread_number, Span, Trace};
 use crate::model::id::NodeId;
@@ -130,7 +132,7 @@ impl Executor {
                 Ok(Executor::result(body, table, || input.clone()))
             }
             Err(halt) => {
-                if let Some(remains) = halt.remains_if_given_up(&lane) {
+                if let Some(remains) = halt.remains_if_given_up(lane.walk.detached) {
                     kept.leave(&remains);
                 }
                 Err(halt)

@@ -18,6 +18,7 @@
 //! branch has been joined — ahead of any branch's error, even an earlier-declared one: a panic
 //! is a bug, and reporting an ordinary error in its place would swallow it.
 
+use super::branch::Halt;
 use super::cache::{Entry, Found, NodeCache};
 use super::detach::{Detached, Kept, Remains};
 use super::error::RunError;
@@ -63,37 +64,6 @@ struct RunParts {
     input: Value,
     detached: Detached,
     keys: Option<RunKeys>,
-}
-
-/// Why a branch stopped: its own error, because an earlier-declared sibling failed, or because
-/// the run's caller stopped waiting for it.
-pub(super) enum Halt {
-    Failed(RunError),
-    Cancelled,
-    Abandoned,
-}
-
-impl Halt {
-    /// The run's remains when a walk ended with its caller giving up (`self` is
-    /// [`Halt::Abandoned`]): where a frame that lent from itself leaves what branches still
-    /// running may borrow, its one way out on that path; `None` on any other.
-    pub(super) fn remains_if_given_up(&self, lane: &Lane<'_>) -> Option<Arc<Remains>> {
-        match self {
-            Halt::Abandoned => Some(
-                lane.walk
-                    .detached
-                    .expect("only a detachable run is given up")
-                    .remains(),
-            ),
-            Halt::Failed(_) | Halt::Cancelled => None,
-        }
-    }
-}
-
-impl From<RunError> for Halt {
-    fn from(error: RunError) -> Self {
-        Halt::Failed(error)
-    }
 }
 
 impl Default for Executor {

@@ -12,6 +12,7 @@
 
 pub(crate) mod aio;
 mod attempt;
+mod branch;
 pub(crate) mod cache;
 pub(crate) mod crew;
 mod decide;
@@ -30,6 +31,7 @@ pub(crate) mod observer;
 pub(crate) mod policy;
 pub(crate) mod program;
 pub(crate) mod reserve;
+mod settle;
 pub(crate) mod stream;
 mod table;
 pub(crate) mod trace;

@@ -11,14 +11,15 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
+use super::branch::Halt;
 use super::detach::{Detached, Kept};
 use super::error::RunError;
-use super::executor::{prefetch_ahead, Executor, Halt};
-use super::fan_out::{refused_or_raised, settle};
+use super::executor::{prefetch_ahead, Executor};
 use super::hooks::Captured;
 use super::lane::Lane;
 use super::latch::{wait_watching, Delivery, Waited};
 use super::program::Op;
+use super::settle::{refused_or_raised, settle};
 use super::table::{Frame, Shared};
 use super::trace::{set_thread_role, ThreadRole};
 use crate::model::value::Value;
@@ -227,7 +228,7 @@ impl Executor {
         if let Some(remains) = outcome
             .as_ref()
             .err()
-            .and_then(|halt| halt.remains_if_given_up(&lane))
+            .and_then(|halt| halt.remains_if_given_up(lane.walk.detached))
         {
             kept.leave(&remains);
             meeting.leave(&remains);

@@ -20,6 +20,7 @@
 //! the task to its end) or on another thread (who waits on it, with a deadline of its own).
 
 mod flow;
+pub(crate) mod hooks;
 mod limits;
 mod place;
 mod task;
@@ -30,14 +31,15 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 pub use self::flow::{Flow, FlowSettings, ItemOutcome};
+use self::hooks::Tasks;
 use self::limits::Limits;
-pub(crate) use self::place::Branch as AioBranch;
-use self::place::{Branch, Place, Run, Table, Window};
+use self::place::{Place, Run, Table, Window};
 use self::task::CatchUnwind;
 pub use self::task::Task;
+use super::branch::{Branch, Halt};
 use super::error::RunError;
-use super::executor::{Executor, Halt};
-use super::hooks::{Tasks, Watch};
+use super::executor::Executor;
+use super::hooks::Watch;
 use super::latch::sleep_on;
 use super::observer::Ended;
 use crate::model::id::NodeId;

@@ -17,9 +17,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::thread;
 
-use super::place::Branch;
-use crate::run::fan_out::Outcome;
-use crate::run::hooks::Spawned;
+use super::hooks::Spawned;
+use crate::run::branch::Branch;
+use crate::run::settle::Outcome;
 use crate::run::trace::{set_thread_role, ThreadRole};
 
 /// One branch of an async run — the whole run, a wave's branch, an `each` item — as a future

@@ -21,27 +21,27 @@ use std::future::Future;
 use std::ops::Range;
 use std::panic::{self, AssertUnwindSafe};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Poll;
 use std::time::Instant;
 
 use super::limits::slots_of;
-use super::place::{Branch, Place, Table, Window};
+use super::place::{Place, Table, Window};
 use super::task::{CatchUnwind, Join, Task};
 use crate::model::id::NodeId;
 use crate::model::node::Ctx;
 use crate::model::value::Value;
 use crate::run::attempt::Next;
+use crate::run::branch::{Branch, Halt, WaveState};
 use crate::run::error::RunError;
-use crate::run::executor::{Executor, Halt};
-use crate::run::fan_out::{settle, Outcome};
+use crate::run::executor::Executor;
 use crate::run::hooks::Watch;
 use crate::run::keys::RunKeys;
-use crate::run::lane::{Lane, Walk, WaveState};
+use crate::run::lane::{Lane, Walk};
 use crate::run::latch::Delivery;
 use crate::run::observer::{Ended, Part};
 use crate::run::program::{LoopOp, MapOp, Op, Program, Step, SwitchOp};
+use crate::run::settle::{settle, Outcome};
 
 /// How many cases and iterations nest inline in one task before the next runs as a task of its
 /// own: each level is a few futures' polls deep, and a task's poll must not grow with the plan.
@@ -484,9 +484,7 @@ async fn wave(place: &Place, branches: &[Op], bounds: &[usize]) -> Result<(), Ha
     if let [only] = branches {
         return walk(place, only).await;
     }
-    let state = Arc::new(WaveState {
-        first_failed: AtomicUsize::new(usize::MAX),
-    });
+    let state = Arc::new(WaveState::new());
     let join = Join::new(branches.len());
     for (index, (branch, window)) in branches.iter().zip(bounds.windows(2)).enumerate() {
         let child = Place {
@@ -501,7 +499,7 @@ async fn wave(place: &Place, branches: &[Op], bounds: &[usize]) -> Result<(), Ha
             Box::pin(async move {
                 let outcome = walk(child, op.get(child)).await;
                 if !matches!(outcome, Ok(()) | Err(Halt::Cancelled)) {
-                    state.first_failed.fetch_min(index, Ordering::AcqRel);
+                    state.fail(index);
                     join_of_branch.cancel_after(index);
                 }
                 outcome
@@ -625,9 +623,7 @@ async fn each(place: &Place, op: &MapOp) -> Result<Value, Halt> {
         return Ok(executor.reading().collect(Vec::new()));
     }
     let bound = op.in_flight.unwrap_or(count).clamp(1, count);
-    let state = Arc::new(WaveState {
-        first_failed: AtomicUsize::new(usize::MAX),
-    });
+    let state = Arc::new(WaveState::new());
     let join = Join::new(count);
     let results: Arc<[ItemResult]> = (0..count).map(|_| Mutex::new(None)).collect();
     let (body, id_at) = (At::of(&op.body), At::of(id));
@@ -649,7 +645,7 @@ async fn each(place: &Place, op: &MapOp) -> Result<Value, Halt> {
                 let outcome = run_body(child, body.get(child), item).await;
                 executor.part_ends(id, under_way, || child.branch.path(), &outcome);
                 if !matches!(outcome, Ok(_) | Err(Halt::Cancelled)) {
-                    state.first_failed.fetch_min(index, Ordering::AcqRel);
+                    state.fail(index);
                     join_of_item.cancel_after(index);
                 }
                 *results[index]
@@ -665,7 +661,7 @@ async fn each(place: &Place, op: &MapOp) -> Result<Value, Halt> {
             // Bounded: an item that ends makes room for the next.
             join.more_than(&place.branch, started - bound).await;
         }
-        if state.first_failed.load(Ordering::Acquire) != usize::MAX || place.branch.stopped() {
+        if state.any_failed() || place.branch.stopped() {
             break;
         }
         start(started, items.next().expect("an item for each index"));
