@@ -21,6 +21,7 @@
 
 mod flow;
 pub(crate) mod hooks;
+mod join;
 mod limits;
 mod place;
 mod task;

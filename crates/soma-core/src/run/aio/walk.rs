@@ -25,9 +25,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Poll;
 use std::time::Instant;
 
+use super::join::Join;
 use super::limits::slots_of;
 use super::place::{Place, Table, Window};
-use super::task::{CatchUnwind, Join, Task};
+use super::task::{CatchUnwind, Task};
 use crate::model::id::NodeId;
 use crate::model::node::Ctx;
 use crate::model::value::Value;
