@@ -117,6 +117,26 @@ pub(crate) fn path<L: Link>(from: &L) -> Vec<usize> {
     }
 }
 
+/// A branch as a node's call sees it, whichever walk it is in: whether it must stop, and where
+/// it stands.
+pub(crate) trait Standing: Sync {
+    /// Whether the branch must stop at its next node boundary ([`stopped`]).
+    fn stopped(&self) -> bool;
+
+    /// The branch's index in each enclosing wave, outermost first ([`path`]).
+    fn path(&self) -> Vec<usize>;
+}
+
+impl<L: Link + Sync> Standing for L {
+    fn stopped(&self) -> bool {
+        stopped(self)
+    }
+
+    fn path(&self) -> Vec<usize> {
+        path(self)
+    }
+}
+
 /// A task's place among the waves and items around it, held by `Arc` (a task may outlive the
 /// task that spawned it): through it a boundary sees that the task was cancelled, or that a
 /// sibling declared before it failed, and a span says which branch it ran in.
@@ -156,16 +176,6 @@ impl Branch {
     /// Whether this branch itself was cancelled (not an ancestor).
     pub(crate) fn is_cancelled(&self) -> bool {
         self.cancelled.load(Ordering::Acquire)
-    }
-
-    /// Whether the branch must stop at its next node boundary ([`stopped`]).
-    pub(crate) fn stopped(&self) -> bool {
-        stopped(self)
-    }
-
-    /// The branch's index in each enclosing wave, outermost first ([`path`]).
-    pub(crate) fn path(&self) -> Vec<usize> {
-        path(self)
     }
 }
 
@@ -214,7 +224,7 @@ impl Halt {
     /// [`Halt::Abandoned`]), from the run's `detached` bookkeeping: where a frame that lent
     /// from itself leaves what branches still running may borrow, its one way out on that
     /// path; `None` on any other.
-    pub(crate) fn remains_if_given_up(&self, detached: Option<&Detached>) -> Option<Arc<Remains>> {
+    pub(super) fn remains_if_given_up(&self, detached: Option<&Detached>) -> Option<Arc<Remains>> {
         match self {
             Halt::Abandoned => Some(
                 detached

@@ -18,7 +18,8 @@ use std::time::Instant;
 
 use super::cache::Entry;
 
-use super::branch::Halt;
+use super::branch::{Halt, Standing};
+use super::call::{gather, NodeCall, Site};
 use super::detach::Kept;
 use super::error::RunError;
 use super::executor::Executor;
@@ -58,21 +59,22 @@ impl Executor {
         self.reading.as_deref().unwrap_or(&NativeReading)
     }
 
-    /// What a decision step reads, once it may start: the checks a step makes before its node.
+    /// What a decision step reads, once it may start: the checks a step makes before its node,
+    /// in the branch at `branch`.
     pub(super) fn decision_input(
         &self,
         step: &Step,
         input: &Value,
         frame: &mut Frame<'_>,
-        lane: Lane<'_>,
+        branch: &dyn Standing,
     ) -> Result<Value, Halt> {
-        if lane.cancelled() {
+        if branch.stopped() {
             return Err(Halt::Cancelled);
         }
         if self.watch.as_deref().is_some_and(Watch::interrupted) {
             return Err(Halt::Failed(RunError::Interrupted));
         }
-        Ok(Executor::gather(step, input, frame))
+        Ok(gather(step, input, frame))
     }
 
     /// Runs `work` as `step`'s work, marked running meanwhile for a run its caller may leave,
@@ -85,16 +87,23 @@ impl Executor {
         lane: Lane<'_>,
         work: impl FnOnce() -> Result<Value, Halt>,
     ) -> Result<(), Halt> {
-        lane.mark_running(step, true);
+        let site = lane.site();
+        site.mark_running(step, true);
         let value = work();
-        lane.mark_running(step, false);
-        Self::write_decision(step, value?, frame, lane);
+        site.mark_running(step, false);
+        Self::write_decision(step, value?, frame, lane.keys);
         Ok(())
     }
 
-    /// Writes `value` as a decision step's output, its digest what readers key on.
-    pub(super) fn write_decision(step: &Step, value: Value, frame: &mut Frame<'_>, lane: Lane<'_>) {
-        if let Some(keys) = lane.keys {
+    /// Writes `value` as a decision step's output, its digest what readers key on when the run
+    /// has `keys`.
+    pub(super) fn write_decision(
+        step: &Step,
+        value: Value,
+        frame: &mut Frame<'_>,
+        keys: Option<&RunKeys>,
+    ) {
+        if let Some(keys) = keys {
             keys.settle(step.slot(), keys.cache.digest(&value));
         }
         *frame.cell(step.slot()) = Some(value);
@@ -147,26 +156,27 @@ impl Executor {
         &self,
         step: &Step,
         value: &Value,
-        lane: Lane<'_>,
+        site: Site<'_>,
         key: impl FnOnce(&RunKeys, &NodeId, &Key) -> Option<Key>,
     ) -> Result<Value, RunError> {
-        let Some(keys) = lane.keys else {
-            return self.call(step, value, lane);
+        let call = NodeCall::new(self, step, site);
+        let Some(keys) = site.keys else {
+            return call.call(value);
         };
-        let id = &lane.program.ids[step.slot()];
+        let id = call.id();
         let key = keys
             .cache
             .fingerprint(id, &*step.node)
             .and_then(|fingerprint| key(keys, id, &fingerprint));
         let Some(key) = key else {
-            return self.call(step, value, lane);
+            return call.call(value);
         };
         if let Some(entry) = keys.cache.get(id, &key) {
-            self.mark_cached(step, id, lane);
+            call.mark_cached();
             return Ok(entry.value);
         }
         let started = Instant::now();
-        let value = self.call(step, value, lane)?;
+        let value = call.call(value)?;
         Ok(Self::file_decision(
             keys,
             id,
@@ -313,7 +323,7 @@ impl Executor {
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
     ) -> Result<(), Halt> {
-        let read = self.decision_input(&op.step, input, frame, lane)?;
+        let read = self.decision_input(&op.step, input, frame, &lane)?;
         let id = &lane.program.ids[op.step.slot()];
         Self::run_decision(&op.step, frame, lane, || {
             let items = self.items_of(id, &read)?;
@@ -430,12 +440,13 @@ impl Executor {
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
     ) -> Result<(), Halt> {
-        let read = self.decision_input(&op.step, input, frame, lane)?;
+        let read = self.decision_input(&op.step, input, frame, &lane)?;
         let id = &lane.program.ids[op.step.slot()];
         Self::run_decision(&op.step, frame, lane, || {
-            let chosen = self.decision_call(&op.step, &read, lane, |keys, id, fingerprint| {
-                keys.key_of(id, fingerprint, &op.step, input)
-            })?;
+            let chosen =
+                self.decision_call(&op.step, &read, lane.site(), |keys, id, fingerprint| {
+                    keys.key_of(id, fingerprint, &op.step, input)
+                })?;
             let (at, key) = self.case_of(op, id, &chosen)?;
             self.part(id, Part::Case(&key), &lane, || {
                 self.run_body(&op.cases[at], &read, lane)
@@ -499,7 +510,7 @@ impl Executor {
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
     ) -> Result<(), Halt> {
-        let read = self.decision_input(&op.step, input, frame, lane)?;
+        let read = self.decision_input(&op.step, input, frame, &lane)?;
         let id = &lane.program.ids[op.step.slot()];
         Self::run_decision(&op.step, frame, lane, || {
             let mut current = read;
@@ -508,7 +519,7 @@ impl Executor {
                     self.run_body(&op.body, &current, lane)
                 })?;
                 let verdict =
-                    self.decision_call(&op.step, &output, lane, |keys, id, fingerprint| {
+                    self.decision_call(&op.step, &output, lane.site(), |keys, id, fingerprint| {
                         keys.key_on(id, fingerprint, &op.step, &output)
                     })?;
                 if self.reading().done(&verdict) {

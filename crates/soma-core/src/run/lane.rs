@@ -21,10 +21,11 @@
 use std::thread;
 
 use super::branch::{self, Branch, Link, WaveState};
+use super::call::Site;
 use super::crew::Crew;
 use super::detach::Detached;
 use super::keys::RunKeys;
-use super::program::{Program, Step};
+use super::program::Program;
 
 /// One walk of a run, as every branch of it shares it, by reference: the crew the branches of
 /// its waves run on, the thread that started the run and, for a run its caller may stop waiting
@@ -117,16 +118,16 @@ impl<'s> Lane<'s> {
         }
     }
 
-    /// Marks `step` running, or no longer, in a run its caller may leave, which names the nodes
-    /// still running when it gives up.
-    pub(super) fn mark_running(&self, step: &Step, running: bool) {
-        if let Some(run) = self.walk.detached {
-            run.set_running(
-                self.program,
-                step.slot(),
-                &self.program.ids[step.slot()],
-                running,
-            );
+    /// Where a node's call is made along this lane: its program and keys, the walk's crew and
+    /// bookkeeping, and this lane as its branch.
+    #[inline]
+    pub(super) fn site(&self) -> Site<'_> {
+        Site {
+            program: self.program,
+            keys: self.keys,
+            crew: self.walk.crew,
+            detached: self.walk.detached,
+            branch: self,
         }
     }
 
