@@ -11,7 +11,7 @@ use super::policy::{Policy, JITTER};
 use crate::model::value::Value;
 
 /// What to do after an attempt of a call under a policy.
-pub(crate) enum Next {
+pub(super) enum Next {
     /// The call is done: this is its outcome.
     Done(Result<Value, RunError>),
     /// Pause this long, then try again; the error is the call's if the pause is cut short.
@@ -21,7 +21,7 @@ pub(crate) enum Next {
 impl Next {
     /// How the attempt that led here ended, as an observer is told: a pause is a failure the
     /// call's retry takes.
-    pub(crate) fn ended(&self) -> Ended<'_> {
+    pub(super) fn ended(&self) -> Ended<'_> {
         match self {
             Next::Done(outcome) => Ended::of(outcome),
             Next::Pause(pause, error) => Ended::Failed {
@@ -35,7 +35,7 @@ impl Next {
 /// What a policy says after attempt `attempt` (from 0) ended with `outcome`: that is the
 /// call's outcome, or pause this long and try again — for a failure its retry retries
 /// (`on`), while attempts are left, after a backoff that doubles each time, with jitter.
-pub(crate) fn next_attempt(
+pub(super) fn next_attempt(
     policy: &Policy,
     attempt: u32,
     outcome: Result<Value, RunError>,
@@ -64,7 +64,7 @@ pub(crate) fn next_attempt(
 /// The error of a call whose retry's pause was ended early: its own, when an earlier
 /// sibling failed (`cancelled`), whose error is the one reported; otherwise the watch
 /// stopped the run (Ctrl-C, a deadline), which is why the node did not finish.
-pub(crate) fn stopped_pausing(cancelled: bool, error: RunError) -> RunError {
+pub(super) fn stopped_pausing(cancelled: bool, error: RunError) -> RunError {
     if cancelled {
         error
     } else {

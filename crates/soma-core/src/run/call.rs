@@ -50,18 +50,18 @@ use crate::model::value::Value;
 /// time-limited call is lent to, the run's bookkeeping for a caller that may leave, and the
 /// branch the call is made in.
 #[derive(Clone, Copy)]
-pub(crate) struct Site<'s> {
-    pub(crate) program: &'s Program,
-    pub(crate) keys: Option<&'s RunKeys>,
-    pub(crate) crew: &'s Crew,
-    pub(crate) detached: Option<&'s Detached>,
-    pub(crate) branch: &'s dyn Standing,
+pub(super) struct Site<'s> {
+    pub(super) program: &'s Program,
+    pub(super) keys: Option<&'s RunKeys>,
+    pub(super) crew: &'s Crew,
+    pub(super) detached: Option<&'s Detached>,
+    pub(super) branch: &'s dyn Standing,
 }
 
 impl Site<'_> {
     /// Marks `step` running, or no longer, in a run that keeps which nodes run (one its caller
     /// may leave names them when it gives up).
-    pub(crate) fn mark_running(&self, step: &Step, running: bool) {
+    pub(super) fn mark_running(&self, step: &Step, running: bool) {
         if let Some(run) = self.detached {
             run.set_running(
                 self.program,
@@ -74,7 +74,7 @@ impl Site<'_> {
 }
 
 /// One node's call: its step, its id, the executor whose hooks it tells, and its [`Site`].
-pub(crate) struct NodeCall<'c> {
+pub(super) struct NodeCall<'c> {
     executor: &'c Executor,
     step: &'c Step,
     id: &'c NodeId,
@@ -84,7 +84,7 @@ pub(crate) struct NodeCall<'c> {
 impl<'c> NodeCall<'c> {
     /// The call of `step`'s node made by `executor` at `site`.
     #[inline]
-    pub(crate) fn new(executor: &'c Executor, step: &'c Step, site: Site<'c>) -> Self {
+    pub(super) fn new(executor: &'c Executor, step: &'c Step, site: Site<'c>) -> Self {
         NodeCall {
             executor,
             step,
@@ -94,12 +94,12 @@ impl<'c> NodeCall<'c> {
     }
 
     /// The node's id.
-    pub(crate) fn id(&self) -> &'c NodeId {
+    pub(super) fn id(&self) -> &'c NodeId {
         self.id
     }
 
     /// The node's policy; only for a step marked as having one.
-    pub(crate) fn policy(&self) -> &'c Policy {
+    pub(super) fn policy(&self) -> &'c Policy {
         self.site.program.policies[self.step.slot()]
             .as_deref()
             .expect("a step marked as having a policy has one")
@@ -108,7 +108,7 @@ impl<'c> NodeCall<'c> {
     /// The whole call, as the sync walk makes it: through the cache when the run has one,
     /// otherwise its inputs gathered from `frame` and its node called on them.
     #[inline]
-    pub(crate) fn make(&self, input: &Value, frame: &mut Frame<'_>) -> Result<Value, Halt> {
+    pub(super) fn make(&self, input: &Value, frame: &mut Frame<'_>) -> Result<Value, Halt> {
         match self.site.keys {
             None => self.gather_and_call(input, frame),
             Some(keys) => self.through_cache(keys, input, frame),
@@ -169,7 +169,7 @@ impl<'c> NodeCall<'c> {
     /// settled) — left unread where only nodes read it ([`RunKeys::deferrable`]) and it read
     /// nothing this run computed, with what it would have taken kept instead — `Err` with its
     /// key (if it has one) when it must run.
-    pub(crate) fn look_up(
+    pub(super) fn look_up(
         &self,
         keys: &RunKeys,
         input: &Value,
@@ -210,7 +210,7 @@ impl<'c> NodeCall<'c> {
     /// Files what the node computed, `value` in `took`, under its `key` if it has one, and
     /// settles the identity readers key on: its digest, so that an output computed again the
     /// same leaves them hitting; its key where it has no digest.
-    pub(crate) fn file(
+    pub(super) fn file(
         &self,
         keys: &RunKeys,
         key: Option<Key>,
@@ -247,7 +247,7 @@ impl<'c> NodeCall<'c> {
 
     /// Records, when the run is traced, that the node was found in the cache: a span marked
     /// cached, of no length; and tells the observer, when there is one.
-    pub(crate) fn mark_cached(&self) {
+    pub(super) fn mark_cached(&self) {
         if let Some(trace) = self.executor.trace.as_deref() {
             let now = trace.now();
             trace.record(Span {
@@ -276,7 +276,7 @@ impl<'c> NodeCall<'c> {
 
     /// Tells the observer, when there is one, that attempt `attempt` of the call begins: what
     /// it opened, for [`Executor::end_work`].
-    pub(crate) fn begin(&self, attempt: u32) -> Option<Opened> {
+    pub(super) fn begin(&self, attempt: u32) -> Option<Opened> {
         let observer = self.executor.observer.as_deref()?;
         Some(observer.begin(&Begun::Call {
             node: self.id,
@@ -290,7 +290,7 @@ impl<'c> NodeCall<'c> {
 
     /// Records the span of one attempt of the call, from `start` to now, on this thread, in
     /// its branch, with its turns and its error if it failed.
-    pub(crate) fn record(
+    pub(super) fn record(
         &self,
         trace: &Trace,
         start: Duration,
@@ -315,7 +315,7 @@ impl<'c> NodeCall<'c> {
     /// Calls the node on `input` (the sync walk's call), traced when a trace was asked for,
     /// observed when an observer was given, under its policy when it has one.
     #[inline]
-    pub(crate) fn call(&self, input: &Value) -> Result<Value, RunError> {
+    pub(super) fn call(&self, input: &Value) -> Result<Value, RunError> {
         if self.step.has_policy() {
             return self.with_policy(input);
         }
@@ -493,7 +493,7 @@ impl<'c> NodeCall<'c> {
 
 /// What `step` reads, gathered from the table: the run's input, one predecessor's value, or
 /// several keyed by id; each taken when the step is its last reader, cloned otherwise.
-pub(crate) fn gather(step: &Step, input: &Value, frame: &mut Frame<'_>) -> Value {
+pub(super) fn gather(step: &Step, input: &Value, frame: &mut Frame<'_>) -> Value {
     match &step.from {
         Reads::Input => input.clone(),
         Reads::One(one) => frame.gather(*one),

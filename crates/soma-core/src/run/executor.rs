@@ -103,7 +103,7 @@ impl Executor {
         self
     }
 
-    /// Records a [`Span`] in `trace` for every step of every run.
+    /// Records a [`Span`](super::trace::Span) in `trace` for every step of every run.
     #[must_use]
     pub fn with_trace(mut self, trace: Arc<Trace>) -> Self {
         self.trace = Some(trace);

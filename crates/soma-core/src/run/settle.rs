@@ -18,12 +18,12 @@ use super::crew::Refused;
 use super::error::RunError;
 
 /// One branch's outcome: its walk's, a panic caught as `Err`.
-pub(crate) type Outcome<R> = thread::Result<Result<R, Halt>>;
+pub(super) type Outcome<R> = thread::Result<Result<R, Halt>>;
 
 /// A fan-out's outcomes, by declared index, settled into one as the module docs say; `None`
 /// for a branch never started, which counts as stopped (it was not started because one before
 /// it failed, or because the fan-out was stopped).
-pub(crate) fn settle<R>(
+pub(super) fn settle<R>(
     outcomes: impl IntoIterator<Item = Option<Outcome<R>>>,
 ) -> Result<Vec<R>, Halt> {
     let outcomes = outcomes.into_iter();
@@ -54,7 +54,7 @@ pub(crate) fn settle<R>(
 
 /// What a branch that did not return left in its outcome: the failure of a branch that never
 /// got a thread, or else a panic, re-raised here.
-pub(crate) fn refused_or_raised(payload: Box<dyn Any + Send>) -> Halt {
+pub(super) fn refused_or_raised(payload: Box<dyn Any + Send>) -> Halt {
     match payload.downcast::<Refused>() {
         Ok(refused) => Halt::Failed(RunError::NoThread { reason: refused.0 }),
         Err(payload) => panic::resume_unwind(payload),

@@ -5,14 +5,16 @@
 //! Only the *skeleton* is walked here — the ops that hold an async node somewhere inside
 //! ([`Op::is_async`]). Every largest part without one — a sync step, a wave of sync branches,
 //! a run of sync steps in a sequence — is a *piece*, handed whole to a thread of the program's
-//! crew and walked there by the sync walk ([`Executor::walk`]), exactly as a run without async
-//! nodes is walked; the task waits for it without a thread of its own. A sync node therefore
+//! crew and walked there by the sync walk (its one entry for walks made from outside it,
+//! `Executor::walk_from` in `run/sync`), exactly as a run without async nodes is walked; the
+//! task waits for it without a thread of its own. A sync node therefore
 //! never runs on the loop's thread, and a graph without an async node never comes here.
 //!
-//! Everything a step *means* — its boundary checks, its cache lookup and filing, its policy's
-//! retries and time limit, its span, how a wave settles, how a `Map` reads its items and a
-//! `Switch` its case — is the executor's, called from here as the sync walk calls it; only the
-//! waiting differs. A wave's branches and a `Map`'s items are tasks of their own
+//! Everything a step *means* — its cache lookup and filing, its observer's events, its span,
+//! its policy's retries (`run/call.rs`), how a wave settles (`run/settle.rs`), whether its
+//! branch must stop (`run/branch.rs`), how a `Map` reads its items and a `Switch` its case
+//! (`run/decision.rs`) — lies on the floor both walks stand on, called from here as the sync
+//! walk calls it; only the waiting differs. A wave's branches and a `Map`'s items are tasks of their own
 //! ([`crate::Tasks::spawn`]), joined ([`Join`]); a case or an iteration runs inline, in the
 //! task that reached its step, until [`INLINE_LEVELS`] of them nest, when the next runs as a
 //! task of its own: no future's poll recurses deeper than that, however deep the plan.
@@ -39,11 +41,11 @@ use crate::run::error::RunError;
 use crate::run::executor::Executor;
 use crate::run::hooks::Watch;
 use crate::run::keys::RunKeys;
-use crate::run::lane::{Lane, Walk};
 use crate::run::latch::Delivery;
 use crate::run::observer::{Ended, Part};
 use crate::run::program::{LoopOp, MapOp, Op, Program, Step, SwitchOp};
 use crate::run::settle::{settle, Outcome};
+use crate::run::sync::Start;
 
 /// How many cases and iterations nest inline in one task before the next runs as a task of its
 /// own: each level is a few futures' polls deep, and a task's poll must not grow with the plan.
@@ -250,35 +252,40 @@ async fn piece(place: &Place, work: SyncPiece) -> Result<(), Halt> {
                     let executor = place.executor();
                     let input = &place.table.input;
                     place.table.with_frame(&place.window, |frame| {
-                        // The sync walk of this piece: the program's crew, this place's
-                        // branch (for cancellation and spans), and the thread that must never
-                        // be taken for the run's caller (the loop's, where the run began: no
-                        // thread of a piece is the caller, so none polls the watch or gives up).
-                        let walk = Walk::new(
-                            &place.run.program.crew,
-                            place.run.caller,
-                            Some(&place.run.detached),
-                            Some(&place.branch),
-                        );
-                        let lane = Lane::new(
-                            &walk,
-                            place.table.program(),
-                            place.table.keys.as_ref(),
-                            false,
-                        );
+                        // The sync walk of this piece: the program's crew, this place's branch
+                        // (for cancellation and spans), and the thread that must never be
+                        // taken for the run's caller (the loop's, where the run began: no
+                        // thread of a piece is the caller, so none polls the watch or gives
+                        // up); never prefetching.
+                        let start = Start {
+                            crew: &place.run.program.crew,
+                            caller: place.run.caller,
+                            detached: Some(&place.run.detached),
+                            awaited_by: Some(&place.branch),
+                            program: place.table.program(),
+                            keys: place.table.keys.as_ref(),
+                            prefetching: false,
+                        };
                         match &work {
-                            SyncPiece::Op(op) => executor.walk(op.get(&place), input, frame, lane),
+                            SyncPiece::Op(op) => executor.walk_from(
+                                &start,
+                                std::slice::from_ref(op.get(&place)),
+                                &[],
+                                0..1,
+                                input,
+                                frame,
+                            ),
                             SyncPiece::Steps {
                                 steps,
                                 drop_after,
                                 range,
-                            } => executor.walk_steps(
+                            } => executor.walk_from(
+                                &start,
                                 steps.get(&place),
                                 drop_after.get(&place),
                                 range.clone(),
                                 input,
                                 frame,
-                                lane,
                             ),
                         }
                     })

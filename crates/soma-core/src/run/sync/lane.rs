@@ -20,12 +20,12 @@
 
 use std::thread;
 
-use super::branch::{self, Branch, Link, WaveState};
-use super::call::Site;
-use super::crew::Crew;
-use super::detach::Detached;
-use super::keys::RunKeys;
-use super::program::Program;
+use crate::run::branch::{self, Branch, Link, WaveState};
+use crate::run::call::Site;
+use crate::run::crew::Crew;
+use crate::run::detach::Detached;
+use crate::run::keys::RunKeys;
+use crate::run::program::Program;
 
 /// One walk of a run, as every branch of it shares it, by reference: the crew the branches of
 /// its waves run on, the thread that started the run and, for a run its caller may stop waiting

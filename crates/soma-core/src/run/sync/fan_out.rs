@@ -14,11 +14,11 @@
 use std::panic::{self, AssertUnwindSafe};
 use std::thread;
 
-use super::branch::{Halt, WaveState};
-use super::executor::Executor;
-use super::hooks::Captured;
 use super::lane::Lane;
-use super::settle::Outcome;
+use crate::run::branch::{Halt, WaveState};
+use crate::run::executor::Executor;
+use crate::run::hooks::Captured;
+use crate::run::settle::Outcome;
 
 /// One fan-out as its branches see it, lent from the frame that reached it: its `locals`,
 /// the state through which a failing branch stops its later siblings, the lane around the

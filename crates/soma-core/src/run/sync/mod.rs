@@ -21,25 +21,31 @@
 //! branch has been joined — ahead of any branch's error, even an earlier-declared one: a panic
 //! is a bug, and reporting an ordinary error in its place would swallow it.
 
+mod decide;
+mod fan_out;
+mod lane;
+mod wave;
+
+use std::ops::Range;
 use std::sync::Arc;
 use std::thread;
 use std::time::Instant;
 
-use super::branch::Halt;
-use super::call::NodeCall;
-use super::crew::Crew;
-use super::detach::{Detached, Kept, Remains};
-use super::error::RunError;
-use super::executor::{prefetch_line, Executor};
-use super::hooks::Watch;
-use super::keys::RunKeys;
-use super::lane::{Lane, Walk};
-use super::observer::Ended;
-use super::program::{Op, Program, Step};
-use super::table::Frame;
+use self::lane::{Lane, Walk};
 use crate::model::catalog::Catalog;
 use crate::model::value::Value;
 use crate::plan::Plan;
+use crate::run::branch::{Branch, Halt};
+use crate::run::call::NodeCall;
+use crate::run::crew::Crew;
+use crate::run::detach::{Detached, Kept, Remains};
+use crate::run::error::RunError;
+use crate::run::executor::{prefetch_line, Executor};
+use crate::run::hooks::Watch;
+use crate::run::keys::RunKeys;
+use crate::run::observer::Ended;
+use crate::run::program::{Op, Program, Step};
+use crate::run::table::Frame;
 
 /// What a detachable run keeps on the heap for its branches, besides its table.
 struct RunParts {
@@ -81,6 +87,39 @@ pub(crate) fn prefetch_ahead(next: Option<&Op>, after: Option<&Op>) {
     }
     if let Some(step) = next.and_then(first_step) {
         step.node.prefetch();
+    }
+}
+
+/// Where a walk begins that the sync walk makes for a caller outside it — a stream's stage on
+/// one item, a piece of sync work an async run lends a thread: the crew its waves borrow, the
+/// thread of the run's caller, the run's bookkeeping, the branch of the task that awaits it,
+/// the program walked with its keys, and whether it prefetches each next node.
+pub(in crate::run) struct Start<'s> {
+    pub(in crate::run) crew: &'s Crew,
+    pub(in crate::run) caller: thread::ThreadId,
+    pub(in crate::run) detached: Option<&'s Detached>,
+    pub(in crate::run) awaited_by: Option<&'s Branch>,
+    pub(in crate::run) program: &'s Program,
+    pub(in crate::run) keys: Option<&'s RunKeys>,
+    pub(in crate::run) prefetching: bool,
+}
+
+impl Executor {
+    /// Walks steps `range` of the sequence `steps` from `start`, dropping after each what
+    /// `drop_after` says (nothing for a single op, `&[]`): the sync walk's one entry for
+    /// the walks made from outside it.
+    pub(in crate::run) fn walk_from(
+        &self,
+        start: &Start<'_>,
+        steps: &[Op],
+        drop_after: &[Box<[usize]>],
+        range: Range<usize>,
+        input: &Value,
+        frame: &mut Frame<'_>,
+    ) -> Result<(), Halt> {
+        let walk = Walk::new(start.crew, start.caller, start.detached, start.awaited_by);
+        let lane = Lane::new(&walk, start.program, start.keys, start.prefetching);
+        self.walk_steps(steps, drop_after, range, input, frame, lane)
     }
 }
 
@@ -228,7 +267,7 @@ impl Executor {
         })
     }
 
-    pub(super) fn walk(
+    fn walk(
         &self,
         op: &Op,
         input: &Value,
@@ -254,7 +293,7 @@ impl Executor {
     /// sequence, or the run of its sync steps an async run lends a thread.
     // Inlined into `walk`: the sequence is the loop every run goes round once per step.
     #[inline]
-    pub(super) fn walk_steps(
+    fn walk_steps(
         &self,
         steps: &[Op],
         drop_after: &[Box<[usize]>],
