@@ -314,31 +314,35 @@ impl<'c> NodeCall<'c> {
 
     /// Calls the node on `input` (the sync walk's call), traced when a trace was asked for,
     /// observed when an observer was given, under its policy when it has one.
-    #[inline]
+    // Inlined into the walk: the plain call (no policy, no trace, no observer) is the one every
+    // step of a plain run makes, and costs no call of its own; the others are out of line.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     pub(super) fn call(&self, input: &Value) -> Result<Value, RunError> {
+        let executor = self.executor;
+        if self.step.has_policy() || executor.trace.is_some() || executor.observer.is_some() {
+            return self.observed(input);
+        }
+        execute(
+            executor,
+            &*self.step.node,
+            self.step.device,
+            self.id,
+            input,
+            &mut 0,
+        )
+    }
+
+    /// The call of a node with a policy, or in a run traced or observed.
+    // Kept out of line: a plain run should not carry its code through every step.
+    #[cold]
+    #[inline(never)]
+    fn observed(&self, input: &Value) -> Result<Value, RunError> {
         if self.step.has_policy() {
             return self.with_policy(input);
         }
-        let executor = self.executor;
-        match (executor.trace.as_deref(), executor.observer.is_some()) {
-            (None, false) => execute(
-                executor,
-                &*self.step.node,
-                self.step.device,
-                self.id,
-                input,
-                &mut 0,
-            ),
-            (trace, _) => self.traced(trace, input),
-        }
-    }
-
-    // Kept out of line: an untraced run should not carry its code through every step.
-    #[cold]
-    #[inline(never)]
-    fn traced(&self, trace: Option<&Trace>, input: &Value) -> Result<Value, RunError> {
         let opened = self.begin(0);
-        let outcome = match trace {
+        let outcome = match self.executor.trace.as_deref() {
             Some(trace) => self.spanned(trace, |turns| {
                 execute(
                     self.executor,
@@ -378,8 +382,6 @@ impl<'c> NodeCall<'c> {
 
     /// Calls the node under its policy: each attempt traced as a span of its own, retried as
     /// the policy says, each attempt within the time limit.
-    #[cold]
-    #[inline(never)]
     fn with_policy(&self, input: &Value) -> Result<Value, RunError> {
         let executor = self.executor;
         let policy = self.policy();
