@@ -20,7 +20,7 @@ use super::table::Frame;
 use super::trace::{thread_number, Span, Trace};
 use crate::model::id::NodeId;
 use crate::model::key::Key;
-use crate::model::reading::{NativeReading, NotItems, Reading};
+use crate::model::reading::NotItems;
 use crate::model::value::Value;
 
 /// A part of a step under way — an item, a case, an iteration — from
@@ -33,10 +33,6 @@ pub(super) struct PartUnderWay<'k> {
 }
 
 impl Executor {
-    pub(super) fn reading(&self) -> &dyn Reading {
-        self.reading.as_deref().unwrap_or(&NativeReading)
-    }
-
     /// What a decision step reads, once it may start: the checks a step makes before its node,
     /// in the branch at `branch`.
     pub(super) fn decision_input(
@@ -53,20 +49,6 @@ impl Executor {
             return Err(Halt::Failed(RunError::Interrupted));
         }
         Ok(gather(step, input, frame))
-    }
-
-    /// Writes `value` as a decision step's output, its digest what readers key on when the run
-    /// has `keys`.
-    pub(super) fn write_decision(
-        step: &Step,
-        value: Value,
-        frame: &mut Frame<'_>,
-        keys: Option<&RunKeys>,
-    ) {
-        if let Some(keys) = keys {
-            keys.settle(step.slot(), keys.cache.digest(&value));
-        }
-        *frame.cell(step.slot()) = Some(value);
     }
 
     /// Calls `step`'s own node — a switch's selector, a loop's predicate — on `value`; with a
@@ -97,27 +79,7 @@ impl Executor {
         }
         let started = Instant::now();
         let value = call.call(value)?;
-        Ok(Self::file_decision(
-            keys,
-            id,
-            &key,
-            value,
-            started.elapsed(),
-        ))
-    }
-
-    /// Files what a selector or predicate `id` answered, `value` in `took`, under `key`.
-    pub(super) fn file_decision(
-        keys: &RunKeys,
-        id: &NodeId,
-        key: &Key,
-        value: Value,
-        took: std::time::Duration,
-    ) -> Value {
-        let digest = keys.cache.digest(&value);
-        let entry = Entry { value, digest };
-        keys.cache.put(id, key, &entry, took);
-        entry.value
+        Ok(file_answer(keys, id, &key, value, started.elapsed()))
     }
 
     /// Begins part `which` of step `id`, in the branch at `branch`, as the trace and the
@@ -152,7 +114,7 @@ impl Executor {
         outcome: &Result<Value, Halt>,
     ) {
         if let (Some(trace), Some(start)) = (self.trace.as_deref(), under_way.start) {
-            Self::record_part(
+            record_part(
                 trace,
                 id,
                 &under_way.which.to_string(),
@@ -161,47 +123,7 @@ impl Executor {
                 outcome,
             );
         }
-        self.end_work(under_way.opened, &Self::part_ended(outcome));
-    }
-
-    /// How a part that ended with `outcome` ended, as an observer is told.
-    fn part_ended(outcome: &Result<Value, Halt>) -> Ended<'_> {
-        match outcome {
-            Ok(_) => Ended::Returned,
-            Err(Halt::Failed(error)) => Ended::Failed {
-                error,
-                retry_in: None,
-            },
-            Err(Halt::Cancelled | Halt::Abandoned) => Ended::Stopped,
-        }
-    }
-
-    /// Records the span of an item, a case or an iteration `which` of step `id`, named
-    /// `id[which]`, from `start` to now, in the branch at `path`.
-    fn record_part(
-        trace: &Trace,
-        id: &NodeId,
-        which: &str,
-        path: Vec<usize>,
-        start: std::time::Duration,
-        outcome: &Result<Value, Halt>,
-    ) {
-        trace.record(Span {
-            node: NodeId::new(format!("{id}[{which}]")),
-            start,
-            end: trace.now(),
-            thread: thread_number(),
-            branch: path,
-            turns: 0,
-            error: match outcome {
-                Err(Halt::Failed(error)) => Some(error.to_string()),
-                Ok(_) | Err(Halt::Cancelled | Halt::Abandoned) => None,
-            },
-            device: None,
-            host: None,
-            cached: false,
-            part_of: Some(id.clone()),
-        });
+        self.end_work(under_way.opened, &part_ended(outcome));
     }
 
     /// What a `Map` step read, as its items: a list; or [`RunError::NotAList`] naming the
@@ -251,4 +173,67 @@ impl Executor {
             last: self.reading().type_name(last),
         }
     }
+}
+
+/// Writes `value` as a decision step's output, its digest what readers key on when the run
+/// has `keys`.
+pub(super) fn write(step: &Step, value: Value, frame: &mut Frame<'_>, keys: Option<&RunKeys>) {
+    if let Some(keys) = keys {
+        keys.settle(step.slot(), keys.cache.digest(&value));
+    }
+    *frame.cell(step.slot()) = Some(value);
+}
+
+/// Files what a selector or predicate `id` answered, `value` in `took`, under `key`.
+pub(super) fn file_answer(
+    keys: &RunKeys,
+    id: &NodeId,
+    key: &Key,
+    value: Value,
+    took: std::time::Duration,
+) -> Value {
+    let digest = keys.cache.digest(&value);
+    let entry = Entry { value, digest };
+    keys.cache.put(id, key, &entry, took);
+    entry.value
+}
+
+/// How a part that ended with `outcome` ended, as an observer is told.
+fn part_ended(outcome: &Result<Value, Halt>) -> Ended<'_> {
+    match outcome {
+        Ok(_) => Ended::Returned,
+        Err(Halt::Failed(error)) => Ended::Failed {
+            error,
+            retry_in: None,
+        },
+        Err(Halt::Cancelled | Halt::Abandoned) => Ended::Stopped,
+    }
+}
+
+/// Records the span of an item, a case or an iteration `which` of step `id`, named
+/// `id[which]`, from `start` to now, in the branch at `path`.
+fn record_part(
+    trace: &Trace,
+    id: &NodeId,
+    which: &str,
+    path: Vec<usize>,
+    start: std::time::Duration,
+    outcome: &Result<Value, Halt>,
+) {
+    trace.record(Span {
+        node: NodeId::new(format!("{id}[{which}]")),
+        start,
+        end: trace.now(),
+        thread: thread_number(),
+        branch: path,
+        turns: 0,
+        error: match outcome {
+            Err(Halt::Failed(error)) => Some(error.to_string()),
+            Ok(_) | Err(Halt::Cancelled | Halt::Abandoned) => None,
+        },
+        device: None,
+        host: None,
+        cached: false,
+        part_of: Some(id.clone()),
+    });
 }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use crate::model::driver::Driver;
 use crate::model::node::DEFAULT_TURN_LIMIT;
-use crate::model::reading::Reading;
+use crate::model::reading::{NativeReading, Reading};
 use crate::model::value::Value;
 use crate::run::program::Program;
 
@@ -218,6 +218,12 @@ impl Executor {
         let mut opened = None;
         context.enter(&mut || opened = Some(observer.begin(&begun)));
         opened
+    }
+
+    /// How the run reads the values steps that decide act on: its own reading, or the
+    /// engine's native one.
+    pub(super) fn reading(&self) -> &dyn Reading {
+        self.reading.as_deref().unwrap_or(&NativeReading)
     }
 
     /// Tells the observer that the work `opened` was returned for ends as `ended` says.

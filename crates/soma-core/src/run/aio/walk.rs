@@ -37,6 +37,7 @@ use crate::model::value::Value;
 use crate::run::attempt::{next_attempt, stopped_pausing, Next};
 use crate::run::branch::{Branch, Halt, Standing, WaveState};
 use crate::run::call::{gather, NodeCall, Site};
+use crate::run::decision;
 use crate::run::error::RunError;
 use crate::run::executor::Executor;
 use crate::run::hooks::Watch;
@@ -563,7 +564,7 @@ async fn run_decision(
     site.mark_running(step, false);
     let value = value?;
     place.table.with_frame(&place.window, |frame| {
-        Executor::write_decision(step, value, frame, site.keys);
+        decision::write(step, value, frame, site.keys);
     });
     Ok(())
 }
@@ -768,7 +769,7 @@ async fn ask(place: &Place, step: &Step, value: &Value, asked: Asked) -> Result<
     let started = Instant::now();
     let value = called(place, &call, step, value).await?;
     Ok(match keyed {
-        Some((keys, key)) => Executor::file_decision(keys, id, &key, value, started.elapsed()),
+        Some((keys, key)) => decision::file_answer(keys, id, &key, value, started.elapsed()),
         None => value,
     })
 }

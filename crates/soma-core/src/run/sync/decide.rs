@@ -20,6 +20,7 @@ use super::lane::Lane;
 use crate::model::id::NodeId;
 use crate::model::value::Value;
 use crate::run::branch::Halt;
+use crate::run::decision;
 use crate::run::detach::Kept;
 use crate::run::executor::Executor;
 use crate::run::keys::RunKeys;
@@ -51,7 +52,7 @@ impl Executor {
         site.mark_running(step, true);
         let value = work();
         site.mark_running(step, false);
-        Self::write_decision(step, value?, frame, lane.keys);
+        decision::write(step, value?, frame, lane.keys);
         Ok(())
     }
 

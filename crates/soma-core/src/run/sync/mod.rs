@@ -121,9 +121,7 @@ impl Executor {
         let lane = Lane::new(&walk, start.program, start.keys, start.prefetching);
         self.walk_steps(steps, drop_after, range, input, frame, lane)
     }
-}
 
-impl Executor {
     /// Runs `plan` on `input`, with the implementations in `catalog`.
     ///
     /// Every root receives `input`. The result is the output of the plan's one leaf, or a
