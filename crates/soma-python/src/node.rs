@@ -10,7 +10,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use pyo3::exceptions::{PyKeyboardInterrupt, PyStopIteration, PyTypeError};
+use pyo3::exceptions::{PyException, PyKeyboardInterrupt, PyStopIteration, PyTypeError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -158,6 +158,24 @@ impl PythonNode {
     }
 }
 
+/// What a node's exception is to the engine: a failure, or — for what `soma._run.observe`'s
+/// `pausing` says pauses the run (a question for a person, `ctx.ask`, alone or all a group
+/// holds) — a call waiting for an answer, which leaves its siblings running
+/// (`NodeError::suspending`). Such a signal is never an `Exception`: an ordinary failure is
+/// told apart by one instance check, with no Python call.
+fn node_failure(py: Python<'_>, raised: PyErr) -> NodeError {
+    let pauses = !raised.is_instance_of::<PyException>(py)
+        && crate::py_modules::observe(py)
+            .and_then(|observe| observe.getattr(intern!(py, "pausing")))
+            .and_then(|pausing| pausing.call1((raised.value(py),)))
+            .is_ok_and(|found| !found.is_none());
+    if pauses {
+        NodeError::suspending(raised)
+    } else {
+        NodeError::from_cause(raised)
+    }
+}
+
 /// What a node's return value means: an `Await`, a `Done`, or the output itself.
 ///
 /// Neither class can be subclassed, so each is told by its exact type: one pointer comparison,
@@ -203,13 +221,13 @@ impl Node for PythonNode {
 
     fn forward(&self, input: &Value, ctx: &Ctx<'_>) -> Result<Transition, NodeError> {
         crate::exit::attach(|py| {
-            self.call(py, input, ctx).inspect_err(|raised| {
+            self.call(py, input, ctx).map_err(|raised| {
                 if raised.is_instance_of::<PyKeyboardInterrupt>(py) {
                     note_interrupt();
                 }
+                node_failure(py, raised)
             })
         })
-        .map_err(NodeError::from_cause)
     }
 
     fn is_async(&self) -> bool {
@@ -299,7 +317,7 @@ impl Future for Coroutine {
                 // Told apart before the walk goes on: the stepper steps again at once.
                 aio::ended_after_cancellation(py, stepped.as_ref().err());
             }
-            let outcome = stepped.map_err(NodeError::from_cause);
+            let outcome = stepped.map_err(|raised| node_failure(py, raised));
             if this.cancelled_into {
                 this.state = Stepped::Ended(outcome);
                 cx.waker().wake_by_ref();

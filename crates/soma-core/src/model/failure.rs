@@ -15,6 +15,7 @@ macro_rules! failure {
         pub struct $name {
             message: String,
             cause: Option<std::sync::Arc<dyn std::error::Error + Send + Sync>>,
+            suspends: bool,
         }
 
         impl $name {
@@ -23,6 +24,7 @@ macro_rules! failure {
                 $name {
                     message: message.into(),
                     cause: None,
+                    suspends: false,
                 }
             }
 
@@ -31,7 +33,24 @@ macro_rules! failure {
                 $name {
                     message: cause.to_string(),
                     cause: Some(std::sync::Arc::new(cause)),
+                    suspends: false,
                 }
+            }
+
+            /// A call that ended waiting for what no run can give it here — a person's answer
+            /// to a question its embedder keeps — carrying what said so: the run pauses rather
+            /// than fails. Its siblings are not stopped by it (each runs on until it ends or
+            /// waits too), and a sibling's failure or a stop of the run comes out before it.
+            pub fn suspending(cause: impl std::error::Error + Send + Sync + 'static) -> Self {
+                $name {
+                    suspends: true,
+                    ..$name::from_cause(cause)
+                }
+            }
+
+            /// Whether it is a call waiting rather than failing ([`Self::suspending`]).
+            pub fn suspends(&self) -> bool {
+                self.suspends
             }
 
             /// The message.

@@ -220,6 +220,17 @@ pub(crate) enum Halt {
 }
 
 impl Halt {
+    /// Whether a branch that ended so stops the branches declared after it: a failure or its
+    /// caller gone does; a call waiting for an answer does not (its siblings run on until they
+    /// end or wait too, so that every question is asked at once), and a stop is itself one.
+    pub(crate) fn stops_later_branches(&self) -> bool {
+        match self {
+            Halt::Failed(error) => !error.suspends(),
+            Halt::Abandoned => true,
+            Halt::Cancelled => false,
+        }
+    }
+
     /// The run's remains when a walk ended with its caller giving up (`self` is
     /// [`Halt::Abandoned`]), from the run's `detached` bookkeeping: where a frame that lent
     /// from itself leaves what branches still running may borrow, its one way out on that

@@ -155,6 +155,13 @@ impl RunError {
         }
     }
 
+    /// Whether the error is a node's call waiting rather than failing (a question for a
+    /// person: [`NodeError::suspending`](crate::NodeError::suspending)): the run pauses, and
+    /// siblings run on.
+    pub fn suspends(&self) -> bool {
+        matches!(self, RunError::NodeFailed { error, .. } if error.suspends())
+    }
+
     /// Whether the error is a time running out: a call's time limit, or the run's deadline
     /// (a call the run's cancellation ended past it, or a run that finished past it) — what an
     /// observer reports as timed out rather than failed.

@@ -6,8 +6,9 @@
 //!
 //! Its outcomes in declaration order: a panic is re-raised, the first declared; else the first
 //! declared failure is the fan-out's (a branch that never got a thread or a task failed there);
-//! else the first declared stop (cancelled, its caller gone, or never started); else every
-//! value, in order.
+//! else the first declared stop (cancelled, its caller gone, or never started); else the first
+//! declared call that waits for an answer ([`RunError::suspends`]: the run pauses, each of its
+//! siblings having run on until it ended or waited too); else every value, in order.
 
 use std::any::Any;
 use std::panic;
@@ -28,7 +29,7 @@ pub(super) fn settle<R>(
 ) -> Result<Vec<R>, Halt> {
     let outcomes = outcomes.into_iter();
     let mut values = Vec::with_capacity(outcomes.size_hint().0);
-    let (mut failed, mut stopped) = (None, None);
+    let (mut failed, mut stopped, mut waiting) = (None, None, None);
     for outcome in outcomes {
         let Some(outcome) = outcome else {
             stopped.get_or_insert(Halt::Cancelled);
@@ -37,6 +38,9 @@ pub(super) fn settle<R>(
         // A panic is re-raised here, at the first one declared, whatever failed before it.
         match outcome.unwrap_or_else(|payload| Err(refused_or_raised(payload))) {
             Ok(value) => values.push(value),
+            Err(Halt::Failed(error)) if error.suspends() => {
+                waiting.get_or_insert(error);
+            }
             Err(Halt::Failed(error)) => {
                 failed.get_or_insert(error);
             }
@@ -45,9 +49,11 @@ pub(super) fn settle<R>(
             }
         }
     }
-    match (failed, stopped) {
-        (Some(error), _) => Err(Halt::Failed(error)),
-        (None, Some(halt)) => Err(halt),
+    match (failed.or(waiting), stopped) {
+        // A failure comes out before a stop, which comes out before a wait.
+        (Some(error), None) => Err(Halt::Failed(error)),
+        (Some(error), Some(_)) if !error.suspends() => Err(Halt::Failed(error)),
+        (_, Some(halt)) => Err(halt),
         (None, None) => Ok(values),
     }
 }
@@ -71,12 +77,14 @@ mod tests {
     use proptest::prelude::*;
 
     use super::{settle, Halt, Outcome, Refused, RunError};
+    use crate::{NodeError, NodeId};
 
     /// One branch's outcome, as data the test can make many of.
     #[derive(Clone, Copy, Debug)]
     enum Made {
         Value(u8),
         Failed(u8),
+        Waiting(u8),
         Cancelled,
         Abandoned,
         Panicked(u8),
@@ -88,6 +96,7 @@ mod tests {
         prop_oneof![
             4 => any::<u8>().prop_map(Made::Value),
             1 => any::<u8>().prop_map(Made::Failed),
+            1 => any::<u8>().prop_map(Made::Waiting),
             1 => Just(Made::Cancelled),
             1 => Just(Made::Abandoned),
             1 => any::<u8>().prop_map(Made::Panicked),
@@ -102,10 +111,19 @@ mod tests {
         }
     }
 
+    /// A call that waits for an answer, told apart by `tag`.
+    fn waiting(tag: u8) -> RunError {
+        RunError::NodeFailed {
+            node: NodeId::new("asks"),
+            error: NodeError::suspending(std::io::Error::other(format!("question {tag}"))),
+        }
+    }
+
     fn outcome(made: Made) -> Option<Outcome<u8>> {
         match made {
             Made::Value(value) => Some(Ok(Ok(value))),
             Made::Failed(tag) => Some(Ok(Err(Halt::Failed(failure(tag))))),
+            Made::Waiting(tag) => Some(Ok(Err(Halt::Failed(waiting(tag))))),
             Made::Cancelled => Some(Ok(Err(Halt::Cancelled))),
             Made::Abandoned => Some(Ok(Err(Halt::Abandoned))),
             Made::Panicked(tag) => Some(Err(Box::new(tag))),
@@ -141,6 +159,12 @@ mod tests {
         }) {
             return Ok(Err(stop.to_owned()));
         }
+        if let Some(question) = made.iter().find_map(|m| match m {
+            Made::Waiting(tag) => Some(waiting(*tag).to_string()),
+            _ => None,
+        }) {
+            return Ok(Err(question));
+        }
         Ok(Ok(made
             .iter()
             .filter_map(|m| match m {
@@ -163,7 +187,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn a_fan_out_settles_into_the_first_panic_else_failure_else_stop_else_every_value(
+        fn a_fan_out_settles_into_the_first_panic_else_failure_else_stop_else_wait_else_every_value(
             made in proptest::collection::vec(made(), 0..12)
         ) {
             // `resume_unwind` calls no panic hook: a re-raised panic prints nothing here.

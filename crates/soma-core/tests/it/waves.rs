@@ -494,3 +494,82 @@ fn a_failure_before_a_wave_launches_none_of_its_branches() {
     assert_eq!(the_message(&out), Some(("a", "a failed")));
     assert!(!log.ran("b") && !log.ran("c"));
 }
+
+/// `(p1 >> p2) | w | (q1 >> q2)` as [`a_failure_between_two_branches`] makes it, but `w` waits
+/// for an answer ([`NodeError::suspending`]) rather than failing.
+fn a_wait_between_two_branches() -> (Arc<Log>, Result<Value, RunError>) {
+    let log = Log::new();
+    let in_flight = Rendezvous::new(3);
+    let waited = Gate::new();
+    let (all_here, gate) = (meet(&in_flight), Arc::clone(&waited));
+    let w = node(
+        "w",
+        logged(&log, move |id, input| {
+            all_here(id, input)?;
+            open_when_this_thread_ends(&gate);
+            Err(NodeError::suspending(std::io::Error::other(
+                "which colour?",
+            )))
+        }),
+    );
+    let wait = |id: &str| {
+        let (all_here, until_waited) = (meet(&in_flight), after(&waited));
+        node(
+            id,
+            logged(&log, move |id, input| {
+                all_here(id, input)?;
+                until_waited(id, input)
+            }),
+        )
+    };
+    let expr = (wait("p1") >> node("p2", logged(&log, trace)))
+        | w
+        | (wait("q1") >> node("q2", logged(&log, trace)));
+    let (catalog, plan) = compiled(expr);
+    let out = Executor::new().run(&plan, &catalog, Value::Null);
+    (log, out)
+}
+
+#[test]
+fn a_branch_that_waits_for_an_answer_leaves_every_other_branch_to_run_to_completion() {
+    let (log, out) = a_wait_between_two_branches();
+    for id in ["p1", "p2", "q1", "q2"] {
+        assert!(
+            log.finished(id),
+            "`{id}` was stopped by a sibling that only waits"
+        );
+    }
+    assert!(
+        matches!(&out, Err(error) if error.suspends()),
+        "the run pauses: {out:?}"
+    );
+    assert_eq!(the_message(&out), Some(("w", "which colour?")), "{out:?}");
+}
+
+#[test]
+fn a_later_branchs_failure_comes_out_before_an_earlier_branchs_wait() {
+    let answered = Gate::new();
+    let (wait, gate) = (after(&answered), Arc::clone(&answered));
+    let asks = node(
+        "asks",
+        plain(move |_, _| {
+            // The later branch fails only once this one has asked.
+            gate.open();
+            Err(NodeError::suspending(std::io::Error::other("go on?")))
+        }),
+    );
+    let fails = node(
+        "fails",
+        plain(move |id, input| {
+            wait(id, input)?;
+            Err(NodeError::new("fails failed"))
+        }),
+    );
+    let out = run(asks | fails);
+    assert_eq!(
+        the_message(&out),
+        Some(("fails", "fails failed")),
+        "{out:?}"
+    );
+    assert!(!out.is_err_and(|error| error.suspends()));
+}

@@ -509,7 +509,7 @@ async fn wave(place: &Place, branches: &[Op], bounds: &[usize]) -> Result<(), Ha
         spawn(place, &join, index, child, move |child| {
             Box::pin(async move {
                 let outcome = walk(child, op.get(child)).await;
-                if !matches!(outcome, Ok(()) | Err(Halt::Cancelled)) {
+                if matches!(&outcome, Err(halt) if halt.stops_later_branches()) {
                     state.fail(index);
                     join_of_branch.cancel_after(index);
                 }
@@ -653,7 +653,7 @@ async fn each(place: &Place, op: &MapOp) -> Result<Value, Halt> {
                 let under_way = executor.part_begins(id, Part::Item(index), || child.branch.path());
                 let outcome = run_body(child, body.get(child), item).await;
                 executor.part_ends(id, under_way, || child.branch.path(), &outcome);
-                if !matches!(outcome, Ok(_) | Err(Halt::Cancelled)) {
+                if matches!(&outcome, Err(halt) if halt.stops_later_branches()) {
                     state.fail(index);
                     join_of_item.cancel_after(index);
                 }

@@ -112,7 +112,12 @@ impl<L> FanOut<'_, L> {
             None => run(),
         }
         let outcome = outcome.expect("the context ran the branch");
-        if !matches!(outcome, Ok(Ok(_) | Err(Halt::Cancelled))) {
+        let stops_later = match &outcome {
+            Ok(Ok(_)) => false,
+            Ok(Err(halt)) => halt.stops_later_branches(),
+            Err(_panic) => true,
+        };
+        if stops_later {
             self.state.fail(index);
         }
         outcome
