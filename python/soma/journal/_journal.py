@@ -54,29 +54,33 @@ class Paused(Exception):
 
 @dataclass(frozen=True)
 class RunRecord:
-    """A run as a journal holds it (``soma.runs``)."""
+    """A run as a journal holds it (``soma.runs``, ``Journal.run``).
 
-    #: The run's id.
+    Attributes:
+        id: the run's id.
+        graph: the graph it ran, by its leaves.
+        status: ``running``, ``paused``, ``failed``, ``finished``, or ``abandoned`` (running,
+            its holder gone: its lease lapsed).
+        started: when it began (seconds since the epoch).
+        ended: when it last ended; ``None`` while running.
+        seconds: seconds spent running it, over every resume.
+        done: nodes recorded finished.
+        nodes: the graph's nodes.
+        error: its error's message, for a failed run; ``None`` otherwise.
+        holder: who holds it while it runs (host, process id, a mark of the call).
+        questions: its open questions by path, as shown, for a paused run.
+    """
+
     id: str
-    #: The graph it ran: its leaves and its number of nodes.
     graph: str
-    #: ``running``, ``paused``, ``failed``, ``finished``, or ``abandoned`` (running, its
-    #: holder gone: its lease lapsed).
     status: str
-    #: When it began (seconds since the epoch).
     started: float
-    #: When it last ended, ``None`` while running.
     ended: float | None
-    #: Seconds spent running it, over every resume.
     seconds: float
-    #: Nodes recorded finished, of the graph's nodes.
     done: int
     nodes: int
-    #: Its error's message, for a failed run.
     error: str | None
-    #: Who holds it while running.
     holder: str | None
-    #: Its open questions by path, for a paused run.
     questions: dict[str, str]
 
 
