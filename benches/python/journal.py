@@ -219,14 +219,16 @@ def chain_rows(repeat: int) -> list[list[str]]:
     without = timings["without"].median_s / CHAIN * 1e6
     off = timings["off"].median_s / CHAIN * 1e6
     on_us = timings["on"].median_s / CHAIN * 1e6
+    on_q1 = timings["on"].q1_s / CHAIN * 1e6
+    on_q3 = timings["on"].q3_s / CHAIN * 1e6
     extra = on_us - off
     first, second = journal_bytes_per_node(folder, g)
     log(f"chain: without {without:.3f} off {off:.3f} on {on_us:.2f} us a node")
     peer, peer_name = langgraph_rows(max(3, repeat // 5))
     return [
         [
-            "a node's time, journal on (µs)",
-            f"{on_us:,.2f} (off {off:.2f})",
+            "a node's time, journal on (µs): median (quartiles)",
+            f"{on_us:,.2f} ({on_q1:,.2f} to {on_q3:,.2f}; off {off:.2f})",
             f"+{extra:,.2f} µs",
             peer[0],
             f"≤ +{NODE_BOUND_US:.0f} µs: {verdict(extra <= NODE_BOUND_US)}",
@@ -435,16 +437,18 @@ def kill_rows(trials: int) -> list[list[str]]:
             "",
         ],
         [
-            "resumer's process start to its first node call: median, slowest",
-            f"{statistics.median(starts):.3f} s, {slowest:.3f} s" if starts else "-",
-            f"≤ {START_BOUND_S} s: {verdict(slowest <= START_BOUND_S)}",
-        ],
-        [
             "`g.resume` called to its first node call: median, slowest",
             f"{statistics.median(from_resume):.3f} s, {max(from_resume):.3f} s"
             if from_resume
             else "-",
-            "",
+            f"≤ {START_BOUND_S} s: "
+            f"{verdict(bool(from_resume) and max(from_resume) <= START_BOUND_S)}",
+        ],
+        [
+            "the resumer's process start to its first node call (the interpreter, `import "
+            "soma`, building the 10,000-node graph, then the above): median, slowest",
+            f"{statistics.median(starts):.3f} s, {slowest:.3f} s" if starts else "-",
+            f"≤ {START_BOUND_S} s: {verdict(slowest <= START_BOUND_S)}",
         ],
     ]
 

@@ -25,6 +25,10 @@ from typing import Any
 
 from soma.errors import JournalError, RunHeldError
 
+#: Node ids looked up in one statement: well under SQLite's limit of bound values (32,766) and
+#: PostgreSQL's (65,535).
+_NAMES_AT_ONCE = 500
+
 #: A run's status as kept. ``abandoned`` is never kept: it is how a ``running`` run whose holder
 #: stopped renewing its lease reads.
 STATUSES = ("running", "paused", "failed", "finished")
@@ -324,15 +328,25 @@ class Store:
 
     # ----- what finished ----------------------------------------------------------------------
 
-    def _name(self, cursor: _Cursor, name: str) -> int:
-        found = self._names.get(name)
-        if found is not None:
-            return found
-        cursor.execute("INSERT INTO names (name) VALUES (?) ON CONFLICT DO NOTHING", (name,))
-        cursor.execute("SELECT id FROM names WHERE name = ?", (name,))
-        number = int(cursor.fetchone()[0])
-        self._names[name] = number
-        return number
+    def _numbers(self, cursor: _Cursor, names: Iterable[str]) -> dict[str, int]:
+        """The numbers of ``names`` in the names table (and of every name known before): the
+        ones not known yet added and read back a few hundred at a time, two statements for
+        them all rather than two a name — a resume in a new process meets every node's name
+        for the first time."""
+        missing = sorted({name for name in names if name not in self._names})
+        for at in range(0, len(missing), _NAMES_AT_ONCE):
+            chunk = missing[at : at + _NAMES_AT_ONCE]
+            cursor.executemany(
+                "INSERT INTO names (name) VALUES (?) ON CONFLICT DO NOTHING",
+                [(name,) for name in chunk],
+            )
+            cursor.execute(
+                f"SELECT id, name FROM names WHERE name IN ({', '.join('?' * len(chunk))})",
+                chunk,
+            )
+            for number, name in cursor.fetchall():
+                self._names[name] = int(number)
+        return self._names
 
     def write(self, run: int, finished: Iterable[Finished]) -> None:
         """Records ``finished`` nodes of ``run``, in the order given, in one transaction."""
@@ -340,19 +354,16 @@ class Store:
             self._write(cursor, run, finished)
 
     def _write(self, cursor: _Cursor, run: int, finished: Iterable[Finished]) -> None:
-        outputs = []
-        done = []
-        for entry in finished:
-            outputs.append((entry.key, entry.digest, entry.payload, entry.sig))
-            done.append((run, entry.key, self._name(cursor, entry.node), entry.seconds))
+        entries = list(finished)
+        numbers = self._numbers(cursor, [entry.node for entry in entries])
         cursor.executemany(
             "INSERT INTO outputs (key, digest, payload, sig) VALUES (?, ?, ?, ?)"
             " ON CONFLICT DO NOTHING",
-            outputs,
+            [(entry.key, entry.digest, entry.payload, entry.sig) for entry in entries],
         )
         cursor.executemany(
             "INSERT INTO done (run, key, node, seconds) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            done,
+            [(run, entry.key, numbers[entry.node], entry.seconds) for entry in entries],
         )
 
     def done(self, run: int) -> dict[bytes, bytes | None]:
