@@ -1,7 +1,7 @@
 """Runs that survive (issue 45): what a journal costs a run, a pause and a resume, what paused
 runs hold, and resuming a run killed at a random node.
 
-    .venv/bin/python benches/python/journal.py [--quick] [--out PATH]
+    .venv/bin/python benches/python/journal.py [--quick] [--out PATH] [--only chain,pause,kill]
 
 Prints markdown tables (and writes them to PATH). Timings only, never assertions: a missed
 target is a row that says so. The issue's targets, each stated beside its figure:
@@ -460,32 +460,44 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats and trials")
     parser.add_argument("--out", type=Path, help="also write the tables here")
+    parser.add_argument(
+        "--only",
+        default="chain,pause,kill",
+        help="which tables, comma-separated: chain, pause, kill (all unless told)",
+    )
     args = parser.parse_args()
-    lines = [
-        "## Runs that survive (issue 45)",
-        "",
-        f"A chain of {CHAIN:,} trivial nodes with a journal in an SQLite file (medians of "
-        "interleaved samples; a new run and a new input each time), and the same chain beside "
-        "it in LangGraph:",
-        "",
-        *table(
-            ["row", "Soma", "journal on, less off", "beside it", "target"],
-            chain_rows(5 if args.quick else 15),
-        ),
-        "",
-        "A 3-node run whose middle node asks (medians), and runs left paused in one process:",
-        "",
-        *table(
-            ["row", "Soma", "target"],
-            pause_rows(100 if args.quick else 500)
-            + paused_runs_rows(1_000 if args.quick else PAUSED_RUNS),
-        ),
-        "",
-        "Runs killed and resumed, each in a process of its own:",
-        "",
-        *table(["row", "Soma", "target"], kill_rows(5 if args.quick else 50)),
-        "",
-    ]
+    only = set(args.only.split(","))
+    lines = ["## Runs that survive (issue 45)", ""]
+    if "chain" in only:
+        lines += [
+            f"A chain of {CHAIN:,} trivial nodes with a journal in an SQLite file (medians of "
+            "interleaved samples; a new run and a new input each time), and the same chain "
+            "beside it in LangGraph:",
+            "",
+            *table(
+                ["row", "Soma", "journal on, less off", "beside it", "target"],
+                chain_rows(5 if args.quick else 15),
+            ),
+            "",
+        ]
+    if "pause" in only:
+        lines += [
+            "A 3-node run whose middle node asks (medians), and runs left paused in one process:",
+            "",
+            *table(
+                ["row", "Soma", "target"],
+                pause_rows(100 if args.quick else 500)
+                + paused_runs_rows(1_000 if args.quick else PAUSED_RUNS),
+            ),
+            "",
+        ]
+    if "kill" in only:
+        lines += [
+            "Runs killed and resumed, each in a process of its own:",
+            "",
+            *table(["row", "Soma", "target"], kill_rows(5 if args.quick else 50)),
+            "",
+        ]
     publish(lines, args.out)
 
 

@@ -93,8 +93,8 @@ class Journal:
     missing), ``Journal("postgresql://...")`` in a PostgreSQL database, shared by processes and
     machines (needs ``psycopg``).
 
-    A journal keeps, per run, the key each finished node ran under and its output (stored once
-    by key), its effects' results and its questions — not snapshots of state. Outputs are
+    A journal keeps, per run, the key each finished node ran under and its output, its
+    effects' results and its questions — not snapshots of state. Outputs are
     pickled: whoever can write the store can run code in every process that resumes from it.
     With ``key``, everything is signed when written and refused, never unpickled, when it does
     not verify (:class:`soma.errors.SignatureError`).
@@ -291,8 +291,8 @@ class Journal:
         return self._store.nodes(row.id)
 
     def prune(self, older_than: float) -> int:
-        """Removes runs that ended more than ``older_than`` seconds ago (none running), and the
-        outputs only they held; how many runs."""
+        """Removes runs that ended more than ``older_than`` seconds ago (none running), with
+        what they recorded; how many runs."""
         return self._store.prune(older_than)
 
     def _record(self, row: RunRow) -> RunRecord:

@@ -2,8 +2,11 @@
 default, nothing to start) and a PostgreSQL database (shared by processes and machines).
 
 A journal holds positions and keys, not snapshots: for each node that finished in a run, the key
-it ran under (the cache's key) and where its output lives; each output once, by key, however many
-runs made it. Effects and questions are kept by the call that made them and their ordinal in it.
+it ran under (the cache's key), and its output, in one row of the run's. A run's rows sit together
+(keyed by run, then key), so a batch of nodes writes a few pages of the file, not a page a node:
+an output kept once by key for every run, in one table ordered by key, put each node on a page
+of its own, and each page a commit writes is written again, and synced, at the next checkpoint.
+Effects and questions are kept by the call that made them and their ordinal in it.
 Both homes run the same statements (placeholders told apart), so nothing here is written twice.
 
 Every method takes the store's lock: one connection serves every thread of the process, and a
@@ -54,10 +57,8 @@ _SCHEMA_SQLITE = (
     "CREATE TABLE IF NOT EXISTS names (id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL)",
     """CREATE TABLE IF NOT EXISTS done (
         run INTEGER NOT NULL, key BLOB NOT NULL, node INTEGER NOT NULL, seconds REAL NOT NULL,
+        digest BLOB, payload BLOB NOT NULL, sig BLOB,
         PRIMARY KEY (run, key)
-    ) WITHOUT ROWID""",
-    """CREATE TABLE IF NOT EXISTS outputs (
-        key BLOB PRIMARY KEY, digest BLOB, payload BLOB NOT NULL, sig BLOB
     ) WITHOUT ROWID""",
     """CREATE TABLE IF NOT EXISTS effects (
         run INTEGER NOT NULL, call BLOB NOT NULL, ordinal INTEGER NOT NULL,
@@ -306,7 +307,7 @@ class Store:
 
     def prune(self, older_than: float) -> int:
         """Removes the runs not running that ended (or began) more than ``older_than`` seconds
-        ago, with what only they point at; how many."""
+        ago, with their nodes, effects and questions; how many."""
         cut = time.time() - older_than
         with self._transaction(immediate=True) as cursor:
             cursor.execute(
@@ -319,11 +320,6 @@ class Store:
                 for table in ("done", "effects", "questions"):
                     cursor.execute(f"DELETE FROM {table} WHERE run = ?", (run,))
                 cursor.execute("DELETE FROM runs WHERE id = ?", (run,))
-            if gone:
-                cursor.execute(
-                    "DELETE FROM outputs WHERE NOT EXISTS"
-                    " (SELECT 1 FROM done d WHERE d.key = outputs.key)"
-                )
         return len(gone)
 
     # ----- what finished ----------------------------------------------------------------------
@@ -357,29 +353,35 @@ class Store:
         entries = list(finished)
         numbers = self._numbers(cursor, [entry.node for entry in entries])
         cursor.executemany(
-            "INSERT INTO outputs (key, digest, payload, sig) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT DO NOTHING",
-            [(entry.key, entry.digest, entry.payload, entry.sig) for entry in entries],
-        )
-        cursor.executemany(
-            "INSERT INTO done (run, key, node, seconds) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            [(run, entry.key, numbers[entry.node], entry.seconds) for entry in entries],
+            "INSERT INTO done (run, key, node, seconds, digest, payload, sig)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            [
+                (
+                    run,
+                    entry.key,
+                    numbers[entry.node],
+                    entry.seconds,
+                    entry.digest,
+                    entry.payload,
+                    entry.sig,
+                )
+                for entry in entries
+            ],
         )
 
     def done(self, run: int) -> dict[bytes, bytes | None]:
         """What ``run`` recorded as finished: each key with its output's digest."""
         with self._transaction() as cursor:
             cursor.execute(
-                "SELECT d.key, o.digest FROM done d JOIN outputs o ON o.key = d.key"
-                " WHERE d.run = ?",
+                "SELECT key, digest FROM done WHERE run = ?",
                 (run,),
             )
             return {bytes(key): _bytes(digest) for key, digest in cursor}
 
-    def output(self, key: bytes) -> tuple[bytes, bytes | None] | None:
-        """The output filed under ``key``, pickled, with its signature."""
+    def output(self, run: int, key: bytes) -> tuple[bytes, bytes | None] | None:
+        """The output ``run`` recorded under ``key``, pickled, with its signature."""
         with self._transaction() as cursor:
-            cursor.execute("SELECT payload, sig FROM outputs WHERE key = ?", (key,))
+            cursor.execute("SELECT payload, sig FROM done WHERE run = ? AND key = ?", (run, key))
             row = cursor.fetchone()
         return None if row is None else (bytes(row[0]), _bytes(row[1]))
 
@@ -387,9 +389,8 @@ class Store:
         """The nodes ``run`` recorded finished: id, seconds, and the size of the output."""
         with self._transaction() as cursor:
             cursor.execute(
-                "SELECT n.name, d.seconds, LENGTH(o.payload) FROM done d"
-                " JOIN names n ON n.id = d.node JOIN outputs o ON o.key = d.key"
-                " WHERE d.run = ? ORDER BY n.name",
+                "SELECT n.name, d.seconds, LENGTH(d.payload) FROM done d"
+                " JOIN names n ON n.id = d.node WHERE d.run = ? ORDER BY n.name",
                 (run,),
             )
             return [(name, seconds, size) for name, seconds, size in cursor]
