@@ -148,6 +148,7 @@ bench: setup $(VENV)/.bench-peers
 	$(PY) benches/python/aio.py --out target/bench-aio.md
 	$(PY) benches/python/modules.py --out target/bench-modules.md
 	$(PY) benches/python/watch.py --out target/bench-watch.md
+	$(PY) benches/python/journal.py --out target/bench-journal.md
 	$(PY) benches/python/remote.py --out target/bench-remote.md \
 		|| echo "remote: the hosts benchmark needs Ray on a local cluster; not run"
 

@@ -2,9 +2,10 @@
 
 Each runs in a scratch directory, so what an example writes (`traced.py` writes `run.json`)
 stays out of the repository. `awaiting.py` also exits non-zero if its two branches' waits did
-not overlap: its driver sends a batch only once the other branch's is there too. An example that
-imports torch is skipped where torch is not installed (`make test-torch` installs it); one that
-imports Ray (`two_hosts.py`, which starts its own local cluster) where Ray is not.
+not overlap: its driver sends a batch only once the other branch's is there too. `approval.py`
+runs with nothing on stdin (its run stays paused), and again with an answer fed to it. An
+example that imports torch is skipped where torch is not installed (`make test-torch` installs
+it); one that imports Ray (`two_hosts.py`, which starts its own local cluster) where Ray is not.
 """
 
 from __future__ import annotations
@@ -146,3 +147,46 @@ def test_the_chunks_example_routes_each_chunk_by_kind_and_retries_the_flaky_step
         check=True,
     )
     assert run.stdout == CHUNKS_PRINTS
+
+
+APPROVAL_PRINTS = """\
+-- the first process runs the graph until it pauses
+   draft: called
+     saving the draft: 'Soma 2.0 is out.'
+   approve: called
+   paused at approve: send 'Soma 2.0 is out.' to 3 subscribers? (yes/no)
+   waiting for an answer...
+-- the first process is killed while it waits (SIGKILL)
+-- a new process resumes the run
+the journal holds run announcement-1: paused
+approve asks: send 'Soma 2.0 is out.' to 3 subscribers? (yes/no)
+answer: {answer}
+approve: called
+send: called
+{sent}"""
+
+
+@pytest.mark.parametrize(
+    ("answer", "sent"),
+    [
+        ("yes", "  sending to 3 subscribers\nresult: sent to 3 subscribers\n"),
+        ("no", "result: not sent\n"),
+    ],
+)
+def test_the_approval_example_resumes_a_killed_paused_run_with_the_answer_typed_in_a_new_process(
+    answer: str, sent: str, tmp_path: Path
+) -> None:
+    # The example runs the graph in a child process that pauses and is killed while it waits,
+    # then resumes it in another that reads the answer from stdin: the draft is written and
+    # saved once, in the first process; the second calls only the asking node and what follows.
+    example = next(path for path in EXAMPLES if path.name == "approval.py")
+    run = subprocess.run(
+        [sys.executable, str(example)],
+        cwd=tmp_path,
+        input=f"{answer}\n",
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=True,
+    )
+    assert run.stdout == APPROVAL_PRINTS.format(answer=answer, sent=sent)

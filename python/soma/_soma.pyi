@@ -193,17 +193,20 @@ class Ctx:
     def effect(self, function: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Runs ``function(*args, **kwargs)`` once per run and returns its result: in a run with
         a journal, a resumed or retried call gets the recorded result back instead of running
-        it again; outside one, it simply runs."""
+        it again; outside one, it simply runs. ``function`` is called with ``*args`` and
+        ``**kwargs``; its result is pickled to be recorded (see the guide's "Runs that
+        survive")."""
     def aeffect(
         self, function: Callable[..., Any], /, *args: Any, **kwargs: Any
     ) -> Coroutine[Any, Any, Any]:
         """``effect`` for an async function: awaits ``function(*args, **kwargs)`` once per
-        run."""
+        run (``function`` called with ``*args`` and ``**kwargs``; a result that is not
+        awaitable is taken as it is)."""
     def ask(self, question: Any) -> Any:
         """Asks a person ``question`` and returns the answer; without one yet, the run pauses
         (``forward`` raises ``soma.Paused``) until resumed with one."""
     def aask(self, question: Any) -> Coroutine[Any, Any, Any]:
-        """``ask``, awaitable, for an async node."""
+        """``ask``, awaitable, for an async node: the answer to ``question``."""
     @property
     def _call(self) -> Any:
         """This call's place in its run's journal (not API)."""

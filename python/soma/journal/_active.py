@@ -114,7 +114,7 @@ class ActiveRun:
         """The recorded output under ``key``: ``(True, output)``, or ``(False, None)`` when it
         cannot be read (then computed again). Refused, by ``SignatureError``, when it does not
         verify under the journal's key."""
-        found = self.store.output(key)
+        found = self.store.output(self.id, key)
         if found is None:
             return False, None
         payload, sig = found

@@ -2,8 +2,11 @@
 default, nothing to start) and a PostgreSQL database (shared by processes and machines).
 
 A journal holds positions and keys, not snapshots: for each node that finished in a run, the key
-it ran under (the cache's key) and where its output lives; each output once, by key, however many
-runs made it. Effects and questions are kept by the call that made them and their ordinal in it.
+it ran under (the cache's key), and its output, in one row of the run's. A run's rows sit together
+(keyed by run, then key), so a batch of nodes writes a few pages of the file, not a page a node:
+an output kept once by key for every run, in one table ordered by key, put each node on a page
+of its own, and each page a commit writes is written again, and synced, at the next checkpoint.
+Effects and questions are kept by the call that made them and their ordinal in it.
 Both homes run the same statements (placeholders told apart), so nothing here is written twice.
 
 Every method takes the store's lock: one connection serves every thread of the process, and a
@@ -34,9 +37,13 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from soma.errors import JournalError, RunHeldError
+
+#: Node ids looked up in one statement: well under SQLite's limit of bound values (32,766) and
+#: PostgreSQL's (65,535).
+_NAMES_AT_ONCE = 500
 
 #: A run's status as kept. ``abandoned`` is never kept: it is how a ``running`` run whose holder
 #: stopped renewing its lease reads.
@@ -63,10 +70,8 @@ _SCHEMA_SQLITE = (
     "CREATE TABLE IF NOT EXISTS names (id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL)",
     """CREATE TABLE IF NOT EXISTS done (
         run INTEGER NOT NULL, key BLOB NOT NULL, node INTEGER NOT NULL, seconds REAL NOT NULL,
+        digest BLOB, payload BLOB NOT NULL, sig BLOB,
         PRIMARY KEY (run, key)
-    ) WITHOUT ROWID""",
-    """CREATE TABLE IF NOT EXISTS outputs (
-        key BLOB PRIMARY KEY, digest BLOB, payload BLOB NOT NULL, sig BLOB
     ) WITHOUT ROWID""",
     """CREATE TABLE IF NOT EXISTS effects (
         run INTEGER NOT NULL, call BLOB NOT NULL, ordinal INTEGER NOT NULL,
@@ -375,7 +380,7 @@ class Store:
 
     def prune(self, older_than: float) -> int:
         """Removes the runs not running that ended (or began) more than ``older_than`` seconds
-        ago, with what only they point at; how many."""
+        ago, with their nodes, effects and questions; how many."""
         cut = time.time() - older_than
         with self._transaction(immediate=True) as cursor:
             cursor.execute(
@@ -388,22 +393,29 @@ class Store:
                 for table in ("done", "effects", "questions"):
                     cursor.execute(f"DELETE FROM {table} WHERE run = ?", (run,))
                 cursor.execute("DELETE FROM runs WHERE id = ?", (run,))
-            if gone:
-                cursor.execute(
-                    "DELETE FROM outputs WHERE NOT EXISTS"
-                    " (SELECT 1 FROM done d WHERE d.key = outputs.key)"
-                )
         return len(gone)
 
     # ----- what finished ----------------------------------------------------------------------
 
-    def _numbered(self, cursor: _Cursor, names: Iterable[str]) -> None:
-        """Numbers ``names`` not yet known here (``_names``), adding those the store lacks, in
-        the order of their names (see the module's header)."""
-        for name in sorted(set(names) - self._names.keys()):
-            cursor.execute("INSERT INTO names (name) VALUES (?) ON CONFLICT DO NOTHING", (name,))
-            cursor.execute("SELECT id FROM names WHERE name = ?", (name,))
-            self._names[name] = int(cursor.fetchone()[0])
+    def _numbers(self, cursor: _Cursor, names: Iterable[str]) -> dict[str, int]:
+        """The numbers of ``names`` in the names table (and of every name known before): the
+        ones not known yet added and read back a few hundred at a time, two statements for
+        them all rather than two a name — a resume in a new process meets every node's name
+        for the first time."""
+        missing = sorted({name for name in names if name not in self._names})
+        for at in range(0, len(missing), _NAMES_AT_ONCE):
+            chunk = missing[at : at + _NAMES_AT_ONCE]
+            cursor.executemany(
+                "INSERT INTO names (name) VALUES (?) ON CONFLICT DO NOTHING",
+                [(name,) for name in chunk],
+            )
+            cursor.execute(
+                f"SELECT id, name FROM names WHERE name IN ({', '.join('?' * len(chunk))})",
+                chunk,
+            )
+            for number, name in cursor.fetchall():
+                self._names[name] = int(number)
+        return self._names
 
     def write(self, run: int, finished: Iterable[Finished]) -> None:
         """Records ``finished`` nodes of ``run``, in the order given, in one transaction."""
@@ -411,34 +423,40 @@ class Store:
             self._write(cursor, run, finished)
 
     def _write(self, cursor: _Cursor, run: int, finished: Iterable[Finished]) -> None:
+        # In the order of their keys, names numbered in theirs: two writers of one run's rows
+        # (a holder and one taking over its lapsed lease) lock them in the same order.
         entries = sorted(finished, key=lambda entry: entry.key)
-        self._numbered(cursor, (entry.node for entry in entries))
-        outputs = [(entry.key, entry.digest, entry.payload, entry.sig) for entry in entries]
-        done = [(run, entry.key, self._names[entry.node], entry.seconds) for entry in entries]
+        numbers = self._numbers(cursor, [entry.node for entry in entries])
         cursor.executemany(
-            "INSERT INTO outputs (key, digest, payload, sig) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT DO NOTHING",
-            outputs,
-        )
-        cursor.executemany(
-            "INSERT INTO done (run, key, node, seconds) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            done,
+            "INSERT INTO done (run, key, node, seconds, digest, payload, sig)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            [
+                (
+                    run,
+                    entry.key,
+                    numbers[entry.node],
+                    entry.seconds,
+                    entry.digest,
+                    entry.payload,
+                    entry.sig,
+                )
+                for entry in entries
+            ],
         )
 
     def done(self, run: int) -> dict[bytes, bytes | None]:
         """What ``run`` recorded as finished: each key with its output's digest."""
         with self._transaction() as cursor:
             cursor.execute(
-                "SELECT d.key, o.digest FROM done d JOIN outputs o ON o.key = d.key"
-                " WHERE d.run = ?",
+                "SELECT key, digest FROM done WHERE run = ?",
                 (run,),
             )
             return {bytes(key): _bytes(digest) for key, digest in cursor}
 
-    def output(self, key: bytes) -> tuple[bytes, bytes | None] | None:
-        """The output filed under ``key``, pickled, with its signature."""
+    def output(self, run: int, key: bytes) -> tuple[bytes, bytes | None] | None:
+        """The output ``run`` recorded under ``key``, pickled, with its signature."""
         with self._transaction() as cursor:
-            cursor.execute("SELECT payload, sig FROM outputs WHERE key = ?", (key,))
+            cursor.execute("SELECT payload, sig FROM done WHERE run = ? AND key = ?", (run, key))
             row = cursor.fetchone()
         return None if row is None else (bytes(row[0]), _bytes(row[1]))
 
@@ -446,9 +464,8 @@ class Store:
         """The nodes ``run`` recorded finished: id, seconds, and the size of the output."""
         with self._transaction() as cursor:
             cursor.execute(
-                "SELECT n.name, d.seconds, LENGTH(o.payload) FROM done d"
-                " JOIN names n ON n.id = d.node JOIN outputs o ON o.key = d.key"
-                " WHERE d.run = ? ORDER BY n.name",
+                "SELECT n.name, d.seconds, LENGTH(d.payload) FROM done d"
+                " JOIN names n ON n.id = d.node WHERE d.run = ? ORDER BY n.name",
                 (run,),
             )
             return [(name, seconds, size) for name, seconds, size in cursor]
@@ -552,10 +569,10 @@ class Store:
             return bool(cursor.rowcount)
 
 
-@dataclass(frozen=True)
-class Finished:
+class Finished(NamedTuple):
     """A node that finished, to be written: the key it ran under, the node, its seconds, its
-    output pickled, with the output's digest and the entry's signature."""
+    output pickled, with the output's digest and the entry's signature. A tuple: one is made
+    for every node a run records, and a frozen dataclass costs twice as much to make."""
 
     key: bytes
     node: str
