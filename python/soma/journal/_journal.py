@@ -218,7 +218,10 @@ class Journal:
         active = self._begin(name, core, kind, input, resumed=resumed)
         token = ACTIVE.set(active)
         try:
+            active.verify_recorded()
             yield Recording(active, cache, self._plain)
+            if active.refused is not None:
+                raise active.refused
         except BaseException as raised:
             if _asked(raised):
                 self._end(active, "paused", None)
