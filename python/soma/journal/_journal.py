@@ -159,6 +159,8 @@ class Journal:
             lease_seconds=self._lease,
             same_input=not resumed,
         )
+        if started.existing:
+            self._store.forget_open_questions(started.id)
         active = ActiveRun(
             self._store,
             self._signer,
