@@ -482,22 +482,77 @@ def test_a_node_asking_twice_pauses_twice_and_gets_both_answers(journal: soma.Jo
     assert g.resume("r", journal=journal, answers={"asker": "two"}) == (1, "one", "two")
 
 
+class AskAbout(soma.Node):
+    """Asks about its input; with ``meet``, only once every branch is in flight, so that each
+    asks before the first question stops the wave."""
+
+    def __init__(self, meet: threading.Barrier | None = None) -> None:
+        self.meet = meet
+
+    def forward(self, x: Any, ctx: Any) -> Any:
+        if self.meet is not None:
+            self.meet.wait()
+        return ctx.ask(f"{ctx.node} ok?")
+
+
+def both_ask(meet: threading.Barrier | None = None) -> soma.Graph:
+    return soma.Graph.somatize(AskAbout(meet).named("left") | AskAbout(meet).named("right"))
+
+
 def test_branches_of_a_wave_asking_at_once_are_all_in_paused_questions(
     journal: soma.Journal,
 ) -> None:
-    both_asking = threading.Barrier(2, timeout=DEADLINE)
+    g = both_ask(threading.Barrier(2, timeout=DEADLINE))
+    with pytest.raises(soma.Paused) as paused:
+        g.forward(1, run="r", journal=journal)
+    assert paused.value.questions == {"left": "left ok?", "right": "right ok?"}
+    answered = both_ask().resume("r", journal=journal, answers={"left": "L", "right": "R"})
+    assert answered == {"left": "L", "right": "R"}
+
+
+def test_async_branches_of_a_wave_asking_at_once_are_all_in_paused_questions(
+    journal: soma.Journal,
+) -> None:
+    arrived: list[str] = []
 
     class AskAtOnce(soma.Node):
-        def forward(self, x: Any, ctx: Any) -> Any:
-            both_asking.wait()  # Both branches are in flight before either asks.
-            return ctx.ask(f"{ctx.node} ok?")
+        async def forward(self, x: Any, ctx: Any) -> Any:
+            arrived.append(ctx.node)
+            async with asyncio.timeout(DEADLINE):  # Both are in flight before either asks.
+                while len(arrived) < 2:
+                    await asyncio.sleep(0)
+            return await ctx.aask(f"{ctx.node} ok?")
 
     g = soma.Graph.somatize(AskAtOnce().named("left") | AskAtOnce().named("right"))
     with pytest.raises(soma.Paused) as paused:
         g.forward(1, run="r", journal=journal)
     assert paused.value.questions == {"left": "left ok?", "right": "right ok?"}
-    answered = g.resume("r", journal=journal, answers={"left": "L", "right": "R"})
-    assert answered == {"left": "L", "right": "R"}
+
+
+def test_answering_one_of_two_open_questions_pauses_again_with_only_the_other(
+    journal: soma.Journal,
+) -> None:
+    with pytest.raises(soma.Paused):
+        both_ask(threading.Barrier(2, timeout=DEADLINE)).forward(1, run="r", journal=journal)
+    g = both_ask()
+    with pytest.raises(soma.Paused) as again:
+        g.resume("r", journal=journal, answers={"left": "L"})
+    assert again.value.questions == {"right": "right ok?"}
+    assert soma.runs(journal)[0].questions == {"right": "right ok?"}
+    assert g.resume("r", journal=journal, answers={"right": "R"}) == {"left": "L", "right": "R"}
+
+
+def test_a_question_altered_in_the_journal_is_never_unpickled(
+    journal: soma.Journal, marker: Path
+) -> None:
+    with pytest.raises(soma.Paused):
+        both_ask(threading.Barrier(2, timeout=DEADLINE)).forward(1, run="r", journal=journal)
+    g = both_ask()
+    alter(Path(journal.target), "UPDATE questions SET question = ? WHERE path = 'right'")
+    with pytest.raises(soma.Paused) as again:
+        g.resume("r", journal=journal, answers={"left": "L"})
+    assert again.value.questions == {"right": "right ok?"}
+    assert not marker.exists()
 
 
 def test_ask_outside_a_journal_is_a_runtime_error_saying_a_journal_is_needed() -> None:

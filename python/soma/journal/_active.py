@@ -63,6 +63,9 @@ class ActiveRun:
         self._oldest = 0.0
         self._lock = threading.Lock()
         self._warned: set[str] = set()
+        # The questions asked while it ran here, by path: its open questions when it pauses (a
+        # run taken up forgets the others), handed over as asked, never read back unpickled.
+        self.asked: dict[str, object] = {}
         # An output refused while the run ran: the run fails with it when the engine returns.
         self.refused: SignatureError | None = None
 
@@ -185,7 +188,10 @@ class ActiveRun:
         self.flush()
         payload = pickle.dumps(question, protocol=pickle.HIGHEST_PROTOCOL)
         shown = question if isinstance(question, str) else repr(question)
-        return self.store.ask(self.id, call, ordinal, node, payload, shown)
+        path = self.store.ask(self.id, call, ordinal, node, payload, shown)
+        with self._lock:
+            self.asked[path] = question
+        return path
 
     def warn(self, topic: str, message: str) -> None:
         with self._lock:

@@ -227,10 +227,7 @@ class Journal:
         except BaseException as raised:
             if _asked(raised):
                 self._end(active, "paused", None)
-                questions = {
-                    path: pickle.loads(question)
-                    for path, question, _ in self._store.open_questions(active.id)
-                }
+                questions = dict(sorted(active.asked.items()))
                 raise Paused(name, questions) from None
             self._end(active, "failed", f"{type(raised).__name__}: {raised}")
             raise
