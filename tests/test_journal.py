@@ -18,6 +18,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -555,6 +556,65 @@ def test_a_question_altered_in_the_journal_is_never_unpickled(
     assert not marker.exists()
 
 
+def test_a_paused_run_hands_over_its_questions_as_asked_never_read_back_from_the_store(
+    journal: soma.Journal, marker: Path
+) -> None:
+    both_in_flight = threading.Barrier(2, timeout=DEADLINE)
+
+    class AskThenTamper(soma.Node):
+        """`right` alters `left`'s question in the store once `left` has asked it, as another
+        writer of the store could, then asks its own."""
+
+        def forward(self, x: Any, ctx: Any) -> Any:
+            both_in_flight.wait()
+            if ctx.node == "right":
+                with sqlite3.connect(journal.target) as db:
+                    deadline = time.monotonic() + DEADLINE
+                    while not db.execute("SELECT 1 FROM questions WHERE path = 'left'").fetchall():
+                        assert time.monotonic() < deadline, "`left` never asked"
+                        time.sleep(0.005)
+                    altered = "UPDATE questions SET question = ? WHERE path = 'left'"
+                    db.execute(altered, (planted(),))
+            return ctx.ask(f"{ctx.node} ok?")
+
+    g = soma.Graph.somatize(AskThenTamper().named("left") | AskThenTamper().named("right"))
+    with pytest.raises(soma.Paused) as paused:
+        g.forward(1, run="r", journal=journal)
+    assert not marker.exists()
+    assert paused.value.questions == {"left": "left ok?", "right": "right ok?"}
+
+
+FACTOR = 2
+
+
+class Scale(soma.Node):
+    def forward(self, x: Any, ctx: Any) -> Any:
+        called(ctx.node)
+        return x * FACTOR
+
+
+def test_a_node_asking_again_on_an_input_changed_by_an_edit_asks_at_its_own_path(
+    journal: soma.Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def make() -> soma.Graph:
+        return soma.Graph.somatize(
+            Scale().named("scale") >> Approve().named("approve") >> Ignore().named("after")
+        )
+
+    with pytest.raises(soma.Paused):
+        make().forward(1, run="r", journal=journal)
+    DOWN.touch()
+    with pytest.raises(ConnectionError):  # Answered; the node after it fails.
+        make().resume("r", journal=journal, answers={"approve": "yes"})
+    DOWN.unlink()
+    monkeypatch.setattr(sys.modules[__name__], "FACTOR", 3)  # `scale` edited.
+    with pytest.raises(soma.Paused) as paused:
+        make().resume("r", journal=journal)
+    # The answer was to `approve 2?`; asked `approve 3?` now, at the node's own path.
+    assert paused.value.questions == {"approve": "approve 3?"}
+    assert make().resume("r", journal=journal, answers={"approve": "no"}) == "done"
+
+
 def test_ask_outside_a_journal_is_a_runtime_error_saying_a_journal_is_needed() -> None:
     g = soma.Graph.somatize(Approve().named("approve"))
     with pytest.raises(RuntimeError, match="journal") as raised:
@@ -655,9 +715,53 @@ def test_an_altered_signed_entry_is_refused_with_a_signature_error_never_unpickl
     g = signed_paused_run(path)
     alter(path, statement)
     signed = soma.Journal(path, key=b"secret")
+    CALLS.clear()
     with pytest.raises(SignatureError):
         g.resume("r", journal=signed, answers={"ask": "yes"})
     assert not marker.exists()
+    assert "first" not in CALLS  # Refused as the run is taken up, not read as a miss.
+
+
+def alter_output_of(path: Path, node: str) -> None:
+    alter(
+        path,
+        "UPDATE outputs SET payload = ? WHERE key IN (SELECT d.key FROM done d"
+        f" JOIN names n ON n.id = d.node WHERE n.name = '{node}')",
+    )
+
+
+def test_an_output_altered_while_the_run_runs_is_refused_with_a_signature_error_never_unpickled(
+    tmp_path: Path, marker: Path
+) -> None:
+    path = tmp_path / "runs.db"
+
+    class Tamper(soma.Node):
+        """Alters `kept`'s recorded output, as another writer of the store could, while the
+        run runs: after the run was taken up, before `join` reads it."""
+
+        def forward(self, x: Any, ctx: Any) -> Any:
+            called(ctx.node)
+            if DOWN.exists():
+                raise ConnectionError("down")
+            alter_output_of(path, "kept")
+            return x
+
+    def make() -> soma.Graph:
+        return soma.Graph.somatize(
+            Step(1).named("src")
+            >> (Step(10).named("kept") | Tamper().named("tamper"))
+            >> Step(0).named("join")
+        )
+
+    signed = soma.Journal(path, key=b"secret")
+    DOWN.touch()
+    with pytest.raises(ConnectionError):
+        make().forward(1, run="r", journal=signed)
+    DOWN.unlink()
+    with pytest.raises(SignatureError):
+        make().resume("r", journal=signed)
+    assert not marker.exists()
+    assert signed.run("r").status == "failed"
 
 
 class AskAgain(soma.Node):

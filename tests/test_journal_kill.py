@@ -281,6 +281,56 @@ def test_a_random_graph_killed_at_a_random_node_resumes_to_the_uninterrupted_res
 
 
 # ---------------------------------------------------------------------------------------------
+# An effect, then a kill
+
+EFFECT = """
+import random
+
+
+class Draw(soma.Node):
+    \"\"\"Returns a number it draws: another on each call, as a model's sample is.\"\"\"
+
+    def forward(self, x, ctx):
+        note(ctx.node)
+        return (x, random.random())
+
+
+class Charge(soma.Node):
+    \"\"\"Charges a card once per run (the charge noted in a file), then the process dies.\"\"\"
+
+    def forward(self, x, ctx):
+        note(ctx.node)
+        receipt = ctx.effect(charge, x)
+        if os.environ.get("KILL_AT") == ctx.node:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return receipt
+
+
+def charge(x):
+    note("charged")
+    return ("receipt", x)
+
+
+graph = soma.Graph.somatize(Draw().named("draw") >> Charge().named("charge"))
+"""
+
+
+def test_an_effect_made_just_before_a_kill_is_not_made_again_when_what_fed_it_ran_again(
+    tmp_path: Path,
+) -> None:
+    flow = Flow(tmp_path, graph=EFFECT)
+    killed(flow.run("flow.main(flow.graph, 'forward', 1)", KILL_AT="charge", LEASE="0.3"))
+    assert flow.taken_calls() == ["draw", "charge", "charged"]
+    # `draw`'s sample is written with the effect: were it lost and drawn again, `charge` would
+    # read another input, be another call, and charge the card again.
+    assert "draw" in flow.recorded()
+    flow.wait_abandoned()
+    resumed = output(flow.run("flow.main(flow.graph, 'resume')", LEASE="0.3"))
+    assert flow.taken_calls() == ["charge"]
+    assert resumed[0] == "receipt"
+
+
+# ---------------------------------------------------------------------------------------------
 # An edited node
 
 EDITED = """
