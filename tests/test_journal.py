@@ -530,6 +530,35 @@ def test_async_branches_of_a_wave_asking_at_once_are_all_in_paused_questions(
     assert paused.value.questions == {"left": "left ok?", "right": "right ok?"}
 
 
+class AskItem(soma.Node):
+    def __init__(self, meet: threading.Barrier | None = None) -> None:
+        self.meet = meet
+
+    def forward(self, x: Any, ctx: Any) -> Any:
+        if self.meet is not None:
+            self.meet.wait()
+        return (x, ctx.ask(f"item {x}?"))
+
+
+def test_items_of_an_each_asking_at_once_ask_one_question_each_answered_at_its_own_path(
+    journal: soma.Journal,
+) -> None:
+    def make(meet: threading.Barrier | None = None) -> soma.Graph:
+        return soma.Graph.somatize(soma.each(AskItem(meet).named("q")).named("items"))
+
+    with pytest.raises(soma.Paused) as paused:
+        make(threading.Barrier(3, timeout=DEADLINE)).forward([1, 2, 3], run="r", journal=journal)
+    questions = paused.value.questions
+    assert sorted(questions.values()) == ["item 1?", "item 2?", "item 3?"]
+    assert all(path.startswith("items/q") for path in questions)
+    answers = {path: f"yes to {question}" for path, question in questions.items()}
+    assert make().resume("r", journal=journal, answers=answers) == [
+        (1, "yes to item 1?"),
+        (2, "yes to item 2?"),
+        (3, "yes to item 3?"),
+    ]
+
+
 def test_answering_one_of_two_open_questions_pauses_again_with_only_the_other(
     journal: soma.Journal,
 ) -> None:
