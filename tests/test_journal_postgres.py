@@ -446,29 +446,22 @@ def test_an_input_changed_in_the_database_is_refused_under_the_key_and_never_unp
     assert not written.exists()
 
 
-def test_an_output_changed_in_the_database_is_never_unpickled_under_the_key(
+def test_an_output_changed_in_the_database_is_refused_and_never_unpickled_under_the_key(
     signed_run: tuple[soma.Graph, soma.Journal],
     postgres_url: str,
     tmp_path: pathlib.Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     graph, journal = signed_run
     written = tmp_path / "written"
-    changed = overwritten(
-        postgres_url, "UPDATE outputs SET payload = %s", WritesOnUnpickling(written)
-    )
+    changed = overwritten(postgres_url, "UPDATE done SET payload = %s", WritesOnUnpickling(written))
     assert changed == 2
-    # A lookup of the run cache cannot fail a run (the glue's rule): what it raises is reported
-    # as unraisable and read as a miss. Heard here, to see that it was the refusal.
-    reported: list[Any] = []
-    monkeypatch.setattr(sys, "unraisablehook", reported.append)
 
-    out = graph.resume("signed", journal=journal)
+    with pytest.raises(SignatureError) as refused:
+        graph.resume("signed", journal=journal)
 
+    assert refused.value.what is not None
+    assert refused.value.what.startswith("the output under key ")
     assert not written.exists()
-    assert out == 4  # Computed again, where the journal's entries were refused.
-    assert reported
-    assert all(isinstance(report.exc_value, SignatureError) for report in reported)
 
 
 def test_runs_lists_a_journals_runs_and_the_command_shows_one(

@@ -138,6 +138,7 @@ impl PythonNode {
                 device: ctx.device().map(|device| device.to_string()),
                 watched: crate::observer::watched(py)?,
                 input: x.clone().unbind(),
+                run: crate::protocol::journal_run(py)?,
                 call: PyOnceLock::new(),
             };
             let ctx = Bound::new(py, ctx)?;

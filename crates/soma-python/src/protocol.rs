@@ -97,9 +97,27 @@ pub struct PyCtx {
     /// The node's input in this call: what a run's journal tells one call of a node from
     /// another by (its content), read only when the node makes an effect or asks.
     pub input: Py<PyAny>,
+    /// The run with a journal this call is part of (`soma.journal._active.ACTIVE`), taken
+    /// where the call began, so that an effect made from a thread the node starts (whose
+    /// context is fresh) is the run's too; `None` outside such a run.
+    pub run: Option<Py<PyAny>>,
     /// This call's place in its run's journal (`soma.journal._calls.Call`): made by the first
     /// `effect` or `ask`, so that each numbers its effects and questions from the start.
     pub call: PyOnceLock<Py<PyAny>>,
+}
+
+/// The run with a journal the call beginning here is part of (see [`PyCtx::run`]).
+pub(crate) fn journal_run(py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+    static ACTIVE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let run = ACTIVE
+        .get_or_try_init(py, || {
+            crate::py_modules::journal_active(py)?
+                .getattr("ACTIVE")
+                .map(Bound::unbind)
+        })?
+        .bind(py)
+        .call_method0(intern!(py, "get"))?;
+    Ok((!run.is_none()).then(|| run.unbind()))
 }
 
 #[pymethods]
@@ -182,7 +200,12 @@ impl PyCtx {
             .get_or_try_init(py, || {
                 crate::py_modules::journal_calls(py)?
                     .getattr(intern!(py, "Call"))?
-                    .call1((self.node.as_str(), self.input.bind(py), self.turn))
+                    .call1((
+                        self.node.as_str(),
+                        self.input.bind(py),
+                        self.turn,
+                        self.run.as_ref().map(|run| run.bind(py)),
+                    ))
                     .map(Bound::unbind)
             })
             .map(|call| call.bind(py).clone())

@@ -76,3 +76,8 @@ package_module! {
     /// `soma.journal._calls`: a node's effects and questions, in its run's journal.
     journal_calls = "soma.journal._calls"
 }
+
+package_module! {
+    /// `soma.journal._active`: the run with a journal a node's call is part of.
+    journal_active = "soma.journal._active"
+}

@@ -20,6 +20,7 @@ import time
 import warnings
 from typing import Any
 
+from soma.errors import SignatureError
 from soma.journal._signing import Signer
 from soma.journal._store import Finished, Store
 
@@ -64,6 +65,11 @@ class ActiveRun:
         # Held from taking a batch to writing it (and an effect with it).
         self._writing = threading.Lock()
         self._warned: set[str] = set()
+        # The questions asked while it ran here, by path: its open questions when it pauses (a
+        # run taken up forgets the others), handed over as asked, never read back unpickled.
+        self.asked: dict[str, object] = {}
+        # An output refused while the run ran: the run fails with it when the engine returns.
+        self.refused: SignatureError | None = None
 
     # ----- nodes ------------------------------------------------------------------------------
 
@@ -110,15 +116,37 @@ class ActiveRun:
         with self._lock:
             return bool(self._pending) and time.monotonic() - self._oldest >= age
 
+    def verify_recorded(self) -> None:
+        """Raises ``SignatureError`` unless every output the run recorded verifies under the
+        journal's key: checked as the run is taken up, before any node runs, because a lookup
+        cannot fail a run (the engine reads a lookup that raised as a miss, and would call the
+        node again)."""
+        if not self.signer.signs:
+            return
+        for key in self.done:
+            found = self.store.output(self.id, key)
+            if found is not None:
+                payload, sig = found
+                self.signer.verify(
+                    b"output", key, payload, sig, f"the output under key {key.hex()}"
+                )
+
     def output(self, key: bytes) -> tuple[bool, Any]:
         """The recorded output under ``key``: ``(True, output)``, or ``(False, None)`` when it
-        cannot be read (then computed again). Refused, by ``SignatureError``, when it does not
-        verify under the journal's key."""
+        cannot be read (then computed again). One that does not verify under the journal's key
+        (altered since the run was taken up) is never unpickled: read as a miss, its
+        ``SignatureError`` kept in ``refused`` for the run to end with."""
         found = self.store.output(self.id, key)
         if found is None:
             return False, None
         payload, sig = found
-        self.signer.verify(b"output", key, payload, sig, f"the output under key {key.hex()}")
+        try:
+            self.signer.verify(b"output", key, payload, sig, f"the output under key {key.hex()}")
+        except SignatureError as error:
+            with self._lock:
+                if self.refused is None:
+                    self.refused = error
+            return False, None
         try:
             return True, pickle.loads(payload)
         except Exception:  # Its class has gone, say: the node computes it again.
@@ -165,7 +193,10 @@ class ActiveRun:
         self.flush()
         payload = pickle.dumps(question, protocol=pickle.HIGHEST_PROTOCOL)
         shown = question if isinstance(question, str) else repr(question)
-        return self.store.ask(self.id, call, ordinal, node, payload, shown)
+        path = self.store.ask(self.id, call, ordinal, node, payload, shown)
+        with self._lock:
+            self.asked[path] = question
+        return path
 
     def warn(self, topic: str, message: str) -> None:
         with self._lock:

@@ -19,12 +19,12 @@ import hashlib
 import inspect
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from soma._run.observe import Pausing
 from soma._soma import Ctx
 from soma.cache import _fingerprint
-from soma.journal._active import ACTIVE
+from soma.journal._active import ActiveRun
 
 
 class Asked(Pausing):
@@ -42,11 +42,14 @@ class Call:
     """One call of a node, as its effects and questions are numbered in: made by the call's
     ``Ctx`` when the node first makes an effect or asks."""
 
-    __slots__ = ("_effects", "_identity", "_input", "_lock", "_questions", "node", "turn")
+    __slots__ = ("_effects", "_identity", "_input", "_lock", "_questions", "node", "run", "turn")
 
-    def __init__(self, node: str, input: object, turn: int) -> None:
+    def __init__(self, node: str, input: object, turn: int, run: ActiveRun | None) -> None:
         self.node = node
         self.turn = turn
+        # The run the call is part of, taken where it began: an effect from a thread the node
+        # started, whose context is fresh, is the run's too.
+        self.run = run
         self._input: object = input
         self._identity: bytes | None = None
         self._effects = 0
@@ -78,21 +81,41 @@ class Call:
             return self._questions - 1
 
 
+class _Slot(NamedTuple):
+    """An effect's place in its run: its call, ordinal and identity, and its recorded result if
+    there is one."""
+
+    run: ActiveRun
+    call: Call
+    ordinal: int
+    identity: bytes
+    found: bool
+    result: Any
+
+
+def _effect_slot(ctx: Ctx) -> _Slot | None:
+    """The place of the effect ``ctx``'s call makes now, numbered; ``None`` outside a run with a
+    journal."""
+    call: Call = ctx._call
+    run = call.run
+    if run is None:
+        return None
+    ordinal = call.next_effect()
+    identity = call.identity()
+    found, result = run.effect(identity, ordinal)
+    return _Slot(run, call, ordinal, identity, found, result)
+
+
 def effect(
     ctx: Ctx, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any] | None
 ) -> Any:
     """``ctx.effect``: ``function(*args, **kwargs)``, once per run."""
-    run = ACTIVE.get()
-    if run is None:
-        return function(*args, **(kwargs or {}))
-    call: Call = ctx._call
-    ordinal = call.next_effect()
-    identity = call.identity()
-    found, result = run.effect(identity, ordinal)
-    if found:
-        return result
+    slot = _effect_slot(ctx)
+    if slot is not None and slot.found:
+        return slot.result
     result = function(*args, **(kwargs or {}))
-    run.record_effect(call.node, identity, ordinal, result)
+    if slot is not None:
+        slot.run.record_effect(slot.call.node, slot.identity, slot.ordinal, result)
     return result
 
 
@@ -100,34 +123,26 @@ async def aeffect(
     ctx: Ctx, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any] | None
 ) -> Any:
     """``ctx.aeffect``: awaits ``function(*args, **kwargs)`` once per run."""
-    run = ACTIVE.get()
-    if run is None:
-        return await _awaited(function(*args, **(kwargs or {})))
-    call: Call = ctx._call
-    ordinal = call.next_effect()
-    identity = call.identity()
-    found, result = run.effect(identity, ordinal)
-    if found:
-        return result
-    result = await _awaited(function(*args, **(kwargs or {})))
-    run.record_effect(call.node, identity, ordinal, result)
+    slot = _effect_slot(ctx)
+    if slot is not None and slot.found:
+        return slot.result
+    made = function(*args, **(kwargs or {}))
+    result = await made if inspect.isawaitable(made) else made
+    if slot is not None:
+        slot.run.record_effect(slot.call.node, slot.identity, slot.ordinal, result)
     return result
-
-
-async def _awaited(made: Any) -> Any:
-    return await made if inspect.isawaitable(made) else made
 
 
 def ask(ctx: Ctx, question: object) -> Any:
     """``ctx.ask``: the answer to ``question``, or the run pauses until it has one."""
-    run = ACTIVE.get()
+    call: Call = ctx._call
+    run = call.run
     if run is None:
         raise RuntimeError(
             f"node `{ctx.node}` asked {question!r}, and a run pauses for an answer only with a "
             "journal to keep it in\n"
             "hint: g.forward(x, run='some-id', journal=soma.Journal('runs.db'))"
         )
-    call: Call = ctx._call
     ordinal = call.next_question()
     identity = call.identity()
     found, answer = run.answer(identity, ordinal)

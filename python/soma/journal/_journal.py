@@ -211,6 +211,10 @@ class Journal:
             )
         except JournalError as refused:
             raise self._other_kind(name, kind) or refused from None
+        if started.existing:
+            # The questions it left open are asked again by the nodes that asked them, which
+            # run again: an answer belongs to what its node read, which an edit may change.
+            self._store.forget_open_questions(started.id)
         active = ActiveRun(
             self._store,
             self._signer,
@@ -310,7 +314,10 @@ class Journal:
         self._graphs[name] = graph
         token = ACTIVE.set(active)
         try:
+            active.verify_recorded()
             yield Recording(active, cache, self._plain)
+            if active.refused is not None:
+                raise active.refused
         except BaseException as raised:
             paused = self._ended(active, raised)
             if paused is not None:
@@ -326,11 +333,9 @@ class Journal:
         :class:`Paused` to raise instead), else failed."""
         if _asked(raised):
             self._end(active, "paused", None)
-            questions = {
-                path: pickle.loads(question)
-                for path, question, _ in self._store.open_questions(active.id)
-            }
-            return Paused(active.name, questions)
+            # As asked here, never read back unpickled from the store (questions are not
+            # signed: only what they were asked with is trusted).
+            return Paused(active.name, dict(sorted(active.asked.items())))
         self._end(active, "failed", f"{type(raised).__name__}: {raised}")
         return None
 

@@ -526,7 +526,8 @@ class Store:
             if row is not None:
                 return str(row[0])
             cursor.execute(
-                "SELECT COUNT(*) FROM questions WHERE run = ? AND path = ? AND call <> ?",
+                "SELECT COUNT(*) FROM questions WHERE run = ? AND path = ? AND call <> ?"
+                " AND answer IS NULL",
                 (run, node, call),
             )
             path = node if cursor.fetchone()[0] == 0 else f"{node}@{call.hex()[:8]}"
@@ -536,6 +537,13 @@ class Store:
                 (run, call, ordinal, path, question, shown),
             )
             return path
+
+    def forget_open_questions(self, run: int) -> None:
+        """Removes ``run``'s unanswered questions, as a run is taken up: each node that asked
+        one never finished, so runs again and asks again, and one no node asks now (its node
+        edited, or reading another input since) is no longer a question of the run."""
+        with self._transaction(immediate=True) as cursor:
+            cursor.execute("DELETE FROM questions WHERE run = ? AND answer IS NULL", (run,))
 
     def open_questions(self, run: int) -> list[tuple[str, bytes, str]]:
         """The questions of ``run`` with no answer: path, pickled question, as shown."""
