@@ -389,7 +389,9 @@ def test_a_view_and_an_event_stream_watch_the_same_run_each_in_full(view: Any) -
     assert [emit["repr"] for emit in snapshot["emits"]] == ["'hello'"]
 
 
-def test_a_run_past_its_deadline_shows_failed_and_its_node_left_running(view: Any) -> None:
+def test_a_run_past_its_timeout_shows_timed_out_and_the_node_it_left_running_too(
+    view: Any,
+) -> None:
     never = threading.Event()
 
     def slow(x: int) -> int:
@@ -401,9 +403,12 @@ def test_a_run_past_its_deadline_shows_failed_and_its_node_left_running(view: An
         graph.forward(1, timeout=0.05)
     run = json.loads(get(address(view, "/api/runs/1"))[1])
     never.set()
-    assert run["run"]["status"] == "failed"
-    # Left to finish in the background: running still, as far as the observer has told.
-    assert [node["state"] for node in run["nodes"]] == ["running"]
+    assert run["run"]["status"] == "timed_out"
+    assert run["run"]["error"].startswith("TimeoutError: forward did not finish within")
+    # Left to finish in the background, unwatched: the page no longer shows it running.
+    assert [(node["state"], node["error"]) for node in run["nodes"]] == [
+        ("timed_out", "left running when its run timed out")
+    ]
 
 
 def test_closing_a_view_stops_recording(view: Any) -> None:

@@ -120,6 +120,8 @@ class Dispatch:
     def __init__(self) -> None:
         self.telemetry: Listener | None = None
         self.watcher: Listener | None = None
+        # What the engine calls instead of the dispatch while the watcher alone listens.
+        self.watcher_alone: Any = None
         self.streams = 0
 
     def begin(self, *work: Any) -> Any:
@@ -190,9 +192,15 @@ _installing = threading.Lock()
 
 
 def _reinstall() -> None:
-    """Installs the dispatch in the engine while anything listens, and removes it otherwise."""
-    listened = dispatch.telemetry is not None or dispatch.watcher is not None or dispatch.streams
-    _soma.observe(dispatch if listened else None)
+    """Installs the dispatch in the engine while anything listens, and removes it otherwise;
+    while the view alone listens, what it gave to be called instead (its recorder, which
+    then pays no dispatch on each node's way)."""
+    if dispatch.telemetry is not None or dispatch.streams:
+        _soma.observe(dispatch)
+    elif dispatch.watcher is not None:
+        _soma.observe(dispatch.watcher_alone or dispatch)
+    else:
+        _soma.observe(None)
 
 
 def set_telemetry(listener: Listener | None) -> None:
@@ -203,9 +211,13 @@ def set_telemetry(listener: Listener | None) -> None:
 
 
 def set_watcher(listener: Listener | None) -> None:
-    """Makes ``listener`` the view every run from now on reports to (``None``: none)."""
+    """Makes ``listener`` the view every run from now on reports to (``None``: none). Its
+    ``alone`` attribute, when it has one, is what the engine calls in the dispatch's stead
+    while nothing else listens: the dispatch's own ``begin(*work)`` and ``end(opened, outcome,
+    error, retry_in)``, which then also sets :data:`current_call` where each run begins."""
     with _installing:
         dispatch.watcher = listener
+        dispatch.watcher_alone = getattr(listener, "alone", None)
         _reinstall()
 
 

@@ -6,7 +6,8 @@ Each page's stream is a loop of its own that sends, at most once a :data:`TICK`,
 changed since it last sent — each changed node once, with its latest state, the spans ended
 and the values emitted since — so a run that changes a node 100,000 times a second costs a page
 one message per tick, bounded by the run's size, and the run itself never waits for a page: it
-only appends to its logs (``soma.view.record.Ring``). A page that fell behind a log's window is
+only appends to its log, which the page's stream folds into the nodes' records at each poll
+(``soma.view.record.RunRecord.fold``). A page that fell behind a log's window is
 sent the whole state again.
 
 Imported only by ``soma.view(...)``: ``import soma`` never imports Starlette or uvicorn.
@@ -199,6 +200,8 @@ async def _run_stream(run: RunRecord, closing: threading.Event) -> AsyncIterator
         if now - sent < TICK:
             continue
         ended = run.status.value != "running"
+        # What the run told since, folded here, on the server's thread, once a poll.
+        run.fold()
         moved = (
             run.changes.position != changes
             or run.spans.position != spans
