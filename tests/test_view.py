@@ -694,3 +694,68 @@ def test_chromium_inflates_a_large_reports_drawings_from_the_file_alone(
     browser.get(path.as_uri())
     wait_for(browser, "the plan inflated", lambda d: box_state(d, "fails") == "failed")
     assert box_state(browser, EVIL_ID) == "finished"
+
+
+def test_chromium_draws_a_large_plan_a_tile_at_a_time_each_box_with_its_nodes_state(
+    view: Any, browser: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from soma.view import drawing
+
+    monkeypatch.setattr(drawing, "TILED_BOXES", 10)
+    gate = Gate()
+    expr: Any = soma.node(lambda x: x).named("step_0")
+    for index in range(1, 80):
+        expr = expr >> soma.node(lambda x: x).named(f"step_{index}")
+    graph = soma.Graph.somatize(expr >> soma.node(gate).named("held"))
+    worker = threading.Thread(target=graph.forward, args=(1,))
+    worker.start()
+    try:
+        assert gate.began.wait(DEADLINE)
+        browser.get(address(view, "/runs/1"))
+        wait_for(browser, "step_0 finished", lambda d: box_state(d, "step_0") == "finished")
+        # 81 boxes side by side, some 9,000 px: the far end is not in the page until scrolled to.
+        assert browser.execute_script("return document.getElementById('plan-tiles') === null")
+        assert box_state(browser, "held") == ""
+        browser.execute_script(
+            "const p = document.getElementById('plan'); p.scrollLeft = p.scrollWidth"
+        )
+        wait_for(browser, "held running", lambda d: box_state(d, "held") == "running")
+        assert box_state(browser, "step_79") == "finished"
+        gate.open.set()
+        wait_for(browser, "held finished", lambda d: box_state(d, "held") == "finished")
+        assert (
+            browser.execute_script("return document.querySelectorAll('#plan g.node').length") < 81
+        )
+    finally:
+        gate.open.set()
+        worker.join(DEADLINE)
+
+
+def test_chromium_opens_a_large_report_with_its_plan_drawn_and_its_table_listed_on_opening(
+    view: Any, browser: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from soma.view import drawing
+
+    monkeypatch.setattr(drawing, "TILED_BOXES", 1)
+    with pytest.raises(ValueError, match="alert"):
+        failing_graph().forward(1)
+    path = tmp_path / "run.html"
+    soma.report(view.runs()[0], path)
+    view.close()
+    browser.get(path.as_uri())
+    wait_for(browser, "the plan drawn", lambda d: box_state(d, "fails") == "failed")
+    assert box_state(browser, EVIL_ID) == "finished"
+    assert browser.find_elements("css selector", "#nodes tbody tr") == []
+    for summary in browser.find_elements("css selector", "details > summary"):
+        summary.click()
+    wait_for(
+        browser,
+        "the nodes listed",
+        lambda d: len(d.find_elements("css selector", "#nodes tbody tr")) == 2,
+    )
+    wait_for(
+        browser,
+        "the timeline drawn",
+        lambda d: len(d.find_elements("css selector", "#timeline g.span")) == 2,
+    )
+    assert EVIL_ID in browser.find_element("id", "nodes").text
