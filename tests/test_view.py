@@ -432,6 +432,27 @@ def test_a_recorder_keeps_its_last_finished_runs_only() -> None:
     assert runs[0].id == str(record.FINISHED_KEPT + 10)
 
 
+def test_a_recorder_frees_a_run_it_no_longer_keeps_with_the_cycle_collector_off() -> None:
+    import gc
+    import weakref
+
+    recorder = record.Recorder()
+    observe.set_watcher(recorder)
+    graph = soma.Graph.somatize(soma.node(lambda x: x).named("one"))
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        graph.forward(1)
+        first = weakref.ref(recorder.runs()[0])
+        for _ in range(record.FINISHED_KEPT):
+            graph.forward(1)
+        assert first() is None
+    finally:
+        observe.set_watcher(None)
+        if enabled:
+            gc.enable()
+
+
 def test_a_recorder_keeps_finished_runs_within_its_budget_of_nodes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

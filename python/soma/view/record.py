@@ -577,6 +577,9 @@ _current_run: contextvars.ContextVar[RunRecord | None] = contextvars.ContextVar(
 
 perf_counter = time.perf_counter
 get_ident = threading.get_ident
+# The kinds of work most told, read on each node's way as module names, not attributes.
+_CALL: Final = _observe.CALL
+_RUN: Final = _observe.RUN
 
 # The states that count as done in a run's "done of total".
 _DONE: Final = frozenset({NodeState.FINISHED, NodeState.CACHED})
@@ -657,9 +660,9 @@ class Recorder:
         function: Any,
     ) -> Any:
         """A work begins (see :data:`soma._run.observe.Work`): one entry in its run's log."""
-        if kind == _observe.CALL:
+        if kind == _CALL:
             run = _current_run.get()
-            if run is None or node in run.hidden:
+            if run is None or (run.hidden and node in run.hidden):
                 return None
             log = run.log
             entry = [
@@ -680,7 +683,7 @@ class Recorder:
             if len(log) > LOG_FOLDED:
                 run.fold()
             return entry
-        if kind == _observe.RUN:
+        if kind == _RUN:
             return self._run_began(part, number, awaited, function)
         run = _current_run.get()
         if run is None or node is None:
@@ -700,13 +703,13 @@ class Recorder:
         self, opened: Any, outcome: int, error: BaseException | None, retry_in: float | None
     ) -> None:
         if opened.__class__ is list:  # a call, or a step's part
-            ended = perf_counter()
-            opened[_OUTCOME] = outcome
-            opened[_RETRY] = retry_in
-            if error is not None:
-                opened[_ERROR] = _error(error)
-            # Last: a reader on another thread that sees the end sees all of it.
-            opened[_ENDED] = ended
+            # In one assignment: a reader on another thread sees all of the end or none of it.
+            opened[_ENDED:] = (
+                perf_counter(),
+                outcome,
+                None if error is None else _error(error),
+                retry_in,
+            )
             opened[_RUN_OF].log.append(opened)
             return
         self._run_ended(opened, outcome, error)
@@ -762,6 +765,9 @@ class Recorder:
                 dropped = self._finished.popleft()
                 self._runs.pop(dropped.id, None)
                 self._finished_weight -= dropped.weight
+                # Its entries not folded refer to it: let go of them here, so that it is freed
+                # now, not by a collection of cycles (which a program may have turned off).
+                dropped.log.clear()
         self._changes.append(run.id)
 
     def emit(self, node: str, value: Any, watched: _observe.Watched) -> None:
