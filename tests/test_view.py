@@ -199,6 +199,26 @@ def test_a_runs_event_stream_delivers_a_node_state_change_as_it_happens(view: An
         worker.join(DEADLINE)
 
 
+def test_a_run_pages_stream_sends_nothing_again_that_its_snapshot_showed(view: Any) -> None:
+    gate = Gate()
+    worker = threading.Thread(target=gated_graph(gate).forward, args=(1,))
+    worker.start()
+    try:
+        assert gate.began.wait(DEADLINE)
+        stream = urllib.request.urlopen(address(view, "/api/runs/1/events"), timeout=DEADLINE)
+        events = read_events(stream)
+        kind, snapshot = next(events)
+        assert kind == "snapshot"
+        assert {node["id"] for node in snapshot["nodes"]} == {"first", "held"}
+        # Nothing changed since: the next message is the running run's heartbeat, no node in
+        # it (a node sent again would hold a change that follows back by a tick).
+        _kind, following = next(events)
+        assert following.get("nodes", []) == []
+    finally:
+        gate.open.set()
+        worker.join(DEADLINE)
+
+
 def test_a_server_bound_beyond_loopback_refuses_a_request_without_its_token() -> None:
     opened = soma.view(port=0, host="0.0.0.0", quiet=True)
     try:

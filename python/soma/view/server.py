@@ -190,6 +190,8 @@ async def _runs_stream(source: RunSource, closing: threading.Event) -> AsyncIter
 
 
 async def _run_stream(run: RunRecord, closing: threading.Event) -> AsyncIterator[str]:
+    # Folded before the logs' positions are read: what the snapshot shows is not sent again.
+    run.fold()
     changes, spans, emits = run.changes.position, run.spans.position, run.emits.position
     yield _event("snapshot", _snapshot(run))
     told_end = run.status.value != "running"
