@@ -43,8 +43,9 @@ from soma.view.record import RunRecord, RunSource, span_json
 POLL: Final = 0.01
 TICK: Final = 0.05
 HEARTBEAT: Final = 0.25
-# How many of a run's kept spans a page's first message carries (the timeline's latest).
-SPANS_SENT: Final = 2_000
+# How many of a run's kept spans a page's first message carries (the timeline's latest; the
+# page draws as many).
+SPANS_SENT: Final = 500
 # A comment sent on an idle stream this often, so that a page sees a closed server.
 KEEPALIVE: Final = 15.0
 STATIC: Final = Path(__file__).parent / "static"

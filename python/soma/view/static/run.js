@@ -36,8 +36,24 @@
   const timeline = document.getElementById("timeline");
   const rows = new Map();
   const spans = [];
-  const SPANS_DRAWN = 2000;
+  // The latest spans drawn: the timeline is laid out again each time its scale changes.
+  const SPANS_DRAWN = 500;
+  const EMITS_SHOWN = 200;
   let runSeconds = 0;
+  // The seconds the timeline's width stands for: every span is placed by this one scale
+  // (view.css), changed only when the run goes past it, then to four times as long (and to
+  // the run's time once it has ended): changing it lays out every span again, which a page
+  // cannot afford at every update while a run emits.
+  let shown = 0;
+  let ended = false;
+
+  function rescale() {
+    const wanted = ended ? runSeconds : runSeconds > shown ? Math.max(runSeconds, 4 * shown) : shown;
+    if (wanted === shown || wanted <= 0) return;
+    shown = wanted;
+    timeline.style.setProperty("--scale", 100 / shown);
+  }
+
   let selected = null;
 
   // A node running now: a bar from its start to the run's time so far, until its span comes.
@@ -72,8 +88,12 @@
     document.getElementById("progress").textContent = run.done + " / " + run.total + " nodes, " + run.seconds.toFixed(3) + " s";
     document.getElementById("run-error").textContent = run.error || "";
     runSeconds = Math.max(runSeconds, run.seconds);
+    ended = run.status !== "running";
   }
 
+  // A timeline row: the running nodes' bars in it, which move at every update, and its ended
+  // spans in a box of their own (view.css's .tl-done, contained), which the bars' moving does
+  // not lay out again.
   function row(name) {
     let r = rows.get(name);
     if (!r) {
@@ -82,7 +102,9 @@
       const label = document.createElement("span");
       label.className = "tl-name";
       label.textContent = name;
-      r.appendChild(label);
+      r.done = document.createElement("div");
+      r.done.className = "tl-done";
+      r.append(label, r.done);
       timeline.appendChild(r);
       rows.set(name, r);
     }
@@ -97,25 +119,28 @@
       div.textContent = s.node;
       div.style.setProperty("--start", s.start);
       div.style.setProperty("--end", s.end);
-      row(s.row || "?").appendChild(div);
+      row(s.row || "?").done.appendChild(div);
       spans.push(div);
       runSeconds = Math.max(runSeconds, s.end);
     }
     while (spans.length > SPANS_DRAWN) spans.shift().remove();
-    // Every span is placed by the timeline's one scale (view.css): one write, not one a span.
-    timeline.style.setProperty("--scale", runSeconds > 0 ? 100 / runSeconds : 0);
+    rescale();
     for (const div of live.values()) div.style.setProperty("--end", runSeconds);
   }
 
+  // The latest emitted values, newest first: nothing to scroll, so that an update never
+  // makes the page lay itself out there and then.
   function addEmits(list) {
+    if (list.length === 0) return;
     const ol = document.getElementById("emits");
-    for (const e of list) {
+    const added = document.createDocumentFragment();
+    for (const e of list.slice(-EMITS_SHOWN).reverse()) {
       const li = document.createElement("li");
       li.textContent = e.at.toFixed(3) + " s  " + e.node + ": " + e.type + (e.size === null ? "" : " (" + e.size + ")") + " " + e.repr;
-      ol.appendChild(li);
+      added.appendChild(li);
     }
-    while (ol.children.length > 200) ol.firstChild.remove();
-    ol.scrollTop = ol.scrollHeight;
+    ol.prepend(added);
+    while (ol.childElementCount > EMITS_SHOWN) ol.lastElementChild.remove();
   }
 
   function field(dl, name, value) {
@@ -172,7 +197,7 @@
     for (const g of boxes.values()) colour(g, "waiting");
     nodes.clear();
     for (const r of rows.values()) r.remove();
-    rows.clear(); spans.length = 0; live.clear();
+    rows.clear(); spans.length = 0; live.clear(); shown = 0;
     document.getElementById("emits").textContent = "";
     apply(JSON.parse(e.data));
   });
