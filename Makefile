@@ -11,7 +11,7 @@ RUST_SOURCES := $(shell find crates -name '*.rs' -o -name '*.c' -o -name Cargo.t
 export CARGO_TERM_COLOR ?= never
 
 .PHONY: setup build demo test lint test-rust test-python test-wheel test-py313 test-torch wheel fmt \
-	clean bench soak docs chromium
+	clean bench soak docs chromium postgresql
 
 setup: $(VENV)/.tools build
 
@@ -52,7 +52,7 @@ lint: setup docs
 test-rust:
 	cargo test --workspace --locked
 
-test-python: setup chromium
+test-python: setup chromium postgresql
 	$(BIN)/pytest
 
 test: lint test-rust test-python test-wheel
@@ -68,6 +68,12 @@ docs: $(VENV)/.tools
 # once (as root; elsewhere the browser's tests skip and say why).
 chromium:
 	.ci/chromium-from-debian.sh
+
+# The database server tests/test_journal_postgres.py runs a journal against: Debian's
+# postgresql, installed once (as root; elsewhere those tests skip and say why). The tests start
+# and stop a throwaway cluster of their own (tests/_postgres.py).
+postgresql:
+	.ci/postgresql-from-debian.sh
 
 # What a user installs: one wheel for every CPython from 3.11 on (abi3), and the sdist that
 # `pip install` builds from where no wheel fits (it needs Rust). Rebuilt when a source changes.

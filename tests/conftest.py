@@ -26,6 +26,7 @@ from hypothesis import settings
 
 import soma
 from _children.sitecustomize import note_logged_errors
+from _postgres import postgres_cluster, postgres_url  # noqa: F401  (fixtures: a server, a database)
 
 # tests/with_torch/ needs torch, a few GB installed: `make test-torch` installs it and runs them
 # with SOMA_TORCH_TESTS=1; every other run leaves them out, torch installed or not. (Not named

@@ -1,6 +1,7 @@
 """``g.events(x)`` and ``g.aevents(x)``: a run's events as they happen — started, finished,
-failed, retried, timed out, emitted — then its result or its error, last, never raised; a
-branch's events in its order; a slow reader never holding the run up."""
+failed, retried, timed out, paused, emitted — then its result, its pause or its error, last,
+never raised; a run with a journal taken up begins with resumed; a branch's events in its
+order; a slow reader never holding the run up."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import threading
 import time
 import weakref
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -538,3 +540,82 @@ def test_leaving_amap_events_early_stops_the_stream() -> None:
 
     asyncio.run(main())
     assert len(started) < 1_000, len(started)
+
+
+class Approves(soma.Node):
+    """Asks a person whether to go on; returns its input once told yes."""
+
+    def forward(self, x: int, ctx: Any) -> int:
+        if ctx.ask(f"go on with {x}?") != "yes":
+            raise ValueError("told no")
+        return x
+
+
+class AsksInTasks(soma.Node):
+    """An async node whose two tasks each ask, in a TaskGroup: the group gathers both asks."""
+
+    async def forward(self, x: int, ctx: Any) -> int:
+        async with asyncio.TaskGroup() as group:
+            first = group.create_task(ctx.aask("first?"))
+            second = group.create_task(ctx.aask("second?"))
+        return x + len(await first) + len(await second)
+
+
+def test_a_run_that_asks_says_paused_for_the_node_then_paused_last_rather_than_error(
+    tmp_path: Path,
+) -> None:
+    g = soma.Graph.somatize(Pass().named("a") >> Approves().named("ask"))
+    journal = soma.Journal(tmp_path / "runs.db")
+    events = list(g.events(3, run="r", journal=journal))
+    assert kinds(events) == [
+        ("started", "a"),
+        ("finished", "a"),
+        ("started", "ask"),
+        ("paused", "ask"),
+        ("paused", None),
+    ]
+    assert events[3].value == "go on with 3?"
+    assert isinstance(events[-1].value, soma.Paused)
+    assert events[-1].value.questions == {"ask": "go on with 3?"}
+
+
+def test_an_async_node_whose_tasks_ask_says_paused_not_failed(tmp_path: Path) -> None:
+    g = soma.Graph.somatize(AsksInTasks().named("ask"))
+    journal = soma.Journal(tmp_path / "runs.db")
+    events = list(g.events(3, run="r", journal=journal))
+    assert kinds(events) == [("started", "ask"), ("paused", "ask"), ("paused", None)]
+    assert events[1].value in ("first?", "second?")
+
+
+def test_a_run_taken_up_from_its_journal_begins_with_resumed_and_a_new_one_does_not(
+    tmp_path: Path,
+) -> None:
+    g = soma.Graph.somatize(Pass().named("a") >> Approves().named("ask"))
+    journal = soma.Journal(tmp_path / "runs.db")
+    first = list(g.events(3, run="r", journal=journal))
+    assert first[0].kind == "started"
+    assert journal.run("r").status == "paused"
+    events = list(g.events(3, run="r", journal=journal))
+    assert (events[0].kind, events[0].node, events[0].value) == ("resumed", None, "r")
+    assert kinds(events)[1:] == [
+        ("finished", "a"),
+        ("started", "ask"),
+        ("paused", "ask"),
+        ("paused", None),
+    ]
+    assert events[1].cached
+
+
+def test_a_stream_that_asks_ends_its_map_events_with_paused_and_map_again_begins_resumed(
+    tmp_path: Path,
+) -> None:
+    g = soma.Graph.somatize(Approves().named("ask"))
+    journal = soma.Journal(tmp_path / "runs.db")
+    events = list(g.map_events([1], run="s", journal=journal))
+    assert [event.kind for event in events] == ["started", "paused", "paused"]
+    assert isinstance(events[-1].value, soma.Paused)
+    again = list(g.map_events([1], run="s", journal=journal, answers={"ask": "yes"}))
+    assert [(event.kind, event.value) for event in again if event.node is None] == [
+        ("resumed", "s"),
+        ("result", 1),
+    ]

@@ -11,6 +11,8 @@ order a graph meets them:
 4. ``soma.devices``: the backends a placed node's device is made current by, device queues,
    torch's per-thread state carried into branches;
 5. ``soma.cache``: ``soma.Cache``, what its keys cover, and ``python -m soma.cache``;
+5b. ``soma.journal`` and ``soma.runs``: runs written down as they go (resumed, paused, listed),
+   built on the cache's keys, and ``python -m soma.runs``;
 6. ``soma.remote``: slices of a graph on hosts, Ray's among them, which run with the run's
    observer and the cache;
 7. the front: ``soma._graph`` (``Graph``, which ties every stage together, so it comes after
@@ -50,6 +52,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("soma._run",),
     ("soma.devices",),
     ("soma.cache",),
+    ("soma.journal", "soma.runs"),
     ("soma.remote",),
     ("soma._graph", "soma.native", "soma.telemetry", "soma.view", "soma"),
 )

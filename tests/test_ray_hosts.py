@@ -1272,3 +1272,49 @@ def test_a_node_on_a_host_edited_between_runs_runs_there_as_it_is_now(
     # host's slice was sent once.
     assert counted.loads("one") == [[["far"]], [["far"]]]
     assert counted.loads("two") == [[["b"]]]
+
+
+class Tally(soma.Node):
+    """Adds ``k``, leaving a file in ``folder`` per call: the calls of a node on a host, seen
+    from the caller's process."""
+
+    def __init__(self, folder: Path, k: int) -> None:
+        self.folder = folder
+        self.k = k
+
+    def forward(self, x: int, ctx: Any) -> int:
+        (self.folder / f"{ctx.node}-{uuid.uuid4().hex}").touch()
+        return x + self.k
+
+
+class FailsWhile(soma.Node):
+    """Fails while the file ``flag`` exists: a run cut off after its slice returned."""
+
+    def __init__(self, flag: Path) -> None:
+        self.flag = flag
+
+    def forward(self, x: int) -> int:
+        if self.flag.exists():
+            raise ValueError("cut off after the slice")
+        return x * 10
+
+
+def test_a_journal_records_a_slice_when_it_returns_and_a_resume_never_runs_it_again(
+    cluster: RayHosts, tmp_path: Path
+) -> None:
+    calls, flag = tmp_path / "calls", tmp_path / "broken"
+    calls.mkdir()
+    flag.touch()
+    g = soma.Graph.somatize(
+        Add(1).named("a")
+        >> (Tally(calls, 10).named("b") >> Tally(calls, 100).named("c")).at("one")
+        >> FailsWhile(flag).named("last")
+    )
+    journal = soma.Journal(tmp_path / "runs.db")
+    with pytest.raises(ValueError, match="cut off after the slice"):
+        g.forward(0, run="r", journal=journal)
+    assert sorted(path.name.split("-")[0] for path in calls.iterdir()) == ["b", "c"]
+    flag.unlink()
+    assert g.resume("r", journal=journal) == 1110
+    assert len(list(calls.iterdir())) == 2
+    assert journal.run("r").status == "finished"

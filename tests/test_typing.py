@@ -42,3 +42,13 @@ def attributes_used(module: str) -> set[str]:
 def test_the_whole_api_file_uses_every_public_name(module: str, public: list[str]) -> None:
     used = attributes_used(module) | ({"native"} if module == "soma" else set())
     assert sorted(set(public) - used) == []
+
+
+def test_soma_runs_stays_the_listing_when_the_command_of_that_name_is_imported() -> None:
+    from conftest import run_script
+
+    ran = run_script(
+        "import soma.runs.__main__, soma.runs._command, soma.runs, soma\n"
+        "print(callable(soma.runs), soma.runs.__module__)"
+    )
+    assert (ran.returncode, ran.stdout.strip()) == (0, "True soma.journal._journal"), ran.stderr

@@ -51,6 +51,11 @@ from soma.errors import (
     UnknownNodeError,
     WrongDeviceError,
 )
+from soma.journal import Journal, JournalRun, JournalWarning, Paused
+
+# The function, bound over the package of `python -m soma.runs` of the same name: imported
+# first, that package is in place, and importing it again (or its command) never rebinds it.
+from soma.runs import runs
 from soma.view import report, view
 
 if TYPE_CHECKING:
@@ -93,6 +98,9 @@ __all__ = [
     "GraphError",
     "HostError",
     "InvalidIdError",
+    "Journal",
+    "JournalRun",
+    "JournalWarning",
     "Loop",
     "ModuleError",
     "ModuleNode",
@@ -100,6 +108,7 @@ __all__ = [
     "NodeFunction",
     "NodePicklingError",
     "PanicError",
+    "Paused",
     "PlacementWarning",
     "Plan",
     "Progress",
@@ -127,6 +136,7 @@ __all__ = [
     "on_loop_close",
     "remote",
     "report",
+    "runs",
     "switch",
     "telemetry",
     "view",

@@ -45,6 +45,7 @@ from soma._run import events as _events
 from soma._run import stream as _stream
 from soma.cache import _cache
 from soma.errors import DuplicateNodeError, InvalidIdError, NodePicklingError
+from soma.journal import _journal
 
 # The steps that decide as they run, each registered with its sub-graphs.
 _DECISIONS = frozenset((Each, Switch, Loop, AsyncSwitch, AsyncLoop))
@@ -182,7 +183,9 @@ _LOOKUP_HINT = "name the node by the id `node()` returned"
 class Graph:
     """A directed acyclic graph of nodes, compiled once into a plan and run with ``forward``."""
 
-    __slots__ = ("_core", "_remote")
+    # `__weakref__`: a journal remembers the graph a run ran with (to resume it from a view)
+    # without keeping it alive.
+    __slots__ = ("__weakref__", "_core", "_remote")
 
     def __init__(self) -> None:
         self._core = _soma.GraphCore()
@@ -549,9 +552,19 @@ class Graph:
         micro_batches: int | None = None,
         join: Callable[[list[Any]], Any] | None = None,
         cache: _cache.Cache | None = None,
+        run: str | None = None,
+        journal: _journal.Journal | None = None,
     ) -> Any:
         """Runs the graph on ``input`` and returns the leaf's output (a dict keyed by leaf id
         when there are several).
+
+        With ``run`` and ``journal``, the run is recorded in the journal as its nodes return,
+        under that id: after a crash, a Ctrl-C or a pause, :meth:`resume` finishes it, in this
+        process or another, calling only the nodes whose outputs were not recorded. A node's
+        ``ctx.effect(...)`` runs once per run, and ``ctx.ask(question)`` pauses the run:
+        ``forward`` raises :class:`soma.Paused`. ``forward`` with the id of a run the journal
+        holds, on the same input, takes it up as :meth:`resume` does. See the guide's "Runs
+        that survive".
 
         With ``cache``, a :class:`soma.Cache`, a node whose key is in the cache is not called:
         its output is read from there, and each output a node computes is kept there as soon as
@@ -617,10 +630,14 @@ class Graph:
                 ``None`` joins them by type.
             cache: a :class:`soma.Cache` to read outputs from and keep them in; ``None`` runs
                 every node.
+            run: the run's id in ``journal``.
+            journal: a :class:`soma.Journal` to record the run in (with ``run``).
 
         Raises:
             TimeoutError: ``timeout`` passed (it names the nodes still running).
             KeyboardInterrupt: Ctrl-C, once every branch stopped at a node boundary.
+            soma.Paused: a node asked a question (``ctx.ask``) the run has no answer to.
+            soma.errors.RunHeldError: another process is running run ``run`` now.
             soma.TurnLimitError: a node was still awaiting on its last turn.
             soma.DriverError: a node awaited and the driver could not serve it.
             soma.TimeLimitError: a node's call ran past its ``.time_limit``.
@@ -633,6 +650,27 @@ class Graph:
         """
         if cache is not None:
             self._refuse_cache(cache)
+        if run is not None or journal is not None:
+            named, kept = _journal.checked_run(run, journal)
+            with kept._running(named, self, "forward", input, cache, resumed=False) as rec:
+                return self._forward(
+                    input, driver, turn_limit, trace, timeout, micro_batches, join, rec
+                )
+        return self._forward(input, driver, turn_limit, trace, timeout, micro_batches, join, cache)
+
+    def _forward(
+        self,
+        input: Any,
+        driver: Any,
+        turn_limit: int,
+        trace: _soma.Trace | None,
+        timeout: float | None,
+        micro_batches: int | None,
+        join: Callable[[list[Any]], Any] | None,
+        cache: _cache.RunCacheSource | None,
+    ) -> Any:
+        """:meth:`forward`, its arguments checked, with ``cache`` a :class:`soma.Cache` or a
+        journal's recording."""
         if micro_batches is None:
             # The core routes one run (`soma_core::Route`): on its engine, or through
             # `soma.remote` with this graph when a node is on a host; a graph without hosts never
@@ -663,6 +701,8 @@ class Graph:
         trace: _soma.Trace | None = None,
         timeout: float | None = None,
         cache: _cache.Cache | None = None,
+        run: str | None = None,
+        journal: _journal.Journal | None = None,
     ) -> Any:
         """Runs the graph on ``input`` from a running event loop without blocking it, and
         returns what ``forward`` would.
@@ -695,9 +735,13 @@ class Graph:
             trace: a :class:`soma.Trace` to record a span per node into, as in :meth:`forward`.
             timeout: seconds the whole run may take; ``None``, the default, is no deadline.
             cache: a :class:`soma.Cache`, as above; ``None`` runs every node.
+            run: the run's id in ``journal``, as in :meth:`forward`.
+            journal: a :class:`soma.Journal` to record the run in, as in :meth:`forward`.
 
         Raises:
             TimeoutError: ``timeout`` passed (it names the nodes that were running).
+            soma.Paused: a node asked a question the run has no answer to, as in
+                :meth:`forward`.
             asyncio.CancelledError: the awaiting task was cancelled.
             TypeError: ``cache`` is no :class:`soma.Cache`.
 
@@ -706,20 +750,109 @@ class Graph:
         """
         if cache is not None:
             self._refuse_cache(cache)
+        if run is not None or journal is not None:
+            named, kept = _journal.checked_run(run, journal)
+            with kept._running(named, self, "aforward", input, cache, resumed=False) as rec:
+                return await self._core.aforward(
+                    input, driver, turn_limit, trace, timeout, rec, self._remote
+                )
         # Routed by the core as `forward` is.
         return await self._core.aforward(
             input, driver, turn_limit, trace, timeout, cache, self._remote
         )
+
+    def resume(
+        self,
+        run: str,
+        *,
+        journal: _journal.Journal,
+        answers: dict[str, Any] | None = None,
+        driver: Any = None,
+        turn_limit: int = _soma.DEFAULT_TURN_LIMIT,
+        trace: _soma.Trace | None = None,
+        timeout: float | None = None,
+        cache: _cache.Cache | None = None,
+    ) -> Any:
+        """Finishes run ``run`` of ``journal`` — cut off by a crash, a Ctrl-C, an error, or
+        paused for answers — and returns what an uninterrupted ``forward`` would have: on the
+        input it was begun with, calling exactly the nodes whose outputs were not recorded
+        (and any node edited since, and what depends on it). Effects recorded are not made
+        again; ``answers``, by the path :class:`soma.Paused` gave each question at, answer the
+        open questions first. Any process may resume a run; one running it now holds it.
+
+        Args:
+            run: the run's id.
+            journal: the :class:`soma.Journal` it was recorded in.
+            answers: answers to its open questions, by path.
+            driver: as in :meth:`forward`.
+            turn_limit: as in :meth:`forward`.
+            trace: as in :meth:`forward`.
+            timeout: seconds this resume may take (a pause does not count); ``None`` is none.
+            cache: a :class:`soma.Cache` to ask for what the journal does not hold.
+
+        Raises:
+            soma.Paused: it asks again, or a question is still open.
+            soma.errors.JournalError: the journal holds no run ``run``, or no question is open
+                at a path of ``answers``.
+            soma.errors.RunHeldError: another process is running it now.
+            soma.errors.SignatureError: its input does not verify under the journal's key.
+        """
+        run, kept = _journal.checked_run(run, journal)
+        if cache is not None:
+            self._refuse_cache(cache)
+        input = kept._resumable(run, answers)
+        with kept._running(run, self, "forward", input, cache, resumed=True) as rec:
+            return self._forward(input, driver, turn_limit, trace, timeout, None, None, rec)
+
+    async def aresume(
+        self,
+        run: str,
+        *,
+        journal: _journal.Journal,
+        answers: dict[str, Any] | None = None,
+        driver: Any = None,
+        turn_limit: int = _soma.DEFAULT_TURN_LIMIT,
+        trace: _soma.Trace | None = None,
+        timeout: float | None = None,
+        cache: _cache.Cache | None = None,
+    ) -> Any:
+        """:meth:`resume` from a running event loop, as :meth:`aforward` runs.
+
+        Args:
+            run: the run's id.
+            journal: the :class:`soma.Journal` it was recorded in.
+            answers: answers to its open questions, by path.
+            driver: as in :meth:`forward`.
+            turn_limit: as in :meth:`forward`.
+            trace: as in :meth:`forward`.
+            timeout: seconds this resume may take; ``None`` is none.
+            cache: a :class:`soma.Cache` to ask for what the journal does not hold.
+
+        Raises:
+            soma.Paused: it asks again, or a question is still open.
+            soma.errors.JournalError: as in :meth:`resume`.
+            soma.errors.RunHeldError: another process is running it now.
+        """
+        run, kept = _journal.checked_run(run, journal)
+        if cache is not None:
+            self._refuse_cache(cache)
+        input = kept._resumable(run, answers)
+        with kept._running(run, self, "aforward", input, cache, resumed=True) as rec:
+            return await self._core.aforward(
+                input, driver, turn_limit, trace, timeout, rec, self._remote
+            )
 
     def events(
         self, input: Any = None, *, buffer: int = _events.DEFAULT_BUFFER, **forward: Any
     ) -> Iterator[_events.Event]:
         """Runs the graph on ``input`` as :meth:`forward` would (``forward``'s keywords are
         passed to it) and yields its events as they happen: a node ``"started"``,
-        ``"finished"``, ``"failed"``, ``"retried"``, ``"timed_out"``, what a node sends with
-        ``ctx.emit(value)`` (``"emitted"``), and last the run's ``"result"`` or ``"error"`` —
-        a run's error is that last event, never raised by the iterator. Each a
-        :class:`soma.Event`.
+        ``"finished"``, ``"failed"``, ``"retried"``, ``"timed_out"``, ``"paused"`` (it asked a
+        question, ``ctx.ask``), what a node sends with ``ctx.emit(value)`` (``"emitted"``), and
+        last the run's ``"result"``, ``"paused"`` (its :class:`soma.Paused`) or ``"error"`` —
+        a run's error is that last event, never raised by the iterator. A run with ``run=``
+        and ``journal=`` that takes up a run the journal holds begins with ``"resumed"``. Each
+        a :class:`soma.Event`.
 
         The run goes on a thread of its own while the caller reads; the events of one branch
         come in the order it made them, branches interleaved as they ran. A slow reader never
@@ -796,6 +929,9 @@ class Graph:
         trace: _soma.Trace | None = None,
         timeout: float | None = None,
         cache: _cache.Cache | None = None,
+        run: str | None = None,
+        journal: _journal.Journal | None = None,
+        answers: dict[str, Any] | None = None,
     ) -> _stream.AsyncStream:
         """Runs the graph on each of ``inputs`` (an iterable or an async iterable, read lazily)
         from a running event loop: ``async for y in g.amap(xs)`` gives the results in input
@@ -812,7 +948,8 @@ class Graph:
         as in :meth:`map`: once it passes, the items in flight are cancelled and the next result
         asked for raises :class:`TimeoutError` naming the nodes that were running. With
         ``cache``, a :class:`soma.Cache`, each item is looked up as ``aforward(item,
-        cache=cache)`` would look it up.
+        cache=cache)`` would look it up. ``run``, ``journal`` and ``answers`` record the stream
+        as :meth:`map` records it.
 
         Args:
             inputs: the items, an iterable or an async iterable, read lazily.
@@ -824,14 +961,20 @@ class Graph:
             trace: a :class:`soma.Trace` to record every item's spans into.
             timeout: seconds the whole stream may take; ``None``, the default, is no deadline.
             cache: a :class:`soma.Cache`, as above; ``None`` runs every node.
+            run: the stream's run id in ``journal``, as in :meth:`map`.
+            journal: a :class:`soma.Journal` to record the stream in, as in :meth:`map`.
+            answers: answers to the run's open questions, by path, as in :meth:`map`.
 
         Raises:
             ValueError: ``in_flight`` is not an int of at least 1, or ``timeout`` is not a
                 number of seconds it can be.
             TypeError: ``cache`` is no :class:`soma.Cache`.
+            soma.errors.RunHeldError: another process is running stream ``run`` now.
+            soma.errors.JournalError: as in :meth:`map`.
 
         While iterating, the first failing item's exception comes out as itself (with a note
-        naming its node), and :class:`TimeoutError` once ``timeout`` passed.
+        naming its node), :class:`TimeoutError` once ``timeout`` passed, and
+        :class:`soma.Paused` at an item whose node asked a question (with ``journal``).
         """
         if timeout is not None:
             _soma.checked_timeout(timeout)
@@ -840,19 +983,47 @@ class Graph:
         _stream.checked_on_error(on_error)
         if cache is not None:
             self._refuse_cache(cache)
-        return _stream.stream_amap(
-            self._core,
-            inputs,
-            in_flight=in_flight,
-            ordered=ordered,
-            on_error=on_error,
-            concurrency=_stream.concurrency_of(self._core, concurrency),
-            driver=driver,
-            turn_limit=turn_limit,
-            trace=trace,
-            timeout=timeout,
-            cache=cache,
-        )
+        counts = _stream.concurrency_of(self._core, concurrency)
+        held = self._stream_run(run, journal, "amap", cache, answers)
+        try:
+            return _stream.stream_amap(
+                self._core,
+                inputs,
+                in_flight=in_flight,
+                ordered=ordered,
+                on_error=on_error,
+                concurrency=counts,
+                driver=driver,
+                turn_limit=turn_limit,
+                trace=trace,
+                timeout=timeout,
+                cache=cache if held is None else held.recording,
+                held=held,
+            )
+        except BaseException as raised:
+            if held is not None:
+                held.ended(raised, 0, None)
+            raise
+
+    def _stream_run(
+        self,
+        run: str | None,
+        journal: _journal.Journal | None,
+        kind: str,
+        cache: _cache.Cache | None,
+        answers: dict[str, Any] | None,
+    ) -> _journal.StreamRun | None:
+        """The run a stream is recorded as, held until it ends, when it has an id; ``None``
+        without one (``answers`` then refused: there is no run to answer)."""
+        if run is None and journal is None:
+            if answers is not None:
+                raise ValueError(
+                    "answers are for a run's open questions, and a stream without run= and "
+                    "journal= has none"
+                )
+            return None
+        named, kept = _journal.checked_run(run, journal)
+        return kept._stream(named, self._core, kind, cache, answers)
 
     def _refuse_cache(self, cache: object) -> None:
         """Refuses a ``cache=`` that is no :class:`soma.Cache`."""
@@ -876,6 +1047,9 @@ class Graph:
         trace: _soma.Trace | None = None,
         timeout: float | None = None,
         cache: _cache.Cache | None = None,
+        run: str | None = None,
+        journal: _journal.Journal | None = None,
+        answers: dict[str, Any] | None = None,
     ) -> _stream.Stream:
         """Streams ``inputs`` through the graph and returns an iterator of its results, in input
         order (``Graph.map``).
@@ -912,26 +1086,76 @@ class Graph:
         With ``cache``, a :class:`soma.Cache`, each item is looked up as ``forward(item,
         cache=cache)`` would look it up: keyed on its own content, its hits not called.
 
+        With ``run`` and ``journal``, the stream is one run of the journal, recorded as its
+        items' nodes return, each item keyed on its own content as ``cache`` keys it; it is held
+        from this call until the stream ends. Calling ``map`` again with the same items and id
+        (after a crash, in any process) takes it up: every node an item recorded is answered
+        from the journal without being called, so the stream resumes at its first unfinished
+        item — an item finished out of order (``ordered=False``, or a later stage ahead) is
+        answered from the journal too, and an item partly done calls only its unrecorded nodes.
+        The journal keeps no items (they are the caller's, read lazily), so :meth:`resume`
+        refuses a stream's id, pointing here. A node's ``ctx.ask`` pauses the stream: at that
+        item, whatever ``on_error`` says, the iterator raises :class:`soma.Paused` and stops;
+        ``map`` again with ``answers={path: answer}`` goes on. The run ends ``finished`` when
+        the stream runs out with every item done, ``failed`` when an item's error ends it,
+        when ``on_error`` skipped or collected failed items (they run again next time), or when
+        the stream is closed or dropped before its end, and ``paused`` at a question.
+
         A graph with async nodes streams each item as ``aforward`` runs it, as a task on the event
         loop ``forward`` uses (the engine's ``Flow``), with no stages: the items in flight overlap
         on the loop, those cut short are cancelled, and :meth:`Stream.figures` lists no stage.
         Inside a running event loop it refuses, pointing to ``aforward``.
+
+        Args:
+            inputs: the items, any iterable, read lazily.
+            in_flight: how many items may be read and not yet handed back (64 unless given).
+            ordered: results in input order; ``False`` yields ``(index, result)`` as they come.
+            on_error: ``"raise"``, ``"collect"`` or ``"skip"``, as above.
+            concurrency: items at once per node id for this stream, as above.
+            progress: ``True`` draws a bar; a callable receives :class:`soma.Progress`.
+            driver: as in :meth:`forward`.
+            turn_limit: as in :meth:`forward`.
+            trace: a :class:`soma.Trace` to record every item's spans into.
+            timeout: seconds the whole stream may take; ``None``, the default, is no deadline.
+            cache: a :class:`soma.Cache`, as above; ``None`` runs every node.
+            run: the stream's run id in ``journal``.
+            journal: a :class:`soma.Journal` to record the stream in (with ``run``).
+            answers: answers to the run's open questions, by the path :class:`soma.Paused`
+                gave each at, recorded before the stream starts.
+
+        Raises:
+            soma.errors.RunHeldError: another process is running stream ``run`` now.
+            soma.errors.JournalError: ``run`` is a run on one input (``forward``'s), or no
+                question is open at a path of ``answers``.
+
+        While iterating, :class:`soma.Paused` at an item whose node asked a question (with
+        ``journal``), besides what ``on_error`` raises.
         """
-        return _stream.stream_map(
-            self._core,
-            self._core.route(True),
-            inputs,
-            in_flight=in_flight,
-            ordered=ordered,
-            on_error=on_error,
-            concurrency=concurrency,
-            progress=progress,
-            driver=driver,
-            turn_limit=turn_limit,
-            trace=trace,
-            timeout=timeout,
-            cache=cache,
-        )
+        route = self._core.route(True)
+        if cache is not None:
+            self._refuse_cache(cache)
+        held = self._stream_run(run, journal, "map", cache, answers)
+        try:
+            return _stream.stream_map(
+                self._core,
+                route,
+                inputs,
+                in_flight=in_flight,
+                ordered=ordered,
+                on_error=on_error,
+                concurrency=concurrency,
+                progress=progress,
+                driver=driver,
+                turn_limit=turn_limit,
+                trace=trace,
+                timeout=timeout,
+                cache=cache if held is None else held.recording,
+                held=held,
+            )
+        except BaseException as raised:
+            if held is not None:
+                held.ended(raised, 0, None)
+            raise
 
     def threads(self) -> int:
         """The threads the graph holds right now for its waves, busy or idle."""

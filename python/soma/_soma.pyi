@@ -2,7 +2,7 @@
 
 import os
 import weakref
-from collections.abc import Awaitable, Callable, Generator, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
 from typing import Any, Literal, NoReturn, Self, final, overload
 
 from soma.errors import HostError
@@ -190,6 +190,23 @@ class Ctx:
     def emit(self, value: Any) -> None:
         """Sends ``value`` to whoever watches the run as it goes (``Graph.events``, the
         telemetry); nothing happens when nobody watches."""
+    def effect(self, function: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Runs ``function(*args, **kwargs)`` once per run and returns its result: in a run with
+        a journal, a resumed or retried call gets the recorded result back instead of running
+        it again; outside one, it simply runs."""
+    def aeffect(
+        self, function: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> Coroutine[Any, Any, Any]:
+        """``effect`` for an async function: awaits ``function(*args, **kwargs)`` once per
+        run."""
+    def ask(self, question: Any) -> Any:
+        """Asks a person ``question`` and returns the answer; without one yet, the run pauses
+        (``forward`` raises ``soma.Paused``) until resumed with one."""
+    def aask(self, question: Any) -> Coroutine[Any, Any, Any]:
+        """``ask``, awaitable, for an async node."""
+    @property
+    def _call(self) -> Any:
+        """This call's place in its run's journal (not API)."""
 
 @final
 class Plan:

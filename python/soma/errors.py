@@ -171,6 +171,30 @@ class StateDictError(SomaError, RuntimeError):
     nodes: list[str] | None = None
 
 
+class JournalError(SomaError):
+    """A run's journal refused what was asked of it: ``.run``, the run's id. A run id taken by
+    another input, a run to resume that the journal does not hold, an answer to no open
+    question."""
+
+    run: str | None = None
+
+
+class RunHeldError(JournalError):
+    """The run is being run by another process (or another call in this one) right now:
+    ``.holder`` names it (host, process id), ``.until`` is when its lease ends unless it is
+    renewed. A holder that died stops renewing, and the run can be taken once that passes."""
+
+    holder: str | None = None
+    until: float | None = None
+
+
+class SignatureError(JournalError):
+    """An entry of a journal opened with a ``key`` does not verify under it (written without
+    the key, with another, or changed since): refused, never unpickled. ``.what`` says which."""
+
+    what: str | None = None
+
+
 __all__ = [
     "CancelledError",
     "CompileError",
@@ -182,14 +206,18 @@ __all__ = [
     "GraphError",
     "HostError",
     "InvalidIdError",
+    "JournalError",
     "ModuleError",
     "NodePicklingError",
     "PanicError",
     "RemoteError",
     "RemoteTraceback",
     "RunError",
+    "RunHeldError",
+    "SignatureError",
     "SomaError",
     "StateDictError",
+    "ThreadError",
     "TimeLimitError",
     "TurnLimitError",
     "UnknownNodeError",

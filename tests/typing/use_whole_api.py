@@ -542,3 +542,81 @@ async def use_async() -> list[Any]:
 
 assert asyncio.run(use_async()) == ["told:2", "told:2", "told:3", (0, "told:2")]
 assert fetched.forward(4) == "told:5"
+
+# Runs that survive: a journal, a run that pauses for an answer, its resume, and the history.
+
+effects_made: list[str] = []
+
+
+def send(what: str) -> str:
+    effects_made.append(what)
+    return what
+
+
+class Approve(soma.Node):
+    def forward(self, x: int, ctx: soma.Ctx) -> str:
+        sent: str = ctx.effect(send, "sent")
+        answer: Any = ctx.ask(f"approve {x}?")
+        return f"{sent}:{answer}"
+
+
+class AsyncApprove(soma.Node):
+    async def forward(self, x: int, ctx: soma.Ctx) -> str:
+        made: int = await ctx.aeffect(asyncio.sleep, 0, x)
+        answer: Any = await ctx.aask("again?")
+        return f"{made}:{answer}"
+
+
+with tempfile.TemporaryDirectory() as runs_folder:
+    journal = soma.Journal(Path(runs_folder) / "runs.db", key=b"secret", lease=5.0)
+    approving = soma.Graph.somatize(Approve().named("approve"))
+    first_pause: soma.Paused | None = None
+    try:
+        approving.forward(1, run="first", journal=journal)
+    except soma.Paused as paused:
+        first_pause = paused
+    assert first_pause is not None
+    assert_type(first_pause.questions, dict[str, object])
+    assert (first_pause.run, first_pause.questions) == ("first", {"approve": "approve 1?"})
+    assert approving.resume("first", journal=journal, answers={"approve": "yes"}) == "sent:yes"
+    assert effects_made == ["sent"]
+    asking = soma.Graph.somatize(AsyncApprove().named("ask"))
+
+    async def use_journal() -> Any:
+        asked: list[str] = []
+        try:
+            await asking.aforward(2, run="second", journal=journal)
+        except soma.Paused as paused:
+            asked = list(paused.questions)
+        assert asked == ["ask"]
+        return await asking.aresume("second", journal=journal, answers={"ask": "no"})
+
+    assert asyncio.run(use_journal()) == "2:no"
+    listed: list[soma.JournalRun] = soma.runs(journal)
+    assert [(run.id, run.status, run.done, run.nodes) for run in listed] == [
+        ("second", "finished", 1, 1),
+        ("first", "finished", 1, 1),
+    ]
+    warned: type[Warning] = soma.JournalWarning
+    # A stream with an id: paused at an item's question, taken up by map with the answers.
+    streamed_pause: soma.Paused | None = None
+    try:
+        list(approving.map([3], run="streamed", journal=journal))
+    except soma.Paused as paused:
+        streamed_pause = paused
+    assert streamed_pause is not None
+    answered: soma.Stream = approving.map(
+        [3], run="streamed", journal=journal, answers={"approve": "yes"}
+    )
+    assert list(answered) == ["sent:yes"]
+
+    async def use_journaled_amap() -> list[Any]:
+        return [y async for y in asking.amap([4], run="streamed-async", journal=journal)]
+
+    amap_paused = False
+    try:
+        asyncio.run(use_journaled_amap())
+    except soma.Paused:
+        amap_paused = True
+    assert amap_paused
+    journal.close()

@@ -137,6 +137,8 @@ impl PythonNode {
                 results: PyTuple::new(py, results)?.unbind(),
                 device: ctx.device().map(|device| device.to_string()),
                 watched: crate::observer::watched(py)?,
+                input: x.clone().unbind(),
+                call: PyOnceLock::new(),
             };
             let ctx = Bound::new(py, ctx)?;
             match &self.callee {

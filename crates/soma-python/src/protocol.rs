@@ -4,9 +4,10 @@
 //! is a type-pointer comparison and not an attribute lookup.
 
 use pyo3::exceptions::PyTypeError;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 /// Asks the driver: the node is called again with one result per request in `ctx.results`.
 #[pyclass(frozen, module = "soma", name = "Await")]
@@ -65,6 +66,18 @@ impl Done {
     }
 }
 
+/// Calls `soma.journal._calls.<name>(*args)`: where a call's effects and questions are kept,
+/// which only Python can reach (its run's journal is found through a context variable).
+fn in_journal<'py>(
+    py: Python<'py>,
+    name: &Bound<'py, PyString>,
+    args: impl pyo3::call::PyCallArgs<'py>,
+) -> PyResult<Bound<'py, PyAny>> {
+    crate::py_modules::journal_calls(py)?
+        .getattr(name)?
+        .call1(args)
+}
+
 /// What a node knows about the call it is in.
 #[pyclass(frozen, module = "soma", name = "Ctx")]
 pub struct PyCtx {
@@ -81,6 +94,12 @@ pub struct PyCtx {
     /// What watches this call (`soma._run.observe.Watched`), taken where the call began, so that
     /// an emit from any thread the node starts reaches it; `None` when nothing watched then.
     pub watched: Option<Py<PyAny>>,
+    /// The node's input in this call: what a run's journal tells one call of a node from
+    /// another by (its content), read only when the node makes an effect or asks.
+    pub input: Py<PyAny>,
+    /// This call's place in its run's journal (`soma.journal._calls.Call`): made by the first
+    /// `effect` or `ask`, so that each numbers its effects and questions from the start.
+    pub call: PyOnceLock<Py<PyAny>>,
 }
 
 #[pymethods]
@@ -109,6 +128,64 @@ impl PyCtx {
             .bind(py)
             .call1((self.node.as_str(), value, watched.bind(py)))?;
         Ok(())
+    }
+
+    /// Runs `function(*args, **kwargs)` once per run and returns its result: inside a run with
+    /// a journal, a resumed or retried call gets the result recorded the first time back instead
+    /// of running it again (see the guide's "Runs that survive"); outside one, it simply runs.
+    #[pyo3(signature = (function, /, *args, **kwargs))]
+    fn effect<'py>(
+        slf: &Bound<'py, Self>,
+        function: &Bound<'py, PyAny>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        in_journal(py, intern!(py, "effect"), (slf, function, args, kwargs))
+    }
+
+    /// `effect` for an async function: awaits `function(*args, **kwargs)` once per run.
+    #[pyo3(signature = (function, /, *args, **kwargs))]
+    fn aeffect<'py>(
+        slf: &Bound<'py, Self>,
+        function: &Bound<'py, PyAny>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        in_journal(py, intern!(py, "aeffect"), (slf, function, args, kwargs))
+    }
+
+    /// Asks a person `question` and returns the answer: the run pauses (`forward` raises
+    /// `soma.Paused`) until it is resumed with one (`Graph.resume(..., answers=...)`).
+    fn ask<'py>(
+        slf: &Bound<'py, Self>,
+        question: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        in_journal(py, intern!(py, "ask"), (slf, question))
+    }
+
+    /// `ask` for an async node: awaitable.
+    fn aask<'py>(
+        slf: &Bound<'py, Self>,
+        question: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        in_journal(py, intern!(py, "aask"), (slf, question))
+    }
+
+    /// This call's place in its run's journal, made when first asked for (not API).
+    #[getter]
+    fn _call<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.call
+            .get_or_try_init(py, || {
+                crate::py_modules::journal_calls(py)?
+                    .getattr(intern!(py, "Call"))?
+                    .call1((self.node.as_str(), self.input.bind(py), self.turn))
+                    .map(Bound::unbind)
+            })
+            .map(|call| call.bind(py).clone())
     }
 
     fn __repr__(&self) -> String {

@@ -71,3 +71,8 @@ package_module! {
     /// `soma.remote`: the runners of a graph with nodes on hosts.
     remote = "soma.remote"
 }
+
+package_module! {
+    /// `soma.journal._calls`: a node's effects and questions, in its run's journal.
+    journal_calls = "soma.journal._calls"
+}

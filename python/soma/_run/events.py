@@ -1,6 +1,7 @@
 """``Graph.events`` and ``Graph.aevents``: a run's events as they happen — a node started,
-finished, failed, retried, timed out, what a node sends with ``ctx.emit(value)`` — then its
-result or its error, last.
+finished, failed, retried, timed out, paused for an answer, what a node sends with
+``ctx.emit(value)`` — then its result, its pause or its error, last; a run with a journal taken
+up where it was left begins with ``"resumed"``.
 
 A stream is told each work by the engine's observer (``soma._run.observe``), on the thread or in
 the task that does it, so the events of one branch come in the order the branch made them, and
@@ -33,12 +34,15 @@ DEFAULT_BUFFER: Final = 10_000
 class Event:
     """One thing that happened in a run, as it happened.
 
-    ``kind`` is ``"started"``, ``"finished"``, ``"failed"``, ``"retried"``, ``"timed_out"`` or
-    ``"emitted"``, and last ``"result"`` or ``"error"``. ``node`` is the node's id (a step's
-    inner nodes by their path, ``"step/inner"``), ``None`` for the last event. ``item`` is the
-    index of the ``each`` item or streamed item the node ran in, or ``None``. ``value`` is what
-    was emitted, the node's exception (``"failed"``, ``"retried"``, ``"timed_out"``), the run's
-    result or its exception; ``None`` otherwise. ``seconds`` is how long the attempt took
+    ``kind`` is ``"started"``, ``"finished"``, ``"failed"``, ``"retried"``, ``"timed_out"``,
+    ``"paused"`` or ``"emitted"``, and last ``"result"``, ``"paused"`` or ``"error"``; a run
+    with a journal taken up where it was left begins with ``"resumed"``. ``node`` is the
+    node's id (a step's inner nodes by their path, ``"step/inner"``), ``None`` for the first
+    and the last event. ``item`` is the index of the ``each`` item or streamed item the node
+    ran in, or ``None``. ``value`` is what was emitted, the node's exception (``"failed"``,
+    ``"retried"``, ``"timed_out"``), the question a node asked (``"paused"``), the run's
+    result, its :class:`soma.Paused` (the last ``"paused"``) or its exception, the run's id
+    (``"resumed"``); ``None`` otherwise. ``seconds`` is how long the attempt took
     (``"finished"`` and the failures), ``attempt`` which attempt it was (from 0), ``cached``
     whether the cache answered (``"finished"``), ``dropped`` how many events the buffer
     dropped before this one (set on the last event).
@@ -122,6 +126,12 @@ class _Collector:
         item = _observe.current_item.get()
         if outcome == _observe.RETURNED:
             self._send(Event("finished", node, item, seconds=seconds, attempt=attempt))
+        elif outcome == _observe.FAILED and (asked := _observe.pausing(error)) is not None:
+            # A question (`ctx.ask` with no answer yet): the node's call ends, and its run
+            # pauses, rather than fail.
+            self._send(
+                Event("paused", node, item, asked.question, seconds=seconds, attempt=attempt)
+            )
         elif outcome in (_observe.FAILED, _observe.TIMED_OUT):
             kind = (
                 "retried"
@@ -152,12 +162,28 @@ class _Collector:
             self._send(Event(kind, node, item, error, seconds=end - start, cached=cached))
 
 
+def resumed(run: str) -> None:
+    """Run ``run``, with a journal, is taken up where it was left (``soma.journal``): the
+    event stream the current call reports to, if any, begins with ``"resumed"``."""
+    stream = _observe.current_stream.get()
+    if isinstance(stream, _Collector):
+        stream._send(Event("resumed", value=run))
+
+
+def _last(error: BaseException) -> str:
+    """The kind of the last event of a run that raised ``error``: ``"paused"`` for a run that
+    paused for answers (``soma.Paused``), ``"error"`` otherwise."""
+    return "paused" if isinstance(error, _observe.PausedRun) else "error"
+
+
 # What a run hands the reader besides the works' events: its results and its error, which are
 # never dropped, each carrying the count of the events dropped so far; then the end. Handing one
 # over says whether the reader is still there.
 Finish = Callable[[Event], bool]
 AsyncFinish = Callable[[Event], Awaitable[bool]]
 _END: Final = Event("end")
+# The kinds of the events handed over by `finish`, with no node: a result, and the last event.
+_HANDED_OVER: Final = ("result", "error", "paused")
 
 # How many results wait for the reader at most: past that, a stream's next result waits for the
 # reader to take one, as `map` waits for its reader (and the stream stops taking items once its
@@ -175,7 +201,7 @@ def events(
         try:
             result = forward(input, **keywords)
         except BaseException as error:  # The run's error is the stream's last event.
-            finish(collector.last("error", error))
+            finish(collector.last(_last(error), error))
         else:
             finish(collector.last("result", result))
 
@@ -199,7 +225,7 @@ def map_events(
                         return
                     index += 1
         except BaseException as error:  # The stream's error is its last event.
-            finish(collector.last("error", error, index))
+            finish(collector.last(_last(error), error, index))
 
     return _read(work, buffer)
 
@@ -259,7 +285,7 @@ def _read(work: Callable[[_Collector, Finish], None], buffer: int) -> Iterator[E
                     continue
             if event is _END:
                 return
-            if event.kind in ("result", "error"):
+            if event.node is None and event.kind in _HANDED_OVER:
                 results_room.release()
             yield event
     finally:
@@ -280,7 +306,7 @@ async def aevents(
         except asyncio.CancelledError:
             raise
         except BaseException as error:  # The run's error is the stream's last event.
-            await finish(collector.last("error", error))
+            await finish(collector.last(_last(error), error))
         else:
             await finish(collector.last("result", result))
 
@@ -308,7 +334,7 @@ async def amap_events(
         except asyncio.CancelledError:
             raise
         except BaseException as error:  # The stream's error is its last event.
-            await finish(collector.last("error", error, index))
+            await finish(collector.last(_last(error), error, index))
 
     async for event in _aread(work, buffer):
         yield event
@@ -387,7 +413,7 @@ async def _aread(
                 event = await next_event()
                 if event is _END:
                     return
-                if event.kind in ("result", "error"):
+                if event.node is None and event.kind in _HANDED_OVER:
                     results_room.release()
                 yield event
         finally:

@@ -33,6 +33,41 @@ CALL, CACHED, ITEM, CASE, ITERATION, RUN = range(6)
 RETURNED, FAILED, STOPPED, TIMED_OUT = range(4)
 
 
+class Pausing(BaseException):
+    """What unwinds a node that waits for something no run here can give it — a person's
+    answer (the journal's ``ctx.ask``): its call ends, and so does its run, paused rather than
+    failed. A ``BaseException``, so that no ``except Exception`` in the node keeps it. Defined
+    here, where a work's end is told, so that a listener tells a pause from a failure without
+    knowing the journal: ``question`` is what the node waits for."""
+
+    question: object = None
+
+
+class PausedRun:
+    """Mixed into what a run raises as it ends paused (the journal's ``soma.Paused``), so that
+    a listener tells a run that paused from one that failed without knowing the journal."""
+
+
+def pausing(error: BaseException | None) -> Pausing | None:
+    """The pause ``error`` stands for — itself, or one a group holds (a ``TaskGroup`` in an
+    async node gathers what its tasks raised) when everything it holds pauses — or ``None``."""
+    if isinstance(error, Pausing):
+        return error
+    if not isinstance(error, BaseExceptionGroup):
+        return None
+    first: Pausing | None = None
+    stack: list[BaseException] = [error]
+    while stack:  # Without recursion: a group nests as deep as the user's code nests it.
+        inner = stack.pop()
+        if isinstance(inner, BaseExceptionGroup):
+            stack.extend(reversed(inner.exceptions))
+        elif isinstance(inner, Pausing):
+            first = first or inner
+        else:
+            return None
+    return first
+
+
 # A work as the engine tells it: what begins (`kind`), the node (or the step, for a part; `None`
 # for a run), the part (an item's index, a case's key, an iteration; a streamed item's index for
 # a run), a number (the attempt of a call, the node count of a run), the device, the branch

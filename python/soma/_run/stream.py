@@ -8,6 +8,11 @@ back by type. A graph with async nodes streams through the engine's ``Flow`` ins
 (``soma._soma.FlowCore``): each item a run of its own on the event loop Soma keeps, its core
 answering as ``StreamCore`` does. Which of the two runs a stream is the core's route
 (``GraphCore.route``), which refuses a graph with hosts.
+
+A stream with a run id is held in a journal (``soma.journal``'s ``StreamRun``, a :class:`Held`)
+from the call that makes it to its end: the stream tells it how it ended, makes it current while
+items are read (each item runs in a copy of the context it was read in), and stops at an item
+whose node asked a question, whatever ``on_error`` says.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from collections.abc import (
     Sequence,
     Sized,
 )
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Self
 
 from soma import _soma
 from soma._build.policy import checked_concurrency
@@ -39,7 +44,7 @@ from soma._build.policy import checked_concurrency
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from soma.cache._cache import Cache
+    from soma.cache._cache import RunCacheSource
 
 DEFAULT_IN_FLIGHT = 64
 """How many items a stream holds at once unless told otherwise."""
@@ -204,24 +209,67 @@ def _reporter(progress: bool | Callable[[Progress], object], inputs: object) -> 
     )
 
 
+class Held(Protocol):
+    """What holds a stream's run in a journal while the stream goes (``soma.journal``'s
+    ``StreamRun``), told by the stream: a lower stage's view of it, so that streams need not
+    know the journal."""
+
+    def entered(self) -> Any:
+        """Makes the run current here while the stream reads items; a token for ``left``."""
+
+    def left(self, token: Any) -> None:
+        """Undoes ``entered``."""
+
+    def pauses(self, exception: BaseException) -> bool:
+        """Whether an item's ``exception`` is a node's question: the stream stops at it."""
+
+    def ended(
+        self, raised: BaseException | None, failed: int, first: Failed | None
+    ) -> BaseException | None:
+        """The stream ran out (``raised`` ``None``) with ``failed`` items failed, ``first``
+        the first of them, or ``raised`` ended it: what to raise instead, if anything."""
+
+    def closed(self) -> None:
+        """The stream was closed, or dropped, before its end."""
+
+
+class _Tally:
+    """The items a stream's ``on_error`` let fail, for its run's end: how many, the first."""
+
+    __slots__ = ("count", "first")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first: Failed | None = None
+
+
 # What `_handed_back` answers for an item `on_error="skip"` leaves out.
 _LEFT_OUT: Any = object()
 
 
 def _handed_back(
-    step: tuple[int, Any, Any], ordered: bool, on_error: OnError, failures: list[Failed]
+    step: tuple[int, Any, Any],
+    ordered: bool,
+    on_error: OnError,
+    failures: list[Failed],
+    held: Held | None = None,
+    tally: _Tally | None = None,
 ) -> Any:
     """What a stream (``map``'s or ``amap``'s) hands back for one item its core answered
     ``(index, value, failure)``: the result (``(index, result)`` unordered), or for a failure
     what ``on_error`` says: raised, a :class:`Failed` in its place, or kept in ``failures``
-    and :data:`_LEFT_OUT`."""
+    and :data:`_LEFT_OUT`. A stream ``held`` in a journal raises a node's question whatever
+    ``on_error`` says (it pauses the run), and counts the other failures in ``tally``."""
     index, value, failure = step
     if failure is None:
         return value if ordered else (index, value)
     exception, node, item = failure
-    if on_error == "raise":
+    if on_error == "raise" or (held is not None and held.pauses(exception)):
         raise exception
     failed = Failed(index=index, input=item, exception=exception, node=node)
+    if tally is not None:
+        tally.count += 1
+        tally.first = tally.first or failed
     if on_error == "skip":
         failures.append(failed)
         return _LEFT_OUT
@@ -275,6 +323,7 @@ class Stream(Iterator[Any]):
         ordered: bool,
         on_error: OnError,
         progress: Any,
+        held: Held | None = None,
     ) -> None:
         self._core = core
         self._ordered = ordered
@@ -283,23 +332,49 @@ class Stream(Iterator[Any]):
         self._started = time.monotonic()
         self._reported = 0.0
         self._ended = False
+        self._held = held
+        self._tally = _Tally()
         self.failures: list[Failed] = []
         """With ``on_error="skip"``: every item that failed, in the order they came out."""
         _OPEN.add(self)
+        if held is not None:
+            # A stream dropped unclosed (or open at exit) ends its run too: the journal would
+            # otherwise renew its hold for as long as the process lives.
+            weakref.finalize(self, held.closed)
 
     def __iter__(self) -> Self:
         return self
 
     def __next__(self) -> Any:
+        held = self._held
         while True:
+            token = None if held is None else held.entered()
             try:
                 step = self._core.__next__()
                 if step is None:
                     raise StopIteration
-                out = _handed_back(step, self._ordered, self._on_error, self.failures)
-            except BaseException:
+                out = _handed_back(
+                    step, self._ordered, self._on_error, self.failures, held, self._tally
+                )
+            except StopIteration:
                 self._end()
+                if held is not None:
+                    held.ended(None, self._tally.count, self._tally.first)
                 raise
+            except BaseException as raised:
+                self._end()
+                if held is None:
+                    raise
+                if held.pauses(raised):
+                    # With `on_error` "skip" or "collect" the core goes on past a question.
+                    self._core.close()
+                instead = held.ended(raised, self._tally.count, self._tally.first)
+                if instead is None:
+                    raise
+                raise instead from None
+            finally:
+                if held is not None:
+                    held.left(token)
             self._report()
             if out is _LEFT_OUT:
                 continue
@@ -317,6 +392,8 @@ class Stream(Iterator[Any]):
         node is left to finish on its thread). What was in flight is dropped."""
         self._core.close()
         self._end()
+        if self._held is not None:
+            self._held.closed()
 
     def __enter__(self) -> Self:
         return self
@@ -389,11 +466,13 @@ def stream_map(
     turn_limit: int,
     trace: _soma.Trace | None,
     timeout: float | None,
-    cache: Cache | None,
+    cache: RunCacheSource | None,
+    held: Held | None = None,
 ) -> Stream:
     """``Graph.map`` of the graph of ``graph_core``, on the route the core chose for it: the
     engine's ``Stream``, or its ``Flow`` for a graph with async nodes: a graph without one never
-    reaches an event loop."""
+    reaches an event loop. ``held``: the stream's run in a journal, with ``cache`` its
+    recording."""
     checked_on_error(on_error)
     if not isinstance(in_flight, int) or isinstance(in_flight, bool) or in_flight < 1:
         raise ValueError(f"in_flight must be an int of at least 1, not {in_flight!r}")
@@ -404,20 +483,27 @@ def stream_map(
             runner = _soma.StreamCore
         case "flow":
             runner = _soma.FlowCore
-    core = runner(
-        graph_core,
-        inputs,
-        in_flight,
-        ordered,
-        on_error == "raise",
-        concurrency_of(graph_core, concurrency),
-        driver,
-        turn_limit,
-        trace,
-        timeout,
-        cache=cache,
-    )
-    return Stream(core, ordered=ordered, on_error=on_error, progress=reporter)
+    counts = concurrency_of(graph_core, concurrency)
+    # The items run in copies of the context the core is made in: a held run is current there.
+    token = None if held is None else held.entered()
+    try:
+        core = runner(
+            graph_core,
+            inputs,
+            in_flight,
+            ordered,
+            on_error == "raise",
+            counts,
+            driver,
+            turn_limit,
+            trace,
+            timeout,
+            cache=cache,
+        )
+    finally:
+        if held is not None:
+            held.left(token)
+    return Stream(core, ordered=ordered, on_error=on_error, progress=reporter, held=held)
 
 
 def split(batch: Any, pieces: int) -> list[Any]:
@@ -492,7 +578,7 @@ def forward_in_micro_batches(
     turn_limit: int,
     trace: _soma.Trace | None,
     timeout: float | None,
-    cache: Cache | None = None,
+    cache: RunCacheSource | None = None,
 ) -> Any:
     """See :meth:`soma.Graph.forward`: the stream of ``route``, ``core``'s."""
     pieces = split(batch, micro_batches)
@@ -525,20 +611,48 @@ class AsyncStream(AsyncIterator[Any]):
     come, ``failures`` the list it puts each failed item in with ``on_error="skip"``.
     """
 
-    def __init__(self, results: AsyncGenerator[Any, None], failures: list[Failed]) -> None:
+    def __init__(
+        self,
+        results: AsyncGenerator[Any, None],
+        failures: list[Failed],
+        held: Held | None = None,
+        tally: _Tally | None = None,
+    ) -> None:
         self._results = results
         self.failures = failures
         """With ``on_error="skip"``: every item that failed, in the order they came out."""
+        self._held = held
+        self._tally = tally or _Tally()
+        if held is not None:
+            # As `Stream`'s: dropped unclosed, its run ends too.
+            weakref.finalize(self, held.closed)
 
     def __aiter__(self) -> Self:
         return self
 
     async def __anext__(self) -> Any:
-        return await anext(self._results)
+        held = self._held
+        if held is None:
+            return await anext(self._results)
+        token = held.entered()
+        try:
+            return await anext(self._results)
+        except StopAsyncIteration:
+            held.ended(None, self._tally.count, self._tally.first)
+            raise
+        except BaseException as raised:
+            instead = held.ended(raised, self._tally.count, self._tally.first)
+            if instead is None:
+                raise
+            raise instead from None
+        finally:
+            held.left(token)
 
     async def aclose(self) -> None:
         """Stops the stream: the items in flight cancelled, and waited for until they end."""
         await self._results.aclose()
+        if self._held is not None:
+            self._held.closed()
 
 
 def stream_amap(
@@ -553,33 +667,44 @@ def stream_amap(
     turn_limit: int,
     trace: _soma.Trace | None,
     timeout: float | None,
-    cache: Cache | None,
+    cache: RunCacheSource | None,
+    held: Held | None = None,
 ) -> AsyncStream:
     """``Graph.amap``: the engine's ``Flow`` on the running loop, as ``map``'s is on the loop
     Soma keeps; this only reads the inputs — an async iterable among them, which only Python
     can read — while the flow has room, and hands the results back as ``map`` does (``ordered``,
     ``on_error``). An ordinary exception the inputs raise is the core's to hold, as ``map``'s
     core holds it: raised once the items read before it are out. Leaving early (an error, a
-    ``break``, a cancellation) cancels the items in flight and waits for them to end."""
+    ``break``, a cancellation) cancels the items in flight and waits for them to end.
+    ``held``: the stream's run in a journal, with ``cache`` its recording."""
     # A stream's route, for its refusal of a graph with hosts, as `map`'s: either way each item
     # is a run on this loop.
     core.route(True)
-    flow = _soma.FlowCore(
-        core,
-        None,
-        in_flight,
-        ordered,
-        on_error == "raise",
-        concurrency,
-        driver,
-        turn_limit,
-        trace,
-        timeout,
-        cache=cache,
-        on_running_loop=True,
-    )
+    # As `stream_map`'s: a held run is current where the flow is made.
+    token = None if held is None else held.entered()
+    try:
+        flow = _soma.FlowCore(
+            core,
+            None,
+            in_flight,
+            ordered,
+            on_error == "raise",
+            concurrency,
+            driver,
+            turn_limit,
+            trace,
+            timeout,
+            cache=cache,
+            on_running_loop=True,
+        )
+    finally:
+        if held is not None:
+            held.left(token)
     failures: list[Failed] = []
-    return AsyncStream(_flowing(flow, inputs, ordered, on_error, failures), failures)
+    tally = _Tally()
+    return AsyncStream(
+        _flowing(flow, inputs, ordered, on_error, failures, held, tally), failures, held, tally
+    )
 
 
 async def _flowing(
@@ -588,9 +713,12 @@ async def _flowing(
     ordered: bool,
     on_error: OnError,
     failures: list[Failed],
+    held: Held | None,
+    tally: _Tally,
 ) -> AsyncGenerator[Any, None]:
     """The results of ``flow`` over ``inputs``, read on the running loop; the failures
-    ``on_error="skip"`` leaves out kept in ``failures``."""
+    ``on_error="skip"`` leaves out kept in ``failures``; those of a stream ``held`` in a
+    journal counted in ``tally``."""
     # Told apart once: an ABC's `isinstance` per item would cost what the rest of the read does.
     asynchronous = isinstance(inputs, AsyncIterable)
     source: Any = aiter(inputs) if isinstance(inputs, AsyncIterable) else iter(inputs)
@@ -626,7 +754,7 @@ async def _flowing(
             if out[2] is None:  # A result: the common case, without a call.
                 yield out[1] if ordered else (out[0], out[1])
                 continue
-            handed = _handed_back(out, ordered, on_error, failures)
+            handed = _handed_back(out, ordered, on_error, failures, held, tally)
             if handed is not _LEFT_OUT:
                 yield handed
     finally:

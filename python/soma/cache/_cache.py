@@ -36,7 +36,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 try:
     import fcntl
@@ -228,6 +228,14 @@ class _Unread(NamedTuple):
     checksum: bytes
     # The whole file, when the first read was all of it.
     data: bytes | None
+
+
+class RunCacheSource(Protocol):
+    """What a run can be given to look its nodes up in and file their outputs: a
+    :class:`Cache`, or a run journal's recording (``soma.journal``), each making the run cache
+    the glue asks (``crates/soma-python/src/cache.rs``) for one run."""
+
+    def _run(self, core: _soma.GraphCore) -> Any: ...
 
 
 class Cache:

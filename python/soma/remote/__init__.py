@@ -20,6 +20,13 @@ where they run); a folder cache is sent to each slice, whose host opens the same
 keys the slice's nodes there, and what it did there is added to the cache's counts here. A
 cache in memory cannot be reached from a host: the slices run uncached, with one warning.
 
+A run with a journal (``run=``, ``journal=``) runs the local graph with the journal's recording
+as its cache (``soma.journal``), the user's cache, if any, behind it: the journal records a
+slice here, in the caller, when the slice returns — its stand-in under a key of the run that
+covers the slice's nodes' code and state (:meth:`_SliceCall.cache_key`) and what it reads, and
+each node it returns under its own id — so a resume answers a finished slice from the journal
+and never sends it again, and runs a slice again once one of its nodes was edited.
+
 What a host *is* stays behind :class:`Transport` and :class:`RemoteHost`: the Ray one
 (:class:`RayHosts`) is the default, and imports Ray only when it first serves a host; a graph
 without hosts never reaches a transport, so it never imports or starts Ray.
@@ -34,13 +41,14 @@ import time
 import uuid
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from soma import _soma
 from soma._run import observe as _observe
 from soma.cache import _fingerprint
 from soma.cache._cache import Cache
 from soma.errors import CancelledError, RemoteError
+from soma.journal._recording import Recording
 from soma.remote._ray_hosts import RESOURCE_PREFIX, RayHosts, resource_of
 from soma.remote._slices import (
     CANCEL_WAIT,
@@ -56,6 +64,9 @@ from soma.remote._slices import (
     cut,
     fresh_id,
 )
+
+if TYPE_CHECKING:
+    from soma.cache._cache import RunCacheSource
 
 __all__ = [
     "INPUT",
@@ -191,6 +202,14 @@ class _SliceCall:
         self._owner = weakref.ref(owner)  # The local graph holds this node; no cycle.
         self.index = index
         self.carrier = carrier
+
+    def cache_key(self) -> object:
+        """The slice's nodes' fingerprints (code and state), which a journal keys the slice
+        by, so that a resume runs a slice again once one of its nodes was edited; a key that
+        matches none (a fresh id) when one cannot be taken."""
+        owner = self._owner()
+        state = None if owner is None else _state(owner.slices[self.index])
+        return uuid.uuid4().bytes if state is None else state
 
     def forward(self, x: Any) -> dict[str, Any]:
         owner = self._owner()
@@ -435,14 +454,24 @@ def _slices(core: _soma.GraphCore, engine: type[Any]) -> list[Slice]:
     ]
 
 
+def _users_cache(cache: RunCacheSource | None) -> Cache | None:
+    """The :class:`soma.Cache` a run was given: ``cache`` itself, or the one behind a
+    journal's recording (``soma.journal``), which is what hosts may share."""
+    if isinstance(cache, Recording):
+        return cache.cache
+    assert cache is None or isinstance(cache, Cache)
+    return cache
+
+
 def _started(
-    graph: Hosted, timeout: float | None, trace: Any, cache: Cache | None
+    graph: Hosted, timeout: float | None, trace: Any, given: RunCacheSource | None
 ) -> tuple[_Run, Distributed]:
     """A run of ``graph``'s slices, and the graph that runs them (:class:`Distributed`), made
     again if ``graph`` changed."""
     distributed = graph.distributed
     if distributed is None or distributed.fingerprint != _graph_fingerprint(graph.core):
         distributed = graph.distributed = Distributed(graph.core, graph.engine)
+    cache = _users_cache(given)
     run = _Run(timeout, trace, cache)
     if cache is not None and run.folder is None:
         hosts = ", ".join(f"`{host}`" for host in dict.fromkeys(p.host for p in distributed.slices))
@@ -475,7 +504,7 @@ def _given_up(raised: BaseException, run: _Run, distributed: Distributed) -> Bas
 
 @contextlib.contextmanager
 def _running(
-    graph: Hosted, timeout: float | None, trace: Any, cache: Cache | None
+    graph: Hosted, timeout: float | None, trace: Any, cache: RunCacheSource | None
 ) -> Iterator[Any]:
     """A run of ``graph``'s local graph, its slices on their hosts: yields the local graph's
     core, seen by the slices' stand-ins as the run in progress; what the local graph raises
@@ -502,9 +531,10 @@ def forward(
     turn_limit: int,
     trace: Any,
     timeout: float | None,
-    cache: Cache | None = None,
+    cache: RunCacheSource | None = None,
 ) -> Any:
-    """``graph.forward`` for a graph with hosts: its slices run on them, the rest here."""
+    """``graph.forward`` for a graph with hosts: its slices run on them, the rest here;
+    ``cache`` a :class:`soma.Cache` or a journal's recording."""
     with _running(graph, timeout, trace, cache) as local:
         return local.forward(input, driver, turn_limit, trace, timeout, cache=cache)
 
@@ -516,7 +546,7 @@ async def aforward(
     turn_limit: int,
     trace: Any,
     timeout: float | None,
-    cache: Cache | None = None,
+    cache: RunCacheSource | None = None,
 ) -> Any:
     """``graph.aforward`` for a graph with hosts: as :func:`forward`, the local graph awaited
     on the running loop, its slices' stand-ins sync nodes that wait for their hosts on lent

@@ -30,10 +30,11 @@ from typing import TYPE_CHECKING, Any
 
 from soma import _soma
 from soma._run import observe as _observe
-from soma.view.record import NodeState, Recorder, RunRecord, RunStatus
+from soma.view.record import NodeState, Recorder, RunRecord, RunSource, RunStatus
 
 if TYPE_CHECKING:
     from soma._graph import Graph
+    from soma.journal import Journal
     from soma.view.server import Serving
 
 __all__ = ["NodeState", "RunRecord", "RunStatus", "View", "report", "view"]
@@ -92,13 +93,25 @@ class View:
         return f"View({self.url!r})" if not self._closed else "View(closed)"
 
 
-def view(port: int = 0, host: str = "127.0.0.1", *, quiet: bool = False) -> View:
+def view(
+    port: int = 0, host: str = "127.0.0.1", *, journal: Journal | None = None, quiet: bool = False
+) -> View:
     """Starts a local web server of this process's runs, prints its address, and returns the
     handle. ``port=0`` takes a free port. Bound to anything but loopback, every request needs
     the token printed with the address (``?token=`` or the ``X-Soma-Token`` header).
 
     Runs started from now on are recorded (their nodes' states, timeline and emitted values,
-    never their outputs), while the view is open. Needs the extra ``soma[view]``."""
+    never their outputs), while the view is open. With ``journal``, every run recorded there, by
+    any process, is listed too, and a paused run's page links to a form answering its questions
+    (the run is resumed here when this process ran it, else the answers wait in the journal).
+    Needs the extra ``soma[view]``.
+
+    Args:
+        port: the port to serve on; 0 takes a free one.
+        host: the address to bind; beyond loopback, a token is needed.
+        journal: a :class:`soma.Journal` whose runs are shown beside this process's.
+        quiet: print nothing.
+    """
     try:
         from soma.view.server import Serving, application
     except ImportError as error:
@@ -110,7 +123,12 @@ def view(port: int = 0, host: str = "127.0.0.1", *, quiet: bool = False) -> View
     token = None if _loopback(host) else secrets.token_urlsafe(18)
     recorder = Recorder()
     closing = threading.Event()
-    serving = Serving(application(recorder, token, closing), host, port, closing)
+    source: RunSource = recorder
+    if journal is not None:
+        from soma.view.journaled import JournalSource
+
+        source = JournalSource(recorder, journal)
+    serving = Serving(application(source, token, closing), host, port, closing)
     opened = View(recorder, serving, host, token)
     with _opening:
         _open_views.append(opened)

@@ -36,7 +36,7 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _with_token(path: str, token: str | None) -> str:
+def with_token(path: str, token: str | None) -> str:
     if token is None:
         return path
     joiner = "&" if "?" in path else "?"
@@ -51,14 +51,14 @@ def _head(title: str, token: str | None) -> str:
     return (
         "<!doctype html>\n<html lang=en><head><meta charset=utf-8>"
         f"<title>{_e(title)}</title>"
-        f'<link rel=stylesheet href="{_e(_with_token("/static/view.css", token))}">'
+        f'<link rel=stylesheet href="{_e(with_token("/static/view.css", token))}">'
         "</head>\n"
     )
 
 
 def _run_row(run: RunRecord, token: str | None) -> str:
     shown = run.as_json()
-    link = _with_token(f"/runs/{quote(run.id)}", token)
+    link = with_token(f"/runs/{quote(run.id)}", token)
     item = "" if run.item is None else f" item {run.item}"
     return (
         f'<tr data-run="{_e(run.id)}" data-status="{_e(run.status.value)}">'
@@ -90,7 +90,7 @@ def runs_page(runs: Iterable[RunRecord], status: str | None, token: str | None) 
         + "<table id=runs><thead><tr><th>Run</th><th>Graph</th><th>Status</th><th>Started</th>"
         + "<th>Time</th><th>Nodes done</th><th>Error</th></tr></thead>"
         + f"<tbody>{rows}</tbody></table>"
-        + f'<script src="{_e(_with_token("/static/runs.js", token))}"></script>'
+        + f'<script src="{_e(with_token("/static/runs.js", token))}"></script>'
         + "</body></html>\n"
     )
 
@@ -118,7 +118,7 @@ def _json_script(element_id: str, data: object) -> str:
 def run_page(run: RunRecord, plan_svg: str, token: str | None) -> str:
     """A run's page: its plan (the engine's SVG, tagged), timeline, emitted values, a node's
     detail and its error; the script fills them and keeps them live."""
-    back = _with_token("/", token)
+    back = with_token("/", token)
     return (
         _head(f"Soma: run {run.id}", token)
         + f'<body data-page="run" data-run="{_e(run.id)}">'
@@ -126,15 +126,54 @@ def run_page(run: RunRecord, plan_svg: str, token: str | None) -> str:
         + f'<span id=status class="status status-{_e(run.status.value)}">'
         + f"{_e(run.status.value)}</span>"
         + f"<span id=progress>{run.done} / {run.total}</span>"
-        + '<span id=live class="live">connecting…</span></header>'
+        + '<span id=live class="live">connecting…</span>'
+        + _answer_link(run, token)
+        + "</header>"
         + f'<pre id=run-error class="error">{_e(run.error or "")}</pre>'
         + _legend()
         + f"<section><h2>Plan</h2><div id=plan>{plan_svg}</div></section>"
         + "<aside id=detail><h2>Node</h2><p class=muted>Click a node.</p></aside>"
         + "<section><h2>Timeline</h2><div id=timeline></div></section>"
         + "<section><h2>Emitted</h2><ol id=emits></ol></section>"
-        + f'<script src="{_e(_with_token("/static/tiles.js", token))}"></script>'
-        + f'<script src="{_e(_with_token("/static/run.js", token))}"></script>'
+        + f'<script src="{_e(with_token("/static/tiles.js", token))}"></script>'
+        + f'<script src="{_e(with_token("/static/run.js", token))}"></script>'
+        + "</body></html>\n"
+    )
+
+
+def _answer_link(run: RunRecord, token: str | None) -> str:
+    """A link to the form answering a paused run's questions, for a run paused in a journal."""
+    if run.status is not RunStatus.PAUSED or not (run.journal_run or hasattr(run, "questions")):
+        return ""
+    answer = with_token(f"/runs/{quote(run.journal_run or run.id, safe='')}/answer", token)
+    return f'<a id=answer href="{_e(answer)}">Answer its questions</a>'
+
+
+def answer_page(
+    run_id: str, questions: dict[str, str], token: str | None, message: str = ""
+) -> str:
+    """The form answering a paused run's open questions, one field per question by its path;
+    submitting records the answers in the run's journal (and resumes the run where this
+    process holds its graph)."""
+    back = with_token(f"/runs/{quote(run_id, safe='')}", token)
+    action = with_token(f"/runs/{quote(run_id, safe='')}/answer", token)
+    fields = "".join(
+        f'<p><label for="q{index}">{_e(path)}: {_e(question)}</label><br>'
+        f'<input id="q{index}" name="{_e(path)}" required></p>'
+        for index, (path, question) in enumerate(questions.items())
+    )
+    body = (
+        f'<form method=post action="{_e(action)}">{fields}'
+        "<button id=submit type=submit>Answer</button></form>"
+        if questions
+        else "<p class=muted>No question is open.</p>"
+    )
+    return (
+        _head(f"Soma: answer run {run_id}", token)
+        + f'<body data-page="answer"><header><a href="{_e(back)}">Run {_e(run_id)}</a>'
+        + f"<h1>Answer run {_e(run_id)}</h1></header>"
+        + (f'<p id=message class="error">{_e(message)}</p>' if message else "")
+        + body
         + "</body></html>\n"
     )
 
@@ -143,7 +182,7 @@ def missing(run_id: str, token: str | None) -> str:
     return (
         _head("Soma: no such run", token)
         + f"<body><p>No run {_e(run_id)} here (or no longer kept).</p>"
-        + f'<a href="{_e(_with_token("/", token))}">Runs</a></body></html>\n'
+        + f'<a href="{_e(with_token("/", token))}">Runs</a></body></html>\n'
     )
 
 

@@ -41,6 +41,8 @@ from collections.abc import Iterator
 from typing import Any, Final, Generic, Protocol, TypeVar
 
 from soma._run import observe as _observe
+from soma.journal._active import ACTIVE as _journal_run
+from soma.journal._calls import Asked
 
 # How much each run keeps, and how many finished runs the recorder keeps (see the header).
 SPANS_KEPT: Final = 10_000
@@ -68,7 +70,7 @@ class NodeState(enum.StrEnum):
     TIMED_OUT = "timed_out"
     # Ended unfinished: its run was stopped, or the work was dropped.
     STOPPED = "stopped"
-    # Reserved for the durable-runs issue: a node waiting for an answer. Nothing sets it yet.
+    # It asked a question (`ctx.ask`) its run has no answer to yet.
     PAUSED = "paused"
 
 
@@ -81,7 +83,7 @@ class RunStatus(enum.StrEnum):
     STOPPED = "stopped"
     # Past its deadline (`forward(timeout=)`), or failed for a node's time limit.
     TIMED_OUT = "timed_out"
-    # Reserved for the durable-runs issue: a run waiting for an answer. Nothing sets it yet.
+    # A node asked a question the run has no answer to yet: it waits in its journal.
     PAUSED = "paused"
 
 
@@ -295,7 +297,7 @@ class RunRecord:
         item: int | None,
         asynchronous: bool,
         parent: str | None,
-        hidden: frozenset[str],
+        hidden: frozenset[str] = frozenset(),
     ) -> None:
         self.id = run_id
         # The run's graph (`_soma.GraphCore`), whose plan the page draws; `None` if not told.
@@ -334,6 +336,8 @@ class RunRecord:
         self.weight = 0
         self._label: str | None = None
         self._thread_names: dict[int, str] = {}
+        # The id of the run in its journal, for a run with one (`forward(run=, journal=)`).
+        self.journal_run: str | None = None
 
     # Folding the log into the nodes' records.
 
@@ -404,6 +408,8 @@ class RunRecord:
         elif outcome in (_observe.FAILED, _observe.TIMED_OUT):
             if entry[_RETRY] is not None:
                 self._become(node, NodeState.RETRYING)
+            elif error is not None and error[3]:
+                self._become(node, NodeState.PAUSED)
             elif outcome == _observe.TIMED_OUT or (error is not None and error[2]):
                 self._become(node, NodeState.TIMED_OUT)
             else:
@@ -447,6 +453,10 @@ class RunRecord:
                     else "left running when its run ended"
                 )
                 self.changes.append(node.id)
+        self.freeze()
+
+    def freeze(self) -> None:
+        """Keeps each node's state as plain data, once the run has ended."""
         self.frozen = {node.id: node.as_row() for node in list(self.nodes.values())}
         self.nodes = {}
 
@@ -473,11 +483,17 @@ class RunRecord:
     @property
     def done(self) -> int:
         """Top-level nodes done (finished or cached): the "done of total" of the runs page. A
-        run that returned ran each of its nodes, or had it from the cache."""
-        if self.status is RunStatus.FINISHED:
+        run that returned ran each of its nodes, or had it from the cache: its log need not be
+        folded to tell."""
+        if self.log and self.status is RunStatus.FINISHED:
             return self.total
         self.fold()
         return self._done
+
+    @done.setter
+    def done(self, count: int) -> None:
+        # A run not recorded here (a journal's) is told its count.
+        self._done = count
 
     def node_json(self, node_id: str, *, detail: bool = False) -> dict[str, Any] | None:
         """A node's state as the page reads it; ``None`` for one not begun."""
@@ -594,14 +610,28 @@ def _task_row() -> int | str:
     return get_ident()
 
 
-def _error(error: BaseException | None) -> tuple[str, str, bool] | None:
-    """What a record keeps of a work's error: its summary, its traceback's text, and whether
-    it is a node's time limit; the exception itself (its frames, what they hold) is let go."""
+def _paused(error: BaseException | None) -> bool:
+    """Whether ``error`` is a node's question (``ctx.ask``), which pauses its run."""
+    return isinstance(error, Asked) or (
+        isinstance(error, BaseExceptionGroup)
+        and all(isinstance(inner, Asked) for inner in error.exceptions)
+    )
+
+
+def _error(error: BaseException | None) -> tuple[str, str, bool, bool] | None:
+    """What a record keeps of a work's error: its summary, its traceback's text, whether it is
+    a node's time limit, and whether a node's question (which pauses its run); the exception
+    itself (its frames, what they hold) is let go."""
     if error is None:
         return None
     from soma.errors import TimeLimitError
 
-    return summary(error), traceback_text(error), isinstance(error, TimeLimitError)
+    return (
+        summary(error),
+        traceback_text(error),
+        isinstance(error, TimeLimitError),
+        _paused(error),
+    )
 
 
 class Recorder:
@@ -725,6 +755,9 @@ class Recorder:
             None if parent is None else parent.id,
             _observe.hidden.get(),
         )
+        journaled = _journal_run.get()
+        if journaled is not None:
+            begun.journal_run = journaled.name
         with self._lock:
             self._runs[begun.id] = begun
         self._changes.append(begun.id)
@@ -745,8 +778,11 @@ class Recorder:
         if error is not None:
             run.error = summary(error)
             run.traceback = traceback_text(error)
+        # Last: a reader that sees the run ended sees its error.
         if outcome == _observe.RETURNED:
             run.status = RunStatus.FINISHED
+        elif _paused(error):
+            run.status = RunStatus.PAUSED
         elif outcome == _observe.TIMED_OUT:
             run.status = RunStatus.TIMED_OUT
         elif outcome == _observe.FAILED:

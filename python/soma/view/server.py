@@ -21,6 +21,7 @@ import secrets
 import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Final
@@ -28,12 +29,20 @@ from typing import Any, Final
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from soma.errors import JournalError
 from soma.view import pages
+from soma.view.journaled import JournalSource
 from soma.view.record import RunRecord, RunSource, span_json
 
 # A page's stream looks for changes every POLL seconds and sends what changed at most once a
@@ -122,6 +131,9 @@ def application(source: RunSource, token: str | None, closing: threading.Event) 
             return JSONResponse({"error": "no such node in this run, or not begun"}, 404)
         return JSONResponse(node)
 
+    async def answer_page(request: Request) -> Response:
+        return await _answer(request, source, token)
+
     async def runs_events(request: Request) -> Response:
         return _streamed(_runs_stream(source, closing))
 
@@ -135,6 +147,7 @@ def application(source: RunSource, token: str | None, closing: threading.Event) 
         routes=[
             Route("/", runs_page),
             Route("/runs/{run_id}", run_page),
+            Route("/runs/{run_id}/answer", answer_page, methods=["GET", "POST"]),
             Route("/api/runs", runs_json),
             Route("/api/runs/events", runs_events),
             Route("/api/runs/{run_id}", run_json),
@@ -144,6 +157,31 @@ def application(source: RunSource, token: str | None, closing: threading.Event) 
         ]
     )
     return _TokenGate(app, token)
+
+
+async def _answer(request: Request, source: RunSource, token: str | None) -> Response:
+    """A paused run's form (GET), and its answers (POST): recorded in the run's journal, the run
+    resumed where this process holds its graph, and the browser sent to the run's page."""
+    run_id = request.path_params["run_id"]
+    if not isinstance(source, JournalSource):
+        return HTMLResponse(pages.missing(run_id, token), 404, headers=PAGE_HEADERS)
+    journal = source.journal
+    try:
+        run = await asyncio.to_thread(journal.run, run_id)
+    except JournalError:
+        return HTMLResponse(pages.missing(run_id, token), 404, headers=PAGE_HEADERS)
+    if request.method == "GET":
+        page = pages.answer_page(run_id, run.questions, token)
+        return HTMLResponse(page, headers=PAGE_HEADERS)
+    body = (await request.body()).decode("utf-8", "replace")
+    answers = {path: values[-1] for path, values in urllib.parse.parse_qs(body).items()}
+    try:
+        await asyncio.to_thread(source.answer, run_id, answers)
+    except JournalError as refused:
+        page = pages.answer_page(run_id, run.questions, token, str(refused))
+        return HTMLResponse(page, 409, headers=PAGE_HEADERS)
+    back = pages.with_token(f"/runs/{urllib.parse.quote(run_id, safe='')}", token)
+    return RedirectResponse(back, 303)
 
 
 def _streamed(stream: AsyncIterator[str]) -> Response:

@@ -19,10 +19,10 @@ use std::time::Instant;
 use crate::model::key::Key;
 use crate::model::value::Value;
 use crate::run::cache::{Entry, Unread};
+use crate::run::call::{gather, NodeCall, Site};
 use crate::run::error::RunError;
 use crate::run::executor::Executor;
 use crate::run::keys::RunKeys;
-use crate::run::lane::Lane;
 use crate::run::program::{Op, Read, Reads, Step};
 use crate::run::table::Frame;
 
@@ -126,7 +126,7 @@ impl Executor {
         Value::opaque(Deferred {
             slot: step.slot(),
             key,
-            input: Self::gather(step, input, frame),
+            input: gather(step, input, frame),
             read: found.read,
             value: OnceLock::new(),
             lost: AtomicBool::new(false),
@@ -141,7 +141,7 @@ impl Executor {
         keys: &RunKeys,
         step: &Step,
         gathered: Value,
-        lane: Lane<'_>,
+        site: Site<'_>,
     ) -> Result<Value, RunError> {
         if matches!(step.from, Reads::Input) {
             return Ok(gathered); // The run's input: never deferred.
@@ -169,7 +169,7 @@ impl Executor {
                 stack.push(waiting);
                 continue;
             }
-            let value = self.compute_again(keys, output, lane)?;
+            let value = self.compute_again(keys, output, site)?;
             let _ = output.value.set(value);
             stack.pop();
         }
@@ -181,14 +181,14 @@ impl Executor {
         &self,
         keys: &RunKeys,
         output: &Deferred,
-        lane: Lane<'_>,
+        site: Site<'_>,
     ) -> Result<Value, RunError> {
-        let step = step_at(&lane.program.root, output.slot)
+        let step = step_at(&site.program.root, output.slot)
             .expect("a deferred output's step is in the program it was found in");
-        let id = &lane.program.ids[output.slot];
+        let id = &site.program.ids[output.slot];
         let input = substituted(&output.input);
         let started = Instant::now();
-        let value = self.call(step, &input, lane)?;
+        let value = NodeCall::new(self, step, site).call(&input)?;
         let entry = Entry {
             digest: keys.cache.digest(&value),
             value,

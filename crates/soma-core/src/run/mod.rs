@@ -9,29 +9,38 @@
 //! already computed.
 //!
 //! A [`Stream`](stream::Stream) runs a program over many items, its stages overlapped.
+//!
+//! Two walks stand on one floor. The floor: the hooks a run holds (`executor`), the branch
+//! chain and why a walk stopped (`branch`), one node's call (`call`, with the policy's side in
+//! `attempt`), a step that decides (`decision`), how a fan-out settles (`settle`), beside the
+//! run's vocabulary (`program`, `table`, `cache`, `keys`, `trace`, `observer`, `crew`, …). The
+//! walks: `sync`, on threads, and `aio`, as futures, which lends its sync pieces to the sync
+//! walk through its one entry (`Executor::walk_from`). Neither walk calls the other's private
+//! methods, and no module of the floor names a walk.
 
 pub(crate) mod aio;
 mod attempt;
+mod branch;
 pub(crate) mod cache;
+mod call;
 pub(crate) mod crew;
-mod decide;
+mod decision;
 mod deferred;
 pub(crate) mod detach;
 pub(crate) mod error;
 pub(crate) mod executor;
-mod fan_out;
 mod fork;
 pub(crate) mod hooks;
 mod keys;
-mod lane;
 pub(crate) mod latch;
 mod lookahead;
 pub(crate) mod observer;
 pub(crate) mod policy;
 pub(crate) mod program;
 pub(crate) mod reserve;
+mod settle;
 pub(crate) mod stream;
+mod sync;
 mod table;
 pub(crate) mod trace;
-mod wave;
 mod worker;

@@ -24,13 +24,13 @@ use std::task::Waker;
 use std::thread;
 use std::time::Duration;
 
+use super::hooks::{Spawned, Tasks};
 use super::limits::Limits;
 use super::{Settled, Task};
 use crate::model::id::NodeId;
 use crate::model::value::Value;
 use crate::run::error::RunError;
 use crate::run::executor::Executor;
-use crate::run::hooks::{Spawned, Tasks};
 use crate::run::program::Program;
 use crate::run::stream::OnError;
 

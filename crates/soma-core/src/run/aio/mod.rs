@@ -12,14 +12,17 @@
 //! exactly as before (see `walk.rs` for how the two meet, and `place.rs` for how a task holds
 //! its part of the table without borrowing it).
 //!
-//! Every rule is the executor's: a step's boundary, its cache key, its policy, its span, how a
-//! wave settles, are the functions the sync walk calls. Cancellation is the loop's: the
+//! Every rule is the floor's both walks stand on: a node's call, its cache key, its policy, its
+//! span (`run/call.rs`), a branch's boundary (`run/branch.rs`), how a wave settles
+//! (`run/settle.rs`), what a step that decides reads (`run/decision.rs`). Cancellation is the loop's: the
 //! embedder tells a task it was cancelled ([`Task::cancel`]) and delivers the cancellation to
 //! the node call it awaits; the walk stops at its next boundary and cancels the tasks it
 //! spawned. A run's outcome is kept in its [`Settled`], for a caller on the loop (who polled
 //! the task to its end) or on another thread (who waits on it, with a deadline of its own).
 
 mod flow;
+pub(crate) mod hooks;
+mod join;
 mod limits;
 mod place;
 mod task;
@@ -30,14 +33,15 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 pub use self::flow::{Flow, FlowSettings, ItemOutcome};
+use self::hooks::Tasks;
 use self::limits::Limits;
-pub(crate) use self::place::Branch as AioBranch;
-use self::place::{Branch, Place, Run, Table, Window};
+use self::place::{Place, Run, Table, Window};
 use self::task::CatchUnwind;
 pub use self::task::Task;
+use super::branch::{Branch, Halt};
 use super::error::RunError;
-use super::executor::{Executor, Halt};
-use super::hooks::{Tasks, Watch};
+use super::executor::Executor;
+use super::hooks::Watch;
 use super::latch::sleep_on;
 use super::observer::Ended;
 use crate::model::id::NodeId;

@@ -15,23 +15,17 @@
 
 use std::cell::UnsafeCell;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use super::hooks::Tasks;
 use super::limits::Limits;
 use crate::model::value::Value;
+use crate::run::branch::Branch;
 use crate::run::detach::{Detached, Remains};
 use crate::run::executor::Executor;
-use crate::run::hooks::Tasks;
 use crate::run::keys::RunKeys;
-use crate::run::lane::WaveState;
 use crate::run::program::Program;
 use crate::run::table::{Frame, Shared};
-
-/// How many enclosing branches a node boundary looks at for a cancellation, as the sync walk's
-/// lane does: a cancellation deeper than that reaches a branch through its task instead (a
-/// cancelled join cancels its children's tasks).
-const CANCEL_REACH: usize = 64;
 
 /// What every task of one run shares: the executor and its hooks, the loop's side, the
 /// program (which keeps every sub-program a `Map`, `Switch` or `Loop` runs alive), and which
@@ -192,97 +186,6 @@ impl Window {
         Window {
             own,
             readable: readable.into(),
-        }
-    }
-}
-
-/// A task's place among the waves and items around it: through it a boundary sees that the
-/// task was cancelled, or that a sibling declared before it failed, and a span says which
-/// branch it ran in.
-pub(crate) struct Branch {
-    parent: Option<Arc<Branch>>,
-    /// The wave (or `Map`) this branch is one of, and its index there.
-    wave: Option<(Arc<WaveState>, usize)>,
-    /// Set when the embedder cancelled the branch's task, or its run.
-    cancelled: AtomicBool,
-}
-
-impl Branch {
-    /// The branch of a whole run.
-    pub(crate) fn root() -> Arc<Self> {
-        Arc::new(Branch {
-            parent: None,
-            wave: None,
-            cancelled: AtomicBool::new(false),
-        })
-    }
-
-    /// Branch `index` of the wave `state`, inside `parent`.
-    pub(crate) fn child(parent: &Arc<Branch>, state: &Arc<WaveState>, index: usize) -> Arc<Self> {
-        Arc::new(Branch {
-            parent: Some(Arc::clone(parent)),
-            wave: Some((Arc::clone(state), index)),
-            cancelled: AtomicBool::new(false),
-        })
-    }
-
-    /// Stops the branch at its next node boundary. `Release`, read with `Acquire`: a hint to
-    /// stop, as a wave's `first_failed` is.
-    pub(crate) fn cancel(&self) {
-        self.cancelled.store(true, Ordering::Release);
-    }
-
-    /// Whether this branch itself was cancelled (not an ancestor).
-    pub(crate) fn is_cancelled(&self) -> bool {
-        self.cancelled.load(Ordering::Acquire)
-    }
-
-    /// Whether the branch must stop at its next node boundary: it or a branch around it was
-    /// cancelled, or a sibling declared before one of them failed, within [`CANCEL_REACH`].
-    pub(crate) fn stopped(&self) -> bool {
-        let mut at = Some(self);
-        for _ in 0..CANCEL_REACH {
-            let Some(branch) = at else {
-                return false;
-            };
-            if branch.is_cancelled() {
-                return true;
-            }
-            if let Some((wave, index)) = &branch.wave {
-                if wave.first_failed.load(Ordering::Acquire) < *index {
-                    return true;
-                }
-            }
-            at = branch.parent.as_deref();
-        }
-        false
-    }
-
-    /// The branch's index in each enclosing wave, outermost first.
-    pub(crate) fn path(&self) -> Vec<usize> {
-        let mut path = Vec::new();
-        let mut at = Some(self);
-        while let Some(branch) = at {
-            if let Some((_, index)) = &branch.wave {
-                path.push(*index);
-            }
-            at = branch.parent.as_deref();
-        }
-        path.reverse();
-        path
-    }
-}
-
-impl Drop for Branch {
-    /// Lets go of the chain of parents without recursing once per level: a branch nested a
-    /// hundred thousand waves deep is dropped in a loop.
-    fn drop(&mut self) {
-        let mut parent = self.parent.take();
-        while let Some(branch) = parent {
-            parent = match Arc::try_unwrap(branch) {
-                Ok(mut only) => only.parent.take(),
-                Err(_) => None,
-            };
         }
     }
 }

@@ -5,14 +5,16 @@
 //! Only the *skeleton* is walked here — the ops that hold an async node somewhere inside
 //! ([`Op::is_async`]). Every largest part without one — a sync step, a wave of sync branches,
 //! a run of sync steps in a sequence — is a *piece*, handed whole to a thread of the program's
-//! crew and walked there by the sync walk ([`Executor::walk`]), exactly as a run without async
-//! nodes is walked; the task waits for it without a thread of its own. A sync node therefore
+//! crew and walked there by the sync walk (its one entry for walks made from outside it,
+//! `Executor::walk_from` in `run/sync`), exactly as a run without async nodes is walked; the
+//! task waits for it without a thread of its own. A sync node therefore
 //! never runs on the loop's thread, and a graph without an async node never comes here.
 //!
-//! Everything a step *means* — its boundary checks, its cache lookup and filing, its policy's
-//! retries and time limit, its span, how a wave settles, how a `Map` reads its items and a
-//! `Switch` its case — is the executor's, called from here as the sync walk calls it; only the
-//! waiting differs. A wave's branches and a `Map`'s items are tasks of their own
+//! Everything a step *means* — its cache lookup and filing, its observer's events, its span,
+//! its policy's retries (`run/call.rs`), how a wave settles (`run/settle.rs`), whether its
+//! branch must stop (`run/branch.rs`), how a `Map` reads its items and a `Switch` its case
+//! (`run/decision.rs`) — lies on the floor both walks stand on, called from here as the sync
+//! walk calls it; only the waiting differs. A wave's branches and a `Map`'s items are tasks of their own
 //! ([`crate::Tasks::spawn`]), joined ([`Join`]); a case or an iteration runs inline, in the
 //! task that reached its step, until [`INLINE_LEVELS`] of them nest, when the next runs as a
 //! task of its own: no future's poll recurses deeper than that, however deep the plan.
@@ -21,27 +23,30 @@ use std::future::Future;
 use std::ops::Range;
 use std::panic::{self, AssertUnwindSafe};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Poll;
 use std::time::Instant;
 
+use super::join::Join;
 use super::limits::slots_of;
-use super::place::{Branch, Place, Table, Window};
-use super::task::{CatchUnwind, Join, Task};
+use super::place::{Place, Table, Window};
+use super::task::{CatchUnwind, Task};
 use crate::model::id::NodeId;
 use crate::model::node::Ctx;
 use crate::model::value::Value;
-use crate::run::attempt::Next;
+use crate::run::attempt::{next_attempt, stopped_pausing, Next};
+use crate::run::branch::{Branch, Halt, Standing, WaveState};
+use crate::run::call::{gather, NodeCall, Site};
+use crate::run::decision;
 use crate::run::error::RunError;
-use crate::run::executor::{Executor, Halt};
-use crate::run::fan_out::{settle, Outcome};
+use crate::run::executor::Executor;
 use crate::run::hooks::Watch;
 use crate::run::keys::RunKeys;
-use crate::run::lane::{Lane, Walk, WaveState};
 use crate::run::latch::Delivery;
 use crate::run::observer::{Ended, Part};
 use crate::run::program::{LoopOp, MapOp, Op, Program, Step, SwitchOp};
+use crate::run::settle::{settle, Outcome};
+use crate::run::sync::Start;
 
 /// How many cases and iterations nest inline in one task before the next runs as a task of its
 /// own: each level is a few futures' polls deep, and a task's poll must not grow with the plan.
@@ -85,23 +90,16 @@ impl<T: ?Sized> At<T> {
 type Walking<'p> = Pin<Box<dyn Future<Output = Result<(), Halt>> + Send + 'p>>;
 
 impl Place {
-    /// The walk the sync walk makes of this place's sync work: the program's crew, this place's
-    /// branch (for cancellation and spans), and the thread that must never be taken for the
-    /// run's caller (the loop's, where this place was made: no thread of a piece is the caller,
-    /// so none polls the watch or gives up).
-    fn walk(&self) -> Walk<'_> {
-        Walk::new(
-            &self.run.program.crew,
-            self.run.caller,
-            Some(&self.run.detached),
-            Some(&self.branch),
-        )
-    }
-
-    /// The lane of work of this place along `walk` (this place's): its program and keys,
-    /// never prefetching.
-    fn lane<'w>(&'w self, walk: &'w Walk<'w>) -> Lane<'w> {
-        Lane::new(walk, self.table.program(), self.table.keys.as_ref(), false)
+    /// Where a node's call is made from this place: its table's program and keys, the
+    /// program's crew, the run's bookkeeping and this place's branch.
+    fn site(&self) -> Site<'_> {
+        Site {
+            program: self.table.program(),
+            keys: self.table.keys.as_ref(),
+            crew: &self.run.program.crew,
+            detached: Some(&self.run.detached),
+            branch: &*self.branch,
+        }
     }
 
     fn executor(&self) -> &Executor {
@@ -255,21 +253,40 @@ async fn piece(place: &Place, work: SyncPiece) -> Result<(), Halt> {
                     let executor = place.executor();
                     let input = &place.table.input;
                     place.table.with_frame(&place.window, |frame| {
-                        let walk = place.walk();
-                        let lane = place.lane(&walk);
+                        // The sync walk of this piece: the program's crew, this place's branch
+                        // (for cancellation and spans), and the thread that must never be
+                        // taken for the run's caller (the loop's, where the run began: no
+                        // thread of a piece is the caller, so none polls the watch or gives
+                        // up); never prefetching.
+                        let start = Start {
+                            crew: &place.run.program.crew,
+                            caller: place.run.caller,
+                            detached: Some(&place.run.detached),
+                            awaited_by: Some(&place.branch),
+                            program: place.table.program(),
+                            keys: place.table.keys.as_ref(),
+                            prefetching: false,
+                        };
                         match &work {
-                            SyncPiece::Op(op) => executor.walk(op.get(&place), input, frame, lane),
+                            SyncPiece::Op(op) => executor.walk_from(
+                                &start,
+                                std::slice::from_ref(op.get(&place)),
+                                &[],
+                                0..1,
+                                input,
+                                frame,
+                            ),
                             SyncPiece::Steps {
                                 steps,
                                 drop_after,
                                 range,
-                            } => executor.walk_steps(
+                            } => executor.walk_from(
+                                &start,
                                 steps.get(&place),
                                 drop_after.get(&place),
                                 range.clone(),
                                 input,
                                 frame,
-                                lane,
                             ),
                         }
                     })
@@ -310,44 +327,41 @@ async fn node(place: &Place, step: &Step) -> Result<(), Halt> {
         None => None,
     };
     place.boundary()?;
-    let walk = place.walk();
-    let lane = place.lane(&walk);
-    let slot = step.slot();
-    let id = &lane.program.ids[slot];
-    if let Some(run) = walk.detached {
-        run.set_running(lane.program, slot, id, true);
-    }
-    let value = match lane.keys {
+    let site = place.site();
+    let call = NodeCall::new(place.executor(), step, site);
+    site.mark_running(step, true);
+    let value = match site.keys {
         None => {
             let input = gathered(place, step);
-            call(place, step, id, &input).await.map_err(Halt::from)
+            called(place, &call, step, &input).await.map_err(Halt::from)
         }
-        Some(keys) => cached(place, keys, step, id).await,
+        Some(keys) => cached(place, keys, step, &call).await,
     };
-    if let Some(run) = walk.detached {
-        run.set_running(lane.program, slot, id, false);
-    }
+    site.mark_running(step, false);
     let value = value?;
-    place
-        .table
-        .with_frame(&place.window, |frame| *frame.cell(slot) = Some(value));
+    place.table.with_frame(&place.window, |frame| {
+        *frame.cell(step.slot()) = Some(value);
+    });
     Ok(())
 }
 
 /// What `step` reads, gathered from the table as the sync walk gathers it.
 fn gathered(place: &Place, step: &Step) -> Value {
     place.table.with_frame(&place.window, |frame| {
-        Executor::gather(step, &place.table.input, frame)
+        gather(step, &place.table.input, frame)
     })
 }
 
 /// An async node's step in a run with a cache: found there, or called and filed, as the sync
-/// walk's `through_cache` does it.
-async fn cached(place: &Place, keys: &RunKeys, step: &Step, id: &NodeId) -> Result<Value, Halt> {
-    let executor = place.executor();
-    let walk = place.walk();
+/// walk's call does it.
+async fn cached(
+    place: &Place,
+    keys: &RunKeys,
+    step: &Step,
+    call: &NodeCall<'_>,
+) -> Result<Value, Halt> {
     let looked_up = place.table.with_frame(&place.window, |frame| {
-        executor.look_up(keys, step, &place.table.input, frame, place.lane(&walk))
+        call.look_up(keys, &place.table.input, frame)
     });
     let key = match looked_up {
         Ok(found) => return Ok(found),
@@ -355,28 +369,27 @@ async fn cached(place: &Place, keys: &RunKeys, step: &Step, id: &NodeId) -> Resu
     };
     let started = Instant::now();
     let input = gathered(place, step);
-    let input = executor.read_deferred(keys, step, input, place.lane(&walk))?;
-    let value = call(place, step, id, &input).await?;
-    Ok(Executor::file(
-        keys,
-        step,
-        id,
-        key,
-        value,
-        started.elapsed(),
-    ))
+    let input = place
+        .executor()
+        .read_deferred(keys, step, input, place.site())?;
+    let value = called(place, call, step, &input).await?;
+    Ok(call.file(keys, key, value, started.elapsed()))
 }
 
 /// Calls an async node's step on `input`: under its policy when it has one, traced when the
 /// run is.
-async fn call(place: &Place, step: &Step, id: &NodeId, input: &Value) -> Result<Value, RunError> {
+async fn called(
+    place: &Place,
+    call: &NodeCall<'_>,
+    step: &Step,
+    input: &Value,
+) -> Result<Value, RunError> {
     if step.has_policy() {
-        return with_policy(place, step, id, input).await;
+        return with_policy(place, call, step, input).await;
     }
-    let executor = place.executor();
-    let opened = executor.begin_call(step, id, 0, || place.branch.path());
-    let outcome = attempt(place, None, step, id, input).await;
-    executor.end_work(opened, &Ended::of(&outcome));
+    let opened = call.begin(0);
+    let outcome = attempt(place, None, call, step, input).await;
+    place.executor().end_work(opened, &Ended::of(&outcome));
     outcome
 }
 
@@ -384,16 +397,17 @@ async fn call(place: &Place, step: &Step, id: &NodeId, input: &Value) -> Result<
 async fn attempt(
     place: &Place,
     limit: Option<std::time::Duration>,
+    call: &NodeCall<'_>,
     step: &Step,
-    id: &NodeId,
     input: &Value,
 ) -> Result<Value, RunError> {
+    let id = call.id();
     let Some(trace) = place.executor().trace.as_deref() else {
         return within(place, limit, step, id, input).await;
     };
     let start = trace.now();
     let outcome = within(place, limit, step, id, input).await;
-    Executor::record_call(trace, step, id, place.branch.path(), start, 1, &outcome);
+    call.record(trace, start, 1, &outcome);
     outcome
 }
 
@@ -438,24 +452,21 @@ async fn within(
 }
 
 /// An async node's call under its policy: each attempt within its limit, retried as the policy
-/// says ([`Executor::next_attempt`]), its pauses awaited on the loop and ended by a boundary's
-/// reasons to stop.
+/// says ([`next_attempt`]), its pauses awaited on the loop and ended by a boundary's reasons to
+/// stop.
 async fn with_policy(
     place: &Place,
+    call: &NodeCall<'_>,
     step: &Step,
-    id: &NodeId,
     input: &Value,
 ) -> Result<Value, RunError> {
     let executor = place.executor();
-    let program = place.table.program();
-    let policy = program.policies[step.slot()]
-        .as_deref()
-        .expect("a step marked as having a policy has one");
+    let policy = call.policy();
     let mut tried = 0_u32;
     loop {
-        let opened = executor.begin_call(step, id, tried, || place.branch.path());
-        let outcome = attempt(place, policy.time_limit, step, id, input).await;
-        let next = Executor::next_attempt(policy, tried, outcome);
+        let opened = call.begin(tried);
+        let outcome = attempt(place, policy.time_limit, call, step, input).await;
+        let next = next_attempt(policy, tried, outcome);
         executor.end_work(opened, &next.ended());
         let (pause, error) = match next {
             Next::Done(outcome) => return outcome,
@@ -471,7 +482,7 @@ async fn with_policy(
         })
         .await;
         if !waited {
-            return Err(Executor::stopped_pausing(place.branch.stopped(), error));
+            return Err(stopped_pausing(place.branch.stopped(), error));
         }
         tried += 1;
     }
@@ -484,9 +495,7 @@ async fn wave(place: &Place, branches: &[Op], bounds: &[usize]) -> Result<(), Ha
     if let [only] = branches {
         return walk(place, only).await;
     }
-    let state = Arc::new(WaveState {
-        first_failed: AtomicUsize::new(usize::MAX),
-    });
+    let state = Arc::new(WaveState::new());
     let join = Join::new(branches.len());
     for (index, (branch, window)) in branches.iter().zip(bounds.windows(2)).enumerate() {
         let child = Place {
@@ -501,7 +510,7 @@ async fn wave(place: &Place, branches: &[Op], bounds: &[usize]) -> Result<(), Ha
             Box::pin(async move {
                 let outcome = walk(child, op.get(child)).await;
                 if !matches!(outcome, Ok(()) | Err(Halt::Cancelled)) {
-                    state.first_failed.fetch_min(index, Ordering::AcqRel);
+                    state.fail(index);
                     join_of_branch.cancel_after(index);
                 }
                 outcome
@@ -549,25 +558,23 @@ async fn run_decision(
         Some(limits) => Some(limits.step(step.slot()).acquire().await),
         None => None,
     };
-    let walk = place.walk();
-    let lane = place.lane(&walk);
-    lane.mark_running(step, true);
+    let site = place.site();
+    site.mark_running(step, true);
     let value = work.await;
-    lane.mark_running(step, false);
+    site.mark_running(step, false);
     let value = value?;
     place.table.with_frame(&place.window, |frame| {
-        Executor::write_decision(step, value, frame, lane);
+        decision::write(step, value, frame, site.keys);
     });
     Ok(())
 }
 
 /// What a step that decides reads, after the boundary checks, as the sync walk reads it.
 fn decision_input(place: &Place, step: &Step) -> Result<Value, Halt> {
-    let walk = place.walk();
     place.table.with_frame(&place.window, |frame| {
         place
             .executor()
-            .decision_input(step, &place.table.input, frame, place.lane(&walk))
+            .decision_input(step, &place.table.input, frame, &*place.branch)
     })
 }
 
@@ -625,9 +632,7 @@ async fn each(place: &Place, op: &MapOp) -> Result<Value, Halt> {
         return Ok(executor.reading().collect(Vec::new()));
     }
     let bound = op.in_flight.unwrap_or(count).clamp(1, count);
-    let state = Arc::new(WaveState {
-        first_failed: AtomicUsize::new(usize::MAX),
-    });
+    let state = Arc::new(WaveState::new());
     let join = Join::new(count);
     let results: Arc<[ItemResult]> = (0..count).map(|_| Mutex::new(None)).collect();
     let (body, id_at) = (At::of(&op.body), At::of(id));
@@ -649,7 +654,7 @@ async fn each(place: &Place, op: &MapOp) -> Result<Value, Halt> {
                 let outcome = run_body(child, body.get(child), item).await;
                 executor.part_ends(id, under_way, || child.branch.path(), &outcome);
                 if !matches!(outcome, Ok(_) | Err(Halt::Cancelled)) {
-                    state.first_failed.fetch_min(index, Ordering::AcqRel);
+                    state.fail(index);
                     join_of_item.cancel_after(index);
                 }
                 *results[index]
@@ -665,7 +670,7 @@ async fn each(place: &Place, op: &MapOp) -> Result<Value, Halt> {
             // Bounded: an item that ends makes room for the next.
             join.more_than(&place.branch, started - bound).await;
         }
-        if state.first_failed.load(Ordering::Acquire) != usize::MAX || place.branch.stopped() {
+        if state.any_failed() || place.branch.stopped() {
             break;
         }
         start(started, items.next().expect("an item for each index"));
@@ -740,31 +745,31 @@ enum Asked {
 /// only decides, as quick as the callable it wraps), an async one awaited.
 async fn ask(place: &Place, step: &Step, value: &Value, asked: Asked) -> Result<Value, Halt> {
     let executor = place.executor();
-    let walk = place.walk();
-    let lane = place.lane(&walk);
+    let site = place.site();
     let input = &place.table.input;
     let key = |keys: &RunKeys, id: &NodeId, fingerprint: &crate::model::key::Key| match asked {
         Asked::Input => keys.key_of(id, fingerprint, step, input),
         Asked::Output => keys.key_on(id, fingerprint, step, value),
     };
     if !step.node.is_async() {
-        return Ok(executor.decision_call(step, value, lane, key)?);
+        return Ok(executor.decision_call(step, value, site, key)?);
     }
-    let id = &lane.program.ids[step.slot()];
-    let keyed = lane.keys.and_then(|keys| {
+    let call = NodeCall::new(executor, step, site);
+    let id = call.id();
+    let keyed = site.keys.and_then(|keys| {
         let fingerprint = keys.cache.fingerprint(id, &*step.node)?;
         Some((keys, key(keys, id, &fingerprint)?))
     });
     if let Some((keys, key)) = &keyed {
         if let Some(entry) = keys.cache.get(id, key) {
-            executor.mark_cached(step, id, lane);
+            call.mark_cached();
             return Ok(entry.value);
         }
     }
     let started = Instant::now();
-    let value = call(place, step, id, value).await?;
+    let value = called(place, &call, step, value).await?;
     Ok(match keyed {
-        Some((keys, key)) => Executor::file_decision(keys, id, &key, value, started.elapsed()),
+        Some((keys, key)) => decision::file_answer(keys, id, &key, value, started.elapsed()),
         None => value,
     })
 }

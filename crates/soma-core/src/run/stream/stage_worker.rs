@@ -22,8 +22,8 @@ use super::shared::StreamShared;
 use super::stages::stages;
 use crate::run::executor::Executor;
 use crate::run::hooks::Captured;
-use crate::run::lane::{Lane, Walk};
 use crate::run::program::{Op, Program};
+use crate::run::sync::Start;
 use crate::run::table::Frame;
 
 /// One worker of one stage, on a lent thread; counted alive until it is dropped, run or not.
@@ -155,14 +155,24 @@ impl StageWorker {
             own: &mut item.table,
             shared: None,
         };
-        let walk = Walk::new(&self.program.crew, thread::current().id(), None, None);
-        let lane = Lane::new(
-            &walk,
-            &self.program,
-            item.keys.as_ref(),
-            self.program.prefetching(),
+        let start = Start {
+            crew: &self.program.crew,
+            caller: thread::current().id(),
+            detached: None,
+            awaited_by: None,
+            program: &self.program,
+            keys: item.keys.as_ref(),
+            prefetching: self.program.prefetching(),
+        };
+        let walked = executor.walk_from(
+            &start,
+            std::slice::from_ref(op),
+            &[],
+            0..1,
+            &item.input,
+            &mut frame,
         );
-        match executor.walk(op, &item.input, &mut frame, lane) {
+        match walked {
             Ok(()) if !last => {
                 for &slot in drops {
                     item.table[slot] = None;

@@ -14,25 +14,20 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
 
-use super::cache::Entry;
-
-use super::detach::Kept;
-use super::error::RunError;
-use super::executor::{Executor, Halt};
-use super::fan_out::{settle, FanOut, Outcome};
-use super::hooks::Watch;
-use super::keys::RunKeys;
+use super::fan_out::FanOut;
 use super::lane::Lane;
-use super::observer::{Begun, Ended, Opened, Part};
-use super::program::{LoopOp, MapOp, Program, Step, SwitchOp};
-use super::table::Frame;
-use super::trace::{thread_number, Span, Trace};
 use crate::model::id::NodeId;
-use crate::model::key::Key;
-use crate::model::reading::{NativeReading, NotItems, Reading};
 use crate::model::value::Value;
+use crate::run::branch::Halt;
+use crate::run::decision;
+use crate::run::detach::Kept;
+use crate::run::executor::Executor;
+use crate::run::keys::RunKeys;
+use crate::run::observer::Part;
+use crate::run::program::{LoopOp, MapOp, Program, Step, SwitchOp};
+use crate::run::settle::{settle, Outcome};
+use crate::run::table::Frame;
 
 /// What a `Map` lends its items: the items, the next one no lane has taken (when lanes take
 /// items one after another), and each item's outcome, written by the thread that ran it.
@@ -42,37 +37,7 @@ struct MapItems {
     outcomes: Box<[Mutex<Option<Outcome<Value>>>]>,
 }
 
-/// A part of a step under way — an item, a case, an iteration — from
-/// [`Executor::part_begins`] to [`Executor::part_ends`]: what the trace and the observer keep
-/// of it meanwhile.
-pub(super) struct PartUnderWay<'k> {
-    which: Part<'k>,
-    opened: Option<Opened>,
-    start: Option<std::time::Duration>,
-}
-
 impl Executor {
-    pub(super) fn reading(&self) -> &dyn Reading {
-        self.reading.as_deref().unwrap_or(&NativeReading)
-    }
-
-    /// What a decision step reads, once it may start: the checks a step makes before its node.
-    pub(super) fn decision_input(
-        &self,
-        step: &Step,
-        input: &Value,
-        frame: &mut Frame<'_>,
-        lane: Lane<'_>,
-    ) -> Result<Value, Halt> {
-        if lane.cancelled() {
-            return Err(Halt::Cancelled);
-        }
-        if self.watch.as_deref().is_some_and(Watch::interrupted) {
-            return Err(Halt::Failed(RunError::Interrupted));
-        }
-        Ok(Executor::gather(step, input, frame))
-    }
-
     /// Runs `work` as `step`'s work, marked running meanwhile for a run its caller may leave,
     /// and writes what it returns as the step's value. A decision as a whole is never looked
     /// up in a cache (what it runs is not in its key): the nodes it runs are, each on what it
@@ -83,19 +48,12 @@ impl Executor {
         lane: Lane<'_>,
         work: impl FnOnce() -> Result<Value, Halt>,
     ) -> Result<(), Halt> {
-        lane.mark_running(step, true);
+        let site = lane.site();
+        site.mark_running(step, true);
         let value = work();
-        lane.mark_running(step, false);
-        Self::write_decision(step, value?, frame, lane);
+        site.mark_running(step, false);
+        decision::write(step, value?, frame, lane.keys);
         Ok(())
-    }
-
-    /// Writes `value` as a decision step's output, its digest what readers key on.
-    pub(super) fn write_decision(step: &Step, value: Value, frame: &mut Frame<'_>, lane: Lane<'_>) {
-        if let Some(keys) = lane.keys {
-            keys.settle(step.slot(), keys.cache.digest(&value));
-        }
-        *frame.cell(step.slot()) = Some(value);
     }
 
     /// Runs `body` on `input` with a table of its own, along `lane` (its place in the waves
@@ -130,62 +88,12 @@ impl Executor {
                 Ok(Executor::result(body, table, || input.clone()))
             }
             Err(halt) => {
-                if let Some(remains) = halt.remains_if_given_up(&lane) {
+                if let Some(remains) = halt.remains_if_given_up(lane.walk.detached) {
                     kept.leave(&remains);
                 }
                 Err(halt)
             }
         }
-    }
-
-    /// Calls `step`'s own node — a switch's selector, a loop's predicate — on `value`; with a
-    /// cache, through it as any node is, under the key `key` makes (from the run's identities,
-    /// the node's id and its fingerprint), its span marked cached when found.
-    pub(super) fn decision_call(
-        &self,
-        step: &Step,
-        value: &Value,
-        lane: Lane<'_>,
-        key: impl FnOnce(&RunKeys, &NodeId, &Key) -> Option<Key>,
-    ) -> Result<Value, RunError> {
-        let Some(keys) = lane.keys else {
-            return self.call(step, value, lane);
-        };
-        let id = &lane.program.ids[step.slot()];
-        let key = keys
-            .cache
-            .fingerprint(id, &*step.node)
-            .and_then(|fingerprint| key(keys, id, &fingerprint));
-        let Some(key) = key else {
-            return self.call(step, value, lane);
-        };
-        if let Some(entry) = keys.cache.get(id, &key) {
-            self.mark_cached(step, id, lane);
-            return Ok(entry.value);
-        }
-        let started = Instant::now();
-        let value = self.call(step, value, lane)?;
-        Ok(Self::file_decision(
-            keys,
-            id,
-            &key,
-            value,
-            started.elapsed(),
-        ))
-    }
-
-    /// Files what a selector or predicate `id` answered, `value` in `took`, under `key`.
-    pub(super) fn file_decision(
-        keys: &RunKeys,
-        id: &NodeId,
-        key: &Key,
-        value: Value,
-        took: std::time::Duration,
-    ) -> Value {
-        let digest = keys.cache.digest(&value);
-        let entry = Entry { value, digest };
-        keys.cache.put(id, key, &entry, took);
-        entry.value
     }
 
     /// Runs `part` — an item, a case, an iteration of step `id` — its span recorded when the
@@ -204,90 +112,6 @@ impl Executor {
         let outcome = part();
         self.part_ends(id, under_way, || lane.path(), &outcome);
         outcome
-    }
-
-    /// Begins part `which` of step `id`, in the branch at `branch`, as the trace and the
-    /// observer see it — for either walk, on the thread or in the task that runs the part.
-    pub(super) fn part_begins<'k>(
-        &self,
-        id: &NodeId,
-        which: Part<'k>,
-        branch: impl FnOnce() -> Vec<usize>,
-    ) -> PartUnderWay<'k> {
-        let opened = self.observer.as_deref().map(|observer| {
-            observer.begin(&Begun::Part {
-                step: id,
-                part: which,
-                branch: &branch(),
-            })
-        });
-        PartUnderWay {
-            which,
-            opened,
-            start: self.trace.as_deref().map(Trace::now),
-        }
-    }
-
-    /// Ends a part [`Executor::part_begins`] began, with `outcome`: its span, named
-    /// `id[which]`, recorded when the run is traced, and the observer told.
-    pub(super) fn part_ends(
-        &self,
-        id: &NodeId,
-        under_way: PartUnderWay<'_>,
-        branch: impl FnOnce() -> Vec<usize>,
-        outcome: &Result<Value, Halt>,
-    ) {
-        if let (Some(trace), Some(start)) = (self.trace.as_deref(), under_way.start) {
-            Self::record_part(
-                trace,
-                id,
-                &under_way.which.to_string(),
-                branch(),
-                start,
-                outcome,
-            );
-        }
-        self.end_work(under_way.opened, &Self::part_ended(outcome));
-    }
-
-    /// How a part that ended with `outcome` ended, as an observer is told.
-    fn part_ended(outcome: &Result<Value, Halt>) -> Ended<'_> {
-        match outcome {
-            Ok(_) => Ended::Returned,
-            Err(Halt::Failed(error)) => Ended::Failed {
-                error,
-                retry_in: None,
-            },
-            Err(Halt::Cancelled | Halt::Abandoned) => Ended::Stopped,
-        }
-    }
-
-    /// Records the span of an item, a case or an iteration `which` of step `id`, named
-    /// `id[which]`, from `start` to now, in the branch at `path`.
-    fn record_part(
-        trace: &Trace,
-        id: &NodeId,
-        which: &str,
-        path: Vec<usize>,
-        start: std::time::Duration,
-        outcome: &Result<Value, Halt>,
-    ) {
-        trace.record(Span {
-            node: NodeId::new(format!("{id}[{which}]")),
-            start,
-            end: trace.now(),
-            thread: thread_number(),
-            branch: path,
-            turns: 0,
-            error: match outcome {
-                Err(Halt::Failed(error)) => Some(error.to_string()),
-                Ok(_) | Err(Halt::Cancelled | Halt::Abandoned) => None,
-            },
-            device: None,
-            host: None,
-            cached: false,
-            part_of: Some(id.clone()),
-        });
     }
 
     // Kept out of line: a run without decisions should not carry their code through
@@ -311,7 +135,7 @@ impl Executor {
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
     ) -> Result<(), Halt> {
-        let read = self.decision_input(&op.step, input, frame, lane)?;
+        let read = self.decision_input(&op.step, input, frame, &lane)?;
         let id = &lane.program.ids[op.step.slot()];
         Self::run_decision(&op.step, frame, lane, || {
             let items = self.items_of(id, &read)?;
@@ -390,21 +214,6 @@ impl Executor {
         settle(outcomes)
     }
 
-    /// What a `Map` step read, as its items: a list; or [`RunError::NotAList`] naming the
-    /// step, or the step's failure with the error that reading its items raised.
-    pub(super) fn items_of(&self, id: &NodeId, read: &Value) -> Result<Vec<Value>, RunError> {
-        self.reading().items(read).map_err(|not| match not {
-            NotItems::NotAList(found) => RunError::NotAList {
-                node: id.clone(),
-                found,
-            },
-            NotItems::Failed(error) => RunError::NodeFailed {
-                node: id.clone(),
-                error,
-            },
-        })
-    }
-
     // Kept out of line: a run without decisions should not carry their code through
     // every step of its walk.
     #[cold]
@@ -428,50 +237,18 @@ impl Executor {
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
     ) -> Result<(), Halt> {
-        let read = self.decision_input(&op.step, input, frame, lane)?;
+        let read = self.decision_input(&op.step, input, frame, &lane)?;
         let id = &lane.program.ids[op.step.slot()];
         Self::run_decision(&op.step, frame, lane, || {
-            let chosen = self.decision_call(&op.step, &read, lane, |keys, id, fingerprint| {
-                keys.key_of(id, fingerprint, &op.step, input)
-            })?;
+            let chosen =
+                self.decision_call(&op.step, &read, lane.site(), |keys, id, fingerprint| {
+                    keys.key_of(id, fingerprint, &op.step, input)
+                })?;
             let (at, key) = self.case_of(op, id, &chosen)?;
             self.part(id, Part::Case(&key), &lane, || {
                 self.run_body(&op.cases[at], &read, lane)
             })
         })
-    }
-
-    /// The case a switch's selector chose, by index, and its key; [`RunError::UnknownCase`]
-    /// naming the step when no case has it.
-    pub(super) fn case_of(
-        &self,
-        op: &SwitchOp,
-        id: &NodeId,
-        chosen: &Value,
-    ) -> Result<(usize, String), RunError> {
-        let unknown = |key: String| RunError::UnknownCase {
-            node: id.clone(),
-            key,
-            known: op.keys.to_vec(),
-        };
-        let key = self
-            .reading()
-            .key(chosen)
-            .map_err(|found| unknown(format!("a {found}")))?;
-        match op.keys.iter().position(|known| *known == key) {
-            Some(at) => Ok((at, key)),
-            None => Err(unknown(key)),
-        }
-    }
-
-    /// The error of a loop whose predicate never said done: its bound and what its body last
-    /// returned.
-    pub(super) fn loop_limit(&self, op: &LoopOp, id: &NodeId, last: &Value) -> RunError {
-        RunError::LoopLimit {
-            node: id.clone(),
-            max_iterations: op.max_iterations,
-            last: self.reading().type_name(last),
-        }
     }
 
     // Kept out of line: a run without decisions should not carry their code through
@@ -497,7 +274,7 @@ impl Executor {
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
     ) -> Result<(), Halt> {
-        let read = self.decision_input(&op.step, input, frame, lane)?;
+        let read = self.decision_input(&op.step, input, frame, &lane)?;
         let id = &lane.program.ids[op.step.slot()];
         Self::run_decision(&op.step, frame, lane, || {
             let mut current = read;
@@ -506,7 +283,7 @@ impl Executor {
                     self.run_body(&op.body, &current, lane)
                 })?;
                 let verdict =
-                    self.decision_call(&op.step, &output, lane, |keys, id, fingerprint| {
+                    self.decision_call(&op.step, &output, lane.site(), |keys, id, fingerprint| {
                         keys.key_on(id, fingerprint, &op.step, &output)
                     })?;
                 if self.reading().done(&verdict) {

@@ -1,7 +1,9 @@
 //! `Walk` and `Lane`: what every branch of one walk of a run shares — the crew its waves borrow
 //! threads from, the thread that started the run, the run's bookkeeping — and where one branch
-//! stands in it — the program it runs, its index in each wave around it — with the state a
-//! wave shares with its branches, through which a failing branch stops its later siblings.
+//! stands in it — the program it runs, its index in each wave around it. A lane is a link of
+//! the branch chain both walks read ([`crate::run::branch`]): through it a failing branch stops
+//! its later siblings, and sync work an async run lent a thread sees the task awaiting it
+//! stopped.
 //!
 //! Kept apart because they change at different rates: a walk's constants are made once, where
 //! the walk begins, and lent by reference; a lane is made for every branch and every
@@ -16,26 +18,14 @@
 //! run its caller may leave, the walk is kept on the heap with the run's parts
 //! ([`crate::run::detach`]), as is the lane a fan-out lends its branches (their parent).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 
-use super::aio::AioBranch;
-use super::crew::Crew;
-use super::detach::Detached;
-use super::keys::RunKeys;
-use super::program::{Program, Step};
-
-/// How many enclosing waves a node boundary looks at for an earlier sibling's failure.
-const CANCEL_REACH: usize = 64;
-
-/// The state one wave shares with its branches.
-pub(crate) struct WaveState {
-    /// The smallest declared index of a branch that failed, `usize::MAX` while none has.
-    /// Written with `fetch_min(AcqRel)` and read with `Acquire` at each node boundary: it is a
-    /// hint to stop early, and which error is reported is decided after the join from the
-    /// outcomes themselves, so a stale read only costs a node's time, never correctness.
-    pub(crate) first_failed: AtomicUsize,
-}
+use crate::run::branch::{self, Branch, Link, WaveState};
+use crate::run::call::Site;
+use crate::run::crew::Crew;
+use crate::run::detach::Detached;
+use crate::run::keys::RunKeys;
+use crate::run::program::Program;
 
 /// One walk of a run, as every branch of it shares it, by reference: the crew the branches of
 /// its waves run on, the thread that started the run and, for a run its caller may stop waiting
@@ -49,7 +39,7 @@ pub(super) struct Walk<'s> {
     /// For sync work an async run lent a thread (see `run/aio`): the branch of the task that
     /// waits for it, whose cancellation — and the failures of its earlier siblings — stop this
     /// work at its next boundary too, and whose place in the waves begins this walk's paths.
-    pub(super) awaited_by: Option<&'s AioBranch>,
+    pub(super) awaited_by: Option<&'s Branch>,
 }
 
 /// Where a branch stands in its walk, passed by value down it: the program it runs (the run's,
@@ -75,7 +65,7 @@ impl<'s> Walk<'s> {
         crew: &'s Crew,
         caller: thread::ThreadId,
         detached: Option<&'s Detached>,
-        awaited_by: Option<&'s AioBranch>,
+        awaited_by: Option<&'s Branch>,
     ) -> Self {
         Walk {
             crew,
@@ -128,55 +118,54 @@ impl<'s> Lane<'s> {
         }
     }
 
-    /// Marks `step` running, or no longer, in a run its caller may leave, which names the nodes
-    /// still running when it gives up.
-    pub(super) fn mark_running(&self, step: &Step, running: bool) {
-        if let Some(run) = self.walk.detached {
-            run.set_running(
-                self.program,
-                step.slot(),
-                &self.program.ids[step.slot()],
-                running,
-            );
+    /// Where a node's call is made along this lane: its program and keys, the walk's crew and
+    /// bookkeeping, and this lane as its branch.
+    #[inline]
+    pub(super) fn site(&self) -> Site<'_> {
+        Site {
+            program: self.program,
+            keys: self.keys,
+            crew: self.walk.crew,
+            detached: self.walk.detached,
+            branch: self,
         }
     }
 
-    /// The index of this branch in each enclosing wave, outermost first.
+    /// The index of this branch in each enclosing wave, outermost first, from the task that
+    /// awaits this walk, if any ([`branch::path`]).
     pub(super) fn path(&self) -> Vec<usize> {
-        let mut path = Vec::new();
-        let mut at = Some(self);
-        while let Some(lane) = at {
-            if let Some((_, index)) = lane.wave {
-                path.push(index);
-            }
-            at = lane.parent;
-        }
-        path.reverse();
-        match self.walk.awaited_by {
-            Some(outer) => [outer.path(), path].concat(),
-            None => path,
-        }
+        branch::path(self)
     }
 
-    /// Whether a branch declared before this one has failed, in any of the
-    /// [`CANCEL_REACH`] waves around it.
+    /// Whether a branch declared before this one has failed, in any of the waves around it
+    /// that a node boundary looks at, or the task that awaits this walk was stopped
+    /// ([`branch::stopped`]).
     ///
-    /// Asked at every node boundary, so it must not cost the depth of the graph: a branch
-    /// nested deeper than that below a failure runs on to its own wave's end instead of
-    /// stopping early. Which error is reported does not depend on it.
+    /// Asked at every node boundary, so it must not cost the depth of the graph. Which error
+    /// is reported does not depend on it.
+    #[inline]
     pub(super) fn cancelled(&self) -> bool {
-        let mut at = Some(self);
-        for _ in 0..CANCEL_REACH {
-            let Some(lane) = at else {
-                return self.walk.awaited_by.is_some_and(AioBranch::stopped);
-            };
-            if let Some((wave, index)) = lane.wave {
-                if wave.first_failed.load(Ordering::Acquire) < index {
-                    return true;
-                }
-            }
-            at = lane.parent;
-        }
+        branch::stopped(self)
+    }
+}
+
+impl Link for Lane<'_> {
+    #[inline]
+    fn wave(&self) -> Option<(&WaveState, usize)> {
+        self.wave
+    }
+
+    #[inline]
+    fn cancelled(&self) -> bool {
         false
+    }
+
+    #[inline]
+    fn parent(&self) -> Option<&Self> {
+        self.parent
+    }
+
+    fn beyond(&self) -> Option<&Branch> {
+        self.walk.awaited_by
     }
 }

@@ -11,17 +11,19 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use super::detach::{Detached, Kept};
-use super::error::RunError;
-use super::executor::{prefetch_ahead, Executor, Halt};
-use super::fan_out::{refused_or_raised, settle};
-use super::hooks::Captured;
 use super::lane::Lane;
-use super::latch::{wait_watching, Delivery, Waited};
-use super::program::Op;
-use super::table::{Frame, Shared};
-use super::trace::{set_thread_role, ThreadRole};
+use super::prefetch_ahead;
 use crate::model::value::Value;
+use crate::run::branch::Halt;
+use crate::run::detach::{Detached, Kept};
+use crate::run::error::RunError;
+use crate::run::executor::Executor;
+use crate::run::hooks::Captured;
+use crate::run::latch::{wait_watching, Delivery, Waited};
+use crate::run::program::Op;
+use crate::run::settle::{refused_or_raised, settle};
+use crate::run::table::{Frame, Shared};
+use crate::run::trace::{set_thread_role, ThreadRole};
 
 thread_local! {
     /// Waves this thread is inside of, one in another, since its stack began.
@@ -227,7 +229,7 @@ impl Executor {
         if let Some(remains) = outcome
             .as_ref()
             .err()
-            .and_then(|halt| halt.remains_if_given_up(&lane))
+            .and_then(|halt| halt.remains_if_given_up(lane.walk.detached))
         {
             kept.leave(&remains);
             meeting.leave(&remains);
@@ -307,7 +309,7 @@ impl Executor {
     ///
     /// Returns whether it gave up instead: only the caller of a detachable run does, once the
     /// watch has asked the run to stop and branches are still running after
-    /// [`STOP_GRACE`](super::detach::STOP_GRACE).
+    /// [`STOP_GRACE`](crate::run::detach::STOP_GRACE).
     pub(super) fn wait(
         &self,
         lane: &Lane<'_>,
