@@ -293,6 +293,25 @@ def test_emitted_values_are_kept_as_type_size_and_a_short_repr_and_only_the_last
     assert len(shown["repr"]) <= 100
 
 
+def test_an_emit_from_a_thread_a_node_starts_reaches_the_view_alone(view: Any) -> None:
+    # The view alone listens: the engine calls its recorder directly, with no dispatch to make a
+    # watched call of each node call; the run's own still carries the emit to it.
+    assert observe.dispatch.telemetry is None
+    assert observe.dispatch.streams == 0
+
+    def talks(x: int, ctx: soma.Ctx) -> int:
+        worker = threading.Thread(target=ctx.emit, args=("from a thread",))
+        worker.start()
+        worker.join(DEADLINE)
+        return x
+
+    soma.Graph.somatize(soma.node(talks).named("talks")).forward(1)
+    snapshot = json.loads(get(address(view, "/api/runs/1"))[1])
+    assert [(emit["node"], emit["repr"]) for emit in snapshot["emits"]] == [
+        ("talks", "'from a thread'")
+    ]
+
+
 def test_a_retried_node_shows_its_attempts_and_a_timed_out_one_its_state(view: Any) -> None:
     calls: list[int] = []
 
