@@ -8,7 +8,9 @@ and the browser's view of this process's runs (``soma.view``).
 The rules — what is told, when, on which thread, in which order — are the engine's. Here is
 only what only Python can do: make a span current in a context, put an event where a reader
 waits. The dispatch is installed in the engine (``_soma.observe``) only while something
-listens, so a process that uses neither pays nothing.
+listens, so a process that uses neither pays nothing; while the view alone listens, the engine
+calls the view's recorder itself (``set_watcher``), which does the least it can on each node's
+way.
 
 Which event stream a work belongs to is read from a context variable the stream's run is
 started in: every branch, item and async task of a run runs in a copy of its caller's context,
