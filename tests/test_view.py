@@ -199,6 +199,26 @@ def test_a_runs_event_stream_delivers_a_node_state_change_as_it_happens(view: An
         worker.join(DEADLINE)
 
 
+def test_a_run_pages_stream_sends_nothing_again_that_its_snapshot_showed(view: Any) -> None:
+    gate = Gate()
+    worker = threading.Thread(target=gated_graph(gate).forward, args=(1,))
+    worker.start()
+    try:
+        assert gate.began.wait(DEADLINE)
+        stream = urllib.request.urlopen(address(view, "/api/runs/1/events"), timeout=DEADLINE)
+        events = read_events(stream)
+        kind, snapshot = next(events)
+        assert kind == "snapshot"
+        assert {node["id"] for node in snapshot["nodes"]} == {"first", "held"}
+        # Nothing changed since: the next message is the running run's heartbeat, no node in
+        # it (a node sent again would hold a change that follows back by a tick).
+        _kind, following = next(events)
+        assert following.get("nodes", []) == []
+    finally:
+        gate.open.set()
+        worker.join(DEADLINE)
+
+
 def test_a_server_bound_beyond_loopback_refuses_a_request_without_its_token() -> None:
     opened = soma.view(port=0, host="0.0.0.0", quiet=True)
     try:
@@ -271,6 +291,25 @@ def test_emitted_values_are_kept_as_type_size_and_a_short_repr_and_only_the_last
     shown = record.described("<b>" * 1000)
     assert shown["size"] == 3000
     assert len(shown["repr"]) <= 100
+
+
+def test_an_emit_from_a_thread_a_node_starts_reaches_the_view_alone(view: Any) -> None:
+    # The view alone listens: the engine calls its recorder directly, with no dispatch to make a
+    # watched call of each node call; the run's own still carries the emit to it.
+    assert observe.dispatch.telemetry is None
+    assert observe.dispatch.streams == 0
+
+    def talks(x: int, ctx: soma.Ctx) -> int:
+        worker = threading.Thread(target=ctx.emit, args=("from a thread",))
+        worker.start()
+        worker.join(DEADLINE)
+        return x
+
+    soma.Graph.somatize(soma.node(talks).named("talks")).forward(1)
+    snapshot = json.loads(get(address(view, "/api/runs/1"))[1])
+    assert [(emit["node"], emit["repr"]) for emit in snapshot["emits"]] == [
+        ("talks", "'from a thread'")
+    ]
 
 
 def test_a_retried_node_shows_its_attempts_and_a_timed_out_one_its_state(view: Any) -> None:
@@ -389,7 +428,9 @@ def test_a_view_and_an_event_stream_watch_the_same_run_each_in_full(view: Any) -
     assert [emit["repr"] for emit in snapshot["emits"]] == ["'hello'"]
 
 
-def test_a_run_past_its_deadline_shows_failed_and_its_node_left_running(view: Any) -> None:
+def test_a_run_past_its_timeout_shows_timed_out_and_the_node_it_left_running_too(
+    view: Any,
+) -> None:
     never = threading.Event()
 
     def slow(x: int) -> int:
@@ -401,9 +442,12 @@ def test_a_run_past_its_deadline_shows_failed_and_its_node_left_running(view: An
         graph.forward(1, timeout=0.05)
     run = json.loads(get(address(view, "/api/runs/1"))[1])
     never.set()
-    assert run["run"]["status"] == "failed"
-    # Left to finish in the background: running still, as far as the observer has told.
-    assert [node["state"] for node in run["nodes"]] == ["running"]
+    assert run["run"]["status"] == "timed_out"
+    assert run["run"]["error"].startswith("TimeoutError: forward did not finish within")
+    # Left to finish in the background, unwatched: the page no longer shows it running.
+    assert [(node["state"], node["error"]) for node in run["nodes"]] == [
+        ("timed_out", "left running when its run timed out")
+    ]
 
 
 def test_closing_a_view_stops_recording(view: Any) -> None:
@@ -425,6 +469,27 @@ def test_a_recorder_keeps_its_last_finished_runs_only() -> None:
     runs = recorder.runs()
     assert len(runs) == record.FINISHED_KEPT
     assert runs[0].id == str(record.FINISHED_KEPT + 10)
+
+
+def test_a_recorder_frees_a_run_it_no_longer_keeps_with_the_cycle_collector_off() -> None:
+    import gc
+    import weakref
+
+    recorder = record.Recorder()
+    observe.set_watcher(recorder)
+    graph = soma.Graph.somatize(soma.node(lambda x: x).named("one"))
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        graph.forward(1)
+        first = weakref.ref(recorder.runs()[0])
+        for _ in range(record.FINISHED_KEPT):
+            graph.forward(1)
+        assert first() is None
+    finally:
+        observe.set_watcher(None)
+        if enabled:
+            gc.enable()
 
 
 def test_a_recorder_keeps_finished_runs_within_its_budget_of_nodes(
@@ -689,3 +754,68 @@ def test_chromium_inflates_a_large_reports_drawings_from_the_file_alone(
     browser.get(path.as_uri())
     wait_for(browser, "the plan inflated", lambda d: box_state(d, "fails") == "failed")
     assert box_state(browser, EVIL_ID) == "finished"
+
+
+def test_chromium_draws_a_large_plan_a_tile_at_a_time_each_box_with_its_nodes_state(
+    view: Any, browser: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from soma.view import drawing
+
+    monkeypatch.setattr(drawing, "TILED_BOXES", 10)
+    gate = Gate()
+    expr: Any = soma.node(lambda x: x).named("step_0")
+    for index in range(1, 80):
+        expr = expr >> soma.node(lambda x: x).named(f"step_{index}")
+    graph = soma.Graph.somatize(expr >> soma.node(gate).named("held"))
+    worker = threading.Thread(target=graph.forward, args=(1,))
+    worker.start()
+    try:
+        assert gate.began.wait(DEADLINE)
+        browser.get(address(view, "/runs/1"))
+        wait_for(browser, "step_0 finished", lambda d: box_state(d, "step_0") == "finished")
+        # 81 boxes side by side, some 9,000 px: the far end is not in the page until scrolled to.
+        assert browser.execute_script("return document.getElementById('plan-tiles') === null")
+        assert box_state(browser, "held") == ""
+        browser.execute_script(
+            "const p = document.getElementById('plan'); p.scrollLeft = p.scrollWidth"
+        )
+        wait_for(browser, "held running", lambda d: box_state(d, "held") == "running")
+        assert box_state(browser, "step_79") == "finished"
+        gate.open.set()
+        wait_for(browser, "held finished", lambda d: box_state(d, "held") == "finished")
+        assert (
+            browser.execute_script("return document.querySelectorAll('#plan g.node').length") < 81
+        )
+    finally:
+        gate.open.set()
+        worker.join(DEADLINE)
+
+
+def test_chromium_opens_a_large_report_with_its_plan_drawn_and_its_table_listed_on_opening(
+    view: Any, browser: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from soma.view import drawing
+
+    monkeypatch.setattr(drawing, "TILED_BOXES", 1)
+    with pytest.raises(ValueError, match="alert"):
+        failing_graph().forward(1)
+    path = tmp_path / "run.html"
+    soma.report(view.runs()[0], path)
+    view.close()
+    browser.get(path.as_uri())
+    wait_for(browser, "the plan drawn", lambda d: box_state(d, "fails") == "failed")
+    assert box_state(browser, EVIL_ID) == "finished"
+    assert browser.find_elements("css selector", "#nodes tbody tr") == []
+    for summary in browser.find_elements("css selector", "details > summary"):
+        summary.click()
+    wait_for(
+        browser,
+        "the nodes listed",
+        lambda d: len(d.find_elements("css selector", "#nodes tbody tr")) == 2,
+    )
+    wait_for(
+        browser,
+        "the timeline drawn",
+        lambda d: len(d.find_elements("css selector", "#timeline g.span")) == 2,
+    )
+    assert EVIL_ID in browser.find_element("id", "nodes").text

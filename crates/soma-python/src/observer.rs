@@ -16,6 +16,7 @@ use pyo3::{intern, IntoPyObjectExt};
 use soma_core::{Begun, Ended, Observer, Opened, Part, RunError};
 
 use crate::errors::{python_cause, run_error};
+use crate::watch::SignalWatch;
 
 /// The observer installed for the process, if one is.
 static INSTALLED: RwLock<Option<Arc<PythonObserver>>> = RwLock::new(None);
@@ -37,6 +38,10 @@ struct PythonObserver {
     /// The graph the run is of, told with the run's beginning: set on the copy a run takes
     /// ([`installed_for`]), never on the one installed.
     graph: Option<Py<PyAny>>,
+    /// The run's watch, on the copy a run takes: what tells a run its caller stopped waiting
+    /// for past its `timeout=` (the engine tells only that it was abandoned) from one stopped
+    /// by Ctrl-C, so that the first ends timed out, with the `TimeoutError` its caller raises.
+    watch: Option<Arc<SignalWatch>>,
 }
 
 /// Which work begins, as `begin` is told it.
@@ -67,6 +72,7 @@ pub fn observe(target: Option<Py<PyAny>>) {
         Arc::new(PythonObserver {
             target,
             graph: None,
+            watch: None,
         })
     });
     let mut installed = INSTALLED.write().unwrap_or_else(PoisonError::into_inner);
@@ -93,9 +99,12 @@ pub(crate) fn watched(py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
     Ok((!current.is_none()).then(|| current.unbind()))
 }
 
-/// The observer a run of `graph` made now is to tell, if one is installed: the installed one's
-/// target, told `graph` with the run's beginning.
-pub(crate) fn installed_for(graph: &Bound<'_, PyAny>) -> Option<Arc<dyn Observer>> {
+/// The observer a run of `graph` made now, watched by `watch`, is to tell, if one is
+/// installed: the installed one's target, told `graph` with the run's beginning.
+pub(crate) fn installed_for(
+    graph: &Bound<'_, PyAny>,
+    watch: &Arc<SignalWatch>,
+) -> Option<Arc<dyn Observer>> {
     if !ANY.load(Ordering::Acquire) {
         return None;
     }
@@ -104,6 +113,7 @@ pub(crate) fn installed_for(graph: &Bound<'_, PyAny>) -> Option<Arc<dyn Observer
         Arc::new(PythonObserver {
             target: observer.target.clone_ref(graph.py()),
             graph: Some(graph.clone().unbind()),
+            watch: Some(Arc::clone(watch)),
         }) as Arc<dyn Observer>
     })
 }
@@ -144,6 +154,13 @@ impl Observer for PythonObserver {
         crate::exit::attach(|py| {
             let (outcome, error, retry_in) = match ended {
                 Ended::Returned => (outcome::RETURNED, py.None(), None),
+                Ended::Failed { error, .. } if self.past_timeout(error) => (
+                    outcome::TIMED_OUT,
+                    crate::stopped::timed_out(error, self.watch.as_ref().and_then(|w| w.timeout()))
+                        .into_value(py)
+                        .into_any(),
+                    None,
+                ),
                 Ended::Failed { error, retry_in } => (
                     if error.timed_out() {
                         outcome::TIMED_OUT
@@ -162,6 +179,15 @@ impl Observer for PythonObserver {
                 error.write_unraisable(py, Some(self.target.bind(py)));
             }
         });
+    }
+}
+
+impl PythonObserver {
+    /// Whether `error` is of a work its run's caller stopped waiting for because the run's
+    /// `timeout=` passed.
+    fn past_timeout(&self, error: &RunError) -> bool {
+        matches!(error, RunError::Abandoned { .. } | RunError::Interrupted)
+            && self.watch.as_ref().is_some_and(|watch| watch.timed_out())
     }
 }
 

@@ -35,7 +35,8 @@ pub struct SignalWatch {
     caller: usize,
     stopped: AtomicBool,
     raised: Mutex<Option<PyErr>>,
-    /// When the run must stop, if it was given a time limit.
+    /// The time limit it was given, if any, and when the run must stop then.
+    timeout: Option<Duration>,
     deadline: Option<Instant>,
     timed_out: AtomicBool,
     /// Set from another thread to stop the run, if it was given one.
@@ -52,6 +53,7 @@ impl SignalWatch {
             caller: this_thread(),
             stopped: AtomicBool::new(false),
             raised: Mutex::new(None),
+            timeout,
             // A timeout too far off to be a point in time is no deadline worth counting.
             deadline: timeout.and_then(|timeout| Instant::now().checked_add(timeout)),
             timed_out: AtomicBool::new(false),
@@ -68,6 +70,11 @@ impl SignalWatch {
     /// Whether the run was stopped because its time ran out.
     pub fn timed_out(&self) -> bool {
         self.timed_out.load(Ordering::Acquire)
+    }
+
+    /// The time limit the run was given (`forward(timeout=…)`), if any.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
     }
 
     /// Keeps `raised`, what a signal handler raised on the calling thread, and stops the run:

@@ -8,7 +8,9 @@ and the browser's view of this process's runs (``soma.view``).
 The rules — what is told, when, on which thread, in which order — are the engine's. Here is
 only what only Python can do: make a span current in a context, put an event where a reader
 waits. The dispatch is installed in the engine (``_soma.observe``) only while something
-listens, so a process that uses neither pays nothing.
+listens, so a process that uses neither pays nothing; while the view alone listens, the engine
+calls the view's recorder itself (``set_watcher``), which does the least it can on each node's
+way.
 
 Which event stream a work belongs to is read from a context variable the stream's run is
 started in: every branch, item and async task of a run runs in a copy of its caller's context,
@@ -155,6 +157,8 @@ class Dispatch:
     def __init__(self) -> None:
         self.telemetry: Listener | None = None
         self.watcher: Listener | None = None
+        # What the engine calls instead of the dispatch while the watcher alone listens.
+        self.watcher_alone: Any = None
         self.streams = 0
 
     def begin(self, *work: Any) -> Any:
@@ -225,9 +229,15 @@ _installing = threading.Lock()
 
 
 def _reinstall() -> None:
-    """Installs the dispatch in the engine while anything listens, and removes it otherwise."""
-    listened = dispatch.telemetry is not None or dispatch.watcher is not None or dispatch.streams
-    _soma.observe(dispatch if listened else None)
+    """Installs the dispatch in the engine while anything listens, and removes it otherwise;
+    while the view alone listens, what it gave to be called instead (its recorder, which
+    then pays no dispatch on each node's way)."""
+    if dispatch.telemetry is not None or dispatch.streams:
+        _soma.observe(dispatch)
+    elif dispatch.watcher is not None:
+        _soma.observe(dispatch.watcher_alone or dispatch)
+    else:
+        _soma.observe(None)
 
 
 def set_telemetry(listener: Listener | None) -> None:
@@ -238,9 +248,13 @@ def set_telemetry(listener: Listener | None) -> None:
 
 
 def set_watcher(listener: Listener | None) -> None:
-    """Makes ``listener`` the view every run from now on reports to (``None``: none)."""
+    """Makes ``listener`` the view every run from now on reports to (``None``: none). Its
+    ``alone`` attribute, when it has one, is what the engine calls in the dispatch's stead
+    while nothing else listens: the dispatch's own ``begin(*work)`` and ``end(opened, outcome,
+    error, retry_in)``, which then also sets :data:`current_call` where each run begins."""
     with _installing:
         dispatch.watcher = listener
+        dispatch.watcher_alone = getattr(listener, "alone", None)
         _reinstall()
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from soma import _soma
 from soma.view.record import RunRecord, walk_plan_nodes
@@ -43,6 +43,10 @@ def plan_svg(plan: _soma.Plan, states: Mapping[str, str] | None = None) -> str:
         )
 
     return _BOX.sub(tagged, plan.to_svg())
+
+
+# A plan of more boxes than this is drawn a tile at a time by the page (`static/tiles.js`).
+TILED_BOXES: Final = 1_000
 
 
 def run_plan(run: RunRecord) -> _soma.Plan | None:

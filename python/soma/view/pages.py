@@ -12,6 +12,7 @@ import base64
 import datetime
 import gzip
 import html
+import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
@@ -95,12 +96,23 @@ def runs_page(runs: Iterable[RunRecord], status: str | None, token: str | None) 
 
 
 def run_drawing(run: RunRecord) -> str:
-    """The run's plan, drawn by the engine with each box tagged by its node; a sentence when
-    there is no plan to draw."""
+    """The run's plan, drawn by the engine with each box tagged by its node — as data the page
+    draws a tile at a time (``static/tiles.js``) when it has more than
+    :data:`~soma.view.drawing.TILED_BOXES` boxes; a sentence when there is no plan to draw."""
     plan = drawing.run_plan(run)
     if plan is None:
         return "<p class=muted>No plan to draw: the run did not tell its graph.</p>"
-    return drawing.plan_svg(plan)
+    svg = drawing.plan_svg(plan)
+    if svg.count('<g class="node') <= drawing.TILED_BOXES:
+        return svg
+    return _json_script("plan-tiles", svg)
+
+
+def _json_script(element_id: str, data: object) -> str:
+    """``data`` as a JSON block the page's script reads (never run): ``</`` is written
+    ``<\\/``, so that nothing in it ends the block."""
+    text = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
+    return f'<script type="application/json" id={element_id}>{text}</script>'
 
 
 def run_page(run: RunRecord, plan_svg: str, token: str | None) -> str:
@@ -123,6 +135,7 @@ def run_page(run: RunRecord, plan_svg: str, token: str | None) -> str:
         + "<aside id=detail><h2>Node</h2><p class=muted>Click a node.</p></aside>"
         + "<section><h2>Timeline</h2><div id=timeline></div></section>"
         + "<section><h2>Emitted</h2><ol id=emits></ol></section>"
+        + f'<script src="{_e(with_token("/static/tiles.js", token))}"></script>'
         + f'<script src="{_e(with_token("/static/run.js", token))}"></script>'
         + "</body></html>\n"
     )
@@ -191,22 +204,67 @@ def report(
     """One self-contained page of a finished run: its style inline, nothing fetched. Drawings
     of more than :data:`INLINE_DRAWINGS` characters in all are carried gzipped, with the small
     inline script that inflates them (``static/inflate.js``): a 10,000-node plan is megabytes
-    of SVG, and a tenth of that gzipped."""
+    of SVG, and a tenth of that gzipped. A run of more than
+    :data:`~soma.view.drawing.TILED_BOXES` nodes has its plan drawn a tile at a time
+    (``static/tiles.js``), and its timeline and table of nodes put in the page when opened:
+    the browser would take seconds to lay out all of them at once."""
     style = (STATIC / "view.css").read_text(encoding="utf-8")
-    drawings = [plan_svg or "", timeline_svg]
-    packed = sum(map(len, drawings)) > INLINE_DRAWINGS
-    plan_div, timeline_div = (
-        f'<div id={name} data-gzip="{_gzipped(drawing)}"></div>'
-        if packed
-        else f"<div id={name}>{drawing}</div>"
-        for name, drawing in zip(("plan", "timeline"), drawings, strict=True)
+    boxes = 0 if plan_svg is None else plan_svg.count('<g class="node')
+    large = max(boxes, len(rows)) > drawing.TILED_BOXES
+    packed = large or len(plan_svg or "") + len(timeline_svg) > INLINE_DRAWINGS
+    cells = "".join(map(_report_row, rows))
+
+    def held(name: str, text: str, draw: str | None = None, tag: str = "div") -> str:
+        if not packed:
+            return f"<{tag} id={name}>{text}</{tag}>"
+        when = "" if draw is None else f" data-draw={draw}"
+        return f'<{tag} id={name} data-gzip="{_gzipped(text)}"{when}></{tag}>'
+
+    plan = ""
+    if plan_svg is not None:
+        tiled = "tiles" if boxes > drawing.TILED_BOXES else None
+        plan = f"<section><h2>Plan</h2>{held('plan', plan_svg, tiled)}</section>"
+    head = (
+        "<thead><tr><th>Node</th><th>State</th><th>Attempts</th><th>Seconds</th><th>Thread</th>"
+        "<th>Device</th><th>Host</th><th>Error</th></tr></thead>"
     )
-    script = (
-        "<script>" + (STATIC / "inflate.js").read_text(encoding="utf-8") + "</script>"
-        if packed
-        else ""
+    if large:
+        timeline = (
+            "<section><details><summary><h2>Timeline</h2> drawn when opened</summary>"
+            f"{held('timeline', timeline_svg, 'open')}</details></section>"
+        )
+        table = (
+            f"<section><details><summary><h2>Nodes</h2> {len(rows):,}, listed when opened"
+            f"</summary><table id=nodes>{head}{held('node-rows', cells, 'open', 'tbody')}"
+            "</table></details></section>"
+        )
+    else:
+        timeline = f"<section><h2>Timeline</h2>{held('timeline', timeline_svg)}</section>"
+        table = (
+            f"<section><h2>Nodes</h2><table id=nodes>{head}<tbody>{cells}</tbody></table></section>"
+        )
+    script = ""
+    if packed:
+        scripts = [
+            (STATIC / name).read_text(encoding="utf-8") for name in ("tiles.js", "inflate.js")
+        ]
+        script = "".join(f"<script>{text}</script>" for text in scripts)
+    return (
+        "<!doctype html>\n<html lang=en><head><meta charset=utf-8>"
+        f"<title>{_e(title)}</title><style>{style}</style></head>\n"
+        f'<body data-page="report"><header><h1>{_e(title)}</h1></header>'
+        + (f'<pre id=run-error class="error">{_e(error)}</pre>' if error else "")
+        + _legend()
+        + plan
+        + timeline
+        + table
+        + script
+        + "</body></html>\n"
     )
-    cells = "".join(
+
+
+def _report_row(row: dict[str, object]) -> str:
+    return (
         f'<tr id="node-{_e(row["id"])}" class="state-{_e(row["state"])}">'
         f"<td>{_e(row['id'])}</td><td>{_e(row['state'])}</td>"
         f"<td>{_e(row.get('attempts') or '')}</td>"
@@ -215,22 +273,6 @@ def report(
         f"<td>{_e(row.get('host') or '')}</td>"
         + _error_cell(row.get("traceback") or row.get("error"))
         + "</tr>"
-        for row in rows
-    )
-    plan = f"<section><h2>Plan</h2>{plan_div}</section>" if plan_svg is not None else ""
-    return (
-        "<!doctype html>\n<html lang=en><head><meta charset=utf-8>"
-        f"<title>{_e(title)}</title><style>{style}</style></head>\n"
-        f'<body data-page="report"><header><h1>{_e(title)}</h1></header>'
-        + (f'<pre id=run-error class="error">{_e(error)}</pre>' if error else "")
-        + _legend()
-        + plan
-        + f"<section><h2>Timeline</h2>{timeline_div}</section>"
-        + "<section><h2>Nodes</h2><table id=nodes><thead><tr><th>Node</th><th>State</th>"
-        + "<th>Attempts</th><th>Seconds</th><th>Thread</th><th>Device</th><th>Host</th>"
-        + f"<th>Error</th></tr></thead><tbody>{cells}</tbody></table></section>"
-        + script
-        + "</body></html>\n"
     )
 
 

@@ -12,11 +12,17 @@ What the observer does not tell, the records do not have: a node's output never 
 observer, so a node's record holds no output (its type and size are not known here); what a
 node emits (``ctx.emit``) is kept as its type, its size and a short repr, never the value.
 
+A run pays as little as can be: each work it tells appends one entry to its run's log, and
+the nodes' records are made from the log (folded) by whoever reads the run — the server, a
+report — on the reader's thread, once for many works; nothing is folded for a run nobody reads
+until its log passes :data:`LOG_FOLDED` entries.
+
 Memory stays bounded whatever a run does: each run keeps its last :data:`SPANS_KEPT` spans, its
-last :data:`EMITS_KEPT` emitted values and a change log of :data:`CHANGES_KEPT` entries; the
-recorder keeps every run in flight and the last finished ones, at most :data:`FINISHED_KEPT`
-runs of at most :data:`FINISHED_NODES_KEPT` nodes in all (the oldest go first). A reader
-that fell behind a log's window is told so and reads the whole state again.
+last :data:`EMITS_KEPT` emitted values, a change log of :data:`CHANGES_KEPT` entries and a log
+of at most :data:`LOG_FOLDED` works not yet folded; the recorder keeps every run in flight and
+the last finished ones, at most :data:`FINISHED_KEPT` runs of at most
+:data:`FINISHED_NODES_KEPT` nodes or works not yet folded in all (the oldest go first). A
+reader that fell behind a log's window is told so and reads the whole state again.
 """
 
 from __future__ import annotations
@@ -44,6 +50,9 @@ EMITS_KEPT: Final = 200
 CHANGES_KEPT: Final = 50_000
 FINISHED_KEPT: Final = 200
 FINISHED_NODES_KEPT: Final = 100_000
+# A run's log of works told is folded into its nodes' records by whoever reads the run; past
+# this many entries, by the run itself (a run nobody reads keeps no more).
+LOG_FOLDED: Final = 50_000
 # A traceback's text and an error's one-line summary are cut at these lengths.
 TRACEBACK_CHARS: Final = 20_000
 SUMMARY_CHARS: Final = 300
@@ -72,6 +81,8 @@ class RunStatus(enum.StrEnum):
     FINISHED = "finished"
     FAILED = "failed"
     STOPPED = "stopped"
+    # Past its deadline (`forward(timeout=)`), or failed for a node's time limit.
+    TIMED_OUT = "timed_out"
     # A node asked a question the run has no answer to yet: it waits in its journal.
     PAUSED = "paused"
 
@@ -247,8 +258,36 @@ def _shown(row: tuple[Any, ...], detail: bool) -> dict[str, Any]:
     return shown
 
 
+# A run's log entry, as the run's threads append it (see `Recorder.began`): one list a work,
+# which a call's or a part's end fills in and appends again, folded into the nodes' records by
+# whoever reads the run next (`RunRecord.fold`). Its fields, by index:
+(
+    _RUN_OF,
+    _STAGE,
+    _KIND,
+    _NODE,
+    _NUMBER,
+    _DEVICE,
+    _ROW,
+    _STARTED,
+    _ENDED,
+    _OUTCOME,
+    _ERROR,
+    _RETRY,
+) = range(12)
+# How far an entry is folded (`_STAGE`): not yet, its beginning, all of it.
+_NEW, _BEGUN, _FOLDED = range(3)
+# What a run's log holds last: the run ended; what comes after it (the end of a call the run
+# left running) is not told.
+_RUN_ENDED: Final = object()
+
+
 class RunRecord:
-    """One run of this process (a whole one, or a streamed item's), as its works were told."""
+    """One run of this process (a whole one, or a streamed item's), as its works were told.
+
+    The run's threads only append to its log (:attr:`log`), one entry a work begun and again
+    ended: a node's record is made from the log when the run is read (:meth:`fold`), on the
+    reader's thread, or on the run's own when its log passes :data:`LOG_FOLDED` entries."""
 
     def __init__(
         self,
@@ -258,6 +297,7 @@ class RunRecord:
         item: int | None,
         asynchronous: bool,
         parent: str | None,
+        hidden: frozenset[str] = frozenset(),
     ) -> None:
         self.id = run_id
         # The run's graph (`_soma.GraphCore`), whose plan the page draws; `None` if not told.
@@ -266,19 +306,25 @@ class RunRecord:
         self.item = item
         self.asynchronous = asynchronous
         self.parent = parent
+        # The nodes that stand for nothing the user wrote (`soma._run.observe.hidden`).
+        self.hidden = hidden
         self.status = RunStatus.RUNNING
         self.started_at = time.time()
         self.clock = time.perf_counter()
         self.seconds: float | None = None
         self.error: str | None = None
         self.traceback: str | None = None
+        # The works told and not yet folded: appended by the run's threads (a deque's append
+        # and popleft are each atomic), taken by whoever folds.
+        self.log: deque[Any] = deque()
         # Each node's record while the run goes; once it has ended, each node's state as plain
         # data (`frozen`), which the garbage collector need not walk: a process keeps many
         # finished runs, and thousands of live records would slow every collection.
         self.nodes: dict[str, NodeRecord] = {}
         self.frozen: dict[str, tuple[Any, ...]] | None = None
-        # Top-level nodes done (finished or cached): the "done of total" of the runs page.
-        self.done = 0
+        # Top-level nodes done (finished or cached), as far as folded.
+        self._done = 0
+        # Held while folding: one reader folds at a time, in the log's order.
         self.lock = threading.Lock()
         # Which nodes began or changed otherwise than by ending a call, in order; the spans
         # ended (each a node's change too); what was emitted, and how much.
@@ -286,17 +332,172 @@ class RunRecord:
         # Each span (node, start, end, row, state, attempt): a tuple, as thousands are kept.
         self.spans: Ring[Span] = Ring(SPANS_KEPT)
         self.emits: Ring[dict[str, Any]] = Ring(EMITS_KEPT)
+        # How much a finished run weighs in the recorder's budget (`FINISHED_NODES_KEPT`).
+        self.weight = 0
         self._label: str | None = None
+        self._thread_names: dict[int, str] = {}
         # The id of the run in its journal, for a run with one (`forward(run=, journal=)`).
         self.journal_run: str | None = None
+
+    # Folding the log into the nodes' records.
+
+    def fold(self) -> None:
+        """Makes each node's record say what the log has told so far."""
+        if not self.log:
+            return
+        with self.lock:
+            log = self.log
+            while log:
+                entry = log.popleft()
+                if self.frozen is not None:
+                    continue  # told after the run ended: not shown
+                if entry is _RUN_ENDED:
+                    self._ended()
+                elif entry[_STAGE] != _FOLDED:
+                    self._fold(entry)
+
+    def _fold(self, entry: list[Any]) -> None:
+        kind, ended = entry[_KIND], entry[_ENDED]
+        node = self.node(entry[_NODE])
+        if kind == _observe.CALL:
+            if entry[_STAGE] == _NEW:
+                if node.state in _DONE:  # run again: a loop's next iteration
+                    self._become(node, NodeState.RUNNING)
+                else:
+                    node.state = NodeState.RUNNING
+                node.attempts = entry[_NUMBER] + 1
+                node.device = entry[_DEVICE]
+                node.row = self._row_name(entry[_ROW])
+                node.started = entry[_STARTED] - self.clock
+                entry[_STAGE] = _BEGUN
+                if ended is None:
+                    self.changes.append(node.id)
+                    return
+            if ended is not None:
+                entry[_STAGE], entry[_RUN_OF] = _FOLDED, None
+                self._call_ended(node, entry)
+            return
+        if kind == _observe.CACHED:
+            entry[_STAGE], entry[_RUN_OF] = _FOLDED, None
+            self._become(node, NodeState.CACHED)
+            node.device = entry[_DEVICE]
+            node.seconds = 0.0
+            self.changes.append(node.id)
+            return
+        # A part of a step that decides: the step runs while any part is in flight.
+        if entry[_STAGE] == _NEW:
+            entry[_STAGE] = _BEGUN
+            node.parts_open += 1
+            if node.state is not NodeState.FAILED:
+                self._become(node, NodeState.RUNNING)
+            if node.started is None:
+                node.started = entry[_STARTED] - self.clock
+            if ended is None:
+                self.changes.append(node.id)
+                return
+        if ended is not None:
+            entry[_STAGE], entry[_RUN_OF] = _FOLDED, None
+            self._part_ended(node, entry)
+
+    def _call_ended(self, node: NodeRecord, entry: list[Any]) -> None:
+        outcome, error = entry[_OUTCOME], entry[_ERROR]
+        started, ended = node.started or 0.0, entry[_ENDED] - self.clock
+        node.ended, node.seconds = ended, ended - started
+        if outcome == _observe.RETURNED:
+            self._become(node, NodeState.FINISHED)
+        elif outcome in (_observe.FAILED, _observe.TIMED_OUT):
+            if entry[_RETRY] is not None:
+                self._become(node, NodeState.RETRYING)
+            elif error is not None and error[3]:
+                self._become(node, NodeState.PAUSED)
+            elif outcome == _observe.TIMED_OUT or (error is not None and error[2]):
+                self._become(node, NodeState.TIMED_OUT)
+            else:
+                self._become(node, NodeState.FAILED)
+            if error is not None:
+                node.error, node.traceback = error[0], error[1]
+        else:
+            self._become(node, NodeState.STOPPED)
+        # The span tells the node's change too: a reader takes changed nodes from both logs.
+        self.spans.append((node.id, started, ended, node.row, _TEXT[node.state], node.attempts - 1))
+
+    def _part_ended(self, node: NodeRecord, entry: list[Any]) -> None:
+        outcome, error = entry[_OUTCOME], entry[_ERROR]
+        node.parts_open -= 1
+        node.parts_ended += 1
+        if outcome in (_observe.FAILED, _observe.TIMED_OUT):
+            self._become(node, NodeState.FAILED)
+            if error is not None and node.error is None:
+                node.error, node.traceback = error[0], error[1]
+        elif outcome == _observe.STOPPED and node.state is NodeState.RUNNING:
+            self._become(node, NodeState.STOPPED)
+        elif node.parts_open == 0 and node.state is NodeState.RUNNING:
+            # No part in flight: the step is done, until a part begins again (an `each` with
+            # `in_flight` between its items, a `loop`'s next iteration).
+            self._become(node, NodeState.FINISHED)
+        node.ended = entry[_ENDED] - self.clock
+        node.seconds = node.ended - (node.started or 0.0)
+        self.changes.append(node.id)
+
+    def _ended(self) -> None:
+        """The run has ended: a node still running was left to finish unwatched (past the
+        run's deadline, or after a sibling failed), so it shows as timed out with its run, or
+        stopped; then each node's state is kept as plain data."""
+        left = NodeState.TIMED_OUT if self.status is RunStatus.TIMED_OUT else NodeState.STOPPED
+        for node in list(self.nodes.values()):
+            if node.state is NodeState.RUNNING:
+                node.state = left
+                node.error = node.error or (
+                    "left running when its run timed out"
+                    if left is NodeState.TIMED_OUT
+                    else "left running when its run ended"
+                )
+                self.changes.append(node.id)
+        self.freeze()
 
     def freeze(self) -> None:
         """Keeps each node's state as plain data, once the run has ended."""
         self.frozen = {node.id: node.as_row() for node in list(self.nodes.values())}
         self.nodes = {}
 
+    def _become(self, node: NodeRecord, state: NodeState) -> None:
+        """Sets ``node``'s state, keeping the run's count of top-level nodes done."""
+        if "/" not in node.id:
+            self._done += (state in _DONE) - (node.state in _DONE)
+        node.state = state
+
+    def _row_name(self, row: int | str) -> str:
+        """A timeline row's name: a thread's, told by its id, or an async task's."""
+        if isinstance(row, str):
+            return row
+        name = self._thread_names.get(row)
+        if name is None:
+            for thread in threading.enumerate():
+                if thread.ident is not None:
+                    self._thread_names[thread.ident] = thread.name
+            name = self._thread_names.setdefault(row, f"thread {row}")
+        return name
+
+    # Reading the run.
+
+    @property
+    def done(self) -> int:
+        """Top-level nodes done (finished or cached): the "done of total" of the runs page. A
+        run that returned ran each of its nodes, or had it from the cache: its log need not be
+        folded to tell."""
+        if self.log and self.status is RunStatus.FINISHED:
+            return self.total
+        self.fold()
+        return self._done
+
+    @done.setter
+    def done(self, count: int) -> None:
+        # A run not recorded here (a journal's) is told its count.
+        self._done = count
+
     def node_json(self, node_id: str, *, detail: bool = False) -> dict[str, Any] | None:
         """A node's state as the page reads it; ``None`` for one not begun."""
+        self.fold()
         if self.frozen is not None:
             row = self.frozen.get(node_id)
             return None if row is None else _shown(row, detail)
@@ -305,11 +506,11 @@ class RunRecord:
 
     def nodes_json(self, *, detail: bool = False) -> list[dict[str, Any]]:
         """Every begun node's state."""
-        ids = list(self.frozen if self.frozen is not None else self.nodes)
-        return [shown for shown in map(self._shown(detail), ids) if shown is not None]
-
-    def _shown(self, detail: bool) -> Any:
-        return lambda node_id: self.node_json(node_id, detail=detail)
+        self.fold()
+        frozen = self.frozen
+        if frozen is not None:
+            return [_shown(row, detail) for row in list(frozen.values())]
+        return [node.as_json(detail=detail) for node in list(self.nodes.values())]
 
     def kept_nodes(self) -> int:
         return len(self.frozen if self.frozen is not None else self.nodes)
@@ -321,7 +522,7 @@ class RunRecord:
     def node(self, node_id: str) -> NodeRecord:
         found = self.nodes.get(node_id)
         if found is None:
-            found = self.nodes.setdefault(node_id, NodeRecord(node_id))
+            found = self.nodes[node_id] = NodeRecord(node_id)
         return found
 
     @property
@@ -391,9 +592,22 @@ _current_run: contextvars.ContextVar[RunRecord | None] = contextvars.ContextVar(
 )
 
 perf_counter = time.perf_counter
+get_ident = threading.get_ident
+# The kinds of work most told, read on each node's way as module names, not attributes.
+_CALL: Final = _observe.CALL
+_RUN: Final = _observe.RUN
 
 # The states that count as done in a run's "done of total".
 _DONE: Final = frozenset({NodeState.FINISHED, NodeState.CACHED})
+
+
+def _task_row() -> int | str:
+    """Where an async node's call runs: its task, by name (or the thread, outside a task)."""
+    with contextlib.suppress(RuntimeError):
+        task = asyncio.current_task()
+        if task is not None:
+            return f"task {task.get_name()}"
+    return get_ident()
 
 
 def _paused(error: BaseException | None) -> bool:
@@ -404,50 +618,41 @@ def _paused(error: BaseException | None) -> bool:
     )
 
 
-def _become(run: RunRecord, node: NodeRecord, state: NodeState) -> None:
-    """Sets ``node``'s state, keeping the run's count of top-level nodes done."""
-    if "/" in node.id or (state in _DONE) == (node.state in _DONE):
-        node.state = state
-        return
-    with run.lock:
-        # Branches end on their own threads: the count is read and written under the lock.
-        run.done += (state in _DONE) - (node.state in _DONE)
-        node.state = state
+def _error(error: BaseException | None) -> tuple[str, str, bool, bool] | None:
+    """What a record keeps of a work's error: its summary, its traceback's text, whether it is
+    a node's time limit, and whether a node's question (which pauses its run); the exception
+    itself (its frames, what they hold) is let go."""
+    if error is None:
+        return None
+    from soma.errors import TimeLimitError
 
-
-# What `begin` hands `end`, by the work's kind.
-_RUN, _CALL, _PART = range(3)
-
-
-# Each thread's name, read once per thread: a thread is lent to many nodes.
-_thread = threading.local()
-
-
-def _row(awaited: bool) -> str:
-    """Where a work runs, as the timeline's rows name it: the async task, or the thread."""
-    if awaited:
-        with contextlib.suppress(RuntimeError):
-            task = asyncio.current_task()
-            if task is not None:
-                return f"task {task.get_name()}"
-    try:
-        name: str = _thread.name
-    except AttributeError:
-        name = _thread.name = threading.current_thread().name
-    return name
+    return (
+        summary(error),
+        traceback_text(error),
+        isinstance(error, TimeLimitError),
+        _paused(error),
+    )
 
 
 class Recorder:
     """The listener a view installs (``soma._run.observe.set_watcher``): a record per run of
-    this process, kept as the observer tells each work."""
+    this process, kept as the observer tells each work.
+
+    On a run's way it does the least it can: each work appends one entry to its run's log
+    (:meth:`began`, :meth:`end`), and the records are folded from the log when read. While no
+    telemetry or event stream listens, the engine calls it directly (:attr:`alone`), not
+    through the observer's dispatch."""
 
     def __init__(self) -> None:
         self._runs: dict[str, RunRecord] = {}
-        self._finished: deque[str] = deque()
-        self._finished_nodes = 0
+        self._finished: deque[RunRecord] = deque()
+        self._finished_weight = 0
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._changes: Ring[str] = Ring(CHANGES_KEPT)
+        #: What the engine calls in the dispatch's stead while nothing else listens: the
+        #: dispatch's ``begin(*work)`` and ``end(...)``, here.
+        self.alone = _Alone(self)
 
     # The source the page reads.
 
@@ -465,151 +670,141 @@ class Recorder:
     # The observer's listener.
 
     def begin(self, work: _observe.Work) -> Any:
-        kind = work[0]
-        if kind == _observe.RUN:
-            parent = _current_run.get()
-            begun = RunRecord(
-                str(next(self._ids)),
-                work[7],
-                work[3],
-                work[2],
-                work[6],
-                None if parent is None else parent.id,
-            )
-            journaled = _journal_run.get()
-            if journaled is not None:
-                begun.journal_run = journaled.name
-            with self._lock:
-                self._runs[begun.id] = begun
-            self._changes.append(begun.id)
-            return (_RUN, begun, _current_run.set(begun))
-        run = _current_run.get()
-        node_id = work[1]
-        if run is None or node_id is None:
-            return None
-        node = run.node(node_id)
-        if kind == _observe.CALL:
+        """A work begins, told through the dispatch (beside the telemetry or a stream)."""
+        opened = self.began(*work)
+        if work[0] == _observe.CALL and opened is not None:
             call = _observe.current_call.get()
             if call is not None:  # Where an emit from a thread the node starts finds the run.
-                call.watcher_run = run
-            if node.state in _DONE:  # run again: a loop's next iteration
-                _become(run, node, NodeState.RUNNING)
-            else:
-                node.state = NodeState.RUNNING
-            node.attempts = work[3] + 1
-            node.device = work[4]
-            node.row = _row(work[6])
-            node.started = started = perf_counter() - run.clock
-            run.changes.append(node_id)
-            return (_CALL, run, node, started)
-        if kind == _observe.CACHED:
-            _become(run, node, NodeState.CACHED)
-            node.device = work[4]
-            node.seconds = 0.0
-            run.changes.append(node_id)
+                call.watcher_run = opened[_RUN_OF]
+        return opened
+
+    def began(
+        self,
+        kind: int,
+        node: str | None,
+        part: Any,
+        number: int,
+        device: str | None,
+        branch: tuple[int, ...],
+        awaited: bool,
+        function: Any,
+    ) -> Any:
+        """A work begins (see :data:`soma._run.observe.Work`): one entry in its run's log."""
+        if kind == _CALL:
+            run = _current_run.get()
+            if run is None or (run.hidden and node in run.hidden):
+                return None
+            log = run.log
+            entry = [
+                run,
+                _NEW,
+                kind,
+                node,
+                number,
+                device,
+                _task_row() if awaited else get_ident(),
+                perf_counter(),
+                None,
+                None,
+                None,
+                None,
+            ]
+            log.append(entry)
+            if len(log) > LOG_FOLDED:
+                run.fold()
+            return entry
+        if kind == _RUN:
+            return self._run_began(part, number, awaited, function)
+        run = _current_run.get()
+        if run is None or node is None:
             return None
-        # A part of a step that decides: the step runs while any part is in flight.
-        node.parts_open += 1
-        if node.state is not NodeState.FAILED:
-            _become(run, node, NodeState.RUNNING)
-        if node.started is None:
-            node.started = run.now()
-        run.changes.append(node_id)
-        return (_PART, run, node, node.started)
+        now = perf_counter()
+        if kind == _observe.CACHED:
+            returned = _observe.RETURNED
+            run.log.append(
+                [None, _NEW, kind, node, number, device, None, now, now, returned, None, None]
+            )
+            return None
+        entry = [run, _NEW, kind, node, part, device, None, now, None, None, None, None]
+        run.log.append(entry)
+        return entry
 
     def end(
         self, opened: Any, outcome: int, error: BaseException | None, retry_in: float | None
     ) -> None:
-        kind = opened[0]
-        if kind == _RUN:
-            self._run_ended(opened[1], opened[2], outcome, error)
-        elif kind == _CALL:
-            self._call_ended(opened[1], opened[2], opened[3], outcome, error, retry_in)
-        else:
-            self._part_ended(opened[1], opened[2], outcome, error)
+        if opened.__class__ is list:  # a call, or a step's part
+            # In one assignment: a reader on another thread sees all of the end or none of it.
+            opened[_ENDED:] = (
+                perf_counter(),
+                outcome,
+                None if error is None else _error(error),
+                retry_in,
+            )
+            opened[_RUN_OF].log.append(opened)
+            return
+        self._run_ended(opened, outcome, error)
 
-    def _run_ended(
-        self, run: RunRecord, token: Any, outcome: int, error: BaseException | None
-    ) -> None:
+    def _run_began(self, item: Any, nodes: int, asynchronous: bool, graph: Any) -> Any:
+        parent = _current_run.get()
+        begun = RunRecord(
+            str(next(self._ids)),
+            graph,
+            nodes,
+            item,
+            asynchronous,
+            None if parent is None else parent.id,
+            _observe.hidden.get(),
+        )
+        journaled = _journal_run.get()
+        if journaled is not None:
+            begun.journal_run = journaled.name
+        with self._lock:
+            self._runs[begun.id] = begun
+        self._changes.append(begun.id)
+        # What an emit of the run's nodes finds, from a thread a node starts too; the dispatch,
+        # when it is the one called, sets one of its own for each call.
+        watched = _observe.Watched(None, item, None, self)
+        watched.watcher_run = begun
+        return (begun, _current_run.set(begun), _observe.current_call.set(watched))
+
+    def _run_ended(self, opened: Any, outcome: int, error: BaseException | None) -> None:
+        run, token, call = opened
         with contextlib.suppress(ValueError):
             # A streamed item ends on another thread, outside the context it began in.
+            _observe.current_call.reset(call)
+        with contextlib.suppress(ValueError):
             _current_run.reset(token)
         run.seconds = run.now()
+        if error is not None:
+            run.error = summary(error)
+            run.traceback = traceback_text(error)
+        # Last: a reader that sees the run ended sees its error.
         if outcome == _observe.RETURNED:
             run.status = RunStatus.FINISHED
         elif _paused(error):
             run.status = RunStatus.PAUSED
-        elif outcome in (_observe.FAILED, _observe.TIMED_OUT):
+        elif outcome == _observe.TIMED_OUT:
+            run.status = RunStatus.TIMED_OUT
+        elif outcome == _observe.FAILED:
             run.status = RunStatus.FAILED
         else:
             run.status = RunStatus.STOPPED
-        if error is not None:
-            run.error = summary(error)
-            run.traceback = traceback_text(error)
+        run.log.append(_RUN_ENDED)
         with self._lock:
-            self._finished.append(run.id)
-            run.freeze()
-            self._finished_nodes += run.kept_nodes()
+            # What the run keeps until read: its log, or its nodes once folded.
+            run.weight = max(len(run.log), run.kept_nodes())
+            self._finished.append(run)
+            self._finished_weight += run.weight
             while len(self._finished) > 1 and (
-                len(self._finished) > FINISHED_KEPT or self._finished_nodes > FINISHED_NODES_KEPT
+                len(self._finished) > FINISHED_KEPT or self._finished_weight > FINISHED_NODES_KEPT
             ):
-                dropped = self._runs.pop(self._finished.popleft(), None)
-                if dropped is not None:
-                    self._finished_nodes -= dropped.kept_nodes()
+                dropped = self._finished.popleft()
+                self._runs.pop(dropped.id, None)
+                self._finished_weight -= dropped.weight
+                # Its entries not folded refer to it: let go of them here, so that it is freed
+                # now, not by a collection of cycles (which a program may have turned off).
+                dropped.log.clear()
         self._changes.append(run.id)
-
-    def _call_ended(
-        self,
-        run: RunRecord,
-        node: NodeRecord,
-        started: float,
-        outcome: int,
-        error: BaseException | None,
-        retry_in: float | None,
-    ) -> None:
-        ended = perf_counter() - run.clock
-        node.ended, node.seconds = ended, ended - started
-        if outcome == _observe.RETURNED:
-            _become(run, node, NodeState.FINISHED)
-        elif outcome in (_observe.FAILED, _observe.TIMED_OUT):
-            from soma.errors import TimeLimitError
-
-            if retry_in is not None:
-                _become(run, node, NodeState.RETRYING)
-            elif _paused(error):
-                _become(run, node, NodeState.PAUSED)
-            elif outcome == _observe.TIMED_OUT or isinstance(error, TimeLimitError):
-                _become(run, node, NodeState.TIMED_OUT)
-            else:
-                _become(run, node, NodeState.FAILED)
-            if error is not None:
-                node.error = summary(error)
-                node.traceback = traceback_text(error)
-        else:
-            _become(run, node, NodeState.STOPPED)
-        # The span tells the node's change too: a reader takes changed nodes from both logs.
-        span = (node.id, started, ended, node.row, _TEXT[node.state], node.attempts - 1)
-        run.spans.append(span)
-
-    def _part_ended(
-        self, run: RunRecord, node: NodeRecord, outcome: int, error: BaseException | None
-    ) -> None:
-        node.parts_open -= 1
-        node.parts_ended += 1
-        if outcome in (_observe.FAILED, _observe.TIMED_OUT):
-            _become(run, node, NodeState.FAILED)
-            if error is not None and node.error is None:
-                node.error = summary(error)
-                node.traceback = traceback_text(error)
-        elif outcome == _observe.STOPPED and node.state is NodeState.RUNNING:
-            _become(run, node, NodeState.STOPPED)
-        elif node.parts_open == 0 and node.state is NodeState.RUNNING:
-            # No part in flight: the step is done, until a part begins again (an `each` with
-            # `in_flight` between its items, a `loop`'s next iteration).
-            _become(run, node, NodeState.FINISHED)
-        node.ended = run.now()
-        node.seconds = node.ended - (node.started or 0.0)
-        run.changes.append(node.id)
 
     def emit(self, node: str, value: Any, watched: _observe.Watched) -> None:
         """What a node emitted, in the run ``watched`` was begun in: from a thread the node
@@ -634,16 +829,31 @@ class Recorder:
         run = _current_run.get()
         if run is None:
             return
-        for node_id, start, end, _thread, _branch, _turns, error, device, cached in spans:
-            node = run.node(node_id)
-            node.host, node.device = host, device
-            node.seconds = end - start
-            if error is not None:
-                _become(run, node, NodeState.FAILED)
-                node.error = str(error)[:SUMMARY_CHARS]
-            else:
-                _become(run, node, NodeState.CACHED if cached else NodeState.FINISHED)
-            run.changes.append(node_id)
+        run.fold()
+        with run.lock:
+            if run.frozen is not None:
+                return
+            for node_id, start, end, _thread, _branch, _turns, error, device, cached in spans:
+                node = run.node(node_id)
+                node.host, node.device = host, device
+                node.seconds = end - start
+                if error is not None:
+                    run._become(node, NodeState.FAILED)
+                    node.error = str(error)[:SUMMARY_CHARS]
+                else:
+                    run._become(node, NodeState.CACHED if cached else NodeState.FINISHED)
+                run.changes.append(node_id)
+
+
+class _Alone:
+    """The recorder as the engine's observer itself, while nothing else listens (see
+    ``soma._run.observe.set_watcher``): the engine calls ``begin(*work)`` and ``end(...)``."""
+
+    __slots__ = ("begin", "end")
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.begin = recorder.began
+        self.end = recorder.end
 
 
 def walk_plan_nodes(plan: Any) -> Iterator[str]:

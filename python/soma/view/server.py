@@ -6,7 +6,8 @@ Each page's stream is a loop of its own that sends, at most once a :data:`TICK`,
 changed since it last sent — each changed node once, with its latest state, the spans ended
 and the values emitted since — so a run that changes a node 100,000 times a second costs a page
 one message per tick, bounded by the run's size, and the run itself never waits for a page: it
-only appends to its logs (``soma.view.record.Ring``). A page that fell behind a log's window is
+only appends to its log, which the page's stream folds into the nodes' records at each poll
+(``soma.view.record.RunRecord.fold``). A page that fell behind a log's window is
 sent the whole state again.
 
 Imported only by ``soma.view(...)``: ``import soma`` never imports Starlette or uvicorn.
@@ -51,8 +52,9 @@ from soma.view.record import RunRecord, RunSource, span_json
 POLL: Final = 0.01
 TICK: Final = 0.05
 HEARTBEAT: Final = 0.25
-# How many of a run's kept spans a page's first message carries (the timeline's latest).
-SPANS_SENT: Final = 2_000
+# How many of a run's kept spans a page's first message carries (the timeline's latest; the
+# page draws as many).
+SPANS_SENT: Final = 500
 # A comment sent on an idle stream this often, so that a page sees a closed server.
 KEEPALIVE: Final = 15.0
 STATIC: Final = Path(__file__).parent / "static"
@@ -227,6 +229,8 @@ async def _runs_stream(source: RunSource, closing: threading.Event) -> AsyncIter
 
 
 async def _run_stream(run: RunRecord, closing: threading.Event) -> AsyncIterator[str]:
+    # Folded before the logs' positions are read: what the snapshot shows is not sent again.
+    run.fold()
     changes, spans, emits = run.changes.position, run.spans.position, run.emits.position
     yield _event("snapshot", _snapshot(run))
     told_end = run.status.value != "running"
@@ -237,6 +241,8 @@ async def _run_stream(run: RunRecord, closing: threading.Event) -> AsyncIterator
         if now - sent < TICK:
             continue
         ended = run.status.value != "running"
+        # What the run told since, folded here, on the server's thread, once a poll.
+        run.fold()
         moved = (
             run.changes.position != changes
             or run.spans.position != spans

@@ -195,7 +195,7 @@ pub(crate) fn executor_for(
     if let Some(trace) = trace {
         executor = executor.with_trace(Arc::clone(&trace.get().trace));
     }
-    if let Some(observer) = crate::observer::installed_for(graph.as_any()) {
+    if let Some(observer) = crate::observer::installed_for(graph.as_any(), watch) {
         executor = executor.with_observer(observer);
     }
     if let Some(cache) = cache {

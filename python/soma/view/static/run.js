@@ -1,7 +1,9 @@
 // A run's page, kept live: the server sends the run's state at first ("snapshot"), then what
 // changed ("update"): nodes with their latest state, spans ended, values emitted, at most once
 // a tick. The plan is the engine's drawing; each box carries data-node, and its class says
-// its state. Every text from the run is set as text, never as markup.
+// its state. A large plan is drawn a tile at a time (tiles.js): every node's state is kept
+// here, and a box takes its node's as it is drawn. Every text from the run is set as text,
+// never as markup.
 "use strict";
 (function () {
   const token = new URLSearchParams(location.search).get("token");
@@ -10,14 +12,48 @@
   const api = "/api/runs/" + encodeURIComponent(runId);
   const connection = document.getElementById("live");
   const boxes = new Map();
-  for (const g of document.querySelectorAll("#plan g.node[data-node]")) boxes.set(g.dataset.node, g);
-  const STATES = ["waiting", "running", "finished", "cached", "failed", "retrying", "timed_out", "stopped", "paused"];
   const nodes = new Map();
+  const plan = document.getElementById("plan");
+
+  // A box's class: the drawing's own ("node", "node cached") and its node's state.
+  function colour(g, state) {
+    g.setAttribute("class", (g.classList.contains("cached") ? "node cached" : "node") + " state-" + state);
+  }
+
+  function drawn(list) {
+    for (const g of list) {
+      const id = g.dataset.node;
+      if (id === undefined) continue;
+      boxes.set(id, g);
+      const node = nodes.get(id);
+      colour(g, node ? node.state : "waiting");
+    }
+  }
+
+  const tiled = document.getElementById("plan-tiles");
+  if (tiled) window.somaTiles(plan, JSON.parse(tiled.textContent), drawn);
+  else drawn(plan.querySelectorAll("g.node[data-node]"));
   const timeline = document.getElementById("timeline");
   const rows = new Map();
   const spans = [];
-  const SPANS_DRAWN = 2000;
+  // The latest spans drawn: the timeline is laid out again each time its scale changes.
+  const SPANS_DRAWN = 500;
+  const EMITS_SHOWN = 200;
   let runSeconds = 0;
+  // The seconds the timeline's width stands for: every span is placed by this one scale
+  // (view.css), changed only when the run goes past it, then to four times as long (and to
+  // the run's time once it has ended): changing it lays out every span again, which a page
+  // cannot afford at every update while a run emits.
+  let shown = 0;
+  let ended = false;
+
+  function rescale() {
+    const wanted = ended ? runSeconds : runSeconds > shown ? Math.max(runSeconds, 4 * shown) : shown;
+    if (wanted === shown || wanted <= 0) return;
+    shown = wanted;
+    timeline.style.setProperty("--scale", 100 / shown);
+  }
+
   let selected = null;
 
   // A node running now: a bar from its start to the run's time so far, until its span comes.
@@ -31,8 +67,8 @@
     div.className = "tl-span state-running";
     div.title = node.id + " (running)";
     div.textContent = node.id;
-    div.dataset.start = node.started;
-    div.dataset.end = Math.max(runSeconds, node.started);
+    div.style.setProperty("--start", node.started);
+    div.style.setProperty("--end", Math.max(runSeconds, node.started));
     row(node.row).appendChild(div);
     live.set(node.id, div);
   }
@@ -41,10 +77,7 @@
     nodes.set(node.id, node);
     liveBar(node);
     const g = boxes.get(node.id);
-    if (g) {
-      for (const s of STATES) g.classList.remove("state-" + s);
-      g.classList.add("state-" + node.state);
-    }
+    if (g) colour(g, node.state);
     if (selected === node.id) detail(node.id);
   }
 
@@ -55,8 +88,12 @@
     document.getElementById("progress").textContent = run.done + " / " + run.total + " nodes, " + run.seconds.toFixed(3) + " s";
     document.getElementById("run-error").textContent = run.error || "";
     runSeconds = Math.max(runSeconds, run.seconds);
+    ended = run.status !== "running";
   }
 
+  // A timeline row: the running nodes' bars in it, which move at every update, and its ended
+  // spans in a box of their own (view.css's .tl-done, contained), which the bars' moving does
+  // not lay out again.
   function row(name) {
     let r = rows.get(name);
     if (!r) {
@@ -65,7 +102,9 @@
       const label = document.createElement("span");
       label.className = "tl-name";
       label.textContent = name;
-      r.appendChild(label);
+      r.done = document.createElement("div");
+      r.done.className = "tl-done";
+      r.append(label, r.done);
       timeline.appendChild(r);
       rows.set(name, r);
     }
@@ -78,30 +117,30 @@
       div.className = "tl-span state-" + s.state;
       div.title = s.node + " (" + s.state + ", " + (s.end - s.start).toFixed(6) + " s)";
       div.textContent = s.node;
-      div.dataset.start = s.start;
-      div.dataset.end = s.end;
-      row(s.row || "?").appendChild(div);
+      div.style.setProperty("--start", s.start);
+      div.style.setProperty("--end", s.end);
+      row(s.row || "?").done.appendChild(div);
       spans.push(div);
       runSeconds = Math.max(runSeconds, s.end);
     }
     while (spans.length > SPANS_DRAWN) spans.shift().remove();
-    const scale = runSeconds > 0 ? 100 / runSeconds : 0;
-    for (const div of live.values()) div.dataset.end = runSeconds;
-    for (const div of [...spans, ...live.values()]) {
-      div.style.left = (div.dataset.start * scale) + "%";
-      div.style.width = ((div.dataset.end - div.dataset.start) * scale) + "%";
-    }
+    rescale();
+    for (const div of live.values()) div.style.setProperty("--end", runSeconds);
   }
 
+  // The latest emitted values, newest first: nothing to scroll, so that an update never
+  // makes the page lay itself out there and then.
   function addEmits(list) {
+    if (list.length === 0) return;
     const ol = document.getElementById("emits");
-    for (const e of list) {
+    const added = document.createDocumentFragment();
+    for (const e of list.slice(-EMITS_SHOWN).reverse()) {
       const li = document.createElement("li");
       li.textContent = e.at.toFixed(3) + " s  " + e.node + ": " + e.type + (e.size === null ? "" : " (" + e.size + ")") + " " + e.repr;
-      ol.appendChild(li);
+      added.appendChild(li);
     }
-    while (ol.children.length > 200) ol.firstChild.remove();
-    ol.scrollTop = ol.scrollHeight;
+    ol.prepend(added);
+    while (ol.childElementCount > EMITS_SHOWN) ol.lastElementChild.remove();
   }
 
   function field(dl, name, value) {
@@ -138,11 +177,15 @@
     aside.dataset.node = id;
   }
 
-  for (const [id, g] of boxes) g.addEventListener("click", () => detail(id));
+  plan.addEventListener("click", (e) => {
+    const g = e.target.closest("g.node[data-node]");
+    if (g) detail(g.dataset.node);
+  });
 
   function apply(data) {
     if (data.run) setRun(data.run);
     for (const node of data.nodes || []) setState(node);
+    document.body.dataset.nodes = String(nodes.size);
     addSpans(data.spans || []);
     addEmits(data.emits || []);
   }
@@ -151,10 +194,10 @@
   events.addEventListener("open", () => { connection.textContent = "live"; connection.classList.add("on"); });
   events.addEventListener("error", () => { connection.textContent = "disconnected"; connection.classList.remove("on"); });
   events.addEventListener("snapshot", (e) => {
-    for (const g of boxes.values()) { for (const s of STATES) g.classList.remove("state-" + s); g.classList.add("state-waiting"); }
+    for (const g of boxes.values()) colour(g, "waiting");
     nodes.clear();
     for (const r of rows.values()) r.remove();
-    rows.clear(); spans.length = 0; live.clear();
+    rows.clear(); spans.length = 0; live.clear(); shown = 0;
     document.getElementById("emits").textContent = "";
     apply(JSON.parse(e.data));
   });
