@@ -313,7 +313,8 @@ class Stream(Iterator[Any]):
     stream waits a second at most, then leaves such a node to finish on its thread.
 
     Made by ``Graph.map`` and ``Graph.amap``, not by hand: ``core`` is the engine's stream,
-    ``ordered``, ``on_error`` and ``progress`` are what ``map`` was given.
+    ``ordered``, ``on_error`` and ``progress`` are what ``map`` was given, and ``held`` the run
+    a journal holds for a stream with an id (``map(..., run=, journal=)``), ended with it.
     """
 
     def __init__(
@@ -608,7 +609,9 @@ class AsyncStream(AsyncIterator[Any]):
     items in flight and waits for them to end.
 
     Made by ``Graph.amap``, not by hand: ``results`` is the generator of the results as they
-    come, ``failures`` the list it puts each failed item in with ``on_error="skip"``.
+    come, ``failures`` the list it puts each failed item in with ``on_error="skip"``, ``held``
+    the run a journal holds for a stream with an id, ended with it, and ``tally`` what counts
+    the items that failed, which that run's end reports.
     """
 
     def __init__(
