@@ -27,10 +27,13 @@ folder's entries never hold more than it.
 from __future__ import annotations
 
 import contextlib
+import copyreg
 import dataclasses
+import io
 import os
 import pickle
 import struct
+import sys
 import tempfile
 import threading
 import time
@@ -131,6 +134,41 @@ class _Record(NamedTuple):
     @property
     def cls(self) -> str:
         return self.names[self.node_length :].decode("utf-8", "replace")
+
+
+def _packed_text(array: Any) -> Any:
+    """How a numpy array is pickled into an entry: a text column (an ``object`` array of
+    strings, pandas' ``str`` and ``object`` columns) packed by ``soma._soma.text_pack`` — its
+    distinct strings once each and an index per row, made back by ``text_unpack`` — where
+    pickle writes and memoizes a million strings one by one; any other as numpy pickles it."""
+    if array.dtype.hasobject:
+        packed = _soma.text_pack(array)
+        if packed is not None:
+            return _soma.text_unpack, (packed, array.shape)
+    return array.__reduce_ex__(5)
+
+
+# The pickler's table of reducers: `copyreg`'s, as of `_COPIED`, and numpy's arrays.
+_TABLE: dict[type, Any] = {}
+_COPIED: dict[type, Any] = {}
+
+
+def _pickled(output: object) -> bytes:
+    """``output`` pickled for an entry (protocol 5); a text column packed once numpy is loaded
+    (a value holding an array has it imported)."""
+    global _TABLE, _COPIED
+    numpy = sys.modules.get("numpy")
+    if numpy is None:
+        return pickle.dumps(output, protocol=5)
+    if not _TABLE or copyreg.dispatch_table != _COPIED:
+        # Made again when `copyreg.pickle` has been called since: the user's reducers hold.
+        _COPIED = dict(copyreg.dispatch_table)
+        _TABLE = {**_COPIED, numpy.ndarray: _packed_text}
+    buffer = io.BytesIO()
+    pickler = pickle.Pickler(buffer, protocol=5)
+    pickler.dispatch_table = _TABLE
+    pickler.dump(output)
+    return buffer.getvalue()
 
 
 def _name(text: str) -> bytes:
@@ -499,7 +537,7 @@ class Cache:
         """Files ``output``, node ``node_id``'s (of class ``cls``), with its ``digest``, under
         ``key``; what cannot be kept is warned about, not raised."""
         try:
-            payload = pickle.dumps(output, protocol=5)
+            payload = _pickled(output)
         except Exception as error:
             self._warn_once(
                 f"pickle:{node_id}",
