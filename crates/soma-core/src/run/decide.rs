@@ -57,6 +57,7 @@ impl Executor {
     }
 
     /// What a decision step reads, once it may start: the checks a step makes before its node.
+    /// An output found in the cache and left unread is read now (see `crate::run::deferred`).
     pub(super) fn decision_input(
         &self,
         step: &Step,
@@ -70,7 +71,46 @@ impl Executor {
         if self.watch.as_deref().is_some_and(Watch::interrupted) {
             return Err(Halt::Failed(RunError::Interrupted));
         }
-        Ok(Executor::gather(step, input, frame))
+        let gathered = Executor::gather(step, input, frame);
+        match lane.keys {
+            Some(keys) => Ok(self.read_deferred(keys, step, gathered, lane)?),
+            None => Ok(gathered),
+        }
+    }
+
+    /// With a cache, `step` — a `Map` or a `Switch`, running `programs` — looked up as a whole
+    /// ([`RunKeys::decision_key`]): `true` when its output was found and written, its input
+    /// left unread, and its span marked cached; otherwise its key is noted, to file its output
+    /// under when it is written.
+    fn decision_found(
+        &self,
+        step: &Step,
+        programs: &[(&str, &Program)],
+        input: &Value,
+        frame: &mut Frame<'_>,
+        lane: Lane<'_>,
+    ) -> bool {
+        let Some(keys) = lane.keys else {
+            return false;
+        };
+        let id = &lane.program.ids[step.slot()];
+        let Some(key) = keys.decision_key(id, step, programs, input) else {
+            return false;
+        };
+        // Peeked first: a step not found whole is no lookup of the stats' (the nodes it runs
+        // are counted as they are looked up), one found is a hit.
+        let found = keys
+            .cache
+            .peek(id, &key)
+            .and_then(|_| keys.cache.get(id, &key));
+        let Some(entry) = found else {
+            keys.deciding(step.slot(), key);
+            return false;
+        };
+        keys.settle(step.slot(), Some(entry.digest.unwrap_or(key)));
+        self.mark_cached(step, id, lane);
+        *frame.cell(step.slot()) = Some(entry.value);
+        true
     }
 
     /// Runs `work` as `step`'s work, marked running meanwhile for a run its caller may leave,
@@ -90,10 +130,20 @@ impl Executor {
         Ok(())
     }
 
-    /// Writes `value` as a decision step's output, its digest what readers key on.
+    /// Writes `value` as a decision step's output, its digest what readers key on; filed in
+    /// the cache under the key the step missed under, when it was looked up as a whole.
     pub(super) fn write_decision(step: &Step, value: Value, frame: &mut Frame<'_>, lane: Lane<'_>) {
         if let Some(keys) = lane.keys {
-            keys.settle(step.slot(), keys.cache.digest(&value));
+            let digest = keys.cache.digest(&value);
+            if let Some((key, took)) = keys.decided(step.slot()) {
+                let id = &lane.program.ids[step.slot()];
+                let entry = Entry { value, digest };
+                keys.cache.put(id, &key, &entry, took);
+                keys.settle(step.slot(), digest.or(Some(key)));
+                *frame.cell(step.slot()) = Some(entry.value);
+                return;
+            }
+            keys.settle(step.slot(), digest);
         }
         *frame.cell(step.slot()) = Some(value);
     }
@@ -311,6 +361,9 @@ impl Executor {
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
     ) -> Result<(), Halt> {
+        if self.decision_found(&op.step, &[("body", &op.body)], input, frame, lane) {
+            return Ok(());
+        }
         let read = self.decision_input(&op.step, input, frame, lane)?;
         let id = &lane.program.ids[op.step.slot()];
         Self::run_decision(&op.step, frame, lane, || {
@@ -428,6 +481,11 @@ impl Executor {
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
     ) -> Result<(), Halt> {
+        let cases: Vec<(&str, &Program)> =
+            op.keys.iter().map(String::as_str).zip(&*op.cases).collect();
+        if self.decision_found(&op.step, &cases, input, frame, lane) {
+            return Ok(());
+        }
         let read = self.decision_input(&op.step, input, frame, lane)?;
         let id = &lane.program.ids[op.step.slot()];
         Self::run_decision(&op.step, frame, lane, || {
