@@ -153,7 +153,7 @@ _TABLE: dict[type, Any] = {}
 _COPIED: dict[type, Any] = {}
 
 
-def _pickled(output: object) -> bytes:
+def _pickled(output: object) -> bytes | memoryview:
     """``output`` pickled for an entry (protocol 5); a text column packed once numpy is loaded
     (a value holding an array has it imported)."""
     global _TABLE, _COPIED
@@ -168,14 +168,14 @@ def _pickled(output: object) -> bytes:
     pickler = pickle.Pickler(buffer, protocol=5)
     pickler.dispatch_table = _TABLE
     pickler.dump(output)
-    return buffer.getvalue()
+    return buffer.getbuffer()  # A view of its bytes, not a copy of a large output's.
 
 
 def _name(text: str) -> bytes:
     return text.encode("utf-8", "replace")[:_NAME_BYTES]
 
 
-def _entry(entry: _Entry, node: str, cls: str, made: float) -> bytes:
+def _head(entry: _Entry, node: str, cls: str, made: float) -> bytes:
     node_bytes, class_bytes = _name(node), _name(cls)
     record = (
         _RECORD.pack(
@@ -191,7 +191,7 @@ def _entry(entry: _Entry, node: str, cls: str, made: float) -> bytes:
         + node_bytes
         + class_bytes
     )
-    return _MAGIC + _soma.blake3(record) + record + entry.payload
+    return _MAGIC + _soma.blake3(record) + record
 
 
 def _read_record(data: bytes) -> _Record | None:
@@ -564,19 +564,23 @@ class Cache:
             return
         final = self._file(key)
         temporary = None
-        data = _entry(entry, node_id, cls, time.time())
-        if self._max_bytes is not None and len(data) > self._max_bytes:
+        # The entry: this head, then its payload, written one after the other rather than
+        # joined (a copy of a large output's bytes).
+        head = _head(entry, node_id, cls, time.time())
+        size = len(head) + len(payload)
+        if self._max_bytes is not None and size > self._max_bytes:
             return  # It could not fit, whatever was removed.
         try:
             final.parent.mkdir(exist_ok=True)
             handle, temporary = tempfile.mkstemp(dir=final.parent, prefix=".", suffix=".tmp")
             with os.fdopen(handle, "wb") as file:
-                file.write(data)
+                file.write(head)
+                file.write(payload)
             if self._max_bytes is None:
                 os.replace(temporary, final)
             else:
                 self._touch(temporary)
-                self._count(evicted=self._place_within_bound(temporary, final, len(data)))
+                self._count(evicted=self._place_within_bound(temporary, final, size))
         except OSError as error:
             if temporary is not None:
                 with contextlib.suppress(OSError):
