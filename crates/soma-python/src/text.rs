@@ -396,7 +396,7 @@ unsafe fn copy_short(from: *const u8, length: usize, to: *mut u8) {
 
 /// How many elements ahead a block's reader asks for an object's memory: the objects lie
 /// anywhere, and waiting for each in turn is most of the time a column takes.
-const PREFETCH_AHEAD: usize = 12;
+const PREFETCH_AHEAD: usize = 32;
 
 /// Asks the processor to bring the first two cache lines of the object at `address` (its
 /// header, and a short string's characters) closer; it reads nothing and cannot fault.
