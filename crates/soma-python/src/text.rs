@@ -16,7 +16,7 @@
 //! `PyUnicode_AsUTF8AndSize` on the calling thread, to the same bytes.
 
 use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::thread;
@@ -609,13 +609,16 @@ const GOLDEN: usize = if usize::BITS == 64 {
     0x9e37_79b9
 };
 
+/// How many contents' indices [`text_pack`] remembers by hash, before asking its map.
+const CONTENT_SLOTS: usize = 1 << 12;
+
 /// How many objects' indices [`text_pack`] remembers by address (16 bytes each).
 const RECENT_SLOTS: usize = 1 << 16;
 
 /// An element told apart by content: a string by its kind and characters as `CPython` keeps
 /// them (one form per content, PEP 393), or its UTF-8 when read by a call; `None`; a float by
 /// its bits.
-#[derive(PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 enum Distinct<'a> {
     Text(usize, &'a [u8]),
     Utf8(&'a [u8]),
@@ -643,6 +646,9 @@ pub fn text_pack<'py>(
     // address at a time, so it only ever answers what the map would.
     let slots = items.len().next_power_of_two().clamp(16, RECENT_SLOTS);
     let mut recent: Vec<(usize, u32)> = vec![(0, 0); slots];
+    // The distinct elements by index, and the index last found for a content by its hash.
+    let mut distincts: Vec<Distinct<'_>> = Vec::new();
+    let mut by_content: Vec<(u64, u32)> = vec![(0, u32::MAX); CONTENT_SLOTS];
     // Fibonacci hashing: the product's high bits, which every bit of the address moves.
     let shift = usize::BITS - slots.trailing_zeros();
     let slot_of = |address: usize| (address.wrapping_mul(GOLDEN) >> shift) % slots;
@@ -673,19 +679,38 @@ pub fn text_pack<'py>(
                 Err(Stop::Refused) => return Ok(None),
             }
         };
-        let next = u32::try_from(seen.len()).map_err(|_| PyValueError::new_err("too many"))?;
-        let index = match seen.entry(distinct) {
-            std::collections::hash_map::Entry::Occupied(found) => *found.get(),
-            std::collections::hash_map::Entry::Vacant(vacant) => {
-                // SAFETY: as above.
-                #[allow(unsafe_code)]
-                let pushed = unsafe { push_element(&mut table, item, layout, Some(py)) };
-                if pushed.is_err() {
-                    return Ok(None);
+        // A content met just before under another object (a column of a million objects
+        // holding five strings) is found by its hash in a small table first, the map asked
+        // only when that slot holds another.
+        let mut hasher = Fx::default();
+        distinct.hash(&mut hasher);
+        let hash = hasher.finish();
+        let by_hash = usize::try_from(hash % CONTENT_SLOTS as u64).unwrap_or(0);
+        let (found_hash, found) = by_content[by_hash];
+        let index = if found_hash == hash
+            && distincts
+                .get(found as usize)
+                .is_some_and(|known| *known == distinct)
+        {
+            found
+        } else {
+            let next = u32::try_from(seen.len()).map_err(|_| PyValueError::new_err("too many"))?;
+            let index = match seen.entry(distinct) {
+                std::collections::hash_map::Entry::Occupied(found) => *found.get(),
+                std::collections::hash_map::Entry::Vacant(vacant) => {
+                    // SAFETY: as above.
+                    #[allow(unsafe_code)]
+                    let pushed = unsafe { push_element(&mut table, item, layout, Some(py)) };
+                    if pushed.is_err() {
+                        return Ok(None);
+                    }
+                    distincts.push(*vacant.key());
+                    vacant.insert(next);
+                    next
                 }
-                vacant.insert(next);
-                next
-            }
+            };
+            by_content[by_hash] = (hash, index);
+            index
         };
         recent[slot] = (address, index);
         indices.push(index);
