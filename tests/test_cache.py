@@ -1235,19 +1235,63 @@ def test_hits_inside_steps_are_counted_in_the_stats(cache: soma.Cache) -> None:
     g = soma.Graph.somatize(soma.each(Scale(2).named("a") >> Shift(1).named("b")))
     g.forward([1, 2], cache=cache)
     assert (cache.stats().hits, cache.stats().misses) == (0, 4)
-    g.forward([1, 2], cache=cache)
+    g.forward([2, 1], cache=cache)  # another list: the step runs, its items' nodes all hit
     assert (cache.stats().hits, cache.stats().misses) == (4, 4)
+
+
+def test_an_each_and_a_switch_found_whole_read_nothing_they_would_have_run_on(
+    cache: soma.Cache,
+) -> None:
+    called = CallRecord()
+
+    class Parts(soma.Node):
+        def forward(self, n: int) -> list[list[int]]:
+            called.append("parts")
+            return [list(range(i * 1000, i * 1000 + 1000)) for i in range(n)]
+
+    class Total(soma.Node):
+        def forward(self, part: list[int]) -> int:
+            called.append("total")
+            return sum(part)
+
+    class Largest(soma.Node):
+        def forward(self, totals: list[int]) -> int:
+            called.append("largest")
+            return max(totals)
+
+    def size(totals: list[int]) -> str:
+        called.append("size")
+        return "big" if sum(totals) > 10**6 else "small"
+
+    g = soma.Graph.somatize(
+        Parts()
+        >> soma.each(Total()).named("totals")
+        >> soma.switch(size, {"big": Largest(), "small": None}).named("pick")
+    )
+    first = g.forward(4, cache=cache)
+    assert called == ["parts", "total", "total", "total", "total", "size", "largest"]
+    called.clear()
+    before = cache.stats()
+    assert g.forward(4, cache=cache) == first
+    assert called == []
+    # Neither the parts the `each` ran over (found, left unread), nor the totals the switch
+    # chose on, read again: each step found whole is one hit, and its output is all it read.
+    assert cache.stats().hits - before.hits == 3
+    assert cache.stats().bytes_read - before.bytes_read < 1000
 
 
 def test_a_traced_rerun_marks_the_hits_inside_an_each_cached(cache: soma.Cache) -> None:
     g = soma.Graph.somatize(soma.each(Scale(2).named("a")).named("m"))
     g.forward([1], cache=cache)
     trace = soma.Trace()
-    g.forward([1], cache=cache, trace=trace)
+    g.forward([1, 1], cache=cache, trace=trace)  # another list: its items run, and hit
     spans = {span.node: span for span in trace.spans}
     assert spans["m/a"].cached
     assert spans["m/a"].turns == 0
     assert not spans["m[0]"].cached
+    trace = soma.Trace()
+    g.forward([1], cache=cache, trace=trace)  # the same list: the step is found whole
+    assert [(span.node, span.cached) for span in trace.spans] == [("m", True)]
 
 
 def test_an_each_that_failed_at_an_item_resumes_from_that_item(cache: soma.Cache) -> None:
@@ -1265,3 +1309,48 @@ def test_an_each_that_failed_at_an_item_resumes_from_that_item(cache: soma.Cache
         list(range(1, 11)),
         ["flaky 7", "flaky 8", "flaky 9"],
     )
+
+
+class Uncached(soma.Node):
+    cacheable = False
+
+    def forward(self, x: Any) -> Any:
+        CALLS.append(self._soma_id or "uncached")
+        return x
+
+
+def test_a_step_found_whole_is_found_again_only_while_every_node_it_may_run_is_unchanged(
+    cache: soma.Cache,
+) -> None:
+    inner = Scale(2).named("double")
+    deep = Shift(1).named("deep")
+    taken, untaken = Scale(1).named("big"), Scale(3).named("small")  # lists, repeated
+    g = soma.Graph.somatize(
+        soma.each(inner >> soma.each(deep).named("inner")).named("outer")
+        >> soma.switch(
+            lambda xs: "big" if len(xs) > 1 else "small", {"big": taken, "small": untaken}
+        )
+    )
+    x = [[1, 2], [3]]
+    assert calls(g, x, cache)[0] == [[2, 3, 2, 3], [4, 4]]
+    first = calls(g, x, cache)
+    assert first == ([[2, 3, 2, 3], [4, 4]], [])  # found whole: nothing called
+    inner.k = 3  # a node inside the `each`, edited
+    assert calls(g, x, cache)[0] != first[0]
+    deep.by = 2  # a node in an `each` inside it
+    edited = calls(g, x, cache)
+    assert "deep" in edited[1]
+    untaken.k = 4  # the case not taken: the selector and the taken case hit
+    assert calls(g, x, cache) == (edited[0], [])
+    taken.k = 2  # the case taken: it runs again
+    assert calls(g, x, cache) == (edited[0] * 2, ["big"])
+
+
+def test_a_step_holding_a_node_kept_out_of_the_cache_is_never_found_whole(
+    cache: soma.Cache,
+) -> None:
+    g = soma.Graph.somatize(soma.each(Uncached().named("live") >> Scale(2).named("a")))
+    result, called = calls(g, [1, 2], cache)
+    assert (result, sorted(called)) == ([2, 4], ["a", "a", "live", "live"])
+    result, called = calls(g, [1, 2], cache)
+    assert (result, called) == ([2, 4], ["live", "live"])  # its own node runs, what follows hits

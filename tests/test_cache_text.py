@@ -1,13 +1,17 @@
-"""Text columns are keyed at native speed and by their whole content.
+"""Text columns are keyed at native speed and by their whole content, and kept compactly.
 
 A numpy array of objects holding text — a pandas ``object`` or ``str`` column — is digested
-from its pointers in Rust (``soma._soma.text_column``), each string tagged and its length
-before it; anything else in it (an int, a lone surrogate, an object of the user's) is walked
-element by element as before. Either way two columns of different content never share a key.
+from its pointers in Rust (``soma._soma.text_column``), each string's length before it, a large
+column in blocks on a few threads; anything else in it (an int, a lone surrogate, an object of
+the user's) is walked element by element as before. Either way two columns of different
+content never share a key. A cache entry keeps such a column packed (``soma._soma.text_pack``):
+its distinct strings once each and an index per row, read back as the same column.
 """
 
 from __future__ import annotations
 
+import copyreg
+import warnings
 from typing import Any
 
 import numpy as np
@@ -101,14 +105,28 @@ def test_splits_nuls_and_a_non_str_object_each_change_a_columns_key() -> None:
     assert len(keys) == 13
 
 
+def test_strings_of_every_length_around_a_one_byte_header_are_told_apart() -> None:
+    keys = set()
+    for n in range(1, 200):
+        keys.add(digest(column(["a" * n])))
+        keys.add(digest(column(["a", "a" * (n - 1)])))
+        keys.add(digest(column(["é" * n])))
+    assert len(keys) == 3 * 199
+
+
 def test_a_text_column_is_read_in_rust_and_a_column_with_other_objects_is_walked() -> None:
     assert _soma.text_column(column(["a", None, 1.5, "é\x00"])) is not None
     assert _soma.text_column(column(["a", 1])) is None  # an int: walked instead
     assert _soma.text_column(column(["\ud800"])) is None  # no UTF-8 form: walked instead
     assert _soma.text_column(column(["a", "b", "c"])[::2]) is None  # not contiguous: copied first
-    assert _soma.text_column(np.array([["a"]], dtype=object)) is None  # flattened first
+    assert _soma.text_column(np.array([["a"]], dtype=object)) is not None  # any shape, in order
     assert _soma.text_column(np.array(["a", "b"])) is None  # `U`: read as a buffer instead
     assert _soma.text_column(["a", "b"]) is None  # not an array at all
+    for odd in (1, "\ud800", Word("x")):  # in a late block of a column read on threads
+        long = ["x"] * 70_000
+        long[65_000] = odd
+        assert _soma.text_column(column(long)) is None
+        assert _soma.text_pack(column(long)) is None
 
 
 def test_a_subclass_of_str_in_a_column_is_keyed_with_its_class() -> None:
@@ -165,3 +183,130 @@ def test_a_node_reading_a_text_column_hits_and_an_edited_string_runs_it_again(
     frame.loc[0, "s"] = "aa"
     assert g.forward(frame, cache=cache) == 601
     assert len(calls) == 2
+
+
+# Strings of every width CPython keeps (one, two or four bytes a character), a few of each, so
+# that a long column repeats them as a real one does.
+wide_text = st.one_of(
+    st.text(alphabet=st.sampled_from(["a", "b", "7", "-"]), max_size=20),
+    st.text(alphabet=st.sampled_from(["é", "ÿ", "a"]), max_size=5),
+    st.text(alphabet=st.sampled_from(["ā", "€", "a"]), max_size=5),
+    st.text(alphabet=st.sampled_from(["😀", "ā", "a"]), max_size=5),
+    st.text(max_size=70),
+    st.none(),
+    st.floats(allow_nan=True),
+)
+
+
+def fresh(items: list[Any]) -> list[Any]:
+    """The same content as ``items``, each string a new object (as read from another file)."""
+    return ["".join(list(item)) + "" if isinstance(item, str) else item for item in items]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    palette=st.lists(wide_text, min_size=1, max_size=12),
+    picks=st.lists(st.integers(0, 11), min_size=1, max_size=8),
+    length=st.one_of(st.integers(1, 40), st.integers(49_153, 70_000)),  # 4 blocks: threads
+    edit=st.integers(0, 69_999),
+    other=wide_text,
+)
+def test_a_long_column_read_in_blocks_on_threads_is_keyed_by_every_element(
+    palette: list[Any], picks: list[int], length: int, edit: int, other: Any
+) -> None:
+    items = [palette[picks[i % len(picks)] % len(palette)] for i in range(length)]
+    base = column(items)
+    assert digest(base) == digest(column(fresh(items)))
+    edited = list(items)
+    edited[edit % length] = other
+    assert (digest(column(edited)) == digest(base)) == same_content(edited, items)
+    assert digest(column([*items, items[-1]])) != digest(base)
+
+
+@settings(max_examples=100, deadline=None)
+@given(items=st.lists(elements, max_size=40), repeat=st.integers(1, 3000))
+def test_a_packed_column_reads_back_as_the_same_elements_of_the_same_types(
+    items: list[Any], repeat: int
+) -> None:
+    array = column(items * repeat)
+    packed = _soma.text_pack(array)
+    if packed is None:  # Not text (an int, an object, a lone surrogate): pickled as it is.
+        assert _soma.text_column(array) is None
+        return
+    back = _soma.text_unpack(packed, array.shape)
+    assert back.dtype == object
+    assert back.shape == array.shape
+    assert same_content(list(back), list(array))
+    assert digest(back) == digest(array)
+
+
+def test_a_corrupted_packed_column_raises_rather_than_reading_wrong_elements() -> None:
+    packed = _soma.text_pack(column(["a", "bb", None, 1.5] * 10))
+    assert packed is not None
+    for cut in (3, 10, 25, len(packed) - 1):
+        with pytest.raises(ValueError, match="packed text column"):
+            _soma.text_unpack(packed[:cut], (40,))
+    with pytest.raises(ValueError, match="packed text column"):
+        _soma.text_unpack(packed + b"x", (40,))
+    with pytest.raises(ValueError, match="packed text column"):
+        _soma.text_unpack(packed, (41,))
+
+
+def test_a_frame_with_a_text_column_is_kept_packed_and_read_back_equal(tmp_path: Any) -> None:
+    rows = [f"customer-{i % 50}" for i in range(20_000)]
+    frame = pd.DataFrame(
+        {
+            "s": pd.Series(rows, dtype="str"),
+            "o": pd.Series(rows, dtype=object),
+            "x": np.arange(20_000),
+        }
+    )
+    cache = soma.Cache(tmp_path / "cache")
+
+    class Same(soma.Node):
+        def forward(self, frame: pd.DataFrame) -> pd.DataFrame:
+            return frame.copy()
+
+    g = soma.Graph.somatize(Same())
+    g.forward(frame, cache=cache)
+    assert cache.stats().bytes_written < 250_000  # pickled one by one: over 500 kB
+    again = g.forward(frame, cache=cache)
+    assert cache.stats().hits == 1
+    pd.testing.assert_frame_equal(again, frame)
+    assert list(again.dtypes) == list(frame.dtypes)
+
+
+class Refuses:
+    """A class pickle refuses unless a reducer is registered for it with ``copyreg``."""
+
+    def __init__(self, x: int) -> None:
+        self.x = x
+
+    def __reduce__(self) -> Any:
+        raise TypeError("not without its reducer")
+
+
+def remade(x: int) -> Refuses:
+    return Refuses(x)
+
+
+def test_a_reducer_registered_with_copyreg_after_a_first_entry_is_used_for_the_next() -> None:
+    cache = soma.Cache()
+    calls = CallRecord()
+
+    class Make(soma.Node):
+        def forward(self, x: int) -> Any:
+            calls.append(x)
+            return Refuses(x) if x else np.array(["a"], dtype=object)
+
+    g = soma.Graph.somatize(Make())
+    g.forward(0, cache=cache)  # a first entry, with an array in it
+    copyreg.pickle(Refuses, lambda value: (remade, (value.x,)))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert g.forward(7, cache=cache).x == 7
+            assert g.forward(7, cache=cache).x == 7
+    finally:
+        del copyreg.dispatch_table[Refuses]
+    assert calls == [0, 7]

@@ -1184,9 +1184,13 @@ def _frames() -> st.SearchStrategy[Spec]:
 
     @st.composite
     def series(draw: st.DrawFn) -> Spec:
-        values = tuple(draw(st.lists(st.sampled_from(["x", "y", "z"]), max_size=3)))
+        # Text columns as pandas keeps them (`object`, and `str` with a missing value among
+        # them), read in Rust: characters of every width CPython stores, strings split apart.
+        text = st.sampled_from(["x", "xy", "y", "", "é", "ā€", "😀", None])
+        values = tuple(draw(st.lists(text, max_size=4)))
         name = draw(st.sampled_from([None, "s", "t"]))
-        return ("series", values, name)
+        dtype = draw(st.sampled_from(["object", "str"]))
+        return ("series", values, name, dtype)
 
     return st.one_of(frame(), series())
 
@@ -1284,7 +1288,7 @@ def build(spec: Spec) -> Any:
         }
         return pd.DataFrame(data, index=list(index), columns=list(columns))
     if kind == "series":
-        return pd.Series(list(rest[0]), name=rest[1], dtype=object)
+        return pd.Series(list(rest[0]), name=rest[1], dtype=rest[2])
     if kind in ("tuple", "list", "mylist"):
         items = [build(item) for item in rest[0]]
         return {"tuple": tuple, "list": list, "mylist": MyList}[kind](items)

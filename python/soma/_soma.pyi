@@ -41,6 +41,8 @@ __all__ = [
     "reach",
     "step_and_rest",
     "text_column",
+    "text_pack",
+    "text_unpack",
 ]
 
 DEFAULT_TURN_LIMIT: int
@@ -55,9 +57,18 @@ def blake3(data: bytes | memoryview | Any) -> bytes:
     array), read in place; a large one with the GIL released."""
 
 def text_column(array: Any) -> bytes | None:
-    """The 32-byte digest of a C-contiguous one-dimensional ``numpy.ndarray`` of dtype
-    ``object`` whose elements are each exactly a ``str`` (with a UTF-8 form), ``None`` or a
-    ``float``, read from its pointers with the GIL held; ``None`` for any other array."""
+    """The 32-byte digest of a C-contiguous ``numpy.ndarray`` of dtype ``object`` whose
+    elements are each exactly a ``str`` (with a UTF-8 form), ``None`` or a ``float``, read from
+    its pointers (a large one on a few threads) with the GIL held; ``None`` for any other
+    array. Its dtype and shape are the caller's to key."""
+
+def text_pack(array: Any) -> bytes | None:
+    """The array :func:`text_column` reads, packed for a cache entry: its distinct elements
+    once each and an index per element; ``None`` for any other array."""
+
+def text_unpack(packed: bytes, shape: tuple[int, ...]) -> Any:
+    """A new ``numpy.ndarray`` of dtype ``object`` and ``shape`` from :func:`text_pack`'s
+    bytes; raises ``ValueError`` for bytes it did not write."""
 
 @final
 class Hasher:

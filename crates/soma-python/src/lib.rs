@@ -33,6 +33,7 @@ mod seconds;
 mod step_ids;
 mod stopped;
 mod stream;
+mod text;
 mod thread_state;
 mod torch_state;
 mod trace;
@@ -84,7 +85,9 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<witness::Witness>()?;
     module.add_class::<witness::Remembered>()?;
     module.add_function(wrap_pyfunction!(digest::blake3, module)?)?;
-    module.add_function(wrap_pyfunction!(digest::text_column, module)?)?;
+    module.add_function(wrap_pyfunction!(text::text_column, module)?)?;
+    module.add_function(wrap_pyfunction!(text::text_pack, module)?)?;
+    module.add_function(wrap_pyfunction!(text::text_unpack, module)?)?;
     module.add_function(wrap_pyfunction!(code::py_code_digest, module)?)?;
     module.add_function(wrap_pyfunction!(reach::reach, module)?)?;
     module.add("DEFAULT_TURN_LIMIT", soma_core::DEFAULT_TURN_LIMIT)?;

@@ -27,10 +27,13 @@ folder's entries never hold more than it.
 from __future__ import annotations
 
 import contextlib
+import copyreg
 import dataclasses
+import io
 import os
 import pickle
 import struct
+import sys
 import tempfile
 import threading
 import time
@@ -133,11 +136,46 @@ class _Record(NamedTuple):
         return self.names[self.node_length :].decode("utf-8", "replace")
 
 
+def _packed_text(array: Any) -> Any:
+    """How a numpy array is pickled into an entry: a text column (an ``object`` array of
+    strings, pandas' ``str`` and ``object`` columns) packed by ``soma._soma.text_pack`` — its
+    distinct strings once each and an index per row, made back by ``text_unpack`` — where
+    pickle writes and memoizes a million strings one by one; any other as numpy pickles it."""
+    if array.dtype.hasobject:
+        packed = _soma.text_pack(array)
+        if packed is not None:
+            return _soma.text_unpack, (packed, array.shape)
+    return array.__reduce_ex__(5)
+
+
+# The pickler's table of reducers: `copyreg`'s, as of `_COPIED`, and numpy's arrays.
+_TABLE: dict[type, Any] = {}
+_COPIED: dict[type, Any] = {}
+
+
+def _pickled(output: object) -> bytes | memoryview:
+    """``output`` pickled for an entry (protocol 5); a text column packed once numpy is loaded
+    (a value holding an array has it imported)."""
+    global _TABLE, _COPIED
+    numpy = sys.modules.get("numpy")
+    if numpy is None:
+        return pickle.dumps(output, protocol=5)
+    if not _TABLE or copyreg.dispatch_table != _COPIED:
+        # Made again when `copyreg.pickle` has been called since: the user's reducers hold.
+        _COPIED = dict(copyreg.dispatch_table)
+        _TABLE = {**_COPIED, numpy.ndarray: _packed_text}
+    buffer = io.BytesIO()
+    pickler = pickle.Pickler(buffer, protocol=5)
+    pickler.dispatch_table = _TABLE
+    pickler.dump(output)
+    return buffer.getbuffer()  # A view of its bytes, not a copy of a large output's.
+
+
 def _name(text: str) -> bytes:
     return text.encode("utf-8", "replace")[:_NAME_BYTES]
 
 
-def _entry(entry: _Entry, node: str, cls: str, made: float) -> bytes:
+def _head(entry: _Entry, node: str, cls: str, made: float) -> bytes:
     node_bytes, class_bytes = _name(node), _name(cls)
     record = (
         _RECORD.pack(
@@ -153,7 +191,7 @@ def _entry(entry: _Entry, node: str, cls: str, made: float) -> bytes:
         + node_bytes
         + class_bytes
     )
-    return _MAGIC + _soma.blake3(record) + record + entry.payload
+    return _MAGIC + _soma.blake3(record) + record
 
 
 def _read_record(data: bytes) -> _Record | None:
@@ -507,7 +545,7 @@ class Cache:
         """Files ``output``, node ``node_id``'s (of class ``cls``), with its ``digest``, under
         ``key``; what cannot be kept is warned about, not raised."""
         try:
-            payload = pickle.dumps(output, protocol=5)
+            payload = _pickled(output)
         except Exception as error:
             self._warn_once(
                 f"pickle:{node_id}",
@@ -534,19 +572,23 @@ class Cache:
             return
         final = self._file(key)
         temporary = None
-        data = _entry(entry, node_id, cls, time.time())
-        if self._max_bytes is not None and len(data) > self._max_bytes:
+        # The entry: this head, then its payload, written one after the other rather than
+        # joined (a copy of a large output's bytes).
+        head = _head(entry, node_id, cls, time.time())
+        size = len(head) + len(payload)
+        if self._max_bytes is not None and size > self._max_bytes:
             return  # It could not fit, whatever was removed.
         try:
             final.parent.mkdir(exist_ok=True)
             handle, temporary = tempfile.mkstemp(dir=final.parent, prefix=".", suffix=".tmp")
             with os.fdopen(handle, "wb") as file:
-                file.write(data)
+                file.write(head)
+                file.write(payload)
             if self._max_bytes is None:
                 os.replace(temporary, final)
             else:
                 self._touch(temporary)
-                self._count(evicted=self._place_within_bound(temporary, final, len(data)))
+                self._count(evicted=self._place_within_bound(temporary, final, size))
         except OSError as error:
             if temporary is not None:
                 with contextlib.suppress(OSError):

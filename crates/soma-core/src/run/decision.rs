@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use super::branch::{Halt, Standing};
+use super::branch::Halt;
 use super::cache::Entry;
 use super::call::{gather, NodeCall, Site};
 use super::error::RunError;
@@ -40,15 +40,20 @@ impl Executor {
         step: &Step,
         input: &Value,
         frame: &mut Frame<'_>,
-        branch: &dyn Standing,
+        site: Site<'_>,
     ) -> Result<Value, Halt> {
-        if branch.stopped() {
+        if site.branch.stopped() {
             return Err(Halt::Cancelled);
         }
         if self.watch.as_deref().is_some_and(Watch::interrupted) {
             return Err(Halt::Failed(RunError::Interrupted));
         }
-        Ok(gather(step, input, frame))
+        let gathered = gather(step, input, frame);
+        match site.keys {
+            // An output found in the cache and left unread is read now (`crate::run::deferred`).
+            Some(keys) => Ok(self.read_deferred(keys, step, gathered, site)?),
+            None => Ok(gathered),
+        }
     }
 
     /// Calls `step`'s own node — a switch's selector, a loop's predicate — on `value`; with a
@@ -176,10 +181,25 @@ impl Executor {
 }
 
 /// Writes `value` as a decision step's output, its digest what readers key on when the run
-/// has `keys`.
-pub(super) fn write(step: &Step, value: Value, frame: &mut Frame<'_>, keys: Option<&RunKeys>) {
+/// has `keys`; filed in the cache under the key the step missed under, when it was looked up
+/// as a whole (`RunKeys::decision_key`).
+pub(super) fn write(
+    step: &Step,
+    id: &NodeId,
+    value: Value,
+    frame: &mut Frame<'_>,
+    keys: Option<&RunKeys>,
+) {
     if let Some(keys) = keys {
-        keys.settle(step.slot(), keys.cache.digest(&value));
+        let digest = keys.cache.digest(&value);
+        if let Some((key, took)) = keys.decided(step.slot()) {
+            let entry = Entry { value, digest };
+            keys.cache.put(id, &key, &entry, took);
+            keys.settle(step.slot(), digest.or(Some(key)));
+            *frame.cell(step.slot()) = Some(entry.value);
+            return;
+        }
+        keys.settle(step.slot(), digest);
     }
     *frame.cell(step.slot()) = Some(value);
 }

@@ -5,6 +5,13 @@
 //! Each slot is written once, by the step that owns it, and read by the steps after it, in its
 //! branch or after its wave joined: a `OnceLock` per slot needs no lock and no ordering
 //! beyond what the table of values already has.
+//!
+//! A `Map` or a `Switch` as a whole has a key too ([`RunKeys::decision_key`]): its own node's,
+//! and every node of the programs it may run with how they read one another, on what it reads.
+//! A rerun finds its output under it from the identity of its input alone, so its input — the
+//! list an `each` runs over — is neither read nor digested again; a step edited inside it, or
+//! an edited case it did not take, makes that key miss, and the step runs as before, each node
+//! it runs looked up on its own.
 
 use std::sync::{Arc, OnceLock};
 
@@ -13,6 +20,7 @@ use crate::model::key::Key;
 use crate::model::value::Value;
 use crate::run::cache::NodeCache;
 use crate::run::program::{Op, Program, Read, Reads, Step};
+use std::time::Instant;
 
 /// Derivation context of a node's key: no key of another kind can equal one. Version 2: a
 /// fingerprint covers the code a node reaches and a digest a value's whole content and type,
@@ -43,6 +51,12 @@ fn node_hasher(id: &NodeId, fingerprint: &Key, step: &Step) -> blake3::Hasher {
     hasher
 }
 
+/// Feeds `text` to `hasher`, its length before it.
+fn write_text(hasher: &mut blake3::Hasher, text: &str) {
+    hasher.update(&(text.len() as u64).to_le_bytes());
+    hasher.update(text.as_bytes());
+}
+
 /// The identities of one run's values, and the cache they are keyed for.
 pub(crate) struct RunKeys {
     pub(crate) cache: Arc<dyn NodeCache>,
@@ -51,6 +65,9 @@ pub(crate) struct RunKeys {
     /// By slot: whether a hit there may leave its output unread until a node that runs reads
     /// it ([`deferrable`]).
     deferrable: Box<[bool]>,
+    /// By slot: the key a decision step there was looked up under and missed, and when it
+    /// began, for its output to be filed under when it is written.
+    decisions: Box<[OnceLock<(Key, Instant)>]>,
 }
 
 impl RunKeys {
@@ -61,7 +78,137 @@ impl RunKeys {
             input: OnceLock::new(),
             outputs: (0..program.len()).map(|_| OnceLock::new()).collect(),
             deferrable: deferrable(program),
+            decisions: (0..program.len()).map(|_| OnceLock::new()).collect(),
         }
+    }
+
+    /// The key of the decision step `step` (node `id`) as a whole, on what it reads: its own
+    /// node's fingerprint, id and place, then `programs` — a `Map`'s body, a `Switch`'s cases
+    /// by their keys — each node in them with its fingerprint, id, place and what it reads, in
+    /// plan order. `None` when a node in them is kept out of the cache, or an input has no
+    /// identity: the step then runs, its nodes looked up one by one.
+    pub(crate) fn decision_key(
+        &self,
+        id: &NodeId,
+        step: &Step,
+        programs: &[(&str, &Program)],
+        input: &Value,
+    ) -> Option<Key> {
+        let fingerprint = self.cache.fingerprint(id, &*step.node)?;
+        let mut hasher = node_hasher(id, &fingerprint, step);
+        hasher.update(b"decision");
+        hasher.update(&(programs.len() as u64).to_le_bytes());
+        for (label, program) in programs {
+            write_text(&mut hasher, label);
+            self.shape(&mut hasher, program)?;
+        }
+        self.reads(&mut hasher, id, step, input)?;
+        Some(Key::from_bytes(*hasher.finalize().as_bytes()))
+    }
+
+    /// Feeds `program`'s shape to `hasher`: each op in plan order, tagged, and each step's node
+    /// by its id, fingerprint, place, slot and what it reads — the programs of steps nested in
+    /// it included. From a stack: any nesting costs no stack.
+    fn shape(&self, hasher: &mut blake3::Hasher, program: &Program) -> Option<()> {
+        enum Pending<'p> {
+            Program(&'p Program),
+            Op(&'p Program, &'p Op),
+        }
+        let mut pending = vec![Pending::Program(program)];
+        while let Some(next) = pending.pop() {
+            let (program, op) = match next {
+                Pending::Program(program) => {
+                    hasher.update(b"P");
+                    hasher.update(&(program.len() as u64).to_le_bytes());
+                    hasher.update(&(program.leaves.len() as u64).to_le_bytes());
+                    for &leaf in &*program.leaves {
+                        hasher.update(&(leaf as u64).to_le_bytes());
+                    }
+                    pending.push(Pending::Op(program, &program.root));
+                    continue;
+                }
+                Pending::Op(program, op) => (program, op),
+            };
+            let step_of = |hasher: &mut blake3::Hasher, step: &Step| -> Option<()> {
+                let id = &program.ids[step.slot()];
+                let fingerprint = self.cache.fingerprint(id, &*step.node)?;
+                let node = node_hasher(id, &fingerprint, step).finalize();
+                hasher.update(node.as_bytes());
+                hasher.update(&(step.slot() as u64).to_le_bytes());
+                match &step.from {
+                    Reads::Input => {
+                        hasher.update(b"i");
+                    }
+                    Reads::One(one) => {
+                        hasher.update(b"o");
+                        hasher.update(&(one.slot() as u64).to_le_bytes());
+                    }
+                    Reads::Many(joined) => {
+                        hasher.update(b"m");
+                        hasher.update(&(joined.reads.len() as u64).to_le_bytes());
+                        for (source, one) in &joined.reads {
+                            write_text(hasher, source.as_str());
+                            hasher.update(&(one.slot() as u64).to_le_bytes());
+                        }
+                    }
+                }
+                Some(())
+            };
+            match op {
+                Op::Empty => {
+                    hasher.update(b"E");
+                }
+                Op::Execute(step) => {
+                    hasher.update(b"X");
+                    step_of(hasher, step)?;
+                }
+                Op::Sequence { steps, .. } => {
+                    hasher.update(b"S");
+                    hasher.update(&(steps.len() as u64).to_le_bytes());
+                    pending.extend(steps.iter().rev().map(|op| Pending::Op(program, op)));
+                }
+                Op::Wave { branches, .. } => {
+                    hasher.update(b"W");
+                    hasher.update(&(branches.len() as u64).to_le_bytes());
+                    pending.extend(branches.iter().rev().map(|op| Pending::Op(program, op)));
+                }
+                Op::Map(map) => {
+                    hasher.update(b"M");
+                    step_of(hasher, &map.step)?;
+                    pending.push(Pending::Program(&map.body));
+                }
+                Op::Switch(switch) => {
+                    hasher.update(b"C");
+                    step_of(hasher, &switch.step)?;
+                    hasher.update(&(switch.keys.len() as u64).to_le_bytes());
+                    for key in &*switch.keys {
+                        write_text(hasher, key);
+                    }
+                    pending.extend(switch.cases.iter().rev().map(Pending::Program));
+                }
+                Op::Loop(repeat) => {
+                    hasher.update(b"L");
+                    step_of(hasher, &repeat.step)?;
+                    hasher.update(&repeat.max_iterations.to_le_bytes());
+                    pending.push(Pending::Program(&repeat.body));
+                }
+            }
+        }
+        Some(())
+    }
+
+    /// Notes that the decision step in `slot` missed under `key` and begins now: its output is
+    /// filed under it when written ([`RunKeys::decided`]).
+    pub(crate) fn deciding(&self, slot: usize, key: Key) {
+        let _ = self.decisions[slot].set((key, Instant::now()));
+    }
+
+    /// The key the decision step in `slot` missed under, and how long it has run since.
+    pub(crate) fn decided(&self, slot: usize) -> Option<(Key, std::time::Duration)> {
+        self.decisions
+            .get(slot)
+            .and_then(OnceLock::get)
+            .map(|(key, started)| (*key, started.elapsed()))
     }
 
     /// Whether a hit in `slot` may leave its output unread: what reads it is nodes alone, which
@@ -81,6 +228,19 @@ impl RunKeys {
         input: &Value,
     ) -> Option<Key> {
         let mut hasher = node_hasher(id, fingerprint, step);
+        self.reads(&mut hasher, id, step, input)?;
+        Some(Key::from_bytes(*hasher.finalize().as_bytes()))
+    }
+
+    /// Feeds `hasher` the identities of what `step` (of node `id`) reads; `None` when one of
+    /// them has none. The run's input is digested once, by its first root.
+    fn reads(
+        &self,
+        hasher: &mut blake3::Hasher,
+        id: &NodeId,
+        step: &Step,
+        input: &Value,
+    ) -> Option<()> {
         let read = |read: &Read| self.outputs[read.slot()].get().copied().flatten();
         match &step.from {
             Reads::Input => {
@@ -103,14 +263,12 @@ impl RunKeys {
                 hasher.update(b"many");
                 hasher.update(&(joined.reads.len() as u64).to_le_bytes());
                 for (source, one) in &joined.reads {
-                    let name = source.as_str().as_bytes();
-                    hasher.update(&(name.len() as u64).to_le_bytes());
-                    hasher.update(name);
+                    write_text(hasher, source.as_str());
                     hasher.update(read(one)?.as_bytes());
                 }
             }
         }
-        Some(Key::from_bytes(*hasher.finalize().as_bytes()))
+        Some(())
     }
 
     /// The key of `step`'s node `id`, fingerprinted `fingerprint`, called on `value` rather than
@@ -140,21 +298,20 @@ impl RunKeys {
 
 /// By slot: whether the output of a hit there may be left unread until a node that runs reads
 /// it — the output of a sync node that is no leaf of `program` (the result is read) and that
-/// no step that decides reads (a `Map`, `Switch` or `Loop` hands its input to what it runs,
-/// which the executor does not look into). Every other output is read when found. Walked from
-/// a stack: any nesting costs no stack.
+/// no `Loop` reads (it hands its input to what it runs, which the executor does not look
+/// into); a `Map` or a `Switch` reads its input when it runs, not when it is found whole.
+/// Every other output is read when found. Walked from a stack: any nesting costs no stack.
 fn deferrable(program: &Program) -> Box<[bool]> {
     let mut deferrable = vec![false; program.len()];
     let mut deciders: Vec<&Step> = Vec::new();
     let mut pending = vec![&program.root];
     while let Some(op) = pending.pop() {
         match op {
-            Op::Empty => {}
+            // A `Map` or a `Switch` reads its input when it runs, not when found whole.
+            Op::Empty | Op::Map(_) | Op::Switch(_) => {}
             Op::Execute(step) => deferrable[step.slot()] = !step.is_async(),
             Op::Sequence { steps, .. } => pending.extend(steps.iter()),
             Op::Wave { branches, .. } => pending.extend(branches.iter()),
-            Op::Map(map) => deciders.push(&map.step),
-            Op::Switch(switch) => deciders.push(&switch.step),
             Op::Loop(repeat) => deciders.push(&repeat.step),
         }
     }

@@ -741,3 +741,45 @@ fn a_hit_on_what_a_node_that_ran_computed_is_read_when_found_and_keeps_nothing_c
     // after `b` as it would be; `c` and `d` read what was read.
     assert_eq!(store.found.load(std::sync::atomic::Ordering::Relaxed), 0);
 }
+
+#[test]
+fn a_map_found_whole_calls_nothing_and_one_edited_node_inside_it_calls_its_body_again() {
+    use soma_core::{compile_decided, each, node};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let body = node(
+        "a",
+        crate::support::plain(move |_: &str, x: &Value| {
+            counted.fetch_add(1, Ordering::Relaxed);
+            Ok(Value::Int(x.as_int().unwrap_or(0) + 1))
+        }),
+    );
+    let (graph, catalog, decisions) = each("m", body, None).unwrap().somatize_decided().unwrap();
+    let plan = compile_decided(&graph, &catalog, &decisions).unwrap();
+    let program = Program::new(&plan, &catalog).unwrap();
+    // The body's node at the version this says: its fingerprint changes with it.
+    let version = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&version);
+    let cache = Arc::new(MemoryCache::new(move |id: &NodeId| {
+        let at = if id.as_str().ends_with('a') {
+            seen.load(Ordering::Relaxed)
+        } else {
+            0
+        };
+        Some(Key::of_bytes(format!("{id} {at}").as_bytes()))
+    }));
+    let executor = Executor::new().with_cache(cache.clone());
+    let items = Value::list([1, 2, 3].map(Value::Int));
+    let first = executor.run_program(&program, items.clone()).unwrap();
+    assert_eq!(calls.swap(0, Ordering::Relaxed), 3);
+    assert_eq!(
+        executor.run_program(&program, items.clone()).unwrap(),
+        first
+    );
+    assert_eq!(calls.swap(0, Ordering::Relaxed), 0);
+    assert_eq!(cache.hits(), 1); // the step, found whole: none of its items looked up
+    version.store(1, Ordering::Relaxed);
+    assert_eq!(executor.run_program(&program, items).unwrap(), first);
+    assert_eq!(calls.swap(0, Ordering::Relaxed), 3);
+}

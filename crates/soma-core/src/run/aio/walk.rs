@@ -564,7 +564,13 @@ async fn run_decision(
     site.mark_running(step, false);
     let value = value?;
     place.table.with_frame(&place.window, |frame| {
-        decision::write(step, value, frame, site.keys);
+        decision::write(
+            step,
+            &site.program.ids[step.slot()],
+            value,
+            frame,
+            site.keys,
+        );
     });
     Ok(())
 }
@@ -574,7 +580,7 @@ fn decision_input(place: &Place, step: &Step) -> Result<Value, Halt> {
     place.table.with_frame(&place.window, |frame| {
         place
             .executor()
-            .decision_input(step, &place.table.input, frame, &*place.branch)
+            .decision_input(step, &place.table.input, frame, place.site())
     })
 }
 

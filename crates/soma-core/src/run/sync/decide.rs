@@ -20,6 +20,7 @@ use super::lane::Lane;
 use crate::model::id::NodeId;
 use crate::model::value::Value;
 use crate::run::branch::Halt;
+use crate::run::call::NodeCall;
 use crate::run::decision;
 use crate::run::detach::Kept;
 use crate::run::executor::Executor;
@@ -38,6 +39,41 @@ struct MapItems {
 }
 
 impl Executor {
+    /// With a cache, `step` — a `Map` or a `Switch`, running `programs` — looked up as a whole
+    /// ([`RunKeys::decision_key`]): `true` when its output was found and written, its input
+    /// left unread, and its span marked cached; otherwise its key is noted, to file its output
+    /// under when it is written.
+    fn decision_found(
+        &self,
+        step: &Step,
+        programs: &[(&str, &Program)],
+        input: &Value,
+        frame: &mut Frame<'_>,
+        lane: Lane<'_>,
+    ) -> bool {
+        let Some(keys) = lane.keys else {
+            return false;
+        };
+        let id = &lane.program.ids[step.slot()];
+        let Some(key) = keys.decision_key(id, step, programs, input) else {
+            return false;
+        };
+        // Peeked first: a step not found whole is no lookup of the stats' (the nodes it runs
+        // are counted as they are looked up), one found is a hit.
+        let found = keys
+            .cache
+            .peek(id, &key)
+            .and_then(|_| keys.cache.get(id, &key));
+        let Some(entry) = found else {
+            keys.deciding(step.slot(), key);
+            return false;
+        };
+        keys.settle(step.slot(), Some(entry.digest.unwrap_or(key)));
+        NodeCall::new(self, step, lane.site()).mark_cached();
+        *frame.cell(step.slot()) = Some(entry.value);
+        true
+    }
+
     /// Runs `work` as `step`'s work, marked running meanwhile for a run its caller may leave,
     /// and writes what it returns as the step's value. A decision as a whole is never looked
     /// up in a cache (what it runs is not in its key): the nodes it runs are, each on what it
@@ -52,7 +88,13 @@ impl Executor {
         site.mark_running(step, true);
         let value = work();
         site.mark_running(step, false);
-        decision::write(step, value?, frame, lane.keys);
+        decision::write(
+            step,
+            &lane.program.ids[step.slot()],
+            value?,
+            frame,
+            lane.keys,
+        );
         Ok(())
     }
 
@@ -135,7 +177,10 @@ impl Executor {
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
     ) -> Result<(), Halt> {
-        let read = self.decision_input(&op.step, input, frame, &lane)?;
+        if self.decision_found(&op.step, &[("body", &op.body)], input, frame, lane) {
+            return Ok(());
+        }
+        let read = self.decision_input(&op.step, input, frame, lane.site())?;
         let id = &lane.program.ids[op.step.slot()];
         Self::run_decision(&op.step, frame, lane, || {
             let items = self.items_of(id, &read)?;
@@ -237,7 +282,12 @@ impl Executor {
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
     ) -> Result<(), Halt> {
-        let read = self.decision_input(&op.step, input, frame, &lane)?;
+        let cases: Vec<(&str, &Program)> =
+            op.keys.iter().map(String::as_str).zip(&*op.cases).collect();
+        if self.decision_found(&op.step, &cases, input, frame, lane) {
+            return Ok(());
+        }
+        let read = self.decision_input(&op.step, input, frame, lane.site())?;
         let id = &lane.program.ids[op.step.slot()];
         Self::run_decision(&op.step, frame, lane, || {
             let chosen =
@@ -274,7 +324,7 @@ impl Executor {
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
     ) -> Result<(), Halt> {
-        let read = self.decision_input(&op.step, input, frame, &lane)?;
+        let read = self.decision_input(&op.step, input, frame, lane.site())?;
         let id = &lane.program.ids[op.step.slot()];
         Self::run_decision(&op.step, frame, lane, || {
             let mut current = read;
