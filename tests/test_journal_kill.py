@@ -454,3 +454,18 @@ def test_a_killed_holders_run_reads_abandoned_then_is_taken_over_once_its_lease_
     assert sorted(flow.taken_calls()) == ["d", "e", "f"]
     assert [run.status for run in soma.runs(journal)] == ["finished"]
     journal.close()
+
+
+def test_a_killed_holder_on_this_machine_lets_a_new_process_take_its_run_up_at_once(
+    tmp_path: Path,
+) -> None:
+    flow = Flow(tmp_path)
+    # An hour's lease: only the holder's end, seen on this machine, lets the run be taken.
+    killed(flow.run(dag_call(CHAIN, "forward"), KILL_AT="d", RECORDED_FIRST="3", LEASE="3600"))
+    journal = soma.Journal(flow.journal)
+    assert [run.status for run in soma.runs(journal)] == ["abandoned"]
+    flow.taken_calls()
+    resumed = output(flow.run(dag_call(CHAIN, "resume"), LEASE="3600"))
+    assert resumed == expected_run(CHAIN, 7)
+    assert sorted(flow.taken_calls()) == ["d", "e", "f"]
+    journal.close()

@@ -36,6 +36,7 @@ from soma._run import observe as _observe
 from soma.cache import _fingerprint
 from soma.cache._cache import Cache
 from soma.errors import JournalError
+from soma.journal import _holders
 from soma.journal._active import ACTIVE, ActiveRun, answer_payload
 from soma.journal._calls import Asked
 from soma.journal._recording import Recording
@@ -88,7 +89,7 @@ class JournalRun:
         id: the run's id.
         graph: the graph it ran, by its leaves.
         status: ``running``, ``paused``, ``failed``, ``finished``, or ``abandoned`` (running,
-            its holder gone: its lease lapsed).
+            its holder gone: its lease lapsed, or it was a process of this machine that ended).
         started: when it began (seconds since the epoch).
         ended: when it last ended; ``None`` while running.
         seconds: seconds spent running it, over every resume.
@@ -442,7 +443,11 @@ class Journal:
 
     def _record(self, row: RunRow) -> JournalRun:
         status = row.status
-        if status == "running" and (row.lease_until is None or row.lease_until < time.time()):
+        if status == "running" and (
+            row.lease_until is None
+            or row.lease_until < time.time()
+            or _holders.gone(row.holder_process)
+        ):
             status = "abandoned"
         questions = (
             {path: shown for path, _, shown in self._store.open_questions(row.id)}

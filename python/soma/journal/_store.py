@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from soma.errors import JournalError, RunHeldError
+from soma.journal._holders import gone, this_process
 
 #: Node ids looked up in one statement: well under SQLite's limit of bound values (32,766) and
 #: PostgreSQL's (65,535).
@@ -65,6 +66,7 @@ _SCHEMA_SQLITE = (
         seconds REAL NOT NULL DEFAULT 0,
         error TEXT,
         holder TEXT,
+        holder_process TEXT,
         lease_until REAL
     )""",
     "CREATE TABLE IF NOT EXISTS names (id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL)",
@@ -116,6 +118,7 @@ class RunRow:
     error: str | None
     holder: str | None
     lease_until: float | None
+    holder_process: str | None
     done: int
 
 
@@ -272,18 +275,20 @@ class Store:
         same_input: bool,
     ) -> Started:
         """Begins run ``name``, or takes it up where the journal holds it: either way it is
-        ``running``, held by ``holder`` for ``lease_seconds``. Refused with ``RunHeldError``
-        while another holder's lease runs, and, with ``same_input``, with ``JournalError`` when
+        ``running``, held by ``holder`` (this process) for ``lease_seconds``. Refused with
+        ``RunHeldError`` while another holder's lease runs and that holder is not known to have
+        ended (``soma.journal._holders``), and, with ``same_input``, with ``JournalError`` when
         the run was begun on an input of another digest."""
         now = time.time()
+        process = this_process()
         lock = " FOR UPDATE" if self.postgres else ""
         with self._transaction(immediate=True) as cursor:
             # Begun here unless the run is there already, or another process begins it now: on
             # PostgreSQL, that one's insert is waited for, and this one's then does nothing.
             cursor.execute(
                 "INSERT INTO runs (name, graph, nodes, kind, input, input_digest, input_sig,"
-                " status, started, holder, lease_until) VALUES (?, ?, ?, ?, ?, ?, ?,"
-                " 'running', ?, ?, ?) ON CONFLICT (name) DO NOTHING RETURNING id",
+                " status, started, holder, holder_process, lease_until) VALUES (?, ?, ?, ?, ?,"
+                " ?, ?, 'running', ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING RETURNING id",
                 (
                     name,
                     graph,
@@ -294,6 +299,7 @@ class Store:
                     input_sig,
                     now,
                     holder,
+                    process,
                     now + lease_seconds,
                 ),
             )
@@ -303,12 +309,14 @@ class Store:
             # Taken up: locked until this transaction ends, so that of two processes taking it
             # up at once, the second reads the first's lease.
             cursor.execute(
-                "SELECT id, holder, lease_until, input, input_sig, input_digest"
+                "SELECT id, holder, holder_process, lease_until, input, input_sig, input_digest"
                 f" FROM runs WHERE name = ?{lock}",
                 (name,),
             )
-            run, held_by, until, kept, kept_sig, kept_digest = cursor.fetchone()
-            if held_by is not None and until is not None and until > now:
+            run, held_by, held_in, until, kept, kept_sig, kept_digest = cursor.fetchone()
+            # Held while its lease runs, unless its holder is a process of this machine that
+            # has ended (killed, crashed): then it is taken at once, not once the lease lapses.
+            if held_by is not None and until is not None and until > now and not gone(held_in):
                 raise _held(name, held_by, until)
             if same_input and (kept_digest is None or bytes(kept_digest) != input_digest):
                 raise journal_error(
@@ -318,9 +326,9 @@ class Store:
                     "another id",
                 )
             cursor.execute(
-                "UPDATE runs SET status = 'running', holder = ?, lease_until = ?, ended = NULL,"
-                " error = NULL, graph = ?, nodes = ? WHERE id = ?",
-                (holder, now + lease_seconds, graph, nodes, run),
+                "UPDATE runs SET status = 'running', holder = ?, holder_process = ?,"
+                " lease_until = ?, ended = NULL, error = NULL, graph = ?, nodes = ? WHERE id = ?",
+                (holder, process, now + lease_seconds, graph, nodes, run),
             )
             return Started(
                 run,
@@ -345,7 +353,8 @@ class Store:
         with self._transaction() as cursor:
             cursor.execute(
                 "UPDATE runs SET status = ?, error = ?, ended = ?, seconds = seconds + ?,"
-                " holder = NULL, lease_until = NULL WHERE id = ? AND holder = ?",
+                " holder = NULL, holder_process = NULL, lease_until = NULL"
+                " WHERE id = ? AND holder = ?",
                 (status, error, time.time(), seconds, run, holder),
             )
 
@@ -361,7 +370,7 @@ class Store:
         with self._transaction() as cursor:
             cursor.execute(
                 "SELECT r.id, r.name, r.graph, r.nodes, r.kind, r.status, r.started, r.ended,"
-                " r.seconds, r.error, r.holder, r.lease_until,"
+                " r.seconds, r.error, r.holder, r.lease_until, r.holder_process,"
                 " (SELECT COUNT(*) FROM done d WHERE d.run = r.id)"
                 f" FROM runs r {where} ORDER BY r.started DESC, r.id DESC",
                 parameters,
