@@ -309,11 +309,13 @@ def test_ctrl_c_ends_a_backoff_pause() -> None:
 
         def in_the_engine():
             # The main thread runs no Python code of its own, node's or observer's: its
-            # innermost frame is `Graph.forward`, which called into the engine.
+            # innermost frame is `Graph.forward` (or `_forward`, where it goes on once its
+            # arguments are checked), which called into the engine.
             frame = sys._current_frames()[main]
-            return frame.f_code.co_name == "forward" and frame.f_code.co_filename.endswith(
-                "_graph.py"
-            )
+            return frame.f_code.co_name in (
+                "forward",
+                "_forward",
+            ) and frame.f_code.co_filename.endswith("_graph.py")
 
         def ready():
             assert pausing.wait(10), "no pause began"
