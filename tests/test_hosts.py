@@ -281,10 +281,10 @@ class _HostHere:
         timeout: float | None,
         token: str,
         traced: bool,
-        cache: tuple[str, int | None] | None = None,
+        cache: tuple[str, int | None, bytes | None] | None = None,
     ) -> Any:
         if cache is not None and self.folder is not None:
-            cache = (self.folder, cache[1])
+            cache = (self.folder, cache[1], cache[2])
         return self.runners[key, index].run(inputs, None, traced, cache=cache)
 
     def cancel(self, tokens: list[str], wait: float = 5.0) -> None:

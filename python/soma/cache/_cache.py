@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import copyreg
 import dataclasses
+import hmac
 import io
 import os
 import pickle
@@ -38,6 +39,7 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -83,6 +85,11 @@ class CacheStats:
 # payload (the output, pickled). A hit whose output no node that runs reads reads the record
 # alone (`Cache._find`); the command (`python -m soma.cache`) lists and prunes by it.
 _MAGIC = b"SOMA-CACHE-3\n"
+# An entry of a cache with a key: the same, with its seal (HMAC-SHA256 of its key and record,
+# `Cache._seal`) after the record; what a cache with the key accepts, and no other.
+_SIGNED = b"SOMA-CACHE-3S"
+_SEAL = 32
+assert len(_SIGNED) == len(_MAGIC)
 _CHECKSUM = 32
 _RECORD = struct.Struct("<Q32sdd?32sHH")
 _RECORD_AT = len(_MAGIC) + _CHECKSUM
@@ -175,7 +182,9 @@ def _name(text: str) -> bytes:
     return text.encode("utf-8", "replace")[:_NAME_BYTES]
 
 
-def _head(entry: _Entry, node: str, cls: str, made: float) -> bytes:
+def _head(
+    entry: _Entry, node: str, cls: str, made: float, seal: Callable[[bytes], bytes] | None = None
+) -> bytes:
     node_bytes, class_bytes = _name(node), _name(cls)
     record = (
         _RECORD.pack(
@@ -191,26 +200,39 @@ def _head(entry: _Entry, node: str, cls: str, made: float) -> bytes:
         + node_bytes
         + class_bytes
     )
-    return _MAGIC + _soma.blake3(record) + record
+    if seal is None:
+        return _MAGIC + _soma.blake3(record) + record
+    return _SIGNED + _soma.blake3(record) + record + seal(record)
 
 
-def _read_record(data: bytes) -> _Record | None:
+#: How a cache with a key checks an entry's record: given the record and its seal (``None``
+#: for an entry written without one), whether to accept it.
+Verify = Callable[[memoryview, bytes | None], bool]
+
+
+def _read_record(data: bytes, verify: Verify | None = None) -> _Record | None:
     """The record at the start of ``data``, or ``None`` if it is not whole and intact (or not
-    all there: ``data`` is the file's first bytes)."""
-    if len(data) < _RECORD_AT + _RECORD.size or not data.startswith(_MAGIC):
+    all there: ``data`` is the file's first bytes), or if ``verify`` refuses it."""
+    signed = data.startswith(_SIGNED)
+    if len(data) < _RECORD_AT + _RECORD.size or not (signed or data.startswith(_MAGIC)):
         return None
     length, checksum, seconds, made, has_digest, digest, node, cls = _RECORD.unpack_from(
         data, _RECORD_AT
     )
     names = _RECORD_AT + _RECORD.size
     end = names + node + cls
+    sealed = end + _SEAL if signed else end
     if (
-        len(data) < end
+        len(data) < sealed
         or _soma.blake3(memoryview(data)[_RECORD_AT:end]) != data[len(_MAGIC) : _RECORD_AT]
     ):
         return None
+    if verify is not None and not verify(
+        memoryview(data)[_RECORD_AT:end], data[end:sealed] if signed else None
+    ):
+        return None
     digest = digest if has_digest else None
-    return _Record(length, checksum, seconds, made, digest, data[names:end], node, end)
+    return _Record(length, checksum, seconds, made, digest, data[names:end], node, sealed)
 
 
 def _read_file(name: str) -> tuple[bytes, float]:
@@ -231,7 +253,9 @@ def _read_file(name: str) -> tuple[bytes, float]:
         os.close(handle)
 
 
-def _read_head(name: str) -> tuple[_Record | None, bytes, int, float]:
+def _read_head(
+    name: str, verify: Verify | None = None
+) -> tuple[_Record | None, bytes, int, float]:
     """The record of the entry in the file ``name``, the bytes read (the whole file when it is
     small), the file's size and when it was last modified; reads no more of a large payload
     than its first bytes."""
@@ -239,7 +263,7 @@ def _read_head(name: str) -> tuple[_Record | None, bytes, int, float]:
     try:
         status = os.fstat(handle)
         data = os.read(handle, _HEAD_BYTES)  # A record is shorter: its names are cut.
-        record = _read_record(data)
+        record = _read_record(data, verify)
         if record is not None and status.st_size != record.end + record.length:
             record = None  # Cut short, or grown: not whole.
         return record, data, status.st_size, status.st_mtime
@@ -247,9 +271,10 @@ def _read_head(name: str) -> tuple[_Record | None, bytes, int, float]:
         os.close(handle)
 
 
-def _read_entry(data: bytes) -> _Entry | None:
-    """The entry in ``data``, or ``None`` if it is not whole and intact."""
-    record = _read_record(data)
+def _read_entry(data: bytes, verify: Verify | None = None) -> _Entry | None:
+    """The entry in ``data``, or ``None`` if it is not whole and intact, or ``verify`` refuses
+    it."""
+    record = _read_record(data, verify)
     if record is None:
         return None
     payload = memoryview(data)[record.end :]
@@ -289,7 +314,12 @@ class Cache:
     never an object another run holds (in memory, an output that cannot change in place, a
     number or a tuple of strings, is kept and returned as it is, which no node can tell from a
     copy). A cache folder is trusted like code: unpickling an entry can run what whoever wrote
-    it put there.
+    it put there — unless the cache has a ``key`` (bytes or a str): then each entry of its folder
+    is sealed when written (HMAC-SHA256 of its key and its record, which holds its payload's
+    checksum) and one that does not verify — written without the key, with another, or changed
+    since — is refused before anything of it is unpickled: a miss, said once with a
+    :class:`CacheWarning`, its node computed again and the entry written anew. (In memory there
+    is nothing to seal: the entries are this process's own.)
     """
 
     __slots__ = (
@@ -297,6 +327,7 @@ class Cache:
         "_entries",
         "_folder_text",
         "_held",
+        "_key",
         "_lock",
         "_lock_between_threads",
         "_max_bytes",
@@ -306,12 +337,21 @@ class Cache:
     )
 
     def __init__(
-        self, path: str | os.PathLike[str] | None = None, *, max_bytes: int | None = None
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        max_bytes: int | None = None,
+        key: bytes | str | None = None,
     ) -> None:
         if max_bytes is not None and (
             not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 0
         ):
             raise ValueError(f"max_bytes must be an int of at least 0, not {max_bytes!r}")
+        if isinstance(key, str):
+            key = key.encode()
+        if key is not None and (not isinstance(key, bytes) or not key):
+            raise ValueError("key is a non-empty bytes or str, or None")
+        self._key = key
         self._path = None if path is None else Path(path)
         self._folder_text = "" if self._path is None else os.fspath(self._path)
         if self._path is not None:
@@ -372,10 +412,41 @@ class Cache:
             self._warned.add(topic)
         warnings.warn(message, CacheWarning, stacklevel=2)
 
-    def _folder(self) -> tuple[str, int | None] | None:
-        """What another process, on a host, opens this cache with: its folder and bound;
+    def _folder(self) -> tuple[str, int | None, bytes | None] | None:
+        """What another process, on a host, opens this cache with: its folder, bound and key;
         ``None`` for a cache in memory, which no other process can reach."""
-        return None if self._path is None else (str(self._path), self._max_bytes)
+        return None if self._path is None else (str(self._path), self._max_bytes, self._key)
+
+    def _sealer(self, key: bytes) -> Callable[[bytes], bytes] | None:
+        """How the record of the entry under ``key`` is sealed; ``None`` without a key."""
+        secret = self._key
+        if secret is None:
+            return None
+        return lambda record: hmac.digest(secret, b"soma-cache\0" + key + record, "sha256")
+
+    def _verifier(self, key: bytes) -> Verify | None:
+        """How the record of the entry under ``key`` is checked before anything of it is read;
+        ``None`` without a key (a folder trusted like code)."""
+        secret = self._key
+        if secret is None:
+            return None
+
+        def verify(record: memoryview, seal: bytes | None) -> bool:
+            if seal is not None and hmac.compare_digest(
+                seal, hmac.digest(secret, b"soma-cache\0" + key + record, "sha256")
+            ):
+                return True
+            self._warn_once(
+                "seal",
+                f"an entry of the cache `{self._folder_text}` does not verify under its key "
+                f"({'unsealed' if seal is None else 'sealed otherwise, or changed since'}): "
+                "refused, not unpickled; its node runs again\n"
+                "hint: whoever can write the folder can run code where it is read; find who "
+                "wrote it, or open the cache with the key it was written with",
+            )
+            return False
+
+        return verify
 
     def _file(self, key: bytes) -> Path:
         return Path(self._file_name(key))
@@ -423,7 +494,7 @@ class Cache:
         except OSError:  # Missing, or unreadable: either way, not there.
             self._count(misses=1)
             return False, None, None
-        found = _read_entry(data)
+        found = _read_entry(data, self._verifier(key))
         if found is None:
             self._count(misses=1, corrupted=1)
             return False, None, None
@@ -450,7 +521,7 @@ class Cache:
                 found = self._entries.get(key)
             return (False, None) if found is None else (True, found.digest)
         try:
-            record = _read_head(self._file_name(key))[0]
+            record = _read_head(self._file_name(key), self._verifier(key))[0]
         except OSError:
             record = None
         return (False, None) if record is None else (True, record.digest)
@@ -477,7 +548,7 @@ class Cache:
             return True, found.digest, False, found
         file = self._file_name(key)
         try:
-            record, data, size, modified = _read_head(file)
+            record, data, size, modified = _read_head(file, self._verifier(key))
             self._mark_used(file, modified)
         except OSError:  # Missing, or unreadable: either way, not there.
             self._count(misses=1)
@@ -574,7 +645,7 @@ class Cache:
         temporary = None
         # The entry: this head, then its payload, written one after the other rather than
         # joined (a copy of a large output's bytes).
-        head = _head(entry, node_id, cls, time.time())
+        head = _head(entry, node_id, cls, time.time(), self._sealer(key))
         size = len(head) + len(payload)
         if self._max_bytes is not None and size > self._max_bytes:
             return  # It could not fit, whatever was removed.

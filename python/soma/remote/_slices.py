@@ -32,8 +32,8 @@ INPUT = "(input)"
 #: end, thread, branch path, turns, error, device, whether it was found in the cache.
 Shipped = tuple[str, float, float, int, list[int], int, str | None, str | None, bool]
 
-#: A folder cache as a host opens it: its path and its ``max_bytes``.
-FolderCache = tuple[str, int | None]
+#: A folder cache as a host opens it: its path, its ``max_bytes`` and its ``key``.
+FolderCache = tuple[str, int | None, bytes | None]
 
 #: What a host's cache did for one slice run: ``soma.CacheStats``'s fields, by name, to be
 #: added to the caller's.
@@ -251,9 +251,9 @@ _unopened_lock = threading.Lock()
 def _open(folder: FolderCache) -> Cache | None:
     """The caller's folder cache, opened here; ``None``, with one warning per folder, where
     this host cannot make or reach it: its slices then run uncached, as they would without."""
-    path, max_bytes = folder
+    path, max_bytes, key = folder
     try:
-        return Cache(path, max_bytes=max_bytes)
+        return Cache(path, max_bytes=max_bytes, key=key)
     except OSError as error:
         with _unopened_lock:
             first = path not in _unopened
