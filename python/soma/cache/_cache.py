@@ -253,9 +253,7 @@ def _read_file(name: str) -> tuple[bytes, float]:
         os.close(handle)
 
 
-def _read_head(
-    name: str, verify: Verify | None = None
-) -> tuple[_Record | None, bytes, int, float]:
+def _read_head(name: str, verify: Verify | None = None) -> tuple[_Record | None, bytes, int, float]:
     """The record of the entry in the file ``name``, the bytes read (the whole file when it is
     small), the file's size and when it was last modified; reads no more of a large payload
     than its first bytes."""
