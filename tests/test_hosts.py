@@ -14,6 +14,7 @@ import pickle
 import subprocess
 import sys
 import textwrap
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -467,3 +468,22 @@ def test_a_slice_that_could_not_be_sent_again_is_sent_on_the_next_run(
         g.forward(0)
     assert g.forward(0) == 2
     assert hosts_here.hosts["one"].loads == [[["far"]], [["far"]]]
+
+
+class _LoadsUntilJustBeforeTheDeadline(_HostHere):
+    """A host whose load gives up a hair before the run's deadline, as a transport's timer
+    bounded by the run's time left may fire early."""
+
+    def load(self, key: str, slices: list[Any], timeout: float | None = None) -> None:
+        assert timeout is not None
+        threading.Event().wait(max(timeout - 0.01, 0.0))
+        raise soma.RemoteError("host `one` did not take its slices in time")
+
+
+def test_a_load_given_up_just_before_the_deadline_ends_the_run_as_its_timeout(
+    hosts_here: _HostsHere,
+) -> None:
+    hosts_here.hosts["one"] = _LoadsUntilJustBeforeTheDeadline(None)
+    g = soma.Graph.somatize(Holds(1).named("far").at("one"))
+    with pytest.raises(TimeoutError, match="its nodes still on their way there"):
+        g.forward(0, timeout=0.3)
