@@ -77,7 +77,7 @@ def test_the_wheel_installs_soma_graph_whose_import_is_soma_from_the_venv(
     version, inside, extras = printed.splitlines()
     assert version
     assert inside == "True True"
-    assert extras == "['otel', 'ray', 'view']"
+    assert extras == "['otel', 'postgres', 'ray', 'view']"
 
 
 def test_the_wheel_carries_the_views_page_files_and_reports_without_the_extra(
