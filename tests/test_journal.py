@@ -12,6 +12,7 @@ client, a flag file for a flaky service, threads a node starts, ``asyncio.timeou
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pickle
 import sqlite3
@@ -591,7 +592,7 @@ def test_a_paused_run_hands_over_its_questions_as_asked_never_read_back_from_the
         def forward(self, x: Any, ctx: Any) -> Any:
             both_in_flight.wait()
             if ctx.node == "right":
-                with sqlite3.connect(journal.target) as db:
+                with contextlib.closing(sqlite3.connect(journal.target)) as db, db:
                     deadline = time.monotonic() + DEADLINE
                     while not db.execute("SELECT 1 FROM questions WHERE path = 'left'").fetchall():
                         assert time.monotonic() < deadline, "`left` never asked"
@@ -710,7 +711,7 @@ def signed_paused_run(path: Path) -> soma.Graph:
 
 
 def alter(path: Path, statement: str) -> None:
-    with sqlite3.connect(path) as db:
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
         changed = db.execute(statement, (planted(),)).rowcount
     assert changed >= 1
 

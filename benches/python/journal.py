@@ -116,7 +116,7 @@ def verdict(met: bool) -> str:
 
 def file_bytes(path: Path) -> int:
     """The SQLite file's size once vacuumed and checkpointed: what it holds, free pages out."""
-    with sqlite3.connect(path) as connection:
+    with contextlib.closing(sqlite3.connect(path)) as connection, connection:
         connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         connection.execute("VACUUM")
         pages = connection.execute("PRAGMA page_count").fetchone()[0]

@@ -175,7 +175,11 @@ def _pickled(output: object) -> bytes | memoryview:
     pickler = pickle.Pickler(buffer, protocol=5)
     pickler.dispatch_table = _TABLE
     pickler.dump(output)
-    return buffer.getbuffer()  # A view of its bytes, not a copy of a large output's.
+    # Its bytes as they are (getvalue hands over the buffer it wrote into, no copy of a large
+    # output's): not a view (`getbuffer`), which would keep the stream open behind it, and
+    # whose stream, collected with the view in a cycle, cannot close (a BufferError, said as
+    # unraisable on CPython 3.13).
+    return buffer.getvalue()
 
 
 def _name(text: str) -> bytes:
