@@ -42,7 +42,6 @@ from typing import Any, Final, Generic, Protocol, TypeVar
 
 from soma._run import observe as _observe
 from soma.journal._active import ACTIVE as _journal_run
-from soma.journal._calls import Asked
 
 # How much each run keeps, and how many finished runs the recorder keeps (see the header).
 SPANS_KEPT: Final = 10_000
@@ -611,11 +610,9 @@ def _task_row() -> int | str:
 
 
 def _paused(error: BaseException | None) -> bool:
-    """Whether ``error`` is a node's question (``ctx.ask``), which pauses its run."""
-    return isinstance(error, Asked) or (
-        isinstance(error, BaseExceptionGroup)
-        and all(isinstance(inner, Asked) for inner in error.exceptions)
-    )
+    """Whether ``error`` is a node's question (``ctx.ask``), which pauses its run: as the
+    observer tells a pause (``soma._run.observe.pausing``), a group's nested ones included."""
+    return _observe.pausing(error) is not None
 
 
 def _error(error: BaseException | None) -> tuple[str, str, bool, bool] | None:
