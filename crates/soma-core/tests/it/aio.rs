@@ -554,3 +554,119 @@ fn a_plain_closure_node_is_not_async() {
     let program = program_of(node("a", plain(|_: &str, x: &Value| Ok(x.clone()))));
     assert!(!program.is_async());
 }
+
+// ---------------------------------------------------------------------------------------------
+// Steps found whole in the cache
+
+/// `parts` (sync: a list of `n` items) `>> each("m", async +1) >> switch("route", by the
+/// list's length, {"long": async +10, "short": async +20})`, each node's calls counted, its
+/// fingerprint its id and how often it was edited (`edits`).
+struct Decided {
+    program: Arc<Program>,
+    calls: Arc<Mutex<Vec<String>>>,
+    edits: Arc<Mutex<Vec<String>>>,
+    cache: Arc<MemoryCache>,
+}
+
+impl Decided {
+    fn new() -> Decided {
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let counted = |id: &'static str, k: i64| {
+            let calls = Arc::clone(&calls);
+            async_node(id, move |x: &Value| {
+                calls.lock().unwrap().push(id.to_owned());
+                let x = x.as_int().unwrap_or(0);
+                async move {
+                    YieldOnce(false).await;
+                    Ok(Value::Int(x + k))
+                }
+            })
+        };
+        let (parts_calls, selector_calls) = (Arc::clone(&calls), Arc::clone(&calls));
+        let parts = node(
+            "parts",
+            plain(move |_: &str, n: &Value| {
+                parts_calls.lock().unwrap().push("parts".to_owned());
+                Ok(Value::list((0..n.as_int().unwrap_or(0)).map(Value::Int)))
+            }),
+        );
+        let selector = plain(move |_: &str, items: &Value| {
+            selector_calls.lock().unwrap().push("selector".to_owned());
+            let long = matches!(items, Value::List(items) if items.len() > 2);
+            Ok(Value::text(if long { "long" } else { "short" }))
+        });
+        let route = soma_core::switch(
+            "route",
+            selector,
+            vec![
+                ("long".to_owned(), counted("first", 10)),
+                ("short".to_owned(), counted("second", 20)),
+            ],
+        )
+        .unwrap();
+        let expr = parts >> each("m", counted("plus", 1), None).unwrap() >> route;
+        let edits: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&edits);
+        let cache = Arc::new(MemoryCache::new(move |id| {
+            let edited = seen
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|e| **e == id.as_str())
+                .count();
+            Some(soma_core::Key::of_value(&Value::text(format!("{id} {edited}"))).unwrap())
+        }));
+        Decided {
+            program: program_of(expr),
+            calls,
+            edits,
+            cache,
+        }
+    }
+
+    /// Runs it on `n` with the cache, on the test loop: its result, and the nodes it called.
+    fn run(&self, n: i64) -> (Value, Vec<String>) {
+        let executor = Executor::new().with_cache(self.cache.clone());
+        let (out, _) = run_with(&executor, &self.program, Value::Int(n));
+        let called = std::mem::take(&mut *self.calls.lock().unwrap());
+        (out.unwrap(), called)
+    }
+
+    fn edit(&self, id: &str) {
+        self.edits.lock().unwrap().push(id.to_owned());
+    }
+}
+
+fn texts(ids: &[&str]) -> Vec<String> {
+    ids.iter().map(|id| (*id).to_owned()).collect()
+}
+
+#[test]
+fn an_async_each_and_an_async_switch_rerun_are_each_found_whole_as_one_hit_calling_nothing() {
+    let decided = Decided::new();
+    let (first, called) = decided.run(3);
+    assert_eq!(called.len(), 1 + 3 + 1 + 1); // parts, each item, the selector, one case
+    let hits = decided.cache.hits();
+    assert_eq!(decided.run(3), (first, Vec::new()));
+    // `parts`, then each step whole: none of the items, nor the selector or the case, looked up.
+    assert_eq!(decided.cache.hits() - hits, 3);
+}
+
+#[test]
+fn an_async_switch_whose_untaken_case_is_edited_calls_neither_its_selector_nor_its_case() {
+    let decided = Decided::new();
+    let (first, _) = decided.run(3); // the "long" case
+    decided.edit("route/short/second");
+    let hits = decided.cache.hits();
+    // The switch is not found whole (a case it may run changed): its selector and the case it
+    // takes are found on their own, and the `each` before it whole.
+    assert_eq!(decided.run(3), (first.clone(), Vec::new()));
+    assert_eq!(decided.cache.hits() - hits, 1 + 1 + 1 + 1);
+    // Filed whole under its new key: found whole from now on.
+    let hits = decided.cache.hits();
+    assert_eq!(decided.run(3), (first, Vec::new()));
+    assert_eq!(decided.cache.hits() - hits, 3);
+    // The case it took, edited: that case runs again, and nothing else.
+    decided.edit("route/long/first");
+    assert_eq!(decided.run(3).1, texts(&["first"]));
+}

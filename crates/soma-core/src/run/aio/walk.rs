@@ -184,12 +184,29 @@ fn walk<'p>(place: &'p Place, op: &'p Op) -> Walking<'p> {
             Op::Wave {
                 branches, bounds, ..
             } => wave(place, branches, bounds).await,
-            Op::Map(map) => run_decision(place, &map.step, async { each(place, map).await }).await,
-            Op::Switch(switch) => {
-                run_decision(place, &switch.step, async { choose(place, switch).await }).await
+            Op::Map(map) => {
+                let whole = [("body", &map.body)];
+                run_decision(place, &map.step, Some(&whole), async {
+                    each(place, map).await
+                })
+                .await
             }
+            Op::Switch(switch) => {
+                let whole: Vec<(&str, &Program)> = switch
+                    .keys
+                    .iter()
+                    .map(String::as_str)
+                    .zip(&*switch.cases)
+                    .collect();
+                run_decision(place, &switch.step, Some(&whole), async {
+                    choose(place, switch).await
+                })
+                .await
+            }
+            // Never looked up whole, as in the sync walk: what a loop's body returns is keyed
+            // by its nodes, one iteration at a time.
             Op::Loop(repeat) => {
-                run_decision(place, &repeat.step, async {
+                run_decision(place, &repeat.step, None, async {
                     repeat_body(place, repeat).await
                 })
                 .await
@@ -547,11 +564,15 @@ where
     }
 }
 
-/// A `Map`, `Switch` or `Loop` step: its `work` awaited, the step marked running meanwhile,
-/// its output written and its digest settled as the sync walk's `run_decision` does.
+/// A `Map`, `Switch` or `Loop` step: with a cache, looked up as a whole first when it runs
+/// `whole` (a `Map`'s body, a `Switch`'s cases; [`Executor::decision_found`], as the sync walk
+/// looks it up), its input then left unread and `work` never started; otherwise its `work`
+/// awaited, the step marked running meanwhile, its output written and its digest settled (and
+/// filed under the key it missed whole under) as the sync walk's `run_decision` does.
 async fn run_decision(
     place: &Place,
     step: &Step,
+    whole: Option<&[(&str, &Program)]>,
     work: impl Future<Output = Result<Value, Halt>>,
 ) -> Result<(), Halt> {
     let _permit = match place.limits() {
@@ -559,6 +580,16 @@ async fn run_decision(
         None => None,
     };
     let site = place.site();
+    if let Some(programs) = whole {
+        let found = place.table.with_frame(&place.window, |frame| {
+            place
+                .executor()
+                .decision_found(step, programs, &place.table.input, frame, site)
+        });
+        if found {
+            return Ok(());
+        }
+    }
     site.mark_running(step, true);
     let value = work.await;
     site.mark_running(step, false);
