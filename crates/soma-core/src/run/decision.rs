@@ -33,9 +33,26 @@ pub(super) struct PartUnderWay<'k> {
 }
 
 impl Executor {
-    /// What a decision step reads, once it may start: the checks a step makes before its node,
-    /// in the branch at `branch`.
+    /// What a decision step reads, once it may start ([`Executor::decision_gathered`]), each
+    /// output in it found in the cache and left unread read now (`crate::run::deferred`).
     pub(super) fn decision_input(
+        &self,
+        step: &Step,
+        input: &Value,
+        frame: &mut Frame<'_>,
+        site: Site<'_>,
+    ) -> Result<Value, Halt> {
+        let gathered = self.decision_gathered(step, input, frame, site)?;
+        match site.keys {
+            Some(keys) => Ok(self.read_deferred(keys, step, gathered, site)?),
+            None => Ok(gathered),
+        }
+    }
+
+    /// What a decision step gathers, once it may start: the checks a step makes before its
+    /// node, in the branch at `site`; the outputs in it left unread by their hits not read yet
+    /// (the async walk reads them itself, awaiting an async node that must compute one again).
+    pub(super) fn decision_gathered(
         &self,
         step: &Step,
         input: &Value,
@@ -48,12 +65,7 @@ impl Executor {
         if self.watch.as_deref().is_some_and(Watch::interrupted) {
             return Err(Halt::Failed(RunError::Interrupted));
         }
-        let gathered = gather(step, input, frame);
-        match site.keys {
-            // An output found in the cache and left unread is read now (`crate::run::deferred`).
-            Some(keys) => Ok(self.read_deferred(keys, step, gathered, site)?),
-            None => Ok(gathered),
-        }
+        Ok(gather(step, input, frame))
     }
 
     /// With a cache, `step` — a `Map` or a `Switch`, running `programs` — looked up as a whole

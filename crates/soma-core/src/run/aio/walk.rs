@@ -38,6 +38,7 @@ use crate::run::attempt::{next_attempt, stopped_pausing, Next};
 use crate::run::branch::{Branch, Halt, Standing, WaveState};
 use crate::run::call::{gather, NodeCall, Site};
 use crate::run::decision;
+use crate::run::deferred::Rereading;
 use crate::run::error::RunError;
 use crate::run::executor::Executor;
 use crate::run::hooks::Watch;
@@ -385,10 +386,7 @@ async fn cached(
         Err(key) => key,
     };
     let started = Instant::now();
-    let input = gathered(place, step);
-    let input = place
-        .executor()
-        .read_deferred(keys, step, input, place.site())?;
+    let input = read_deferred(place, keys, step, gathered(place, step)).await?;
     let value = called(place, call, step, &input).await?;
     Ok(call.file(keys, key, value, started.elapsed()))
 }
@@ -607,12 +605,45 @@ async fn run_decision(
 }
 
 /// What a step that decides reads, after the boundary checks, as the sync walk reads it.
-fn decision_input(place: &Place, step: &Step) -> Result<Value, Halt> {
-    place.table.with_frame(&place.window, |frame| {
+async fn decision_input(place: &Place, step: &Step) -> Result<Value, Halt> {
+    let gathered = place.table.with_frame(&place.window, |frame| {
         place
             .executor()
-            .decision_input(step, &place.table.input, frame, place.site())
-    })
+            .decision_gathered(step, &place.table.input, frame, place.site())
+    })?;
+    match place.table.keys.as_ref() {
+        Some(keys) => Ok(read_deferred(place, keys, step, gathered).await?),
+        None => Ok(gathered),
+    }
+}
+
+/// `gathered`, what `step` reads, with each output in it found in the cache and left unread
+/// read now, in the order the floor reads them ([`Rereading`]): one whose entry is gone is
+/// computed again by its node — an async node awaited, under its policy, a sync one called
+/// here as a sync reader would call it — and filed again.
+async fn read_deferred(
+    place: &Place,
+    keys: &RunKeys,
+    step: &Step,
+    gathered: Value,
+) -> Result<Value, RunError> {
+    let mut rereading = match Rereading::of(step, gathered) {
+        Ok(gathered) => return Ok(gathered),
+        Err(rereading) => rereading,
+    };
+    let site = place.site();
+    while let Some(again) = rereading.next() {
+        let step = again.step(site.program);
+        let call = NodeCall::new(place.executor(), step, site);
+        let started = Instant::now();
+        let value = if step.is_async() {
+            called(place, &call, step, &again.input).await?
+        } else {
+            call.call(&again.input)?
+        };
+        rereading.computed(again.file(keys, site.program, value, started.elapsed()));
+    }
+    Ok(rereading.read())
 }
 
 /// Runs `body` on `input` with a table of its own, as the sync walk's `run_body` does: inline
@@ -659,7 +690,7 @@ type ItemResult = Mutex<Option<Result<Value, Halt>>>;
 /// the sync walk's items are branches; settled as the sync walk settles them ([`settle`]). A failing item cancels the tasks of the items after it, and
 /// those not started never start.
 async fn each(place: &Place, op: &MapOp) -> Result<Value, Halt> {
-    let read = decision_input(place, &op.step)?;
+    let read = decision_input(place, &op.step).await?;
     let executor = place.executor();
     let id = &place.table.program().ids[op.step.slot()];
     let items = executor.items_of(id, &read)?;
@@ -737,7 +768,7 @@ async fn each(place: &Place, op: &MapOp) -> Result<Value, Halt> {
 /// A `Switch` step with an async node inside: its selector called (awaited when async), the
 /// case it names run inline.
 async fn choose(place: &Place, op: &SwitchOp) -> Result<Value, Halt> {
-    let read = decision_input(place, &op.step)?;
+    let read = decision_input(place, &op.step).await?;
     let executor = place.executor();
     let id = &place.table.program().ids[op.step.slot()];
     let chosen = ask(place, &op.step, &read, Asked::Input).await?;
@@ -751,7 +782,7 @@ async fn choose(place: &Place, op: &SwitchOp) -> Result<Value, Halt> {
 /// A `Loop` step with an async node inside: its body inline, iteration after iteration, until
 /// its predicate (awaited when async) says done.
 async fn repeat_body(place: &Place, op: &LoopOp) -> Result<Value, Halt> {
-    let mut current = decision_input(place, &op.step)?;
+    let mut current = decision_input(place, &op.step).await?;
     let executor = place.executor();
     let id = &place.table.program().ids[op.step.slot()];
     for iteration in 0..op.max_iterations {
