@@ -314,3 +314,102 @@ def test_an_async_switch_whose_taken_case_is_edited_runs_that_case_again_and_not
     assert run(how, g, 4, cache) == (first + 1, ["largest"])
     assert UNPICKLED == []
     assert run(how, g, 4, cache) == (first + 1, [])
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs of async nodes: left unread as a sync node's are, when only the async walk reads them
+
+
+class AsyncBig(soma.Node):
+    async def forward(self, seed: int) -> np.ndarray[Any, Any]:
+        CALLS.append("big")
+        await asyncio.sleep(0)
+        return np.full(BIG, float(seed))
+
+
+class AsyncSmaller(soma.Node):
+    async def forward(self, big: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        CALLS.append("smaller")
+        await asyncio.sleep(0)
+        return big[::100] * 2  # 800 kB
+
+
+class AsyncTiny(soma.Node):
+    def __init__(self, k: float = 1.0) -> None:
+        self.k = k
+
+    async def forward(self, smaller: np.ndarray[Any, Any]) -> float:
+        CALLS.append("tiny")
+        await asyncio.sleep(0)
+        return float(smaller.sum()) * self.k
+
+
+@pytest.mark.parametrize("how", ["aforward", "forward", "amap"])
+def test_a_fully_cached_rerun_of_async_big_smaller_tiny_reads_under_one_percent_of_big(
+    cache: soma.Cache, how: str
+) -> None:
+    g = soma.Graph.somatize(AsyncBig() >> AsyncSmaller() >> AsyncTiny())
+    first, called = run(how, g, 3, cache)
+    assert called == ["big", "smaller", "tiny"]
+    before = cache.stats()
+    assert run(how, g, 3, cache) == (first, [])
+    read = cache.stats().bytes_read - before.bytes_read
+    assert 0 < read <= 0.01 * BIG * 8
+    assert cache.stats().hits - before.hits == 3
+
+
+def test_an_async_node_that_runs_reads_what_it_reads_and_nothing_before_it(
+    cache: soma.Cache,
+) -> None:
+    tiny = AsyncTiny()
+    g = soma.Graph.somatize(AsyncBig() >> AsyncSmaller() >> tiny)
+    first, _ = run("aforward", g, 3, cache)
+    tiny.k = 2.0
+    before = cache.stats()
+    assert run("aforward", g, 3, cache) == (first * 2, ["tiny"])
+    read = cache.stats().bytes_read - before.bytes_read
+    # `smaller`'s 800 kB, read for `tiny`; `big`'s 80 MB never.
+    assert 800_000 <= read < 1_000_000
+
+
+class AsyncGrow(soma.Node):
+    """`Grow`, async."""
+
+    async def forward(self, x: bytes) -> bytes:
+        CALLS.append(self._soma_id or "grow")
+        await asyncio.sleep(0)
+        return x + bytes([len(x) % 251]) * 10_000
+
+
+class AsyncSize(soma.Node):
+    extra = 0
+
+    async def forward(self, x: bytes) -> int:
+        CALLS.append(self._soma_id or "size")
+        await asyncio.sleep(0)
+        return len(x) + self.extra
+
+
+def test_an_async_nodes_entry_removed_between_its_hit_and_its_read_is_computed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = soma.Cache(tmp_path / "cache")
+    g = soma.Graph.somatize(
+        AsyncGrow().named("a") >> AsyncGrow().named("b") >> AsyncSize().named("c")
+    )
+    assert run("aforward", g, b"x", cache) == (20_001, ["a", "b", "c"])
+    found = soma.Cache._find
+
+    def found_then_removed(self: soma.Cache, key: bytes) -> tuple[bool, bytes | None, bool, object]:
+        answer = found(self, key)
+        self._file(key).unlink()
+        return answer
+
+    with monkeypatch.context() as patched:
+        patched.setattr(soma.Cache, "_find", found_then_removed)
+        patched.setattr(AsyncSize, "extra", 1)  # `c` edited: it runs
+        # `a` and `b` hit, their outputs unread; `c` runs and reads `b`'s, gone by then: `b`
+        # is awaited again on `a`'s, gone too, and `a` on the input.
+        assert run("aforward", g, b"x", cache) == (20_002, ["a", "b", "c"])
+        assert cache.stats().corrupted == 0
+    assert run("aforward", g, b"x", cache) == (20_001, [])
