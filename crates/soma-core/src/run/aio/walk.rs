@@ -12,9 +12,10 @@
 //!
 //! Everything a step *means* — its cache lookup and filing, its observer's events, its span,
 //! its policy's retries (`run/call.rs`), how a wave settles (`run/settle.rs`), whether its
-//! branch must stop (`run/branch.rs`), how a `Map` reads its items and a `Switch` its case
-//! (`run/decision.rs`) — lies on the floor both walks stand on, called from here as the sync
-//! walk calls it; only the waiting differs. A wave's branches and a `Map`'s items are tasks of their own
+//! branch must stop (`run/branch.rs`), how a `Map` reads its items and a `Switch` its case,
+//! and whether either is found whole in the cache (`run/decision.rs`), in what order outputs
+//! a hit left unread are read (`run/deferred.rs`) — lies on the floor both walks stand on,
+//! called from here as the sync walk calls it; only the waiting differs. A wave's branches and a `Map`'s items are tasks of their own
 //! ([`crate::Tasks::spawn`]), joined ([`Join`]); a case or an iteration runs inline, in the
 //! task that reached its step, until [`INLINE_LEVELS`] of them nest, when the next runs as a
 //! task of its own: no future's poll recurses deeper than that, however deep the plan.
