@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import subprocess
+import sys
 import textwrap
 import time
 from collections.abc import Iterator
@@ -19,7 +21,7 @@ from typing import Any
 import pytest
 
 import soma
-from conftest import DEADLINE, CallRecord, run_script
+from conftest import DEADLINE, SUBPROCESS_DEADLINE, CallRecord, run_script
 
 # Which node was called on which item, in order: keyed as an empty record, so a call changes
 # no key (see `CallRecord`).
@@ -99,6 +101,27 @@ def test_a_stream_with_an_id_records_every_items_nodes_and_ends_finished(
     record = journal.run("s")
     assert record.status == "finished"
     assert sorted(node for node, _, _ in journal.nodes("s")) == ["a"] * 5 + ["b"] * 5
+
+
+def test_a_streams_run_counts_its_node_calls_never_a_done_of_total_above_its_total(
+    journal: soma.Journal,
+) -> None:
+    assert list(chain().map(range(5), run="s", journal=journal)) == expected(5)
+    record = journal.run("s")
+    assert record.stream
+    assert (record.done, record.nodes) == (10, 2)
+    assert chain().forward(1, run="r", journal=journal) == 20
+    assert not journal.run("r").stream
+    listed = subprocess.run(
+        [sys.executable, "-m", "soma.runs", "--journal", journal.target, "list"],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_DEADLINE,
+        check=True,
+    ).stdout.splitlines()
+    by_id = {line.split()[0]: line for line in listed}
+    assert by_id["s"].endswith("10 calls")
+    assert by_id["r"].endswith("2/2")
 
 
 def test_map_again_after_an_item_failed_calls_nodes_only_from_the_first_unfinished_item_on(

@@ -93,8 +93,10 @@ class JournalRun:
         started: when it began (seconds since the epoch).
         ended: when it last ended; ``None`` while running.
         seconds: seconds spent running it, over every resume.
-        done: nodes recorded finished.
-        nodes: the graph's nodes.
+        done: nodes recorded finished; for a stream, node calls recorded over all its items.
+        nodes: the graph's nodes (for a stream, each item's).
+        stream: whether it is a stream's run (``g.map``, ``g.amap``), whose items are the
+            caller's: how many there are is not known to the journal.
         error: its error's message, for a failed run; ``None`` otherwise.
         holder: who holds it while it runs (host, process id, a mark of the call).
         questions: its open questions by path, as shown, for a paused run.
@@ -111,6 +113,7 @@ class JournalRun:
     error: str | None
     holder: str | None
     questions: dict[str, str]
+    stream: bool = False
 
 
 class Journal:
@@ -466,6 +469,7 @@ class Journal:
             error=row.error,
             holder=row.holder if status == "running" else None,
             questions=questions,
+            stream=row.kind in STREAM_KINDS,
         )
 
 

@@ -33,9 +33,11 @@ def _when(seconds: float | None) -> str:
 def _line(run: JournalRun) -> str:
     error = "" if run.error is None else f"  {run.error.splitlines()[0][:80]}"
     asks = "" if not run.questions else f"  asks at {', '.join(run.questions)}"
+    # A stream's items are its caller's: its nodes' calls are counted, not "done of total".
+    done = f"{run.done:>6} calls" if run.stream else f"{run.done:>6}/{run.nodes}"
     return (
         f"{run.id:<24} {run.status:<9} {_when(run.started)}  {run.seconds:9.3f} s"
-        f"  {run.done:>6}/{run.nodes}{error}{asks}"
+        f"  {done}{error}{asks}"
     )
 
 
