@@ -38,12 +38,14 @@ size's within 1.5x the smallest's.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import gc
 import importlib.metadata
 import itertools
 import os
 import random
+import shutil
 import signal
 import sqlite3
 import statistics
@@ -75,6 +77,14 @@ SIZES_BOUND = 1.5
 #: The killed runs' lease: a run whose holder died is refused to a resumer until its lease lapses
 #: (30 s unless told), so the resumer is started once this has passed since the kill.
 KILLED_LEASE_S = 1.0
+
+
+def scratch(prefix: str) -> Path:
+    """A folder of its own for a table's files, removed when the benchmark exits (a killed
+    chain's journals and LangGraph's checkpoints come to hundreds of MB a table)."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 class Inc(soma.Node):
@@ -172,7 +182,7 @@ def langgraph_chain(n: int) -> tuple[Any, Any, Path] | str:
     for a, b in itertools.pairwise(names):
         builder.add_edge(a, b)
     builder.add_edge(names[-1], END)
-    folder = Path(tempfile.mkdtemp(prefix="bench-langgraph-"))
+    folder = scratch("bench-langgraph-")
     path = folder / "checkpoints.db"
     saver = SqliteSaver(sqlite3.connect(path, check_same_thread=False))
     return builder.compile(), builder.compile(checkpointer=saver), path
@@ -207,7 +217,7 @@ def langgraph_rows(repeat: int) -> tuple[list[str], str]:
 
 def chain_rows(repeat: int) -> list[list[str]]:
     g = chain(CHAIN)
-    folder = Path(tempfile.mkdtemp(prefix="bench-journal-"))
+    folder = scratch("bench-journal-")
     journal = soma.Journal(folder / "runs.db")
     runs = itertools.count()
 
@@ -266,7 +276,7 @@ def chain_rows(repeat: int) -> list[list[str]]:
 
 def pause_rows(count: int) -> list[list[str]]:
     g = soma.Graph.somatize(Start() >> Approve() >> Finish())
-    folder = Path(tempfile.mkdtemp(prefix="bench-pause-"))
+    folder = scratch("bench-pause-")
     journal = soma.Journal(folder / "runs.db")
     pauses: list[float] = []
     resumes: list[float] = []
@@ -313,7 +323,7 @@ def rss_bytes() -> int:
 
 def paused_runs_rows(count: int) -> list[list[str]]:
     g = soma.Graph.somatize(Start() >> Approve() >> Finish())
-    folder = Path(tempfile.mkdtemp(prefix="bench-paused-"))
+    folder = scratch("bench-paused-")
     journal = soma.Journal(folder / "runs.db")
     for warm in range(50):  # Statements, names and the keeper thread's first start, once.
         with contextlib.suppress(soma.Paused):
@@ -402,7 +412,7 @@ def size_rows(repeat: int) -> list[list[str]]:
     for n in SIZES:
         best: tuple[float, float, int, int] | None = None
         for _ in range(repeat):
-            path = Path(tempfile.mkdtemp(prefix="bench-sizes-")) / "runs.db"
+            path = scratch("bench-sizes-") / "runs.db"
             out = subprocess.run(
                 [sys.executable, __file__, "--child", "size", str(path), str(n)],
                 check=True,
@@ -440,7 +450,7 @@ def size_rows(repeat: int) -> list[list[str]]:
 
 
 def kill_rows(trials: int) -> list[list[str]]:
-    folder = Path(tempfile.mkdtemp(prefix="bench-killed-"))
+    folder = scratch("bench-killed-")
     rng = random.Random(45)
     wrong: list[str] = []
     starts: list[float] = []
