@@ -6,11 +6,12 @@ counts), so two values that differ in content or type never feed the same bytes:
 their content (a dict in its order, a set in the order of its members' digests, an int of any
 size), numpy arrays by dtype, shape and bytes (read in place by the Rust hasher, on several
 threads for a large one; an array of objects that are strings — a pandas text column — by
-their UTF-8, read in Rust too; an Arrow array of text or bytes — pandas' ``string[pyarrow]``, and
-``str`` where pyarrow is installed — likewise from its buffers, whatever its chunks), a subclass of ``ndarray`` with the state it adds (a masked array's
-mask), torch tensors likewise, and every other object — a subclass of a builtin, a namedtuple,
-an ``OrderedDict``, a dataclass, a pandas frame — by what pickle would keep of it
-(``__reduce_ex__``), beside its class. A resource — what a node works with rather than
+their UTF-8, read in Rust too; an Arrow array of text or bytes — pandas' ``string[pyarrow]``,
+and ``str`` where pyarrow is installed — likewise from its buffers, whatever its chunks), a
+subclass of ``ndarray`` with the state it adds (a masked array's mask), torch tensors likewise,
+and every other object — a subclass of a builtin, a namedtuple, an ``OrderedDict``, a
+dataclass, a pandas frame — by what pickle would keep of it (``__reduce_ex__``), beside its
+class. A resource — what a node works with rather than
 computes from: a lock, a socket, a client, a logger, an executor, an open file (:data:`RESOURCES`,
 :data:`CLIENTS`, and the classes given to :func:`resource`) — by its type alone; a value given to
 :func:`ignore` by a mark. What pickle refuses that is no resource (a generator), and an object
@@ -664,6 +665,7 @@ def _reduced(value: Any, where: Where, pending: list[Any], out: bytearray) -> No
     try:
         # As pickle asks: a reducer registered for its type first (`copyreg.pickle`).
         reducer = copyreg.dispatch_table.get(kind)
+        reduced: Any
         if reducer is None and _pandas_arrow(kind):
             reduced = _pandas_arrow_reduction(value)
         else:
