@@ -321,6 +321,20 @@ def test_arrow_buffers_whose_offsets_lie_outside_them_are_refused_not_read() -> 
     assert _soma.arrow_text([(None, offsets, data, 1, 2)], False) is None  # past the offsets
 
 
+def test_an_arrow_array_made_where_a_freed_one_lay_is_digested_afresh() -> None:
+    pa = pytest.importorskip("pyarrow")
+    seen: dict[bytes, int] = {}
+    places = set()
+    for i in range(50):
+        array = pa.array([f"row-{i}"])
+        places.add(id(array))
+        found = digest(array)
+        assert digest(array) == found  # read again while it lives: the same
+        assert seen.setdefault(found, i) == i
+        del array
+    assert len(places) < 50  # Some were made where one had been: the case asked about.
+
+
 class Refuses:
     """A class pickle refuses unless a reducer is registered for it with ``copyreg``."""
 

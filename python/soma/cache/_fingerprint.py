@@ -698,6 +698,10 @@ def _arrow_text(value: Any, out: bytearray) -> bool:
     their ``large_`` kin) by its class, its type and its elements read from its buffers in
     Rust (``soma._soma.arrow_text``), so that the same strings give the same digest however
     they are chunked or sliced; ``False`` for any other, which is reduced as pickle would."""
+    known = _ARROW_DIGESTS.get(id(value))
+    if known is not None and known[0]() is value:
+        out += known[1]
+        return True
     pyarrow = sys.modules.get("pyarrow")
     if pyarrow is None:
         return False
@@ -717,8 +721,18 @@ def _arrow_text(value: Any, out: bytearray) -> bool:
     column = _soma.arrow_text(given, wide)
     if column is None:  # Offsets outside its buffers: reduced, as pickle would save it.
         return False
-    out += _text(b"W", _qualified(type(value))) + _text(b"", str(value.type)) + column
+    fed = _text(b"W", _qualified(type(value))) + _text(b"", str(value.type)) + column
+    out += fed
+    key = id(value)
+    _ARROW_DIGESTS[key] = (weakref.ref(value, lambda _: _ARROW_DIGESTS.pop(key, None)), fed)
     return True
+
+
+# What an Arrow array read by `_arrow_text` fed, by the array's identity, while it lives: an
+# Arrow array never changes once made (Arrow's rule: pandas and pyarrow make a new one for any
+# change), so a column that several outputs share — a frame's column carried through `assign`,
+# a list's items digested again one by one — is read once.
+_ARROW_DIGESTS: dict[int, tuple[weakref.ref[Any], bytes]] = {}
 
 
 def _pandas_arrow(kind: type) -> bool:
