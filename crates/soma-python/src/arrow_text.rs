@@ -59,34 +59,50 @@ unsafe fn bytes<'a>((at, len): (usize, usize)) -> &'a [u8] {
 }
 
 impl Chunk {
-    /// Appends element `i`'s encoding; `None` when its offsets lie outside its buffers.
+    /// Appends the encodings of its elements `from` to `to` (its own positions); `None` when
+    /// an offset lies outside its buffers.
     ///
     /// # Safety
     /// As [`bytes`], for each of the chunk's buffers.
     #[allow(unsafe_code)]
-    unsafe fn push(&self, i: usize, wide: bool, out: &mut Vec<u8>) -> Option<()> {
-        let at = self.offset.checked_add(i)?;
-        if let Some(validity) = self.validity {
-            let bits = bytes(validity);
-            if bits.get(at / 8)? & (1 << (at % 8)) == 0 {
-                out.push(1);
-                return Some(());
-            }
-        }
-        let offsets = bytes(self.offsets);
-        let read = |k: usize| -> Option<usize> {
+    unsafe fn push(&self, from: usize, to: usize, wide: bool, out: &mut Vec<u8>) -> Option<()> {
+        let width = if wide { 8 } else { 4 };
+        let (first, last) = (self.offset.checked_add(from)?, self.offset.checked_add(to)?);
+        // The run's offsets, one more than its elements, bounds checked once here.
+        let offsets = bytes(self.offsets).get(first * width..(last + 1) * width)?;
+        let data = bytes(self.data);
+        let validity = self.validity.map(|validity| bytes(validity));
+        let offset_at = |k: usize| -> Option<usize> {
+            let word = &offsets[k * width..(k + 1) * width];
             if wide {
-                let word = offsets.get(k * 8..k * 8 + 8)?;
                 usize::try_from(i64::from_le_bytes(word.try_into().ok()?)).ok()
             } else {
-                let word = offsets.get(k * 4..k * 4 + 4)?;
                 usize::try_from(i32::from_le_bytes(word.try_into().ok()?)).ok()
             }
         };
-        let (start, end) = (read(at)?, read(at.checked_add(1)?)?);
-        let text = bytes(self.data).get(start..end)?;
-        leb128(out, (text.len() as u64) << 1);
-        out.extend_from_slice(text);
+        let span = offset_at(to - from)?.saturating_sub(offset_at(0)?);
+        out.reserve(span.min(data.len()) + (to - from));
+        let mut start = offset_at(0)?;
+        for k in 0..to - from {
+            let end = offset_at(k + 1)?;
+            let at = first + k;
+            if let Some(bits) = validity {
+                // A bitmap shorter than its array is refused.
+                if bits.get(at / 8)? & (1 << (at % 8)) == 0 {
+                    out.push(1);
+                    start = end;
+                    continue;
+                }
+            }
+            let text = data.get(start..end)?;
+            match u8::try_from(text.len()) {
+                // Under 64 bytes, twice the length is its LEB128 header, one byte.
+                Ok(length) if length < 64 => out.push(length << 1),
+                _ => leb128(out, (text.len() as u64) << 1),
+            }
+            out.extend_from_slice(text);
+            start = end;
+        }
         Some(())
     }
 }
@@ -111,8 +127,8 @@ unsafe fn block_digest(
     while at < to {
         let chunk = chunks.get(which)?;
         let end = (starts[which] + chunk.length).min(to);
-        for position in at..end {
-            chunk.push(position - starts[which], wide, out)?;
+        if end > at {
+            chunk.push(at - starts[which], end - starts[which], wide, out)?;
         }
         at = end;
         which += 1;
