@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import soma
-from conftest import CallRecord
+from conftest import CallRecord, run_script
 from soma import _soma
 from soma.cache import _fingerprint
 
@@ -333,6 +333,26 @@ def test_an_arrow_array_made_where_a_freed_one_lay_is_digested_afresh() -> None:
         assert seen.setdefault(found, i) == i
         del array
     assert len(places) < 50  # Some were made where one had been: the case asked about.
+
+
+def test_a_cached_run_on_values_of_no_library_imports_neither_pyarrow_nor_pandas(
+    tmp_path: Any,
+) -> None:
+    pytest.importorskip("pyarrow")  # Installed, so that importing it would be seen.
+    run = run_script(
+        "import sys, soma\n"
+        "@soma.node\n"
+        "def f(x):\n    return [x, 'text', b'bytes'] * 30_000\n"
+        f"cache = soma.Cache({str(tmp_path)!r})\n"
+        "graph = soma.Graph.somatize(f)\n"
+        "assert graph.forward(1, cache=cache) == graph.forward(1, cache=cache)\n"
+        "assert cache.stats().hits == 1\n"
+        "assert 'pyarrow' not in sys.modules, 'pyarrow was imported'\n"
+        "assert 'pandas' not in sys.modules, 'pandas was imported'\n"
+        "print('ok')\n"
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "ok\n"
 
 
 class Refuses:
