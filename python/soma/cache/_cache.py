@@ -270,8 +270,8 @@ def _unpickled_payload(payload: bytes | bytearray | memoryview) -> Any:
     """The output pickled in a payload, its pickle alone or with its buffers apart: those read
     in place, so an array read back from a writable payload (a file read into a bytearray) is
     writable. Raises ``ValueError`` for a payload whose spans lie outside it."""
-    if payload[: len(_APART)] != _APART:
-        return pickle.loads(payload)
+    if not payload or payload[0] != 0 or payload[: len(_APART)] != _APART:
+        return pickle.loads(payload)  # Its first byte alone tells most: a hit's cost.
     view = memoryview(payload)
     (count,) = _COUNT.unpack_from(view, len(_APART))
     at = len(_APART) + _COUNT.size
