@@ -158,6 +158,52 @@ def test_a_finished_run_resumed_calls_nothing_and_returns_its_result(
     assert CALLS == []
 
 
+#: The ``done`` table as journals made before its rows were kept in the order written had it:
+#: keyed by run and key, so that a batch of a large run wrote a page of the file a node.
+DONE_BY_KEY = (
+    "CREATE TEMP TABLE kept AS SELECT run, key, node, seconds, digest, payload, sig FROM done",
+    "DROP TABLE done",
+    "CREATE TABLE done (run INTEGER NOT NULL, key BLOB NOT NULL, node INTEGER NOT NULL,"
+    " seconds REAL NOT NULL, digest BLOB, payload BLOB NOT NULL, sig BLOB,"
+    " PRIMARY KEY (run, key)) WITHOUT ROWID",
+    "INSERT INTO done SELECT * FROM kept",
+)
+
+
+def test_a_journal_made_before_rows_were_kept_in_order_resumes_its_runs_and_lists_them(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "runs.db"
+    expected = {x: uninterrupted(chain, x) for x in (1, 2, 3)}
+    g = chain()
+    old = soma.Journal(path)
+    assert g.forward(2, run="s", journal=old) == expected[2]
+    DOWN.touch()
+    with pytest.raises(ConnectionError):
+        g.forward(1, run="r", journal=old)
+    old.close()
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        for statement in DONE_BY_KEY:
+            db.execute(statement)
+    DOWN.unlink()
+    CALLS.clear()
+    journal = soma.Journal(path)
+    try:
+        assert [(run.id, run.done) for run in soma.runs(journal)] == [("r", 3), ("s", 5)]
+        assert g.resume("r", journal=journal) == expected[1]
+        assert sorted(CALLS) == ["d", "e"]
+        assert g.forward(3, run="t", journal=journal) == expected[3]
+        CALLS.clear()
+        assert g.resume("t", journal=journal) == expected[3]
+        assert g.resume("s", journal=journal) == expected[2]
+        assert CALLS == []
+    finally:
+        journal.close()
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        columns = [row[1] for row in db.execute("PRAGMA table_info(done)")]
+    assert columns[0] == "id"
+
+
 def test_forward_with_the_id_of_a_run_held_elsewhere_is_refused_naming_its_holder(
     tmp_path: Path,
 ) -> None:

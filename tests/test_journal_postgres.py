@@ -654,3 +654,59 @@ def test_eight_processes_running_and_resuming_runs_between_them_lose_none_and_ru
     assert report["twice"] == []
     # The runs were shared, not all run by whichever worker started first.
     assert len(report["finished_by"]) > 1
+
+
+# ---------------------------------------------------------------------------------------------
+# A journal made before its rows were kept in the order written
+
+#: The ``done`` table as such a journal had it: keyed by run and key (its index ``done_pkey``).
+DONE_BY_KEY = (
+    "CREATE TEMP TABLE kept AS SELECT run, key, node, seconds, digest, payload, sig FROM done",
+    "DROP TABLE done",
+    "CREATE TABLE done (run BIGINT NOT NULL, key BYTEA NOT NULL, node BIGINT NOT NULL,"
+    " seconds DOUBLE PRECISION NOT NULL, digest BYTEA, payload BYTEA NOT NULL, sig BYTEA,"
+    " PRIMARY KEY (run, key))",
+    "INSERT INTO done SELECT * FROM kept",
+)
+
+COUNTED: list[str] = []
+
+
+class Counted(soma.Node):
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def forward(self, x: Any, ctx: soma.Ctx) -> Any:
+        COUNTED.append(ctx.node)
+        return x + self.k
+
+
+def test_a_journal_made_before_rows_were_kept_in_order_resumes_its_runs_and_lists_them(
+    postgres_url: str,
+) -> None:
+    g = soma.Graph.somatize(Counted(1).named("one") >> Counted(2).named("two"))
+    old = soma.Journal(postgres_url)
+    assert g.forward(1, run="r", journal=old) == 4
+    old.close()
+    with psycopg.connect(postgres_url, autocommit=True) as connection:
+        for statement in DONE_BY_KEY:
+            connection.execute(statement)
+    COUNTED.clear()
+    journal = soma.Journal(postgres_url)
+    try:
+        assert [(run.id, run.done) for run in soma.runs(journal)] == [("r", 2)]
+        assert g.resume("r", journal=journal) == 4
+        assert COUNTED == []
+        assert g.forward(5, run="s", journal=journal) == 8
+        assert COUNTED == ["one", "two"]
+        COUNTED.clear()
+        assert g.resume("s", journal=journal) == 8
+        assert COUNTED == []
+    finally:
+        journal.close()
+    with psycopg.connect(postgres_url, autocommit=True) as connection:
+        columns = connection.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'done'"
+            " ORDER BY ordinal_position"
+        ).fetchall()
+    assert columns[0] == ("id",)

@@ -1,7 +1,7 @@
 """Runs that survive (issue 45): what a journal costs a run, a pause and a resume, what paused
 runs hold, and resuming a run killed at a random node.
 
-    .venv/bin/python benches/python/journal.py [--quick] [--out PATH] [--only chain,pause,kill]
+    .venv/bin/python benches/python/journal.py [--quick] [--out PATH] [--only TABLES]
 
 Prints markdown tables (and writes them to PATH). Timings only, never assertions: a missed
 target is a row that says so. The issue's targets, each stated beside its figure:
@@ -26,6 +26,13 @@ target is a row that says so. The issue's targets, each stated beside its figure
    ``soma.Paused``, then ``g.resume(..., answers=...)`` to the end, each at most 0.5 ms; then
    10,000 runs paused in one process: threads left running (none beyond those before) and the
    memory each holds (at most 1 KB, by ``tracemalloc`` and by the process's RSS).
+
+Beside the targets, **at the sizes users reach** (``--only sizes``): chains of 1,000, 10,000 and
+100,000 trivial nodes, each size in a process of its own, run once with a fresh in-memory cache
+(so that every node's key is made: the journal keys nodes as the cache does) and then with a
+journal: the journal's µs a node over the cached run's, the file's bytes a node, and the
+process's peak memory. A journal's cost a node should not grow with the run: the largest
+size's within 1.5x the smallest's.
 """
 
 from __future__ import annotations
@@ -62,6 +69,9 @@ OFF_BOUND = 0.01
 PAUSE_BOUND_MS = 0.5
 PAUSED_BOUND_BYTES = 1024.0
 START_BOUND_S = 0.5
+#: The sizes table's chains, and how much more a node may cost at the largest than the smallest.
+SIZES = (1_000, 10_000, 100_000)
+SIZES_BOUND = 1.5
 #: The killed runs' lease: a run whose holder died is refused to a resumer until its lease lapses
 #: (30 s unless told), so the resumer is started once this has passed since the kill.
 KILLED_LEASE_S = 1.0
@@ -351,7 +361,11 @@ def paused_runs_rows(count: int) -> list[list[str]]:
 
 def child(argv: list[str]) -> None:
     """A child process: ``run DB NAME`` runs the killed chain (killed by a node), ``resume DB
-    NAME`` resumes it and prints its result and when it was called and started."""
+    NAME`` resumes it and prints its result and when it was called and started; ``size DB N``
+    prints a chain of N nodes' seconds cached, then journaled, the file's size and the peak RSS."""
+    if argv[0] == "size":
+        size_child(Path(argv[1]), int(argv[2]))
+        return
     mode, path, name = argv
     g = chain(KILLED_CHAIN, Counted)
     journal = soma.Journal(path, lease=KILLED_LEASE_S)
@@ -363,6 +377,66 @@ def child(argv: list[str]) -> None:
     called = time.time()
     result = g.resume(name, journal=journal)
     print(f"{result} {done} {called}")
+
+
+def size_child(path: Path, n: int) -> None:
+    import resource
+
+    g = chain(n)
+    g.forward(0, cache=soma.Cache())  # Every node's code read once, as any first run does.
+    started = time.perf_counter()
+    assert g.forward(1, cache=soma.Cache()) == n + 1
+    cached = time.perf_counter() - started
+    journal = soma.Journal(path)
+    started = time.perf_counter()
+    assert g.forward(1, run="sized", journal=journal) == n + 1
+    journaled = time.perf_counter() - started
+    journal.close()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(f"{cached} {journaled} {file_bytes(path)} {peak}")
+
+
+def size_rows(repeat: int) -> list[list[str]]:
+    """Each size's best of ``repeat`` processes."""
+    rows, extras = [], []
+    for n in SIZES:
+        best: tuple[float, float, int, int] | None = None
+        for _ in range(repeat):
+            path = Path(tempfile.mkdtemp(prefix="bench-sizes-")) / "runs.db"
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", "size", str(path), str(n)],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout.split()
+            cached, journaled, size, peak = float(out[0]), float(out[1]), int(out[2]), int(out[3])
+            if best is None or journaled - cached < best[1] - best[0]:
+                best = (cached, journaled, size, peak)
+        assert best is not None
+        cached, journaled, size, peak = best
+        extra = (journaled - cached) / n * 1e6
+        extras.append(extra)
+        log(f"sizes: {n} nodes, +{extra:.1f} us a node")
+        rows.append(
+            [
+                f"a chain of {n:,} nodes",
+                f"{cached / n * 1e6:,.1f} µs",
+                f"{journaled / n * 1e6:,.1f} µs (+{extra:,.1f})",
+                f"{size / n:,.0f} B",
+                f"{peak / 2**20:,.0f} MB",
+            ]
+        )
+    growth = extras[-1] / extras[0]
+    rows.append(
+        [
+            f"the journal's µs a node, {SIZES[-1]:,} against {SIZES[0]:,}",
+            "",
+            f"{growth:.2f}x",
+            "",
+            f"≤ {SIZES_BOUND}x: {verdict(growth <= SIZES_BOUND)}",
+        ]
+    )
+    return rows
 
 
 def kill_rows(trials: int) -> list[list[str]]:
@@ -462,8 +536,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="also write the tables here")
     parser.add_argument(
         "--only",
-        default="chain,pause,kill",
-        help="which tables, comma-separated: chain, pause, kill (all unless told)",
+        default="chain,pause,kill,sizes",
+        help="which tables, comma-separated: chain, pause, kill, sizes (all unless told)",
     )
     args = parser.parse_args()
     only = set(args.only.split(","))
@@ -496,6 +570,18 @@ def main() -> None:
             "Runs killed and resumed, each in a process of its own:",
             "",
             *table(["row", "Soma", "target"], kill_rows(5 if args.quick else 50)),
+            "",
+        ]
+    if "sizes" in only:
+        lines += [
+            "Chains at the sizes users reach, each size in a process of its own (best of the "
+            "processes): a run with a fresh in-memory cache, then with a journal in an SQLite "
+            "file:",
+            "",
+            *table(
+                ["row", "cached run, a node", "journaled run, a node", "file, a node", "peak RSS"],
+                size_rows(1 if args.quick else 3),
+            ),
             "",
         ]
     publish(lines, args.out)

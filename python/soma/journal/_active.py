@@ -22,7 +22,7 @@ from typing import Any
 
 from soma.errors import SignatureError
 from soma.journal._signing import Signer
-from soma.journal._store import Finished, Store
+from soma.journal._store import Done, Finished, Store
 
 #: Pending nodes past which a batch is written at once, whatever its age.
 _BATCH = 256
@@ -48,15 +48,15 @@ class ActiveRun:
         name: str,
         id: int,
         holder: str,
-        done: dict[bytes, bytes | None],
+        done: dict[bytes, Done],
     ) -> None:
         self.store = store
         self.signer = signer
         self.name = name
         self.id = id
         self.holder = holder
-        # What the run had recorded when it began, each key with its output's digest: its
-        # lookups are answered from here.
+        # What the run had recorded when it began, each key with its output's digest and row:
+        # its lookups are answered from here.
         self.done = done
         self.started = time.perf_counter()
         self._pending: list[Finished] = []
@@ -123,8 +123,8 @@ class ActiveRun:
         node again)."""
         if not self.signer.signs:
             return
-        for key in self.done:
-            found = self.store.output(self.id, key)
+        for key, recorded in self.done.items():
+            found = self.store.output(recorded.row)
             if found is not None:
                 payload, sig = found
                 self.signer.verify(
@@ -136,7 +136,8 @@ class ActiveRun:
         cannot be read (then computed again). One that does not verify under the journal's key
         (altered since the run was taken up) is never unpickled: read as a miss, its
         ``SignatureError`` kept in ``refused`` for the run to end with."""
-        found = self.store.output(self.id, key)
+        recorded = self.done.get(key)
+        found = None if recorded is None else self.store.output(recorded.row)
         if found is None:
             return False, None
         payload, sig = found

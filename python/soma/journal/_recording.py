@@ -121,17 +121,17 @@ class _RecordingRun:
         if key in self._active.done:
             found, output = self._active.output(key)
             if found:
-                return True, output, self._active.done[key]
+                return True, output, self._active.done[key].digest
         return self._inner.get(key) if self._has_cache else (False, None, None)
 
     def peek(self, key: bytes) -> tuple[bool, bytes | None]:
         if key in self._active.done:
-            return True, self._active.done[key]
+            return True, self._active.done[key].digest
         return self._inner.peek(key) if self._has_cache else (False, None)
 
     def find(self, key: bytes) -> tuple[bool, bytes | None, bool, object]:
         if key in self._active.done:
-            return True, self._active.done[key], False, _Recorded(key)
+            return True, self._active.done[key].digest, False, _Recorded(key)
         return self._inner.find(key) if self._has_cache else (False, None, False, None)
 
     def read(self, unread: object) -> tuple[bool, Any]:

@@ -2,10 +2,16 @@
 default, nothing to start) and a PostgreSQL database (shared by processes and machines).
 
 A journal holds positions and keys, not snapshots: for each node that finished in a run, the key
-it ran under (the cache's key), and its output, in one row of the run's. A run's rows sit together
-(keyed by run, then key), so a batch of nodes writes a few pages of the file, not a page a node:
-an output kept once by key for every run, in one table ordered by key, put each node on a page
-of its own, and each page a commit writes is written again, and synced, at the next checkpoint.
+it ran under (the cache's key), and its output, in one row of the run's. Rows are kept in the
+order they are written (a row number), found by run through an index in the same order, so a
+batch of nodes is appended to the last pages of the file, whatever the run's size: rows ordered
+by key — random, a digest — put each node of a batch on a page of its own once a run outgrew a
+few hundred pages (a 100,000-node chain wrote a 4 kB page a node, and wrote it again at the next
+checkpoint), and an output kept once by key for every run did so from the first node. A row is
+found by key only where a run is taken up: its keys are read once then (``done``), each with its
+row's number, and its outputs read by that number. Nothing stops a key being written twice (two
+nodes of a run with equal code, state and input; two processes that both held a run, a lease
+lapsed under a holder still at work): every reader takes a key's first row.
 Effects and questions are kept by the call that made them and their ordinal in it.
 Both homes run the same statements (placeholders told apart), so nothing here is written twice.
 
@@ -19,10 +25,10 @@ before it — never after one that read its output.
 Where the homes differ, one statement serves both: SQLite serialises writers (a write
 transaction takes the file's lock), PostgreSQL lets them run at once, so a run is begun by an
 ``INSERT ... ON CONFLICT DO NOTHING`` that loses to another process's without an error, a run
-taken up is locked (``FOR UPDATE``) while its lease is read, the tables are made under a lock of
-the database's (``CREATE TABLE IF NOT EXISTS`` races on PostgreSQL), and a batch's rows are
-written in the order of their keys, so that two processes writing the same keys (equal inputs)
-wait for each other rather than deadlock.
+taken up is locked (``FOR UPDATE``) while its lease is read, and the tables are made under a
+lock of the database's (``CREATE TABLE IF NOT EXISTS`` races on PostgreSQL). A journal made
+before rows were kept in order (its ``done`` keyed by run and key) is brought to this layout as
+it is opened, under the same lock.
 """
 
 from __future__ import annotations
@@ -71,10 +77,11 @@ _SCHEMA_SQLITE = (
     )""",
     "CREATE TABLE IF NOT EXISTS names (id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL)",
     """CREATE TABLE IF NOT EXISTS done (
+        id INTEGER PRIMARY KEY,
         run INTEGER NOT NULL, key BLOB NOT NULL, node INTEGER NOT NULL, seconds REAL NOT NULL,
-        digest BLOB, payload BLOB NOT NULL, sig BLOB,
-        PRIMARY KEY (run, key)
-    ) WITHOUT ROWID""",
+        digest BLOB, payload BLOB NOT NULL, sig BLOB
+    )""",
+    "CREATE INDEX IF NOT EXISTS done_by_run ON done (run, id)",
     """CREATE TABLE IF NOT EXISTS effects (
         run INTEGER NOT NULL, call BLOB NOT NULL, ordinal INTEGER NOT NULL,
         result BLOB NOT NULL, sig BLOB, PRIMARY KEY (run, call, ordinal)
@@ -147,11 +154,36 @@ class Store:
         self._pid = os.getpid()
         self._connection: Any = self._connect()
         _OPEN.add(self)
-        with self._transaction() as cursor:
+        # SQLite's write lock taken at once: a table read, then written, by two processes
+        # opening one file at the same moment.
+        with self._transaction(immediate=True) as cursor:
             if self.postgres:
                 cursor.execute(f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK})")
+            ordered = self._done_in_order(cursor)
+            if ordered is False:  # Made before rows were kept in order: kept under a new name.
+                cursor.execute("ALTER TABLE done RENAME TO done_by_key")
             for statement in _SCHEMA_POSTGRES if self.postgres else _SCHEMA_SQLITE:
                 cursor.execute(statement)
+            if ordered is False:
+                cursor.execute(
+                    "INSERT INTO done (run, key, node, seconds, digest, payload, sig)"
+                    " SELECT run, key, node, seconds, digest, payload, sig FROM done_by_key"
+                    " ORDER BY run, key"
+                )
+                cursor.execute("DROP TABLE done_by_key")
+
+    def _done_in_order(self, cursor: _Cursor) -> bool | None:
+        """Whether the ``done`` table keeps its rows in order (has a row number); ``None``
+        where there is none yet."""
+        if self.postgres:
+            cursor.execute(
+                "SELECT column_name FROM information_schema.columns"
+                " WHERE table_schema = current_schema() AND table_name = 'done'"
+            )
+        else:
+            cursor.execute("SELECT name FROM pragma_table_info('done')")
+        columns = {row[0] for row in cursor.fetchall()}
+        return None if not columns else "id" in columns
 
     def _connect(self) -> Any:
         if self.postgres:
@@ -371,7 +403,7 @@ class Store:
             cursor.execute(
                 "SELECT r.id, r.name, r.graph, r.nodes, r.kind, r.status, r.started, r.ended,"
                 " r.seconds, r.error, r.holder, r.lease_until, r.holder_process,"
-                " (SELECT COUNT(*) FROM done d WHERE d.run = r.id)"
+                " (SELECT COUNT(DISTINCT d.key) FROM done d WHERE d.run = r.id)"
                 f" FROM runs r {where} ORDER BY r.started DESC, r.id DESC",
                 parameters,
             )
@@ -432,13 +464,12 @@ class Store:
             self._write(cursor, run, finished)
 
     def _write(self, cursor: _Cursor, run: int, finished: Iterable[Finished]) -> None:
-        # In the order of their keys, names numbered in theirs: two writers of one run's rows
-        # (a holder and one taking over its lapsed lease) lock them in the same order.
-        entries = sorted(finished, key=lambda entry: entry.key)
+        # In the order they finished, appended: no row is locked by another writer's.
+        entries = list(finished)
         numbers = self._numbers(cursor, [entry.node for entry in entries])
         cursor.executemany(
             "INSERT INTO done (run, key, node, seconds, digest, payload, sig)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
             [
                 (
                     run,
@@ -453,28 +484,30 @@ class Store:
             ],
         )
 
-    def done(self, run: int) -> dict[bytes, bytes | None]:
-        """What ``run`` recorded as finished: each key with its output's digest."""
+    def done(self, run: int) -> dict[bytes, Done]:
+        """What ``run`` recorded as finished: each key with its output's digest and its row
+        (the first row of a key written twice)."""
+        recorded: dict[bytes, Done] = {}
         with self._transaction() as cursor:
-            cursor.execute(
-                "SELECT key, digest FROM done WHERE run = ?",
-                (run,),
-            )
-            return {bytes(key): _bytes(digest) for key, digest in cursor}
+            cursor.execute("SELECT key, digest, id FROM done WHERE run = ? ORDER BY id", (run,))
+            for key, digest, row in cursor:
+                recorded.setdefault(bytes(key), Done(_bytes(digest), int(row)))
+        return recorded
 
-    def output(self, run: int, key: bytes) -> tuple[bytes, bytes | None] | None:
-        """The output ``run`` recorded under ``key``, pickled, with its signature."""
+    def output(self, row: int) -> tuple[bytes, bytes | None] | None:
+        """The output recorded in ``row`` (of ``done``), pickled, with its signature."""
         with self._transaction() as cursor:
-            cursor.execute("SELECT payload, sig FROM done WHERE run = ? AND key = ?", (run, key))
-            row = cursor.fetchone()
-        return None if row is None else (bytes(row[0]), _bytes(row[1]))
+            cursor.execute("SELECT payload, sig FROM done WHERE id = ?", (row,))
+            found = cursor.fetchone()
+        return None if found is None else (bytes(found[0]), _bytes(found[1]))
 
     def nodes(self, run: int) -> list[tuple[str, float, int]]:
         """The nodes ``run`` recorded finished: id, seconds, and the size of the output."""
         with self._transaction() as cursor:
             cursor.execute(
                 "SELECT n.name, d.seconds, LENGTH(d.payload) FROM done d"
-                " JOIN names n ON n.id = d.node WHERE d.run = ? ORDER BY n.name",
+                " JOIN names n ON n.id = d.node WHERE d.id IN"
+                " (SELECT MIN(id) FROM done WHERE run = ? GROUP BY key) ORDER BY n.name",
                 (run,),
             )
             return [(name, seconds, size) for name, seconds, size in cursor]
@@ -584,6 +617,13 @@ class Store:
                 (answer, sig, run, path),
             )
             return bool(cursor.rowcount)
+
+
+class Done(NamedTuple):
+    """A key a run recorded: its output's digest, and the row its output is in."""
+
+    digest: bytes | None
+    row: int
 
 
 class Finished(NamedTuple):

@@ -15,7 +15,7 @@ use super::executor::Executor;
 use super::hooks::Watch;
 use super::keys::RunKeys;
 use super::observer::{Begun, Ended, Opened, Part};
-use super::program::{LoopOp, Step, SwitchOp};
+use super::program::{LoopOp, Program, Step, SwitchOp};
 use super::table::Frame;
 use super::trace::{thread_number, Span, Trace};
 use crate::model::id::NodeId;
@@ -33,9 +33,26 @@ pub(super) struct PartUnderWay<'k> {
 }
 
 impl Executor {
-    /// What a decision step reads, once it may start: the checks a step makes before its node,
-    /// in the branch at `branch`.
+    /// What a decision step reads, once it may start ([`Executor::decision_gathered`]), each
+    /// output in it found in the cache and left unread read now (`crate::run::deferred`).
     pub(super) fn decision_input(
+        &self,
+        step: &Step,
+        input: &Value,
+        frame: &mut Frame<'_>,
+        site: Site<'_>,
+    ) -> Result<Value, Halt> {
+        let gathered = self.decision_gathered(step, input, frame, site)?;
+        match site.keys {
+            Some(keys) => Ok(self.read_deferred(keys, step, gathered, site)?),
+            None => Ok(gathered),
+        }
+    }
+
+    /// What a decision step gathers, once it may start: the checks a step makes before its
+    /// node, in the branch at `site`; the outputs in it left unread by their hits not read yet
+    /// (the async walk reads them itself, awaiting an async node that must compute one again).
+    pub(super) fn decision_gathered(
         &self,
         step: &Step,
         input: &Value,
@@ -48,12 +65,43 @@ impl Executor {
         if self.watch.as_deref().is_some_and(Watch::interrupted) {
             return Err(Halt::Failed(RunError::Interrupted));
         }
-        let gathered = gather(step, input, frame);
-        match site.keys {
-            // An output found in the cache and left unread is read now (`crate::run::deferred`).
-            Some(keys) => Ok(self.read_deferred(keys, step, gathered, site)?),
-            None => Ok(gathered),
-        }
+        Ok(gather(step, input, frame))
+    }
+
+    /// With a cache, `step` — a `Map` or a `Switch`, running `programs` — looked up as a whole
+    /// ([`RunKeys::decision_key`]), from the identities of what it reads, for either walk:
+    /// `true` when its output was found and written, its input left unread, and its span marked
+    /// cached; otherwise its key is noted, to file its output under when it is written
+    /// ([`write`]).
+    pub(super) fn decision_found(
+        &self,
+        step: &Step,
+        programs: &[(&str, &Program)],
+        input: &Value,
+        frame: &mut Frame<'_>,
+        site: Site<'_>,
+    ) -> bool {
+        let Some(keys) = site.keys else {
+            return false;
+        };
+        let id = &site.program.ids[step.slot()];
+        let Some(key) = keys.decision_key(id, step, programs, input) else {
+            return false;
+        };
+        // Peeked first: a step not found whole is no lookup of the stats' (the nodes it runs
+        // are counted as they are looked up), one found is a hit.
+        let found = keys
+            .cache
+            .peek(id, &key)
+            .and_then(|_| keys.cache.get(id, &key));
+        let Some(entry) = found else {
+            keys.deciding(step.slot(), key);
+            return false;
+        };
+        keys.settle(step.slot(), Some(entry.digest.unwrap_or(key)));
+        NodeCall::new(self, step, site).mark_cached();
+        *frame.cell(step.slot()) = Some(entry.value);
+        true
     }
 
     /// Calls `step`'s own node — a switch's selector, a loop's predicate — on `value`; with a

@@ -23,7 +23,7 @@ use crate::run::call::{gather, NodeCall, Site};
 use crate::run::error::RunError;
 use crate::run::executor::Executor;
 use crate::run::keys::RunKeys;
-use crate::run::program::{Op, Read, Reads, Step};
+use crate::run::program::{Op, Program, Read, Reads, Step};
 use crate::run::table::Frame;
 
 /// A hit's output, not read yet: what the run puts in its slot, inside a `Value::Opaque`.
@@ -135,7 +135,8 @@ impl Executor {
 
     /// `gathered`, what `step` reads, with each deferred output in it read: what the step's
     /// node is called on. An output whose entry cannot be read any more is computed again by
-    /// its node, and filed again.
+    /// its node, on this thread, and filed again ([`Rereading`]; the async walk drives the
+    /// same reading, awaiting an async node).
     pub(super) fn read_deferred(
         &self,
         keys: &RunKeys,
@@ -143,10 +144,72 @@ impl Executor {
         gathered: Value,
         site: Site<'_>,
     ) -> Result<Value, RunError> {
+        let mut rereading = match Rereading::of(step, gathered) {
+            Ok(gathered) => return Ok(gathered),
+            Err(rereading) => rereading,
+        };
+        while let Some(again) = rereading.next() {
+            let step = again.step(site.program);
+            let started = Instant::now();
+            let value = NodeCall::new(self, step, site).call(&again.input)?;
+            rereading.computed(again.file(keys, site.program, value, started.elapsed()));
+        }
+        Ok(rereading.read())
+    }
+}
+
+/// The deferred outputs in what a step gathered, being read: each one read, or — its entry gone
+/// — computed again by its node, what that node read first, from a stack (a chain of lost
+/// entries costs no stack). The order is this, once; the walk that reads drives it and makes
+/// each call asked for ([`Rereading::next`]): the sync walk on the thread that reads
+/// ([`Executor::read_deferred`]), the async walk awaiting an async node (`run/aio`).
+pub(crate) struct Rereading {
+    gathered: Value,
+    /// The deferred outputs still to read, the one read or computed next on top.
+    stack: Vec<Value>,
+}
+
+/// An output [`Rereading::next`] asks the walk to compute again: its node's slot, the key it
+/// was found under, and what its node reads, every deferred output in it read.
+pub(crate) struct Again {
+    slot: usize,
+    key: Key,
+    pub(crate) input: Value,
+}
+
+impl Again {
+    /// The step of `program` whose node computes it.
+    pub(crate) fn step<'p>(&self, program: &'p Program) -> &'p Step {
+        step_at(&program.root, self.slot)
+            .expect("a deferred output's step is in the program it was found in")
+    }
+
+    /// Files `value`, computed again in `took`, under the key it was found under.
+    pub(crate) fn file(
+        &self,
+        keys: &RunKeys,
+        program: &Program,
+        value: Value,
+        took: std::time::Duration,
+    ) -> Value {
+        let entry = Entry {
+            digest: keys.cache.digest(&value),
+            value,
+        };
+        keys.cache
+            .put(&program.ids[self.slot], &self.key, &entry, took);
+        entry.value
+    }
+}
+
+impl Rereading {
+    /// What `step` gathered, `gathered`: `Ok` as it is when nothing in it was deferred, else
+    /// its reading.
+    pub(crate) fn of(step: &Step, gathered: Value) -> Result<Value, Rereading> {
         if matches!(step.from, Reads::Input) {
             return Ok(gathered); // The run's input: never deferred.
         }
-        let mut stack: Vec<Value> = parts(&gathered)
+        let stack: Vec<Value> = parts(&gathered)
             .into_iter()
             .filter(|value| deferred(value).is_some())
             .cloned()
@@ -154,10 +217,16 @@ impl Executor {
         if stack.is_empty() {
             return Ok(gathered);
         }
-        while let Some(top) = stack.last() {
+        Err(Rereading { gathered, stack })
+    }
+
+    /// Reads on until an output must be computed again, and says which: [`Rereading::computed`]
+    /// takes it. `None` once every deferred output gathered is read.
+    pub(crate) fn next(&mut self) -> Option<Again> {
+        while let Some(top) = self.stack.last() {
             let output = deferred(top).expect("only deferred outputs are stacked");
             if output.read().is_some() {
-                stack.pop();
+                self.stack.pop();
                 continue;
             }
             // Gone: what its node read comes first.
@@ -166,35 +235,28 @@ impl Executor {
                 .find(|value| deferred(value).is_some_and(|input| input.value.get().is_none()));
             if let Some(waiting) = waiting {
                 let waiting = waiting.clone();
-                stack.push(waiting);
+                self.stack.push(waiting);
                 continue;
             }
-            let value = self.compute_again(keys, output, site)?;
-            let _ = output.value.set(value);
-            stack.pop();
+            return Some(Again {
+                slot: output.slot,
+                key: output.key,
+                input: substituted(&output.input),
+            });
         }
-        Ok(substituted(&gathered))
+        None
     }
 
-    /// Computes `output` again by its node, on what it read, and files it again under its key.
-    fn compute_again(
-        &self,
-        keys: &RunKeys,
-        output: &Deferred,
-        site: Site<'_>,
-    ) -> Result<Value, RunError> {
-        let step = step_at(&site.program.root, output.slot)
-            .expect("a deferred output's step is in the program it was found in");
-        let id = &site.program.ids[output.slot];
-        let input = substituted(&output.input);
-        let started = Instant::now();
-        let value = NodeCall::new(self, step, site).call(&input)?;
-        let entry = Entry {
-            digest: keys.cache.digest(&value),
-            value,
-        };
-        keys.cache.put(id, &output.key, &entry, started.elapsed());
-        Ok(entry.value)
+    /// The output [`Rereading::next`] asked for, computed again: `value`.
+    pub(crate) fn computed(&mut self, value: Value) {
+        let top = self.stack.pop().expect("asked for by `next`");
+        let output = deferred(&top).expect("only deferred outputs are stacked");
+        let _ = output.value.set(value);
+    }
+
+    /// What was gathered, each deferred output in it read.
+    pub(crate) fn read(self) -> Value {
+        substituted(&self.gathered)
     }
 }
 

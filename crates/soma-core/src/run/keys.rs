@@ -297,31 +297,48 @@ impl RunKeys {
 }
 
 /// By slot: whether the output of a hit there may be left unread until a node that runs reads
-/// it — the output of a sync node that is no leaf of `program` (the result is read) and that
-/// no `Loop` reads (it hands its input to what it runs, which the executor does not look
-/// into); a `Map` or a `Switch` reads its input when it runs, not when it is found whole.
-/// Every other output is read when found. Walked from a stack: any nesting costs no stack.
+/// it — the output of a node that is no leaf of `program` (the result is read) and that no
+/// `Loop` reads (it hands its input to what it runs, which the executor does not look into);
+/// a `Map` or a `Switch` reads its input when it runs, not when it is found whole. An async
+/// node's output, besides, only when the async walk alone reads it — async nodes and steps
+/// that hold one — as a reader walked by the sync walk could not await its node, should its
+/// entry be gone when read. Every other output is read when found. Walked from a stack: any
+/// nesting costs no stack.
 fn deferrable(program: &Program) -> Box<[bool]> {
     let mut deferrable = vec![false; program.len()];
-    let mut deciders: Vec<&Step> = Vec::new();
+    let mut asynchronous = vec![false; program.len()];
+    // Each reader: its step, whether it is a loop's, whether the sync walk walks it (an op
+    // holding no async node).
+    let mut readers: Vec<(&Step, bool, bool)> = Vec::new();
     let mut pending = vec![&program.root];
     while let Some(op) = pending.pop() {
+        let sync = !op.is_async();
         match op {
-            // A `Map` or a `Switch` reads its input when it runs, not when found whole.
-            Op::Empty | Op::Map(_) | Op::Switch(_) => {}
-            Op::Execute(step) => deferrable[step.slot()] = !step.is_async(),
+            Op::Empty => {}
+            Op::Execute(step) => {
+                deferrable[step.slot()] = true;
+                asynchronous[step.slot()] = step.is_async();
+                readers.push((step, false, sync));
+            }
+            Op::Map(map) => readers.push((&map.step, false, sync)),
+            Op::Switch(switch) => readers.push((&switch.step, false, sync)),
+            Op::Loop(repeat) => readers.push((&repeat.step, true, sync)),
             Op::Sequence { steps, .. } => pending.extend(steps.iter()),
             Op::Wave { branches, .. } => pending.extend(branches.iter()),
-            Op::Loop(repeat) => deciders.push(&repeat.step),
         }
     }
-    for step in deciders {
+    for (step, a_loop, sync) in readers {
+        let mut read = |one: &Read| {
+            if a_loop || (sync && asynchronous[one.slot()]) {
+                deferrable[one.slot()] = false;
+            }
+        };
         match &step.from {
             Reads::Input => {}
-            Reads::One(one) => deferrable[one.slot()] = false,
+            Reads::One(one) => read(one),
             Reads::Many(joined) => {
                 for (_, one) in &joined.reads {
-                    deferrable[one.slot()] = false;
+                    read(one);
                 }
             }
         }

@@ -554,3 +554,286 @@ fn a_plain_closure_node_is_not_async() {
     let program = program_of(node("a", plain(|_: &str, x: &Value| Ok(x.clone()))));
     assert!(!program.is_async());
 }
+
+// ---------------------------------------------------------------------------------------------
+// Steps found whole in the cache
+
+/// `parts` (sync: a list of `n` items) `>> each("m", async +1) >> switch("route", by the
+/// list's length, {"long": async +10, "short": async +20})`, each node's calls counted, its
+/// fingerprint its id and how often it was edited (`edits`).
+struct Decided {
+    program: Arc<Program>,
+    calls: Arc<Mutex<Vec<String>>>,
+    edits: Arc<Mutex<Vec<String>>>,
+    cache: Arc<MemoryCache>,
+}
+
+impl Decided {
+    fn new() -> Decided {
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let counted = |id: &'static str, k: i64| {
+            let calls = Arc::clone(&calls);
+            async_node(id, move |x: &Value| {
+                calls.lock().unwrap().push(id.to_owned());
+                let x = x.as_int().unwrap_or(0);
+                async move {
+                    YieldOnce(false).await;
+                    Ok(Value::Int(x + k))
+                }
+            })
+        };
+        let (parts_calls, selector_calls) = (Arc::clone(&calls), Arc::clone(&calls));
+        let parts = node(
+            "parts",
+            plain(move |_: &str, n: &Value| {
+                parts_calls.lock().unwrap().push("parts".to_owned());
+                Ok(Value::list((0..n.as_int().unwrap_or(0)).map(Value::Int)))
+            }),
+        );
+        let selector = plain(move |_: &str, items: &Value| {
+            selector_calls.lock().unwrap().push("selector".to_owned());
+            let long = matches!(items, Value::List(items) if items.len() > 2);
+            Ok(Value::text(if long { "long" } else { "short" }))
+        });
+        let route = soma_core::switch(
+            "route",
+            selector,
+            vec![
+                ("long".to_owned(), counted("first", 10)),
+                ("short".to_owned(), counted("second", 20)),
+            ],
+        )
+        .unwrap();
+        let expr = parts >> each("m", counted("plus", 1), None).unwrap() >> route;
+        let edits: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&edits);
+        let cache = Arc::new(MemoryCache::new(move |id| {
+            let edited = seen
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|e| **e == id.as_str())
+                .count();
+            Some(soma_core::Key::of_value(&Value::text(format!("{id} {edited}"))).unwrap())
+        }));
+        Decided {
+            program: program_of(expr),
+            calls,
+            edits,
+            cache,
+        }
+    }
+
+    /// Runs it on `n` with the cache, on the test loop: its result, and the nodes it called.
+    fn run(&self, n: i64) -> (Value, Vec<String>) {
+        let executor = Executor::new().with_cache(self.cache.clone());
+        let (out, _) = run_with(&executor, &self.program, Value::Int(n));
+        let called = std::mem::take(&mut *self.calls.lock().unwrap());
+        (out.unwrap(), called)
+    }
+
+    fn edit(&self, id: &str) {
+        self.edits.lock().unwrap().push(id.to_owned());
+    }
+}
+
+fn texts(ids: &[&str]) -> Vec<String> {
+    ids.iter().map(|id| (*id).to_owned()).collect()
+}
+
+#[test]
+fn an_async_each_and_an_async_switch_rerun_are_each_found_whole_as_one_hit_calling_nothing() {
+    let decided = Decided::new();
+    let (first, called) = decided.run(3);
+    assert_eq!(called.len(), 1 + 3 + 1 + 1); // parts, each item, the selector, one case
+    let hits = decided.cache.hits();
+    assert_eq!(decided.run(3), (first, Vec::new()));
+    // `parts`, then each step whole: none of the items, nor the selector or the case, looked up.
+    assert_eq!(decided.cache.hits() - hits, 3);
+}
+
+#[test]
+fn an_async_switch_whose_untaken_case_is_edited_calls_neither_its_selector_nor_its_case() {
+    let decided = Decided::new();
+    let (first, _) = decided.run(3); // the "long" case
+    decided.edit("route/short/second");
+    let hits = decided.cache.hits();
+    // The switch is not found whole (a case it may run changed): its selector and the case it
+    // takes are found on their own, and the `each` before it whole.
+    assert_eq!(decided.run(3), (first.clone(), Vec::new()));
+    assert_eq!(decided.cache.hits() - hits, 1 + 1 + 1 + 1);
+    // Filed whole under its new key: found whole from now on.
+    let hits = decided.cache.hits();
+    assert_eq!(decided.run(3), (first, Vec::new()));
+    assert_eq!(decided.cache.hits() - hits, 3);
+    // The case it took, edited: that case runs again, and nothing else.
+    decided.edit("route/long/first");
+    assert_eq!(decided.run(3).1, texts(&["first"]));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Outputs of async nodes left unread
+
+/// A [`MemoryCache`] that leaves each hit unread when the executor allows it, counting the
+/// hits found so and the outputs then read; with `lose`, such an output cannot be read.
+struct Unreadable {
+    inner: Arc<MemoryCache>,
+    found: Arc<AtomicUsize>,
+    read: Arc<AtomicUsize>,
+    lose: AtomicBool,
+}
+
+impl soma_core::NodeCache for Unreadable {
+    fn fingerprint(&self, id: &soma_core::NodeId, node: &dyn Node) -> Option<soma_core::Key> {
+        self.inner.fingerprint(id, node)
+    }
+
+    fn get(&self, id: &soma_core::NodeId, key: &soma_core::Key) -> Option<soma_core::Entry> {
+        self.inner.get(id, key)
+    }
+
+    fn put(
+        &self,
+        id: &soma_core::NodeId,
+        key: &soma_core::Key,
+        entry: &soma_core::Entry,
+        took: Duration,
+    ) {
+        self.inner.put(id, key, entry, took);
+    }
+
+    fn find(&self, id: &soma_core::NodeId, key: &soma_core::Key) -> Option<soma_core::Found> {
+        let entry = self.inner.get(id, key)?;
+        self.found.fetch_add(1, Ordering::Relaxed);
+        let (read, lose) = (Arc::clone(&self.read), self.lose.load(Ordering::Relaxed));
+        Some(soma_core::Found::Unread(soma_core::Unread {
+            digest: entry.digest,
+            read: Box::new(move || {
+                read.fetch_add(1, Ordering::Relaxed);
+                (!lose).then(|| entry.value.clone())
+            }),
+        }))
+    }
+}
+
+/// A chain of nodes, async or not by `kinds`, each adding 1 and counting its calls, in a run
+/// with an [`Unreadable`] store whose fingerprints change with `edit`.
+struct Unread {
+    program: Arc<Program>,
+    calls: Arc<Mutex<Vec<String>>>,
+    edits: Arc<Mutex<Vec<String>>>,
+    store: Arc<Unreadable>,
+}
+
+impl Unread {
+    fn new(kinds: &[(&'static str, bool)]) -> Unread {
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let mut expr: Option<Expr> = None;
+        for &(id, asynchronous) in kinds {
+            let calls = Arc::clone(&calls);
+            let next = if asynchronous {
+                async_node(id, move |x: &Value| {
+                    calls.lock().unwrap().push(id.to_owned());
+                    let x = x.as_int().unwrap_or(0);
+                    async move {
+                        YieldOnce(false).await;
+                        Ok(Value::Int(x + 1))
+                    }
+                })
+            } else {
+                node(
+                    id,
+                    plain(move |_: &str, x: &Value| {
+                        calls.lock().unwrap().push(id.to_owned());
+                        Ok(Value::Int(x.as_int().unwrap_or(0) + 1))
+                    }),
+                )
+            };
+            expr = Some(match expr {
+                None => next,
+                Some(before) => before >> next,
+            });
+        }
+        let edits: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&edits);
+        let inner = Arc::new(MemoryCache::new(move |id| {
+            let edited = seen
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|e| **e == id.as_str())
+                .count();
+            Some(soma_core::Key::of_value(&Value::text(format!("{id} {edited}"))).unwrap())
+        }));
+        Unread {
+            program: program_of(expr.expect("a node")),
+            calls,
+            edits,
+            store: Arc::new(Unreadable {
+                inner,
+                found: Arc::new(AtomicUsize::new(0)),
+                read: Arc::new(AtomicUsize::new(0)),
+                lose: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Runs it on 0: its result and the nodes it called; the hits found unread, and the
+    /// outputs then read, counted from zero.
+    fn run(&self) -> (Value, Vec<String>) {
+        self.store.found.store(0, Ordering::Relaxed);
+        self.store.read.store(0, Ordering::Relaxed);
+        let executor = Executor::new().with_cache(self.store.clone());
+        let (out, _) = run_with(&executor, &self.program, Value::Int(0));
+        let called = std::mem::take(&mut *self.calls.lock().unwrap());
+        (out.unwrap(), called)
+    }
+
+    fn edit(&self, id: &str) {
+        self.edits.lock().unwrap().push(id.to_owned());
+    }
+
+    fn counted(&self) -> (usize, usize) {
+        (
+            self.store.found.load(Ordering::Relaxed),
+            self.store.read.load(Ordering::Relaxed),
+        )
+    }
+}
+
+#[test]
+fn a_fully_cached_rerun_leaves_unread_what_async_nodes_computed_for_async_nodes_that_hit() {
+    let chain = Unread::new(&[("a", true), ("b", true), ("c", true)]);
+    assert_eq!(chain.run(), (Value::Int(3), texts(&["a", "b", "c"])));
+    assert_eq!(chain.run(), (Value::Int(3), Vec::new()));
+    // `a` and `b` found unread and never read; `c`, the result, read when found.
+    assert_eq!(chain.counted(), (2, 0));
+    // `c` edited: it runs, and reads `b`'s output, and no other.
+    chain.edit("c");
+    assert_eq!(chain.run(), (Value::Int(3), texts(&["c"])));
+    assert_eq!(chain.counted(), (2, 1));
+}
+
+#[test]
+fn an_async_nodes_output_lost_before_it_is_read_is_computed_again_by_awaiting_its_node() {
+    let chain = Unread::new(&[("a", true), ("b", true), ("c", true)]);
+    chain.run();
+    chain.edit("c");
+    chain.store.lose.store(true, Ordering::Relaxed);
+    // `c` runs and reads `b`'s output, lost: `b` is awaited again, on `a`'s, lost too.
+    assert_eq!(chain.run(), (Value::Int(3), texts(&["a", "b", "c"])));
+    chain.store.lose.store(false, Ordering::Relaxed);
+    assert_eq!(chain.run(), (Value::Int(3), Vec::new()));
+}
+
+#[test]
+fn an_async_nodes_output_a_sync_node_reads_is_read_when_found() {
+    let chain = Unread::new(&[("a", true), ("b", false), ("c", true)]);
+    chain.run();
+    chain.edit("b");
+    chain.store.lose.store(true, Ordering::Relaxed);
+    // `b`, sync, could not await `a` should its output be lost: `a`'s is read when found, and
+    // so is `b`'s, read from it; `b` runs on it, and `c` hits on its same output.
+    assert_eq!(chain.run(), (Value::Int(3), texts(&["b"])));
+    assert_eq!(chain.counted(), (0, 0));
+}

@@ -12,9 +12,10 @@
 //!
 //! Everything a step *means* — its cache lookup and filing, its observer's events, its span,
 //! its policy's retries (`run/call.rs`), how a wave settles (`run/settle.rs`), whether its
-//! branch must stop (`run/branch.rs`), how a `Map` reads its items and a `Switch` its case
-//! (`run/decision.rs`) — lies on the floor both walks stand on, called from here as the sync
-//! walk calls it; only the waiting differs. A wave's branches and a `Map`'s items are tasks of their own
+//! branch must stop (`run/branch.rs`), how a `Map` reads its items and a `Switch` its case,
+//! and whether either is found whole in the cache (`run/decision.rs`), in what order outputs
+//! a hit left unread are read (`run/deferred.rs`) — lies on the floor both walks stand on,
+//! called from here as the sync walk calls it; only the waiting differs. A wave's branches and a `Map`'s items are tasks of their own
 //! ([`crate::Tasks::spawn`]), joined ([`Join`]); a case or an iteration runs inline, in the
 //! task that reached its step, until [`INLINE_LEVELS`] of them nest, when the next runs as a
 //! task of its own: no future's poll recurses deeper than that, however deep the plan.
@@ -38,6 +39,7 @@ use crate::run::attempt::{next_attempt, stopped_pausing, Next};
 use crate::run::branch::{Branch, Halt, Standing, WaveState};
 use crate::run::call::{gather, NodeCall, Site};
 use crate::run::decision;
+use crate::run::deferred::Rereading;
 use crate::run::error::RunError;
 use crate::run::executor::Executor;
 use crate::run::hooks::Watch;
@@ -184,12 +186,29 @@ fn walk<'p>(place: &'p Place, op: &'p Op) -> Walking<'p> {
             Op::Wave {
                 branches, bounds, ..
             } => wave(place, branches, bounds).await,
-            Op::Map(map) => run_decision(place, &map.step, async { each(place, map).await }).await,
-            Op::Switch(switch) => {
-                run_decision(place, &switch.step, async { choose(place, switch).await }).await
+            Op::Map(map) => {
+                let whole = [("body", &map.body)];
+                run_decision(place, &map.step, Some(&whole), async {
+                    each(place, map).await
+                })
+                .await
             }
+            Op::Switch(switch) => {
+                let whole: Vec<(&str, &Program)> = switch
+                    .keys
+                    .iter()
+                    .map(String::as_str)
+                    .zip(&*switch.cases)
+                    .collect();
+                run_decision(place, &switch.step, Some(&whole), async {
+                    choose(place, switch).await
+                })
+                .await
+            }
+            // Never looked up whole, as in the sync walk: what a loop's body returns is keyed
+            // by its nodes, one iteration at a time.
             Op::Loop(repeat) => {
-                run_decision(place, &repeat.step, async {
+                run_decision(place, &repeat.step, None, async {
                     repeat_body(place, repeat).await
                 })
                 .await
@@ -368,10 +387,7 @@ async fn cached(
         Err(key) => key,
     };
     let started = Instant::now();
-    let input = gathered(place, step);
-    let input = place
-        .executor()
-        .read_deferred(keys, step, input, place.site())?;
+    let input = read_deferred(place, keys, step, gathered(place, step)).await?;
     let value = called(place, call, step, &input).await?;
     Ok(call.file(keys, key, value, started.elapsed()))
 }
@@ -547,11 +563,15 @@ where
     }
 }
 
-/// A `Map`, `Switch` or `Loop` step: its `work` awaited, the step marked running meanwhile,
-/// its output written and its digest settled as the sync walk's `run_decision` does.
+/// A `Map`, `Switch` or `Loop` step: with a cache, looked up as a whole first when it runs
+/// `whole` (a `Map`'s body, a `Switch`'s cases; [`Executor::decision_found`], as the sync walk
+/// looks it up), its input then left unread and `work` never started; otherwise its `work`
+/// awaited, the step marked running meanwhile, its output written and its digest settled (and
+/// filed under the key it missed whole under) as the sync walk's `run_decision` does.
 async fn run_decision(
     place: &Place,
     step: &Step,
+    whole: Option<&[(&str, &Program)]>,
     work: impl Future<Output = Result<Value, Halt>>,
 ) -> Result<(), Halt> {
     let _permit = match place.limits() {
@@ -559,6 +579,16 @@ async fn run_decision(
         None => None,
     };
     let site = place.site();
+    if let Some(programs) = whole {
+        let found = place.table.with_frame(&place.window, |frame| {
+            place
+                .executor()
+                .decision_found(step, programs, &place.table.input, frame, site)
+        });
+        if found {
+            return Ok(());
+        }
+    }
     site.mark_running(step, true);
     let value = work.await;
     site.mark_running(step, false);
@@ -576,12 +606,45 @@ async fn run_decision(
 }
 
 /// What a step that decides reads, after the boundary checks, as the sync walk reads it.
-fn decision_input(place: &Place, step: &Step) -> Result<Value, Halt> {
-    place.table.with_frame(&place.window, |frame| {
+async fn decision_input(place: &Place, step: &Step) -> Result<Value, Halt> {
+    let gathered = place.table.with_frame(&place.window, |frame| {
         place
             .executor()
-            .decision_input(step, &place.table.input, frame, place.site())
-    })
+            .decision_gathered(step, &place.table.input, frame, place.site())
+    })?;
+    match place.table.keys.as_ref() {
+        Some(keys) => Ok(read_deferred(place, keys, step, gathered).await?),
+        None => Ok(gathered),
+    }
+}
+
+/// `gathered`, what `step` reads, with each output in it found in the cache and left unread
+/// read now, in the order the floor reads them ([`Rereading`]): one whose entry is gone is
+/// computed again by its node — an async node awaited, under its policy, a sync one called
+/// here as a sync reader would call it — and filed again.
+async fn read_deferred(
+    place: &Place,
+    keys: &RunKeys,
+    step: &Step,
+    gathered: Value,
+) -> Result<Value, RunError> {
+    let mut rereading = match Rereading::of(step, gathered) {
+        Ok(gathered) => return Ok(gathered),
+        Err(rereading) => rereading,
+    };
+    let site = place.site();
+    while let Some(again) = rereading.next() {
+        let step = again.step(site.program);
+        let call = NodeCall::new(place.executor(), step, site);
+        let started = Instant::now();
+        let value = if step.is_async() {
+            called(place, &call, step, &again.input).await?
+        } else {
+            call.call(&again.input)?
+        };
+        rereading.computed(again.file(keys, site.program, value, started.elapsed()));
+    }
+    Ok(rereading.read())
 }
 
 /// Runs `body` on `input` with a table of its own, as the sync walk's `run_body` does: inline
@@ -628,7 +691,7 @@ type ItemResult = Mutex<Option<Result<Value, Halt>>>;
 /// the sync walk's items are branches; settled as the sync walk settles them ([`settle`]). A failing item cancels the tasks of the items after it, and
 /// those not started never start.
 async fn each(place: &Place, op: &MapOp) -> Result<Value, Halt> {
-    let read = decision_input(place, &op.step)?;
+    let read = decision_input(place, &op.step).await?;
     let executor = place.executor();
     let id = &place.table.program().ids[op.step.slot()];
     let items = executor.items_of(id, &read)?;
@@ -706,7 +769,7 @@ async fn each(place: &Place, op: &MapOp) -> Result<Value, Halt> {
 /// A `Switch` step with an async node inside: its selector called (awaited when async), the
 /// case it names run inline.
 async fn choose(place: &Place, op: &SwitchOp) -> Result<Value, Halt> {
-    let read = decision_input(place, &op.step)?;
+    let read = decision_input(place, &op.step).await?;
     let executor = place.executor();
     let id = &place.table.program().ids[op.step.slot()];
     let chosen = ask(place, &op.step, &read, Asked::Input).await?;
@@ -720,7 +783,7 @@ async fn choose(place: &Place, op: &SwitchOp) -> Result<Value, Halt> {
 /// A `Loop` step with an async node inside: its body inline, iteration after iteration, until
 /// its predicate (awaited when async) says done.
 async fn repeat_body(place: &Place, op: &LoopOp) -> Result<Value, Halt> {
-    let mut current = decision_input(place, &op.step)?;
+    let mut current = decision_input(place, &op.step).await?;
     let executor = place.executor();
     let id = &place.table.program().ids[op.step.slot()];
     for iteration in 0..op.max_iterations {

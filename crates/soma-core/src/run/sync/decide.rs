@@ -20,7 +20,6 @@ use super::lane::Lane;
 use crate::model::id::NodeId;
 use crate::model::value::Value;
 use crate::run::branch::Halt;
-use crate::run::call::NodeCall;
 use crate::run::decision;
 use crate::run::detach::Kept;
 use crate::run::executor::Executor;
@@ -39,44 +38,9 @@ struct MapItems {
 }
 
 impl Executor {
-    /// With a cache, `step` — a `Map` or a `Switch`, running `programs` — looked up as a whole
-    /// ([`RunKeys::decision_key`]): `true` when its output was found and written, its input
-    /// left unread, and its span marked cached; otherwise its key is noted, to file its output
-    /// under when it is written.
-    fn decision_found(
-        &self,
-        step: &Step,
-        programs: &[(&str, &Program)],
-        input: &Value,
-        frame: &mut Frame<'_>,
-        lane: Lane<'_>,
-    ) -> bool {
-        let Some(keys) = lane.keys else {
-            return false;
-        };
-        let id = &lane.program.ids[step.slot()];
-        let Some(key) = keys.decision_key(id, step, programs, input) else {
-            return false;
-        };
-        // Peeked first: a step not found whole is no lookup of the stats' (the nodes it runs
-        // are counted as they are looked up), one found is a hit.
-        let found = keys
-            .cache
-            .peek(id, &key)
-            .and_then(|_| keys.cache.get(id, &key));
-        let Some(entry) = found else {
-            keys.deciding(step.slot(), key);
-            return false;
-        };
-        keys.settle(step.slot(), Some(entry.digest.unwrap_or(key)));
-        NodeCall::new(self, step, lane.site()).mark_cached();
-        *frame.cell(step.slot()) = Some(entry.value);
-        true
-    }
-
     /// Runs `work` as `step`'s work, marked running meanwhile for a run its caller may leave,
-    /// and writes what it returns as the step's value. A decision as a whole is never looked
-    /// up in a cache (what it runs is not in its key): the nodes it runs are, each on what it
+    /// and writes what it returns as the step's value ([`decision::write`]: filed under the key
+    /// it missed whole under, if it has one). The nodes it runs are looked up each on what it
     /// reads ([`Executor::run_body`]), and its output's digest is what readers key on.
     fn run_decision(
         step: &Step,
@@ -177,7 +141,7 @@ impl Executor {
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
     ) -> Result<(), Halt> {
-        if self.decision_found(&op.step, &[("body", &op.body)], input, frame, lane) {
+        if self.decision_found(&op.step, &[("body", &op.body)], input, frame, lane.site()) {
             return Ok(());
         }
         let read = self.decision_input(&op.step, input, frame, lane.site())?;
@@ -284,7 +248,7 @@ impl Executor {
     ) -> Result<(), Halt> {
         let cases: Vec<(&str, &Program)> =
             op.keys.iter().map(String::as_str).zip(&*op.cases).collect();
-        if self.decision_found(&op.step, &cases, input, frame, lane) {
+        if self.decision_found(&op.step, &cases, input, frame, lane.site()) {
             return Ok(());
         }
         let read = self.decision_input(&op.step, input, frame, lane.site())?;
