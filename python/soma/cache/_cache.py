@@ -371,9 +371,10 @@ def _read_file(name: str) -> tuple[bytes | bytearray, float]:
         if size >= _APART_FROM:
             whole = bytearray(size)
             view = memoryview(whole)
+            reader = io.FileIO(handle, closefd=False)  # `readinto` on every platform.
             done = 0
             while done < size:  # A read cut short (a signal): what is left.
-                count = os.readv(handle, [view[done:]])
+                count = reader.readinto(view[done:])
                 if not count:
                     break
                 done += count
