@@ -392,6 +392,49 @@ def test_a_damaged_entry_is_counted_and_computed_again_never_returned(
     assert calls(g, 3, cache) == (70, [])
 
 
+class Ramp(soma.Node):
+    """A large array (800 kB): pickled with its buffer apart from the pickle."""
+
+    def forward(self, x: int) -> np.ndarray[Any, Any]:
+        CALLS.append("ramp")
+        return np.arange(100_000, dtype=np.float64) * x
+
+
+def test_a_large_array_is_kept_beside_its_pickle_and_read_back_as_an_aligned_writable_copy(
+    tmp_path: Path,
+) -> None:
+    cache = soma.Cache(tmp_path)
+    g = soma.Graph.somatize(Ramp())
+    calls(g, 3, cache)
+    (entry,) = _entries(cache)
+    # Its bytes once, apart from the pickle (not copied into it), and nothing more.
+    assert soma.cache._cache._APART in entry.read_bytes()[:4096]
+    assert cache.stats().bytes_written < 800_000 + 4096
+    hit, called = calls(g, 3, cache)
+    assert called == []
+    assert hit.tolist() == (np.arange(100_000) * 3.0).tolist()
+    assert hit.flags.writeable
+    assert hit.ctypes.data % 16 == 0
+    hit[0] = -1.0  # A copy of the entry's: changing it changes no later hit.
+    assert calls(g, 3, cache)[0][0] == 0.0
+
+
+def test_a_byte_flipped_in_a_large_entrys_buffer_is_counted_and_computed_again(
+    tmp_path: Path,
+) -> None:
+    cache = soma.Cache(tmp_path)
+    g = soma.Graph.somatize(Ramp())
+    calls(g, 2, cache)
+    (entry,) = _entries(cache)
+    data = bytearray(entry.read_bytes())
+    data[len(data) // 2] ^= 1
+    entry.write_bytes(bytes(data))
+    result, called = calls(g, 2, cache)
+    assert called == ["ramp"]
+    assert cache.stats().corrupted == 1
+    assert result.tolist() == (np.arange(100_000) * 2.0).tolist()
+
+
 def test_a_folder_that_cannot_be_written_runs_uncached_with_one_warning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -17,7 +17,9 @@ import enum
 import fractions
 import functools
 import importlib
+import importlib.util
 import io
+import itertools
 import logging
 import pickle
 import struct
@@ -1189,10 +1191,61 @@ def _frames() -> st.SearchStrategy[Spec]:
         text = st.sampled_from(["x", "xy", "y", "", "é", "ā€", "😀", None])
         values = tuple(draw(st.lists(text, max_size=4)))
         name = draw(st.sampled_from([None, "s", "t"]))
-        dtype = draw(st.sampled_from(["object", "str"]))
+        # `str` is Arrow's buffers where pyarrow is installed, as `string[pyarrow]` is, and
+        # Python's strings where it is not, as `string[python]` always is.
+        dtype = draw(st.sampled_from(["object", "str", "string[python]", *_ARROW_DTYPES]))
         return ("series", values, name, dtype)
 
-    return st.one_of(frame(), series())
+    return st.one_of(frame(), series(), *([_arrow()] if _ARROW_DTYPES else []))
+
+
+# Where pyarrow is installed (CI installs it), pandas' Arrow-backed text and pyarrow's own arrays.
+_ARROW_DTYPES = ["string[pyarrow]"] if importlib.util.find_spec("pyarrow") else []
+
+
+@dataclasses.dataclass(frozen=True)
+class Cuts:
+    """Where an Arrow array is cut into chunks and how far into its buffers it starts: no part
+    of its content, so equal to every other (two specs differing only here are one value)."""
+
+    at: tuple[int, ...]
+    lead: int
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Cuts)
+
+    def __hash__(self) -> int:
+        return 0
+
+
+def _arrow() -> st.SearchStrategy[Spec]:
+    """pyarrow arrays of text and bytes, chunked or not, cut and sliced anywhere."""
+    text = st.sampled_from(["x", "xy", "y", "", "é", "ā€", "😀", None])
+    cuts = st.builds(Cuts, st.lists(st.integers(0, 4), max_size=3).map(tuple), st.integers(0, 2))
+    return st.tuples(
+        st.just("arrow"),
+        st.lists(text, max_size=5).map(tuple),
+        st.sampled_from(["string", "large_string", "binary", "large_binary"]),
+        st.booleans(),  # Chunked, or one array.
+        cuts,
+    )
+
+
+def _arrow_value(values: tuple[str | None, ...], kind: str, chunked: bool, cuts: Cuts) -> Any:
+    import pyarrow as pa
+
+    items = [v if v is None or "string" in kind else v.encode() for v in values]
+    # Sliced out of a longer array, so that it starts `cuts.lead` elements into its buffers.
+    whole = pa.array(["pad"] * cuts.lead + items + ["pad"], type=getattr(pa, kind)())
+    array_ = whole.slice(cuts.lead, len(items))
+    if not chunked:
+        return array_
+    at = sorted({min(a, len(items)) for a in cuts.at})
+    bounds = [0, *at, len(items)]
+    return pa.chunked_array(
+        [array_.slice(a, b - a) for a, b in itertools.pairwise(bounds)],
+        type=array_.type,
+    )
 
 
 # Resources, keyed by their type: two of one type are one value to a key.
@@ -1289,6 +1342,8 @@ def build(spec: Spec) -> Any:
         return pd.DataFrame(data, index=list(index), columns=list(columns))
     if kind == "series":
         return pd.Series(list(rest[0]), name=rest[1], dtype=rest[2])
+    if kind == "arrow":
+        return _arrow_value(*rest)
     if kind in ("tuple", "list", "mylist"):
         items = [build(item) for item in rest[0]]
         return {"tuple": tuple, "list": list, "mylist": MyList}[kind](items)
@@ -1315,6 +1370,27 @@ def test_two_values_have_the_same_digest_exactly_when_they_have_the_same_content
 ) -> None:
     assert digest(build(first)) == digest(build(first))
     assert (digest(build(first)) == digest(build(second))) == (first == second)
+
+
+@pytest.mark.skipif(not _ARROW_DTYPES, reason="pyarrow is not installed")
+@settings(max_examples=200)
+@given(spec=_arrow() if _ARROW_DTYPES else st.nothing(), cuts=st.lists(st.integers(0, 5)))
+def test_an_arrow_text_column_has_one_digest_however_it_is_chunked_or_sliced(
+    spec: Spec, cuts: list[int]
+) -> None:
+    _, values, kind, chunked, _ = spec
+    recut = Cuts(tuple(cuts), len(cuts) % 3)
+    assert digest(build(spec)) == digest(_arrow_value(values, kind, chunked, recut))
+    # And as pandas holds it: a `string[pyarrow]` column over those chunks.
+    if "string" in kind:
+        import pyarrow as pa
+
+        def column(cuts: Cuts) -> pd.Series[Any]:
+            chunks = _arrow_value(values, kind, True, cuts)
+            array_ = pd.arrays.ArrowStringArray(chunks.cast(pa.large_string()))
+            return pd.Series(array_, dtype="string[pyarrow]")
+
+        assert digest(column(spec[4])) == digest(column(recut))
 
 
 BOX: dict[str, Any] = {}

@@ -29,6 +29,7 @@ __all__ = [
     "_at_exit",
     "_carry_context",
     "_thread_in_reserve",
+    "arrow_text",
     "blake3",
     "checked_timeout",
     "code_digest",
@@ -61,6 +62,15 @@ def text_column(array: Any) -> bytes | None:
     elements are each exactly a ``str`` (with a UTF-8 form), ``None`` or a ``float``, read from
     its pointers (a large one on a few threads) with the GIL held; ``None`` for any other
     array. Its dtype and shape are the caller's to key."""
+
+def arrow_text(
+    chunks: list[tuple[Any | None, Any, Any | None, int, int]], wide: bool
+) -> bytes | None:
+    """The 32-byte digest of an Arrow text column (``string``, ``binary``, and with ``wide``
+    their ``large_`` kin) made of ``chunks``, each ``(validity, offsets, data, offset,
+    length)`` as the array's buffers and offset say, read in place: the same as
+    :func:`text_column`'s of the same strings whatever the chunks, ``None`` standing for a
+    missing value; ``None`` when an offset lies outside its buffers."""
 
 def text_pack(array: Any) -> bytes | None:
     """The array :func:`text_column` reads, packed for a cache entry: its distinct elements

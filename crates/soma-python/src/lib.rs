@@ -6,6 +6,7 @@
 //! Python on top of this module.
 
 mod aio;
+mod arrow_text;
 mod cache;
 mod code;
 mod context;
@@ -86,6 +87,7 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<witness::Remembered>()?;
     module.add_function(wrap_pyfunction!(digest::blake3, module)?)?;
     module.add_function(wrap_pyfunction!(text::text_column, module)?)?;
+    module.add_function(wrap_pyfunction!(arrow_text::arrow_text, module)?)?;
     module.add_function(wrap_pyfunction!(text::text_pack, module)?)?;
     module.add_function(wrap_pyfunction!(text::text_unpack, module)?)?;
     module.add_function(wrap_pyfunction!(code::py_code_digest, module)?)?;

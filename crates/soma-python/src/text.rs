@@ -28,14 +28,14 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyFloat, PyString, PyTuple, PyType};
 
 /// Derivation context of a text column's digest: no other digest of a key is made with it.
-const TEXT_COLUMN_CONTEXT: &str = "soma 2026-12 text column v2";
+pub(crate) const TEXT_COLUMN_CONTEXT: &str = "soma 2026-12 text column v2";
 
 /// Elements a block holds: a column's digest is made of its blocks' digests, in order, so that
 /// blocks can be read on several threads and the digest is the same on any number of them.
-const BLOCK: usize = 1 << 14;
+pub(crate) const BLOCK: usize = 1 << 14;
 
 /// The most threads one column is read on, the caller's included.
-const MOST_THREADS: usize = 8;
+pub(crate) const MOST_THREADS: usize = 8;
 
 /// What a packed column begins with: its format's mark and version.
 const PACKED_MARK: &[u8; 4] = b"STC1";
@@ -211,7 +211,7 @@ unsafe fn element<'a>(
     Err(Stop::Refused)
 }
 
-fn leb128(out: &mut Vec<u8>, mut value: u64) {
+pub(crate) fn leb128(out: &mut Vec<u8>, mut value: u64) {
     loop {
         let byte = (value & 0x7f) as u8;
         value >>= 7;
@@ -415,7 +415,7 @@ fn prefetch(address: usize) {
 }
 
 /// How many threads this process may run at once, asked once (it reads files).
-fn parallelism() -> usize {
+pub(crate) fn parallelism() -> usize {
     static THREADS: OnceLock<usize> = OnceLock::new();
     *THREADS.get_or_init(|| thread::available_parallelism().map_or(1, usize::from))
 }

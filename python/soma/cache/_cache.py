@@ -11,8 +11,11 @@ process killed mid-write leaves a stray temporary file, never half an entry. It 
 record — the node that made it, its class, when, the seconds it took, the digest of the output
 and the BLAKE3 checksum of its payload, itself checksummed — which a hit reads alone when the
 engine leaves the output unread (``find``, read later by ``read`` if a node that runs needs
-it), and ``python -m soma.cache`` lists and prunes by. One truncated or corrupted since is
-detected when read, counted, and computed again, never returned. A folder that cannot be
+it), and ``python -m soma.cache`` lists and prunes by. Its payload is the output pickled, its
+large buffers (a numeric column, an array, Arrow's buffers) apart: written to the file straight
+from the output's memory rather than copied into the pickle, and read back as views of the
+file's bytes. One truncated or corrupted since is detected when read, counted, and computed
+again, never returned. A folder that cannot be
 written (full, read-only) makes the run go on uncached, with one warning per cache.
 
 A folder's size bound holds across processes: the bytes its entries hold are counted in the
@@ -110,7 +113,7 @@ _NOT_KEPT: Any = object()
 @dataclasses.dataclass(frozen=True)
 class _Entry:
     # A folder entry's is a view of the file's bytes it was read from, not a copy.
-    payload: bytes | memoryview
+    payload: bytes | bytearray | memoryview
     seconds: float
     # What the nodes that read this output are keyed on (see `NodeCache::digest`).
     digest: bytes | None
@@ -155,24 +158,59 @@ def _packed_text(array: Any) -> Any:
     return array.__reduce_ex__(5)
 
 
-# The pickler's table of reducers: `copyreg`'s, as of `_COPIED`, and numpy's arrays.
+# The pickler's table of reducers: `copyreg`'s, as of `_COPIED`, numpy's arrays, and pandas'
+# arrays backed by Arrow once pandas has loaded them (`_ARROW_KNOWN`).
 _TABLE: dict[type, Any] = {}
 _COPIED: dict[type, Any] = {}
+_ARROW_KNOWN = False
 
 
-def _pickled(output: object) -> bytes | memoryview:
+def _pandas_arrow_pickled(value: Any) -> tuple[Any, ...]:
+    """How a pandas array backed by Arrow is pickled into an entry: as pandas pickles it, but
+    with its chunks as they are where each holds no more than its own elements — pandas'
+    ``__getstate__`` copies them into one, always — and copied into one, as pandas does, where
+    one is a slice of larger buffers (a group of a ``groupby``), which pickle would write
+    whole."""
+    chunked = value._pa_array
+    if any(chunk.get_total_buffer_size() > chunk.nbytes for chunk in chunked.chunks):
+        chunked = chunked.combine_chunks()
+    state = dict(value.__dict__)
+    state["_pa_array"] = chunked
+    state["_cache"] = {}  # What pandas' own leaves out: values computed from the rest.
+    return (copyreg.__newobj__, (type(value),), state, None, None)  # type: ignore[attr-defined]
+
+
+def _pandas_arrow_classes() -> dict[type, Any]:
+    """pandas' arrays backed by Arrow, each pickled by :func:`_pandas_arrow_pickled`."""
+    module = sys.modules.get("pandas.core.arrays.arrow.array")
+    base = getattr(module, "ArrowExtensionArray", None)
+    if not isinstance(base, type):
+        return {}
+    found, pending = {}, [base]
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        if _fingerprint._pandas_arrow(cls):
+            found[cls] = _pandas_arrow_pickled
+    return found
+
+
+def _pickled(output: object, buffer_callback: Callable[[Any], Any] | None = None) -> bytes:
     """``output`` pickled for an entry (protocol 5); a text column packed once numpy is loaded
-    (a value holding an array has it imported)."""
-    global _TABLE, _COPIED
+    (a value holding an array has it imported); with ``buffer_callback``, pickle's out-of-band
+    buffers handed to it (see :func:`_pickled_apart`)."""
+    global _TABLE, _COPIED, _ARROW_KNOWN
     numpy = sys.modules.get("numpy")
     if numpy is None:
-        return pickle.dumps(output, protocol=5)
-    if not _TABLE or copyreg.dispatch_table != _COPIED:
+        return pickle.dumps(output, protocol=5, buffer_callback=buffer_callback)
+    arrow = "pandas.core.arrays.arrow.array" in sys.modules
+    if not _TABLE or copyreg.dispatch_table != _COPIED or arrow != _ARROW_KNOWN:
         # Made again when `copyreg.pickle` has been called since: the user's reducers hold.
         _COPIED = dict(copyreg.dispatch_table)
-        _TABLE = {**_COPIED, numpy.ndarray: _packed_text}
+        _ARROW_KNOWN = arrow
+        _TABLE = {**_pandas_arrow_classes(), **_COPIED, numpy.ndarray: _packed_text}
     buffer = io.BytesIO()
-    pickler = pickle.Pickler(buffer, protocol=5)
+    pickler = pickle.Pickler(buffer, protocol=5, buffer_callback=buffer_callback)
     pickler.dispatch_table = _TABLE
     pickler.dump(output)
     # Its bytes as they are (getvalue hands over the buffer it wrote into, no copy of a large
@@ -182,18 +220,100 @@ def _pickled(output: object) -> bytes | memoryview:
     return buffer.getvalue()
 
 
+# A folder entry's payload is its output pickled, whose first byte is pickle's PROTO (0x80) —
+# or, when the output holds large buffers (a numeric column, an array, Arrow's buffers), this
+# mark, the count of those buffers, where its pickle and each buffer lie in the payload (offset
+# and length, `_SPAN` each), then them: each buffer written to the file straight from the
+# output's memory (pickle's out-of-band buffers), never copied into the pickle, and beginning at
+# a multiple of `_ALIGN` bytes into the file, so that an array read back is aligned.
+_APART = b"\x00OB1"
+_COUNT = struct.Struct("<I")
+_SPAN = struct.Struct("<QQ")
+_ALIGN = 64
+# A buffer shorter than this stays in the pickle: apart, it would cost more than it saves.
+_APART_FROM = 1 << 16
+
+
+def _pickled_apart(output: object, at: int) -> list[bytes | memoryview]:
+    """The payload of a folder entry holding ``output``, beginning ``at`` bytes into its file,
+    as the pieces to write one after the other: its pickle alone, or its pickle and its large
+    buffers apart (see `_APART`)."""
+    buffers: list[memoryview] = []
+
+    def apart(buffer: pickle.PickleBuffer) -> bool:
+        try:
+            view = buffer.raw()
+        except BufferError:  # Not contiguous: in the pickle, as pickle copies it.
+            return True
+        if view.nbytes < _APART_FROM:
+            return True
+        buffers.append(view)
+        return False
+
+    stream = _pickled(output, apart)
+    if not buffers:
+        return [stream]
+    end = len(_APART) + _COUNT.size + _SPAN.size * (1 + len(buffers))
+    spans = [(end, len(stream))]
+    pieces: list[bytes | memoryview] = [stream]
+    end += len(stream)
+    for view in buffers:
+        pad = -(at + end) % _ALIGN
+        pieces += [bytes(pad), view]
+        spans.append((end + pad, view.nbytes))
+        end += pad + view.nbytes
+    header = _APART + _COUNT.pack(len(buffers)) + b"".join(_SPAN.pack(*s) for s in spans)
+    return [header, *pieces]
+
+
+def _unpickled_payload(payload: bytes | bytearray | memoryview) -> Any:
+    """The output pickled in a payload, its pickle alone or with its buffers apart: those read
+    in place, so an array read back from a writable payload (a file read into a bytearray) is
+    writable. Raises ``ValueError`` for a payload whose spans lie outside it."""
+    if not payload or payload[0] != 0 or payload[: len(_APART)] != _APART:
+        return pickle.loads(payload)  # Its first byte alone tells most: a hit's cost.
+    view = memoryview(payload)
+    (count,) = _COUNT.unpack_from(view, len(_APART))
+    at = len(_APART) + _COUNT.size
+    if count > (len(view) - at) // _SPAN.size:
+        raise ValueError("the payload's spans lie outside it")
+    pieces = []
+    for i in range(count + 1):
+        offset, length = _SPAN.unpack_from(view, at + i * _SPAN.size)
+        if offset + length > len(view):
+            raise ValueError("the payload's spans lie outside it")
+        pieces.append(view[offset : offset + length])
+    return pickle.loads(pieces[0], buffers=pieces[1:])
+
+
 def _name(text: str) -> bytes:
     return text.encode("utf-8", "replace")[:_NAME_BYTES]
 
 
+def _head_size(node: str, cls: str, sealed: bool) -> int:
+    """How long the head :func:`_head` makes for ``node`` and ``cls`` is, before its payload is
+    known: where that payload begins in the file."""
+    names = len(_name(node)) + len(_name(cls))
+    return _RECORD_AT + _RECORD.size + names + (_SEAL if sealed else 0)
+
+
 def _head(
-    entry: _Entry, node: str, cls: str, made: float, seal: Callable[[bytes], bytes] | None = None
+    entry: _Entry,
+    node: str,
+    cls: str,
+    made: float,
+    seal: Callable[[bytes], bytes] | None = None,
+    *,
+    length: int | None = None,
+    checksum: bytes | None = None,
 ) -> bytes:
+    """The head of an entry: its mark, its record's checksum, its record (the payload's
+    ``length`` and ``checksum``, the entry's own payload's unless given), and its seal."""
     node_bytes, class_bytes = _name(node), _name(cls)
     record = (
         _RECORD.pack(
-            len(entry.payload),
-            _soma.blake3(entry.payload),
+            len(entry.payload) if length is None else length,
+            _soma.blake3(entry.payload) if checksum is None else checksum,
             entry.seconds,
             made,
             entry.digest is not None,
@@ -214,7 +334,7 @@ def _head(
 Verify = Callable[[memoryview, bytes | None], bool]
 
 
-def _read_record(data: bytes, verify: Verify | None = None) -> _Record | None:
+def _read_record(data: bytes | bytearray, verify: Verify | None = None) -> _Record | None:
     """The record at the start of ``data``, or ``None`` if it is not whole and intact (or not
     all there: ``data`` is the file's first bytes), or if ``verify`` refuses it."""
     signed = data.startswith(_SIGNED)
@@ -232,20 +352,34 @@ def _read_record(data: bytes, verify: Verify | None = None) -> _Record | None:
     ):
         return None
     if verify is not None and not verify(
-        memoryview(data)[_RECORD_AT:end], data[end:sealed] if signed else None
+        memoryview(data)[_RECORD_AT:end], bytes(data[end:sealed]) if signed else None
     ):
         return None
     digest = digest if has_digest else None
-    return _Record(length, checksum, seconds, made, digest, data[names:end], node, sealed)
+    return _Record(length, checksum, seconds, made, digest, bytes(data[names:end]), node, sealed)
 
 
-def _read_file(name: str) -> tuple[bytes, float]:
+def _read_file(name: str) -> tuple[bytes | bytearray, float]:
     """The bytes of the file ``name`` and when it was last modified, read with a few system
-    calls and no Python file object: a hit from a folder is mostly this."""
+    calls and no Python file object: a hit from a folder is mostly this. A large file is read
+    into a bytearray, which the arrays of its output's buffers are then views of, writable as
+    the arrays a node returned were."""
     handle = os.open(name, os.O_RDONLY | getattr(os, "O_BINARY", 0))
     try:
         status = os.fstat(handle)
         size = status.st_size
+        if size >= _APART_FROM:
+            whole = bytearray(size)
+            view = memoryview(whole)
+            reader = io.FileIO(handle, closefd=False)  # `readinto` on every platform.
+            done = 0
+            while done < size:  # A read cut short (a signal): what is left.
+                count = reader.readinto(view[done:])
+                if not count:
+                    break
+                done += count
+            view.release()
+            return (whole if done == size else whole[:done]), status.st_mtime
         data = os.read(handle, size)
         while len(data) < size:  # A read cut short (a signal): what is left.
             more = os.read(handle, size - len(data))
@@ -273,7 +407,7 @@ def _read_head(name: str, verify: Verify | None = None) -> tuple[_Record | None,
         os.close(handle)
 
 
-def _read_entry(data: bytes, verify: Verify | None = None) -> _Entry | None:
+def _read_entry(data: bytes | bytearray, verify: Verify | None = None) -> _Entry | None:
     """The entry in ``data``, or ``None`` if it is not whole and intact, or ``verify`` refuses
     it."""
     record = _read_record(data, verify)
@@ -292,7 +426,7 @@ class _Unread(NamedTuple):
     file: str
     checksum: bytes
     # The whole file, when the first read was all of it.
-    data: bytes | None
+    data: bytes | bytearray | None
 
 
 class RunCacheSource(Protocol):
@@ -501,7 +635,7 @@ class Cache:
             self._count(misses=1, corrupted=1)
             return False, None, None
         try:
-            output = pickle.loads(found.payload)
+            output = _unpickled_payload(found.payload)
         except Exception:  # Its class has gone, say: the node computes it again.
             self._count(misses=1, corrupted=1)
             return False, None, None
@@ -581,11 +715,11 @@ class Cache:
             return False, None
         return self._unpickled(found.payload)
 
-    def _unpickled(self, payload: bytes | memoryview) -> tuple[bool, Any]:
+    def _unpickled(self, payload: bytes | bytearray | memoryview) -> tuple[bool, Any]:
         """The output pickled in ``payload``, counted as read: ``(True, output)``, or ``(False,
         None)``, counted as corrupted, when it does not unpickle."""
         try:
-            output = pickle.loads(payload)
+            output = _unpickled_payload(payload)
         except Exception:  # Its class has gone, say.
             self._count(corrupted=1)
             return False, None
@@ -617,8 +751,12 @@ class Cache:
     ) -> None:
         """Files ``output``, node ``node_id``'s (of class ``cls``), with its ``digest``, under
         ``key``; what cannot be kept is warned about, not raised."""
+        sealer = None if self._path is None else self._sealer(key)
         try:
-            payload = _pickled(output)
+            if self._path is None:
+                pieces: list[bytes | memoryview] = [_pickled(output)]
+            else:
+                pieces = _pickled_apart(output, _head_size(node_id, cls, sealer is not None))
         except Exception as error:
             self._warn_once(
                 f"pickle:{node_id}",
@@ -628,11 +766,9 @@ class Cache:
             )
             return
         if self._path is None:
+            (payload,) = pieces
             kept = output if _fingerprint._unchangeable(output) else _NOT_KEPT
             entry = _Entry(payload, seconds, digest, kept)
-        else:
-            entry = _Entry(payload, seconds, digest)
-        if self._path is None:
             if self._max_bytes is not None and len(payload) > self._max_bytes:
                 return  # It could not fit, whatever was removed: the others stay.
             with self._lock:
@@ -643,12 +779,28 @@ class Cache:
                 evicted = self._evict_in_memory()
             self._count(bytes_written=len(payload), evicted=evicted)
             return
+        length = sum(len(piece) if isinstance(piece, bytes) else piece.nbytes for piece in pieces)
+        if len(pieces) == 1:
+            checksum = _soma.blake3(pieces[0])
+        else:
+            hasher = _soma.Hasher()
+            for piece in pieces:
+                hasher.update(piece)
+            checksum = hasher.digest()
+        # The entry: this head, then its payload's pieces, written one after the other rather
+        # than joined (a copy of a large output's bytes).
+        head = _head(
+            _Entry(b"", seconds, digest),
+            node_id,
+            cls,
+            time.time(),
+            sealer,
+            length=length,
+            checksum=checksum,
+        )
         final = self._file(key)
         temporary = None
-        # The entry: this head, then its payload, written one after the other rather than
-        # joined (a copy of a large output's bytes).
-        head = _head(entry, node_id, cls, time.time(), self._sealer(key))
-        size = len(head) + len(payload)
+        size = len(head) + length
         if self._max_bytes is not None and size > self._max_bytes:
             return  # It could not fit, whatever was removed.
         try:
@@ -656,7 +808,8 @@ class Cache:
             handle, temporary = tempfile.mkstemp(dir=final.parent, prefix=".", suffix=".tmp")
             with os.fdopen(handle, "wb") as file:
                 file.write(head)
-                file.write(payload)
+                for piece in pieces:
+                    file.write(piece)
             if self._max_bytes is None:
                 os.replace(temporary, final)
             else:
@@ -673,7 +826,7 @@ class Cache:
                 "hint: free space there, or give the cache a folder it can write",
             )
             return
-        self._count(bytes_written=len(payload))
+        self._count(bytes_written=length)
 
     def _evict_in_memory(self) -> int:
         """Drops the least recently used entries until the rest fit; under the lock."""

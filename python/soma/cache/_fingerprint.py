@@ -6,10 +6,12 @@ counts), so two values that differ in content or type never feed the same bytes:
 their content (a dict in its order, a set in the order of its members' digests, an int of any
 size), numpy arrays by dtype, shape and bytes (read in place by the Rust hasher, on several
 threads for a large one; an array of objects that are strings — a pandas text column — by
-their UTF-8, read in Rust too), a subclass of ``ndarray`` with the state it adds (a masked array's
-mask), torch tensors likewise, and every other object — a subclass of a builtin, a namedtuple,
-an ``OrderedDict``, a dataclass, a pandas frame — by what pickle would keep of it
-(``__reduce_ex__``), beside its class. A resource — what a node works with rather than
+their UTF-8, read in Rust too; an Arrow array of text or bytes — pandas' ``string[pyarrow]``,
+and ``str`` where pyarrow is installed — likewise from its buffers, whatever its chunks), a
+subclass of ``ndarray`` with the state it adds (a masked array's mask), torch tensors likewise,
+and every other object — a subclass of a builtin, a namedtuple, an ``OrderedDict``, a
+dataclass, a pandas frame — by what pickle would keep of it (``__reduce_ex__``), beside its
+class. A resource — what a node works with rather than
 computes from: a lock, a socket, a client, a logger, an executor, an open file (:data:`RESOURCES`,
 :data:`CLIENTS`, and the classes given to :func:`resource`) — by its type alone; a value given to
 :func:`ignore` by a mark. What pickle refuses that is no resource (a generator), and an object
@@ -632,6 +634,8 @@ def _feed(root: object, where: Where, out: bytearray, busy: frozenset[int]) -> N
                 out += b"Z" + _unit_digest(kind, busy)
             else:
                 out += _text(b"w", _qualified(kind))
+        elif kind.__module__ == "pyarrow.lib" and _arrow_text(value, out):
+            pass
         else:
             if reductions >= DEEPEST_REDUCTION:
                 raise Unkeyable(f"{_qualified(kind)} reduced {reductions} levels deep", where)
@@ -661,7 +665,11 @@ def _reduced(value: Any, where: Where, pending: list[Any], out: bytearray) -> No
     try:
         # As pickle asks: a reducer registered for its type first (`copyreg.pickle`).
         reducer = copyreg.dispatch_table.get(kind)
-        reduced = value.__reduce_ex__(4) if reducer is None else reducer(value)
+        reduced: Any
+        if reducer is None and _pandas_arrow(kind):
+            reduced = _pandas_arrow_reduction(value)
+        else:
+            reduced = value.__reduce_ex__(4) if reducer is None else reducer(value)
     except Exception:
         raise Unkeyable(_qualified(kind), where) from None
     if isinstance(reduced, str):
@@ -679,6 +687,76 @@ def _reduced(value: Any, where: Where, pending: list[Any], out: bytearray) -> No
     out += b"R" + _length(len(parts))
     pending.append((tuple(parts), where))
     pending.append((kind, (where, ".__class__")))
+
+
+# The Arrow types of a text column, by name, and whether their offsets are 64-bit.
+_ARROW_TEXT_TYPES = {"string": False, "binary": False, "large_string": True, "large_binary": True}
+
+
+def _arrow_text(value: Any, out: bytearray) -> bool:
+    """Feeds a ``pyarrow`` array or chunked array of text or bytes (``string``, ``binary`` and
+    their ``large_`` kin) by its class, its type and its elements read from its buffers in
+    Rust (``soma._soma.arrow_text``), so that the same strings give the same digest however
+    they are chunked or sliced; ``False`` for any other, which is reduced as pickle would."""
+    known = _ARROW_DIGESTS.get(id(value))
+    if known is not None and known[0]() is value:
+        out += known[1]
+        return True
+    pyarrow = sys.modules.get("pyarrow")
+    if pyarrow is None:
+        return False
+    if isinstance(value, pyarrow.ChunkedArray):
+        chunks = value.chunks
+    elif isinstance(value, pyarrow.Array):
+        chunks = [value]
+    else:
+        return False
+    wide = _ARROW_TEXT_TYPES.get(str(value.type))
+    if wide is None or type(value.type) is not pyarrow.DataType:  # An extension type, say.
+        return False
+    given = []
+    for chunk in chunks:
+        validity, offsets, data = chunk.buffers()
+        given.append((validity, offsets, data, chunk.offset, len(chunk)))
+    column = _soma.arrow_text(given, wide)
+    if column is None:  # Offsets outside its buffers: reduced, as pickle would save it.
+        return False
+    fed = _text(b"W", _qualified(type(value))) + _text(b"", str(value.type)) + column
+    out += fed
+    key = id(value)
+    _ARROW_DIGESTS[key] = (weakref.ref(value, lambda _: _ARROW_DIGESTS.pop(key, None)), fed)
+    return True
+
+
+# What an Arrow array read by `_arrow_text` fed, by the array's identity, while it lives: an
+# Arrow array never changes once made (Arrow's rule: pandas and pyarrow make a new one for any
+# change), so a column that several outputs share — a frame's column carried through `assign`,
+# a list's items digested again one by one — is read once.
+_ARROW_DIGESTS: dict[int, tuple[weakref.ref[Any], bytes]] = {}
+
+
+def _pandas_arrow(kind: type) -> bool:
+    """Whether ``kind`` is a pandas array backed by Arrow (``string[pyarrow]``, ``str`` where
+    pyarrow is installed, any ``ArrowDtype``) that pickles as pandas' own class does."""
+    module = sys.modules.get("pandas.core.arrays.arrow.array")
+    base = getattr(module, "ArrowExtensionArray", None)
+    return (
+        isinstance(base, type)
+        and issubclass(kind, base)
+        and getattr(kind, "__getstate__", None) is base.__getstate__
+        and getattr(kind, "__reduce_ex__", None) is object.__reduce_ex__
+        and getattr(kind, "__reduce__", None) is object.__reduce__
+    )
+
+
+def _pandas_arrow_reduction(value: Any) -> tuple[Any, ...]:
+    """What ``value.__reduce_ex__(4)`` answers for a pandas array backed by Arrow, but with its
+    chunked array as it is, where pandas' ``__getstate__`` copies its chunks into one: the
+    chunked array's digest does not depend on its chunks."""
+    state = dict(value.__dict__)
+    state["_pa_array"] = value._pa_array
+    state["_cache"] = {}  # What pandas' own leaves out: values computed from the rest.
+    return (copyreg.__newobj__, (type(value),), state, None, None)  # type: ignore[attr-defined]
 
 
 def _numpy_array(array: Any, where: Where, pending: list[Any], out: bytearray) -> None:
