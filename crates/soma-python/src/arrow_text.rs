@@ -16,7 +16,6 @@
 //! read: a malformed array (made by `Array.from_buffers`, say) is refused, never read past.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::thread;
 
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::prelude::*;
@@ -211,20 +210,7 @@ pub fn arrow_text<'py>(
                 done.push((at, digest));
             }
         };
-        let finished = thread::scope(|scope| {
-            let helpers: Vec<_> = (1..threads)
-                .filter_map(|_| thread::Builder::new().spawn_scoped(scope, work).ok())
-                .collect();
-            let mut finished = work();
-            for helper in helpers {
-                finished.extend(
-                    helper
-                        .join()
-                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-                );
-            }
-            finished
-        });
+        let finished = crate::text::on_threads(threads, work);
         if refused.load(Ordering::Relaxed) {
             return None;
         }

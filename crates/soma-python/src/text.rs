@@ -414,6 +414,31 @@ fn prefetch(address: usize) {
     let _ = address;
 }
 
+/// `work` run on this thread and on up to `threads - 1` scoped helpers (fewer where the system
+/// refuses one), what each returned gathered: a column's blocks are digested so, each thread
+/// taking the next block until none is left. A helper's panic goes on on this thread.
+pub(crate) fn on_threads<T, F>(threads: usize, work: F) -> Vec<T>
+where
+    T: Send,
+    F: Fn() -> Vec<T> + Sync,
+{
+    thread::scope(|scope| {
+        let work = &work;
+        let helpers: Vec<_> = (1..threads)
+            .filter_map(|_| thread::Builder::new().spawn_scoped(scope, work).ok())
+            .collect();
+        let mut finished = work();
+        for helper in helpers {
+            finished.extend(
+                helper
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            );
+        }
+        finished
+    })
+}
+
 /// How many threads this process may run at once, asked once (it reads files).
 pub(crate) fn parallelism() -> usize {
     static THREADS: OnceLock<usize> = OnceLock::new();
@@ -518,20 +543,7 @@ pub fn text_column<'py>(
                 }
             }
         };
-        let finished = thread::scope(|scope| {
-            let helpers: Vec<_> = (1..threads)
-                .filter_map(|_| thread::Builder::new().spawn_scoped(scope, work).ok())
-                .collect();
-            let mut finished = work();
-            for helper in helpers {
-                finished.extend(
-                    helper
-                        .join()
-                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-                );
-            }
-            finished
-        });
+        let finished = on_threads(threads, work);
         if refused.load(Ordering::Relaxed) {
             return Ok(None);
         }
