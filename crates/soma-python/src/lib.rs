@@ -6,6 +6,7 @@
 //! Python on top of this module.
 
 mod aio;
+mod board;
 mod cache;
 mod code;
 mod context;
@@ -77,6 +78,7 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<trace::PyTrace>()?;
     module.add_class::<stream::StreamCore>()?;
     module.add_class::<trace::PySpan>()?;
+    module.add_class::<board::PyBoard>()?;
     module.add_class::<watch::StopFlag>()?;
     module.add_class::<aio::Stepper>()?;
     module.add_class::<flow::FlowCore>()?;

@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::attempt::{next_attempt, stopped_pausing, Next};
+use super::board::Board;
 use super::branch::{Halt, Standing};
 use super::cache::{Entry, Found};
 use super::crew::Crew;
@@ -264,7 +265,9 @@ impl<'c> NodeCall<'c> {
                 part_of: None,
             });
         }
-        if let Some(observer) = self.executor.observer.as_deref() {
+        if let Some(board) = self.executor.board.as_deref() {
+            board.cached(self.site.program, self.step.slot());
+        } else if let Some(observer) = self.executor.observer.as_deref() {
             let opened = observer.begin(&Begun::Cached {
                 node: self.id,
                 device: self.step.device,
@@ -277,6 +280,24 @@ impl<'c> NodeCall<'c> {
     /// Tells the observer, when there is one, that attempt `attempt` of the call begins: what
     /// it opened, for [`Executor::end_work`].
     pub(super) fn begin(&self, attempt: u32) -> Option<Opened> {
+        if let Some(board) = self.board() {
+            board.began(self.site.program, self.step.slot(), attempt);
+            return None;
+        }
+        self.tell_begun(attempt, None)
+    }
+
+    /// The board the call's states go to: the run's, for a node that is not awaited (an async
+    /// node's call is told the observer, which names the task it runs in).
+    #[inline]
+    fn board(&self) -> Option<&'c Board> {
+        let board = self.executor.board.as_deref()?;
+        (!self.step.is_async()).then_some(board)
+    }
+
+    /// Tells the observer, when there is one, that attempt `attempt` of the call begins, or,
+    /// told only as it failed, began `began` seconds after its run's board was made.
+    fn tell_begun(&self, attempt: u32, began: Option<f64>) -> Option<Opened> {
         let observer = self.executor.observer.as_deref()?;
         Some(observer.begin(&Begun::Call {
             node: self.id,
@@ -285,7 +306,22 @@ impl<'c> NodeCall<'c> {
             branch: &self.site.branch.path(),
             awaited: self.step.is_async(),
             described: self.step.node.described(),
+            began,
         }))
+    }
+
+    /// Ends the attempt [`NodeCall::begin`] began (`opened`, what it returned) as `ended`: on
+    /// the run's board when it has one, where a failure is told the observer too, begun and
+    /// ended at once, for what only the observer has of it (its traceback).
+    pub(super) fn end(&self, opened: Option<Opened>, ended: &Ended<'_>) {
+        let Some(board) = self.board() else {
+            return self.executor.end_work(opened, ended);
+        };
+        let (attempt, began) = board.ended(self.site.program, self.step.slot(), ended);
+        if let Ended::Failed { .. } = ended {
+            let opened = self.tell_begun(attempt, Some(began));
+            self.executor.end_work(opened, ended);
+        }
     }
 
     /// Records the span of one attempt of the call, from `start` to now, on this thread, in
@@ -320,7 +356,11 @@ impl<'c> NodeCall<'c> {
     #[inline(always)]
     pub(super) fn call(&self, input: &Value) -> Result<Value, RunError> {
         let executor = self.executor;
-        if self.step.has_policy() || executor.trace.is_some() || executor.observer.is_some() {
+        if self.step.has_policy()
+            || executor.trace.is_some()
+            || executor.observer.is_some()
+            || executor.board.is_some()
+        {
             return self.observed(input);
         }
         execute(
@@ -362,7 +402,7 @@ impl<'c> NodeCall<'c> {
                 &mut 0,
             ),
         };
-        self.executor.end_work(opened, &Ended::of(&outcome));
+        self.end(opened, &Ended::of(&outcome));
         outcome
     }
 
@@ -390,7 +430,7 @@ impl<'c> NodeCall<'c> {
             let opened = self.begin(attempt);
             let outcome = self.attempt(policy.time_limit, input);
             let next = next_attempt(policy, attempt, outcome);
-            executor.end_work(opened, &next.ended());
+            self.end(opened, &next.ended());
             let (pause, error) = match next {
                 Next::Done(outcome) => return outcome,
                 Next::Pause(pause, error) => (pause, error),
