@@ -433,14 +433,11 @@ class Board:
     @property
     def changed(self) -> bool:
         """Whether a node's record changed since the last read."""
-    @property
-    def caller(self) -> int:
-        """The engine's number of the thread the run was made on."""
     def nodes(self) -> list[tuple[str, str | None]]:
         """Each node's id and device, by index."""
     def read(self) -> list[tuple[int, str, int, int, float, float | None]]:
         """The records changed since the last read: ``(index, state, attempt, thread, started,
-        ended)``, times in seconds since the run was made, ``ended`` ``None`` while it runs."""
+        ended)``, the thread as ``threading.get_ident`` names it (on x86-64 Linux), times in seconds since the run was made, ``ended`` ``None`` while it runs."""
     def wait(self, timeout: float) -> bool:
         """Waits at most ``timeout`` seconds for a change since the last read; whether there
         is one."""

@@ -40,13 +40,6 @@ impl PyBoard {
         self.board.changed()
     }
 
-    /// The engine's number of the thread the run was made on (its caller's), which a change's
-    /// thread is compared to.
-    #[getter]
-    fn caller(&self) -> u64 {
-        self.board.caller()
-    }
-
     /// Each node's id and device (`None` when unplaced), by index.
     fn nodes<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyTuple>>> {
         self.board
@@ -66,8 +59,8 @@ impl PyBoard {
     }
 
     /// The records changed since the last read, each as `(index, state, attempt, thread,
-    /// started, ended)`: its state's name, its last attempt from 0, the engine's number of the
-    /// thread it ran on, its start and end in seconds since the run was made (`ended` `None`
+    /// started, ended)`: its state's name, its last attempt from 0, the thread it ran on (as
+    /// `threading.get_ident` names it, on x86-64 Linux), its start and end in seconds since the run was made (`ended` `None`
     /// while it runs).
     fn read(&self, py: Python<'_>) -> Vec<(usize, &'static str, u32, u64, f64, Option<f64>)> {
         let board = Arc::clone(&self.board);

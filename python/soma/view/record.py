@@ -350,14 +350,10 @@ class RunRecord:
         # The id of the run in its journal, for a run with one (`forward(run=, journal=)`).
         self.journal_run: str | None = None
         # The run's board (`_soma.Board`), until its last read once the run ended; whether it
-        # had one; its nodes' ids and devices by index, read once; the engine's thread numbers
-        # by name (its caller's, this thread's).
+        # had one; its nodes' ids and devices by index, read once.
         self.board = board
         self.boarded = board is not None
         self._board_nodes: list[tuple[str, str | None]] | None = None
-        self._board_rows: dict[int, str] = {}
-        if board is not None:
-            self._board_rows[board.caller] = threading.current_thread().name
         # The failures the log told of nodes the board keeps, by node: the attempt, and the
         # state the failure's error makes it (a question pauses it).
         self._told: dict[str, tuple[int, NodeState]] = {}
@@ -407,7 +403,7 @@ class RunRecord:
                     state = failure[1]
             self._become(node, state)
             node.attempts, node.device = attempt + 1, device
-            node.row = self._board_row(thread)
+            node.row = self._row_name(thread)
             node.started = started
             if ended is None:
                 self.changes.append(node_id)
@@ -418,13 +414,6 @@ class RunRecord:
                 self.changes.append(node_id)
             else:
                 self.spans.append((node_id, started, ended, node.row, _TEXT[state], attempt))
-
-    def _board_row(self, thread: int) -> str:
-        """A timeline row's name for a thread the board names by the engine's number."""
-        name = self._board_rows.get(thread)
-        if name is None:
-            name = self._board_rows[thread] = f"thread {thread}"
-        return name
 
     def _board_failure(self, node: NodeRecord, entry: list[Any]) -> None:
         """A failure of a call the board keeps, told through the log for what only it has:

@@ -22,12 +22,13 @@
 //! are right to within the tick (a loaded machine may stretch the tick: the thread advancing it
 //! waits to be scheduled).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::observer::Ended;
 use super::program::{Op, Program};
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
 use super::trace::thread_number;
 use crate::model::device::Device;
 use crate::model::id::NodeId;
@@ -59,7 +60,7 @@ pub enum NodeState {
 
 impl NodeState {
     /// The state a call's attempt that ended as `ended` leaves its node in.
-    fn after(ended: &Ended<'_>) -> Self {
+    pub(crate) fn after(ended: &Ended<'_>) -> Self {
         match ended {
             Ended::Returned => NodeState::Finished,
             Ended::Failed {
@@ -90,24 +91,24 @@ impl NodeState {
 /// share one word, written last, so that a reader that sees a new state sees the marks written
 /// before it.
 #[derive(Default)]
-struct Record {
+pub(crate) struct Record {
     /// The state in the low 8 bits, the attempt (from 0) above them.
     state: AtomicU32,
-    /// The engine's number of the thread the call ran on ([`crate::run::trace::thread_number`]).
-    thread: AtomicU32,
     /// The tick its last attempt began at.
     started: AtomicU32,
     /// The tick its last attempt ended at.
     ended: AtomicU32,
+    /// The thread its last attempt ran on ([`this_thread`]).
+    thread: AtomicU64,
 }
 
 /// A record as a reader saw it.
 #[derive(Clone, Copy, Default, PartialEq, Eq)]
 struct Seen {
     state: u32,
-    thread: u32,
     started: u32,
     ended: u32,
+    thread: u64,
 }
 
 impl Record {
@@ -132,7 +133,9 @@ pub struct Change {
     pub state: NodeState,
     /// Its last attempt, from 0.
     pub attempt: u32,
-    /// The engine's number of the thread its last attempt ran on.
+    /// The thread its last attempt ran on: its `pthread_self` where the board reads it (x86-64
+    /// Linux, as Python's `threading.get_ident`), else the engine's number for it
+    /// ([`crate::run::trace::thread_number`]).
     pub thread: u64,
     /// When its last attempt began, in seconds since the board was made.
     pub started: f64,
@@ -155,9 +158,8 @@ pub struct Board {
     woken: Condvar,
     /// What the reader saw at its last read, by record.
     seen: Mutex<Vec<Seen>>,
-    /// The tick the board was made at, and the engine's number of the thread that made it.
+    /// The tick the board was made at.
     origin: u32,
-    caller: u64,
     /// Whether its run is over ([`Board::finished`]).
     finished: AtomicBool,
 }
@@ -186,14 +188,8 @@ impl Board {
             woken: Condvar::new(),
             seen: Mutex::new(Vec::new()),
             origin: Ticker::watch(),
-            caller: thread_number(),
             finished: AtomicBool::new(false),
         }
-    }
-
-    /// The engine's number of the thread that made the board: the run's caller.
-    pub fn caller(&self) -> u64 {
-        self.caller
     }
 
     /// How many nodes it holds.
@@ -266,7 +262,7 @@ impl Board {
                 index,
                 state,
                 attempt: now.state >> 8,
-                thread: u64::from(now.thread),
+                thread: now.thread,
                 started: self.seconds(now.started),
                 ended,
             });
@@ -292,37 +288,43 @@ impl Board {
         }
     }
 
-    /// The record of `program`'s step at `slot`.
+    /// The record of `program`'s step at `slot`; `None` for a program not the board's.
     #[inline]
-    fn record(&self, program: &Program, slot: usize) -> Option<&Record> {
+    pub(crate) fn record(&self, program: &Program, slot: usize) -> Option<&Record> {
         self.records.get(self.base(program).wrapping_add(slot))
     }
 
     /// Attempt `attempt` of the call of `program`'s step at `slot` begins on this thread.
-    #[inline]
     pub(crate) fn began(&self, program: &Program, slot: usize, attempt: u32) {
-        let Some(record) = self.record(program, slot) else {
-            return;
-        };
+        if let Some(record) = self.record(program, slot) {
+            self.begin(record, attempt);
+        }
+    }
+
+    /// Attempt `attempt` of `record`'s call begins on this thread.
+    #[inline]
+    pub(crate) fn begin(&self, record: &Record, attempt: u32) {
         record.started.store(Ticker::now(), Ordering::Relaxed);
-        // Numbers past 2^32 wrap: a reader names the thread, it does not count on it.
-        #[allow(clippy::cast_possible_truncation)]
-        record
-            .thread
-            .store(thread_number() as u32, Ordering::Relaxed);
+        record.thread.store(this_thread(), Ordering::Relaxed);
         self.set(record, NodeState::Running, attempt);
     }
 
     /// The attempt of `program`'s step at `slot` under way ended as `ended`: which attempt,
     /// and when it began (in seconds since the board was made).
-    #[inline]
     pub(crate) fn ended(&self, program: &Program, slot: usize, ended: &Ended<'_>) -> (u32, f64) {
-        let Some(record) = self.record(program, slot) else {
-            return (0, 0.0);
-        };
+        match self.record(program, slot) {
+            Some(record) => self.end(record, NodeState::after(ended)),
+            None => (0, 0.0),
+        }
+    }
+
+    /// The attempt of `record`'s call under way ended, leaving it `state`: which attempt, and
+    /// when it began (in seconds since the board was made).
+    #[inline]
+    pub(crate) fn end(&self, record: &Record, state: NodeState) -> (u32, f64) {
         record.ended.store(Ticker::now(), Ordering::Relaxed);
         let attempt = record.state.load(Ordering::Relaxed) >> 8;
-        self.set(record, NodeState::after(ended), attempt);
+        self.set(record, state, attempt);
         (
             attempt,
             self.seconds(record.started.load(Ordering::Relaxed)),
@@ -376,6 +378,34 @@ impl Drop for Board {
     fn drop(&mut self) {
         self.finished();
     }
+}
+
+/// The thread this runs on, as the board names it: the thread control block's own address
+/// where that is one load (x86-64 Linux, where it is `pthread_self`, which Python's
+/// `threading.get_ident` returns too), else the engine's number for the thread.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#[allow(clippy::inline_always)]
+#[inline(always)]
+fn this_thread() -> u64 {
+    let this: u64;
+    // SAFETY: the x86-64 TLS ABI keeps, at offset 0 of the block `fs` points to, that block's
+    // own address (glibc's and musl's `pthread_self`): always mapped and readable by its thread.
+    // The load writes nothing.
+    #[allow(unsafe_code)]
+    unsafe {
+        std::arch::asm!(
+            "mov {}, qword ptr fs:[0]",
+            out(reg) this,
+            options(nostack, readonly, preserves_flags, pure)
+        );
+    }
+    this
+}
+
+/// The thread this runs on, as the board names it: the engine's number for it.
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+fn this_thread() -> u64 {
+    thread_number()
 }
 
 /// Calls `visit` with `program` and each program nested in its steps (an `each`'s body, a

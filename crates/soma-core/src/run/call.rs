@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::attempt::{next_attempt, stopped_pausing, Next};
-use super::board::Board;
+use super::board::{Board, NodeState, Record};
 use super::branch::{Halt, Standing};
 use super::cache::{Entry, Found};
 use super::crew::Crew;
@@ -319,9 +319,39 @@ impl<'c> NodeCall<'c> {
         };
         let (attempt, began) = board.ended(self.site.program, self.step.slot(), ended);
         if let Ended::Failed { .. } = ended {
-            let opened = self.tell_begun(attempt, Some(began));
-            self.executor.end_work(opened, ended);
+            self.tell_failed(attempt, began, ended);
         }
+    }
+
+    /// Tells the observer of a failed attempt the board keeps, begun `began` seconds after
+    /// the board was made: begun and ended at once, for what only the observer has of it.
+    #[cold]
+    #[inline(never)]
+    fn tell_failed(&self, attempt: u32, began: f64, ended: &Ended<'_>) {
+        let opened = self.tell_begun(attempt, Some(began));
+        self.executor.end_work(opened, ended);
+    }
+
+    /// Begins the first attempt of a call `board` keeps: the board and the call's record.
+    #[inline(never)]
+    fn begin_on_board<'b>(&self, board: &'b Board) -> Option<(&'b Board, &'b Record)> {
+        let record = board.record(self.site.program, self.step.slot())?;
+        board.begin(record, 0);
+        Some((board, record))
+    }
+
+    /// Ends the attempt of a call its run's board keeps (`on`, the board and the call's
+    /// record), which `outcome` ended: the observer is told of it only if it failed.
+    #[inline(never)]
+    fn end_on_board(on: (&Board, &Record), outcome: &Result<Value, RunError>, call: &Self) {
+        let (board, record) = on;
+        let Err(error) = outcome else {
+            board.end(record, NodeState::Finished);
+            return;
+        };
+        let ended = Ended::failed_with(Some(error));
+        let (attempt, began) = board.end(record, NodeState::after(&ended));
+        call.tell_failed(attempt, began, &ended);
     }
 
     /// Records the span of one attempt of the call, from `start` to now, on this thread, in
@@ -358,19 +388,28 @@ impl<'c> NodeCall<'c> {
         let executor = self.executor;
         if self.step.has_policy()
             || executor.trace.is_some()
-            || executor.observer.is_some()
-            || executor.board.is_some()
+            || (executor.observer.is_some() && executor.board.is_none())
         {
             return self.observed(input);
         }
-        execute(
+        // A run that keeps a board writes the call's record around it: two small calls on
+        // the plain call's way, which a run without one passes with a test each.
+        let on_board = match executor.board.as_deref() {
+            Some(board) => self.begin_on_board(board),
+            None => None,
+        };
+        let outcome = execute(
             executor,
             &*self.step.node,
             self.step.device,
             self.id,
             input,
             &mut 0,
-        )
+        );
+        if let Some(on) = on_board {
+            Self::end_on_board(on, &outcome, self);
+        }
+        outcome
     }
 
     /// The call of a node with a policy, or in a run traced or observed.
