@@ -450,6 +450,56 @@ def test_a_run_past_its_timeout_shows_timed_out_and_the_node_it_left_running_too
     ]
 
 
+class CountingRecorder(record.Recorder):
+    """A recorder that counts the node calls the engine tells it of."""
+
+    def __init__(self) -> None:
+        self.calls: list[str | None] = []
+        super().__init__()
+
+    def began(self, kind: int, node: str | None, *rest: Any) -> Any:
+        if kind == observe.CALL:
+            self.calls.append(node)
+        return super().began(kind, node, *rest)
+
+
+def test_a_watched_runs_nodes_tell_python_nothing_unless_they_fail() -> None:
+    recorder = CountingRecorder()
+    observe.set_watcher(recorder)
+    try:
+        with pytest.raises(ValueError, match="alert"):
+            failing_graph().forward(1)
+    finally:
+        observe.set_watcher(None)
+    # The engine kept both states on the run's board: only the failure crossed into Python,
+    # for its traceback.
+    assert recorder.calls == ["fails"]
+    [run] = recorder.runs()
+    states = {node["id"]: node["state"] for node in run.nodes_json()}
+    assert states == {EVIL_ID: "finished", "fails": "failed"}
+    failed = run.node_json("fails", detail=True)
+    assert failed is not None
+    assert "ValueError" in failed["traceback"]
+    assert failed["row"] == threading.current_thread().name
+
+
+def test_a_nodes_seconds_on_the_board_are_right_to_within_its_clocks_resolution() -> None:
+    resolution = 0.001
+    recorder = record.Recorder()
+    observe.set_watcher(recorder)
+    try:
+        naps = soma.node(lambda x: time.sleep(0.05) or x).named("naps")
+        began = time.perf_counter()
+        soma.Graph.somatize(naps).forward(1)
+        took = time.perf_counter() - began
+    finally:
+        observe.set_watcher(None)
+    [run] = recorder.runs()
+    shown = run.node_json("naps", detail=True)
+    assert shown is not None
+    assert 0.05 - resolution <= shown["seconds"] <= took + resolution
+
+
 def test_closing_a_view_stops_recording(view: Any) -> None:
     assert observe.dispatch.watcher is not None
     view.close()
