@@ -573,9 +573,9 @@ class RunRecord:
     @property
     def done(self) -> int:
         """Top-level nodes done (finished or cached): the "done of total" of the runs page. A
-        run that returned ran each of its nodes, or had it from the cache: its log need not be
-        folded to tell."""
-        if self.log and self.status is RunStatus.FINISHED:
+        run that returned ran each of its nodes, or had it from the cache: its log and its
+        board need not be read to tell."""
+        if self.status is RunStatus.FINISHED and (self.log or self.board is not None):
             return self.total
         self.fold()
         return self._done
