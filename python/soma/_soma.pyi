@@ -11,6 +11,7 @@ __all__ = [
     "DEFAULT_TURN_LIMIT",
     "MAX_NESTED_FORWARDS",
     "Await",
+    "Board",
     "Ctx",
     "Done",
     "FlowCore",
@@ -437,12 +438,14 @@ class Board:
         """Each node's id and device, by index."""
     def read(self) -> list[tuple[int, str, int, int, float, float | None]]:
         """The records changed since the last read: ``(index, state, attempt, thread, started,
-        ended)``, the thread as ``threading.get_ident`` names it (on x86-64 Linux), times in seconds since the run was made, ``ended`` ``None`` while it runs."""
+        ended)``, the thread as ``threading.get_ident`` names it (on x86-64 Linux), times in
+        seconds since the run was made, ``ended`` ``None`` while it runs."""
     def wait(self, timeout: float) -> bool:
         """Waits at most ``timeout`` seconds for a change since the last read; whether there
         is one."""
     def __len__(self) -> int: ...
 
+@final
 class Trace:
     """Spans recorded by ``forward(..., trace=trace)``: one per node."""
 

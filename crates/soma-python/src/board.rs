@@ -18,6 +18,9 @@ pub struct PyBoard {
     pub(crate) board: Arc<Board>,
 }
 
+/// One record as `read` gives it: index, state, attempt, thread, started, ended.
+type Read = (usize, &'static str, u32, u64, f64, Option<f64>);
+
 /// A state as the view names it (`soma.view.record.NodeState`'s values).
 fn state_name(state: NodeState) -> &'static str {
     match state {
@@ -62,7 +65,7 @@ impl PyBoard {
     /// started, ended)`: its state's name, its last attempt from 0, the thread it ran on (as
     /// `threading.get_ident` names it, on x86-64 Linux), its start and end in seconds since the run was made (`ended` `None`
     /// while it runs).
-    fn read(&self, py: Python<'_>) -> Vec<(usize, &'static str, u32, u64, f64, Option<f64>)> {
+    fn read(&self, py: Python<'_>) -> Vec<Read> {
         let board = Arc::clone(&self.board);
         crate::exit::detach(py, move || board.read())
             .into_iter()

@@ -73,8 +73,9 @@ def pausing(error: BaseException | None) -> Pausing | None:
 
 # A work as the engine tells it: what begins (`kind`), the node (or the step, for a part; `None`
 # for a run), the part (an item's index, a case's key, an iteration; a streamed item's index for
-# a run; for a call told only as it failed, which a run's board keeps, when it began), a number (the attempt of a call, the node count of a run), the device, the branch
-# (the index in each wave), whether it is async, and what the work runs: a call's
+# a run; for a call told only as it failed, which a run's board keeps, when it began), a number
+# (the attempt of a call, the node count of a run), the device, the branch (the index in each
+# wave), whether it is async, and what the work runs: a call's
 # `module.Class.forward`, a run's graph (`_soma.GraphCore`, whose plan a watcher draws).
 Work = tuple[int, str | None, Any, int, str | None, tuple[int, ...], bool, Any]
 

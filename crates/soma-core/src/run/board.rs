@@ -172,7 +172,7 @@ impl Board {
         let mut count = program.len();
         if program.decides() {
             for_each_program(program, |inner, _| {
-                if !std::ptr::eq(inner, &**program) {
+                if !std::ptr::eq(inner, Arc::as_ptr(program)) {
                     bases.push((std::ptr::from_ref(inner) as usize, count));
                     count += inner.len();
                 }
@@ -277,7 +277,7 @@ impl Board {
 
     /// Where `program`'s records begin.
     fn base(&self, program: &Program) -> usize {
-        if std::ptr::eq(program, &*self.program) {
+        if std::ptr::eq(program, Arc::as_ptr(&self.program)) {
             return 0;
         }
         let address = std::ptr::from_ref(program) as usize;
