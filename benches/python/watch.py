@@ -16,11 +16,13 @@ reader of ``g.events`` / ``g.aevents``.
    growing run to run).
 
 4. The browser's view (``soma.view``): the chain of 1,000 trivial nodes and the wave of 10,000
-   trivial branches, each with no view, with a view recording it and no page open, and with the
-   runs page open (its event stream read over loopback), interleaved (target: with a page,
-   within 2% of none); the same in instructions a node under callgrind, which a busy machine
-   does not move (no view, a view recording, and its row read after each run as the runs
-   page's stream reads it); a node's state change to an
+   trivial branches, each with no view, with a view recording it and no page open, with the
+   runs page open (its event stream read over loopback), and with the page open and the
+   recorder called at each node's beginning and end as before the board, interleaved (target:
+   with a page, within 2% of none); the same in instructions a node under callgrind, which a
+   busy machine does not move (no view, the recorder called at each node as before the board,
+   a view recording, and its row read after each run as the runs page's stream reads it); a
+   node's state change to an
    open run page's event stream (target ≤ 100 ms, p99 ≤ 250 ms); and 8 branches emitting as fast
    as they can with the run's page open: the events a second they emit, what the page receives,
    and the process's peak memory across three runs (nothing grows without bound). Then a
@@ -320,6 +322,14 @@ def view_rows(quick: bool) -> list[list[str]]:
             self.page.close()
             super().__exit__()
 
+    class PageOpenCalled(PageOpen):
+        """As before the board: the engine calls the recorder at each node's beginning and
+        end."""
+
+        def __enter__(self) -> None:
+            super().__enter__()
+            soma._soma.observe(recorder.alone)
+
     wide: Any = Pass()
     for _ in range(WAVE - 1):
         wide = wide | Pass()
@@ -334,17 +344,22 @@ def view_rows(quick: bool) -> list[list[str]]:
                 "none": partial(graph.forward, 1),
                 "view": partial(graph.forward, 1),
                 "page": partial(graph.forward, 1),
+                "called": partial(graph.forward, 1),
             },
             repeat=5 if quick else 15,
             sample_s=0.05 if quick else 0.2,
             warmup_s=0.1 if quick else 0.3,
-            settings={"view": Recording, "page": PageOpen},
+            settings={"view": Recording, "page": PageOpen, "called": PageOpenCalled},
         )
-        none, recorded, paged = (timings[name].median_s for name in ("none", "view", "page"))
+        none, recorded, paged, called = (
+            timings[name].median_s for name in ("none", "view", "page", "called")
+        )
         rows.append(
             [
                 f"{name}: a view recording it, the runs page open",
-                f"page: {paged * 1e3:.2f} ms; view, no page: {recorded * 1e3:.2f} ms",
+                f"page: {paged * 1e3:.2f} ms; view, no page: {recorded * 1e3:.2f} ms; "
+                f"page, the recorder called at each node (before the board): "
+                f"{called * 1e3:.2f} ms",
                 f"no view: {none * 1e3:.3f} ms",
                 f"page {(paged / none - 1) * 100:+.1f}%, "
                 f"{(paged - none) / nodes * 1e9:+.0f} ns a node "
@@ -485,6 +500,9 @@ g = soma.Graph.somatize(e)
 recorder = record.Recorder()
 if mode != "none":
     observe.set_watcher(recorder)
+if mode == "called":
+    # As before the board: the engine calls the recorder at each node's beginning and end.
+    soma._soma.observe(recorder.alone)
 for _ in range(times):
     g.forward(1)
     if mode == "read":
@@ -537,14 +555,17 @@ def instruction_rows() -> list[list[str]]:
         ("chain", CHAIN, f"chain of {CHAIN:,} trivial nodes"),
         ("wave", WAVE, f"wave of {WAVE:,} trivial branches"),
     ):
-        bare, recorded, read = (per_node(mode, shape, nodes) for mode in ("none", "view", "read"))
+        bare, called, recorded, read = (
+            per_node(mode, shape, nodes) for mode in ("none", "called", "view", "read")
+        )
         rows.append(
             [
                 f"{name}, instructions a node (callgrind): a view recording; "
                 "and its row read after each run, as the runs page's stream reads it",
                 f"recorded {recorded:,.0f} (+{recorded - bare:,.0f}); read {read:,.0f} "
                 f"(+{read - bare:,.0f})",
-                f"no view: {bare:,.0f}",
+                f"no view: {bare:,.0f}; the recorder called at each node's beginning and end "
+                f"(before the board): {called:,.0f}",
                 f"recorded {(recorded / bare - 1) * 100:+.1f}%, "
                 f"read {(read / bare - 1) * 100:+.1f}% "
                 f"(target within 2%): {'met' if read <= bare * 1.02 else 'MISSED'}",
