@@ -434,6 +434,10 @@ class Board:
     @property
     def changed(self) -> bool:
         """Whether a node's record changed since the last read."""
+    @property
+    def program(self) -> int:
+        """The program the run resolved, as a number: the same for every run of a graph not
+        changed since, while a board of it is alive."""
     def nodes(self) -> list[tuple[str, str | None]]:
         """Each node's id and device, by index."""
     def read(self) -> list[tuple[int, str, int, int, float, float | None]]:

@@ -43,6 +43,13 @@ impl PyBoard {
         self.board.changed()
     }
 
+    /// The program the run resolved, as a number: the same for every run of a graph not
+    /// changed since, while a board of it is alive.
+    #[getter]
+    fn program(&self) -> usize {
+        Arc::as_ptr(self.board.program()) as usize
+    }
+
     /// Each node's id and device (`None` when unplaced), by index.
     fn nodes<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyTuple>>> {
         self.board

@@ -280,6 +280,10 @@ def _shown(row: tuple[Any, ...], detail: bool) -> dict[str, Any]:
     _ERROR,
     _RETRY,
 ) = range(12)
+# The labels of the programs last labelled, by program (`RunRecord.label`), each with a board of
+# the program, which keeps it alive; at most LABELS_KEPT.
+LABELS_KEPT: Final = 8
+_LABELS: dict[int, tuple[Any, str]] = {}
 # A board's state names, as the view's states.
 _BOARD_STATES: Final = {state.value: state for state in NodeState}
 # The states of a call that failed, which a failure told through the log may refine (a
@@ -353,6 +357,10 @@ class RunRecord:
         # had one; its nodes' ids and devices by index, read once.
         self.board = board
         self.boarded = board is not None
+        # The program the run resolved, by number, and its board, held while its label is
+        # known by that number (`label`): the program lives as long, so the number stays its.
+        self._program: int | None = None if board is None else board.program
+        self._board_kept = board
         self._board_nodes: list[tuple[str, str | None]] | None = None
         # The failures the log told of nodes the board keeps, by node: the attempt, and the
         # state the failure's error makes it (a question pauses it).
@@ -617,14 +625,26 @@ class RunRecord:
 
     @property
     def label(self) -> str:
-        """The graph, as a row names it: its first root and last leaf."""
+        """The graph, as a row names it: its first root and last leaf. Asking a graph its
+        roots and leaves lists them all (milliseconds for a wave of 10,000, the GIL held):
+        a run of a program whose label is known takes it (see :data:`_LABELS`)."""
         if self._label is None:
+            known = _LABELS.get(self._program) if self._program is not None else None
+            if known is not None:
+                self._label = known[1]
+                self._board_kept = None
+                return self._label
             label = "?"
             with contextlib.suppress(Exception):
                 roots, leaves = self.graph.roots(), self.graph.leaves()
                 if roots and leaves:
                     label = roots[0] if roots == leaves else f"{roots[0]} → {leaves[-1]}"
             self._label = f"{label} ({self.total} nodes)"
+            if self._program is not None and self._board_kept is not None:
+                _LABELS[self._program] = (self._board_kept, self._label)
+                while len(_LABELS) > LABELS_KEPT:
+                    del _LABELS[next(iter(_LABELS))]
+        self._board_kept = None
         return self._label
 
     def elapsed(self) -> float:

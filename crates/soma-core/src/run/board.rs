@@ -192,6 +192,11 @@ impl Board {
         }
     }
 
+    /// The program it is of.
+    pub fn program(&self) -> &Arc<Program> {
+        &self.program
+    }
+
     /// How many nodes it holds.
     pub fn len(&self) -> usize {
         self.records.len()
