@@ -435,6 +435,10 @@ class Board:
     def changed(self) -> bool:
         """Whether a node's record changed since the last read."""
     @property
+    def done(self) -> int:
+        """How many of the run's own nodes (not those inside its steps) are done: finished, or
+        answered by the cache."""
+    @property
     def program(self) -> int:
         """The program the run resolved, as a number: the same for every run of a graph not
         changed since, while a board of it is alive."""

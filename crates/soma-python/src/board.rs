@@ -50,6 +50,13 @@ impl PyBoard {
         Arc::as_ptr(self.board.program()) as usize
     }
 
+    /// How many of the run's own nodes (not those inside its steps) are done: finished, or
+    /// answered by the cache.
+    #[getter]
+    fn done(&self) -> usize {
+        self.board.done()
+    }
+
     /// Each node's id and device (`None` when unplaced), by index.
     fn nodes<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyTuple>>> {
         self.board

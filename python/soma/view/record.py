@@ -582,9 +582,14 @@ class RunRecord:
     def done(self) -> int:
         """Top-level nodes done (finished or cached): the "done of total" of the runs page. A
         run that returned ran each of its nodes, or had it from the cache: its log and its
-        board need not be read to tell."""
+        board need not be read to tell; a running run's board counts its own."""
         if self.status is RunStatus.FINISHED and (self.log or self.board is not None):
             return self.total
+        board = self.board
+        if board is not None and self.status is RunStatus.RUNNING:
+            # The runs page asks each running run at every tick: the board counts them, with
+            # no record made in Python.
+            return int(board.done)
         self.fold()
         return self._done
 

@@ -192,6 +192,18 @@ impl Board {
         }
     }
 
+    /// How many of the program's own nodes (not those inside its steps) are done: finished,
+    /// or answered by the cache. A count of loads, for a reader that needs no more.
+    pub fn done(&self) -> usize {
+        self.records[..self.program.len().min(self.records.len())]
+            .iter()
+            .filter(|record| {
+                let state = record.state.load(Ordering::Acquire) & 0xff;
+                state == NodeState::Finished as u32 || state == NodeState::Cached as u32
+            })
+            .count()
+    }
+
     /// The program it is of.
     pub fn program(&self) -> &Arc<Program> {
         &self.program

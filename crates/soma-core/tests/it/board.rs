@@ -213,3 +213,14 @@ fn a_running_node_is_on_the_board_before_it_returns() {
     running.join().unwrap().unwrap();
     assert_eq!(board.read()[0].state, NodeState::Finished);
 }
+
+#[test]
+fn a_boards_done_counts_the_programs_own_nodes_finished_or_cached() {
+    let program = program_of(
+        n("a") >> n("b") >> node_arc("f", Arc::new(plain(fail("no")))),
+        &Policies::default(),
+    );
+    let (out, board, _) = on_board(&program, Executor::new());
+    assert!(out.is_err());
+    assert_eq!(board.done(), 2);
+}
