@@ -128,6 +128,26 @@ def test_the_runs_list_shows_each_run_with_graph_status_and_nodes_done(view: Any
     assert page.index('data-run="2"') < page.index('data-run="1"')
 
 
+def test_a_running_runs_row_counts_the_nodes_done_so_far_and_names_its_graph(
+    view: Any,
+) -> None:
+    gated = Gate()
+    graph = gated_graph(gated)
+    worker = threading.Thread(target=graph.forward, args=(1,))
+    worker.start()
+    try:
+        assert gated.began.wait(DEADLINE)
+        [row] = json.loads(get(address(view, "/api/runs"))[1])
+        assert (row["status"], row["done"], row["total"]) == ("running", 1, 3)
+    finally:
+        gated.open.set()
+        worker.join(DEADLINE)
+    graph.forward(1)
+    rows = json.loads(get(address(view, "/api/runs"))[1])
+    # The second run of the same graph takes the first's label.
+    assert [row["graph"] for row in rows] == ["first → last (3 nodes)"] * 2
+
+
 def test_the_runs_list_filters_by_status(view: Any) -> None:
     with pytest.raises(ValueError, match="alert"):
         failing_graph().forward(1)
