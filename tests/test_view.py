@@ -128,6 +128,26 @@ def test_the_runs_list_shows_each_run_with_graph_status_and_nodes_done(view: Any
     assert page.index('data-run="2"') < page.index('data-run="1"')
 
 
+def test_a_running_runs_row_counts_the_nodes_done_so_far_and_names_its_graph(
+    view: Any,
+) -> None:
+    gated = Gate()
+    graph = gated_graph(gated)
+    worker = threading.Thread(target=graph.forward, args=(1,))
+    worker.start()
+    try:
+        assert gated.began.wait(DEADLINE)
+        [row] = json.loads(get(address(view, "/api/runs"))[1])
+        assert (row["status"], row["done"], row["total"]) == ("running", 1, 3)
+    finally:
+        gated.open.set()
+        worker.join(DEADLINE)
+    graph.forward(1)
+    rows = json.loads(get(address(view, "/api/runs"))[1])
+    # The second run of the same graph takes the first's label.
+    assert [row["graph"] for row in rows] == ["first → last (3 nodes)"] * 2
+
+
 def test_the_runs_list_filters_by_status(view: Any) -> None:
     with pytest.raises(ValueError, match="alert"):
         failing_graph().forward(1)
@@ -448,6 +468,56 @@ def test_a_run_past_its_timeout_shows_timed_out_and_the_node_it_left_running_too
     assert [(node["state"], node["error"]) for node in run["nodes"]] == [
         ("timed_out", "left running when its run timed out")
     ]
+
+
+class CountingRecorder(record.Recorder):
+    """A recorder that counts the node calls the engine tells it of."""
+
+    def __init__(self) -> None:
+        self.calls: list[str | None] = []
+        super().__init__()
+
+    def began(self, kind: int, node: str | None, *rest: Any) -> Any:
+        if kind == observe.CALL:
+            self.calls.append(node)
+        return super().began(kind, node, *rest)
+
+
+def test_a_watched_runs_nodes_tell_python_nothing_unless_they_fail() -> None:
+    recorder = CountingRecorder()
+    observe.set_watcher(recorder)
+    try:
+        with pytest.raises(ValueError, match="alert"):
+            failing_graph().forward(1)
+    finally:
+        observe.set_watcher(None)
+    # The engine kept both states on the run's board: only the failure crossed into Python,
+    # for its traceback.
+    assert recorder.calls == ["fails"]
+    [run] = recorder.runs()
+    states = {node["id"]: node["state"] for node in run.nodes_json()}
+    assert states == {EVIL_ID: "finished", "fails": "failed"}
+    failed = run.node_json("fails", detail=True)
+    assert failed is not None
+    assert "ValueError" in failed["traceback"]
+    assert failed["row"] == threading.current_thread().name
+
+
+def test_a_nodes_seconds_on_the_board_are_right_to_within_its_clocks_resolution() -> None:
+    resolution = 0.001
+    recorder = record.Recorder()
+    observe.set_watcher(recorder)
+    try:
+        naps = soma.node(lambda x: time.sleep(0.05) or x).named("naps")
+        began = time.perf_counter()
+        soma.Graph.somatize(naps).forward(1)
+        took = time.perf_counter() - began
+    finally:
+        observe.set_watcher(None)
+    [run] = recorder.runs()
+    shown = run.node_json("naps", detail=True)
+    assert shown is not None
+    assert 0.05 - resolution <= shown["seconds"] <= took + resolution
 
 
 def test_closing_a_view_stops_recording(view: Any) -> None:

@@ -11,6 +11,7 @@ __all__ = [
     "DEFAULT_TURN_LIMIT",
     "MAX_NESTED_FORWARDS",
     "Await",
+    "Board",
     "Ctx",
     "Done",
     "FlowCore",
@@ -148,9 +149,11 @@ def _thread_in_reserve() -> bool:
     """Whether a thread waits in the process's reserve, filled first if it was taken (for
     tests that count the process's threads; not API)."""
 
-def observe(target: Any | None) -> None:
+def observe(target: Any | None, boards: bool = False) -> None:
     """Installs ``target`` as the process's observer of runs (``soma._run.observe``); ``None``
-    removes it. Not API."""
+    removes it. With ``boards``, each run of ``forward`` and ``aforward`` keeps a
+    :class:`Board`, handed to ``target.begin`` after the run's own arguments, and the calls of
+    nodes that are not awaited are told ``target`` only when they fail. Not API."""
 
 def checked_timeout(seconds: object) -> float:
     """``seconds`` if it is a timeout every run accepts: a finite number of seconds, 0 or more;
@@ -432,6 +435,33 @@ class StopFlag:
     def set(self) -> None: ...
     @property
     def is_set(self) -> bool: ...
+
+@final
+class Board:
+    """A run's node states as the engine keeps them (``soma_core::Board``): read in bulk by the
+    view (``soma.view.record``). Not API."""
+
+    @property
+    def changed(self) -> bool:
+        """Whether a node's record changed since the last read."""
+    @property
+    def done(self) -> int:
+        """How many of the run's own nodes (not those inside its steps) are done: finished, or
+        answered by the cache."""
+    @property
+    def program(self) -> int:
+        """The program the run resolved, as a number: the same for every run of a graph not
+        changed since, while a board of it is alive."""
+    def nodes(self) -> list[tuple[str, str | None]]:
+        """Each node's id and device, by index."""
+    def read(self) -> list[tuple[int, str, int, int, float, float | None]]:
+        """The records changed since the last read: ``(index, state, attempt, thread, started,
+        ended)``, the thread as ``threading.get_ident`` names it (on x86-64 Linux), times in
+        seconds since the run was made, ``ended`` ``None`` while it runs."""
+    def wait(self, timeout: float) -> bool:
+        """Waits at most ``timeout`` seconds for a change since the last read; whether there
+        is one."""
+    def __len__(self) -> int: ...
 
 @final
 class Trace:

@@ -61,6 +61,7 @@ pub use observe::devices::{Drawing, GraphWithDevices};
 pub use plan::Plan;
 pub use run::aio::hooks::{Interrupt, Pause, Spawned, Tasks};
 pub use run::aio::{Flow, FlowSettings, ItemOutcome, Settled, Task};
+pub use run::board::{Board, Change, NodeState, RESOLUTION};
 pub use run::cache::{Entry, Found, MemoryCache, NodeCache, Unread};
 pub use run::crew::DEFAULT_IDLE_THREADS;
 pub use run::detach::STOP_GRACE;

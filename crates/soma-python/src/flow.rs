@@ -106,7 +106,9 @@ impl FlowCore {
                 .call0()?
         };
         let watch = Arc::new(SignalWatch::new(timeout, None));
-        let executor = executor_for(&program, graph, &watch, driver, turn_limit, trace, cache)?;
+        let executor = executor_for(
+            &program, false, graph, &watch, driver, turn_limit, trace, cache,
+        )?;
         let mut settings = FlowSettings::new(in_flight).with_on_error(if stop_on_error {
             OnError::Stop
         } else {

@@ -7,6 +7,7 @@
 
 mod aio;
 mod arrow_text;
+mod board;
 mod cache;
 mod code;
 mod context;
@@ -78,6 +79,7 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<trace::PyTrace>()?;
     module.add_class::<stream::StreamCore>()?;
     module.add_class::<trace::PySpan>()?;
+    module.add_class::<board::PyBoard>()?;
     module.add_class::<watch::StopFlag>()?;
     module.add_class::<aio::Stepper>()?;
     module.add_class::<flow::FlowCore>()?;

@@ -4,7 +4,10 @@
 //! (`soma_core::Observer`); this module only crosses the boundary.
 //!
 //! One observer for the process, read once per run when its executor is made: a run made while
-//! none is installed costs what it did, one `Option` per node in the engine.
+//! none is installed costs what it did, one `Option` per node in the engine. One installed to
+//! keep boards (the view alone, `boards=True`) gives each run of `forward` and `aforward` a
+//! board ([`soma_core::Board`], `board.rs`), handed to it with the run's beginning, and is told
+//! only the calls that fail, besides runs, steps' parts and async nodes' calls.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
@@ -13,7 +16,9 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyTuple;
 use pyo3::{intern, IntoPyObjectExt};
-use soma_core::{Begun, Ended, Observer, Opened, Part, RunError};
+use soma_core::{Begun, Board, Ended, Executor, Observer, Opened, Part, Program, RunError};
+
+use crate::board::PyBoard;
 
 use crate::errors::{python_cause, run_error};
 use crate::watch::SignalWatch;
@@ -27,7 +32,9 @@ static ANY: AtomicBool = AtomicBool::new(false);
 
 /// What the Python side is told for each work: `begin(kind, node, part, number, device,
 /// branch, awaited, function)` — `number` the attempt of a call, the node count of a run;
-/// `awaited` whether a call's node, or a run's program, is async; `function` what the work runs:
+/// `awaited` whether a call's node, or a run's program, is async; `part` for a call's attempt
+/// told only as it failed (a call a run's board keeps), when it began, in seconds since the
+/// board was made; `function` what the work runs:
 /// the qualified name of a call's, the graph (`GraphCore`) of a run's, so that a watcher can tie
 /// a run to its plan — whose return value comes back to
 /// `end(opened, outcome, error, retry_in)` exactly once, where the work ends (or, for a work
@@ -42,6 +49,11 @@ struct PythonObserver {
     /// for past its `timeout=` (the engine tells only that it was abandoned) from one stopped
     /// by Ctrl-C, so that the first ends timed out, with the `TimeoutError` its caller raises.
     watch: Option<Arc<SignalWatch>>,
+    /// Whether the runs it is installed for keep a board.
+    boards: bool,
+    /// The run's board, on the copy a run that keeps one takes: handed to `begin` after the
+    /// run's own arguments.
+    board: Option<Py<PyBoard>>,
 }
 
 /// Which work begins, as `begin` is told it.
@@ -64,15 +76,19 @@ mod outcome {
 }
 
 /// Installs `target` as the process's observer (`None` removes it): runs started from now on
-/// tell it their works; runs already started keep the one they had.
+/// tell it their works; runs already started keep the one they had. With `boards`, each run of
+/// `forward` and `aforward` keeps a board, handed to `target.begin` with the run's beginning,
+/// and the calls of its nodes that are not awaited are told only when they fail.
 #[pyfunction]
-#[pyo3(signature = (target))]
-pub fn observe(target: Option<Py<PyAny>>) {
+#[pyo3(signature = (target, boards=false))]
+pub fn observe(target: Option<Py<PyAny>>, boards: bool) {
     let observer = target.map(|target| {
         Arc::new(PythonObserver {
             target,
             graph: None,
             watch: None,
+            boards,
+            board: None,
         })
     });
     let mut installed = INSTALLED.write().unwrap_or_else(PoisonError::into_inner);
@@ -99,35 +115,53 @@ pub(crate) fn watched(py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
     Ok((!current.is_none()).then(|| current.unbind()))
 }
 
-/// The observer a run of `graph` made now, watched by `watch`, is to tell, if one is
-/// installed: the installed one's target, told `graph` with the run's beginning.
-pub(crate) fn installed_for(
+/// `executor` with the observer a run of `graph` made now, watched by `watch`, is to tell, if
+/// one is installed: the installed one's target, told `graph` with the run's beginning; and,
+/// for one run of `program` (`board`) when the observer keeps boards, with the run's board.
+pub(crate) fn observed(
+    executor: Executor,
     graph: &Bound<'_, PyAny>,
     watch: &Arc<SignalWatch>,
-) -> Option<Arc<dyn Observer>> {
+    board: Option<&Arc<Program>>,
+) -> PyResult<Executor> {
     if !ANY.load(Ordering::Acquire) {
-        return None;
+        return Ok(executor);
     }
+    let py = graph.py();
     let installed = INSTALLED.read().unwrap_or_else(PoisonError::into_inner);
-    installed.as_ref().map(|observer| {
-        Arc::new(PythonObserver {
-            target: observer.target.clone_ref(graph.py()),
-            graph: Some(graph.clone().unbind()),
-            watch: Some(Arc::clone(watch)),
-        }) as Arc<dyn Observer>
-    })
+    let Some(observer) = installed.as_ref() else {
+        return Ok(executor);
+    };
+    let board = match board {
+        Some(program) if observer.boards => Some(Arc::new(Board::new(program))),
+        Some(_) | None => None,
+    };
+    let mut executor = executor;
+    let mut kept = None;
+    if let Some(board) = board {
+        executor = executor.with_board(Arc::clone(&board));
+        kept = Some(Py::new(py, PyBoard { board })?);
+    }
+    Ok(executor.with_observer(Arc::new(PythonObserver {
+        target: observer.target.clone_ref(py),
+        graph: Some(graph.clone().unbind()),
+        watch: Some(Arc::clone(watch)),
+        boards: observer.boards,
+        board: kept,
+    })))
 }
 
 impl Observer for PythonObserver {
     fn begin(&self, begun: &Begun<'_>) -> Opened {
         crate::exit::attach(|py| {
-            let arguments = match begun_arguments(py, begun, self.graph.as_ref()) {
-                Ok(arguments) => arguments,
-                Err(error) => {
-                    error.write_unraisable(py, Some(self.target.bind(py)));
-                    return None;
-                }
-            };
+            let arguments =
+                match begun_arguments(py, begun, self.graph.as_ref(), self.board.as_ref()) {
+                    Ok(arguments) => arguments,
+                    Err(error) => {
+                        error.write_unraisable(py, Some(self.target.bind(py)));
+                        return None;
+                    }
+                };
             match crate::exit::call_method(self.target.bind(py), intern!(py, "begin"), arguments) {
                 Ok(opened) if opened.is_none() => None,
                 Ok(opened) => Some(Box::new(Unended {
@@ -182,6 +216,15 @@ impl Observer for PythonObserver {
     }
 }
 
+impl Drop for PythonObserver {
+    /// A run's copy goes with its executor, once the run is over: its board's clock may stop.
+    fn drop(&mut self) {
+        if let Some(board) = &self.board {
+            board.get().board.finished();
+        }
+    }
+}
+
 impl PythonObserver {
     /// Whether `error` is of a work its run's caller stopped waiting for because the run's
     /// `timeout=` passed.
@@ -226,6 +269,7 @@ fn begun_arguments<'py>(
     py: Python<'py>,
     begun: &Begun<'_>,
     graph: Option<&Py<PyAny>>,
+    board: Option<&Py<PyBoard>>,
 ) -> PyResult<Bound<'py, PyTuple>> {
     let nothing = || py.None().into_bound(py);
     let mut function = nothing();
@@ -237,12 +281,14 @@ fn begun_arguments<'py>(
             branch,
             awaited,
             ref described,
+            began,
         } => {
             function = described.as_deref().into_bound_py_any(py)?;
             (
                 kind::CALL,
                 node.as_str().into_bound_py_any(py)?,
-                nothing(),
+                // An attempt told only as it failed: when it began (see `begin`'s arguments).
+                began.into_bound_py_any(py)?,
                 attempt,
                 device,
                 branch,
@@ -294,19 +340,21 @@ fn begun_arguments<'py>(
         Some(device) => device.to_string().into_bound_py_any(py)?,
         None => nothing(),
     };
-    PyTuple::new(
-        py,
-        [
-            kind.into_bound_py_any(py)?,
-            node,
-            part,
-            attempt.into_bound_py_any(py)?,
-            device,
-            PyTuple::new(py, branch)?.into_any(),
-            awaited.into_bound_py_any(py)?,
-            function,
-        ],
-    )
+    let mut arguments = vec![
+        kind.into_bound_py_any(py)?,
+        node,
+        part,
+        attempt.into_bound_py_any(py)?,
+        device,
+        PyTuple::new(py, branch)?.into_any(),
+        awaited.into_bound_py_any(py)?,
+        function,
+    ];
+    // A run that keeps a board hands it over with its beginning.
+    if let (Begun::Run { .. }, Some(board)) = (begun, board) {
+        arguments.push(board.bind(py).clone().into_any());
+    }
+    PyTuple::new(py, arguments)
 }
 
 /// The Python exception a work failed with: the node's own, as it raised it (no note added:

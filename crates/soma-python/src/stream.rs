@@ -93,7 +93,9 @@ impl StreamCore {
         let program = graph.get().program(py)?;
         let iterator = inputs.try_iter()?.unbind();
         let watch = Arc::new(SignalWatch::new(timeout, None));
-        let executor = executor_for(&program, graph, &watch, driver, turn_limit, trace, cache)?;
+        let executor = executor_for(
+            &program, false, graph, &watch, driver, turn_limit, trace, cache,
+        )?;
         let mut settings = StreamSettings::default()
             .with_in_flight(in_flight)
             .with_on_error(if stop_on_error {

@@ -9,8 +9,9 @@ The rules — what is told, when, on which thread, in which order — are the en
 only what only Python can do: make a span current in a context, put an event where a reader
 waits. The dispatch is installed in the engine (``_soma.observe``) only while something
 listens, so a process that uses neither pays nothing; while the view alone listens, the engine
-calls the view's recorder itself (``set_watcher``), which does the least it can on each node's
-way.
+calls the view's recorder itself (``set_watcher``), and each run keeps a board of its nodes'
+states (``_soma.Board``) that the recorder reads in bulk, so that a node's call makes no call
+into Python for the view unless it fails.
 
 Which event stream a work belongs to is read from a context variable the stream's run is
 started in: every branch, item and async task of a run runs in a copy of its caller's context,
@@ -72,8 +73,9 @@ def pausing(error: BaseException | None) -> Pausing | None:
 
 # A work as the engine tells it: what begins (`kind`), the node (or the step, for a part; `None`
 # for a run), the part (an item's index, a case's key, an iteration; a streamed item's index for
-# a run), a number (the attempt of a call, the node count of a run), the device, the branch
-# (the index in each wave), whether it is async, and what the work runs: a call's
+# a run; for a call told only as it failed, which a run's board keeps, when it began), a number
+# (the attempt of a call, the node count of a run), the device, the branch (the index in each
+# wave), whether it is async, and what the work runs: a call's
 # `module.Class.forward`, a run's graph (`_soma.GraphCore`, whose plan a watcher draws).
 Work = tuple[int, str | None, Any, int, str | None, tuple[int, ...], bool, Any]
 
@@ -234,8 +236,12 @@ def _reinstall() -> None:
     then pays no dispatch on each node's way)."""
     if dispatch.telemetry is not None or dispatch.streams:
         _soma.observe(dispatch)
+    elif dispatch.watcher_alone is not None:
+        # The view alone: each run keeps a board its recorder reads, and is told the recorder
+        # only what a board does not hold.
+        _soma.observe(dispatch.watcher_alone, boards=True)
     elif dispatch.watcher is not None:
-        _soma.observe(dispatch.watcher_alone or dispatch)
+        _soma.observe(dispatch)
     else:
         _soma.observe(None)
 

@@ -12,10 +12,16 @@ What the observer does not tell, the records do not have: a node's output never 
 observer, so a node's record holds no output (its type and size are not known here); what a
 node emits (``ctx.emit``) is kept as its type, its size and a short repr, never the value.
 
-A run pays as little as can be: each work it tells appends one entry to its run's log, and
-the nodes' records are made from the log (folded) by whoever reads the run — the server, a
-report — on the reader's thread, once for many works; nothing is folded for a run nobody reads
-until its log passes :data:`LOG_FOLDED` entries.
+A run pays as little as can be. A run of ``forward`` or ``aforward`` keeps its nodes' states
+on a board the engine writes (``_soma.Board``): its nodes' calls tell Python nothing, unless
+they fail (for the error's traceback, which only Python has) or are awaited (for the async
+task's name); the board is read in bulk, the records changed since the last read, by whoever
+reads the run. Every other work (a streamed item's run and its calls, a step's part) appends
+one entry to its run's log, and the nodes' records are made from the log (folded) by whoever
+reads the run — the server, a report — on the reader's thread, once for many works; nothing is
+folded for a run nobody reads until its log passes :data:`LOG_FOLDED` entries. A board's times
+are marks of a coarse clock (``soma_core::RESOLUTION``, a millisecond): a node's seconds are
+right to within it.
 
 Memory stays bounded whatever a run does: each run keeps its last :data:`SPANS_KEPT` spans, its
 last :data:`EMITS_KEPT` emitted values, a change log of :data:`CHANGES_KEPT` entries and a log
@@ -274,6 +280,15 @@ def _shown(row: tuple[Any, ...], detail: bool) -> dict[str, Any]:
     _ERROR,
     _RETRY,
 ) = range(12)
+# The labels of the programs last labelled, by program (`RunRecord.label`), each with a board of
+# the program, which keeps it alive; at most LABELS_KEPT.
+LABELS_KEPT: Final = 8
+_LABELS: dict[int, tuple[Any, str]] = {}
+# A board's state names, as the view's states.
+_BOARD_STATES: Final = {state.value: state for state in NodeState}
+# The states of a call that failed, which a failure told through the log may refine (a
+# question paused it; its run's deadline passed).
+_FAILURES: Final = frozenset({NodeState.FAILED, NodeState.TIMED_OUT, NodeState.RETRYING})
 # How far an entry is folded (`_STAGE`): not yet, its beginning, all of it.
 _NEW, _BEGUN, _FOLDED = range(3)
 # What a run's log holds last: the run ended; what comes after it (the end of a call the run
@@ -297,6 +312,7 @@ class RunRecord:
         asynchronous: bool,
         parent: str | None,
         hidden: frozenset[str] = frozenset(),
+        board: Any = None,
     ) -> None:
         self.id = run_id
         # The run's graph (`_soma.GraphCore`), whose plan the page draws; `None` if not told.
@@ -337,12 +353,25 @@ class RunRecord:
         self._thread_names: dict[int, str] = {}
         # The id of the run in its journal, for a run with one (`forward(run=, journal=)`).
         self.journal_run: str | None = None
+        # The run's board (`_soma.Board`), until its last read once the run ended; whether it
+        # had one; its nodes' ids and devices by index, read once.
+        self.board = board
+        self.boarded = board is not None
+        # The program the run resolved, by number, and its board, held while its label is
+        # known by that number (`label`): the program lives as long, so the number stays its.
+        self._program: int | None = None if board is None else board.program
+        self._board_kept = board
+        self._board_nodes: list[tuple[str, str | None]] | None = None
+        # The failures the log told of nodes the board keeps, by node: the attempt, and the
+        # state the failure's error makes it (a question pauses it).
+        self._told: dict[str, tuple[int, NodeState]] = {}
 
     # Folding the log into the nodes' records.
 
     def fold(self) -> None:
-        """Makes each node's record say what the log has told so far."""
-        if not self.log:
+        """Makes each node's record say what the board and the log have told so far."""
+        board = self.board
+        if not self.log and (board is None or not board.changed):
             return
         with self.lock:
             log = self.log
@@ -354,10 +383,69 @@ class RunRecord:
                     self._ended()
                 elif entry[_STAGE] != _FOLDED:
                     self._fold(entry)
+            # After the log: a failure it told of an attempt the board holds is known by then
+            # (the engine writes the board first), and its span comes before the attempt after.
+            if self.board is not None:
+                self._read_board(self.board)
+
+    def _read_board(self, board: Any) -> None:
+        """Makes each node's record say what the board holds, for the records changed since
+        its last read."""
+        changes = board.read()
+        if not changes:
+            return
+        nodes = self._board_nodes
+        if nodes is None:
+            nodes = self._board_nodes = board.nodes()
+        hidden, told = self.hidden, self._told
+        for index, name, attempt, thread, started, ended in changes:
+            node_id, device = nodes[index]
+            if hidden and node_id in hidden:
+                continue
+            node = self.node(node_id)
+            state = _BOARD_STATES[name]
+            failed = state in _FAILURES
+            if failed:
+                failure = told.get(node_id)
+                if failure is not None and failure[0] == attempt:
+                    state = failure[1]
+            self._become(node, state)
+            node.attempts, node.device = attempt + 1, device
+            node.row = self._row_name(thread)
+            node.started = started
+            if ended is None:
+                self.changes.append(node_id)
+                continue
+            node.ended, node.seconds = ended, ended - started
+            if failed or state is NodeState.CACHED:
+                # A failure's span is told with its error, through the log.
+                self.changes.append(node_id)
+            else:
+                self.spans.append((node_id, started, ended, node.row, _TEXT[state], attempt))
+
+    def _board_failure(self, node: NodeRecord, entry: list[Any]) -> None:
+        """A failure of a call the board keeps, told through the log for what only it has:
+        the error, and the state the error makes it (paused by a question, say)."""
+        entry[_STAGE], entry[_RUN_OF] = _FOLDED, None
+        error, attempt = entry[_ERROR], entry[_NUMBER]
+        if error is None:
+            return
+        node.error, node.traceback = error[0], error[1]
+        state = self._failure_state(entry[_OUTCOME], error, entry[_RETRY])
+        self._told[node.id] = (attempt, state)
+        if node.attempts == attempt + 1 and node.state in _FAILURES:
+            self._become(node, state)
+        # Each failed attempt's span is told here, the board keeping only the last attempt.
+        started, ended = entry[_STARTED] - self.clock, entry[_ENDED] - self.clock
+        row = node.row or self._row_name(entry[_ROW])
+        self.spans.append((node.id, started, ended, row, _TEXT[state], attempt))
 
     def _fold(self, entry: list[Any]) -> None:
         kind, ended = entry[_KIND], entry[_ENDED]
         node = self.node(entry[_NODE])
+        if kind == _observe.CALL and self.boarded and entry[_ROW].__class__ is int:
+            self._board_failure(node, entry)
+            return
         if kind == _observe.CALL:
             if entry[_STAGE] == _NEW:
                 if node.state in _DONE:  # run again: a loop's next iteration
@@ -405,20 +493,26 @@ class RunRecord:
         if outcome == _observe.RETURNED:
             self._become(node, NodeState.FINISHED)
         elif outcome in (_observe.FAILED, _observe.TIMED_OUT):
-            if entry[_RETRY] is not None:
-                self._become(node, NodeState.RETRYING)
-            elif error is not None and error[3]:
-                self._become(node, NodeState.PAUSED)
-            elif outcome == _observe.TIMED_OUT or (error is not None and error[2]):
-                self._become(node, NodeState.TIMED_OUT)
-            else:
-                self._become(node, NodeState.FAILED)
+            self._become(node, self._failure_state(outcome, error, entry[_RETRY]))
             if error is not None:
                 node.error, node.traceback = error[0], error[1]
         else:
             self._become(node, NodeState.STOPPED)
         # The span tells the node's change too: a reader takes changed nodes from both logs.
         self.spans.append((node.id, started, ended, node.row, _TEXT[node.state], node.attempts - 1))
+
+    @staticmethod
+    def _failure_state(
+        outcome: int, error: tuple[str, str, bool, bool] | None, retry: float | None
+    ) -> NodeState:
+        """The state a call that failed as ``outcome`` with ``error`` leaves its node in."""
+        if retry is not None:
+            return NodeState.RETRYING
+        if error is not None and error[3]:
+            return NodeState.PAUSED
+        if outcome == _observe.TIMED_OUT or (error is not None and error[2]):
+            return NodeState.TIMED_OUT
+        return NodeState.FAILED
 
     def _part_ended(self, node: NodeRecord, entry: list[Any]) -> None:
         outcome, error = entry[_OUTCOME], entry[_ERROR]
@@ -442,6 +536,11 @@ class RunRecord:
         """The run has ended: a node still running was left to finish unwatched (past the
         run's deadline, or after a sibling failed), so it shows as timed out with its run, or
         stopped; then each node's state is kept as plain data."""
+        board = self.board
+        if board is not None:
+            # Its last read: every change the run made is on it now.
+            self._read_board(board)
+            self.board = None
         left = NodeState.TIMED_OUT if self.status is RunStatus.TIMED_OUT else NodeState.STOPPED
         for node in list(self.nodes.values()):
             if node.state is NodeState.RUNNING:
@@ -482,10 +581,15 @@ class RunRecord:
     @property
     def done(self) -> int:
         """Top-level nodes done (finished or cached): the "done of total" of the runs page. A
-        run that returned ran each of its nodes, or had it from the cache: its log need not be
-        folded to tell."""
-        if self.log and self.status is RunStatus.FINISHED:
+        run that returned ran each of its nodes, or had it from the cache: its log and its
+        board need not be read to tell; a running run's board counts its own."""
+        if self.status is RunStatus.FINISHED and (self.log or self.board is not None):
             return self.total
+        board = self.board
+        if board is not None and self.status is RunStatus.RUNNING:
+            # The runs page asks each running run at every tick: the board counts them, with
+            # no record made in Python.
+            return int(board.done)
         self.fold()
         return self._done
 
@@ -526,14 +630,26 @@ class RunRecord:
 
     @property
     def label(self) -> str:
-        """The graph, as a row names it: its first root and last leaf."""
+        """The graph, as a row names it: its first root and last leaf. Asking a graph its
+        roots and leaves lists them all (milliseconds for a wave of 10,000, the GIL held):
+        a run of a program whose label is known takes it (see :data:`_LABELS`)."""
         if self._label is None:
+            known = _LABELS.get(self._program) if self._program is not None else None
+            if known is not None:
+                self._label = known[1]
+                self._board_kept = None
+                return self._label
             label = "?"
             with contextlib.suppress(Exception):
                 roots, leaves = self.graph.roots(), self.graph.leaves()
                 if roots and leaves:
                     label = roots[0] if roots == leaves else f"{roots[0]} → {leaves[-1]}"
             self._label = f"{label} ({self.total} nodes)"
+            if self._program is not None and self._board_kept is not None:
+                _LABELS[self._program] = (self._board_kept, self._label)
+                while len(_LABELS) > LABELS_KEPT:
+                    del _LABELS[next(iter(_LABELS))]
+        self._board_kept = None
         return self._label
 
     def elapsed(self) -> float:
@@ -685,8 +801,10 @@ class Recorder:
         branch: tuple[int, ...],
         awaited: bool,
         function: Any,
+        board: Any = None,
     ) -> Any:
-        """A work begins (see :data:`soma._run.observe.Work`): one entry in its run's log."""
+        """A work begins (see :data:`soma._run.observe.Work`): one entry in its run's log; a
+        run that keeps a board hands it over with its beginning."""
         if kind == _CALL:
             run = _current_run.get()
             if run is None or (run.hidden and node in run.hidden):
@@ -700,7 +818,8 @@ class Recorder:
                 number,
                 device,
                 _task_row() if awaited else get_ident(),
-                perf_counter(),
+                # A call the run's board keeps is told only as it failed, with when it began.
+                perf_counter() if part is None else run.clock + part,
                 None,
                 None,
                 None,
@@ -711,7 +830,7 @@ class Recorder:
                 run.fold()
             return entry
         if kind == _RUN:
-            return self._run_began(part, number, awaited, function)
+            return self._run_began(part, number, awaited, function, board)
         run = _current_run.get()
         if run is None or node is None:
             return None
@@ -741,7 +860,9 @@ class Recorder:
             return
         self._run_ended(opened, outcome, error)
 
-    def _run_began(self, item: Any, nodes: int, asynchronous: bool, graph: Any) -> Any:
+    def _run_began(
+        self, item: Any, nodes: int, asynchronous: bool, graph: Any, board: Any = None
+    ) -> Any:
         parent = _current_run.get()
         begun = RunRecord(
             str(next(self._ids)),
@@ -751,6 +872,7 @@ class Recorder:
             asynchronous,
             None if parent is None else parent.id,
             _observe.hidden.get(),
+            board,
         )
         journaled = _journal_run.get()
         if journaled is not None:
@@ -789,7 +911,9 @@ class Recorder:
         run.log.append(_RUN_ENDED)
         with self._lock:
             # What the run keeps until read: its log, or its nodes once folded.
-            run.weight = max(len(run.log), run.kept_nodes())
+            run.weight = max(
+                len(run.log), run.kept_nodes(), 0 if run.board is None else len(run.board)
+            )
             self._finished.append(run)
             self._finished_weight += run.weight
             while len(self._finished) > 1 and (

@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::attempt::{next_attempt, stopped_pausing, Next};
+use super::board::{Board, NodeState, Record};
 use super::branch::{Halt, Standing};
 use super::cache::{Entry, Found};
 use super::crew::Crew;
@@ -264,7 +265,9 @@ impl<'c> NodeCall<'c> {
                 part_of: None,
             });
         }
-        if let Some(observer) = self.executor.observer.as_deref() {
+        if let Some(board) = self.executor.board.as_deref() {
+            board.cached(self.site.program, self.step.slot());
+        } else if let Some(observer) = self.executor.observer.as_deref() {
             let opened = observer.begin(&Begun::Cached {
                 node: self.id,
                 device: self.step.device,
@@ -277,6 +280,24 @@ impl<'c> NodeCall<'c> {
     /// Tells the observer, when there is one, that attempt `attempt` of the call begins: what
     /// it opened, for [`Executor::end_work`].
     pub(super) fn begin(&self, attempt: u32) -> Option<Opened> {
+        if let Some(board) = self.board() {
+            board.began(self.site.program, self.step.slot(), attempt);
+            return None;
+        }
+        self.tell_begun(attempt, None)
+    }
+
+    /// The board the call's states go to: the run's, for a node that is not awaited (an async
+    /// node's call is told the observer, which names the task it runs in).
+    #[inline]
+    fn board(&self) -> Option<&'c Board> {
+        let board = self.executor.board.as_deref()?;
+        (!self.step.is_async()).then_some(board)
+    }
+
+    /// Tells the observer, when there is one, that attempt `attempt` of the call begins, or,
+    /// told only as it failed, began `began` seconds after its run's board was made.
+    fn tell_begun(&self, attempt: u32, began: Option<f64>) -> Option<Opened> {
         let observer = self.executor.observer.as_deref()?;
         Some(observer.begin(&Begun::Call {
             node: self.id,
@@ -285,7 +306,52 @@ impl<'c> NodeCall<'c> {
             branch: &self.site.branch.path(),
             awaited: self.step.is_async(),
             described: self.step.node.described(),
+            began,
         }))
+    }
+
+    /// Ends the attempt [`NodeCall::begin`] began (`opened`, what it returned) as `ended`: on
+    /// the run's board when it has one, where a failure is told the observer too, begun and
+    /// ended at once, for what only the observer has of it (its traceback).
+    pub(super) fn end(&self, opened: Option<Opened>, ended: &Ended<'_>) {
+        let Some(board) = self.board() else {
+            return self.executor.end_work(opened, ended);
+        };
+        let (attempt, began) = board.ended(self.site.program, self.step.slot(), ended);
+        if let Ended::Failed { .. } = ended {
+            self.tell_failed(attempt, began, ended);
+        }
+    }
+
+    /// Tells the observer of a failed attempt the board keeps, begun `began` seconds after
+    /// the board was made: begun and ended at once, for what only the observer has of it.
+    #[cold]
+    #[inline(never)]
+    fn tell_failed(&self, attempt: u32, began: f64, ended: &Ended<'_>) {
+        let opened = self.tell_begun(attempt, Some(began));
+        self.executor.end_work(opened, ended);
+    }
+
+    /// Begins the first attempt of a call `board` keeps: the board and the call's record.
+    #[inline(never)]
+    fn begin_on_board<'b>(&self, board: &'b Board) -> Option<(&'b Board, &'b Record)> {
+        let record = board.record(self.site.program, self.step.slot())?;
+        board.begin(record, 0);
+        Some((board, record))
+    }
+
+    /// Ends the attempt of a call its run's board keeps (`on`, the board and the call's
+    /// record), which `outcome` ended: the observer is told of it only if it failed.
+    #[inline(never)]
+    fn end_on_board(on: (&Board, &Record), outcome: &Result<Value, RunError>, call: &Self) {
+        let (board, record) = on;
+        let Err(error) = outcome else {
+            board.end(record, NodeState::Finished);
+            return;
+        };
+        let ended = Ended::failed_with(Some(error));
+        let (attempt, began) = board.end(record, NodeState::after(&ended));
+        call.tell_failed(attempt, began, &ended);
     }
 
     /// Records the span of one attempt of the call, from `start` to now, on this thread, in
@@ -320,17 +386,30 @@ impl<'c> NodeCall<'c> {
     #[inline(always)]
     pub(super) fn call(&self, input: &Value) -> Result<Value, RunError> {
         let executor = self.executor;
-        if self.step.has_policy() || executor.trace.is_some() || executor.observer.is_some() {
+        if self.step.has_policy()
+            || executor.trace.is_some()
+            || (executor.observer.is_some() && executor.board.is_none())
+        {
             return self.observed(input);
         }
-        execute(
+        // A run that keeps a board writes the call's record around it: two small calls on
+        // the plain call's way, which a run without one passes with a test each.
+        let on_board = match executor.board.as_deref() {
+            Some(board) => self.begin_on_board(board),
+            None => None,
+        };
+        let outcome = execute(
             executor,
             &*self.step.node,
             self.step.device,
             self.id,
             input,
             &mut 0,
-        )
+        );
+        if let Some(on) = on_board {
+            Self::end_on_board(on, &outcome, self);
+        }
+        outcome
     }
 
     /// The call of a node with a policy, or in a run traced or observed.
@@ -362,7 +441,7 @@ impl<'c> NodeCall<'c> {
                 &mut 0,
             ),
         };
-        self.executor.end_work(opened, &Ended::of(&outcome));
+        self.end(opened, &Ended::of(&outcome));
         outcome
     }
 
@@ -390,7 +469,7 @@ impl<'c> NodeCall<'c> {
             let opened = self.begin(attempt);
             let outcome = self.attempt(policy.time_limit, input);
             let next = next_attempt(policy, attempt, outcome);
-            executor.end_work(opened, &next.ended());
+            self.end(opened, &next.ended());
             let (pause, error) = match next {
                 Next::Done(outcome) => return outcome,
                 Next::Pause(pause, error) => (pause, error),

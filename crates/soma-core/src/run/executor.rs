@@ -7,6 +7,7 @@
 //! `run_detachable`; `run/aio`: `start`) and call a node through `run/call.rs`: this module
 //! names neither walk.
 
+use super::board::Board;
 use super::branch::Halt;
 use super::cache::NodeCache;
 use super::error::RunError;
@@ -31,6 +32,7 @@ pub struct Executor {
     pub(super) host: Option<Arc<dyn Host>>,
     pub(super) trace: Option<Arc<Trace>>,
     pub(super) observer: Option<Arc<dyn Observer>>,
+    pub(super) board: Option<Arc<Board>>,
     pub(super) reading: Option<Arc<dyn Reading>>,
     pub(super) turn_limit: u32,
 }
@@ -68,6 +70,7 @@ impl Executor {
             host: None,
             trace: None,
             observer: None,
+            board: None,
             reading: None,
             turn_limit: DEFAULT_TURN_LIMIT,
         }
@@ -116,6 +119,16 @@ impl Executor {
     #[must_use]
     pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Self {
         self.observer = Some(observer);
+        self
+    }
+
+    /// Keeps each node's state on `board` as its calls begin and end ([`Board`]), instead of
+    /// telling the observer each call: the observer is told only the calls that fail (for
+    /// what only it has of a failure), and still every run, step's part and async node's call.
+    /// The board is a run's: an executor with one makes one run.
+    #[must_use]
+    pub fn with_board(mut self, board: Arc<Board>) -> Self {
+        self.board = Some(board);
         self
     }
 

@@ -13,13 +13,14 @@
 //! Two walks stand on one floor. The floor: the hooks a run holds (`executor`), the branch
 //! chain and why a walk stopped (`branch`), one node's call (`call`, with the policy's side in
 //! `attempt`), a step that decides (`decision`), how a fan-out settles (`settle`), beside the
-//! run's vocabulary (`program`, `table`, `cache`, `keys`, `trace`, `observer`, `crew`, …). The
+//! run's vocabulary (`program`, `table`, `cache`, `keys`, `trace`, `observer`, `board`, `crew`, …). The
 //! walks: `sync`, on threads, and `aio`, as futures, which lends its sync pieces to the sync
 //! walk through its one entry (`Executor::walk_from`). Neither walk calls the other's private
 //! methods, and no module of the floor names a walk.
 
 pub(crate) mod aio;
 mod attempt;
+pub(crate) mod board;
 mod branch;
 pub(crate) mod cache;
 mod call;

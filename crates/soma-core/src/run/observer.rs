@@ -53,6 +53,9 @@ pub enum Begun<'a> {
         awaited: bool,
         /// What its node runs, as the node describes it ([`crate::Node::described`]).
         described: Option<String>,
+        /// For an attempt told only once it failed (a call its run's [`crate::Board`] keeps),
+        /// when it began, in seconds since the board was made; `None` for one told as it begins.
+        began: Option<f64>,
     },
     /// `node`'s output was found in the run's cache: it is not called. Ends at once.
     Cached {

@@ -22,6 +22,7 @@
 //! | `isolation` | a branch's thread is its own; a million-node chain needs no deep stack |
 //! | `depth` | a graph nested 100,000 levels deep compiles, draws, clones and drops on a small stack |
 //! | `invariants` | every plan, over a battery and random DAGs; the expression oracle |
+//! | `board` | a run's board: each node's last state and attempt, each change read once, the reader woken once per batch, failures alone told the observer, a step's inner nodes |
 //! | `observing` | the observer told each work as it begins and ends, on its thread, once: runs, calls, attempts, cache hits, parts, streamed items |
 //! | `tracing` | spans per node, their thread and branch, the Chrome trace, summary, timeline |
 //! | `streams` | items through a program, stages overlapped, order, bounds, errors, early close |
@@ -32,6 +33,7 @@
 use soma_core::Graph;
 
 mod aio;
+mod board;
 mod cache;
 mod context;
 mod crew;

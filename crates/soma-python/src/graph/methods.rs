@@ -594,7 +594,9 @@ impl GraphCore {
         let timeout = timeout.map(time_limit).transpose()?;
         let program = this.program(py)?;
         let watch = Arc::new(SignalWatch::new(timeout, stop.map(Bound::get)));
-        let executor = executor_for(&program, slf, &watch, driver, turn_limit, trace, cache)?;
+        let executor = executor_for(
+            &program, true, slf, &watch, driver, turn_limit, trace, cache,
+        )?;
         let input = wrap(input);
         if program.is_async() {
             return forward_on_loop(py, &program, &executor, input, &watch, timeout);
@@ -650,7 +652,9 @@ impl GraphCore {
         };
         let program = this.program(py)?;
         let watch = Arc::new(SignalWatch::new(timeout, None));
-        let executor = executor_for(&program, slf, &watch, driver, turn_limit, trace, cache)?;
+        let executor = executor_for(
+            &program, true, slf, &watch, driver, turn_limit, trace, cache,
+        )?;
         let tasks = aio::LoopTasks::new(event_loop.unbind());
         let (task, settled) = executor.start(
             &program,

@@ -171,9 +171,12 @@ fn stopped_by_cancel(py: Python<'_>, error: &RunError) -> bool {
 /// The executor of a forward or a stream of `program` (of `graph`): `forward`'s own arguments,
 /// its cache among them (one run's, or each item's, keyed on its own input), the run's watch,
 /// the interpreter as host at this thread's nesting depth, and the reading of Python values when
-/// the program has steps that decide.
+/// the program has steps that decide; for one run (`one_run`: `forward`'s, `aforward`'s), a
+/// board of its nodes' states when the observer installed keeps boards.
+#[allow(clippy::too_many_arguments)] // `forward`'s own keywords, each passed through.
 pub(crate) fn executor_for(
-    program: &Program,
+    program: &Arc<Program>,
+    one_run: bool,
     graph: &Bound<'_, GraphCore>,
     watch: &Arc<SignalWatch>,
     driver: Option<&Bound<'_, PyAny>>,
@@ -195,9 +198,8 @@ pub(crate) fn executor_for(
     if let Some(trace) = trace {
         executor = executor.with_trace(Arc::clone(&trace.get().trace));
     }
-    if let Some(observer) = crate::observer::installed_for(graph.as_any(), watch) {
-        executor = executor.with_observer(observer);
-    }
+    executor =
+        crate::observer::observed(executor, graph.as_any(), watch, one_run.then_some(program))?;
     if let Some(cache) = cache {
         executor = executor.with_cache(Arc::new(GraphCore::run_cache(graph, cache)?));
     }

@@ -405,7 +405,7 @@ async fn called(
     }
     let opened = call.begin(0);
     let outcome = attempt(place, None, call, step, input).await;
-    place.executor().end_work(opened, &Ended::of(&outcome));
+    call.end(opened, &Ended::of(&outcome));
     outcome
 }
 
@@ -483,7 +483,7 @@ async fn with_policy(
         let opened = call.begin(tried);
         let outcome = attempt(place, policy.time_limit, call, step, input).await;
         let next = next_attempt(policy, tried, outcome);
-        executor.end_work(opened, &next.ended());
+        call.end(opened, &next.ended());
         let (pause, error) = match next {
             Next::Done(outcome) => return outcome,
             Next::Pause(pause, error) => (pause, error),

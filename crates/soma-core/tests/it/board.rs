@@ -1,0 +1,226 @@
+//! A run's board: each node's state kept by the engine as its calls begin and end — finished,
+//! failed, retried, cached, a step's inner nodes — read in bulk, each change once, the reader
+//! woken once per batch, and the observer told of a call only when it fails.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use soma_core::{
+    compile, compile_decided, each, node, node_arc, Begun, Board, Ended, Executor, Expr, Key,
+    MemoryCache, NodeError, NodeState, Observer, Opened, Placement, Policies, Program, Retry,
+    Value,
+};
+
+use crate::support::{fail, meet, n, plain, Rendezvous};
+
+/// The works an observer was told, as `kind node` lines.
+#[derive(Default)]
+struct Told(Mutex<Vec<String>>);
+
+impl Observer for Told {
+    fn begin(&self, begun: &Begun<'_>) -> Opened {
+        let line = match begun {
+            Begun::Call {
+                node,
+                attempt,
+                began,
+                ..
+            } => format!("call {node} #{attempt} began {}", began.is_some()),
+            Begun::Cached { node, .. } => format!("cached {node}"),
+            Begun::Part { step, .. } => format!("part {step}"),
+            Begun::Run { .. } => "run".to_string(),
+        };
+        self.0.lock().unwrap().push(line);
+        None
+    }
+
+    fn end(&self, _opened: Opened, _ended: &Ended<'_>) {}
+}
+
+fn program_of(expr: Expr, policies: &Policies) -> Arc<Program> {
+    let (graph, catalog, decisions) = expr.somatize_decided().unwrap();
+    let plan = compile_decided(&graph, &catalog, &decisions).unwrap();
+    Arc::new(Program::resolved(&plan, &catalog, &Placement::default(), policies).unwrap())
+}
+
+/// Runs `program` on 1 keeping a board, told to a recording observer: the outcome, the board,
+/// and what the observer was told.
+fn on_board(
+    program: &Arc<Program>,
+    executor: Executor,
+) -> (Result<Value, soma_core::RunError>, Arc<Board>, Vec<String>) {
+    let board = Arc::new(Board::new(program));
+    let told = Arc::new(Told::default());
+    let out = executor
+        .with_observer(Arc::clone(&told) as Arc<dyn Observer>)
+        .with_board(Arc::clone(&board))
+        .run_program(program, Value::Int(1));
+    let lines = told.0.lock().unwrap().clone();
+    (out, board, lines)
+}
+
+/// Each node's state and attempt after the changes `board` holds, by id.
+fn states(board: &Board) -> Vec<(String, NodeState, u32)> {
+    let nodes = board.nodes();
+    let mut states: Vec<_> = board
+        .read()
+        .into_iter()
+        .map(|change| {
+            (
+                nodes[change.index].0.as_str().to_string(),
+                change.state,
+                change.attempt,
+            )
+        })
+        .collect();
+    states.sort_by(|a, b| a.0.cmp(&b.0));
+    states
+}
+
+#[test]
+fn a_runs_board_holds_each_nodes_last_state_and_the_observer_hears_no_call_that_returned() {
+    let program = program_of(n("a") >> (n("b") | n("c")) >> n("d"), &Policies::default());
+    let (out, board, told) = on_board(&program, Executor::new());
+    out.unwrap();
+    assert_eq!(
+        states(&board),
+        [
+            ("a".to_string(), NodeState::Finished, 0),
+            ("b".to_string(), NodeState::Finished, 0),
+            ("c".to_string(), NodeState::Finished, 0),
+            ("d".to_string(), NodeState::Finished, 0),
+        ]
+    );
+    assert_eq!(told, ["run"]);
+}
+
+#[test]
+fn a_read_tells_each_change_once_and_a_reader_is_woken_once_per_batch() {
+    let program = program_of(n("a") >> n("b"), &Policies::default());
+    let (out, board, _) = on_board(&program, Executor::new());
+    out.unwrap();
+    assert!(board.changed(), "the run's changes raise the flag");
+    assert!(
+        board.wait(Duration::ZERO),
+        "a reader waiting is woken at once"
+    );
+    assert_eq!(board.read().len(), 2);
+    assert!(!board.changed(), "a read lowers the flag");
+    assert!(
+        board.read().is_empty(),
+        "nothing changed since the last read"
+    );
+    assert!(!board.wait(Duration::from_millis(1)));
+}
+
+#[test]
+fn a_failed_call_is_on_the_board_and_told_the_observer_with_when_it_began() {
+    let program = program_of(
+        n("a") >> node_arc("f", Arc::new(plain(fail("no")))),
+        &Policies::default(),
+    );
+    let (out, board, told) = on_board(&program, Executor::new());
+    assert!(out.is_err());
+    let states = states(&board);
+    assert_eq!(states[1], ("f".to_string(), NodeState::Failed, 0));
+    assert_eq!(told, ["run", "call f #0 began true"]);
+}
+
+#[test]
+fn a_retried_call_shows_its_attempt_and_each_failure_is_told() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let counted = Arc::clone(&calls);
+    let flaky = node(
+        "f",
+        plain(move |_, x: &Value| {
+            if counted.fetch_add(1, Ordering::SeqCst) < 2 {
+                Err(NodeError::new("not yet"))
+            } else {
+                Ok(x.clone())
+            }
+        }),
+    );
+    let mut policies = Policies::default();
+    policies.set_retry("f", Some(Retry::new(3, Duration::from_millis(1))));
+    let program = program_of(flaky, &policies);
+    let (out, board, told) = on_board(&program, Executor::new());
+    out.unwrap();
+    assert_eq!(states(&board), [("f".to_string(), NodeState::Finished, 2)]);
+    assert_eq!(
+        told,
+        ["run", "call f #0 began true", "call f #1 began true"]
+    );
+}
+
+#[test]
+fn a_node_the_cache_answers_is_cached_on_the_board() {
+    let (graph, catalog) = (n("a") >> n("b")).somatize().unwrap();
+    let plan = compile(&graph, &catalog).unwrap();
+    let program = Arc::new(Program::new(&plan, &catalog).unwrap());
+    let cache = Arc::new(MemoryCache::new(|id| {
+        Some(Key::of_bytes(id.as_str().as_bytes()))
+    }));
+    let executor = Executor::new().with_cache(cache);
+    executor.run_program(&program, Value::Int(1)).unwrap();
+    let (out, board, told) = on_board(&program, executor);
+    out.unwrap();
+    let cached: Vec<_> = states(&board)
+        .into_iter()
+        .map(|(_, state, _)| state)
+        .collect();
+    assert_eq!(cached, [NodeState::Cached, NodeState::Cached]);
+    assert_eq!(told, ["run"]);
+}
+
+#[test]
+fn an_each_steps_inner_nodes_have_records_of_their_own_after_the_programs() {
+    let items = each("m", n("inner"), Some(1)).unwrap();
+    let program = program_of(n("list") >> items, &Policies::default());
+    let board = Board::new(&program);
+    let ids: Vec<String> = board
+        .nodes()
+        .into_iter()
+        .map(|(id, _)| id.as_str().to_string())
+        .collect();
+    assert_eq!(ids, ["list", "m", "m/inner"]);
+}
+
+#[test]
+fn a_running_node_is_on_the_board_before_it_returns() {
+    let meeting = Rendezvous::new(2);
+    let program = program_of(
+        node_arc("held", Arc::new(plain(meet(&meeting)))),
+        &Policies::default(),
+    );
+    let board = Arc::new(Board::new(&program));
+    let running = {
+        let (board, program) = (Arc::clone(&board), Arc::clone(&program));
+        std::thread::spawn(move || {
+            Executor::new()
+                .with_board(board)
+                .run_program(&program, Value::Int(1))
+        })
+    };
+    assert!(
+        board.wait(crate::support::DEADLINE),
+        "the call's beginning woke the reader"
+    );
+    let first = board.read();
+    assert_eq!(first[0].state, NodeState::Running);
+    assert_eq!(first[0].ended, None);
+    assert!(meeting.meet(), "the node was let go");
+    running.join().unwrap().unwrap();
+    assert_eq!(board.read()[0].state, NodeState::Finished);
+}
+
+#[test]
+fn a_boards_done_counts_the_programs_own_nodes_finished_or_cached() {
+    let program = program_of(
+        n("a") >> n("b") >> node_arc("f", Arc::new(plain(fail("no")))),
+        &Policies::default(),
+    );
+    let (out, board, _) = on_board(&program, Executor::new());
+    assert!(out.is_err());
+    assert_eq!(board.done(), 2);
+}
