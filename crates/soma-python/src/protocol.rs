@@ -3,6 +3,8 @@
 //! Defined in Rust so that telling an `Await` from a plain value, on every call of every node,
 //! is a type-pointer comparison and not an attribute lookup.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use pyo3::exceptions::PyTypeError;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -106,9 +108,31 @@ pub struct PyCtx {
     pub call: PyOnceLock<Py<PyAny>>,
 }
 
-/// The run with a journal the call beginning here is part of (see [`PyCtx::run`]).
+/// How many runs with a journal this process holds (begun and not yet ended, a stream's from
+/// the call that made it to its end): while it holds none, no call can be part of one, and a
+/// node's call that takes a `ctx` does not read the context variable that would say which (a
+/// Python call on every such call), as [`crate::observer::watched`] reads nothing while
+/// nothing watches.
+static JOURNAL_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts a run with a journal held by this process (`held`), or no longer: called by the
+/// journal where it begins holding a run and where it ends one, once each. Not API.
+#[pyfunction]
+pub fn _journal_run_held(held: bool) {
+    // Release and acquire: a run's calls, made after it began, see it counted.
+    match held {
+        true => JOURNAL_RUNS.fetch_add(1, Ordering::Release),
+        false => JOURNAL_RUNS.fetch_sub(1, Ordering::Release),
+    };
+}
+
+/// The run with a journal the call beginning here is part of (see [`PyCtx::run`]); `None` at
+/// the cost of a counter's read while the process holds no such run.
 pub(crate) fn journal_run(py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
     static ACTIVE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    if JOURNAL_RUNS.load(Ordering::Acquire) == 0 {
+        return Ok(None);
+    }
     let run = ACTIVE
         .get_or_try_init(py, || {
             crate::py_modules::journal_active(py)?
