@@ -125,13 +125,38 @@ fn shared(value: &Value) -> Option<*const ()> {
 /// places becomes one Python object held in those places, as a Python list put in several
 /// places and converted by [`to_native`] was: the conversion costs the size of the value, not
 /// of every path through it.
+// Inlined: what passes between Python nodes, every time, is the object itself, told by one
+// check; only the conversion of other values is a call of its own.
+#[inline]
 pub fn to_python<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>> {
-    // What passes between Python nodes, every time: the object itself, with no walk to set up.
-    if let Value::Opaque(inner) = value {
-        if let Some(PyValue(object)) = inner.downcast_ref::<PyValue>() {
-            return Ok(object.bind(py).clone());
-        }
+    match wrapped(value) {
+        Some(object) => Ok(object.bind(py).clone()),
+        None => converted(py, value),
     }
+}
+
+/// The Python object `value` wraps, if it wraps one ([`wrap`]): borrowed, for a caller that
+/// only hands it on while `value` lives (a node's call), with no reference count changed.
+#[inline]
+pub fn wrapped(value: &Value) -> Option<&Py<PyAny>> {
+    match value {
+        Value::Opaque(inner) => inner
+            .downcast_ref::<PyValue>()
+            .map(|PyValue(object)| object),
+        Value::Null
+        | Value::Bool(_)
+        | Value::Int(_)
+        | Value::Float(_)
+        | Value::Text(_)
+        | Value::Bytes(_)
+        | Value::List(_)
+        | Value::Map(_) => None,
+    }
+}
+
+/// [`to_python`] for a value that wraps no Python object: converted, with the walk set up.
+#[inline(never)]
+fn converted<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>> {
     convert(
         &mut ToPython {
             py,

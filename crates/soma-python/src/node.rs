@@ -15,10 +15,11 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyTuple, PyType};
+use pyo3::PyTypeInfo;
 use soma_core::{Call, Ctx, Device, Node, NodeError, NodeId, Transition, Value};
 
 use crate::aio;
-use crate::convert::{to_python, wrap};
+use crate::convert::{to_python, wrap, wrapped};
 use crate::device;
 use crate::exit::Sent;
 use crate::protocol::{Await, Done, PyCtx};
@@ -90,6 +91,9 @@ impl PythonNode {
         }
     }
 
+    // Inlined into `forward`, with `call_here`: a sync node's call is the hot path of every run.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     fn call(&self, py: Python<'_>, input: &Value, ctx: &Ctx<'_>) -> PyResult<Transition> {
         let Some(placed) = ctx.device() else {
             return self.call_here(py, input, ctx);
@@ -108,6 +112,8 @@ impl PythonNode {
         Ok(out)
     }
 
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     fn call_here(&self, py: Python<'_>, input: &Value, ctx: &Ctx<'_>) -> PyResult<Transition> {
         Ok(interpret(self.invoke(py, input, ctx)?))
     }
@@ -124,7 +130,16 @@ impl PythonNode {
         input: &Value,
         ctx: &Ctx<'_>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let x = to_python(py, input)?;
+        // The input as it is held, borrowed for the call: a Python object passed on from node
+        // to node changes no reference count on its way in.
+        let converted;
+        let x = match wrapped(input) {
+            Some(object) => object.bind(py),
+            None => {
+                converted = to_python(py, input)?;
+                &converted
+            }
+        };
         if self.takes_ctx {
             let results = ctx
                 .results()
@@ -180,10 +195,26 @@ fn node_failure(py: Python<'_>, raised: PyErr) -> NodeError {
 /// What a node's return value means: an `Await`, a `Done`, or the output itself.
 ///
 /// Neither class can be subclassed, so each is told by its exact type: one pointer comparison,
-/// where an instance check walks the type's bases for every plain output.
-pub fn interpret(out: Bound<'_, PyAny>) -> Transition {
+/// where an instance check walks the type's bases for every plain output. By the type's raw
+/// pointer, which changes no reference count (a cast takes the type object and gives it back,
+/// for each of the two, on every call).
+// Inlined into a node's call, where the output itself is the answer every time but for a driver.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+fn interpret(out: Bound<'_, PyAny>) -> Transition {
+    let py = out.py();
+    let returned = out.get_type_ptr();
+    if returned == Await::type_object_raw(py) || returned == Done::type_object_raw(py) {
+        return said(out);
+    }
+    Transition::Done(wrap(out))
+}
+
+/// [`interpret`] of an `Await` or a `Done`.
+#[inline(never)]
+fn said(out: Bound<'_, PyAny>) -> Transition {
+    let py = out.py();
     if let Ok(asked) = out.cast_exact::<Await>() {
-        let py = out.py();
         return Transition::Await(
             asked
                 .get()
@@ -194,7 +225,7 @@ pub fn interpret(out: Bound<'_, PyAny>) -> Transition {
         );
     }
     if let Ok(done) = out.cast_exact::<Done>() {
-        return Transition::Done(wrap(done.get().value.bind(out.py()).clone()));
+        return Transition::Done(wrap(done.get().value.bind(py).clone()));
     }
     Transition::Done(wrap(out))
 }

@@ -107,7 +107,10 @@ impl<'c> NodeCall<'c> {
 
     /// The whole call, as the sync walk makes it: through the cache when the run has one,
     /// otherwise its inputs gathered from `frame` and its node called on them.
-    #[inline]
+    // Inlined into the walk, with what it calls on the way of a plain run: a call of its own
+    // stores the whole `NodeCall` and its `Site` on the stack for every node.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     pub(super) fn make(&self, input: &Value, frame: &mut Frame<'_>) -> Result<Value, Halt> {
         match self.site.keys {
             None => self.gather_and_call(input, frame),
@@ -116,7 +119,8 @@ impl<'c> NodeCall<'c> {
     }
 
     /// Gathers the step's inputs from the table and calls its node on them.
-    #[inline]
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     fn gather_and_call(&self, input: &Value, frame: &mut Frame<'_>) -> Result<Value, Halt> {
         // Each arm drops what it gathered as soon as the node is done with it.
         let value = match &self.step.from {
@@ -513,7 +517,8 @@ pub(super) fn gather(step: &Step, input: &Value, frame: &mut Frame<'_>) -> Value
 /// is done, with `executor`'s driver and turn limit; `turns` counts the calls.
 // Inlined into every caller, so that the policies' callers do not make the plain step's call
 // an out-of-line one: measured on a shared machine, not isolated from the step's own change,
-// the chain row ran a few percent slower with the choice left open.
+// the chain row ran a few percent slower with the choice left open. Only the first turn is
+// here: a node that asks its driver goes on out of line.
 #[allow(clippy::inline_always)]
 #[inline(always)]
 fn execute(
@@ -524,29 +529,59 @@ fn execute(
     input: &Value,
     turns: &mut u32,
 ) -> Result<Value, RunError> {
-    let mut results: Vec<Value> = Vec::new();
+    if executor.turn_limit == 0 {
+        // The node gets no call at all.
+        return Err(RunError::TurnLimit {
+            node: node.clone(),
+            limit: executor.turn_limit,
+        });
+    }
+    *turns = 1;
+    let ctx = Ctx::new(node, 0, &[]).on(device);
+    match called(implementation, node, input, &ctx)? {
+        Transition::Done(value) => Ok(value),
+        Transition::Await(requests) => driven(
+            executor,
+            implementation,
+            device,
+            node,
+            input,
+            turns,
+            requests,
+        ),
+    }
+}
+
+/// One call of the node: what it returned, or its failure attributed to it.
+#[inline]
+fn called(
+    implementation: &dyn Node,
+    node: &NodeId,
+    input: &Value,
+    ctx: &Ctx<'_>,
+) -> Result<Transition, RunError> {
+    implementation
+        .forward(input, ctx)
+        .map_err(|error| RunError::NodeFailed {
+            node: node.clone(),
+            error,
+        })
+}
+
+/// The turns after a node's first asked its driver for `requests`: each answered by the driver
+/// and the node called again on the answers, until it is done or past the turn limit.
+#[inline(never)]
+fn driven(
+    executor: &Executor,
+    implementation: &dyn Node,
+    device: Option<Device>,
+    node: &NodeId,
+    input: &Value,
+    turns: &mut u32,
+    mut requests: Vec<Value>,
+) -> Result<Value, RunError> {
     let mut turn = 0;
     loop {
-        if turn >= executor.turn_limit {
-            // Only reachable with a limit of 0: the node gets no call at all.
-            return Err(RunError::TurnLimit {
-                node: node.clone(),
-                limit: executor.turn_limit,
-            });
-        }
-        let ctx = Ctx::new(node, turn, &results).on(device);
-        *turns = turn + 1;
-        let transition =
-            implementation
-                .forward(input, &ctx)
-                .map_err(|error| RunError::NodeFailed {
-                    node: node.clone(),
-                    error,
-                })?;
-        let requests = match transition {
-            Transition::Done(value) => return Ok(value),
-            Transition::Await(requests) => requests,
-        };
         turn += 1;
         if turn >= executor.turn_limit {
             return Err(RunError::TurnLimit {
@@ -560,7 +595,7 @@ fn execute(
             .ok_or_else(|| RunError::NoDriver { node: node.clone() })?;
         let mut answered = None;
         executor.blocking(&mut || answered = Some(driver.perform(&requests)));
-        results = answered
+        let results = answered
             .expect("the host ran the driver")
             .map_err(|error| RunError::DriverFailed {
                 node: node.clone(),
@@ -573,5 +608,11 @@ fn execute(
                 got: results.len(),
             });
         }
+        let ctx = Ctx::new(node, turn, &results).on(device);
+        *turns = turn + 1;
+        requests = match called(implementation, node, input, &ctx)? {
+            Transition::Done(value) => return Ok(value),
+            Transition::Await(requests) => requests,
+        };
     }
 }
