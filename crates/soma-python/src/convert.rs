@@ -31,6 +31,21 @@ pub fn wrap(object: Bound<'_, PyAny>) -> Value {
     Value::Opaque(Arc::new(PyValue(object.unbind())))
 }
 
+/// Wraps `object` for the engine as [`wrap`] does, in the box `spare` — an input its call
+/// was the last to read — holds, when `spare` wraps a Python object alone: that object let go
+/// and `Null` left in its place, with no allocation made (and none freed when `spare` drops).
+#[inline]
+pub fn wrap_into(spare: &mut Value, object: Bound<'_, PyAny>) -> Value {
+    let py = object.py();
+    if let Value::Opaque(inner) = spare {
+        if let Some(held) = Arc::get_mut(inner).and_then(|inner| inner.downcast_mut::<PyValue>()) {
+            std::mem::replace(&mut held.0, object.unbind()).drop_ref(py);
+            return std::mem::replace(spare, Value::Null);
+        }
+    }
+    wrap(object)
+}
+
 /// What converting one element of a tree found: its converted form, or the items to convert
 /// first and what [`Conversion::close`] needs to put them together.
 enum Step<Item, Converted, Shape> {

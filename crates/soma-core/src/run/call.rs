@@ -42,7 +42,7 @@ use super::trace::{thread_number, Span, Trace};
 use crate::model::device::Device;
 use crate::model::id::NodeId;
 use crate::model::key::Key;
-use crate::model::node::{Ctx, Node, Transition};
+use crate::model::node::{Ctx, Node, NodeError, Transition};
 use crate::model::value::Value;
 
 /// Where a node's call is made, as much of the walk that makes it as a call needs: the
@@ -126,8 +126,8 @@ impl<'c> NodeCall<'c> {
         let value = match &self.step.from {
             Reads::Input => self.call(input)?,
             Reads::One(one) => {
-                let read = frame.gather(*one);
-                self.call(&read)?
+                let mut read = frame.gather(*one);
+                self.call_taking(&mut read)?
             }
             Reads::Many(many) => {
                 let pairs = many
@@ -332,7 +332,26 @@ impl<'c> NodeCall<'c> {
             &*self.step.node,
             self.step.device,
             self.id,
-            input,
+            Input::Read(input),
+            &mut 0,
+        )
+    }
+
+    /// [`NodeCall::call`] on an input the call is the last to read (dropped once it is done):
+    /// the plain call hands it to the node to take from ([`Node::forward_taking`]).
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn call_taking(&self, input: &mut Value) -> Result<Value, RunError> {
+        let executor = self.executor;
+        if self.step.has_policy() || executor.trace.is_some() || executor.observer.is_some() {
+            return self.observed(input);
+        }
+        execute(
+            executor,
+            &*self.step.node,
+            self.step.device,
+            self.id,
+            Input::Taken(input),
             &mut 0,
         )
     }
@@ -353,7 +372,7 @@ impl<'c> NodeCall<'c> {
                     &*self.step.node,
                     self.step.device,
                     self.id,
-                    input,
+                    Input::Read(input),
                     turns,
                 )
             }),
@@ -362,7 +381,7 @@ impl<'c> NodeCall<'c> {
                 &*self.step.node,
                 self.step.device,
                 self.id,
-                input,
+                Input::Read(input),
                 &mut 0,
             ),
         };
@@ -432,7 +451,14 @@ impl<'c> NodeCall<'c> {
         let Some((limit, deadline)) =
             limit.and_then(|limit| Some((limit, Instant::now().checked_add(limit)?)))
         else {
-            return execute(executor, &*step.node, step.device, id, input, turns);
+            return execute(
+                executor,
+                &*step.node,
+                step.device,
+                id,
+                Input::Read(input),
+                turns,
+            );
         };
         // Where the call leaves its outcome for the branch that waits for it.
         let outcome = Arc::new(Delivery::new());
@@ -445,7 +471,14 @@ impl<'c> NodeCall<'c> {
                 let mut call = || {
                     let mut turns = 0;
                     result = Some(panic::catch_unwind(AssertUnwindSafe(|| {
-                        execute(&executor, &*node, device, &id, &input, &mut turns)
+                        execute(
+                            &executor,
+                            &*node,
+                            device,
+                            &id,
+                            Input::Read(&input),
+                            &mut turns,
+                        )
                     })));
                 };
                 match &captured {
@@ -513,6 +546,13 @@ pub(super) fn gather(step: &Step, input: &Value, frame: &mut Frame<'_>) -> Value
     }
 }
 
+/// What a call reads: an input others read too, or one it is the last to read, which the node
+/// may take from ([`Node::forward_taking`]) on its first turn.
+enum Input<'i> {
+    Read(&'i Value),
+    Taken(&'i mut Value),
+}
+
 /// Calls one node, `implementation` run as `node` placed on `device`, turn after turn until it
 /// is done, with `executor`'s driver and turn limit; `turns` counts the calls.
 // Inlined into every caller, so that the policies' callers do not make the plain step's call
@@ -526,7 +566,7 @@ fn execute(
     implementation: &dyn Node,
     device: Option<Device>,
     node: &NodeId,
-    input: &Value,
+    mut input: Input<'_>,
     turns: &mut u32,
 ) -> Result<Value, RunError> {
     if executor.turn_limit == 0 {
@@ -538,34 +578,35 @@ fn execute(
     }
     *turns = 1;
     let ctx = Ctx::new(node, 0, &[]).on(device);
-    match called(implementation, node, input, &ctx)? {
-        Transition::Done(value) => Ok(value),
-        Transition::Await(requests) => driven(
-            executor,
-            implementation,
-            device,
-            node,
-            input,
-            turns,
-            requests,
-        ),
-    }
+    let first = match &mut input {
+        Input::Read(input) => implementation.forward(input, &ctx),
+        Input::Taken(input) => implementation.forward_taking(input, &ctx),
+    };
+    let requests = match first.map_err(|error| failed(node, error))? {
+        Transition::Done(value) => return Ok(value),
+        Transition::Await(requests) => requests,
+    };
+    let input = match input {
+        Input::Read(input) => input,
+        Input::Taken(input) => &*input,
+    };
+    driven(
+        executor,
+        implementation,
+        device,
+        node,
+        input,
+        turns,
+        requests,
+    )
 }
 
-/// One call of the node: what it returned, or its failure attributed to it.
-#[inline]
-fn called(
-    implementation: &dyn Node,
-    node: &NodeId,
-    input: &Value,
-    ctx: &Ctx<'_>,
-) -> Result<Transition, RunError> {
-    implementation
-        .forward(input, ctx)
-        .map_err(|error| RunError::NodeFailed {
-            node: node.clone(),
-            error,
-        })
+/// A node's failure, attributed to it.
+fn failed(node: &NodeId, error: NodeError) -> RunError {
+    RunError::NodeFailed {
+        node: node.clone(),
+        error,
+    }
 }
 
 /// The turns after a node's first asked its driver for `requests`: each answered by the driver
@@ -610,7 +651,8 @@ fn driven(
         }
         let ctx = Ctx::new(node, turn, &results).on(device);
         *turns = turn + 1;
-        requests = match called(implementation, node, input, &ctx)? {
+        let called = implementation.forward(input, &ctx);
+        requests = match called.map_err(|error| failed(node, error))? {
             Transition::Done(value) => return Ok(value),
             Transition::Await(requests) => requests,
         };
