@@ -154,19 +154,12 @@ pub fn to_python<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyA
 /// only hands it on while `value` lives (a node's call), with no reference count changed.
 #[inline]
 pub fn wrapped(value: &Value) -> Option<&Py<PyAny>> {
-    match value {
-        Value::Opaque(inner) => inner
-            .downcast_ref::<PyValue>()
-            .map(|PyValue(object)| object),
-        Value::Null
-        | Value::Bool(_)
-        | Value::Int(_)
-        | Value::Float(_)
-        | Value::Text(_)
-        | Value::Bytes(_)
-        | Value::List(_)
-        | Value::Map(_) => None,
-    }
+    let Value::Opaque(inner) = value else {
+        return None;
+    };
+    inner
+        .downcast_ref::<PyValue>()
+        .map(|PyValue(object)| object)
 }
 
 /// [`to_python`] for a value that wraps no Python object: converted, with the walk set up.

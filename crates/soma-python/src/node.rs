@@ -80,12 +80,15 @@ impl PythonNode {
         })
     }
 
-    /// A sync node's call, attached to the interpreter, its exception told to the engine.
+    /// A sync node's call, `call`, attached to the interpreter, its exception told to the
+    /// engine.
     #[allow(clippy::inline_always)]
     #[inline(always)]
-    fn forward_from(&self, input: Input<'_>, ctx: &Ctx<'_>) -> Result<Transition, NodeError> {
+    fn attached(
+        call: impl for<'py> FnOnce(Python<'py>) -> PyResult<Transition>,
+    ) -> Result<Transition, NodeError> {
         crate::exit::attach(|py| {
-            self.call(py, input, ctx).map_err(|raised| {
+            call(py).map_err(|raised| {
                 if raised.is_instance_of::<PyKeyboardInterrupt>(py) {
                     note_interrupt();
                 }
@@ -105,32 +108,44 @@ impl PythonNode {
         }
     }
 
-    // Inlined into `forward`, with `call_here`: a sync node's call is the hot path of every run.
+    /// Calls `forward` on `input` with the node's device current, put back after whether it
+    /// returned or raised: what it returned.
+    // Inlined into `forward`, with `answered`: a sync node's call is the hot path of every run.
     #[allow(clippy::inline_always)]
     #[inline(always)]
-    fn call(&self, py: Python<'_>, input: Input<'_>, ctx: &Ctx<'_>) -> PyResult<Transition> {
+    fn called<'py>(
+        &self,
+        py: Python<'py>,
+        input: &Value,
+        ctx: &Ctx<'_>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let Some(placed) = ctx.device() else {
-            return self.call_here(py, input, ctx);
+            return self.invoke(py, input, ctx);
         };
-        // The node's device is current while it runs, and what was before is put back whether
-        // it returned or raised.
         let restore = device::enter(py, placed)?;
-        let out = self.call_here(py, input, ctx);
+        let out = self.invoke(py, input, ctx);
         let restored = restore.map(|restore| restore.call0()).transpose();
         // The node's own error first: putting the device back failing is the lesser news.
         let out = out?;
         restored?;
-        if let Transition::Done(value) = &out {
-            device::check(py, ctx.node().as_str(), placed, &to_python(py, value)?)?;
-        }
         Ok(out)
     }
 
+    /// What the node's return value `out` means ([`interpret`]), its output kept in `spare`'s
+    /// box if it can be, and checked to be on the node's device.
     #[allow(clippy::inline_always)]
     #[inline(always)]
-    fn call_here(&self, py: Python<'_>, input: Input<'_>, ctx: &Ctx<'_>) -> PyResult<Transition> {
-        let out = self.invoke(py, input.read(), ctx)?;
-        Ok(interpret(out, input))
+    fn answered(
+        py: Python<'_>,
+        out: Bound<'_, PyAny>,
+        spare: Option<&mut Value>,
+        ctx: &Ctx<'_>,
+    ) -> PyResult<Transition> {
+        let out = interpret(out, spare);
+        if let (Some(placed), Transition::Done(value)) = (ctx.device(), &out) {
+            device::check(py, ctx.node().as_str(), placed, &to_python(py, value)?)?;
+        }
+        Ok(out)
     }
 
     /// Calls `forward` on `input`, with `ctx` when it takes one: its return value, which for an
@@ -207,7 +222,8 @@ fn node_failure(py: Python<'_>, raised: PyErr) -> NodeError {
     }
 }
 
-/// What a node's return value means: an `Await`, a `Done`, or the output itself.
+/// What a node's return value means: an `Await`, a `Done`, or the output itself — kept in the
+/// box of `spare`, the input the call was the last to read, where it can be ([`wrap_into`]).
 ///
 /// Neither class can be subclassed, so each is told by its exact type: one pointer comparison,
 /// where an instance check walks the type's bases for every plain output. By the type's raw
@@ -216,32 +232,16 @@ fn node_failure(py: Python<'_>, raised: PyErr) -> NodeError {
 // Inlined into a node's call, where the output itself is the answer every time but for a driver.
 #[allow(clippy::inline_always)]
 #[inline(always)]
-fn interpret(out: Bound<'_, PyAny>, input: Input<'_>) -> Transition {
+fn interpret(out: Bound<'_, PyAny>, spare: Option<&mut Value>) -> Transition {
     let py = out.py();
     let returned = out.get_type_ptr();
     if returned == Await::type_object_raw(py) || returned == Done::type_object_raw(py) {
         return said(out);
     }
-    Transition::Done(match input {
-        Input::Read(_) => wrap(out),
-        Input::Taken(input) => wrap_into(input, out),
+    Transition::Done(match spare {
+        None => wrap(out),
+        Some(spare) => wrap_into(spare, out),
     })
-}
-
-/// What a node's call reads: an input others read too, or one the call is the last to read
-/// ([`Node::forward_taking`]), whose box the output may take.
-enum Input<'i> {
-    Read(&'i Value),
-    Taken(&'i mut Value),
-}
-
-impl Input<'_> {
-    fn read(&self) -> &Value {
-        match self {
-            Input::Read(input) => input,
-            Input::Taken(input) => input,
-        }
-    }
 }
 
 /// [`interpret`] of an `Await` or a `Done`.
@@ -286,13 +286,19 @@ impl Node for PythonNode {
     }
 
     fn forward(&self, input: &Value, ctx: &Ctx<'_>) -> Result<Transition, NodeError> {
-        self.forward_from(Input::Read(input), ctx)
+        Self::attached(|py| {
+            let out = self.called(py, input, ctx)?;
+            Self::answered(py, out, None, ctx)
+        })
     }
 
     /// A plain output lives in the box the input it was the last to read lived in, when the
     /// input was a Python object alone in it: one allocation and one free fewer a call.
     fn forward_taking(&self, input: &mut Value, ctx: &Ctx<'_>) -> Result<Transition, NodeError> {
-        self.forward_from(Input::Taken(input), ctx)
+        Self::attached(|py| {
+            let out = self.called(py, input, ctx)?;
+            Self::answered(py, out, Some(input), ctx)
+        })
     }
 
     fn is_async(&self) -> bool {

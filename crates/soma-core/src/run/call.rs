@@ -323,18 +323,7 @@ impl<'c> NodeCall<'c> {
     #[allow(clippy::inline_always)]
     #[inline(always)]
     pub(super) fn call(&self, input: &Value) -> Result<Value, RunError> {
-        let executor = self.executor;
-        if self.step.has_policy() || executor.trace.is_some() || executor.observer.is_some() {
-            return self.observed(input);
-        }
-        execute(
-            executor,
-            &*self.step.node,
-            self.step.device,
-            self.id,
-            Input::Read(input),
-            &mut 0,
-        )
+        self.call_with(Input::Read(input))
     }
 
     /// [`NodeCall::call`] on an input the call is the last to read (dropped once it is done):
@@ -342,16 +331,22 @@ impl<'c> NodeCall<'c> {
     #[allow(clippy::inline_always)]
     #[inline(always)]
     fn call_taking(&self, input: &mut Value) -> Result<Value, RunError> {
+        self.call_with(Input::Taken(input))
+    }
+
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn call_with(&self, input: Input<'_>) -> Result<Value, RunError> {
         let executor = self.executor;
         if self.step.has_policy() || executor.trace.is_some() || executor.observer.is_some() {
-            return self.observed(input);
+            return self.observed(input.read());
         }
         execute(
             executor,
             &*self.step.node,
             self.step.device,
             self.id,
-            Input::Taken(input),
+            input,
             &mut 0,
         )
     }
@@ -553,6 +548,15 @@ enum Input<'i> {
     Taken(&'i mut Value),
 }
 
+impl Input<'_> {
+    fn read(&self) -> &Value {
+        match self {
+            Input::Read(input) => input,
+            Input::Taken(input) => input,
+        }
+    }
+}
+
 /// Calls one node, `implementation` run as `node` placed on `device`, turn after turn until it
 /// is done, with `executor`'s driver and turn limit; `turns` counts the calls.
 // Inlined into every caller, so that the policies' callers do not make the plain step's call
@@ -586,16 +590,12 @@ fn execute(
         Transition::Done(value) => return Ok(value),
         Transition::Await(requests) => requests,
     };
-    let input = match input {
-        Input::Read(input) => input,
-        Input::Taken(input) => &*input,
-    };
     driven(
         executor,
         implementation,
         device,
         node,
-        input,
+        input.read(),
         turns,
         requests,
     )
