@@ -177,7 +177,7 @@ impl PythonNode {
                 .map(|r| to_python(py, r))
                 .collect::<PyResult<Vec<_>>>()?;
             let ctx = PyCtx {
-                node: ctx.node().to_string(),
+                node: ctx.node().clone(),
                 turn: ctx.turn(),
                 results: PyTuple::new(py, results)?.unbind(),
                 device: ctx.device().map(|device| device.to_string()),

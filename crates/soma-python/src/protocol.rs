@@ -10,6 +10,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use soma_core::NodeId;
 
 /// Asks the driver: the node is called again with one result per request in `ctx.results`.
 #[pyclass(frozen, module = "soma", name = "Await")]
@@ -83,9 +84,9 @@ fn in_journal<'py>(
 /// What a node knows about the call it is in.
 #[pyclass(frozen, module = "soma", name = "Ctx")]
 pub struct PyCtx {
-    /// The node's id.
-    #[pyo3(get)]
-    pub node: String,
+    /// The node's id: shared with the engine's, where a copy of its text would cost every call
+    /// of a node that takes a `ctx` an allocation.
+    pub node: NodeId,
     /// 0 on the first call, one more after each answered `Await`.
     #[pyo3(get)]
     pub turn: u32,
@@ -146,6 +147,12 @@ pub(crate) fn journal_run(py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
 
 #[pymethods]
 impl PyCtx {
+    /// The node's id.
+    #[getter]
+    fn node(&self) -> &str {
+        self.node.as_str()
+    }
+
     /// The driver's answers to the previous `Await`, in order; empty on turn 0.
     #[getter]
     fn results<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
@@ -236,6 +243,6 @@ impl PyCtx {
     }
 
     fn __repr__(&self) -> String {
-        format!("Ctx(node={:?}, turn={})", self.node, self.turn)
+        format!("Ctx(node={:?}, turn={})", self.node.as_str(), self.turn)
     }
 }
