@@ -163,12 +163,11 @@ impl PythonNode {
         // The input as it is held, borrowed for the call: a Python object passed on from node
         // to node changes no reference count on its way in.
         let converted;
-        let x = match wrapped(input) {
-            Some(object) => object.bind(py),
-            None => {
-                converted = to_python(py, input)?;
-                &converted
-            }
+        let x = if let Some(object) = wrapped(input) {
+            object.bind(py)
+        } else {
+            converted = to_python(py, input)?;
+            &converted
         };
         if self.takes_ctx {
             let results = ctx

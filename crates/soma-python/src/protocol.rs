@@ -121,10 +121,11 @@ static JOURNAL_RUNS: AtomicUsize = AtomicUsize::new(0);
 #[pyfunction]
 pub fn _journal_run_held(held: bool) {
     // Release and acquire: a run's calls, made after it began, see it counted.
-    match held {
-        true => JOURNAL_RUNS.fetch_add(1, Ordering::Release),
-        false => JOURNAL_RUNS.fetch_sub(1, Ordering::Release),
-    };
+    if held {
+        JOURNAL_RUNS.fetch_add(1, Ordering::Release);
+    } else {
+        JOURNAL_RUNS.fetch_sub(1, Ordering::Release);
+    }
 }
 
 /// The run with a journal the call beginning here is part of (see [`PyCtx::run`]); `None` at
