@@ -32,7 +32,7 @@ pub fn wrap(object: Bound<'_, PyAny>) -> Value {
 }
 
 /// Wraps `object` for the engine as [`wrap`] does, in the box `spare` — an input its call
-/// was the last to read — holds, when `spare` wraps a Python object alone: that object let go
+/// is done with — holds, when `spare` wraps a Python object alone: that object let go
 /// and `Null` left in its place, with no allocation made (and none freed when `spare` drops).
 #[inline]
 pub fn wrap_into(spare: &mut Value, object: Bound<'_, PyAny>) -> Value {

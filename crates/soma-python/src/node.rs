@@ -222,7 +222,7 @@ fn node_failure(py: Python<'_>, raised: PyErr) -> NodeError {
 }
 
 /// What a node's return value means: an `Await`, a `Done`, or the output itself — kept in the
-/// box of `spare`, the input the call was the last to read, where it can be ([`wrap_into`]).
+/// box of `spare`, an input the call is done with, where it can be ([`wrap_into`]).
 ///
 /// Neither class can be subclassed, so each is told by its exact type: one pointer comparison,
 /// where an instance check walks the type's bases for every plain output. By the type's raw
@@ -291,7 +291,7 @@ impl Node for PythonNode {
         })
     }
 
-    /// A plain output lives in the box the input it was the last to read lived in, when the
+    /// A plain output lives in the box the input the call is done with lived in, when the
     /// input was a Python object alone in it: one allocation and one free fewer a call.
     fn forward_taking(&self, input: &mut Value, ctx: &Ctx<'_>) -> Result<Transition, NodeError> {
         Self::attached(|py| {

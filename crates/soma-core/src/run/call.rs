@@ -326,8 +326,9 @@ impl<'c> NodeCall<'c> {
         self.call_with(Input::Read(input))
     }
 
-    /// [`NodeCall::call`] on an input the call is the last to read (dropped once it is done):
-    /// the plain call hands it to the node to take from ([`Node::forward_taking`]).
+    /// [`NodeCall::call`] on an input dropped once the call is done (taken from the table, or
+    /// a copy of it): the plain call hands it to the node to take from
+    /// ([`Node::forward_taking`]).
     #[allow(clippy::inline_always)]
     #[inline(always)]
     fn call_taking(&self, input: &mut Value) -> Result<Value, RunError> {
@@ -541,8 +542,8 @@ pub(super) fn gather(step: &Step, input: &Value, frame: &mut Frame<'_>) -> Value
     }
 }
 
-/// What a call reads: an input others read too, or one it is the last to read, which the node
-/// may take from ([`Node::forward_taking`]) on its first turn.
+/// What a call reads: an input others read too, or one dropped once the call is done, which the
+/// node may take from ([`Node::forward_taking`]) on its first turn.
 enum Input<'i> {
     Read(&'i Value),
     Taken(&'i mut Value),
