@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -198,6 +199,50 @@ def test_a_mutation_by_one_node_is_seen_by_the_next() -> None:
     g = soma.Graph.somatize(Fn(lambda xs: xs.append(1) or xs) >> Fn(len))
     assert g.forward(items) == 1
     assert items == [1]
+
+
+class Box:
+    """An object a weak reference can follow, as a user's own class is."""
+
+
+def test_what_a_node_read_last_is_let_go_by_the_time_the_next_node_runs() -> None:
+    """The engine may keep the next node's output where the input it was the last to read was
+    kept: the input must be let go on the way, never kept with it."""
+    seen: list[Any] = []
+
+    def third(out: Any) -> Any:
+        seen.append(first_made[0]())
+        return out
+
+    first_made: list[Any] = []
+
+    def first(x: Any) -> Box:
+        made = Box()
+        first_made.append(weakref.ref(made))
+        return made
+
+    g = soma.Graph.somatize(Fn(first) >> Fn(lambda box: Box()) >> Fn(third))
+    assert type(g.forward(1)) is Box
+    assert seen == [None]
+
+
+def test_an_object_two_nodes_read_reaches_the_second_itself_after_the_first_returned_another() -> (
+    None
+):
+    made = Box()
+    g = soma.Graph.somatize(
+        Fn(lambda x: made).named("a")
+        >> (Fn(lambda box: Box()).named("b") | Fn(lambda box: box).named("c"))
+    )
+    out = g.forward(1)
+    assert out["c"] is made
+    assert out["b"] is not made
+
+
+def test_a_node_returning_its_input_returns_the_object_itself() -> None:
+    made = Box()
+    g = soma.Graph.somatize(Pass() >> Pass() >> Fn(lambda box: box))
+    assert g.forward(made) is made
 
 
 # ---------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 import soma
-from conftest import DEADLINE, SUBPROCESS_DEADLINE
+from conftest import DEADLINE, SUBPROCESS_DEADLINE, run_script
 from soma.errors import JournalError, RunHeldError, SignatureError
 
 # ---------------------------------------------------------------------------------------------
@@ -701,6 +701,112 @@ def test_effect_outside_a_journal_just_runs() -> None:
     assert g.forward("a") == 1
     assert g.forward("a") == 2
     assert CLIENT.requests == ["a", "a"]
+
+
+def test_a_question_asked_from_a_thread_the_node_started_pauses_the_run_and_gets_its_answer(
+    journal: soma.Journal,
+) -> None:
+    class AskInThread(soma.Node):
+        def forward(self, x: Any, ctx: Any) -> Any:
+            got: list[Any] = []
+            raised: list[BaseException] = []
+
+            def worker() -> None:
+                try:
+                    got.append(ctx.ask(f"ship {x}?"))
+                except BaseException as signal:  # The question, handed back to the node.
+                    raised.append(signal)
+
+            thread = threading.Thread(target=worker)
+            thread.start()
+            thread.join(DEADLINE)
+            if raised:
+                raise raised[0]
+            return got[0]
+
+    g = soma.Graph.somatize(AskInThread().named("ship"))
+    with pytest.raises(soma.Paused) as paused:
+        g.forward("box", run="r", journal=journal)
+    assert paused.value.questions == {"ship": "ship box?"}
+    assert g.resume("r", journal=journal, answers={"ship": "yes"}) == "yes"
+
+
+def test_an_async_nodes_effect_runs_once_across_a_pause_for_its_question(
+    journal: soma.Journal,
+) -> None:
+    class PostThenAsk(soma.Node):
+        async def forward(self, x: Any, ctx: Any) -> Any:
+            posted = await ctx.aeffect(_apost, x)
+            return (posted, await ctx.aask("go on?"))
+
+    g = soma.Graph.somatize(PostThenAsk().named("post"))
+    with pytest.raises(soma.Paused):
+        g.forward("x", run="r", journal=journal)
+    assert g.resume("r", journal=journal, answers={"post": "yes"}) == (1, "yes")
+    assert CLIENT.requests == ["x"]
+
+
+async def _apost(payload: Any) -> int:
+    return CLIENT.post(payload)
+
+
+def test_a_journaled_run_after_another_ended_still_records_its_effects(
+    journal: soma.Journal,
+) -> None:
+    """The count of runs the process holds went back to none between the two: the second run's
+    calls must still find their run."""
+
+    class PostThenAsk(soma.Node):
+        def forward(self, x: Any, ctx: Any) -> Any:
+            return (ctx.effect(CLIENT.post, x), ctx.ask("go on?"))
+
+    g = soma.Graph.somatize(PostThenAsk().named("post"))
+    for run in ("first", "second"):
+        with pytest.raises(soma.Paused):
+            g.forward(run, run=run, journal=journal)
+    assert g.resume("second", journal=journal, answers={"post": "yes"}) == (2, "yes")
+    assert CLIENT.requests == ["first", "second"]
+
+
+def test_a_nodes_call_reads_no_journal_while_the_process_holds_no_run_with_one(
+    tmp_path: Path,
+) -> None:
+    """Every call of a node that takes a ``ctx`` would otherwise read the journal's context
+    variable, a Python call, journal or not: counted here through a stand-in for it."""
+    script = f"""
+import soma
+import soma.journal._active as active
+
+real = active.ACTIVE
+reads = []
+
+class Counted:
+    def get(self):
+        reads.append(1)
+        return real.get()
+
+active.ACTIVE = Counted()
+
+class Post(soma.Node):
+    def forward(self, x, ctx):
+        return ctx.effect(lambda: x + 1)
+
+class AsyncPost(soma.Node):
+    async def forward(self, x, ctx):
+        return ctx.effect(lambda: x + 1)
+
+for node in (Post(), AsyncPost()):
+    g = soma.Graph.somatize(node.named("post") >> Post().named("again"))
+    assert g.forward(1) == 3
+print("without", len(reads))
+with soma.Journal({str(tmp_path / "runs.db")!r}) as journal:
+    g = soma.Graph.somatize(Post().named("post"))
+    assert g.forward(1, run="r", journal=journal) == 2
+print("with", len(reads))
+"""
+    child = run_script(script)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.split() == ["without", "0", "with", "1"]
 
 
 # ---------------------------------------------------------------------------------------------

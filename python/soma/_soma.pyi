@@ -29,6 +29,7 @@ __all__ = [
     "Witness",
     "_at_exit",
     "_carry_context",
+    "_journal_run_held",
     "_thread_in_reserve",
     "arrow_text",
     "blake3",
@@ -144,6 +145,11 @@ def _at_exit() -> None:
 def _carry_context(on: bool) -> bool:
     """Switches context carry off or on for every run (the benchmark's switch, not API);
     returns whether it was on."""
+
+def _journal_run_held(held: bool) -> None:
+    """Counts a run with a journal this process holds, or no longer (``soma.journal`` calls it
+    where a run begins and ends): while none is held, a node's call reads no journal. Not
+    API."""
 
 def _thread_in_reserve() -> bool:
     """Whether a thread waits in the process's reserve, filled first if it was taken (for

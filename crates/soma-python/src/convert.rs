@@ -31,6 +31,21 @@ pub fn wrap(object: Bound<'_, PyAny>) -> Value {
     Value::Opaque(Arc::new(PyValue(object.unbind())))
 }
 
+/// Wraps `object` for the engine as [`wrap`] does, in the box `spare` — an input its call
+/// is done with — holds, when `spare` wraps a Python object alone: that object let go
+/// and `Null` left in its place, with no allocation made (and none freed when `spare` drops).
+#[inline]
+pub fn wrap_into(spare: &mut Value, object: Bound<'_, PyAny>) -> Value {
+    let py = object.py();
+    if let Value::Opaque(inner) = spare {
+        if let Some(held) = Arc::get_mut(inner).and_then(|inner| inner.downcast_mut::<PyValue>()) {
+            std::mem::replace(&mut held.0, object.unbind()).drop_ref(py);
+            return std::mem::replace(spare, Value::Null);
+        }
+    }
+    wrap(object)
+}
+
 /// What converting one element of a tree found: its converted form, or the items to convert
 /// first and what [`Conversion::close`] needs to put them together.
 enum Step<Item, Converted, Shape> {
@@ -125,13 +140,31 @@ fn shared(value: &Value) -> Option<*const ()> {
 /// places becomes one Python object held in those places, as a Python list put in several
 /// places and converted by [`to_native`] was: the conversion costs the size of the value, not
 /// of every path through it.
+// Inlined: what passes between Python nodes, every time, is the object itself, told by one
+// check; only the conversion of other values is a call of its own.
+#[inline]
 pub fn to_python<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>> {
-    // What passes between Python nodes, every time: the object itself, with no walk to set up.
-    if let Value::Opaque(inner) = value {
-        if let Some(PyValue(object)) = inner.downcast_ref::<PyValue>() {
-            return Ok(object.bind(py).clone());
-        }
+    match wrapped(value) {
+        Some(object) => Ok(object.bind(py).clone()),
+        None => converted(py, value),
     }
+}
+
+/// The Python object `value` wraps, if it wraps one ([`wrap`]): borrowed, for a caller that
+/// only hands it on while `value` lives (a node's call), with no reference count changed.
+#[inline]
+pub fn wrapped(value: &Value) -> Option<&Py<PyAny>> {
+    let Value::Opaque(inner) = value else {
+        return None;
+    };
+    inner
+        .downcast_ref::<PyValue>()
+        .map(|PyValue(object)| object)
+}
+
+/// [`to_python`] for a value that wraps no Python object: converted, with the walk set up.
+#[inline(never)]
+fn converted<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>> {
     convert(
         &mut ToPython {
             py,

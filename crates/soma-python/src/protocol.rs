@@ -3,11 +3,14 @@
 //! Defined in Rust so that telling an `Await` from a plain value, on every call of every node,
 //! is a type-pointer comparison and not an attribute lookup.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use pyo3::exceptions::PyTypeError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use soma_core::NodeId;
 
 /// Asks the driver: the node is called again with one result per request in `ctx.results`.
 #[pyclass(frozen, module = "soma", name = "Await")]
@@ -81,9 +84,9 @@ fn in_journal<'py>(
 /// What a node knows about the call it is in.
 #[pyclass(frozen, module = "soma", name = "Ctx")]
 pub struct PyCtx {
-    /// The node's id.
-    #[pyo3(get)]
-    pub node: String,
+    /// The node's id: shared with the engine's, where a copy of its text would cost every call
+    /// of a node that takes a `ctx` an allocation.
+    pub node: NodeId,
     /// 0 on the first call, one more after each answered `Await`.
     #[pyo3(get)]
     pub turn: u32,
@@ -106,9 +109,32 @@ pub struct PyCtx {
     pub call: PyOnceLock<Py<PyAny>>,
 }
 
-/// The run with a journal the call beginning here is part of (see [`PyCtx::run`]).
+/// How many runs with a journal this process holds (begun and not yet ended, a stream's from
+/// the call that made it to its end): while it holds none, no call can be part of one, and a
+/// node's call that takes a `ctx` does not read the context variable that would say which (a
+/// Python call on every such call), as [`crate::observer::watched`] reads nothing while
+/// nothing watches.
+static JOURNAL_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts a run with a journal held by this process (`held`), or no longer: called by the
+/// journal where it begins holding a run and where it ends one, once each. Not API.
+#[pyfunction]
+pub fn _journal_run_held(held: bool) {
+    // Release and acquire: a run's calls, made after it began, see it counted.
+    if held {
+        JOURNAL_RUNS.fetch_add(1, Ordering::Release);
+    } else {
+        JOURNAL_RUNS.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// The run with a journal the call beginning here is part of (see [`PyCtx::run`]); `None` at
+/// the cost of a counter's read while the process holds no such run.
 pub(crate) fn journal_run(py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
     static ACTIVE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    if JOURNAL_RUNS.load(Ordering::Acquire) == 0 {
+        return Ok(None);
+    }
     let run = ACTIVE
         .get_or_try_init(py, || {
             crate::py_modules::journal_active(py)?
@@ -122,6 +148,12 @@ pub(crate) fn journal_run(py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
 
 #[pymethods]
 impl PyCtx {
+    /// The node's id.
+    #[getter]
+    fn node(&self) -> &str {
+        self.node.as_str()
+    }
+
     /// The driver's answers to the previous `Await`, in order; empty on turn 0.
     #[getter]
     fn results<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
@@ -212,6 +244,6 @@ impl PyCtx {
     }
 
     fn __repr__(&self) -> String {
-        format!("Ctx(node={:?}, turn={})", self.node, self.turn)
+        format!("Ctx(node={:?}, turn={})", self.node.as_str(), self.turn)
     }
 }

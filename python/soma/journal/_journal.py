@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from soma import _soma
 from soma._run import events as _events
 from soma._run import observe as _observe
 from soma.cache import _fingerprint
@@ -44,7 +45,6 @@ from soma.journal._signing import Signer
 from soma.journal._store import RunRow, Store, journal_error
 
 if TYPE_CHECKING:
-    from soma import _soma
     from soma._run.stream import Failed
 
 #: How long a hold on a run lasts unless renewed; renewed every third of it while the run runs.
@@ -229,6 +229,9 @@ class Journal:
         )
         with self._lock:
             self._held[active.id] = active
+            # Counted before any of its nodes is called: their calls read `ACTIVE` only while
+            # the process holds a run with a journal.
+            _soma._journal_run_held(True)
             if self._keeper is None:
                 self._keeper = threading.Thread(target=self._keep, name="soma-journal", daemon=True)
                 self._keeper.start()
@@ -258,7 +261,8 @@ class Journal:
 
     def _end(self, active: ActiveRun, status: str, error: str | None) -> None:
         with self._lock:
-            self._held.pop(active.id, None)
+            if self._held.pop(active.id, None) is not None:
+                _soma._journal_run_held(False)
             self._wake.notify_all()
         active.flush()
         self._store.end(

@@ -121,6 +121,19 @@ pub trait Node: Send + Sync {
     /// Whatever the node reports; the executor attributes it to the node.
     fn forward(&self, input: &Value, ctx: &Ctx<'_>) -> Result<Transition, NodeError>;
 
+    /// [`Node::forward`] on an input the executor drops once the node is done — taken from the
+    /// table by its last reader, or a copy made for this call: a node may take from it what its output can reuse — the shared
+    /// box an opaque value lives in, which the output of a node of the same embedder can live
+    /// in instead of a new one — leaving [`Value::Null`] in its place. Only when it returns
+    /// [`Transition::Done`]: a node that asks its driver is called again on the same input. The
+    /// default takes nothing.
+    ///
+    /// # Errors
+    /// As [`Node::forward`].
+    fn forward_taking(&self, input: &mut Value, ctx: &Ctx<'_>) -> Result<Transition, NodeError> {
+        self.forward(input, ctx)
+    }
+
     /// Asks the processor to bring into its cache what this node's next call reads first,
     /// without waiting for it. The executor calls it on the step that comes next in a sequence
     /// before it runs the current one, so that once a graph outgrows the caches the next node's

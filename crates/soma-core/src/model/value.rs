@@ -138,16 +138,28 @@ impl Drop for Value {
     /// and the other holder drops it later, the same way. (Two threads dropping the last two
     /// holders at once may each see the other, and the last one's drop then empties the items
     /// one level down rather than here: one frame more, not one per level.)
+    // Inlined, so that dropping a scalar, text or an opaque value — what passes from node to
+    // node — costs the one check that it holds no list or map, with no stack set up.
+    #[inline]
     fn drop(&mut self) {
+        if matches!(self, Value::List(_) | Value::Map(_)) {
+            self.drop_nested();
+        }
+    }
+}
+
+impl Value {
+    /// Empties this list or map of what it alone holds, level by level from a stack (see
+    /// [`Drop`]).
+    #[inline(never)]
+    fn drop_nested(&mut self) {
         let mut stack = Vec::new();
         self.take_nested(&mut stack);
         while let Some(mut value) = stack.pop() {
             value.take_nested(&mut stack);
         }
     }
-}
 
-impl Value {
     /// Moves onto `stack` the lists and maps directly inside this one, if it holds them alone,
     /// leaving `Null` in their place. Scalars, text, bytes and opaque values stay: dropping
     /// them recurses into no value.

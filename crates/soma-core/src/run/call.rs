@@ -43,7 +43,7 @@ use super::trace::{thread_number, Span, Trace};
 use crate::model::device::Device;
 use crate::model::id::NodeId;
 use crate::model::key::Key;
-use crate::model::node::{Ctx, Node, Transition};
+use crate::model::node::{Ctx, Node, NodeError, Transition};
 use crate::model::value::Value;
 
 /// Where a node's call is made, as much of the walk that makes it as a call needs: the
@@ -108,7 +108,10 @@ impl<'c> NodeCall<'c> {
 
     /// The whole call, as the sync walk makes it: through the cache when the run has one,
     /// otherwise its inputs gathered from `frame` and its node called on them.
-    #[inline]
+    // Inlined into the walk, with what it calls on the way of a plain run: a call of its own
+    // stores the whole `NodeCall` and its `Site` on the stack for every node.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     pub(super) fn make(&self, input: &Value, frame: &mut Frame<'_>) -> Result<Value, Halt> {
         match self.site.keys {
             None => self.gather_and_call(input, frame),
@@ -117,14 +120,15 @@ impl<'c> NodeCall<'c> {
     }
 
     /// Gathers the step's inputs from the table and calls its node on them.
-    #[inline]
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     fn gather_and_call(&self, input: &Value, frame: &mut Frame<'_>) -> Result<Value, Halt> {
         // Each arm drops what it gathered as soon as the node is done with it.
         let value = match &self.step.from {
             Reads::Input => self.call(input)?,
             Reads::One(one) => {
-                let read = frame.gather(*one);
-                self.call(&read)?
+                let mut read = frame.gather(*one);
+                self.call_taking(&mut read)?
             }
             Reads::Many(many) => {
                 let pairs = many
@@ -385,12 +389,27 @@ impl<'c> NodeCall<'c> {
     #[allow(clippy::inline_always)]
     #[inline(always)]
     pub(super) fn call(&self, input: &Value) -> Result<Value, RunError> {
+        self.call_with(Input::Read(input))
+    }
+
+    /// [`NodeCall::call`] on an input dropped once the call is done (taken from the table, or
+    /// a copy of it): the plain call hands it to the node to take from
+    /// ([`Node::forward_taking`]).
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn call_taking(&self, input: &mut Value) -> Result<Value, RunError> {
+        self.call_with(Input::Taken(input))
+    }
+
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn call_with(&self, input: Input<'_>) -> Result<Value, RunError> {
         let executor = self.executor;
         if self.step.has_policy()
             || executor.trace.is_some()
             || (executor.observer.is_some() && executor.board.is_none())
         {
-            return self.observed(input);
+            return self.observed(input.read());
         }
         // A run that keeps a board writes the call's record around it: two small calls on
         // the plain call's way, which a run without one passes with a test each.
@@ -428,7 +447,7 @@ impl<'c> NodeCall<'c> {
                     &*self.step.node,
                     self.step.device,
                     self.id,
-                    input,
+                    Input::Read(input),
                     turns,
                 )
             }),
@@ -437,7 +456,7 @@ impl<'c> NodeCall<'c> {
                 &*self.step.node,
                 self.step.device,
                 self.id,
-                input,
+                Input::Read(input),
                 &mut 0,
             ),
         };
@@ -507,7 +526,14 @@ impl<'c> NodeCall<'c> {
         let Some((limit, deadline)) =
             limit.and_then(|limit| Some((limit, Instant::now().checked_add(limit)?)))
         else {
-            return execute(executor, &*step.node, step.device, id, input, turns);
+            return execute(
+                executor,
+                &*step.node,
+                step.device,
+                id,
+                Input::Read(input),
+                turns,
+            );
         };
         // Where the call leaves its outcome for the branch that waits for it.
         let outcome = Arc::new(Delivery::new());
@@ -520,7 +546,14 @@ impl<'c> NodeCall<'c> {
                 let mut call = || {
                     let mut turns = 0;
                     result = Some(panic::catch_unwind(AssertUnwindSafe(|| {
-                        execute(&executor, &*node, device, &id, &input, &mut turns)
+                        execute(
+                            &executor,
+                            &*node,
+                            device,
+                            &id,
+                            Input::Read(&input),
+                            &mut turns,
+                        )
                     })));
                 };
                 match &captured {
@@ -588,11 +621,28 @@ pub(super) fn gather(step: &Step, input: &Value, frame: &mut Frame<'_>) -> Value
     }
 }
 
+/// What a call reads: an input others read too, or one dropped once the call is done, which the
+/// node may take from ([`Node::forward_taking`]) on its first turn.
+enum Input<'i> {
+    Read(&'i Value),
+    Taken(&'i mut Value),
+}
+
+impl Input<'_> {
+    fn read(&self) -> &Value {
+        match self {
+            Input::Read(input) => input,
+            Input::Taken(input) => input,
+        }
+    }
+}
+
 /// Calls one node, `implementation` run as `node` placed on `device`, turn after turn until it
 /// is done, with `executor`'s driver and turn limit; `turns` counts the calls.
 // Inlined into every caller, so that the policies' callers do not make the plain step's call
 // an out-of-line one: measured on a shared machine, not isolated from the step's own change,
-// the chain row ran a few percent slower with the choice left open.
+// the chain row ran a few percent slower with the choice left open. Only the first turn is
+// here: a node that asks its driver goes on out of line.
 #[allow(clippy::inline_always)]
 #[inline(always)]
 fn execute(
@@ -600,32 +650,59 @@ fn execute(
     implementation: &dyn Node,
     device: Option<Device>,
     node: &NodeId,
-    input: &Value,
+    mut input: Input<'_>,
     turns: &mut u32,
 ) -> Result<Value, RunError> {
-    let mut results: Vec<Value> = Vec::new();
+    if executor.turn_limit == 0 {
+        // The node gets no call at all.
+        return Err(RunError::TurnLimit {
+            node: node.clone(),
+            limit: executor.turn_limit,
+        });
+    }
+    *turns = 1;
+    let ctx = Ctx::new(node, 0, &[]).on(device);
+    let first = match &mut input {
+        Input::Read(input) => implementation.forward(input, &ctx),
+        Input::Taken(input) => implementation.forward_taking(input, &ctx),
+    };
+    let requests = match first.map_err(|error| failed(node, error))? {
+        Transition::Done(value) => return Ok(value),
+        Transition::Await(requests) => requests,
+    };
+    driven(
+        executor,
+        implementation,
+        device,
+        node,
+        input.read(),
+        turns,
+        requests,
+    )
+}
+
+/// A node's failure, attributed to it.
+fn failed(node: &NodeId, error: NodeError) -> RunError {
+    RunError::NodeFailed {
+        node: node.clone(),
+        error,
+    }
+}
+
+/// The turns after a node's first asked its driver for `requests`: each answered by the driver
+/// and the node called again on the answers, until it is done or past the turn limit.
+#[inline(never)]
+fn driven(
+    executor: &Executor,
+    implementation: &dyn Node,
+    device: Option<Device>,
+    node: &NodeId,
+    input: &Value,
+    turns: &mut u32,
+    mut requests: Vec<Value>,
+) -> Result<Value, RunError> {
     let mut turn = 0;
     loop {
-        if turn >= executor.turn_limit {
-            // Only reachable with a limit of 0: the node gets no call at all.
-            return Err(RunError::TurnLimit {
-                node: node.clone(),
-                limit: executor.turn_limit,
-            });
-        }
-        let ctx = Ctx::new(node, turn, &results).on(device);
-        *turns = turn + 1;
-        let transition =
-            implementation
-                .forward(input, &ctx)
-                .map_err(|error| RunError::NodeFailed {
-                    node: node.clone(),
-                    error,
-                })?;
-        let requests = match transition {
-            Transition::Done(value) => return Ok(value),
-            Transition::Await(requests) => requests,
-        };
         turn += 1;
         if turn >= executor.turn_limit {
             return Err(RunError::TurnLimit {
@@ -639,7 +716,7 @@ fn execute(
             .ok_or_else(|| RunError::NoDriver { node: node.clone() })?;
         let mut answered = None;
         executor.blocking(&mut || answered = Some(driver.perform(&requests)));
-        results = answered
+        let results = answered
             .expect("the host ran the driver")
             .map_err(|error| RunError::DriverFailed {
                 node: node.clone(),
@@ -652,5 +729,12 @@ fn execute(
                 got: results.len(),
             });
         }
+        let ctx = Ctx::new(node, turn, &results).on(device);
+        *turns = turn + 1;
+        let called = implementation.forward(input, &ctx);
+        requests = match called.map_err(|error| failed(node, error))? {
+            Transition::Done(value) => return Ok(value),
+            Transition::Await(requests) => requests,
+        };
     }
 }

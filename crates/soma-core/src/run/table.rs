@@ -64,8 +64,28 @@ impl Frame<'_> {
     /// # Panics
     /// When the cell is empty: `Program::new` lets a read through only if an earlier step it
     /// can see writes the cell, and only its last reader takes it.
-    #[inline]
+    // Inlined into a node's call: what most steps read is the one value before them, taken
+    // from the branch's own cells.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     pub(super) fn gather(&mut self, read: Read) -> Value {
+        if read.take {
+            if let Some(cell) = read
+                .slot()
+                .checked_sub(self.base)
+                .and_then(|at| self.own.get_mut(at))
+            {
+                return cell
+                    .take()
+                    .expect("a resolved program reads only values it can see");
+            }
+        }
+        self.gather_elsewhere(read)
+    }
+
+    /// [`Frame::gather`] of a value cloned, or read from a segment shared with this frame.
+    #[inline(never)]
+    fn gather_elsewhere(&mut self, read: Read) -> Value {
         let value = if read.take {
             self.take(read.slot())
         } else {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use soma_core::{
     compile, node, Catalog, Executor, Graph, Node, NodeError, Plan, Program, ProgramError,
-    RunError, Value, Watch,
+    RunError, Transition, Value, Watch,
 };
 
 use crate::support::{catalog_of, exec, fail, graph, logged, n, seq, trace, wave, Log, Trace};
@@ -418,4 +418,42 @@ fn a_first_run_asks_each_next_node_to_prefetch_before_it_runs_the_current_one_an
     // Its memory is in the caches now: prefetching would cost and save nothing.
     Executor::new().run_program(&program, Value::Null).unwrap();
     assert_eq!(*log.lock().unwrap(), ["run a", "run b", "run c"]);
+}
+
+/// A node that takes what `forward_taking` lets it take: the input left in another's place.
+struct Taker;
+
+impl Node for Taker {
+    fn forward(&self, input: &Value, _ctx: &soma_core::Ctx<'_>) -> Result<Transition, NodeError> {
+        Ok(Transition::Done(input.clone()))
+    }
+
+    fn forward_taking(
+        &self,
+        input: &mut Value,
+        _ctx: &soma_core::Ctx<'_>,
+    ) -> Result<Transition, NodeError> {
+        let taken = std::mem::replace(input, text("taken by a reader"));
+        Ok(Transition::Done(taken))
+    }
+}
+
+#[test]
+fn what_one_reader_takes_from_its_input_no_other_reader_of_that_value_sees() {
+    let graph = graph(&["a", "b", "c"], &[("a", "b"), ("a", "c")]);
+    let catalog = catalog_of(&graph, &(Arc::new(Taker) as Arc<dyn Node>));
+    // Both readers one after the other in a row (the first reads a copy, the second takes the
+    // value from the table), and in a wave.
+    let plans = [
+        crate::support::flat_plan(&graph),
+        compile(&graph, &catalog).expect("every node is implemented"),
+    ];
+    for plan in plans {
+        let out = Executor::new().run(&plan, &catalog, text("x")).unwrap();
+        assert_eq!(
+            out,
+            Value::map([("b", text("x")), ("c", text("x"))]),
+            "{plan:?}"
+        );
+    }
 }
