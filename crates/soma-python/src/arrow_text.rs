@@ -15,13 +15,13 @@
 //! one written meanwhile all the same gives a stale digest, as any buffer read so (`digest.rs`). Every offset is checked against its buffer before a byte is
 //! read: a malformed array (made by `Array.from_buffers`, say) is refused, never read past.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::text::{leb128, parallelism, BLOCK, MOST_THREADS, TEXT_COLUMN_CONTEXT};
+use crate::text::{
+    digest_blocks, leb128, parallelism, Block, BLOCK, MOST_THREADS, TEXT_COLUMN_CONTEXT,
+};
 
 /// One array of a column, as the caller hands it over: its validity bitmap (`None` when every
 /// element is there), its offsets, its data (`None` when it has no bytes), its offset into
@@ -189,36 +189,13 @@ pub fn arrow_text<'py>(
         .collect();
     let threads = parallelism().min(MOST_THREADS).min(blocks.len() / 2).max(1);
     let digests = crate::exit::detach(py, || {
-        let next = AtomicUsize::new(0);
-        let refused = AtomicBool::new(false);
-        let work = || {
-            let mut out = Vec::new();
-            let mut done = Vec::new();
-            loop {
-                let at = next.fetch_add(1, Ordering::Relaxed);
-                if at >= blocks.len() || refused.load(Ordering::Relaxed) {
-                    return done;
-                }
-                // SAFETY: every buffer of `read` is held in `held` until after this closure
-                // returns, and Arrow's buffers are not written once made.
-                #[allow(unsafe_code)]
-                let digest = unsafe { block_digest(&read, &starts, wide, blocks[at], &mut out) };
-                let Some(digest) = digest else {
-                    refused.store(true, Ordering::Relaxed);
-                    return done;
-                };
-                done.push((at, digest));
-            }
-        };
-        let finished = crate::text::on_threads(threads, work);
-        if refused.load(Ordering::Relaxed) {
-            return None;
-        }
-        let mut digests = vec![[0_u8; 32]; blocks.len()];
-        for (at, digest) in finished {
-            digests[at] = digest;
-        }
-        Some(digests)
+        digest_blocks(threads, blocks.len(), |at, scratch| {
+            // SAFETY: every buffer of `read` is held in `held` until after this closure
+            // returns, and Arrow's buffers are not written once made.
+            #[allow(unsafe_code)]
+            let digest = unsafe { block_digest(&read, &starts, wide, blocks[at], scratch) };
+            digest.map_or(Block::Stop, Block::Digest)
+        })
     });
     for buffer in held {
         buffer.release(py);
@@ -228,7 +205,8 @@ pub fn arrow_text<'py>(
     };
     let mut hasher = ::blake3::Hasher::new_derive_key(TEXT_COLUMN_CONTEXT);
     hasher.update(&(count as u64).to_le_bytes());
-    for digest in digests {
+    // Every block digested: none is left to this thread.
+    for digest in digests.into_iter().flatten() {
         hasher.update(&digest);
     }
     Ok(Some(PyBytes::new(py, hasher.finalize().as_bytes())))

@@ -414,15 +414,48 @@ fn prefetch(address: usize) {
     let _ = address;
 }
 
-/// `work` run on this thread and on up to `threads - 1` scoped helpers (fewer where the system
-/// refuses one), what each returned gathered: a column's blocks are digested so, each thread
-/// taking the next block until none is left. A helper's panic goes on on this thread.
-pub(crate) fn on_threads<T, F>(threads: usize, work: F) -> Vec<T>
+/// What a block's digest came to, on a thread of [`digest_blocks`].
+pub(crate) enum Block {
+    Digest([u8; 32]),
+    /// Left to the caller, to digest on its own thread.
+    Left,
+    /// Not text: every thread stops, and the column is not digested here.
+    Stop,
+}
+
+/// Digests `blocks` blocks on this thread and on up to `threads - 1` scoped helpers (fewer
+/// where the system refuses one), each thread taking the next block until none is left:
+/// `digest(at, scratch)` says what block `at` came to. Each block's digest by index (`None`
+/// where left), or `None` when a block stopped them. A helper's panic goes on here.
+pub(crate) fn digest_blocks<F>(
+    threads: usize,
+    blocks: usize,
+    digest: F,
+) -> Option<Vec<Option<[u8; 32]>>>
 where
-    T: Send,
-    F: Fn() -> Vec<T> + Sync,
+    F: Fn(usize, &mut Vec<u8>) -> Block + Sync,
 {
-    thread::scope(|scope| {
+    let next = AtomicUsize::new(0);
+    let stopped = AtomicBool::new(false);
+    let work = || {
+        let mut scratch = Vec::new();
+        let mut done = Vec::new();
+        loop {
+            let at = next.fetch_add(1, Ordering::Relaxed);
+            if at >= blocks || stopped.load(Ordering::Relaxed) {
+                return done;
+            }
+            match digest(at, &mut scratch) {
+                Block::Digest(found) => done.push((at, found)),
+                Block::Left => {}
+                Block::Stop => {
+                    stopped.store(true, Ordering::Relaxed);
+                    return done;
+                }
+            }
+        }
+    };
+    let finished = thread::scope(|scope| {
         let work = &work;
         let helpers: Vec<_> = (1..threads)
             .filter_map(|_| thread::Builder::new().spawn_scoped(scope, work).ok())
@@ -436,7 +469,15 @@ where
             );
         }
         finished
-    })
+    });
+    if stopped.load(Ordering::Relaxed) {
+        return None;
+    }
+    let mut digests = vec![None; blocks];
+    for (at, found) in finished {
+        digests[at] = Some(found);
+    }
+    Some(digests)
 }
 
 /// How many threads this process may run at once, asked once (it reads files).
@@ -519,37 +560,22 @@ pub fn text_column<'py>(
         1
     };
     if threads > 1 {
-        let next = AtomicUsize::new(0);
-        let refused = AtomicBool::new(false);
-        let work = || {
-            let mut out = Vec::new();
-            let mut done = Vec::new();
-            loop {
-                let at = next.fetch_add(1, Ordering::Relaxed);
-                if at >= blocks.len() || refused.load(Ordering::Relaxed) {
-                    return done;
-                }
-                // SAFETY: the elements of a live object array, read while the thread that
-                // waits for this one holds the GIL and runs no Python code (see `pointers`);
-                // no call into the interpreter is made here (no `py`).
-                #[allow(unsafe_code)]
-                match unsafe { block_digest(blocks[at], layout, None, &mut out) } {
-                    Ok(digest) => done.push((at, digest)),
-                    Err(Stop::ByCall) => {} // Read below, by calls, on this thread.
-                    Err(Stop::Refused) => {
-                        refused.store(true, Ordering::Relaxed);
-                        return done;
-                    }
-                }
+        let found = digest_blocks(threads, blocks.len(), |at, scratch| {
+            // SAFETY: the elements of a live object array, read while the thread that waits
+            // for this one holds the GIL and runs no Python code (see `pointers`); no call
+            // into the interpreter is made here (no `py`).
+            #[allow(unsafe_code)]
+            let digest = unsafe { block_digest(blocks[at], layout, None, scratch) };
+            match digest {
+                Ok(digest) => Block::Digest(digest),
+                Err(Stop::ByCall) => Block::Left, // Read below, by calls, on this thread.
+                Err(Stop::Refused) => Block::Stop,
             }
-        };
-        let finished = on_threads(threads, work);
-        if refused.load(Ordering::Relaxed) {
+        });
+        let Some(found) = found else {
             return Ok(None);
-        }
-        for (at, digest) in finished {
-            digests[at] = Some(digest);
-        }
+        };
+        digests = found;
     }
     let mut out = Vec::new();
     for (digest, block) in digests.iter_mut().zip(&blocks) {
