@@ -129,6 +129,34 @@ def test_a_view_with_a_journal_lists_the_runs_other_processes_recorded_there(
     assert (status, json.loads(node)["state"]) == (200, "finished")
 
 
+def test_a_journaled_streams_row_counts_its_node_calls_never_done_above_its_total(
+    journal: soma.Journal, journal_view: Any
+) -> None:
+    script = textwrap.dedent(
+        f"""
+        import soma
+
+        journal = soma.Journal({journal.target!r})
+        graph = soma.Graph.somatize(
+            soma.node(lambda x: x + 1).named("add") >> soma.node(lambda x: x * 2).named("double")
+        )
+        print(list(graph.map(range(5), run="stream", journal=journal)))
+        print(graph.forward(1, run="single", journal=journal))
+        """
+    )
+    ran = run_script(script)
+    assert (ran.returncode, ran.stdout.split()) == (0, ["[2,", "4,", "6,", "8,", "10]", "4"])
+    rows = listed(journal_view)
+    assert rows["stream"]["progress"] == "10 calls"
+    assert rows["single"]["progress"] == "2 / 2 nodes"
+    status, runs_page = get(address(journal_view, "/"))
+    assert status == 200
+    assert "<td>10 calls</td>" in runs_page
+    assert "10 / 2" not in runs_page
+    status, run_page = get(address(journal_view, "/runs/stream"))
+    assert (status, "<span id=progress>10 calls</span>" in run_page) == (200, True)
+
+
 def test_a_run_of_this_process_that_pauses_shows_paused_with_its_asking_node_paused(
     journal: soma.Journal, journal_view: Any
 ) -> None:

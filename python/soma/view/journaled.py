@@ -57,8 +57,13 @@ class JournaledRun(RunRecord):
         self.done = run.done
         self.questions: dict[str, str] = dict(run.questions)
         self.journal_status = run.status
+        self.stream = run.stream
         self._graph_text = run.graph
         self.frozen = {}
+
+    def progress(self) -> str:
+        # A stream's items are its caller's: its nodes' calls are counted, not "done of total".
+        return f"{self.done} calls" if self.stream else super().progress()
 
     @property
     def label(self) -> str:

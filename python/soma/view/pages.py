@@ -67,7 +67,7 @@ def _run_row(run: RunRecord, token: str | None) -> str:
         f'<td class="status status-{_e(run.status.value)}">{_e(run.status.value)}</td>'
         f"<td>{_e(_when(run.started_at))}</td>"
         f"<td>{run.elapsed():.3f} s</td>"
-        f"<td>{run.done} / {run.total}</td>"
+        f"<td>{_e(run.progress())}</td>"
         f'<td class="error">{_e(run.error or "")}</td></tr>'
     )
 
@@ -125,7 +125,7 @@ def run_page(run: RunRecord, plan_svg: str, token: str | None) -> str:
         + f'<header><a href="{_e(back)}">Runs</a><h1>Run {_e(run.id)}</h1>'
         + f'<span id=status class="status status-{_e(run.status.value)}">'
         + f"{_e(run.status.value)}</span>"
-        + f"<span id=progress>{run.done} / {run.total}</span>"
+        + f"<span id=progress>{_e(run.progress())}</span>"
         + '<span id=live class="live">connecting…</span>'
         + _answer_link(run, token)
         + "</header>"

@@ -655,6 +655,10 @@ class RunRecord:
     def elapsed(self) -> float:
         return self.seconds if self.seconds is not None else self.now()
 
+    def progress(self) -> str:
+        """How far it got, as the pages show it: its nodes done of its total."""
+        return f"{self.done} / {self.total} nodes"
+
     def as_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -664,6 +668,7 @@ class RunRecord:
             "seconds": self.elapsed(),
             "done": self.done,
             "total": self.total,
+            "progress": self.progress(),
             "error": self.error,
             "item": self.item,
             "parent": self.parent,

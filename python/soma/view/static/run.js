@@ -85,7 +85,7 @@
     const status = document.getElementById("status");
     status.textContent = run.status;
     status.className = "status status-" + run.status;
-    document.getElementById("progress").textContent = run.done + " / " + run.total + " nodes, " + run.seconds.toFixed(3) + " s";
+    document.getElementById("progress").textContent = run.progress + ", " + run.seconds.toFixed(3) + " s";
     document.getElementById("run-error").textContent = run.error || "";
     runSeconds = Math.max(runSeconds, run.seconds);
     ended = run.status !== "running";

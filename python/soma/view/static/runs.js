@@ -32,7 +32,7 @@
     cell(tr, run.status, "status status-" + run.status);
     cell(tr, new Date(run.started * 1000).toLocaleString());
     cell(tr, run.seconds.toFixed(3) + " s");
-    cell(tr, run.done + " / " + run.total);
+    cell(tr, run.progress);
     cell(tr, run.error || "", "error");
     tr.classList.toggle("hidden", filter.value !== "" && filter.value !== run.status);
     return tr;
