@@ -574,3 +574,54 @@ def test_an_async_twin_gives_the_results_errors_and_cache_counts_of_its_graph(
 
 def run(coroutine: Any) -> Any:
     return asyncio.run(coroutine)
+
+
+@pytest.fixture(scope="module")
+def watching() -> Iterator[Any]:
+    """A view recording every run of the tests that ask for it (the engine then keeps each
+    forward's states on a board)."""
+    opened = soma.view(port=0, quiet=True)
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    random_runs(),
+    st.integers(min_value=0, max_value=20),
+    st.sampled_from(["memory cache", "folder cache", "journal"]),
+    st.booleans(),
+)
+def test_a_watched_run_with_a_cache_or_a_journal_gives_twice_what_a_plain_run_gives(
+    watching: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+    run_of: tuple[Dag, dict[str, tuple[int, int, int | None]], set[str]],
+    x: int,
+    kind: str,
+    asynchronously: bool,
+) -> None:
+    dag, shapes, asynced = run_of
+    expected = outcome(lambda: twin(dag, shapes, set()).forward(x, timeout=30))
+    g = twin(dag, shapes, asynced)
+    folder = tmp_path_factory.mktemp("kept")
+    keywords: dict[str, Any] = {
+        "memory cache": {"cache": soma.Cache()},
+        "folder cache": {"cache": soma.Cache(folder)},
+        "journal": {"journal": soma.Journal(folder / "runs.db"), "run": "r"},
+    }[kind]
+    try:
+        for _ in range(2):  # The second from what the first kept (a journal: taken up again).
+            if asynchronously:
+                got = outcome(lambda: run(g.aforward(x, **keywords)))
+            else:
+                got = outcome(lambda: g.forward(x, timeout=30, **keywords))
+            if kind == "journal" and got[0] == "error":
+                break  # A failed run taken up again calls its failed node again: other counts.
+            assert got == expected
+    finally:
+        if "journal" in keywords:
+            keywords["journal"].close()
+    # The view saw the last of them end as it ended.
+    assert watching.runs()[0].as_json()["status"] == ("finished" if got[0] == "value" else "failed")
