@@ -503,6 +503,130 @@ def test_a_watched_runs_nodes_tell_python_nothing_unless_they_fail() -> None:
     assert failed["row"] == threading.current_thread().name
 
 
+def test_a_watched_run_that_returns_runs_no_python_of_the_views_until_it_is_read() -> None:
+    recorder = record.Recorder()
+    observe.set_watcher(recorder)
+    graph = soma.Graph.somatize(
+        soma.node(lambda x: x + 1).named("a") >> soma.node(lambda x: x * 2).named("b")
+    )
+    views_own = {record.__file__, observe.__file__}
+    called: list[str] = []
+
+    def profile(frame: Any, event: str, _arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename in views_own:
+            called.append(frame.f_code.co_name)
+
+    try:
+        sys.setprofile(profile)
+        try:
+            assert graph.forward(1) == 4
+        finally:
+            sys.setprofile(None)
+    finally:
+        observe.set_watcher(None)
+    # The run and its nodes went on its board, in the glue's ledger: nothing of the view's ran.
+    assert called == []
+    [run] = recorder.runs()
+    assert run.status is record.RunStatus.FINISHED
+    assert run.progress() == "2 / 2 nodes"
+    states = {node["id"]: node["state"] for node in run.nodes_json()}
+    assert states == {"a": "finished", "b": "finished"}
+
+
+def test_a_run_started_by_a_watched_runs_node_names_that_run_as_its_parent() -> None:
+    recorder = record.Recorder()
+    observe.set_watcher(recorder)
+    inner = soma.Graph.somatize(soma.node(lambda x: x + 1).named("inner"))
+    outer = soma.Graph.somatize(soma.node(lambda x: inner.forward(x)).named("outer"))
+    try:
+        assert outer.forward(1) == 2
+        assert inner.forward(5) == 6
+    finally:
+        observe.set_watcher(None)
+    listed = {run.id: run.as_json()["parent"] for run in recorder.runs()}
+    assert listed == {"1": None, "2": "1", "3": None}
+
+
+def test_runs_nobody_reads_wait_for_the_view_no_more_than_it_keeps() -> None:
+    recorder = record.Recorder()
+    observe.set_watcher(recorder)
+    graph = soma.Graph.somatize(soma.node(lambda x: x).named("one"))
+    try:
+        for _ in range(3 * record.FINISHED_KEPT):
+            graph.forward(1)
+        # What waits for the view to take it: the boards of the last runs it would keep.
+        waiting = soma._soma.boarded_runs()
+    finally:
+        observe.set_watcher(None)
+    # The ledger trims once it holds twice what the view keeps, down to that.
+    assert record.FINISHED_KEPT <= len(waiting) <= 2 * record.FINISHED_KEPT
+    assert waiting[-1].number - waiting[0].number == len(waiting) - 1
+
+
+def test_a_run_in_flight_stays_listed_however_many_runs_end_after_it() -> None:
+    recorder = record.Recorder()
+    observe.set_watcher(recorder)
+    gate = Gate()
+    quick = soma.Graph.somatize(soma.node(lambda x: x).named("quick"))
+    worker = threading.Thread(target=gated_graph(gate).forward, args=(1,))
+    worker.start()
+    try:
+        assert gate.began.wait(DEADLINE)
+        for _ in range(2 * record.FINISHED_KEPT):
+            quick.forward(1)
+        listed = {run.id: run for run in recorder.runs()}
+        assert listed["1"].status is record.RunStatus.RUNNING
+        assert len(listed) == record.FINISHED_KEPT + 1
+        gate.open.set()
+        worker.join(DEADLINE)
+        held = recorder.run("1")
+        assert held is not None
+        assert held.status is record.RunStatus.FINISHED
+    finally:
+        gate.open.set()
+        worker.join(DEADLINE)
+        observe.set_watcher(None)
+
+
+def test_runs_are_listed_newest_first_whether_or_not_the_engine_keeps_their_board() -> None:
+    recorder = record.Recorder()
+    observe.set_watcher(recorder)
+    graph = soma.Graph.somatize(soma.node(lambda x: x + 1).named("one"))
+    try:
+        graph.forward(1)  # its board waits in the ledger until the list is read
+        assert list(graph.map([1, 2])) == [2, 3]  # each item's run told as it begins
+        graph.forward(2)
+    finally:
+        observe.set_watcher(None)
+    listed = [(run.id, run.item) for run in recorder.runs()]
+    assert listed == [("4", None), ("3", 1), ("2", 0), ("1", None)]
+
+
+def test_a_runs_page_is_sent_the_newest_runs_a_tick_however_many_ended(
+    view: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from soma.view import server
+
+    monkeypatch.setattr(server, "RUNS_SENT", 3)
+    stream = urllib.request.urlopen(address(view, "/api/runs/events"), timeout=DEADLINE)
+    events = read_events(stream)
+    kind, first = next(events)
+    assert (kind, first) == ("runs", [])
+    graph = soma.Graph.somatize(soma.node(lambda x: x).named("one"))
+    for _ in range(20):
+        graph.forward(1)
+    sent: list[list[str]] = []
+    until = time.monotonic() + DEADLINE
+    for kind, rows in events:
+        assert kind == "update"
+        sent.append([row["id"] for row in rows])
+        if "20" in sent[-1] or time.monotonic() > until:
+            break
+    stream.close()
+    assert sent[-1][-1] == "20"
+    assert all(len(ids) <= 3 for ids in sent), sent
+
+
 def test_a_nodes_seconds_on_the_board_are_right_to_within_its_clocks_resolution() -> None:
     resolution = 0.001
     recorder = record.Recorder()
@@ -555,6 +679,7 @@ def test_a_recorder_frees_a_run_it_no_longer_keeps_with_the_cycle_collector_off(
         first = weakref.ref(recorder.runs()[0])
         for _ in range(record.FINISHED_KEPT):
             graph.forward(1)
+        recorder.runs()  # What a page reads: the recorder takes the runs begun since.
         assert first() is None
     finally:
         observe.set_watcher(None)
@@ -795,6 +920,25 @@ def test_chromium_shows_the_runs_page_live_and_a_failed_runs_error_as_text(
     browser.find_element("css selector", '#plan g[data-node="fails"]').click()
     wait_for(browser, "the traceback", lambda d: "Traceback" in d.find_element("id", "detail").text)
     browser.save_screenshot(str(SCREENSHOTS / "view-run-failed.png"))
+
+
+def test_chromium_lists_no_more_runs_than_the_recorder_keeps(
+    view: Any, browser: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pages, "FINISHED_KEPT", 5)
+    browser.get(address(view, "/"))
+    wait_for(browser, "the stream open", lambda d: d.find_element("id", "live").text == "live")
+    graph = soma.Graph.somatize(soma.node(lambda x: x).named("one"))
+    for _ in range(12):
+        graph.forward(1)
+    wait_for(
+        browser,
+        "the newest run",
+        lambda d: bool(d.find_elements("css selector", '#runs tbody tr[data-run="12"]')),
+    )
+    rows = browser.find_elements("css selector", "#runs tbody tr")
+    assert len(rows) == 5
+    assert rows[0].get_attribute("data-run") == "12"
 
 
 def test_chromium_opens_the_offline_report_from_a_file_with_each_nodes_state(

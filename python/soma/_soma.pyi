@@ -33,6 +33,7 @@ __all__ = [
     "_thread_in_reserve",
     "arrow_text",
     "blake3",
+    "boarded_runs",
     "checked_timeout",
     "code_digest",
     "host_refused",
@@ -42,6 +43,7 @@ __all__ = [
     "parse_device",
     "parse_host",
     "reach",
+    "run_number",
     "step_and_rest",
     "text_column",
     "text_pack",
@@ -155,11 +157,20 @@ def _thread_in_reserve() -> bool:
     """Whether a thread waits in the process's reserve, filled first if it was taken (for
     tests that count the process's threads; not API)."""
 
-def observe(target: Any | None, boards: bool = False) -> None:
+def observe(target: Any | None, boards: bool = False, kept: tuple[int, int] | None = None) -> None:
     """Installs ``target`` as the process's observer of runs (``soma._run.observe``); ``None``
     removes it. With ``boards``, each run of ``forward`` and ``aforward`` keeps a
-    :class:`Board`, handed to ``target.begin`` after the run's own arguments, and the calls of
-    nodes that are not awaited are told ``target`` only when they fail. Not API."""
+    :class:`Board`, which goes in the ledger :func:`boarded_runs` takes from as the run begins,
+    with what the run tells as it begins and ends (``target`` is told neither), and the calls of
+    nodes that are not awaited are told ``target`` only when they fail; ``kept``: how many
+    finished runs, of how many nodes in all, the ledger keeps until they are taken (``None``:
+    200 runs of 100,000 nodes). Not API."""
+
+def boarded_runs() -> list[Board]:
+    """The boards of the runs begun since the last call, in the order they began. Not API."""
+
+def run_number() -> int:
+    """A number for a run the view lists, from this process's one count. Not API."""
 
 def checked_timeout(seconds: object) -> float:
     """``seconds`` if it is a timeout every run accepts: a finite number of seconds, 0 or more;
@@ -444,12 +455,32 @@ class StopFlag:
 
 @final
 class Board:
-    """A run's node states as the engine keeps them (``soma_core::Board``): read in bulk by the
-    view (``soma.view.record``). Not API."""
+    """A run's node states as the engine keeps them (``soma_core::Board``), with what its run
+    told as it began and ended: read in bulk by the view (``soma.view.record``). Not API."""
 
     @property
-    def changed(self) -> bool:
-        """Whether a node's record changed since the last read."""
+    def number(self) -> int:
+        """The run's number among this process's runs (:func:`run_number`)."""
+    @property
+    def graph(self) -> Any:
+        """The graph the run is of (``GraphCore``)."""
+    @property
+    def started_at(self) -> float:
+        """When the run began, in seconds since the epoch."""
+    @property
+    def elapsed(self) -> float:
+        """Seconds since the run began."""
+    @property
+    def begun(self) -> tuple[int, bool, Any, frozenset[str], Any] | None:
+        """What the run told as it began: ``(nodes, asynchronous, parent, hidden,
+        journal_run)``, or ``None`` before it began."""
+    @property
+    def ended(self) -> tuple[int, BaseException | None, float] | None:
+        """How the run ended: ``(outcome, error, seconds)``, or ``None`` while it runs."""
+    @property
+    def has_ended(self) -> bool:
+        """Whether the run has ended."""
+
     @property
     def done(self) -> int:
         """How many of the run's own nodes (not those inside its steps) are done: finished, or
@@ -464,9 +495,6 @@ class Board:
         """The records changed since the last read: ``(index, state, attempt, thread, started,
         ended)``, the thread as ``threading.get_ident`` names it (on x86-64 Linux), times in
         seconds since the run was made, ``ended`` ``None`` while it runs."""
-    def wait(self, timeout: float) -> bool:
-        """Waits at most ``timeout`` seconds for a change since the last read; whether there
-        is one."""
     def __len__(self) -> int: ...
 
 @final

@@ -99,6 +99,8 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(context::_carry_context, module)?)?;
     module.add_function(wrap_pyfunction!(_thread_in_reserve, module)?)?;
     module.add_function(wrap_pyfunction!(observer::observe, module)?)?;
+    module.add_function(wrap_pyfunction!(board::boarded_runs, module)?)?;
+    module.add_function(wrap_pyfunction!(board::run_number, module)?)?;
     module.add_function(wrap_pyfunction!(protocol::_journal_run_held, module)?)?;
     module.add_function(wrap_pyfunction!(device::parse_device, module)?)?;
     module.add_function(wrap_pyfunction!(hosts::parse_host, module)?)?;

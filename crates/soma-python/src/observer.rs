@@ -6,8 +6,9 @@
 //! One observer for the process, read once per run when its executor is made: a run made while
 //! none is installed costs what it did, one `Option` per node in the engine. One installed to
 //! keep boards (the view alone, `boards=True`) gives each run of `forward` and `aforward` a
-//! board ([`soma_core::Board`], `board.rs`), handed to it with the run's beginning, and is told
-//! only the calls that fail, besides runs, steps' parts and async nodes' calls.
+//! board ([`soma_core::Board`], `board.rs`) and is told only the calls that fail, steps' parts
+//! and async nodes' calls: such a run's own beginning and end are kept with its board, in the
+//! ledger the view takes boards from, so that a run that returns calls no Python for the view.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
@@ -18,7 +19,7 @@ use pyo3::types::PyTuple;
 use pyo3::{intern, IntoPyObjectExt};
 use soma_core::{Begun, Board, Ended, Executor, Observer, Opened, Part, Program, RunError};
 
-use crate::board::PyBoard;
+use crate::board::{self, PyBoard};
 
 use crate::errors::{python_cause, run_error};
 use crate::watch::SignalWatch;
@@ -51,8 +52,8 @@ struct PythonObserver {
     watch: Option<Arc<SignalWatch>>,
     /// Whether the runs it is installed for keep a board.
     boards: bool,
-    /// The run's board, on the copy a run that keeps one takes: handed to `begin` after the
-    /// run's own arguments.
+    /// The run's board, on the copy a run that keeps one takes: its run's beginning and end
+    /// are kept there, not told `target`.
     board: Option<Py<PyBoard>>,
 }
 
@@ -77,11 +78,17 @@ mod outcome {
 
 /// Installs `target` as the process's observer (`None` removes it): runs started from now on
 /// tell it their works; runs already started keep the one they had. With `boards`, each run of
-/// `forward` and `aforward` keeps a board, handed to `target.begin` with the run's beginning,
-/// and the calls of its nodes that are not awaited are told only when they fail.
+/// `forward` and `aforward` keeps a board, which goes in the ledger `boarded_runs` takes from
+/// as the run begins, with the run's beginning and end; the calls of its nodes that are not
+/// awaited are told only when they fail. `kept`: how many finished runs, of how many nodes in
+/// all, the ledger keeps until they are taken (200 of 100,000 unless told).
 #[pyfunction]
-#[pyo3(signature = (target, boards=false))]
-pub fn observe(target: Option<Py<PyAny>>, boards: bool) {
+#[pyo3(signature = (target, boards=false, kept=None))]
+pub fn observe(target: Option<Py<PyAny>>, boards: bool, kept: Option<(usize, usize)>) {
+    if let (Some(target), true) = (&target, boards) {
+        let (runs, nodes) = kept.unwrap_or((200, 100_000));
+        board::keep_for(target.as_ptr() as usize, runs, nodes);
+    }
     let observer = target.map(|target| {
         Arc::new(PythonObserver {
             target,
@@ -104,15 +111,46 @@ pub(crate) fn watched(py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
     if !ANY.load(Ordering::Acquire) {
         return Ok(None);
     }
-    let current = CURRENT_CALL
-        .get_or_try_init(py, || {
+    let current =
+        observe_variable(py, &CURRENT_CALL, "current_call")?.call_method0(intern!(py, "get"))?;
+    if !current.is_none() {
+        return Ok(Some(current.unbind()));
+    }
+    // A run that keeps a board told Python nothing as it began: what its nodes emit reports
+    // through what its board makes, once one asks.
+    let run = current_run(py)?.call_method0(intern!(py, "get"))?;
+    let Ok(board) = run.cast::<PyBoard>() else {
+        return Ok(None);
+    };
+    board
+        .get()
+        .watched(py, || {
             crate::py_modules::observe(py)?
-                .getattr("current_call")
+                .call_method1(intern!(py, "board_watched"), (board,))
                 .map(Bound::unbind)
-        })?
-        .bind(py)
-        .call_method0(intern!(py, "get"))?;
-    Ok((!current.is_none()).then(|| current.unbind()))
+        })
+        .map(Some)
+}
+
+/// The context variable `name` of `soma._run.observe`, looked up once and kept in `cell`.
+fn observe_variable<'py>(
+    py: Python<'py>,
+    cell: &'static PyOnceLock<Py<PyAny>>,
+    name: &str,
+) -> PyResult<&'py Bound<'py, PyAny>> {
+    cell.get_or_try_init(py, || {
+        crate::py_modules::observe(py)?
+            .getattr(name)
+            .map(Bound::unbind)
+    })
+    .map(|variable| variable.bind(py))
+}
+
+/// `soma._run.observe.current_run`: the run the current work is part of, as the view knows it
+/// (its record, or the board of a run that keeps one).
+fn current_run(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    static CURRENT_RUN: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    observe_variable(py, &CURRENT_RUN, "current_run")
 }
 
 /// `executor` with the observer a run of `graph` made now, watched by `watch`, is to tell, if
@@ -140,7 +178,7 @@ pub(crate) fn observed(
     let mut kept = None;
     if let Some(board) = board {
         executor = executor.with_board(Arc::clone(&board));
-        kept = Some(Py::new(py, PyBoard { board })?);
+        kept = Some(Py::new(py, PyBoard::new(board, graph.clone().unbind()))?);
     }
     Ok(executor.with_observer(Arc::new(PythonObserver {
         target: observer.target.clone_ref(py),
@@ -153,15 +191,33 @@ pub(crate) fn observed(
 
 impl Observer for PythonObserver {
     fn begin(&self, begun: &Begun<'_>) -> Opened {
-        crate::exit::attach(|py| {
-            let arguments =
-                match begun_arguments(py, begun, self.graph.as_ref(), self.board.as_ref()) {
-                    Ok(arguments) => arguments,
+        if let (
+            &Begun::Run {
+                nodes,
+                asynchronous,
+                ..
+            },
+            Some(board),
+        ) = (begun, &self.board)
+        {
+            return crate::exit::attach(|py| {
+                match boarded_run_begins(py, board, nodes, asynchronous) {
+                    Ok(opened) => Some(Box::new(opened) as Box<dyn std::any::Any + Send>),
                     Err(error) => {
                         error.write_unraisable(py, Some(self.target.bind(py)));
-                        return None;
+                        None
                     }
-                };
+                }
+            });
+        }
+        crate::exit::attach(|py| {
+            let arguments = match begun_arguments(py, begun, self.graph.as_ref()) {
+                Ok(arguments) => arguments,
+                Err(error) => {
+                    error.write_unraisable(py, Some(self.target.bind(py)));
+                    return None;
+                }
+            };
             match crate::exit::call_method(self.target.bind(py), intern!(py, "begin"), arguments) {
                 Ok(opened) if opened.is_none() => None,
                 Ok(opened) => Some(Box::new(Unended {
@@ -179,33 +235,26 @@ impl Observer for PythonObserver {
     }
 
     fn end(&self, opened: Opened, ended: &Ended<'_>) {
-        let Some(mut unended) = opened.and_then(|opened| opened.downcast::<Unended>().ok()) else {
+        let Some(opened) = opened else {
             return;
+        };
+        let mut unended = match opened.downcast::<Unended>() {
+            Ok(unended) => unended,
+            Err(opened) => {
+                if let Ok(mut run) = opened.downcast::<BoardedRun>() {
+                    crate::exit::attach(|py| {
+                        let (outcome, error, _) = self.ended_values(py, ended);
+                        run.ends(py, outcome, (!error.is_none(py)).then_some(error));
+                    });
+                }
+                return;
+            }
         };
         let Some(opened) = unended.opened.take() else {
             return;
         };
         crate::exit::attach(|py| {
-            let (outcome, error, retry_in) = match ended {
-                Ended::Returned => (outcome::RETURNED, py.None(), None),
-                Ended::Failed { error, .. } if self.past_timeout(error) => (
-                    outcome::TIMED_OUT,
-                    crate::stopped::timed_out(error, self.watch.as_ref().and_then(|w| w.timeout()))
-                        .into_value(py)
-                        .into_any(),
-                    None,
-                ),
-                Ended::Failed { error, retry_in } => (
-                    if error.timed_out() {
-                        outcome::TIMED_OUT
-                    } else {
-                        outcome::FAILED
-                    },
-                    error_value(py, error),
-                    retry_in.map(|pause| pause.as_secs_f64()),
-                ),
-                Ended::Stopped => (outcome::STOPPED, py.None(), None),
-            };
+            let (outcome, error, retry_in) = self.ended_values(py, ended);
             let ended = (opened.bind(py), outcome, error, retry_in);
             if let Err(error) =
                 crate::exit::call_method(self.target.bind(py), intern!(py, "end"), ended)
@@ -216,21 +265,127 @@ impl Observer for PythonObserver {
     }
 }
 
+impl PythonObserver {
+    /// What `end` is told of a work that ended as `ended`: its outcome, its error (`None`
+    /// when it returned) and the seconds until its retry.
+    fn ended_values(&self, py: Python<'_>, ended: &Ended<'_>) -> (u8, Py<PyAny>, Option<f64>) {
+        match ended {
+            Ended::Returned => (outcome::RETURNED, py.None(), None),
+            Ended::Failed { error, .. } if self.past_timeout(error) => (
+                outcome::TIMED_OUT,
+                crate::stopped::timed_out(error, self.watch.as_ref().and_then(|w| w.timeout()))
+                    .into_value(py)
+                    .into_any(),
+                None,
+            ),
+            Ended::Failed { error, retry_in } => (
+                if error.timed_out() {
+                    outcome::TIMED_OUT
+                } else {
+                    outcome::FAILED
+                },
+                error_value(py, error),
+                retry_in.map(|pause| pause.as_secs_f64()),
+            ),
+            Ended::Stopped => (outcome::STOPPED, py.None(), None),
+        }
+    }
+
+    /// Whether `error` is of a work its run's caller stopped waiting for because the run's
+    /// `timeout=` passed.
+    fn past_timeout(&self, error: &RunError) -> bool {
+        matches!(error, RunError::Abandoned { .. } | RunError::Interrupted)
+            && self.watch.as_ref().is_some_and(|watch| watch.timed_out())
+    }
+}
+
+/// A run that keeps a board, begun: its board, and the token that put it in
+/// `soma._run.observe.current_run` where the run began, taken back as it ends. A run dropped
+/// without an end (an async run whose task was dropped) ends stopped when this is dropped.
+struct BoardedRun {
+    board: Option<Py<PyBoard>>,
+    token: Option<Py<PyAny>>,
+}
+
+/// A run of `nodes` nodes that keeps `board` begins: it is the current run where it begins,
+/// for the works it tells and what its nodes emit, and its board goes in the ledger with what
+/// it tells.
+fn boarded_run_begins(
+    py: Python<'_>,
+    board: &Py<PyBoard>,
+    nodes: usize,
+    asynchronous: bool,
+) -> PyResult<BoardedRun> {
+    static HIDDEN: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let current = current_run(py)?;
+    let parent = current.call_method0(intern!(py, "get"))?;
+    let hidden = observe_variable(py, &HIDDEN, "hidden")?.call_method0(intern!(py, "get"))?;
+    let board = board.bind(py);
+    PyBoard::begins(
+        board,
+        nodes,
+        asynchronous,
+        (!parent.is_none()).then(|| parent.unbind()),
+        hidden.unbind(),
+        crate::protocol::journal_run(py)?,
+    );
+    let token = current.call_method1(intern!(py, "set"), (board,))?;
+    Ok(BoardedRun {
+        board: Some(board.clone().unbind()),
+        token: Some(token.unbind()),
+    })
+}
+
+impl BoardedRun {
+    /// The run ended as `outcome`, with `error`: its board keeps it, and the run it was
+    /// started in is current again — where it began; ended elsewhere (a streamed item, a task
+    /// on another thread), the context there is left as it is.
+    fn ends(&mut self, py: Python<'_>, outcome: u8, error: Option<Py<PyAny>>) {
+        let Some(board) = self.board.take() else {
+            return;
+        };
+        board.get().ends(outcome, error);
+        if let Some(token) = self.token.take() {
+            if let Err(error) = current_run(py)
+                .and_then(|current| current.call_method1(intern!(py, "reset"), (token,)))
+            {
+                // A token made in another context: the run ended where it did not begin.
+                if !error.is_instance_of::<pyo3::exceptions::PyValueError>(py) {
+                    error.write_unraisable(py, Some(board.bind(py)));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for BoardedRun {
+    fn drop(&mut self) {
+        let Some(board) = &self.board else {
+            return;
+        };
+        if board.get().ended_already() {
+            return;
+        }
+        let Some(_inside) = crate::exit::try_enter() else {
+            // The interpreter is ending: nothing may enter it now, and nobody reads the run.
+            if let Some(board) = self.board.take() {
+                std::mem::forget(board);
+            }
+            if let Some(token) = self.token.take() {
+                std::mem::forget(token);
+            }
+            return;
+        };
+        crate::exit::attach(|py| self.ends(py, outcome::STOPPED, None));
+    }
+}
+
 impl Drop for PythonObserver {
     /// A run's copy goes with its executor, once the run is over: its board's clock may stop.
     fn drop(&mut self) {
         if let Some(board) = &self.board {
             board.get().board.finished();
         }
-    }
-}
-
-impl PythonObserver {
-    /// Whether `error` is of a work its run's caller stopped waiting for because the run's
-    /// `timeout=` passed.
-    fn past_timeout(&self, error: &RunError) -> bool {
-        matches!(error, RunError::Abandoned { .. } | RunError::Interrupted)
-            && self.watch.as_ref().is_some_and(|watch| watch.timed_out())
     }
 }
 
@@ -269,7 +424,6 @@ fn begun_arguments<'py>(
     py: Python<'py>,
     begun: &Begun<'_>,
     graph: Option<&Py<PyAny>>,
-    board: Option<&Py<PyBoard>>,
 ) -> PyResult<Bound<'py, PyTuple>> {
     let nothing = || py.None().into_bound(py);
     let mut function = nothing();
@@ -340,21 +494,19 @@ fn begun_arguments<'py>(
         Some(device) => device.to_string().into_bound_py_any(py)?,
         None => nothing(),
     };
-    let mut arguments = vec![
-        kind.into_bound_py_any(py)?,
-        node,
-        part,
-        attempt.into_bound_py_any(py)?,
-        device,
-        PyTuple::new(py, branch)?.into_any(),
-        awaited.into_bound_py_any(py)?,
-        function,
-    ];
-    // A run that keeps a board hands it over with its beginning.
-    if let (Begun::Run { .. }, Some(board)) = (begun, board) {
-        arguments.push(board.bind(py).clone().into_any());
-    }
-    PyTuple::new(py, arguments)
+    PyTuple::new(
+        py,
+        [
+            kind.into_bound_py_any(py)?,
+            node,
+            part,
+            attempt.into_bound_py_any(py)?,
+            device,
+            PyTuple::new(py, branch)?.into_any(),
+            awaited.into_bound_py_any(py)?,
+            function,
+        ],
+    )
 }
 
 /// The Python exception a work failed with: the node's own, as it raised it (no note added:

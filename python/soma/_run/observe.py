@@ -144,6 +144,24 @@ class Watched:
         self.returned = False
 
 
+# The run the current work is part of, as the view knows it: its record
+# (`soma.view.record.RunRecord`), set where a run begins, in the context its branches, items
+# and async tasks copy — or, for a run that keeps a board, its board (`_soma.Board`), set by
+# the glue, which tells the view nothing else as the run begins.
+current_run: contextvars.ContextVar[Any] = contextvars.ContextVar("soma_view_run", default=None)
+
+
+def board_watched(board: _soma.Board) -> Watched:
+    """What watches the calls of a run that keeps ``board``, for what its nodes emit: made by
+    the glue the first time a node of the run takes a ``ctx`` (a run that keeps a board tells
+    the view nothing as it begins, so no call of it has a :class:`Watched` of its own)."""
+    watched = Watched(None, None, None, dispatch.watcher)
+    # The board's number, not the board, which keeps what it makes: a cycle through the board
+    # would never be collected.
+    watched.watcher_run = board.number
+    return watched
+
+
 # What watches the node call going on here, if anything does: read by the glue when it makes the
 # call's `ctx` (`_soma`'s `observer::watched`).
 current_call: contextvars.ContextVar[Watched | None] = contextvars.ContextVar(
@@ -239,7 +257,7 @@ def _reinstall() -> None:
     elif dispatch.watcher_alone is not None:
         # The view alone: each run keeps a board its recorder reads, and is told the recorder
         # only what a board does not hold.
-        _soma.observe(dispatch.watcher_alone, boards=True)
+        _soma.observe(dispatch.watcher_alone, boards=True, kept=dispatch.watcher_alone.kept)
     elif dispatch.watcher is not None:
         _soma.observe(dispatch)
     else:

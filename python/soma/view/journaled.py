@@ -126,6 +126,9 @@ class JournalSource:
         ]
         return sorted([*live, *kept], key=lambda run: run.started_at, reverse=True)
 
+    def running(self) -> list[RunRecord]:
+        return [run for run in self.runs() if run.status is RunStatus.RUNNING]
+
     def run(self, run_id: str) -> RunRecord | None:
         found = self._recorder.run(run_id)
         if found is not None:

@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 from soma import _soma
 from soma.view import drawing
-from soma.view.record import NodeState, RunRecord, RunStatus
+from soma.view.record import FINISHED_KEPT, NodeState, RunRecord, RunStatus
 
 STATIC: Final = Path(__file__).parent / "static"
 STATUSES: Final = [status.value for status in RunStatus]
@@ -87,7 +87,9 @@ def runs_page(runs: Iterable[RunRecord], status: str | None, token: str | None) 
         + "<header><h1>Runs</h1><label>Status <select id=status>"
         + f'<option value="">all</option>{options}</select></label>'
         + '<span id=live class="live">connecting…</span></header>'
-        + "<table id=runs><thead><tr><th>Run</th><th>Graph</th><th>Status</th><th>Started</th>"
+        # The page lists no more runs than the recorder keeps finished: the oldest rows go.
+        + f"<table id=runs data-kept={FINISHED_KEPT}><thead><tr><th>Run</th><th>Graph</th>"
+        + "<th>Status</th><th>Started</th>"
         + "<th>Time</th><th>Nodes done</th><th>Error</th></tr></thead>"
         + f"<tbody>{rows}</tbody></table>"
         + f'<script src="{_e(with_token("/static/runs.js", token))}"></script>'

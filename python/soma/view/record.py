@@ -15,11 +15,14 @@ node emits (``ctx.emit``) is kept as its type, its size and a short repr, never 
 A run pays as little as can be. A run of ``forward`` or ``aforward`` keeps its nodes' states
 on a board the engine writes (``_soma.Board``): its nodes' calls tell Python nothing, unless
 they fail (for the error's traceback, which only Python has) or are awaited (for the async
-task's name); the board is read in bulk, the records changed since the last read, by whoever
-reads the run. Every other work (a streamed item's run and its calls, a step's part) appends
-one entry to its run's log, and the nodes' records are made from the log (folded) by whoever
-reads the run — the server, a report — on the reader's thread, once for many works; nothing is
-folded for a run nobody reads until its log passes :data:`LOG_FOLDED` entries. A board's times
+task's name), and neither does the run as it begins and ends: its board, with what the run told,
+waits in the glue's ledger (``_soma.boarded_runs``) until a reader takes it, and the run's record
+is made then (for a run that had ended, only once a reader asks for it). The board is read in
+bulk, the records changed since the last read, by whoever reads the run. Every other work (a
+streamed item's run and its calls, a step's part) appends one entry to its run's log, and the
+nodes' records are made from the log (folded) by whoever reads the run — the server, a
+report — on the reader's thread, once for many works; nothing is folded for a run nobody reads
+until its log passes :data:`LOG_FOLDED` entries. A board's times
 are marks of a coarse clock (``soma_core::RESOLUTION``, a millisecond): a node's seconds are
 right to within it.
 
@@ -35,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import enum
 import itertools
 import reprlib
@@ -46,6 +48,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any, Final, Generic, Protocol, TypeVar
 
+from soma import _soma
 from soma._run import observe as _observe
 from soma.journal._active import ACTIVE as _journal_run
 
@@ -357,6 +360,10 @@ class RunRecord:
         # had one; its nodes' ids and devices by index, read once.
         self.board = board
         self.boarded = board is not None
+        # For a run that keeps a board, made when the recorder took the board: what ends it
+        # here once its board says it ended (`Recorder._board_ended`), and that board.
+        self._board_end: Any = None
+        self._ledger_board = board
         # The program the run resolved, by number, and its board, held while its label is
         # known by that number (`label`): the program lives as long, so the number stays its.
         self._program: int | None = None if board is None else board.program
@@ -371,7 +378,13 @@ class RunRecord:
     def fold(self) -> None:
         """Makes each node's record say what the board and the log have told so far."""
         board = self.board
-        if not self.log and (board is None or not board.changed):
+        if (
+            self._board_end is not None
+            and self.status is RunStatus.RUNNING
+            and self._ledger_board.has_ended
+        ):
+            self._board_end(self)  # Its end goes in its log.
+        if not self.log and board is None:
             return
         with self.lock:
             log = self.log
@@ -698,6 +711,10 @@ class RunSource(Protocol):
 
     def run(self, run_id: str) -> RunRecord | None: ...
 
+    def running(self) -> list[RunRecord]:
+        """The runs in flight."""
+        ...
+
     @property
     def changes(self) -> Ring[str]:
         """The ids of runs as they begin and end (a page reads the rows of running runs at
@@ -705,11 +722,10 @@ class RunSource(Protocol):
         ...
 
 
-# The run the current work is part of: set where a run begins, in the context its branches,
-# items and async tasks copy, as `soma._run.observe` sets a stream's.
-_current_run: contextvars.ContextVar[RunRecord | None] = contextvars.ContextVar(
-    "soma_view_run", default=None
-)
+# The run the current work is part of: its record, set where a run begins, in the context its
+# branches, items and async tasks copy, as `soma._run.observe` sets a stream's; or the board of
+# a run that keeps one, set by the glue (`Recorder._run_of` finds its record).
+_current_run = _observe.current_run
 
 perf_counter = time.perf_counter
 get_ident = threading.get_ident
@@ -759,15 +775,28 @@ class Recorder:
     On a run's way it does the least it can: each work appends one entry to its run's log
     (:meth:`began`, :meth:`end`), and the records are folded from the log when read. While no
     telemetry or event stream listens, the engine calls it directly (:attr:`alone`), not
-    through the observer's dispatch."""
+    through the observer's dispatch, and a run of ``forward`` or ``aforward`` tells it nothing
+    as it begins or ends: its board, with what the run told, waits in the glue's ledger
+    (``_soma.boarded_runs``) until a reader takes it (:meth:`_take_boards`), and its record is
+    made then — so that a run nobody reads costs no Python for the view at all."""
 
     def __init__(self) -> None:
-        self._runs: dict[str, RunRecord] = {}
-        self._finished: deque[RunRecord] = deque()
+        # Every run kept, by id: its record; or, for a run that keeps a board and had ended
+        # when its board was taken, the board, of which a record is made when one is asked for
+        # (a page that reads the newest rows makes no record of the others).
+        self._runs: dict[str, RunRecord | _soma.Board] = {}
+        # The finished runs kept, as they ended (their ids and weights): the oldest go first.
+        self._finished: deque[tuple[str, int]] = deque()
         self._finished_weight = 0
-        self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._changes: Ring[str] = Ring(CHANGES_KEPT)
+        # The records of runs that keep a board and had not ended when their board was
+        # taken, by the board's number.
+        self._boarded: dict[int, RunRecord] = {}
+        # Runs are numbered from the process's one count (`_soma.run_number`), a run that keeps
+        # a board as it begins; a run's id is its number past this one: the first run a view
+        # sees is its run 1.
+        self._base = _soma.run_number()
         #: What the engine calls in the dispatch's stead while nothing else listens: the
         #: dispatch's ``begin(*work)`` and ``end(...)``, here.
         self.alone = _Alone(self)
@@ -775,15 +804,153 @@ class Recorder:
     # The source the page reads.
 
     def runs(self) -> list[RunRecord]:
+        self._take_boards()
         with self._lock:
-            return list(reversed(self._runs.values()))
+            kept = list(self._runs.items())
+        runs = [
+            found if found.__class__ is RunRecord else self._made(run_id) for run_id, found in kept
+        ]
+        # Newest first, by number: a run that keeps a board is listed when its board is taken,
+        # after runs that began later.
+        listed = [run for run in runs if run is not None]
+        listed.sort(key=_number, reverse=True)
+        return listed
 
     def run(self, run_id: str) -> RunRecord | None:
-        return self._runs.get(run_id)
+        self._take_boards()
+        found = self._runs.get(run_id)
+        if found is None or found.__class__ is RunRecord:
+            return found
+        return self._made(run_id)
+
+    def running(self) -> list[RunRecord]:
+        """The runs in flight: what a runs page reads at every tick, as their times and counts
+        move on."""
+        self._take_boards()
+        with self._lock:
+            kept = list(self._runs.values())
+        return [
+            run for run in kept if run.__class__ is RunRecord and run.status is RunStatus.RUNNING
+        ]
 
     @property
     def changes(self) -> Ring[str]:
+        self._take_boards()
         return self._changes
+
+    # The runs that keep a board.
+
+    def _take_boards(self) -> None:
+        """Takes the boards of the runs begun since the last call: keeps those whose run had
+        ended (a record is made of one when it is asked for), makes the records of the others,
+        and ends those whose board says their run ended since."""
+        # A board goes in the ledger as its run begins: each has what its run told then.
+        for board in _soma.boarded_runs():
+            if not board.has_ended:
+                self._board_began(board)
+                continue
+            run_id = str(board.number - self._base)
+            with self._lock:
+                self._runs[run_id] = board
+                self._kept_finished(run_id, len(board))
+            self._changes.append(run_id)
+        if self._boarded:
+            for run in list(self._boarded.values()):
+                if run._ledger_board.has_ended:
+                    self._board_ended(run)
+
+    def _made(self, run_id: str) -> RunRecord | None:
+        """The record of the kept run ``run_id``, made of its board if not yet."""
+        with self._lock:
+            found = self._runs.get(run_id)
+        if found is None or found.__class__ is RunRecord:
+            return found
+        board: Any = found
+        run = self._record_of_board(board)
+        if run is None:
+            return None
+        outcome, error, seconds = board.ended
+        self._ended_status(run, outcome, error, seconds)
+        run.log.append(_RUN_ENDED)
+        run.weight = len(board)
+        with self._lock:
+            now = self._runs.get(run_id)
+            if now is not board:  # Made meanwhile by another reader, or no longer kept.
+                return now if now.__class__ is RunRecord else None
+            self._runs[run_id] = run
+        return run
+
+    def _record_of_board(self, board: _soma.Board) -> RunRecord | None:
+        """A record of the run that keeps ``board``, made from what the run told as it
+        began; ``None`` for one not begun."""
+        begun = board.begun
+        if begun is None:
+            return None
+        nodes, asynchronous, parent, hidden, journaled = begun
+        run = RunRecord(
+            str(board.number - self._base),
+            board.graph,
+            nodes,
+            None,
+            asynchronous,
+            self._id_of(parent),
+            hidden,
+            board,
+        )
+        run.started_at = board.started_at
+        run.clock = perf_counter() - board.elapsed
+        if journaled is not None:
+            run.journal_run = journaled.name
+        return run
+
+    def _board_began(self, board: _soma.Board) -> None:
+        """The record of the run in flight that keeps ``board``, made as its board is taken."""
+        run = self._record_of_board(board)
+        if run is None:
+            return
+        run._board_end = self._board_ended
+        with self._lock:
+            self._runs[run.id] = run
+            self._boarded[board.number] = run
+        self._changes.append(run.id)
+        if board.has_ended:
+            self._board_ended(run)
+
+    def _board_ended(self, run: RunRecord) -> None:
+        """The run that keeps a board ended, as its board says: once, whoever sees it first."""
+        board = run._ledger_board
+        with self._lock:
+            if self._boarded.pop(board.number, None) is None:
+                return
+        ended = board.ended
+        if ended is None:  # Not possible once `has_ended`; kept for the typing.
+            return
+        outcome, error, seconds = ended
+        self._run_ended_as(run, outcome, error, seconds)
+
+    def _id_of(self, current: Any) -> str | None:
+        """The id of the run ``current`` stands for (``soma._run.observe.current_run``'s value:
+        its record, or its board), whether or not its record is made."""
+        if current is None or current.__class__ is RunRecord:
+            return None if current is None else current.id
+        return str(current.number - self._base)
+
+    def _run_of(self, current: Any) -> RunRecord | None:
+        """The record of the run ``current`` stands for (``soma._run.observe.current_run``'s
+        value, or a ``Watched``'s ``watcher_run``): a record is itself; a board, or a board's
+        number, the record made of it (its board taken first, if not yet); ``None`` for a run
+        no longer kept."""
+        if current is None or current.__class__ is RunRecord:
+            return current
+        number = current if current.__class__ is int else current.number
+        found = self._boarded.get(number)
+        if found is None:
+            self._take_boards()
+            found = self._boarded.get(number)
+        if found is None:  # Ended when its board was taken, or no longer kept.
+            run_id = str(number - self._base)
+            return self._made(run_id) if run_id in self._runs else None
+        return found
 
     # The observer's listener.
 
@@ -806,12 +973,10 @@ class Recorder:
         branch: tuple[int, ...],
         awaited: bool,
         function: Any,
-        board: Any = None,
     ) -> Any:
-        """A work begins (see :data:`soma._run.observe.Work`): one entry in its run's log; a
-        run that keeps a board hands it over with its beginning."""
+        """A work begins (see :data:`soma._run.observe.Work`): one entry in its run's log."""
         if kind == _CALL:
-            run = _current_run.get()
+            run = self._run_of(_current_run.get())
             if run is None or (run.hidden and node in run.hidden):
                 return None
             log = run.log
@@ -835,8 +1000,8 @@ class Recorder:
                 run.fold()
             return entry
         if kind == _RUN:
-            return self._run_began(part, number, awaited, function, board)
-        run = _current_run.get()
+            return self._run_began(part, number, awaited, function)
+        run = self._run_of(_current_run.get())
         if run is None or node is None:
             return None
         now = perf_counter()
@@ -865,19 +1030,15 @@ class Recorder:
             return
         self._run_ended(opened, outcome, error)
 
-    def _run_began(
-        self, item: Any, nodes: int, asynchronous: bool, graph: Any, board: Any = None
-    ) -> Any:
-        parent = _current_run.get()
+    def _run_began(self, item: Any, nodes: int, asynchronous: bool, graph: Any) -> Any:
         begun = RunRecord(
-            str(next(self._ids)),
+            str(_soma.run_number() - self._base),
             graph,
             nodes,
             item,
             asynchronous,
-            None if parent is None else parent.id,
+            self._id_of(_current_run.get()),
             _observe.hidden.get(),
-            board,
         )
         journaled = _journal_run.get()
         if journaled is not None:
@@ -898,7 +1059,29 @@ class Recorder:
             _observe.current_call.reset(call)
         with contextlib.suppress(ValueError):
             _current_run.reset(token)
-        run.seconds = run.now()
+        self._run_ended_as(run, outcome, error, run.now())
+
+    def _run_ended_as(
+        self, run: RunRecord, outcome: int, error: BaseException | None, seconds: float
+    ) -> None:
+        """``run`` ended as ``outcome``, with ``error``, after ``seconds``: its status, then
+        its place among the finished runs the recorder keeps."""
+        self._ended_status(run, outcome, error, seconds)
+        run.log.append(_RUN_ENDED)
+        with self._lock:
+            # What the run keeps until read: its log, or its nodes once folded.
+            run.weight = max(
+                len(run.log), run.kept_nodes(), 0 if run.board is None else len(run.board)
+            )
+            self._kept_finished(run.id, run.weight)
+        self._changes.append(run.id)
+
+    @staticmethod
+    def _ended_status(
+        run: RunRecord, outcome: int, error: BaseException | None, seconds: float
+    ) -> None:
+        """Sets what ``run``, ended as ``outcome`` with ``error`` after ``seconds``, shows."""
+        run.seconds = seconds
         if error is not None:
             run.error = summary(error)
             run.traceback = traceback_text(error)
@@ -913,29 +1096,27 @@ class Recorder:
             run.status = RunStatus.FAILED
         else:
             run.status = RunStatus.STOPPED
-        run.log.append(_RUN_ENDED)
-        with self._lock:
-            # What the run keeps until read: its log, or its nodes once folded.
-            run.weight = max(
-                len(run.log), run.kept_nodes(), 0 if run.board is None else len(run.board)
-            )
-            self._finished.append(run)
-            self._finished_weight += run.weight
-            while len(self._finished) > 1 and (
-                len(self._finished) > FINISHED_KEPT or self._finished_weight > FINISHED_NODES_KEPT
-            ):
-                dropped = self._finished.popleft()
-                self._runs.pop(dropped.id, None)
-                self._finished_weight -= dropped.weight
+
+    def _kept_finished(self, run_id: str, weight: int) -> None:
+        """The run ``run_id``, of ``weight``, is among the finished runs kept, and the oldest
+        go past what the recorder keeps. Called holding the lock."""
+        self._finished.append((run_id, weight))
+        self._finished_weight += weight
+        while len(self._finished) > 1 and (
+            len(self._finished) > FINISHED_KEPT or self._finished_weight > FINISHED_NODES_KEPT
+        ):
+            dropped_id, dropped_weight = self._finished.popleft()
+            dropped = self._runs.pop(dropped_id, None)
+            self._finished_weight -= dropped_weight
+            if dropped.__class__ is RunRecord:
                 # Its entries not folded refer to it: let go of them here, so that it is freed
                 # now, not by a collection of cycles (which a program may have turned off).
                 dropped.log.clear()
-        self._changes.append(run.id)
 
     def emit(self, node: str, value: Any, watched: _observe.Watched) -> None:
         """What a node emitted, in the run ``watched`` was begun in: from a thread the node
         started too, where the run is not current."""
-        run = _current_run.get() or watched.watcher_run
+        run = self._run_of(_current_run.get() or watched.watcher_run)
         if run is None:
             return
         shown = described(value)
@@ -952,7 +1133,7 @@ class Recorder:
 
     def adopt(self, spans: list[Any], host: str, sent_ns: int) -> None:
         """The nodes a slice ran on ``host``: each finished (or failed) there."""
-        run = _current_run.get()
+        run = self._run_of(_current_run.get())
         if run is None:
             return
         run.fold()
@@ -977,9 +1158,18 @@ class _Alone:
 
     __slots__ = ("begin", "end")
 
+    #: How many finished runs, of how many nodes in all, the glue's ledger of boards keeps for
+    #: the recorder until it takes them: what the recorder itself keeps.
+    kept: Final = (FINISHED_KEPT, FINISHED_NODES_KEPT)
+
     def __init__(self, recorder: Recorder) -> None:
         self.begin = recorder.began
         self.end = recorder.end
+
+
+def _number(run: RunRecord) -> int:
+    """A run's number, by which runs are listed."""
+    return int(run.id)
 
 
 def walk_plan_nodes(plan: Any) -> Iterator[str]:

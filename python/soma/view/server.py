@@ -46,15 +46,25 @@ from soma.view.journaled import JournalSource
 from soma.view.record import RunRecord, RunSource, span_json
 
 # A page's stream looks for changes every POLL seconds and sends what changed at most once a
-# TICK: a state change reaches an open page within a tick and the time to send it, and one that
-# follows a quiet moment within a poll. A running run's times move on: its row is sent at
+# TICK: a state change reaches an open page within a tick and the time to send it. Each look
+# takes the interpreter from the runs for a moment, so a stream looks no more often than it may
+# send: at 10 ms, an open page that had nothing to send cost a chain of trivial nodes 2 to 3% (the
+# GIL handed over a hundred times a second). A running run's times move on: its row is sent at
 # least every HEARTBEAT.
-POLL: Final = 0.01
+POLL: Final = 0.05
 TICK: Final = 0.05
 HEARTBEAT: Final = 0.25
+# The runs page's stream looks and sends at most once a RUNS_TICK: a list of runs, whose rows
+# change as runs begin and end, which a person reads at a glance; the node states of a run are a
+# run's page's, at every TICK.
+RUNS_TICK: Final = 0.2
 # How many of a run's kept spans a page's first message carries (the timeline's latest; the
 # page draws as many).
 SPANS_SENT: Final = 500
+# How many of the runs that began or ended since the last tick a runs page is sent (the newest),
+# besides the runs in flight: a process that runs thousands of short runs a second costs its
+# page's stream a bounded message a tick, and its runs a bounded share of the interpreter.
+RUNS_SENT: Final = 20
 # A comment sent on an idle stream this often, so that a page sees a closed server.
 KEEPALIVE: Final = 15.0
 STATIC: Final = Path(__file__).parent / "static"
@@ -207,11 +217,9 @@ async def _runs_stream(source: RunSource, closing: threading.Event) -> AsyncIter
     yield _event("runs", [run.as_json() for run in source.runs()])
     sent = time.monotonic()
     while not closing.is_set():
-        await asyncio.sleep(POLL)
+        await asyncio.sleep(RUNS_TICK)
         now = time.monotonic()
-        if now - sent < TICK:
-            continue
-        running = [run for run in source.runs() if run.status.value == "running"]
+        running = source.running()
         if source.changes.position == position and not (running and now - sent >= HEARTBEAT):
             if now - sent >= KEEPALIVE:
                 sent = now
@@ -222,8 +230,10 @@ async def _runs_stream(source: RunSource, closing: threading.Event) -> AsyncIter
         if lost:
             yield _event("runs", [run.as_json() for run in source.runs()])
             continue
-        # A run begun or ended, and the running runs, whose times and counts move on.
-        ids = dict.fromkeys([*changed, *(run.id for run in running)])
+        # The newest runs begun or ended, and the running runs, whose times and counts move on.
+        ids = dict.fromkeys(
+            [*list(dict.fromkeys(changed))[-RUNS_SENT:], *(run.id for run in running)]
+        )
         rows = [run for run in (source.run(run_id) for run_id in ids) if run is not None]
         yield _event("update", [run.as_json() for run in rows])
 

@@ -10,11 +10,12 @@
 //! the observer, for the calls that fail only.
 //!
 //! A reader reads the board in bulk ([`Board::read`]): the records changed since its last read,
-//! on its own thread. It is woken once per batch, never per node: the first change after a read
-//! raises a flag ([`Board::changed`]) and wakes whoever waits ([`Board::wait`]); the changes
-//! after it only write. The flag is read relaxed on the writer's side, so a change made in the
-//! instant the reader lowers it may wait for the next change, or the run's end, to be told: a
-//! reader that reads once more after the run ended has seen every change.
+//! on its own thread, as often as it likes (a page, every tick): the writer neither signals nor
+//! waits for it. A node's call writes three words as it begins — its end cleared, its thread,
+//! its beginning (tick, attempt, state) — and one as it ends, with its tick, attempt and state:
+//! a reader that sees a beginning sees the end cleared before it, so a node run again (a
+//! `loop`'s next iteration) never reads as ended by its last run; a reader that reads once more
+//! after the run ended has seen every change.
 //!
 //! Times are marks of a coarse clock: a tick, in milliseconds, that a thread of the board's own
 //! advances about once a millisecond while any board's run is under way ([`RESOLUTION`]); a mark costs
@@ -22,7 +23,7 @@
 //! are right to within the tick (a loaded machine may stretch the tick: the thread advancing it
 //! waits to be scheduled).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -73,7 +74,7 @@ impl NodeState {
     }
 
     /// The state a record's byte holds.
-    fn from_byte(byte: u32) -> Self {
+    fn from_byte(byte: u64) -> Self {
         match byte {
             1 => NodeState::Running,
             2 => NodeState::Finished,
@@ -87,40 +88,71 @@ impl NodeState {
     }
 }
 
-/// One node's record: written by its call, read by the board's reader. Its state and attempt
-/// share one word, written last, so that a reader that sees a new state sees the marks written
-/// before it.
+/// One node's record: written by its call, read by the board's reader. Its beginning and its end
+/// are each one word — the tick in the high 32 bits, the attempt in the 24 above the low byte,
+/// the state in the low byte ([`mark`]) — so that each is written with one store.
 #[derive(Default)]
 pub(crate) struct Record {
-    /// The state in the low 8 bits, the attempt (from 0) above them.
-    state: AtomicU32,
-    /// The tick its last attempt began at.
-    started: AtomicU32,
-    /// The tick its last attempt ended at.
-    ended: AtomicU32,
+    /// The last attempt's beginning, written last as it begins (0: not begun).
+    begun: AtomicU64,
+    /// Its end, cleared before its beginning is written (0: running, or not begun).
+    ended: AtomicU64,
     /// The thread its last attempt ran on ([`this_thread`]).
     thread: AtomicU64,
+}
+
+/// A beginning's or an end's word: `tick`, `attempt` (its low 24 bits) and `state`.
+#[inline]
+fn mark(tick: u32, attempt: u32, state: NodeState) -> u64 {
+    u64::from(tick) << 32 | u64::from(attempt & 0x00ff_ffff) << 8 | state as u64
+}
+
+/// A word's tick.
+fn tick_of(word: u64) -> u32 {
+    // The high 32 bits: the cast keeps exactly them.
+    #[allow(clippy::cast_possible_truncation)]
+    let tick = (word >> 32) as u32;
+    tick
+}
+
+/// A word's attempt.
+fn attempt_of(word: u64) -> u32 {
+    // 24 bits: the cast keeps them.
+    #[allow(clippy::cast_possible_truncation)]
+    let attempt = (word >> 8) as u32 & 0x00ff_ffff;
+    attempt
 }
 
 /// A record as a reader saw it.
 #[derive(Clone, Copy, Default, PartialEq, Eq)]
 struct Seen {
-    state: u32,
-    started: u32,
-    ended: u32,
+    begun: u64,
+    ended: u64,
     thread: u64,
 }
 
 impl Record {
     fn seen(&self) -> Seen {
-        // The state first: the marks it was written after are seen with it.
-        let state = self.state.load(Ordering::Acquire);
-        Seen {
-            state,
-            thread: self.thread.load(Ordering::Relaxed),
-            started: self.started.load(Ordering::Relaxed),
-            ended: self.ended.load(Ordering::Relaxed),
+        // The beginning first: an end cleared before it was written is seen cleared with it.
+        // Read again until the beginning did not change meanwhile, so that an end is never
+        // paired with a later attempt's beginning.
+        loop {
+            let begun = self.begun.load(Ordering::Acquire);
+            let seen = Seen {
+                begun,
+                ended: self.ended.load(Ordering::Acquire),
+                thread: self.thread.load(Ordering::Relaxed),
+            };
+            if self.begun.load(Ordering::Acquire) == begun {
+                return seen;
+            }
         }
+    }
+
+    /// Whether its last attempt ended as `state`.
+    fn ended_as(&self, state: NodeState) -> bool {
+        let ended = self.ended.load(Ordering::Acquire);
+        ended != 0 && ended & 0xff == state as u64
     }
 }
 
@@ -151,11 +183,6 @@ pub struct Board {
     /// Where each sub-program's records begin (an `each`'s body, a `switch`'s case, a `loop`'s
     /// body), by the sub-program's address, sorted; the root's begin at 0.
     bases: Box<[(usize, usize)]>,
-    /// Raised by the first change after a read.
-    changed: AtomicBool,
-    /// What a reader that waits for a change waits on.
-    waiting: Mutex<()>,
-    woken: Condvar,
     /// What the reader saw at its last read, by record.
     seen: Mutex<Vec<Seen>>,
     /// The tick the board was made at.
@@ -165,7 +192,7 @@ pub struct Board {
 }
 
 impl Board {
-    /// A board for a run of `program`, every node waiting. Costs a record of 16 bytes a node,
+    /// A board for a run of `program`, every node waiting. Costs a record of 24 bytes a node,
     /// zeroed, and, for a program with steps that decide, a walk of its steps.
     pub fn new(program: &Arc<Program>) -> Board {
         let mut bases = Vec::new();
@@ -183,9 +210,6 @@ impl Board {
             records: (0..count).map(|_| Record::default()).collect(),
             program: Arc::clone(program),
             bases: bases.into(),
-            changed: AtomicBool::new(false),
-            waiting: Mutex::new(()),
-            woken: Condvar::new(),
             seen: Mutex::new(Vec::new()),
             origin: Ticker::watch(),
             finished: AtomicBool::new(false),
@@ -198,8 +222,7 @@ impl Board {
         self.records[..self.program.len().min(self.records.len())]
             .iter()
             .filter(|record| {
-                let state = record.state.load(Ordering::Acquire) & 0xff;
-                state == NodeState::Finished as u32 || state == NodeState::Cached as u32
+                record.ended_as(NodeState::Finished) || record.ended_as(NodeState::Cached)
             })
             .count()
     }
@@ -237,26 +260,9 @@ impl Board {
             .collect()
     }
 
-    /// Whether a record changed since the last read.
-    pub fn changed(&self) -> bool {
-        self.changed.load(Ordering::Acquire)
-    }
-
-    /// Waits at most `timeout` for a change since the last read; whether there is one.
-    pub fn wait(&self, timeout: Duration) -> bool {
-        let guard = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-        let (_guard, _) = self
-            .woken
-            .wait_timeout_while(guard, timeout, |()| !self.changed())
-            .unwrap_or_else(PoisonError::into_inner);
-        self.changed()
-    }
-
-    /// The records changed since the last read, each as it is now; lowers the flag first, so
-    /// that a change made while it reads raises it again.
+    /// The records changed since the last read, each as it is now.
     pub fn read(&self) -> Vec<Change> {
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-        self.changed.store(false, Ordering::SeqCst);
         seen.resize(self.records.len(), Seen::default());
         let mut changes = Vec::new();
         for (index, (record, seen)) in self.records.iter().zip(seen.iter_mut()).enumerate() {
@@ -265,22 +271,18 @@ impl Board {
                 continue;
             }
             *seen = now;
-            let state = NodeState::from_byte(now.state & 0xff);
-            let ended = match state {
-                NodeState::Waiting | NodeState::Running => None,
-                NodeState::Finished
-                | NodeState::Cached
-                | NodeState::Failed
-                | NodeState::Retrying
-                | NodeState::TimedOut
-                | NodeState::Stopped => Some(self.seconds(now.ended)),
+            let (word, ended) = if now.ended == 0 {
+                (now.begun, None)
+            } else {
+                (now.ended, Some(self.seconds(tick_of(now.ended))))
             };
+            let started = if now.begun == 0 { now.ended } else { now.begun };
             changes.push(Change {
                 index,
-                state,
-                attempt: now.state >> 8,
+                state: NodeState::from_byte(word & 0xff),
+                attempt: attempt_of(word),
                 thread: now.thread,
-                started: self.seconds(now.started),
+                started: self.seconds(tick_of(started)),
                 ended,
             });
         }
@@ -314,16 +316,19 @@ impl Board {
     /// Attempt `attempt` of the call of `program`'s step at `slot` begins on this thread.
     pub(crate) fn began(&self, program: &Program, slot: usize, attempt: u32) {
         if let Some(record) = self.record(program, slot) {
-            self.begin(record, attempt);
+            Board::begin(record, attempt);
         }
     }
 
     /// Attempt `attempt` of `record`'s call begins on this thread.
     #[inline]
-    pub(crate) fn begin(&self, record: &Record, attempt: u32) {
-        record.started.store(Ticker::now(), Ordering::Relaxed);
+    pub(crate) fn begin(record: &Record, attempt: u32) {
+        record.ended.store(0, Ordering::Relaxed);
         record.thread.store(this_thread(), Ordering::Relaxed);
-        self.set(record, NodeState::Running, attempt);
+        record.begun.store(
+            mark(Ticker::now(), attempt, NodeState::Running),
+            Ordering::Release,
+        );
     }
 
     /// The attempt of `program`'s step at `slot` under way ended as `ended`: which attempt,
@@ -337,15 +342,23 @@ impl Board {
 
     /// The attempt of `record`'s call under way ended, leaving it `state`: which attempt, and
     /// when it began (in seconds since the board was made).
-    #[inline]
     pub(crate) fn end(&self, record: &Record, state: NodeState) -> (u32, f64) {
-        record.ended.store(Ticker::now(), Ordering::Relaxed);
-        let attempt = record.state.load(Ordering::Relaxed) >> 8;
-        self.set(record, state, attempt);
-        (
-            attempt,
-            self.seconds(record.started.load(Ordering::Relaxed)),
-        )
+        let begun = record.begun.load(Ordering::Relaxed);
+        let attempt = attempt_of(begun);
+        record
+            .ended
+            .store(mark(Ticker::now(), attempt, state), Ordering::Release);
+        (attempt, self.seconds(tick_of(begun)))
+    }
+
+    /// The first attempt of `record`'s call returned: [`Board::end`] as finished for the plain
+    /// call's way, whose one attempt is its first, and which needs nothing back.
+    #[inline]
+    pub(crate) fn first_returned(record: &Record) {
+        record.ended.store(
+            mark(Ticker::now(), 0, NodeState::Finished),
+            Ordering::Release,
+        );
     }
 
     /// `program`'s step at `slot` was answered by the run's cache.
@@ -353,31 +366,10 @@ impl Board {
         let Some(record) = self.record(program, slot) else {
             return;
         };
-        let now = Ticker::now();
-        record.started.store(now, Ordering::Relaxed);
-        record.ended.store(now, Ordering::Relaxed);
-        self.set(record, NodeState::Cached, 0);
-    }
-
-    /// Writes `record`'s state and attempt, and raises the flag if it is not raised.
-    #[inline]
-    fn set(&self, record: &Record, state: NodeState, attempt: u32) {
-        record
-            .state
-            .store(attempt << 8 | state as u32, Ordering::Release);
-        if !self.changed.load(Ordering::Relaxed) {
-            self.raise();
-        }
-    }
-
-    /// The first change since a read: raises the flag and wakes a reader that waits.
-    #[cold]
-    #[inline(never)]
-    fn raise(&self) {
-        if !self.changed.swap(true, Ordering::SeqCst) {
-            let _held = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-            self.woken.notify_all();
-        }
+        let now = mark(Ticker::now(), 0, NodeState::Cached);
+        record.ended.store(0, Ordering::Relaxed);
+        record.begun.store(now, Ordering::Release);
+        record.ended.store(now, Ordering::Release);
     }
 }
 
@@ -471,9 +463,17 @@ struct Ticker;
 /// The tick, as the ticking thread last set it.
 static TICK: AtomicU32 = AtomicU32::new(0);
 
-/// How many boards are alive, and the condition the ticking thread parks on while none is.
-static WATCHED: Mutex<usize> = Mutex::new(0);
+/// How many boards' runs are under way: a count, so that a run that begins pays an atomic add,
+/// not a lock.
+static WATCHED: AtomicUsize = AtomicUsize::new(0);
+/// Whether the ticking thread parks, or is about to; the lock and condition it parks on, which
+/// a run that begins takes only then.
+static PARKED: AtomicBool = AtomicBool::new(false);
+static PARKING: Mutex<()> = Mutex::new(());
 static WATCHING: Condvar = Condvar::new();
+/// How many ticks the clock goes on for with no board's run under way before it parks: runs
+/// one after another find it ticking, and wake nobody.
+const IDLE_TICKS: u32 = 100;
 
 impl Ticker {
     /// The tick now.
@@ -497,11 +497,9 @@ impl Ticker {
         tick
     }
 
-    /// A board is made: the clock ticks while it is alive. The tick now.
+    /// A board is made: the clock ticks while its run is under way. The tick now.
     fn watch() -> u32 {
         static THREAD: OnceLock<()> = OnceLock::new();
-        *WATCHED.lock().unwrap_or_else(PoisonError::into_inner) += 1;
-        WATCHING.notify_all();
         THREAD.get_or_init(|| {
             // Without a thread the clock does not tick: marks are the board's making, a
             // record's seconds 0, and nothing else is lost.
@@ -509,23 +507,45 @@ impl Ticker {
                 .name("soma-board-clock".into())
                 .spawn(Ticker::tick);
         });
-        Ticker::advance()
+        // Sequentially consistent, as the ticking thread's flag and look at the count: either it
+        // sees this run, or this run sees it parking and wakes it.
+        WATCHED.fetch_add(1, Ordering::SeqCst);
+        if !PARKED.load(Ordering::SeqCst) {
+            return Ticker::now(); // Ticking.
+        }
+        // The clock is parked, its tick stale: set, and woken.
+        let tick = Ticker::advance();
+        let _parking = PARKING.lock().unwrap_or_else(PoisonError::into_inner);
+        WATCHING.notify_all();
+        tick
     }
 
-    /// A board is dropped.
+    /// A board's run is over.
     fn unwatch() {
-        let mut watched = WATCHED.lock().unwrap_or_else(PoisonError::into_inner);
-        *watched = watched.saturating_sub(1);
+        let _ = WATCHED.fetch_update(Ordering::AcqRel, Ordering::Acquire, |watched| {
+            Some(watched.saturating_sub(1))
+        });
     }
 
-    /// The ticking thread's loop: a tick a millisecond while a board is alive.
+    /// The ticking thread's loop: a tick a millisecond while a board's run is under way, and
+    /// for [`IDLE_TICKS`] after the last; then parked until a run begins.
     fn tick() {
+        let mut idle = 0;
         loop {
-            {
-                let watched = WATCHED.lock().unwrap_or_else(PoisonError::into_inner);
-                let _watched = WATCHING
-                    .wait_while(watched, |watched| *watched == 0)
+            if WATCHED.load(Ordering::SeqCst) != 0 {
+                idle = 0;
+            } else if idle < IDLE_TICKS {
+                idle += 1;
+            } else {
+                PARKED.store(true, Ordering::SeqCst);
+                // Looked at again under the lock, which `watch` takes to wake it: a run begun
+                // meanwhile is never missed.
+                let parking = PARKING.lock().unwrap_or_else(PoisonError::into_inner);
+                let _parking = WATCHING
+                    .wait_while(parking, |()| WATCHED.load(Ordering::SeqCst) == 0)
                     .unwrap_or_else(PoisonError::into_inner);
+                PARKED.store(false, Ordering::SeqCst);
+                idle = 0;
             }
             Ticker::advance();
             std::thread::sleep(RESOLUTION);

@@ -337,25 +337,34 @@ impl<'c> NodeCall<'c> {
     }
 
     /// Begins the first attempt of a call `board` keeps: the board and the call's record.
-    #[inline(never)]
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     fn begin_on_board<'b>(&self, board: &'b Board) -> Option<(&'b Board, &'b Record)> {
         let record = board.record(self.site.program, self.step.slot())?;
-        board.begin(record, 0);
+        Board::begin(record, 0);
         Some((board, record))
     }
 
     /// Ends the attempt of a call its run's board keeps (`on`, the board and the call's
     /// record), which `outcome` ended: the observer is told of it only if it failed.
-    #[inline(never)]
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     fn end_on_board(on: (&Board, &Record), outcome: &Result<Value, RunError>, call: &Self) {
         let (board, record) = on;
-        let Err(error) = outcome else {
-            board.end(record, NodeState::Finished);
-            return;
-        };
+        match outcome {
+            Ok(_) => Board::first_returned(record),
+            Err(error) => call.failed_on_board(board, record, error),
+        }
+    }
+
+    /// The attempt of a call its run's board keeps (`record` on `board`) failed with `error`:
+    /// on the board, and told the observer, for what only it has of the failure.
+    #[cold]
+    #[inline(never)]
+    fn failed_on_board(&self, board: &Board, record: &Record, error: &RunError) {
         let ended = Ended::failed_with(Some(error));
         let (attempt, began) = board.end(record, NodeState::after(&ended));
-        call.tell_failed(attempt, began, &ended);
+        self.tell_failed(attempt, began, &ended);
     }
 
     /// Records the span of one attempt of the call, from `start` to now, on this thread, in

@@ -1,6 +1,6 @@
 //! A run's board: each node's state kept by the engine as its calls begin and end — finished,
-//! failed, retried, cached, a step's inner nodes — read in bulk, each change once, the reader
-//! woken once per batch, and the observer told of a call only when it fails.
+//! failed, retried, cached, a step's inner nodes, a node run again — read in bulk, each change
+//! once, and the observer told of a call only when it fails.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -12,7 +12,7 @@ use soma_core::{
     Value,
 };
 
-use crate::support::{fail, meet, n, plain, Rendezvous};
+use crate::support::{fail, n, plain, Rendezvous};
 
 /// The works an observer was told, as `kind node` lines.
 #[derive(Default)]
@@ -96,22 +96,15 @@ fn a_runs_board_holds_each_nodes_last_state_and_the_observer_hears_no_call_that_
 }
 
 #[test]
-fn a_read_tells_each_change_once_and_a_reader_is_woken_once_per_batch() {
+fn a_read_tells_each_change_once() {
     let program = program_of(n("a") >> n("b"), &Policies::default());
     let (out, board, _) = on_board(&program, Executor::new());
     out.unwrap();
-    assert!(board.changed(), "the run's changes raise the flag");
-    assert!(
-        board.wait(Duration::ZERO),
-        "a reader waiting is woken at once"
-    );
     assert_eq!(board.read().len(), 2);
-    assert!(!board.changed(), "a read lowers the flag");
     assert!(
         board.read().is_empty(),
         "nothing changed since the last read"
     );
-    assert!(!board.wait(Duration::from_millis(1)));
 }
 
 #[test]
@@ -188,11 +181,16 @@ fn an_each_steps_inner_nodes_have_records_of_their_own_after_the_programs() {
 
 #[test]
 fn a_running_node_is_on_the_board_before_it_returns() {
-    let meeting = Rendezvous::new(2);
-    let program = program_of(
-        node_arc("held", Arc::new(plain(meet(&meeting)))),
-        &Policies::default(),
-    );
+    let (began, released) = (Rendezvous::new(2), Rendezvous::new(2));
+    let held = {
+        let (began, released) = (Arc::clone(&began), Arc::clone(&released));
+        plain(move |_: &str, x: &Value| {
+            assert!(began.meet(), "the test met the node as it ran");
+            assert!(released.meet(), "the test let the node go");
+            Ok(x.clone())
+        })
+    };
+    let program = program_of(node_arc("held", Arc::new(held)), &Policies::default());
     let board = Arc::new(Board::new(&program));
     let running = {
         let (board, program) = (Arc::clone(&board), Arc::clone(&program));
@@ -202,14 +200,11 @@ fn a_running_node_is_on_the_board_before_it_returns() {
                 .run_program(&program, Value::Int(1))
         })
     };
-    assert!(
-        board.wait(crate::support::DEADLINE),
-        "the call's beginning woke the reader"
-    );
+    assert!(began.meet(), "the node began");
     let first = board.read();
     assert_eq!(first[0].state, NodeState::Running);
     assert_eq!(first[0].ended, None);
-    assert!(meeting.meet(), "the node was let go");
+    assert!(released.meet(), "the node was let go");
     running.join().unwrap().unwrap();
     assert_eq!(board.read()[0].state, NodeState::Finished);
 }
@@ -223,4 +218,51 @@ fn a_boards_done_counts_the_programs_own_nodes_finished_or_cached() {
     let (out, board, _) = on_board(&program, Executor::new());
     assert!(out.is_err());
     assert_eq!(board.done(), 2);
+}
+
+#[test]
+fn a_node_run_again_by_a_loop_reads_running_never_ended_by_its_last_run() {
+    let (began, released) = (Rendezvous::new(2), Rendezvous::new(2));
+    let step = {
+        let (began, released) = (Arc::clone(&began), Arc::clone(&released));
+        plain(move |_: &str, x: &Value| {
+            let x = x.as_int().unwrap_or(0);
+            if x == 1 {
+                // The second iteration: the first ended on the board a moment ago.
+                assert!(began.meet(), "the test met the node's second run");
+                assert!(released.meet(), "the test let the node go");
+            }
+            Ok(Value::Int(x + 1))
+        })
+    };
+    let done = plain(|_: &str, x: &Value| Ok(Value::Bool(x.as_int() >= Some(2))));
+    let program = program_of(
+        soma_core::repeat("l", node("step", step), done, 10).unwrap(),
+        &Policies::default(),
+    );
+    let board = Arc::new(Board::new(&program));
+    let running = {
+        let (board, program) = (Arc::clone(&board), Arc::clone(&program));
+        std::thread::spawn(move || {
+            Executor::new()
+                .with_board(board)
+                .run_program(&program, Value::Int(0))
+        })
+    };
+    assert!(began.meet(), "the node ran again");
+    let ids: Vec<String> = board
+        .nodes()
+        .into_iter()
+        .map(|(id, _)| id.as_str().to_string())
+        .collect();
+    let step_at = ids.iter().position(|id| id == "l/step").unwrap();
+    let seen = board.read();
+    let step_seen = seen.iter().find(|change| change.index == step_at).unwrap();
+    assert_eq!(step_seen.state, NodeState::Running);
+    assert_eq!(step_seen.ended, None);
+    assert!(released.meet(), "the node was let go");
+    assert_eq!(running.join().unwrap().unwrap(), Value::Int(2));
+    let last = board.read();
+    let step_last = last.iter().find(|change| change.index == step_at).unwrap();
+    assert_eq!(step_last.state, NodeState::Finished);
 }

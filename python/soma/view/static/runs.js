@@ -8,6 +8,9 @@
   const filter = document.getElementById("status");
   const live = document.getElementById("live");
   const rows = new Map();
+  // At most as many rows as the recorder keeps finished runs: a process that runs thousands of
+  // runs a second leaves the page the newest, never a table that grows without bound.
+  const kept = Number(document.getElementById("runs").dataset.kept || 0);
 
   function cell(tr, text, className) {
     const td = document.createElement("td");
@@ -44,6 +47,11 @@
     if (old) old.replaceWith(tr);
     else body.insertBefore(tr, body.firstChild); // newest first
     rows.set(run.id, tr);
+    while (kept > 0 && body.rows.length > kept) {
+      const oldest = body.lastElementChild;
+      rows.delete(oldest.dataset.run);
+      oldest.remove();
+    }
   }
 
   function all(runs) {
