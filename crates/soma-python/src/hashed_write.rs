@@ -18,7 +18,7 @@ use std::thread;
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyBufferError, PyOSError};
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyList};
 
 /// From this many bytes on, the payload is hashed on a second thread while this one writes it:
 /// below, starting the thread costs more than the overlap saves. Measured on 2026-12-07 (one
@@ -37,11 +37,11 @@ pub fn write_hashed<'py>(
     py: Python<'py>,
     path: PathBuf,
     at: u64,
-    pieces: Vec<Bound<'py, PyAny>>,
+    pieces: &Bound<'py, PyList>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let mut buffers = Vec::with_capacity(pieces.len());
-    for piece in &pieces {
-        let buffer = PyUntypedBuffer::get(piece)?;
+    for piece in pieces.iter() {
+        let buffer = PyUntypedBuffer::get(&piece)?;
         if !buffer.is_c_contiguous() {
             buffer.release(py);
             for held in buffers {
@@ -121,19 +121,15 @@ fn write_and_hash(path: &Path, at: u64, pieces: &[&[u8]]) -> io::Result<[u8; 32]
         write()?;
         return Ok(hash());
     }
-    thread::scope(
-        |scope| match thread::Builder::new().spawn_scoped(scope, hash) {
-            Ok(hashing) => {
-                let written = write();
-                let digest = hashing
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-                written.map(|()| digest)
-            }
-            Err(_) => {
-                write()?;
-                Ok(hash())
-            }
-        },
-    )
+    thread::scope(|scope| {
+        let Ok(hashing) = thread::Builder::new().spawn_scoped(scope, hash) else {
+            write()?;
+            return Ok(hash());
+        };
+        let written = write();
+        let digest = hashing
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        written.map(|()| digest)
+    })
 }
