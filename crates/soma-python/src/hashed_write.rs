@@ -22,7 +22,7 @@ use pyo3::types::{PyBytes, PyList};
 
 /// From this many bytes on, the payload is hashed on a second thread while this one writes it:
 /// below, starting the thread costs more than the overlap saves. Measured on 2026-12-07 (one
-/// buffer written into a new file in `/tmp`, best of 300, load about 1.5): one thread against
+/// buffer written into a new file in `/tmp`, best of 300, load 1.4 to 1.7): one thread against
 /// two, 16 KiB 16 against 44 µs, 256 KiB 83–91 against 90, 512 KiB 157 against 126–138, 1 MiB
 /// 301–306 against 209.
 const SECOND_THREAD_FROM_BYTES: usize = 256 << 10;
