@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import soma
-from conftest import SUBPROCESS_DEADLINE, CallRecord, Fn
+from conftest import SUBPROCESS_DEADLINE, CallRecord, Fn, run_script
 from soma.cache import _fingerprint
 from test_properties import Dag, dags
 
@@ -433,6 +433,81 @@ def test_a_byte_flipped_in_a_large_entrys_buffer_is_counted_and_computed_again(
     assert called == ["ramp"]
     assert cache.stats().corrupted == 1
     assert result.tolist() == (np.arange(100_000) * 2.0).tolist()
+
+
+class Ramps(soma.Node):
+    """Three large arrays (12 MB), the last one's bytes past a megabyte: an entry the glue
+    writes while a second thread checksums it (`soma._soma.write_hashed`)."""
+
+    def forward(self, x: int) -> tuple[np.ndarray[Any, Any], ...]:
+        CALLS.append("ramps")
+        return tuple(np.arange(500_000, dtype=np.float64) * (x + i) for i in range(3))
+
+
+def test_an_entry_written_while_checksummed_holds_its_payloads_checksum_and_reads_back_whole(
+    tmp_path: Path,
+) -> None:
+    cache = soma.Cache(tmp_path)
+    g = soma.Graph.somatize(Ramps())
+    calls(g, 2, cache)
+    (entry,) = _entries(cache)
+    found = soma.cache._cache._read_entry(entry.read_bytes())
+    assert found is not None  # Its record's checksum is its payload's, as written.
+    hit, called = calls(g, 2, cache)
+    assert called == []
+    assert [part.tolist() for part in hit] == [
+        (np.arange(500_000) * (2.0 + i)).tolist() for i in range(3)
+    ]
+
+
+@pytest.mark.parametrize("where", ["first buffer", "last byte"])
+def test_a_byte_flipped_in_an_entry_written_while_checksummed_is_counted_and_computed_again(
+    tmp_path: Path, where: str
+) -> None:
+    cache = soma.Cache(tmp_path)
+    g = soma.Graph.somatize(Ramps())
+    calls(g, 2, cache)
+    (entry,) = _entries(cache)
+    data = bytearray(entry.read_bytes())
+    data[len(data) // 4 if where == "first buffer" else -1] ^= 1
+    entry.write_bytes(bytes(data))
+    result, called = calls(g, 2, cache)
+    assert called == ["ramps"]
+    assert cache.stats().corrupted == 1
+    assert result[2].tolist() == (np.arange(500_000) * 4.0).tolist()
+
+
+_FILE_TOO_LARGE = """
+import resource, signal, sys, warnings
+sys.path.insert(0, {tests!r})
+import soma
+import test_cache as t
+
+# Files past 1 MB refused (EFBIG), as a full disk refuses them (ENOSPC), in the glue's write.
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
+cache = soma.Cache({folder!r})
+g = soma.Graph.somatize(t.Ramps())
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    first = g.forward(2, cache=cache)
+    second = g.forward(2, cache=cache)
+print(len(caught), [str(w.message).splitlines()[0] for w in caught])
+print(first[1][-1], second[1][-1], cache.stats().hits)
+"""
+
+
+def test_a_large_entry_the_file_system_refuses_mid_write_runs_uncached_with_one_warning(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "cache"
+    ran = run_script(_FILE_TOO_LARGE.format(tests=str(Path(__file__).parent), folder=str(folder)))
+    assert ran.returncode == 0, ran.stderr
+    warned, figures = ran.stdout.splitlines()
+    assert warned.startswith("1 ")  # One warning for the two runs.
+    assert "cannot be written (File too large)" in warned
+    assert figures == f"{499_999 * 3.0} {499_999 * 3.0} 0"
+    assert list(folder.rglob("*")) == [p for p in folder.rglob("*") if p.is_dir()]
 
 
 def test_a_folder_that_cannot_be_written_runs_uncached_with_one_warning(

@@ -48,6 +48,7 @@ __all__ = [
     "text_column",
     "text_pack",
     "text_unpack",
+    "write_hashed",
 ]
 
 DEFAULT_TURN_LIMIT: int
@@ -60,6 +61,14 @@ MAX_NESTED_FORWARDS: int
 def blake3(data: bytes | memoryview | Any) -> bytes:
     """The 32-byte BLAKE3 digest of ``data``: bytes or any C-contiguous buffer (a numpy
     array), read in place; a large one with the GIL released."""
+
+def write_hashed(
+    path: str | os.PathLike[str], at: int, pieces: list[bytes | memoryview | Any]
+) -> bytes:
+    """Writes ``pieces`` (bytes or C-contiguous buffers, read in place), one after the other,
+    into the existing file at ``path`` from byte ``at`` on, and returns the 32-byte BLAKE3
+    digest of those bytes, the GIL released; a large payload hashed on a second thread while
+    it is written. Raises ``OSError`` when the file cannot be opened or written."""
 
 def text_column(array: Any) -> bytes | None:
     """The 32-byte digest of a C-contiguous ``numpy.ndarray`` of dtype ``object`` whose

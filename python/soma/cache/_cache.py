@@ -14,9 +14,11 @@ engine leaves the output unread (``find``, read later by ``read`` if a node that
 it), and ``python -m soma.cache`` lists and prunes by. Its payload is the output pickled, its
 large buffers (a numeric column, an array, Arrow's buffers) apart: written to the file straight
 from the output's memory rather than copied into the pickle, and read back as views of the
-file's bytes. One truncated or corrupted since is detected when read, counted, and computed
-again, never returned. A folder that cannot be
-written (full, read-only) makes the run go on uncached, with one warning per cache.
+file's bytes; the glue writes them while a second thread checksums the same bytes
+(``soma._soma.write_hashed``), the head that holds the checksum written last, at the start.
+One truncated or corrupted since is detected when read, counted, and computed again, never
+returned. A folder that cannot be written (full, read-only) makes the run go on uncached, with
+one warning per cache.
 
 A folder's size bound holds across processes: the bytes its entries hold are counted in the
 file ``.held`` beside them, and an entry is renamed into place only under an advisory lock on
@@ -780,36 +782,37 @@ class Cache:
             self._count(bytes_written=len(payload), evicted=evicted)
             return
         length = sum(len(piece) if isinstance(piece, bytes) else piece.nbytes for piece in pieces)
-        if len(pieces) == 1:
-            checksum = _soma.blake3(pieces[0])
-        else:
-            hasher = _soma.Hasher()
-            for piece in pieces:
-                hasher.update(piece)
-            checksum = hasher.digest()
-        # The entry: this head, then its payload's pieces, written one after the other rather
-        # than joined (a copy of a large output's bytes).
-        head = _head(
-            _Entry(b"", seconds, digest),
-            node_id,
-            cls,
-            time.time(),
-            sealer,
-            length=length,
-            checksum=checksum,
-        )
-        final = self._file(key)
-        temporary = None
-        size = len(head) + length
+        head_size = _head_size(node_id, cls, sealer is not None)
+        size = head_size + length
         if self._max_bytes is not None and size > self._max_bytes:
             return  # It could not fit, whatever was removed.
+
+        def head(checksum: bytes) -> bytes:
+            made = _head(
+                _Entry(b"", seconds, digest),
+                node_id,
+                cls,
+                time.time(),
+                sealer,
+                length=length,
+                checksum=checksum,
+            )
+            assert len(made) == head_size
+            return made
+
+        final = self._file(key)
+        temporary = None
         try:
             final.parent.mkdir(exist_ok=True)
             handle, temporary = tempfile.mkstemp(dir=final.parent, prefix=".", suffix=".tmp")
             with os.fdopen(handle, "wb") as file:
-                file.write(head)
-                for piece in pieces:
-                    file.write(piece)
+                if len(pieces) == 1:  # Its pickle alone: small, or no buffer to write apart.
+                    file.write(head(_soma.blake3(pieces[0])))
+                    file.write(pieces[0])
+                else:
+                    # Its pieces written and checksummed at once by the glue, the GIL released,
+                    # after the head's room; then the head, which holds the checksum, at 0.
+                    file.write(head(_soma.write_hashed(temporary, head_size, pieces)))
             if self._max_bytes is None:
                 os.replace(temporary, final)
             else:
