@@ -37,10 +37,6 @@ use crate::model::id::NodeId;
 /// How far apart the clock's ticks are: what a node's start and end are known to within.
 pub const RESOLUTION: Duration = Duration::from_millis(1);
 
-/// How many rows a board's records are spread over ([`Board::position`]): nodes `SPREAD` apart
-/// in a program's order share a row, and one cache line holds at most three records.
-const SPREAD: usize = 8;
-
 /// A node's state on a board.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -181,12 +177,7 @@ pub struct Change {
 
 /// A run's node states (see the module's header).
 pub struct Board {
-    /// The records, a node's at [`Board::position`] of its index: [`SPREAD`] rows of `stride`.
     records: Box<[Record]>,
-    /// How many nodes it holds.
-    count: usize,
-    /// How many records a row holds.
-    stride: usize,
     /// The program the board is of, for the nodes' ids (read by the reader only).
     program: Arc<Program>,
     /// Where each sub-program's records begin (an `each`'s body, a `switch`'s case, a `loop`'s
@@ -215,11 +206,8 @@ impl Board {
             });
             bases.sort_unstable();
         }
-        let stride = count.div_ceil(SPREAD);
         Board {
-            records: (0..stride * SPREAD).map(|_| Record::default()).collect(),
-            count,
-            stride,
+            records: (0..count).map(|_| Record::default()).collect(),
             program: Arc::clone(program),
             bases: bases.into(),
             seen: Mutex::new(Vec::new()),
@@ -231,8 +219,8 @@ impl Board {
     /// How many of the program's own nodes (not those inside its steps) are done: finished,
     /// or answered by the cache. A count of loads, for a reader that needs no more.
     pub fn done(&self) -> usize {
-        (0..self.program.len().min(self.count))
-            .map(|index| &self.records[self.position(index)])
+        self.records[..self.program.len().min(self.records.len())]
+            .iter()
             .filter(|record| {
                 record.ended_as(NodeState::Finished) || record.ended_as(NodeState::Cached)
             })
@@ -246,18 +234,18 @@ impl Board {
 
     /// How many nodes it holds.
     pub fn len(&self) -> usize {
-        self.count
+        self.records.len()
     }
 
     /// Whether it holds none.
     pub fn is_empty(&self) -> bool {
-        self.count == 0
+        self.records.is_empty()
     }
 
     /// Each node's id and device, by index: the program's nodes in order, then each
     /// sub-program's, as the records are laid out.
     pub fn nodes(&self) -> Vec<(NodeId, Option<Device>)> {
-        let mut nodes = vec![None; self.count];
+        let mut nodes = vec![None; self.records.len()];
         for_each_program(&self.program, |inner, steps| {
             let base = self.base(inner);
             for (slot, device) in steps {
@@ -275,10 +263,10 @@ impl Board {
     /// The records changed since the last read, each as it is now.
     pub fn read(&self) -> Vec<Change> {
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-        seen.resize(self.count, Seen::default());
+        seen.resize(self.records.len(), Seen::default());
         let mut changes = Vec::new();
-        for (index, seen) in seen.iter_mut().enumerate() {
-            let now = self.records[self.position(index)].seen();
+        for (index, (record, seen)) in self.records.iter().zip(seen.iter_mut()).enumerate() {
+            let now = record.seen();
             if now == *seen {
                 continue;
             }
@@ -306,17 +294,6 @@ impl Board {
         f64::from(tick.wrapping_sub(self.origin)) * RESOLUTION.as_secs_f64()
     }
 
-    /// Where the record of the node at `index` lies: nodes one after another in a program's
-    /// order lie a row apart, so that the branches of a wave, which threads take one by one in
-    /// turn, never write one cache line at once. With neighbours' records side by side, a wave
-    /// of 10,000 trivial branches watched ran 5.1 to 7.6% slower than unwatched, and 0.5 to
-    /// 1.3% with each record on a line of its own (three rounds alternated on two cores), which
-    /// made a chain's board cost more to zero.
-    #[inline]
-    fn position(&self, index: usize) -> usize {
-        (index % SPREAD) * self.stride + index / SPREAD
-    }
-
     /// Where `program`'s records begin.
     fn base(&self, program: &Program) -> usize {
         if std::ptr::eq(program, Arc::as_ptr(&self.program)) {
@@ -333,11 +310,7 @@ impl Board {
     /// The record of `program`'s step at `slot`; `None` for a program not the board's.
     #[inline]
     pub(crate) fn record(&self, program: &Program, slot: usize) -> Option<&Record> {
-        let index = self.base(program).wrapping_add(slot);
-        if index >= self.count {
-            return None;
-        }
-        self.records.get(self.position(index))
+        self.records.get(self.base(program).wrapping_add(slot))
     }
 
     /// Attempt `attempt` of the call of `program`'s step at `slot` begins on this thread.
