@@ -90,8 +90,15 @@ impl NodeState {
 
 /// One node's record: written by its call, read by the board's reader. Its beginning and its end
 /// are each one word — the tick in the high 32 bits, the attempt in the 24 above the low byte,
-/// the state in the low byte ([`mark`]) — so that each is written with one store.
+/// the state in the low byte ([`mark`]) — so that each is written with one store. A cache line
+/// of its own: a wave's branches, which threads take one by one in turn, write neighbouring
+/// records at once, and records sharing a line made each of those stores wait for the line to
+/// come back from the other core. A wave of 10,000 trivial branches watched ran 5.1 to 7.6%
+/// slower than unwatched with 24-byte records side by side, 0.5 to 1.3% with a line each, in
+/// three rounds alternated on two cores; spread so that only nodes eight apart shared a line,
+/// it ran 1.5 to 14.5% slower. A chain's board has the more to zero as it is made.
 #[derive(Default)]
+#[repr(align(64))]
 pub(crate) struct Record {
     /// The last attempt's beginning, written last as it begins (0: not begun).
     begun: AtomicU64,
@@ -192,8 +199,8 @@ pub struct Board {
 }
 
 impl Board {
-    /// A board for a run of `program`, every node waiting. Costs a record of 24 bytes a node,
-    /// zeroed, and, for a program with steps that decide, a walk of its steps.
+    /// A board for a run of `program`, every node waiting. Costs a record of 64 bytes (a cache
+    /// line) a node, zeroed, and, for a program with steps that decide, a walk of its steps.
     pub fn new(program: &Arc<Program>) -> Board {
         let mut bases = Vec::new();
         let mut count = program.len();
