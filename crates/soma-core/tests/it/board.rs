@@ -60,6 +60,27 @@ fn on_board(
     (out, board, lines)
 }
 
+/// Runs `program` on `input` keeping a board, on a thread of its own: the board, read while
+/// the run goes, and the run.
+fn on_board_in_a_thread(
+    program: &Arc<Program>,
+    input: Value,
+) -> (
+    Arc<Board>,
+    std::thread::JoinHandle<Result<Value, soma_core::RunError>>,
+) {
+    let board = Arc::new(Board::new(program));
+    let running = {
+        let (board, program) = (Arc::clone(&board), Arc::clone(program));
+        std::thread::spawn(move || {
+            Executor::new()
+                .with_board(board)
+                .run_program(&program, input)
+        })
+    };
+    (board, running)
+}
+
 /// Each node's state and attempt after the changes `board` holds, by id.
 fn states(board: &Board) -> Vec<(String, NodeState, u32)> {
     let nodes = board.nodes();
@@ -191,15 +212,7 @@ fn a_running_node_is_on_the_board_before_it_returns() {
         })
     };
     let program = program_of(node_arc("held", Arc::new(held)), &Policies::default());
-    let board = Arc::new(Board::new(&program));
-    let running = {
-        let (board, program) = (Arc::clone(&board), Arc::clone(&program));
-        std::thread::spawn(move || {
-            Executor::new()
-                .with_board(board)
-                .run_program(&program, Value::Int(1))
-        })
-    };
+    let (board, running) = on_board_in_a_thread(&program, Value::Int(1));
     assert!(began.meet(), "the node began");
     let first = board.read();
     assert_eq!(first[0].state, NodeState::Running);
@@ -240,15 +253,7 @@ fn a_node_run_again_by_a_loop_reads_running_never_ended_by_its_last_run() {
         soma_core::repeat("l", node("step", step), done, 10).unwrap(),
         &Policies::default(),
     );
-    let board = Arc::new(Board::new(&program));
-    let running = {
-        let (board, program) = (Arc::clone(&board), Arc::clone(&program));
-        std::thread::spawn(move || {
-            Executor::new()
-                .with_board(board)
-                .run_program(&program, Value::Int(0))
-        })
-    };
+    let (board, running) = on_board_in_a_thread(&program, Value::Int(0));
     assert!(began.meet(), "the node ran again");
     let ids: Vec<String> = board
         .nodes()
