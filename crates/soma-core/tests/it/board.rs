@@ -2,17 +2,15 @@
 //! failed, retried, cached, a step's inner nodes, a node run again — read in bulk, each change
 //! once, and the observer told of a call only when it fails.
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use soma_core::{
     compile, compile_decided, each, node, node_arc, Begun, Board, Ended, Executor, Expr, Key,
-    MemoryCache, NodeError, NodeState, Observer, Opened, Placement, Policies, Program, Retry,
-    Value,
+    MemoryCache, NodeState, Observer, Opened, Placement, Policies, Program, Retry, Value,
 };
 
-use crate::support::{fail, n, plain, Rendezvous};
+use crate::support::{fail, fails_first, n, plain, Rendezvous};
 
 /// The works an observer was told, as `kind node` lines.
 #[derive(Default)]
@@ -143,18 +141,7 @@ fn a_failed_call_is_on_the_board_and_told_the_observer_with_when_it_began() {
 
 #[test]
 fn a_retried_call_shows_its_attempt_and_each_failure_is_told() {
-    let calls = Arc::new(AtomicU32::new(0));
-    let counted = Arc::clone(&calls);
-    let flaky = node(
-        "f",
-        plain(move |_, x: &Value| {
-            if counted.fetch_add(1, Ordering::SeqCst) < 2 {
-                Err(NodeError::new("not yet"))
-            } else {
-                Ok(x.clone())
-            }
-        }),
-    );
+    let flaky = node("f", plain(fails_first(2)));
     let mut policies = Policies::default();
     policies.set_retry("f", Some(Retry::new(3, Duration::from_millis(1))));
     let program = program_of(flaky, &policies);

@@ -2,18 +2,17 @@
 //! call, a node the cache answered, each part of a step that decides, each streamed item — its
 //! end told on the thread its beginning was, every beginning ended once.
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, ThreadId};
 use std::time::Duration;
 
 use soma_core::{
     compile, compile_decided, each, node, node_arc, repeat, switch, Begun, Ended, Executor, Expr,
-    Key, MemoryCache, NodeError, Observer, Opened, Placement, Policies, Program, Retry, Stream,
+    Key, MemoryCache, Observer, Opened, Placement, Policies, Program, Retry, Stream,
     StreamSettings, Value,
 };
 
-use crate::support::{fail, meet, n, plain, Rendezvous};
+use crate::support::{fail, fails_first, meet, n, plain, Rendezvous};
 
 /// What an observer was told, as text: `begin <work>` and `end <work> <how>`, each with the
 /// thread it was told on.
@@ -158,18 +157,7 @@ fn a_failed_call_ends_failed_and_so_does_its_run() {
 
 #[test]
 fn each_attempt_of_a_retried_call_is_told_and_the_failed_ones_say_their_pause() {
-    let calls = Arc::new(AtomicU32::new(0));
-    let counted = Arc::clone(&calls);
-    let flaky = node(
-        "f",
-        plain(move |_, x: &Value| {
-            if counted.fetch_add(1, Ordering::SeqCst) < 2 {
-                Err(NodeError::new("not yet"))
-            } else {
-                Ok(x.clone())
-            }
-        }),
-    );
+    let flaky = node("f", plain(fails_first(2)));
     let (graph, catalog) = flaky.somatize().unwrap();
     let plan = compile(&graph, &catalog).unwrap();
     let mut policies = Policies::default();

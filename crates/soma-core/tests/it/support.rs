@@ -7,6 +7,7 @@
 //! is secretly sequential fails instead of hanging.
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::{self, ThreadId};
 use std::time::{Duration, Instant};
@@ -293,6 +294,21 @@ pub fn after(
             Err(NodeError::new(format!(
                 "`{id}` waited for its gate until the deadline"
             )))
+        }
+    }
+}
+
+/// A body that fails ("not yet") on its first `failures` calls, and passes its input on after:
+/// a flaky node for a retry policy to try again.
+pub fn fails_first(
+    failures: u32,
+) -> impl Fn(&str, &Value) -> Result<Value, NodeError> + Send + Sync + 'static {
+    let calls = AtomicU32::new(0);
+    move |_, x| {
+        if calls.fetch_add(1, Ordering::SeqCst) < failures {
+            Err(NodeError::new("not yet"))
+        } else {
+            Ok(x.clone())
         }
     }
 }
