@@ -221,11 +221,6 @@ impl PyBoard {
         });
     }
 
-    /// Whether its run has ended.
-    pub(crate) fn ended_already(&self) -> bool {
-        self.ended.get().is_some()
-    }
-
     /// What a node's `ctx.emit` in its run reports through: made once, by `make`.
     pub(crate) fn watched(
         &self,
@@ -336,7 +331,7 @@ impl PyBoard {
 
     /// Whether the run has ended.
     #[getter]
-    fn has_ended(&self) -> bool {
+    pub(crate) fn has_ended(&self) -> bool {
         self.ended.get().is_some()
     }
 

@@ -363,7 +363,7 @@ impl Drop for BoardedRun {
         let Some(board) = &self.board else {
             return;
         };
-        if board.get().ended_already() {
+        if board.get().has_ended() {
             return;
         }
         let Some(_inside) = crate::exit::try_enter() else {

@@ -360,10 +360,9 @@ class RunRecord:
         # had one; its nodes' ids and devices by index, read once.
         self.board = board
         self.boarded = board is not None
-        # For a run that keeps a board, made when the recorder took the board: what ends it
-        # here once its board says it ended (`Recorder._board_ended`), and that board.
+        # For a run that keeps a board, made when the recorder took the board in flight: what
+        # ends it here once its board says it ended (`Recorder._board_ended`).
         self._board_end: Any = None
-        self._ledger_board = board
         # The program the run resolved, by number, and its board, held while its label is
         # known by that number (`label`): the program lives as long, so the number stays its.
         self._program: int | None = None if board is None else board.program
@@ -378,10 +377,12 @@ class RunRecord:
     def fold(self) -> None:
         """Makes each node's record say what the board and the log have told so far."""
         board = self.board
+        # Its board is let go only once its end is in its log, after its status changed.
         if (
-            self._board_end is not None
+            board is not None
+            and self._board_end is not None
             and self.status is RunStatus.RUNNING
-            and self._ledger_board.has_ended
+            and board.has_ended
         ):
             self._board_end(self)  # Its end goes in its log.
         if not self.log and board is None:
@@ -791,7 +792,7 @@ class Recorder:
         self._lock = threading.Lock()
         self._changes: Ring[str] = Ring(CHANGES_KEPT)
         # The records of runs that keep a board and had not ended when their board was
-        # taken, by the board's number.
+        # taken, by the board's number (what an emit finds its run by), until their end is told.
         self._boarded: dict[int, RunRecord] = {}
         # Runs are numbered from the process's one count (`_soma.run_number`), a run that keeps
         # a board as it begins; a run's id is its number past this one: the first run a view
@@ -856,7 +857,8 @@ class Recorder:
             self._changes.append(run_id)
         if self._boarded:
             for run in list(self._boarded.values()):
-                if run._ledger_board.has_ended:
+                board = run.board  # `None` once another reader told its end and read it last.
+                if board is not None and board.has_ended:
                     self._board_ended(run)
 
     def _made(self, run_id: str) -> RunRecord | None:
@@ -918,11 +920,11 @@ class Recorder:
 
     def _board_ended(self, run: RunRecord) -> None:
         """The run that keeps a board ended, as its board says: once, whoever sees it first."""
-        board = run._ledger_board
         with self._lock:
-            if self._boarded.pop(board.number, None) is None:
+            if self._boarded.pop(int(run.id) + self._base, None) is None:
                 return
-        ended = board.ended
+        # Its board until its end is in its log, which only this call puts there.
+        ended = None if run.board is None else run.board.ended
         if ended is None:  # Not possible once `has_ended`; kept for the typing.
             return
         outcome, error, seconds = ended
