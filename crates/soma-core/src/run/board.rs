@@ -90,15 +90,8 @@ impl NodeState {
 
 /// One node's record: written by its call, read by the board's reader. Its beginning and its end
 /// are each one word — the tick in the high 32 bits, the attempt in the 24 above the low byte,
-/// the state in the low byte ([`mark`]) — so that each is written with one store. A cache line
-/// of its own: a wave's branches, which threads take one by one in turn, write neighbouring
-/// records at once, and records sharing a line made each of those stores wait for the line to
-/// come back from the other core. A wave of 10,000 trivial branches watched ran 5.1 to 7.6%
-/// slower than unwatched with 24-byte records side by side, 0.5 to 1.3% with a line each, in
-/// three rounds alternated on two cores; spread so that only nodes eight apart shared a line,
-/// it ran 1.5 to 14.5% slower. A chain's board has the more to zero as it is made.
+/// the state in the low byte ([`mark`]) — so that each is written with one store.
 #[derive(Default)]
-#[repr(align(64))]
 pub(crate) struct Record {
     /// The last attempt's beginning, written last as it begins (0: not begun).
     begun: AtomicU64,
@@ -163,6 +156,54 @@ impl Record {
     }
 }
 
+/// A record on a cache line of its own.
+#[derive(Default)]
+#[repr(align(64))]
+struct Line(Record);
+
+/// A board's records, in [`Board::nodes`]' order: side by side (24 bytes a node), for a program
+/// whose steps run one at a time; each on a cache line of its own (64 bytes), for one whose
+/// steps may run at once on two threads ([`Program::runs_side_by_side`]). A wave's branches,
+/// which threads take one by one in turn, write neighbouring records at once, and records
+/// sharing a line made each of those stores wait for the line to come back from the other
+/// core: a wave of 10,000 trivial branches watched ran 5.1 to 7.6% slower than unwatched with
+/// records side by side, 0.5 to 1.3% with a line each (three rounds alternated on two cores);
+/// spread so that only nodes eight apart shared a line, 1.5 to 14.5%. A line each costs a
+/// program run on one thread only room to zero as each board is made and lines to write: a
+/// chain of 100,000 trivial nodes watched ran 17 to 20% slower than unwatched so.
+enum Records {
+    SideBySide(Box<[Record]>),
+    LineEach(Box<[Line]>),
+}
+
+impl Records {
+    /// `count` records, every node waiting; a line each when `apart`.
+    fn new(count: usize, apart: bool) -> Records {
+        if apart {
+            Records::LineEach((0..count).map(|_| Line::default()).collect())
+        } else {
+            Records::SideBySide((0..count).map(|_| Record::default()).collect())
+        }
+    }
+
+    /// The record at `index`.
+    #[inline]
+    fn get(&self, index: usize) -> Option<&Record> {
+        match self {
+            Records::SideBySide(records) => records.get(index),
+            Records::LineEach(lines) => lines.get(index).map(|line| &line.0),
+        }
+    }
+
+    /// How many it holds.
+    fn len(&self) -> usize {
+        match self {
+            Records::SideBySide(records) => records.len(),
+            Records::LineEach(lines) => lines.len(),
+        }
+    }
+}
+
 /// One change a reader is told: the record at `index` (in [`Board::nodes`]' order) as it is now.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Change {
@@ -184,7 +225,7 @@ pub struct Change {
 
 /// A run's node states (see the module's header).
 pub struct Board {
-    records: Box<[Record]>,
+    records: Records,
     /// The program the board is of, for the nodes' ids (read by the reader only).
     program: Arc<Program>,
     /// Where each sub-program's records begin (an `each`'s body, a `switch`'s case, a `loop`'s
@@ -199,8 +240,9 @@ pub struct Board {
 }
 
 impl Board {
-    /// A board for a run of `program`, every node waiting. Costs a record of 64 bytes (a cache
-    /// line) a node, zeroed, and, for a program with steps that decide, a walk of its steps.
+    /// A board for a run of `program`, every node waiting. Costs a record a node (`Records`:
+    /// 24 bytes, or 64 for a program whose steps run side by side), zeroed, and, for a program
+    /// with steps that decide, a walk of its steps.
     pub fn new(program: &Arc<Program>) -> Board {
         let mut bases = Vec::new();
         let mut count = program.len();
@@ -214,7 +256,7 @@ impl Board {
             bases.sort_unstable();
         }
         Board {
-            records: (0..count).map(|_| Record::default()).collect(),
+            records: Records::new(count, program.runs_side_by_side()),
             program: Arc::clone(program),
             bases: bases.into(),
             seen: Mutex::new(Vec::new()),
@@ -226,8 +268,8 @@ impl Board {
     /// How many of the program's own nodes (not those inside its steps) are done: finished,
     /// or answered by the cache. A count of loads, for a reader that needs no more.
     pub fn done(&self) -> usize {
-        self.records[..self.program.len().min(self.records.len())]
-            .iter()
+        (0..self.program.len().min(self.records.len()))
+            .filter_map(|index| self.records.get(index))
             .filter(|record| {
                 record.ended_as(NodeState::Finished) || record.ended_as(NodeState::Cached)
             })
@@ -246,7 +288,7 @@ impl Board {
 
     /// Whether it holds none.
     pub fn is_empty(&self) -> bool {
-        self.records.is_empty()
+        self.records.len() == 0
     }
 
     /// Each node's id and device, by index: the program's nodes in order, then each
@@ -272,7 +314,10 @@ impl Board {
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
         seen.resize(self.records.len(), Seen::default());
         let mut changes = Vec::new();
-        for (index, (record, seen)) in self.records.iter().zip(seen.iter_mut()).enumerate() {
+        for (index, seen) in seen.iter_mut().enumerate() {
+            let Some(record) = self.records.get(index) else {
+                break;
+            };
             let now = record.seen();
             if now == *seen {
                 continue;

@@ -61,6 +61,8 @@ pub struct Program {
     /// Whether it has a `Map`, `Switch` or `Loop` step, which reads values through the
     /// executor's [`crate::Reading`].
     decides: bool,
+    /// Whether it has a wave of its own (not inside a step that decides).
+    waves: bool,
     /// Whether a run has begun: its memory, and its nodes', may be in the caches since.
     ran: AtomicBool,
 }
@@ -174,6 +176,7 @@ impl Program {
             devices: devices.into(),
             crew: Crew::new(DEFAULT_IDLE_THREADS),
             decides: numbered.decides,
+            waves: numbered.waves,
             ran: AtomicBool::new(false),
         })
     }
@@ -182,6 +185,12 @@ impl Program {
     /// executor's [`crate::Reading`], so an embedder may give one only then.
     pub fn decides(&self) -> bool {
         self.decides
+    }
+
+    /// Whether two of its steps may run at once on two threads: it has a wave, or a step that
+    /// decides (an `each`'s items run side by side; a case or a body may hold waves).
+    pub(crate) fn runs_side_by_side(&self) -> bool {
+        self.waves || self.decides
     }
 
     /// Whether one of its nodes is async ([`crate::Node::is_async`]), at any depth: such a

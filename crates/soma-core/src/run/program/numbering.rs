@@ -93,6 +93,8 @@ pub(super) struct Numbering<'p> {
     next_in_catalog: usize,
     /// Whether a `Map`, `Switch` or `Loop` step was numbered.
     pub(super) decides: bool,
+    /// Whether a wave was entered.
+    pub(super) waves: bool,
 }
 
 /// A container being walked in the first pass.
@@ -119,6 +121,7 @@ impl<'p> Numbering<'p> {
             reads: Vec::with_capacity(steps),
             next_in_catalog: 0,
             decides: false,
+            waves: false,
         };
         let mut slots = Slots::default();
         // Which catalog entries a step runs already: a node run twice is refused.
@@ -145,6 +148,7 @@ impl<'p> Numbering<'p> {
                     if let Some(start) = open.last().and_then(|parent| parent.wave_start) {
                         hidden.push((start, numbering.ids.len()));
                     }
+                    numbering.waves |= matches!(entered, Plan::Wave(_));
                     match entered {
                         Plan::Empty => {}
                         Plan::Execute { node, from }
