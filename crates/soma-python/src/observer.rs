@@ -107,18 +107,17 @@ pub fn observe(target: Option<Py<PyAny>>, boards: bool, kept: Option<(usize, usi
 /// observer's `begin` set for it), for its `Ctx` to carry to threads the node starts; `None`
 /// at the cost of a flag's read when nothing watches.
 pub(crate) fn watched(py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
-    static CURRENT_CALL: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    static CURRENT_CALL: PyOnceLock<ContextVariable> = PyOnceLock::new();
     if !ANY.load(Ordering::Acquire) {
         return Ok(None);
     }
-    let current =
-        observe_variable(py, &CURRENT_CALL, "current_call")?.call_method0(intern!(py, "get"))?;
+    let current = ContextVariable::of(py, &CURRENT_CALL, "current_call")?.get(py)?;
     if !current.is_none() {
         return Ok(Some(current.unbind()));
     }
     // A run that keeps a board told Python nothing as it began: what its nodes emit reports
     // through what its board makes, once one asks.
-    let run = current_run(py)?.call_method0(intern!(py, "get"))?;
+    let run = current_run(py)?.get(py)?;
     let Ok(board) = run.cast::<PyBoard>() else {
         return Ok(None);
     };
@@ -132,25 +131,53 @@ pub(crate) fn watched(py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
         .map(Some)
 }
 
-/// The context variable `name` of `soma._run.observe`, looked up once and kept in `cell`.
-fn observe_variable<'py>(
-    py: Python<'py>,
-    cell: &'static PyOnceLock<Py<PyAny>>,
-    name: &str,
-) -> PyResult<&'py Bound<'py, PyAny>> {
-    cell.get_or_try_init(py, || {
-        crate::py_modules::observe(py)?
-            .getattr(name)
-            .map(Bound::unbind)
-    })
-    .map(|variable| variable.bind(py))
+/// A context variable of `soma._run.observe`, its methods bound once: a call through a method
+/// looked up at each call makes and frees a method object, and a run that keeps a board calls
+/// four as it begins and ends.
+struct ContextVariable {
+    get: Py<PyAny>,
+    set: Py<PyAny>,
+    reset: Py<PyAny>,
+}
+
+impl ContextVariable {
+    /// The context variable `name`, looked up once and kept in `cell`.
+    fn of<'a>(
+        py: Python<'_>,
+        cell: &'a PyOnceLock<ContextVariable>,
+        name: &str,
+    ) -> PyResult<&'a ContextVariable> {
+        cell.get_or_try_init(py, || {
+            let variable = crate::py_modules::observe(py)?.getattr(name)?;
+            Ok(ContextVariable {
+                get: variable.getattr("get")?.unbind(),
+                set: variable.getattr("set")?.unbind(),
+                reset: variable.getattr("reset")?.unbind(),
+            })
+        })
+    }
+
+    /// Its value here.
+    fn get<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.get.bind(py).call0()
+    }
+
+    /// Sets it to `value` here: the token that puts the value before back.
+    fn set<'py>(&self, value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        self.set.bind(value.py()).call1((value,))
+    }
+
+    /// Puts back the value before the `set` that gave `token`.
+    fn reset(&self, token: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.reset.bind(token.py()).call1((token,)).map(drop)
+    }
 }
 
 /// `soma._run.observe.current_run`: the run the current work is part of, as the view knows it
 /// (its record, or the board of a run that keeps one).
-fn current_run(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
-    static CURRENT_RUN: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    observe_variable(py, &CURRENT_RUN, "current_run")
+fn current_run(py: Python<'_>) -> PyResult<&'static ContextVariable> {
+    static CURRENT_RUN: PyOnceLock<ContextVariable> = PyOnceLock::new();
+    ContextVariable::of(py, &CURRENT_RUN, "current_run")
 }
 
 /// `executor` with the observer a run of `graph` made now, watched by `watch`, is to tell, if
@@ -316,10 +343,10 @@ fn boarded_run_begins(
     nodes: usize,
     asynchronous: bool,
 ) -> PyResult<BoardedRun> {
-    static HIDDEN: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    static HIDDEN: PyOnceLock<ContextVariable> = PyOnceLock::new();
     let current = current_run(py)?;
-    let parent = current.call_method0(intern!(py, "get"))?;
-    let hidden = observe_variable(py, &HIDDEN, "hidden")?.call_method0(intern!(py, "get"))?;
+    let parent = current.get(py)?;
+    let hidden = ContextVariable::of(py, &HIDDEN, "hidden")?.get(py)?;
     let board = board.bind(py);
     PyBoard::begins(
         board,
@@ -329,7 +356,7 @@ fn boarded_run_begins(
         hidden.unbind(),
         crate::protocol::journal_run(py)?,
     );
-    let token = current.call_method1(intern!(py, "set"), (board,))?;
+    let token = current.set(board.as_any())?;
     Ok(BoardedRun {
         board: Some(board.clone().unbind()),
         token: Some(token.unbind()),
@@ -346,9 +373,7 @@ impl BoardedRun {
         };
         board.get().ends(outcome, error);
         if let Some(token) = self.token.take() {
-            if let Err(error) = current_run(py)
-                .and_then(|current| current.call_method1(intern!(py, "reset"), (token,)))
-            {
+            if let Err(error) = current_run(py).and_then(|current| current.reset(token.bind(py))) {
                 // A token made in another context: the run ended where it did not begin.
                 if !error.is_instance_of::<pyo3::exceptions::PyValueError>(py) {
                     error.write_unraisable(py, Some(board.bind(py)));
