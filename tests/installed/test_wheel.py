@@ -106,7 +106,7 @@ def test_the_wheel_carries_the_views_page_files_and_reports_without_the_extra(
         """
     )
     assert printed.splitlines() == [
-        "['inflate.js', 'run.js', 'runs.js', 'tiles.js', 'view.css']",
+        "['inflate.js', 'live.js', 'run.js', 'runs.js', 'tiles.js', 'view.css']",
         "True",
         "hint: pip install 'soma-graph[view]'",
     ]

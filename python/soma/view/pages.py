@@ -92,6 +92,7 @@ def runs_page(runs: Iterable[RunRecord], status: str | None, token: str | None) 
         + "<th>Status</th><th>Started</th>"
         + "<th>Time</th><th>Nodes done</th><th>Error</th></tr></thead>"
         + f"<tbody>{rows}</tbody></table>"
+        + f'<script src="{_e(with_token("/static/live.js", token))}"></script>'
         + f'<script src="{_e(with_token("/static/runs.js", token))}"></script>'
         + "</body></html>\n"
     )
@@ -138,6 +139,7 @@ def run_page(run: RunRecord, plan_svg: str, token: str | None) -> str:
         + "<section><h2>Timeline</h2><div id=timeline></div></section>"
         + "<section><h2>Emitted</h2><ol id=emits></ol></section>"
         + f'<script src="{_e(with_token("/static/tiles.js", token))}"></script>'
+        + f'<script src="{_e(with_token("/static/live.js", token))}"></script>'
         + f'<script src="{_e(with_token("/static/run.js", token))}"></script>'
         + "</body></html>\n"
     )

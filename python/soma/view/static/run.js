@@ -1,6 +1,9 @@
 // A run's page, kept live: the server sends the run's state at first ("snapshot"), then what
 // changed ("update"): nodes with their latest state, spans ended, values emitted, at most once
-// a tick. The plan is the engine's drawing; each box carries data-node, and its class says
+// a tick. Updates are merged as they come and drawn at most once a frame (`queue`): a page
+// that drew each as it came fell behind a run emitting flat out, and the updates the browser
+// had taken in but not drawn kept it busy for tens of seconds after (its next page loaded in
+// 39 s). The plan is the engine's drawing; each box carries data-node, and its class says
 // its state. A large plan is drawn a tile at a time (tiles.js): every node's state is kept
 // here, and a box takes its node's as it is drawn. Every text from the run is set as text,
 // never as markup.
@@ -190,16 +193,51 @@
     addEmits(data.emits || []);
   }
 
-  const events = new EventSource(withToken(api + "/events"));
-  events.addEventListener("open", () => { connection.textContent = "live"; connection.classList.add("on"); });
-  events.addEventListener("error", () => { connection.textContent = "disconnected"; connection.classList.remove("on"); });
-  events.addEventListener("snapshot", (e) => {
-    for (const g of boxes.values()) colour(g, "waiting");
-    nodes.clear();
-    for (const r of rows.values()) r.remove();
-    rows.clear(); spans.length = 0; live.clear(); shown = 0;
-    document.getElementById("emits").textContent = "";
-    apply(JSON.parse(e.data));
+  // The updates come since the last frame, merged: each node's latest state, the run's, and
+  // no more of the spans and emitted values than are drawn; `null` when none waits.
+  let pending = null;
+
+  function queue(data) {
+    if (pending === null) {
+      pending = { run: null, nodes: new Map(), spans: [], ended: 0, emits: [] };
+      requestAnimationFrame(flush);
+    }
+    if (data.run) pending.run = data.run;
+    for (const node of data.nodes || []) pending.nodes.set(node.id, node);
+    for (const s of data.spans || []) {
+      pending.spans.push(s);
+      pending.ended = Math.max(pending.ended, s.end);
+    }
+    if (pending.spans.length > 2 * SPANS_DRAWN) pending.spans.splice(0, pending.spans.length - SPANS_DRAWN);
+    for (const e of data.emits || []) pending.emits.push(e);
+    if (pending.emits.length > 2 * EMITS_SHOWN) pending.emits.splice(0, pending.emits.length - EMITS_SHOWN);
+  }
+
+  function flush() {
+    const merged = pending;
+    if (merged === null) return;
+    pending = null;
+    // A span left out still moves the timeline's end on.
+    runSeconds = Math.max(runSeconds, merged.ended);
+    apply({
+      run: merged.run,
+      nodes: [...merged.nodes.values()],
+      spans: merged.spans.slice(-SPANS_DRAWN),
+      emits: merged.emits.slice(-EMITS_SHOWN),
+    });
+  }
+
+  window.somaLive(withToken(api + "/events"), connection, {
+    snapshot: (e) => {
+      for (const g of boxes.values()) colour(g, "waiting");
+      nodes.clear();
+      for (const r of rows.values()) r.remove();
+      rows.clear(); spans.length = 0; live.clear(); shown = 0;
+      document.getElementById("emits").textContent = "";
+      // What came before the snapshot is in it.
+      pending = null;
+      apply(JSON.parse(e.data));
+    },
+    update: (e) => queue(JSON.parse(e.data)),
   });
-  events.addEventListener("update", (e) => apply(JSON.parse(e.data)));
 })();

@@ -68,9 +68,8 @@
     history.replaceState(null, "", url);
   });
 
-  const events = new EventSource(withToken("/api/runs/events"));
-  events.addEventListener("open", () => { live.textContent = "live"; live.classList.add("on"); });
-  events.addEventListener("error", () => { live.textContent = "disconnected"; live.classList.remove("on"); });
-  events.addEventListener("runs", (e) => all(JSON.parse(e.data)));
-  events.addEventListener("update", (e) => { for (const run of JSON.parse(e.data)) put(run); });
+  window.somaLive(withToken("/api/runs/events"), live, {
+    runs: (e) => all(JSON.parse(e.data)),
+    update: (e) => { for (const run of JSON.parse(e.data)) put(run); },
+  });
 })();
