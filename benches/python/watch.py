@@ -642,8 +642,9 @@ def _chromium() -> Any:
 def big_rows() -> list[list[str]]:
     """A chain of 10,000 nodes: its run's page loaded in Debian's headless Chromium until it
     shows every node's state, and its offline report's size and opening there until its plan is
-    drawn; then a 10,000-node graph whose last 8 nodes emit as fast as they can, its page loaded
-    while they do, and the page's frames meanwhile."""
+    drawn; then a 10,000-node graph whose last 8 nodes emit, its page loaded before they do and
+    its frames counted meanwhile: three times with the nodes emitting as fast as they can, three
+    times at the rate target 2 names (100,000 values a second)."""
     import os
     import tempfile
 
@@ -675,7 +676,8 @@ def big_rows() -> list[list[str]]:
             driver.get(path.as_uri())
             WebDriverWait(driver, 60, 0.01).until(lambda d: d.execute_script(OPENED))
             opens.append(time.perf_counter() - start)
-        emitting = _emitting_page(driver, view)
+        emitting = [_emitting_page(driver, view) for _ in range(3)]
+        paced = [_emitting_page(driver, view, PACED_RATE) for _ in range(3)]
     finally:
         driver.quit()
         view.close()
@@ -693,32 +695,47 @@ def big_rows() -> list[list[str]]:
             f"median of 3 ({', '.join(f'{t:.2f}' for t in opens)}); written in {written:.2f} s",
             f"target ≤ 5 MB and ≤ 2 s: {'met' if size <= 5e6 and opened <= 2 else 'MISSED'}",
         ],
-        emitting,
+        *emitting,
+        *paced,
     ]
 
 
-def _emitting_page(driver: Any, view: Any) -> list[str]:
-    """A 10,000-node graph whose last 8 nodes emit flat out for 6 s once a gate opens: its page
-    loaded before they begin, and its frames counted for a second while they emit."""
+EMITTERS = 8
+# The rate target 2 names: the page stays responsive while the run emits this many a second.
+PACED_RATE = 100_000
+# A paced emitter sends its share of the rate in a burst every this many seconds.
+PACED_PERIOD = 0.01
+
+
+def _emitting_page(driver: Any, view: Any, rate: int | None = None) -> list[str]:
+    """A 10,000-node graph whose last 8 nodes emit for 6 s once a gate opens — flat out, or
+    `rate` values a second among them, a burst each every 10 ms — its page loaded before they
+    begin, and its frames counted for a second while they emit."""
     from selenium.webdriver.support.ui import WebDriverWait
 
     gate = threading.Event()
+    burst = 100 if rate is None else max(1, round(rate * PACED_PERIOD / EMITTERS))
 
     class Burst(soma.Node):
         def forward(self, seconds: float, ctx: soma.Ctx) -> int:
             gate.wait(60)
-            until = time.perf_counter() + seconds
+            start = time.perf_counter()
+            until = start + seconds
             sent = 0
+            bursts = 0
             while time.perf_counter() < until:
-                for _ in range(100):
+                for _ in range(burst):
                     ctx.emit(sent)
                     sent += 1
+                bursts += 1
+                if rate is not None:
+                    time.sleep(max(0.0, start + bursts * PACED_PERIOD - time.perf_counter()))
             return sent
 
     expr: Any = Pass()
     for _ in range(BIG - 9):
         expr = expr >> Pass()
-    g = soma.Graph.somatize(expr >> _wave_of(Burst, 8))
+    g = soma.Graph.somatize(expr >> _wave_of(Burst, EMITTERS))
     results: list[Any] = []
     worker = threading.Thread(target=_append_forward, args=(g, 6.0, results))
     worker.start()
@@ -736,12 +753,14 @@ def _emitting_page(driver: Any, view: Any) -> list[str]:
     frames, longest, listed = WebDriverWait(driver, 60, 0.05).until(
         lambda d: d.execute_script("return window.somaFrames")
     )
-    rate = sum(results[0].values()) / 6.0
+    emitted = sum(results[0].values()) / 6.0
+    how = "flat out" if rate is None else f"{rate:,} values a second among them"
     return [
-        f"the page of a {BIG:,}-node graph whose 8 last nodes emit flat out",
+        f"the page of a {BIG:,}-node graph whose 8 last nodes emit {how}",
         f"loads in {loaded:.2f} s before they emit; while they emit, {frames} frames in a second, "
         f"the longest {longest:.0f} ms",
-        f"{rate:,.0f} events a second emitted; {listed:,} values listed by the page in that second",
+        f"{emitted:,.0f} events a second emitted; {listed:,} values listed by the page in that "
+        "second",
         f"target ≤ 2 s and responsive: {'met' if loaded <= 2 and longest <= 100 else 'MISSED'}",
     ]
 
