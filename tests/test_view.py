@@ -962,6 +962,27 @@ def test_chromium_opens_more_live_pages_in_one_tab_than_it_keeps_connections_eac
         assert time.monotonic() - start < 10.0, f"{page} took {time.monotonic() - start:.1f} s"
 
 
+def test_chromium_shows_a_page_gone_back_to_live_again(view: Any, browser: Any) -> None:
+    graph = soma.Graph.somatize(soma.node(lambda x: x).named("one"))
+    graph.forward(1)
+    browser.get(address(view, "/"))
+    wait_for(browser, "the runs page live", lambda d: d.find_element("id", "live").text == "live")
+    browser.get(address(view, f"/runs/{view.runs()[0].id}"))
+    wait_for(browser, "the run's page live", lambda d: d.find_element("id", "live").text == "live")
+    browser.back()
+    wait_for(browser, "the runs page again", lambda d: d.find_elements("id", "runs"))
+    wait_for(
+        browser, "the runs page live again", lambda d: d.find_element("id", "live").text == "live"
+    )
+    graph.forward(2)
+    newest = view.runs()[0].id
+    wait_for(
+        browser,
+        "the run begun since",
+        lambda d: bool(d.find_elements("css selector", f'#runs tbody tr[data-run="{newest}"]')),
+    )
+
+
 def test_chromium_opens_the_offline_report_from_a_file_with_each_nodes_state(
     view: Any, browser: Any, tmp_path: Path
 ) -> None:
