@@ -1,9 +1,9 @@
 // A run's page, kept live: the server sends the run's state at first ("snapshot"), then what
 // changed ("update"): nodes with their latest state, spans ended, values emitted, at most once
-// a tick. Updates are merged as they come and drawn at most once a frame (`queue`): a page
-// that drew each as it came fell behind a run emitting flat out, and the updates the browser
-// had taken in but not drawn kept it busy for tens of seconds after (its next page loaded in
-// 39 s). The plan is the engine's drawing; each box carries data-node, and its class says
+// a tick. Updates are merged as they come and drawn at most once a frame (`queue`): the page
+// lays itself out no more often than it is shown, however many updates a flood brings, and a
+// page whose frames are held up (a busy machine, a hidden tab) draws only the latest state when
+// they resume. The plan is the engine's drawing; each box carries data-node, and its class says
 // its state. A large plan is drawn a tile at a time (tiles.js): every node's state is kept
 // here, and a box takes its node's as it is drawn. Every text from the run is set as text,
 // never as markup.
