@@ -124,6 +124,7 @@ impl Executor {
             .fingerprint(id, &*step.node)
             .and_then(|fingerprint| key(keys, id, &fingerprint));
         let Some(key) = key else {
+            let _calling = keys.calling();
             return call.call(value);
         };
         if let Some(entry) = keys.cache.get(id, &key) {
@@ -131,7 +132,9 @@ impl Executor {
             return Ok(entry.value);
         }
         let started = Instant::now();
+        let calling = keys.calling();
         let value = call.call(value)?;
+        drop(calling);
         Ok(file_answer(keys, id, &key, value, started.elapsed()))
     }
 
@@ -239,7 +242,7 @@ pub(super) fn write(
     keys: Option<&RunKeys>,
 ) {
     if let Some(keys) = keys {
-        let digest = keys.cache.digest(&value);
+        let digest = keys.digest_output(step.slot(), &value);
         if let Some((key, took)) = keys.decided(step.slot()) {
             let entry = Entry { value, digest };
             keys.cache.put(id, &key, &entry, took);

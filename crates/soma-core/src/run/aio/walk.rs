@@ -33,6 +33,7 @@ use super::limits::slots_of;
 use super::place::{Place, Table, Window};
 use super::task::{CatchUnwind, Task};
 use crate::model::id::NodeId;
+use crate::model::key::Key;
 use crate::model::node::Ctx;
 use crate::model::value::Value;
 use crate::run::attempt::{next_attempt, stopped_pausing, Next};
@@ -388,7 +389,9 @@ async fn cached(
     };
     let started = Instant::now();
     let input = read_deferred(place, keys, step, gathered(place, step)).await?;
+    let calling = keys.calling();
     let value = called(place, call, step, &input).await?;
+    drop(calling);
     Ok(call.file(keys, key, value, started.elapsed()))
 }
 
@@ -637,24 +640,32 @@ async fn read_deferred(
         let step = again.step(site.program);
         let call = NodeCall::new(place.executor(), step, site);
         let started = Instant::now();
+        let calling = keys.calling();
         let value = if step.is_async() {
             called(place, &call, step, &again.input).await?
         } else {
             call.call(&again.input)?
         };
+        drop(calling);
         rereading.computed(again.file(keys, site.program, value, started.elapsed()));
     }
     Ok(rereading.read())
 }
 
-/// Runs `body` on `input` with a table of its own, as the sync walk's `run_body` does: inline
-/// in this task, or as a task of its own once [`INLINE_LEVELS`] nest here.
-async fn run_body(place: &Place, body: &Program, input: Value) -> Result<Value, Halt> {
+/// Runs `body` on `input` with a table of its own, as the sync walk's `run_body` does (its
+/// input's identity `digested` when taken already): inline in this task, or as a task of its
+/// own once [`INLINE_LEVELS`] nest here.
+async fn run_body(
+    place: &Place,
+    body: &Program,
+    input: Value,
+    digested: Option<Key>,
+) -> Result<Value, Halt> {
     let keys = place
         .table
         .keys
         .as_ref()
-        .map(|outer| RunKeys::new(Arc::clone(&outer.cache), body));
+        .map(|outer| outer.within(body, digested));
     let inner = Place {
         run: Arc::clone(&place.run),
         table: Arc::new(Table::new(body, input, keys)),
@@ -701,12 +712,23 @@ async fn each(place: &Place, op: &MapOp) -> Result<Value, Halt> {
         return Ok(executor.reading().collect(Vec::new()));
     }
     let bound = op.in_flight.unwrap_or(count).clamp(1, count);
+    // Each item's digest, taken with the list's, as the sync walk hands them (`sync/decide.rs`).
+    let keys = place.table.keys.as_ref();
+    let handed = keys.and_then(|keys| keys.items_of(&op.step, count));
+    let digested = |index: usize| {
+        let now = match keys {
+            Some(keys) if bound < count => keys.items_of(&op.step, count),
+            Some(_) | None => handed,
+        };
+        now.map(|digests| digests[index])
+    };
     let state = Arc::new(WaveState::new());
     let join = Join::new(count);
     let results: Arc<[ItemResult]> = (0..count).map(|_| Mutex::new(None)).collect();
     let (body, id_at) = (At::of(&op.body), At::of(id));
     let mut items = items.into_iter();
     let start = |index: usize, item: Value| {
+        let digested = digested(index);
         let child = Place {
             run: Arc::clone(&place.run),
             table: Arc::clone(&place.table),
@@ -720,7 +742,7 @@ async fn each(place: &Place, op: &MapOp) -> Result<Value, Halt> {
             Box::pin(async move {
                 let (executor, id) = (child.executor(), id_at.get(child));
                 let under_way = executor.part_begins(id, Part::Item(index), || child.branch.path());
-                let outcome = run_body(child, body.get(child), item).await;
+                let outcome = run_body(child, body.get(child), item, digested).await;
                 executor.part_ends(id, under_way, || child.branch.path(), &outcome);
                 if matches!(&outcome, Err(halt) if halt.stops_later_branches()) {
                     state.fail(index);
@@ -775,7 +797,7 @@ async fn choose(place: &Place, op: &SwitchOp) -> Result<Value, Halt> {
     let chosen = ask(place, &op.step, &read, Asked::Input).await?;
     let (at, key) = executor.case_of(op, id, &chosen)?;
     let under_way = executor.part_begins(id, Part::Case(&key), || place.branch.path());
-    let outcome = run_body(place, &op.cases[at], read).await;
+    let outcome = run_body(place, &op.cases[at], read, None).await;
     executor.part_ends(id, under_way, || place.branch.path(), &outcome);
     outcome
 }
@@ -789,7 +811,7 @@ async fn repeat_body(place: &Place, op: &LoopOp) -> Result<Value, Halt> {
     for iteration in 0..op.max_iterations {
         let under_way =
             executor.part_begins(id, Part::Iteration(iteration), || place.branch.path());
-        let outcome = run_body(place, &op.body, current).await;
+        let outcome = run_body(place, &op.body, current, None).await;
         executor.part_ends(id, under_way, || place.branch.path(), &outcome);
         let output = outcome?;
         let verdict = ask(place, &op.step, &output, Asked::Output).await?;
@@ -816,7 +838,7 @@ async fn ask(place: &Place, step: &Step, value: &Value, asked: Asked) -> Result<
     let executor = place.executor();
     let site = place.site();
     let input = &place.table.input;
-    let key = |keys: &RunKeys, id: &NodeId, fingerprint: &crate::model::key::Key| match asked {
+    let key = |keys: &RunKeys, id: &NodeId, fingerprint: &Key| match asked {
         Asked::Input => keys.key_of(id, fingerprint, step, input),
         Asked::Output => keys.key_on(id, fingerprint, step, value),
     };
@@ -836,7 +858,9 @@ async fn ask(place: &Place, step: &Step, value: &Value, asked: Asked) -> Result<
         }
     }
     let started = Instant::now();
+    let calling = site.keys.map(RunKeys::calling);
     let value = called(place, &call, step, value).await?;
+    drop(calling);
     Ok(match keyed {
         Some((keys, key)) => decision::file_answer(keys, id, &key, value, started.elapsed()),
         None => value,

@@ -13,17 +13,17 @@
 //! boundary, earlier ones run on.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
 use super::fan_out::FanOut;
 use super::lane::Lane;
 use crate::model::id::NodeId;
+use crate::model::key::Key;
 use crate::model::value::Value;
 use crate::run::branch::Halt;
 use crate::run::decision;
 use crate::run::detach::Kept;
 use crate::run::executor::Executor;
-use crate::run::keys::RunKeys;
 use crate::run::observer::Part;
 use crate::run::program::{LoopOp, MapOp, Program, Step, SwitchOp};
 use crate::run::settle::{settle, Outcome};
@@ -66,17 +66,22 @@ impl Executor {
     /// and items around it), and returns what a run of it returns.
     ///
     /// With a cache, its nodes are keyed and looked up as a run's are, with identities of
-    /// their own, its roots keyed on `input`'s digest: an item, a case's input or an
+    /// their own, its roots keyed on `input`'s digest — `digested`, when it was taken already
+    /// (an item's, with its list's: [`RunKeys::items_of`]): an item, a case's input or an
     /// iteration's seen before finds what its nodes computed then, and a run that failed at
     /// one item kept what the others' nodes completed.
     ///
     /// The table, the input and the identities are kept on the heap: when the run's caller
     /// gives up waiting for a wave inside (Ctrl-C, on the caller's thread), its branches still
     /// running borrow them, and they are left to the run's remains with the rest.
-    fn run_body(&self, body: &Program, input: &Value, lane: Lane<'_>) -> Result<Value, Halt> {
-        let keys = lane
-            .keys
-            .map(|outer| RunKeys::new(Arc::clone(&outer.cache), body));
+    fn run_body(
+        &self,
+        body: &Program,
+        input: &Value,
+        digested: Option<Key>,
+        lane: Lane<'_>,
+    ) -> Result<Value, Halt> {
+        let keys = lane.keys.map(|outer| outer.within(body, digested));
         let mut kept = Kept::new((input.clone(), vec![None; body.len()], keys));
         let (input, table, keys) = kept.get_mut();
         let (input, keys) = (&*input, keys.as_ref());
@@ -171,6 +176,18 @@ impl Executor {
         // items one after another, so that no more than that many are in flight.
         let lanes = op.in_flight.unwrap_or(count).clamp(1, count);
         let one_each = lanes == count;
+        // Each item's digest, taken with the list's when nothing ran since: for all of them
+        // now when they are in flight together, as they all begin at once (a change one item's
+        // run makes to another races with that item's own run, cached or not); for each as
+        // its run begins when they are taken a few at a time, after earlier items' runs.
+        let handed = lane.keys.and_then(|keys| keys.items_of(&op.step, count));
+        let digested = |index: usize| {
+            let now = match lane.keys {
+                Some(keys) if !one_each => keys.items_of(&op.step, count),
+                Some(_) | None => handed,
+            };
+            now.map(|digests| digests[index])
+        };
         let locals = MapItems {
             items,
             next: AtomicUsize::new(0),
@@ -179,7 +196,7 @@ impl Executor {
         let item = |fan: &FanOut<'_, MapItems>, index: usize| {
             let outcome = fan.branch(index, |lane| {
                 self.part(id, Part::Item(index), &lane, || {
-                    self.run_body(&op.body, &fan.locals.items[index], lane)
+                    self.run_body(&op.body, &fan.locals.items[index], digested(index), lane)
                 })
             });
             *fan.locals.outcomes[index]
@@ -260,7 +277,7 @@ impl Executor {
                 })?;
             let (at, key) = self.case_of(op, id, &chosen)?;
             self.part(id, Part::Case(&key), &lane, || {
-                self.run_body(&op.cases[at], &read, lane)
+                self.run_body(&op.cases[at], &read, None, lane)
             })
         })
     }
@@ -294,7 +311,7 @@ impl Executor {
             let mut current = read;
             for iteration in 0..op.max_iterations {
                 let output = self.part(id, Part::Iteration(iteration), &lane, || {
-                    self.run_body(&op.body, &current, lane)
+                    self.run_body(&op.body, &current, None, lane)
                 })?;
                 let verdict =
                     self.decision_call(&op.step, &output, lane.site(), |keys, id, fingerprint| {
