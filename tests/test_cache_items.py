@@ -1,11 +1,13 @@
-"""An ``each``'s items are digested once a run: with the list they are in, when a node makes it
-or the run is given it, and each item's run is keyed on that digest — never a stale one.
+"""What a first run digests once: an ``each``'s items, with the list they are in, when a node
+makes it or the run is given it, each item's run keyed on that digest — never a stale one; and
+a ``switch``'s output, digested as its case's result.
 
 The engine asks for the items' digests with the list's when an ``each`` reads it, and hands
 each item's run its item's digest, where it digested each item again as its run began. It
 hands them only when no node's call ran in the run since they were taken: an item that a node
 may have changed in place meanwhile is digested again as its run begins, so that its run is
-keyed on what it reads.
+keyed on what it reads. A switch's output is its case's result, the same value: its digest,
+taken as the case's last node returned it, is the switch's, when nothing ran since.
 """
 
 from __future__ import annotations
@@ -268,3 +270,49 @@ def test_a_second_process_finds_the_item_runs_the_first_keyed_on_the_lists_diges
     # the three items.
     assert second.stdout.split("]")[0] == first.stdout.split("]")[0]
     assert second.stdout.endswith("] [] 4\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# A switch's output: its case's result, digested once
+
+BIG_CASE = 4321  # float64s: a length of its own
+
+
+class Grow(soma.Node):
+    def forward(self, seed: int) -> np.ndarray[Any, Any]:
+        CALLS.append("grow")
+        return np.full(BIG_CASE, float(seed))
+
+
+class AsyncGrow(soma.Node):
+    async def forward(self, seed: int) -> np.ndarray[Any, Any]:
+        await asyncio.sleep(0)
+        return Grow().forward(seed)
+
+
+class Half(soma.Node):
+    def forward(self, array: np.ndarray[Any, Any]) -> float:
+        CALLS.append("half")
+        return float(array.sum()) / 2
+
+
+@pytest.mark.parametrize("walk", ["sync", "async"])
+def test_a_switchs_output_is_digested_once_as_its_cases_result(
+    cache: soma.Cache, walk: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hashed = Hashed()
+    monkeypatch.setattr(_fingerprint, "_soma", hashed)
+    case = Grow() if walk == "sync" else AsyncGrow()
+    g = soma.Graph.somatize(soma.switch(always, {"all": case}).named("pick") >> Half())
+
+    def run() -> Any:
+        CALLS.clear()
+        if walk == "sync":
+            return g.forward(2, cache=cache)
+        return asyncio.run(g.aforward(2, cache=cache))
+
+    assert run() == BIG_CASE
+    # The case's result, digested as its node's output, is the switch's output: not again.
+    assert hashed.counts[8 * BIG_CASE] == 1
+    assert run() == BIG_CASE
+    assert CALLS == []

@@ -19,7 +19,9 @@
 //! identity of its input, where before each item was digested again as its run began. Handed
 //! only when no node's call ran in the run between the digest and the item run's start
 //! ([`Calls`]): a node that may have changed an item in place since has it digested again, as
-//! it is when its run begins.
+//! it is when its run begins. Likewise a `Switch`'s output, its case's result, takes the digest
+//! the case's last node's output was given ([`RunKeys::result_digest`]) rather than being
+//! digested again.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -107,6 +109,9 @@ pub(crate) struct RunKeys {
     /// By slot, then for the input: the digests of its items, where they were taken.
     items: Box<[OnceLock<Items>]>,
     input_items: OnceLock<Items>,
+    /// By slot: the digest of an output computed in this run, and the count of calls begun
+    /// when it was taken, which none was under way at ([`RunKeys::result_digest`]).
+    digested: Box<[OnceLock<(Key, u64)>]>,
     /// By slot: whether a hit there may leave its output unread until a node that runs reads
     /// it ([`deferrable`]).
     deferrable: Box<[bool]>,
@@ -153,6 +158,7 @@ impl RunKeys {
             input_read_as_items,
             items: (0..program.len()).map(|_| OnceLock::new()).collect(),
             input_items: OnceLock::new(),
+            digested: (0..program.len()).map(|_| OnceLock::new()).collect(),
             deferrable: deferrable(program),
             decisions: (0..program.len()).map(|_| OnceLock::new()).collect(),
         }
@@ -180,17 +186,57 @@ impl RunKeys {
     /// items' digests when a `Map` reads it and no call is under way, and those kept for its
     /// item runs ([`RunKeys::items_of`]).
     pub(crate) fn digest_output(&self, slot: usize, value: &Value) -> Option<Key> {
-        if !self.read_as_items.get(slot).copied().unwrap_or(false) {
-            return self.cache.digest(value);
-        }
-        let Some(at) = self.quiet() else {
-            return self.cache.digest(value);
+        let quiet = self.quiet();
+        let digest = match quiet {
+            Some(at) if self.read_as_items.get(slot).copied().unwrap_or(false) => {
+                let (digest, items) = self.cache.digest_items(value);
+                if let Some(digests) = items {
+                    let _ = self.items[slot].set(Items { digests, at });
+                }
+                digest
+            }
+            Some(_) | None => self.cache.digest(value),
         };
-        let (digest, items) = self.cache.digest_items(value);
-        if let Some(digests) = items {
-            let _ = self.items[slot].set(Items { digests, at });
-        }
+        self.note_digested(slot, digest, quiet);
         digest
+    }
+
+    /// The digest of `value`, the output of the decision step in `slot`: `digested`, its
+    /// result's digest in the program that made it ([`RunKeys::result_digest`]: the same
+    /// value, digested where it was computed, nothing run since), where there is one and no
+    /// `Map` reads it for its items; otherwise as [`RunKeys::digest_output`] takes it.
+    pub(crate) fn digest_decided(
+        &self,
+        slot: usize,
+        value: &Value,
+        digested: Option<Key>,
+    ) -> Option<Key> {
+        match digested {
+            Some(digest) if !self.read_as_items.get(slot).copied().unwrap_or(false) => {
+                self.note_digested(slot, Some(digest), self.quiet());
+                Some(digest)
+            }
+            Some(_) | None => self.digest_output(slot, value),
+        }
+    }
+
+    /// Notes `digest`, just taken of the output in `slot` after the moment `quiet` says.
+    fn note_digested(&self, slot: usize, digest: Option<Key>, quiet: Option<u64>) {
+        if let (Some(digest), Some(at), Some(cell)) = (digest, quiet, self.digested.get(slot)) {
+            let _ = cell.set((digest, at));
+        }
+    }
+
+    /// The digest of what a run of `program` returns, when it is the value of its one leaf,
+    /// computed in this run and digested when no call was under way, and no call began since:
+    /// what the step that ran it (a switch, its case) takes as its own output's digest rather
+    /// than digesting the same value again.
+    pub(crate) fn result_digest(&self, program: &Program) -> Option<Key> {
+        let [leaf] = &*program.leaves else {
+            return None;
+        };
+        let (digest, at) = self.digested.get(*leaf)?.get()?;
+        (self.calls.begun.load(Ordering::SeqCst) == *at).then_some(*digest)
     }
 
     /// The digests of the items of what the `Map` step `step` reads — `count` of them — taken

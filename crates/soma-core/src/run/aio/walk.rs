@@ -190,7 +190,7 @@ fn walk<'p>(place: &'p Place, op: &'p Op) -> Walking<'p> {
             Op::Map(map) => {
                 let whole = [("body", &map.body)];
                 run_decision(place, &map.step, Some(&whole), async {
-                    each(place, map).await
+                    Ok((each(place, map).await?, None))
                 })
                 .await
             }
@@ -210,7 +210,7 @@ fn walk<'p>(place: &'p Place, op: &'p Op) -> Walking<'p> {
             // by its nodes, one iteration at a time.
             Op::Loop(repeat) => {
                 run_decision(place, &repeat.step, None, async {
-                    repeat_body(place, repeat).await
+                    Ok((repeat_body(place, repeat).await?, None))
                 })
                 .await
             }
@@ -575,7 +575,7 @@ async fn run_decision(
     place: &Place,
     step: &Step,
     whole: Option<&[(&str, &Program)]>,
-    work: impl Future<Output = Result<Value, Halt>>,
+    work: impl Future<Output = Result<(Value, Option<Key>), Halt>>,
 ) -> Result<(), Halt> {
     let _permit = match place.limits() {
         Some(limits) => Some(limits.step(step.slot()).acquire().await),
@@ -654,13 +654,14 @@ async fn read_deferred(
 
 /// Runs `body` on `input` with a table of its own, as the sync walk's `run_body` does (its
 /// input's identity `digested` when taken already): inline in this task, or as a task of its
-/// own once [`INLINE_LEVELS`] nest here.
+/// own once [`INLINE_LEVELS`] nest here. With what it returns, its digest when the run took it
+/// already ([`RunKeys::result_digest`]).
 async fn run_body(
     place: &Place,
     body: &Program,
     input: Value,
     digested: Option<Key>,
-) -> Result<Value, Halt> {
+) -> Result<(Value, Option<Key>), Halt> {
     let keys = place
         .table
         .keys
@@ -689,10 +690,15 @@ async fn run_body(
     }
     let input = &table.input;
     let whole = Window::whole(body.len());
+    let digest = table
+        .keys
+        .as_ref()
+        .and_then(|keys| keys.result_digest(body));
     // Every task and piece of the body has ended: the whole table is this task's now.
-    Ok(table.with_frame(&whole, |frame| {
+    let value = table.with_frame(&whole, |frame| {
         Executor::result(body, frame.own, || input.clone())
-    }))
+    });
+    Ok((value, digest))
 }
 
 /// An item's result, once its task has one.
@@ -742,7 +748,9 @@ async fn each(place: &Place, op: &MapOp) -> Result<Value, Halt> {
             Box::pin(async move {
                 let (executor, id) = (child.executor(), id_at.get(child));
                 let under_way = executor.part_begins(id, Part::Item(index), || child.branch.path());
-                let outcome = run_body(child, body.get(child), item, digested).await;
+                let outcome = run_body(child, body.get(child), item, digested)
+                    .await
+                    .map(|(value, _)| value);
                 executor.part_ends(id, under_way, || child.branch.path(), &outcome);
                 if matches!(&outcome, Err(halt) if halt.stops_later_branches()) {
                     state.fail(index);
@@ -789,17 +797,20 @@ async fn each(place: &Place, op: &MapOp) -> Result<Value, Halt> {
 }
 
 /// A `Switch` step with an async node inside: its selector called (awaited when async), the
-/// case it names run inline.
-async fn choose(place: &Place, op: &SwitchOp) -> Result<Value, Halt> {
+/// case it names run inline; its result, with its digest when the case took it.
+async fn choose(place: &Place, op: &SwitchOp) -> Result<(Value, Option<Key>), Halt> {
     let read = decision_input(place, &op.step).await?;
     let executor = place.executor();
     let id = &place.table.program().ids[op.step.slot()];
     let chosen = ask(place, &op.step, &read, Asked::Input).await?;
     let (at, key) = executor.case_of(op, id, &chosen)?;
     let under_way = executor.part_begins(id, Part::Case(&key), || place.branch.path());
-    let outcome = run_body(place, &op.cases[at], read, None).await;
+    let (outcome, digest) = match run_body(place, &op.cases[at], read, None).await {
+        Ok((value, digest)) => (Ok(value), digest),
+        Err(halt) => (Err(halt), None),
+    };
     executor.part_ends(id, under_way, || place.branch.path(), &outcome);
-    outcome
+    Ok((outcome?, digest))
 }
 
 /// A `Loop` step with an async node inside: its body inline, iteration after iteration, until
@@ -811,7 +822,9 @@ async fn repeat_body(place: &Place, op: &LoopOp) -> Result<Value, Halt> {
     for iteration in 0..op.max_iterations {
         let under_way =
             executor.part_begins(id, Part::Iteration(iteration), || place.branch.path());
-        let outcome = run_body(place, &op.body, current, None).await;
+        let outcome = run_body(place, &op.body, current, None)
+            .await
+            .map(|(value, _)| value);
         executor.part_ends(id, under_way, || place.branch.path(), &outcome);
         let output = outcome?;
         let verdict = ask(place, &op.step, &output, Asked::Output).await?;

@@ -46,7 +46,7 @@ impl Executor {
         step: &Step,
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
-        work: impl FnOnce() -> Result<Value, Halt>,
+        work: impl FnOnce() -> Result<(Value, Option<Key>), Halt>,
     ) -> Result<(), Halt> {
         let site = lane.site();
         site.mark_running(step, true);
@@ -63,7 +63,8 @@ impl Executor {
     }
 
     /// Runs `body` on `input` with a table of its own, along `lane` (its place in the waves
-    /// and items around it), and returns what a run of it returns.
+    /// and items around it), and returns what a run of it returns, with its digest when the
+    /// run took it already ([`RunKeys::result_digest`]).
     ///
     /// With a cache, its nodes are keyed and looked up as a run's are, with identities of
     /// their own, its roots keyed on `input`'s digest — `digested`, when it was taken already
@@ -80,7 +81,7 @@ impl Executor {
         input: &Value,
         digested: Option<Key>,
         lane: Lane<'_>,
-    ) -> Result<Value, Halt> {
+    ) -> Result<(Value, Option<Key>), Halt> {
         let keys = lane.keys.map(|outer| outer.within(body, digested));
         let mut kept = Kept::new((input.clone(), vec![None; body.len()], keys));
         let (input, table, keys) = kept.get_mut();
@@ -95,8 +96,9 @@ impl Executor {
         let inner = lane.body(body, keys);
         match self.walk(&body.root, input, &mut frame, inner) {
             Ok(()) => {
-                let (input, table, _) = kept.get_mut();
-                Ok(Executor::result(body, table, || input.clone()))
+                let (input, table, keys) = kept.get_mut();
+                let digest = keys.as_ref().and_then(|keys| keys.result_digest(body));
+                Ok((Executor::result(body, table, || input.clone()), digest))
             }
             Err(halt) => {
                 if let Some(remains) = halt.remains_if_given_up(lane.walk.detached) {
@@ -155,7 +157,7 @@ impl Executor {
             let items = self.items_of(id, &read)?;
             drop(read);
             let results = self.each_item(op, id, items, lane)?;
-            Ok(self.reading().collect(results))
+            Ok((self.reading().collect(results), None))
         })
     }
 
@@ -197,6 +199,7 @@ impl Executor {
             let outcome = fan.branch(index, |lane| {
                 self.part(id, Part::Item(index), &lane, || {
                     self.run_body(&op.body, &fan.locals.items[index], digested(index), lane)
+                        .map(|(value, _)| value)
                 })
             });
             *fan.locals.outcomes[index]
@@ -276,9 +279,14 @@ impl Executor {
                     keys.key_of(id, fingerprint, &op.step, input)
                 })?;
             let (at, key) = self.case_of(op, id, &chosen)?;
-            self.part(id, Part::Case(&key), &lane, || {
-                self.run_body(&op.cases[at], &read, None, lane)
-            })
+            // The case's result is the step's output: its digest, when the case took it.
+            let mut digest = None;
+            let value = self.part(id, Part::Case(&key), &lane, || {
+                let (value, digested) = self.run_body(&op.cases[at], &read, None, lane)?;
+                digest = digested;
+                Ok(value)
+            })?;
+            Ok((value, digest))
         })
     }
 
@@ -312,13 +320,14 @@ impl Executor {
             for iteration in 0..op.max_iterations {
                 let output = self.part(id, Part::Iteration(iteration), &lane, || {
                     self.run_body(&op.body, &current, None, lane)
+                        .map(|(value, _)| value)
                 })?;
                 let verdict =
                     self.decision_call(&op.step, &output, lane.site(), |keys, id, fingerprint| {
                         keys.key_on(id, fingerprint, &op.step, &output)
                     })?;
                 if self.reading().done(&verdict) {
-                    return Ok(output);
+                    return Ok((output, None));
                 }
                 current = output;
             }
