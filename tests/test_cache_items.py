@@ -1,6 +1,7 @@
 """What a first run digests once: an ``each``'s items, with the list they are in, when a node
-makes it or the run is given it, each item's run keyed on that digest — never a stale one; and
-a ``switch``'s output, digested as its case's result.
+makes it or the run is given it, each item's run keyed on that digest — never a stale one; a
+``switch``'s output, digested as its case's result; a ``loop``'s values, where no call ran
+between two digests of one.
 
 The engine asks for the items' digests with the list's when an ``each`` reads it, and hands
 each item's run its item's digest, where it digested each item again as its run began. It
@@ -59,6 +60,10 @@ def always(_: object) -> str:
     return "all"
 
 
+def once(_: object) -> bool:
+    return True
+
+
 class Scale(soma.Node):
     def __init__(self, k: float) -> None:
         self.k = k
@@ -69,12 +74,15 @@ class Scale(soma.Node):
 
 
 def graph(where: str, body: Any) -> soma.Graph:
-    """An ``each`` over the graph's input, over a node's output, or inside a switch's case."""
+    """An ``each`` over the graph's input, over a node's output, inside a switch's case, or
+    inside a loop's body."""
     step = soma.each(body).named("totals")
     if where == "over the input":
         return soma.Graph.somatize(step)
     if where == "over a node's output":
         return soma.Graph.somatize(Make() >> step)
+    if where == "inside a loop":
+        return soma.Graph.somatize(Make() >> soma.loop(step, until=once, max_iterations=1))
     return soma.Graph.somatize(Make() >> soma.switch(always, {"all": step}).named("pick"))
 
 
@@ -101,7 +109,7 @@ def cache(request: pytest.FixtureRequest, tmp_path: Path) -> soma.Cache:
     return soma.Cache() if request.param == "memory" else soma.Cache(tmp_path / "cache")
 
 
-WHERE = ["over the input", "over a node's output", "inside a switch"]
+WHERE = ["over the input", "over a node's output", "inside a switch", "inside a loop"]
 
 
 @pytest.mark.parametrize("where", WHERE)
@@ -120,11 +128,11 @@ def test_a_first_run_hashes_each_items_bytes_once(
         result = asyncio.run(g.aforward(x, cache=cache))
     assert result == [float(n * (1 + i)) for i, n in enumerate(LENGTHS)]
     assert CALLS.count("total") == 3
-    # Once, with the list: not again as each item's run began. Inside a switch, the case's
-    # input is digested as the case begins, after the selector (which may have changed it)
-    # ran: once as the switch's input, once as the case's.
-    once = 2 if where == "inside a switch" else 1
-    assert [hashed.counts[8 * n] for n in LENGTHS] == [once] * 3
+    # Once, with the list: not again as each item's run began. Inside a switch or a loop, the
+    # case's or the body's input is digested as it begins (after the selector, which may have
+    # changed it): once as the step's input, once as the case's or the body's.
+    times = 1 if where in ("over the input", "over a node's output") else 2
+    assert [hashed.counts[8 * n] for n in LENGTHS] == [times] * 3
 
 
 @pytest.mark.parametrize("where", WHERE)
@@ -315,4 +323,59 @@ def test_a_switchs_output_is_digested_once_as_its_cases_result(
     # The case's result, digested as its node's output, is the switch's output: not again.
     assert hashed.counts[8 * BIG_CASE] == 1
     assert run() == BIG_CASE
+    assert CALLS == []
+
+
+# ---------------------------------------------------------------------------------------------
+# A loop's iteration: its output, digested once for its predicate
+
+LOOPED = 2345  # float64s: a length of its own
+
+
+class Start(soma.Node):
+    def forward(self, seed: int) -> np.ndarray[Any, Any]:
+        CALLS.append("start")
+        return np.full(LOOPED, float(seed))
+
+
+class Step(soma.Node):
+    def forward(self, x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        CALLS.append("step")
+        return x + 1
+
+
+class AsyncStep(soma.Node):
+    async def forward(self, x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        await asyncio.sleep(0)
+        return Step().forward(x)
+
+
+def reached_two(array: np.ndarray[Any, Any]) -> bool:
+    return bool(array[0] >= 2)
+
+
+@pytest.mark.parametrize("walk", ["sync", "async"])
+def test_a_loops_values_are_digested_once_where_no_call_ran_between(
+    cache: soma.Cache, walk: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hashed = Hashed()
+    monkeypatch.setattr(_fingerprint, "_soma", hashed)
+    body = Step() if walk == "sync" else AsyncStep()
+    g = soma.Graph.somatize(
+        Start() >> soma.loop(body, until=reached_two, max_iterations=5).named("again")
+    )
+
+    def run() -> Any:
+        CALLS.clear()
+        if walk == "sync":
+            return g.forward(0, cache=cache)
+        return asyncio.run(g.aforward(0, cache=cache))
+
+    assert float(run()[0]) == 2.0
+    # Three values: `start`'s output, digested as it, not again as the first iteration's input;
+    # each iteration's, digested as the body's output, not again for the predicate — the first
+    # again as the second iteration's input and the last as the loop's output, each after the
+    # predicate ran (which may have changed it).
+    assert hashed.counts[8 * LOOPED] == 5
+    assert float(run()[0]) == 2.0
     assert CALLS == []

@@ -19,9 +19,11 @@
 //! identity of its input, where before each item was digested again as its run began. Handed
 //! only when no node's call ran in the run between the digest and the item run's start
 //! ([`Calls`]): a node that may have changed an item in place since has it digested again, as
-//! it is when its run begins. Likewise a `Switch`'s output, its case's result, takes the digest
-//! the case's last node's output was given ([`RunKeys::result_digest`]) rather than being
-//! digested again.
+//! it is when its run begins. Likewise a value passing into or out of a `Switch` or a `Loop`
+//! keeps the digest it was given where no call ran between: a switch's output, its case's
+//! result, and a loop's iteration's output for its predicate, the digest the program's last node
+//! gave it ([`RunKeys::result_digest`]); a case's input and a loop's first iteration's, the
+//! digest of what the step read ([`RunKeys::read_digest`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -86,6 +88,14 @@ impl Drop for Calling<'_> {
     fn drop(&mut self) {
         self.0.running.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// A digest taken in this run, and the count of calls begun when it was taken, which no call
+/// was under way at: it holds while no call began since ([`RunKeys::still`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Digested {
+    digest: Key,
+    at: u64,
 }
 
 /// The digests of a value's items, and the count of calls begun when they were taken, which
@@ -229,14 +239,37 @@ impl RunKeys {
 
     /// The digest of what a run of `program` returns, when it is the value of its one leaf,
     /// computed in this run and digested when no call was under way, and no call began since:
-    /// what the step that ran it (a switch, its case) takes as its own output's digest rather
-    /// than digesting the same value again.
-    pub(crate) fn result_digest(&self, program: &Program) -> Option<Key> {
+    /// what the step that ran it takes rather than digesting the same value again — a switch
+    /// as its output's, a loop for its predicate, its next iteration's input and its output —
+    /// while it holds still ([`RunKeys::still`]).
+    pub(crate) fn result_digest(&self, program: &Program) -> Option<Digested> {
         let [leaf] = &*program.leaves else {
             return None;
         };
-        let (digest, at) = self.digested.get(*leaf)?.get()?;
-        (self.calls.begun.load(Ordering::SeqCst) == *at).then_some(*digest)
+        self.still_at(*self.digested.get(*leaf)?.get()?)
+    }
+
+    /// The digest of what `step` (a switch, a loop) reads, when it is an output computed in
+    /// this run, digested when no call was under way and no call began since: what the program
+    /// it runs is keyed on, its input, rather than digesting it again.
+    pub(crate) fn read_digest(&self, step: &Step) -> Option<Key> {
+        match &step.from {
+            Reads::One(one) => {
+                let noted = *self.digested.get(one.slot())?.get()?;
+                self.still(self.still_at(noted))
+            }
+            Reads::Input | Reads::Many(_) => None,
+        }
+    }
+
+    /// `digested`'s digest, when no call began in the run since it was known to hold.
+    pub(crate) fn still(&self, digested: Option<Digested>) -> Option<Key> {
+        self.still_at((digested?.digest, digested?.at))
+            .map(|digested| digested.digest)
+    }
+
+    fn still_at(&self, (digest, at): (Key, u64)) -> Option<Digested> {
+        (self.calls.begun.load(Ordering::SeqCst) == at).then_some(Digested { digest, at })
     }
 
     /// The digests of the items of what the `Map` step `step` reads — `count` of them — taken
@@ -462,16 +495,17 @@ impl RunKeys {
     }
 
     /// The key of `step`'s node `id`, fingerprinted `fingerprint`, called on `value` rather than
-    /// on what the step reads: a loop's predicate on an iteration's output. `None` when
+    /// on what the step reads: a loop's predicate on an iteration's output, whose digest is
+    /// `digested` when the iteration took it already ([`RunKeys::result_digest`]). `None` when
     /// `value` has no digest.
     pub(crate) fn key_on(
         &self,
         id: &NodeId,
         fingerprint: &Key,
         step: &Step,
-        value: &Value,
+        (value, digested): (&Value, Option<Key>),
     ) -> Option<Key> {
-        let digest = self.cache.digest(value)?;
+        let digest = digested.or_else(|| self.cache.digest(value))?;
         let mut hasher = node_hasher(id, fingerprint, step);
         // Apart from any key `key_of` makes: what it reads is no step's value.
         hasher.update(b"on a value");

@@ -44,7 +44,7 @@ use crate::run::deferred::Rereading;
 use crate::run::error::RunError;
 use crate::run::executor::Executor;
 use crate::run::hooks::Watch;
-use crate::run::keys::RunKeys;
+use crate::run::keys::{Digested, RunKeys};
 use crate::run::latch::Delivery;
 use crate::run::observer::{Ended, Part};
 use crate::run::program::{LoopOp, MapOp, Op, Program, Step, SwitchOp};
@@ -210,7 +210,7 @@ fn walk<'p>(place: &'p Place, op: &'p Op) -> Walking<'p> {
             // by its nodes, one iteration at a time.
             Op::Loop(repeat) => {
                 run_decision(place, &repeat.step, None, async {
-                    Ok((repeat_body(place, repeat).await?, None))
+                    repeat_body(place, repeat).await
                 })
                 .await
             }
@@ -661,7 +661,7 @@ async fn run_body(
     body: &Program,
     input: Value,
     digested: Option<Key>,
-) -> Result<(Value, Option<Key>), Halt> {
+) -> Result<(Value, Option<Digested>), Halt> {
     let keys = place
         .table
         .keys
@@ -797,51 +797,65 @@ async fn each(place: &Place, op: &MapOp) -> Result<Value, Halt> {
 }
 
 /// A `Switch` step with an async node inside: its selector called (awaited when async), the
-/// case it names run inline; its result, with its digest when the case took it.
+/// case it names run inline, keyed on the step's input's digest when nothing ran since it was
+/// taken; its result, with its digest when the case took it (as the sync walk's switch).
 async fn choose(place: &Place, op: &SwitchOp) -> Result<(Value, Option<Key>), Halt> {
     let read = decision_input(place, &op.step).await?;
     let executor = place.executor();
     let id = &place.table.program().ids[op.step.slot()];
     let chosen = ask(place, &op.step, &read, Asked::Input).await?;
     let (at, key) = executor.case_of(op, id, &chosen)?;
+    let keys = place.table.keys.as_ref();
+    let given = keys.and_then(|keys| keys.read_digest(&op.step));
     let under_way = executor.part_begins(id, Part::Case(&key), || place.branch.path());
-    let (outcome, digest) = match run_body(place, &op.cases[at], read, None).await {
+    let (outcome, digest) = parted(run_body(place, &op.cases[at], read, given).await);
+    executor.part_ends(id, under_way, || place.branch.path(), &outcome);
+    Ok((outcome?, keys.and_then(|keys| keys.still(digest))))
+}
+
+/// What `run_body` returned, and its digest apart.
+fn parted(
+    outcome: Result<(Value, Option<Digested>), Halt>,
+) -> (Result<Value, Halt>, Option<Digested>) {
+    match outcome {
         Ok((value, digest)) => (Ok(value), digest),
         Err(halt) => (Err(halt), None),
-    };
-    executor.part_ends(id, under_way, || place.branch.path(), &outcome);
-    Ok((outcome?, digest))
+    }
 }
 
 /// A `Loop` step with an async node inside: its body inline, iteration after iteration, until
-/// its predicate (awaited when async) says done.
-async fn repeat_body(place: &Place, op: &LoopOp) -> Result<Value, Halt> {
+/// its predicate (awaited when async) says done; each iteration's input's digest, its output's
+/// for the predicate and the step's output's taken once where nothing ran between (as the sync
+/// walk's loop).
+async fn repeat_body(place: &Place, op: &LoopOp) -> Result<(Value, Option<Key>), Halt> {
     let mut current = decision_input(place, &op.step).await?;
     let executor = place.executor();
     let id = &place.table.program().ids[op.step.slot()];
+    let keys = place.table.keys.as_ref();
+    let still = |digest| keys.and_then(|keys: &RunKeys| keys.still(digest));
+    let mut given = keys.and_then(|keys| keys.read_digest(&op.step));
     for iteration in 0..op.max_iterations {
         let under_way =
             executor.part_begins(id, Part::Iteration(iteration), || place.branch.path());
-        let outcome = run_body(place, &op.body, current, None)
-            .await
-            .map(|(value, _)| value);
+        let (outcome, digest) = parted(run_body(place, &op.body, current, given).await);
         executor.part_ends(id, under_way, || place.branch.path(), &outcome);
         let output = outcome?;
-        let verdict = ask(place, &op.step, &output, Asked::Output).await?;
+        let verdict = ask(place, &op.step, &output, Asked::Output(still(digest))).await?;
         if executor.reading().done(&verdict) {
-            return Ok(output);
+            return Ok((output, still(digest)));
         }
+        given = still(digest);
         current = output;
     }
     Err(executor.loop_limit(op, id, &current).into())
 }
 
 /// What a selector or predicate is keyed on: the step's input (a switch), or the value it is
-/// asked about (a loop's body output).
+/// asked about (a loop's body output), with its digest when the body took it already.
 #[derive(Clone, Copy)]
 enum Asked {
     Input,
-    Output,
+    Output(Option<Key>),
 }
 
 /// Calls a step's own node — a switch's selector, a loop's predicate — on `value`, through the
@@ -853,7 +867,7 @@ async fn ask(place: &Place, step: &Step, value: &Value, asked: Asked) -> Result<
     let input = &place.table.input;
     let key = |keys: &RunKeys, id: &NodeId, fingerprint: &Key| match asked {
         Asked::Input => keys.key_of(id, fingerprint, step, input),
-        Asked::Output => keys.key_on(id, fingerprint, step, value),
+        Asked::Output(digested) => keys.key_on(id, fingerprint, step, (value, digested)),
     };
     if !step.node.is_async() {
         return Ok(executor.decision_call(step, value, site, key)?);

@@ -24,6 +24,7 @@ use crate::run::branch::Halt;
 use crate::run::decision;
 use crate::run::detach::Kept;
 use crate::run::executor::Executor;
+use crate::run::keys::Digested;
 use crate::run::observer::Part;
 use crate::run::program::{LoopOp, MapOp, Program, Step, SwitchOp};
 use crate::run::settle::{settle, Outcome};
@@ -81,7 +82,7 @@ impl Executor {
         input: &Value,
         digested: Option<Key>,
         lane: Lane<'_>,
-    ) -> Result<(Value, Option<Key>), Halt> {
+    ) -> Result<(Value, Option<Digested>), Halt> {
         let keys = lane.keys.map(|outer| outer.within(body, digested));
         let mut kept = Kept::new((input.clone(), vec![None; body.len()], keys));
         let (input, table, keys) = kept.get_mut();
@@ -279,14 +280,17 @@ impl Executor {
                     keys.key_of(id, fingerprint, &op.step, input)
                 })?;
             let (at, key) = self.case_of(op, id, &chosen)?;
-            // The case's result is the step's output: its digest, when the case took it.
+            // The case's input is the step's: its digest, when nothing ran since it was taken
+            // (the selector hit); its result is the step's output: its digest, when the case
+            // took it.
+            let given = lane.keys.and_then(|keys| keys.read_digest(&op.step));
             let mut digest = None;
             let value = self.part(id, Part::Case(&key), &lane, || {
-                let (value, digested) = self.run_body(&op.cases[at], &read, None, lane)?;
+                let (value, digested) = self.run_body(&op.cases[at], &read, given, lane)?;
                 digest = digested;
                 Ok(value)
             })?;
-            Ok((value, digest))
+            Ok((value, lane.keys.and_then(|keys| keys.still(digest))))
         })
     }
 
@@ -315,20 +319,29 @@ impl Executor {
     ) -> Result<(), Halt> {
         let read = self.decision_input(&op.step, input, frame, lane.site())?;
         let id = &lane.program.ids[op.step.slot()];
+        let still = |digest| lane.keys.and_then(|keys| keys.still(digest));
         Self::run_decision(&op.step, frame, lane, || {
             let mut current = read;
+            // Each iteration's input's digest, when taken already and nothing ran since: the
+            // step's input's, then the last iteration's output's.
+            let mut given = lane.keys.and_then(|keys| keys.read_digest(&op.step));
             for iteration in 0..op.max_iterations {
+                // The iteration's output, with its digest when the body took it: what the
+                // predicate is keyed on, not digested again.
+                let mut digest = None;
                 let output = self.part(id, Part::Iteration(iteration), &lane, || {
-                    self.run_body(&op.body, &current, None, lane)
-                        .map(|(value, _)| value)
+                    let (value, digested) = self.run_body(&op.body, &current, given, lane)?;
+                    digest = digested;
+                    Ok(value)
                 })?;
                 let verdict =
                     self.decision_call(&op.step, &output, lane.site(), |keys, id, fingerprint| {
-                        keys.key_on(id, fingerprint, &op.step, &output)
+                        keys.key_on(id, fingerprint, &op.step, (&output, keys.still(digest)))
                     })?;
                 if self.reading().done(&verdict) {
-                    return Ok((output, None));
+                    return Ok((output, still(digest)));
                 }
+                given = still(digest);
                 current = output;
             }
             Err(self.loop_limit(op, id, &current).into())
