@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import soma
-from conftest import CallRecord, run_script
+from conftest import DEADLINE, CallRecord, run_script
 from soma.cache import _fingerprint
 
 CALLS = CallRecord()
@@ -200,6 +201,49 @@ def test_an_item_changed_in_place_by_an_earlier_items_run_is_keyed_on_what_its_r
     # The second item is the same in every list given; what its run reads is not.
     assert second_read(2) == 20
     assert second_read(3) == 30
+
+
+# A node of another branch under way as the list is digested: it may change an item meanwhile.
+WATCHER_BEGAN = threading.Event()
+ITEMS_BEGAN = threading.Event()
+
+
+class Watcher(soma.Node):
+    """Under way from before the list is made until its items' runs begin."""
+
+    cacheable = False
+
+    def forward(self, seed: int) -> int:
+        WATCHER_BEGAN.set()
+        assert ITEMS_BEGAN.wait(DEADLINE), "no item's run began"
+        return seed
+
+
+class MakeOnceWatched(soma.Node):
+    def forward(self, seed: int) -> list[np.ndarray[Any, Any]]:
+        assert WATCHER_BEGAN.wait(DEADLINE), "the watcher never began"
+        return arrays(seed)
+
+
+class TotalSeen(soma.Node):
+    def forward(self, item: np.ndarray[Any, Any]) -> float:
+        ITEMS_BEGAN.set()
+        return float(item.sum())
+
+
+def test_a_list_digested_while_another_branchs_node_runs_has_its_items_digested_as_they_run(
+    cache: soma.Cache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    WATCHER_BEGAN.clear()
+    ITEMS_BEGAN.clear()
+    hashed = Hashed()
+    monkeypatch.setattr(_fingerprint, "_soma", hashed)
+    g = soma.Graph.somatize((MakeOnceWatched() >> soma.each(TotalSeen())) | Watcher())
+    out = g.forward(1, cache=cache)
+    assert out == {"each": [float(n * (1 + i)) for i, n in enumerate(LENGTHS)], "watcher": 1}
+    # The watcher was under way as the list was digested: each item digested again as its
+    # run began, not handed the digest taken with the list.
+    assert [hashed.counts[8 * n] for n in LENGTHS] == [2, 2, 2]
 
 
 # ---------------------------------------------------------------------------------------------
