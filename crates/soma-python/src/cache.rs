@@ -6,8 +6,10 @@
 //! nothing it was read from was rebound, it is read here, without a Python frame: most of what a
 //! hit cost beyond the engine was the frames that found it.
 //!
-//! The Python side is one object per forward with eight methods: `fingerprint(id)`,
-//! `digest(value)` and `input_digest(id, value)` answering 32 bytes or `None`, `get(key)`
+//! The Python side is one object per forward with ten methods: `fingerprint(id)`,
+//! `digest(value)` and `input_digest(id, value)` answering 32 bytes or `None`,
+//! `digest_items(value)` and `input_digest_items(id, value)` answering that and the digests of
+//! the value's items (a list of 32 bytes each, or `None`), `get(key)`
 //! answering `(found, value, digest)`, `peek(key)` answering `(found, digest)`, `find(key)`
 //! answering `(found, digest, read, output or unread)` and `read(unread)` answering `(found,
 //! value)` (a hit whose output is read only when a node that runs needs it:
@@ -23,7 +25,7 @@ use pyo3::exceptions::PyKeyboardInterrupt;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyDict, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 use soma_core::{Entry, Found, Key, Node, NodeCache, NodeId, Unread, Value};
 
 use crate::convert::{to_python, wrap};
@@ -153,6 +155,25 @@ fn key_of(answer: Option<Bound<'_, PyAny>>) -> Option<Key> {
     <[u8; 32]>::try_from(bytes).ok().map(Key::from_bytes)
 }
 
+/// What `digest_items` and `input_digest_items` answer, `(digest, items)`, as keys: the items
+/// none unless each is 32 bytes.
+fn keys_of(answer: Option<Bound<'_, PyAny>>) -> (Option<Key>, Option<Box<[Key]>>) {
+    let Some((digest, items)) = answer.and_then(|answer| {
+        answer
+            .extract::<(Bound<'_, PyAny>, Bound<'_, PyAny>)>()
+            .ok()
+    }) else {
+        return (None, None);
+    };
+    let items = items.cast::<PyList>().ok().and_then(|items| {
+        items
+            .iter()
+            .map(|item| key_of(Some(item)))
+            .collect::<Option<Box<[Key]>>>()
+    });
+    (key_of(Some(digest)), items)
+}
+
 impl NodeCache for PythonCache {
     fn fingerprint(&self, id: &NodeId, _node: &dyn Node) -> Option<Key> {
         crate::exit::attach(|py| {
@@ -172,6 +193,25 @@ impl NodeCache for PythonCache {
         crate::exit::attach(|py| {
             let input = to_python(py, input).ok()?;
             key_of(self.ask(py, intern!(py, "input_digest"), (id.as_str(), input)))
+        })
+    }
+
+    fn digest_items(&self, value: &Value) -> (Option<Key>, Option<Box<[Key]>>) {
+        crate::exit::attach(|py| {
+            let Ok(value) = to_python(py, value) else {
+                return (None, None);
+            };
+            keys_of(self.ask(py, intern!(py, "digest_items"), (value,)))
+        })
+    }
+
+    fn digest_input_items(&self, id: &NodeId, input: &Value) -> (Option<Key>, Option<Box<[Key]>>) {
+        crate::exit::attach(|py| {
+            let Ok(input) = to_python(py, input) else {
+                return (None, None);
+            };
+            let method = intern!(py, "input_digest_items");
+            keys_of(self.ask(py, method, (id.as_str(), input)))
         })
     }
 

@@ -978,11 +978,30 @@ class _RunCache:
         except Exception:  # Unkeyable, or what its `__reduce_ex__` raised.
             return None
 
+    def digest_items(self, value: object) -> tuple[bytes | None, list[bytes] | None]:
+        """The digest of an output that an ``each`` reads, and its items' digests when it is a
+        list or a tuple (:func:`soma.cache._fingerprint.digest_items`), which the engine hands
+        the item runs; ``(None, None)`` where it has none."""
+        try:
+            return _fingerprint.digest_items(value)
+        except Exception:  # Unkeyable, or what its `__reduce_ex__` raised.
+            return None, None
+
     def input_digest(self, node_id: str, value: object) -> bytes | None:
         """The digest of the run's input, asked by its first reader ``node_id``; where it has
         none, each node reading it runs uncached, which is said once."""
+        return self.input_digest_items(node_id, value, False)[0]
+
+    def input_digest_items(
+        self, node_id: str, value: object, items: bool = True
+    ) -> tuple[bytes | None, list[bytes] | None]:
+        """The digest of the run's input, asked by its first reader ``node_id``, and with
+        ``items`` (when an ``each`` reads it) its items' as :meth:`digest_items` gives them;
+        where it has none, each node reading it runs uncached, which is said once."""
         try:
-            return _fingerprint.digest(value)
+            if items:
+                return _fingerprint.digest_items(value)
+            return _fingerprint.digest(value), None
         except _fingerprint.Unkeyable as unkeyable:
             kind, where = unkeyable.kind, unkeyable.where
         except Exception as error:  # What its `__reduce_ex__` raised.
@@ -993,7 +1012,7 @@ class _RunCache:
             f"`{kind}` at `{where or '(the input itself)'}` in it cannot be digested\n"
             "hint: give the graph an input made of values that pickle",
         )
-        return None
+        return None, None
 
     def put(
         self, node_id: str, key: bytes, output: object, digest: bytes | None, seconds: float

@@ -483,17 +483,54 @@ def digest(value: object) -> bytes:
     return _soma.blake3(out)
 
 
+def digest_items(value: object) -> tuple[bytes, list[bytes] | None]:
+    """:func:`digest` of ``value``, and, when it is a list or a tuple, the digest of each of its
+    items as :func:`digest` makes it: what the runs of an ``each`` over it are keyed on (the
+    engine asks, for a value an ``each`` reads, and hands each item's run its digest).
+
+    A buffer both walks meet — a numpy array's bytes, a text column's strings — is hashed once,
+    by the first: the second finds it by the array's identity, in a table that lives for this
+    call alone and holds each array it names (so that no identity is reused meanwhile), and
+    nothing of the user's runs between the two walks but what pickling the values runs.
+
+    Raises :class:`Unkeyable` for what has no content to read.
+    """
+    if type(value) is not list and type(value) is not tuple:
+        return digest(value), None
+    hashed: _Hashed = {}
+    out = bytearray()
+    _feed(value, "", out, frozenset(), hashed)
+    whole = _soma.blake3(out)
+    items = []
+    for item in value:
+        out = bytearray()
+        _feed(item, "", out, frozenset(), hashed)
+        items.append(_soma.blake3(out))
+    return whole, items
+
+
+# What :func:`digest_items` remembers during one call: by an array's identity, the array (held,
+# so that its identity is not reused) and what its content fed.
+_Hashed = dict[int, tuple[object, bytes]]
+
+
 def _digest_at(value: object, where: Where, busy: frozenset[int]) -> bytes:
     out = bytearray()
     _feed(value, where, out, busy)
     return _soma.blake3(out)
 
 
-def _feed(root: object, where: Where, out: bytearray, busy: frozenset[int]) -> None:
+def _feed(
+    root: object,
+    where: Where,
+    out: bytearray,
+    busy: frozenset[int],
+    hashed: _Hashed | None = None,
+) -> None:
     """Writes ``root``'s encoding into ``out``, the bytes to be hashed; a buffer (an array's, a
     tensor's) is written as its own BLAKE3 digest, made where it lies, so it is never copied.
     ``busy``: the classes and functions whose digests are being made further up, met again as
-    a reference."""
+    a reference; ``hashed``: the arrays hashed already in this call (:func:`digest_items`)."""
     # Each entry: a value and where it lies (a tuple), raw bytes to feed as they are, or a mark.
     pending: list[Any] = [(root, where)]
     # Containers met so far, by identity, with the order they were met in (held, so that no
@@ -584,7 +621,7 @@ def _feed(root: object, where: Where, out: bytearray, busy: frozenset[int]) -> N
             out += _text(b"v", value.format) + _text(b"", repr(value.shape))
             out += _length(len(data)) + data
         elif _is(value, "numpy", "ndarray"):
-            _numpy_array(value, where, pending, out)
+            _numpy_array(value, where, pending, out, hashed)
         elif _is(value, "numpy", "generic"):
             out += _text(b"g", value.dtype.str) + _text(b"", repr(value.dtype))
             data = value.tobytes()
@@ -759,8 +796,11 @@ def _pandas_arrow_reduction(value: Any) -> tuple[Any, ...]:
     return (copyreg.__newobj__, (type(value),), state, None, None)  # type: ignore[attr-defined]
 
 
-def _numpy_array(array: Any, where: Where, pending: list[Any], out: bytearray) -> None:
+def _numpy_array(
+    array: Any, where: Where, pending: list[Any], out: bytearray, hashed: _Hashed | None
+) -> None:
     numpy = sys.modules["numpy"]
+    met = array
     kind = type(array)
     dtype = array.dtype
     header = _text(b"", dtype.str) + _text(b"", repr(dtype)) + _text(b"", repr(array.shape))
@@ -778,6 +818,11 @@ def _numpy_array(array: Any, where: Where, pending: list[Any], out: bytearray) -
         pending.append((state, (where, ".__dict__")))
         pending.append((kind, (where, ".__class__")))
         array = array.view(numpy.ndarray)
+    known = None if hashed is None else hashed.get(id(met))
+    if known is not None:
+        out += known[1]
+        return
+    start = len(out)
     if dtype.hasobject:  # Pointers, not content.
         out += b"A" + header
         if dtype.kind == "O":
@@ -787,6 +832,8 @@ def _numpy_array(array: Any, where: Where, pending: list[Any], out: bytearray) -
             column = _soma.text_column(numpy.ascontiguousarray(array).reshape(-1))
             if column is not None:
                 out += b"T" + column
+                if hashed is not None:
+                    hashed[id(met)] = (met, bytes(out[start:]))
                 return
         # Any other object: walked as the nested lists they hold.
         pending.append((array.tolist(), where))
@@ -794,6 +841,8 @@ def _numpy_array(array: Any, where: Where, pending: list[Any], out: bytearray) -
     out += b"a" + header
     # Its own digest, made on several threads when it is large, stands for its bytes.
     out += _soma.blake3(numpy.ascontiguousarray(array).reshape(-1).view(numpy.uint8))
+    if hashed is not None:
+        hashed[id(met)] = (met, bytes(out[start:]))
 
 
 def _torch_tensor(tensor: Any, where: Where, pending: list[Any], out: bytearray) -> None:

@@ -91,6 +91,24 @@ pub trait NodeCache: Send + Sync {
         self.digest(input)
     }
 
+    /// [`NodeCache::digest`] of `value`, a node's output that a `Map` reads, and with it the
+    /// digest of each of its items as `digest` would make it, when it is a list of items each
+    /// with one (`None` otherwise): the `Map`'s item runs are keyed on them rather than each
+    /// item digested again. An embedder whose digest walks the list anyway keeps what it found
+    /// of each item; the walk over the items is otherwise paid twice. By default, for a
+    /// [`Value::List`], its items' [`NodeCache::digest`]s; for anything else, none.
+    fn digest_items(&self, value: &Value) -> (Option<Key>, Option<Box<[Key]>>) {
+        (self.digest(value), items_digests(self, value))
+    }
+
+    /// [`NodeCache::digest_input`] of the run's `input` that a `Map` reads, with its items'
+    /// digests as [`NodeCache::digest_items`] gives them. By default the input's digest and,
+    /// when it has one, its items' [`NodeCache::digest`]s, for a [`Value::List`].
+    fn digest_input_items(&self, id: &NodeId, input: &Value) -> (Option<Key>, Option<Box<[Key]>>) {
+        let digest = self.digest_input(id, input);
+        (digest, digest.and_then(|_| items_digests(self, input)))
+    }
+
     /// The entry filed under `key` for `id`, or `None`. A store that cannot read an entry
     /// whole (truncated, corrupted, gone) answers `None`: the node runs again.
     fn get(&self, id: &NodeId, key: &Key) -> Option<Entry>;
@@ -115,6 +133,17 @@ pub trait NodeCache: Send + Sync {
     fn find(&self, id: &NodeId, key: &Key) -> Option<Found> {
         self.get(id, key).map(Found::Read)
     }
+}
+
+/// The [`NodeCache::digest`] of each item of `value`, a [`Value::List`] whose every item has
+/// one; `None` otherwise: what a cache's `digest_items` and `digest_input_items` hand the engine
+/// by default.
+fn items_digests<C: NodeCache + ?Sized>(cache: &C, value: &Value) -> Option<Box<[Key]>> {
+    value
+        .as_list()?
+        .iter()
+        .map(|item| cache.digest(item))
+        .collect()
 }
 
 /// Fingerprints a node by its id: what a [`MemoryCache`] asks to know whether a node changed.

@@ -164,7 +164,9 @@ impl<'c> NodeCall<'c> {
         let gathered = self
             .executor
             .read_deferred(keys, self.step, gathered, self.site)?;
+        let calling = keys.calling();
         let value = self.call(&gathered)?;
+        drop(calling);
         drop(gathered);
         Ok(self.file(keys, key, value, started.elapsed()))
     }
@@ -222,7 +224,7 @@ impl<'c> NodeCall<'c> {
         value: Value,
         took: Duration,
     ) -> Value {
-        let digest = keys.cache.digest(&value);
+        let digest = keys.digest_output(self.step.slot(), &value);
         if let Some(key) = key {
             let entry = Entry { value, digest };
             keys.cache.put(self.id, &key, &entry, took);

@@ -124,6 +124,7 @@ impl Executor {
             .fingerprint(id, &*step.node)
             .and_then(|fingerprint| key(keys, id, &fingerprint));
         let Some(key) = key else {
+            let _calling = keys.calling();
             return call.call(value);
         };
         if let Some(entry) = keys.cache.get(id, &key) {
@@ -131,7 +132,9 @@ impl Executor {
             return Ok(entry.value);
         }
         let started = Instant::now();
+        let calling = keys.calling();
         let value = call.call(value)?;
+        drop(calling);
         Ok(file_answer(keys, id, &key, value, started.elapsed()))
     }
 
@@ -229,17 +232,18 @@ impl Executor {
 }
 
 /// Writes `value` as a decision step's output, its digest what readers key on when the run
-/// has `keys`; filed in the cache under the key the step missed under, when it was looked up
-/// as a whole (`RunKeys::decision_key`).
+/// has `keys` (`digested`, when the program that computed it has it already:
+/// [`RunKeys::result_digest`]); filed in the cache under the key the step missed under, when
+/// it was looked up as a whole (`RunKeys::decision_key`).
 pub(super) fn write(
     step: &Step,
     id: &NodeId,
-    value: Value,
+    (value, digested): (Value, Option<Key>),
     frame: &mut Frame<'_>,
     keys: Option<&RunKeys>,
 ) {
     if let Some(keys) = keys {
-        let digest = keys.cache.digest(&value);
+        let digest = keys.digest_decided(step.slot(), &value, digested);
         if let Some((key, took)) = keys.decided(step.slot()) {
             let entry = Entry { value, digest };
             keys.cache.put(id, &key, &entry, took);

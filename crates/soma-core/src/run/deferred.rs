@@ -151,7 +151,9 @@ impl Executor {
         while let Some(again) = rereading.next() {
             let step = again.step(site.program);
             let started = Instant::now();
+            let calling = keys.calling();
             let value = NodeCall::new(self, step, site).call(&again.input)?;
+            drop(calling);
             rereading.computed(again.file(keys, site.program, value, started.elapsed()));
         }
         Ok(rereading.read())

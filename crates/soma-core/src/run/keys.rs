@@ -12,7 +12,20 @@
 //! list an `each` runs over — is neither read nor digested again; a step edited inside it, or
 //! an edited case it did not take, makes that key miss, and the step runs as before, each node
 //! it runs looked up on its own.
+//!
+//! A `Map`'s items are digested once a run: the output of the step it reads (or the input of
+//! the program it is in), when a `Map` reads it, is digested with each of its items
+//! ([`NodeCache::digest_items`]), and each item run is handed its item's digest as the
+//! identity of its input, where before each item was digested again as its run began. Handed
+//! only when no node's call ran in the run between the digest and the item run's start
+//! ([`Calls`]): a node that may have changed an item in place since has it digested again, as
+//! it is when its run begins. Likewise a value passing into or out of a `Switch` or a `Loop`
+//! keeps the digest it was given where no call ran between: a switch's output, its case's
+//! result, and a loop's iteration's output for its predicate, the digest the program's last node
+//! gave it ([`RunKeys::result_digest`]); a case's input and a loop's first iteration's, the
+//! digest of what the step read ([`RunKeys::read_digest`]).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::model::id::NodeId;
@@ -57,11 +70,58 @@ fn write_text(hasher: &mut blake3::Hasher, text: &str) {
     hasher.update(text.as_bytes());
 }
 
+/// The node calls of one run, counted by every [`RunKeys`] of it (the run's own and its steps'
+/// bodies'): how many began and how many are under way. Digests taken at one moment are trusted
+/// at a later one only when no call ran between them, which the two counts tell: none was under
+/// way at the first moment, and the count begun is the same at the second.
+#[derive(Default)]
+struct Calls {
+    begun: AtomicU64,
+    running: AtomicU64,
+}
+
+/// A node's call under way, counted in its run's [`Calls`] until dropped (returned, failed,
+/// unwound, or an async call's future dropped).
+pub(crate) struct Calling<'k>(&'k Calls);
+
+impl Drop for Calling<'_> {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A digest taken in this run, and the count of calls begun when it was taken, which no call
+/// was under way at: it holds while no call began since ([`RunKeys::still`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Digested {
+    digest: Key,
+    at: u64,
+}
+
+/// The digests of a value's items, and the count of calls begun when they were taken, which
+/// no call was running at.
+struct Items {
+    digests: Box<[Key]>,
+    at: u64,
+}
+
 /// The identities of one run's values, and the cache they are keyed for.
 pub(crate) struct RunKeys {
     pub(crate) cache: Arc<dyn NodeCache>,
     input: OnceLock<Option<Key>>,
     outputs: Box<[OnceLock<Option<Key>>]>,
+    /// The run's calls, shared with the bodies of its steps.
+    calls: Arc<Calls>,
+    /// By slot: whether a `Map` reads it, and so whether its items are digested with it; and
+    /// the same for the program's input.
+    read_as_items: Box<[bool]>,
+    input_read_as_items: bool,
+    /// By slot, then for the input: the digests of its items, where they were taken.
+    items: Box<[OnceLock<Items>]>,
+    input_items: OnceLock<Items>,
+    /// By slot: the digest of an output computed in this run, and the count of calls begun
+    /// when it was taken, which none was under way at ([`RunKeys::result_digest`]).
+    digested: Box<[OnceLock<(Key, u64)>]>,
     /// By slot: whether a hit there may leave its output unread until a node that runs reads
     /// it ([`deferrable`]).
     deferrable: Box<[bool]>,
@@ -73,13 +133,157 @@ pub(crate) struct RunKeys {
 impl RunKeys {
     /// Identities for a run of `program`, none known yet.
     pub(crate) fn new(cache: Arc<dyn NodeCache>, program: &Program) -> Self {
+        Self::of(cache, Arc::default(), program, OnceLock::new())
+    }
+
+    /// Identities for a run of `body`, a sub-program of a step of this run (an item, a case, an
+    /// iteration), on an input whose identity is `input` when it is known already (an item's
+    /// digest, taken with its list's): its calls counted with this run's.
+    pub(crate) fn within(&self, body: &Program, input: Option<Key>) -> Self {
+        let known = OnceLock::new();
+        if let Some(input) = input {
+            let _ = known.set(Some(input));
+        }
+        Self::of(
+            Arc::clone(&self.cache),
+            Arc::clone(&self.calls),
+            body,
+            known,
+        )
+    }
+
+    fn of(
+        cache: Arc<dyn NodeCache>,
+        calls: Arc<Calls>,
+        program: &Program,
+        input: OnceLock<Option<Key>>,
+    ) -> Self {
+        let (read_as_items, input_read_as_items) = read_as_items(program);
         RunKeys {
             cache,
-            input: OnceLock::new(),
+            input,
             outputs: (0..program.len()).map(|_| OnceLock::new()).collect(),
+            calls,
+            read_as_items,
+            input_read_as_items,
+            items: (0..program.len()).map(|_| OnceLock::new()).collect(),
+            input_items: OnceLock::new(),
+            digested: (0..program.len()).map(|_| OnceLock::new()).collect(),
             deferrable: deferrable(program),
             decisions: (0..program.len()).map(|_| OnceLock::new()).collect(),
         }
+    }
+
+    /// Counts a node's call as under way, in the whole run, until what it answers is dropped:
+    /// taken before every call of a node's code in a run with a cache, so that digests taken
+    /// before it are not trusted after it ([`RunKeys::items_of`]).
+    pub(crate) fn calling(&self) -> Calling<'_> {
+        // Under way before begun: a moment that finds none under way and then reads the count
+        // begun misses no call that overlaps what follows it (see `quiet`).
+        self.calls.running.fetch_add(1, Ordering::SeqCst);
+        self.calls.begun.fetch_add(1, Ordering::SeqCst);
+        Calling(&self.calls)
+    }
+
+    /// The count of calls begun in the run, when no call is under way: what items digested
+    /// after it are trusted against. `None` when one is.
+    fn quiet(&self) -> Option<u64> {
+        let begun = self.calls.begun.load(Ordering::SeqCst);
+        (self.calls.running.load(Ordering::SeqCst) == 0).then_some(begun)
+    }
+
+    /// The digest of `value`, the output in `slot`, what its readers key on: taken with its
+    /// items' digests when a `Map` reads it and no call is under way, and those kept for its
+    /// item runs ([`RunKeys::items_of`]).
+    pub(crate) fn digest_output(&self, slot: usize, value: &Value) -> Option<Key> {
+        let quiet = self.quiet();
+        let digest = match quiet {
+            Some(at) if self.read_as_items.get(slot).copied().unwrap_or(false) => {
+                let (digest, items) = self.cache.digest_items(value);
+                if let Some(digests) = items {
+                    let _ = self.items[slot].set(Items { digests, at });
+                }
+                digest
+            }
+            Some(_) | None => self.cache.digest(value),
+        };
+        self.note_digested(slot, digest, quiet);
+        digest
+    }
+
+    /// The digest of `value`, the output of the decision step in `slot`: `digested`, its
+    /// result's digest in the program that made it ([`RunKeys::result_digest`]: the same
+    /// value, digested where it was computed, nothing run since), where there is one and no
+    /// `Map` reads it for its items; otherwise as [`RunKeys::digest_output`] takes it.
+    pub(crate) fn digest_decided(
+        &self,
+        slot: usize,
+        value: &Value,
+        digested: Option<Key>,
+    ) -> Option<Key> {
+        match digested {
+            Some(digest) if !self.read_as_items.get(slot).copied().unwrap_or(false) => {
+                self.note_digested(slot, Some(digest), self.quiet());
+                Some(digest)
+            }
+            Some(_) | None => self.digest_output(slot, value),
+        }
+    }
+
+    /// Notes `digest`, just taken of the output in `slot` after the moment `quiet` says.
+    fn note_digested(&self, slot: usize, digest: Option<Key>, quiet: Option<u64>) {
+        if let (Some(digest), Some(at), Some(cell)) = (digest, quiet, self.digested.get(slot)) {
+            let _ = cell.set((digest, at));
+        }
+    }
+
+    /// The digest of what a run of `program` returns, when it is the value of its one leaf,
+    /// computed in this run and digested when no call was under way, and no call began since:
+    /// what the step that ran it takes rather than digesting the same value again — a switch
+    /// as its output's, a loop for its predicate, its next iteration's input and its output —
+    /// while it holds still ([`RunKeys::still`]).
+    pub(crate) fn result_digest(&self, program: &Program) -> Option<Digested> {
+        let [leaf] = &*program.leaves else {
+            return None;
+        };
+        self.still_at(*self.digested.get(*leaf)?.get()?)
+    }
+
+    /// The digest of what `step` (a switch, a loop) reads, when it is an output computed in
+    /// this run, digested when no call was under way and no call began since: what the program
+    /// it runs is keyed on, its input, rather than digesting it again.
+    pub(crate) fn read_digest(&self, step: &Step) -> Option<Key> {
+        match &step.from {
+            Reads::One(one) => {
+                let noted = *self.digested.get(one.slot())?.get()?;
+                self.still(self.still_at(noted))
+            }
+            Reads::Input | Reads::Many(_) => None,
+        }
+    }
+
+    /// `digested`'s digest, when no call began in the run since it was known to hold.
+    pub(crate) fn still(&self, digested: Option<Digested>) -> Option<Key> {
+        self.still_at((digested?.digest, digested?.at))
+            .map(|digested| digested.digest)
+    }
+
+    fn still_at(&self, (digest, at): (Key, u64)) -> Option<Digested> {
+        (self.calls.begun.load(Ordering::SeqCst) == at).then_some(Digested { digest, at })
+    }
+
+    /// The digests of the items of what the `Map` step `step` reads — `count` of them — taken
+    /// with its digest, when no node's call began in the run since (nor was under way then):
+    /// each the digest of its item as it is now, which its item run is keyed on. `None`
+    /// otherwise: each item is digested when its run begins.
+    pub(crate) fn items_of(&self, step: &Step, count: usize) -> Option<&[Key]> {
+        let items = match &step.from {
+            Reads::Input => self.input_items.get(),
+            Reads::One(one) => self.items.get(one.slot()).and_then(OnceLock::get),
+            Reads::Many(_) => None,
+        }?;
+        let unchanged = self.calls.begun.load(Ordering::SeqCst) == items.at;
+        (unchanged && items.digests.len() == count).then_some(&*items.digests)
     }
 
     /// The key of the decision step `step` (node `id`) as a whole, on what it reads: its own
@@ -249,7 +453,7 @@ impl RunKeys {
                 // holding that lock would wait for ever. Two branches may both take it; the
                 // first kept wins, and it is the same.
                 if self.input.get().is_none() {
-                    let _ = self.input.set(self.cache.digest_input(id, input));
+                    let _ = self.input.set(self.digest_input(id, input));
                 }
                 let digest = self.input.get().expect("set just now").as_ref()?;
                 hasher.update(b"input");
@@ -271,17 +475,37 @@ impl RunKeys {
         Some(())
     }
 
+    /// The digest of the program's `input`, asked by its first reader `id`: with its items'
+    /// when a `Map` reads it and no call is under way, as [`RunKeys::digest_output`] takes an
+    /// output's.
+    fn digest_input(&self, id: &NodeId, input: &Value) -> Option<Key> {
+        let quiet = if self.input_read_as_items {
+            self.quiet()
+        } else {
+            None
+        };
+        let Some(at) = quiet else {
+            return self.cache.digest_input(id, input);
+        };
+        let (digest, items) = self.cache.digest_input_items(id, input);
+        if let Some(digests) = items {
+            let _ = self.input_items.set(Items { digests, at });
+        }
+        digest
+    }
+
     /// The key of `step`'s node `id`, fingerprinted `fingerprint`, called on `value` rather than
-    /// on what the step reads: a loop's predicate on an iteration's output. `None` when
+    /// on what the step reads: a loop's predicate on an iteration's output, whose digest is
+    /// `digested` when the iteration took it already ([`RunKeys::result_digest`]). `None` when
     /// `value` has no digest.
     pub(crate) fn key_on(
         &self,
         id: &NodeId,
         fingerprint: &Key,
         step: &Step,
-        value: &Value,
+        (value, digested): (&Value, Option<Key>),
     ) -> Option<Key> {
-        let digest = self.cache.digest(value)?;
+        let digest = digested.or_else(|| self.cache.digest(value))?;
         let mut hasher = node_hasher(id, fingerprint, step);
         // Apart from any key `key_of` makes: what it reads is no step's value.
         hasher.update(b"on a value");
@@ -294,6 +518,27 @@ impl RunKeys {
         // A slot is written only by its own step, once a run.
         let _ = self.outputs[slot].set(identity);
     }
+}
+
+/// By slot, whether a `Map` step of `program` (not of the programs inside its steps) reads it;
+/// and whether one reads the program's input.
+fn read_as_items(program: &Program) -> (Box<[bool]>, bool) {
+    let mut slots = vec![false; program.len()];
+    let mut input = false;
+    let mut pending = vec![&program.root];
+    while let Some(op) = pending.pop() {
+        match op {
+            Op::Map(map) => match &map.step.from {
+                Reads::Input => input = true,
+                Reads::One(one) => slots[one.slot()] = true,
+                Reads::Many(_) => {}
+            },
+            Op::Sequence { steps, .. } => pending.extend(steps.iter()),
+            Op::Wave { branches, .. } => pending.extend(branches.iter()),
+            Op::Empty | Op::Execute(_) | Op::Switch(_) | Op::Loop(_) => {}
+        }
+    }
+    (slots.into(), input)
 }
 
 /// By slot: whether the output of a hit there may be left unread until a node that runs reads

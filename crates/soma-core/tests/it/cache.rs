@@ -783,3 +783,64 @@ fn a_map_found_whole_calls_nothing_and_one_edited_node_inside_it_calls_its_body_
     assert_eq!(executor.run_program(&program, items).unwrap(), first);
     assert_eq!(calls.swap(0, Ordering::Relaxed), 3);
 }
+
+/// A [`MemoryCache`] that counts the values it digests, whole and as a run's input.
+struct Digests {
+    inner: MemoryCache,
+    digested: Mutex<Vec<Value>>,
+    inputs: std::sync::atomic::AtomicUsize,
+}
+
+impl soma_core::NodeCache for Digests {
+    fn fingerprint(&self, id: &NodeId, node: &dyn Node) -> Option<Key> {
+        self.inner.fingerprint(id, node)
+    }
+
+    fn digest(&self, value: &Value) -> Option<Key> {
+        self.digested.lock().unwrap().push(value.clone());
+        Key::of_value(value)
+    }
+
+    fn digest_input(&self, _id: &NodeId, input: &Value) -> Option<Key> {
+        self.inputs
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.digest(input)
+    }
+
+    fn get(&self, id: &NodeId, key: &Key) -> Option<Entry> {
+        self.inner.get(id, key)
+    }
+
+    fn put(&self, id: &NodeId, key: &Key, entry: &Entry, took: std::time::Duration) {
+        self.inner.put(id, key, entry, took);
+    }
+}
+
+#[test]
+fn a_maps_items_are_digested_with_its_list_and_each_item_run_is_keyed_on_that_digest() {
+    use soma_core::{compile_decided, each, node};
+    let body = node(
+        "a",
+        crate::support::plain(|_: &str, x: &Value| Ok(Value::Int(x.as_int().unwrap_or(0) * 10))),
+    );
+    let (graph, catalog, decisions) = each("m", body, None).unwrap().somatize_decided().unwrap();
+    let plan = compile_decided(&graph, &catalog, &decisions).unwrap();
+    let program = Program::new(&plan, &catalog).unwrap();
+    let store = Arc::new(Digests {
+        inner: MemoryCache::new(|id: &NodeId| Some(Key::of_bytes(id.as_str().as_bytes()))),
+        digested: Mutex::new(Vec::new()),
+        inputs: std::sync::atomic::AtomicUsize::new(0),
+    });
+    let executor = Executor::new().with_cache(Arc::clone(&store) as Arc<dyn soma_core::NodeCache>);
+    let items = Value::list([1, 2, 3].map(Value::Int));
+    let result = executor.run_program(&program, items.clone()).unwrap();
+    assert_eq!(result, Value::list([10, 20, 30].map(Value::Int)));
+    // The list asked for once, as the run's input, its items digested with it and never
+    // again as their runs began.
+    assert_eq!(store.inputs.load(std::sync::atomic::Ordering::Relaxed), 1);
+    let digested = store.digested.lock().unwrap();
+    for item in [1, 2, 3].map(Value::Int) {
+        assert_eq!(digested.iter().filter(|value| **value == item).count(), 1);
+    }
+    assert_eq!(digested.iter().filter(|value| **value == items).count(), 1);
+}

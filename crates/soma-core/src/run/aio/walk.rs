@@ -33,6 +33,7 @@ use super::limits::slots_of;
 use super::place::{Place, Table, Window};
 use super::task::{CatchUnwind, Task};
 use crate::model::id::NodeId;
+use crate::model::key::Key;
 use crate::model::node::Ctx;
 use crate::model::value::Value;
 use crate::run::attempt::{next_attempt, stopped_pausing, Next};
@@ -43,7 +44,7 @@ use crate::run::deferred::Rereading;
 use crate::run::error::RunError;
 use crate::run::executor::Executor;
 use crate::run::hooks::Watch;
-use crate::run::keys::RunKeys;
+use crate::run::keys::{Digested, RunKeys};
 use crate::run::latch::Delivery;
 use crate::run::observer::{Ended, Part};
 use crate::run::program::{LoopOp, MapOp, Op, Program, Step, SwitchOp};
@@ -189,7 +190,7 @@ fn walk<'p>(place: &'p Place, op: &'p Op) -> Walking<'p> {
             Op::Map(map) => {
                 let whole = [("body", &map.body)];
                 run_decision(place, &map.step, Some(&whole), async {
-                    each(place, map).await
+                    Ok((each(place, map).await?, None))
                 })
                 .await
             }
@@ -388,7 +389,9 @@ async fn cached(
     };
     let started = Instant::now();
     let input = read_deferred(place, keys, step, gathered(place, step)).await?;
+    let calling = keys.calling();
     let value = called(place, call, step, &input).await?;
+    drop(calling);
     Ok(call.file(keys, key, value, started.elapsed()))
 }
 
@@ -572,7 +575,7 @@ async fn run_decision(
     place: &Place,
     step: &Step,
     whole: Option<&[(&str, &Program)]>,
-    work: impl Future<Output = Result<Value, Halt>>,
+    work: impl Future<Output = Result<(Value, Option<Key>), Halt>>,
 ) -> Result<(), Halt> {
     let _permit = match place.limits() {
         Some(limits) => Some(limits.step(step.slot()).acquire().await),
@@ -637,24 +640,33 @@ async fn read_deferred(
         let step = again.step(site.program);
         let call = NodeCall::new(place.executor(), step, site);
         let started = Instant::now();
+        let calling = keys.calling();
         let value = if step.is_async() {
             called(place, &call, step, &again.input).await?
         } else {
             call.call(&again.input)?
         };
+        drop(calling);
         rereading.computed(again.file(keys, site.program, value, started.elapsed()));
     }
     Ok(rereading.read())
 }
 
-/// Runs `body` on `input` with a table of its own, as the sync walk's `run_body` does: inline
-/// in this task, or as a task of its own once [`INLINE_LEVELS`] nest here.
-async fn run_body(place: &Place, body: &Program, input: Value) -> Result<Value, Halt> {
+/// Runs `body` on `input` with a table of its own, as the sync walk's `run_body` does (its
+/// input's identity `digested` when taken already): inline in this task, or as a task of its
+/// own once [`INLINE_LEVELS`] nest here. With what it returns, its digest when the run took it
+/// already ([`RunKeys::result_digest`]).
+async fn run_body(
+    place: &Place,
+    body: &Program,
+    input: Value,
+    digested: Option<Key>,
+) -> Result<(Value, Option<Digested>), Halt> {
     let keys = place
         .table
         .keys
         .as_ref()
-        .map(|outer| RunKeys::new(Arc::clone(&outer.cache), body));
+        .map(|outer| outer.within(body, digested));
     let inner = Place {
         run: Arc::clone(&place.run),
         table: Arc::new(Table::new(body, input, keys)),
@@ -678,10 +690,15 @@ async fn run_body(place: &Place, body: &Program, input: Value) -> Result<Value, 
     }
     let input = &table.input;
     let whole = Window::whole(body.len());
+    let digest = table
+        .keys
+        .as_ref()
+        .and_then(|keys| keys.result_digest(body));
     // Every task and piece of the body has ended: the whole table is this task's now.
-    Ok(table.with_frame(&whole, |frame| {
+    let value = table.with_frame(&whole, |frame| {
         Executor::result(body, frame.own, || input.clone())
-    }))
+    });
+    Ok((value, digest))
 }
 
 /// An item's result, once its task has one.
@@ -701,12 +718,23 @@ async fn each(place: &Place, op: &MapOp) -> Result<Value, Halt> {
         return Ok(executor.reading().collect(Vec::new()));
     }
     let bound = op.in_flight.unwrap_or(count).clamp(1, count);
+    // Each item's digest, taken with the list's, as the sync walk hands them (`sync/decide.rs`).
+    let keys = place.table.keys.as_ref();
+    let handed = keys.and_then(|keys| keys.items_of(&op.step, count));
+    let digested = |index: usize| {
+        let now = match keys {
+            Some(keys) if bound < count => keys.items_of(&op.step, count),
+            Some(_) | None => handed,
+        };
+        now.map(|digests| digests[index])
+    };
     let state = Arc::new(WaveState::new());
     let join = Join::new(count);
     let results: Arc<[ItemResult]> = (0..count).map(|_| Mutex::new(None)).collect();
     let (body, id_at) = (At::of(&op.body), At::of(id));
     let mut items = items.into_iter();
     let start = |index: usize, item: Value| {
+        let digested = digested(index);
         let child = Place {
             run: Arc::clone(&place.run),
             table: Arc::clone(&place.table),
@@ -720,7 +748,9 @@ async fn each(place: &Place, op: &MapOp) -> Result<Value, Halt> {
             Box::pin(async move {
                 let (executor, id) = (child.executor(), id_at.get(child));
                 let under_way = executor.part_begins(id, Part::Item(index), || child.branch.path());
-                let outcome = run_body(child, body.get(child), item).await;
+                let outcome = run_body(child, body.get(child), item, digested)
+                    .await
+                    .map(|(value, _)| value);
                 executor.part_ends(id, under_way, || child.branch.path(), &outcome);
                 if matches!(&outcome, Err(halt) if halt.stops_later_branches()) {
                     state.fail(index);
@@ -767,46 +797,65 @@ async fn each(place: &Place, op: &MapOp) -> Result<Value, Halt> {
 }
 
 /// A `Switch` step with an async node inside: its selector called (awaited when async), the
-/// case it names run inline.
-async fn choose(place: &Place, op: &SwitchOp) -> Result<Value, Halt> {
+/// case it names run inline, keyed on the step's input's digest when nothing ran since it was
+/// taken; its result, with its digest when the case took it (as the sync walk's switch).
+async fn choose(place: &Place, op: &SwitchOp) -> Result<(Value, Option<Key>), Halt> {
     let read = decision_input(place, &op.step).await?;
     let executor = place.executor();
     let id = &place.table.program().ids[op.step.slot()];
     let chosen = ask(place, &op.step, &read, Asked::Input).await?;
     let (at, key) = executor.case_of(op, id, &chosen)?;
+    let keys = place.table.keys.as_ref();
+    let given = keys.and_then(|keys| keys.read_digest(&op.step));
     let under_way = executor.part_begins(id, Part::Case(&key), || place.branch.path());
-    let outcome = run_body(place, &op.cases[at], read).await;
+    let (outcome, digest) = parted(run_body(place, &op.cases[at], read, given).await);
     executor.part_ends(id, under_way, || place.branch.path(), &outcome);
-    outcome
+    Ok((outcome?, keys.and_then(|keys| keys.still(digest))))
+}
+
+/// What `run_body` returned, and its digest apart.
+fn parted(
+    outcome: Result<(Value, Option<Digested>), Halt>,
+) -> (Result<Value, Halt>, Option<Digested>) {
+    match outcome {
+        Ok((value, digest)) => (Ok(value), digest),
+        Err(halt) => (Err(halt), None),
+    }
 }
 
 /// A `Loop` step with an async node inside: its body inline, iteration after iteration, until
-/// its predicate (awaited when async) says done.
-async fn repeat_body(place: &Place, op: &LoopOp) -> Result<Value, Halt> {
+/// its predicate (awaited when async) says done; each iteration's input's digest, its output's
+/// for the predicate and the step's output's taken once where nothing ran between (as the sync
+/// walk's loop).
+async fn repeat_body(place: &Place, op: &LoopOp) -> Result<(Value, Option<Key>), Halt> {
     let mut current = decision_input(place, &op.step).await?;
     let executor = place.executor();
     let id = &place.table.program().ids[op.step.slot()];
+    let keys = place.table.keys.as_ref();
+    let still = |digest| keys.and_then(|keys: &RunKeys| keys.still(digest));
+    let mut given = keys.and_then(|keys| keys.read_digest(&op.step));
     for iteration in 0..op.max_iterations {
         let under_way =
             executor.part_begins(id, Part::Iteration(iteration), || place.branch.path());
-        let outcome = run_body(place, &op.body, current).await;
+        let (outcome, digest) = parted(run_body(place, &op.body, current, given).await);
         executor.part_ends(id, under_way, || place.branch.path(), &outcome);
         let output = outcome?;
-        let verdict = ask(place, &op.step, &output, Asked::Output).await?;
+        let verdict = ask(place, &op.step, &output, Asked::Output(still(digest))).await?;
         if executor.reading().done(&verdict) {
-            return Ok(output);
+            return Ok((output, still(digest)));
         }
+        given = still(digest);
         current = output;
     }
     Err(executor.loop_limit(op, id, &current).into())
 }
 
 /// What a selector or predicate is keyed on: the step's input (a switch), or the value it is
-/// asked about (a loop's body output).
+/// asked about (a loop's body output), with its digest when the body took it already.
 #[derive(Clone, Copy)]
 enum Asked {
     Input,
-    Output,
+    Output(Option<Key>),
 }
 
 /// Calls a step's own node — a switch's selector, a loop's predicate — on `value`, through the
@@ -816,9 +865,9 @@ async fn ask(place: &Place, step: &Step, value: &Value, asked: Asked) -> Result<
     let executor = place.executor();
     let site = place.site();
     let input = &place.table.input;
-    let key = |keys: &RunKeys, id: &NodeId, fingerprint: &crate::model::key::Key| match asked {
+    let key = |keys: &RunKeys, id: &NodeId, fingerprint: &Key| match asked {
         Asked::Input => keys.key_of(id, fingerprint, step, input),
-        Asked::Output => keys.key_on(id, fingerprint, step, value),
+        Asked::Output(digested) => keys.key_on(id, fingerprint, step, (value, digested)),
     };
     if !step.node.is_async() {
         return Ok(executor.decision_call(step, value, site, key)?);
@@ -836,7 +885,9 @@ async fn ask(place: &Place, step: &Step, value: &Value, asked: Asked) -> Result<
         }
     }
     let started = Instant::now();
+    let calling = site.keys.map(RunKeys::calling);
     let value = called(place, &call, step, value).await?;
+    drop(calling);
     Ok(match keyed {
         Some((keys, key)) => decision::file_answer(keys, id, &key, value, started.elapsed()),
         None => value,

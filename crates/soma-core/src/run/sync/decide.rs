@@ -13,17 +13,18 @@
 //! boundary, earlier ones run on.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
 use super::fan_out::FanOut;
 use super::lane::Lane;
 use crate::model::id::NodeId;
+use crate::model::key::Key;
 use crate::model::value::Value;
 use crate::run::branch::Halt;
 use crate::run::decision;
 use crate::run::detach::Kept;
 use crate::run::executor::Executor;
-use crate::run::keys::RunKeys;
+use crate::run::keys::Digested;
 use crate::run::observer::Part;
 use crate::run::program::{LoopOp, MapOp, Program, Step, SwitchOp};
 use crate::run::settle::{settle, Outcome};
@@ -46,7 +47,7 @@ impl Executor {
         step: &Step,
         frame: &mut Frame<'_>,
         lane: Lane<'_>,
-        work: impl FnOnce() -> Result<Value, Halt>,
+        work: impl FnOnce() -> Result<(Value, Option<Key>), Halt>,
     ) -> Result<(), Halt> {
         let site = lane.site();
         site.mark_running(step, true);
@@ -63,20 +64,26 @@ impl Executor {
     }
 
     /// Runs `body` on `input` with a table of its own, along `lane` (its place in the waves
-    /// and items around it), and returns what a run of it returns.
+    /// and items around it), and returns what a run of it returns, with its digest when the
+    /// run took it already ([`RunKeys::result_digest`]).
     ///
     /// With a cache, its nodes are keyed and looked up as a run's are, with identities of
-    /// their own, its roots keyed on `input`'s digest: an item, a case's input or an
+    /// their own, its roots keyed on `input`'s digest — `digested`, when it was taken already
+    /// (an item's, with its list's: [`RunKeys::items_of`]): an item, a case's input or an
     /// iteration's seen before finds what its nodes computed then, and a run that failed at
     /// one item kept what the others' nodes completed.
     ///
     /// The table, the input and the identities are kept on the heap: when the run's caller
     /// gives up waiting for a wave inside (Ctrl-C, on the caller's thread), its branches still
     /// running borrow them, and they are left to the run's remains with the rest.
-    fn run_body(&self, body: &Program, input: &Value, lane: Lane<'_>) -> Result<Value, Halt> {
-        let keys = lane
-            .keys
-            .map(|outer| RunKeys::new(Arc::clone(&outer.cache), body));
+    fn run_body(
+        &self,
+        body: &Program,
+        input: &Value,
+        digested: Option<Key>,
+        lane: Lane<'_>,
+    ) -> Result<(Value, Option<Digested>), Halt> {
+        let keys = lane.keys.map(|outer| outer.within(body, digested));
         let mut kept = Kept::new((input.clone(), vec![None; body.len()], keys));
         let (input, table, keys) = kept.get_mut();
         let (input, keys) = (&*input, keys.as_ref());
@@ -90,8 +97,9 @@ impl Executor {
         let inner = lane.body(body, keys);
         match self.walk(&body.root, input, &mut frame, inner) {
             Ok(()) => {
-                let (input, table, _) = kept.get_mut();
-                Ok(Executor::result(body, table, || input.clone()))
+                let (input, table, keys) = kept.get_mut();
+                let digest = keys.as_ref().and_then(|keys| keys.result_digest(body));
+                Ok((Executor::result(body, table, || input.clone()), digest))
             }
             Err(halt) => {
                 if let Some(remains) = halt.remains_if_given_up(lane.walk.detached) {
@@ -150,7 +158,7 @@ impl Executor {
             let items = self.items_of(id, &read)?;
             drop(read);
             let results = self.each_item(op, id, items, lane)?;
-            Ok(self.reading().collect(results))
+            Ok((self.reading().collect(results), None))
         })
     }
 
@@ -171,6 +179,18 @@ impl Executor {
         // items one after another, so that no more than that many are in flight.
         let lanes = op.in_flight.unwrap_or(count).clamp(1, count);
         let one_each = lanes == count;
+        // Each item's digest, taken with the list's when nothing ran since: for all of them
+        // now when they are in flight together, as they all begin at once (a change one item's
+        // run makes to another races with that item's own run, cached or not); for each as
+        // its run begins when they are taken a few at a time, after earlier items' runs.
+        let handed = lane.keys.and_then(|keys| keys.items_of(&op.step, count));
+        let digested = |index: usize| {
+            let now = match lane.keys {
+                Some(keys) if !one_each => keys.items_of(&op.step, count),
+                Some(_) | None => handed,
+            };
+            now.map(|digests| digests[index])
+        };
         let locals = MapItems {
             items,
             next: AtomicUsize::new(0),
@@ -179,7 +199,8 @@ impl Executor {
         let item = |fan: &FanOut<'_, MapItems>, index: usize| {
             let outcome = fan.branch(index, |lane| {
                 self.part(id, Part::Item(index), &lane, || {
-                    self.run_body(&op.body, &fan.locals.items[index], lane)
+                    self.run_body(&op.body, &fan.locals.items[index], digested(index), lane)
+                        .map(|(value, _)| value)
                 })
             });
             *fan.locals.outcomes[index]
@@ -259,9 +280,17 @@ impl Executor {
                     keys.key_of(id, fingerprint, &op.step, input)
                 })?;
             let (at, key) = self.case_of(op, id, &chosen)?;
-            self.part(id, Part::Case(&key), &lane, || {
-                self.run_body(&op.cases[at], &read, lane)
-            })
+            // The case's input is the step's: its digest, when nothing ran since it was taken
+            // (the selector hit); its result is the step's output: its digest, when the case
+            // took it.
+            let given = lane.keys.and_then(|keys| keys.read_digest(&op.step));
+            let mut digest = None;
+            let value = self.part(id, Part::Case(&key), &lane, || {
+                let (value, digested) = self.run_body(&op.cases[at], &read, given, lane)?;
+                digest = digested;
+                Ok(value)
+            })?;
+            Ok((value, lane.keys.and_then(|keys| keys.still(digest))))
         })
     }
 
@@ -290,19 +319,29 @@ impl Executor {
     ) -> Result<(), Halt> {
         let read = self.decision_input(&op.step, input, frame, lane.site())?;
         let id = &lane.program.ids[op.step.slot()];
+        let still = |digest| lane.keys.and_then(|keys| keys.still(digest));
         Self::run_decision(&op.step, frame, lane, || {
             let mut current = read;
+            // Each iteration's input's digest, when taken already and nothing ran since: the
+            // step's input's, then the last iteration's output's.
+            let mut given = lane.keys.and_then(|keys| keys.read_digest(&op.step));
             for iteration in 0..op.max_iterations {
+                // The iteration's output, with its digest when the body took it: what the
+                // predicate is keyed on, not digested again.
+                let mut digest = None;
                 let output = self.part(id, Part::Iteration(iteration), &lane, || {
-                    self.run_body(&op.body, &current, lane)
+                    let (value, digested) = self.run_body(&op.body, &current, given, lane)?;
+                    digest = digested;
+                    Ok(value)
                 })?;
                 let verdict =
                     self.decision_call(&op.step, &output, lane.site(), |keys, id, fingerprint| {
-                        keys.key_on(id, fingerprint, &op.step, &output)
+                        keys.key_on(id, fingerprint, &op.step, (&output, keys.still(digest)))
                     })?;
                 if self.reading().done(&verdict) {
-                    return Ok(output);
+                    return Ok((output, still(digest)));
                 }
+                given = still(digest);
                 current = output;
             }
             Err(self.loop_limit(op, id, &current).into())
