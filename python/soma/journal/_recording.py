@@ -58,7 +58,17 @@ class Recording:
 class _RecordingRun:
     """One run's lookups and records (see ``crates/soma-python/src/cache.rs``)."""
 
-    __slots__ = ("_active", "_core", "_has_cache", "_inner", "_unkeyed", "digest", "input_digest")
+    __slots__ = (
+        "_active",
+        "_core",
+        "_has_cache",
+        "_inner",
+        "_unkeyed",
+        "digest",
+        "digest_items",
+        "input_digest",
+        "input_digest_items",
+    )
 
     def __init__(
         self, active: ActiveRun, core: _soma.GraphCore, inner: _RunCache, has_cache: bool
@@ -69,8 +79,12 @@ class _RecordingRun:
         self._has_cache = has_cache
         # Nodes keyed by the journal alone (kept out of the cache): never filed in the cache.
         self._unkeyed: set[str] = set()
+        # Values are digested as the cache digests them, with or without a cache: what an
+        # `each`'s item runs are keyed on included.
         self.digest = inner.digest
+        self.digest_items = inner.digest_items
         self.input_digest = inner.input_digest
+        self.input_digest_items = inner.input_digest_items
 
     def fingerprint(self, node_id: str) -> bytes | None:
         if self._has_cache:
