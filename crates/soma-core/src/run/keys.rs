@@ -123,11 +123,60 @@ pub(crate) struct RunKeys {
     /// when it was taken, which none was under way at ([`RunKeys::result_digest`]).
     digested: Box<[OnceLock<(Key, u64)>]>,
     /// By slot: whether a hit there may leave its output unread until a node that runs reads
-    /// it ([`deferrable`]).
+    /// it ([`slots_read`]).
     deferrable: Box<[bool]>,
     /// By slot: the key a decision step there was looked up under and missed, and when it
     /// began, for its output to be filed under when it is written.
     decisions: Box<[OnceLock<(Key, Instant)>]>,
+}
+
+/// What each of the `count` item runs of a `Map` step is keyed on, where its digest was taken
+/// with its list's ([`RunKeys::items_of`]), for both walks: for items all in flight together,
+/// the digests as they all begin, read once (a change one item's run makes to another races
+/// with that item's own run, cached or not); for items taken a few at a time, each item's as
+/// its run begins, after earlier items' runs, which may have changed it.
+pub(crate) struct ItemDigests<'k> {
+    keys: Option<&'k RunKeys>,
+    step: &'k Step,
+    count: usize,
+    /// Read once, as they all begin, for items in flight together; `None` otherwise.
+    together: Option<&'k [Key]>,
+    all_together: bool,
+}
+
+impl<'k> ItemDigests<'k> {
+    /// The digests for the `count` items of `step`, a `Map` of a run with `keys` (none without
+    /// a cache), all `together` in flight or not.
+    pub(crate) fn new(
+        keys: Option<&'k RunKeys>,
+        step: &'k Step,
+        count: usize,
+        all_together: bool,
+    ) -> Self {
+        let together = if all_together {
+            keys.and_then(|keys| keys.items_of(step, count))
+        } else {
+            None
+        };
+        ItemDigests {
+            keys,
+            step,
+            count,
+            together,
+            all_together,
+        }
+    }
+
+    /// The digest item `index`'s run is keyed on, when one was taken with the list and still
+    /// holds; `None`: its run digests it as it begins.
+    pub(crate) fn of(&self, index: usize) -> Option<Key> {
+        let digests = if self.all_together {
+            self.together
+        } else {
+            self.keys?.items_of(self.step, self.count)
+        };
+        digests.map(|digests| digests[index])
+    }
 }
 
 impl RunKeys {
@@ -158,18 +207,18 @@ impl RunKeys {
         program: &Program,
         input: OnceLock<Option<Key>>,
     ) -> Self {
-        let (read_as_items, input_read_as_items) = read_as_items(program);
+        let read = slots_read(program);
         RunKeys {
             cache,
             input,
             outputs: (0..program.len()).map(|_| OnceLock::new()).collect(),
             calls,
-            read_as_items,
-            input_read_as_items,
+            read_as_items: read.as_items,
+            input_read_as_items: read.input_as_items,
             items: (0..program.len()).map(|_| OnceLock::new()).collect(),
             input_items: OnceLock::new(),
             digested: (0..program.len()).map(|_| OnceLock::new()).collect(),
-            deferrable: deferrable(program),
+            deferrable: read.deferrable,
             decisions: (0..program.len()).map(|_| OnceLock::new()).collect(),
         }
     }
@@ -520,38 +569,22 @@ impl RunKeys {
     }
 }
 
-/// By slot, whether a `Map` step of `program` (not of the programs inside its steps) reads it;
-/// and whether one reads the program's input.
-fn read_as_items(program: &Program) -> (Box<[bool]>, bool) {
-    let mut slots = vec![false; program.len()];
-    let mut input = false;
-    let mut pending = vec![&program.root];
-    while let Some(op) = pending.pop() {
-        match op {
-            Op::Map(map) => match &map.step.from {
-                Reads::Input => input = true,
-                Reads::One(one) => slots[one.slot()] = true,
-                Reads::Many(_) => {}
-            },
-            Op::Sequence { steps, .. } => pending.extend(steps.iter()),
-            Op::Wave { branches, .. } => pending.extend(branches.iter()),
-            Op::Empty | Op::Execute(_) | Op::Switch(_) | Op::Loop(_) => {}
-        }
-    }
-    (slots.into(), input)
-}
-
 /// By slot: whether the output of a hit there may be left unread until a node that runs reads
 /// it — the output of a node that is no leaf of `program` (the result is read) and that no
 /// `Loop` reads (it hands its input to what it runs, which the executor does not look into);
 /// a `Map` or a `Switch` reads its input when it runs, not when it is found whole. An async
 /// node's output, besides, only when the async walk alone reads it — async nodes and steps
 /// that hold one — as a reader walked by the sync walk could not await its node, should its
-/// entry be gone when read. Every other output is read when found. Walked from a stack: any
-/// nesting costs no stack.
-fn deferrable(program: &Program) -> Box<[bool]> {
+/// entry be gone when read. Every other output is read when found.
+///
+/// With it, by slot, whether a `Map` step of `program` (not of the programs inside its steps)
+/// reads it, and whether one reads the program's input: what is digested with its items.
+/// Walked once, from a stack: any nesting costs no stack.
+fn slots_read(program: &Program) -> SlotsRead {
     let mut deferrable = vec![false; program.len()];
     let mut asynchronous = vec![false; program.len()];
+    let mut as_items = vec![false; program.len()];
+    let mut input_as_items = false;
     // Each reader: its step, whether it is a loop's, whether the sync walk walks it (an op
     // holding no async node).
     let mut readers: Vec<(&Step, bool, bool)> = Vec::new();
@@ -565,7 +598,14 @@ fn deferrable(program: &Program) -> Box<[bool]> {
                 asynchronous[step.slot()] = step.is_async();
                 readers.push((step, false, sync));
             }
-            Op::Map(map) => readers.push((&map.step, false, sync)),
+            Op::Map(map) => {
+                match &map.step.from {
+                    Reads::Input => input_as_items = true,
+                    Reads::One(one) => as_items[one.slot()] = true,
+                    Reads::Many(_) => {}
+                }
+                readers.push((&map.step, false, sync));
+            }
             Op::Switch(switch) => readers.push((&switch.step, false, sync)),
             Op::Loop(repeat) => readers.push((&repeat.step, true, sync)),
             Op::Sequence { steps, .. } => pending.extend(steps.iter()),
@@ -591,5 +631,16 @@ fn deferrable(program: &Program) -> Box<[bool]> {
     for &leaf in &program.leaves {
         deferrable[leaf] = false;
     }
-    deferrable.into()
+    SlotsRead {
+        deferrable: deferrable.into(),
+        as_items: as_items.into(),
+        input_as_items,
+    }
+}
+
+/// How a program's slots are read ([`slots_read`]).
+struct SlotsRead {
+    deferrable: Box<[bool]>,
+    as_items: Box<[bool]>,
+    input_as_items: bool,
 }

@@ -44,7 +44,7 @@ use crate::run::deferred::Rereading;
 use crate::run::error::RunError;
 use crate::run::executor::Executor;
 use crate::run::hooks::Watch;
-use crate::run::keys::{Digested, RunKeys};
+use crate::run::keys::{Digested, ItemDigests, RunKeys};
 use crate::run::latch::Delivery;
 use crate::run::observer::{Ended, Part};
 use crate::run::program::{LoopOp, MapOp, Op, Program, Step, SwitchOp};
@@ -718,23 +718,15 @@ async fn each(place: &Place, op: &MapOp) -> Result<Value, Halt> {
         return Ok(executor.reading().collect(Vec::new()));
     }
     let bound = op.in_flight.unwrap_or(count).clamp(1, count);
-    // Each item's digest, taken with the list's, as the sync walk hands them (`sync/decide.rs`).
-    let keys = place.table.keys.as_ref();
-    let handed = keys.and_then(|keys| keys.items_of(&op.step, count));
-    let digested = |index: usize| {
-        let now = match keys {
-            Some(keys) if bound < count => keys.items_of(&op.step, count),
-            Some(_) | None => handed,
-        };
-        now.map(|digests| digests[index])
-    };
+    // Each item's digest, taken with the list's when nothing ran since.
+    let digests = ItemDigests::new(place.table.keys.as_ref(), &op.step, count, bound == count);
     let state = Arc::new(WaveState::new());
     let join = Join::new(count);
     let results: Arc<[ItemResult]> = (0..count).map(|_| Mutex::new(None)).collect();
     let (body, id_at) = (At::of(&op.body), At::of(id));
     let mut items = items.into_iter();
     let start = |index: usize, item: Value| {
-        let digested = digested(index);
+        let digested = digests.of(index);
         let child = Place {
             run: Arc::clone(&place.run),
             table: Arc::clone(&place.table),

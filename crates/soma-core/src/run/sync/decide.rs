@@ -24,7 +24,7 @@ use crate::run::branch::Halt;
 use crate::run::decision;
 use crate::run::detach::Kept;
 use crate::run::executor::Executor;
-use crate::run::keys::Digested;
+use crate::run::keys::{Digested, ItemDigests};
 use crate::run::observer::Part;
 use crate::run::program::{LoopOp, MapOp, Program, Step, SwitchOp};
 use crate::run::settle::{settle, Outcome};
@@ -179,18 +179,8 @@ impl Executor {
         // items one after another, so that no more than that many are in flight.
         let lanes = op.in_flight.unwrap_or(count).clamp(1, count);
         let one_each = lanes == count;
-        // Each item's digest, taken with the list's when nothing ran since: for all of them
-        // now when they are in flight together, as they all begin at once (a change one item's
-        // run makes to another races with that item's own run, cached or not); for each as
-        // its run begins when they are taken a few at a time, after earlier items' runs.
-        let handed = lane.keys.and_then(|keys| keys.items_of(&op.step, count));
-        let digested = |index: usize| {
-            let now = match lane.keys {
-                Some(keys) if !one_each => keys.items_of(&op.step, count),
-                Some(_) | None => handed,
-            };
-            now.map(|digests| digests[index])
-        };
+        // Each item's digest, taken with the list's when nothing ran since.
+        let digests = ItemDigests::new(lane.keys, &op.step, count, one_each);
         let locals = MapItems {
             items,
             next: AtomicUsize::new(0),
@@ -199,7 +189,7 @@ impl Executor {
         let item = |fan: &FanOut<'_, MapItems>, index: usize| {
             let outcome = fan.branch(index, |lane| {
                 self.part(id, Part::Item(index), &lane, || {
-                    self.run_body(&op.body, &fan.locals.items[index], digested(index), lane)
+                    self.run_body(&op.body, &fan.locals.items[index], digests.of(index), lane)
                         .map(|(value, _)| value)
                 })
             });
