@@ -478,9 +478,7 @@ def digest(value: object) -> bytes:
 
     Raises :class:`Unkeyable` for what has no content to read.
     """
-    out = bytearray()
-    _feed(value, "", out, frozenset())
-    return _soma.blake3(out)
+    return _digest_at(value, "", frozenset())
 
 
 def digest_items(value: object) -> tuple[bytes, list[bytes] | None]:
@@ -498,15 +496,8 @@ def digest_items(value: object) -> tuple[bytes, list[bytes] | None]:
     if type(value) is not list and type(value) is not tuple:
         return digest(value), None
     hashed: _Hashed = {}
-    out = bytearray()
-    _feed(value, "", out, frozenset(), hashed)
-    whole = _soma.blake3(out)
-    items = []
-    for item in value:
-        out = bytearray()
-        _feed(item, "", out, frozenset(), hashed)
-        items.append(_soma.blake3(out))
-    return whole, items
+    whole = _digest_at(value, "", frozenset(), hashed)
+    return whole, [_digest_at(item, "", frozenset(), hashed) for item in value]
 
 
 # What :func:`digest_items` remembers during one call: by an array's identity, the array (held,
@@ -514,9 +505,11 @@ def digest_items(value: object) -> tuple[bytes, list[bytes] | None]:
 _Hashed = dict[int, tuple[object, bytes]]
 
 
-def _digest_at(value: object, where: Where, busy: frozenset[int]) -> bytes:
+def _digest_at(
+    value: object, where: Where, busy: frozenset[int], hashed: _Hashed | None = None
+) -> bytes:
     out = bytearray()
-    _feed(value, where, out, busy)
+    _feed(value, where, out, busy, hashed)
     return _soma.blake3(out)
 
 
