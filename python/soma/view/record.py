@@ -872,8 +872,7 @@ class Recorder:
         if run is None:
             return None
         outcome, error, seconds = board.ended
-        self._ended_status(run, outcome, error, seconds)
-        run.log.append(_RUN_ENDED)
+        self._mark_ended(run, outcome, error, seconds)
         run.weight = len(board)
         with self._lock:
             now = self._runs.get(run_id)
@@ -1068,8 +1067,7 @@ class Recorder:
     ) -> None:
         """``run`` ended as ``outcome``, with ``error``, after ``seconds``: its status, then
         its place among the finished runs the recorder keeps."""
-        self._ended_status(run, outcome, error, seconds)
-        run.log.append(_RUN_ENDED)
+        self._mark_ended(run, outcome, error, seconds)
         with self._lock:
             # What the run keeps until read: its log, or its nodes once folded.
             run.weight = max(
@@ -1079,10 +1077,11 @@ class Recorder:
         self._changes.append(run.id)
 
     @staticmethod
-    def _ended_status(
+    def _mark_ended(
         run: RunRecord, outcome: int, error: BaseException | None, seconds: float
     ) -> None:
-        """Sets what ``run``, ended as ``outcome`` with ``error`` after ``seconds``, shows."""
+        """Sets what ``run``, ended as ``outcome`` with ``error`` after ``seconds``, shows, and
+        puts its end in its log."""
         run.seconds = seconds
         if error is not None:
             run.error = summary(error)
@@ -1098,6 +1097,7 @@ class Recorder:
             run.status = RunStatus.FAILED
         else:
             run.status = RunStatus.STOPPED
+        run.log.append(_RUN_ENDED)
 
     def _kept_finished(self, run_id: str, weight: int) -> None:
         """The run ``run_id``, of ``weight``, is among the finished runs kept, and the oldest
