@@ -141,9 +141,13 @@ fn split(input: &[u8]) -> (&[u8], &[u8]) {
     input.split_at(at)
 }
 
-/// `left()` on a scoped thread while this one runs `right()`; `None` when no thread could be
-/// started (the caller then hashes alone).
-fn both<T: Send>(left: impl FnOnce() -> T + Send, right: impl FnOnce() -> T) -> Option<(T, T)> {
+/// `left()` on a scoped thread while this one runs `right()`; `None`, neither run, when no
+/// thread could be started (the caller then does both alone). Also what `write_hashed` writes
+/// an entry and hashes it at once with (`hashed_write.rs`).
+pub(crate) fn both<L: Send, R>(
+    left: impl FnOnce() -> L + Send,
+    right: impl FnOnce() -> R,
+) -> Option<(L, R)> {
     thread::scope(|scope| {
         let started = thread::Builder::new().spawn_scoped(scope, left).ok()?;
         let right = right();

@@ -13,7 +13,6 @@
 use std::fs::OpenOptions;
 use std::io::{self, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::thread;
 
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyBufferError, PyOSError};
@@ -117,19 +116,11 @@ fn write_and_hash(path: &Path, at: u64, pieces: &[&[u8]]) -> io::Result<[u8; 32]
     };
     let mut write = || pieces.iter().try_for_each(|piece| file.write_all(piece));
     let total: usize = pieces.iter().map(|piece| piece.len()).sum();
-    if total < SECOND_THREAD_FROM_BYTES {
-        write()?;
-        return Ok(hash());
+    if total >= SECOND_THREAD_FROM_BYTES {
+        if let Some((digest, written)) = crate::digest::both(hash, &mut write) {
+            return written.map(|()| digest);
+        }
     }
-    thread::scope(|scope| {
-        let Ok(hashing) = thread::Builder::new().spawn_scoped(scope, hash) else {
-            write()?;
-            return Ok(hash());
-        };
-        let written = write();
-        let digest = hashing
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        written.map(|()| digest)
-    })
+    write()?;
+    Ok(hash())
 }
