@@ -166,14 +166,13 @@ def _thread_in_reserve() -> bool:
     """Whether a thread waits in the process's reserve, filled first if it was taken (for
     tests that count the process's threads; not API)."""
 
-def observe(target: Any | None, boards: bool = False, kept: tuple[int, int] | None = None) -> None:
+def observe(target: Any | None, boards: tuple[int, int] | None = None) -> None:
     """Installs ``target`` as the process's observer of runs (``soma._run.observe``); ``None``
-    removes it. With ``boards``, each run of ``forward`` and ``aforward`` keeps a
-    :class:`Board`, which goes in the ledger :func:`boarded_runs` takes from as the run begins,
-    with what the run tells as it begins and ends (``target`` is told neither), and the calls of
-    nodes that are not awaited are told ``target`` only when they fail; ``kept``: how many
-    finished runs, of how many nodes in all, the ledger keeps until they are taken (``None``:
-    200 runs of 100,000 nodes). Not API."""
+    removes it. With ``boards`` — how many finished runs, of how many nodes in all, the ledger
+    :func:`boarded_runs` takes from keeps until they are taken — each run of ``forward`` and
+    ``aforward`` keeps a :class:`Board`, which goes in that ledger as the run begins, with what
+    the run tells as it begins and ends (``target`` is told neither), and the calls of nodes
+    that are not awaited are told ``target`` only when they fail. Not API."""
 
 def boarded_runs() -> list[Board]:
     """The boards of the runs begun since the last call, in the order they began. Not API."""

@@ -3,13 +3,14 @@
 //! of being told each node's call — and the run itself, instead of being told it begins and
 //! ends.
 //!
-//! Made for a run of `forward` or `aforward` while the view alone listens (`_soma.observe(...,
-//! boards=True)`), the engine writes the board as the run goes. As the run begins, the glue
-//! (`observer.rs`) puts the board in the ledger ([`boarded_runs`]) with the run's own facts —
-//! its number, graph, node count, when it began, the run it was started in — and as it ends,
-//! its outcome: a run that returns calls no Python for the view at all, and the view makes its
-//! record of the run when it next reads (`soma.view.record.Recorder`). The ledger keeps at
-//! most twice what the view keeps of finished runs, so that a view nobody reads holds no more.
+//! Made for a run of `forward` or `aforward` while the view alone listens
+//! (`_soma.observe(..., boards=(runs, nodes))`), the engine writes the board as the run goes.
+//! As the run begins, the glue (`observer.rs`) puts the board in the ledger
+//! ([`boarded_runs`]) with the run's own facts — its number, graph, node count, when it began,
+//! the run it was started in — and as it ends, its outcome: a run that returns calls no
+//! Python for the view at all, and the view makes its record of the run when it next reads
+//! (`soma.view.record.Recorder`). The ledger keeps at most twice what the view keeps of
+//! finished runs, so that a view nobody reads holds no more.
 //!
 //! This module only carries what the board and the run's facts hold into Python values.
 

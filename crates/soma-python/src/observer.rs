@@ -5,10 +5,11 @@
 //!
 //! One observer for the process, read once per run when its executor is made: a run made while
 //! none is installed costs what it did, one `Option` per node in the engine. One installed to
-//! keep boards (the view alone, `boards=True`) gives each run of `forward` and `aforward` a
-//! board ([`soma_core::Board`], `board.rs`) and is told only the calls that fail, steps' parts
-//! and async nodes' calls: such a run's own beginning and end are kept with its board, in the
-//! ledger the view takes boards from, so that a run that returns calls no Python for the view.
+//! keep boards (the view alone, `boards=(runs, nodes)`) gives each run of `forward` and
+//! `aforward` a board ([`soma_core::Board`], `board.rs`) and is told only the calls that fail,
+//! steps' parts and async nodes' calls: such a run's own beginning and end are kept with its
+//! board, in the ledger the view takes boards from, so that a run that returns calls no Python
+//! for the view.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
@@ -77,18 +78,18 @@ mod outcome {
 }
 
 /// Installs `target` as the process's observer (`None` removes it): runs started from now on
-/// tell it their works; runs already started keep the one they had. With `boards`, each run of
-/// `forward` and `aforward` keeps a board, which goes in the ledger `boarded_runs` takes from
-/// as the run begins, with the run's beginning and end; the calls of its nodes that are not
-/// awaited are told only when they fail. `kept`: how many finished runs, of how many nodes in
-/// all, the ledger keeps until they are taken (200 of 100,000 unless told).
+/// tell it their works; runs already started keep the one they had. With `boards` — how many
+/// finished runs, of how many nodes in all, the ledger `boarded_runs` takes from keeps until
+/// they are taken (the view's own bounds, which it passes) — each run of `forward` and
+/// `aforward` keeps a board, which goes in that ledger as the run begins, with the run's
+/// beginning and end; the calls of its nodes that are not awaited are told only when they fail.
 #[pyfunction]
-#[pyo3(signature = (target, boards=false, kept=None))]
-pub fn observe(target: Option<Py<PyAny>>, boards: bool, kept: Option<(usize, usize)>) {
-    if let (Some(target), true) = (&target, boards) {
-        let (runs, nodes) = kept.unwrap_or((200, 100_000));
+#[pyo3(signature = (target, boards=None))]
+pub fn observe(target: Option<Py<PyAny>>, boards: Option<(usize, usize)>) {
+    if let (Some(target), Some((runs, nodes))) = (&target, boards) {
         board::keep_for(target.as_ptr() as usize, runs, nodes);
     }
+    let boards = boards.is_some();
     let observer = target.map(|target| {
         Arc::new(PythonObserver {
             target,

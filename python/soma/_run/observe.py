@@ -257,7 +257,7 @@ def _reinstall() -> None:
     elif dispatch.watcher_alone is not None:
         # The view alone: each run keeps a board its recorder reads, and is told the recorder
         # only what a board does not hold.
-        _soma.observe(dispatch.watcher_alone, boards=True, kept=dispatch.watcher_alone.kept)
+        _soma.observe(dispatch.watcher_alone, boards=dispatch.watcher_alone.kept)
     elif dispatch.watcher is not None:
         _soma.observe(dispatch)
     else:
