@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import importlib
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -636,6 +637,19 @@ def test_an_array_is_digested_by_dtype_shape_and_bytes() -> None:
     assert _fingerprint.digest(x[::2]) == _fingerprint.digest(np.array([0.0, 2.0, 4.0]))
 
 
+def test_an_array_whose_field_names_are_changed_in_place_is_digested_anew() -> None:
+    # A dtype's own part of a digest is remembered by the dtype, but only where it has no
+    # fields: a structured dtype's names can be set in place.
+    x = np.zeros(3, dtype=[("a", "f8"), ("b", "i4")])
+    before = _fingerprint.digest(x)
+    assert _fingerprint.digest(x) == before
+    x.dtype.names = ("c", "d")
+    assert _fingerprint.digest(x) != before
+    assert _fingerprint.digest(x) == _fingerprint.digest(
+        np.zeros(3, dtype=[("c", "f8"), ("d", "i4")])
+    )
+
+
 def test_a_value_nested_deeper_than_the_recursion_limit_and_one_holding_itself_have_digests() -> (
     None
 ):
@@ -778,6 +792,41 @@ def test_a_hit_counts_as_a_use_so_an_entry_read_often_outlives_newer_ones(
     calls(g, b"newer", bounded)  # over the bound: the least recently used goes
     assert calls(g, b"often", bounded)[1] == []
     assert calls(g, b"once", bounded)[1] == ["blob"]
+
+
+def test_a_memory_cache_used_by_many_threads_at_once_counts_every_lookup_and_keeps_its_bound() -> (
+    None
+):
+    # Room for 30 of `Blob`'s entries; eight threads, each filing 50 inputs of its own and
+    # reading each back at once, with no Python lock between them (`cache_state.rs`).
+    size = len(pickle.dumps(b"0000" + b"x" * 1000, protocol=5))
+    cache = soma.Cache(max_bytes=30 * size)
+    g = soma.Graph.somatize(Blob().named("blob"))
+    start = threading.Barrier(8)
+    wrong: list[tuple[bytes, Any]] = []
+
+    def run(thread: int) -> None:
+        start.wait(timeout=SUBPROCESS_DEADLINE)
+        for i in range(50):
+            x = b"%04d" % (thread * 50 + i)
+            for _ in range(2):
+                result = g.forward(x, cache=cache)
+                if result != x + b"x" * 1000:
+                    wrong.append((x, result))
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=SUBPROCESS_DEADLINE)
+    assert not any(thread.is_alive() for thread in threads)
+    assert wrong == []
+    stats = cache.stats()
+    assert stats.hits + stats.misses == 800
+    assert stats.misses >= 400  # Each input's first run; a second finds it, or it was evicted.
+    assert stats.bytes_written == stats.misses * size
+    assert len(cache) == 30
+    assert stats.evicted == stats.misses - 30
 
 
 def test_an_entry_larger_than_the_bound_is_not_kept(tmp_path: Path) -> None:

@@ -12,12 +12,14 @@ __all__ = [
     "MAX_NESTED_FORWARDS",
     "Await",
     "Board",
+    "CacheCounts",
     "Ctx",
     "Done",
     "FlowCore",
     "FlowNext",
     "GraphCore",
     "Hasher",
+    "MemoryEntries",
     "NativeNode",
     "Plan",
     "Remembered",
@@ -102,6 +104,42 @@ class Hasher:
         """Feeds ``data``: bytes, or any C-contiguous buffer, read in place."""
     def digest(self) -> bytes:
         """The 32-byte digest of everything fed so far."""
+
+@final
+class MemoryEntries:
+    """A memory cache's entries by key, the least recently used dropped first past
+    ``max_bytes``; each method one call, with no Python lock to convoy on."""
+
+    def __new__(cls, max_bytes: int | None) -> MemoryEntries: ...
+    def used(self, key: bytes) -> Any | None:
+        """The entry under ``key``, now the most recently used; ``None`` when there is none."""
+    def peek(self, key: bytes) -> Any | None:
+        """The entry under ``key``, its last use left as it was; ``None`` when there is none."""
+    def put(self, key: bytes, entry: Any, size: int) -> tuple[bool, int]:
+        """Files ``entry`` of ``size`` bytes under ``key``: whether it was kept, and how many
+        least recently used others it dropped to make room."""
+    def __len__(self) -> int: ...
+
+@final
+class CacheCounts:
+    """What a cache did since it was made, each count added to in one call."""
+
+    def __init__(self) -> None: ...
+    def add(
+        self,
+        *,
+        hits: float = 0.0,
+        misses: float = 0.0,
+        corrupted: float = 0.0,
+        bytes_read: float = 0.0,
+        bytes_written: float = 0.0,
+        seconds_saved: float = 0.0,
+        evicted: float = 0.0,
+    ) -> None:
+        """Adds to the counts; a negative amount takes back what was counted too soon."""
+    def read(self) -> list[float]:
+        """Hits, misses, corrupted, bytes read, bytes written, seconds saved and evicted, read
+        at one moment."""
 
 def code_digest(code: Any) -> bytes:
     """The 32-byte digest of a code object: its instructions, names, constants (nested code

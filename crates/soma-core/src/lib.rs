@@ -69,6 +69,7 @@ pub use run::error::{ProgramError, RunError};
 pub use run::executor::{prefetch_line, Executor};
 pub use run::hooks::{Captured, Host, ItemContext, Watch};
 pub use run::latch::WATCH_INTERVAL;
+pub use run::lru::{Inserted, Lru};
 pub use run::observer::{Begun, Ended, Observer, Opened, Part};
 pub use run::policy::{Clock, Policies, Policy, Retry, RetryOn, SystemClock, JITTER, MAX_BACKOFF};
 pub use run::program::Program;

@@ -9,6 +9,7 @@ mod aio;
 mod arrow_text;
 mod board;
 mod cache;
+mod cache_state;
 mod code;
 mod context;
 mod convert;
@@ -86,6 +87,8 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<flow::FlowCore>()?;
     module.add_class::<flow::FlowNext>()?;
     module.add_class::<digest::Hasher>()?;
+    module.add_class::<cache_state::MemoryEntries>()?;
+    module.add_class::<cache_state::CacheCounts>()?;
     module.add_class::<witness::Witness>()?;
     module.add_class::<witness::Remembered>()?;
     module.add_function(wrap_pyfunction!(digest::blake3, module)?)?;

@@ -462,15 +462,14 @@ class Cache:
 
     __slots__ = (
         "_clock",
-        "_entries",
+        "_counts",
         "_folder_text",
-        "_held",
         "_key",
         "_lock",
         "_lock_between_threads",
         "_max_bytes",
+        "_memory",
         "_path",
-        "_stats",
         "_warned",
     )
 
@@ -495,17 +494,17 @@ class Cache:
         if self._path is not None:
             self._path.mkdir(parents=True, exist_ok=True)
         self._max_bytes = max_bytes
-        # In memory: entries in the order of their last use, the oldest first.
-        self._entries: dict[bytes, _Entry] = {}
-        # The bytes the entries in memory hold (a folder's are counted in its `.held`).
-        self._held = 0
+        # In memory: the entries, held by the glue, as the counts are, where no Python lock
+        # guards them: threads of an `each` taking turns at one convoyed on it (see
+        # `crates/soma-python/src/cache_state.rs`). A folder's are its files.
+        self._memory = _soma.MemoryEntries(max_bytes) if self._path is None else None
+        self._counts = _soma.CacheCounts()
         # The last modification time this process gave a file, in ns: each next one later, so
         # that the order of use survives a coarse clock.
         self._clock = 0
+        # For what is rare: a warning said once, the order of a folder's uses.
         self._lock = threading.Lock()
         self._lock_between_threads = threading.Lock()
-        # Counted as they come, with no object made per count: `stats()` makes one.
-        self._stats: dict[str, float] = dataclasses.asdict(CacheStats())
         self._warned: set[str] = set()
 
     @property
@@ -515,23 +514,22 @@ class Cache:
 
     def stats(self) -> CacheStats:
         """What the cache did since it was made."""
-        with self._lock:
-            counts = dict(self._stats)
+        hits, misses, corrupted, read, written, saved, evicted = self._counts.read()
         return CacheStats(
-            hits=int(counts["hits"]),
-            misses=int(counts["misses"]),
-            corrupted=int(counts["corrupted"]),
-            bytes_read=int(counts["bytes_read"]),
-            bytes_written=int(counts["bytes_written"]),
-            seconds_saved=counts["seconds_saved"],
-            evicted=int(counts["evicted"]),
+            hits=int(hits),
+            misses=int(misses),
+            corrupted=int(corrupted),
+            bytes_read=int(read),
+            bytes_written=int(written),
+            seconds_saved=saved,
+            evicted=int(evicted),
         )
 
     def __len__(self) -> int:
         """How many entries it holds (in its folder, for a folder cache)."""
         if self._path is None:
-            with self._lock:
-                return len(self._entries)
+            assert self._memory is not None
+            return len(self._memory)
         return sum(1 for _ in self._path.glob("*/*.entry"))
 
     def __repr__(self) -> str:
@@ -539,9 +537,7 @@ class Cache:
         return f"soma.Cache({where})"
 
     def _count(self, **more: float) -> None:
-        with self._lock:
-            for name, amount in more.items():
-                self._stats[name] += amount
+        self._counts.add(**more)
 
     def _warn_once(self, topic: str, message: str) -> None:
         with self._lock:
@@ -599,19 +595,14 @@ class Cache:
     def _load(self, key: bytes) -> tuple[bool, Any, bytes | None]:
         """The output filed under ``key`` and its digest: ``(True, output, digest)``, or
         ``(False, None, None)``."""
-        if self._path is None:
-            with self._lock:
-                found = self._entries.pop(key, None)
-                if found is None:
-                    self._stats["misses"] += 1
-                    return False, None, None
-                self._entries[key] = found  # Used now: the newest.
-                # Counted here, under the one lock a hit takes: a hit is what a rerun is made
-                # of. An entry that does not unpickle is counted back below.
-                stats = self._stats
-                stats["hits"] += 1
-                stats["bytes_read"] += len(found.payload)
-                stats["seconds_saved"] += found.seconds
+        if self._memory is not None:
+            found = self._memory.used(key)
+            if found is None:
+                self._counts.add(misses=1)
+                return False, None, None
+            # Counted in one call: a hit is what a rerun is made of. An entry that does not
+            # unpickle is counted back below.
+            self._counts.add(hits=1, bytes_read=len(found.payload), seconds_saved=found.seconds)
             if found.output is not _NOT_KEPT:
                 return True, found.output, found.digest
             try:
@@ -654,9 +645,8 @@ class Cache:
     def _peek(self, key: bytes) -> tuple[bool, bytes | None]:
         """Whether an entry is filed under ``key``, and its digest; counts nothing and reads
         no output (of a folder entry, its record alone)."""
-        if self._path is None:
-            with self._lock:
-                found = self._entries.get(key)
+        if self._memory is not None:
+            found = self._memory.peek(key)
             return (False, None) if found is None else (True, found.digest)
         try:
             record = _read_head(self._file_name(key), self._verifier(key))[0]
@@ -670,19 +660,16 @@ class Cache:
         output)`` for an output kept as it is, which costs nothing to read; or ``(False, None,
         False, None)``. Of a folder entry, it reads the record alone (and a small entry
         whole)."""
-        if self._path is None:
-            with self._lock:
-                found = self._entries.pop(key, None)
-                if found is None:
-                    self._stats["misses"] += 1
-                    return False, None, False, None
-                self._entries[key] = found  # Used now: the newest.
-                stats = self._stats
-                stats["hits"] += 1
-                stats["seconds_saved"] += found.seconds
-                if found.output is not _NOT_KEPT:
-                    stats["bytes_read"] += len(found.payload)
-                    return True, found.digest, True, found.output
+        if self._memory is not None:
+            found = self._memory.used(key)
+            if found is None:
+                self._counts.add(misses=1)
+                return False, None, False, None
+            if found.output is not _NOT_KEPT:
+                read = len(found.payload)
+                self._counts.add(hits=1, bytes_read=read, seconds_saved=found.seconds)
+                return True, found.digest, True, found.output
+            self._counts.add(hits=1, seconds_saved=found.seconds)
             return True, found.digest, False, found
         file = self._file_name(key)
         try:
@@ -754,9 +741,12 @@ class Cache:
         """Files ``output``, node ``node_id``'s (of class ``cls``), with its ``digest``, under
         ``key``; what cannot be kept is warned about, not raised."""
         sealer = None if self._path is None else self._sealer(key)
+        unchangeable = _fingerprint._unchangeable(output)
         try:
-            if self._path is None:
-                pieces: list[bytes | memoryview] = [_pickled(output)]
+            if unchangeable:  # Numbers and text, held by no array: pickle's own, its fastest.
+                pieces: list[bytes | memoryview] = [pickle.dumps(output, protocol=5)]
+            elif self._path is None:
+                pieces = [_pickled(output)]
             else:
                 pieces = _pickled_apart(output, _head_size(node_id, cls, sealer is not None))
         except Exception as error:
@@ -767,19 +757,13 @@ class Cache:
                 "hint: return a value that pickles, or set `cacheable = False` on the class",
             )
             return
-        if self._path is None:
+        if self._memory is not None:
             (payload,) = pieces
-            kept = output if _fingerprint._unchangeable(output) else _NOT_KEPT
+            kept = output if unchangeable else _NOT_KEPT
             entry = _Entry(payload, seconds, digest, kept)
-            if self._max_bytes is not None and len(payload) > self._max_bytes:
-                return  # It could not fit, whatever was removed: the others stay.
-            with self._lock:
-                old = self._entries.pop(key, None)
-                self._held -= 0 if old is None else len(old.payload)
-                self._entries[key] = entry
-                self._held += len(payload)
-                evicted = self._evict_in_memory()
-            self._count(bytes_written=len(payload), evicted=evicted)
+            filed, evicted = self._memory.put(key, entry, len(payload))
+            if filed:  # Not when it could not fit, whatever was removed: the others stay.
+                self._counts.add(bytes_written=len(payload), evicted=evicted)
             return
         length = sum(len(piece) if isinstance(piece, bytes) else piece.nbytes for piece in pieces)
         head_size = _head_size(node_id, cls, sealer is not None)
@@ -830,15 +814,6 @@ class Cache:
             )
             return
         self._count(bytes_written=length)
-
-    def _evict_in_memory(self) -> int:
-        """Drops the least recently used entries until the rest fit; under the lock."""
-        evicted = 0
-        while self._max_bytes is not None and self._held > self._max_bytes and self._entries:
-            oldest = next(iter(self._entries))
-            self._held -= len(self._entries.pop(oldest).payload)
-            evicted += 1
-        return evicted
 
     def _touch(self, file: str | Path) -> None:
         """Marks ``file`` used now, later than any file this process marked before."""

@@ -789,6 +789,27 @@ def _pandas_arrow_reduction(value: Any) -> tuple[Any, ...]:
     return (copyreg.__newobj__, (type(value),), state, None, None)  # type: ignore[attr-defined]
 
 
+# What a dtype without fields feeds, by the dtype's identity, with the dtype held (so that its
+# identity is not reused): its `str` and `repr` cost three numpy calls in Python, a third of
+# digesting a small array, and an `each` over 10,000 arrays asked them for the same dtype 20,000
+# times. A dtype with fields is read each time: its field names can be set in place. A process
+# that makes dtype after dtype starts the table afresh past `_DTYPE_HEADERS_KEPT`.
+_DTYPE_HEADERS: dict[int, tuple[object, bytes]] = {}
+_DTYPE_HEADERS_KEPT = 256
+
+
+def _dtype_header(dtype: Any) -> bytes:
+    known = _DTYPE_HEADERS.get(id(dtype))
+    if known is not None:
+        return known[1]
+    header = _text(b"", dtype.str) + _text(b"", repr(dtype))
+    if dtype.fields is None:
+        if len(_DTYPE_HEADERS) >= _DTYPE_HEADERS_KEPT:
+            _DTYPE_HEADERS.clear()
+        _DTYPE_HEADERS[id(dtype)] = (dtype, header)
+    return header
+
+
 def _numpy_array(
     array: Any, where: Where, pending: list[Any], out: bytearray, hashed: _Hashed | None
 ) -> None:
@@ -796,7 +817,6 @@ def _numpy_array(
     met = array
     kind = type(array)
     dtype = array.dtype
-    header = _text(b"", dtype.str) + _text(b"", repr(dtype)) + _text(b"", repr(array.shape))
     if kind is not numpy.ndarray:
         # A subclass: its class, and what it holds beside the array (a masked array's mask
         # and fill value; `_sharedmask`, how it came to share its mask, is no content).
@@ -815,6 +835,7 @@ def _numpy_array(
     if known is not None:
         out += known[1]
         return
+    header = _dtype_header(dtype) + _text(b"", repr(array.shape))
     start = len(out)
     if dtype.hasobject:  # Pointers, not content.
         out += b"A" + header

@@ -35,6 +35,7 @@ pub(crate) mod hooks;
 mod keys;
 pub(crate) mod latch;
 mod lookahead;
+pub(crate) mod lru;
 pub(crate) mod observer;
 pub(crate) mod policy;
 pub(crate) mod program;
