@@ -533,6 +533,70 @@ def test_a_watched_run_that_returns_runs_no_python_of_the_views_until_it_is_read
     assert states == {"a": "finished", "b": "finished"}
 
 
+class CountingEveryWork(record.Recorder):
+    """A recorder that counts every work the engine tells it of: runs, calls, parts."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[int, str | None]] = []
+        super().__init__()
+
+    def began(self, kind: int, node: str | None, *rest: Any) -> Any:
+        self.told.append((kind, node))
+        return super().began(kind, node, *rest)
+
+
+def test_a_watched_streams_items_each_keep_a_board_and_tell_python_only_a_failure() -> None:
+    recorder = CountingEveryWork()
+    observe.set_watcher(recorder)
+
+    def checked(x: int) -> int:
+        if x == 3:
+            raise ValueError("three")
+        return x
+
+    graph = soma.Graph.somatize(
+        soma.node(lambda x: x + 1).named("a") >> soma.node(checked).named("b")
+    )
+    try:
+        assert list(graph.map([0, 1])) == [1, 2]
+        with pytest.raises(ValueError, match="three"):
+            list(graph.map([2]))
+    finally:
+        observe.set_watcher(None)
+    # Each item's run and its calls went on the item's board: only the failure was told.
+    assert recorder.told == [(observe.CALL, "b")]
+    listed = [(run.item, run.status, run.progress()) for run in recorder.runs()]
+    assert listed == [
+        (0, record.RunStatus.FAILED, "1 / 2 nodes"),
+        (1, record.RunStatus.FINISHED, "2 / 2 nodes"),
+        (0, record.RunStatus.FINISHED, "2 / 2 nodes"),
+    ]
+    failed = recorder.runs()[0].node_json("b", detail=True)
+    assert failed is not None
+    assert failed["state"] == "failed"
+    assert "ValueError: three" in failed["traceback"]
+
+
+def test_what_a_streamed_items_node_emits_or_starts_is_that_items_runs_own(view: Any) -> None:
+    inner = soma.Graph.somatize(soma.node(lambda x: x * 10).named("inner"))
+
+    def talks(x: int, ctx: soma.Ctx) -> int:
+        ctx.emit(f"item {x}")
+        return int(inner.forward(x))
+
+    graph = soma.Graph.somatize(soma.node(talks).named("talks"))
+    assert list(graph.map([1, 2])) == [10, 20]
+    runs = json.loads(get(address(view, "/api/runs"))[1])
+    by_id = {run["id"]: run for run in runs}
+    items = {run["item"]: run for run in runs if run["item"] is not None}
+    for item, x in ((0, 1), (1, 2)):
+        snapshot = json.loads(get(address(view, f"/api/runs/{items[item]['id']}"))[1])
+        assert [emit["repr"] for emit in snapshot["emits"]] == [f"'item {x}'"]
+    # Each forward a node started names the item's run it was started in as its parent.
+    started = [run for run in runs if run["item"] is None]
+    assert sorted(by_id[run["parent"]]["item"] for run in started) == [0, 1]
+
+
 def test_a_run_started_by_a_watched_runs_node_names_that_run_as_its_parent() -> None:
     recorder = record.Recorder()
     observe.set_watcher(recorder)

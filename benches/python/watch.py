@@ -30,7 +30,8 @@ reader of ``g.events`` / ``g.aevents``.
    every node's state (target ≤ 2 s), its offline report's size and opening until its plan is
    drawn (≤ 5 MB, ≤ 2 s); and a 10,000-node graph whose last 8 nodes emit flat out once a gate
    opens: its page loaded before, and its frames counted for a second while they emit (stays
-   responsive).
+   responsive). And a ``map`` of two trivial nodes over a million items, each item's run
+   listed by the view: with no view, a view recording and the runs page open, alternated.
    ``--view`` runs these rows only.
 
 Timings only, never assertions; the third row's "from 8 branches" holds the GIL in turns, as
@@ -366,11 +367,52 @@ def view_rows(quick: bool) -> list[list[str]]:
                 f"(target within 2%): {'met' if paged <= none * 1.02 else 'MISSED'}",
             ]
         )
+    rows += _stream_rows(view, recorder, quick)
     observe.set_watcher(recorder)
     rows += _state_change_rows(view, 10 if quick else 50)
     rows += _flood_rows(view, quick)
     view.close()
     return rows
+
+
+class PlusOne(soma.Node):
+    def forward(self, x: int) -> int:
+        return x + 1
+
+
+class Twice(soma.Node):
+    def forward(self, x: int) -> int:
+        return 2 * x
+
+
+def _stream_rows(view: Any, recorder: Any, quick: bool) -> list[list[str]]:
+    """A `map` of a two-node graph over a million items with no view, with a view recording it
+    (no page open) and with the runs page open, alternated: seconds, and the OS threads after."""
+    from soma._run import observe
+
+    items = 100_000 if quick else 1_000_000
+    g = soma.Graph.somatize(PlusOne() >> Twice())
+    taken: dict[str, list[float]] = {"none": [], "view": [], "page": []}
+    for _ in range(1 if quick else 3):
+        for mode in taken:
+            page = PageReader(view.port, "/api/runs/events") if mode == "page" else None
+            observe.set_watcher(None if mode == "none" else recorder)
+            start = time.perf_counter()
+            total = sum(g.map(range(items)))
+            taken[mode].append(time.perf_counter() - start)
+            observe.set_watcher(None)
+            if page is not None:
+                page.close()
+            assert total == items * (items + 1)
+    none, recorded, paged = (statistics.median(taken[mode]) for mode in taken)
+    return [
+        [
+            f"a map of 2 trivial nodes over {items:,} items, each item's run on the view",
+            f"view, no page: {recorded:.2f} s; page: {paged:.2f} s",
+            f"no view: {none:.2f} s",
+            f"view {recorded / none:.2f}x, page {paged / none:.2f}x",
+        ]
+    ]
 
 
 def _state_change(view: Any, phase: float) -> float:

@@ -517,9 +517,10 @@ class Board:
     def elapsed(self) -> float:
         """Seconds since the run began."""
     @property
-    def begun(self) -> tuple[int, bool, Any, frozenset[str], Any] | None:
+    def begun(self) -> tuple[int, bool, Any, frozenset[str], Any, int | None] | None:
         """What the run told as it began: ``(nodes, asynchronous, parent, hidden,
-        journal_run)``, or ``None`` before it began."""
+        journal_run, item)`` (``item``: a streamed item's index, ``None`` for a whole run), or
+        ``None`` before it began."""
     @property
     def ended(self) -> tuple[int, BaseException | None, float] | None:
         """How the run ended: ``(outcome, error, seconds)``, or ``None`` while it runs."""

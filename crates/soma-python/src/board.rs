@@ -3,8 +3,9 @@
 //! of being told each node's call — and the run itself, instead of being told it begins and
 //! ends.
 //!
-//! Made for a run of `forward` or `aforward` while the view alone listens
-//! (`_soma.observe(..., boards=(runs, nodes))`), the engine writes the board as the run goes.
+//! Made for a run of `forward` or `aforward`, and by the engine for each item's run of a stream
+//! (`map`), while the view alone listens (`_soma.observe(..., boards=(runs, nodes))`), the
+//! engine writes the board as the run goes.
 //! As the run begins, the glue (`observer.rs`) puts the board in the ledger
 //! ([`boarded_runs`]) with the run's own facts — its number, graph, node count, when it began,
 //! the run it was started in — and as it ends, its outcome: a run that returns calls no
@@ -47,6 +48,8 @@ pub struct PyBoard {
 
 /// What a run tells the view as it begins.
 struct RunBegun {
+    /// The index of the streamed item whose run it is; `None` for a whole run.
+    item: Option<u64>,
     nodes: usize,
     asynchronous: bool,
     /// The run whose node started this one (`soma._run.observe.current_run` as it began:
@@ -183,6 +186,7 @@ impl PyBoard {
     /// (`slf`, this board), and the oldest finished boards out of it past what it keeps.
     pub(crate) fn begins(
         slf: &Bound<'_, PyBoard>,
+        item: Option<u64>,
         nodes: usize,
         asynchronous: bool,
         parent: Option<Py<PyAny>>,
@@ -191,6 +195,7 @@ impl PyBoard {
     ) {
         let this = slf.get();
         let _ = this.begun.set(RunBegun {
+            item,
             nodes,
             asynchronous,
             parent,
@@ -290,8 +295,9 @@ impl PyBoard {
         self.made.elapsed().as_secs_f64()
     }
 
-    /// What the run told as it began: `(nodes, asynchronous, parent, hidden, journal_run)`,
-    /// or `None` before it began.
+    /// What the run told as it began: `(nodes, asynchronous, parent, hidden, journal_run,
+    /// item)` (`item`: the streamed item's index, `None` for a whole run), or `None` before it
+    /// began.
     #[getter]
     fn begun<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
         let Some(begun) = self.begun.get() else {
@@ -312,6 +318,7 @@ impl PyBoard {
                     .journal
                     .as_ref()
                     .map_or_else(none, |j| j.clone_ref(py)),
+                begun.item.into_pyobject(py)?.into_any().unbind(),
             ],
         )?;
         Ok(Some(begun))

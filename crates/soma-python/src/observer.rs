@@ -183,7 +183,8 @@ fn current_run(py: Python<'_>) -> PyResult<&'static ContextVariable> {
 
 /// `executor` with the observer a run of `graph` made now, watched by `watch`, is to tell, if
 /// one is installed: the installed one's target, told `graph` with the run's beginning; and,
-/// for one run of `program` (`board`) when the observer keeps boards, with the run's board.
+/// when the observer keeps boards, for one run of `program` (`board`) with the run's board,
+/// or, for a stream (`None`), with each item's, made as the item is read.
 pub(crate) fn observed(
     executor: Executor,
     graph: &Bound<'_, PyAny>,
@@ -207,6 +208,8 @@ pub(crate) fn observed(
     if let Some(board) = board {
         executor = executor.with_board(Arc::clone(&board));
         kept = Some(Py::new(py, PyBoard::new(board, graph.clone().unbind()))?);
+    } else if observer.boards {
+        executor = executor.with_item_boards();
     }
     Ok(executor.with_observer(Arc::new(PythonObserver {
         target: observer.target.clone_ref(py),
@@ -219,24 +222,36 @@ pub(crate) fn observed(
 
 impl Observer for PythonObserver {
     fn begin(&self, begun: &Begun<'_>) -> Opened {
-        if let (
-            &Begun::Run {
-                nodes,
-                asynchronous,
-                ..
-            },
-            Some(board),
-        ) = (begun, &self.board)
+        if let &Begun::Run {
+            item,
+            nodes,
+            asynchronous,
+            board: item_board,
+        } = begun
         {
-            return crate::exit::attach(|py| {
-                match boarded_run_begins(py, board, nodes, asynchronous) {
-                    Ok(opened) => Some(Box::new(opened) as Box<dyn std::any::Any + Send>),
-                    Err(error) => {
-                        error.write_unraisable(py, Some(self.target.bind(py)));
-                        None
+            if self.board.is_some() || item_board.is_some() {
+                return crate::exit::attach(|py| {
+                    let begins = |board: &Py<PyBoard>| {
+                        boarded_run_begins(py, board, item, nodes, asynchronous)
+                    };
+                    let opened = match (&self.board, item_board, &self.graph) {
+                        (Some(board), _, _) => begins(board),
+                        // A streamed item's board, made by the engine as the item was read.
+                        (None, Some(board), Some(graph)) => {
+                            Py::new(py, PyBoard::new(Arc::clone(board), graph.clone_ref(py)))
+                                .and_then(|board| begins(&board))
+                        }
+                        (None, _, _) => return None,
+                    };
+                    match opened {
+                        Ok(opened) => Some(Box::new(opened) as Box<dyn std::any::Any + Send>),
+                        Err(error) => {
+                            error.write_unraisable(py, Some(self.target.bind(py)));
+                            None
+                        }
                     }
-                }
-            });
+                });
+            }
         }
         crate::exit::attach(|py| {
             let arguments = match begun_arguments(py, begun, self.graph.as_ref()) {
@@ -327,12 +342,24 @@ impl PythonObserver {
     }
 }
 
-/// A run that keeps a board, begun: its board, and the token that put it in
-/// `soma._run.observe.current_run` where the run began, taken back as it ends. A run dropped
-/// without an end (an async run whose task was dropped) ends stopped when this is dropped.
+/// A run that keeps a board, begun: its board, and how `soma._run.observe.current_run` is put
+/// back as it ends. A run dropped without an end (an async run whose task was dropped, a
+/// streamed item in flight when its stream closed) ends stopped when this is dropped.
 struct BoardedRun {
     board: Option<Py<PyBoard>>,
-    token: Option<Py<PyAny>>,
+    restore: Option<Restore>,
+}
+
+/// How a run that keeps a board puts back the run current where it began, as it ends.
+enum Restore {
+    /// A whole run: with the token of its own `set`, which ends where it began (a run ended in
+    /// another context, such as an async run's task, leaves that context as it is).
+    Token(Py<PyAny>),
+    /// A streamed item's run, which begins inside the item's own context (or the caller's,
+    /// where no context is carried) and always ends on the caller's thread, outside it: by
+    /// setting the run it began in back (the item's context goes with the item), where a
+    /// token, made in another context, would be refused with an exception at every item.
+    Value(Py<PyAny>),
 }
 
 /// A run of `nodes` nodes that keeps `board` begins: it is the current run where it begins,
@@ -341,6 +368,7 @@ struct BoardedRun {
 fn boarded_run_begins(
     py: Python<'_>,
     board: &Py<PyBoard>,
+    item: Option<u64>,
     nodes: usize,
     asynchronous: bool,
 ) -> PyResult<BoardedRun> {
@@ -351,16 +379,21 @@ fn boarded_run_begins(
     let board = board.bind(py);
     PyBoard::begins(
         board,
+        item,
         nodes,
         asynchronous,
-        (!parent.is_none()).then(|| parent.unbind()),
+        (!parent.is_none()).then(|| parent.clone().unbind()),
         hidden.unbind(),
         crate::protocol::journal_run(py)?,
     );
     let token = current.set(board.as_any())?;
+    let restore = match item {
+        None => Restore::Token(token.unbind()),
+        Some(_) => Restore::Value(parent.unbind()),
+    };
     Ok(BoardedRun {
         board: Some(board.clone().unbind()),
-        token: Some(token.unbind()),
+        restore: Some(restore),
     })
 }
 
@@ -373,12 +406,19 @@ impl BoardedRun {
             return;
         };
         board.get().ends(outcome, error);
-        if let Some(token) = self.token.take() {
-            if let Err(error) = current_run(py).and_then(|current| current.reset(token.bind(py))) {
-                // A token made in another context: the run ended where it did not begin.
-                if !error.is_instance_of::<pyo3::exceptions::PyValueError>(py) {
-                    error.write_unraisable(py, Some(board.bind(py)));
-                }
+        let put_back = match self.restore.take() {
+            Some(Restore::Token(token)) => {
+                current_run(py).and_then(|current| current.reset(token.bind(py)))
+            }
+            Some(Restore::Value(parent)) => {
+                current_run(py).and_then(|current| current.set(parent.bind(py)).map(drop))
+            }
+            None => Ok(()),
+        };
+        if let Err(error) = put_back {
+            // A token made in another context: the run ended where it did not begin.
+            if !error.is_instance_of::<pyo3::exceptions::PyValueError>(py) {
+                error.write_unraisable(py, Some(board.bind(py)));
             }
         }
     }
@@ -397,12 +437,19 @@ impl Drop for BoardedRun {
             if let Some(board) = self.board.take() {
                 std::mem::forget(board);
             }
-            if let Some(token) = self.token.take() {
-                std::mem::forget(token);
+            if let Some(restore) = self.restore.take() {
+                std::mem::forget(restore);
             }
             return;
         };
-        crate::exit::attach(|py| self.ends(py, outcome::STOPPED, None));
+        crate::exit::attach(|py| {
+            // A streamed item dropped in flight goes wherever its stream is dropped, in a
+            // context that need not be the one it began in: nothing is set there.
+            if matches!(self.restore, Some(Restore::Value(_))) {
+                self.restore = None;
+            }
+            self.ends(py, outcome::STOPPED, None);
+        });
     }
 }
 
@@ -501,6 +548,7 @@ fn begun_arguments<'py>(
             item,
             nodes,
             asynchronous,
+            board: _,
         } => {
             if let Some(graph) = graph {
                 function = graph.bind(py).clone();

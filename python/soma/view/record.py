@@ -12,17 +12,17 @@ What the observer does not tell, the records do not have: a node's output never 
 observer, so a node's record holds no output (its type and size are not known here); what a
 node emits (``ctx.emit``) is kept as its type, its size and a short repr, never the value.
 
-A run pays as little as can be. A run of ``forward`` or ``aforward`` keeps its nodes' states
-on a board the engine writes (``_soma.Board``): its nodes' calls tell Python nothing, unless
-they fail (for the error's traceback, which only Python has) or are awaited (for the async
-task's name), and neither does the run as it begins and ends: its board, with what the run told,
-waits in the glue's ledger (``_soma.boarded_runs``) until a reader takes it, and the run's record
-is made then (for a run that had ended, only once a reader asks for it). The board is read in
-bulk, the records changed since the last read, by whoever reads the run. Every other work (a
-streamed item's run and its calls, a step's part) appends one entry to its run's log, and the
-nodes' records are made from the log (folded) by whoever reads the run — the server, a
-report — on the reader's thread, once for many works; nothing is folded for a run nobody reads
-until its log passes :data:`LOG_FOLDED` entries. A board's times
+A run pays as little as can be. A run of ``forward`` or ``aforward``, and each item's run of a
+``map``, keeps its nodes' states on a board the engine writes (``_soma.Board``): its nodes'
+calls tell Python nothing, unless they fail (for the error's traceback, which only Python has)
+or are awaited (for the async task's name), and neither does the run as it begins and ends: its
+board, with what the run told, waits in the glue's ledger (``_soma.boarded_runs``) until a
+reader takes it, and the run's record is made then (for a run that had ended, only once a reader
+asks for it). The board is read in bulk, the records changed since the last read, by whoever
+reads the run. Every other work (an ``amap`` item's run and its calls, a step's part) appends
+one entry to its run's log, and the nodes' records are made from the log (folded) by whoever
+reads the run — the server, a report — on the reader's thread, once for many works; nothing is
+folded for a run nobody reads until its log passes :data:`LOG_FOLDED` entries. A board's times
 are marks of a coarse clock (``soma_core::RESOLUTION``, a millisecond): a node's seconds are
 right to within it.
 
@@ -887,12 +887,12 @@ class Recorder:
         begun = board.begun
         if begun is None:
             return None
-        nodes, asynchronous, parent, hidden, journaled = begun
+        nodes, asynchronous, parent, hidden, journaled, item = begun
         run = RunRecord(
             str(board.number - self._base),
             board.graph,
             nodes,
-            None,
+            item,
             asynchronous,
             self._id_of(parent),
             hidden,

@@ -27,7 +27,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::observer::Ended;
 use super::program::{Op, Program};
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
 use super::trace::thread_number;
@@ -60,19 +59,6 @@ pub enum NodeState {
 }
 
 impl NodeState {
-    /// The state a call's attempt that ended as `ended` leaves its node in.
-    pub(crate) fn after(ended: &Ended<'_>) -> Self {
-        match ended {
-            Ended::Returned => NodeState::Finished,
-            Ended::Failed {
-                retry_in: Some(_), ..
-            } => NodeState::Retrying,
-            Ended::Failed { error, .. } if error.timed_out() => NodeState::TimedOut,
-            Ended::Failed { .. } => NodeState::Failed,
-            Ended::Stopped => NodeState::Stopped,
-        }
-    }
-
     /// The state a record's byte holds.
     fn from_byte(byte: u64) -> Self {
         match byte {
@@ -383,11 +369,11 @@ impl Board {
         );
     }
 
-    /// The attempt of `program`'s step at `slot` under way ended as `ended`: which attempt,
-    /// and when it began (in seconds since the board was made).
-    pub(crate) fn ended(&self, program: &Program, slot: usize, ended: &Ended<'_>) -> (u32, f64) {
+    /// The attempt of `program`'s step at `slot` under way ended, leaving it `state`: which
+    /// attempt, and when it began (in seconds since the board was made).
+    pub(crate) fn ended(&self, program: &Program, slot: usize, state: NodeState) -> (u32, f64) {
         match self.record(program, slot) {
-            Some(record) => self.end(record, NodeState::after(ended)),
+            Some(record) => self.end(record, state),
             None => (0, 0.0),
         }
     }
@@ -425,6 +411,14 @@ impl Board {
     }
 }
 
+impl std::fmt::Debug for Board {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Board")
+            .field("records", &self.records.len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Board {
     /// The run is over: the clock need not tick for the board any more (it stops when no
     /// board's run is under way). Said once; a board dropped unsaid says it then.
@@ -432,6 +426,11 @@ impl Board {
         if !self.finished.swap(true, Ordering::AcqRel) {
             Ticker::unwatch();
         }
+    }
+
+    /// Whether its run was said to be over ([`Board::finished`]).
+    pub fn is_finished(&self) -> bool {
+        self.finished.load(Ordering::Acquire)
     }
 }
 

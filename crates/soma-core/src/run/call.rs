@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::attempt::{next_attempt, stopped_pausing, Next};
-use super::board::{Board, NodeState, Record};
+use super::board::{Board, Record};
 use super::branch::{Halt, Standing};
 use super::cache::{Entry, Found};
 use super::crew::Crew;
@@ -56,6 +56,8 @@ pub(super) struct Site<'s> {
     pub(super) keys: Option<&'s RunKeys>,
     pub(super) crew: &'s Crew,
     pub(super) detached: Option<&'s Detached>,
+    /// The board the run keeps its nodes' states on, if it keeps one.
+    pub(super) board: Option<&'s Board>,
     pub(super) branch: &'s dyn Standing,
 }
 
@@ -271,7 +273,7 @@ impl<'c> NodeCall<'c> {
                 part_of: None,
             });
         }
-        if let Some(board) = self.executor.board.as_deref() {
+        if let Some(board) = self.site.board {
             board.cached(self.site.program, self.step.slot());
         } else if let Some(observer) = self.executor.observer.as_deref() {
             let opened = observer.begin(&Begun::Cached {
@@ -297,7 +299,7 @@ impl<'c> NodeCall<'c> {
     /// node's call is told the observer, which names the task it runs in).
     #[inline]
     fn board(&self) -> Option<&'c Board> {
-        let board = self.executor.board.as_deref()?;
+        let board = self.site.board?;
         (!self.step.is_async()).then_some(board)
     }
 
@@ -323,7 +325,7 @@ impl<'c> NodeCall<'c> {
         let Some(board) = self.board() else {
             return self.executor.end_work(opened, ended);
         };
-        let (attempt, began) = board.ended(self.site.program, self.step.slot(), ended);
+        let (attempt, began) = board.ended(self.site.program, self.step.slot(), ended.state());
         if let Ended::Failed { .. } = ended {
             self.tell_failed(attempt, began, ended);
         }
@@ -365,7 +367,7 @@ impl<'c> NodeCall<'c> {
     #[inline(never)]
     fn failed_on_board(&self, board: &Board, record: &Record, error: &RunError) {
         let ended = Ended::failed_with(Some(error));
-        let (attempt, began) = board.end(record, NodeState::after(&ended));
+        let (attempt, began) = board.end(record, ended.state());
         self.tell_failed(attempt, began, &ended);
     }
 
@@ -418,13 +420,13 @@ impl<'c> NodeCall<'c> {
         let executor = self.executor;
         if self.step.has_policy()
             || executor.trace.is_some()
-            || (executor.observer.is_some() && executor.board.is_none())
+            || (executor.observer.is_some() && self.site.board.is_none())
         {
             return self.observed(input.read());
         }
         // A run that keeps a board writes the call's record around it: two small calls on
         // the plain call's way, which a run without one passes with a test each.
-        let on_board = match executor.board.as_deref() {
+        let on_board = match self.site.board {
             Some(board) => self.begin_on_board(board),
             None => None,
         };

@@ -32,9 +32,19 @@ pub struct Executor {
     pub(super) host: Option<Arc<dyn Host>>,
     pub(super) trace: Option<Arc<Trace>>,
     pub(super) observer: Option<Arc<dyn Observer>>,
-    pub(super) board: Option<Arc<Board>>,
+    pub(super) boards: Boards,
     pub(super) reading: Option<Arc<dyn Reading>>,
     pub(super) turn_limit: u32,
+}
+
+/// Which runs keep a [`Board`] of their nodes' states: none, the one run an executor makes
+/// ([`Executor::with_board`]), or each streamed item's, a board of its own
+/// ([`Executor::with_item_boards`]).
+#[derive(Clone)]
+pub(super) enum Boards {
+    None,
+    Run(Arc<Board>),
+    EachItem,
 }
 
 impl Default for Executor {
@@ -70,7 +80,7 @@ impl Executor {
             host: None,
             trace: None,
             observer: None,
-            board: None,
+            boards: Boards::None,
             reading: None,
             turn_limit: DEFAULT_TURN_LIMIT,
         }
@@ -128,8 +138,30 @@ impl Executor {
     /// The board is a run's: an executor with one makes one run.
     #[must_use]
     pub fn with_board(mut self, board: Arc<Board>) -> Self {
-        self.board = Some(board);
+        self.boards = Boards::Run(board);
         self
+    }
+
+    /// Keeps a board for each streamed item's run ([`crate::Stream`]), made as the item is
+    /// read and handed to the observer with the run's beginning ([`Begun::Run`]'s `board`), as
+    /// [`Executor::with_board`] keeps one for a whole run: an item's calls tell the observer
+    /// only what they tell a run that keeps a board.
+    #[must_use]
+    pub fn with_item_boards(mut self) -> Self {
+        self.boards = Boards::EachItem;
+        self
+    }
+
+    /// The board of the one run this executor makes, when it keeps one.
+    pub(super) fn run_board(&self) -> Option<&Board> {
+        self.kept_run_board().map(|board| &**board)
+    }
+
+    fn kept_run_board(&self) -> Option<&Arc<Board>> {
+        match &self.boards {
+            Boards::Run(board) => Some(board),
+            Boards::None | Boards::EachItem => None,
+        }
     }
 
     /// Asks `cache` before running each node, and files each output a node computed in it:
@@ -219,11 +251,39 @@ impl Executor {
         item: Option<u64>,
         context: Option<&mut (dyn ItemContext + 'static)>,
     ) -> Option<Opened> {
+        self.tell_run_begun(program, item, self.kept_run_board(), context)
+    }
+
+    /// [`Executor::begin_run`] for the run of the stream's item at index `item`: with the
+    /// board it keeps, made now, when the executor keeps one for each item
+    /// ([`Executor::with_item_boards`]).
+    pub(crate) fn begin_item_run(
+        &self,
+        program: &Arc<Program>,
+        item: u64,
+        context: Option<&mut (dyn ItemContext + 'static)>,
+    ) -> (Option<Opened>, Option<Arc<Board>>) {
+        let board = match &self.boards {
+            Boards::EachItem if self.observer.is_some() => Some(Arc::new(Board::new(program))),
+            Boards::EachItem | Boards::Run(_) | Boards::None => None,
+        };
+        let opened = self.tell_run_begun(program, Some(item), board.as_ref(), context);
+        (opened, board)
+    }
+
+    fn tell_run_begun(
+        &self,
+        program: &Program,
+        item: Option<u64>,
+        board: Option<&Arc<Board>>,
+        context: Option<&mut (dyn ItemContext + 'static)>,
+    ) -> Option<Opened> {
         let observer = self.observer.as_deref()?;
         let begun = Begun::Run {
             item,
             nodes: program.ids.len(),
             asynchronous: program.is_async(),
+            board,
         };
         let Some(context) = context else {
             return Some(observer.begin(&begun));

@@ -18,10 +18,12 @@
 //! `Option` where a traced run would record a span, and does nothing else.
 
 use std::any::Any;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::model::device::Device;
 use crate::model::id::NodeId;
+use crate::run::board::{Board, NodeState};
 use crate::run::error::RunError;
 
 /// Told each work's beginning and end as a run goes (see the module's header for where).
@@ -84,6 +86,10 @@ pub enum Begun<'a> {
         nodes: usize,
         /// Whether it has async nodes.
         asynchronous: bool,
+        /// The board the run keeps its nodes' states on, when it keeps one
+        /// ([`crate::Executor::with_board`], [`crate::Executor::with_item_boards`]): its
+        /// calls then tell the observer only what a board does not hold.
+        board: Option<&'a Arc<Board>>,
     },
 }
 
@@ -129,6 +135,19 @@ pub enum Ended<'a> {
 }
 
 impl<'e> Ended<'e> {
+    /// The state a call's attempt that ended so leaves its node in, on its run's board.
+    pub(crate) fn state(&self) -> NodeState {
+        match self {
+            Ended::Returned => NodeState::Finished,
+            Ended::Failed {
+                retry_in: Some(_), ..
+            } => NodeState::Retrying,
+            Ended::Failed { error, .. } if error.timed_out() => NodeState::TimedOut,
+            Ended::Failed { .. } => NodeState::Failed,
+            Ended::Stopped => NodeState::Stopped,
+        }
+    }
+
     /// How a call that ended with `outcome` ended, as its last attempt.
     pub(crate) fn of<T>(outcome: &'e Result<T, RunError>) -> Self {
         Self::failed_with(outcome.as_ref().err())

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use soma_core::{
     compile, compile_decided, each, node, node_arc, Begun, Board, Ended, Executor, Expr, Key,
-    MemoryCache, NodeState, Observer, Opened, Placement, Policies, Program, Retry, Value,
+    MemoryCache, NodeState, Observer, Opened, Placement, Policies, Program, Retry, Stream,
+    StreamSettings, Value,
 };
 
 use crate::support::{fail, fails_first, n, plain, Rendezvous};
@@ -257,4 +258,103 @@ fn a_node_run_again_by_a_loop_reads_running_never_ended_by_its_last_run() {
     let last = board.read();
     let step_last = last.iter().find(|change| change.index == step_at).unwrap();
     assert_eq!(step_last.state, NodeState::Finished);
+}
+
+/// What an observer of a stream was told: the boards of the items' runs, by item, and the
+/// calls told of.
+#[derive(Default)]
+struct ItemBoards {
+    boards: Mutex<Vec<(u64, Arc<Board>)>>,
+    calls: Mutex<Vec<String>>,
+}
+
+impl Observer for ItemBoards {
+    fn begin(&self, begun: &Begun<'_>) -> Opened {
+        match begun {
+            Begun::Run {
+                item: Some(item),
+                board: Some(board),
+                ..
+            } => self.boards.lock().unwrap().push((*item, Arc::clone(board))),
+            Begun::Call { node, .. } => self.calls.lock().unwrap().push(node.to_string()),
+            Begun::Run { .. } | Begun::Cached { .. } | Begun::Part { .. } => {}
+        }
+        None
+    }
+
+    fn end(&self, _opened: Opened, _ended: &Ended<'_>) {}
+}
+
+/// A stream of `program` over `0..count` that keeps a board for each item, told to an
+/// [`ItemBoards`].
+fn stream_with_item_boards(
+    program: &Arc<Program>,
+    count: i64,
+) -> (Stream<impl Iterator<Item = Value>>, Arc<ItemBoards>) {
+    let told = Arc::new(ItemBoards::default());
+    let executor = Executor::new()
+        .with_observer(Arc::clone(&told) as Arc<dyn Observer>)
+        .with_item_boards();
+    let settings = StreamSettings::default().with_executor(executor);
+    let stream = Stream::start(Arc::clone(program), (0..count).map(Value::Int), settings);
+    (stream, told)
+}
+
+#[test]
+fn each_streamed_items_run_keeps_a_board_of_its_own_and_tells_no_call_that_returned() {
+    let program = program_of(n("a") >> n("b"), &Policies::default());
+    let (stream, told) = stream_with_item_boards(&program, 3);
+    assert_eq!(stream.map(Result::unwrap).count(), 3);
+    let boards = told.boards.lock().unwrap();
+    assert_eq!(
+        boards.iter().map(|(item, _)| *item).collect::<Vec<_>>(),
+        [0, 1, 2]
+    );
+    for (_, board) in boards.iter() {
+        assert_eq!(
+            states(board),
+            [
+                ("a".to_string(), NodeState::Finished, 0),
+                ("b".to_string(), NodeState::Finished, 0),
+            ]
+        );
+        assert!(board.is_finished());
+    }
+    assert!(told.calls.lock().unwrap().is_empty());
+}
+
+#[test]
+fn a_streamed_items_failed_call_is_on_its_board_and_told_the_observer() {
+    let program = program_of(
+        n("a") >> node_arc("fails", Arc::new(plain(fail("no")))),
+        &Policies::default(),
+    );
+    let (stream, told) = stream_with_item_boards(&program, 1);
+    let out: Vec<_> = stream.collect();
+    assert!(out[0].is_err());
+    let boards = told.boards.lock().unwrap();
+    let [(0, board)] = &boards[..] else {
+        panic!("one item's board, not {}", boards.len());
+    };
+    assert_eq!(
+        states(board),
+        [
+            ("a".to_string(), NodeState::Finished, 0),
+            ("fails".to_string(), NodeState::Failed, 0),
+        ]
+    );
+    assert_eq!(*told.calls.lock().unwrap(), ["fails"]);
+}
+
+#[test]
+fn a_stream_dropped_with_items_in_flight_says_each_items_run_is_over() {
+    let program = program_of(n("a") >> n("b"), &Policies::default());
+    let (mut stream, told) = stream_with_item_boards(&program, 1_000);
+    assert!(stream.next().unwrap().is_ok());
+    // Items read and not yet returned are in flight: dropping the stream drops them.
+    drop(stream);
+    let boards = told.boards.lock().unwrap();
+    assert!(boards.len() > 1, "items in flight: {}", boards.len() - 1);
+    // The clock ticks while any board's run is under way: none is left so.
+    assert!(boards.iter().all(|(_, board)| board.is_finished()));
 }

@@ -101,6 +101,7 @@ impl Place {
             keys: self.table.keys.as_ref(),
             crew: &self.run.program.crew,
             detached: Some(&self.run.detached),
+            board: self.run.executor.run_board(),
             branch: &*self.branch,
         }
     }
@@ -286,6 +287,7 @@ async fn piece(place: &Place, work: SyncPiece) -> Result<(), Halt> {
                             program: place.table.program(),
                             keys: place.table.keys.as_ref(),
                             prefetching: false,
+                            board: executor.run_board(),
                         };
                         match &work {
                             SyncPiece::Op(op) => executor.walk_from(

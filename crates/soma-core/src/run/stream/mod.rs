@@ -116,7 +116,7 @@ use crate::run::program::Program;
 pub use failure::{Failed, StreamError};
 pub use figures::{StageFigures, StreamFigures};
 use inbox::Inbox;
-use item::Item;
+use item::{Item, ItemBoard};
 pub use settings::{OnError, StreamSettings, DEFAULT_IN_FLIGHT};
 use shared::{Caller, StreamShared, StreamState};
 use stage_worker::StageWorker;
@@ -353,9 +353,9 @@ impl<I: Iterator<Item = Value>> Stream<I> {
                 .captured
                 .as_ref()
                 .and_then(|captured| captured.for_item());
-            let opened = self.settings.executor.begin_run(
+            let (opened, board) = self.settings.executor.begin_item_run(
                 &self.program,
-                Some(self.read),
+                self.read,
                 context.as_deref_mut(),
             );
             let item = Box::new(Item {
@@ -368,6 +368,7 @@ impl<I: Iterator<Item = Value>> Stream<I> {
                 context,
                 keys: self.settings.executor.run_keys(&self.program),
                 opened,
+                board: board.map(ItemBoard),
             });
             self.read += 1;
             self.in_flight += 1;
@@ -521,10 +522,12 @@ impl<I: Iterator<Item = Value>> Iterator for Stream<I> {
                         failed,
                         result,
                         opened,
+                        board,
                         ..
                     } = *item;
                     let ended = Ended::failed_with(failed.as_ref());
                     self.settings.executor.end_work(opened, &ended);
+                    drop(board); // Its run is over: its clock may stop.
                     return Some(match failed {
                         None => {
                             self.succeeded += 1;

@@ -163,6 +163,7 @@ impl StageWorker {
             program: &self.program,
             keys: item.keys.as_ref(),
             prefetching: self.program.prefetching(),
+            board: item.board.as_ref().map(|board| &*board.0),
         };
         let walked = executor.walk_from(
             &start,

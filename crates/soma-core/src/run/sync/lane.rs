@@ -20,6 +20,7 @@
 
 use std::thread;
 
+use crate::run::board::Board;
 use crate::run::branch::{self, Branch, Link, WaveState};
 use crate::run::call::Site;
 use crate::run::crew::Crew;
@@ -40,6 +41,9 @@ pub(super) struct Walk<'s> {
     /// waits for it, whose cancellation — and the failures of its earlier siblings — stop this
     /// work at its next boundary too, and whose place in the waves begins this walk's paths.
     pub(super) awaited_by: Option<&'s Branch>,
+    /// The board the run keeps its nodes' states on, when it keeps one: the executor's for a
+    /// whole run, the item's own for a streamed item's.
+    pub(super) board: Option<&'s Board>,
 }
 
 /// Where a branch stands in its walk, passed by value down it: the program it runs (the run's,
@@ -59,19 +63,22 @@ pub(super) struct Lane<'s> {
 }
 
 impl<'s> Walk<'s> {
-    /// A walk on `crew`, of the run `caller` started, with that run's `detached` bookkeeping
-    /// and the branch of an async run's task that awaits it, if any.
+    /// A walk on `crew`, of the run `caller` started, with that run's `detached` bookkeeping,
+    /// the branch of an async run's task that awaits it, if any, and the run's board, if it
+    /// keeps one.
     pub(super) fn new(
         crew: &'s Crew,
         caller: thread::ThreadId,
         detached: Option<&'s Detached>,
         awaited_by: Option<&'s Branch>,
+        board: Option<&'s Board>,
     ) -> Self {
         Walk {
             crew,
             caller,
             detached,
             awaited_by,
+            board,
         }
     }
 }
@@ -127,6 +134,7 @@ impl<'s> Lane<'s> {
             keys: self.keys,
             crew: self.walk.crew,
             detached: self.walk.detached,
+            board: self.walk.board,
             branch: self,
         }
     }

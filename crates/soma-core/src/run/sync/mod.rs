@@ -35,6 +35,7 @@ use self::lane::{Lane, Walk};
 use crate::model::catalog::Catalog;
 use crate::model::value::Value;
 use crate::plan::Plan;
+use crate::run::board::Board;
 use crate::run::branch::{Branch, Halt};
 use crate::run::call::NodeCall;
 use crate::run::crew::Crew;
@@ -102,6 +103,8 @@ pub(in crate::run) struct Start<'s> {
     pub(in crate::run) program: &'s Program,
     pub(in crate::run) keys: Option<&'s RunKeys>,
     pub(in crate::run) prefetching: bool,
+    /// The run's board, when it keeps one (a streamed item's own, or the executor's).
+    pub(in crate::run) board: Option<&'s Board>,
 }
 
 impl Executor {
@@ -117,7 +120,13 @@ impl Executor {
         input: &Value,
         frame: &mut Frame<'_>,
     ) -> Result<(), Halt> {
-        let walk = Walk::new(start.crew, start.caller, start.detached, start.awaited_by);
+        let walk = Walk::new(
+            start.crew,
+            start.caller,
+            start.detached,
+            start.awaited_by,
+            start.board,
+        );
         let lane = Lane::new(&walk, start.program, start.keys, start.prefetching);
         self.walk_steps(steps, drop_after, range, input, frame, lane)
     }
@@ -203,6 +212,7 @@ impl Executor {
             thread::current().id(),
             Some(detached),
             None,
+            executor.run_board(),
         ));
         let lane = Lane::new(walk.get(), program, keys.as_ref(), program.prefetching());
         let opened = executor.begin_run(program, None, None);
@@ -244,7 +254,7 @@ impl Executor {
             shared: None,
         };
         let keys = self.run_keys(program);
-        let walk = Walk::new(crew, thread::current().id(), None, None);
+        let walk = Walk::new(crew, thread::current().id(), None, None, self.run_board());
         let lane = Lane::new(&walk, program, keys.as_ref(), program.prefetching());
         let opened = self.begin_run(program, None, None);
         let walked = self.walk(&program.root, &input, &mut frame, lane);
