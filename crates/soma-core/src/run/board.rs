@@ -434,6 +434,18 @@ impl Board {
     }
 }
 
+/// A board as a streamed item's run holds it, which says the run is over ([`Board::finished`])
+/// when the item goes — whether its run ended or its stream was closed with it in flight: the
+/// observer may hold the board long after (a view keeps finished runs), and the clock need not
+/// tick for it.
+pub(crate) struct HeldBoard(pub(crate) Arc<Board>);
+
+impl Drop for HeldBoard {
+    fn drop(&mut self) {
+        self.0.finished();
+    }
+}
+
 impl Drop for Board {
     fn drop(&mut self) {
         self.finished();

@@ -145,7 +145,9 @@ impl Executor {
     /// Keeps a board for each streamed item's run ([`crate::Stream`]), made as the item is
     /// read and handed to the observer with the run's beginning ([`Begun::Run`]'s `board`), as
     /// [`Executor::with_board`] keeps one for a whole run: an item's calls tell the observer
-    /// only what they tell a run that keeps a board.
+    /// only what they tell a run that keeps a board. A [`crate::Flow`]'s items keep none: their
+    /// async calls are told the observer, which names the task each runs in, whatever the run
+    /// keeps.
     #[must_use]
     pub fn with_item_boards(mut self) -> Self {
         self.boards = Boards::EachItem;
@@ -153,14 +155,19 @@ impl Executor {
     }
 
     /// The board of the one run this executor makes, when it keeps one.
-    pub(super) fn run_board(&self) -> Option<&Board> {
-        self.kept_run_board().map(|board| &**board)
-    }
-
-    fn kept_run_board(&self) -> Option<&Arc<Board>> {
+    pub(super) fn run_board(&self) -> Option<&Arc<Board>> {
         match &self.boards {
             Boards::Run(board) => Some(board),
             Boards::None | Boards::EachItem => None,
+        }
+    }
+
+    /// A board for the run of a streamed item of `program`, when the executor keeps one for
+    /// each item ([`Executor::with_item_boards`]) and has an observer to hand it to.
+    pub(crate) fn item_board(&self, program: &Arc<Program>) -> Option<Arc<Board>> {
+        match &self.boards {
+            Boards::EachItem if self.observer.is_some() => Some(Arc::new(Board::new(program))),
+            Boards::EachItem | Boards::Run(_) | Boards::None => None,
         }
     }
 
@@ -242,36 +249,10 @@ impl Executor {
     }
 
     /// Tells the observer, when there is one, that a run of `program` begins — a whole run, or
-    /// the run of a stream's item at index `item` — on this thread, inside `context` when the
-    /// item has one, so that what the observer makes current there travels with the item
-    /// through its stages.
+    /// the run of a stream's item at index `item` — keeping `board` when it keeps one, on this
+    /// thread, inside `context` when the item has one, so that what the observer makes current
+    /// there travels with the item through its stages.
     pub(crate) fn begin_run(
-        &self,
-        program: &Program,
-        item: Option<u64>,
-        context: Option<&mut (dyn ItemContext + 'static)>,
-    ) -> Option<Opened> {
-        self.tell_run_begun(program, item, self.kept_run_board(), context)
-    }
-
-    /// [`Executor::begin_run`] for the run of the stream's item at index `item`: with the
-    /// board it keeps, made now, when the executor keeps one for each item
-    /// ([`Executor::with_item_boards`]).
-    pub(crate) fn begin_item_run(
-        &self,
-        program: &Arc<Program>,
-        item: u64,
-        context: Option<&mut (dyn ItemContext + 'static)>,
-    ) -> (Option<Opened>, Option<Arc<Board>>) {
-        let board = match &self.boards {
-            Boards::EachItem if self.observer.is_some() => Some(Arc::new(Board::new(program))),
-            Boards::EachItem | Boards::Run(_) | Boards::None => None,
-        };
-        let opened = self.tell_run_begun(program, Some(item), board.as_ref(), context);
-        (opened, board)
-    }
-
-    fn tell_run_begun(
         &self,
         program: &Program,
         item: Option<u64>,

@@ -159,7 +159,9 @@ impl Executor {
             // Begun inside its own task, so that what the observer makes current is current for
             // this run's nodes (a streamed item's) and no other's.
             let executor = &place.run.executor;
-            let opened = executor.begin_run(place.table.program(), streamed, None);
+            // An async run keeps the executor's board, if any: a flow's items keep none.
+            let opened =
+                executor.begin_run(place.table.program(), streamed, executor.run_board(), None);
             let walked = CatchUnwind(Box::pin(walk::walk_root(&place))).await;
             let outcome = walked.map(|walked| place.finish(walked));
             let ended = match &outcome {

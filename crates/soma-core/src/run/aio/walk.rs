@@ -101,7 +101,7 @@ impl Place {
             keys: self.table.keys.as_ref(),
             crew: &self.run.program.crew,
             detached: Some(&self.run.detached),
-            board: self.run.executor.run_board(),
+            board: self.run.executor.run_board().map(|board| &**board),
             branch: &*self.branch,
         }
     }
@@ -287,7 +287,7 @@ async fn piece(place: &Place, work: SyncPiece) -> Result<(), Halt> {
                             program: place.table.program(),
                             keys: place.table.keys.as_ref(),
                             prefetching: false,
-                            board: executor.run_board(),
+                            board: executor.run_board().map(|board| &**board),
                         };
                         match &work {
                             SyncPiece::Op(op) => executor.walk_from(

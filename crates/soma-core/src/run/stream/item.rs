@@ -5,11 +5,10 @@
 //! to its end — its table, its context, its keys, what the observer opened — travels with the
 //! item instead, so that a stage needs nothing but the item to run its part of it.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use crate::model::value::Value;
-use crate::run::board::Board;
+use crate::run::board::HeldBoard;
 use crate::run::error::RunError;
 use crate::run::hooks::ItemContext;
 use crate::run::keys::RunKeys;
@@ -39,16 +38,5 @@ pub(super) struct Item {
     pub(super) opened: Option<Opened>,
     /// The board its run keeps its nodes' states on, when the executor keeps one for each
     /// item ([`crate::Executor::with_item_boards`]).
-    pub(super) board: Option<ItemBoard>,
-}
-
-/// An item's board, which says its run is over ([`Board::finished`]) when the item goes,
-/// whether its run ended or the stream was closed with it in flight: the observer may hold
-/// the board long after (a view keeps finished runs), and its clock need not tick for it.
-pub(super) struct ItemBoard(pub(super) Arc<Board>);
-
-impl Drop for ItemBoard {
-    fn drop(&mut self) {
-        self.0.finished();
-    }
+    pub(super) board: Option<HeldBoard>,
 }

@@ -112,11 +112,12 @@ use super::hooks::Captured;
 use super::observer::Ended;
 use crate::model::id::NodeId;
 use crate::model::value::Value;
+use crate::run::board::HeldBoard;
 use crate::run::program::Program;
 pub use failure::{Failed, StreamError};
 pub use figures::{StageFigures, StreamFigures};
 use inbox::Inbox;
-use item::{Item, ItemBoard};
+use item::Item;
 pub use settings::{OnError, StreamSettings, DEFAULT_IN_FLIGHT};
 use shared::{Caller, StreamShared, StreamState};
 use stage_worker::StageWorker;
@@ -353,9 +354,12 @@ impl<I: Iterator<Item = Value>> Stream<I> {
                 .captured
                 .as_ref()
                 .and_then(|captured| captured.for_item());
-            let (opened, board) = self.settings.executor.begin_item_run(
+            let executor = &self.settings.executor;
+            let board = executor.item_board(&self.program);
+            let opened = executor.begin_run(
                 &self.program,
-                self.read,
+                Some(self.read),
+                board.as_ref(),
                 context.as_deref_mut(),
             );
             let item = Box::new(Item {
@@ -368,7 +372,7 @@ impl<I: Iterator<Item = Value>> Stream<I> {
                 context,
                 keys: self.settings.executor.run_keys(&self.program),
                 opened,
-                board: board.map(ItemBoard),
+                board: board.map(HeldBoard),
             });
             self.read += 1;
             self.in_flight += 1;

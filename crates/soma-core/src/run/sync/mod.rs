@@ -212,10 +212,10 @@ impl Executor {
             thread::current().id(),
             Some(detached),
             None,
-            executor.run_board(),
+            executor.run_board().map(|board| &**board),
         ));
         let lane = Lane::new(walk.get(), program, keys.as_ref(), program.prefetching());
-        let opened = executor.begin_run(program, None, None);
+        let opened = executor.begin_run(program, None, executor.run_board(), None);
         let deadline = executor.watch.as_deref().and_then(Watch::deadline);
         let walked = match deadline {
             // No node may run on the caller's thread: it could not be left behind.
@@ -254,9 +254,10 @@ impl Executor {
             shared: None,
         };
         let keys = self.run_keys(program);
-        let walk = Walk::new(crew, thread::current().id(), None, None, self.run_board());
+        let board = self.run_board().map(|board| &**board);
+        let walk = Walk::new(crew, thread::current().id(), None, None, board);
         let lane = Lane::new(&walk, program, keys.as_ref(), program.prefetching());
-        let opened = self.begin_run(program, None, None);
+        let opened = self.begin_run(program, None, self.run_board(), None);
         let walked = self.walk(&program.root, &input, &mut frame, lane);
         let result = Self::finish(program, walked, &mut table, || input);
         self.end_work(opened, &Ended::of(&result));
