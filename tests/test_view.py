@@ -577,6 +577,27 @@ def test_a_watched_streams_items_each_keep_a_board_and_tell_python_only_a_failur
     assert "ValueError: three" in failed["traceback"]
 
 
+def test_a_streamed_items_nodes_the_cache_answers_show_cached_on_its_board() -> None:
+    recorder = CountingEveryWork()
+    observe.set_watcher(recorder)
+    graph = soma.Graph.somatize(
+        soma.node(lambda x: x + 1).named("a") >> soma.node(lambda x: x * 2).named("b")
+    )
+    cache = soma.Cache()
+    try:
+        assert list(graph.map([1, 2], cache=cache)) == [4, 6]
+        assert list(graph.map([1, 2], cache=cache)) == [4, 6]
+    finally:
+        observe.set_watcher(None)
+    assert recorder.told == []
+    newest = recorder.runs()[0]
+    assert newest.item == 1
+    assert {node["id"]: node["state"] for node in newest.nodes_json()} == {
+        "a": "cached",
+        "b": "cached",
+    }
+
+
 def test_what_a_streamed_items_node_emits_or_starts_is_that_items_runs_own(view: Any) -> None:
     inner = soma.Graph.somatize(soma.node(lambda x: x * 10).named("inner"))
 
