@@ -13,6 +13,7 @@ import textwrap
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -755,6 +756,17 @@ def test_a_writer_killed_mid_write_leaves_no_entry_and_the_next_run_computes_it(
 # A size bound
 
 
+def on_threads(run: Callable[[int], None], count: int) -> None:
+    """Runs ``run(0)`` to ``run(count - 1)``, each on a thread of its own, and waits for them
+    all, with a deadline."""
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=SUBPROCESS_DEADLINE)
+    assert not any(thread.is_alive() for thread in threads)
+
+
 class Blob(soma.Node):
     """Outputs 1,000 bytes more than it read."""
 
@@ -814,12 +826,7 @@ def test_a_memory_cache_used_by_many_threads_at_once_counts_every_lookup_and_kee
                 if result != x + b"x" * 1000:
                     wrong.append((x, result))
 
-    threads = [threading.Thread(target=run, args=(n,)) for n in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=SUBPROCESS_DEADLINE)
-    assert not any(thread.is_alive() for thread in threads)
+    on_threads(run, 8)
     assert wrong == []
     stats = cache.stats()
     assert stats.hits + stats.misses == 800
@@ -1108,12 +1115,7 @@ def test_threads_sharing_one_folder_cache_at_once_all_get_the_right_results(
             with lock:
                 results.append((x % 3, result))
 
-    threads = [threading.Thread(target=run, args=(x,)) for x in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=SUBPROCESS_DEADLINE)
-    assert not any(thread.is_alive() for thread in threads)
+    on_threads(run, 8)
     assert sorted(set(results)) == [(0, 10), (1, 30), (2, 50)]
     assert len(results) == 40
     assert cache.stats().corrupted == 0
