@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 import soma
 from conftest import SUBPROCESS_DEADLINE, CallRecord, Fn, run_script
@@ -636,6 +637,27 @@ def test_an_array_is_digested_by_dtype_shape_and_bytes() -> None:
     assert _fingerprint.digest(x) != _fingerprint.digest(x.reshape(2, 3))
     # A strided view is digested as the values it shows.
     assert _fingerprint.digest(x[::2]) == _fingerprint.digest(np.array([0.0, 2.0, 4.0]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    hnp.arrays(
+        dtype=hnp.scalar_dtypes() | hnp.byte_string_dtypes() | hnp.unicode_string_dtypes(),
+        shape=hnp.array_shapes(min_dims=0, max_dims=3, max_side=5),
+    ),
+    st.booleans(),
+)
+def test_an_array_alone_is_digested_as_the_walk_digests_it_inside_a_value(
+    array: np.ndarray[Any, Any], strided: bool
+) -> None:
+    # An array alone skips the walk (`_digest_at`): what it feeds must be what the walk feeds
+    # for the same array, met anywhere, or a value would key otherwise alone than inside a list.
+    if strided and array.ndim:
+        array = array[::2]
+    out = bytearray()
+    _fingerprint._feed(array, "", out, frozenset())
+    assert _fingerprint.digest(array) == soma._soma.blake3(out)
+    assert _fingerprint.digest_items([array])[1] == [_fingerprint.digest(array)]
 
 
 def test_an_array_whose_field_names_are_changed_in_place_is_digested_anew() -> None:

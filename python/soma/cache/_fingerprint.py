@@ -509,7 +509,19 @@ def _digest_at(
     value: object, where: Where, busy: frozenset[int], hashed: _Hashed | None = None
 ) -> bytes:
     out = bytearray()
-    _feed(value, where, out, busy, hashed)
+    numpy = sys.modules.get("numpy")
+    array: Any = value
+    if (
+        numpy is not None
+        and type(array) is numpy.ndarray
+        and not array.dtype.hasobject
+        and not (_IGNORED and id(value) in _IGNORED)
+    ):
+        # A plain array alone, the commonest item of an `each`: what the walk feeds for it,
+        # without the walk's setting up, which cost a small array's digest a third of its time.
+        _numpy_array(value, where, [], out, hashed)
+    else:
+        _feed(value, where, out, busy, hashed)
     return _soma.blake3(out)
 
 
