@@ -14,7 +14,12 @@ result is checked once, untimed. The rows, each against its target (issue 24):
   at 100 tasks (both installed by ``make bench`` from requirements.txt; a row says "not run"
   without its peer);
 - a ``switch`` step, and one ``loop`` iteration, beside a chain of the same nodes (the selector
-  or the predicate as a node of its own): what the step costs beyond them (target: 2 µs).
+  or the predicate as a node of its own): what the step costs beyond them (target: 2 µs);
+- ``each`` over 10,000 items of a node that takes a lock every item shares — a logger's handler
+  (writing to a buffer), a module-level ``threading.Lock`` — with every item in flight and with
+  ``in_flight=1``, beside a plain loop and ``ThreadPoolExecutor(8).map`` of the same function,
+  and the OS threads the process had after each (no target: threads that take turns at a lock
+  and at the GIL queue behind one another, which the guide tells a user to bound).
 """
 
 from __future__ import annotations
@@ -22,9 +27,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.metadata
+import io
+import logging
 import operator
 import os
 import sys
+import threading
 import time
 import types
 from concurrent.futures import ThreadPoolExecutor
@@ -293,13 +301,85 @@ def step_rows(repeat: int) -> list[list[str]]:
     ]
 
 
+SHARED_LOCK = threading.Lock()
+SHARED_TOTAL = [0]
+LOGGER = logging.getLogger("soma.bench.decide")
+
+
+def logs(x: int) -> int:
+    LOGGER.info("item %s", x)
+    return x
+
+
+def locks(x: int) -> int:
+    with SHARED_LOCK:
+        SHARED_TOTAL[0] += x
+    return x
+
+
+def os_threads() -> str:
+    tasks = Path("/proc/self/task")
+    return str(len(list(tasks.iterdir()))) if tasks.exists() else ""
+
+
+def shared_lock_rows(repeat: int) -> list[list[str]]:
+    """An `each` of items that share a lock, all in flight and one at a time, beside a loop
+    and a thread pool; each timed `repeat` times (the best and the worst: threads that queue
+    behind one another at a lock do so in some runs and not others), the OS threads counted
+    after."""
+    LOGGER.addHandler(logging.StreamHandler(io.StringIO()))
+    LOGGER.setLevel(logging.INFO)
+    LOGGER.propagate = False
+    items = list(range(ITEMS))
+    rows = []
+    for name, function in (("logs each item", logs), ("takes a module-level lock", locks)):
+        ran: dict[str, tuple[float, float, str]] = {}
+        contenders: dict[str, Any] = {
+            "each, every item in flight": soma.Graph.somatize(
+                soma.each(soma.node(function).named("body"))
+            ).forward,
+            "each, in_flight=1": soma.Graph.somatize(
+                soma.each(soma.node(function).named("body"), in_flight=1)
+            ).forward,
+            "a loop": lambda items, function=function: [function(x) for x in items],
+        }
+        with ThreadPoolExecutor(8) as pool:
+            contenders["ThreadPoolExecutor(8).map"] = lambda items, function=function: list(
+                pool.map(function, items)
+            )
+            for contender, run in contenders.items():
+                assert run(items) == items  # Checked, not timed.
+                took = []
+                for _ in range(repeat):
+                    start = time.perf_counter()
+                    run(items)
+                    took.append(time.perf_counter() - start)
+                ran[contender] = (min(took), max(took), os_threads())
+        loop = ran["a loop"][0]
+        for contender, (best, worst, threads) in ran.items():
+            rows.append(
+                [
+                    f"`each` over {ITEMS:,} items whose node {name}: {contender}",
+                    f"best {best * 1e3:.1f} ms, worst {worst * 1e3:.1f} ms",
+                    f"OS threads after: {threads}",
+                    f"best {best / loop:.1f}x, worst {worst / loop:.1f}x the loop's best",
+                ]
+            )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
     parser.add_argument("--out", type=Path, help="also write the table here")
     args = parser.parse_args()
     repeat = 3 if args.quick else 9
-    rows = [*items_rows(repeat), *sleepers_rows(repeat), *step_rows(repeat)]
+    rows = [
+        *items_rows(repeat),
+        *sleepers_rows(repeat),
+        *step_rows(repeat),
+        *shared_lock_rows(repeat),
+    ]
     lines = [
         "## Steps that decide as they run",
         "",
