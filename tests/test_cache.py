@@ -660,6 +660,23 @@ def test_an_array_alone_is_digested_as_the_walk_digests_it_inside_a_value(
     assert _fingerprint.digest_items([array])[1] == [_fingerprint.digest(array)]
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=True)
+    | st.text()
+    | st.binary()
+    | st.complex_numbers()
+)
+def test_a_number_or_a_string_alone_is_digested_as_the_walk_digests_it(value: Any) -> None:
+    out = bytearray()
+    _fingerprint._feed(value, "", out, frozenset())
+    assert _fingerprint.digest(value) == soma._soma.blake3(out)
+    assert _fingerprint.digest_items([value])[1] == [_fingerprint.digest(value)]
+
+
 def test_an_array_whose_field_names_are_changed_in_place_is_digested_anew() -> None:
     # A dtype's own part of a digest is remembered by the dtype, but only where it has no
     # fields: a structured dtype's names can be set in place.

@@ -508,6 +508,9 @@ _Hashed = dict[int, tuple[object, bytes]]
 def _digest_at(
     value: object, where: Where, busy: frozenset[int], hashed: _Hashed | None = None
 ) -> bytes:
+    scalar = _SCALARS.get(type(value))
+    if scalar is not None:  # A number, a string, `None` alone: what the walk feeds for it.
+        return _soma.blake3(scalar(value))
     out = bytearray()
     numpy = sys.modules.get("numpy")
     array: Any = value
