@@ -536,9 +536,6 @@ class Cache:
         where = "memory" if self._path is None else str(self._path)
         return f"soma.Cache({where})"
 
-    def _count(self, **more: float) -> None:
-        self._counts.add(**more)
-
     def _warn_once(self, topic: str, message: str) -> None:
         with self._lock:
             if topic in self._warned:
@@ -608,7 +605,7 @@ class Cache:
             try:
                 return True, pickle.loads(found.payload), found.digest
             except Exception:  # Its class has gone, say: the node computes it again.
-                self._count(
+                self._counts.add(
                     hits=-1,
                     bytes_read=-len(found.payload),
                     seconds_saved=-found.seconds,
@@ -621,18 +618,18 @@ class Cache:
             data, modified = _read_file(file)
             self._mark_used(file, modified)
         except OSError:  # Missing, or unreadable: either way, not there.
-            self._count(misses=1)
+            self._counts.add(misses=1)
             return False, None, None
         found = _read_entry(data, self._verifier(key))
         if found is None:
-            self._count(misses=1, corrupted=1)
+            self._counts.add(misses=1, corrupted=1)
             return False, None, None
         try:
             output = _unpickled_payload(found.payload)
         except Exception:  # Its class has gone, say: the node computes it again.
-            self._count(misses=1, corrupted=1)
+            self._counts.add(misses=1, corrupted=1)
             return False, None, None
-        self._count(hits=1, bytes_read=len(found.payload), seconds_saved=found.seconds)
+        self._counts.add(hits=1, bytes_read=len(found.payload), seconds_saved=found.seconds)
         return True, output, found.digest
 
     def _mark_used(self, file: str, modified: float) -> None:
@@ -676,12 +673,12 @@ class Cache:
             record, data, size, modified = _read_head(file, self._verifier(key))
             self._mark_used(file, modified)
         except OSError:  # Missing, or unreadable: either way, not there.
-            self._count(misses=1)
+            self._counts.add(misses=1)
             return False, None, False, None
         if record is None:
-            self._count(misses=1, corrupted=1)
+            self._counts.add(misses=1, corrupted=1)
             return False, None, False, None
-        self._count(hits=1, seconds_saved=record.seconds)
+        self._counts.add(hits=1, seconds_saved=record.seconds)
         whole = data if len(data) == size else None
         return True, record.digest, False, _Unread(file, record.checksum, whole)
 
@@ -698,7 +695,7 @@ class Cache:
             return False, None
         found = _read_entry(data)
         if found is None:  # Damaged since it was found.
-            self._count(corrupted=1)
+            self._counts.add(corrupted=1)
             return False, None
         if _soma.blake3(found.payload) != unread.checksum:  # Written over since: another.
             return False, None
@@ -710,9 +707,9 @@ class Cache:
         try:
             output = _unpickled_payload(payload)
         except Exception:  # Its class has gone, say.
-            self._count(corrupted=1)
+            self._counts.add(corrupted=1)
             return False, None
-        self._count(bytes_read=len(payload))
+        self._counts.add(bytes_read=len(payload))
         return True, output
 
     def would_hit(self, graph: Graph, input: Any = None) -> dict[str, bool]:
@@ -801,7 +798,7 @@ class Cache:
                 os.replace(temporary, final)
             else:
                 self._touch(temporary)
-                self._count(evicted=self._place_within_bound(temporary, final, size))
+                self._counts.add(evicted=self._place_within_bound(temporary, final, size))
         except OSError as error:
             if temporary is not None:
                 with contextlib.suppress(OSError):
@@ -813,7 +810,7 @@ class Cache:
                 "hint: free space there, or give the cache a folder it can write",
             )
             return
-        self._count(bytes_written=length)
+        self._counts.add(bytes_written=length)
 
     def _touch(self, file: str | Path) -> None:
         """Marks ``file`` used now, later than any file this process marked before."""

@@ -404,7 +404,7 @@ class Distributed:
         if watched:
             _observe.adopt(spans, piece.host, sent_ns)
         if run.cache is not None and counted and counted[0]:
-            run.cache._count(**counted[0])
+            run.cache._counts.add(**counted[0])
         return out
 
 
