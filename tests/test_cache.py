@@ -480,6 +480,97 @@ def test_a_byte_flipped_in_an_entry_written_while_checksummed_is_counted_and_com
     assert result[2].tolist() == (np.arange(500_000) * 4.0).tolist()
 
 
+def _as_written_before_xxh3(entry: Path) -> None:
+    """Writes ``entry`` again as entries were before XXH3: its mark ``SOMA-CACHE-3``, its
+    payload's checksum BLAKE3's; the rest as it was."""
+    from soma.cache import _cache
+
+    whole = _cache._read_whole(entry.read_bytes())
+    assert whole is not None
+    record, payload = whole
+    names = record.names
+    packed = _cache._RECORD.pack(
+        record.length,
+        soma._soma.blake3(payload),
+        record.seconds,
+        record.made,
+        record.digest is not None,
+        record.digest or b"",
+        record.node_length,
+        len(names) - record.node_length,
+    )
+    packed += names
+    entry.write_bytes(b"SOMA-CACHE-3\n" + soma._soma.blake3(packed) + packed + bytes(payload))
+
+
+@pytest.mark.parametrize("graph", ["ramps", "chain"])
+def test_an_entry_written_before_xxh3_checksums_is_still_a_hit(tmp_path: Path, graph: str) -> None:
+    cache = soma.Cache(tmp_path)
+    g = soma.Graph.somatize(Ramps()) if graph == "ramps" else chain()
+    first, _ = calls(g, 2, cache)
+    for entry in _entries(cache):
+        _as_written_before_xxh3(entry)
+        assert entry.read_bytes().startswith(b"SOMA-CACHE-3\n")
+    again, called = calls(g, 2, cache)
+    assert called == []
+    assert cache.stats().corrupted == 0
+    assert pickle.dumps(again) == pickle.dumps(first)
+
+
+def test_a_byte_flipped_in_an_entry_written_before_xxh3_checksums_is_computed_again(
+    tmp_path: Path,
+) -> None:
+    cache = soma.Cache(tmp_path)
+    g = soma.Graph.somatize(Ramps())
+    calls(g, 2, cache)
+    (entry,) = _entries(cache)
+    _as_written_before_xxh3(entry)
+    data = bytearray(entry.read_bytes())
+    data[len(data) // 2] ^= 1
+    entry.write_bytes(bytes(data))
+    result, called = calls(g, 2, cache)
+    assert called == ["ramps"]
+    assert cache.stats().corrupted == 1
+    assert result[1].tolist() == (np.arange(500_000) * 3.0).tolist()
+
+
+def test_xxh3_128_gives_the_reference_implementations_checksums() -> None:
+    # As the reference C library gives them (python-xxhash's `xxh3_128_hexdigest`); the last,
+    # 256,000 bytes, read with the GIL released.
+    assert soma._soma.xxh3_128(b"").hex() == "99aa06d3014798d86001c324468d497f"
+    assert soma._soma.xxh3_128(b"soma").hex() == "1138e08f41c8d4bd04b053675ce8b076"
+    data = np.frombuffer(bytes(range(256)) * 1000, dtype=np.uint8)
+    assert soma._soma.xxh3_128(data).hex() == "548512d98989de2d776474c39d20f9aa"
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 200_000), min_size=1, max_size=4),
+    seed=st.integers(0, 2**32 - 1),
+    checksum=st.sampled_from(["xxh3", "blake3"]),
+)
+def test_a_payload_written_while_checksummed_has_the_checksum_of_its_bytes_joined(
+    tmp_path_factory: pytest.TempPathFactory, lengths: list[int], seed: int, checksum: str
+) -> None:
+    # Pieces of up to 800,000 bytes in all: on one thread below 256 KiB, on two from there.
+    rng = np.random.default_rng(seed)
+    pieces = [rng.integers(0, 256, length, dtype=np.uint8) for length in lengths]
+    joined = b"".join(piece.tobytes() for piece in pieces)
+    file = tmp_path_factory.mktemp("written") / "entry"
+    file.write_bytes(b"head")
+    written = soma._soma.write_hashed(file, 4, [*pieces], checksum)  # type: ignore[arg-type]
+    assert file.read_bytes() == b"head" + joined
+    by_itself = soma._soma.xxh3_128 if checksum == "xxh3" else soma._soma.blake3
+    assert written == by_itself(joined)
+
+
+def test_a_payload_written_with_a_checksum_of_no_known_name_is_refused(tmp_path: Path) -> None:
+    file = tmp_path / "entry"
+    file.write_bytes(b"")
+    with pytest.raises(ValueError, match=r"no checksum is named `md5`\nhint: "):
+        soma._soma.write_hashed(file, 0, [b"x"], "md5")  # type: ignore[arg-type]
+
+
 _FILE_TOO_LARGE = """
 import resource, signal, sys, warnings
 sys.path.insert(0, {tests!r})

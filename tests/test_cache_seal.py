@@ -120,3 +120,23 @@ def test_a_sealed_folders_key_goes_with_it_to_the_hosts_which_seal_what_they_wri
     files = entry_files(tmp_path)
     assert len(files) == 2
     assert all(file.read_bytes().startswith(b"SOMA-CACHE-3S") for file in files)
+
+
+def test_a_sealed_entrys_payload_is_checksummed_with_blake3_which_its_seal_covers(
+    tmp_path: Path,
+) -> None:
+    # The seal covers the record, which holds the payload's checksum: a checksum that bytes can
+    # be made to match (XXH3's, which unsealed entries carry) would let a payload made so
+    # through under the seal.
+    from soma.cache import _cache
+
+    graph().forward(2, cache=soma.Cache(tmp_path, key=b"secret"))
+    graph().forward(3, cache=soma.Cache(tmp_path))
+    sealed, unsealed = sorted(entry_files(tmp_path), key=lambda f: f.read_bytes()[:13])
+    for file, algorithm in ((sealed, "blake3"), (unsealed, "xxh3")):
+        whole = _cache._read_whole(file.read_bytes())
+        assert whole is not None
+        record, payload = whole
+        assert record.algorithm == algorithm
+    record, payload = _cache._read_whole(sealed.read_bytes())  # type: ignore[misc]
+    assert record.checksum == soma._soma.blake3(payload)

@@ -51,6 +51,7 @@ __all__ = [
     "text_pack",
     "text_unpack",
     "write_hashed",
+    "xxh3_128",
 ]
 
 DEFAULT_TURN_LIMIT: int
@@ -65,12 +66,21 @@ def blake3(data: bytes | memoryview | Any) -> bytes:
     array), read in place; a large one with the GIL released."""
 
 def write_hashed(
-    path: str | os.PathLike[str], at: int, pieces: list[bytes | memoryview | Any]
+    path: str | os.PathLike[str],
+    at: int,
+    pieces: list[bytes | memoryview | Any],
+    checksum: Literal["blake3", "xxh3"],
 ) -> bytes:
     """Writes ``pieces`` (bytes or C-contiguous buffers, read in place), one after the other,
-    into the existing file at ``path`` from byte ``at`` on, and returns the 32-byte BLAKE3
-    digest of those bytes, the GIL released; a large payload hashed on a second thread while
-    it is written. Raises ``OSError`` when the file cannot be opened or written."""
+    into the existing file at ``path`` from byte ``at`` on, and returns the ``checksum`` of
+    those bytes (BLAKE3's 32 bytes, or XXH3-128's 16 as :func:`xxh3_128` gives them), the GIL
+    released; a large payload checksummed on a second thread while it is written. Raises
+    ``OSError`` when the file cannot be opened or written, ``ValueError`` for another
+    ``checksum``."""
+
+def xxh3_128(data: bytes | memoryview | Any) -> bytes:
+    """The 16-byte XXH3-128 checksum of ``data`` (its canonical big-endian form): bytes or any
+    C-contiguous buffer, read in place; a large one with the GIL released."""
 
 def text_column(array: Any) -> bytes | None:
     """The 32-byte digest of a C-contiguous ``numpy.ndarray`` of dtype ``object`` whose

@@ -35,7 +35,7 @@ const MOST_THREADS: usize = 8;
 
 /// Runs `read` on the bytes of `data` (bytes, or a C-contiguous buffer read in place), with the
 /// GIL released when they are many.
-fn with_bytes(
+pub(crate) fn with_bytes(
     py: Python<'_>,
     data: &Bound<'_, PyAny>,
     read: impl FnOnce(&[u8]) + Send,

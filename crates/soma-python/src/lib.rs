@@ -93,6 +93,7 @@ fn _soma(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<witness::Remembered>()?;
     module.add_function(wrap_pyfunction!(digest::blake3, module)?)?;
     module.add_function(wrap_pyfunction!(hashed_write::write_hashed, module)?)?;
+    module.add_function(wrap_pyfunction!(hashed_write::xxh3_128, module)?)?;
     module.add_function(wrap_pyfunction!(text::text_column, module)?)?;
     module.add_function(wrap_pyfunction!(arrow_text::arrow_text, module)?)?;
     module.add_function(wrap_pyfunction!(text::text_pack, module)?)?;

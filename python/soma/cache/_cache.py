@@ -9,16 +9,18 @@ in memory, or in a folder that several processes share.
 A folder entry is written to a temporary file in the same folder and renamed into place, so a
 process killed mid-write leaves a stray temporary file, never half an entry. It begins with a
 record — the node that made it, its class, when, the seconds it took, the digest of the output
-and the BLAKE3 checksum of its payload, itself checksummed — which a hit reads alone when the
+and the checksum of its payload, itself checksummed — which a hit reads alone when the
 engine leaves the output unread (``find``, read later by ``read`` if a node that runs needs
 it), and ``python -m soma.cache`` lists and prunes by. Its payload is the output pickled, its
 large buffers (a numeric column, an array, Arrow's buffers) apart: written to the file straight
 from the output's memory rather than copied into the pickle, and read back as views of the
 file's bytes; the glue writes them while a second thread checksums the same bytes
 (``soma._soma.write_hashed``), the head that holds the checksum written last, at the start.
-One truncated or corrupted since is detected when read, counted, and computed again, never
-returned. A folder that cannot be written (full, read-only) makes the run go on uncached, with
-one warning per cache.
+The checksum is XXH3-128, which finds damage at memory speed, or BLAKE3 in an entry sealed
+with the cache's key, whose seal is worth only what the checksum it covers cannot be forged to
+(see ``_MAGIC``). One truncated or corrupted since is detected when read, counted, and computed
+again, never returned. A folder that cannot be written (full, read-only) makes the run go on
+uncached, with one warning per cache.
 
 A folder's size bound holds across processes: the bytes its entries hold are counted in the
 file ``.held`` beside them, and an entry is renamed into place only under an advisory lock on
@@ -46,7 +48,7 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 try:
     import fcntl
@@ -84,17 +86,26 @@ class CacheStats:
 
 
 # An entry: this mark; the checksum (BLAKE3) of its record; the record — the payload's length
-# and checksum, the seconds computing it took, when it was made (seconds since the epoch),
-# whether it has a content digest and that digest (zeros when not), and the lengths of the id of
-# the node that made it and of its class's name — then that id and that name (UTF-8), then the
-# payload (the output, pickled). A hit whose output no node that runs reads reads the record
-# alone (`Cache._find`); the command (`python -m soma.cache`) lists and prunes by it.
-_MAGIC = b"SOMA-CACHE-3\n"
-# An entry of a cache with a key: the same, with its seal (HMAC-SHA256 of its key and record,
-# `Cache._seal`) after the record; what a cache with the key accepts, and no other.
+# and checksum (XXH3-128: its 16 bytes, then 16 zeros), the seconds computing it took, when it
+# was made (seconds since the epoch), whether it has a content digest and that digest (zeros
+# when not), and the lengths of the id of the node that made it and of its class's name — then
+# that id and that name (UTF-8), then the payload (the output, pickled). A hit whose output no
+# node that runs reads reads the record alone (`Cache._find`); the command (`python -m
+# soma.cache`) lists and prunes by it.
+_MAGIC = b"SOMA-CACHE-4\n"
+# The same, its payload's checksum BLAKE3: what entries were before XXH3, read as they are.
+# Writing 246 MB (the pipeline of `benches/python/cache.py`) waited on BLAKE3 on the second
+# thread, 150 ms where the write alone took 75 (2026-12-07); XXH3-128 is four times as fast.
+_MAGIC_BLAKE3 = b"SOMA-CACHE-3\n"
+# An entry of a cache with a key: as `_MAGIC_BLAKE3`, with its seal (HMAC-SHA256 of its key
+# and record, `Cache._seal`) after the record; what a cache with the key accepts, and no other.
+# Its payload's checksum stays BLAKE3: the seal covers the checksum, and a checksum that bytes
+# can be made to match on purpose (XXH3's) would let another payload through under the seal.
 _SIGNED = b"SOMA-CACHE-3S"
 _SEAL = 32
-assert len(_SIGNED) == len(_MAGIC)
+# The checksums a payload may carry: which one, its mark says.
+_Algorithm = Literal["xxh3", "blake3"]
+assert len(_SIGNED) == len(_MAGIC) == len(_MAGIC_BLAKE3)
 _CHECKSUM = 32
 _RECORD = struct.Struct("<Q32sdd?32sHH")
 _RECORD_AT = len(_MAGIC) + _CHECKSUM
@@ -138,6 +149,8 @@ class _Record(NamedTuple):
     node_length: int
     # Where its payload begins in the file.
     end: int
+    # Its payload's checksum (`_checksum`), which its mark says.
+    algorithm: _Algorithm
 
     @property
     def node(self) -> str:
@@ -288,6 +301,14 @@ def _unpickled_payload(payload: bytes | bytearray | memoryview) -> Any:
     return pickle.loads(pieces[0], buffers=pieces[1:])
 
 
+def _checksum(payload: bytes | bytearray | memoryview, algorithm: _Algorithm) -> bytes:
+    """The checksum of ``payload`` by ``algorithm`` ("xxh3" or "blake3"), as a record holds
+    it: 32 bytes, XXH3-128's 16 followed by zeros."""
+    if algorithm == "blake3":
+        return _soma.blake3(payload)
+    return _soma.xxh3_128(payload).ljust(_CHECKSUM, b"\0")
+
+
 def _name(text: str) -> bytes:
     return text.encode("utf-8", "replace")[:_NAME_BYTES]
 
@@ -310,12 +331,15 @@ def _head(
     checksum: bytes | None = None,
 ) -> bytes:
     """The head of an entry: its mark, its record's checksum, its record (the payload's
-    ``length`` and ``checksum``, the entry's own payload's unless given), and its seal."""
+    ``length`` and ``checksum``, the entry's own payload's unless given, BLAKE3's where ``seal``
+    is given and XXH3-128's where not), and its seal."""
     node_bytes, class_bytes = _name(node), _name(cls)
+    if checksum is None:
+        checksum = _checksum(entry.payload, "xxh3" if seal is None else "blake3")
     record = (
         _RECORD.pack(
             len(entry.payload) if length is None else length,
-            _soma.blake3(entry.payload) if checksum is None else checksum,
+            checksum,
             entry.seconds,
             made,
             entry.digest is not None,
@@ -340,7 +364,14 @@ def _read_record(data: bytes | bytearray, verify: Verify | None = None) -> _Reco
     """The record at the start of ``data``, or ``None`` if it is not whole and intact (or not
     all there: ``data`` is the file's first bytes), or if ``verify`` refuses it."""
     signed = data.startswith(_SIGNED)
-    if len(data) < _RECORD_AT + _RECORD.size or not (signed or data.startswith(_MAGIC)):
+    if len(data) < _RECORD_AT + _RECORD.size:
+        return None
+    algorithm: _Algorithm
+    if data.startswith(_MAGIC):
+        algorithm = "xxh3"
+    elif signed or data.startswith(_MAGIC_BLAKE3):
+        algorithm = "blake3"
+    else:
         return None
     length, checksum, seconds, made, has_digest, digest, node, cls = _RECORD.unpack_from(
         data, _RECORD_AT
@@ -358,7 +389,9 @@ def _read_record(data: bytes | bytearray, verify: Verify | None = None) -> _Reco
     ):
         return None
     digest = digest if has_digest else None
-    return _Record(length, checksum, seconds, made, digest, bytes(data[names:end]), node, sealed)
+    return _Record(
+        length, checksum, seconds, made, digest, bytes(data[names:end]), node, sealed, algorithm
+    )
 
 
 def _read_file(name: str) -> tuple[bytes | bytearray, float]:
@@ -409,15 +442,27 @@ def _read_head(name: str, verify: Verify | None = None) -> tuple[_Record | None,
         os.close(handle)
 
 
-def _read_entry(data: bytes | bytearray, verify: Verify | None = None) -> _Entry | None:
-    """The entry in ``data``, or ``None`` if it is not whole and intact, or ``verify`` refuses
-    it."""
+def _read_whole(
+    data: bytes | bytearray, verify: Verify | None = None
+) -> tuple[_Record, memoryview] | None:
+    """The record in ``data`` and its payload, checked against the record's checksum; ``None``
+    if either is not whole and intact, or ``verify`` refuses the record."""
     record = _read_record(data, verify)
     if record is None:
         return None
     payload = memoryview(data)[record.end :]
-    if len(payload) != record.length or _soma.blake3(payload) != record.checksum:
+    if len(payload) != record.length or _checksum(payload, record.algorithm) != record.checksum:
         return None
+    return record, payload
+
+
+def _read_entry(data: bytes | bytearray, verify: Verify | None = None) -> _Entry | None:
+    """The entry in ``data``, or ``None`` if it is not whole and intact, or ``verify`` refuses
+    it."""
+    whole = _read_whole(data, verify)
+    if whole is None:
+        return None
+    record, payload = whole
     return _Entry(payload, record.seconds, record.digest)
 
 
@@ -693,13 +738,16 @@ class Cache:
             data = unread.data if unread.data is not None else _read_file(unread.file)[0]
         except OSError:
             return False, None
-        found = _read_entry(data)
-        if found is None:  # Damaged since it was found.
+        whole = _read_whole(data)
+        if whole is None:  # Damaged since it was found.
             self._counts.add(corrupted=1)
             return False, None
-        if _soma.blake3(found.payload) != unread.checksum:  # Written over since: another.
+        record, payload = whole
+        # Its payload matches its record's checksum, which must be the one found: one
+        # written over since is another entry.
+        if record.checksum != unread.checksum:
             return False, None
-        return self._unpickled(found.payload)
+        return self._unpickled(payload)
 
     def _unpickled(self, payload: bytes | bytearray | memoryview) -> tuple[bool, Any]:
         """The output pickled in ``payload``, counted as read: ``(True, output)``, or ``(False,
@@ -781,6 +829,7 @@ class Cache:
             assert len(made) == head_size
             return made
 
+        algorithm: _Algorithm = "xxh3" if sealer is None else "blake3"
         final = self._file(key)
         temporary = None
         try:
@@ -788,12 +837,13 @@ class Cache:
             handle, temporary = tempfile.mkstemp(dir=final.parent, prefix=".", suffix=".tmp")
             with os.fdopen(handle, "wb") as file:
                 if len(pieces) == 1:  # Its pickle alone: small, or no buffer to write apart.
-                    file.write(head(_soma.blake3(pieces[0])))
+                    file.write(head(_checksum(pieces[0], algorithm)))
                     file.write(pieces[0])
                 else:
                     # Its pieces written and checksummed at once by the glue, the GIL released,
                     # after the head's room; then the head, which holds the checksum, at 0.
-                    file.write(head(_soma.write_hashed(temporary, head_size, pieces)))
+                    written = _soma.write_hashed(temporary, head_size, pieces, algorithm)
+                    file.write(head(written.ljust(_CHECKSUM, b"\0")))
             if self._max_bytes is None:
                 os.replace(temporary, final)
             else:
