@@ -312,6 +312,43 @@ def test_a_frame_with_arrow_text_columns_is_kept_as_its_buffers_and_read_back_eq
     assert list(again.dtypes) == list(frame.dtypes)
 
 
+@pytest.mark.parametrize("rows", ["head", "middle"])
+def test_a_slice_of_a_frame_with_arrow_text_is_kept_as_its_own_rows_not_the_whole_buffers(
+    tmp_path: Any, rows: str
+) -> None:
+    pytest.importorskip("pyarrow")
+    frame = pd.DataFrame(
+        {"s": pd.Series([f"customer-{i:06d}" for i in range(100_000)], dtype="string[pyarrow]")}
+    )
+    cache = soma.Cache(tmp_path / "cache")
+
+    class Part(soma.Node):
+        def forward(self, frame: pd.DataFrame) -> pd.DataFrame:
+            # A slice of the column's buffers, as a group of a `groupby` or `head` is: from
+            # their start, or from inside them.
+            return frame.iloc[:1_000] if rows == "head" else frame.iloc[50_000:51_000]
+
+    g = soma.Graph.somatize(Part())
+    part = g.forward(frame, cache=cache)
+    assert cache.stats().bytes_written < 60_000  # Its thousand rows; the column's are 2 MB.
+    pd.testing.assert_frame_equal(g.forward(frame, cache=cache), part)
+    assert cache.stats().hits == 1
+
+
+def test_a_whole_arrow_text_column_is_pickled_from_its_own_buffers_not_a_copy() -> None:
+    pa = pytest.importorskip("pyarrow")
+    from soma.cache import _cache
+
+    rows = [f"customer-{i:06d}" for i in range(10_000)]
+    for column in (
+        pd.arrays.ArrowStringArray(pa.chunked_array([rows], type=pa.large_string())),
+        pd.arrays.ArrowStringArray(pa.chunked_array([rows[:10], [None, *rows[10:]]])),
+    ):
+        # Its buffers hold one offset more than its elements, and a bitmap rounded to a
+        # byte: no slice, pickled as it is.
+        assert _cache._pandas_arrow_pickled(column)[2]["_pa_array"] is column._pa_array
+
+
 def test_arrow_buffers_whose_offsets_lie_outside_them_are_refused_not_read() -> None:
     pa = pytest.importorskip("pyarrow")
     offsets = pa.py_buffer(np.array([0, 2, 4_000], dtype=np.int32).tobytes())
