@@ -29,7 +29,9 @@ of the cache issues are stated beside each figure:
    beside each, pickling it for a folder entry.
 7. **A pipeline** (issue 43, target 2). A 10-step pandas pipeline on 1,000,000 rows with a
    ``str`` column, an ``each`` over 5 categories and a ``switch``: its first run with a folder
-   cache against its uncached run (target: at most 1.3x), and its fully cached rerun (target:
+   cache against its uncached run (target: at most 1.3x), beside the least any first run with
+   a folder cache could take on this machine (the uncached run, its entries' bytes written
+   into new files, and its outputs' digests: nothing else), and its fully cached rerun (target:
    at most 0.1x); and the same pipeline with the ``each``'s body and the ``switch``'s case
    async, its fully cached rerun through ``aforward`` against its uncached ``aforward``
    (target: at most 0.1x).
@@ -602,6 +604,41 @@ def pipeline_of(summary: soma.Node, large: soma.Node) -> soma.Graph:
     )
 
 
+def _written_again(sizes: list[int]) -> float:
+    """Seconds to write files of ``sizes`` bytes into a new folder as a folder cache writes its
+    entries (a temporary file each, renamed into place), with no pickling, no checksum and no
+    digest: what writing a first run's entries costs at least on this machine."""
+    data = np.random.default_rng(0).integers(0, 256, max(sizes, default=0), dtype=np.uint8)
+    folder = Path(tempfile.mkdtemp())
+    try:
+        start = time.perf_counter()
+        for index, size in enumerate(sizes):
+            temporary = folder / f".{index}.tmp"
+            with open(temporary, "wb") as file:
+                file.write(memoryview(data)[:size])
+            temporary.replace(folder / f"{index}.entry")
+        return time.perf_counter() - start
+    finally:
+        shutil.rmtree(folder)
+
+
+def _outputs_digested() -> float:
+    """Seconds to digest the pipeline's large outputs as its first run digests them (each
+    once, an Arrow column shared through ``assign`` read once, the groups as the ``each``'s
+    items): what keying what reads them costs at least. Fresh outputs, so that nothing is
+    remembered from a run before."""
+    frame = MakeFrame().forward(1)
+    clean = Clean().forward(frame)
+    taxed = Taxed().forward(clean)
+    bucketed = Bucketed().forward(taxed)
+    parts = ByRegion().forward(bucketed)
+    start = time.perf_counter()
+    for output in (frame, clean, taxed, bucketed):
+        _fingerprint.digest(output)
+    _fingerprint.digest_items(parts)
+    return time.perf_counter() - start
+
+
 def pipeline(quick: bool) -> str:
     g = pipeline_of(Summary(), Large())
     times = 2 if quick else 5
@@ -618,10 +655,23 @@ def pipeline(quick: bool) -> str:
         colds.append(time.perf_counter() - start)
     cold = min(colds)
     rerun = best_of(lambda: g.forward(1, cache=cache), times)
+    sizes = [entry.stat().st_size for entry in Path(folder).glob("*/*.entry")]
     shutil.rmtree(folder)
+    # What no first run with a folder cache can add less than, whatever its code: its entries'
+    # bytes written, and its outputs' digests (BLAKE3, which its readers' keys are made of).
+    written = min(_written_again(sizes) for _ in range(times))
+    digested = min(_outputs_digested() for _ in range(times))
+    least = uncached + written + digested
     rows = [
         ["uncached", f"{uncached:.4f}", "1.00x", ""],
         ["first run, folder cache", f"{cold:.4f}", f"{cold / uncached:.2f}x", "≤ 1.3x"],
+        [
+            f"its least: uncached, its {sum(sizes) / 1e6:.0f} MB of entries written "
+            f"({written:.4f} s) and its outputs digested ({digested:.4f} s), nothing else",
+            f"{least:.4f}",
+            f"{least / uncached:.2f}x",
+            "",
+        ],
         ["fully cached rerun, folder cache", f"{rerun:.4f}", f"{rerun / uncached:.2f}x", "≤ 0.1x"],
     ]
     # The same with the `each`'s body and the `switch`'s case async, through `aforward`: the

@@ -367,12 +367,64 @@ def view_rows(quick: bool) -> list[list[str]]:
                 f"(target within 2%): {'met' if paged <= none * 1.02 else 'MISSED'}",
             ]
         )
+    rows += _least_rows(recorder, Recording, g, quick)
     rows += _stream_rows(view, recorder, quick)
     observe.set_watcher(recorder)
     rows += _state_change_rows(view, 10 if quick else 50)
     rows += _flood_rows(view, quick)
     view.close()
     return rows
+
+
+def _least_rows(recorder: Any, recording: Any, chain: soma.Graph, quick: bool) -> list[list[str]]:
+    """What a view recording a run costs it, apart: once a run (a chain of one node, where the
+    node's share is a few nanoseconds) and once a node (a chain of 10,000, its run's share taken
+    out), no view against a view recording, interleaved; beside the 1% and 2% of the chain of
+    1,000 that target 3 allows, and what the chain would cost if a node's record were one
+    store (1 ns) and its run's what it is now."""
+    from soma._run import observe
+
+    def chain_of(nodes: int) -> soma.Graph:
+        expr: Any = Pass()
+        for _ in range(nodes - 1):
+            expr = expr >> Pass()
+        return soma.Graph.somatize(expr)
+
+    observe.set_watcher(None)
+    graphs = {"one": chain_of(1), "thousand": chain, "ten thousand": chain_of(10_000)}
+    contenders: dict[str, Any] = {}
+    settings: dict[str, Any] = {}
+    for name, graph in graphs.items():
+        contenders[f"{name}: none"] = partial(graph.forward, 1)
+        contenders[f"{name}: view"] = partial(graph.forward, 1)
+        settings[f"{name}: view"] = recording
+    timings = compare(
+        contenders,
+        repeat=5 if quick else 15,
+        sample_s=0.05 if quick else 0.2,
+        warmup_s=0.1 if quick else 0.3,
+        settings=settings,
+    )
+    added = {
+        name: timings[f"{name}: view"].median_s - timings[f"{name}: none"].median_s
+        for name in graphs
+    }
+    run = added["one"]
+    node = (added["ten thousand"] - run) / 9_999
+    thousand = timings["thousand: none"].median_s
+    one_store = run + CHAIN * 1e-9
+    return [
+        [
+            "a view recording, no page: what a run costs apart (a chain of one node) and "
+            f"what a node does (a chain of 10,000, its run's {run * 1e6:.2f} µs out)",
+            f"a run {run * 1e6:+.2f} µs; a node {node * 1e9:+.1f} ns",
+            f"chain of {CHAIN:,}: no view {thousand * 1e6:.1f} µs, a view "
+            f"{added['thousand'] * 1e6:+.1f} µs",
+            f"target 3 allows it {thousand * 0.01 * 1e6:.2f} µs (1%) or "
+            f"{thousand * 0.02 * 1e6:.2f} µs (2%); a run as now and a node of one store "
+            f"(1 ns): {one_store * 1e6:.2f} µs ({one_store / thousand * 100:.1f}%)",
+        ]
+    ]
 
 
 class PlusOne(soma.Node):
