@@ -463,23 +463,6 @@ def test_an_entry_written_while_checksummed_holds_its_payloads_checksum_and_read
     ]
 
 
-@pytest.mark.parametrize("where", ["first buffer", "last byte"])
-def test_a_byte_flipped_in_an_entry_written_while_checksummed_is_counted_and_computed_again(
-    tmp_path: Path, where: str
-) -> None:
-    cache = soma.Cache(tmp_path)
-    g = soma.Graph.somatize(Ramps())
-    calls(g, 2, cache)
-    (entry,) = _entries(cache)
-    data = bytearray(entry.read_bytes())
-    data[len(data) // 4 if where == "first buffer" else -1] ^= 1
-    entry.write_bytes(bytes(data))
-    result, called = calls(g, 2, cache)
-    assert called == ["ramps"]
-    assert cache.stats().corrupted == 1
-    assert result[2].tolist() == (np.arange(500_000) * 4.0).tolist()
-
-
 def _as_written_before_xxh3(entry: Path) -> None:
     """Writes ``entry`` again as entries were before XXH3: its mark ``SOMA-CACHE-3``, its
     payload's checksum BLAKE3's; the rest as it was."""
@@ -503,6 +486,26 @@ def _as_written_before_xxh3(entry: Path) -> None:
     entry.write_bytes(b"SOMA-CACHE-3\n" + soma._soma.blake3(packed) + packed + bytes(payload))
 
 
+@pytest.mark.parametrize("where", ["first buffer", "last byte"])
+@pytest.mark.parametrize("written", ["now", "before xxh3"])
+def test_a_byte_flipped_in_an_entry_written_while_checksummed_is_counted_and_computed_again(
+    tmp_path: Path, where: str, written: str
+) -> None:
+    cache = soma.Cache(tmp_path)
+    g = soma.Graph.somatize(Ramps())
+    calls(g, 2, cache)
+    (entry,) = _entries(cache)
+    if written == "before xxh3":
+        _as_written_before_xxh3(entry)
+    data = bytearray(entry.read_bytes())
+    data[len(data) // 4 if where == "first buffer" else -1] ^= 1
+    entry.write_bytes(bytes(data))
+    result, called = calls(g, 2, cache)
+    assert called == ["ramps"]
+    assert cache.stats().corrupted == 1
+    assert result[2].tolist() == (np.arange(500_000) * 4.0).tolist()
+
+
 @pytest.mark.parametrize("graph", ["ramps", "chain"])
 def test_an_entry_written_before_xxh3_checksums_is_still_a_hit(tmp_path: Path, graph: str) -> None:
     cache = soma.Cache(tmp_path)
@@ -515,23 +518,6 @@ def test_an_entry_written_before_xxh3_checksums_is_still_a_hit(tmp_path: Path, g
     assert called == []
     assert cache.stats().corrupted == 0
     assert pickle.dumps(again) == pickle.dumps(first)
-
-
-def test_a_byte_flipped_in_an_entry_written_before_xxh3_checksums_is_computed_again(
-    tmp_path: Path,
-) -> None:
-    cache = soma.Cache(tmp_path)
-    g = soma.Graph.somatize(Ramps())
-    calls(g, 2, cache)
-    (entry,) = _entries(cache)
-    _as_written_before_xxh3(entry)
-    data = bytearray(entry.read_bytes())
-    data[len(data) // 2] ^= 1
-    entry.write_bytes(bytes(data))
-    result, called = calls(g, 2, cache)
-    assert called == ["ramps"]
-    assert cache.stats().corrupted == 1
-    assert result[1].tolist() == (np.arange(500_000) * 3.0).tolist()
 
 
 def test_xxh3_128_gives_the_reference_implementations_checksums() -> None:
