@@ -94,8 +94,9 @@ class CacheStats:
 # soma.cache`) lists and prunes by it.
 _MAGIC = b"SOMA-CACHE-4\n"
 # The same, its payload's checksum BLAKE3: what entries were before XXH3, read as they are.
-# Writing 246 MB (the pipeline of `benches/python/cache.py`) waited on BLAKE3 on the second
-# thread, 150 ms where the write alone took 75 (2026-12-07); XXH3-128 is four times as fast.
+# XXH3-128 checksums 240 MB in 16 ms where BLAKE3 takes 38 on two threads, which every read of
+# an entry pays, and a write on its second thread (68.5 against 58.4 ms for the entry written,
+# medians, 2026-12-07; BENCHMARKS.md).
 _MAGIC_BLAKE3 = b"SOMA-CACHE-3\n"
 # An entry of a cache with a key: as `_MAGIC_BLAKE3`, with its seal (HMAC-SHA256 of its key
 # and record, `Cache._seal`) after the record; what a cache with the key accepts, and no other.
@@ -480,11 +481,13 @@ def _read_entry(data: bytes | bytearray, verify: Verify | None = None) -> _Entry
 
 
 class _Unread(NamedTuple):
-    """A folder entry found, its output not read yet: where it lies, and its payload's checksum,
-    which the entry read later must have (one written over since is another entry)."""
+    """A folder entry found, its output not read yet: where it lies, and its payload's checksum
+    and which checksum it is, which the entry read later must have (one written over since is
+    another entry; one made to carry the checksum under another one's name is refused)."""
 
     file: str
     checksum: bytes
+    algorithm: _Algorithm
     # The whole file, when the first read was all of it.
     data: bytes | bytearray | None
 
@@ -738,7 +741,7 @@ class Cache:
             return False, None, False, None
         self._counts.add(hits=1, seconds_saved=record.seconds)
         whole = data if len(data) == size else None
-        return True, record.digest, False, _Unread(file, record.checksum, whole)
+        return True, record.digest, False, _Unread(file, record.checksum, record.algorithm, whole)
 
     def _read(self, unread: object) -> tuple[bool, Any]:
         """The output of an entry ``_find`` found: ``(True, output)``, or ``(False, None)``
@@ -758,7 +761,7 @@ class Cache:
         record, payload = whole
         # Its payload matches its record's checksum, which must be the one found: one
         # written over since is another entry.
-        if record.checksum != unread.checksum:
+        if record.checksum != unread.checksum or record.algorithm != unread.algorithm:
             return False, None
         return self._unpickled(payload)
 
