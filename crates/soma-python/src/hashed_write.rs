@@ -197,9 +197,10 @@ impl Checksum {
 /// released. BLAKE3's is `soma._soma.blake3`, a large buffer's on several threads.
 #[pyfunction]
 pub fn xxh3_128<'py>(py: Python<'py>, data: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
-    let mut digest = [0_u8; 16];
+    let mut digest = None;
     crate::digest::with_bytes(py, data, |bytes| {
-        digest = xxhash_rust::xxh3::xxh3_128(bytes).to_be_bytes();
+        digest = Some(Checksum::Xxh3.of(&[bytes]));
     })?;
-    Ok(PyBytes::new(py, &digest))
+    let digest = digest.expect("`with_bytes` reads the bytes when it returns `Ok`");
+    Ok(PyBytes::new(py, digest.as_bytes()))
 }

@@ -339,20 +339,18 @@ def _head(
     node: str,
     cls: str,
     made: float,
-    seal: Callable[[bytes], bytes] | None = None,
+    seal: Callable[[bytes], bytes] | None,
     *,
-    length: int | None = None,
-    checksum: bytes | None = None,
+    length: int,
+    checksum: bytes,
 ) -> bytes:
     """The head of an entry: its mark, its record's checksum, its record (the payload's
-    ``length`` and ``checksum``, the entry's own payload's unless given, BLAKE3's where ``seal``
-    is given and XXH3-128's where not), and its seal."""
+    ``length`` and ``checksum``, XXH3-128's 16 bytes padded with zeros by the record's
+    packing, or BLAKE3's where ``seal`` is given), and its seal."""
     node_bytes, class_bytes = _name(node), _name(cls)
-    if checksum is None:
-        checksum = _checksum(entry.payload, "xxh3" if seal is None else "blake3")
     record = (
         _RECORD.pack(
-            len(entry.payload) if length is None else length,
+            length,
             checksum,
             entry.seconds,
             made,
@@ -858,8 +856,7 @@ class Cache:
                 else:
                     # Its pieces written and checksummed at once by the glue, the GIL released,
                     # after the head's room; then the head, which holds the checksum, at 0.
-                    written = _soma.write_hashed(temporary, head_size, pieces, algorithm)
-                    file.write(head(written.ljust(_CHECKSUM, b"\0")))
+                    file.write(head(_soma.write_hashed(temporary, head_size, pieces, algorithm)))
             if self._max_bytes is None:
                 os.replace(temporary, final)
             else:
