@@ -24,7 +24,8 @@ one entry to its run's log, and the nodes' records are made from the log (folded
 reads the run — the server, a report — on the reader's thread, once for many works; nothing is
 folded for a run nobody reads until its log passes :data:`LOG_FOLDED` entries. A board's times
 are marks of a coarse clock (``soma_core::RESOLUTION``, a millisecond): a node's seconds are
-right to within it.
+right to within it, and a node that lasted a tick or more never reads shorter than it was,
+however late a busy machine makes the tick (its end is read from the clock itself).
 
 Memory stays bounded whatever a run does: each run keeps its last :data:`SPANS_KEPT` spans, its
 last :data:`EMITS_KEPT` emitted values, a change log of :data:`CHANGES_KEPT` entries and a log

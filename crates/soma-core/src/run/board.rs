@@ -19,11 +19,14 @@
 //!
 //! Times are marks of a coarse clock: a tick, in milliseconds, that a thread of the board's own
 //! advances about once a millisecond while any board's run is under way ([`RESOLUTION`]); a mark costs
-//! one load where a clock read costs about 20 ns, a tenth of a trivial node. A record's seconds
-//! are right to within the tick (a loaded machine may stretch the tick: the thread advancing it
-//! waits to be scheduled).
+//! one load where a clock read costs about 20 ns, a tenth of a trivial node. A loaded machine
+//! makes the tick late (its thread waits to be scheduled), and a late tick would shorten a node
+//! whose end it marks by as much: so a run's beginning and the end of a node the tick has moved
+//! under read the clock itself, and set the tick from it. A node that lasted a tick or more is
+//! right to within the tick at its end; at its beginning, to within how late the tick was then,
+//! unless a run or a node ending had just set it.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -383,9 +386,10 @@ impl Board {
     pub(crate) fn end(&self, record: &Record, state: NodeState) -> (u32, f64) {
         let begun = record.begun.load(Ordering::Relaxed);
         let attempt = attempt_of(begun);
-        record
-            .ended
-            .store(mark(Ticker::now(), attempt, state), Ordering::Release);
+        record.ended.store(
+            mark(Ticker::end_of(tick_of(begun)), attempt, state),
+            Ordering::Release,
+        );
         (attempt, self.seconds(tick_of(begun)))
     }
 
@@ -393,8 +397,9 @@ impl Board {
     /// call's way, whose one attempt is its first, and which needs nothing back.
     #[inline]
     pub(crate) fn first_returned(record: &Record) {
+        let begun = tick_of(record.begun.load(Ordering::Relaxed));
         record.ended.store(
-            mark(Ticker::now(), 0, NodeState::Finished),
+            mark(Ticker::end_of(begun), 0, NodeState::Finished),
             Ordering::Release,
         );
     }
@@ -523,8 +528,12 @@ fn for_each_program(
 /// thread of its own while any board's run is under way, parked while none is.
 struct Ticker;
 
-/// The tick, as the ticking thread last set it.
-static TICK: AtomicU32 = AtomicU32::new(0);
+/// The tick, in milliseconds since the clock began, as last set: by the ticking thread, by a run
+/// that begins, or by a node's end the tick moved under. Each sets it to at least what it
+/// read from the clock (`fetch_max`), so that it never goes back when two set it at once: a
+/// mark is read as a difference from an earlier one. 64 bits, never wrapping; a mark keeps
+/// the low 32.
+static TICK: AtomicU64 = AtomicU64::new(0);
 
 /// How many boards' runs are under way: a count, so that a run that begins pays an atomic add,
 /// not a lock.
@@ -542,7 +551,24 @@ impl Ticker {
     /// The tick now.
     #[inline]
     fn now() -> u32 {
-        TICK.load(Ordering::Relaxed)
+        // The low 32 bits: a mark's, wrapping after 49 days (marks are read as differences).
+        #[allow(clippy::cast_possible_truncation)]
+        let tick = TICK.load(Ordering::Relaxed) as u32;
+        tick
+    }
+
+    /// The tick for the end of a node begun at tick `begun`. The tick as it is, while it has not
+    /// moved since: a node shorter than the tick, whose end costs no clock read. Once it has
+    /// moved, the node lasted a tick or more, and the tick may be late: the clock's own reading
+    /// then (about 20 ns, nothing beside a millisecond), which sets the tick for the marks after.
+    #[inline]
+    fn end_of(begun: u32) -> u32 {
+        let now = Ticker::now();
+        if now == begun {
+            now
+        } else {
+            Ticker::advance()
+        }
     }
 
     /// When the clock began.
@@ -551,12 +577,22 @@ impl Ticker {
         *EPOCH.get_or_init(Instant::now)
     }
 
-    /// Sets the tick from the clock.
+    /// Sets the tick from the clock, unless another set it later meanwhile. The tick now.
     fn advance() -> u32 {
-        // Wraps after 49 days: marks are read as differences.
+        // Milliseconds since the clock began: 64 bits hold 584 million years of them.
         #[allow(clippy::cast_possible_truncation)]
-        let tick = Ticker::epoch().elapsed().as_millis() as u32;
-        TICK.store(tick, Ordering::Relaxed);
+        let read = Ticker::epoch().elapsed().as_millis() as u64;
+        let set = TICK.load(Ordering::Relaxed);
+        // Most often the tick is already this millisecond's: read, not written, the line that
+        // every node's mark loads stays shared.
+        let tick = if read <= set {
+            set
+        } else {
+            TICK.fetch_max(read, Ordering::Relaxed).max(read)
+        };
+        // The low 32 bits, as `now`.
+        #[allow(clippy::cast_possible_truncation)]
+        let tick = tick as u32;
         tick
     }
 
@@ -573,11 +609,14 @@ impl Ticker {
         // Sequentially consistent, as the ticking thread's flag and look at the count: either it
         // sees this run, or this run sees it parking and wakes it.
         WATCHED.fetch_add(1, Ordering::SeqCst);
-        if !PARKED.load(Ordering::SeqCst) {
-            return Ticker::now(); // Ticking.
-        }
-        // The clock is parked, its tick stale: set, and woken.
+        // Set from the clock whether it ticks or not: a tick late on a busy machine would
+        // stretch the run's first node by as much (its beginning marked early), and the read
+        // costs a run what it costs a node that lasts a tick.
         let tick = Ticker::advance();
+        if !PARKED.load(Ordering::SeqCst) {
+            return tick; // Ticking.
+        }
+        // The clock is parked: woken.
         let _parking = PARKING.lock().unwrap_or_else(PoisonError::into_inner);
         WATCHING.notify_all();
         tick
@@ -613,5 +652,43 @@ impl Ticker {
             Ticker::advance();
             std::thread::sleep(RESOLUTION);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    use super::{Ticker, TICK};
+
+    #[test]
+    fn a_nodes_end_is_read_from_the_clock_once_the_tick_moved_however_late_the_tick() {
+        // This binary makes no board: no thread ticks, and the tick moves only as the test
+        // moves it (were one ticking, it would only move the tick sooner).
+        let begun = Ticker::advance();
+        std::thread::sleep(Duration::from_millis(20));
+        // A late tick: one tick on since the beginning, where the clock is twenty on.
+        TICK.fetch_add(1, Ordering::Relaxed);
+        let ended = Ticker::end_of(begun);
+        assert!(ended.wrapping_sub(begun) >= 20, "{begun} to {ended}");
+        // The tick is set from the clock's reading: the next marks are not late either.
+        assert!(at_or_after(Ticker::now(), ended));
+    }
+
+    #[test]
+    fn the_tick_never_goes_back_when_the_clock_is_read_behind_a_later_setting() {
+        let set = Ticker::advance();
+        // Another setter read the clock later and set the tick first.
+        TICK.fetch_add(5, Ordering::Relaxed);
+        let read = Ticker::advance();
+        assert!(read.wrapping_sub(set) >= 5, "{set} then {read}");
+        assert!(at_or_after(Ticker::now(), read));
+    }
+
+    /// Whether mark `later` is `earlier` or after it (as marks are read: differences). The
+    /// tests run side by side and each moves the tick: another may have moved it on since.
+    fn at_or_after(later: u32, earlier: u32) -> bool {
+        later.wrapping_sub(earlier) < 1 << 31
     }
 }
