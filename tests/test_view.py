@@ -729,6 +729,42 @@ def test_a_nodes_seconds_on_the_board_are_right_to_within_its_clocks_resolution(
     assert 0.05 - resolution <= shown["seconds"] <= took + resolution
 
 
+def test_a_nodes_seconds_on_a_busy_machine_are_never_shorter_than_it_lasted() -> None:
+    # More spinning processes than cores: the board's ticking thread waits its turn, and its
+    # tick is late; a node's end, read from the clock itself, is not.
+    resolution = 0.001
+    spinners = [
+        subprocess.Popen(
+            [sys.executable, "-c", "print(flush=True)\nwhile True: pass"], stdout=subprocess.PIPE
+        )
+        for _ in range((os.cpu_count() or 1) + 1)
+    ]
+    for spinner in spinners:
+        assert spinner.stdout is not None
+        spinner.stdout.readline()  # It spins from now on.
+    recorder = record.Recorder()
+    observe.set_watcher(recorder)
+    took: list[float] = []
+    try:
+        naps = soma.Graph.somatize(soma.node(lambda x: time.sleep(0.03) or x).named("naps"))
+        for _ in range(20):
+            began = time.perf_counter()
+            naps.forward(1)
+            took.append(time.perf_counter() - began)
+    finally:
+        observe.set_watcher(None)
+        for spinner in spinners:
+            spinner.kill()
+            spinner.communicate()
+    shown = [run.node_json("naps", detail=True) for run in reversed(recorder.runs())]
+    seconds = [node["seconds"] for node in shown if node is not None]
+    assert len(seconds) == len(took) == 20
+    assert all(0.03 <= s <= t + resolution for s, t in zip(seconds, took, strict=True)), (
+        seconds,
+        took,
+    )
+
+
 def test_closing_a_view_stops_recording(view: Any) -> None:
     assert observe.dispatch.watcher is not None
     view.close()
