@@ -733,20 +733,26 @@ def test_a_nodes_seconds_on_a_busy_machine_are_never_shorter_than_it_lasted() ->
     # More spinning processes than cores: the board's ticking thread waits its turn, and its
     # tick is late; a node's end, read from the clock itself, is not.
     resolution = 0.001
-    spinners = [
-        subprocess.Popen(
-            [sys.executable, "-c", "print(flush=True)\nwhile True: pass"], stdout=subprocess.PIPE
-        )
-        # One more than the cores this process may run on (a few dozen at most: a test's cost).
-        for _ in range(min(len(os.sched_getaffinity(0)) + 1, 33))
-    ]
-    for spinner in spinners:
-        assert spinner.stdout is not None
-        spinner.stdout.readline()  # It spins from now on.
     recorder = record.Recorder()
-    observe.set_watcher(recorder)
+    spinners: list[subprocess.Popen[bytes]] = []
     took: list[float] = []
+    # Everything after the first spinner starts is inside the `try`, and a spinner stops by
+    # itself after a minute, should this process be killed before it kills them.
+    spin = "import time\nuntil = time.monotonic() + 60\nprint(flush=True)\n"
+    spin += "while time.monotonic() < until: pass"
     try:
+        # One more than the cores this process may run on (a few dozen at most: a test's cost).
+        for _ in range(min(len(os.sched_getaffinity(0)) + 1, 33)):
+            spinners.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", spin],
+                    stdout=subprocess.PIPE,
+                )
+            )
+        for spinner in spinners:
+            assert spinner.stdout is not None
+            spinner.stdout.readline()  # It spins from now on.
+        observe.set_watcher(recorder)
         naps = soma.Graph.somatize(soma.node(lambda x: time.sleep(0.03) or x).named("naps"))
         for _ in range(20):
             began = time.perf_counter()
